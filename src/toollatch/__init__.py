@@ -1,0 +1,1 @@
+"""toollatch: commit-gated assembly of streamed LLM tool calls."""

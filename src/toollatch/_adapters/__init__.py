@@ -1,0 +1,1 @@
+"""Provider adapters: pure translators from native events to stream events (internal)."""

@@ -1,0 +1,143 @@
+"""What every adapter shares: frame decoding, SDK-object duck typing and the feed contract.
+
+An adapter is a small state machine owned by one attempt. ``feed(native)`` takes one native
+event (a dict decoded from a frame, or an official SDK's event object) and returns the stream
+events it implies; ``feed_frame(frame)`` does the same from a transport frame; ``finish()`` is
+called once when the transport ended and returns the events that the *absence* of further
+input implies (e.g. an interrupted stream). Adapters never raise for provider misbehaviour:
+they emit ``Anomaly`` / ``StreamFailed``. Feeding after ``finish()`` raises ``UsageError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import orjson
+
+from .._errors import UsageError
+from .._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
+
+_DETAIL_CHARS = 300
+
+
+def short(text: object, limit: int = _DETAIL_CHARS) -> str:
+    """``text`` as a one-line string of at most ``limit`` characters (for details)."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def to_native(event: object) -> object:
+    """A native event as plain data: dicts pass through; SDK objects are dumped (duck-typed).
+
+    The official SDKs' pydantic models expose ``to_dict()`` (which keeps "absent" distinct
+    from ``null``) or ``model_dump()``; anything else is returned unchanged for the adapter to
+    reject as an anomaly.
+    """
+    if isinstance(event, Mapping):
+        return event
+    to_dict = getattr(event, "to_dict", None)
+    if callable(to_dict):
+        try:
+            return to_dict(mode="json", exclude_unset=True)
+        except TypeError:
+            return to_dict()
+    model_dump = getattr(event, "model_dump", None)
+    if callable(model_dump):
+        return model_dump(mode="json", exclude_unset=True)
+    return event
+
+
+def error_detail(payload: object) -> str:
+    """A short description of a provider error payload (``{"error": {...}}`` or similar)."""
+    if isinstance(payload, Mapping):
+        err = payload.get("error", payload)
+        if isinstance(err, Mapping):
+            parts = [str(err[k]) for k in ("type", "code", "message") if err.get(k)]
+            if parts:
+                return short(": ".join(parts))
+        elif err:
+            return short(err)
+    return short(payload)
+
+
+class Adapter(ABC):
+    """Base class of the provider adapters (see the module docstring for the contract)."""
+
+    provider: ClassVar[str]
+    """Stable provider name, as used by ``toollatch replay --provider``."""
+
+    def __init__(self, *, attempt: int = 0) -> None:
+        self.attempt = attempt
+        self._finished = False
+
+    # -- public contract --------------------------------------------------------------------
+
+    def feed(self, native: object) -> list[StreamEvent]:
+        """Translate one native event (dict or SDK object) into stream events."""
+        if self._finished:
+            raise UsageError(f"{type(self).__name__}.feed() called after finish()")
+        event = to_native(native)
+        if not isinstance(event, Mapping):
+            return [
+                Anomaly(
+                    kind=AnomalyKind.INVALID_PAYLOAD,
+                    detail=f"expected a JSON object, got {type(event).__name__}",
+                )
+            ]
+        return self._feed(event)
+
+    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
+        """Translate one transport frame: decodes its JSON data, handles ``[DONE]``/errors."""
+        if self._finished:
+            raise UsageError(f"{type(self).__name__}.feed_frame() called after finish()")
+        data = frame.data
+        if frame.event == "error":
+            try:
+                payload: object = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                payload = data
+            return [StreamFailed(detail=error_detail(payload))]
+        if data == "[DONE]":
+            return self._done()
+        if not data:
+            return []
+        try:
+            native = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return [
+                Anomaly(
+                    kind=AnomalyKind.INVALID_PAYLOAD,
+                    detail=f"frame data is not JSON: {short(data, 80)!r}",
+                )
+            ]
+        if not isinstance(native, dict):
+            return [
+                Anomaly(
+                    kind=AnomalyKind.INVALID_PAYLOAD,
+                    detail=f"frame data is JSON {type(native).__name__}, not an object",
+                )
+            ]
+        return self._feed(native, frame.event)
+
+    def finish(self) -> list[StreamEvent]:
+        """The transport ended: return what the end of input implies. Call exactly once."""
+        if self._finished:
+            raise UsageError(f"{type(self).__name__}.finish() called twice")
+        self._finished = True
+        return self._finish()
+
+    # -- provider hooks ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
+        """Translate one decoded native event (``sse_event``: the SSE event name, if any)."""
+
+    def _done(self) -> list[StreamEvent]:
+        """An SSE ``data: [DONE]`` sentinel arrived (OpenAI-style streams)."""
+        return []
+
+    @abstractmethod
+    def _finish(self) -> list[StreamEvent]:
+        """End-of-input rule of the provider."""

@@ -1,0 +1,248 @@
+"""The normalized stream vocabulary every adapter speaks, and the frames decoders produce.
+
+Adapters translate a provider's native events into these *stream events*; the assembler
+consumes nothing else. All events are immutable data. Naming: ``...Delta`` for fragments,
+past participles for boundaries the protocol announced (``CallOpened``, ``CallClosed``,
+``RoundEnded``), ``...Block`` for opaque units kept for history and never executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from ._errors import ErrorCode
+
+
+class CallKey(NamedTuple):
+    """Identity of one call inside one round: never a tool name, never a delta's array position.
+
+    ``part`` is the provider's own stable key: OpenAI chat tool-call ``index`` (or the call id
+    when a server omits it), Anthropic content-block ``index``, Responses ``item_id``, Gemini part
+    position, Bedrock ``contentBlockIndex``.
+    """
+
+    attempt: int
+    """Which model request this call belongs to; a retry is a new attempt with new buffers."""
+    choice: int
+    """Choice (candidate) index; 0 unless the request asked for several completions."""
+    part: int | str
+    """The provider's key for the call inside that choice."""
+
+
+class Frame(NamedTuple):
+    """One decoded transport frame: an SSE event, or one AWS event-stream message."""
+
+    event: str
+    """SSE ``event:`` field (``"message"`` when absent) or the event-stream ``:event-type``."""
+    data: str
+    """The payload text: SSE ``data:`` lines joined with ``\\n``."""
+    id: str | None = None
+    """SSE ``id:`` field, if any."""
+    retry: int | None = None
+    """SSE ``retry:`` field in milliseconds, if any."""
+
+
+class Ending(StrEnum):
+    """How a round (one attempt's stream) ended; decides whether any call may commit."""
+
+    NORMAL = "normal"
+    """The provider announced a normal end; complete calls may commit."""
+    TRUNCATED = "truncated"
+    """The output was cut by a token limit; every call fails ``truncated``."""
+    INTERRUPTED = "interrupted"
+    """The stream failed, was filtered, or stopped without a terminal signal."""
+    CANCELLED = "cancelled"
+    """The caller cancelled the round; every unfinished call is ``cancelled``."""
+
+
+class AnomalyKind(StrEnum):
+    """Stable names of the provider misbehaviours toollatch records (never raises for)."""
+
+    INVALID_PAYLOAD = "invalid_payload"
+    """A frame's data is not the JSON object the protocol promises."""
+    UNKNOWN_EVENT = "unknown_event"
+    """An event type this adapter does not know; ignored."""
+    UNKNOWN_KEY = "unknown_key"
+    """A fragment or close for a call that was never opened."""
+    FRAGMENT_AFTER_CLOSE = "fragment_after_close"
+    """Argument text for a call that was already closed or failed."""
+    ID_CHANGED = "id_changed"
+    """A different call id arrived for an open call."""
+    NAME_CHANGED = "name_changed"
+    """A different tool name arrived for an open call."""
+    DUPLICATE_CALL_ID = "duplicate_call_id"
+    """The same call id was used by two different calls of one round."""
+    ARGUMENTS_MISMATCH = "arguments_mismatch"
+    """The provider's final argument text differs from the fragments it streamed."""
+    OBJECT_ARGUMENTS = "object_arguments"
+    """Arguments arrived as a JSON object instead of a string; serialized once, canonically."""
+    DONE_WITHOUT_FINISH_REASON = "done_without_finish_reason"
+    """OpenAI-style ``[DONE]`` arrived although no choice reported a finish reason."""
+    EVENT_AFTER_END = "event_after_end"
+    """Content arrived after the round's terminal signal; ignored."""
+    TOO_MANY_CALLS = "too_many_calls"
+    """More calls than ``Limits.max_calls_per_round``; the extra ones failed."""
+    ARGUMENTS_TOO_LARGE = "arguments_too_large"
+    """A call's argument text went over ``Limits.max_argument_bytes``."""
+    TEXT_TOO_LARGE = "text_too_large"
+    """Assistant text went over ``Limits.max_text_bytes``; the rest was dropped."""
+    STREAM_ERROR = "stream_error"
+    """The provider reported an error inside the stream."""
+    FRAMING_ERROR = "framing_error"
+    """The transport bytes could not be framed (size limit, corrupt binary frame)."""
+    SYNTHESIZED_ID = "synthesized_id"
+    """The provider sent no call id; toollatch made a stable one up."""
+    UNSAFE_NUMBER = "unsafe_number"
+    """An integer above 2**53 arrived through a double-precision channel."""
+    WRAPPER_EXPANDED = "wrapper_expanded"
+    """A hallucinated ``multi_tool_use.parallel`` wrapper was expanded into its inner calls."""
+
+
+# -- stream events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextDelta:
+    """A fragment of assistant-visible text."""
+
+    choice: int = 0
+    """Choice (candidate) the text belongs to."""
+    text: str
+    """The fragment, appended in order."""
+    block: int | str | None = None
+    """Provider content-block index, when the provider groups text into blocks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallOpened:
+    """The provider started a tool call. ``call_id``/``name`` may come later (CallIdentified)."""
+
+    key: CallKey
+    """The call's identity for the rest of the round."""
+    call_id: str | None = None
+    """The provider's call id (the id results must be paired with), if already known."""
+    name: str | None = None
+    """The tool name, if already known."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallIdentified:
+    """A later chunk carried the id and/or name of an open call. Identical repeats are no-ops."""
+
+    key: CallKey
+    """The call being identified."""
+    call_id: str | None = None
+    """The call id, or None when this chunk did not carry one."""
+    name: str | None = None
+    """The tool name, or None when this chunk did not carry one."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArgsDelta:
+    """An opaque fragment of a call's argument text, appended in stream order."""
+
+    key: CallKey
+    """The call the fragment belongs to."""
+    fragment: str
+    """Raw text; never parsed until the call is closed and the round allows it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallClosed:
+    """The protocol itself announced that this call's arguments are complete."""
+
+    key: CallKey
+    """The call being closed."""
+    arguments: str | None = None
+    """The provider's own full argument text, when it sends one at the end (Responses
+    ``.done``). Used when nothing was streamed; a disagreement is a protocol violation."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReasoningBlock:
+    """An opaque reasoning/thinking unit, kept byte-for-byte for history, never executed."""
+
+    choice: int = 0
+    """Choice the block belongs to."""
+    block: int | str
+    """Provider position of the block (content-block index, output index...)."""
+    data: Mapping[str, Any]
+    """The block in the provider's own history format (e.g. Anthropic ``thinking`` with its
+    ``signature``, a Responses ``reasoning`` item with ``encrypted_content``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerToolBlock:
+    """A tool use (or its result) the provider ran itself: recorded for history, never run."""
+
+    choice: int = 0
+    """Choice the block belongs to."""
+    block: int | str
+    """Provider position of the block."""
+    data: Mapping[str, Any]
+    """The block in the provider's own history format."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageReported:
+    """Token usage as the provider reported it (its own shape, unchanged)."""
+
+    usage: Mapping[str, Any]
+    """Provider usage object."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundEnded:
+    """The provider's terminal signal for one choice (finish/stop reason)."""
+
+    choice: int = 0
+    """Choice that ended."""
+    ending: Ending
+    """Normalized ending; only ``NORMAL`` lets calls commit."""
+    stop_reason: str | None = None
+    """The provider's raw reason (``tool_calls``, ``stop``, ``max_tokens``...)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamFailed:
+    """The stream cannot be trusted past this point (error event, dropped connection, idle)."""
+
+    code: ErrorCode = ErrorCode.STREAM_INTERRUPTED
+    """The code every unfinished call gets (``stream_interrupted`` or ``idle_timeout``)."""
+    detail: str = ""
+    """A short human-readable reason (the provider's error message, at most a few hundred
+    characters)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Anomaly:
+    """Provider misbehaviour that was recorded instead of raised."""
+
+    kind: AnomalyKind
+    """Stable name of the misbehaviour."""
+    detail: str
+    """Short human-readable description, never raw argument text."""
+    key: CallKey | None = None
+    """The affected call, when one is."""
+    fails_call: bool = False
+    """When true, the assembler fails ``key``'s call with ``protocol_violation``."""
+
+
+StreamEvent = (
+    TextDelta
+    | CallOpened
+    | CallIdentified
+    | ArgsDelta
+    | CallClosed
+    | ReasoningBlock
+    | ServerToolBlock
+    | UsageReported
+    | RoundEnded
+    | StreamFailed
+    | Anomaly
+)
+"""Union of everything an adapter may emit."""
+
