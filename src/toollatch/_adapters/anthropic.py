@@ -1,0 +1,429 @@
+"""Anthropic Messages streaming events -> stream events.
+
+Theory of operation: the Messages API streams one message as numbered *content blocks*
+(https://docs.anthropic.com/en/docs/build-with-claude/streaming). Each block is announced by
+``content_block_start`` (carrying its type), grows through ``content_block_delta`` events and
+ends with ``content_block_stop``; the message ends with ``message_delta`` (``stop_reason``,
+cumulative usage) followed by ``message_stop``. The block ``index`` is the key of everything:
+a client ``tool_use`` block becomes the call ``CallKey(attempt, 0, index)``, whose argument
+text is the ``input_json_delta.partial_json`` fragments, passed on unparsed. Every other block
+is kept by this adapter until its stop and then emitted whole, in Anthropic's own history
+shape: ``thinking`` / ``redacted_thinking`` as a :class:`ReasoningBlock`, server-executed tool
+blocks (``server_tool_use``, ``mcp_tool_use`` and every ``*_tool_result``) as a
+:class:`ServerToolBlock`. Text is forwarded as it arrives.
+
+A ``content_block_stop`` is not proof that a call is complete: Anthropic also stops a block
+that ``max_tokens`` cut (see the rule at :data:`_TRUNCATED_STOPS`). The round's stop reason
+decides, and the assembler applies it. Provider misbehaviour never raises: it becomes an
+``Anomaly`` (failing the affected call when there is one) or a ``StreamFailed``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+from toollatch._events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallClosed,
+    CallKey,
+    CallOpened,
+    Ending,
+    Frame,
+    ReasoningBlock,
+    RoundEnded,
+    ServerToolBlock,
+    StreamEvent,
+    StreamFailed,
+    TextDelta,
+    UsageReported,
+)
+
+from ._base import Adapter, error_detail, short
+
+# -- stop reasons (https://docs.anthropic.com/en/api/handling-stop-reasons) --------------------
+
+_NORMAL_STOPS = frozenset({"tool_use", "end_turn", "stop_sequence", "pause_turn"})
+"""A complete message. ``pause_turn``: a server-tool loop paused; its blocks are complete."""
+_TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+"""Output cut by a token limit. The cut block may still get a ``content_block_stop``
+(Anthropic's tool runner documents it; pydantic-ai#3118, anthropic-sdk-python#794), or none
+at all (fixture ``anthropic/max_tokens_truncated_tool_use.sse``)."""
+_INTERRUPTED_STOPS = frozenset({"refusal"})
+"""The model declined mid-stream: whatever it started must not run."""
+
+_KNOWN_EVENTS = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    }
+)
+
+
+def ending_for(stop_reason: str) -> Ending | None:
+    """The normalized ending of an Anthropic ``stop_reason``; None when it is unknown."""
+    if stop_reason in _NORMAL_STOPS:
+        return Ending.NORMAL
+    if stop_reason in _TRUNCATED_STOPS:
+        return Ending.TRUNCATED
+    if stop_reason in _INTERRUPTED_STOPS:
+        return Ending.INTERRUPTED
+    return None
+
+
+# -- content blocks ----------------------------------------------------------------------------
+
+
+class _Kind(Enum):
+    CALL = "call"
+    """Client ``tool_use``: streamed to the assembler as a call."""
+    TEXT = "text"
+    THINKING = "thinking"
+    REDACTED = "redacted_thinking"
+    SERVER_CALL = "server_call"
+    """``server_tool_use`` / ``mcp_tool_use``: run by Anthropic, input streamed like a call
+    (fixtures ``server_web_search_with_citations.sse``, ``thinking_then_mcp_tool_use.sse``)."""
+    SERVER_RESULT = "server_result"
+    """``*_tool_result``: arrives whole in ``content_block_start``
+    (fixture ``server_tool_search_then_tool_use.sse``)."""
+    IGNORED = "ignored"
+    """A block type this adapter does not know: reported once, then dropped."""
+
+
+_SERVER_CALL_TYPES = frozenset({"server_tool_use", "mcp_tool_use"})
+
+_DELTA_FIELDS: dict[str, tuple[frozenset[_Kind], str]] = {
+    "text_delta": (frozenset({_Kind.TEXT}), "text"),
+    "input_json_delta": (frozenset({_Kind.CALL, _Kind.SERVER_CALL}), "partial_json"),
+    "thinking_delta": (frozenset({_Kind.THINKING}), "thinking"),
+    "signature_delta": (frozenset({_Kind.THINKING}), "signature"),
+    # Citations annotate a text block (fixture server_web_search_with_citations.sse). They are
+    # not needed to replay the text or to pair results, so they are accepted and not kept.
+    "citations_delta": (frozenset({_Kind.TEXT}), "citation"),
+}
+"""Delta type -> (block kinds it may extend, field carrying its payload)."""
+
+
+def _block_kind(block_type: object) -> _Kind:
+    if block_type == "tool_use":
+        return _Kind.CALL
+    if block_type == "text":
+        return _Kind.TEXT
+    if block_type == "thinking":
+        return _Kind.THINKING
+    if block_type == "redacted_thinking":
+        return _Kind.REDACTED
+    if block_type in _SERVER_CALL_TYPES:
+        return _Kind.SERVER_CALL
+    # web_search_tool_result, web_fetch_tool_result, code_execution_tool_result,
+    # tool_search_tool_result, mcp_tool_result, ...: every server result ends like this.
+    if isinstance(block_type, str) and block_type.endswith("_tool_result"):
+        return _Kind.SERVER_RESULT
+    return _Kind.IGNORED
+
+
+@dataclass(slots=True)
+class _Block:
+    kind: _Kind
+    start: Mapping[str, Any]
+    """The ``content_block`` object of ``content_block_start``, as received."""
+    parts: list[str] = field(default_factory=list)
+    """Thinking text, or a server tool's input JSON text, in stream order."""
+    signature: list[str] = field(default_factory=list)
+    """Thinking ``signature_delta`` fragments."""
+    closed: bool = False
+
+
+def _index(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class AnthropicAdapter(Adapter):
+    """Translates Anthropic Messages stream events (dicts or SDK objects) into stream events.
+
+    One instance per attempt. ``message_id`` and ``model`` are filled from ``message_start``
+    for the rim (logging, history). See the module docstring for the rules.
+    """
+
+    provider: ClassVar[str] = "anthropic"
+
+    def __init__(self, *, attempt: int = 0) -> None:
+        super().__init__(attempt=attempt)
+        self.message_id: str | None = None
+        """``message.id`` from ``message_start``, once seen."""
+        self.model: str | None = None
+        """``message.model`` from ``message_start``, once seen."""
+        self._blocks: dict[int, _Block] = {}
+        self._stop_reason: str | None = None
+        self._ended = False
+        """``message_stop`` arrived, or the stream failed: nothing more may change the round."""
+        self._reported: set[str] = set()
+
+    # -- entry points -----------------------------------------------------------------------
+
+    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
+        """As :meth:`Adapter.feed_frame`; an ``event: error`` frame also ends the stream."""
+        events = super().feed_frame(frame)
+        if frame.event != "error":
+            return events
+        detail = next((e.detail for e in events if isinstance(e, StreamFailed)), "")
+        return self._stream_error(detail)
+
+    def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
+        kind = event.get("type", sse_event)
+        if kind == "ping":
+            return []  # keep-alive, may come anywhere (text_then_tool_use_no_args_pings.jsonl)
+        if kind == "error":
+            return self._stream_error(error_detail(event))
+        if not isinstance(kind, str) or kind not in _KNOWN_EVENTS:
+            return self._once(
+                AnomalyKind.UNKNOWN_EVENT, f"event:{kind}", f"unknown event type {kind!r} ignored"
+            )
+        if self._ended:
+            return self._once(
+                AnomalyKind.EVENT_AFTER_END, f"after:{kind}", f"{kind} after the message ended"
+            )
+        match kind:
+            case "message_start":
+                return self._message_start(event)
+            case "content_block_start":
+                return self._block_start(event)
+            case "content_block_delta":
+                return self._block_delta(event)
+            case "content_block_stop":
+                return self._block_stop(event)
+            case "message_delta":
+                return self._message_delta(event)
+            case _:
+                return self._message_stop()
+
+    def _finish(self) -> list[StreamEvent]:
+        if self._ended:
+            return []
+        reason = self._stop_reason
+        if reason is not None and reason in _TRUNCATED_STOPS:
+            # Truncated either way: a missing message_stop cannot make it any less final.
+            return [RoundEnded(ending=Ending.TRUNCATED, stop_reason=reason)]
+        suffix = f" (stop_reason {reason!r})" if reason else ""
+        return [StreamFailed(detail=f"stream ended without message_stop{suffix}")]
+
+    # -- message level ----------------------------------------------------------------------
+
+    def _message_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        message = event.get("message")
+        if not isinstance(message, Mapping):
+            return [_invalid("message_start without a message object")]
+        self.message_id = _str_or_none(message.get("id"))
+        self.model = _str_or_none(message.get("model"))
+        usage = message.get("usage")
+        return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
+
+    def _message_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        delta = event.get("delta")
+        if isinstance(delta, Mapping) and isinstance(delta.get("stop_reason"), str):
+            self._stop_reason = delta["stop_reason"]
+        usage = event.get("usage")  # cumulative for the message, per the streaming docs
+        return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
+
+    def _message_stop(self) -> list[StreamEvent]:
+        self._ended = True
+        reason = self._stop_reason
+        if reason is None:
+            # The protocol promises message_delta(stop_reason) first; without it nothing says
+            # how the message ended, so nothing may commit.
+            return [
+                _invalid("message_stop without a stop_reason"),
+                RoundEnded(ending=Ending.INTERRUPTED),
+            ]
+        ending = ending_for(reason)
+        if ending is None:
+            return [
+                Anomaly(
+                    kind=AnomalyKind.UNKNOWN_EVENT,
+                    detail=f"unknown stop_reason {short(reason, 60)!r} treated as a normal end",
+                ),
+                RoundEnded(ending=Ending.NORMAL, stop_reason=reason),
+            ]
+        return [RoundEnded(ending=ending, stop_reason=reason)]
+
+    def _stream_error(self, detail: str) -> list[StreamEvent]:
+        """An ``error`` event: fails the stream, or is only recorded once the message ended."""
+        if self._ended:
+            return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after message end: {detail}")]
+        self._ended = True
+        return [StreamFailed(detail=detail)]
+
+    # -- content blocks ---------------------------------------------------------------------
+
+    def _block_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        index = _index(event.get("index"))
+        start = event.get("content_block")
+        if index is None or not isinstance(start, Mapping):
+            return [_invalid("content_block_start without an integer index and a content_block")]
+        if index in self._blocks:
+            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, "started twice")]
+        block = _Block(_block_kind(start.get("type")), start)
+        self._blocks[index] = block
+        match block.kind:
+            case _Kind.CALL:
+                # The start's "input" is always {} when streaming: the arguments are the deltas.
+                return [
+                    CallOpened(
+                        key=self._key(index),
+                        call_id=_str_or_none(start.get("id")),
+                        name=_str_or_none(start.get("name")),
+                    )
+                ]
+            case _Kind.TEXT:
+                text = start.get("text")
+                return [TextDelta(text=text, block=index)] if isinstance(text, str) and text else []
+            case _Kind.THINKING:
+                # Usually "thinking": "" and "signature": "" (thinking_then_mcp_tool_use.sse).
+                block.parts.append(_str_or_none(start.get("thinking")) or "")
+                block.signature.append(_str_or_none(start.get("signature")) or "")
+                return []
+            case _Kind.IGNORED:
+                kind = short(start.get("type"), 60)
+                return self._once(
+                    AnomalyKind.UNKNOWN_EVENT, f"block:{kind}", f"unknown content block {kind!r}"
+                )
+            case _:
+                return []
+
+    def _block_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        index = _index(event.get("index"))
+        delta = event.get("delta")
+        if index is None or not isinstance(delta, Mapping):
+            return [_invalid("content_block_delta without an integer index and a delta")]
+        block = self._blocks.get(index)
+        if block is None:
+            return [_unknown_block(index, "content_block_delta")]
+        if block.closed:
+            return [
+                self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "delta after stop")
+            ]
+        if block.kind is _Kind.IGNORED:
+            return []
+        delta_type = delta.get("type")
+        if not isinstance(delta_type, str) or delta_type not in _DELTA_FIELDS:
+            dtype = short(delta_type, 60)
+            return self._once(
+                AnomalyKind.UNKNOWN_EVENT, f"delta:{dtype}", f"unknown delta {dtype!r}"
+            )
+        kinds, name = _DELTA_FIELDS[delta_type]
+        value = delta.get(name)
+        if block.kind not in kinds or (name != "citation" and not isinstance(value, str)):
+            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"bad {delta_type}")]
+        return self._apply_delta(index, block, delta_type, value)
+
+    def _apply_delta(
+        self, index: int, block: _Block, delta_type: str, value: Any
+    ) -> list[StreamEvent]:
+        match delta_type:
+            case "text_delta":
+                return [TextDelta(text=value, block=index)]
+            case "input_json_delta" if block.kind is _Kind.CALL:
+                return [ArgsDelta(key=self._key(index), fragment=value)]
+            case "signature_delta":
+                block.signature.append(value)
+            case "citations_delta":
+                pass
+            case _:  # thinking_delta, or a server tool's input_json_delta
+                block.parts.append(value)
+        return []
+
+    def _block_stop(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        index = _index(event.get("index"))
+        if index is None:
+            return [_invalid("content_block_stop without an integer index")]
+        block = self._blocks.get(index)
+        if block is None:
+            return [_unknown_block(index, "content_block_stop")]
+        if block.closed:
+            return [self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "stopped twice")]
+        block.closed = True
+        match block.kind:
+            case _Kind.CALL:
+                return [CallClosed(key=self._key(index))]
+            case _Kind.THINKING:
+                # Text and signature byte-for-byte: the API rejects an altered thinking block.
+                data = {
+                    "type": "thinking",
+                    "thinking": "".join(block.parts),
+                    "signature": "".join(block.signature),
+                }
+                return [ReasoningBlock(block=index, data=data)]
+            case _Kind.REDACTED:
+                return [ReasoningBlock(block=index, data=block.start)]
+            case _Kind.SERVER_CALL:
+                return _server_call_block(index, block)
+            case _Kind.SERVER_RESULT:
+                return [ServerToolBlock(block=index, data=block.start)]
+            case _:
+                return []
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _key(self, index: int) -> CallKey:
+        return CallKey(self.attempt, 0, index)
+
+    def _block_anomaly(self, kind: AnomalyKind, index: int, what: str) -> Anomaly:
+        """An anomaly about block ``index``; it fails the call when the block is a call."""
+        block = self._blocks[index]
+        is_call = block.kind is _Kind.CALL
+        return Anomaly(
+            kind=kind,
+            detail=f"content block {index} ({short(block.start.get('type'), 40)}): {what}",
+            key=self._key(index) if is_call else None,
+            fails_call=is_call,
+        )
+
+    def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
+        """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
+        if tag in self._reported:
+            return []
+        self._reported.add(tag)
+        return [Anomaly(kind=kind, detail=detail)]
+
+
+def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
+    """A finished ``server_tool_use``/``mcp_tool_use`` in history shape: streamed input parsed.
+
+    The input is recorded, never executed, so parsing it here does not cross the gate.
+    """
+    text = "".join(block.parts)
+    events: list[StreamEvent] = []
+    data: dict[str, Any] = dict(block.start)
+    if text:
+        try:
+            data["input"] = json.loads(text)
+        except ValueError:
+            events.append(_invalid(f"content block {index}: server tool input is not JSON"))
+            data["input"] = {}
+    elif not isinstance(data.get("input"), Mapping):
+        data["input"] = {}
+    events.append(ServerToolBlock(block=index, data=data))
+    return events
+
+
+def _invalid(detail: str) -> Anomaly:
+    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
+
+
+def _unknown_block(index: int, event_type: str) -> Anomaly:
+    return Anomaly(
+        kind=AnomalyKind.UNKNOWN_KEY, detail=f"{event_type} for block {index}, never started"
+    )

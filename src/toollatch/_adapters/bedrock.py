@@ -1,0 +1,457 @@
+"""Amazon Bedrock ConverseStream events -> stream events.
+
+Theory of operation: ConverseStream is a union stream
+(https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ConverseStreamOutput.html;
+the member shapes below are those of botocore's ``bedrock-runtime`` 2023-09-30 service model).
+boto3 yields each event as a one-key dict naming it: ``messageStart``, ``contentBlockStart``,
+``contentBlockDelta``, ``contentBlockStop``, ``messageStop``, ``metadata``, or an exception
+(``throttlingException``...). The raw ``application/vnd.amazon.eventstream`` framing carries
+the name in the ``:event-type`` (or ``:exception-type``) header and the payload *without* the
+wrapper key; :meth:`BedrockAdapter.feed_frame` accepts both.
+
+``contentBlockIndex`` is the key of everything. A ``contentBlockStart.start.toolUse`` opens the
+call ``CallKey(attempt, 0, index)``; its ``delta.toolUse.input`` strings are the argument text,
+passed on unparsed; ``contentBlockStop`` closes it. A toolUse with ``type: server_tool_use`` and
+a ``toolResult`` block are run by Bedrock itself: they are kept here and emitted whole at their
+stop as :class:`ServerToolBlock`; reasoning content becomes a :class:`ReasoningBlock`. Both are
+in Bedrock's own history shape (one ``ContentBlock`` union member each). ``messageStop`` ends
+the round; the ``metadata`` event (usage) legitimately comes after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+from toollatch._events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallClosed,
+    CallKey,
+    CallOpened,
+    Ending,
+    Frame,
+    ReasoningBlock,
+    RoundEnded,
+    ServerToolBlock,
+    StreamEvent,
+    StreamFailed,
+    TextDelta,
+    UsageReported,
+)
+
+from ._base import Adapter, short
+
+# -- stop reasons (MessageStopEvent.stopReason) ------------------------------------------------
+
+_NORMAL_STOPS = frozenset({"tool_use", "end_turn", "stop_sequence"})
+_TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+"""Output cut by a token limit (LibreChat-AI/agents#280: a truncated Bedrock call must not be
+repaired into a runnable one)."""
+_INTERRUPTED_STOPS = frozenset(
+    {"guardrail_intervened", "content_filtered", "malformed_model_output", "malformed_tool_use"}
+)
+"""Filtered, or Bedrock itself says the output (or a tool use in it) is malformed."""
+
+_EVENTS = frozenset(
+    {
+        "messageStart",
+        "contentBlockStart",
+        "contentBlockDelta",
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+    }
+)
+_EXCEPTIONS = frozenset(
+    {
+        "internalServerException",
+        "modelStreamErrorException",
+        "validationException",
+        "throttlingException",
+        "serviceUnavailableException",
+    }
+)
+
+
+def _is_exception(name: str) -> bool:
+    # Smithy names every error member of an event stream "...Exception"; a new one still fails.
+    return name in _EXCEPTIONS or name.endswith("Exception")
+
+
+def ending_for(stop_reason: str) -> Ending | None:
+    """The normalized ending of a Bedrock ``stopReason``; None when it is unknown."""
+    if stop_reason in _NORMAL_STOPS:
+        return Ending.NORMAL
+    if stop_reason in _TRUNCATED_STOPS:
+        return Ending.TRUNCATED
+    if stop_reason in _INTERRUPTED_STOPS:
+        return Ending.INTERRUPTED
+    return None
+
+
+# -- content blocks ----------------------------------------------------------------------------
+
+
+class _Kind(Enum):
+    CALL = "call"
+    TEXT = "text"
+    """Text blocks get no contentBlockStart: they begin with a delta (nova_text_then_tool_use)."""
+    REASONING = "reasoning"
+    SERVER_CALL = "server_call"
+    """toolUse ``type: server_tool_use`` (fixture nova_server_tool_then_tool_use.jsonl)."""
+    SERVER_RESULT = "server_result"
+    """toolResult of a server tool; content in ``delta.toolResult`` lists (same fixture)."""
+    IGNORED = "ignored"
+    """Image blocks and future members: reported once, then dropped."""
+
+
+_DELTA_KINDS: dict[str, _Kind] = {
+    "text": _Kind.TEXT,
+    "toolUse": _Kind.CALL,
+    "reasoningContent": _Kind.REASONING,
+    "toolResult": _Kind.SERVER_RESULT,
+    # Citations annotate the text block they arrive on; not needed to replay text or calls.
+    "citation": _Kind.TEXT,
+}
+"""Delta union member -> the kind of block it extends (or starts, when none started)."""
+
+
+@dataclass(slots=True)
+class _Block:
+    kind: _Kind
+    start: Mapping[str, Any] = field(default_factory=dict)
+    """``start.toolUse`` / ``start.toolResult`` as received ({} for implicit blocks)."""
+    parts: list[str] = field(default_factory=list)
+    """Reasoning text, or a server tool's input JSON text."""
+    signature: list[str] = field(default_factory=list)
+    redacted: list[Any] = field(default_factory=list)
+    """``redactedContent`` pieces: bytes from boto3, base64 text from the raw event stream."""
+    content: list[dict[str, Any]] = field(default_factory=list)
+    """Server tool result content blocks, adjacent text pieces merged."""
+    closed: bool = False
+
+
+def _index(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class BedrockAdapter(Adapter):
+    """Translates ConverseStream events (boto3 dicts or event-stream frames) into stream events.
+
+    One instance per attempt; see the module docstring for the rules.
+    """
+
+    provider: ClassVar[str] = "bedrock"
+
+    def __init__(self, *, attempt: int = 0) -> None:
+        super().__init__(attempt=attempt)
+        self._blocks: dict[int, _Block] = {}
+        self._stopped = False
+        """``messageStop`` arrived, or the stream failed: no more content may change the round."""
+        self._reported: set[str] = set()
+
+    # -- entry points -----------------------------------------------------------------------
+
+    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
+        """One event-stream frame: ``event`` = ``:event-type``/``:exception-type``, ``data`` =
+        the JSON payload without the wrapper key (the base class wraps nothing)."""
+        if _is_exception(frame.event) and not frame.data.strip():
+            frame = frame._replace(data="{}")  # an exception without a body still fails
+        events = super().feed_frame(frame)
+        if frame.event != "error":
+            return events
+        detail = next((e.detail for e in events if isinstance(e, StreamFailed)), "")
+        return self._stream_error(detail)
+
+    def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
+        if sse_event is not None and not _is_wrapped(event):
+            event = {sse_event: event}  # raw event-stream payload: the header names it
+        if len(event) != 1:
+            return [_invalid(f"expected a one-key ConverseStream event, got {len(event)} keys")]
+        ((name, payload),) = event.items()
+        if _is_exception(name):
+            message = payload.get("message") if isinstance(payload, Mapping) else payload
+            return self._stream_error(short(f"{name}: {message}" if message else name))
+        if name not in _EVENTS:
+            return self._once(
+                AnomalyKind.UNKNOWN_EVENT, f"event:{name}", f"unknown event {short(name, 60)!r}"
+            )
+        if not isinstance(payload, Mapping):
+            return [_invalid(f"{name} payload is not an object")]
+        if name == "metadata":
+            return self._metadata(payload)  # comes after messageStop by design
+        if self._stopped:
+            return self._once(
+                AnomalyKind.EVENT_AFTER_END, f"after:{name}", f"{name} after the message ended"
+            )
+        match name:
+            case "messageStart":
+                return []  # carries only the role
+            case "contentBlockStart":
+                return self._block_start(payload)
+            case "contentBlockDelta":
+                return self._block_delta(payload)
+            case "contentBlockStop":
+                return self._block_stop(payload)
+            case _:
+                return self._message_stop(payload)
+
+    def _finish(self) -> list[StreamEvent]:
+        if self._stopped:
+            return []
+        return [StreamFailed(detail="stream ended without messageStop")]
+
+    # -- message level ----------------------------------------------------------------------
+
+    def _message_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
+        # additionalModelResponseFields (model-specific extras) are not needed for calls.
+        self._stopped = True
+        reason = _str_or_none(payload.get("stopReason"))
+        if reason is None:
+            return [
+                _invalid("messageStop without a stopReason"),
+                RoundEnded(ending=Ending.INTERRUPTED),
+            ]
+        ending = ending_for(reason)
+        if ending is None:
+            return [
+                Anomaly(
+                    kind=AnomalyKind.UNKNOWN_EVENT,
+                    detail=f"unknown stopReason {short(reason, 60)!r} treated as a normal end",
+                ),
+                RoundEnded(ending=Ending.NORMAL, stop_reason=reason),
+            ]
+        return [RoundEnded(ending=ending, stop_reason=reason)]
+
+    @staticmethod
+    def _metadata(payload: Mapping[str, Any]) -> list[StreamEvent]:
+        usage = payload.get("usage")  # metrics/trace: observability only, not kept
+        return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
+
+    def _stream_error(self, detail: str) -> list[StreamEvent]:
+        """An exception event: fails the stream, or is only recorded after ``messageStop``."""
+        if self._stopped:
+            return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after messageStop: {detail}")]
+        self._stopped = True
+        return [StreamFailed(detail=detail)]
+
+    # -- content blocks ---------------------------------------------------------------------
+
+    def _block_start(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
+        index = _index(payload.get("contentBlockIndex"))
+        start = payload.get("start")
+        if index is None or not isinstance(start, Mapping):
+            return [_invalid("contentBlockStart without an integer index and a start")]
+        if index in self._blocks:
+            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, "started twice")]
+        tool_use, tool_result = start.get("toolUse"), start.get("toolResult")
+        if isinstance(tool_use, Mapping):
+            if tool_use.get("type") == "server_tool_use":
+                self._blocks[index] = _Block(_Kind.SERVER_CALL, tool_use)
+                return []
+            self._blocks[index] = _Block(_Kind.CALL, tool_use)
+            return [
+                CallOpened(
+                    key=self._key(index),
+                    call_id=_str_or_none(tool_use.get("toolUseId")),
+                    name=_str_or_none(tool_use.get("name")),
+                )
+            ]
+        if isinstance(tool_result, Mapping):
+            self._blocks[index] = _Block(_Kind.SERVER_RESULT, tool_result)
+            return []
+        self._blocks[index] = _Block(_Kind.IGNORED)
+        member = short(",".join(start), 60)
+        return self._once(AnomalyKind.UNKNOWN_EVENT, f"start:{member}", f"block start {member!r}")
+
+    def _block_delta(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
+        index = _index(payload.get("contentBlockIndex"))
+        delta = payload.get("delta")
+        if index is None or not isinstance(delta, Mapping) or len(delta) != 1:
+            return [_invalid("contentBlockDelta without an integer index and a one-member delta")]
+        ((member, value),) = delta.items()
+        kind = _DELTA_KINDS.get(member)
+        if kind is None:
+            return self._once(
+                AnomalyKind.UNKNOWN_EVENT, f"delta:{member}", f"delta {short(member, 60)!r}"
+            )
+        block = self._blocks.get(index)
+        if block is None:
+            if kind is _Kind.CALL:
+                return [_unknown_block(index, "toolUse delta")]
+            block = self._blocks[index] = _Block(kind)  # implicit start (text, reasoning)
+        if block.closed:
+            return [
+                self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "delta after stop")
+            ]
+        if block.kind is _Kind.IGNORED:
+            return []
+        if kind is not block.kind and {kind, block.kind} != {_Kind.CALL, _Kind.SERVER_CALL}:
+            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"{member} delta")]
+        return self._apply_delta(index, block, member, value)
+
+    def _apply_delta(self, index: int, block: _Block, member: str, value: Any) -> list[StreamEvent]:
+        ok = True
+        match member:
+            case "text" if isinstance(value, str):
+                return [TextDelta(text=value, block=index)]
+            case "text":
+                ok = False
+            case "toolUse":
+                fragment = value.get("input") if isinstance(value, Mapping) else None
+                if not isinstance(fragment, str):
+                    return [self._bad(index, member)]
+                if block.kind is _Kind.CALL:
+                    return [ArgsDelta(key=self._key(index), fragment=fragment)]
+                block.parts.append(fragment)
+            case "reasoningContent":
+                ok = isinstance(value, Mapping) and _add_reasoning(block, value)
+            case "toolResult":
+                ok = isinstance(value, list) and _add_result(block, value)
+            case _:  # citation
+                pass
+        return [] if ok else [self._bad(index, member)]
+
+    def _block_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
+        index = _index(payload.get("contentBlockIndex"))
+        if index is None:
+            return [_invalid("contentBlockStop without an integer index")]
+        block = self._blocks.get(index)
+        if block is None:
+            return [_unknown_block(index, "contentBlockStop")]
+        if block.closed:
+            return [self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "stopped twice")]
+        block.closed = True
+        match block.kind:
+            case _Kind.CALL:
+                return [CallClosed(key=self._key(index))]
+            case _Kind.REASONING:
+                return [ReasoningBlock(block=index, data=_reasoning_data(block))]
+            case _Kind.SERVER_CALL:
+                return _server_call_block(index, block)
+            case _Kind.SERVER_RESULT:
+                result = {**block.start, "content": block.content}
+                return [ServerToolBlock(block=index, data={"toolResult": result})]
+            case _:
+                return []
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _key(self, index: int) -> CallKey:
+        return CallKey(self.attempt, 0, index)
+
+    def _bad(self, index: int, member: str) -> Anomaly:
+        return self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"malformed {member} delta")
+
+    def _block_anomaly(self, kind: AnomalyKind, index: int, what: str) -> Anomaly:
+        """An anomaly about block ``index``; it fails the call when the block is a call."""
+        is_call = self._blocks[index].kind is _Kind.CALL
+        return Anomaly(
+            kind=kind,
+            detail=f"content block {index} ({self._blocks[index].kind.value}): {what}",
+            key=self._key(index) if is_call else None,
+            fails_call=is_call,
+        )
+
+    def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
+        """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
+        if tag in self._reported:
+            return []
+        self._reported.add(tag)
+        return [Anomaly(kind=kind, detail=detail)]
+
+
+def _is_wrapped(event: Mapping[str, Any]) -> bool:
+    """True for the boto3 shape ``{"<event name>": payload}``."""
+    if len(event) != 1:
+        return False
+    name = next(iter(event))
+    return name in _EVENTS or _is_exception(name)
+
+
+def _add_reasoning(block: _Block, value: Mapping[str, Any]) -> bool:
+    """Append a ReasoningContentBlockDelta (one of text / signature / redactedContent)."""
+    text, signature = value.get("text"), value.get("signature")
+    if isinstance(text, str):
+        block.parts.append(text)
+    elif isinstance(signature, str):
+        block.signature.append(signature)
+    elif isinstance(value.get("redactedContent"), str | bytes):
+        block.redacted.append(value["redactedContent"])
+    else:
+        return False
+    return True
+
+
+def _add_result(block: _Block, items: list[Any]) -> bool:
+    """Append ToolResultBlockDelta items (``{"text"}`` pieces of one text, or ``{"json"}``)."""
+    for item in items:
+        if not isinstance(item, Mapping):
+            return False
+        text = item.get("text")
+        if isinstance(text, str) and block.content and "text" in block.content[-1]:
+            block.content[-1] = {"text": block.content[-1]["text"] + text}
+        else:
+            block.content.append(dict(item))
+    return True
+
+
+def _reasoning_data(block: _Block) -> dict[str, Any]:
+    """The block as a ``ContentBlock.reasoningContent`` for history, byte-for-byte."""
+    if block.redacted:
+        return {"reasoningContent": {"redactedContent": _join_redacted(block.redacted)}}
+    text: dict[str, str] = {"text": "".join(block.parts)}
+    if block.signature:
+        text["signature"] = "".join(block.signature)
+    return {"reasoningContent": {"reasoningText": text}}
+
+
+def _join_redacted(pieces: list[Any]) -> Any:
+    """One piece is the norm and is kept as is; several pieces of one type are concatenated."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if all(isinstance(p, bytes) for p in pieces):
+        return b"".join(pieces)
+    if all(isinstance(p, str) for p in pieces):
+        # Base64 text from the raw event stream: join the decoded bytes, not the texts.
+        try:
+            raw = b"".join(base64.b64decode(p, validate=True) for p in pieces)
+        except ValueError:
+            return "".join(pieces)
+        return base64.b64encode(raw).decode("ascii")
+    return pieces
+
+
+def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
+    """A finished server toolUse in history shape, its streamed input parsed.
+
+    The input is recorded, never executed, so parsing it here does not cross the gate.
+    """
+    text = "".join(block.parts)
+    events: list[StreamEvent] = []
+    tool_use: dict[str, Any] = dict(block.start)
+    try:
+        tool_use["input"] = json.loads(text) if text else {}
+    except ValueError:
+        events.append(_invalid(f"content block {index}: server tool input is not JSON"))
+        tool_use["input"] = {}
+    events.append(ServerToolBlock(block=index, data={"toolUse": tool_use}))
+    return events
+
+
+def _invalid(detail: str) -> Anomaly:
+    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
+
+
+def _unknown_block(index: int, what: str) -> Anomaly:
+    return Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail=f"{what} for block {index}, never started")

@@ -1,0 +1,286 @@
+"""OpenAI Chat Completions (and every OpenAI-compatible server) -> stream events.
+
+Theory of operation: a chunk carries ``choices[i].delta.tool_calls[j]`` entries whose identity
+is spread over ``index``, ``id`` and ``function.name``, each of which real servers omit, repeat
+or blank. A per-choice *resolver* maps every entry to one call slot:
+
+* an ``id`` seen before -> that call (Q3: DeepSeek/Qwen/TGI repeat the id on every chunk);
+* a new ``id`` on an index whose open call has no id yet -> that call gets the id (Kimi);
+* any other new ``id`` -> a new call, even on an index already used (Q2: all parallel calls on
+  ``index: 0`` with distinct ids — litellm#5231, bifrost#1961; camel#3662 index reuse);
+* no ``id``: the call open at that ``index`` (Q4/Q5/Q6 continuations), else a new call (Q7:
+  arguments before the name); no ``index`` either (Q1, ollama#7881): the latest call, unless a
+  different name arrives (a new, id-less call).
+
+Repeated identical ids and names are dropped here; a *different* name on an existing call is
+passed on so the assembler fails that call. Arguments are opaque text; an object sent instead
+of a string (Q9: llama.cpp#20198, TGI#2136) is serialized once, canonically, with an anomaly.
+End of round: a ``finish_reason`` per choice (``tool_calls`` and ``stop`` are both normal —
+vllm#25054 shows OpenAI itself sends ``stop`` for a forced tool_choice); ``[DONE]`` alone also
+ends it, with an anomaly; neither means the stream was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .._events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallIdentified,
+    CallKey,
+    CallOpened,
+    Ending,
+    ReasoningBlock,
+    RoundEnded,
+    StreamEvent,
+    StreamFailed,
+    TextDelta,
+    UsageReported,
+)
+from ._base import Adapter, error_detail
+
+NORMAL_REASONS = frozenset(
+    {"tool_calls", "stop", "function_call", "eos", "eos_token", "end_turn", "tool_use",
+     "stop_sequence"}
+)
+TRUNCATED_REASONS = frozenset({"length", "max_tokens", "model_length"})
+
+
+def ending_of(reason: str) -> Ending:
+    """Normalized ending of a chat ``finish_reason`` (unknown reasons are not trusted)."""
+    if reason in NORMAL_REASONS:
+        return Ending.NORMAL
+    if reason in TRUNCATED_REASONS:
+        return Ending.TRUNCATED
+    return Ending.INTERRUPTED  # content_filter, error, and anything unknown
+
+
+class _Slot:
+    __slots__ = ("call_id", "key", "name")
+
+    def __init__(self, key: CallKey) -> None:
+        self.key = key
+        self.call_id: str | None = None
+        self.name: str | None = None
+
+
+class _ChoiceCalls:
+    """The resolver for one choice (see the module docstring)."""
+
+    __slots__ = ("by_id", "by_index", "count", "last", "parts", "reasoning", "slots")
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, _Slot] = {}
+        self.by_id: dict[str, _Slot] = {}
+        self.last: _Slot | None = None
+        self.count = 0
+        self.parts: set[int | str] = set()
+        self.slots: list[_Slot] = []
+        self.reasoning: list[str] = []
+
+
+class OpenAIChatAdapter(Adapter):
+    """Adapter for ``POST /v1/chat/completions`` with ``stream: true``."""
+
+    provider = "openai_chat"
+
+    def __init__(self, *, attempt: int = 0) -> None:
+        super().__init__(attempt=attempt)
+        self._choices: dict[int, _ChoiceCalls] = {}
+        self._ended: set[int] = set()
+        self._saw_done = False
+        self._object_args: set[CallKey] = set()
+
+    # -- chunks -------------------------------------------------------------------------------
+
+    def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
+        if self._saw_done:
+            return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="chunk after [DONE]")]
+        if "error" in event and not event.get("choices"):
+            return [StreamFailed(detail=error_detail(event))]
+        out: list[StreamEvent] = []
+        choices = event.get("choices")
+        # Q21: Azure content-filter results (empty "object") and usage-only chunks have no
+        # choices; openai-python's _is_valid_chat_completion_chunk_weak skips them too.
+        if choices and isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, Mapping):
+                    self._choice_events(choice, out)
+        usage = event.get("usage")
+        if isinstance(usage, Mapping) and usage:
+            out.append(UsageReported(usage=usage))
+        return out
+
+    def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        index = choice.get("index", 0)
+        if not isinstance(index, int):
+            index = 0
+        calls = self._choices.get(index)
+        if calls is None:
+            calls = self._choices[index] = _ChoiceCalls()
+        delta = choice.get("delta")
+        if isinstance(delta, Mapping):
+            if index in self._ended and delta.get("tool_calls"):
+                out.append(Anomaly(kind=AnomalyKind.EVENT_AFTER_END,
+                                   detail="tool-call delta after the choice's finish_reason"))
+            else:
+                self._delta_events(index, calls, delta, out)
+        reason = choice.get("finish_reason")
+        if reason and index not in self._ended:
+            self._end_choice(index, calls, str(reason), out)
+
+    def _delta_events(self, index: int, calls: _ChoiceCalls, delta: Mapping[str, Any],
+                      out: list[StreamEvent]) -> None:
+        content = delta.get("content")
+        if content and isinstance(content, str):
+            out.append(TextDelta(choice=index, text=content))
+        # DeepSeek/xAI/Groq reasoning text: kept for history, never executed.
+        for field in ("reasoning_content", "reasoning"):
+            thought = delta.get(field)
+            if thought and isinstance(thought, str):
+                calls.reasoning.append(thought)
+        tool_calls = delta.get("tool_calls")
+        if tool_calls and isinstance(tool_calls, list):
+            for entry in tool_calls:
+                if isinstance(entry, Mapping):
+                    self._tool_call_events(index, calls, entry, out)
+
+    def _tool_call_events(self, index: int, calls: _ChoiceCalls, entry: Mapping[str, Any],
+                          out: list[StreamEvent]) -> None:
+        function = entry.get("function")
+        if not isinstance(function, Mapping):
+            function = {}
+        call_id = entry.get("id") or None  # Q3/Q4: "" on continuations means "not sent"
+        name = function.get("name") or None  # Q6: SGLang sends name "" on continuations
+        if call_id is not None and not isinstance(call_id, str):
+            call_id = str(call_id)
+        if name is not None and not isinstance(name, str):
+            name = None
+        slot = self._resolve(index, calls, _index_of(entry.get("index")), call_id, name, out)
+        args = function.get("arguments")
+        if isinstance(args, str):
+            if args:
+                out.append(ArgsDelta(key=slot.key, fragment=args))
+        elif args is not None:
+            out.extend(self._object_arguments(slot.key, args))
+
+    def _resolve(self, index: int, calls: _ChoiceCalls, tc_index: int | None,
+                 call_id: str | None, name: str | None, out: list[StreamEvent]) -> _Slot:
+        slot: _Slot | None = None
+        if call_id is not None:
+            slot = calls.by_id.get(call_id)
+            if slot is None:
+                at = calls.by_index.get(tc_index) if tc_index is not None else calls.last
+                if at is not None and at.call_id is None:
+                    slot = at  # the open call learns its id (ids after arguments, Kimi)
+        elif tc_index is not None:
+            slot = calls.by_index.get(tc_index)
+        else:
+            slot = calls.last  # Q1: no index and no id: "the open call"
+            if slot is not None and name and slot.name and name != slot.name:
+                slot = None  # an id-less call with a different name is a new call
+        if slot is None:
+            return self._open(index, calls, tc_index, call_id, name, out)
+        calls.last = slot
+        if tc_index is not None:
+            calls.by_index[tc_index] = slot
+        new_id = call_id if call_id is not None and slot.call_id is None else None
+        new_name = name if name is not None and name != slot.name else None
+        if new_id is not None or new_name is not None:
+            if new_id is not None:
+                slot.call_id = new_id
+                calls.by_id[new_id] = slot
+            if new_name is not None and slot.name is None:
+                slot.name = new_name
+            out.append(CallIdentified(key=slot.key, call_id=new_id, name=new_name))
+        return slot
+
+    def _open(self, index: int, calls: _ChoiceCalls, tc_index: int | None,
+              call_id: str | None, name: str | None, out: list[StreamEvent]) -> _Slot:
+        part: int | str = tc_index if tc_index is not None else calls.count
+        if part in calls.parts:
+            part = f"#{calls.count}"  # Q2: a second call on a reused index gets its own key
+        calls.parts.add(part)
+        slot = _Slot(CallKey(self.attempt, index, part))
+        slot.call_id, slot.name = call_id, name
+        calls.count += 1
+        calls.slots.append(slot)
+        calls.last = slot
+        if tc_index is not None:
+            calls.by_index[tc_index] = slot
+        if call_id is not None:
+            calls.by_id[call_id] = slot
+        out.append(CallOpened(key=slot.key, call_id=call_id, name=name))
+        return slot
+
+    def _object_arguments(self, key: CallKey, args: object) -> list[StreamEvent]:
+        text = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+        events: list[StreamEvent] = [ArgsDelta(key=key, fragment=text)]
+        if key not in self._object_args:
+            self._object_args.add(key)
+            events.insert(0, Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, key=key,
+                                     detail="arguments arrived as a JSON value, not a string; "
+                                            "serialized once"))
+        return events
+
+    # -- ends -----------------------------------------------------------------------------------
+
+    def _end_choice(self, index: int, calls: _ChoiceCalls, reason: str | None,
+                    out: list[StreamEvent]) -> None:
+        self._ended.add(index)
+        for slot in calls.slots:
+            if slot.call_id is None:
+                out.extend(self._synthesize_id(slot))
+        if calls.reasoning:
+            out.append(ReasoningBlock(choice=index, block="reasoning",
+                                      data={"reasoning_content": "".join(calls.reasoning)}))
+            calls.reasoning = []
+        if reason is None:  # [DONE] alone: a normal end, recorded as an anomaly by _done
+            out.append(RoundEnded(choice=index, ending=Ending.NORMAL, stop_reason=None))
+            return
+        ending = ending_of(reason)
+        if ending is Ending.INTERRUPTED and reason != "content_filter":
+            out.append(Anomaly(kind=AnomalyKind.UNKNOWN_EVENT,
+                               detail=f"unknown finish_reason {reason[:40]!r}; not trusted"))
+        out.append(RoundEnded(choice=index, ending=ending, stop_reason=reason))
+
+    def _synthesize_id(self, slot: _Slot) -> list[StreamEvent]:
+        # Ollama and Gemini's OpenAI-compatible endpoint send no (or "") ids; dropping such
+        # calls silently is litellm#11262. The made-up id is stable: attempt, choice, order.
+        key = slot.key
+        slot.call_id = f"toollatch_{key.attempt}_{key.choice}_{key.part}"
+        return [
+            Anomaly(kind=AnomalyKind.SYNTHESIZED_ID, key=key,
+                    detail=f"the provider sent no call id; using {slot.call_id!r}"),
+            CallIdentified(key=key, call_id=slot.call_id),
+        ]
+
+    def _done(self) -> list[StreamEvent]:
+        if self._saw_done:
+            return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="a second [DONE]")]
+        self._saw_done = True
+        out: list[StreamEvent] = []
+        for index in sorted(set(self._choices) | {0}):
+            if index not in self._ended:
+                out.append(Anomaly(kind=AnomalyKind.DONE_WITHOUT_FINISH_REASON,
+                                   detail="[DONE] arrived without a finish_reason; ended normally"))
+                self._end_choice(index, self._choices.get(index) or _ChoiceCalls(), None, out)
+        return out
+
+    def _finish(self) -> list[StreamEvent]:
+        if self._saw_done or (self._choices and set(self._choices) <= self._ended):
+            return []
+        return [StreamFailed(detail="the stream ended without a finish_reason or [DONE]")]
+
+
+def _index_of(value: object) -> int | None:
+    """A tool-call ``index`` as an int; ``"0"`` counts (langchain#38456), junk does not."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None

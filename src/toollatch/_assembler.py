@@ -1,0 +1,366 @@
+"""The assembler: stream events in, bounded per-call buffers, a :class:`Round` out.
+
+Theory of operation: one :class:`CallBuffer` per :class:`CallKey`, created by ``CallOpened``
+and never shared, so fragments of parallel or interleaved calls cannot mix. Argument text is
+opaque: appended in order, counted in UTF-8 bytes on every append, never parsed here. A call's
+end is whatever the protocol announced (``CallClosed``, or a normal round end for providers
+without per-call closes). ``finish()`` decides every call exactly once: if the round ended
+normally, closed calls go through the :class:`Gate`; otherwise every unfinished call fails
+(``truncated``, ``stream_interrupted``) — a parsable prefix is never an end. Provider
+misbehaviour becomes an ``Anomaly`` and a failed call, never an exception; misuse by the caller
+(feeding after finish) raises ``UsageError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from ._buffer import CallBuffer
+from ._errors import ErrorCode, UsageError
+from ._events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallClosed,
+    CallIdentified,
+    CallKey,
+    CallOpened,
+    Ending,
+    ReasoningBlock,
+    RoundEnded,
+    ServerToolBlock,
+    StreamEvent,
+    StreamFailed,
+    TextDelta,
+    UsageReported,
+)
+from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget
+from ._limits import Limits
+from ._round import CallRecord, Choice, Round, Segment, TextSegment
+from ._specs import ToolSpec
+from ._state import CallState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFailed:
+    """Notice: a call failed while the round was still streaming (limit, protocol violation)."""
+
+    key: CallKey
+    """The failed call."""
+    call_id: str | None
+    """Its id, if known."""
+    name: str | None
+    """Its tool name, if known."""
+    code: ErrorCode
+    """Why."""
+    detail: str
+    """Short explanation."""
+
+
+Notice = CallFailed
+"""What ``Assembler.feed`` can return (previews join this union when enabled)."""
+
+_ENDING_CODE = {
+    Ending.TRUNCATED: ErrorCode.TRUNCATED,
+    Ending.INTERRUPTED: ErrorCode.STREAM_INTERRUPTED,
+    Ending.CANCELLED: ErrorCode.CANCELLED,
+}
+
+
+class _ChoiceState:
+    """Mutable per-choice bookkeeping while the round streams."""
+
+    __slots__ = ("calls", "content", "ended", "ids", "stop_reason", "text_bytes")
+
+    def __init__(self) -> None:
+        self.calls: list[CallBuffer] = []
+        self.content: list[tuple[str, Any]] = []  # ("text", [block, parts]) | ("block", ev) | ("call", buf)
+        self.ended: Ending | None = None
+        self.stop_reason: str | None = None
+        self.ids: dict[str, CallKey] = {}
+        self.text_bytes = 0
+
+
+class Assembler:
+    """Pure state machine for one attempt: ``feed(event) -> notices``, then ``finish() -> Round``."""
+
+    def __init__(
+        self,
+        *,
+        provider: str = "",
+        attempt: int = 0,
+        tools: Iterable[Mapping[str, Any] | ToolSpec] | None = None,
+        limits: Limits | None = None,
+        policy: Policy | None = None,
+        budget: RunBudget | None = None,
+        gate: Gate | None = None,
+    ) -> None:
+        """Give either ``gate`` or the pieces to build one (``tools``, ``policy``, ``budget``).
+
+        ``tools=None`` skips the registration and schema checks.
+        """
+        self.provider = provider
+        self.attempt = attempt
+        self.limits = limits or (gate.limits if gate else Limits())
+        self.gate = gate or Gate(tools, limits=self.limits, policy=policy, budget=budget)
+        self._buffers: dict[CallKey, CallBuffer] = {}
+        self._choices: dict[int, _ChoiceState] = {}
+        self._anomalies: list[Anomaly] = []
+        self._usage: Mapping[str, Any] | None = None
+        self._failure: StreamFailed | None = None
+        self._cancelled: str | None = None
+        self._round: Round | None = None
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def feed(self, event: StreamEvent) -> list[Notice]:
+        """Apply one stream event; returns notices of calls that failed because of it."""
+        if self._round is not None:
+            raise UsageError("Assembler.feed() called after finish()")
+        if type(event) is ArgsDelta:  # the hot path: one dict lookup and an append
+            return self._on_args(event)
+        match event:
+            case ArgsDelta():
+                return self._on_args(event)
+            case CallOpened():
+                return self._on_open(event)
+            case CallIdentified():
+                return self._on_identified(event.key, event.call_id, event.name)
+            case CallClosed():
+                return self._on_close(event)
+            case TextDelta():
+                self._on_text(event)
+            case ReasoningBlock() | ServerToolBlock():
+                self._choice(event.choice).content.append(("block", event))
+            case UsageReported():
+                self._usage = event.usage
+            case RoundEnded():
+                self._on_round_ended(event)
+            case StreamFailed():
+                if self._failure is None:
+                    self._failure = event
+            case Anomaly():
+                return self._on_anomaly(event)
+            case _:
+                assert_never(event)
+        return []
+
+    def _on_args(self, event: ArgsDelta) -> list[Notice]:
+        buf = self._buffers.get(event.key)
+        if buf is None:
+            self._record(AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", event.key)
+            return []
+        if buf.state is not CallState.OPEN:
+            if buf.state is CallState.ARGS_COMPLETE:
+                return self._violate(buf, AnomalyKind.FRAGMENT_AFTER_CLOSE,
+                                     "argument fragment after the call was closed")
+            return []  # already failed (e.g. over the size limit): drop quietly
+        fragment = event.fragment
+        buf.nbytes += len(fragment) if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
+        if buf.nbytes > self.limits.max_argument_bytes:
+            buf.fragments.clear()
+            return self._fail(buf, ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
+                              f"arguments exceed {self.limits.max_argument_bytes} bytes",
+                              AnomalyKind.ARGUMENTS_TOO_LARGE)
+        buf.fragments.append(fragment)
+        return []
+
+    def _on_open(self, event: CallOpened) -> list[Notice]:
+        if event.key in self._buffers:  # a repeated header for the same key: identity only
+            return self._on_identified(event.key, event.call_id, event.name)
+        choice = self._choice(event.key.choice)
+        buf = CallBuffer(event.key, len(choice.calls), None, None)
+        self._buffers[event.key] = buf
+        choice.calls.append(buf)
+        choice.content.append(("call", buf))
+        if len(choice.calls) > self.limits.max_calls_per_round:
+            buf.call_id, buf.name = event.call_id or None, event.name or None
+            return self._fail(buf, ErrorCode.TOO_MANY_TOOL_CALLS,
+                              f"more than {self.limits.max_calls_per_round} calls in one round",
+                              AnomalyKind.TOO_MANY_CALLS)
+        return self._on_identified(event.key, event.call_id, event.name)
+
+    def _on_identified(self, key: CallKey, call_id: str | None, name: str | None) -> list[Notice]:
+        buf = self._buffers.get(key)
+        if buf is None:
+            self._record(AnomalyKind.UNKNOWN_KEY, "identity for an unknown call", key)
+            return []
+        notices: list[Notice] = []
+        if name:  # "" is "not sent" (SGLang, vLLM continuations)
+            if buf.name is None:
+                buf.name = name
+            elif buf.name != name:
+                notices += self._violate(buf, AnomalyKind.NAME_CHANGED,
+                                         "a different tool name arrived for an open call")
+        if call_id:
+            if buf.call_id is None:
+                buf.call_id = call_id
+                notices += self._claim_id(buf, call_id)
+            elif buf.call_id != call_id:
+                notices += self._violate(buf, AnomalyKind.ID_CHANGED,
+                                         "a different call id arrived for an open call")
+        return notices
+
+    def _claim_id(self, buf: CallBuffer, call_id: str) -> list[Notice]:
+        ids = self._choice(buf.key.choice).ids
+        if call_id in ids and ids[call_id] != buf.key:
+            return self._fail(buf, ErrorCode.DUPLICATE_CALL_ID,
+                              "another call of this round already uses this call id",
+                              AnomalyKind.DUPLICATE_CALL_ID)
+        ids[call_id] = buf.key
+        return []
+
+    def _on_close(self, event: CallClosed) -> list[Notice]:
+        buf = self._buffers.get(event.key)
+        if buf is None:
+            self._record(AnomalyKind.UNKNOWN_KEY, "close for an unknown call", event.key)
+            return []
+        if buf.state is not CallState.OPEN:
+            return []  # a second end marker (e.g. Responses .done then output_item.done)
+        final = event.arguments
+        if final is not None:
+            if not buf.fragments:
+                notices = self._on_args(ArgsDelta(key=buf.key, fragment=final))
+                if notices:
+                    return notices
+            elif buf.text() != final:
+                return self._violate(buf, AnomalyKind.ARGUMENTS_MISMATCH,
+                                     "the final argument text differs from the streamed fragments")
+        buf.close()
+        return []
+
+    def _on_text(self, event: TextDelta) -> None:
+        choice = self._choice(event.choice)
+        size = len(event.text) if event.text.isascii() else len(event.text.encode("utf-8", "surrogatepass"))
+        if choice.text_bytes + size > self.limits.max_text_bytes:
+            if choice.text_bytes <= self.limits.max_text_bytes:
+                self._record(AnomalyKind.TEXT_TOO_LARGE,
+                             f"assistant text exceeds {self.limits.max_text_bytes} bytes; rest dropped")
+                choice.text_bytes = self.limits.max_text_bytes + 1
+            return
+        choice.text_bytes += size
+        last = choice.content[-1] if choice.content else None
+        if last is not None and last[0] == "text" and last[1][0] == event.block:
+            last[1][1].append(event.text)
+        else:
+            choice.content.append(("text", [event.block, [event.text]]))
+
+    def _on_round_ended(self, event: RoundEnded) -> None:
+        choice = self._choice(event.choice)
+        if choice.ended is not None:
+            self._record(AnomalyKind.EVENT_AFTER_END, "a second terminal reason for one choice")
+            return
+        choice.ended, choice.stop_reason = event.ending, event.stop_reason
+
+    def _on_anomaly(self, event: Anomaly) -> list[Notice]:
+        self._anomalies.append(event)
+        buf = self._buffers.get(event.key) if event.key is not None else None
+        if event.fails_call and buf is not None:
+            return self._fail(buf, ErrorCode.PROTOCOL_VIOLATION, event.detail)
+        return []
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _choice(self, index: int) -> _ChoiceState:
+        choice = self._choices.get(index)
+        if choice is None:
+            choice = self._choices[index] = _ChoiceState()
+        return choice
+
+    def _record(self, kind: AnomalyKind, detail: str, key: CallKey | None = None) -> None:
+        self._anomalies.append(Anomaly(kind=kind, detail=detail, key=key))
+
+    def _violate(self, buf: CallBuffer, kind: AnomalyKind, detail: str) -> list[Notice]:
+        return self._fail(buf, ErrorCode.PROTOCOL_VIOLATION, detail, kind)
+
+    def _fail(self, buf: CallBuffer, code: ErrorCode, detail: str,
+              kind: AnomalyKind | None = None) -> list[Notice]:
+        if kind is not None:
+            self._record(kind, detail, buf.key)
+        if buf.state in (CallState.FAILED, CallState.CANCELLED):
+            return []
+        buf.fail(code, detail)
+        return [CallFailed(key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail)]
+
+    # -- ending -----------------------------------------------------------------------------
+
+    def cancel(self, reason: str = "cancelled by the caller") -> Round:
+        """Cancel the round: every call not yet failed becomes CANCELLED; returns the Round.
+
+        After ``finish()`` this is a no-op returning the same Round (committed calls stay
+        committed: cancelling their execution is the dispatcher's job).
+        """
+        if self._round is None:
+            self._cancelled = reason
+        return self.finish()
+
+    def finish(self) -> Round:
+        """Decide every call exactly once and return the :class:`Round` (idempotent)."""
+        if self._round is None:
+            choices = tuple(self._finish_choice(i, c) for i, c in sorted(self._choices.items()))
+            if not choices:
+                choices = (self._finish_choice(0, self._choice(0)),)
+            self._round = Round(
+                provider=self.provider, attempt=self.attempt, choices=choices, usage=self._usage,
+                anomalies=tuple(self._anomalies),
+                error=self._failure.detail if self._failure else None,
+            )
+        return self._round
+
+    def _ending(self, choice: _ChoiceState) -> tuple[Ending, ErrorCode | None, str]:
+        if self._cancelled is not None:
+            return Ending.CANCELLED, ErrorCode.CANCELLED, self._cancelled
+        if self._failure is not None:
+            return Ending.INTERRUPTED, self._failure.code, self._failure.detail
+        ending = choice.ended or Ending.INTERRUPTED
+        if ending is Ending.NORMAL:
+            return ending, None, ""
+        reason = choice.stop_reason
+        detail = (f"the provider stopped the response ({reason})" if reason
+                  else "the stream ended without a terminal signal")
+        return ending, _ENDING_CODE[ending], detail
+
+    def _finish_choice(self, index: int, choice: _ChoiceState) -> Choice:
+        ending, code, detail = self._ending(choice)
+        for buf in choice.calls:
+            if buf.state in (CallState.FAILED, CallState.CANCELLED):
+                continue
+            if ending is Ending.CANCELLED:
+                buf.cancel(detail)
+            elif code is not None:
+                buf.fail(code, detail)
+            else:
+                if buf.state is CallState.OPEN:
+                    buf.close()
+                self._decide(buf)
+        records = {id(b): _record_of(b) for b in choice.calls}
+        content: list[Segment] = []
+        for kind, item in choice.content:
+            if kind == "call":
+                content.append(records[id(item)])
+            elif kind == "text":
+                content.append(TextSegment(block=item[0], text="".join(item[1])))
+            else:
+                content.append(item)
+        return Choice(index=index, ended=ending, stop_reason=choice.stop_reason,
+                      calls=tuple(records[id(b)] for b in choice.calls), content=tuple(content))
+
+    def _decide(self, buf: CallBuffer) -> None:
+        verdict: CommittedCall | Rejection = self.gate.check(
+            key=buf.key, position=buf.position, call_id=buf.call_id, name=buf.name, text=buf.text()
+        )
+        if isinstance(verdict, Rejection):
+            buf.fail(verdict.code, verdict.detail)
+        else:
+            buf.commit(verdict)
+
+
+def _record_of(buf: CallBuffer) -> CallRecord:
+    committed = buf.committed
+    return CallRecord(
+        key=buf.key, position=buf.position, call_id=buf.call_id, name=buf.name, state=buf.state,
+        arguments_text=buf.text(), arguments=committed.arguments if committed else None,
+        error=buf.error, detail=buf.detail, committed=committed,
+    )

@@ -1,0 +1,69 @@
+"""One call's append-only, bounded argument buffer (internal; mutated only by the assembler)."""
+
+from __future__ import annotations
+
+from ._errors import ErrorCode
+from ._events import CallKey
+from ._gate import CommittedCall
+from ._state import CallState, Trigger, advance
+
+
+class CallBuffer:
+    """Identity, fragments and state of one call while its round is open."""
+
+    __slots__ = (
+        "call_id",
+        "committed",
+        "detail",
+        "error",
+        "fragments",
+        "key",
+        "name",
+        "nbytes",
+        "position",
+        "state",
+    )
+
+    def __init__(
+        self, key: CallKey, position: int, call_id: str | None, name: str | None
+    ) -> None:
+        self.key = key
+        self.position = position
+        self.call_id = call_id
+        self.name = name
+        self.fragments: list[str] = []
+        self.nbytes = 0
+        self.state = CallState.OPEN
+        self.error: ErrorCode | None = None
+        self.detail = ""
+        self.committed: CommittedCall | None = None
+
+    def text(self) -> str:
+        """The argument text so far, joined (and kept joined)."""
+        if len(self.fragments) != 1:
+            self.fragments = ["".join(self.fragments)]
+        return self.fragments[0]
+
+    def close(self) -> None:
+        """The protocol announced the end of the arguments."""
+        self.state = advance(self.state, Trigger.CLOSE)
+
+    def fail(self, code: ErrorCode, detail: str) -> None:
+        """Fail the call (no-op for a call that already failed or was cancelled)."""
+        if self.state in (CallState.FAILED, CallState.CANCELLED):
+            return
+        self.state = advance(self.state, Trigger.FAIL)
+        self.error, self.detail = code, detail
+
+    def cancel(self, detail: str) -> None:
+        """Cancel an unfinished call (no-op once failed, cancelled or done)."""
+        if self.state in (CallState.FAILED, CallState.CANCELLED, CallState.DONE):
+            return
+        self.state = advance(self.state, Trigger.CANCEL)
+        self.error, self.detail = ErrorCode.CANCELLED, detail
+        self.committed = None
+
+    def commit(self, call: CommittedCall) -> None:
+        """The gate accepted the call."""
+        self.state = advance(self.state, Trigger.ACCEPT)
+        self.committed = call

@@ -1,0 +1,300 @@
+"""The commit gate: the only place a call becomes executable.
+
+Theory of operation: the assembler hands the gate a call whose end the protocol announced in a
+round that ended normally. The gate runs, in order and once: identity (id and name present),
+registration (when tools are known), ONE strict RFC 8259 parse of the joined text, the object
+check, the depth limit, the tool's JSON Schema (validator compiled once per tool), the policy
+hook, and the run budget. The first failure wins and yields a :class:`Rejection` with a stable
+:class:`ErrorCode` and a short detail that never quotes the argument text. Success yields a
+:class:`CommittedCall`, a type nothing else can construct.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeAlias
+
+import jsonschema
+
+from ._errors import ConfigError, ErrorCode, UsageError
+from ._events import CallKey
+from ._limits import Limits
+from ._specs import ToolSpec, load_tools
+
+# -- the only constructor of CommittedCall -----------------------------------------------------
+
+
+class _GateOnly(type):
+    """Metaclass: calling the class raises; only the gate uses the private ``_create``."""
+
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
+        raise UsageError(f"{cls.__name__} is created only by the commit gate")
+
+    def _create(cls, **kwargs: Any) -> Any:
+        return super().__call__(**kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedCall(metaclass=_GateOnly):
+    """A call that passed the gate: the only thing a dispatcher may execute."""
+
+    call_id: str
+    """The provider's call id; results are paired with it."""
+    name: str
+    """The registered tool name."""
+    arguments: Mapping[str, Any]
+    """The strictly parsed, schema-valid argument object."""
+    arguments_text: str
+    """The exact argument text the model produced (for history)."""
+    key: CallKey
+    """Identity of the call inside its round."""
+    position: int
+    """Order of the call in its choice (0-based); results are returned in this order."""
+    spec: ToolSpec | None
+    """The tool definition it was checked against (None when no tools were given)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why the gate refused a call."""
+
+    code: ErrorCode
+    """Stable reason."""
+    detail: str
+    """Short human-readable explanation; never the raw argument text."""
+
+
+# -- policy and budget -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """Policy decision: the call may run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Policy decision: the call may not run."""
+
+    reason: str
+    """Shown to the model in the error result."""
+
+
+PolicyDecision: TypeAlias = Allow | Deny
+Policy: TypeAlias = Callable[[str, Mapping[str, Any]], PolicyDecision | bool | None]
+"""``policy(name, arguments)``: ``Allow()``/``True``/``None`` allows, ``Deny(reason)``/``False``
+denies. A policy that raises denies (fail closed)."""
+
+
+class RunBudget:
+    """How many tool calls a whole run (several rounds) may commit; shared across rounds."""
+
+    def __init__(self, max_calls: int) -> None:
+        if not isinstance(max_calls, int) or max_calls < 0:
+            raise ConfigError(f"RunBudget.max_calls must be an integer >= 0, got {max_calls!r}")
+        self.max_calls = max_calls
+        self.used = 0
+
+    def take(self) -> bool:
+        """Spend one call; False (nothing spent) when the budget is exhausted."""
+        if self.used >= self.max_calls:
+            return False
+        self.used += 1
+        return True
+
+
+# -- strict JSON --------------------------------------------------------------------------------
+
+
+class _Reject(Exception):
+    def __init__(self, code: ErrorCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def _no_constants(name: str) -> NoReturn:
+    raise _Reject(ErrorCode.INVALID_JSON, f"{name} is not JSON (RFC 8259 has no {name})")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Reject(ErrorCode.INVALID_JSON, "an object has a duplicate key")
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+
+
+def strict_loads(text: str, *, max_depth: int) -> object:
+    """Parse ``text`` as RFC 8259 JSON, strictly; raise ``_Reject`` with the reason otherwise.
+
+    Rejects NaN/Infinity, duplicate object keys, trailing data, control characters in strings,
+    lone surrogates (escaped or raw), and nesting deeper than ``max_depth``.
+    """
+    try:
+        value, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
+    except json.JSONDecodeError as exc:
+        raise _Reject(ErrorCode.INVALID_JSON, f"{exc.msg} at offset {exc.pos}") from None
+    except RecursionError:
+        raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}") from None
+    except ValueError as exc:  # e.g. an integer over sys.get_int_max_str_digits()
+        raise _Reject(ErrorCode.INVALID_JSON, str(exc).split(";")[0]) from None
+    if _skip_ws(text, end) != len(text):
+        raise _Reject(ErrorCode.INVALID_JSON, f"trailing data after the JSON value at offset {end}")
+    _check_tree(value, max_depth)
+    return value
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    n = len(text)
+    while pos < n and text[pos] in " \t\n\r":
+        pos += 1
+    return pos
+
+
+def _check_tree(value: object, max_depth: int) -> None:
+    """Depth and lone-surrogate check over the parsed tree (iterative: no recursion limit)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _check_str(node)
+        elif isinstance(node, dict | list):
+            if depth > max_depth:
+                raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}")
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    _check_str(k)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in node)
+
+
+def _check_str(s: str) -> None:
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Reject(ErrorCode.INVALID_JSON, "a string contains a lone surrogate") from None
+
+
+# -- the gate -----------------------------------------------------------------------------------
+
+
+class Gate:
+    """Decides COMMITTED or FAILED for closed calls (pure; budget state aside)."""
+
+    def __init__(
+        self,
+        tools: Iterable[Mapping[str, Any] | ToolSpec] | None = None,
+        *,
+        limits: Limits | None = None,
+        policy: Policy | None = None,
+        budget: RunBudget | None = None,
+    ) -> None:
+        """``tools=None`` skips the registration and schema checks (replay without tools)."""
+        self.limits = limits or Limits()
+        self.policy = policy
+        self.budget = budget
+        self.tools: dict[str, ToolSpec] | None = (
+            None if tools is None else {s.name: s for s in load_tools(tools)}
+        )
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+
+    def check(
+        self, *, key: CallKey, position: int, call_id: str | None, name: str | None, text: str
+    ) -> CommittedCall | Rejection:
+        """Run every check on one closed call; the first failure decides."""
+        if not call_id or not name:
+            missing = " and ".join(w for w, v in (("id", call_id), ("name", name)) if not v)
+            return Rejection(ErrorCode.MISSING_ID_OR_NAME, f"the call has no {missing}")
+        spec = None
+        if self.tools is not None:
+            spec = self.tools.get(name)
+            if spec is None:
+                return Rejection(ErrorCode.UNKNOWN_TOOL, f"no tool named {name[:80]!r}")
+        try:
+            args = self._arguments(text)
+            if spec is not None:
+                self._validate(spec, args)
+            self._authorize(name, args)
+        except _Reject as rej:
+            return Rejection(rej.code, rej.detail)
+        if self.budget is not None and not self.budget.take():
+            return Rejection(
+                ErrorCode.BUDGET_EXCEEDED,
+                f"the run's budget of {self.budget.max_calls} tool calls is spent",
+            )
+        return CommittedCall._create(  # type: ignore[attr-defined,no-any-return]
+            call_id=call_id, name=name, arguments=args, arguments_text=text,
+            key=key, position=position, spec=spec,
+        )
+
+    def _arguments(self, text: str) -> dict[str, Any]:
+        if not text.strip():
+            return {}
+        value = strict_loads(text, max_depth=self.limits.max_json_depth)
+        if not isinstance(value, dict):
+            raise _Reject(
+                ErrorCode.ARGUMENTS_NOT_OBJECT,
+                f"arguments must be a JSON object, got {_json_type(value)}",
+            )
+        return value
+
+    def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
+        validator = self._validators.get(spec.name)
+        if validator is None:
+            cls = jsonschema.validators.validator_for(
+                spec.parameters, default=jsonschema.Draft202012Validator
+            )
+            validator = cls(spec.parameters)
+            self._validators[spec.name] = validator
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        if error is not None:
+            raise _Reject(ErrorCode.SCHEMA_VIOLATION, _schema_detail(error))
+
+    def _authorize(self, name: str, args: Mapping[str, Any]) -> None:
+        if self.policy is None:
+            return
+        try:
+            decision = self.policy(name, args)
+        except Exception as exc:  # fail closed: a broken policy never lets a call through
+            raise _Reject(ErrorCode.POLICY_DENIED, f"policy hook raised {type(exc).__name__}")
+        if isinstance(decision, Deny):
+            raise _Reject(ErrorCode.POLICY_DENIED, decision.reason[:300] or "denied by policy")
+        if decision is False:
+            raise _Reject(ErrorCode.POLICY_DENIED, "denied by policy")
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
+
+
+def _schema_detail(error: jsonschema.ValidationError) -> str:
+    """``/pointer: keyword (schema value)`` — facts from the schema, never the argument value."""
+    pointer = "".join(
+        "/" + str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path
+    )
+    keyword = str(error.validator)
+    expected = error.validator_value
+    if keyword == "required" and isinstance(expected, list) and isinstance(error.instance, dict):
+        missing = [k for k in expected if k not in error.instance]
+        return f"{pointer or '/'}: missing required properties {missing}"[:300]
+    if keyword == "additionalProperties" and isinstance(error.instance, dict):
+        return f"{pointer or '/'}: unexpected properties are not allowed"
+    shown = json.dumps(expected, ensure_ascii=False)
+    if len(shown) > 120:
+        shown = shown[:119] + "…"
+    return f"{pointer or '/'}: fails schema keyword {keyword!r} ({shown})"

@@ -1,0 +1,134 @@
+"""The standard composition for one attempt: bytes -> frames -> stream events -> Round.
+
+Pure like the stages it composes: the rim (an HTTP client, the CLI) reads bytes and calls
+``feed``; nothing here blocks, sleeps or reads a clock. Framing errors (an over-long line, a
+corrupt binary frame) are translated here, at the one boundary, into a failed stream: the
+round ends ``interrupted`` and every call gets a paired error result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from ._assembler import Assembler, Notice
+from ._adapters._base import Adapter
+from ._errors import StreamDecodeError, UsageError
+from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
+from ._gate import Gate, Policy, RunBudget
+from ._limits import Limits
+from ._lines import JSONLinesDecoder
+from ._registry import Framing, adapter_class
+from ._round import Round
+from ._specs import ToolSpec
+from ._sse import SSEDecoder
+
+
+class _Decoder(Protocol):
+    def feed(self, data: bytes) -> list[Frame]: ...
+    def finish(self) -> list[Frame]: ...
+
+
+def make_decoder(framing: Framing, limits: Limits) -> _Decoder:
+    """The frame decoder for ``framing``."""
+    if framing == "sse":
+        return SSEDecoder(limits=limits)
+    if framing == "jsonl":
+        return JSONLinesDecoder(limits=limits)
+    if framing == "eventstream":
+        from ._eventstream import EventStreamDecoder
+
+        return EventStreamDecoder(max_message_bytes=limits.max_event_bytes)
+    raise UsageError(f"unknown framing {framing!r}")
+
+
+class StreamParser:
+    """One attempt's stream, from raw bytes (or native events) to a :class:`Round`.
+
+    ``feed(bytes)`` and ``feed_event(native)`` return the assembler's notices (calls that
+    failed early); ``finish()`` ends the input and returns the Round; ``cancel()`` cancels it.
+    Set ``keep_events=True`` to record every stream event in ``events`` (for tooling).
+    """
+
+    def __init__(
+        self,
+        provider: str | Adapter,
+        *,
+        framing: Framing = "sse",
+        tools: Iterable[Mapping[str, Any] | ToolSpec] | None = None,
+        limits: Limits | None = None,
+        policy: Policy | None = None,
+        budget: RunBudget | None = None,
+        gate: Gate | None = None,
+        attempt: int = 0,
+        keep_events: bool = False,
+    ) -> None:
+        self.limits = limits or (gate.limits if gate else Limits())
+        self.adapter = (
+            provider if isinstance(provider, Adapter) else adapter_class(provider)(attempt=attempt)
+        )
+        self.assembler = Assembler(
+            provider=self.adapter.provider, attempt=attempt, tools=tools, limits=self.limits,
+            policy=policy, budget=budget, gate=gate,
+        )
+        self._decoder = make_decoder(framing, self.limits)
+        self._broken = False
+        self.events: list[StreamEvent] | None = [] if keep_events else None
+
+    def feed(self, data: bytes) -> list[Notice]:
+        """Feed raw transport bytes (any split); returns notices of early call failures."""
+        if self._broken:
+            return []
+        try:
+            frames = self._decoder.feed(data)
+        except StreamDecodeError as exc:
+            return self._framing_failed(exc)
+        return self.feed_frames(frames)
+
+    def feed_frames(self, frames: Iterable[Frame]) -> list[Notice]:
+        """Feed already-decoded frames."""
+        notices: list[Notice] = []
+        adapter_feed, asm_feed, log = self.adapter.feed_frame, self.assembler.feed, self.events
+        for frame in frames:
+            for event in adapter_feed(frame):
+                if log is not None:
+                    log.append(event)
+                found = asm_feed(event)
+                if found:
+                    notices.extend(found)
+        return notices
+
+    def feed_event(self, native: object) -> list[Notice]:
+        """Feed one native event (a dict, or an official SDK's event object)."""
+        return self._apply(self.adapter.feed(native))
+
+    def finish(self) -> Round:
+        """End of input: flush the decoder and the adapter, decide every call."""
+        if not self._broken:
+            self._broken = True
+            try:
+                self.feed_frames(self._decoder.finish())
+            except StreamDecodeError as exc:
+                self._framing_failed(exc)
+            self._apply(self.adapter.finish())
+        return self.assembler.finish()
+
+    def cancel(self, reason: str = "cancelled by the caller") -> Round:
+        """Cancel the attempt: every call not committed yet becomes CANCELLED."""
+        self._broken = True
+        return self.assembler.cancel(reason)
+
+    def _apply(self, events: list[StreamEvent]) -> list[Notice]:
+        notices: list[Notice] = []
+        for event in events:
+            if self.events is not None:
+                self.events.append(event)
+            notices.extend(self.assembler.feed(event))
+        return notices
+
+    def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
+        self._broken = True
+        return self._apply([
+            Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),
+            StreamFailed(detail=f"framing error: {exc}"),
+        ])

@@ -1,0 +1,99 @@
+"""Tool definitions: what the gate checks a call against.
+
+Accepts the three shapes users already have: OpenAI ``{"type": "function", "function":
+{name, description, parameters}}``, a bare ``{name, parameters}``, and Anthropic ``{name,
+input_schema}``. The JSON Schema is checked once, here, so a bad schema is a ``ConfigError``
+at load time and never a surprise while a stream is running.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+
+from ._errors import ConfigError
+
+_ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolSpec:
+    """One tool the model may call."""
+
+    name: str
+    """The name the model uses."""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: dict(_ANY_OBJECT))
+    """JSON Schema (Draft 2020-12 unless ``$schema`` says otherwise) of the arguments."""
+    description: str = ""
+    """Human description (unused by the gate; kept for building requests)."""
+    eager: bool = False
+    """May run as soon as its call is safely complete, before the round ends (dispatcher)."""
+    timeout_s: float | None = None
+    """Run-time limit for one call, in seconds (dispatcher); None = the dispatcher default."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"tool name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.parameters, Mapping):
+            raise ConfigError(f"tool {self.name!r}: parameters must be a JSON Schema object")
+        if self.timeout_s is not None and not (
+            math.isfinite(self.timeout_s) and self.timeout_s > 0
+        ):
+            raise ConfigError(f"tool {self.name!r}: timeout_s must be a positive number")
+        validator = jsonschema.validators.validator_for(
+            self.parameters, default=jsonschema.Draft202012Validator
+        )
+        try:
+            validator.check_schema(self.parameters)
+        except jsonschema.SchemaError as exc:
+            raise ConfigError(f"tool {self.name!r}: invalid JSON Schema: {exc.message}") from None
+
+    @classmethod
+    def from_definition(cls, definition: Mapping[str, Any]) -> ToolSpec:
+        """A spec from an OpenAI, bare or Anthropic tool definition; raises ``ConfigError``."""
+        if not isinstance(definition, Mapping):
+            raise ConfigError(f"a tool definition must be an object, got {definition!r:.60}")
+        body: Mapping[str, Any] = definition
+        if definition.get("type") == "function" and isinstance(
+            definition.get("function"), Mapping
+        ):
+            body = definition["function"]
+        schema = body.get("parameters", body.get("input_schema", _ANY_OBJECT))
+        return cls(
+            name=body.get("name"),  # type: ignore[arg-type]  # checked in __post_init__
+            parameters=schema if schema is not None else _ANY_OBJECT,
+            description=body.get("description") or "",
+            eager=bool(body.get("x-toollatch-eager", False)),
+        )
+
+
+def load_tools(source: Iterable[Mapping[str, Any] | ToolSpec] | str | Path) -> tuple[ToolSpec, ...]:
+    """Tool specs from definitions, specs, or a JSON file holding a list of definitions.
+
+    Raises ``ConfigError`` for an unreadable file, a malformed definition or a duplicate name.
+    """
+    if isinstance(source, str | Path):
+        try:
+            raw = orjson.loads(Path(source).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read tools from {source}: {exc}") from None
+        if isinstance(raw, Mapping) and isinstance(raw.get("tools"), list):
+            raw = raw["tools"]
+        if not isinstance(raw, list):
+            raise ConfigError(f"{source}: expected a JSON list of tool definitions")
+        source = raw
+    specs = tuple(
+        item if isinstance(item, ToolSpec) else ToolSpec.from_definition(item) for item in source
+    )
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ConfigError(f"tool {spec.name!r} is defined twice")
+        seen.add(spec.name)
+    return specs

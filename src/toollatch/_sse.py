@@ -1,0 +1,265 @@
+"""Server-sent events decoder: bytes in, :class:`Frame` values out (sans-IO).
+
+Theory of operation
+-------------------
+The WHATWG "event stream" grammar is line-based, and its line ends (LF, CRLF, CR) are ASCII
+bytes that never occur inside a multi-byte UTF-8 sequence. So the decoder splits *bytes* into
+lines and decodes each complete field value on its own: a character split across two
+``feed()`` calls is simply still in the pending partial line when the first call returns.
+
+State between calls is small: the pending partial line (``_partial``, bounded by
+``max_line_bytes`` and checked on every feed), whether the previous chunk ended in a CR (so a
+LF at the start of the next chunk completes that CRLF instead of ending an empty line), the
+event being built (type and data lines, bounded by ``max_event_bytes``) and the connection
+state the spec keeps across events (last event id, reconnection time).
+
+Each ``feed()`` prepends the partial line, normalizes CR and CRLF to LF only when the chunk
+contains a CR (rare: Gemini), splits on LF and keeps the last piece as the new partial line.
+The common chunk -- one ``data: {...}\\n\\n`` event per network read -- takes one
+``split`` and two trips round a small loop.
+
+Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
+comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
+a colon is a field name with an empty value; ``data`` lines are joined with ``\\n``; ``event``
+sets the type (default ``"message"``); ``id`` sets the last event id unless it contains NUL,
+and it persists across events; ``retry`` is taken only when it is all ASCII digits; unknown
+fields are ignored; a UTF-8 BOM is skipped only at the very start of the stream; a blank line
+dispatches the event unless no ``data`` line arrived, in which case only the type is reset.
+
+One deliberate deviation: :meth:`SSEDecoder.finish` dispatches a last event that has data but
+no terminating blank line, where the spec discards it. Recorded bodies and files routinely end
+right after the last ``data:`` line (e.g. Anthropic's ``message_stop`` with no trailing
+newline); dropping it would turn a completed round into an interrupted one. This cannot let a
+tool call commit wrongly: a stream cut mid-line yields a payload that fails to parse, and the
+round still needs the provider's own end signal.
+"""
+
+from __future__ import annotations
+
+from ._errors import ConfigError, StreamDecodeError, UsageError
+from ._events import Frame
+from ._limits import Limits
+
+__all__ = ["SSEDecoder"]
+
+_BOM = b"\xef\xbb\xbf"
+_new_frame = tuple.__new__
+"""``tuple.__new__(Frame, fields)`` builds a Frame without the Python-level ``Frame.__new__``
+wrapper: half the cost on the hot path."""
+_MAX_RETRY_DIGITS = 15
+"""Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
+which refuses strings over 4300 digits."""
+
+
+def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> int:
+    """Pick one limit from an explicit keyword or a :class:`Limits`; never both."""
+    if explicit is not None and limits is not None:
+        raise ConfigError(f"pass either limits= or {name}=, not both")
+    if explicit is None:
+        return int(getattr(limits if limits is not None else Limits(), name))
+    if not isinstance(explicit, int) or isinstance(explicit, bool) or explicit < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {explicit!r}")
+    return explicit
+
+
+class SSEDecoder:
+    """Incremental ``text/event-stream`` decoder with the ``feed``/``finish`` shape.
+
+    Construct with ``max_line_bytes``/``max_event_bytes`` (defaults from :class:`Limits`) or
+    with ``limits=``, not both. Line lengths are counted in bytes without the line end; the
+    event size is the byte length of the joined ``data`` text.
+
+    ``Frame.id`` is the last event id in force when the event was dispatched (``None`` until
+    the stream sends one); ``Frame.retry`` likewise is the current reconnection time: both
+    are connection state in the spec, not per-event fields.
+    """
+
+    __slots__ = (
+        "_at_start",
+        "_closed",
+        "_data",
+        "_data_bytes",
+        "_event",
+        "_event_budget",
+        "_fast",
+        "_fast_max_bytes",
+        "_last_id",
+        "_max_line",
+        "_partial",
+        "_retry",
+        "_skip_lf",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_line_bytes: int | None = None,
+        max_event_bytes: int | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        max_line = _resolve_limit("max_line_bytes", max_line_bytes, limits)
+        max_event = _resolve_limit("max_event_bytes", max_event_bytes, limits)
+        self._max_line = max_line
+        # The running count includes one LF per data line (the spec's buffer), so the joined
+        # text is one byte shorter than the count: allow one extra byte.
+        self._event_budget = max_event + 1
+        # A fast-path chunk is "data: " + value + "\n\n": its line and its value fit.
+        self._fast_max_bytes = min(max_line + 2, max_event + 8)
+        self._fast = False  # True only between events with nothing pending (see _feed_lines)
+        self._partial = b""
+        self._at_start = True
+        self._skip_lf = False
+        self._closed: str | None = None
+        self._data: list[bytes] = []
+        self._data_bytes = 0
+        self._event = ""
+        self._last_id: str | None = None
+        self._retry: int | None = None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Consume the next chunk of the body; return the events it completed, in order.
+
+        Raises:
+            StreamDecodeError: a line or an event went over its limit. The decoder is then
+                unusable, and events completed earlier in the same chunk are not returned.
+            UsageError: the decoder was finished or failed earlier.
+        """
+        # Fast path: nothing pending and the chunk is exactly one "data: <line>\n\n" event
+        # (its first LF at n - 2 and a LF at n - 1), without CR and within both limits.
+        if self._fast:
+            n = len(data)
+            if (
+                n <= self._fast_max_bytes
+                and data.find(10) == n - 2
+                and data[-1] == 10
+                and data[:6] == b"data: "
+                and 13 not in data
+            ):
+                text = data[6:-2].decode("utf-8", "replace")
+                return [_new_frame(Frame, ("message", text, self._last_id, self._retry))]
+        return self._feed_lines(data)
+
+    def finish(self) -> list[Frame]:
+        """Signal the end of the body; return the last event if it lacked its blank line.
+
+        The unterminated last line is processed like a complete one, then an event with data
+        is dispatched (see the module docstring for why this departs from the spec). Any later
+        ``feed`` or ``finish`` raises :class:`UsageError`.
+        """
+        if self._closed is not None:
+            raise UsageError(self._closed)
+        self._closed = "SSEDecoder.finish() was already called"
+        self._fast = False
+        lines = [self._partial] if self._partial else []
+        self._partial = b""
+        frames = self._process(lines)
+        if self._data:
+            frames.append(self._dispatch())
+        return frames
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _feed_lines(self, data: bytes) -> list[Frame]:
+        """The general path of :meth:`feed`: any chunk, any decoder state."""
+        if self._closed is not None:
+            raise UsageError(self._closed)
+        if self._at_start or self._skip_lf:
+            data = self._strip_prefix(data)
+        if self._partial:
+            data = self._partial + data
+        if 13 in data:
+            # A CR at the very end may be the first half of a CRLF: remember to drop a LF
+            # that starts the next chunk. Every other CR and CRLF becomes one LF here.
+            self._skip_lf = data[-1] == 13
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(data) > self._max_line:
+            self._check_line_lengths(lines)
+        frames = self._process(lines)
+        self._fast = not (
+            self._partial or self._data or self._event or self._skip_lf or self._at_start
+        )
+        return frames
+
+    def _strip_prefix(self, data: bytes) -> bytes:
+        """Drop a stream-initial BOM (possibly split over feeds) or the LF of a split CRLF."""
+        if self._skip_lf and data:
+            self._skip_lf = False
+            return data[1:] if data[0] == 0x0A else data
+        if not self._at_start:
+            return data
+        data = self._partial + data
+        self._partial = b""
+        if len(data) < len(_BOM) and _BOM.startswith(data):
+            self._partial = data  # not enough bytes yet to tell; at most two are kept
+            return b""
+        self._at_start = False
+        return data[len(_BOM) :] if data.startswith(_BOM) else data
+
+    def _process(self, lines: list[bytes]) -> list[Frame]:
+        """Apply complete lines (without line ends) in order; return the dispatched events."""
+        frames: list[Frame] = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    frames.append(self._dispatch())
+                else:
+                    self._event = ""
+            elif line.startswith(b"data:"):
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                self._add_data(value)
+            elif line[0] != 0x3A:  # ":" starts a comment (heartbeats)
+                self._field(line)
+        if len(self._partial) > self._max_line:
+            self._fail(f"SSE line exceeds max_line_bytes={self._max_line} without a line end")
+        return frames
+
+    def _add_data(self, value: bytes) -> None:
+        self._data.append(value)
+        self._data_bytes += len(value) + 1
+        if self._data_bytes > self._event_budget:
+            self._fail(
+                f"SSE event data exceeds max_event_bytes={self._event_budget - 1} "
+                f"({len(self._data)} data lines so far)"
+            )
+
+    def _field(self, line: bytes) -> None:
+        """Apply a non-data, non-comment field line; unknown names are ignored."""
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":  # "data" with no colon: an empty data line
+            self._add_data(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            if b"\x00" not in value:
+                self._last_id = value.decode("utf-8", "replace")
+        elif name == b"retry" and value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
+            self._retry = int(value)
+
+    def _dispatch(self) -> Frame:
+        """Build the frame for the current event and reset the per-event buffers."""
+        data = self._data
+        raw = data[0] if len(data) == 1 else b"\n".join(data)
+        frame = Frame(
+            self._event or "message", raw.decode("utf-8", "replace"), self._last_id, self._retry
+        )
+        self._data = []
+        self._data_bytes = 0
+        self._event = ""
+        return frame
+
+    def _check_line_lengths(self, lines: list[bytes]) -> None:
+        for line in lines:
+            if len(line) > self._max_line:
+                self._fail(f"SSE line of {len(line)} bytes exceeds max_line_bytes={self._max_line}")
+
+    def _fail(self, message: str) -> None:
+        """Make the decoder unusable, drop its buffers and raise ``StreamDecodeError``."""
+        self._closed = f"SSEDecoder failed earlier: {message}"
+        self._fast = False
+        self._partial = b""
+        self._data = []
+        raise StreamDecodeError(message)
