@@ -76,7 +76,9 @@ class _ChoiceState:
 
     def __init__(self) -> None:
         self.calls: list[CallBuffer] = []
-        self.content: list[tuple[str, Any]] = []  # ("text", [block, parts]) | ("block", ev) | ("call", buf)
+        self.content: list[
+            tuple[str, Any]
+        ] = []  # ("text", [block, parts]) | ("block", ev) | ("call", buf)
         self.ended: Ending | None = None
         self.stop_reason: str | None = None
         self.ids: dict[str, CallKey] = {}
@@ -84,7 +86,7 @@ class _ChoiceState:
 
 
 class Assembler:
-    """Pure state machine for one attempt: ``feed(event) -> notices``, then ``finish() -> Round``."""
+    """Pure state machine for one attempt: ``feed(event) -> notices``, ``finish() -> Round``."""
 
     def __init__(
         self,
@@ -150,20 +152,30 @@ class Assembler:
     def _on_args(self, event: ArgsDelta) -> list[Notice]:
         buf = self._buffers.get(event.key)
         if buf is None:
-            self._record(AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", event.key)
+            self._record(
+                AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", event.key
+            )
             return []
         if buf.state is not CallState.OPEN:
             if buf.state is CallState.ARGS_COMPLETE:
-                return self._violate(buf, AnomalyKind.FRAGMENT_AFTER_CLOSE,
-                                     "argument fragment after the call was closed")
+                return self._violate(
+                    buf,
+                    AnomalyKind.FRAGMENT_AFTER_CLOSE,
+                    "argument fragment after the call was closed",
+                )
             return []  # already failed (e.g. over the size limit): drop quietly
         fragment = event.fragment
-        buf.nbytes += len(fragment) if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
+        buf.nbytes += (
+            len(fragment) if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
+        )
         if buf.nbytes > self.limits.max_argument_bytes:
             buf.fragments.clear()
-            return self._fail(buf, ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
-                              f"arguments exceed {self.limits.max_argument_bytes} bytes",
-                              AnomalyKind.ARGUMENTS_TOO_LARGE)
+            return self._fail(
+                buf,
+                ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
+                f"arguments exceed {self.limits.max_argument_bytes} bytes",
+                AnomalyKind.ARGUMENTS_TOO_LARGE,
+            )
         buf.fragments.append(fragment)
         return []
 
@@ -177,9 +189,12 @@ class Assembler:
         choice.content.append(("call", buf))
         if len(choice.calls) > self.limits.max_calls_per_round:
             buf.call_id, buf.name = event.call_id or None, event.name or None
-            return self._fail(buf, ErrorCode.TOO_MANY_TOOL_CALLS,
-                              f"more than {self.limits.max_calls_per_round} calls in one round",
-                              AnomalyKind.TOO_MANY_CALLS)
+            return self._fail(
+                buf,
+                ErrorCode.TOO_MANY_TOOL_CALLS,
+                f"more than {self.limits.max_calls_per_round} calls in one round",
+                AnomalyKind.TOO_MANY_CALLS,
+            )
         return self._on_identified(event.key, event.call_id, event.name)
 
     def _on_identified(self, key: CallKey, call_id: str | None, name: str | None) -> list[Notice]:
@@ -192,23 +207,28 @@ class Assembler:
             if buf.name is None:
                 buf.name = name
             elif buf.name != name:
-                notices += self._violate(buf, AnomalyKind.NAME_CHANGED,
-                                         "a different tool name arrived for an open call")
+                notices += self._violate(
+                    buf, AnomalyKind.NAME_CHANGED, "a different tool name arrived for an open call"
+                )
         if call_id:
             if buf.call_id is None:
                 buf.call_id = call_id
                 notices += self._claim_id(buf, call_id)
             elif buf.call_id != call_id:
-                notices += self._violate(buf, AnomalyKind.ID_CHANGED,
-                                         "a different call id arrived for an open call")
+                notices += self._violate(
+                    buf, AnomalyKind.ID_CHANGED, "a different call id arrived for an open call"
+                )
         return notices
 
     def _claim_id(self, buf: CallBuffer, call_id: str) -> list[Notice]:
         ids = self._choice(buf.key.choice).ids
         if call_id in ids and ids[call_id] != buf.key:
-            return self._fail(buf, ErrorCode.DUPLICATE_CALL_ID,
-                              "another call of this round already uses this call id",
-                              AnomalyKind.DUPLICATE_CALL_ID)
+            return self._fail(
+                buf,
+                ErrorCode.DUPLICATE_CALL_ID,
+                "another call of this round already uses this call id",
+                AnomalyKind.DUPLICATE_CALL_ID,
+            )
         ids[call_id] = buf.key
         return []
 
@@ -226,18 +246,27 @@ class Assembler:
                 if notices:
                     return notices
             elif buf.text() != final:
-                return self._violate(buf, AnomalyKind.ARGUMENTS_MISMATCH,
-                                     "the final argument text differs from the streamed fragments")
+                return self._violate(
+                    buf,
+                    AnomalyKind.ARGUMENTS_MISMATCH,
+                    "the final argument text differs from the streamed fragments",
+                )
         buf.close()
         return []
 
     def _on_text(self, event: TextDelta) -> None:
         choice = self._choice(event.choice)
-        size = len(event.text) if event.text.isascii() else len(event.text.encode("utf-8", "surrogatepass"))
+        size = (
+            len(event.text)
+            if event.text.isascii()
+            else len(event.text.encode("utf-8", "surrogatepass"))
+        )
         if choice.text_bytes + size > self.limits.max_text_bytes:
             if choice.text_bytes <= self.limits.max_text_bytes:
-                self._record(AnomalyKind.TEXT_TOO_LARGE,
-                             f"assistant text exceeds {self.limits.max_text_bytes} bytes; rest dropped")
+                self._record(
+                    AnomalyKind.TEXT_TOO_LARGE,
+                    f"assistant text exceeds {self.limits.max_text_bytes} bytes; rest dropped",
+                )
                 choice.text_bytes = self.limits.max_text_bytes + 1
             return
         choice.text_bytes += size
@@ -275,14 +304,17 @@ class Assembler:
     def _violate(self, buf: CallBuffer, kind: AnomalyKind, detail: str) -> list[Notice]:
         return self._fail(buf, ErrorCode.PROTOCOL_VIOLATION, detail, kind)
 
-    def _fail(self, buf: CallBuffer, code: ErrorCode, detail: str,
-              kind: AnomalyKind | None = None) -> list[Notice]:
+    def _fail(
+        self, buf: CallBuffer, code: ErrorCode, detail: str, kind: AnomalyKind | None = None
+    ) -> list[Notice]:
         if kind is not None:
             self._record(kind, detail, buf.key)
         if buf.state in (CallState.FAILED, CallState.CANCELLED):
             return []
         buf.fail(code, detail)
-        return [CallFailed(key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail)]
+        return [
+            CallFailed(key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail)
+        ]
 
     # -- ending -----------------------------------------------------------------------------
 
@@ -303,7 +335,10 @@ class Assembler:
             if not choices:
                 choices = (self._finish_choice(0, self._choice(0)),)
             self._round = Round(
-                provider=self.provider, attempt=self.attempt, choices=choices, usage=self._usage,
+                provider=self.provider,
+                attempt=self.attempt,
+                choices=choices,
+                usage=self._usage,
                 anomalies=tuple(self._anomalies),
                 error=self._failure.detail if self._failure else None,
             )
@@ -318,8 +353,11 @@ class Assembler:
         if ending is Ending.NORMAL:
             return ending, None, ""
         reason = choice.stop_reason
-        detail = (f"the provider stopped the response ({reason})" if reason
-                  else "the stream ended without a terminal signal")
+        detail = (
+            f"the provider stopped the response ({reason})"
+            if reason
+            else "the stream ended without a terminal signal"
+        )
         return ending, _ENDING_CODE[ending], detail
 
     def _finish_choice(self, index: int, choice: _ChoiceState) -> Choice:
@@ -344,8 +382,13 @@ class Assembler:
                 content.append(TextSegment(block=item[0], text="".join(item[1])))
             else:
                 content.append(item)
-        return Choice(index=index, ended=ending, stop_reason=choice.stop_reason,
-                      calls=tuple(records[id(b)] for b in choice.calls), content=tuple(content))
+        return Choice(
+            index=index,
+            ended=ending,
+            stop_reason=choice.stop_reason,
+            calls=tuple(records[id(b)] for b in choice.calls),
+            content=tuple(content),
+        )
 
     def _decide(self, buf: CallBuffer) -> None:
         verdict: CommittedCall | Rejection = self.gate.check(
@@ -360,7 +403,14 @@ class Assembler:
 def _record_of(buf: CallBuffer) -> CallRecord:
     committed = buf.committed
     return CallRecord(
-        key=buf.key, position=buf.position, call_id=buf.call_id, name=buf.name, state=buf.state,
-        arguments_text=buf.text(), arguments=committed.arguments if committed else None,
-        error=buf.error, detail=buf.detail, committed=committed,
+        key=buf.key,
+        position=buf.position,
+        call_id=buf.call_id,
+        name=buf.name,
+        state=buf.state,
+        arguments_text=buf.text(),
+        arguments=committed.arguments if committed else None,
+        error=buf.error,
+        detail=buf.detail,
+        committed=committed,
     )

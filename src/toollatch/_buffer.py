@@ -24,9 +24,7 @@ class CallBuffer:
         "state",
     )
 
-    def __init__(
-        self, key: CallKey, position: int, call_id: str | None, name: str | None
-    ) -> None:
+    def __init__(self, key: CallKey, position: int, call_id: str | None, name: str | None) -> None:
         self.key = key
         self.position = position
         self.call_id = call_id

@@ -245,4 +245,3 @@ StreamEvent = (
     | Anomaly
 )
 """Union of everything an adapter may emit."""
-

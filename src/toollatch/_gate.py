@@ -229,9 +229,14 @@ class Gate:
                 ErrorCode.BUDGET_EXCEEDED,
                 f"the run's budget of {self.budget.max_calls} tool calls is spent",
             )
-        return CommittedCall._create(  # type: ignore[attr-defined,no-any-return]
-            call_id=call_id, name=name, arguments=args, arguments_text=text,
-            key=key, position=position, spec=spec,
+        return CommittedCall._create(  # type: ignore[no-any-return]
+            call_id=call_id,
+            name=name,
+            arguments=args,
+            arguments_text=text,
+            key=key,
+            position=position,
+            spec=spec,
         )
 
     def _arguments(self, text: str) -> dict[str, Any]:
@@ -263,7 +268,9 @@ class Gate:
         try:
             decision = self.policy(name, args)
         except Exception as exc:  # fail closed: a broken policy never lets a call through
-            raise _Reject(ErrorCode.POLICY_DENIED, f"policy hook raised {type(exc).__name__}")
+            raise _Reject(
+                ErrorCode.POLICY_DENIED, f"policy hook raised {type(exc).__name__}"
+            ) from None
         if isinstance(decision, Deny):
             raise _Reject(ErrorCode.POLICY_DENIED, decision.reason[:300] or "denied by policy")
         if decision is False:

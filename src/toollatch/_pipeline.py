@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from ._assembler import Assembler, Notice
 from ._adapters._base import Adapter
+from ._assembler import Assembler, Notice
 from ._errors import StreamDecodeError, UsageError
 from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
+from ._eventstream import EventStreamDecoder
 from ._gate import Gate, Policy, RunBudget
 from ._limits import Limits
 from ._lines import JSONLinesDecoder
@@ -36,8 +37,6 @@ def make_decoder(framing: Framing, limits: Limits) -> _Decoder:
     if framing == "jsonl":
         return JSONLinesDecoder(limits=limits)
     if framing == "eventstream":
-        from ._eventstream import EventStreamDecoder
-
         return EventStreamDecoder(max_message_bytes=limits.max_event_bytes)
     raise UsageError(f"unknown framing {framing!r}")
 
@@ -68,8 +67,13 @@ class StreamParser:
             provider if isinstance(provider, Adapter) else adapter_class(provider)(attempt=attempt)
         )
         self.assembler = Assembler(
-            provider=self.adapter.provider, attempt=attempt, tools=tools, limits=self.limits,
-            policy=policy, budget=budget, gate=gate,
+            provider=self.adapter.provider,
+            attempt=attempt,
+            tools=tools,
+            limits=self.limits,
+            policy=policy,
+            budget=budget,
+            gate=gate,
         )
         self._decoder = make_decoder(framing, self.limits)
         self._broken = False
@@ -128,7 +132,9 @@ class StreamParser:
 
     def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
         self._broken = True
-        return self._apply([
-            Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),
-            StreamFailed(detail=f"framing error: {exc}"),
-        ])
+        return self._apply(
+            [
+                Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),
+                StreamFailed(detail=f"framing error: {exc}"),
+            ]
+        )

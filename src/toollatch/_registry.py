@@ -7,8 +7,8 @@ from typing import Literal
 
 import orjson
 
-from ._errors import UsageError
 from ._adapters._base import Adapter
+from ._errors import UsageError
 
 Framing = Literal["sse", "jsonl", "eventstream"]
 
@@ -38,9 +38,7 @@ def adapter_class(provider: str) -> type[Adapter]:
     try:
         module, cls = _MODULES[provider]
     except KeyError:
-        raise UsageError(
-            f"unknown provider {provider!r}; known: {', '.join(_MODULES)}"
-        ) from None
+        raise UsageError(f"unknown provider {provider!r}; known: {', '.join(_MODULES)}") from None
     try:
         found: type[Adapter] = getattr(
             importlib.import_module(f"toollatch._adapters.{module}"), cls
@@ -86,14 +84,27 @@ def _provider_of(obj: object) -> str | None:
     if isinstance(kind, str):
         if kind.startswith("response."):
             return "openai_responses"
-        if kind in {"message_start", "content_block_start", "content_block_delta", "ping",
-                    "message_delta", "message_stop", "content_block_stop"}:
+        if kind in {
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "ping",
+            "message_delta",
+            "message_stop",
+            "content_block_stop",
+        }:
             return "anthropic"
     if "choices" in obj or obj.get("object") == "chat.completion.chunk":
         return "openai_chat"
     if "candidates" in obj or "usageMetadata" in obj:
         return "gemini"
-    if obj.keys() & {"messageStart", "contentBlockStart", "contentBlockDelta", "contentBlockStop",
-                     "messageStop", "metadata"}:
+    if obj.keys() & {
+        "messageStart",
+        "contentBlockStart",
+        "contentBlockDelta",
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+    }:
         return "bedrock"
     return None

@@ -172,7 +172,7 @@ class Round:
 
     def assistant_message(self) -> dict[str, Any]:
         """Choice 0 as the assistant message for history, in the provider's own format."""
-        from ._messages import assistant_message
+        from ._messages import assistant_message  # noqa: PLC0415 (builders import _round)
 
         return assistant_message(self)
 
@@ -182,7 +182,7 @@ class Round:
         Results are put in call order; raises ``UsageError`` unless every call of choice 0
         that appears in the assistant message has exactly one result.
         """
-        from ._messages import tool_results_messages
+        from ._messages import tool_results_messages  # noqa: PLC0415
 
         return tool_results_messages(self, results)
 

@@ -50,7 +50,7 @@ class ToolSpec:
             self.parameters, default=jsonschema.Draft202012Validator
         )
         try:
-            validator.check_schema(self.parameters)
+            validator.check_schema(dict(self.parameters))
         except jsonschema.SchemaError as exc:
             raise ConfigError(f"tool {self.name!r}: invalid JSON Schema: {exc.message}") from None
 
@@ -60,9 +60,7 @@ class ToolSpec:
         if not isinstance(definition, Mapping):
             raise ConfigError(f"a tool definition must be an object, got {definition!r:.60}")
         body: Mapping[str, Any] = definition
-        if definition.get("type") == "function" and isinstance(
-            definition.get("function"), Mapping
-        ):
+        if definition.get("type") == "function" and isinstance(definition.get("function"), Mapping):
             body = definition["function"]
         schema = body.get("parameters", body.get("input_schema", _ANY_OBJECT))
         return cls(

@@ -36,6 +36,8 @@ round still needs the provider's own end signal.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from ._errors import ConfigError, StreamDecodeError, UsageError
 from ._events import Frame
 from ._limits import Limits
@@ -124,19 +126,18 @@ class SSEDecoder:
                 unusable, and events completed earlier in the same chunk are not returned.
             UsageError: the decoder was finished or failed earlier.
         """
-        # Fast path: nothing pending and the chunk is exactly one "data: <line>\n\n" event
-        # (its first LF at n - 2 and a LF at n - 1), without CR and within both limits.
+        # Fast path: nothing pending and the chunk is exactly one "data: <value>\n\n" event
+        # without CR, within both limits. ``in`` and slices beat ``find``/``startswith`` here.
         if self._fast:
             n = len(data)
-            if (
-                n <= self._fast_max_bytes
-                and data.find(10) == n - 2
-                and data[-1] == 10
-                and data[:6] == b"data: "
-                and 13 not in data
-            ):
-                text = data[6:-2].decode("utf-8", "replace")
-                return [_new_frame(Frame, ("message", text, self._last_id, self._retry))]
+            if 8 <= n <= self._fast_max_bytes and data[-1] == 10 and data[-2] == 10:
+                value = data[6:-2]
+                if data[:6] == b"data: " and 10 not in value and 13 not in value:
+                    try:
+                        text = value.decode()
+                    except UnicodeDecodeError:
+                        text = value.decode("utf-8", "replace")
+                    return [_new_frame(Frame, ("message", text, self._last_id, self._retry))]
         return self._feed_lines(data)
 
     def finish(self) -> list[Frame]:
@@ -206,32 +207,32 @@ class SSEDecoder:
                     frames.append(self._dispatch())
                 else:
                     self._event = ""
-            elif line.startswith(b"data:"):
+            elif line[:5] == b"data:" or line == b"data":  # bare "data": an empty data line
                 value = line[6:] if line[5:6] == b" " else line[5:]
-                self._add_data(value)
+                self._data.append(value)
+                self._data_bytes += len(value) + 1
+                if self._data_bytes > self._event_budget:
+                    self._fail_event_size()
+            elif line[:7] == b"event: ":  # the other common line, inlined for speed
+                self._event = line[7:].decode("utf-8", "replace")
             elif line[0] != 0x3A:  # ":" starts a comment (heartbeats)
                 self._field(line)
         if len(self._partial) > self._max_line:
             self._fail(f"SSE line exceeds max_line_bytes={self._max_line} without a line end")
         return frames
 
-    def _add_data(self, value: bytes) -> None:
-        self._data.append(value)
-        self._data_bytes += len(value) + 1
-        if self._data_bytes > self._event_budget:
-            self._fail(
-                f"SSE event data exceeds max_event_bytes={self._event_budget - 1} "
-                f"({len(self._data)} data lines so far)"
-            )
+    def _fail_event_size(self) -> NoReturn:
+        self._fail(
+            f"SSE event data exceeds max_event_bytes={self._event_budget - 1} "
+            f"({len(self._data)} data lines so far)"
+        )
 
     def _field(self, line: bytes) -> None:
-        """Apply a non-data, non-comment field line; unknown names are ignored."""
+        """Apply a field line other than ``data`` and comments; unknown names are ignored."""
         name, colon, value = line.partition(b":")
         if colon and value[:1] == b" ":
             value = value[1:]
-        if name == b"data":  # "data" with no colon: an empty data line
-            self._add_data(value)
-        elif name == b"event":
+        if name == b"event":
             self._event = value.decode("utf-8", "replace")
         elif name == b"id":
             if b"\x00" not in value:
@@ -243,9 +244,8 @@ class SSEDecoder:
         """Build the frame for the current event and reset the per-event buffers."""
         data = self._data
         raw = data[0] if len(data) == 1 else b"\n".join(data)
-        frame = Frame(
-            self._event or "message", raw.decode("utf-8", "replace"), self._last_id, self._retry
-        )
+        text = raw.decode("utf-8", "replace")
+        frame = _new_frame(Frame, (self._event or "message", text, self._last_id, self._retry))
         self._data = []
         self._data_bytes = 0
         self._event = ""
@@ -256,7 +256,7 @@ class SSEDecoder:
             if len(line) > self._max_line:
                 self._fail(f"SSE line of {len(line)} bytes exceeds max_line_bytes={self._max_line}")
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         """Make the decoder unusable, drop its buffers and raise ``StreamDecodeError``."""
         self._closed = f"SSEDecoder failed earlier: {message}"
         self._fast = False

@@ -60,9 +60,7 @@ TRANSITIONS: dict[tuple[CallState, Trigger], CallState] = {
 }
 """Every allowed ``(state, trigger) -> state``; any other pair is a bug in toollatch."""
 
-TERMINAL: frozenset[CallState] = frozenset(
-    {CallState.FAILED, CallState.CANCELLED, CallState.DONE}
-)
+TERMINAL: frozenset[CallState] = frozenset({CallState.FAILED, CallState.CANCELLED, CallState.DONE})
 """States no trigger leaves."""
 
 

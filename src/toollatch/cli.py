@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--max-calls", type=_positive, metavar="N")
     replay.add_argument("--max-depth", type=_positive, metavar="N")
     replay.add_argument(
-        "--chunk-bytes", type=_positive, metavar="N",
+        "--chunk-bytes",
+        type=_positive,
+        metavar="N",
         help="feed the input in N-byte pieces (reproduces network splits)",
     )
     return parser
@@ -91,8 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs.append((name, data))
     for name, data in inputs:
         try:
-            round_ = replay_bytes(data, name=name, provider=args.provider, tools=tools,
-                                  limits=limits, chunk_bytes=args.chunk_bytes)
+            round_ = replay_bytes(
+                data,
+                name=name,
+                provider=args.provider,
+                tools=tools,
+                limits=limits,
+                chunk_bytes=args.chunk_bytes,
+            )
         except UsageError as exc:
             return _fail(f"{name}: {exc}")
         if args.format == "json":

@@ -13,7 +13,7 @@ blocks (``server_tool_use``, ``mcp_tool_use`` and every ``*_tool_result``) as a
 :class:`ServerToolBlock`. Text is forwarded as it arrives.
 
 A ``content_block_stop`` is not proof that a call is complete: Anthropic also stops a block
-that ``max_tokens`` cut (see the rule at :data:`_TRUNCATED_STOPS`). The round's stop reason
+that ``max_tokens`` cut (see the rule in :data:`_ENDINGS`). The round's stop reason
 decides, and the assembler applies it. Provider misbehaviour never raises: it becomes an
 ``Anomaly`` (failing the affected call when there is one) or a ``StreamFailed``.
 """
@@ -46,16 +46,19 @@ from toollatch._events import (
 
 from ._base import Adapter, error_detail, short
 
-# -- stop reasons (https://docs.anthropic.com/en/api/handling-stop-reasons) --------------------
-
-_NORMAL_STOPS = frozenset({"tool_use", "end_turn", "stop_sequence", "pause_turn"})
-"""A complete message. ``pause_turn``: a server-tool loop paused; its blocks are complete."""
-_TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
-"""Output cut by a token limit. The cut block may still get a ``content_block_stop``
-(Anthropic's tool runner documents it; pydantic-ai#3118, anthropic-sdk-python#794), or none
-at all (fixture ``anthropic/max_tokens_truncated_tool_use.sse``)."""
-_INTERRUPTED_STOPS = frozenset({"refusal"})
-"""The model declined mid-stream: whatever it started must not run."""
+# How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
+_ENDINGS: dict[str, Ending] = {
+    "tool_use": Ending.NORMAL,
+    "end_turn": Ending.NORMAL,
+    "stop_sequence": Ending.NORMAL,
+    "pause_turn": Ending.NORMAL,  # a server-tool loop paused; the blocks it sent are complete
+    # Cut by a token limit. The cut block may still get a content_block_stop (Anthropic's tool
+    # runner documents it; pydantic-ai#3118, anthropic-sdk-python#794) or none at all (fixture
+    # anthropic/max_tokens_truncated_tool_use.sse): the call must fail either way.
+    "max_tokens": Ending.TRUNCATED,
+    "model_context_window_exceeded": Ending.TRUNCATED,
+    "refusal": Ending.INTERRUPTED,  # the model declined mid-stream: nothing it began may run
+}
 
 _KNOWN_EVENTS = frozenset(
     {
@@ -67,17 +70,6 @@ _KNOWN_EVENTS = frozenset(
         "message_stop",
     }
 )
-
-
-def ending_for(stop_reason: str) -> Ending | None:
-    """The normalized ending of an Anthropic ``stop_reason``; None when it is unknown."""
-    if stop_reason in _NORMAL_STOPS:
-        return Ending.NORMAL
-    if stop_reason in _TRUNCATED_STOPS:
-        return Ending.TRUNCATED
-    if stop_reason in _INTERRUPTED_STOPS:
-        return Ending.INTERRUPTED
-    return None
 
 
 # -- content blocks ----------------------------------------------------------------------------
@@ -99,8 +91,6 @@ class _Kind(Enum):
     """A block type this adapter does not know: reported once, then dropped."""
 
 
-_SERVER_CALL_TYPES = frozenset({"server_tool_use", "mcp_tool_use"})
-
 _DELTA_FIELDS: dict[str, tuple[frozenset[_Kind], str]] = {
     "text_delta": (frozenset({_Kind.TEXT}), "text"),
     "input_json_delta": (frozenset({_Kind.CALL, _Kind.SERVER_CALL}), "partial_json"),
@@ -113,22 +103,24 @@ _DELTA_FIELDS: dict[str, tuple[frozenset[_Kind], str]] = {
 """Delta type -> (block kinds it may extend, field carrying its payload)."""
 
 
+_BLOCK_KINDS: dict[str, _Kind] = {
+    "tool_use": _Kind.CALL,
+    "text": _Kind.TEXT,
+    "thinking": _Kind.THINKING,
+    "redacted_thinking": _Kind.REDACTED,
+    "server_tool_use": _Kind.SERVER_CALL,
+    "mcp_tool_use": _Kind.SERVER_CALL,
+}
+
+
 def _block_kind(block_type: object) -> _Kind:
-    if block_type == "tool_use":
-        return _Kind.CALL
-    if block_type == "text":
-        return _Kind.TEXT
-    if block_type == "thinking":
-        return _Kind.THINKING
-    if block_type == "redacted_thinking":
-        return _Kind.REDACTED
-    if block_type in _SERVER_CALL_TYPES:
-        return _Kind.SERVER_CALL
+    if not isinstance(block_type, str):
+        return _Kind.IGNORED
     # web_search_tool_result, web_fetch_tool_result, code_execution_tool_result,
-    # tool_search_tool_result, mcp_tool_result, ...: every server result ends like this.
-    if isinstance(block_type, str) and block_type.endswith("_tool_result"):
+    # tool_search_tool_result, mcp_tool_result...: every server result is named like this.
+    if block_type.endswith("_tool_result"):
         return _Kind.SERVER_RESULT
-    return _Kind.IGNORED
+    return _BLOCK_KINDS.get(block_type, _Kind.IGNORED)
 
 
 @dataclass(slots=True)
@@ -214,7 +206,7 @@ class AnthropicAdapter(Adapter):
         if self._ended:
             return []
         reason = self._stop_reason
-        if reason is not None and reason in _TRUNCATED_STOPS:
+        if reason is not None and _ENDINGS.get(reason) is Ending.TRUNCATED:
             # Truncated either way: a missing message_stop cannot make it any less final.
             return [RoundEnded(ending=Ending.TRUNCATED, stop_reason=reason)]
         suffix = f" (stop_reason {reason!r})" if reason else ""
@@ -240,24 +232,7 @@ class AnthropicAdapter(Adapter):
 
     def _message_stop(self) -> list[StreamEvent]:
         self._ended = True
-        reason = self._stop_reason
-        if reason is None:
-            # The protocol promises message_delta(stop_reason) first; without it nothing says
-            # how the message ended, so nothing may commit.
-            return [
-                _invalid("message_stop without a stop_reason"),
-                RoundEnded(ending=Ending.INTERRUPTED),
-            ]
-        ending = ending_for(reason)
-        if ending is None:
-            return [
-                Anomaly(
-                    kind=AnomalyKind.UNKNOWN_EVENT,
-                    detail=f"unknown stop_reason {short(reason, 60)!r} treated as a normal end",
-                ),
-                RoundEnded(ending=Ending.NORMAL, stop_reason=reason),
-            ]
-        return [RoundEnded(ending=ending, stop_reason=reason)]
+        return _round_end(self._stop_reason)
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An ``error`` event: fails the stream, or is only recorded once the message ended."""
@@ -417,6 +392,21 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
         data["input"] = {}
     events.append(ServerToolBlock(block=index, data=data))
     return events
+
+
+def _round_end(reason: str | None) -> list[StreamEvent]:
+    """``RoundEnded`` for ``reason``; a missing or unknown reason is also an anomaly."""
+    if reason is None:
+        # Nothing says how the message ended, so nothing may commit.
+        invalid = _invalid("message_stop without a stop_reason")
+        return [invalid, RoundEnded(ending=Ending.INTERRUPTED)]
+    ending = _ENDINGS.get(reason)
+    if ending is not None:
+        return [RoundEnded(ending=ending, stop_reason=reason)]
+    # A new reason is most likely benign (pause_turn was new once); the gate still applies.
+    detail = f"unknown stop_reason {short(reason, 60)!r} treated as a normal end"
+    unknown = Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail=detail)
+    return [unknown, RoundEnded(ending=Ending.NORMAL, stop_reason=reason)]
 
 
 def _invalid(detail: str) -> Anomaly:

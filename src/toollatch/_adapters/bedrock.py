@@ -47,16 +47,21 @@ from toollatch._events import (
 
 from ._base import Adapter, short
 
-# -- stop reasons (MessageStopEvent.stopReason) ------------------------------------------------
-
-_NORMAL_STOPS = frozenset({"tool_use", "end_turn", "stop_sequence"})
-_TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
-"""Output cut by a token limit (LibreChat-AI/agents#280: a truncated Bedrock call must not be
-repaired into a runnable one)."""
-_INTERRUPTED_STOPS = frozenset(
-    {"guardrail_intervened", "content_filtered", "malformed_model_output", "malformed_tool_use"}
-)
-"""Filtered, or Bedrock itself says the output (or a tool use in it) is malformed."""
+# How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
+_ENDINGS: dict[str, Ending] = {
+    "tool_use": Ending.NORMAL,
+    "end_turn": Ending.NORMAL,
+    "stop_sequence": Ending.NORMAL,
+    # Cut by a token limit: never repair the partial call into a runnable one
+    # (LibreChat-AI/agents#280, a truncated Bedrock create_file retried forever).
+    "max_tokens": Ending.TRUNCATED,
+    "model_context_window_exceeded": Ending.TRUNCATED,
+    # Filtered, or Bedrock itself says the output (or a tool use in it) is malformed.
+    "guardrail_intervened": Ending.INTERRUPTED,
+    "content_filtered": Ending.INTERRUPTED,
+    "malformed_model_output": Ending.INTERRUPTED,
+    "malformed_tool_use": Ending.INTERRUPTED,
+}
 
 _EVENTS = frozenset(
     {
@@ -68,31 +73,13 @@ _EVENTS = frozenset(
         "metadata",
     }
 )
-_EXCEPTIONS = frozenset(
-    {
-        "internalServerException",
-        "modelStreamErrorException",
-        "validationException",
-        "throttlingException",
-        "serviceUnavailableException",
-    }
-)
 
 
 def _is_exception(name: str) -> bool:
-    # Smithy names every error member of an event stream "...Exception"; a new one still fails.
-    return name in _EXCEPTIONS or name.endswith("Exception")
-
-
-def ending_for(stop_reason: str) -> Ending | None:
-    """The normalized ending of a Bedrock ``stopReason``; None when it is unknown."""
-    if stop_reason in _NORMAL_STOPS:
-        return Ending.NORMAL
-    if stop_reason in _TRUNCATED_STOPS:
-        return Ending.TRUNCATED
-    if stop_reason in _INTERRUPTED_STOPS:
-        return Ending.INTERRUPTED
-    return None
+    # internalServerException, modelStreamErrorException, validationException,
+    # throttlingException, serviceUnavailableException: Smithy names every error member of an
+    # event stream "...Exception", so one added later fails the stream too.
+    return name.endswith("Exception")
 
 
 # -- content blocks ----------------------------------------------------------------------------
@@ -188,8 +175,9 @@ class BedrockAdapter(Adapter):
             )
         if not isinstance(payload, Mapping):
             return [_invalid(f"{name} payload is not an object")]
-        if name == "metadata":
-            return self._metadata(payload)  # comes after messageStop by design
+        if name == "metadata":  # comes after messageStop by design; metrics/trace not kept
+            usage = payload.get("usage")
+            return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
         if self._stopped:
             return self._once(
                 AnomalyKind.EVENT_AFTER_END, f"after:{name}", f"{name} after the message ended"
@@ -216,27 +204,7 @@ class BedrockAdapter(Adapter):
     def _message_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         # additionalModelResponseFields (model-specific extras) are not needed for calls.
         self._stopped = True
-        reason = _str_or_none(payload.get("stopReason"))
-        if reason is None:
-            return [
-                _invalid("messageStop without a stopReason"),
-                RoundEnded(ending=Ending.INTERRUPTED),
-            ]
-        ending = ending_for(reason)
-        if ending is None:
-            return [
-                Anomaly(
-                    kind=AnomalyKind.UNKNOWN_EVENT,
-                    detail=f"unknown stopReason {short(reason, 60)!r} treated as a normal end",
-                ),
-                RoundEnded(ending=Ending.NORMAL, stop_reason=reason),
-            ]
-        return [RoundEnded(ending=ending, stop_reason=reason)]
-
-    @staticmethod
-    def _metadata(payload: Mapping[str, Any]) -> list[StreamEvent]:
-        usage = payload.get("usage")  # metrics/trace: observability only, not kept
-        return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
+        return _round_end(_str_or_none(payload.get("stopReason")))
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An exception event: fails the stream, or is only recorded after ``messageStop``."""
@@ -277,14 +245,14 @@ class BedrockAdapter(Adapter):
     def _block_delta(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         index = _index(payload.get("contentBlockIndex"))
         delta = payload.get("delta")
-        if index is None or not isinstance(delta, Mapping) or len(delta) != 1:
-            return [_invalid("contentBlockDelta without an integer index and a one-member delta")]
-        ((member, value),) = delta.items()
-        kind = _DELTA_KINDS.get(member)
-        if kind is None:
-            return self._once(
-                AnomalyKind.UNKNOWN_EVENT, f"delta:{member}", f"delta {short(member, 60)!r}"
-            )
+        members = [m for m in delta if m in _DELTA_KINDS] if isinstance(delta, Mapping) else []
+        if index is None or not isinstance(delta, Mapping) or len(members) > 1:
+            return [_invalid("contentBlockDelta without an integer index and one delta member")]
+        if not members:
+            names = short(",".join(map(str, delta)), 60)
+            return self._once(AnomalyKind.UNKNOWN_EVENT, f"delta:{names}", f"delta {names!r}")
+        member = members[0]
+        kind = _DELTA_KINDS[member]
         block = self._blocks.get(index)
         if block is None:
             if kind is _Kind.CALL:
@@ -298,29 +266,26 @@ class BedrockAdapter(Adapter):
             return []
         if kind is not block.kind and {kind, block.kind} != {_Kind.CALL, _Kind.SERVER_CALL}:
             return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"{member} delta")]
-        return self._apply_delta(index, block, member, value)
+        return self._apply_delta(index, block, member, delta[member])
 
     def _apply_delta(self, index: int, block: _Block, member: str, value: Any) -> list[StreamEvent]:
-        ok = True
-        match member:
-            case "text" if isinstance(value, str):
+        match member, value:
+            case "text", str():
                 return [TextDelta(text=value, block=index)]
-            case "text":
-                ok = False
-            case "toolUse":
-                fragment = value.get("input") if isinstance(value, Mapping) else None
-                if not isinstance(fragment, str):
-                    return [self._bad(index, member)]
-                if block.kind is _Kind.CALL:
-                    return [ArgsDelta(key=self._key(index), fragment=fragment)]
-                block.parts.append(fragment)
-            case "reasoningContent":
-                ok = isinstance(value, Mapping) and _add_reasoning(block, value)
-            case "toolResult":
-                ok = isinstance(value, list) and _add_result(block, value)
-            case _:  # citation
+            case "toolUse", {"input": str(fragment)} if block.kind is _Kind.CALL:
+                return [ArgsDelta(key=self._key(index), fragment=fragment)]
+            case "toolUse", {"input": str(fragment)}:
+                block.parts.append(fragment)  # a server tool's input, kept for history
+            case "reasoningContent", Mapping() if _add_reasoning(block, value):
                 pass
-        return [] if ok else [self._bad(index, member)]
+            case "toolResult", list() if _add_result(block, value):
+                pass
+            case "citation", _:
+                pass
+            case _:
+                what = f"malformed {member} delta"
+                return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, what)]
+        return []
 
     def _block_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         index = _index(payload.get("contentBlockIndex"))
@@ -349,9 +314,6 @@ class BedrockAdapter(Adapter):
 
     def _key(self, index: int) -> CallKey:
         return CallKey(self.attempt, 0, index)
-
-    def _bad(self, index: int, member: str) -> Anomaly:
-        return self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"malformed {member} delta")
 
     def _block_anomaly(self, kind: AnomalyKind, index: int, what: str) -> Anomaly:
         """An anomaly about block ``index``; it fails the call when the block is a call."""
@@ -417,19 +379,16 @@ def _reasoning_data(block: _Block) -> dict[str, Any]:
 
 
 def _join_redacted(pieces: list[Any]) -> Any:
-    """One piece is the norm and is kept as is; several pieces of one type are concatenated."""
-    if len(pieces) == 1:
-        return pieces[0]
-    if all(isinstance(p, bytes) for p in pieces):
+    """One piece (the norm) as is; several: bytes joined, base64 texts joined as bytes."""
+    if len(pieces) == 1 or not all(isinstance(p, type(pieces[0])) for p in pieces):
+        return pieces[0] if len(pieces) == 1 else pieces
+    if isinstance(pieces[0], bytes):
         return b"".join(pieces)
-    if all(isinstance(p, str) for p in pieces):
-        # Base64 text from the raw event stream: join the decoded bytes, not the texts.
-        try:
-            raw = b"".join(base64.b64decode(p, validate=True) for p in pieces)
-        except ValueError:
-            return "".join(pieces)
-        return base64.b64encode(raw).decode("ascii")
-    return pieces
+    try:
+        raw = b"".join(base64.b64decode(p, validate=True) for p in pieces)
+    except ValueError:
+        return "".join(pieces)
+    return base64.b64encode(raw).decode("ascii")
 
 
 def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
@@ -447,6 +406,21 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
         tool_use["input"] = {}
     events.append(ServerToolBlock(block=index, data={"toolUse": tool_use}))
     return events
+
+
+def _round_end(reason: str | None) -> list[StreamEvent]:
+    """``RoundEnded`` for ``reason``; a missing or unknown reason is also an anomaly."""
+    if reason is None:
+        # Nothing says how the message ended, so nothing may commit.
+        invalid = _invalid("messageStop without a stopReason")
+        return [invalid, RoundEnded(ending=Ending.INTERRUPTED)]
+    ending = _ENDINGS.get(reason)
+    if ending is not None:
+        return [RoundEnded(ending=ending, stop_reason=reason)]
+    # A new reason is most likely benign (pause_turn was new once); the gate still applies.
+    detail = f"unknown stopReason {short(reason, 60)!r} treated as a normal end"
+    unknown = Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail=detail)
+    return [unknown, RoundEnded(ending=Ending.NORMAL, stop_reason=reason)]
 
 
 def _invalid(detail: str) -> Anomaly:

@@ -37,7 +37,7 @@ import copy
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
@@ -110,22 +110,26 @@ def _parse_path(path: object) -> PathSegments | None:
     return tuple(segments)
 
 
+def _is_finite_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)
+
+
+_LEAF_FIELDS: Final[Mapping[str, Callable[[object], bool]]] = {
+    "stringValue": lambda v: isinstance(v, str),
+    "numberValue": _is_finite_number,  # a double: "NaN"/"Infinity" strings are not JSON
+    "boolValue": lambda v: isinstance(v, bool),
+    "nullValue": lambda v: True,  # protobuf NullValue: JSON null or "NULL_VALUE"
+}
+
+
 def _leaf_value(update: Mapping[str, Any]) -> tuple[object, str | None]:
     """The value of one ``partialArgs`` entry, or an error description."""
-    if "stringValue" in update:
-        value = update["stringValue"]
-        return value, None if isinstance(value, str) else "stringValue is not a string"
-    if "numberValue" in update:
-        value = update["numberValue"]
-        is_number = isinstance(value, int | float) and not isinstance(value, bool)
-        if is_number and math.isfinite(value):
-            return value, None
-        return None, "numberValue is not a finite number"
-    if "boolValue" in update:
-        value = update["boolValue"]
-        return value, None if isinstance(value, bool) else "boolValue is not a boolean"
-    if "nullValue" in update:
-        return None, None  # protobuf NullValue: JSON null or "NULL_VALUE"
+    for name, valid in _LEAF_FIELDS.items():
+        if name in update:
+            value = None if name == "nullValue" else update[name]
+            return (value, None) if valid(value) else (None, f"{name} has the wrong type")
     return None, "partialArgs entry without a value"
 
 
@@ -139,7 +143,8 @@ def _put(container: dict[str, Any] | list[Any], slot: str | int, value: object) 
     if isinstance(container, dict):
         container[str(slot)] = value
         return None
-    assert isinstance(slot, int)  # lists are only ever created for integer segments
+    if not isinstance(slot, int):
+        return f"member {slot!r} of an array"  # unreachable: arrays only get integer segments
     if slot < len(container):
         container[slot] = value
     elif slot == len(container):
@@ -243,7 +248,7 @@ class GeminiAdapter(Adapter):
             self._failed = True
             err = event["error"]
             if isinstance(err, Mapping):
-                err = {"type": err.get("status"), "code": err.get("code"), **err}
+                err = {**err, "type": err.get("status")}  # e.g. UNAVAILABLE: 503: overloaded
             return [StreamFailed(detail=error_detail({"error": err}))]
         candidates = event.get("candidates") or []
         if not isinstance(candidates, list):
@@ -334,7 +339,9 @@ class GeminiAdapter(Adapter):
             return self._text(index, part, ordinal)
         if _SERVER_PART_KINDS & part.keys():
             return [ServerToolBlock(choice=index, block=f"part:{ordinal}", data=part)]
-        if part.keys() <= {"thoughtSignature", "thought"}:
+        if not part:
+            return []
+        if "thoughtSignature" in part and part.keys() <= {"thoughtSignature", "thought"}:
             return [ReasoningBlock(choice=index, block=f"part:{ordinal}", data=part)]
         kind = ",".join(sorted(part.keys()))
         if kind in self._unknown_parts:
@@ -371,7 +378,8 @@ class GeminiAdapter(Adapter):
         if state.open is not None:
             if not starts:
                 position = state.open.key.part
-                return self._continue(state, fc), position if isinstance(position, int) else None
+                events = self._continue(state, state.open, fc)
+                return events, position if isinstance(position, int) else None
             # A new call began although the streamed one never ended: that one cannot be
             # trusted to be complete.
             events.append(_fail(state.open.key, "a new functionCall began before this one ended"))
@@ -404,13 +412,11 @@ class GeminiAdapter(Adapter):
         args = {} if args is None else args
         if fc.get("partialArgs"):
             args = copy.deepcopy(args)  # leaf updates must not write into the caller's dict
-        state.open = _Call(key=key, holder=[args])
-        return events + self._continue(state, fc)
+        state.open = call = _Call(key=key, holder=[args])
+        return events + self._continue(state, call, fc)
 
-    def _continue(self, state: _Candidate, fc: Mapping[str, Any]) -> list[StreamEvent]:
+    def _continue(self, state: _Candidate, call: _Call, fc: Mapping[str, Any]) -> list[StreamEvent]:
         """Apply a part's ``partialArgs`` to the open call; close it unless ``willContinue``."""
-        call = state.open
-        assert call is not None
         updates = fc.get("partialArgs") or []
         if not isinstance(updates, list):
             updates = [updates]
@@ -426,10 +432,9 @@ class GeminiAdapter(Adapter):
         return events
 
     def _close(self, state: _Candidate) -> list[StreamEvent]:
-        call = state.open
-        assert call is not None
-        state.open = None
-        if call.failed:
+        """End the open call: its arguments as one canonical fragment, then ``CallClosed``."""
+        call, state.open = state.open, None
+        if call is None or call.failed:
             return []
         arguments = call.holder[0]
         text = _canonical(arguments)

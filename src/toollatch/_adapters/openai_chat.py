@@ -44,8 +44,16 @@ from .._events import (
 from ._base import Adapter, error_detail
 
 NORMAL_REASONS = frozenset(
-    {"tool_calls", "stop", "function_call", "eos", "eos_token", "end_turn", "tool_use",
-     "stop_sequence"}
+    {
+        "tool_calls",
+        "stop",
+        "function_call",
+        "eos",
+        "eos_token",
+        "end_turn",
+        "tool_use",
+        "stop_sequence",
+    }
 )
 TRUNCATED_REASONS = frozenset({"length", "max_tokens", "model_length"})
 
@@ -125,16 +133,21 @@ class OpenAIChatAdapter(Adapter):
         delta = choice.get("delta")
         if isinstance(delta, Mapping):
             if index in self._ended and delta.get("tool_calls"):
-                out.append(Anomaly(kind=AnomalyKind.EVENT_AFTER_END,
-                                   detail="tool-call delta after the choice's finish_reason"))
+                out.append(
+                    Anomaly(
+                        kind=AnomalyKind.EVENT_AFTER_END,
+                        detail="tool-call delta after the choice's finish_reason",
+                    )
+                )
             else:
                 self._delta_events(index, calls, delta, out)
         reason = choice.get("finish_reason")
         if reason and index not in self._ended:
             self._end_choice(index, calls, str(reason), out)
 
-    def _delta_events(self, index: int, calls: _ChoiceCalls, delta: Mapping[str, Any],
-                      out: list[StreamEvent]) -> None:
+    def _delta_events(
+        self, index: int, calls: _ChoiceCalls, delta: Mapping[str, Any], out: list[StreamEvent]
+    ) -> None:
         content = delta.get("content")
         if content and isinstance(content, str):
             out.append(TextDelta(choice=index, text=content))
@@ -149,8 +162,9 @@ class OpenAIChatAdapter(Adapter):
                 if isinstance(entry, Mapping):
                     self._tool_call_events(index, calls, entry, out)
 
-    def _tool_call_events(self, index: int, calls: _ChoiceCalls, entry: Mapping[str, Any],
-                          out: list[StreamEvent]) -> None:
+    def _tool_call_events(
+        self, index: int, calls: _ChoiceCalls, entry: Mapping[str, Any], out: list[StreamEvent]
+    ) -> None:
         function = entry.get("function")
         if not isinstance(function, Mapping):
             function = {}
@@ -168,8 +182,15 @@ class OpenAIChatAdapter(Adapter):
         elif args is not None:
             out.extend(self._object_arguments(slot.key, args))
 
-    def _resolve(self, index: int, calls: _ChoiceCalls, tc_index: int | None,
-                 call_id: str | None, name: str | None, out: list[StreamEvent]) -> _Slot:
+    def _resolve(
+        self,
+        index: int,
+        calls: _ChoiceCalls,
+        tc_index: int | None,
+        call_id: str | None,
+        name: str | None,
+        out: list[StreamEvent],
+    ) -> _Slot:
         slot: _Slot | None = None
         if call_id is not None:
             slot = calls.by_id.get(call_id)
@@ -199,8 +220,15 @@ class OpenAIChatAdapter(Adapter):
             out.append(CallIdentified(key=slot.key, call_id=new_id, name=new_name))
         return slot
 
-    def _open(self, index: int, calls: _ChoiceCalls, tc_index: int | None,
-              call_id: str | None, name: str | None, out: list[StreamEvent]) -> _Slot:
+    def _open(
+        self,
+        index: int,
+        calls: _ChoiceCalls,
+        tc_index: int | None,
+        call_id: str | None,
+        name: str | None,
+        out: list[StreamEvent],
+    ) -> _Slot:
         part: int | str = tc_index if tc_index is not None else calls.count
         if part in calls.parts:
             part = f"#{calls.count}"  # Q2: a second call on a reused index gets its own key
@@ -222,30 +250,45 @@ class OpenAIChatAdapter(Adapter):
         events: list[StreamEvent] = [ArgsDelta(key=key, fragment=text)]
         if key not in self._object_args:
             self._object_args.add(key)
-            events.insert(0, Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, key=key,
-                                     detail="arguments arrived as a JSON value, not a string; "
-                                            "serialized once"))
+            events.insert(
+                0,
+                Anomaly(
+                    kind=AnomalyKind.OBJECT_ARGUMENTS,
+                    key=key,
+                    detail="arguments arrived as a JSON value, not a string; serialized once",
+                ),
+            )
         return events
 
     # -- ends -----------------------------------------------------------------------------------
 
-    def _end_choice(self, index: int, calls: _ChoiceCalls, reason: str | None,
-                    out: list[StreamEvent]) -> None:
+    def _end_choice(
+        self, index: int, calls: _ChoiceCalls, reason: str | None, out: list[StreamEvent]
+    ) -> None:
         self._ended.add(index)
         for slot in calls.slots:
             if slot.call_id is None:
                 out.extend(self._synthesize_id(slot))
         if calls.reasoning:
-            out.append(ReasoningBlock(choice=index, block="reasoning",
-                                      data={"reasoning_content": "".join(calls.reasoning)}))
+            out.append(
+                ReasoningBlock(
+                    choice=index,
+                    block="reasoning",
+                    data={"reasoning_content": "".join(calls.reasoning)},
+                )
+            )
             calls.reasoning = []
         if reason is None:  # [DONE] alone: a normal end, recorded as an anomaly by _done
             out.append(RoundEnded(choice=index, ending=Ending.NORMAL, stop_reason=None))
             return
         ending = ending_of(reason)
         if ending is Ending.INTERRUPTED and reason != "content_filter":
-            out.append(Anomaly(kind=AnomalyKind.UNKNOWN_EVENT,
-                               detail=f"unknown finish_reason {reason[:40]!r}; not trusted"))
+            out.append(
+                Anomaly(
+                    kind=AnomalyKind.UNKNOWN_EVENT,
+                    detail=f"unknown finish_reason {reason[:40]!r}; not trusted",
+                )
+            )
         out.append(RoundEnded(choice=index, ending=ending, stop_reason=reason))
 
     def _synthesize_id(self, slot: _Slot) -> list[StreamEvent]:
@@ -254,8 +297,11 @@ class OpenAIChatAdapter(Adapter):
         key = slot.key
         slot.call_id = f"toollatch_{key.attempt}_{key.choice}_{key.part}"
         return [
-            Anomaly(kind=AnomalyKind.SYNTHESIZED_ID, key=key,
-                    detail=f"the provider sent no call id; using {slot.call_id!r}"),
+            Anomaly(
+                kind=AnomalyKind.SYNTHESIZED_ID,
+                key=key,
+                detail=f"the provider sent no call id; using {slot.call_id!r}",
+            ),
             CallIdentified(key=key, call_id=slot.call_id),
         ]
 
@@ -266,8 +312,12 @@ class OpenAIChatAdapter(Adapter):
         out: list[StreamEvent] = []
         for index in sorted(set(self._choices) | {0}):
             if index not in self._ended:
-                out.append(Anomaly(kind=AnomalyKind.DONE_WITHOUT_FINISH_REASON,
-                                   detail="[DONE] arrived without a finish_reason; ended normally"))
+                out.append(
+                    Anomaly(
+                        kind=AnomalyKind.DONE_WITHOUT_FINISH_REASON,
+                        detail="[DONE] arrived without a finish_reason; ended normally",
+                    )
+                )
                 self._end_choice(index, self._choices.get(index) or _ChoiceCalls(), None, out)
         return out
 

@@ -91,9 +91,12 @@ _FILTERED_REASONS = frozenset({"content_filter"})
 """``incomplete_details.reason`` values that mean the output was filtered, not cut short."""
 
 
-def _canonical(value: object) -> str:
-    """Object-typed arguments, serialized once (compact, key order kept, UTF-8 as text)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def _canonical(value: object) -> str | None:
+    """Object-typed arguments, serialized once (compact, key order kept); None if not JSON."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None
 
 
 class OpenAIResponsesAdapter(Adapter):
@@ -218,6 +221,10 @@ class OpenAIResponsesAdapter(Adapter):
             # announces the whole call here, with its end; open it first.
             self._opened.add(part)
             events.append(CallOpened(key=key, call_id=item.get("call_id"), name=item.get("name")))
+        if item.get("status") == "incomplete":
+            # Rule "incomplete_item_stays_open": the provider itself says the call was cut
+            # (max_output_tokens); leave it open so the round's end fails it ``truncated``.
+            return events
         return events + self._close(key, item.get("arguments"))
 
     # -- argument and text deltas -----------------------------------------------------------
@@ -321,12 +328,14 @@ def _argument_text(value: object, key: CallKey) -> tuple[str | None, list[Stream
         return value, []
     # Rule "object_arguments": some compatible servers send the arguments as a JSON object
     # (the chat-completions analogue is llama.cpp#20198); serialize once and say so.
-    anomaly = Anomaly(
-        kind=AnomalyKind.OBJECT_ARGUMENTS,
-        detail="arguments arrived as JSON, not text; serialized canonically",
-        key=key,
-    )
-    return _canonical(value), [anomaly]
+    text = _canonical(value)
+    if text is None:
+        detail = "arguments are neither text nor serializable JSON"
+        return None, [
+            Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
+        ]
+    detail = "arguments arrived as JSON, not text; serialized canonically"
+    return text, [Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key)]
 
 
 def _error_event_detail(event: Mapping[str, Any]) -> str:

@@ -52,13 +52,12 @@ def tool_results_messages(round_: Round, results: Sequence[ToolResult]) -> list[
         by_id[result.tool_call_id] = result
     pairs: list[tuple[CallRecord, ToolResult]] = []
     for call in round_.calls:
+        found = by_id.pop(call.history_id, None)
         if not in_history(call):
-            by_id.pop(call.history_id, None)
             continue
-        result = by_id.pop(call.history_id, None)
-        if result is None:
+        if found is None:
             raise UsageError(f"no result for call {call.history_id!r} ({call.name})")
-        pairs.append((call, result))
+        pairs.append((call, found))
     if by_id:
         raise UsageError(f"results for unknown call ids: {sorted(by_id)}")
     return _builder(round_)[1](round_, pairs)

@@ -1,0 +1,723 @@
+"""Incremental, resumable, lenient JSON parser behind the preview channel.
+
+Theory of operation
+-------------------
+:class:`PartialJSON` reads JSON text in fragments of any size and keeps three things up to
+date, each in time linear in the text fed (no fragment is ever scanned twice and the value is
+never rebuilt):
+
+* a **tokenizer state** (``_state``) that can stop between any two characters: inside a
+  string (also between the characters of an escape such as ``\\u00e9``, and between the two
+  halves of a surrogate pair), a number, a literal, or whitespace;
+* a **stack of open containers**: the dicts and lists of the snapshot itself, mutated in place,
+  with the RFC 6901 pointer of each (the path stack);
+* the **growing string** at the edge, kept as a list of pieces and joined only when it ends or
+  when :meth:`PartialJSON.snapshot` is asked for.
+
+Plain string content is consumed by one regular-expression match per run (in C); structure
+costs one small Python step per token. One-character fragments inside a string take a short
+path in :meth:`PartialJSON.feed` because providers really stream arguments that way.
+
+What a reader sees (the *snapshot* and the *deltas*) follows one rule: **nothing that could
+still change into a different value is reported as a final value.** Numbers are reported only
+when a delimiter ends them (``12`` may become ``123``), literals only when complete (``tr`` is
+never ``true``), object keys only when their value starts. Strings are visible while they grow,
+and marked provisional until their closing quote.
+
+Snapshot (:meth:`PartialJSON.snapshot`):
+
+* an object holds every member whose value is visible: complete scalars, strings (partial while
+  growing), objects and arrays (partial while open); a key whose value has not started, or whose
+  value is a number or literal still being read, is absent;
+* an array holds its visible elements in order, by the same rule;
+* a growing string holds the characters decoded so far; an unfinished escape, and a high
+  surrogate escape whose pair has not arrived, are not yet part of it;
+* ``None`` until the top-level value is visible (and for a top-level ``null``);
+* duplicate keys: the last value wins, as with :func:`json.loads`.
+
+Lenient about *where* the text stops, strict about *what* it says: malformed text (an invalid
+character or escape, a control character in a string, an invalid number, ``NaN``, text after
+the top-level value, nesting over ``max_depth``, more than ``max_bytes``) stops the parser. It
+never raises on any text: :attr:`PartialJSON.failed` gets a short reason (with a character
+offset, never the text itself), the value keeps what was reported before, and later feeds return
+nothing. This is a preview: the strict gate decides execution from the complete text on its own.
+"""
+
+from __future__ import annotations
+
+import json.decoder
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal, TypeAlias, cast
+
+from ._errors import UsageError
+
+__all__ = ["DeltaOp", "PartialJSON", "PathDelta"]
+
+DeltaOp: TypeAlias = Literal["set", "append", "end"]
+"""The delta vocabulary; see :class:`PathDelta`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathDelta:
+    """One change to the parsed value, addressed by an RFC 6901 JSON pointer.
+
+    ======== ========================= ======================================================
+    op       value                     meaning
+    ======== ========================= ======================================================
+    set      the value                 a value starts at ``path``: a new object member (or a
+                                       duplicate key replacing the old value), the next array
+                                       element (the last pointer token equals the array's
+                                       length), or the root (``""``). A number, ``true``,
+                                       ``false`` or ``null`` is complete and final. A string
+                                       starts as ``""`` and grows by ``append``; an object or
+                                       array starts as a fresh empty ``{}`` / ``[]`` (owned by
+                                       the receiver) and fills through deltas on child paths.
+    append   the new text (non-empty)  the string at ``path`` grows by ``value``.
+    end      ``None``                  the string, object or array at ``path`` is complete.
+    ======== ========================= ======================================================
+
+    Each string, object and array gets exactly one ``set`` and, once its closing quote or
+    bracket is read, exactly one ``end``; scalars get one ``set`` only. The pointers set and
+    not yet ended are exactly :attr:`PartialJSON.provisional`. Folding the deltas in order into
+    an empty document reproduces :meth:`PartialJSON.snapshot`. Appends are coalesced per
+    :meth:`PartialJSON.feed` call, so the deltas of one text under any fragmentation are equal
+    once adjacent ``append`` deltas on the same path are merged.
+    """
+
+    path: str
+    """RFC 6901 JSON pointer of the value (``""`` is the root, ``/items/0`` an element)."""
+    op: DeltaOp
+    """What happened: ``set``, ``append`` or ``end`` (see the class docstring)."""
+    value: object
+    """The value set, the text appended, or ``None`` for ``end``."""
+
+
+# Building a frozen dataclass through its __init__ costs object.__setattr__ per field, about
+# four times the price of the parse step itself on the one-character hot path; writing the slots
+# directly gives an equal object (the dataclass has no __post_init__ to skip).
+_NEW_OBJECT: Final = object.__new__
+_SET_PATH: Final = vars(PathDelta)["path"].__set__
+_SET_OP: Final = vars(PathDelta)["op"].__set__
+_SET_VALUE: Final = vars(PathDelta)["value"].__set__
+
+
+def _delta(path: str, op: DeltaOp, value: object) -> PathDelta:
+    delta: PathDelta = _NEW_OBJECT(PathDelta)
+    _SET_PATH(delta, path)
+    _SET_OP(delta, op)
+    _SET_VALUE(delta, value)
+    return delta
+
+
+# Tokenizer states: what the next character may be.
+_VALUE: Final = 0  # a value (top level, after ':' or after ',' in an array)
+_ARRAY_FIRST: Final = 1  # a value or ']' (just after '[')
+_OBJECT_FIRST: Final = 2  # a key or '}' (just after '{')
+_KEY: Final = 3  # a key (after ',' in an object)
+_COLON: Final = 4  # ':' after a key
+_AFTER_VALUE: Final = 5  # ',' or the closing bracket of the innermost container
+_END: Final = 6  # only whitespace: the top-level value is complete
+_STRING: Final = 7  # string content (a key or a value: see _str_is_key)
+_ESCAPE: Final = 8  # the character after a backslash
+_UNICODE: Final = 9  # the hex digits of \uXXXX (collected in _hex)
+_NUMBER: Final = 10  # number characters (collected in _num)
+_LITERAL: Final = 11  # the rest of true / false / null
+
+_WS: Final = " \t\n\r"
+_WS_RUN: Final = re.compile(r"[ \t\n\r]*")
+# String content up to a quote, a control character, or an escape that is incomplete or invalid.
+_STRING_BODY: Final = re.compile(r'(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*+')
+_LOW_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][c-fC-F]")
+# The json module's own string decoder (C), exactly json.loads's rules; typeshed omits it.
+_ScanString: TypeAlias = Callable[[str, int], tuple[str, int]]
+_scanstring: Final[_ScanString] = json.decoder.scanstring  # type: ignore[attr-defined]
+_NUMBER_RUN: Final = re.compile(r"[0-9eE.+\-]*")  # validated as a whole when it ends
+_NUMBER_SYNTAX: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_HEX_RUN: Final = re.compile(r"[0-9a-fA-F]*")
+_NUMBER_START: Final = "-0123456789"
+_ESCAPES: Final = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r"}
+_ESCAPES["t"] = "\t"
+_LITERALS: Final[dict[str, str]] = {"t": "true", "f": "false", "n": "null"}
+_LITERAL_VALUES: Final[dict[str, object]] = {"true": True, "false": False, "null": None}
+
+_COMPACT_PIECES: Final = 1024
+"""A growing string's pieces are joined into one block every this many pieces, so that one
+character fragments cost a pointer each only briefly (memory stays a small multiple of the
+text) while each character is still copied a bounded number of times."""
+
+_CACHE_ENTRIES: Final = 256
+"""Distinct one-character append deltas reused per growing string (they are immutable)."""
+
+Container: TypeAlias = dict[str, object] | list[object]
+
+
+def _pointer_token(key: str) -> str:
+    """Escape an object key as one RFC 6901 reference token."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _run_end(pattern: re.Pattern[str], text: str, i: int) -> int:
+    """End of the run of ``pattern`` (a starred character class) starting at ``i``."""
+    match = pattern.match(text, i)
+    assert match is not None  # a starred pattern matches the empty string
+    return match.end()
+
+
+def _pair(high: str, low: str) -> str:
+    """The character a UTF-16 surrogate pair encodes."""
+    return chr(0x10000 + ((ord(high) - 0xD800) << 10) + (ord(low) - 0xDC00))
+
+
+def _utf8_length(text: str) -> int:
+    # surrogatepass: lone surrogates are possible in a str and must not raise here.
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+class PartialJSON:
+    """Parse one JSON text fed in fragments; report the value so far and path-level deltas.
+
+    Use: ``feed(fragment)`` for every fragment, in order, then ``finish()`` once. Both return
+    the :class:`PathDelta` list of what changed. Total work is linear in the text fed plus the
+    length of the pointers reported, whatever the fragment sizes. Nothing here raises on any
+    text; feeding or finishing a finished parser raises :class:`UsageError`.
+    """
+
+    __slots__ = (
+        "_blocks",
+        "_bytes",
+        "_cache",
+        "_chars",
+        "_complete",
+        "_failed",
+        "_fast",
+        "_finished",
+        "_handlers",
+        "_hex",
+        "_high",
+        "_key",
+        "_literal",
+        "_literal_seen",
+        "_max_bytes",
+        "_max_depth",
+        "_num",
+        "_out",
+        "_parts",
+        "_pieces",
+        "_pointers",
+        "_root",
+        "_stack",
+        "_state",
+        "_str_is_key",
+        "_str_parent",
+        "_str_pointer",
+        "_str_slot",
+        "_token_start",
+    )
+
+    def __init__(self, *, max_depth: int = 64, max_bytes: int | None = None) -> None:
+        """Start before the first character.
+
+        ``max_depth`` bounds the nesting of objects and arrays (``[`` is depth 1), as
+        ``Limits.max_json_depth``. ``max_bytes`` bounds the UTF-8 size of all text fed; ``None``
+        means no bound here (the assembler already bounds each call's buffer by
+        ``Limits.max_argument_bytes`` before feeding its preview). Invalid values raise
+        :class:`UsageError`.
+        """
+        if max_depth < 1 or (max_bytes is not None and max_bytes < 0):
+            raise UsageError("max_depth must be >= 1 and max_bytes >= 0 (or None)")
+        self._max_depth = max_depth
+        self._max_bytes = sys.maxsize if max_bytes is None else max_bytes
+        self._state = _VALUE
+        self._stack: list[Container] = []
+        self._pointers: list[str] = []  # the pointer of each open container
+        self._key = ""  # the last complete key of the innermost object
+        self._root: object = None
+        self._complete = False
+        self._failed: str | None = None
+        self._finished = False
+        self._fast = False  # in plain content of a string value: feed() may take its short path
+        self._bytes = 0
+        self._chars = 0  # characters fed before the current fragment (for failure offsets)
+        self._token_start = 0  # offset of the number, literal or escape being read
+        self._str_is_key = False
+        self._str_parent: Container | None = None  # where the growing string value lives
+        self._str_slot: str | int = ""
+        self._str_pointer = ""
+        self._pieces: list[str] = []  # the growing string: recent pieces...
+        self._blocks: list[str] = []  # ...and older pieces already joined
+        self._high = ""  # a high surrogate escape waiting for its low half
+        self._hex = ""
+        self._num: list[str] = []
+        self._literal = ""
+        self._literal_seen = 0
+        self._cache: dict[str, PathDelta] = {}
+        self._out: list[PathDelta] = []  # deltas of the current call
+        self._parts: list[str] = []  # text added to the string value during the current call
+        self._handlers = (
+            self._on_value,
+            self._on_value,
+            self._on_key,
+            self._on_key,
+            self._on_colon,
+            self._on_after_value,
+            self._on_end,
+            self._on_string,
+            self._on_escape,
+            self._on_unicode,
+            self._on_number,
+            self._on_literal,
+        )
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def failed(self) -> str | None:
+        """Why the text is not valid JSON (short, with a character offset), or ``None``.
+
+        Once set it never changes; the snapshot and :attr:`provisional` stay as they were at
+        the failure point and later feeds return ``[]``.
+        """
+        return self._failed
+
+    @property
+    def complete(self) -> bool:
+        """True once the top-level value is complete (whitespace may still follow)."""
+        return self._complete
+
+    @property
+    def bytes_fed(self) -> int:
+        """UTF-8 bytes of the fragments fed until the parser stopped (the stopping one too)."""
+        return self._bytes
+
+    @property
+    def provisional(self) -> frozenset[str]:
+        """Pointers of the visible values that may still change: the open string and containers.
+
+        These are the values on the path from the root to the growing edge: exactly the
+        pointers that got a ``set`` delta and no ``end`` yet. Everything else in the snapshot
+        is final. Costs O(depth) per call.
+        """
+        paths = set(self._pointers)
+        if self._state in (_STRING, _ESCAPE, _UNICODE) and not self._str_is_key:
+            paths.add(self._str_pointer)
+        return frozenset(paths)
+
+    @property
+    def pending(self) -> str | None:
+        """Pointer of a number or literal being read (not yet in the snapshot), else ``None``.
+
+        Lets a UI show that a value is being typed at a path without ever showing a number or
+        literal that might still change.
+        """
+        if self._state in (_NUMBER, _LITERAL):
+            return self._child_pointer()
+        return None
+
+    def snapshot(self) -> object:
+        """Return the value so far (see the module docstring for exactly what it contains).
+
+        The result is the parser's own value, updated in place by later feeds: read it, or
+        ``copy.deepcopy`` it to keep a version; do not mutate it. Costs O(1) plus the length
+        of the growing string, which is joined here (the deltas are the incremental channel).
+        """
+        if self._state in (_STRING, _ESCAPE, _UNICODE) and not self._str_is_key:
+            self._install(self._joined())
+        return self._root
+
+    def feed(self, fragment: str) -> list[PathDelta]:
+        """Consume the next fragment of text; return the deltas it caused, in order.
+
+        Never raises on any text: malformed text sets :attr:`failed` and the deltas up to the
+        failure point are returned; after a failure every feed returns ``[]``.
+        """
+        size = len(fragment)
+        if (
+            self._fast
+            and size
+            and fragment.isprintable()
+            and '"' not in fragment
+            and "\\" not in fragment
+        ):
+            # Short path, inlined because it is the hot one (providers stream one character
+            # per event): plain content of the open string value, no state change.
+            self._bytes += size if fragment.isascii() else _utf8_length(fragment)
+            if self._bytes > self._max_bytes:
+                return self._over_size()
+            self._chars += size
+            pieces = self._pieces
+            pieces.append(fragment)
+            if len(pieces) >= _COMPACT_PIECES:
+                self._compact()
+            return [self._cache.get(fragment) or self._append_delta(fragment)]
+        if self._finished:
+            raise UsageError("feed() after finish()")
+        if self._failed is not None or not size:
+            return []
+        self._bytes += size if fragment.isascii() else _utf8_length(fragment)
+        if self._bytes > self._max_bytes:
+            return self._over_size()
+        return self._feed_tokens(fragment)
+
+    def finish(self) -> list[PathDelta]:
+        """Declare the end of the text; return the deltas this causes.
+
+        The end completes nothing that needs a closing character: an open string, object or
+        array stays open and :attr:`failed` becomes ``"input ended before the value was
+        complete"``. The one value the end itself completes is a top-level number, which JSON
+        delimits by the end of the text.
+        """
+        if self._finished:
+            raise UsageError("finish() called twice")
+        self._finished = True
+        self._fast = False
+        if self._failed is not None:
+            return []
+        out: list[PathDelta] = []
+        self._out = out
+        if self._state == _NUMBER and not self._stack:
+            self._end_number()
+        if self._failed is None and not self._complete:
+            started = self._stack or self._state != _VALUE
+            what = "the value was complete" if started else "any value"
+            self._failed = f"input ended before {what}"
+        return out
+
+    # ------------------------------------------------------------------ feeding
+
+    def _append_delta(self, text: str) -> PathDelta:
+        """An ``append`` to the open string; one-character ones are kept for reuse."""
+        delta = _delta(self._str_pointer, "append", text)
+        if len(text) == 1:
+            if len(self._cache) >= _CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[text] = delta
+        return delta
+
+    def _over_size(self) -> list[PathDelta]:
+        self._failed = f"size over {self._max_bytes} bytes"
+        self._fast = False
+        return []
+
+    def _feed_tokens(self, text: str) -> list[PathDelta]:
+        """General path: run the state machine over ``text``."""
+        out: list[PathDelta] = []
+        self._out = out
+        self._parts = []
+        handlers = self._handlers
+        i, n = 0, len(text)
+        while i < n and self._failed is None:
+            i = handlers[self._state](text, i)
+        self._chars += n
+        if self._parts:  # the open string value grew during this call
+            out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
+        self._fast = (
+            self._state == _STRING
+            and not self._str_is_key
+            and not self._high
+            and self._failed is None
+        )
+        return out
+
+    def _fail(self, reason: str, index: int) -> int:
+        """Stop the parser for good; ``index`` is the position in the current fragment."""
+        self._failed = f"{reason} at offset {self._chars + index}"
+        return index
+
+    # ------------------------------------------------------------------ state handlers
+    # Each takes the fragment and a position, consumes what its state allows and returns the
+    # new position (or sets _failed). Non-string states start by skipping whitespace.
+
+    def _on_value(self, text: str, i: int) -> int:
+        if text[i] in _WS:
+            i = _run_end(_WS_RUN, text, i)
+            if i == len(text):
+                return i
+        char = text[i]
+        if char == '"':
+            self._open_string(is_key=False)
+            return i + 1
+        if char in "{[":
+            return self._open_container(char, i)
+        if char in _NUMBER_START:
+            self._state, self._token_start = _NUMBER, self._chars + i
+            return i
+        literal = _LITERALS.get(char)
+        if literal is not None:
+            self._state, self._token_start = _LITERAL, self._chars + i
+            self._literal, self._literal_seen = literal, 0
+            return i
+        if char == "]" and self._state == _ARRAY_FIRST:
+            return self._close_container(i)
+        return self._fail("expected a value", i)
+
+    def _on_key(self, text: str, i: int) -> int:
+        if text[i] in _WS:
+            i = _run_end(_WS_RUN, text, i)
+            if i == len(text):
+                return i
+        char = text[i]
+        if char == '"':
+            self._open_string(is_key=True)
+            return i + 1
+        if char == "}" and self._state == _OBJECT_FIRST:
+            return self._close_container(i)
+        return self._fail("expected a key", i)
+
+    def _on_colon(self, text: str, i: int) -> int:
+        if text[i] in _WS:
+            i = _run_end(_WS_RUN, text, i)
+            if i == len(text):
+                return i
+        if text[i] != ":":
+            return self._fail("expected ':'", i)
+        self._state = _VALUE
+        return i + 1
+
+    def _on_after_value(self, text: str, i: int) -> int:
+        if text[i] in _WS:
+            i = _run_end(_WS_RUN, text, i)
+            if i == len(text):
+                return i
+        char = text[i]
+        in_object = isinstance(self._stack[-1], dict)
+        if char == ",":
+            self._state = _KEY if in_object else _VALUE
+            return i + 1
+        if char == ("}" if in_object else "]"):
+            return self._close_container(i)
+        return self._fail("expected ',' or a closing bracket", i)
+
+    def _on_end(self, text: str, i: int) -> int:
+        if text[i] in _WS:
+            i = _run_end(_WS_RUN, text, i)
+            if i == len(text):
+                return i
+        return self._fail("trailing data after the value", i)
+
+    def _on_string(self, text: str, i: int) -> int:
+        j = _run_end(_STRING_BODY, text, i)
+        if j > i:
+            self._add_body(text[i:j])
+        if j == len(text):
+            return j
+        char = text[j]
+        if char == '"':
+            if self._high:
+                self._add("")
+            self._close_string()
+            return j + 1
+        if char == "\\":  # an escape split by the fragment's end, or an invalid one
+            self._state, self._token_start = _ESCAPE, self._chars + j
+            return j + 1
+        return self._fail("control character in string", j)
+
+    def _on_escape(self, text: str, i: int) -> int:
+        char = text[i]
+        if char == "u":
+            self._state, self._hex = _UNICODE, ""
+            return i + 1
+        decoded = _ESCAPES.get(char)
+        if decoded is None:
+            return self._fail("invalid escape", self._token_start - self._chars)
+        self._add(decoded)
+        self._state = _STRING
+        return i + 1
+
+    def _on_unicode(self, text: str, i: int) -> int:
+        part = text[i : i + 4 - len(self._hex)]
+        valid = _run_end(_HEX_RUN, part, 0)
+        if valid < len(part):
+            return self._fail("invalid \\u escape", i + valid)
+        digits = self._hex + part
+        if len(digits) < 4:
+            self._hex = digits
+            return i + len(part)
+        self._hex = ""
+        self._state = _STRING
+        self._code_unit(int(digits, 16))
+        return i + len(part)
+
+    def _on_number(self, text: str, i: int) -> int:
+        j = _run_end(_NUMBER_RUN, text, i)
+        if j > i:
+            self._num.append(text[i:j])
+        if j < len(text):  # a delimiter: the number is complete
+            self._end_number()
+        return j
+
+    def _on_literal(self, text: str, i: int) -> int:
+        word, seen = self._literal, self._literal_seen
+        part = text[i : i + len(word) - seen]
+        if not word.startswith(part, seen):
+            return self._fail("invalid literal", self._token_start - self._chars)
+        seen += len(part)
+        self._literal_seen = seen
+        if seen == len(word):
+            self._set_scalar(_LITERAL_VALUES[word])
+        return i + len(part)
+
+    # ------------------------------------------------------------------ values
+
+    def _child_pointer(self) -> str:
+        """Pointer of the value about to be placed in the innermost container."""
+        if not self._stack:
+            return ""
+        top = self._stack[-1]
+        if isinstance(top, dict):
+            return f"{self._pointers[-1]}/{_pointer_token(self._key)}"
+        return f"{self._pointers[-1]}/{len(top)}"
+
+    def _place(self, value: object) -> str:
+        """Put a new value in the innermost container (or at the root); return its pointer."""
+        pointer = self._child_pointer()
+        if not self._stack:
+            self._root = value
+        else:
+            top = self._stack[-1]
+            if isinstance(top, dict):
+                top[self._key] = value
+            else:
+                top.append(value)
+        return pointer
+
+    def _value_done(self) -> None:
+        if self._stack:
+            self._state = _AFTER_VALUE
+        else:
+            self._state = _END
+            self._complete = True
+
+    def _set_scalar(self, value: object) -> None:
+        self._out.append(_delta(self._place(value), "set", value))
+        self._value_done()
+
+    def _end_number(self) -> None:
+        text = "".join(self._num)
+        self._num = []
+        offset = self._token_start - self._chars
+        if _NUMBER_SYNTAX.fullmatch(text) is None:
+            self._fail("invalid number", offset)
+            return
+        try:
+            value = float(text) if ("." in text or "e" in text or "E" in text) else int(text)
+        except ValueError:  # more digits than int() accepts (sys.get_int_max_str_digits)
+            self._fail("number too long", offset)
+            return
+        self._set_scalar(value)
+
+    def _open_container(self, char: str, i: int) -> int:
+        if len(self._stack) >= self._max_depth:
+            return self._fail(f"nesting deeper than {self._max_depth}", i)
+        container: Container = {} if char == "{" else []
+        pointer = self._place(container)
+        self._out.append(_delta(pointer, "set", {} if char == "{" else []))
+        self._stack.append(container)
+        self._pointers.append(pointer)
+        self._state = _OBJECT_FIRST if char == "{" else _ARRAY_FIRST
+        return i + 1
+
+    def _close_container(self, i: int) -> int:
+        self._stack.pop()
+        self._out.append(_delta(self._pointers.pop(), "end", None))
+        self._value_done()
+        return i + 1
+
+    # ------------------------------------------------------------------ strings
+
+    def _open_string(self, *, is_key: bool) -> None:
+        self._state = _STRING
+        self._str_is_key = is_key
+        self._pieces, self._blocks = [], []
+        if is_key:
+            return
+        self._str_pointer = self._place("")
+        top = self._stack[-1] if self._stack else None
+        self._str_parent = top
+        self._str_slot = self._key if isinstance(top, dict) else len(top or ()) - 1
+        self._out.append(_delta(self._str_pointer, "set", ""))
+        self._cache = {}
+
+    def _add(self, text: str) -> None:
+        """Append decoded text to the open string (a waiting high surrogate goes first)."""
+        if self._high:  # the next character is not its low half: keep it alone, as json does
+            text = self._high + text
+            self._high = ""
+        if not text:
+            return
+        self._pieces.append(text)
+        if not self._str_is_key:
+            self._parts.append(text)
+        if len(self._pieces) >= _COMPACT_PIECES:
+            self._compact()
+
+    def _add_body(self, body: str) -> None:
+        """Add content whose escapes are all complete, decoded in C by the json module.
+
+        Only a surrogate pair split between two bodies needs care: a waiting high surrogate
+        pairs with a low surrogate escape opening this body, and a high surrogate escape closing
+        this body waits for the next one.
+        """
+        if "\\" not in body:
+            self._add(body)
+            return
+        decoded = _scanstring(body + '"', 0)[0]
+        if self._high and _LOW_SURROGATE_ESCAPE.match(body) is not None:
+            decoded = _pair(self._high, decoded[0]) + decoded[1:]
+            self._high = ""
+        last = decoded[-1]
+        if "\ud800" <= last <= "\udbff" and body[-1] != last:  # it came from an escape
+            self._add(decoded[:-1])
+            self._high = last
+        else:
+            self._add(decoded)
+
+    def _code_unit(self, unit: int) -> None:
+        """Add one decoded \\uXXXX code unit, pairing surrogates as :func:`json.loads` does."""
+        if self._high and 0xDC00 <= unit <= 0xDFFF:
+            pair = _pair(self._high, chr(unit))
+            self._high = ""
+            self._add(pair)
+        elif 0xD800 <= unit <= 0xDBFF:
+            self._add("")  # a previous high surrogate stays alone
+            self._high = chr(unit)
+        else:
+            self._add(chr(unit))
+
+    def _compact(self) -> None:
+        self._blocks.append("".join(self._pieces))
+        self._pieces.clear()
+
+    def _joined(self) -> str:
+        """The string so far as one str (kept as the only block, so repeated calls are cheap)."""
+        if self._pieces:
+            self._compact()
+        joined = "".join(self._blocks)  # returns a lone block itself, without a copy
+        self._blocks = [joined]
+        return joined
+
+    def _install(self, value: str) -> None:
+        parent = self._str_parent
+        if parent is None:
+            self._root = value
+        elif isinstance(parent, dict):
+            parent[cast(str, self._str_slot)] = value
+        else:
+            parent[cast(int, self._str_slot)] = value
+
+    def _close_string(self) -> None:
+        value = self._joined()
+        self._pieces, self._blocks = [], []
+        if self._str_is_key:
+            self._key = value
+            self._state = _COLON
+            return
+        self._install(value)
+        if self._parts:
+            self._out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
+            self._parts = []
+        self._out.append(_delta(self._str_pointer, "end", None))
+        self._cache = {}
+        self._value_done()

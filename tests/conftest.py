@@ -1,0 +1,28 @@
+"""Shared test configuration: Hypothesis profiles and the recorded-stream corpus locator."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci", max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def corpus_dir() -> Path:
+    """The shared corpus; skip when absent on a user's clone, fail when absent under CI."""
+    if (CORPUS / "expected.json").is_file():
+        return CORPUS
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but the shared corpus is missing at {CORPUS}")
+    pytest.skip("shared corpus (../shared/fixtures) not present in this checkout")

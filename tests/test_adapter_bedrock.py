@@ -1,0 +1,616 @@
+"""BedrockAdapter: hand-written ConverseStream transcripts (exact event lists) and the corpus."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toollatch._adapters.bedrock import BedrockAdapter
+from toollatch._errors import UsageError
+from toollatch._events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallClosed,
+    CallKey,
+    CallOpened,
+    Ending,
+    Frame,
+    ReasoningBlock,
+    RoundEnded,
+    ServerToolBlock,
+    StreamEvent,
+    StreamFailed,
+    TextDelta,
+    UsageReported,
+)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+# -- transcript builders (the boto3 shape: one key naming the event) --------------------------
+
+MESSAGE_START = {"messageStart": {"role": "assistant"}}
+USAGE = {"inputTokens": 5, "outputTokens": 9, "totalTokens": 14}
+METADATA = {"metadata": {"usage": USAGE, "metrics": {"latencyMs": 12}}}
+
+
+def tool_start(index: int, call_id: str, name: str, **extra: Any) -> dict[str, Any]:
+    tool_use = {"toolUseId": call_id, "name": name, **extra}
+    return {"contentBlockStart": {"contentBlockIndex": index, "start": {"toolUse": tool_use}}}
+
+
+def delta(index: int, **member: Any) -> dict[str, Any]:
+    return {"contentBlockDelta": {"contentBlockIndex": index, "delta": member}}
+
+
+def args(index: int, text: str) -> dict[str, Any]:
+    return delta(index, toolUse={"input": text})
+
+
+def stop(index: int) -> dict[str, Any]:
+    return {"contentBlockStop": {"contentBlockIndex": index}}
+
+
+def message_stop(reason: str) -> dict[str, Any]:
+    return {"messageStop": {"stopReason": reason}}
+
+
+def run(natives: list[dict[str, Any]], *, attempt: int = 0) -> list[StreamEvent]:
+    adapter = BedrockAdapter(attempt=attempt)
+    out: list[StreamEvent] = []
+    for native in natives:
+        out += adapter.feed(native)
+    return out + adapter.finish()
+
+
+def as_frames(natives: list[dict[str, Any]]) -> list[Frame]:
+    """What the event-stream decoder yields: the name in a header, the payload unwrapped."""
+    return [Frame(event=name, data=json.dumps(body)) for n in natives for name, body in n.items()]
+
+
+def run_frames(natives: list[dict[str, Any]]) -> list[StreamEvent]:
+    adapter = BedrockAdapter()
+    out: list[StreamEvent] = []
+    for frame in as_frames(natives):
+        out += adapter.feed_frame(frame)
+    return out + adapter.finish()
+
+
+def key(index: int, attempt: int = 0) -> CallKey:
+    return CallKey(attempt, 0, index)
+
+
+def ended(reason: str, ending: Ending = Ending.NORMAL) -> list[StreamEvent]:
+    return [RoundEnded(ending=ending, stop_reason=reason), UsageReported(usage=USAGE)]
+
+
+# -- calls ------------------------------------------------------------------------------------
+
+
+def test_text_without_block_start_then_one_call() -> None:
+    # nova_text_then_tool_use.jsonl: the text block begins with a delta.
+    events = run(
+        [
+            MESSAGE_START,
+            delta(0, text="Checking"),
+            delta(0, text=" Paris."),
+            stop(0),
+            tool_start(1, "tooluse_1", "get_temperature"),
+            args(1, '{"city":'),
+            args(1, '"Paris"}'),
+            stop(1),
+            message_stop("tool_use"),
+            METADATA,
+        ]
+    )
+    assert events == [
+        TextDelta(text="Checking", block=0),
+        TextDelta(text=" Paris.", block=0),
+        CallOpened(key=key(1), call_id="tooluse_1", name="get_temperature"),
+        ArgsDelta(key=key(1), fragment='{"city":'),
+        ArgsDelta(key=key(1), fragment='"Paris"}'),
+        CallClosed(key=key(1)),
+        *ended("tool_use"),
+    ]
+
+
+def test_two_calls_keyed_by_block_index_and_attempt() -> None:
+    events = run(
+        [
+            MESSAGE_START,
+            tool_start(0, "tooluse_a", "lookup", type="tool_use"),
+            tool_start(1, "tooluse_b", "lookup"),
+            args(1, '{"q": 2}'),
+            args(0, '{"q": 1}'),
+            stop(0),
+            stop(1),
+            message_stop("tool_use"),
+            METADATA,
+        ],
+        attempt=2,
+    )
+    assert events == [
+        CallOpened(key=key(0, 2), call_id="tooluse_a", name="lookup"),
+        CallOpened(key=key(1, 2), call_id="tooluse_b", name="lookup"),
+        ArgsDelta(key=key(1, 2), fragment='{"q": 2}'),
+        ArgsDelta(key=key(0, 2), fragment='{"q": 1}'),
+        CallClosed(key=key(0, 2)),
+        CallClosed(key=key(1, 2)),
+        *ended("tool_use"),
+    ]
+
+
+def test_no_argument_call_has_no_delta() -> None:
+    events = run([MESSAGE_START, tool_start(0, "t", "now"), stop(0), message_stop("tool_use")])
+    assert events == [
+        CallOpened(key=key(0), call_id="t", name="now"),
+        CallClosed(key=key(0)),
+        RoundEnded(ending=Ending.NORMAL, stop_reason="tool_use"),
+    ]
+
+
+# -- reasoning --------------------------------------------------------------------------------
+
+
+def test_reasoning_text_and_signature_kept_byte_for_byte() -> None:
+    events = run(
+        [
+            MESSAGE_START,
+            delta(0, reasoningContent={"text": "Let me think"}),
+            delta(0, reasoningContent={"text": ""}),
+            delta(0, reasoningContent={"text": " é 🙂"}),
+            delta(0, reasoningContent={"signature": "EqoB+/=="}),
+            stop(0),
+            message_stop("end_turn"),
+            METADATA,
+        ]
+    )
+    data = {
+        "reasoningContent": {
+            "reasoningText": {"text": "Let me think é 🙂", "signature": "EqoB+/=="}
+        }
+    }
+    assert events == [ReasoningBlock(block=0, data=data), *ended("end_turn")]
+
+
+def test_reasoning_without_signature_has_no_signature_key() -> None:
+    events = run([delta(0, reasoningContent={"text": "x"}), stop(0)])
+    assert events[0] == ReasoningBlock(
+        block=0, data={"reasoningContent": {"reasoningText": {"text": "x"}}}
+    )
+
+
+def test_redacted_reasoning_bytes_from_boto3() -> None:
+    events = run([delta(0, reasoningContent={"redactedContent": b"\x00\xff"}), stop(0)])
+    assert events[0] == ReasoningBlock(
+        block=0, data={"reasoningContent": {"redactedContent": b"\x00\xff"}}
+    )
+
+
+def test_redacted_reasoning_base64_pieces_are_joined_as_bytes() -> None:
+    pieces = [base64.b64encode(b"\x01").decode(), base64.b64encode(b"\x02\x03").decode()]
+    natives = [delta(0, reasoningContent={"redactedContent": p}) for p in pieces]
+    events = run([*natives, stop(0)])
+    joined = base64.b64encode(b"\x01\x02\x03").decode()
+    assert events[0] == ReasoningBlock(
+        block=0, data={"reasoningContent": {"redactedContent": joined}}
+    )
+
+
+# -- server tools -----------------------------------------------------------------------------
+
+
+def test_server_tool_use_and_result_are_blocks_never_calls() -> None:
+    # nova_server_tool_then_tool_use.jsonl: toolUse type server_tool_use, then a toolResult.
+    result_start = {"toolUseId": "tooluse_s", "type": "code_result", "status": "success"}
+    events = run(
+        [
+            MESSAGE_START,
+            tool_start(0, "tooluse_s", "code_interpreter", type="server_tool_use"),
+            args(0, '{"snippet":'),
+            args(0, '"1+1"}'),
+            stop(0),
+            {"contentBlockStart": {"contentBlockIndex": 1, "start": {"toolResult": result_start}}},
+            delta(1, toolResult=[{"text": "out: "}]),
+            delta(1, toolResult=[{"text": "2"}, {"json": {"exitCode": 0}}]),
+            stop(1),
+            message_stop("end_turn"),
+            METADATA,
+        ]
+    )
+    use = {
+        "toolUseId": "tooluse_s",
+        "name": "code_interpreter",
+        "type": "server_tool_use",
+        "input": {"snippet": "1+1"},
+    }
+    result = {**result_start, "content": [{"text": "out: 2"}, {"json": {"exitCode": 0}}]}
+    assert events == [
+        ServerToolBlock(block=0, data={"toolUse": use}),
+        ServerToolBlock(block=1, data={"toolResult": result}),
+        *ended("end_turn"),
+    ]
+
+
+def test_server_tool_input_that_is_not_json_is_recorded_with_empty_input() -> None:
+    events = run([tool_start(0, "s", "x", type="server_tool_use"), args(0, "{"), stop(0)])
+    assert events[:2] == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="content block 0: server tool input is not JSON",
+        ),
+        ServerToolBlock(
+            block=0,
+            data={
+                "toolUse": {"toolUseId": "s", "name": "x", "type": "server_tool_use", "input": {}}
+            },
+        ),
+    ]
+
+
+# -- round ends -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "ending"),
+    [
+        ("tool_use", Ending.NORMAL),
+        ("end_turn", Ending.NORMAL),
+        ("stop_sequence", Ending.NORMAL),
+        ("max_tokens", Ending.TRUNCATED),
+        ("model_context_window_exceeded", Ending.TRUNCATED),
+        ("guardrail_intervened", Ending.INTERRUPTED),
+        ("content_filtered", Ending.INTERRUPTED),
+        ("malformed_model_output", Ending.INTERRUPTED),
+        ("malformed_tool_use", Ending.INTERRUPTED),
+    ],
+)
+def test_stop_reasons(reason: str, ending: Ending) -> None:
+    assert run([MESSAGE_START, message_stop(reason), METADATA]) == ended(reason, ending)
+
+
+def test_unknown_stop_reason_is_normal_with_an_anomaly() -> None:
+    assert run([message_stop("new_reason")]) == [
+        Anomaly(
+            kind=AnomalyKind.UNKNOWN_EVENT,
+            detail="unknown stopReason 'new_reason' treated as a normal end",
+        ),
+        RoundEnded(ending=Ending.NORMAL, stop_reason="new_reason"),
+    ]
+
+
+def test_message_stop_without_stop_reason_is_interrupted() -> None:
+    assert run([{"messageStop": {}}]) == [
+        Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="messageStop without a stopReason"),
+        RoundEnded(ending=Ending.INTERRUPTED),
+    ]
+
+
+@pytest.mark.parametrize("block_stopped", [True, False])
+def test_max_tokens_with_or_without_the_cut_blocks_stop(block_stopped: bool) -> None:
+    # LibreChat-AI/agents#280: a truncated Bedrock call must never run.
+    natives = [tool_start(0, "t", "create_file"), args(0, '{"content": "ab')]
+    natives += [stop(0)] if block_stopped else []
+    assert run([*natives, message_stop("max_tokens"), METADATA]) == [
+        CallOpened(key=key(0), call_id="t", name="create_file"),
+        ArgsDelta(key=key(0), fragment='{"content": "ab'),
+        *([CallClosed(key=key(0))] if block_stopped else []),
+        *ended("max_tokens", Ending.TRUNCATED),
+    ]
+
+
+def test_missing_message_stop_fails_the_stream() -> None:
+    events = run([MESSAGE_START, tool_start(0, "t", "n"), args(0, "{}"), stop(0), METADATA])
+    assert events[-2:] == [
+        UsageReported(usage=USAGE),
+        StreamFailed(detail="stream ended without messageStop"),
+    ]
+
+
+def test_metadata_after_message_stop_is_normal_but_content_is_not() -> None:
+    adapter = BedrockAdapter()
+    adapter.feed(message_stop("end_turn"))
+    assert adapter.feed(METADATA) == [UsageReported(usage=USAGE)]
+    late = Anomaly(
+        kind=AnomalyKind.EVENT_AFTER_END, detail="contentBlockDelta after the message ended"
+    )
+    assert adapter.feed(delta(0, text="late")) == [late]
+    assert adapter.feed(delta(0, text="later")) == []
+    assert adapter.finish() == []
+
+
+# -- exceptions -------------------------------------------------------------------------------
+
+EXCEPTIONS = [
+    "internalServerException",
+    "modelStreamErrorException",
+    "validationException",
+    "throttlingException",
+    "serviceUnavailableException",
+]
+
+
+@pytest.mark.parametrize("name", EXCEPTIONS)
+def test_exception_event_mid_stream_fails_and_ends_it(name: str) -> None:
+    events = run(
+        [
+            tool_start(0, "t", "n"),
+            args(0, '{"a"'),
+            {name: {"message": "Try again"}},
+            args(0, "}"),
+        ]
+    )
+    assert events == [
+        CallOpened(key=key(0), call_id="t", name="n"),
+        ArgsDelta(key=key(0), fragment='{"a"'),
+        StreamFailed(detail=f"{name}: Try again"),
+        Anomaly(
+            kind=AnomalyKind.EVENT_AFTER_END, detail="contentBlockDelta after the message ended"
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("frame", "detail"),
+    [
+        (
+            Frame(event="throttlingException", data='{"message":"Slow down"}'),
+            "throttlingException: Slow down",
+        ),
+        (Frame(event="modelStreamErrorException", data=""), "modelStreamErrorException"),
+        (Frame(event="newFancyException", data='{"message":"x"}'), "newFancyException: x"),
+        (Frame(event="error", data="boom"), "boom"),
+    ],
+)
+def test_exception_frames_fail_the_stream_once(frame: Frame, detail: str) -> None:
+    adapter = BedrockAdapter()
+    assert adapter.feed_frame(frame) == [StreamFailed(detail=detail)]
+    assert adapter.finish() == []
+
+
+def test_exception_after_message_stop_is_only_recorded() -> None:
+    adapter = BedrockAdapter()
+    adapter.feed(message_stop("end_turn"))
+    assert adapter.feed({"internalServerException": {"message": "late"}}) == [
+        Anomaly(
+            kind=AnomalyKind.STREAM_ERROR,
+            detail="after messageStop: internalServerException: late",
+        )
+    ]
+
+
+# -- protocol misbehaviour --------------------------------------------------------------------
+
+
+def test_unknown_event_reported_once() -> None:
+    adapter = BedrockAdapter()
+    anomaly = Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail="unknown event 'surprise'")
+    assert adapter.feed({"surprise": {"x": 1}}) == [anomaly]
+    assert adapter.feed({"surprise": {"x": 2}}) == []
+
+
+def test_an_event_that_is_not_one_key_is_invalid() -> None:
+    assert BedrockAdapter().feed({"contentBlockIndex": 0, "delta": {"text": "x"}}) == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="expected a one-key ConverseStream event, got 2 keys",
+        )
+    ]
+
+
+def test_tool_input_for_a_block_that_never_started() -> None:
+    adapter = BedrockAdapter()
+    assert adapter.feed(args(3, "{}")) == [
+        Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail="toolUse delta for block 3, never started")
+    ]
+    assert adapter.feed(stop(3)) == [
+        Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail="contentBlockStop for block 3, never started")
+    ]
+
+
+def test_fragment_and_stop_after_a_calls_stop_fail_the_call() -> None:
+    adapter = BedrockAdapter()
+    adapter.feed(tool_start(0, "t", "n"))
+    adapter.feed(stop(0))
+    assert adapter.feed(args(0, "{}")) == [
+        Anomaly(
+            kind=AnomalyKind.FRAGMENT_AFTER_CLOSE,
+            detail="content block 0 (call): delta after stop",
+            key=key(0),
+            fails_call=True,
+        )
+    ]
+    assert adapter.feed(stop(0)) == [
+        Anomaly(
+            kind=AnomalyKind.FRAGMENT_AFTER_CLOSE,
+            detail="content block 0 (call): stopped twice",
+            key=key(0),
+            fails_call=True,
+        )
+    ]
+
+
+def test_wrong_or_malformed_delta_on_a_call_fails_it() -> None:
+    adapter = BedrockAdapter()
+    adapter.feed(tool_start(0, "t", "n"))
+    assert adapter.feed(delta(0, text="hi")) == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="content block 0 (call): text delta",
+            key=key(0),
+            fails_call=True,
+        )
+    ]
+    assert adapter.feed(delta(0, toolUse={"input": 5})) == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="content block 0 (call): malformed toolUse delta",
+            key=key(0),
+            fails_call=True,
+        )
+    ]
+    assert adapter.feed(tool_start(0, "u", "m")) == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="content block 0 (call): started twice",
+            key=key(0),
+            fails_call=True,
+        )
+    ]
+
+
+def test_image_blocks_and_unknown_deltas_are_reported_once() -> None:
+    adapter = BedrockAdapter()
+    image = {"contentBlockStart": {"contentBlockIndex": 0, "start": {"image": {"format": "png"}}}}
+    assert adapter.feed(image) == [
+        Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail="block start 'image'")
+    ]
+    assert adapter.feed(delta(0, image={"source": {}})) == [
+        Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail="delta 'image'")
+    ]
+    assert adapter.feed(delta(0, image={"source": {}})) == []
+    assert adapter.feed(stop(0)) == []
+
+
+def test_citation_deltas_are_accepted_and_not_kept() -> None:
+    adapter = BedrockAdapter()
+    assert adapter.feed(delta(0, text="Cited")) == [TextDelta(text="Cited", block=0)]
+    assert adapter.feed(delta(0, citation={"title": "doc"})) == []
+
+
+def test_delta_members_are_picked_by_name() -> None:
+    adapter = BedrockAdapter()
+    assert adapter.feed(delta(0, text="x", p="pad")) == [TextDelta(text="x", block=0)]
+    assert adapter.feed(delta(1, text="x", toolUse={"input": "{}"})) == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="contentBlockDelta without an integer index and one delta member",
+        )
+    ]
+
+
+def test_feed_after_finish_raises() -> None:
+    adapter = BedrockAdapter()
+    adapter.finish()
+    with pytest.raises(UsageError):
+        adapter.feed(MESSAGE_START)
+
+
+# -- properties -------------------------------------------------------------------------------
+
+TRANSCRIPT = [
+    MESSAGE_START,
+    delta(0, reasoningContent={"text": "hmm"}),
+    delta(0, reasoningContent={"signature": "sig"}),
+    stop(0),
+    delta(1, text="Calling."),
+    stop(1),
+    tool_start(2, "tooluse_1", "f"),
+    args(2, '{"a": 1}'),
+    stop(2),
+    message_stop("tool_use"),
+    METADATA,
+]
+
+
+def test_raw_frames_and_boto3_dicts_give_the_same_events() -> None:
+    assert run_frames(TRANSCRIPT) == run(TRANSCRIPT)
+
+
+@given(st.lists(st.text(max_size=30), min_size=len(TRANSCRIPT), max_size=len(TRANSCRIPT)))
+def test_random_padding_field_changes_nothing(pads: list[str]) -> None:
+    # Every recorded payload carries a random "p" padding field (nova_*.jsonl).
+    padded = [
+        {name: {**body, "p": pad} for name, body in native.items()}
+        for native, pad in zip(TRANSCRIPT, pads, strict=True)
+    ]
+    assert run(padded) == run(TRANSCRIPT)
+    assert run_frames(padded) == run(TRANSCRIPT)
+
+
+# -- recorded corpus --------------------------------------------------------------------------
+
+
+def corpus() -> Path:
+    if not FIXTURES.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"shared corpus missing at {FIXTURES}")
+        pytest.skip("shared corpus not present")
+    return FIXTURES
+
+
+def fold(events: list[StreamEvent]) -> list[dict[str, Any]]:
+    """Calls and server tool uses in block order, as ``expected.json`` lists them."""
+    ending = next(e.ending for e in events if isinstance(e, RoundEnded))
+    found: dict[Any, dict[str, Any]] = {}
+    text: dict[Any, list[str]] = {}
+    closed = set()
+    for event in events:
+        match event:
+            case CallOpened(key=k, call_id=call_id, name=name):
+                found[k.part] = {"id": call_id, "name": name}
+                text[k.part] = []
+            case ArgsDelta(key=k, fragment=fragment):
+                text[k.part].append(fragment)
+            case CallClosed(key=k):
+                closed.add(k.part)
+            case ServerToolBlock(block=index, data={"toolUse": use}):
+                found[index] = {
+                    "id": use["toolUseId"],
+                    "name": use["name"],
+                    "arguments": use["input"],
+                    "kind": use["type"],
+                }
+    for part, joined in text.items():
+        complete = part in closed and ending is Ending.NORMAL
+        found[part]["arguments"] = json.loads("".join(joined) or "{}") if complete else None
+    return [found[part] for part in sorted(found)]
+
+
+def bedrock_files() -> list[str]:
+    if not FIXTURES.is_dir():
+        return ["<missing>"]
+    return sorted(p.name for p in (FIXTURES / "bedrock").glob("*.jsonl"))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()  # the last line may lack a newline
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", bedrock_files())
+@pytest.mark.parametrize("via", ["dicts", "frames"])
+def test_recorded_stream_matches_expected(name: str, via: str) -> None:
+    root = corpus()
+    expected = json.loads((root / "expected.json").read_text(encoding="utf-8"))
+    natives = read_jsonl(root / "bedrock" / name)
+    events = run(natives) if via == "dicts" else run_frames(natives)
+    assert not [e for e in events if isinstance(e, (Anomaly, StreamFailed))]
+    assert isinstance(events[-1], UsageReported)  # metadata comes after messageStop
+    assert fold(events) == expected[f"bedrock/{name}"]["calls"]
+
+
+@pytest.mark.corpus
+def test_recorded_binary_event_stream_gives_the_jsonl_events() -> None:
+    # Frames from the raw decoder carry the name in a header and an unwrapped payload.
+    eventstream = pytest.importorskip("toollatch._eventstream")
+    root = corpus()
+    raw = (root / "bedrock" / "nova_text_then_tool_use.eventstream").read_bytes()
+    decoder = eventstream.EventStreamDecoder()
+    adapter = BedrockAdapter()
+    events: list[StreamEvent] = []
+    for start in range(0, len(raw), 7):
+        for frame in decoder.feed(raw[start : start + 7]):
+            events += adapter.feed_frame(frame)
+    for frame in decoder.finish():
+        events += adapter.feed_frame(frame)
+    events += adapter.finish()
+    assert events == run(read_jsonl(root / "bedrock" / "nova_text_then_tool_use.jsonl"))

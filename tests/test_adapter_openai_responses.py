@@ -1,0 +1,544 @@
+"""OpenAIResponsesAdapter: hand-written transcripts per rule, then the recorded corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
+from toollatch._errors import UsageError
+from toollatch._events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallClosed,
+    CallIdentified,
+    CallKey,
+    CallOpened,
+    Ending,
+    Frame,
+    ReasoningBlock,
+    RoundEnded,
+    ServerToolBlock,
+    StreamEvent,
+    StreamFailed,
+    TextDelta,
+    UsageReported,
+)
+from toollatch._sse import SSEDecoder
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def run(native: Iterable[Mapping[str, Any]], *, finish: bool = True) -> list[StreamEvent]:
+    adapter = OpenAIResponsesAdapter()
+    events: list[StreamEvent] = []
+    for event in native:
+        events += adapter.feed(event)
+    if finish:
+        events += adapter.finish()
+    return events
+
+
+def key(part: int | str) -> CallKey:
+    return CallKey(0, 0, part)
+
+
+def fc_item(item_id: str | None, call_id: str, name: str, arguments: str = "", **extra: Any):
+    item: dict[str, Any] = {"type": "function_call", "call_id": call_id, "name": name}
+    if item_id is not None:
+        item["id"] = item_id
+    return {**item, "arguments": arguments, "status": "in_progress", **extra}
+
+
+def added(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "response.output_item.added", "output_index": index, "item": item}
+
+
+def done(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    item = {**item, "status": "completed"}
+    return {"type": "response.output_item.done", "output_index": index, "item": item}
+
+
+def delta(item_id: str | None, index: int, text: str) -> dict[str, Any]:
+    event = {"type": "response.function_call_arguments.delta", "output_index": index}
+    return {**event, "delta": text} | ({"item_id": item_id} if item_id else {})
+
+
+def args_done(item_id: str | None, index: int, text: str) -> dict[str, Any]:
+    event = {"type": "response.function_call_arguments.done", "output_index": index}
+    return {**event, "arguments": text} | ({"item_id": item_id} if item_id else {})
+
+
+USAGE = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+COMPLETED = {"type": "response.completed", "response": {"status": "completed", "usage": USAGE}}
+NORMAL_END = [UsageReported(usage=USAGE), RoundEnded(ending=Ending.NORMAL, stop_reason="completed")]
+
+
+# -- function calls ------------------------------------------------------------------------
+
+
+def test_single_call_streamed_then_closed_once() -> None:
+    item = fc_item("fc_1", "call_1", "get_weather")
+    events = run(
+        [
+            {"type": "response.created", "response": {"status": "in_progress"}},
+            added(0, item),
+            delta("fc_1", 0, '{"city":'),
+            delta("fc_1", 0, '"Paris"}'),
+            args_done("fc_1", 0, '{"city":"Paris"}'),
+            done(0, {**item, "arguments": '{"city":"Paris"}'}),
+            COMPLETED,
+        ]
+    )
+    assert events == [
+        CallOpened(key=key("fc_1"), call_id="call_1", name="get_weather"),
+        ArgsDelta(key=key("fc_1"), fragment='{"city":'),
+        ArgsDelta(key=key("fc_1"), fragment='"Paris"}'),
+        CallClosed(key=key("fc_1"), arguments='{"city":"Paris"}'),
+        *NORMAL_END,
+    ]
+
+
+def test_interleaved_deltas_of_two_items_are_keyed_by_item_id() -> None:
+    # microsoft/agent-framework#8337: fragments of parallel calls interleave.
+    a, b = fc_item("fc_a", "call_a", "search"), fc_item("fc_b", "call_b", "search")
+    events = run(
+        [
+            added(0, a),
+            added(1, b),
+            delta("fc_a", 0, '{"q":'),
+            delta("fc_b", 1, '{"q":'),
+            delta("fc_b", 1, '"B"}'),
+            delta("fc_a", 0, '"A"}'),
+            args_done("fc_b", 1, '{"q":"B"}'),
+            args_done("fc_a", 0, '{"q":"A"}'),
+            done(0, {**a, "arguments": '{"q":"A"}'}),
+            done(1, {**b, "arguments": '{"q":"B"}'}),
+            COMPLETED,
+        ]
+    )
+    assert events == [
+        CallOpened(key=key("fc_a"), call_id="call_a", name="search"),
+        CallOpened(key=key("fc_b"), call_id="call_b", name="search"),
+        ArgsDelta(key=key("fc_a"), fragment='{"q":'),
+        ArgsDelta(key=key("fc_b"), fragment='{"q":'),
+        ArgsDelta(key=key("fc_b"), fragment='"B"}'),
+        ArgsDelta(key=key("fc_a"), fragment='"A"}'),
+        CallClosed(key=key("fc_b"), arguments='{"q":"B"}'),
+        CallClosed(key=key("fc_a"), arguments='{"q":"A"}'),
+        *NORMAL_END,
+    ]
+
+
+def test_done_only_without_deltas_lm_studio() -> None:
+    # compat_lmstudio/responses_no_argument_deltas.jsonl: no argument deltas at all.
+    item = fc_item("fc_z", "call_2025306790300011", "weather")
+    text = '{"location":"San Francisco"}'
+    events = run([added(2, item), args_done("fc_z", 2, text), done(2, {**item, "arguments": text})])
+    assert events[:2] == [
+        CallOpened(key=key("fc_z"), call_id="call_2025306790300011", name="weather"),
+        CallClosed(key=key("fc_z"), arguments=text),
+    ]
+
+
+def test_done_text_that_disagrees_is_passed_on_for_the_assembler() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    events = run([added(0, item), delta("fc_1", 0, '{"a":1}'), args_done("fc_1", 0, '{"a":2}')])
+    assert events[2] == CallClosed(key=key("fc_1"), arguments='{"a":2}')
+
+
+def test_item_done_closes_when_arguments_done_never_came() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    events = run([added(0, item), delta("fc_1", 0, "{}"), done(0, {**item, "arguments": "{}"})])
+    assert events[2] == CallClosed(key=key("fc_1"), arguments="{}")
+
+
+def test_incomplete_item_is_not_closed_and_the_round_is_truncated() -> None:
+    item = fc_item("fc_1", "call_1", "write", '{"text":"abc', status="incomplete")
+    response = {"incomplete_details": {"reason": "max_output_tokens"}}
+    events = run(
+        [
+            added(0, fc_item("fc_1", "call_1", "write")),
+            delta("fc_1", 0, '{"text":"abc'),
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+            {"type": "response.incomplete", "response": response},
+        ]
+    )
+    assert events == [
+        CallOpened(key=key("fc_1"), call_id="call_1", name="write"),
+        ArgsDelta(key=key("fc_1"), fragment='{"text":"abc'),
+        RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_output_tokens"),
+    ]
+
+
+def test_whole_call_only_at_item_done_is_opened_and_closed() -> None:
+    item = fc_item("fc_1", "call_1", "f", "{}")
+    events = run([done(0, item), COMPLETED])
+    assert events == [
+        CallOpened(key=key("fc_1"), call_id="call_1", name="f"),
+        CallClosed(key=key("fc_1"), arguments="{}"),
+        *NORMAL_END,
+    ]
+
+
+def test_arguments_already_in_the_added_item() -> None:
+    item = fc_item("fc_1", "call_1", "f", '{"a":')
+    events = run([added(0, item), delta("fc_1", 0, "1}")], finish=False)
+    assert events == [
+        CallOpened(key=key("fc_1"), call_id="call_1", name="f"),
+        ArgsDelta(key=key("fc_1"), fragment='{"a":'),
+        ArgsDelta(key=key("fc_1"), fragment="1}"),
+    ]
+
+
+def test_missing_item_id_falls_back_to_output_index() -> None:
+    item = fc_item(None, "call_1", "f")
+    events = run([added(3, item), delta(None, 3, "{}"), args_done(None, 3, "{}")], finish=False)
+    assert events == [
+        CallOpened(key=key(3), call_id="call_1", name="f"),
+        ArgsDelta(key=key(3), fragment="{}"),
+        CallClosed(key=key(3), arguments="{}"),
+    ]
+
+
+def test_delta_without_item_id_is_routed_by_output_index() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    events = run([added(0, item), delta(None, 0, "{}")], finish=False)
+    assert events[1] == ArgsDelta(key=key("fc_1"), fragment="{}")
+
+
+def test_repeated_added_item_identifies_instead_of_reopening() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    events = run([added(0, item), added(0, item)], finish=False)
+    assert events[1] == CallIdentified(key=key("fc_1"), call_id="call_1", name="f")
+
+
+def test_object_arguments_are_serialized_once_with_an_anomaly() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    events = run([added(0, item), args_done("fc_1", 0, {"b": 1, "a": "é"})], finish=False)  # type: ignore[arg-type]
+    assert events[1] == CallClosed(key=key("fc_1"), arguments='{"b":1,"a":"é"}')
+    assert isinstance(events[2], Anomaly)
+    assert events[2].kind is AnomalyKind.OBJECT_ARGUMENTS
+
+
+def test_unserializable_object_arguments_fail_the_call() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    bad = {"x": float("nan")}
+    events = run([added(0, item), args_done("fc_1", 0, bad)], finish=False)  # type: ignore[arg-type]
+    assert events[1] == CallClosed(key=key("fc_1"), arguments=None)
+    assert isinstance(events[2], Anomaly)
+    assert events[2].fails_call
+
+
+# -- text, reasoning, hosted tools ---------------------------------------------------------
+
+
+def test_text_deltas_carry_the_output_index_as_block() -> None:
+    events = run(
+        [
+            added(1, {"type": "message", "id": "msg_1", "role": "assistant", "content": []}),
+            {"type": "response.content_part.added", "output_index": 1, "item_id": "msg_1"},
+            {"type": "response.output_text.delta", "output_index": 1, "delta": "Hel"},
+            {"type": "response.output_text.delta", "output_index": 1, "delta": "lo"},
+            {"type": "response.output_text.done", "output_index": 1, "text": "Hello"},
+            done(1, {"type": "message", "id": "msg_1", "content": []}),
+        ],
+        finish=False,
+    )
+    assert events == [TextDelta(text="Hel", block=1), TextDelta(text="lo", block=1)]
+
+
+def test_reasoning_item_is_kept_whole_from_item_done() -> None:
+    item = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA..."}
+    events = run(
+        [
+            added(0, {**item, "encrypted_content": None}),
+            {"type": "response.reasoning_summary_part.added", "output_index": 0},
+            {"type": "response.reasoning_summary_text.delta", "output_index": 0, "delta": "x"},
+            {"type": "response.reasoning_text.delta", "output_index": 0, "delta": "y"},
+            done(0, item),
+        ],
+        finish=False,
+    )
+    assert events == [ReasoningBlock(block=0, data={**item, "status": "completed"})]
+
+
+@pytest.mark.parametrize(
+    "item_type",
+    ["web_search_call", "tool_search_call", "tool_search_output", "file_search_call", "mcp_call"],
+)
+def test_hosted_tool_items_are_server_blocks_never_calls(item_type: str) -> None:
+    item = {"type": item_type, "id": "x_1", "arguments": {"paths": ["f"]}, "call_id": None}
+    phases = ("in_progress", "searching", "completed") if item_type.endswith("_call") else ()
+    progress = [{"type": f"response.{item_type}.{p}", "output_index": 0} for p in phases]
+    events = run([added(0, item), *progress, done(0, item), COMPLETED])
+    assert events == [ServerToolBlock(block=0, data={**item, "status": "completed"}), *NORMAL_END]
+
+
+def test_client_executed_custom_tool_item_is_recorded_with_an_anomaly() -> None:
+    item = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "input": "ls"}
+    events = run([added(0, item), done(0, item)], finish=False)
+    assert events[0] == ServerToolBlock(block=0, data={**item, "status": "completed"})
+    assert isinstance(events[1], Anomaly)
+    assert events[1].kind is AnomalyKind.UNKNOWN_EVENT
+
+
+# -- round end -----------------------------------------------------------------------------
+
+
+def test_completed_without_usage_ends_normally() -> None:
+    events = run([{"type": "response.completed", "response": {"usage": None}}])
+    assert events == [RoundEnded(ending=Ending.NORMAL, stop_reason="completed")]
+
+
+@pytest.mark.parametrize(
+    ("details", "ending", "reason"),
+    [
+        ({"reason": "max_output_tokens"}, Ending.TRUNCATED, "max_output_tokens"),
+        ({"reason": "content_filter"}, Ending.INTERRUPTED, "content_filter"),
+        (None, Ending.TRUNCATED, "incomplete"),
+    ],
+)
+def test_incomplete(details: object, ending: Ending, reason: str) -> None:
+    response = {"status": "incomplete", "incomplete_details": details, "usage": USAGE}
+    events = run([{"type": "response.incomplete", "response": response}])
+    assert events == [UsageReported(usage=USAGE), RoundEnded(ending=ending, stop_reason=reason)]
+
+
+def test_failed_is_a_stream_failure_with_the_provider_message() -> None:
+    error = {"code": "server_error", "message": "The model failed."}
+    response = {"status": "failed", "error": error, "usage": None}
+    events = run([{"type": "response.failed", "response": response}])
+    assert events == [StreamFailed(detail="server_error: The model failed.")]
+
+
+def test_failed_without_error_object() -> None:
+    events = run([{"type": "response.failed", "response": {"error": None}}])
+    assert events == [StreamFailed(detail="response.failed")]
+
+
+def test_error_event_ends_the_stream() -> None:
+    error = {"type": "error", "code": "rate_limit_exceeded", "message": "Slow down", "param": None}
+    events = run([error])
+    assert events == [StreamFailed(detail="rate_limit_exceeded: Slow down")]
+
+
+def test_error_event_with_nested_error_object() -> None:
+    events = run([{"type": "error", "error": {"type": "invalid_request_error", "message": "m"}}])
+    assert events == [StreamFailed(detail="invalid_request_error: m")]
+
+
+def test_sse_error_frame_ends_the_stream_once() -> None:
+    adapter = OpenAIResponsesAdapter()
+    data = '{"type":"error","code":"server_error","message":"boom"}'
+    events = adapter.feed_frame(Frame(event="error", data=data))
+    assert len(events) == 1
+    assert isinstance(events[0], StreamFailed)
+    assert adapter.finish() == []
+
+
+def test_no_terminal_event_is_a_stream_failure() -> None:
+    item = fc_item("fc_1", "call_1", "f")
+    events = run([added(0, item), delta("fc_1", 0, "{}"), args_done("fc_1", 0, "{}")])
+    assert events[-1] == StreamFailed(detail="stream ended without a terminal response event")
+
+
+def test_events_after_the_terminal_event_are_anomalies() -> None:
+    events = run([COMPLETED, {"type": "response.output_text.delta", "delta": "x"}, COMPLETED])
+    assert events[:2] == NORMAL_END
+    assert [e.kind for e in events[2:] if isinstance(e, Anomaly)] == [
+        AnomalyKind.EVENT_AFTER_END,
+        AnomalyKind.EVENT_AFTER_END,
+    ]
+    assert len(events) == 4
+
+
+# -- event types ---------------------------------------------------------------------------
+
+
+def test_known_harmless_events_are_silent() -> None:
+    harmless = [
+        "response.created",
+        "response.in_progress",
+        "response.queued",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.output_text.done",
+        "response.output_text.annotation.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_text.done",
+        "response.web_search_call.searching",
+        "response.file_search_call.completed",
+        "response.code_interpreter_call_code.delta",
+        "response.code_interpreter_call.interpreting",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_list_tools.in_progress",
+        "response.image_generation_call.partial_image",
+    ]
+    assert run([{"type": t} for t in harmless], finish=False) == []
+
+
+def test_unknown_event_type_is_reported_once_per_type() -> None:
+    events = run(
+        [{"type": "response.teleport.delta"}, {"type": "response.teleport.delta"}, {"type": "x"}],
+        finish=False,
+    )
+    assert [(e.kind, "teleport" in e.detail) for e in events if isinstance(e, Anomaly)] == [
+        (AnomalyKind.UNKNOWN_EVENT, True),
+        (AnomalyKind.UNKNOWN_EVENT, False),
+    ]
+    assert len(events) == 2
+
+
+def test_payload_type_wins_over_the_sse_event_name() -> None:
+    adapter = OpenAIResponsesAdapter()
+    data = json.dumps({"type": "response.output_text.delta", "output_index": 0, "delta": "hi"})
+    assert adapter.feed_frame(Frame(event="response.completed", data=data)) == [
+        TextDelta(text="hi", block=0)
+    ]
+
+
+def test_sse_event_name_is_used_when_the_payload_has_no_type() -> None:
+    adapter = OpenAIResponsesAdapter()
+    data = json.dumps({"output_index": 0, "delta": "hi"})
+    frame = Frame(event="response.output_text.delta", data=data)
+    assert adapter.feed_frame(frame) == [TextDelta(text="hi", block=0)]
+
+
+def test_event_without_any_type_is_invalid() -> None:
+    [event] = run([{"delta": "x"}], finish=False)
+    assert isinstance(event, Anomaly)
+    assert event.kind is AnomalyKind.INVALID_PAYLOAD
+
+
+def test_feed_after_finish_is_caller_misuse() -> None:
+    adapter = OpenAIResponsesAdapter()
+    adapter.finish()
+    with pytest.raises(UsageError):
+        adapter.feed(COMPLETED)
+
+
+def test_attempt_is_part_of_the_key() -> None:
+    adapter = OpenAIResponsesAdapter(attempt=2)
+    [opened] = adapter.feed(added(0, fc_item("fc_1", "call_1", "f")))
+    assert opened == CallOpened(key=CallKey(2, 0, "fc_1"), call_id="call_1", name="f")
+
+
+# -- properties ----------------------------------------------------------------------------
+
+
+def _pieces(text: str) -> st.SearchStrategy[list[str]]:
+    cuts = st.lists(st.integers(0, len(text)), max_size=6).map(sorted)
+    return cuts.map(lambda c: [text[i:j] for i, j in zip([0, *c], [*c, len(text)], strict=True)])
+
+
+@given(st.data())
+def test_any_interleaving_of_two_calls_folds_to_both_texts(data: st.DataObject) -> None:
+    texts = {"fc_a": '{"path":"a/ü.txt","n":1}', "fc_b": '{"q":"🙂 b","deep":{"x":[1,2]}}'}
+    queues = {item_id: data.draw(_pieces(text)) for item_id, text in texts.items()}
+    native: list[dict[str, Any]] = [
+        added(i, fc_item(item_id, f"call_{item_id}", "f")) for i, item_id in enumerate(texts)
+    ]
+    while any(queues.values()):
+        item_id = data.draw(st.sampled_from([k for k, q in queues.items() if q]))
+        native.append(delta(item_id, list(texts).index(item_id), queues[item_id].pop(0)))
+    native += [args_done(k, i, t) for i, (k, t) in enumerate(texts.items())]
+    calls = fold(run([*native, COMPLETED]))
+    assert [c["raw"] for c in calls] == list(texts.values())
+
+
+# -- recorded corpus -----------------------------------------------------------------------
+
+
+def fold(events: Iterable[StreamEvent]) -> list[dict[str, Any]]:
+    """Calls in opening order: id, name, parsed arguments (None if never closed), raw text."""
+    calls: dict[CallKey, dict[str, Any]] = {}
+    fragments: dict[CallKey, list[str]] = {}
+    for event in events:
+        match event:
+            case CallOpened(key=k, call_id=call_id, name=name):
+                calls[k] = {"id": call_id, "name": name, "arguments": None, "raw": None}
+                fragments[k] = []
+            case ArgsDelta(key=k, fragment=fragment):
+                fragments[k].append(fragment)
+            case CallClosed(key=k, arguments=final):
+                streamed = "".join(fragments[k])
+                raw = streamed if fragments[k] else final
+                assert final is None or final == streamed or not fragments[k], "mismatch"
+                calls[k].update(raw=raw, arguments=json.loads(raw or "null"))
+    return list(calls.values())
+
+
+def corpus() -> Path:
+    if not FIXTURES.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"shared corpus missing at {FIXTURES}")
+        pytest.skip("shared corpus not present")
+    return FIXTURES
+
+
+RESPONSES_FILES = [
+    "openai_responses/single_function_call.sse",
+    "openai_responses/two_function_calls.sse",
+    "openai_responses/text_then_function_call_phase.sse",
+    "openai_responses/reasoning_then_function_call.sse",
+    "openai_responses/tool_search_then_function_call.sse",
+    "openai_responses/function_call_llm_cli.sse",
+    "compat_azure/responses_function_call.jsonl",
+    "compat_bedrock_mantle/responses_call_id_call_0.sse",
+    "compat_deepseek/responses_api_function_call.sse",
+    "compat_lmstudio/responses_no_argument_deltas.jsonl",
+]
+REPLAYS = [(n, None) for n in RESPONSES_FILES] + [
+    (n, 7) for n in RESPONSES_FILES if n.endswith(".sse")
+]
+
+
+def replay(path: Path, chunk: int | None) -> list[StreamEvent]:
+    adapter = OpenAIResponsesAdapter()
+    events: list[StreamEvent] = []
+    raw = path.read_bytes()
+    if path.suffix == ".jsonl":
+        for line in raw.splitlines():
+            if line.strip():
+                events += adapter.feed(orjson.loads(line))
+    else:
+        decoder = SSEDecoder()
+        size = chunk or len(raw)
+        frames = [f for i in range(0, len(raw), size) for f in decoder.feed(raw[i : i + size])]
+        for frame in [*frames, *decoder.finish()]:
+            events += adapter.feed_frame(frame)
+    return events + adapter.finish()
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(("name", "chunk"), REPLAYS)
+def test_recorded_stream_replays_to_expected_calls(name: str, chunk: int | None) -> None:
+    root = corpus()
+    path = root / name
+    expected = json.loads((root / "expected.json").read_text(encoding="utf-8"))[name]
+    assert expected["format"] == "openai_responses"
+    events = replay(path, chunk)
+    calls = fold(events)
+    assert [{k: c[k] for k in ("id", "name", "arguments")} for c in calls] == expected["calls"]
+    assert [e for e in events if isinstance(e, Anomaly | StreamFailed)] == []
+    assert isinstance(events[-1], RoundEnded)
+    assert events[-1].ending is Ending.NORMAL
+
+
+@pytest.mark.corpus
+def test_corpus_list_covers_every_responses_recording() -> None:
+    root = corpus()
+    expected = json.loads((root / "expected.json").read_text(encoding="utf-8"))
+    listed = {k for k, v in expected.items() if v["format"] == "openai_responses"}
+    assert listed == set(RESPONSES_FILES)

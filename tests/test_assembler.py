@@ -1,0 +1,179 @@
+"""The assembler driven directly with stream events (no adapter): identity, limits, anomalies."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toollatch import Assembler, CallKey, CallState, Ending, ErrorCode, Limits, UsageError
+from toollatch.events import (
+    Anomaly,
+    AnomalyKind,
+    ArgsDelta,
+    CallClosed,
+    CallFailed,
+    CallIdentified,
+    CallOpened,
+    ReasoningBlock,
+    RoundEnded,
+    ServerToolBlock,
+    StreamFailed,
+    TextDelta,
+)
+
+K0, K1, K2 = (CallKey(0, 0, i) for i in range(3))
+END = RoundEnded(ending=Ending.NORMAL, stop_reason="tool_use")
+
+
+def run(*events, **kwargs):
+    asm = Assembler(provider="anthropic", **kwargs)
+    notices = [n for e in events for n in asm.feed(e)]
+    return asm.finish(), notices
+
+
+def test_closed_call_commits_only_at_a_normal_round_end():
+    asm = Assembler()
+    for e in (CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+              CallClosed(key=K0)):
+        assert asm.feed(e) == []
+    r = asm.finish()  # no RoundEnded: the stream never said it ended
+    assert r.ended is Ending.INTERRUPTED
+    assert r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
+
+
+def test_fragment_after_close_is_a_protocol_violation():
+    r, notices = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+                     CallClosed(key=K0), ArgsDelta(key=K0, fragment=" "), END)
+    assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION
+    assert [n.code for n in notices] == [ErrorCode.PROTOCOL_VIOLATION]
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.FRAGMENT_AFTER_CLOSE]
+
+
+def test_fragment_for_an_unknown_key_is_recorded_and_harms_nobody():
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K1, fragment="{"),
+               ArgsDelta(key=K0, fragment="{}"), END)
+    assert r.calls[0].state is CallState.COMMITTED
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.UNKNOWN_KEY]
+
+
+def test_a_different_id_on_an_open_call_fails_it():
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), CallIdentified(key=K0, call_id="b"), END)
+    assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION
+    assert r.calls[0].call_id == "a"
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.ID_CHANGED]
+
+
+def test_identity_may_arrive_after_the_arguments():
+    # Q7: gateways that send arguments before the name.
+    r, _ = run(CallOpened(key=K0), ArgsDelta(key=K0, fragment='{"a":1}'),
+               CallIdentified(key=K0, call_id="a"), CallIdentified(key=K0, name="f"), END)
+    assert (r.calls[0].call_id, r.calls[0].name, r.calls[0].state) == ("a", "f", CallState.COMMITTED)
+
+
+def test_call_without_id_or_name_fails_missing_id_or_name():
+    r, _ = run(CallOpened(key=K0, name="f"), CallOpened(key=K1, call_id="b"), END)
+    assert [c.error for c in r.calls] == [ErrorCode.MISSING_ID_OR_NAME] * 2
+    assert "id" in r.calls[0].detail and "name" in r.calls[1].detail
+
+
+def test_duplicate_call_id_fails_the_later_call():
+    r, notices = run(CallOpened(key=K0, call_id="same", name="f"),
+                     CallOpened(key=K1, call_id="same", name="f"), END)
+    assert [c.state for c in r.calls] == [CallState.COMMITTED, CallState.FAILED]
+    assert r.calls[1].error is ErrorCode.DUPLICATE_CALL_ID
+    assert [(n.key, n.code) for n in notices] == [(K1, ErrorCode.DUPLICATE_CALL_ID)]
+
+
+def test_final_text_is_used_when_nothing_streamed_and_compared_otherwise():
+    # LM Studio sends only the .done text; a disagreement is a protocol violation.
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), CallClosed(key=K0, arguments='{"x":1}'),
+               CallOpened(key=K1, call_id="b", name="f"), ArgsDelta(key=K1, fragment='{"x":1}'),
+               CallClosed(key=K1, arguments='{"x":2}'), END)
+    assert r.calls[0].arguments == {"x": 1}
+    assert r.calls[1].error is ErrorCode.PROTOCOL_VIOLATION
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.ARGUMENTS_MISMATCH]
+
+
+def test_final_text_over_the_limit_fails():
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"),
+               CallClosed(key=K0, arguments='{"x":"' + "y" * 100 + '"}'), END,
+               limits=Limits(max_argument_bytes=50))
+    assert r.calls[0].error is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES
+
+
+def test_anomaly_that_fails_a_call():
+    r, notices = run(CallOpened(key=K0, call_id="a", name="f"),
+                     Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="bad path", key=K0,
+                             fails_call=True), END)
+    assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION and r.calls[0].detail == "bad path"
+    assert isinstance(notices[0], CallFailed)
+
+
+def test_stream_failure_code_is_passed_on():
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"),
+               StreamFailed(code=ErrorCode.IDLE_TIMEOUT, detail="no bytes for 30 s"))
+    assert r.ended is Ending.INTERRUPTED and r.calls[0].error is ErrorCode.IDLE_TIMEOUT
+    assert r.error == "no bytes for 30 s"
+
+
+def test_truncation_fails_even_calls_that_were_closed():
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+               CallClosed(key=K0), CallOpened(key=K1, call_id="b", name="f"),
+               ArgsDelta(key=K1, fragment='{"x'), CallClosed(key=K1),
+               RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_tokens"))
+    assert [c.error for c in r.calls] == [ErrorCode.TRUNCATED] * 2
+
+
+def test_content_order_and_opaque_blocks_are_kept():
+    think = ReasoningBlock(block=0, data={"type": "thinking", "thinking": "t", "signature": "s"})
+    server = ServerToolBlock(block=2, data={"type": "server_tool_use", "id": "s1"})
+    r, _ = run(think, TextDelta(text="a", block=1), TextDelta(text="b", block=1), server,
+               TextDelta(text="c", block=3), CallOpened(key=K2, call_id="x", name="f"), END)
+    kinds = [type(s).__name__ for s in r.choices[0].content]
+    assert kinds == ["ReasoningBlock", "TextSegment", "ServerToolBlock", "TextSegment", "CallRecord"]
+    assert r.text == "abc" and r.blocks == (think, server)
+
+
+def test_text_limit_drops_the_rest_with_one_anomaly():
+    r, _ = run(*(TextDelta(text="x" * 10) for _ in range(5)), END, limits=Limits(max_text_bytes=25))
+    assert r.text == "x" * 20
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.TEXT_TOO_LARGE]
+
+
+def test_second_round_end_is_an_anomaly_and_the_first_wins():
+    r, _ = run(END, RoundEnded(ending=Ending.TRUNCATED))
+    assert r.ended is Ending.NORMAL and [a.kind for a in r.anomalies] == [AnomalyKind.EVENT_AFTER_END]
+
+
+def test_misuse_raises_usage_error():
+    asm = Assembler()
+    r = asm.finish()
+    assert asm.finish() is r and asm.cancel() is r
+    with pytest.raises(UsageError):
+        asm.feed(END)
+
+
+def test_empty_round_has_one_choice_without_calls():
+    r, _ = run()
+    assert len(r.choices) == 1 and r.calls == () and r.ended is Ending.INTERRUPTED
+
+
+def test_cancel_after_commit_keeps_committed_calls():
+    asm = Assembler()
+    asm.feed(CallOpened(key=K0, call_id="a", name="f"))
+    asm.feed(END)
+    r = asm.finish()
+    assert asm.cancel() is r and r.calls[0].state is CallState.COMMITTED
+
+
+@given(st.lists(st.integers(0, 2), max_size=60), st.lists(st.text(max_size=5), max_size=60))
+def test_buffers_never_mix_whatever_the_interleaving(order, texts):
+    keys = [K0, K1, K2]
+    events = [CallOpened(key=k, call_id=f"id{i}", name="f") for i, k in enumerate(keys)]
+    expected = {k: "" for k in keys}
+    for i, t in zip(order, texts, strict=False):
+        events.append(ArgsDelta(key=keys[i], fragment=t))
+        expected[keys[i]] += t
+    r, _ = run(*events, END, tools=None)
+    assert {c.key: c.arguments_text for c in r.calls} == expected

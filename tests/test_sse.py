@@ -1,0 +1,355 @@
+"""SSEDecoder: every WHATWG parsing rule, each at every chunking, plus limits and the corpus.
+
+Every case is decoded whole, byte by byte, one event per chunk (the decoder's fast path) and
+at Hypothesis-chosen split points (which fall inside CRLF pairs, inside multi-byte UTF-8
+characters and produce empty chunks); all must give the same frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import CORPUS, corpus_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toollatch._errors import ConfigError, StreamDecodeError, UsageError
+from toollatch._events import Frame
+from toollatch._limits import Limits
+from toollatch._sse import SSEDecoder
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def decode(chunks: Iterable[bytes], **kwargs: object) -> list[Frame]:
+    decoder = SSEDecoder(**kwargs)  # type: ignore[arg-type]
+    frames: list[Frame] = []
+    for chunk in chunks:
+        frames += decoder.feed(chunk)
+    frames += decoder.finish()
+    return frames
+
+
+def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:
+    """Cut ``data`` at the given offsets; repeated offsets give empty chunks."""
+    points = [0, *sorted(cuts), len(data)]
+    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+
+
+def bytewise(data: bytes) -> list[bytes]:
+    return [data[i : i + 1] for i in range(len(data))]
+
+
+def per_event(data: bytes) -> list[bytes]:
+    """One chunk per event, as most servers write them: exercises the fast path."""
+    parts = data.split(b"\n\n")
+    return [p + b"\n\n" for p in parts[:-1]] + [parts[-1]]
+
+
+def fixed_size(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def cuts_for(data: bytes) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, len(data)), max_size=max(4, len(data) // 2))
+
+
+def F(data: str, event: str = "message", id: str | None = None, retry: int | None = None) -> Frame:  # noqa: A002, N802
+    return Frame(event=event, data=data, id=id, retry=retry)
+
+
+# -- the rules, as (stream, expected frames) -------------------------------------------------
+
+CASES: dict[str, tuple[bytes, list[Frame]]] = {
+    "lf": (b"data: a\n\ndata: b\n\n", [F("a"), F("b")]),
+    "crlf": (b"data: a\r\n\r\ndata: b\r\n\r\n", [F("a"), F("b")]),
+    "cr": (b"data: a\r\rdata: b\r\r", [F("a"), F("b")]),
+    "mixed_line_ends": (b"data: a\rdata: b\r\ndata: c\n\r\ndata: d\r\r\n", [F("a\nb\nc"), F("d")]),
+    "crlf_is_one_line_end": (b"data: a\r\ndata: b\r\n\r\n", [F("a\nb")]),
+    "comments_ignored": (b": heartbeat\ndata: a\n:\n: data: no\n\n:ping\n\n", [F("a")]),
+    "comment_only_block_no_event": (b": ping\n\n: ping\n\n", []),
+    "data_without_space": (b"data:a\n\n", [F("a")]),
+    "only_one_space_removed": (b"data:  a \n\n", [F(" a ")]),
+    "tab_is_not_space": (b"data:\ta\n\n", [F("\ta")]),
+    "multiple_data_lines_joined": (b"data: a\ndata:\ndata: b\n\n", [F("a\n\nb")]),
+    "empty_data_dispatches_empty": (b"data:\n\ndata: \n\n", [F(""), F("")]),
+    "event_type": (
+        b"event: add\ndata: 1\n\nevent:remove\ndata: 2\n\ndata: 3\n\n",
+        [F("1", "add"), F("2", "remove"), F("3")],
+    ),
+    "empty_event_type_is_message": (b"event:\ndata: x\n\n", [F("x")]),
+    "last_event_field_wins": (b"event: a\nevent: b\ndata: x\n\n", [F("x", "b")]),
+    "no_data_no_dispatch_and_type_reset": (b"event: foo\n\ndata: x\n\n", [F("x")]),
+    "id_persists": (
+        b"id: 1\ndata: a\n\ndata: b\n\nid: 2\ndata: c\n\nid\ndata: d\n\n",
+        [F("a", id="1"), F("b", id="1"), F("c", id="2"), F("d", id="")],
+    ),
+    "id_set_by_block_without_data": (b"id: 7\n\ndata: x\n\n", [F("x", id="7")]),
+    "id_with_nul_ignored": (
+        b"id: 1\ndata: a\n\nid: 2\x003\ndata: b\n\n",
+        [F("a", id="1"), F("b", id="1")],
+    ),
+    "retry_digits_only": (
+        b"retry: 3000\ndata: a\n\nretry: 12x\ndata: b\n\nretry: -1\ndata: c\n\n"
+        b"retry:\ndata: d\n\nretry: \xef\xbc\x95\ndata: e\n\nretry: 1 \ndata: f\n\n"
+        b"retry: 99999999999999999999\ndata: g\n\nretry:007\ndata: h\n\n",
+        [F(x, retry=3000) for x in "abcdefg"] + [F("h", retry=7)],
+    ),
+    "field_without_colon": (b"data\n\ndata\ndata\n\nevent\ndata: x\n\n", [F(""), F("\n"), F("x")]),
+    "unknown_fields_ignored": (b"foo: bar\nDATA: x\nData: y\ndatum: q\ndata: z\n\n", [F("z")]),
+    "field_named_with_leading_space_ignored": (b" data: x\n\ndata: y\n\n", [F("y")]),
+    "space_only_line_is_not_blank": (b"data: a\n \ndata: b\n\n", [F("a\nb")]),
+    "colon_in_value_kept": (b'data: {"a": "b:c"}\n\n', [F('{"a": "b:c"}')]),
+    "bom_at_start_skipped": (b"\xef\xbb\xbfdata: a\n\n", [F("a")]),
+    "bom_later_is_part_of_the_name": (b"data: a\n\n\xef\xbb\xbfdata: b\n\n", [F("a")]),
+    "only_one_bom_skipped": (b"\xef\xbb\xbf\xef\xbb\xbfdata: a\n\ndata: b\n\n", [F("b")]),
+    "bom_only_stream": (b"\xef\xbb\xbf", []),
+    "bom_prefix_then_eof": (b"\xef\xbb", []),
+    "utf8_multibyte": (
+        "event: ünïcode\nid: ïd\ndata: héllo € 𝄞 漢字\n\n".encode(),
+        [F("héllo € 𝄞 漢字", "ünïcode", id="ïd")],
+    ),
+    "invalid_utf8_replaced": (
+        b"data: a\xffb\ndata: \xe2\x82\ndata: \xf0\x9f\n\n",
+        [F("a\ufffdb\n\ufffd\n\ufffd")],
+    ),
+    "finish_dispatches_unterminated_event": (b"data: a\n\ndata: b", [F("a"), F("b")]),
+    "finish_dispatches_without_blank_line": (b"data: a\ndata: b\n", [F("a\nb")]),
+    "finish_after_trailing_cr": (b"event: e\rdata: b\r", [F("b", "e")]),
+    "finish_without_data_dispatches_nothing": (b"data: a\n\nevent: x\nid: 5", [F("a")]),
+    "empty_stream": (b"", []),
+    "blank_lines_only": (b"\n\n\r\n\r\r", []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_fixed_chunkings(name: str) -> None:
+    data, expected = CASES[name]
+    assert decode([data]) == expected
+    assert decode(bytewise(data)) == expected
+    assert decode(per_event(data)) == expected
+    assert decode([b"", *[c for part in bytewise(data) for c in (part, b"")]]) == expected
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(max_examples=40)
+@given(data=st.data())
+def test_rule_random_chunkings(name: str, data: st.DataObject) -> None:
+    stream, expected = CASES[name]
+    cuts = data.draw(cuts_for(stream), label="cuts")
+    assert decode(split_at(stream, cuts)) == expected
+
+
+def test_utf8_split_inside_every_character() -> None:
+    text = "€𝄞é漢"
+    stream = f"data: {text}\n\n".encode()
+    for cut in range(len(stream) + 1):
+        assert decode([stream[:cut], stream[cut:]]) == [F(text)], cut
+
+
+def test_cr_at_end_of_feed_then_lf_is_one_line_end() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: a\r") == []
+    assert decoder.feed(b"") == []  # an empty chunk between the halves changes nothing
+    assert decoder.feed(b"\ndata: b\r") == []
+    assert decoder.feed(b"\n\r") == [F("a\nb")]
+    assert decoder.feed(b"\n") == []  # LF completing the CR that ended the blank line
+    assert decoder.feed(b"data: c\n\n") == [F("c")]
+    assert decoder.finish() == []
+
+
+def test_fast_path_matches_general_path_state() -> None:
+    """One-event chunks (the fast path) still see id, retry, a pending type and CRs."""
+    decoder = SSEDecoder()
+    assert decoder.feed(b"id: 9\nretry: 5\ndata: a\n\n") == [F("a", id="9", retry=5)]
+    assert decoder.feed(b"data: b\n\n") == [F("b", id="9", retry=5)]
+    assert decoder.feed(b"event: t\n") == []
+    assert decoder.feed(b"data: c\n\n") == [F("c", "t", id="9", retry=5)]
+    assert decoder.feed(b"data: d\r\n\r\n") == [F("d", id="9", retry=5)]
+    two = decoder.feed(b"data: e\n\ndata: f\n\n")
+    assert two == [F("e", id="9", retry=5), F("f", id="9", retry=5)]
+    assert decoder.feed(b"data: g\n\n") == [F("g", id="9", retry=5)]
+    assert decoder.feed(b"data: \xff\n\n") == [F("\ufffd", id="9", retry=5)]
+    assert decoder.feed(b"data: h\n") == []
+    assert decoder.feed(b"\n") == [F("h", id="9", retry=5)]
+    assert decoder.finish() == []
+
+
+def test_dispatched_frames_are_plain_frames() -> None:
+    (frame,) = decode([b"data: x\n\n", b"data: y\n\n"])[1:]
+    assert type(frame) is Frame
+    assert frame == Frame("message", "y")
+    assert frame._replace(data="z").data == "z"
+
+
+# -- lifecycle and configuration ---------------------------------------------------------------
+
+
+def test_feed_after_finish_raises_usage_error() -> None:
+    decoder = SSEDecoder()
+    decoder.finish()
+    with pytest.raises(UsageError):
+        decoder.feed(b"data: x\n\n")
+    with pytest.raises(UsageError):
+        decoder.finish()
+
+
+def test_fast_path_also_refuses_feed_after_finish() -> None:
+    decoder = SSEDecoder()
+    decoder.feed(b"data: a\n\n")
+    decoder.finish()
+    with pytest.raises(UsageError):
+        decoder.feed(b"data: b\n\n")
+
+
+def test_limits_from_limits_object_and_conflicts() -> None:
+    decoder = SSEDecoder(limits=Limits(max_line_bytes=10))
+    with pytest.raises(StreamDecodeError):
+        decoder.feed(b"data: 12345\n")
+    with pytest.raises(ConfigError):
+        SSEDecoder(limits=Limits(), max_line_bytes=10)
+    with pytest.raises(ConfigError):
+        SSEDecoder(max_event_bytes=0)
+    with pytest.raises(ConfigError):
+        SSEDecoder(max_line_bytes=True)
+
+
+# -- limits -------------------------------------------------------------------------------------
+
+OK_AT_LIMIT = {
+    "line_exactly_max": (b"data: 1234\n\n", {"max_line_bytes": 10}, [F("1234")]),
+    "event_exactly_max": (b"data: 12\ndata: 12\n\n", {"max_event_bytes": 5}, [F("12\n12")]),
+    "single_line_event_max": (b"data: a\n\ndata: 12345\n\n", {"max_event_bytes": 5}, [F("a"), F("12345")]),
+}
+OVER_LIMIT = {
+    "line_over_max": (b"data: 12345\n\n", {"max_line_bytes": 10}, "max_line_bytes"),
+    "crlf_line_over_max": (b"data: 1\r\ndata: 12345\r\n\r\n", {"max_line_bytes": 10}, "max_line_bytes"),
+    "comment_over_max": (b": 12345678901\n\n", {"max_line_bytes": 10}, "max_line_bytes"),
+    "unterminated_over_max": (b"data: 12345", {"max_line_bytes": 10}, "max_line_bytes"),
+    "event_over_max": (b"data: 12\ndata: 123\n\n", {"max_event_bytes": 5}, "max_event_bytes"),
+    "fast_path_event_over_max": (b"data: a\n\ndata: 123456\n\n", {"max_event_bytes": 5}, "max_event_bytes"),
+    "fast_path_line_over_max": (b"data: a\n\ndata: 12345\n\n", {"max_line_bytes": 10}, "max_line_bytes"),
+    "unterminated_event_over_max": (b"data: 123456", {"max_event_bytes": 5}, "max_event_bytes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OK_AT_LIMIT))
+def test_at_limit_is_accepted(name: str) -> None:
+    data, limits, expected = OK_AT_LIMIT[name]
+    for chunks in ([data], bytewise(data), per_event(data)):
+        assert decode(chunks, **limits) == expected
+
+
+def _decode_expecting_error(chunks: list[bytes], limits: dict[str, int], word: str) -> None:
+    decoder = SSEDecoder(**limits)  # type: ignore[arg-type]
+    with pytest.raises(StreamDecodeError, match=word):
+        for chunk in chunks:
+            decoder.feed(chunk)
+        decoder.finish()
+    with pytest.raises(UsageError):  # unusable after the error
+        decoder.feed(b"data: x\n\n")
+    with pytest.raises(UsageError):
+        decoder.finish()
+
+
+@pytest.mark.parametrize("name", sorted(OVER_LIMIT))
+def test_over_limit_raises_at_fixed_chunkings(name: str) -> None:
+    data, limits, word = OVER_LIMIT[name]
+    for chunks in ([data], bytewise(data), per_event(data)):
+        _decode_expecting_error(chunks, limits, word)
+
+
+@pytest.mark.parametrize("name", sorted(OVER_LIMIT))
+@settings(max_examples=30)
+@given(data=st.data())
+def test_over_limit_raises_at_random_chunkings(name: str, data: st.DataObject) -> None:
+    stream, limits, word = OVER_LIMIT[name]
+    _decode_expecting_error(split_at(stream, data.draw(cuts_for(stream))), limits, word)
+
+
+def test_partial_line_is_bounded_without_any_line_end() -> None:
+    """Memory stays bounded: the error comes on the feed that crosses the limit, not at EOF."""
+    decoder = SSEDecoder(max_line_bytes=100)
+    for _ in range(100):
+        assert decoder.feed(b"x") == []
+    with pytest.raises(StreamDecodeError, match="max_line_bytes"):
+        decoder.feed(b"x")
+
+
+def test_error_state_drops_buffers() -> None:
+    decoder = SSEDecoder(max_line_bytes=4)
+    with pytest.raises(StreamDecodeError):
+        decoder.feed(b"data: 1234567")
+    with pytest.raises(UsageError, match="failed earlier"):
+        decoder.feed(b"\n\n")
+
+
+# -- the recorded corpus -------------------------------------------------------------------------
+
+SSE_FILES = sorted(CORPUS.rglob("*.sse")) if CORPUS.is_dir() else []
+
+
+def _corpus_file(path: Path | None) -> bytes:
+    corpus_dir()  # skips (or fails under CI) when the corpus is missing
+    if path is None:
+        pytest.fail(f"no .sse files under {CORPUS}")
+    return path.read_bytes()
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    "path",
+    SSE_FILES or [None],
+    ids=[str(p.relative_to(CORPUS)) for p in SSE_FILES] or ["missing"],
+)
+def test_corpus_file_same_frames_at_every_chunking(path: Path | None) -> None:
+    raw = _corpus_file(path)
+    whole = decode([raw])
+    assert whole, "every recorded stream carries events"
+    assert decode(fixed_size(raw, 1)) == whole
+    assert decode(fixed_size(raw, 7)) == whole
+    assert decode(per_event(raw)) == whole
+    # Line-end style does not matter: the same body with LF, CRLF or CR line ends.
+    lf = raw.replace(b"\r\n", b"\n")
+    assert decode([lf]) == whole
+    assert decode([lf.replace(b"\n", b"\r\n")]) == whole
+    assert decode(fixed_size(lf.replace(b"\n", b"\r"), 3)) == whole
+    for frame in whole:
+        if frame.data != "[DONE]":
+            orjson.loads(frame.data)  # every payload is one complete JSON document
+
+
+@pytest.mark.corpus
+def test_corpus_leading_space_data_line_is_ignored() -> None:
+    root = corpus_dir()
+    raw = (root / "compat_openrouter" / "kimi_k2_no_arguments_key.sse").read_bytes()
+    assert raw.startswith(b" data: ")
+    frames = decode([raw])
+    data_lines = [line for line in raw.splitlines() if line.startswith(b"data:")]
+    assert len(frames) == len(data_lines)  # the " data:" line produced no event
+    first_ignored = orjson.loads(raw.splitlines()[0][len(b" data: ") :])
+    assert orjson.loads(frames[0].data) != first_ignored
+    assert first_ignored["choices"][0]["delta"]["role"] == "assistant"
+    assert "tool_calls" in frames[0].data
+
+
+@pytest.mark.corpus
+def test_corpus_crlf_file_really_uses_crlf() -> None:
+    """Guards the CRLF corpus case above: the Gemini recording must keep its CRLF ends."""
+    raw = (corpus_dir() / "gemini" / "single_function_call_crlf.sse").read_bytes()
+    assert b"\r\n\r\n" in raw
+    frames = decode(fixed_size(raw, 1))
+    assert frames
+    assert all("\r" not in f.data for f in frames)
+
+
+@pytest.mark.corpus
+def test_corpus_unterminated_last_event_is_dispatched() -> None:
+    raw = (corpus_dir() / "anthropic" / "text_then_tool_use.sse").read_bytes()
+    assert not raw.endswith(b"\n")  # recorded without the final blank line
+    frames = decode([raw])
+    assert frames[-1].event == "message_stop"
+    assert orjson.loads(frames[-1].data) == {"type": "message_stop"}

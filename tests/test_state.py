@@ -1,0 +1,49 @@
+"""The call state table: allowed transitions, every forbidden pair, and who may assign state."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+from toollatch import CallState, InvariantBroken
+from toollatch._state import TERMINAL, TRANSITIONS, Trigger, advance
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "toollatch"
+
+
+@pytest.mark.parametrize(("state", "trigger"), sorted(TRANSITIONS))
+def test_allowed_transitions(state, trigger):
+    assert advance(state, trigger) is TRANSITIONS[state, trigger]
+
+
+FORBIDDEN = [p for p in itertools.product(CallState, Trigger) if p not in TRANSITIONS]
+
+
+@pytest.mark.parametrize(("state", "trigger"), FORBIDDEN)
+def test_every_forbidden_pair_raises(state, trigger):
+    with pytest.raises(InvariantBroken):
+        advance(state, trigger)
+
+
+def test_terminal_states_have_no_way_out_and_transitions_are_one_way():
+    assert not any(s in TERMINAL for s, _ in TRANSITIONS)
+    order = list(CallState)
+    for (state, _), target in TRANSITIONS.items():
+        assert order.index(target) > order.index(state), (state, target)
+
+
+def test_only_the_state_module_and_the_buffer_assign_a_state():
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        if path.name in {"_state.py", "_buffer.py"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr == "state":
+                        offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []
