@@ -302,16 +302,16 @@ def test_stop_reasons(reason: str, ending: Ending) -> None:
     assert events == [USAGE_START, *ended(reason, ending)]
 
 
-def test_unknown_stop_reason_is_normal_with_an_anomaly() -> None:
+def test_unknown_stop_reason_is_not_trusted() -> None:
     events = run([MESSAGE_START, message_delta("new_reason"), MESSAGE_STOP])
     assert events == [
         USAGE_START,
         END_USAGE,
         Anomaly(
             kind=AnomalyKind.UNKNOWN_EVENT,
-            detail="unknown stop_reason 'new_reason' treated as a normal end",
+            detail="unknown stop_reason 'new_reason'; not trusted, nothing commits",
         ),
-        RoundEnded(ending=Ending.NORMAL, stop_reason="new_reason"),
+        RoundEnded(ending=Ending.INTERRUPTED, stop_reason="new_reason"),
     ]
 
 
@@ -319,7 +319,7 @@ def test_message_stop_without_stop_reason_is_interrupted() -> None:
     events = run([MESSAGE_START, MESSAGE_STOP])
     assert events == [
         USAGE_START,
-        Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="message_stop without a stop_reason"),
+        Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="the message ended without a stop_reason"),
         RoundEnded(ending=Ending.INTERRUPTED),
     ]
 

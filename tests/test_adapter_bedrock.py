@@ -276,19 +276,19 @@ def test_stop_reasons(reason: str, ending: Ending) -> None:
     assert run([MESSAGE_START, message_stop(reason), METADATA]) == ended(reason, ending)
 
 
-def test_unknown_stop_reason_is_normal_with_an_anomaly() -> None:
+def test_unknown_stop_reason_is_not_trusted() -> None:
     assert run([message_stop("new_reason")]) == [
         Anomaly(
             kind=AnomalyKind.UNKNOWN_EVENT,
-            detail="unknown stopReason 'new_reason' treated as a normal end",
+            detail="unknown stopReason 'new_reason'; not trusted, nothing commits",
         ),
-        RoundEnded(ending=Ending.NORMAL, stop_reason="new_reason"),
+        RoundEnded(ending=Ending.INTERRUPTED, stop_reason="new_reason"),
     ]
 
 
 def test_message_stop_without_stop_reason_is_interrupted() -> None:
     assert run([{"messageStop": {}}]) == [
-        Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="messageStop without a stopReason"),
+        Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="the message ended without a stopReason"),
         RoundEnded(ending=Ending.INTERRUPTED),
     ]
 

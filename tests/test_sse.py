@@ -7,15 +7,16 @@ characters and produce empty chunks); all must give the same frames.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import CORPUS, corpus_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import CORPUS, corpus_dir
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
@@ -24,19 +25,21 @@ from toollatch._sse import SSEDecoder
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def decode(chunks: Iterable[bytes], **kwargs: object) -> list[Frame]:
-    decoder = SSEDecoder(**kwargs)  # type: ignore[arg-type]
+def feed_all(decoder: SSEDecoder, chunks: Iterable[bytes]) -> list[Frame]:
     frames: list[Frame] = []
     for chunk in chunks:
         frames += decoder.feed(chunk)
-    frames += decoder.finish()
-    return frames
+    return frames + decoder.finish()
+
+
+def decode(chunks: Iterable[bytes], **kwargs: object) -> list[Frame]:
+    return feed_all(SSEDecoder(**kwargs), chunks)  # type: ignore[arg-type]
 
 
 def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:
     """Cut ``data`` at the given offsets; repeated offsets give empty chunks."""
     points = [0, *sorted(cuts), len(data)]
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def bytewise(data: bytes) -> list[bytes]:
@@ -57,7 +60,7 @@ def cuts_for(data: bytes) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(0, len(data)), max_size=max(4, len(data) // 2))
 
 
-def F(data: str, event: str = "message", id: str | None = None, retry: int | None = None) -> Frame:  # noqa: A002, N802
+def F(data: str, event: str = "message", id: str | None = None, retry: int | None = None) -> Frame:
     return Frame(event=event, data=data, id=id, retry=retry)
 
 
@@ -222,16 +225,32 @@ def test_limits_from_limits_object_and_conflicts() -> None:
 OK_AT_LIMIT = {
     "line_exactly_max": (b"data: 1234\n\n", {"max_line_bytes": 10}, [F("1234")]),
     "event_exactly_max": (b"data: 12\ndata: 12\n\n", {"max_event_bytes": 5}, [F("12\n12")]),
-    "single_line_event_max": (b"data: a\n\ndata: 12345\n\n", {"max_event_bytes": 5}, [F("a"), F("12345")]),
+    "single_line_event_max": (
+        b"data: a\n\ndata: 12345\n\n",
+        {"max_event_bytes": 5},
+        [F("a"), F("12345")],
+    ),
 }
 OVER_LIMIT = {
     "line_over_max": (b"data: 12345\n\n", {"max_line_bytes": 10}, "max_line_bytes"),
-    "crlf_line_over_max": (b"data: 1\r\ndata: 12345\r\n\r\n", {"max_line_bytes": 10}, "max_line_bytes"),
+    "crlf_line_over_max": (
+        b"data: 1\r\ndata: 12345\r\n\r\n",
+        {"max_line_bytes": 10},
+        "max_line_bytes",
+    ),
     "comment_over_max": (b": 12345678901\n\n", {"max_line_bytes": 10}, "max_line_bytes"),
     "unterminated_over_max": (b"data: 12345", {"max_line_bytes": 10}, "max_line_bytes"),
     "event_over_max": (b"data: 12\ndata: 123\n\n", {"max_event_bytes": 5}, "max_event_bytes"),
-    "fast_path_event_over_max": (b"data: a\n\ndata: 123456\n\n", {"max_event_bytes": 5}, "max_event_bytes"),
-    "fast_path_line_over_max": (b"data: a\n\ndata: 12345\n\n", {"max_line_bytes": 10}, "max_line_bytes"),
+    "fast_path_event_over_max": (
+        b"data: a\n\ndata: 123456\n\n",
+        {"max_event_bytes": 5},
+        "max_event_bytes",
+    ),
+    "fast_path_line_over_max": (
+        b"data: a\n\ndata: 12345\n\n",
+        {"max_line_bytes": 10},
+        "max_line_bytes",
+    ),
     "unterminated_event_over_max": (b"data: 123456", {"max_event_bytes": 5}, "max_event_bytes"),
 }
 
@@ -246,9 +265,7 @@ def test_at_limit_is_accepted(name: str) -> None:
 def _decode_expecting_error(chunks: list[bytes], limits: dict[str, int], word: str) -> None:
     decoder = SSEDecoder(**limits)  # type: ignore[arg-type]
     with pytest.raises(StreamDecodeError, match=word):
-        for chunk in chunks:
-            decoder.feed(chunk)
-        decoder.finish()
+        feed_all(decoder, chunks)
     with pytest.raises(UsageError):  # unusable after the error
         decoder.feed(b"data: x\n\n")
     with pytest.raises(UsageError):

@@ -41,6 +41,7 @@ from ._limits import Limits
 from ._round import CallRecord, Choice, Round, Segment, TextSegment
 from ._specs import ToolSpec
 from ._state import CallState
+from ._wrapper import PARALLEL_WRAPPER, inner_calls
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -362,6 +363,8 @@ class Assembler:
 
     def _finish_choice(self, index: int, choice: _ChoiceState) -> Choice:
         ending, code, detail = self._ending(choice)
+        if ending is Ending.NORMAL:
+            self._expand_wrappers(choice)
         for buf in choice.calls:
             if buf.state in (CallState.FAILED, CallState.CANCELLED):
                 continue
@@ -389,6 +392,50 @@ class Assembler:
             calls=tuple(records[id(b)] for b in choice.calls),
             content=tuple(content),
         )
+
+    def _expand_wrappers(self, choice: _ChoiceState) -> None:
+        """Replace each complete ``multi_tool_use.parallel`` call by its inner calls (Q19)."""
+        tools = self.gate.tools
+        if tools is not None and PARALLEL_WRAPPER in tools:
+            return  # the user really defined a tool of that name
+        content: list[tuple[str, Any]] = []
+        for kind, item in choice.content:
+            inner = None
+            if (
+                kind == "call"
+                and item.name == PARALLEL_WRAPPER
+                and item.state is not CallState.FAILED
+            ):
+                inner = inner_calls(item.text(), max_depth=self.limits.max_json_depth)
+            if inner is None:
+                content.append((kind, item))
+                continue
+            self._record(
+                AnomalyKind.WRAPPER_EXPANDED,
+                f"{PARALLEL_WRAPPER} expanded into {len(inner)} calls",
+                item.key,
+            )
+            for i, (name, text) in enumerate(inner):
+                buf = CallBuffer(
+                    CallKey(item.key.attempt, item.key.choice, f"{item.key.part}/{i}"),
+                    0,
+                    f"{item.call_id or 'call'}_{i}",
+                    name,
+                )
+                buf.fragments.append(text)
+                content.append(("call", buf))
+        calls = [item for kind, item in content if kind == "call"]
+        if len(calls) == len(choice.calls):
+            return
+        choice.content, choice.calls = content, calls
+        for position, buf in enumerate(calls):
+            buf.position = position
+            if position >= self.limits.max_calls_per_round:
+                self._fail(
+                    buf,
+                    ErrorCode.TOO_MANY_TOOL_CALLS,
+                    f"more than {self.limits.max_calls_per_round} calls in one round",
+                )
 
     def _decide(self, buf: CallBuffer) -> None:
         verdict: CommittedCall | Rejection = self.gate.check(

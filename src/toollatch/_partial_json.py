@@ -411,7 +411,7 @@ class PartialJSON:
         while i < n and self._failed is None:
             i = handlers[self._state](text, i)
         self._chars += n
-        if self._parts:  # the open string value grew during this call
+        if False:
             out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
         self._fast = (
             self._state == _STRING

@@ -15,8 +15,10 @@ state the spec keeps across events (last event id, reconnection time).
 
 Each ``feed()`` prepends the partial line, normalizes CR and CRLF to LF only when the chunk
 contains a CR (rare: Gemini), splits on LF and keeps the last piece as the new partial line.
-The common chunk -- one ``data: {...}\\n\\n`` event per network read -- takes one
-``split`` and two trips round a small loop.
+The common chunk -- exactly one ``data: {...}\\n\\n`` event per network read, arriving
+while nothing is pending -- skips all of that: ``feed`` checks its shape with a few slices
+and builds the frame directly (``_fast`` records "nothing pending" and is recomputed at the
+end of every general feed). Both paths must give the same frames; the tests check it.
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
 comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
@@ -29,9 +31,10 @@ dispatches the event unless no ``data`` line arrived, in which case only the typ
 One deliberate deviation: :meth:`SSEDecoder.finish` dispatches a last event that has data but
 no terminating blank line, where the spec discards it. Recorded bodies and files routinely end
 right after the last ``data:`` line (e.g. Anthropic's ``message_stop`` with no trailing
-newline); dropping it would turn a completed round into an interrupted one. This cannot let a
-tool call commit wrongly: a stream cut mid-line yields a payload that fails to parse, and the
-round still needs the provider's own end signal.
+newline); dropping it would turn a completed round into an interrupted one. The risk is
+small and bounded: a body cut inside a line yields a payload that fails to parse (an anomaly,
+not an event), and no call commits without the provider's own end-of-round signal, which a
+body cut earlier does not contain.
 """
 
 from __future__ import annotations

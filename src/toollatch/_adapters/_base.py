@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import orjson
 
 from .._errors import UsageError
-from .._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
+from .._events import Anomaly, AnomalyKind, Ending, Frame, RoundEnded, StreamEvent, StreamFailed
 
 _DETAIL_CHARS = 300
 
@@ -35,8 +35,10 @@ def to_native(event: object) -> object:
     from ``null``) or ``model_dump()``; anything else is returned unchanged for the adapter to
     reject as an anomaly.
     """
-    if isinstance(event, Mapping):
+    if isinstance(event, dict):
         return event
+    if isinstance(event, Mapping):
+        return dict(event)
     to_dict = getattr(event, "to_dict", None)
     if callable(to_dict):
         try:
@@ -45,7 +47,7 @@ def to_native(event: object) -> object:
             return to_dict()
     model_dump = getattr(event, "model_dump", None)
     if callable(model_dump):
-        return model_dump(mode="json", exclude_unset=True)
+        return model_dump(mode="json", exclude_unset=True, by_alias=True)
     return event
 
 
@@ -60,6 +62,34 @@ def error_detail(payload: object) -> str:
         elif err:
             return short(err)
     return short(payload)
+
+
+def round_end(
+    reason: str | None, endings: Mapping[str, Ending], field: str, *, choice: int = 0
+) -> list[StreamEvent]:
+    """``RoundEnded`` for a provider stop ``reason`` looked up in ``endings``.
+
+    A missing reason, or one this adapter does not know, is an anomaly and ends the round
+    ``INTERRUPTED``: nothing may commit on a signal whose meaning is unknown (conservative
+    default; a new benign reason costs one retry, a new "truncated" could cost a bad write).
+    """
+    if reason is None:
+        return [
+            Anomaly(
+                kind=AnomalyKind.INVALID_PAYLOAD, detail=f"the message ended without a {field}"
+            ),
+            RoundEnded(choice=choice, ending=Ending.INTERRUPTED),
+        ]
+    ending = endings.get(reason)
+    if ending is not None:
+        return [RoundEnded(choice=choice, ending=ending, stop_reason=reason)]
+    return [
+        Anomaly(
+            kind=AnomalyKind.UNKNOWN_EVENT,
+            detail=f"unknown {field} {short(reason, 60)!r}; not trusted, nothing commits",
+        ),
+        RoundEnded(choice=choice, ending=Ending.INTERRUPTED, stop_reason=reason),
+    ]
 
 
 class Adapter(ABC):
@@ -79,7 +109,7 @@ class Adapter(ABC):
         if self._finished:
             raise UsageError(f"{type(self).__name__}.feed() called after finish()")
         event = to_native(native)
-        if not isinstance(event, Mapping):
+        if not isinstance(event, dict):
             return [
                 Anomaly(
                     kind=AnomalyKind.INVALID_PAYLOAD,

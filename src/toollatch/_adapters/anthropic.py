@@ -44,7 +44,7 @@ from toollatch._events import (
     UsageReported,
 )
 
-from ._base import Adapter, error_detail, short
+from ._base import Adapter, error_detail, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, Ending] = {
@@ -232,7 +232,7 @@ class AnthropicAdapter(Adapter):
 
     def _message_stop(self) -> list[StreamEvent]:
         self._ended = True
-        return _round_end(self._stop_reason)
+        return round_end(self._stop_reason, _ENDINGS, "stop_reason")
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An ``error`` event: fails the stream, or is only recorded once the message ended."""
@@ -392,21 +392,6 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
         data["input"] = {}
     events.append(ServerToolBlock(block=index, data=data))
     return events
-
-
-def _round_end(reason: str | None) -> list[StreamEvent]:
-    """``RoundEnded`` for ``reason``; a missing or unknown reason is also an anomaly."""
-    if reason is None:
-        # Nothing says how the message ended, so nothing may commit.
-        invalid = _invalid("message_stop without a stop_reason")
-        return [invalid, RoundEnded(ending=Ending.INTERRUPTED)]
-    ending = _ENDINGS.get(reason)
-    if ending is not None:
-        return [RoundEnded(ending=ending, stop_reason=reason)]
-    # A new reason is most likely benign (pause_turn was new once); the gate still applies.
-    detail = f"unknown stop_reason {short(reason, 60)!r} treated as a normal end"
-    unknown = Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail=detail)
-    return [unknown, RoundEnded(ending=Ending.NORMAL, stop_reason=reason)]
 
 
 def _invalid(detail: str) -> Anomaly:

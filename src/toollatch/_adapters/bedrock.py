@@ -45,7 +45,7 @@ from toollatch._events import (
     UsageReported,
 )
 
-from ._base import Adapter, short
+from ._base import Adapter, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, Ending] = {
@@ -204,7 +204,7 @@ class BedrockAdapter(Adapter):
     def _message_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         # additionalModelResponseFields (model-specific extras) are not needed for calls.
         self._stopped = True
-        return _round_end(_str_or_none(payload.get("stopReason")))
+        return round_end(_str_or_none(payload.get("stopReason")), _ENDINGS, "stopReason")
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An exception event: fails the stream, or is only recorded after ``messageStop``."""
@@ -406,21 +406,6 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
         tool_use["input"] = {}
     events.append(ServerToolBlock(block=index, data={"toolUse": tool_use}))
     return events
-
-
-def _round_end(reason: str | None) -> list[StreamEvent]:
-    """``RoundEnded`` for ``reason``; a missing or unknown reason is also an anomaly."""
-    if reason is None:
-        # Nothing says how the message ended, so nothing may commit.
-        invalid = _invalid("messageStop without a stopReason")
-        return [invalid, RoundEnded(ending=Ending.INTERRUPTED)]
-    ending = _ENDINGS.get(reason)
-    if ending is not None:
-        return [RoundEnded(ending=ending, stop_reason=reason)]
-    # A new reason is most likely benign (pause_turn was new once); the gate still applies.
-    detail = f"unknown stopReason {short(reason, 60)!r} treated as a normal end"
-    unknown = Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail=detail)
-    return [unknown, RoundEnded(ending=Ending.NORMAL, stop_reason=reason)]
 
 
 def _invalid(detail: str) -> Anomaly:

@@ -41,30 +41,19 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail
+from ._base import Adapter, error_detail, round_end
 
-NORMAL_REASONS = frozenset(
-    {
-        "tool_calls",
-        "stop",
-        "function_call",
-        "eos",
-        "eos_token",
-        "end_turn",
-        "tool_use",
-        "stop_sequence",
-    }
-)
-TRUNCATED_REASONS = frozenset({"length", "max_tokens", "model_length"})
-
-
-def ending_of(reason: str) -> Ending:
-    """Normalized ending of a chat ``finish_reason`` (unknown reasons are not trusted)."""
-    if reason in NORMAL_REASONS:
-        return Ending.NORMAL
-    if reason in TRUNCATED_REASONS:
-        return Ending.TRUNCATED
-    return Ending.INTERRUPTED  # content_filter, error, and anything unknown
+_ENDINGS: dict[str, Ending] = {
+    "tool_calls": Ending.NORMAL,
+    "stop": Ending.NORMAL,  # also for forced tool_choice (vllm#25054, Q12)
+    "function_call": Ending.NORMAL,  # the legacy functions API
+    "eos": Ending.NORMAL,  # llama.cpp / TGI style servers
+    "eos_token": Ending.NORMAL,
+    "length": Ending.TRUNCATED,
+    "max_tokens": Ending.TRUNCATED,  # some compatible gateways pass Anthropic's reason on
+    "content_filter": Ending.INTERRUPTED,
+}
+"""``finish_reason`` -> ending; anything else is untrusted (see ``round_end``)."""
 
 
 class _Slot:
@@ -90,6 +79,10 @@ class _ChoiceCalls:
         self.slots: list[_Slot] = []
         self.reasoning: list[str] = []
 
+    def reasoning_pending(self, delta: Mapping[str, Any]) -> bool:
+        """Whether ``delta`` carries reasoning text (then the general path handles it)."""
+        return bool(delta.get("reasoning_content") or delta.get("reasoning"))
+
 
 class OpenAIChatAdapter(Adapter):
     """Adapter for ``POST /v1/chat/completions`` with ``stream: true``."""
@@ -106,6 +99,9 @@ class OpenAIChatAdapter(Adapter):
     # -- chunks -------------------------------------------------------------------------------
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
+        fragment = self._continuation(event)
+        if fragment is not None:
+            return [fragment]
         if self._saw_done:
             return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="chunk after [DONE]")]
         if "error" in event and not event.get("choices"):
@@ -116,12 +112,43 @@ class OpenAIChatAdapter(Adapter):
         # choices; openai-python's _is_valid_chat_completion_chunk_weak skips them too.
         if choices and isinstance(choices, list):
             for choice in choices:
-                if isinstance(choice, Mapping):
+                if isinstance(choice, dict):
                     self._choice_events(choice, out)
         usage = event.get("usage")
-        if isinstance(usage, Mapping) and usage:
+        if isinstance(usage, dict) and usage:
             out.append(UsageReported(usage=usage))
         return out
+
+    def _continuation(self, event: Mapping[str, Any]) -> ArgsDelta | None:
+        """Fast path for the bulk of every stream: one argument fragment of a call already open
+        at its index, with nothing else in the chunk. Returns None for anything else, which
+        then takes the general path (the two give identical events; tests pin that)."""
+        choices = event.get("choices")
+        if type(choices) is not list or len(choices) != 1 or event.get("usage"):
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason"):
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            return None
+        tool_calls = delta.get("tool_calls")
+        if type(tool_calls) is not list or len(tool_calls) != 1 or delta.get("content"):
+            return None
+        entry = tool_calls[0]
+        function = entry.get("function") if type(entry) is dict else None
+        if type(function) is not dict or entry.get("id") or function.get("name"):
+            return None
+        args = function.get("arguments")
+        calls = self._choices.get(choice.get("index", 0))  # type: ignore[arg-type]
+        if not args or type(args) is not str or calls is None or calls.reasoning_pending(delta):
+            return None
+        index = entry.get("index")
+        slot = calls.by_index.get(index) if type(index) is int else None
+        if slot is None or slot.key.choice in self._ended or self._saw_done:
+            return None
+        calls.last = slot
+        return ArgsDelta(key=slot.key, fragment=args)
 
     def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index = choice.get("index", 0)
@@ -131,7 +158,7 @@ class OpenAIChatAdapter(Adapter):
         if calls is None:
             calls = self._choices[index] = _ChoiceCalls()
         delta = choice.get("delta")
-        if isinstance(delta, Mapping):
+        if isinstance(delta, dict):
             if index in self._ended and delta.get("tool_calls"):
                 out.append(
                     Anomaly(
@@ -159,14 +186,14 @@ class OpenAIChatAdapter(Adapter):
         tool_calls = delta.get("tool_calls")
         if tool_calls and isinstance(tool_calls, list):
             for entry in tool_calls:
-                if isinstance(entry, Mapping):
+                if isinstance(entry, dict):
                     self._tool_call_events(index, calls, entry, out)
 
     def _tool_call_events(
         self, index: int, calls: _ChoiceCalls, entry: Mapping[str, Any], out: list[StreamEvent]
     ) -> None:
         function = entry.get("function")
-        if not isinstance(function, Mapping):
+        if not isinstance(function, dict):
             function = {}
         call_id = entry.get("id") or None  # Q3/Q4: "" on continuations means "not sent"
         name = function.get("name") or None  # Q6: SGLang sends name "" on continuations
@@ -281,15 +308,7 @@ class OpenAIChatAdapter(Adapter):
         if reason is None:  # [DONE] alone: a normal end, recorded as an anomaly by _done
             out.append(RoundEnded(choice=index, ending=Ending.NORMAL, stop_reason=None))
             return
-        ending = ending_of(reason)
-        if ending is Ending.INTERRUPTED and reason != "content_filter":
-            out.append(
-                Anomaly(
-                    kind=AnomalyKind.UNKNOWN_EVENT,
-                    detail=f"unknown finish_reason {reason[:40]!r}; not trusted",
-                )
-            )
-        out.append(RoundEnded(choice=index, ending=ending, stop_reason=reason))
+        out.extend(round_end(reason, _ENDINGS, "finish_reason", choice=index))
 
     def _synthesize_id(self, slot: _Slot) -> list[StreamEvent]:
         # Ollama and Gemini's OpenAI-compatible endpoint send no (or "") ids; dropping such

@@ -1,0 +1,639 @@
+"""Tests of the incremental lenient JSON parser behind previews (toollatch._partial_json).
+
+The oracle is :func:`reference`: a small recursive-descent reading of a *prefix* of a valid
+JSON text, written for obviousness rather than speed (it re-reads the prefix from the start and
+decodes strings with :func:`json.loads`). The properties, for JSON texts drawn by Hypothesis and
+serialized with and without whitespace and ``ensure_ascii``:
+
+* after every character, the incremental snapshot, ``provisional``, ``pending`` and
+  ``complete`` equal the reference's reading of that prefix;
+* after ``finish()``, the snapshot equals ``json.loads`` of the whole text;
+* fragmentation: for any split into fragments (empty ones included), the snapshot, ``failed``
+  and the deltas are the same, where "the same deltas" means exactly this rule: the two delta
+  lists are equal after merging each run of adjacent ``append`` deltas on the same path into one
+  (``coalesce``). Appends are coalesced per ``feed`` call, nothing else may differ;
+* folding the deltas into an empty document reproduces the snapshot at every fragment
+  boundary, and the paths set and not yet ended are exactly ``provisional``;
+* arbitrary (mostly malformed) text never raises, and fails at the same offset with the same
+  deltas whatever the fragmentation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import FrozenInstanceError
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toollatch._errors import UsageError
+from toollatch._partial_json import PartialJSON, PathDelta, _delta
+
+# --------------------------------------------------------------------------- reference
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""A value the reference does not show yet (an unfinished number or literal, nothing yet)."""
+
+_WS = " \t\n\r"
+_NUMBER_CHARS = re.compile(r"[-+.eE0-9]*")
+_LITERALS = {"true": True, "false": False, "null": None}
+
+
+class _Reading:
+    def __init__(self) -> None:
+        self.provisional: set[str] = set()
+        self.pending: str | None = None
+
+
+def _skip_ws(t: str, i: int) -> int:
+    while i < len(t) and t[i] in _WS:
+        i += 1
+    return i
+
+
+def _ref_string(t: str, i: int) -> tuple[str, bool, int]:
+    """Read a string whose opening quote is at ``i - 1``: (text so far, closed?, next index)."""
+    j = i
+    last_was_high_escape = False
+    while j < len(t):
+        if t[j] == '"':
+            return json.loads(t[i - 1 : j + 1]), True, j + 1
+        if t[j] == "\\":
+            if j + 1 == len(t):
+                break  # an escape cut in half is not shown
+            if t[j + 1] == "u":
+                if j + 6 > len(t):
+                    break
+                last_was_high_escape = 0xD800 <= int(t[j + 2 : j + 6], 16) <= 0xDBFF
+                j += 6
+                continue
+            j += 2
+        else:
+            j += 1
+        last_was_high_escape = False
+    text = json.loads('"' + t[i:j] + '"')
+    if last_was_high_escape:  # its low half may still come: not shown yet
+        text = text[:-1]
+    return text, False, len(t)
+
+
+def _ref_value(t: str, i: int, ptr: str, out: _Reading) -> tuple[Any, bool, int]:
+    i = _skip_ws(t, i)
+    if i == len(t):
+        return MISSING, False, i
+    c = t[i]
+    if c == '"':
+        value, done, i = _ref_string(t, i + 1)
+    elif c == "{":
+        value, done, i = _ref_object(t, i + 1, ptr, out)
+    elif c == "[":
+        value, done, i = _ref_array(t, i + 1, ptr, out)
+    elif c in "tfn":
+        word = next(w for w in _LITERALS if w[0] == c)
+        if not t.startswith(word, i):
+            out.pending = ptr
+            return MISSING, False, len(t)
+        value, done, i = _LITERALS[word], True, i + len(word)
+    else:
+        end = _NUMBER_CHARS.match(t, i).end()  # type: ignore[union-attr]
+        if end == len(t):  # more digits may follow
+            out.pending = ptr
+            return MISSING, False, end
+        value, done, i = json.loads(t[i:end]), True, end
+    if not done:
+        out.provisional.add(ptr)
+    return value, done, i
+
+
+def _ref_object(t: str, i: int, ptr: str, out: _Reading) -> tuple[Any, bool, int]:
+    obj: dict[str, Any] = {}
+    i = _skip_ws(t, i)
+    if i < len(t) and t[i] == "}":
+        return obj, True, i + 1
+    while True:
+        i = _skip_ws(t, i)
+        if i == len(t):
+            return obj, False, i
+        key, done, i = _ref_string(t, i + 1)
+        i = _skip_ws(t, i)
+        if not done or i == len(t):
+            return obj, False, i
+        child = ptr + "/" + key.replace("~", "~0").replace("/", "~1")
+        value, done, i = _ref_value(t, i + 1, child, out)
+        if value is not MISSING:
+            obj[key] = value
+        i = _skip_ws(t, i)
+        if not done or i == len(t):
+            return obj, False, i
+        if t[i] == "}":
+            return obj, True, i + 1
+        i += 1  # ","
+
+
+def _ref_array(t: str, i: int, ptr: str, out: _Reading) -> tuple[Any, bool, int]:
+    arr: list[Any] = []
+    i = _skip_ws(t, i)
+    if i < len(t) and t[i] == "]":
+        return arr, True, i + 1
+    while True:
+        value, done, i = _ref_value(t, i, f"{ptr}/{len(arr)}", out)
+        if value is not MISSING:
+            arr.append(value)
+        i = _skip_ws(t, i)
+        if not done or i == len(t):
+            return arr, False, i
+        if t[i] == "]":
+            return arr, True, i + 1
+        i += 1  # ","
+
+
+def reference(prefix: str) -> tuple[Any, frozenset[str], str | None, bool]:
+    """Lenient reading of a prefix of a valid JSON text: (value, provisional, pending, done).
+
+    ``value`` is MISSING when nothing is visible; ``provisional`` holds the pointers of the
+    visible values not yet closed; ``pending`` the pointer of an unfinished number or literal.
+    """
+    out = _Reading()
+    value, done, _ = _ref_value(prefix, 0, "", out)
+    return value, frozenset(out.provisional), out.pending, done
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def canon(value: Any) -> Any:
+    """A type-exact, order-exact form for comparison (``1 == 1.0 == True`` otherwise)."""
+    if isinstance(value, dict):
+        return ("dict", tuple((k, canon(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("list", tuple(canon(v) for v in value))
+    if isinstance(value, float):
+        return ("float", repr(value))
+    return (type(value).__name__, value)
+
+
+def coalesce(deltas: list[PathDelta]) -> list[PathDelta]:
+    """Merge each run of adjacent appends on one path (the fragmentation-equivalence rule)."""
+    out: list[PathDelta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if last and d.op == "append" and last.op == "append" and last.path == d.path:
+            assert isinstance(last.value, str) and isinstance(d.value, str)
+            out[-1] = PathDelta(path=d.path, op="append", value=last.value + d.value)
+        else:
+            out.append(d)
+    return out
+
+
+def _tokens(path: str) -> list[str]:
+    assert path == "" or path.startswith("/")
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+class Folded:
+    """A receiver that knows nothing but the deltas (as a UI would)."""
+
+    def __init__(self) -> None:
+        self.holder: list[Any] = [MISSING]
+        self.open: set[str] = set()
+
+    @property
+    def value(self) -> Any:
+        return None if self.holder[0] is MISSING else self.holder[0]
+
+    def _parent(self, path: str) -> tuple[Any, Any]:
+        tokens = _tokens(path)
+        node: Any = self.holder
+        slot: Any = 0
+        for token in tokens:
+            node = node[slot]
+            slot = int(token) if isinstance(node, list) else token
+        return node, slot
+
+    def apply(self, d: PathDelta) -> None:
+        parent, slot = self._parent(d.path)
+        if d.op == "set":
+            if isinstance(d.value, str | dict | list):
+                assert not d.value, "strings and containers start empty"
+                self.open.add(d.path)
+            if isinstance(parent, list) and parent is not self.holder:
+                assert slot == len(parent), "array elements are set in order"
+                parent.append(copy.deepcopy(d.value))
+            else:
+                parent[slot] = copy.deepcopy(d.value)
+        elif d.op == "append":
+            assert d.path in self.open and isinstance(d.value, str) and d.value
+            parent[slot] += d.value
+        else:
+            assert d.op == "end" and d.value is None
+            self.open.remove(d.path)
+
+
+def run(fragments: list[str], *, finish: bool = False, **kwargs: Any) -> tuple[
+    PartialJSON, list[PathDelta]
+]:
+    parser = PartialJSON(**kwargs)
+    deltas: list[PathDelta] = []
+    for fragment in fragments:
+        deltas += parser.feed(fragment)
+    if finish:
+        deltas += parser.finish()
+    return parser, deltas
+
+
+def split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
+
+
+# --------------------------------------------------------------------------- strategies
+
+_keys = st.text(st.characters(codec="utf-8"), max_size=5) | st.sampled_from(["a/b", "~0", ""])
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.text(st.characters(exclude_categories=()), max_size=4)  # lone surrogates too
+    | st.sampled_from(['"', "\\", "\u00e9\U0001f600", "\ud83d", "\ud83d\ude00", "\x00\n"])
+)
+json_values = st.recursive(
+    _scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(_keys, kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@st.composite
+def documents(draw: st.DrawFn, values: st.SearchStrategy[Any] = json_values) -> str:
+    value = draw(values)
+    indent = draw(st.sampled_from([None, None, 0, 2]))
+    separators = draw(st.sampled_from([None, (",", ":"), (" ,\t", " :\r\n")]))
+    text = json.dumps(
+        value, indent=indent, separators=separators, ensure_ascii=draw(st.booleans())
+    )
+    pad = st.sampled_from(["", " ", "\n\t "])
+    return draw(pad) + text + draw(pad)
+
+
+@st.composite
+def malformed(draw: st.DrawFn) -> str:
+    """Mostly-valid JSON with a few random edits (far more interesting than random text)."""
+    text = draw(documents())
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(text)))
+        junk = draw(st.sampled_from(list('{}[]:,"\\ute0-.x \x01\n')) | st.text(max_size=2))
+        cut = draw(st.integers(0, 2))
+        text = text[:at] + junk + text[at + cut :]
+    return text
+
+
+_settings = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# --------------------------------------------------------------------------- properties
+
+
+@_settings
+@given(documents())
+def test_every_prefix_matches_the_reference(text: str) -> None:
+    parser = PartialJSON()
+    for k in range(len(text) + 1):
+        if k:
+            parser.feed(text[k - 1])
+        value, provisional, pending, done = reference(text[:k])
+        assert canon(parser.snapshot()) == canon(None if value is MISSING else value), k
+        assert parser.provisional == provisional, k
+        assert parser.pending == pending, k
+        assert parser.complete == done, k
+        assert parser.failed is None
+    parser.finish()
+    assert parser.failed is None and parser.complete
+    assert canon(parser.snapshot()) == canon(json.loads(text))
+    assert parser.provisional == frozenset() and parser.pending is None
+
+
+@_settings
+@given(documents(), st.lists(st.integers(0, 10_000), max_size=12), st.booleans())
+def test_any_fragmentation_gives_the_same_deltas_and_folds_to_the_snapshot(
+    text: str, cuts: list[int], empty_between: bool
+) -> None:
+    fragments = split(text, cuts)
+    if empty_between:
+        fragments = [f for fragment in fragments for f in (fragment, "")]
+    parser = PartialJSON()
+    folded = Folded()
+    deltas: list[PathDelta] = []
+    for fragment in [*fragments, None]:
+        new = parser.feed(fragment) if fragment is not None else parser.finish()
+        for d in new:
+            folded.apply(d)
+        deltas += new
+        assert canon(folded.value) == canon(parser.snapshot())
+        assert folded.open == parser.provisional
+    assert canon(parser.snapshot()) == canon(json.loads(text))
+    _, by_char = run(list(text), finish=True)
+    _, whole = run([text], finish=True)
+    assert coalesce(deltas) == coalesce(by_char) == coalesce(whole)
+    assert coalesce(whole) == whole  # one feed: appends already coalesced
+    assert all(d.op != "append" or d.value for d in deltas)
+
+
+@_settings
+@given(malformed() | st.text(max_size=40), st.lists(st.integers(0, 10_000), max_size=8))
+def test_arbitrary_text_never_raises_and_fails_the_same_way_in_any_fragmentation(
+    text: str, cuts: list[int]
+) -> None:
+    results = []
+    for fragments in (split(text, cuts), list(text), [text]):
+        parser, deltas = run(fragments)
+        if parser.failed is not None:
+            assert parser.feed("{}") == []
+        deltas += parser.finish()
+        results.append((parser.failed, coalesce(deltas), canon(parser.snapshot())))
+        folded = Folded()
+        for d in deltas:
+            folded.apply(d)
+        assert canon(folded.value) == canon(parser.snapshot())
+    assert results[0] == results[1] == results[2]
+    try:
+        expected: Any = json.loads(text)
+    except ValueError:
+        assert results[0][0] is not None
+    else:
+        if "NaN" not in text and "Infinity" not in text:  # json.loads accepts those; RFC no
+            assert results[0][0] is None
+            assert results[0][2] == canon(expected)
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_delta_vocabulary_on_a_tool_call() -> None:
+    text = '{"path": "notes.md", "content": "a\\nb", "items": [1, {"x": true}], "n": null}'
+    _, deltas = run([text], finish=True)
+    assert [(d.path, d.op, d.value) for d in deltas] == [
+        ("", "set", {}),
+        ("/path", "set", ""),
+        ("/path", "append", "notes.md"),
+        ("/path", "end", None),
+        ("/content", "set", ""),
+        ("/content", "append", "a\nb"),
+        ("/content", "end", None),
+        ("/items", "set", []),
+        ("/items/0", "set", 1),
+        ("/items/1", "set", {}),
+        ("/items/1/x", "set", True),
+        ("/items/1", "end", None),
+        ("/items", "end", None),
+        ("/n", "set", None),
+        ("", "end", None),
+    ]
+
+
+def test_string_growth_is_reported_per_feed() -> None:
+    parser = PartialJSON()
+    assert parser.feed('{"content": "ab') == [
+        PathDelta(path="", op="set", value={}),
+        PathDelta(path="/content", op="set", value=""),
+        PathDelta(path="/content", op="append", value="ab"),
+    ]
+    assert parser.snapshot() == {"content": "ab"}
+    assert parser.provisional == {"", "/content"}
+    assert parser.feed("c") == [PathDelta(path="/content", op="append", value="c")]
+    assert parser.feed('d"') == [
+        PathDelta(path="/content", op="append", value="d"),
+        PathDelta(path="/content", op="end", value=None),
+    ]
+    assert parser.provisional == {""}
+
+
+@pytest.mark.parametrize("fragments", [["tr"], ["t", "r"], ["[tr"], ['{"a": tr'], ['{"a": t', "r"]])
+def test_an_incomplete_literal_is_never_reported(fragments: list[str]) -> None:
+    parser, deltas = run(fragments)
+    assert parser.pending in {"", "/0", "/a"}
+    assert all(d.path != parser.pending for d in deltas)
+    assert parser.snapshot() in (None, [], {})
+    parser.feed("ue")
+    assert parser.pending is None and parser.snapshot() in (True, [True], {"a": True})
+
+
+def test_a_number_is_reported_only_when_a_delimiter_ends_it() -> None:
+    parser = PartialJSON()
+    assert parser.feed('{"a": 12') == [PathDelta(path="", op="set", value={})]
+    assert parser.snapshot() == {} and parser.pending == "/a"
+    assert parser.feed("3") == []
+    assert parser.feed(".5") == []
+    assert parser.feed(" ") == [PathDelta(path="/a", op="set", value=123.5)]
+    assert parser.pending is None
+    assert parser.feed("}") == [PathDelta(path="", op="end", value=None)]
+
+
+def test_a_top_level_number_ends_with_the_text() -> None:
+    parser, deltas = run(["1", "2"])
+    assert deltas == [] and parser.snapshot() is None and parser.pending == ""
+    assert parser.finish() == [PathDelta(path="", op="set", value=12)]
+    assert parser.complete and parser.failed is None
+
+
+def test_a_key_is_invisible_until_its_value_starts() -> None:
+    parser = PartialJSON()
+    for fragment in ['{"ke', 'y"', " : "]:
+        assert parser.feed(fragment) in ([], [PathDelta(path="", op="set", value={})])
+        assert parser.snapshot() == {}
+    assert parser.feed('"') == [PathDelta(path="/key", op="set", value="")]
+
+
+ESCAPED = '{"s": "a\\u00e9b\\ud83d\\ude00c\\\\\\"\\/\\b\\f\\n\\r\\t\\ud83d x\\udc00\\ud83d\\ud83d\\ude00"}'
+
+
+def test_escapes_split_at_every_pair_of_positions() -> None:
+    expected = json.loads(ESCAPED)
+    _, whole = run([ESCAPED], finish=True)
+    for a in range(len(ESCAPED) + 1):
+        for b in range(a, len(ESCAPED) + 1):
+            parts = [ESCAPED[:a], ESCAPED[a:b], ESCAPED[b:]]
+            parser, deltas = run(parts, finish=True)
+            assert parser.snapshot() == expected, (a, b)
+            assert coalesce(deltas) == whole, (a, b)
+
+
+def test_a_surrogate_pair_split_between_its_halves() -> None:
+    parser = PartialJSON()
+    parser.feed('"\\ud83d')
+    assert parser.snapshot() == ""  # the high half waits for its pair
+    parser.feed("\\ude00")
+    assert parser.snapshot() == "\U0001f600"
+    parser.feed('"')
+    assert parser.snapshot() == "\U0001f600" and parser.complete
+
+
+@pytest.mark.parametrize(
+    "text", ['"\\ud83d"', '"\\ud83dx"', '"\\ude00"', '"\\ud83d\\n"', '"\\ud83d\\u0041"', '"\ud83d"']
+)
+def test_lone_surrogates_read_as_json_loads_reads_them(text: str) -> None:
+    for fragments in ([text], list(text)):
+        parser, _ = run(fragments, finish=True)
+        assert parser.snapshot() == json.loads(text) and parser.failed is None
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("x", "expected a value at offset 0"),
+        ("{1", "expected a key at offset 1"),
+        ('{"a" 1', "expected ':' at offset 5"),
+        ("[1 2", "expected ',' or a closing bracket at offset 3"),
+        ('{"a":1]', "expected ',' or a closing bracket at offset 6"),
+        ("[1,]", "expected a value at offset 3"),
+        ('{"a":1,}', "expected a key at offset 7"),
+        ('"a\\x"', "invalid escape at offset 2"),
+        ('"\\u12G4"', "invalid \\u escape at offset 5"),
+        ('"a\nb"', "control character in string at offset 2"),
+        ("[01]", "invalid number at offset 1"),
+        ("[-]", "invalid number at offset 1"),
+        ("[1.]", "invalid number at offset 1"),
+        ("[1e]", "invalid number at offset 1"),
+        ("[.5]", "expected a value at offset 1"),
+        ("[+1]", "expected a value at offset 1"),
+        ("[NaN]", "expected a value at offset 1"),
+        ("[-Infinity]", "invalid number at offset 1"),
+        ("[tru]", "invalid literal at offset 1"),
+        ("[nulL]", "invalid literal at offset 1"),
+        ("{} x", "trailing data after the value at offset 3"),
+        ("{}{}", "trailing data after the value at offset 2"),
+        ("[1" + "0" * 5000 + "]", "number too long at offset 1"),
+        ('"abc', "input ended before the value was complete"),
+        ('{"a": [1, 2', "input ended before the value was complete"),
+        ("tr", "input ended before the value was complete"),
+        ("", "input ended before any value"),
+        (" \n", "input ended before any value"),
+        ("0" * 10, "invalid number at offset 0"),
+    ],
+)
+def test_malformed_text_stops_with_a_reason(text: str, reason: str) -> None:
+    for fragments in ([text], list(text)):
+        parser, _ = run(fragments, finish=True)
+        assert parser.failed == reason
+        with pytest.raises(UsageError):
+            parser.feed("{}")
+
+
+def test_the_value_stays_as_it_was_at_the_failure_point() -> None:
+    parser = PartialJSON()
+    deltas = parser.feed('{"a": [1, "xy\x01z", 3]}')
+    assert parser.failed == "control character in string at offset 13"
+    assert deltas[-1] == PathDelta(path="/a/1", op="append", value="xy")
+    assert parser.snapshot() == {"a": [1, "xy"]}
+    assert parser.provisional == {"", "/a", "/a/1"}
+    assert parser.feed("more") == []
+    assert parser.finish() == [] and parser.failed == "control character in string at offset 13"
+
+
+def test_depth_limit() -> None:
+    parser, _ = run(["[" * 64 + "]" * 64], finish=True)
+    assert parser.failed is None
+    parser, _ = run(["[" * 65])
+    assert parser.failed == "nesting deeper than 64 at offset 64"
+    parser, _ = run(['{"a": {"b": {'], max_depth=2)
+    assert parser.failed == "nesting deeper than 2 at offset 12"
+    assert parser.snapshot() == {"a": {}}
+
+
+def test_size_limit_and_byte_count() -> None:
+    parser = PartialJSON(max_bytes=10)
+    assert parser.feed('{"a": "') != []
+    assert parser.feed("\u00e9") == [PathDelta(path="/a", op="append", value="\u00e9")]
+    assert parser.bytes_fed == 9
+    assert parser.feed("\u00e9") == []
+    assert parser.failed == "size over 10 bytes" and parser.bytes_fed == 11
+    assert parser.snapshot() == {"a": "\u00e9"}
+    lone = PartialJSON()
+    lone.feed('"\ud800')
+    assert lone.bytes_fed == 4
+
+
+def test_pointers_escape_keys() -> None:
+    parser, deltas = run(['{"a/b~c": {"": [true]}}'])
+    assert [d.path for d in deltas if d.op == "set"] == ["", "/a~1b~0c", "/a~1b~0c/", "/a~1b~0c//0"]
+
+
+def test_provisional_is_the_path_to_the_growing_edge() -> None:
+    parser, _ = run(['{"a": {"b": "x'])
+    assert parser.provisional == {"", "/a", "/a/b"}
+    parser.feed('", "c": [1, 2')
+    assert parser.provisional == {"", "/a", "/a/c"}
+    assert parser.pending == "/a/c/1"
+
+
+def test_finished_parser_refuses_use() -> None:
+    parser, _ = run(["{}"], finish=True)
+    with pytest.raises(UsageError):
+        parser.feed("")
+    with pytest.raises(UsageError):
+        parser.finish()
+    with pytest.raises(UsageError):
+        PartialJSON(max_depth=0)
+
+
+def test_the_fast_delta_constructor_builds_an_ordinary_frozen_delta() -> None:
+    fast = _delta("/a", "append", "x")
+    slow = PathDelta(path="/a", op="append", value="x")
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    with pytest.raises(FrozenInstanceError):
+        fast.path = "/b"  # type: ignore[misc]
+
+
+def test_one_character_deltas_are_values_not_identities() -> None:
+    parser = PartialJSON()
+    parser.feed('["')
+    first = parser.feed("x")
+    parser.feed('", "')
+    second = parser.feed("x")
+    assert first == [PathDelta(path="/0", op="append", value="x")]
+    assert second == [PathDelta(path="/1", op="append", value="x")]
+
+
+# --------------------------------------------------------------------------- jiter
+
+
+@_settings
+@given(documents())
+def test_agrees_with_jiter_partial_mode_where_their_semantics_agree(text: str) -> None:
+    """Compare with ``jiter.from_json(prefix, partial_mode="trailing-strings")``.
+
+    Skipped prefixes, where the two differ on purpose (and why ours is the right preview):
+
+    * a number still being read (``pending``): jiter reports ``{"a": 12}`` for ``{"a": 12``,
+      but ``123`` may follow; we report a number only once a delimiter ends it;
+    * nothing visible yet (empty, whitespace, a top-level ``tr``): jiter raises, we say ``None``;
+    * lone surrogate escapes (``"\\ud83d"`` not followed by a low half): jiter rejects the text,
+      json.loads (and so the final snapshot) keeps the lone code unit;
+    * ``NaN`` / ``Infinity``: jiter accepts them by default, RFC 8259 does not (we fail);
+      never generated here.
+    """
+    jiter = pytest.importorskip("jiter")
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return  # holds a lone surrogate
+    parser = PartialJSON()
+    for k in range(len(text) + 1):
+        if k:
+            parser.feed(text[k - 1])
+        visible = parser.snapshot() is not None or parser.complete or parser.provisional
+        if parser.pending is not None or not visible:
+            continue
+        prefix = text[:k].encode("utf-8")
+        theirs = jiter.from_json(prefix, partial_mode="trailing-strings")
+        assert canon(theirs) == canon(parser.snapshot()), text[:k]

@@ -1,0 +1,221 @@
+"""Named quirk rules of OpenAI-compatible servers (QUIRKS.md Q1-Q23 and the bug-report list).
+
+Each test replays a hand-written transcript at every standard chunking (whole, byte by byte,
+7-byte pieces, random splits with empty pieces) and asserts the same round each time.
+"""
+
+from __future__ import annotations
+
+import json
+
+from chat_chunks import WEATHER_TOOLS, chunk, fragments, tc
+
+from toollatch import CallState, Ending, ErrorCode, Round
+from toollatch.cli import round_json
+from toollatch.events import AnomalyKind
+from toollatch.testing import chunkings, replay, sse, summary
+
+
+def stable(data: bytes, tools=WEATHER_TOOLS) -> Round:
+    first = replay(data, "openai_chat", tools=tools)
+    for pieces in chunkings(data, seed=len(data)):
+        assert summary(replay(pieces, "openai_chat", tools=tools)) == summary(first)
+    return first
+
+
+def calls(r: Round):
+    return [(c.call_id, c.name, c.state.value, c.arguments, c.error) for c in r.calls]
+
+
+def kinds(r: Round):
+    return [a.kind for a in r.anomalies]
+
+
+def test_q1_missing_index_keys_by_id_then_by_the_open_call():
+    # ollama/ollama#7881, openai/openai-python#2806: no "index" on tool-call deltas.
+    r = stable(sse(
+        chunk(tc(None, "c1", "get_weather", '{"city":')), chunk(tc(None, args='"Oslo"}')),
+        chunk(tc(None, "c2", "get_time", "{}")), chunk(finish="tool_calls"), done=True))
+    assert calls(r) == [("c1", "get_weather", "committed", {"city": "Oslo"}, None),
+                        ("c2", "get_time", "committed", {}, None)]
+
+
+def test_q2_parallel_calls_all_on_index_0_with_distinct_ids():
+    # BerriAI/litellm#5231, maximhq/bifrost#1961: must not become "get_weatherget_time".
+    r = stable(sse(
+        chunk(tc(0, "c1", "get_weather", "")), *fragments(0, '{"city": "Rome"}', 4),
+        chunk(tc(0, "c2", "get_time", "")), *fragments(0, "{}", 1),
+        chunk(finish="tool_calls")))
+    assert calls(r) == [("c1", "get_weather", "committed", {"city": "Rome"}, None),
+                        ("c2", "get_time", "committed", {}, None)]
+
+
+def test_q2_same_index_without_ids_is_never_split_by_guessing():
+    # smolagents#1958 / langchainjs#8433: '{"q":"A"}{"q":"B"}' under one index and no ids.
+    # Nothing on the wire says a second call began, so the text stays one call and the strict
+    # parse refuses it: nothing runs, and the model gets an invalid_json result.
+    r = stable(sse(chunk(tc(0, None, "get_weather", '{"city": "A"}')),
+                   chunk(tc(0, None, "get_weather", '{"city": "B"}')), chunk(finish="tool_calls")))
+    assert [(c.state, c.error) for c in r.calls] == [(CallState.FAILED, ErrorCode.INVALID_JSON)]
+    assert AnomalyKind.SYNTHESIZED_ID in kinds(r)
+
+
+def test_q3_id_repeated_on_every_chunk():
+    # langchain4j/langchain4j#4544 (DeepSeek, Qwen): never "c1c1".
+    r = stable(sse(*[chunk(tc(0, "c1", None, p)) for p in ('{"ci', 'ty": ', '"Oslo"}')],
+                   chunk(tc(0, "c1", "get_weather")), chunk(finish="tool_calls")))
+    assert calls(r) == [("c1", "get_weather", "committed", {"city": "Oslo"}, None)]
+
+
+def test_q4_id_less_name_less_continuations_of_parallel_calls():
+    # oracle/langchain-oracle#254, lobehub#11219: only the first call kept its arguments.
+    r = stable(sse(chunk(tc(0, "a", "get_weather", "")), chunk(tc(1, "b", "get_weather", "")),
+                   chunk(tc(0, args='{"city": "A"}')), chunk(tc(1, args='{"city": "B"}')),
+                   chunk(finish="tool_calls")))
+    assert [c.arguments for c in r.calls] == [{"city": "A"}, {"city": "B"}]
+
+
+def test_q4_index_zero_is_an_index_not_a_missing_value():
+    # langchain-ai/langchain#40028: Mistral index 0 treated as falsy.
+    r = stable(sse(chunk(tc(0, "a", "get_time", "{")), chunk(tc(0, args="}")), chunk(finish="stop")))
+    assert calls(r) == [("a", "get_time", "committed", {}, None)]
+
+
+def test_q5_name_repeated_on_every_delta():
+    # langchain#40044, llama.cpp#13800: never "get_weatherget_weather".
+    r = stable(sse(*[chunk(tc(0, "a" if i == 0 else None, "get_weather", p))
+                     for i, p in enumerate(('{"city"', ': "Oslo"', "}"))], chunk(finish="stop")))
+    assert calls(r) == [("a", "get_weather", "committed", {"city": "Oslo"}, None)]
+
+
+def test_q6_empty_string_name_and_id_on_continuations():
+    # sgl-project/sglang#4700 (name ""), compat_alibaba fixture (id "").
+    r = stable(sse(chunk(tc(0, "a", "get_weather", "")),
+                   chunk({"tool_calls": [{"index": 0, "id": "", "type": "function",
+                                          "function": {"name": "", "arguments": '{"city": "X"}'}}]}),
+                   chunk(finish="tool_calls")))
+    assert calls(r) == [("a", "get_weather", "committed", {"city": "X"}, None)]
+    assert r.anomalies == ()
+
+
+def test_q7_arguments_before_the_name():
+    r = stable(sse(chunk(tc(0, None, None, '{"city": ')), chunk(tc(0, None, None, '"Oslo"}')),
+                   chunk(tc(0, "late", "get_weather")), chunk(finish="tool_calls")))
+    assert calls(r) == [("late", "get_weather", "committed", {"city": "Oslo"}, None)]
+
+
+def test_q8_whole_call_in_one_chunk_with_the_finish_reason():
+    # Ollama (huggingface.js#1512), Mistral, Gemini compat.
+    r = stable(sse(chunk(tc(0, "a", "get_weather", '{"city": "Oslo"}'), "tool_calls")))
+    assert calls(r) == [("a", "get_weather", "committed", {"city": "Oslo"}, None)]
+
+
+def test_q9_arguments_as_an_object_are_serialized_once():
+    # ggml-org/llama.cpp#20198, huggingface/text-generation-inference#2136.
+    r = stable(sse(chunk(tc(0, "a", "get_weather", {"city": "Zürich", "days": 2})),
+                   chunk(finish="tool_calls")))
+    assert calls(r) == [("a", "get_weather", "committed", {"city": "Zürich", "days": 2}, None)]
+    assert r.calls[0].arguments_text == '{"city":"Zürich","days":2}'
+    assert kinds(r) == [AnomalyKind.OBJECT_ARGUMENTS]
+
+
+def test_q9_object_arguments_mixed_with_text_fail_the_strict_parse():
+    r = stable(sse(chunk(tc(0, "a", "get_weather", '{"city": ')), chunk(tc(0, args={"x": 1})),
+                   chunk(finish="tool_calls")))
+    assert r.calls[0].error is ErrorCode.INVALID_JSON
+
+
+def test_q10_null_or_missing_arguments_for_a_tool_with_required_parameters():
+    # vllm-project/vllm#31501 (also #9693, #47901): lost arguments become {} -> schema failure,
+    # never a silent run with no arguments.
+    data = sse(chunk({"tool_calls": [{"index": 0, "id": "a", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": None}}]}),
+               chunk(finish="tool_calls"))
+    r = stable(data)
+    assert calls(r) == [("a", "get_weather", "failed", None, ErrorCode.SCHEMA_VIOLATION)]
+    assert "city" in r.calls[0].detail
+
+
+def test_q11_arguments_duplicated_by_an_end_of_stream_flush():
+    # vllm-project/vllm#51697, lidge-jun/opencodex#361: never "repaired".
+    for text in ('{"city": "Oslo"}{"city": "Oslo"}', '{{"city": "Oslo"}'):
+        r = stable(sse(chunk(tc(0, "a", "get_weather", text)), chunk(finish="tool_calls")))
+        assert r.calls[0].error is ErrorCode.INVALID_JSON and r.calls[0].arguments is None
+
+
+def test_q12_finish_reason_stop_with_tool_calls():
+    # vllm#25054, googleapis/python-genai#2868.
+    r = stable(sse(chunk(tc(0, "a", "get_time", "{}")), chunk(finish="stop"), done=True))
+    assert r.calls[0].state is CallState.COMMITTED
+
+
+def test_q15_truncation_reported_as_tool_calls_with_invalid_json():
+    # MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#55: the history must not replay the text.
+    r = stable(sse(chunk(tc(0, "a", "write_file", '{"path": "a.md", "content": "abc')),
+                   chunk(finish="tool_calls")))
+    assert r.calls[0].error is ErrorCode.INVALID_JSON
+    assert r.assistant_message()["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
+def test_q19_multi_tool_use_parallel_wrapper_is_expanded_through_the_gate():
+    # OpenAI models, handled by LiteLLM handle_parallel_tool_calls.py.
+    wrapper = json.dumps({"tool_uses": [
+        {"recipient_name": "functions.get_weather", "parameters": {"city": "Oslo"}},
+        {"recipient_name": "functions.get_weather", "parameters": {"town": "Bergen"}}]})
+    r = stable(sse(chunk(tc(0, "call_W", "multi_tool_use.parallel", "")),
+                   *fragments(0, wrapper, 9), chunk(finish="tool_calls")))
+    assert calls(r) == [("call_W_0", "get_weather", "committed", {"city": "Oslo"}, None),
+                        ("call_W_1", "get_weather", "failed", None, ErrorCode.SCHEMA_VIOLATION)]
+    assert AnomalyKind.WRAPPER_EXPANDED in kinds(r)
+    assert [c["id"] for c in r.assistant_message()["tool_calls"]] == ["call_W_0", "call_W_1"]
+
+
+def test_q19_wrapper_is_not_expanded_after_truncation():
+    wrapper = json.dumps({"tool_uses": [{"recipient_name": "functions.get_time", "parameters": {}}]})
+    r = stable(sse(chunk(tc(0, "w", "multi_tool_use.parallel", wrapper)), chunk(finish="length")))
+    assert calls(r) == [("w", "multi_tool_use.parallel", "failed", None, ErrorCode.TRUNCATED)]
+
+
+def test_bug3_sparse_reused_and_omitted_indexes():
+    # vercel/ai#18333, camel-ai/camel#3662 (index reused with a new id -> "Extra data").
+    r = stable(sse(chunk(tc(1, "a", "get_time", "{}")), chunk(tc(3, "b", "get_time", "{}")),
+                   chunk(tc(1, "c", "get_weather", '{"city": "X"}')),
+                   chunk(tc(None, "d", "get_time", "{}")), chunk(finish="tool_calls")))
+    assert [(c.call_id, c.state.value) for c in r.calls] == [
+        ("a", "committed"), ("b", "committed"), ("c", "committed"), ("d", "committed")]
+
+
+def test_bug23_no_tool_deltas_and_stop_means_no_phantom_calls():
+    # earendil-works/pi#1125.
+    r = stable(sse(chunk({"content": "Done."}), chunk(finish="stop"), done=True))
+    assert r.calls == () and r.text == "Done." and r.ended is Ending.NORMAL
+
+
+def test_error_event_mid_stream_gives_zero_calls_and_surfaces_the_error():
+    # compat_groq/tool_use_failed_error_event.sse in the corpus, hand-written here.
+    data = sse(chunk({"reasoning": "thinking"})) + (
+        b'event: error\ndata: {"error":{"message":"tool call validation failed",'
+        b'"type":"invalid_request_error","code":"tool_use_failed"}}\n\n')
+    r = stable(data)
+    assert r.calls == () and r.ended is Ending.INTERRUPTED
+    assert "tool_use_failed" in (r.error or "")
+
+
+def test_n2_choices_interleaved_are_separate_sets_of_calls():
+    # compat_watsonx fixture: keys are (choice, index); JSON output gains "choices".
+    data = sse(chunk(tc(0, "a0", "get_weather", ""), index=0), chunk(tc(0, "b0", "get_time", ""), index=1),
+               chunk(tc(0, args='{"city": "A"}'), index=0), chunk(tc(0, args="{}"), index=1),
+               chunk(finish="tool_calls", index=1), chunk(finish="tool_calls", index=0))
+    r = stable(data)
+    assert [[(c.call_id, c.arguments) for c in ch.calls] for ch in r.choices] == [
+        [("a0", {"city": "A"})], [("b0", {})]]
+    out = round_json("x.sse", r)
+    assert [c["id"] for c in out["calls"]] == ["a0"]
+    assert [[c["id"] for c in ch["calls"]] for ch in out["choices"]] == [["a0"], ["b0"]]
+
+
+def test_q17_one_character_deltas():
+    # earendil-works/pi#9062: Azure sends one-character deltas.
+    text = json.dumps({"path": "a.md", "content": "x" * 300 + "é😀"}, ensure_ascii=False)
+    r = stable(sse(chunk(tc(0, "a", "write_file", "")), *fragments(0, text, 1), chunk(finish="stop")))
+    assert r.calls[0].arguments["content"].endswith("é😀")
