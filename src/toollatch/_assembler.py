@@ -70,6 +70,14 @@ _ENDING_CODE = {
 }
 
 
+_OPEN = CallState.OPEN
+
+
+def _utf8_len(text: str) -> int:
+    """UTF-8 size of ``text``; lone surrogates (from dict input) count as 3 bytes each."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class _ChoiceState:
     """Mutable per-choice bookkeeping while the round streams."""
 
@@ -115,6 +123,7 @@ class Assembler:
         self._failure: StreamFailed | None = None
         self._cancelled: str | None = None
         self._round: Round | None = None
+        self._max_argument_bytes = self.limits.max_argument_bytes
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -122,7 +131,17 @@ class Assembler:
         """Apply one stream event; returns notices of calls that failed because of it."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
-        if type(event) is ArgsDelta:  # the hot path: one dict lookup and an append
+        if type(event) is ArgsDelta:
+            # The hot path (once per fragment), inlined: an open call's fragment that keeps it
+            # under the byte limit is one lookup, one count and one append.
+            buf = self._buffers.get(event.key)
+            if buf is not None and buf.state is _OPEN:
+                fragment = event.fragment
+                size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
+                if buf.nbytes + size <= self._max_argument_bytes:
+                    buf.nbytes += size
+                    buf.fragments.append(fragment)
+                    return []
             return self._on_args(event)
         match event:
             case ArgsDelta():
@@ -166,9 +185,7 @@ class Assembler:
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
         fragment = event.fragment
-        buf.nbytes += (
-            len(fragment) if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
-        )
+        buf.nbytes += len(fragment) if fragment.isascii() else _utf8_len(fragment)
         if buf.nbytes > self.limits.max_argument_bytes:
             buf.fragments.clear()
             return self._fail(
@@ -257,11 +274,7 @@ class Assembler:
 
     def _on_text(self, event: TextDelta) -> None:
         choice = self._choice(event.choice)
-        size = (
-            len(event.text)
-            if event.text.isascii()
-            else len(event.text.encode("utf-8", "surrogatepass"))
-        )
+        size = len(event.text) if event.text.isascii() else _utf8_len(event.text)
         if choice.text_bytes + size > self.limits.max_text_bytes:
             if choice.text_bytes <= self.limits.max_text_bytes:
                 self._record(

@@ -150,6 +150,24 @@ class ArgsDelta:
     """Raw text; never parsed until the call is closed and the round allows it."""
 
 
+def args_delta(key: CallKey, fragment: str) -> ArgsDelta:
+    """``ArgsDelta(key=key, fragment=fragment)`` at half the cost (internal hot path).
+
+    A frozen dataclass ``__init__`` sets each field through ``object.__setattr__``; this writes
+    the two slots directly. Used once per argument fragment — tens of thousands per call with
+    1-character deltas (Q17). The result is an ordinary, equal, immutable ``ArgsDelta``.
+    """
+    event = _new(ArgsDelta)
+    _set_key(event, key)
+    _set_fragment(event, fragment)
+    return event
+
+
+_new = object.__new__
+_set_key = ArgsDelta.__dict__["key"].__set__
+_set_fragment = ArgsDelta.__dict__["fragment"].__set__
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallClosed:
     """The protocol itself announced that this call's arguments are complete."""

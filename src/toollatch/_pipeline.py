@@ -87,6 +87,12 @@ class StreamParser:
             frames = self._decoder.feed(data)
         except StreamDecodeError as exc:
             return self._framing_failed(exc)
+        if len(frames) == 1 and self.events is None:
+            # One event per network read is the common case: skip the loops and the list.
+            events = self.adapter.feed_frame(frames[0])
+            if len(events) == 1:
+                return self.assembler.feed(events[0])
+            return self._apply(events)
         return self.feed_frames(frames)
 
     def feed_frames(self, frames: Iterable[Frame]) -> list[Notice]:

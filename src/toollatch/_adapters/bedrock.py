@@ -37,7 +37,6 @@ from toollatch._events import (
     Ending,
     Frame,
     ReasoningBlock,
-    RoundEnded,
     ServerToolBlock,
     StreamEvent,
     StreamFailed,

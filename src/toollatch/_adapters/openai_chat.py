@@ -40,6 +40,7 @@ from .._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
+    args_delta,
 )
 from ._base import Adapter, error_detail, round_end
 
@@ -78,10 +79,6 @@ class _ChoiceCalls:
         self.parts: set[int | str] = set()
         self.slots: list[_Slot] = []
         self.reasoning: list[str] = []
-
-    def reasoning_pending(self, delta: Mapping[str, Any]) -> bool:
-        """Whether ``delta`` carries reasoning text (then the general path handles it)."""
-        return bool(delta.get("reasoning_content") or delta.get("reasoning"))
 
 
 class OpenAIChatAdapter(Adapter):
@@ -122,33 +119,35 @@ class OpenAIChatAdapter(Adapter):
     def _continuation(self, event: Mapping[str, Any]) -> ArgsDelta | None:
         """Fast path for the bulk of every stream: one argument fragment of a call already open
         at its index, with nothing else in the chunk. Returns None for anything else, which
-        then takes the general path (the two give identical events; tests pin that)."""
+        then takes the general path (both give identical events; tests pin that)."""
         choices = event.get("choices")
         if type(choices) is not list or len(choices) != 1 or event.get("usage"):
             return None
         choice = choices[0]
-        if type(choice) is not dict or choice.get("finish_reason"):
+        try:
+            delta = choice["delta"]
+            (entry,) = delta["tool_calls"]
+            function = entry["function"]
+            args = function["arguments"]
+            slot = self._choices[choice["index"]].by_index[entry["index"]]
+        except (KeyError, TypeError, ValueError):
             return None
-        delta = choice.get("delta")
-        if type(delta) is not dict:
+        if (
+            type(args) is not str
+            or not args
+            or choice.get("finish_reason")
+            or entry.get("id")
+            or function.get("name")
+            or delta.get("content")
+            or delta.get("reasoning_content")
+            or delta.get("reasoning")
+            or type(entry["index"]) is not int
+            or self._saw_done
+            or slot.key.choice in self._ended
+        ):
             return None
-        tool_calls = delta.get("tool_calls")
-        if type(tool_calls) is not list or len(tool_calls) != 1 or delta.get("content"):
-            return None
-        entry = tool_calls[0]
-        function = entry.get("function") if type(entry) is dict else None
-        if type(function) is not dict or entry.get("id") or function.get("name"):
-            return None
-        args = function.get("arguments")
-        calls = self._choices.get(choice.get("index", 0))  # type: ignore[arg-type]
-        if not args or type(args) is not str or calls is None or calls.reasoning_pending(delta):
-            return None
-        index = entry.get("index")
-        slot = calls.by_index.get(index) if type(index) is int else None
-        if slot is None or slot.key.choice in self._ended or self._saw_done:
-            return None
-        calls.last = slot
-        return ArgsDelta(key=slot.key, fragment=args)
+        self._choices[slot.key.choice].last = slot
+        return args_delta(slot.key, args)
 
     def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index = choice.get("index", 0)
