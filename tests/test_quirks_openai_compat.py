@@ -219,3 +219,16 @@ def test_q17_one_character_deltas():
     text = json.dumps({"path": "a.md", "content": "x" * 300 + "é😀"}, ensure_ascii=False)
     r = stable(sse(chunk(tc(0, "a", "write_file", "")), *fragments(0, text, 1), chunk(finish="stop")))
     assert r.calls[0].arguments["content"].endswith("é😀")
+
+
+def test_q20_extra_content_thought_signature_goes_back_with_its_call():
+    # open-webui/computer#224: Gemini's OpenAI-compatible endpoint sends
+    # tool_calls[].extra_content.google.thought_signature; dropping it breaks the next turn.
+    extra = {"google": {"thought_signature": "c2ln+/=="}}
+    entry = {"index": 0, "id": "g1", "type": "function", "extra_content": extra,
+             "function": {"name": "get_time", "arguments": "{}"}}
+    r = stable(sse(chunk({"tool_calls": [entry]}), chunk(tc(1, "g2", "get_time", "{}")),
+                   chunk(finish="stop")))
+    assert [c.state for c in r.calls] == [CallState.COMMITTED] * 2
+    tool_calls = r.assistant_message()["tool_calls"]
+    assert tool_calls[0]["extra_content"] == extra and "extra_content" not in tool_calls[1]

@@ -92,6 +92,7 @@ class OpenAIChatAdapter(Adapter):
         self._ended: set[int] = set()
         self._saw_done = False
         self._object_args: set[CallKey] = set()
+        self._extras: set[CallKey] = set()
 
     # -- chunks -------------------------------------------------------------------------------
 
@@ -138,6 +139,7 @@ class OpenAIChatAdapter(Adapter):
             or choice.get("finish_reason")
             or entry.get("id")
             or function.get("name")
+            or "extra_content" in entry
             or delta.get("content")
             or delta.get("reasoning_content")
             or delta.get("reasoning")
@@ -201,6 +203,16 @@ class OpenAIChatAdapter(Adapter):
         if name is not None and not isinstance(name, str):
             name = None
         slot = self._resolve(index, calls, _index_of(entry.get("index")), call_id, name, out)
+        extra = entry.get("extra_content")
+        if extra and isinstance(extra, dict) and slot.key not in self._extras:
+            # Q20 (open-webui/computer#224): Gemini's OpenAI-compatible endpoint puts the
+            # thought signature in tool_calls[].extra_content; it must go back in history.
+            self._extras.add(slot.key)
+            out.append(
+                ReasoningBlock(
+                    choice=index, block=extra_block(slot.key), data={"extra_content": extra}
+                )
+            )
         args = function.get("arguments")
         if isinstance(args, str):
             if args:
@@ -343,6 +355,11 @@ class OpenAIChatAdapter(Adapter):
         if self._saw_done or (self._choices and set(self._choices) <= self._ended):
             return []
         return [StreamFailed(detail="the stream ended without a finish_reason or [DONE]")]
+
+
+def extra_block(key: CallKey) -> str:
+    """Block name of the ``extra_content`` kept for the call at ``key`` (see Q20)."""
+    return f"extra_content:{key.part}"
 
 
 def _index_of(value: object) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._adapters.openai_chat import extra_block
 from .._round import CallRecord, Round, ToolResult
 from ._common import arguments_text
 
@@ -16,15 +17,20 @@ def assistant_message(round_: Round) -> dict[str, Any]:
     JSON object is written as ``"{}"``); nameless calls are left out.
     """
     message: dict[str, Any] = {"role": "assistant", "content": round_.text or None}
-    calls = [
-        {
+    extras = {b.block: b.data["extra_content"] for b in round_.blocks if "extra_content" in b.data}
+    calls = []
+    for c in round_.calls:
+        if not c.name:
+            continue
+        entry: dict[str, Any] = {
             "id": c.history_id,
             "type": "function",
             "function": {"name": c.name, "arguments": arguments_text(c)},
         }
-        for c in round_.calls
-        if c.name
-    ]
+        extra = extras.get(extra_block(c.key))
+        if extra is not None:  # Q20: Gemini's thought signature travels back with its call
+            entry["extra_content"] = extra
+        calls.append(entry)
     if calls:
         message["tool_calls"] = calls
     for block in round_.blocks:
