@@ -171,7 +171,14 @@ class Round:
         return [error_result(c) for c in self.calls if c.committed is None]
 
     def assistant_message(self) -> dict[str, Any]:
-        """Choice 0 as the assistant message for history, in the provider's own format."""
+        """Choice 0 as the assistant message for history, in the provider's own format.
+
+        OpenAI chat: ``{"role": "assistant", "content", "tool_calls"}``; Anthropic:
+        ``{"role": "assistant", "content": [blocks]}``; Gemini: ``{"role": "model", "parts"}``;
+        Bedrock: ``{"role": "assistant", "content": [...]}``; OpenAI Responses has no single
+        message, so it is ``{"items": [input items]}`` — extend the next request's ``input``
+        with ``["items"]``.
+        """
         from ._messages import assistant_message  # noqa: PLC0415 (builders import _round)
 
         return assistant_message(self)

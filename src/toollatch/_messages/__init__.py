@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import UsageError
 from .._round import CallRecord, Round, ToolResult
-from . import anthropic, openai_chat
+from . import anthropic, bedrock, gemini, openai_chat, openai_responses
 
 _Builder = tuple[
     Callable[[Round], dict[str, Any]],
@@ -23,6 +23,12 @@ _Builder = tuple[
 _BUILDERS: dict[str, _Builder] = {
     "openai_chat": (openai_chat.assistant_message, openai_chat.tool_results_messages),
     "anthropic": (anthropic.assistant_message, anthropic.tool_results_messages),
+    "openai_responses": (
+        openai_responses.assistant_message,
+        openai_responses.tool_results_messages,
+    ),
+    "gemini": (gemini.assistant_message, gemini.tool_results_messages),
+    "bedrock": (bedrock.assistant_message, bedrock.tool_results_messages),
 }
 
 
