@@ -21,6 +21,7 @@ serialized with and without whitespace and ``ensure_ascii``:
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 from dataclasses import FrozenInstanceError
@@ -92,6 +93,7 @@ def _ref_value(t: str, i: int, ptr: str, out: _Reading) -> tuple[Any, bool, int]
     if i == len(t):
         return MISSING, False, i
     c = t[i]
+    value: Any
     if c == '"':
         value, done, i = _ref_string(t, i + 1)
     elif c == "{":
@@ -188,7 +190,8 @@ def coalesce(deltas: list[PathDelta]) -> list[PathDelta]:
     for d in deltas:
         last = out[-1] if out else None
         if last and d.op == "append" and last.op == "append" and last.path == d.path:
-            assert isinstance(last.value, str) and isinstance(d.value, str)
+            assert isinstance(last.value, str)
+            assert isinstance(d.value, str)
             out[-1] = PathDelta(path=d.path, op="append", value=last.value + d.value)
         else:
             out.append(d)
@@ -232,16 +235,19 @@ class Folded:
             else:
                 parent[slot] = copy.deepcopy(d.value)
         elif d.op == "append":
-            assert d.path in self.open and isinstance(d.value, str) and d.value
+            assert d.path in self.open
+            assert isinstance(d.value, str)
+            assert d.value
             parent[slot] += d.value
         else:
-            assert d.op == "end" and d.value is None
+            assert d.op == "end"
+            assert d.value is None
             self.open.remove(d.path)
 
 
-def run(fragments: list[str], *, finish: bool = False, **kwargs: Any) -> tuple[
-    PartialJSON, list[PathDelta]
-]:
+def run(
+    fragments: list[str], *, finish: bool = False, **kwargs: Any
+) -> tuple[PartialJSON, list[PathDelta]]:
     parser = PartialJSON(**kwargs)
     deltas: list[PathDelta] = []
     for fragment in fragments:
@@ -253,7 +259,7 @@ def run(fragments: list[str], *, finish: bool = False, **kwargs: Any) -> tuple[
 
 def split(text: str, cuts: list[int]) -> list[str]:
     points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [text[a:b] for a, b in itertools.pairwise(points)]
 
 
 # --------------------------------------------------------------------------- strategies
@@ -280,9 +286,7 @@ def documents(draw: st.DrawFn, values: st.SearchStrategy[Any] = json_values) -> 
     value = draw(values)
     indent = draw(st.sampled_from([None, None, 0, 2]))
     separators = draw(st.sampled_from([None, (",", ":"), (" ,\t", " :\r\n")]))
-    text = json.dumps(
-        value, indent=indent, separators=separators, ensure_ascii=draw(st.booleans())
-    )
+    text = json.dumps(value, indent=indent, separators=separators, ensure_ascii=draw(st.booleans()))
     pad = st.sampled_from(["", " ", "\n\t "])
     return draw(pad) + text + draw(pad)
 
@@ -299,32 +303,58 @@ def malformed(draw: st.DrawFn) -> str:
     return text
 
 
+_string_tokens = st.one_of(
+    st.characters(exclude_categories=["Cc"]).filter(lambda c: c not in '"\\'),
+    st.characters(categories=["Cs"]),  # raw lone surrogates: json never pairs them
+    st.sampled_from(['\\"', "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t"]),
+    st.integers(0, 0xFFFF).map(lambda unit: f"\\u{unit:04x}"),
+    st.integers(0xD800, 0xDFFF).map(lambda unit: f"\\u{unit:04X}"),
+)
+string_literals = st.lists(_string_tokens, max_size=10).map(lambda ts: '"' + "".join(ts) + '"')
+
+
+@st.composite
+def string_documents(draw: st.DrawFn) -> str:
+    """Strings json.dumps never writes: escapes and raw characters (surrogates too) mixed."""
+    literals = draw(st.lists(string_literals, min_size=1, max_size=4))
+    members = ", ".join(f'"k{i}": {literal}' for i, literal in enumerate(literals))
+    return draw(st.sampled_from([literals[0], f'{{{members}, "a": [{", ".join(literals)}]}}']))
+
+
+any_documents = documents() | string_documents()
+
 _settings = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # --------------------------------------------------------------------------- properties
 
 
+def assert_matches_reference(parser: PartialJSON, prefix: str) -> None:
+    value, provisional, pending, done = reference(prefix)
+    assert canon(parser.snapshot()) == canon(None if value is MISSING else value), prefix
+    assert parser.provisional == provisional, prefix
+    assert parser.pending == pending, prefix
+    assert parser.complete == done, prefix
+    assert parser.failed is None
+
+
 @_settings
-@given(documents())
+@given(any_documents)
 def test_every_prefix_matches_the_reference(text: str) -> None:
     parser = PartialJSON()
     for k in range(len(text) + 1):
         if k:
             parser.feed(text[k - 1])
-        value, provisional, pending, done = reference(text[:k])
-        assert canon(parser.snapshot()) == canon(None if value is MISSING else value), k
-        assert parser.provisional == provisional, k
-        assert parser.pending == pending, k
-        assert parser.complete == done, k
-        assert parser.failed is None
+        assert_matches_reference(parser, text[:k])
     parser.finish()
-    assert parser.failed is None and parser.complete
+    assert parser.failed is None
+    assert parser.complete
     assert canon(parser.snapshot()) == canon(json.loads(text))
-    assert parser.provisional == frozenset() and parser.pending is None
+    assert parser.provisional == frozenset()
+    assert parser.pending is None
 
 
 @_settings
-@given(documents(), st.lists(st.integers(0, 10_000), max_size=12), st.booleans())
+@given(any_documents, st.lists(st.integers(0, 10_000), max_size=12), st.booleans())
 def test_any_fragmentation_gives_the_same_deltas_and_folds_to_the_snapshot(
     text: str, cuts: list[int], empty_between: bool
 ) -> None:
@@ -334,8 +364,14 @@ def test_any_fragmentation_gives_the_same_deltas_and_folds_to_the_snapshot(
     parser = PartialJSON()
     folded = Folded()
     deltas: list[PathDelta] = []
+    fed = 0
     for fragment in [*fragments, None]:
-        new = parser.feed(fragment) if fragment is not None else parser.finish()
+        if fragment is None:
+            new = parser.finish()
+        else:
+            new = parser.feed(fragment)
+            fed += len(fragment)
+            assert_matches_reference(parser, text[:fed])
         for d in new:
             folded.apply(d)
         deltas += new
@@ -425,13 +461,15 @@ def test_an_incomplete_literal_is_never_reported(fragments: list[str]) -> None:
     assert all(d.path != parser.pending for d in deltas)
     assert parser.snapshot() in (None, [], {})
     parser.feed("ue")
-    assert parser.pending is None and parser.snapshot() in (True, [True], {"a": True})
+    assert parser.pending is None
+    assert parser.snapshot() in (True, [True], {"a": True})
 
 
 def test_a_number_is_reported_only_when_a_delimiter_ends_it() -> None:
     parser = PartialJSON()
     assert parser.feed('{"a": 12') == [PathDelta(path="", op="set", value={})]
-    assert parser.snapshot() == {} and parser.pending == "/a"
+    assert parser.snapshot() == {}
+    assert parser.pending == "/a"
     assert parser.feed("3") == []
     assert parser.feed(".5") == []
     assert parser.feed(" ") == [PathDelta(path="/a", op="set", value=123.5)]
@@ -441,9 +479,12 @@ def test_a_number_is_reported_only_when_a_delimiter_ends_it() -> None:
 
 def test_a_top_level_number_ends_with_the_text() -> None:
     parser, deltas = run(["1", "2"])
-    assert deltas == [] and parser.snapshot() is None and parser.pending == ""
+    assert deltas == []
+    assert parser.snapshot() is None
+    assert parser.pending == ""
     assert parser.finish() == [PathDelta(path="", op="set", value=12)]
-    assert parser.complete and parser.failed is None
+    assert parser.complete
+    assert parser.failed is None
 
 
 def test_a_key_is_invisible_until_its_value_starts() -> None:
@@ -454,7 +495,10 @@ def test_a_key_is_invisible_until_its_value_starts() -> None:
     assert parser.feed('"') == [PathDelta(path="/key", op="set", value="")]
 
 
-ESCAPED = '{"s": "a\\u00e9b\\ud83d\\ude00c\\\\\\"\\/\\b\\f\\n\\r\\t\\ud83d x\\udc00\\ud83d\\ud83d\\ude00"}'
+ESCAPED = (
+    '{"s": "a\\u00e9b\\ud83d\\ude00c\\\\\\"\\/\\b\\f\\n\\r\\t'
+    '\\ud83d x\\udc00\\ud83d\\ud83d\\ude00"}'
+)
 
 
 def test_escapes_split_at_every_pair_of_positions() -> None:
@@ -475,7 +519,8 @@ def test_a_surrogate_pair_split_between_its_halves() -> None:
     parser.feed("\\ude00")
     assert parser.snapshot() == "\U0001f600"
     parser.feed('"')
-    assert parser.snapshot() == "\U0001f600" and parser.complete
+    assert parser.snapshot() == "\U0001f600"
+    assert parser.complete
 
 
 @pytest.mark.parametrize(
@@ -484,41 +529,44 @@ def test_a_surrogate_pair_split_between_its_halves() -> None:
 def test_lone_surrogates_read_as_json_loads_reads_them(text: str) -> None:
     for fragments in ([text], list(text)):
         parser, _ = run(fragments, finish=True)
-        assert parser.snapshot() == json.loads(text) and parser.failed is None
+        assert parser.snapshot() == json.loads(text)
+        assert parser.failed is None
 
 
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("x", "expected a value at offset 0"),
-        ("{1", "expected a key at offset 1"),
-        ('{"a" 1', "expected ':' at offset 5"),
-        ("[1 2", "expected ',' or a closing bracket at offset 3"),
-        ('{"a":1]', "expected ',' or a closing bracket at offset 6"),
-        ("[1,]", "expected a value at offset 3"),
-        ('{"a":1,}', "expected a key at offset 7"),
-        ('"a\\x"', "invalid escape at offset 2"),
-        ('"\\u12G4"', "invalid \\u escape at offset 5"),
-        ('"a\nb"', "control character in string at offset 2"),
-        ("[01]", "invalid number at offset 1"),
-        ("[-]", "invalid number at offset 1"),
-        ("[1.]", "invalid number at offset 1"),
-        ("[1e]", "invalid number at offset 1"),
-        ("[.5]", "expected a value at offset 1"),
-        ("[+1]", "expected a value at offset 1"),
-        ("[NaN]", "expected a value at offset 1"),
-        ("[-Infinity]", "invalid number at offset 1"),
-        ("[tru]", "invalid literal at offset 1"),
-        ("[nulL]", "invalid literal at offset 1"),
-        ("{} x", "trailing data after the value at offset 3"),
-        ("{}{}", "trailing data after the value at offset 2"),
-        ("[1" + "0" * 5000 + "]", "number too long at offset 1"),
+        ("x", "expected a value at byte 0"),
+        ("{1", "expected a key at byte 1"),
+        ('{"a" 1', "expected ':' at byte 5"),
+        ("[1 2", "expected ',' or a closing bracket at byte 3"),
+        ('{"a":1]', "expected ',' or a closing bracket at byte 6"),
+        ("[1,]", "expected a value at byte 3"),
+        ('{"a":1,}', "expected a key at byte 7"),
+        ('"a\\x"', "invalid escape at byte 3"),
+        ('"\\u12G4"', "invalid \\u escape at byte 5"),
+        ('"a\nb"', "control character in string at byte 2"),
+        ("[01]", "invalid number ending at byte 3"),
+        ("[-]", "invalid number ending at byte 2"),
+        ("[1.]", "invalid number ending at byte 3"),
+        ("[1e]", "invalid number ending at byte 3"),
+        ("[.5]", "expected a value at byte 1"),
+        ("[+1]", "expected a value at byte 1"),
+        ("[NaN]", "expected a value at byte 1"),
+        ("[-Infinity]", "invalid number ending at byte 2"),
+        ('["\u00e9", x]', "expected a value at byte 7"),  # bytes, not characters
+        ('["\u00e9", trUe]', "invalid literal at byte 9"),
+        ("[tru]", "invalid literal at byte 4"),
+        ("[nulL]", "invalid literal at byte 4"),
+        ("{} x", "trailing data after the value at byte 3"),
+        ("{}{}", "trailing data after the value at byte 2"),
+        ("[1" + "0" * 5000 + "]", "number with too many digits ending at byte 5002"),
         ('"abc', "input ended before the value was complete"),
         ('{"a": [1, 2', "input ended before the value was complete"),
         ("tr", "input ended before the value was complete"),
         ("", "input ended before any value"),
         (" \n", "input ended before any value"),
-        ("0" * 10, "invalid number at offset 0"),
+        ("0" * 10, "invalid number ending at byte 10"),
     ],
 )
 def test_malformed_text_stops_with_a_reason(text: str, reason: str) -> None:
@@ -532,21 +580,22 @@ def test_malformed_text_stops_with_a_reason(text: str, reason: str) -> None:
 def test_the_value_stays_as_it_was_at_the_failure_point() -> None:
     parser = PartialJSON()
     deltas = parser.feed('{"a": [1, "xy\x01z", 3]}')
-    assert parser.failed == "control character in string at offset 13"
+    assert parser.failed == "control character in string at byte 13"
     assert deltas[-1] == PathDelta(path="/a/1", op="append", value="xy")
     assert parser.snapshot() == {"a": [1, "xy"]}
     assert parser.provisional == {"", "/a", "/a/1"}
     assert parser.feed("more") == []
-    assert parser.finish() == [] and parser.failed == "control character in string at offset 13"
+    assert parser.finish() == []
+    assert parser.failed == "control character in string at byte 13"
 
 
 def test_depth_limit() -> None:
     parser, _ = run(["[" * 64 + "]" * 64], finish=True)
     assert parser.failed is None
     parser, _ = run(["[" * 65])
-    assert parser.failed == "nesting deeper than 64 at offset 64"
+    assert parser.failed == "nesting deeper than 64 at byte 64"
     parser, _ = run(['{"a": {"b": {'], max_depth=2)
-    assert parser.failed == "nesting deeper than 2 at offset 12"
+    assert parser.failed == "nesting deeper than 2 at byte 12"
     assert parser.snapshot() == {"a": {}}
 
 
@@ -556,7 +605,8 @@ def test_size_limit_and_byte_count() -> None:
     assert parser.feed("\u00e9") == [PathDelta(path="/a", op="append", value="\u00e9")]
     assert parser.bytes_fed == 9
     assert parser.feed("\u00e9") == []
-    assert parser.failed == "size over 10 bytes" and parser.bytes_fed == 11
+    assert parser.failed == "size over 10 bytes"
+    assert parser.bytes_fed == 11
     assert parser.snapshot() == {"a": "\u00e9"}
     lone = PartialJSON()
     lone.feed('"\ud800')
@@ -564,7 +614,7 @@ def test_size_limit_and_byte_count() -> None:
 
 
 def test_pointers_escape_keys() -> None:
-    parser, deltas = run(['{"a/b~c": {"": [true]}}'])
+    _parser, deltas = run(['{"a/b~c": {"": [true]}}'])
     assert [d.path for d in deltas if d.op == "set"] == ["", "/a~1b~0c", "/a~1b~0c/", "/a~1b~0c//0"]
 
 
@@ -574,6 +624,19 @@ def test_provisional_is_the_path_to_the_growing_edge() -> None:
     parser.feed('", "c": [1, 2')
     assert parser.provisional == {"", "/a", "/a/c"}
     assert parser.pending == "/a/c/1"
+
+
+def test_the_snapshot_is_live_and_set_values_belong_to_the_receiver() -> None:
+    parser = PartialJSON()
+    opened = parser.feed('{"a": [')
+    value = parser.snapshot()
+    for d in opened:
+        assert isinstance(d.value, dict | list)
+        d.value.clear()  # a receiver may fill its own copy; the parser's value is untouched
+    assert value == {"a": []}
+    parser.feed('1, "b')
+    assert parser.snapshot() is value
+    assert value == {"a": [1, "b"]}
 
 
 def test_finished_parser_refuses_use() -> None:
@@ -589,7 +652,9 @@ def test_finished_parser_refuses_use() -> None:
 def test_the_fast_delta_constructor_builds_an_ordinary_frozen_delta() -> None:
     fast = _delta("/a", "append", "x")
     slow = PathDelta(path="/a", op="append", value="x")
-    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert repr(fast) == repr(slow)
     with pytest.raises(FrozenInstanceError):
         fast.path = "/b"  # type: ignore[misc]
 

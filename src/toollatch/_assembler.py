@@ -38,6 +38,7 @@ from ._events import (
 )
 from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget
 from ._limits import Limits
+from ._preview import PreviewPolicy, PreviewTracker, PreviewUpdated
 from ._round import CallRecord, Choice, Round, Segment, TextSegment
 from ._specs import ToolSpec
 from ._state import CallState
@@ -60,8 +61,8 @@ class CallFailed:
     """Short explanation."""
 
 
-Notice = CallFailed
-"""What ``Assembler.feed`` can return (previews join this union when enabled)."""
+Notice = CallFailed | PreviewUpdated
+"""What ``Assembler.feed`` can return: early failures, and previews when enabled."""
 
 _ENDING_CODE = {
     Ending.TRUNCATED: ErrorCode.TRUNCATED,
@@ -107,10 +108,12 @@ class Assembler:
         policy: Policy | None = None,
         budget: RunBudget | None = None,
         gate: Gate | None = None,
+        previews: PreviewPolicy | None = None,
     ) -> None:
         """Give either ``gate`` or the pieces to build one (``tools``, ``policy``, ``budget``).
 
-        ``tools=None`` skips the registration and schema checks.
+        ``tools=None`` skips the registration and schema checks. ``previews`` turns on
+        :class:`PreviewUpdated` notices for calls still streaming (off by default).
         """
         self.provider = provider
         self.attempt = attempt
@@ -124,6 +127,8 @@ class Assembler:
         self._cancelled: str | None = None
         self._round: Round | None = None
         self._max_argument_bytes = self.limits.max_argument_bytes
+        self._previews = previews
+        self._trackers: dict[CallKey, PreviewTracker] = {}
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -135,7 +140,7 @@ class Assembler:
             # The hot path (once per fragment), inlined: an open call's fragment that keeps it
             # under the byte limit is one lookup, one count and one append.
             buf = self._buffers.get(event.key)
-            if buf is not None and buf.state is _OPEN:
+            if buf is not None and buf.state is _OPEN and self._previews is None:
                 fragment = event.fragment
                 size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
                 if buf.nbytes + size <= self._max_argument_bytes:
@@ -160,9 +165,11 @@ class Assembler:
                 self._usage = event.usage
             case RoundEnded():
                 self._on_round_ended(event)
+                return self._previews_done(event.choice)
             case StreamFailed():
                 if self._failure is None:
                     self._failure = event
+                return self._previews_done(None)
             case Anomaly():
                 return self._on_anomaly(event)
             case _:
@@ -185,7 +192,8 @@ class Assembler:
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
         fragment = event.fragment
-        buf.nbytes += len(fragment) if fragment.isascii() else _utf8_len(fragment)
+        size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
+        buf.nbytes += size
         if buf.nbytes > self.limits.max_argument_bytes:
             buf.fragments.clear()
             return self._fail(
@@ -195,7 +203,22 @@ class Assembler:
                 AnomalyKind.ARGUMENTS_TOO_LARGE,
             )
         buf.fragments.append(fragment)
+        if self._previews is None:
+            return []
+        tracker = self._trackers.get(buf.key)
+        if tracker is None:
+            tracker = PreviewTracker(self._previews, buf.name, max_depth=self.limits.max_json_depth)
+            self._trackers[buf.key] = tracker
+        if tracker.feed(fragment, size):
+            return [tracker.release(buf.key, buf.call_id, buf.name)]
         return []
+
+    def _preview_final(self, buf: CallBuffer) -> list[Notice]:
+        """The last preview of a call that will get no more fragments (if it had previews)."""
+        tracker = self._trackers.pop(buf.key, None)
+        if tracker is None:
+            return []
+        return [tracker.release(buf.key, buf.call_id, buf.name, final=True)]
 
     def _on_open(self, event: CallOpened) -> list[Notice]:
         if event.key in self._buffers:  # a repeated header for the same key: identity only
@@ -270,7 +293,7 @@ class Assembler:
                     "the final argument text differs from the streamed fragments",
                 )
         buf.close()
-        return []
+        return self._preview_final(buf)
 
     def _on_text(self, event: TextDelta) -> None:
         choice = self._choice(event.choice)
@@ -296,6 +319,13 @@ class Assembler:
             self._record(AnomalyKind.EVENT_AFTER_END, "a second terminal reason for one choice")
             return
         choice.ended, choice.stop_reason = event.ending, event.stop_reason
+
+    def _previews_done(self, choice: int | None) -> list[Notice]:
+        """Final previews of the calls of ``choice`` (every choice when None)."""
+        if not self._trackers:
+            return []
+        bufs = [self._buffers[k] for k in list(self._trackers) if choice in (None, k.choice)]
+        return [n for buf in bufs for n in self._preview_final(buf)]
 
     def _on_anomaly(self, event: Anomaly) -> list[Notice]:
         self._anomalies.append(event)
@@ -326,9 +356,10 @@ class Assembler:
         if buf.state in (CallState.FAILED, CallState.CANCELLED):
             return []
         buf.fail(code, detail)
-        return [
-            CallFailed(key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail)
-        ]
+        failed = CallFailed(
+            key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail
+        )
+        return [*self._preview_final(buf), failed]
 
     # -- ending -----------------------------------------------------------------------------
 

@@ -14,9 +14,12 @@ never rebuilt):
 * the **growing string** at the edge, kept as a list of pieces and joined only when it ends or
   when :meth:`PartialJSON.snapshot` is asked for.
 
-Plain string content is consumed by one regular-expression match per run (in C); structure
-costs one small Python step per token. One-character fragments inside a string take a short
-path in :meth:`PartialJSON.feed` because providers really stream arguments that way.
+String content is consumed in C: one regular-expression match finds the run of plain text and
+complete escapes, and the json module's own string decoder decodes it; only an escape cut by a
+fragment's end is finished character by character. Structure costs one small Python step per
+token. One-character fragments of plain string content take a short path in
+:meth:`PartialJSON.feed` (no state change, a reused delta) because providers really stream
+arguments one character per event.
 
 What a reader sees (the *snapshot* and the *deltas*) follows one rule: **nothing that could
 still change into a different value is reported as a final value.** Numbers are reported only
@@ -38,9 +41,10 @@ Snapshot (:meth:`PartialJSON.snapshot`):
 Lenient about *where* the text stops, strict about *what* it says: malformed text (an invalid
 character or escape, a control character in a string, an invalid number, ``NaN``, text after
 the top-level value, nesting over ``max_depth``, more than ``max_bytes``) stops the parser. It
-never raises on any text: :attr:`PartialJSON.failed` gets a short reason (with a character
-offset, never the text itself), the value keeps what was reported before, and later feeds return
-nothing. This is a preview: the strict gate decides execution from the complete text on its own.
+never raises on any text: :attr:`PartialJSON.failed` gets a short reason with the UTF-8 byte
+offset where it was found (never the text itself), the value keeps what was reported before,
+and later feeds return nothing. This is a preview: the strict gate decides execution from the
+complete text on its own.
 """
 
 from __future__ import annotations
@@ -138,8 +142,16 @@ _NUMBER_RUN: Final = re.compile(r"[0-9eE.+\-]*")  # validated as a whole when it
 _NUMBER_SYNTAX: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _HEX_RUN: Final = re.compile(r"[0-9a-fA-F]*")
 _NUMBER_START: Final = "-0123456789"
-_ESCAPES: Final = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r"}
-_ESCAPES["t"] = "\t"
+_ESCAPES: Final[dict[str, str]] = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+}
 _LITERALS: Final[dict[str, str]] = {"t": "true", "f": "false", "n": "null"}
 _LITERAL_VALUES: Final[dict[str, object]] = {"true": True, "false": False, "null": None}
 
@@ -189,12 +201,10 @@ class PartialJSON:
         "_blocks",
         "_bytes",
         "_cache",
-        "_chars",
         "_complete",
         "_failed",
         "_fast",
         "_finished",
-        "_handlers",
         "_hex",
         "_high",
         "_key",
@@ -214,7 +224,6 @@ class PartialJSON:
         "_str_parent",
         "_str_pointer",
         "_str_slot",
-        "_token_start",
     )
 
     def __init__(self, *, max_depth: int = 64, max_bytes: int | None = None) -> None:
@@ -240,8 +249,6 @@ class PartialJSON:
         self._finished = False
         self._fast = False  # in plain content of a string value: feed() may take its short path
         self._bytes = 0
-        self._chars = 0  # characters fed before the current fragment (for failure offsets)
-        self._token_start = 0  # offset of the number, literal or escape being read
         self._str_is_key = False
         self._str_parent: Container | None = None  # where the growing string value lives
         self._str_slot: str | int = ""
@@ -253,29 +260,15 @@ class PartialJSON:
         self._num: list[str] = []
         self._literal = ""
         self._literal_seen = 0
-        self._cache: dict[str, PathDelta] = {}
+        self._cache: dict[str, tuple[PathDelta, int]] = {}
         self._out: list[PathDelta] = []  # deltas of the current call
         self._parts: list[str] = []  # text added to the string value during the current call
-        self._handlers = (
-            self._on_value,
-            self._on_value,
-            self._on_key,
-            self._on_key,
-            self._on_colon,
-            self._on_after_value,
-            self._on_end,
-            self._on_string,
-            self._on_escape,
-            self._on_unicode,
-            self._on_number,
-            self._on_literal,
-        )
 
     # ------------------------------------------------------------------ public API
 
     @property
     def failed(self) -> str | None:
-        """Why the text is not valid JSON (short, with a character offset), or ``None``.
+        """Why the text is not valid JSON, or ``None``: a short reason and a UTF-8 byte offset.
 
         Once set it never changes; the snapshot and :attr:`provisional` stay as they were at
         the failure point and later feeds return ``[]``.
@@ -333,33 +326,25 @@ class PartialJSON:
         Never raises on any text: malformed text sets :attr:`failed` and the deltas up to the
         failure point are returned; after a failure every feed returns ``[]``.
         """
-        size = len(fragment)
-        if (
-            self._fast
-            and size
-            and fragment.isprintable()
-            and '"' not in fragment
-            and "\\" not in fragment
-        ):
-            # Short path, inlined because it is the hot one (providers stream one character
-            # per event): plain content of the open string value, no state change.
-            self._bytes += size if fragment.isascii() else _utf8_length(fragment)
-            if self._bytes > self._max_bytes:
-                return self._over_size()
-            self._chars += size
-            pieces = self._pieces
-            pieces.append(fragment)
-            if len(pieces) >= _COMPACT_PIECES:
-                self._compact()
-            return [self._cache.get(fragment) or self._append_delta(fragment)]
-        if self._finished:
-            raise UsageError("feed() after finish()")
-        if self._failed is not None or not size:
-            return []
-        self._bytes += size if fragment.isascii() else _utf8_length(fragment)
+        if not self._fast:
+            return self._feed_general(fragment)
+        # Short path, inlined because it is the hot one: providers stream arguments one
+        # character per event, and most characters are plain content of a string value.
+        known = self._cache.get(fragment)  # a one-character fragment seen in this string
+        if known is not None:
+            delta, size = known
+        elif fragment and fragment.isprintable() and '"' not in fragment and "\\" not in fragment:
+            delta, size = self._plain_delta(fragment)
+        else:
+            return self._feed_general(fragment)
+        self._bytes += size
         if self._bytes > self._max_bytes:
             return self._over_size()
-        return self._feed_tokens(fragment)
+        pieces = self._pieces
+        pieces.append(fragment)
+        if len(pieces) >= 1024:  # (_COMPACT_PIECES inlined: a global lookup per character)
+            self._compact()
+        return [delta]
 
     def finish(self) -> list[PathDelta]:
         """Declare the end of the text; return the deltas this causes.
@@ -378,7 +363,7 @@ class PartialJSON:
         out: list[PathDelta] = []
         self._out = out
         if self._state == _NUMBER and not self._stack:
-            self._end_number()
+            self._end_number("", 0)
         if self._failed is None and not self._complete:
             started = self._stack or self._state != _VALUE
             what = "the value was complete" if started else "any value"
@@ -387,14 +372,47 @@ class PartialJSON:
 
     # ------------------------------------------------------------------ feeding
 
-    def _append_delta(self, text: str) -> PathDelta:
-        """An ``append`` to the open string; one-character ones are kept for reuse."""
-        delta = _delta(self._str_pointer, "append", text)
+    def _plain_delta(self, text: str) -> tuple[PathDelta, int]:
+        """The ``append`` of plain ``text`` to the open string, and its UTF-8 size.
+
+        One-character ones are kept for reuse while this string is open (they are values).
+        """
+        found = (
+            _delta(self._str_pointer, "append", text),
+            len(text) if text.isascii() else _utf8_length(text),
+        )
         if len(text) == 1:
             if len(self._cache) >= _CACHE_ENTRIES:
                 self._cache.clear()
-            self._cache[text] = delta
-        return delta
+            self._cache[text] = found
+        return found
+
+    def _feed_general(self, fragment: str) -> list[PathDelta]:
+        if self._finished:
+            raise UsageError("feed() after finish()")
+        if self._failed is not None or not fragment:
+            return []
+        self._bytes += len(fragment) if fragment.isascii() else _utf8_length(fragment)
+        if self._bytes > self._max_bytes:
+            return self._over_size()
+        if len(fragment) == 1:  # the usual one-character escapes skip the general loop
+            if fragment == "\\" and self._state == _STRING:
+                self._state = _ESCAPE
+                self._fast = False
+                return []
+            if self._state == _ESCAPE and fragment in _ESCAPES:
+                return self._escaped(_ESCAPES[fragment])
+        return self._feed_tokens(fragment)
+
+    def _escaped(self, decoded: str) -> list[PathDelta]:
+        """Finish a simple escape that is the whole fragment (as _on_escape would)."""
+        self._parts = []
+        self._add(decoded)
+        self._state = _STRING
+        self._fast = not self._str_is_key
+        if not self._parts:
+            return []
+        return [_delta(self._str_pointer, "append", "".join(self._parts))]
 
     def _over_size(self) -> list[PathDelta]:
         self._failed = f"size over {self._max_bytes} bytes"
@@ -406,12 +424,11 @@ class PartialJSON:
         out: list[PathDelta] = []
         self._out = out
         self._parts = []
-        handlers = self._handlers
+        handlers = _HANDLERS
         i, n = 0, len(text)
         while i < n and self._failed is None:
-            i = handlers[self._state](text, i)
-        self._chars += n
-        if False:
+            i = handlers[self._state](self, text, i)
+        if self._parts:  # the open string value grew during this call
             out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
         self._fast = (
             self._state == _STRING
@@ -421,9 +438,9 @@ class PartialJSON:
         )
         return out
 
-    def _fail(self, reason: str, index: int) -> int:
-        """Stop the parser for good; ``index`` is the position in the current fragment."""
-        self._failed = f"{reason} at offset {self._chars + index}"
+    def _fail(self, reason: str, text: str, index: int) -> int:
+        """Stop the parser for good at ``text[index]``, the last fragment fed."""
+        self._failed = f"{reason} at byte {self._bytes - _utf8_length(text[index:])}"
         return index
 
     # ------------------------------------------------------------------ state handlers
@@ -440,18 +457,18 @@ class PartialJSON:
             self._open_string(is_key=False)
             return i + 1
         if char in "{[":
-            return self._open_container(char, i)
+            return self._open_container(text, i)
         if char in _NUMBER_START:
-            self._state, self._token_start = _NUMBER, self._chars + i
+            self._state = _NUMBER
             return i
         literal = _LITERALS.get(char)
         if literal is not None:
-            self._state, self._token_start = _LITERAL, self._chars + i
+            self._state = _LITERAL
             self._literal, self._literal_seen = literal, 0
             return i
         if char == "]" and self._state == _ARRAY_FIRST:
             return self._close_container(i)
-        return self._fail("expected a value", i)
+        return self._fail("expected a value", text, i)
 
     def _on_key(self, text: str, i: int) -> int:
         if text[i] in _WS:
@@ -464,7 +481,7 @@ class PartialJSON:
             return i + 1
         if char == "}" and self._state == _OBJECT_FIRST:
             return self._close_container(i)
-        return self._fail("expected a key", i)
+        return self._fail("expected a key", text, i)
 
     def _on_colon(self, text: str, i: int) -> int:
         if text[i] in _WS:
@@ -472,7 +489,7 @@ class PartialJSON:
             if i == len(text):
                 return i
         if text[i] != ":":
-            return self._fail("expected ':'", i)
+            return self._fail("expected ':'", text, i)
         self._state = _VALUE
         return i + 1
 
@@ -488,14 +505,14 @@ class PartialJSON:
             return i + 1
         if char == ("}" if in_object else "]"):
             return self._close_container(i)
-        return self._fail("expected ',' or a closing bracket", i)
+        return self._fail("expected ',' or a closing bracket", text, i)
 
     def _on_end(self, text: str, i: int) -> int:
         if text[i] in _WS:
             i = _run_end(_WS_RUN, text, i)
             if i == len(text):
                 return i
-        return self._fail("trailing data after the value", i)
+        return self._fail("trailing data after the value", text, i)
 
     def _on_string(self, text: str, i: int) -> int:
         j = _run_end(_STRING_BODY, text, i)
@@ -510,9 +527,9 @@ class PartialJSON:
             self._close_string()
             return j + 1
         if char == "\\":  # an escape split by the fragment's end, or an invalid one
-            self._state, self._token_start = _ESCAPE, self._chars + j
+            self._state = _ESCAPE
             return j + 1
-        return self._fail("control character in string", j)
+        return self._fail("control character in string", text, j)
 
     def _on_escape(self, text: str, i: int) -> int:
         char = text[i]
@@ -521,7 +538,7 @@ class PartialJSON:
             return i + 1
         decoded = _ESCAPES.get(char)
         if decoded is None:
-            return self._fail("invalid escape", self._token_start - self._chars)
+            return self._fail("invalid escape", text, i)
         self._add(decoded)
         self._state = _STRING
         return i + 1
@@ -530,7 +547,7 @@ class PartialJSON:
         part = text[i : i + 4 - len(self._hex)]
         valid = _run_end(_HEX_RUN, part, 0)
         if valid < len(part):
-            return self._fail("invalid \\u escape", i + valid)
+            return self._fail("invalid \\u escape", text, i + valid)
         digits = self._hex + part
         if len(digits) < 4:
             self._hex = digits
@@ -545,14 +562,15 @@ class PartialJSON:
         if j > i:
             self._num.append(text[i:j])
         if j < len(text):  # a delimiter: the number is complete
-            self._end_number()
+            self._end_number(text, j)
         return j
 
     def _on_literal(self, text: str, i: int) -> int:
         word, seen = self._literal, self._literal_seen
         part = text[i : i + len(word) - seen]
         if not word.startswith(part, seen):
-            return self._fail("invalid literal", self._token_start - self._chars)
+            bad = next(k for k, char in enumerate(part) if char != word[seen + k])
+            return self._fail("invalid literal", text, i + bad)
         seen += len(part)
         self._literal_seen = seen
         if seen == len(word):
@@ -594,23 +612,25 @@ class PartialJSON:
         self._out.append(_delta(self._place(value), "set", value))
         self._value_done()
 
-    def _end_number(self) -> None:
-        text = "".join(self._num)
+    def _end_number(self, text: str, end: int) -> None:
+        """The number ends before ``text[end]`` (a delimiter, or the end of the text)."""
+        number = "".join(self._num)
         self._num = []
-        offset = self._token_start - self._chars
-        if _NUMBER_SYNTAX.fullmatch(text) is None:
-            self._fail("invalid number", offset)
+        if _NUMBER_SYNTAX.fullmatch(number) is None:
+            self._fail("invalid number ending", text, end)
             return
+        is_float = "." in number or "e" in number or "E" in number
         try:
-            value = float(text) if ("." in text or "e" in text or "E" in text) else int(text)
+            value = float(number) if is_float else int(number)
         except ValueError:  # more digits than int() accepts (sys.get_int_max_str_digits)
-            self._fail("number too long", offset)
+            self._fail("number with too many digits ending", text, end)
             return
         self._set_scalar(value)
 
-    def _open_container(self, char: str, i: int) -> int:
+    def _open_container(self, text: str, i: int) -> int:
+        char = text[i]
         if len(self._stack) >= self._max_depth:
-            return self._fail(f"nesting deeper than {self._max_depth}", i)
+            return self._fail(f"nesting deeper than {self._max_depth}", text, i)
         container: Container = {} if char == "{" else []
         pointer = self._place(container)
         self._out.append(_delta(pointer, "set", {} if char == "{" else []))
@@ -721,3 +741,21 @@ class PartialJSON:
         self._out.append(_delta(self._str_pointer, "end", None))
         self._cache = {}
         self._value_done()
+
+
+# Indexed by state. Plain functions rather than bound methods kept on the instance, which would
+# make every parser a reference cycle (freed only by the cyclic GC, with its whole value).
+_HANDLERS: Final = (
+    PartialJSON._on_value,  # _VALUE
+    PartialJSON._on_value,  # _ARRAY_FIRST
+    PartialJSON._on_key,  # _OBJECT_FIRST
+    PartialJSON._on_key,  # _KEY
+    PartialJSON._on_colon,
+    PartialJSON._on_after_value,
+    PartialJSON._on_end,
+    PartialJSON._on_string,
+    PartialJSON._on_escape,
+    PartialJSON._on_unicode,
+    PartialJSON._on_number,
+    PartialJSON._on_literal,
+)

@@ -19,6 +19,7 @@ from ._eventstream import EventStreamDecoder
 from ._gate import Gate, Policy, RunBudget
 from ._limits import Limits
 from ._lines import JSONLinesDecoder
+from ._preview import PreviewPolicy
 from ._registry import Framing, adapter_class
 from ._round import Round
 from ._specs import ToolSpec
@@ -46,7 +47,10 @@ class StreamParser:
 
     ``feed(bytes)`` and ``feed_event(native)`` return the assembler's notices (calls that
     failed early); ``finish()`` ends the input and returns the Round; ``cancel()`` cancels it.
-    Set ``keep_events=True`` to record every stream event in ``events`` (for tooling).
+    Set ``keep_events=True`` to record every stream event in ``events`` (for tooling), and
+    ``previews`` to get :class:`PreviewUpdated` notices for calls still streaming. Notices
+    produced while finishing (e.g. final previews of a stream that just stopped) are kept in
+    ``finish_notices``.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class StreamParser:
         gate: Gate | None = None,
         attempt: int = 0,
         keep_events: bool = False,
+        previews: PreviewPolicy | None = None,
     ) -> None:
         self.limits = limits or (gate.limits if gate else Limits())
         self.adapter = (
@@ -74,9 +79,11 @@ class StreamParser:
             policy=policy,
             budget=budget,
             gate=gate,
+            previews=previews,
         )
         self._decoder = make_decoder(framing, self.limits)
         self._broken = False
+        self.finish_notices: list[Notice] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
     def feed(self, data: bytes) -> list[Notice]:
@@ -117,10 +124,10 @@ class StreamParser:
         if not self._broken:
             self._broken = True
             try:
-                self.feed_frames(self._decoder.finish())
+                self.finish_notices += self.feed_frames(self._decoder.finish())
             except StreamDecodeError as exc:
-                self._framing_failed(exc)
-            self._apply(self.adapter.finish())
+                self.finish_notices += self._framing_failed(exc)
+            self.finish_notices += self._apply(self.adapter.finish())
         return self.assembler.finish()
 
     def cancel(self, reason: str = "cancelled by the caller") -> Round:

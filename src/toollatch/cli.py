@@ -21,6 +21,7 @@ import orjson
 from ._errors import ConfigError, ToolLatchError, UsageError
 from ._limits import Limits
 from ._pipeline import StreamParser
+from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
 from ._registry import Framing, detect, providers
 from ._round import CallRecord, Round
 from ._specs import ToolSpec, load_tools
@@ -69,6 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="feed the input in N-byte pieces (reproduces network splits)",
     )
+    replay.add_argument(
+        "--previews",
+        nargs="?",
+        const="full",
+        choices=("none", "fields", "full"),
+        help="also show the preview timeline (default mode: full)",
+    )
+    replay.add_argument(
+        "--preview-fields",
+        metavar="POINTERS",
+        default="",
+        help="comma-separated JSON pointers shown in --previews fields mode",
+    )
+    replay.add_argument(
+        "--preview-every",
+        type=_positive,
+        metavar="N",
+        default=256,
+        help="release a preview update every N argument bytes (default 256)",
+    )
     return parser
 
 
@@ -82,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         limits = _limits(args)
         tools = load_tools(args.tools) if args.tools else None
+        previews = _previews(args)
     except ConfigError as exc:
         return _fail(str(exc))
     inputs: list[tuple[str, bytes]] = []
@@ -93,20 +115,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs.append((name, data))
     for name, data in inputs:
         try:
-            round_ = replay_bytes(
+            round_, previews_seen = replay_stream(
                 data,
                 name=name,
                 provider=args.provider,
                 tools=tools,
                 limits=limits,
                 chunk_bytes=args.chunk_bytes,
+                previews=previews,
             )
         except UsageError as exc:
             return _fail(f"{name}: {exc}")
         if args.format == "json":
-            sys.stdout.write(orjson.dumps(round_json(name, round_)).decode() + "\n")
+            out = round_json(name, round_)
+            if previews is not None:
+                out["previews"] = [preview_json(p) for p in previews_seen]
+            sys.stdout.write(orjson.dumps(out).decode() + "\n")
         else:
             sys.stdout.write(round_text(name, round_))
+            if previews is not None:
+                sys.stdout.write("".join(preview_text(p) + "\n" for p in previews_seen))
         sys.stdout.flush()
     return 0
 
@@ -125,6 +153,14 @@ def _limits(args: argparse.Namespace) -> Limits:
     return Limits(**{k: v for k, v in overrides.items() if v is not None})
 
 
+def _previews(args: argparse.Namespace) -> PreviewPolicy | None:
+    if args.previews is None:
+        return None
+    fields = tuple(f.strip() for f in args.preview_fields.split(",") if f.strip())
+    rule = ToolPreview(mode=args.previews, fields=fields)
+    return PreviewPolicy(default=rule, every_bytes=args.preview_every)
+
+
 def replay_bytes(
     data: bytes,
     *,
@@ -135,16 +171,62 @@ def replay_bytes(
     chunk_bytes: int | None = None,
 ) -> Round:
     """Replay one recorded stream held in memory; raises ``UsageError`` if it is unrecognizable."""
+    return replay_stream(
+        data, name=name, provider=provider, tools=tools, limits=limits, chunk_bytes=chunk_bytes
+    )[0]
+
+
+def replay_stream(
+    data: bytes,
+    *,
+    name: str = "-",
+    provider: str = "auto",
+    tools: Sequence[ToolSpec] | None = None,
+    limits: Limits | None = None,
+    chunk_bytes: int | None = None,
+    previews: PreviewPolicy | None = None,
+) -> tuple[Round, list[PreviewUpdated]]:
+    """Like :func:`replay_bytes`, also returning the preview updates in order."""
     framing = _FRAMING_BY_SUFFIX.get(Path(name).suffix.lower()) if name != "-" else None
     if provider == "auto" or framing is None:
         detected, detected_framing = detect(data[:65536])
         provider = detected if provider == "auto" else provider
         framing = framing or detected_framing
-    parser = StreamParser(provider, framing=framing, tools=tools, limits=limits)
+    parser = StreamParser(provider, framing=framing, tools=tools, limits=limits, previews=previews)
     step = chunk_bytes or len(data) or 1
+    notices = []
     for start in range(0, len(data), step):
-        parser.feed(data[start : start + step])
-    return parser.finish()
+        notices += parser.feed(data[start : start + step])
+    round_ = parser.finish()
+    notices += parser.finish_notices
+    return round_, [n for n in notices if isinstance(n, PreviewUpdated)]
+
+
+def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
+    """One preview update as JSON (``--previews --format json``)."""
+    return {
+        "call": preview.key.part,
+        "id": preview.call_id,
+        "name": preview.name,
+        "bytes": preview.bytes_so_far,
+        "deltas": [[d.path, d.op, d.value] for d in preview.deltas],
+        "provisional": sorted(preview.provisional),
+        "final": preview.final,
+        "error": preview.error,
+    }
+
+
+def preview_text(preview: PreviewUpdated) -> str:
+    """One preview update as a line for people."""
+    parts = []
+    for d in preview.deltas:
+        shown = orjson.dumps(d.value).decode() if d.op != "end" else ""
+        shown = shown if len(shown) <= 40 else shown[:39] + "…"
+        parts.append(f"{d.path or '/'} {'+' if d.op == 'append' else d.op} {shown}".rstrip())
+    state = " final" if preview.final else ""
+    error = f" (preview stopped: {preview.error})" if preview.error else ""
+    body = "; ".join(parts) if parts else "…"
+    return f"  preview {preview.name or '?'} {preview.bytes_so_far} B{state}{error}: {body}"
 
 
 def round_json(name: str, round_: Round) -> dict[str, Any]:
