@@ -64,9 +64,10 @@ def test_public_surface_is_pinned():
         "Allow", "AnomalyKind", "Assembler", "CallFailed", "CallKey", "CallRecord", "CallState",
         "Choice", "CommittedCall", "ConfigError", "Deny", "Ending", "ErrorCode",
         "EventStreamDecoder", "Frame", "Gate", "InvariantBroken", "JSONLinesDecoder", "Limits",
-        "Notice", "Policy", "PolicyDecision", "Rejection", "Round", "RunBudget", "SSEDecoder",
+        "Notice", "PartialJSON", "PathDelta", "Policy", "PolicyDecision", "PreviewPolicy",
+        "PreviewUpdated", "Rejection", "Round", "RunBudget", "SSEDecoder",
         "Segment", "StreamDecodeError", "StreamParser", "TextSegment", "ToolLatchError",
-        "ToolResult", "ToolSpec", "UsageError", "adapter_class", "detect", "load_tools",
+        "ToolPreview", "ToolResult", "ToolSpec", "UsageError", "adapter_class", "detect", "load_tools",
         "providers",
     ]
     assert toollatch.__all__ == sorted(toollatch.__all__)

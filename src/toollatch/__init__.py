@@ -18,7 +18,9 @@ from ._eventstream import EventStreamDecoder
 from ._gate import Allow, CommittedCall, Deny, Gate, Policy, PolicyDecision, Rejection, RunBudget
 from ._limits import Limits
 from ._lines import JSONLinesDecoder
+from ._partial_json import PartialJSON, PathDelta
 from ._pipeline import StreamParser
+from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
 from ._registry import adapter_class, detect, providers
 from ._round import CallRecord, Choice, Round, Segment, TextSegment, ToolResult
 from ._specs import ToolSpec, load_tools
@@ -46,8 +48,12 @@ __all__ = [
     "JSONLinesDecoder",
     "Limits",
     "Notice",
+    "PartialJSON",
+    "PathDelta",
     "Policy",
     "PolicyDecision",
+    "PreviewPolicy",
+    "PreviewUpdated",
     "Rejection",
     "Round",
     "RunBudget",
@@ -57,6 +63,7 @@ __all__ = [
     "StreamParser",
     "TextSegment",
     "ToolLatchError",
+    "ToolPreview",
     "ToolResult",
     "ToolSpec",
     "UsageError",

@@ -208,7 +208,13 @@ class Gate:
     def check(
         self, *, key: CallKey, position: int, call_id: str | None, name: str | None, text: str
     ) -> CommittedCall | Rejection:
-        """Run every check on one closed call; the first failure decides."""
+        """Run every check on one closed call; the first failure decides.
+
+        Raises ``UsageError`` when ``text`` is not a string (e.g. a preview): only the complete
+        argument text of a closed call may enter the gate.
+        """
+        if not isinstance(text, str):
+            raise UsageError(f"the gate takes argument text, not {type(text).__name__}")
         if not call_id or not name:
             missing = " and ".join(w for w, v in (("id", call_id), ("name", name)) if not v)
             return Rejection(ErrorCode.MISSING_ID_OR_NAME, f"the call has no {missing}")
