@@ -82,6 +82,10 @@ class StreamParser:
             previews=previews,
         )
         self._decoder = make_decoder(framing, self.limits)
+        # Bound once: feed() runs once per network read, tens of thousands of times a call.
+        self._decode = self._decoder.feed
+        self._translate = self.adapter.feed_frame
+        self._assemble = self.assembler.feed
         self._broken = False
         self.finish_notices: list[Notice] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
@@ -91,14 +95,14 @@ class StreamParser:
         if self._broken:
             return []
         try:
-            frames = self._decoder.feed(data)
+            frames = self._decode(data)
         except StreamDecodeError as exc:
             return self._framing_failed(exc)
         if len(frames) == 1 and self.events is None:
             # One event per network read is the common case: skip the loops and the list.
-            events = self.adapter.feed_frame(frames[0])
+            events = self._translate(frames[0])
             if len(events) == 1:
-                return self.assembler.feed(events[0])
+                return self._assemble(events[0])
             return self._apply(events)
         return self.feed_frames(frames)
 
