@@ -71,11 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="feed the input in N-byte pieces (reproduces network splits)",
     )
     replay.add_argument(
-        "--previews",
-        nargs="?",
-        const="full",
+        "--previews", action="store_true", help="also show the preview timeline of each call"
+    )
+    replay.add_argument(
+        "--preview-mode",
         choices=("none", "fields", "full"),
-        help="also show the preview timeline (default mode: full)",
+        default="full",
+        help="what --previews may show: none (name and bytes), fields, full (default)",
     )
     replay.add_argument(
         "--preview-fields",
@@ -154,10 +156,10 @@ def _limits(args: argparse.Namespace) -> Limits:
 
 
 def _previews(args: argparse.Namespace) -> PreviewPolicy | None:
-    if args.previews is None:
+    if not args.previews:
         return None
     fields = tuple(f.strip() for f in args.preview_fields.split(",") if f.strip())
-    rule = ToolPreview(mode=args.previews, fields=fields)
+    rule = ToolPreview(mode=args.preview_mode, fields=fields)
     return PreviewPolicy(default=rule, every_bytes=args.preview_every)
 
 
