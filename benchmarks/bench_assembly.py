@@ -1,0 +1,1098 @@
+"""Assembly cost: raw SSE bytes -> committed tool calls, toollatch against the floor and the SDKs.
+
+Run it with one command (from the repository root)::
+
+    python benchmarks/bench_assembly.py            # full run, rewrites benchmarks/README.md
+    python benchmarks/bench_assembly.py --quick    # smoke run: small sizes, short cap, no README
+
+Theory of operation
+-------------------
+For every provider and argument size, one synthetic stream is built: a single tool call
+``write_file`` whose argument text is a JSON object ``{"path", "content"}`` of the requested
+UTF-8 size (content with escapes, newlines and some non-ASCII), cut into fragments of 3-20
+characters (seeded), each fragment in its own provider-shaped event. Each event is one network
+read: every contender is fed the same ``list[bytes]``, one item at a time.
+
+Every contender goes from those bytes to the parsed arguments of the call:
+
+* **floor** - the least work anyone can do: split the bytes into events (a carry-over buffer
+  across reads), strip ``data: ``, ``orjson.loads`` each event, append the argument fragment to
+  a list, one ``orjson.loads("".join(...))`` at the end. No validation, no state.
+* **toollatch** - ``StreamParser(provider).feed(read)`` per read, ``finish()``, then the
+  committed call's ``arguments``; ``Limits(max_argument_bytes=4 MiB)`` so 1 MiB is allowed.
+* **openai SDK** / **anthropic SDK** - what their ``Stream`` classes do per read (their own
+  ``SSEDecoder``, ``json.loads``, ``construct_type`` into the event model), then the documented
+  accumulator (``ChatCompletionStreamState.handle_chunk``, ``ResponseStreamState.handle_event``,
+  ``accumulate_event``) and the final object users read.
+* **langchain-core** - ``AIMessageChunk`` objects with ``tool_call_chunks``, summed with ``+``
+  as users do; decoding through the openai / anthropic SDK's SSE decoder and ``json.loads``.
+
+Every finished run's arguments are compared with the generated object (``==``); a mismatch
+aborts the benchmark. A run that passes the per-case cap stops being fed and is reported as
+``> cap`` with the share of reads it got through (no signals: the loop checks the clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime as dt
+import gc
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import random
+import re
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# The SDKs' own per-event pieces (private modules: exactly what their Stream classes call).
+from anthropic._models import construct_type as anthropic_construct
+from anthropic._streaming import SSEDecoder as AnthropicSSEDecoder
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import RawMessageStreamEvent
+from langchain_core.messages import AIMessageChunk
+from openai import omit
+from openai._models import construct_type as openai_construct
+from openai._streaming import SSEDecoder as OpenAISSEDecoder
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.chat import ChatCompletionChunk
+from openai.types.responses import ResponseStreamEvent
+
+from toollatch import CallState, Limits, StreamParser
+
+KIB = 1024
+MIB = 1024 * KIB
+LIMITS = Limits(max_argument_bytes=4 * MIB)
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+BEGIN_MARK = "<!-- BEGIN GENERATED: bench_assembly.py rewrites everything below -->"
+END_MARK = "<!-- END GENERATED -->"
+CLOCK_EVERY = 16  # reads between two clock checks (cheap enough for the floor, tight enough)
+SLOW_RUN_S = 5.0  # a contender whose run took longer than this is not repeated
+TOOL_NAME = "write_file"
+EXTRAPOLATION_NOTE = (
+    "\\* Linear extrapolation from the share of events fed before the cap: a lower bound for "
+    "a contender whose cost per event grows with the buffer."
+)
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic arguments
+# ---------------------------------------------------------------------------------------------
+
+_WORDS = ("def", "return", "self", "value", "buffer", "stream", "call", "index", "import",
+          "class", "while", "assert", "yield", "parse", "token", "fragment", "commit", "gate",
+          "round", "event", "delta", "state", "error", "limit", "schema", "offset")  # fmt: skip
+_SPICE = (
+    'print("hello, world")',
+    "path = 'C:\\\\Users\\\\dev\\\\notes'",
+    "\tindented\twith\ttabs",
+    'msg = "she said \\"hi\\""',
+    "café naïve Grüße",
+    "日本語のテキスト",
+    "emoji 🙂 ok",
+    "regex: ^\\d+\\s*$",
+    "#  -> → ≤ ≥ µs",
+)
+
+
+def make_arguments(size_bytes: int, rng: random.Random) -> tuple[str, dict[str, str]]:
+    """A ``{"path", "content"}`` object whose compact UTF-8 JSON text is at most ``size_bytes``
+    (and within a few bytes of it); returns ``(text, object)``."""
+    obj = {"path": f"src/generated/module_{rng.randrange(10_000):04d}.py", "content": ""}
+    overhead = len(orjson.dumps(obj))
+    lines: list[str] = []
+    total = overhead
+    while total < size_bytes + 64:
+        if rng.random() < 0.2:
+            line = rng.choice(_SPICE)
+        else:
+            line = " " * (4 * rng.randrange(3)) + " ".join(
+                rng.choices(_WORDS, k=rng.randint(3, 12))
+            )
+        lines.append(line)
+        total += len(orjson.dumps(line)) - 2 + 2  # escaped text plus the escaped "\n"
+    content = "\n".join(lines)
+    lo, hi = 0, len(content)  # longest prefix that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        obj["content"] = content[:mid]
+        if len(orjson.dumps(obj)) <= size_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    obj["content"] = content[:lo]
+    return orjson.dumps(obj).decode(), obj
+
+
+def split_fragments(text: str, rng: random.Random) -> list[str]:
+    """``text`` cut into pieces of 3-20 characters (the last one may be shorter)."""
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(3, 20)
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Provider-shaped streams: one bytes item per event = one network read
+# ---------------------------------------------------------------------------------------------
+
+
+def _data(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _named(obj: dict[str, Any]) -> bytes:
+    return b"event: " + obj["type"].encode() + b"\n" + _data(obj)
+
+
+def stream_openai_chat(frags: Sequence[str], rng: random.Random) -> list[bytes]:
+    """Chat Completions chunks as OpenAI sends them with ``stream_options.include_usage``."""
+    env = {
+        "id": f"chatcmpl-B{rng.getrandbits(64):016x}",
+        "object": "chat.completion.chunk",
+        "created": 1754693442,
+        "model": "gpt-4o-2024-08-06",
+        "system_fingerprint": "fp_07871e2ad8",
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _data({**env, "choices": [choice]})
+
+    opening = {
+        "index": 0,
+        "id": f"call_{rng.getrandbits(96):024x}",
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": ""},
+    }
+    reads = [
+        chunk({"role": "assistant", "content": None, "tool_calls": [opening], "refusal": None})
+    ]
+    reads += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}) for f in frags]
+    reads.append(chunk({}, "tool_calls"))
+    usage = {
+        "prompt_tokens": 412,
+        "completion_tokens": len(frags),
+        "total_tokens": 412 + len(frags),
+    }
+    reads.append(_data({**env, "choices": [], "usage": usage}))
+    reads.append(b"data: [DONE]\n\n")
+    return reads
+
+
+def stream_anthropic(frags: Sequence[str], rng: random.Random) -> list[bytes]:
+    """Messages stream events with ``event:`` lines, one ``tool_use`` block."""
+    usage = {
+        "input_tokens": 412,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 1,
+        "service_tier": "standard",
+    }
+    message = {
+        "id": f"msg_{rng.getrandbits(96):024x}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-20250514",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    block = {
+        "type": "tool_use",
+        "id": f"toolu_{rng.getrandbits(96):024x}",
+        "name": TOOL_NAME,
+        "input": {},
+    }
+    reads = [
+        _named({"type": "message_start", "message": message}),
+        _named({"type": "content_block_start", "index": 0, "content_block": block}),
+        _named({"type": "ping"}),
+    ]
+    for f in ["", *frags]:  # Anthropic opens every tool_use block with an empty partial_json
+        delta = {"type": "input_json_delta", "partial_json": f}
+        reads.append(_named({"type": "content_block_delta", "index": 0, "delta": delta}))
+    reads += [
+        _named({"type": "content_block_stop", "index": 0}),
+        _named(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                "usage": {"output_tokens": len(frags)},
+            }
+        ),
+        _named({"type": "message_stop"}),
+    ]
+    return reads
+
+
+def stream_openai_responses(frags: Sequence[str], rng: random.Random) -> list[bytes]:
+    """Responses API semantic events for one ``function_call`` output item."""
+    seq = iter(range(1 << 30))
+    item_id = f"fc_{rng.getrandbits(192):048x}"
+    item = {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": f"call_{rng.getrandbits(96):024x}",
+        "name": TOOL_NAME,
+        "arguments": "",
+        "status": "in_progress",
+    }
+    response = {
+        "id": f"resp_{rng.getrandbits(192):048x}",
+        "object": "response",
+        "created_at": 1743082657,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": "gpt-4.1-2025-04-14",
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "usage": None,
+    }
+    arguments = "".join(frags)
+    done_item = {**item, "arguments": arguments, "status": "completed"}
+    usage = {"input_tokens": 412, "output_tokens": len(frags), "total_tokens": 412 + len(frags)}
+    completed = {**response, "status": "completed", "output": [done_item], "usage": usage}
+
+    def ev(kind: str, **fields: Any) -> bytes:
+        return _named({"type": kind, "sequence_number": next(seq), **fields})
+
+    reads = [
+        ev("response.created", response=response),
+        ev("response.in_progress", response=response),
+        ev("response.output_item.added", output_index=0, item=item),
+    ]
+    reads += [
+        ev("response.function_call_arguments.delta", item_id=item_id, output_index=0, delta=f)
+        for f in frags
+    ]
+    reads += [
+        ev(
+            "response.function_call_arguments.done",
+            item_id=item_id,
+            output_index=0,
+            arguments=arguments,
+        ),
+        ev("response.output_item.done", output_index=0, item=done_item),
+        ev("response.completed", response=completed),
+    ]
+    return reads
+
+
+def stream_bedrock(frags: Sequence[str], rng: random.Random) -> list[bytes]:
+    """ConverseStream events as JSON Lines (one-key dicts, with the ``p`` padding field)."""
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+    def line(name: str, body: dict[str, Any]) -> bytes:
+        body = {**body, "p": alphabet[: rng.randint(1, len(alphabet))]}
+        return orjson.dumps({name: body}) + b"\n"
+
+    tool = {"toolUse": {"name": TOOL_NAME, "toolUseId": f"tooluse_{rng.getrandbits(88):022x}"}}
+    reads = [
+        line("messageStart", {"role": "assistant"}),
+        line("contentBlockStart", {"contentBlockIndex": 0, "start": tool}),
+    ]
+    reads += [
+        line("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"toolUse": {"input": f}}})
+        for f in frags
+    ]
+    usage = {"inputTokens": 412, "outputTokens": len(frags), "totalTokens": 412 + len(frags)}
+    reads += [
+        line("contentBlockStop", {"contentBlockIndex": 0}),
+        line("messageStop", {"stopReason": "tool_use"}),
+        line("metadata", {"usage": usage, "metrics": {"latencyMs": 4210}}),
+    ]
+    return reads
+
+
+def stream_gemini(args: dict[str, Any], rng: random.Random) -> list[bytes]:
+    """``streamGenerateContent?alt=sse`` chunks: text, the whole ``functionCall``, finish."""
+    meta = {"modelVersion": "gemini-2.5-flash", "responseId": f"{rng.getrandbits(88):022x}"}
+
+    def chunk(parts: list[dict[str, Any]], **extra: Any) -> bytes:
+        cand = {"content": {"parts": parts, "role": "model"}, "index": 0, **extra}
+        return _data({"candidates": [cand], **meta})
+
+    usage = {"promptTokenCount": 412, "candidatesTokenCount": 9000, "totalTokenCount": 9412}
+    return [
+        chunk([{"text": "I'll write the module now."}]),
+        chunk([{"functionCall": {"name": TOOL_NAME, "args": args}}]),
+        _data(
+            {
+                "candidates": [
+                    {
+                        "content": {"parts": [{"text": ""}], "role": "model"},
+                        "finishReason": "STOP",
+                        "index": 0,
+                    }
+                ],
+                "usageMetadata": usage,
+                **meta,
+            }
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Contenders: (reads, deadline) -> Outcome
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What one run produced: the parsed arguments, or ``None`` if it hit the cap."""
+
+    arguments: Any
+    fed: int
+    """Reads consumed before the end (or before the cap)."""
+
+
+class Pacer:
+    """Yields reads until the deadline passes (checked every ``CLOCK_EVERY`` reads)."""
+
+    def __init__(self, reads: Sequence[bytes], deadline: float) -> None:
+        self.reads, self.deadline, self.fed, self.capped = reads, deadline, 0, False
+
+    def __iter__(self) -> Iterator[bytes]:
+        clock, deadline = time.perf_counter, self.deadline
+        for i, read in enumerate(self.reads):
+            if not i % CLOCK_EVERY and clock() > deadline:
+                self.capped = True
+                return
+            self.fed = i + 1
+            yield read
+
+
+Contender = Callable[[Sequence[bytes], float], Outcome]
+
+
+def _pick_chat(obj: dict[str, Any], out: list[Any]) -> None:
+    for choice in obj.get("choices") or ():
+        for tc in choice["delta"].get("tool_calls") or ():
+            frag = tc.get("function", {}).get("arguments")
+            if frag:
+                out.append(frag)
+
+
+def _pick_anthropic(obj: dict[str, Any], out: list[Any]) -> None:
+    if obj["type"] == "content_block_delta" and obj["delta"]["type"] == "input_json_delta":
+        out.append(obj["delta"]["partial_json"])
+
+
+def _pick_responses(obj: dict[str, Any], out: list[Any]) -> None:
+    if obj["type"] == "response.function_call_arguments.delta":
+        out.append(obj["delta"])
+
+
+def _pick_bedrock(obj: dict[str, Any], out: list[Any]) -> None:
+    delta = obj.get("contentBlockDelta")
+    if delta is not None and "toolUse" in delta["delta"]:
+        out.append(delta["delta"]["toolUse"]["input"])
+
+
+def _pick_gemini(obj: dict[str, Any], out: list[Any]) -> None:
+    for cand in obj.get("candidates") or ():
+        for part in cand.get("content", {}).get("parts") or ():
+            if "functionCall" in part:
+                out.append(part["functionCall"]["args"])
+
+
+def _join_parse(frags: list[Any]) -> Any:
+    return orjson.loads("".join(frags))
+
+
+def make_floor(
+    pick: Callable[[dict[str, Any], list[Any]], None],
+    *,
+    separator: bytes = b"\n\n",
+    finalize: Callable[[list[Any]], Any] = _join_parse,
+) -> Contender:
+    """The end-to-end floor: split on ``separator``, strip ``data: ``, one ``orjson.loads`` per
+    event, ``pick`` the fragment, ``finalize`` (one parse of the joined text) at the end."""
+    sse = separator == b"\n\n"
+
+    def run(reads: Sequence[bytes], deadline: float) -> Outcome:
+        loads, clock, frags, carry = orjson.loads, time.perf_counter, [], b""
+        for i, read in enumerate(reads):
+            if not i % CLOCK_EVERY and clock() > deadline:
+                return Outcome(None, i)
+            *events, carry = (carry + read if carry else read).split(separator)
+            for event in events:
+                payload = event
+                if sse:
+                    at = event.find(b"data: ")
+                    if at < 0:
+                        continue
+                    payload = event[at + 6 :]
+                if payload[:1] == b"{":  # skips [DONE] and blank lines
+                    pick(loads(payload), frags)
+        return Outcome(finalize(frags), len(reads))
+
+    return run
+
+
+def make_toollatch(provider: str, framing: str = "sse") -> Contender:
+    """``StreamParser.feed`` per read, ``finish()``, the one committed call's arguments."""
+
+    def run(reads: Sequence[bytes], deadline: float) -> Outcome:
+        parser = StreamParser(provider, framing=framing, limits=LIMITS)  # type: ignore[arg-type]
+        feed, clock = parser.feed, time.perf_counter
+        for i, read in enumerate(reads):
+            if not i % CLOCK_EVERY and clock() > deadline:
+                return Outcome(None, i)
+            feed(read)
+        round_ = parser.finish()
+        calls = round_.calls
+        if len(calls) != 1 or calls[0].state is not CallState.COMMITTED:
+            detail = [(c.state.value, c.error, c.detail) for c in calls]
+            raise AssertionError(f"toollatch did not commit one call: {detail} {round_.anomalies}")
+        return Outcome(calls[0].arguments, len(reads))
+
+    return run
+
+
+def run_openai_chat_sdk(reads: Sequence[bytes], deadline: float) -> Outcome:
+    """openai ``Stream`` per-event work (SSEDecoder, json.loads, construct_type into
+    ``ChatCompletionChunk``) + ``ChatCompletionStreamState``; final arguments via json.loads."""
+    pacer, state = Pacer(reads, deadline), ChatCompletionStreamState()
+    for sse in OpenAISSEDecoder().iter_bytes(iter(pacer)):
+        if sse.data.startswith("[DONE]"):
+            break
+        state.handle_chunk(openai_construct(type_=ChatCompletionChunk, value=sse.json()))
+    if pacer.capped:
+        return Outcome(None, pacer.fed)
+    message = state.get_final_completion().choices[0].message
+    assert message.tool_calls, "the openai SDK state assembled no tool call"
+    return Outcome(json.loads(message.tool_calls[0].function.arguments), pacer.fed)
+
+
+def run_openai_responses_sdk(reads: Sequence[bytes], deadline: float) -> Outcome:
+    """openai ``Stream`` per-event work into ``ResponseStreamEvent`` + ``ResponseStreamState``;
+    arguments from the completed response (checked against the delta-accumulated snapshot)."""
+    pacer = Pacer(reads, deadline)
+    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
+    final, snapshot = None, None
+    for sse in OpenAISSEDecoder().iter_bytes(iter(pacer)):
+        for out in state.handle_event(
+            openai_construct(type_=ResponseStreamEvent, value=sse.json())
+        ):
+            if out.type == "response.function_call_arguments.delta":
+                snapshot = out.snapshot
+            elif out.type == "response.completed":
+                final = out.response
+    if pacer.capped:
+        return Outcome(None, pacer.fed)
+    assert final is not None, "the openai SDK Responses state saw no response.completed"
+    text = next(item.arguments for item in final.output if item.type == "function_call")
+    assert text == snapshot, "the SDK's accumulated arguments differ from the final ones"
+    return Outcome(json.loads(text), pacer.fed)
+
+
+def run_anthropic_sdk(reads: Sequence[bytes], deadline: float) -> Outcome:
+    """anthropic ``Stream`` per-event work (SSEDecoder, skip ping, json.loads, construct_type
+    into ``RawMessageStreamEvent``) + ``accumulate_event``; final ``content[0].input``."""
+    pacer, snapshot, bufs = Pacer(reads, deadline), None, {}
+    for sse in AnthropicSSEDecoder().iter_bytes(iter(pacer)):
+        if sse.event in (None, "ping") or not sse.data:
+            continue
+        event = anthropic_construct(type_=RawMessageStreamEvent, value=sse.json())
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=bufs)
+    if pacer.capped:
+        return Outcome(None, pacer.fed)
+    assert snapshot is not None
+    return Outcome(snapshot.content[0].input, pacer.fed)
+
+
+def _lc_sum(chunks: Iterator[dict[str, Any]], pacer: Pacer) -> Outcome:
+    total = None
+    for tcc in chunks:
+        chunk = AIMessageChunk(content="", tool_call_chunks=[{**tcc, "type": "tool_call_chunk"}])
+        total = chunk if total is None else total + chunk
+    if pacer.capped:
+        return Outcome(None, pacer.fed)
+    assert total is not None, "langchain-core saw no tool call chunk"
+    assert total.tool_calls, "langchain-core assembled no tool call"
+    return Outcome(total.tool_calls[0]["args"], pacer.fed)
+
+
+def run_langchain_openai_chat(reads: Sequence[bytes], deadline: float) -> Outcome:
+    """openai SDK SSEDecoder + json.loads, one ``AIMessageChunk`` per tool-call delta, summed."""
+    pacer = Pacer(reads, deadline)
+
+    def chunks() -> Iterator[dict[str, Any]]:
+        for sse in OpenAISSEDecoder().iter_bytes(iter(pacer)):
+            if sse.data.startswith("[DONE]"):
+                return
+            for choice in sse.json()["choices"]:
+                for tc in choice["delta"].get("tool_calls") or ():
+                    fn = tc.get("function", {})
+                    yield {
+                        "name": fn.get("name"),
+                        "args": fn.get("arguments"),
+                        "id": tc.get("id"),
+                        "index": tc.get("index"),
+                    }
+
+    return _lc_sum(chunks(), pacer)
+
+
+def run_langchain_anthropic(reads: Sequence[bytes], deadline: float) -> Outcome:
+    """anthropic SDK SSEDecoder + json.loads, one ``AIMessageChunk`` per tool_use event, summed."""
+    pacer = Pacer(reads, deadline)
+
+    def chunks() -> Iterator[dict[str, Any]]:
+        for sse in AnthropicSSEDecoder().iter_bytes(iter(pacer)):
+            if sse.event in (None, "ping") or not sse.data:
+                continue
+            ev = sse.json()
+            if ev["type"] == "content_block_start" and ev["content_block"]["type"] == "tool_use":
+                block = ev["content_block"]
+                yield {"name": block["name"], "args": "", "id": block["id"], "index": ev["index"]}
+            elif ev["type"] == "content_block_delta" and ev["delta"]["type"] == "input_json_delta":
+                yield {
+                    "name": None,
+                    "args": ev["delta"]["partial_json"],
+                    "id": None,
+                    "index": ev["index"],
+                }
+
+    return _lc_sum(chunks(), pacer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One provider's stream builder, its floor, toollatch, and the competitors."""
+
+    name: str
+    title: str
+    build: Callable[[list[str], dict[str, Any], random.Random], list[bytes]]
+    floor: Contender
+    toollatch: Contender
+    competitors: dict[str, Contender] = field(default_factory=dict)
+    default_sizes: tuple[int, ...] = (KIB, 16 * KIB, 256 * KIB, MIB)
+
+
+PROVIDERS = {
+    p.name: p
+    for p in (
+        Provider(
+            "openai_chat",
+            "OpenAI Chat Completions (SSE)",
+            lambda frags, _obj, rng: stream_openai_chat(frags, rng),
+            make_floor(_pick_chat),
+            make_toollatch("openai_chat"),
+            {"openai SDK": run_openai_chat_sdk, "langchain-core": run_langchain_openai_chat},
+        ),
+        Provider(
+            "anthropic",
+            "Anthropic Messages (SSE)",
+            lambda frags, _obj, rng: stream_anthropic(frags, rng),
+            make_floor(_pick_anthropic),
+            make_toollatch("anthropic"),
+            {"anthropic SDK": run_anthropic_sdk, "langchain-core": run_langchain_anthropic},
+        ),
+        Provider(
+            "openai_responses",
+            "OpenAI Responses (SSE)",
+            lambda frags, _obj, rng: stream_openai_responses(frags, rng),
+            make_floor(_pick_responses),
+            make_toollatch("openai_responses"),
+            {"openai SDK": run_openai_responses_sdk},
+        ),
+        Provider(
+            "bedrock",
+            "Bedrock ConverseStream (decoded events as JSON Lines)",
+            lambda frags, _obj, rng: stream_bedrock(frags, rng),
+            make_floor(_pick_bedrock, separator=b"\n"),
+            make_toollatch("bedrock", "jsonl"),
+        ),
+        Provider(
+            "gemini",
+            "Gemini streamGenerateContent (SSE, whole functionCall)",
+            lambda _frags, obj, rng: stream_gemini(obj, rng),
+            make_floor(_pick_gemini, finalize=lambda objs: objs[0]),
+            make_toollatch("gemini"),
+            default_sizes=(256 * KIB,),
+        ),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One contender at one size: the best finished run, or how far a capped run got."""
+
+    planned: int
+    runs: int = 0
+    best_s: float | None = None
+    capped: tuple[float, float] | None = None
+    """``(share of reads fed, elapsed seconds)`` when the run hit the cap."""
+    skipped: str | None = None
+    done: bool = False
+
+
+@dataclass
+class Case:
+    """One provider at one size: its stream and every contender's cell."""
+
+    size: int
+    arg_bytes: int
+    events: int
+    cells: dict[str, Cell]
+
+
+def repeats_for(size: int, quick: bool) -> int:
+    """Best-of-N: 5 up to 16 KiB, 3 up to 256 KiB, 2 above (quick: 2 / 1)."""
+    if quick:
+        return 2 if size <= 16 * KIB else 1
+    return 5 if size <= 16 * KIB else 3 if size <= 256 * KIB else 2
+
+
+def _as_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value
+    try:
+        return dict(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def time_one(
+    name: str, fn: Contender, reads: list[bytes], expected: Any, cell: Cell, cap_s: float
+) -> None:
+    """One timed run of ``fn`` into ``cell``; raises if a finished run got other arguments."""
+    gc.collect()
+    start = time.perf_counter()
+    out = fn(reads, start + cap_s)
+    elapsed = time.perf_counter() - start
+    if out.arguments is None:
+        cell.capped, cell.done = (out.fed / len(reads), elapsed), True
+        return
+    if _as_plain(out.arguments) != expected:
+        raise SystemExit(f"FAIL: {name} produced different arguments than the generated object")
+    cell.runs += 1
+    cell.best_s = elapsed if cell.best_s is None else min(cell.best_s, elapsed)
+    if elapsed > SLOW_RUN_S:
+        cell.done = True
+
+
+def measure(
+    contenders: dict[str, Contender],
+    reads: list[bytes],
+    expected: Any,
+    repeats: int,
+    cap_s: float,
+    skip: dict[str, str],
+) -> dict[str, Cell]:
+    """Round-robin repeats (every contender once per round, so load drift hits all alike)."""
+    cells = {name: Cell(planned=repeats, skipped=skip.get(name)) for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            cell = cells[name]
+            if not (cell.done or cell.skipped):
+                time_one(name, fn, reads, expected, cell, cap_s)
+    return cells
+
+
+def build_case(provider: Provider, size: int, seed: int) -> tuple[list[bytes], Any, int]:
+    """``(reads, expected arguments, argument bytes)`` for one provider and size (seeded)."""
+    rng = random.Random(f"{seed}-{size}")
+    text, obj = make_arguments(size, rng)
+    frags = split_fragments(text, rng)
+    reads = provider.build(frags, obj, random.Random(f"{seed}-{size}-{provider.name}"))
+    return reads, obj, len(text.encode())
+
+
+def run_provider(provider: Provider, sizes: Sequence[int], opts: argparse.Namespace) -> list[Case]:
+    """Every size of one provider, smallest first; a competitor capped at one size is skipped
+    at the larger ones (it would only be capped again)."""
+    contenders = {"floor": provider.floor, "toollatch": provider.toollatch, **provider.competitors}
+    skip: dict[str, str] = {}
+    cases = []
+    for size in sorted(sizes):
+        reads, expected, arg_bytes = build_case(provider, size, opts.seed)
+        repeats = opts.repeats or repeats_for(size, opts.quick)
+        cells = measure(contenders, reads, expected, repeats, opts.timeout_s, skip)
+        cases.append(Case(size, arg_bytes, len(reads), cells))
+        for name, cell in cells.items():
+            if cell.capped and name not in skip:
+                skip[name] = f"skipped (capped at {fmt_size(size)})"
+        summary = ", ".join(f"{n} {fmt_cell(c, opts.timeout_s)}" for n, c in cells.items())
+        print(f"  {provider.name} {fmt_size(size)}: {summary}", file=sys.stderr, flush=True)
+    return cases
+
+
+def warm_up(providers: Sequence[Provider], seed: int) -> None:
+    """One untimed 1 KiB run of every contender of every provider, before anything is timed:
+    imports (adapters load lazily) and lazy pydantic schema building are not what we measure,
+    and importing everything up front pins the code the whole run measures."""
+    for provider in providers:
+        reads, expected, _ = build_case(provider, KIB, seed)
+        contenders = {"floor": provider.floor, "toollatch": provider.toollatch}
+        for name, fn in {**contenders, **provider.competitors}.items():
+            time_one(name, fn, reads, expected, Cell(planned=1), math.inf)
+
+
+def peak_memory(fn: Contender, reads: list[bytes]) -> int:
+    """Peak bytes traced while ``fn`` runs once (the input reads are allocated before)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn(reads, math.inf)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def profile_toollatch(provider: Provider, size: int, seed: int, top: int = 15) -> str:
+    """cProfile of one toollatch run; the ``top`` functions by own time."""
+    reads, _, _ = build_case(provider, size, seed)
+    profiler = cProfile.Profile()
+    profiler.runcall(provider.toollatch, reads, math.inf)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+
+def fmt_size(size: int) -> str:
+    if size % MIB == 0:
+        return f"{size // MIB} MiB"
+    return f"{size // KIB} KiB" if size % KIB == 0 else f"{size} B"
+
+
+def fmt_ms(seconds: float) -> str:
+    """Milliseconds with about three significant digits."""
+    ms = seconds * 1000
+    if ms < 1:
+        return f"{ms:.3f}"
+    if ms < 10:
+        return f"{ms:.2f}"
+    return f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}"
+
+
+def fmt_cell(cell: Cell, cap_s: float) -> str:
+    """Milliseconds of the best run; ``> cap`` with progress and a marked extrapolation."""
+    if cell.skipped:
+        return cell.skipped
+    if cell.capped:
+        share, elapsed = cell.capped
+        guess = f", ~{fmt_ms(elapsed / share)} extrapolated*" if share > 0 else ""
+        return f"> {fmt_ms(cap_s)} ({share:.0%} done{guess})"
+    assert cell.best_s is not None
+    note = f" (n={cell.runs})" if cell.runs < cell.planned else ""
+    return fmt_ms(cell.best_s) + note
+
+
+def ratio(num: Cell, den: Cell, cap_s: float) -> str:
+    """``num / den`` as ``1.23x``; ``> N x`` when ``num`` was capped."""
+    if den.best_s is None or num.skipped:
+        return "-"
+    if num.capped:
+        return f"> {cap_s / den.best_s:,.0f}x"
+    assert num.best_s is not None
+    return f"{num.best_s / den.best_s:.2f}x"
+
+
+def exponent(cases: Sequence[Case], name: str) -> float | None:
+    """Time-growth exponent between 256 KiB and 1 MiB: log(t_1M / t_256K) / log(4)."""
+    times = {c.size: c.cells[name].best_s for c in cases}
+    small, big = times.get(256 * KIB), times.get(MIB)
+    if not small or not big:
+        return None
+    return math.log(big / small) / math.log(4)
+
+
+def provider_table(provider: Provider, cases: Sequence[Case], cap_s: float) -> list[str]:
+    """The markdown table and target lines for one provider."""
+    comps = list(provider.competitors)
+    head = ["Size", "Arg bytes", "Events", "Floor ms", "toollatch ms", "toollatch / floor"]
+    for comp in comps:
+        head += [f"{comp} ms", f"{comp} / toollatch"]
+    lines = [
+        f"### {provider.title}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---:" for _ in head) + "|",
+    ]
+    for case in cases:
+        c = case.cells
+        row = [
+            fmt_size(case.size),
+            f"{case.arg_bytes:,}",
+            f"{case.events:,}",
+            fmt_cell(c["floor"], cap_s),
+            fmt_cell(c["toollatch"], cap_s),
+            ratio(c["toollatch"], c["floor"], cap_s),
+        ]
+        for comp in comps:
+            row += [fmt_cell(c[comp], cap_s), ratio(c[comp], c["toollatch"], cap_s)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines += target_lines(cases)
+    return lines
+
+
+def target_lines(cases: Sequence[Case]) -> list[str]:
+    """Max toollatch/floor ratio and the growth exponents, each against its target."""
+    ratios = [
+        c.cells["toollatch"].best_s / c.cells["floor"].best_s  # type: ignore[operator]
+        for c in cases
+        if c.cells["toollatch"].best_s and c.cells["floor"].best_s
+    ]
+    out = []
+    if ratios:
+        worst = max(ratios)
+        verdict = "met" if worst <= 1.5 else "NOT met"
+        out.append(f"- toollatch / floor, worst size: **{worst:.2f}x** (target <= 1.5x: {verdict})")
+    exp_t, exp_f = exponent(cases, "toollatch"), exponent(cases, "floor")
+    if exp_t is not None:
+        verdict = "met" if exp_t <= 1.05 else "NOT met"
+        floor_note = f"; floor: {exp_f:.2f}" if exp_f is not None else ""
+        out.append(
+            f"- time-growth exponent 256 KiB -> 1 MiB, toollatch: **{exp_t:.2f}** "
+            f"(target <= 1.05: {verdict}{floor_note})"
+        )
+    return [*out, ""]
+
+
+def memory_lines(rows: Sequence[tuple[str, int, int, int]]) -> list[str]:
+    """``(provider, arg bytes, toollatch peak, floor peak)`` rows as a table."""
+    if not rows:
+        return []
+    lines = [
+        "### Peak memory (tracemalloc, one run, largest size per provider)",
+        "",
+        "| Provider | Arg bytes | toollatch peak | x args | floor peak | x args |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, arg_bytes, tl, fl in rows:
+        lines.append(
+            f"| {name} | {arg_bytes:,} | {tl / MIB:.2f} MiB | {tl / arg_bytes:.1f}x "
+            f"| {fl / MIB:.2f} MiB | {fl / arg_bytes:.1f}x |"
+        )
+    return [*lines, ""]
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(HERE), *args], capture_output=True, check=True)
+    return done.stdout.decode(errors="replace").strip()
+
+
+def source_state() -> str:
+    """The toollatch source being measured: commit, plus a digest of uncommitted src/ changes."""
+    try:
+        rev = _git("rev-parse", "--short", "HEAD")
+        diff = _git("diff", "HEAD", "--", "../src") + _git(
+            "ls-files", "--others", "--exclude-standard", "--", "../src"
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    if not diff:
+        return f"git {rev}"
+    digest = hashlib.sha1(diff.encode()).hexdigest()[:8]
+    return f"git {rev} + uncommitted changes in src/ (diff digest {digest})"
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found.group(1).strip() if found else platform.processor() or "unknown"
+
+
+def _repeats_text(opts: argparse.Namespace) -> str:
+    if opts.repeats:
+        plan = f"best of {opts.repeats}"
+    elif opts.quick:
+        plan = "best of 2 (<= 16 KiB), 1 above (--quick)"
+    else:
+        plan = "best of 5 (<= 16 KiB), 3 (256 KiB), 2 (1 MiB)"
+    return (
+        f"{plan}; a run over {SLOW_RUN_S:g} s is not repeated; "
+        "gc enabled, collected before each run"
+    )
+
+
+def _changed_note(source: str) -> str:
+    now = source_state()
+    return "" if now == source else f" (**src/ changed during the run**; now {now})"
+
+
+def machine_lines(
+    opts: argparse.Namespace, load_start: tuple[float, ...], source: str
+) -> list[str]:
+    """Machine, software and run settings, as a bullet list."""
+    dists = ("toollatch", "orjson", "openai", "anthropic", "langchain-core", "pydantic", "jiter")
+    load_end = os.getloadavg()
+    return [
+        f"- Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- CPU: {_cpu_model()} ({os.cpu_count()} logical CPUs, shared; nice {os.nice(0)})",
+        f"- Load average (1 min) at start / end: {load_start[0]:.2f} / {load_end[0]:.2f}",
+        f"- Python {platform.python_version()} ({platform.python_implementation()}) "
+        f"on {platform.system()} {platform.release()}",
+        "- Packages: " + ", ".join(f"{d} {_version(d)}" for d in dists),
+        f"- toollatch source: {source}" + _changed_note(source),
+        f"- Settings: cap {opts.timeout_s:g} s per run, seed {opts.seed}, {_repeats_text(opts)}",
+        "",
+    ]
+
+
+def write_readme(body: list[str]) -> None:
+    """Replace the generated section of ``benchmarks/README.md`` (keeping the intro above)."""
+    old = README.read_text() if README.exists() else "# Benchmarks\n\n"
+    intro = old.split(BEGIN_MARK)[0].rstrip() + "\n\n"
+    generated = "\n".join(body).rstrip()
+    README.write_text(f"{intro}{BEGIN_MARK}\n\n{generated}\n\n{END_MARK}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    found = re.fullmatch(r"\s*(\d+)\s*([KkMm]i?[Bb]?)?\s*", text)
+    if not found:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 1K, 16K, 256K, 1M)")
+    unit = (found.group(2) or "").upper()[:1]
+    return int(found.group(1)) * {"": 1, "K": KIB, "M": MIB}[unit]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: sizes <= 16 KiB, 5 s cap, 1-2 repeats, no README",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=lambda s: [parse_size(x) for x in s.split(",")],
+        help="comma list for every provider, e.g. 1K,16K,256K,1M "
+        "(default: 1K,16K,256K,1M; Gemini 256K)",
+    )
+    parser.add_argument(
+        "--providers",
+        type=lambda s: s.split(","),
+        default=list(PROVIDERS),
+        help=f"comma list of {', '.join(PROVIDERS)}",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="per-run cap in seconds (default 60; --quick 5)",
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="override best-of-N")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--readme",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rewrite benchmarks/README.md (default: yes unless --quick)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print a cProfile (top 15 by own time) of toollatch at 256 KiB "
+        "for each selected provider",
+    )
+    opts = parser.parse_args(argv)
+    unknown = set(opts.providers) - set(PROVIDERS)
+    if unknown:
+        parser.error(f"unknown provider(s) {', '.join(sorted(unknown))}")
+    if opts.timeout_s is None:
+        opts.timeout_s = 5.0 if opts.quick else 60.0
+    if opts.readme is None:
+        opts.readme = not opts.quick
+    return opts
+
+
+def sizes_for(provider: Provider, opts: argparse.Namespace) -> list[int]:
+    if opts.sizes:
+        return opts.sizes
+    if opts.quick:
+        return [s for s in provider.default_sizes if s <= 16 * KIB] or [16 * KIB]
+    return list(provider.default_sizes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    load_start = os.getloadavg()
+    source = source_state()
+    warm_up([PROVIDERS[name] for name in opts.providers], opts.seed)
+    body: list[str] = []
+    memory: list[tuple[str, int, int, int]] = []
+    for name in opts.providers:
+        provider = PROVIDERS[name]
+        print(f"{provider.title} ...", file=sys.stderr, flush=True)
+        cases = run_provider(provider, sizes_for(provider, opts), opts)
+        body += provider_table(provider, cases, opts.timeout_s)
+        reads, _, arg_bytes = build_case(provider, cases[-1].size, opts.seed)
+        peaks = peak_memory(provider.toollatch, reads), peak_memory(provider.floor, reads)
+        memory.append((f"{name} ({fmt_size(cases[-1].size)})", arg_bytes, *peaks))
+    if "extrapolated*" in "\n".join(body):
+        body += [EXTRAPOLATION_NOTE, ""]
+    body += memory_lines(memory)
+    body += ["### Machine", "", *machine_lines(opts, load_start, source)]
+    print("\n".join(body))
+    if opts.profile:
+        for name in opts.providers:
+            print(f"### cProfile: toollatch, {name}, 256 KiB (top 15 by own time)")
+            print(profile_toollatch(PROVIDERS[name], 256 * KIB, opts.seed))
+    if opts.readme:
+        write_readme(body)
+        print(f"wrote {README.relative_to(HERE.parent)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
