@@ -123,7 +123,7 @@ _OBJECT_FIRST: Final = 2  # a key or '}' (just after '{')
 _KEY: Final = 3  # a key (after ',' in an object)
 _COLON: Final = 4  # ':' after a key
 _AFTER_VALUE: Final = 5  # ',' or the closing bracket of the innermost container
-_END: Final = 6  # only whitespace: the top-level value is complete
+_END: Final = 6  # only whitespace: the top-level value is complete (states up to here skip it)
 _STRING: Final = 7  # string content (a key or a value: see _str_is_key)
 _ESCAPE: Final = 8  # the character after a backslash
 _UNICODE: Final = 9  # the hex digits of \uXXXX (collected in _hex)
@@ -142,6 +142,7 @@ _NUMBER_RUN: Final = re.compile(r"[0-9eE.+\-]*")  # validated as a whole when it
 _NUMBER_SYNTAX: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _HEX_RUN: Final = re.compile(r"[0-9a-fA-F]*")
 _NUMBER_START: Final = "-0123456789"
+_NUMBER_CHARS: Final = frozenset("0123456789eE.+-")  # what _NUMBER_RUN matches
 _ESCAPES: Final[dict[str, str]] = {
     '"': '"',
     "\\": "\\",
@@ -395,14 +396,36 @@ class PartialJSON:
         self._bytes += len(fragment) if fragment.isascii() else _utf8_length(fragment)
         if self._bytes > self._max_bytes:
             return self._over_size()
-        if len(fragment) == 1:  # the usual one-character escapes skip the general loop
-            if fragment == "\\" and self._state == _STRING:
+        if len(fragment) == 1:
+            return self._feed_char(fragment)
+        return self._feed_tokens(fragment)
+
+    def _feed_char(self, char: str) -> list[PathDelta]:
+        """One-character fragment: the common cases skip the general loop (same result).
+
+        Providers stream whole calls this way, so the characters of keys, numbers, escapes and
+        whitespace between tokens are frequent enough to deserve these few lines.
+        """
+        state = self._state
+        if state == _STRING:
+            if char == "\\":
                 self._state = _ESCAPE
                 self._fast = False
                 return []
-            if self._state == _ESCAPE and fragment in _ESCAPES:
-                return self._escaped(_ESCAPES[fragment])
-        return self._feed_tokens(fragment)
+            if self._str_is_key and char != '"' and char.isprintable():
+                self._add(char)
+                return []
+        elif state == _ESCAPE:
+            decoded = _ESCAPES.get(char)
+            if decoded is not None:
+                return self._escaped(decoded)
+        elif state == _NUMBER:
+            if char in _NUMBER_CHARS:
+                self._num.append(char)
+                return []
+        elif state <= _END and char in _WS:  # whitespace between tokens
+            return []
+        return self._feed_tokens(char)
 
     def _escaped(self, decoded: str) -> list[PathDelta]:
         """Finish a simple escape that is the whole fragment (as _on_escape would)."""
@@ -516,6 +539,11 @@ class PartialJSON:
 
     def _on_string(self, text: str, i: int) -> int:
         j = _run_end(_STRING_BODY, text, i)
+        if j < len(text) and text[j] == '"' and not (self._pieces or self._blocks or self._high):
+            # The whole string is in this fragment (most keys and short values): decode it in
+            # one step, with no pieces to keep.
+            self._close_string(_scanstring(text, i)[0])
+            return j + 1
         if j > i:
             self._add_body(text[i:j])
         if j == len(text):
@@ -590,16 +618,15 @@ class PartialJSON:
 
     def _place(self, value: object) -> str:
         """Put a new value in the innermost container (or at the root); return its pointer."""
-        pointer = self._child_pointer()
         if not self._stack:
             self._root = value
-        else:
-            top = self._stack[-1]
-            if isinstance(top, dict):
-                top[self._key] = value
-            else:
-                top.append(value)
-        return pointer
+            return ""
+        top = self._stack[-1]
+        if isinstance(top, dict):
+            top[self._key] = value
+            return f"{self._pointers[-1]}/{_pointer_token(self._key)}"
+        top.append(value)
+        return f"{self._pointers[-1]}/{len(top) - 1}"
 
     def _value_done(self) -> None:
         if self._stack:
@@ -648,9 +675,8 @@ class PartialJSON:
     # ------------------------------------------------------------------ strings
 
     def _open_string(self, *, is_key: bool) -> None:
-        self._state = _STRING
+        self._state = _STRING  # _pieces and _blocks are empty: the last string reset them
         self._str_is_key = is_key
-        self._pieces, self._blocks = [], []
         if is_key:
             return
         self._str_pointer = self._place("")
@@ -727,14 +753,20 @@ class PartialJSON:
         else:
             parent[cast(int, self._str_slot)] = value
 
-    def _close_string(self) -> None:
-        value = self._joined()
-        self._pieces, self._blocks = [], []
+    def _close_string(self, whole: str | None = None) -> None:
+        """The closing quote was read; ``whole`` is the string if it had no pieces yet."""
+        if whole is None:
+            value = self._joined()
+            self._pieces, self._blocks = [], []
+        else:
+            value = whole
         if self._str_is_key:
             self._key = value
             self._state = _COLON
             return
         self._install(value)
+        if whole:
+            self._parts.append(whole)
         if self._parts:
             self._out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
             self._parts = []
