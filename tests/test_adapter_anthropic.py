@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toollatch._adapters._base import Adapter
 from toollatch._adapters.anthropic import AnthropicAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -601,6 +602,87 @@ def test_frames_and_dicts_give_the_same_events() -> None:
     for native in TRANSCRIPT:
         # Anthropic pads its JSON with spaces (parallel_empty_input_padded.sse).
         events += adapter.feed_frame(Frame(event=native["type"], data=json.dumps(native) + "   "))
+    assert events + adapter.finish() == run(TRANSCRIPT)
+
+
+class _GeneralOnly(AnthropicAdapter):
+    """feed_frame without the fast path: Adapter.feed_frame parses, then _feed decides."""
+
+    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
+        if frame.event == "error":
+            return super().feed_frame(frame)
+        return Adapter.feed_frame(self, frame)
+
+
+_INDEXES = st.sampled_from([0, 1, 2, True, 1.0, "0", None])
+_NEAR_FRAGMENTS = st.sampled_from(
+    [
+        args(0, ""),
+        args(0, '{"a"'),
+        args(1, "x"),
+        delta(0, "input_json_delta", partial_json=5),
+        delta(0, "input_json_delta"),
+        delta(0, "text_delta", partial_json="x"),
+        {"type": "content_block_delta", "index": 0, "delta": "x"},
+        {"type": "content_block_delta", "index": 0},
+        {"index": 0, "delta": {"type": "input_json_delta", "partial_json": "x"}},  # SSE name
+    ]
+)
+_ANTHROPIC_EVENTS = st.one_of(
+    st.sampled_from(
+        [
+            MESSAGE_START,
+            PING,
+            tool_start(0, "toolu_0", "f"),
+            tool_start(1, "toolu_1", "g"),
+            block_start(1, {"type": "text", "text": ""}),
+            block_start(2, {"type": "server_tool_use", "id": "srv", "name": "web_search"}),
+            block_start(2, {"type": "thinking", "thinking": "", "signature": ""}),
+            text(1, "hi"),
+            stop(0),
+            stop(1),
+            stop(2),
+            message_delta("tool_use"),
+            MESSAGE_STOP,
+            {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}},
+        ]
+    ),
+    _NEAR_FRAGMENTS,
+    st.builds(args, _INDEXES, st.sampled_from(["", "{", "é"])),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(_ANTHROPIC_EVENTS, max_size=12))
+def test_fast_path_gives_what_the_general_path_gives(natives: list[dict[str, Any]]) -> None:
+    """Frame by frame, the same events (same reprs: an index of True is not the key of
+    block 1) as the general path, for every event the fast path takes and its near misses:
+    other indexes, wrong or missing fields, stopped or unknown blocks, after message_stop."""
+    fast, general = AnthropicAdapter(), _GeneralOnly()
+    for native in [MESSAGE_START, tool_start(0, "toolu_0", "f"), *natives]:
+        frame = Frame(event=native.get("type", "content_block_delta"), data=json.dumps(native))
+        assert repr(fast.feed_frame(frame)) == repr(general.feed_frame(frame))
+    assert fast.finish() == general.finish()
+
+
+class _Counting(AnthropicAdapter):
+    """Counts the events that missed the fast path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.general = 0
+
+    def _feed(self, event: Any, sse_event: str | None = None) -> list[StreamEvent]:
+        self.general += 1
+        return super()._feed(event, sse_event)
+
+
+def test_fast_path_takes_every_argument_fragment() -> None:
+    adapter = _Counting()
+    events: list[StreamEvent] = []
+    for native in TRANSCRIPT:
+        events += adapter.feed_frame(Frame(event=native["type"], data=json.dumps(native)))
+    assert adapter.general == len(TRANSCRIPT) - 2  # all but the two input_json_deltas
     assert events + adapter.finish() == run(TRANSCRIPT)
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toollatch._adapters._base import Adapter
 from toollatch._adapters.bedrock import BedrockAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -533,6 +534,95 @@ def test_random_padding_field_changes_nothing(pads: list[str]) -> None:
     ]
     assert run(padded) == run(TRANSCRIPT)
     assert run_frames(padded) == run(TRANSCRIPT)
+
+
+class _GeneralOnly(BedrockAdapter):
+    """feed_frame without the fast path: the code below it in BedrockAdapter.feed_frame."""
+
+    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
+        if frame.event == "error" or not frame.data.strip():
+            return super().feed_frame(frame)
+        return Adapter.feed_frame(self, frame)
+
+
+class _Counting(BedrockAdapter):
+    """Counts the events that missed the fast path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.general = 0
+
+    def _feed(self, event: Any, sse_event: str | None = None) -> list[StreamEvent]:
+        self.general += 1
+        return super()._feed(event, sse_event)
+
+
+_BEDROCK_EVENTS = st.one_of(
+    st.sampled_from(
+        [
+            MESSAGE_START,
+            tool_start(0, "tooluse_0", "f"),
+            tool_start(1, "tooluse_1", "g"),
+            tool_start(2, "srv", "web", type="server_tool_use"),
+            delta(1, text="hi"),
+            delta(0, toolUse={"input": "x"}, text="y"),  # two members
+            delta(0, toolUse={"input": "x"}, p="pad"),  # an unknown second key
+            delta(0, toolUse="x"),
+            delta(0, toolUse={"input": 5}),
+            delta(0, toolUse={}),
+            {"contentBlockDelta": {"contentBlockIndex": 0}},
+            {"contentBlockDelta": "x"},
+            {"contentBlockDelta": {"contentBlockIndex": 0, "delta": []}},
+            {"contentBlockStop": {"contentBlockIndex": 0, "delta": {"toolUse": {"input": "x"}}}},
+            stop(0),
+            stop(1),
+            message_stop("tool_use"),
+            METADATA,
+            {"throttlingException": {"message": "slow down"}},
+        ]
+    ),
+    st.builds(args, st.sampled_from([0, 1, 2, 3, True, 1.0, "0", None]), st.just("{")),
+)
+
+
+def _frame_shapes(native: dict[str, Any]) -> list[Frame]:
+    """The event as a JSON line, as an event-stream frame (name in the header, payload
+    unwrapped), and wrapped under a header naming another event."""
+    ((name, body),) = native.items()
+    return [
+        Frame(event="message", data=json.dumps(native)),
+        Frame(event=name, data=json.dumps(body)),
+        Frame(event="contentBlockDelta", data=json.dumps(native)),
+    ]
+
+
+@settings(max_examples=300)
+@given(st.lists(_BEDROCK_EVENTS, max_size=10), st.integers(0, 2))
+def test_fast_path_gives_what_the_general_path_gives(
+    natives: list[dict[str, Any]], shape: int
+) -> None:
+    """Frame by frame, the same events (same reprs: an index of True is not the key of
+    block 1) as the general path, for every delta the fast path takes and its near misses,
+    in each frame shape."""
+    fast, general = BedrockAdapter(), _GeneralOnly()
+    for native in [MESSAGE_START, tool_start(0, "tooluse_0", "f"), *natives]:
+        frame = _frame_shapes(native)[shape]
+        assert repr(fast.feed_frame(frame)) == repr(general.feed_frame(frame))
+    assert fast.finish() == general.finish()
+
+
+@pytest.mark.parametrize("shape", [0, 1])
+def test_fast_path_takes_every_argument_fragment(shape: int) -> None:
+    natives = [MESSAGE_START, tool_start(0, "t", "f"), args(0, '{"a"'), args(0, ":1}"), stop(0)]
+    adapter = _Counting()
+    events = [e for n in natives for e in adapter.feed_frame(_frame_shapes(n)[shape])]
+    assert adapter.general == 3  # messageStart, contentBlockStart, contentBlockStop
+    assert events == [
+        CallOpened(key=key(0), call_id="t", name="f"),
+        ArgsDelta(key=key(0), fragment='{"a"'),
+        ArgsDelta(key=key(0), fragment=":1}"),
+        CallClosed(key=key(0)),
+    ]
 
 
 # -- recorded corpus --------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -10,10 +12,10 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch._adapters.gemini import GeminiAdapter
+from toollatch._adapters.gemini import GeminiAdapter, _serialize
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -427,6 +429,104 @@ def test_stray_terminator_and_orphan_updates_without_an_open_call() -> None:
 
 def test_keep_alive_without_an_open_call_is_silent() -> None:
     assert run([chunk({"functionCall": {"willContinue": True}})], finish=False) == []
+
+
+def _reference(value: Any) -> tuple[str | None, str | None]:
+    """The serialization and the unsafe-number walk as they were before orjson did the
+    plain trees: json.dumps, then (only when it succeeded) the first integer above 2**53."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None, None
+    stack: list[tuple[str, Any]] = [("$", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((f"{path}.{k}", v) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, int | float) and not isinstance(node, bool):
+            integral = isinstance(node, int) or (math.isfinite(node) and node.is_integer())
+            if integral and abs(node) > 2**53:
+                return text, path
+    return text, None
+
+
+class _Str(str):
+    __slots__ = ()
+
+
+class _Int(int):
+    pass
+
+
+class _Reversed(dict[Any, Any]):
+    """json.dumps writes a dict subclass through its items(); orjson through its storage."""
+
+    def items(self) -> Any:
+        return list(super().items())[::-1]
+
+
+class _Color(enum.Enum):
+    RED = "red"
+
+
+_ODD_LEAVES = st.sampled_from(
+    [
+        1e16,
+        1e-05,
+        2.5e-7,
+        -0.0,
+        0.1,
+        1.8446744073709552e19,
+        float("nan"),
+        float("inf"),
+        2**53 + 1,
+        2**64,
+        -(2**63) - 1,
+        "\ud800",  # a lone surrogate: not UTF-8
+        "\x7f\u2028\x00\x1f",
+        _Str("s"),
+        _Int(3),
+        True,
+        (1, 2),
+        _Color.RED,
+        b"bytes",
+    ]
+)
+_ANY_LEAVES = st.one_of(
+    st.text(), st.integers(), st.floats(), st.booleans(), st.none(), _ODD_LEAVES
+)
+_ANY_TREES = st.recursive(
+    _ANY_LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.text(max_size=3) | st.sampled_from([1, None, _Str("k")]), inner, max_size=3
+        )
+        | st.dictionaries(st.text(max_size=3), inner, min_size=2, max_size=3).map(_Reversed)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400)
+@given(_ANY_TREES)
+def test_args_text_is_json_dumps_text_for_any_value(value: Any) -> None:
+    """orjson writes the plain trees: the text (and the unsafe-number path) is exactly what
+    json.dumps (and the walk) gave, for every value, plain or not."""
+    assert _serialize(value) == _reference(value)
+
+
+def test_args_text_of_cycles_and_deep_nesting_is_json_dumps_text() -> None:
+    cycle: dict[str, Any] = {"a": []}
+    cycle["a"].append(cycle)
+    assert _serialize(cycle) == (None, None)  # json: circular reference; nothing walked
+    deep: list[Any] = []
+    for _ in range(300):  # deeper than orjson writes, not than json does
+        deep = [deep]
+    assert _serialize(deep) == _reference(deep)
+    assert _serialize(deep)[0] == "[" * 301 + "]" * 301
 
 
 def test_partial_args_do_not_mutate_the_callers_args() -> None:

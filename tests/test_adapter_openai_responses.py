@@ -10,9 +10,10 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toollatch._adapters._base import Adapter
 from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -455,6 +456,87 @@ def test_any_interleaving_of_two_calls_folds_to_both_texts(data: st.DataObject) 
     native += [args_done(k, i, t) for i, (k, t) in enumerate(texts.items())]
     calls = fold(run([*native, COMPLETED]))
     assert [c["raw"] for c in calls] == list(texts.values())
+
+
+class _GeneralOnly(OpenAIResponsesAdapter):
+    """feed_frame without the fast path: Adapter.feed_frame parses, then _feed decides."""
+
+    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
+        if frame.event == "error":
+            return super().feed_frame(frame)
+        return Adapter.feed_frame(self, frame)
+
+
+_DELTA = "response.function_call_arguments.delta"
+_RESPONSES_EVENTS = st.one_of(
+    st.sampled_from(
+        [
+            added(0, fc_item("fc_1", "call_1", "f")),
+            added(1, fc_item(None, "call_2", "g")),  # keyed by its output index
+            added(2, {"type": "message", "id": "msg_1"}),
+            args_done("fc_1", 0, '{"a":1}'),
+            done(0, fc_item("fc_1", "call_1", "f", '{"a":1}')),
+            done(3, fc_item("fc_3", "call_3", "h", "{}")),  # opened at its done
+            {"type": "response.output_text.delta", "output_index": 2, "delta": "hi"},
+            COMPLETED,
+            {"type": "error", "code": "server_error", "message": "boom"},
+            {"item_id": "fc_1", "output_index": 0, "delta": "x"},  # type from the SSE name
+            {"type": _DELTA, "item_id": "fc_1", "output_index": 0},
+            {"type": _DELTA, "item_id": "fc_1", "output_index": 0, "delta": 5},
+        ]
+    ),
+    st.builds(
+        lambda item_id, index, text: (
+            {"type": _DELTA, "item_id": item_id, "output_index": index}
+            | ({"delta": text} if text is not None else {})
+        ),
+        st.sampled_from(["fc_1", "fc_3", "fc_9", "", None, 0, 1, ["fc_1"]]),
+        st.sampled_from([0, 1, True, None, "0"]),
+        st.sampled_from(["", "{", "é", None]),
+    ),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(_RESPONSES_EVENTS, max_size=12))
+def test_fast_path_gives_what_the_general_path_gives(natives: list[dict[str, Any]]) -> None:
+    """Frame by frame, the same events (same reprs) as the general path, for every delta the
+    fast path takes and its near misses: unknown, empty or non-string item ids, items keyed
+    by their output index, missing or non-string deltas, after the terminal event."""
+    fast, general = OpenAIResponsesAdapter(), _GeneralOnly()
+    for native in [added(0, fc_item("fc_1", "call_1", "f")), *natives]:
+        frame = Frame(event=native.get("type", _DELTA), data=json.dumps(native))
+        assert repr(fast.feed_frame(frame)) == repr(general.feed_frame(frame))
+    assert fast.finish() == general.finish()
+
+
+class _Counting(OpenAIResponsesAdapter):
+    """Counts the events that missed the fast path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.general = 0
+
+    def _feed(self, event: Any, sse_event: str | None = None) -> list[StreamEvent]:
+        self.general += 1
+        return super()._feed(event, sse_event)
+
+
+def test_fast_path_takes_every_argument_fragment() -> None:
+    natives = [
+        added(0, fc_item("fc_1", "call_1", "f")),
+        delta("fc_1", 0, '{"a"'),
+        delta("fc_1", 0, ""),
+        delta("fc_1", 0, ":1}"),
+        args_done("fc_1", 0, '{"a":1}'),
+        COMPLETED,
+    ]
+    adapter = _Counting()
+    events: list[StreamEvent] = []
+    for native in natives:
+        events += adapter.feed_frame(Frame(event=native["type"], data=json.dumps(native)))
+    assert adapter.general == 3  # output_item.added, arguments.done, completed
+    assert events + adapter.finish() == run(natives)
 
 
 # -- recorded corpus -----------------------------------------------------------------------

@@ -123,6 +123,33 @@ CASES: dict[str, tuple[bytes, list[Frame]]] = {
     "finish_dispatches_without_blank_line": (b"data: a\ndata: b\n", [F("a\nb")]),
     "finish_after_trailing_cr": (b"event: e\rdata: b\r", [F("b", "e")]),
     "finish_without_data_dispatches_nothing": (b"data: a\n\nevent: x\nid: 5", [F("a")]),
+    "named_events_switch_heads": (
+        b"event: a\ndata: 1\n\nevent: a\ndata: 2\n\nevent: b\ndata: 3\n\ndata: 4\n\n"
+        b"event: ab\ndata: 5\n\nevent: a\ndata: 6\n\n",
+        [F("1", "a"), F("2", "a"), F("3", "b"), F("4"), F("5", "ab"), F("6", "a")],
+    ),
+    "named_event_then_several_data_lines": (
+        b"event: a\ndata: 1\n\nevent: a\ndata: 1\ndata: 2\n\nevent: a\ndata: 3\n\n",
+        [F("1", "a"), F("1\n2", "a"), F("3", "a")],
+    ),
+    "named_event_then_id_line": (
+        b"event: a\ndata: 1\n\nevent: a\nid: 5\ndata: 2\n\nevent: a\ndata: 3\n\n",
+        [F("1", "a"), F("2", "a", id="5"), F("3", "a", id="5")],
+    ),
+    "named_event_cr_in_value": (
+        b"event: a\ndata: 1\n\nevent: a\ndata: x\ry\n\nevent: a\ndata: 3\n\n",
+        [F("1", "a"), F("x", "a"), F("3", "a")],
+    ),
+    "named_event_cr_in_name": (b"event: a\rdata: 1\n\n", [F("1", "a")]),
+    "named_event_empty_name": (b"event: \ndata: 1\n\nevent: \ndata: 2\n\n", [F("1"), F("2")]),
+    "named_event_invalid_utf8_name": (b"event: a\xff\ndata: 1\n\n", [F("1", "a\ufffd")]),
+    "named_event_without_data": (b"event: a\n\nevent: a\ndata: 1\n\n", [F("1", "a")]),
+    "named_event_data_without_space": (b"event: a\ndata:1\n\n", [F("1", "a")]),
+    "named_event_then_comment": (b"event: a\n: hi\ndata: 1\n\n", [F("1", "a")]),
+    "named_event_unterminated": (
+        b"event: a\ndata: 1\n\nevent: a\ndata: 2\n",
+        [F("1", "a"), F("2", "a")],
+    ),
     "empty_stream": (b"", []),
     "blank_lines_only": (b"\n\n\r\n\r\r", []),
 }
@@ -179,6 +206,84 @@ def test_fast_path_matches_general_path_state() -> None:
     assert decoder.feed(b"data: h\n") == []
     assert decoder.feed(b"\n") == [F("h", id="9", retry=5)]
     assert decoder.finish() == []
+
+
+class _GeneralOnly(SSEDecoder):
+    """The decoder with its fast path switched off: every chunk takes the general path."""
+
+    def feed(self, data: bytes) -> list[Frame]:
+        return self._feed_lines(data)
+
+
+class _CountingGeneral(SSEDecoder):
+    """Counts the chunks that missed the fast path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.general = 0
+
+    def _feed_lines(self, data: bytes) -> list[Frame]:
+        self.general += 1
+        return super()._feed_lines(data)
+
+
+def _outcomes(decoder: SSEDecoder, chunks: list[bytes]) -> list[object]:
+    """Per-chunk results, then finish(); an error (type and message) ends the list."""
+    out: list[object] = []
+    for chunk in [*chunks, None]:
+        try:
+            out.append(decoder.feed(chunk) if chunk is not None else decoder.finish())
+        except (StreamDecodeError, UsageError) as exc:
+            out.append((type(exc), str(exc)))
+            break
+    return out
+
+
+_NAMES = st.sampled_from([b"a", b"ab", b"content_block_delta", b"", b"\xc3\xa9", b"a\xff", b"a\r"])
+_VALUES = st.one_of(
+    st.sampled_from([b"", b"1", b'{"a": "b:c"}', b"x\ny", b"x\ry", b"\xe2\x82", b"\xff"]),
+    st.binary(max_size=12),
+)
+_PREFIXES = st.one_of(
+    st.just(b""),
+    _NAMES.map(lambda name: b"event: " + name + b"\n"),
+    _NAMES.map(lambda name: b"event:" + name + b"\n"),
+    st.sampled_from([b"id: 7\n", b"retry: 5\n", b": hi\n", b"event: a\nevent: b\n", b"\n"]),
+)
+_ENDINGS = st.one_of(
+    st.just(b"\n\n"),
+    st.sampled_from([b"\n", b"", b"\r\n\r\n", b"\n\n\n", b"\ndata: z\n\n", b"\r"]),
+)
+_FIELDS = st.one_of(st.just(b"data: "), st.sampled_from([b"data:", b"dat"]))
+_CHUNKS = st.lists(st.tuples(_PREFIXES, _FIELDS, _VALUES, _ENDINGS).map(b"".join), max_size=8)
+
+
+@settings(max_examples=400)
+@given(
+    chunks=_CHUNKS,
+    limits=st.sampled_from([{}, {}, {"max_line_bytes": 12}, {"max_event_bytes": 3}]),
+)
+def test_fast_path_agrees_with_general_path(chunks: list[bytes], limits: dict[str, int]) -> None:
+    """Chunk by chunk, the decoder gives what the general path alone gives (frames, errors),
+    for chunks shaped like fast-path events and every near miss (CR, extra lines, other
+    fields, missing blank line, invalid UTF-8, over a limit). The first chunk arms the fast
+    path (it is off until the stream has started)."""
+    chunks = [b"data: 0\n\n", *chunks]
+    fast = _outcomes(SSEDecoder(**limits), chunks)  # type: ignore[arg-type]
+    assert fast == _outcomes(_GeneralOnly(**limits), chunks)  # type: ignore[arg-type]
+
+
+def test_fast_path_takes_named_and_unnamed_events() -> None:
+    """Anthropic/Responses-shaped chunks (one event line, one data line) skip the general
+    path once the stream has started, also when the event name changes."""
+    decoder = _CountingGeneral()
+    chunks = [b"event: a\ndata: 0\n\n"] + [
+        b"event: %s\ndata: %d\n\n" % (name, i) for i, name in enumerate([b"a", b"a", b"b", b""])
+    ]
+    chunks.append(b"data: x\n\n")
+    frames = [f for chunk in chunks for f in decoder.feed(chunk)]
+    assert frames == [F("0", "a"), F("0", "a"), F("1", "a"), F("2", "b"), F("3"), F("x")]
+    assert decoder.general == 1  # only the first chunk (the stream start: BOM check)
 
 
 def test_dispatched_frames_are_plain_frames() -> None:

@@ -6,6 +6,9 @@ from ._errors import StreamDecodeError, UsageError
 from ._events import Frame
 from ._limits import Limits
 
+_new_frame = tuple.__new__
+"""``tuple.__new__(Frame, fields)`` builds a Frame without the Python-level ``Frame.__new__``."""
+
 
 class JSONLinesDecoder:
     """Bytes in, one :class:`Frame` per non-blank line out (``feed``/``finish``, bounded).
@@ -21,14 +24,25 @@ class JSONLinesDecoder:
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames for every line completed by ``data``."""
-        if self._closed:
-            raise UsageError("JSONLinesDecoder.feed() after finish() or an error")
-        buf = self._partial + data if self._partial else data
-        lines = buf.split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > self._max:
-            self._fail()
-        return [f for f in map(self._frame, lines) if f is not None]
+        # Fast path: nothing pending and the chunk is exactly one line "{...}\n" within the
+        # limit (one event per read). A line that starts with "{" and ends with "}" has no
+        # whitespace around it to strip and no BOM: its frame is the one _frame builds.
+        if (
+            not self._partial
+            and not self._closed
+            and data[-1:] == b"\n"
+            and data[0] == 0x7B  # "{"; so data is at least "{\n" and data[-2] exists
+            and data[-2] == 0x7D  # "}"
+            and len(data) <= self._max + 1
+        ):
+            line = data[:-1]
+            if 10 not in line:
+                try:
+                    text = line.decode()
+                except UnicodeDecodeError:
+                    text = line.decode("utf-8", "replace")
+                return [_new_frame(Frame, ("message", text, None, None))]
+        return self._feed_lines(data)
 
     def finish(self) -> list[Frame]:
         """The frame of a last line without a newline, if any."""
@@ -38,6 +52,17 @@ class JSONLinesDecoder:
         last = self._frame(self._partial)
         self._partial = b""
         return [last] if last is not None else []
+
+    def _feed_lines(self, data: bytes) -> list[Frame]:
+        """The general path of :meth:`feed`: any chunk, any decoder state."""
+        if self._closed:
+            raise UsageError("JSONLinesDecoder.feed() after finish() or an error")
+        buf = self._partial + data if self._partial else data
+        lines = buf.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > self._max:
+            self._fail()
+        return [f for f in map(self._frame, lines) if f is not None]
 
     def _frame(self, line: bytes) -> Frame | None:
         if len(line) > self._max:

@@ -15,10 +15,12 @@ state the spec keeps across events (last event id, reconnection time).
 
 Each ``feed()`` prepends the partial line, normalizes CR and CRLF to LF only when the chunk
 contains a CR (rare: Gemini), splits on LF and keeps the last piece as the new partial line.
-The common chunk -- exactly one ``data: {...}\\n\\n`` event per network read, arriving
-while nothing is pending -- skips all of that: ``feed`` checks its shape with a few slices
-and builds the frame directly (``_fast`` records "nothing pending" and is recomputed at the
-end of every general feed). Both paths must give the same frames; the tests check it.
+The common chunk -- exactly one ``data: {...}\\n\\n`` event per network read, maybe after one
+``event: <name>`` line (Anthropic, Responses), arriving while nothing is pending -- skips all
+of that: ``feed`` compares its start with the head of the previous such chunk (most streams
+repeat one), checks the rest with a few slices and builds the frame directly (``_fast``
+records "nothing pending" and is recomputed at the end of every general feed). Both paths
+must give the same frames; the tests check it.
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
 comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
@@ -88,6 +90,8 @@ class SSEDecoder:
         "_event_budget",
         "_fast",
         "_fast_max_bytes",
+        "_head",
+        "_head_event",
         "_last_id",
         "_max_line",
         "_partial",
@@ -108,9 +112,12 @@ class SSEDecoder:
         # The running count includes one LF per data line (the spec's buffer), so the joined
         # text is one byte shorter than the count: allow one extra byte.
         self._event_budget = max_event + 1
-        # A fast-path chunk is "data: " + value + "\n\n": its line and its value fit.
+        # A fast-path chunk is at least "data: " + value + "\n\n" (an "event:" line only
+        # adds bytes): within this bound, its every line and its value fit.
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
         self._fast = False  # True only between events with nothing pending (see _feed_lines)
+        self._head = b"data: "
+        self._head_event = "message"
         self._partial = b""
         self._at_start = True
         self._skip_lf = False
@@ -129,18 +136,27 @@ class SSEDecoder:
                 unusable, and events completed earlier in the same chunk are not returned.
             UsageError: the decoder was finished or failed earlier.
         """
-        # Fast path: nothing pending and the chunk is exactly one "data: <value>\n\n" event
-        # without CR, within both limits. ``in`` and slices beat ``find``/``startswith`` here.
+        # Fast path: nothing pending, and the chunk is exactly one event: the head (see
+        # _fast_head), a value without CR or LF, the blank line; within both limits (the
+        # bound on the length covers every line and the value: see __init__). The general
+        # path would apply those lines to empty buffers and dispatch at once, leaving nothing
+        # pending: the frame below is the one it builds.
         if self._fast:
-            n = len(data)
-            if 8 <= n <= self._fast_max_bytes and data[-1] == 10 and data[-2] == 10:
-                value = data[6:-2]
-                if data[:6] == b"data: " and 10 not in value and 13 not in value:
+            head = self._head
+            if (
+                (data[: len(head)] == head or self._fast_head(data))
+                and len(data) <= self._fast_max_bytes
+                and data[-1] == 10  # data[-2] exists: a head is 6 bytes or more
+                and data[-2] == 10
+            ):
+                value = data[len(self._head) : -2]
+                if 10 not in value and 13 not in value:
                     try:
                         text = value.decode()
                     except UnicodeDecodeError:
                         text = value.decode("utf-8", "replace")
-                    return [_new_frame(Frame, ("message", text, self._last_id, self._retry))]
+                    event = self._head_event
+                    return [_new_frame(Frame, (event, text, self._last_id, self._retry))]
         return self._feed_lines(data)
 
     def finish(self) -> list[Frame]:
@@ -162,6 +178,26 @@ class SSEDecoder:
         return frames
 
     # -- internals -------------------------------------------------------------------------
+
+    def _fast_head(self, data: bytes) -> bool:
+        """Whether ``data`` starts with a fast-path head; if so, it becomes ``_head``.
+
+        A head is ``data: `` (event type ``message``), or one ``event: <name>`` line (name
+        without CR) followed by ``data: ``. Streams repeat one head for most of their events
+        (Anthropic ``content_block_delta``), so ``feed`` compares a prefix and reuses the
+        decoded name; a chunk with another head comes here once.
+        """
+        if data[:6] == b"data: ":
+            head, event = b"data: ", "message"
+        elif data[:7] == b"event: ":
+            end = data.find(b"\n")
+            if end < 0 or data[end + 1 : end + 7] != b"data: " or 13 in data[:end]:
+                return False
+            head, event = data[: end + 7], data[7:end].decode("utf-8", "replace") or "message"
+        else:
+            return False
+        self._head, self._head_event = head, event
+        return True
 
     def _feed_lines(self, data: bytes) -> list[Frame]:
         """The general path of :meth:`feed`: any chunk, any decoder state."""

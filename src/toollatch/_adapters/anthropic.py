@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+import orjson
+
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
-    ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
@@ -42,6 +43,7 @@ from toollatch._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
+    args_delta,
 )
 
 from ._base import Adapter, error_detail, round_end, short
@@ -159,6 +161,8 @@ class AnthropicAdapter(Adapter):
         self.model: str | None = None
         """``message.model`` from ``message_start``, once seen."""
         self._blocks: dict[int, _Block] = {}
+        self._open_calls: dict[int, CallKey] = {}
+        """Key of every client ``tool_use`` block started and not stopped yet, by index."""
         self._stop_reason: str | None = None
         self._ended = False
         """``message_stop`` arrived, or the stream failed: nothing more may change the round."""
@@ -168,6 +172,30 @@ class AnthropicAdapter(Adapter):
 
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
         """As :meth:`Adapter.feed_frame`; an ``event: error`` frame also ends the stream."""
+        if frame.event != "error" and not self._finished:
+            # What the code below does with a frame whose data is a JSON object (all but
+            # error frames): none of Adapter.feed_frame's other checks can apply to one.
+            try:
+                event = orjson.loads(frame.data)
+            except orjson.JSONDecodeError:
+                event = None
+            if type(event) is dict:
+                # Fast path, once per argument fragment: an input_json_delta for an open
+                # client tool_use block. These are exactly the checks _feed and _block_delta
+                # make for it (block started, a call, not stopped: ``_open_calls``), with
+                # exact-type tests that only send stranger values down that path.
+                if event.get("type") == "content_block_delta" and not self._ended:
+                    index, delta = event.get("index"), event.get("delta")
+                    if type(index) is int and type(delta) is dict:
+                        key = self._open_calls.get(index)
+                        fragment = delta.get("partial_json")
+                        if (
+                            key is not None
+                            and type(fragment) is str
+                            and delta.get("type") == "input_json_delta"
+                        ):
+                            return [args_delta(key, fragment)]
+                return self._feed(event, frame.event)
         events = super().feed_frame(frame)
         if frame.event != "error":
             return events
@@ -255,9 +283,10 @@ class AnthropicAdapter(Adapter):
         match block.kind:
             case _Kind.CALL:
                 # The start's "input" is always {} when streaming: the arguments are the deltas.
+                key = self._open_calls[index] = self._key(index)
                 return [
                     CallOpened(
-                        key=self._key(index),
+                        key=key,
                         call_id=_str_or_none(start.get("id")),
                         name=_str_or_none(start.get("name")),
                     )
@@ -311,7 +340,7 @@ class AnthropicAdapter(Adapter):
             case "text_delta":
                 return [TextDelta(text=value, block=index)]
             case "input_json_delta" if block.kind is _Kind.CALL:
-                return [ArgsDelta(key=self._key(index), fragment=value)]
+                return [args_delta(self._open_calls[index], value)]
             case "signature_delta":
                 block.signature.append(value)
             case "citations_delta":
@@ -332,7 +361,7 @@ class AnthropicAdapter(Adapter):
         block.closed = True
         match block.kind:
             case _Kind.CALL:
-                return [CallClosed(key=self._key(index))]
+                return [CallClosed(key=self._open_calls.pop(index))]
             case _Kind.THINKING:
                 # Text and signature byte-for-byte: the API rejects an altered thinking block.
                 data = {

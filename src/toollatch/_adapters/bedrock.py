@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+import orjson
+
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
-    ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
@@ -42,6 +43,7 @@ from toollatch._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
+    args_delta,
 )
 
 from ._base import Adapter, round_end, short
@@ -142,6 +144,8 @@ class BedrockAdapter(Adapter):
     def __init__(self, *, attempt: int = 0) -> None:
         super().__init__(attempt=attempt)
         self._blocks: dict[int, _Block] = {}
+        self._open_calls: dict[int, CallKey] = {}
+        """Key of every client toolUse block started and not stopped yet, by index."""
         self._stopped = False
         """``messageStop`` arrived, or the stream failed: no more content may change the round."""
         self._reported: set[str] = set()
@@ -151,6 +155,32 @@ class BedrockAdapter(Adapter):
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
         """One event-stream frame: ``event`` = ``:event-type``/``:exception-type``, ``data`` =
         the JSON payload without the wrapper key (the base class wraps nothing)."""
+        if frame.event != "error" and not self._finished:
+            # What the code below does with a frame whose data is a JSON object (all but
+            # error frames): none of Adapter.feed_frame's other checks can apply to one.
+            try:
+                event = orjson.loads(frame.data)
+            except orjson.JSONDecodeError:
+                event = None
+            if type(event) is dict:
+                # Fast path, once per argument fragment: a contentBlockDelta whose only delta
+                # member is toolUse.input text for an open client toolUse block, wrapped
+                # (boto3, JSON Lines) or not (event stream: the header names it). These are
+                # exactly the checks of _feed, _block_delta and _apply_delta for it, with
+                # exact-type tests that only send stranger values down that path.
+                if len(event) == 1:
+                    payload = event.get("contentBlockDelta")
+                else:  # a payload that names no event by itself is the one its header names
+                    payload = event if frame.event == "contentBlockDelta" else None
+                if type(payload) is dict and not self._stopped:
+                    index, delta = payload.get("contentBlockIndex"), payload.get("delta")
+                    key = self._open_calls.get(index) if type(index) is int else None
+                    if key is not None and type(delta) is dict and len(delta) == 1:
+                        tool_use = delta.get("toolUse")
+                        fragment = tool_use.get("input") if type(tool_use) is dict else None
+                        if type(fragment) is str:
+                            return [args_delta(key, fragment)]
+                return self._feed(event, frame.event)
         if _is_exception(frame.event) and not frame.data.strip():
             frame = frame._replace(data="{}")  # an exception without a body still fails
         events = super().feed_frame(frame)
@@ -227,9 +257,10 @@ class BedrockAdapter(Adapter):
                 self._blocks[index] = _Block(_Kind.SERVER_CALL, tool_use)
                 return []
             self._blocks[index] = _Block(_Kind.CALL, tool_use)
+            key = self._open_calls[index] = self._key(index)
             return [
                 CallOpened(
-                    key=self._key(index),
+                    key=key,
                     call_id=_str_or_none(tool_use.get("toolUseId")),
                     name=_str_or_none(tool_use.get("name")),
                 )
@@ -272,7 +303,7 @@ class BedrockAdapter(Adapter):
             case "text", str():
                 return [TextDelta(text=value, block=index)]
             case "toolUse", {"input": str(fragment)} if block.kind is _Kind.CALL:
-                return [ArgsDelta(key=self._key(index), fragment=fragment)]
+                return [args_delta(self._open_calls[index], fragment)]
             case "toolUse", {"input": str(fragment)}:
                 block.parts.append(fragment)  # a server tool's input, kept for history
             case "reasoningContent", Mapping() if _add_reasoning(block, value):
@@ -298,7 +329,7 @@ class BedrockAdapter(Adapter):
         block.closed = True
         match block.kind:
             case _Kind.CALL:
-                return [CallClosed(key=self._key(index))]
+                return [CallClosed(key=self._open_calls.pop(index))]
             case _Kind.REASONING:
                 return [ReasoningBlock(block=index, data=_reasoning_data(block))]
             case _Kind.SERVER_CALL:

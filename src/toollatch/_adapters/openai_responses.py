@@ -29,6 +29,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import orjson
+
 from toollatch._adapters._base import Adapter, error_detail, short
 from toollatch._events import (
     Anomaly,
@@ -47,6 +49,7 @@ from toollatch._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
+    args_delta,
 )
 
 __all__ = ["OpenAIResponsesAdapter"]
@@ -114,6 +117,8 @@ class OpenAIResponsesAdapter(Adapter):
         super().__init__(attempt=attempt)
         self._parts_by_index: dict[int, int | str] = {}
         """``output_index`` -> call key part, for events that omit ``item_id``."""
+        self._keys: dict[str, CallKey] = {}
+        """Key of every call announced under an item id (built once, not per delta)."""
         self._opened: set[int | str] = set()
         self._closed: set[int | str] = set()
         self._ended = False
@@ -123,6 +128,27 @@ class OpenAIResponsesAdapter(Adapter):
 
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
         """As :meth:`Adapter.feed_frame`; an SSE ``event: error`` frame also ends the round."""
+        if frame.event != "error" and not self._finished:
+            # What the code below does with a frame whose data is a JSON object (all but
+            # error frames): none of Adapter.feed_frame's other checks can apply to one.
+            try:
+                event = orjson.loads(frame.data)
+            except orjson.JSONDecodeError:
+                event = None
+            if type(event) is dict:
+                # Fast path, once per argument fragment: a string delta for a call announced
+                # under its item id. The general path (_feed, _args_delta, _key) would build
+                # the very same key; anything else goes down that path.
+                if (
+                    event.get("type") == "response.function_call_arguments.delta"
+                    and not self._ended
+                ):
+                    delta, item_id = event.get("delta"), event.get("item_id")
+                    if type(delta) is str and type(item_id) is str:
+                        key = self._keys.get(item_id)
+                        if key is not None:
+                            return [args_delta(key, delta)] if delta else []
+                return self._feed(event, frame.event)
         if frame.event != "error" or self._finished:
             return super().feed_frame(frame)
         was_ended, self._ended = self._ended, True
@@ -172,7 +198,7 @@ class OpenAIResponsesAdapter(Adapter):
         if item.get("type") != "function_call":
             return []  # reasoning/message/hosted items are emitted whole at output_item.done
         part = self._register(item, event.get("output_index"))
-        key = CallKey(self.attempt, 0, part)
+        key = self._call_key(part)
         if part in self._opened:
             # A repeated announcement: identical id/name is a no-op for the assembler,
             # a different one is its ID_CHANGED / NAME_CHANGED anomaly.
@@ -214,7 +240,7 @@ class OpenAIResponsesAdapter(Adapter):
 
     def _function_call_done(self, item: Mapping[str, Any], index: object) -> list[StreamEvent]:
         part = self._register(item, index)
-        key = CallKey(self.attempt, 0, part)
+        key = self._call_key(part)
         events: list[StreamEvent] = []
         if part not in self._opened:
             # Rule "call_only_at_item_done": a server that skips output_item.added still
@@ -236,7 +262,7 @@ class OpenAIResponsesAdapter(Adapter):
         # Keyed by the event's own item id: parallel calls' fragments may interleave
         # (microsoft/agent-framework#8337, bifrost#1829). An unknown key reaches the
         # assembler as is, which records it as UNKNOWN_KEY.
-        return [ArgsDelta(key=self._key(event), fragment=delta)] if delta else []
+        return [args_delta(self._key(event), delta)] if delta else []
 
     def _close(self, key: CallKey, arguments: object) -> list[StreamEvent]:
         if key.part in self._closed:
@@ -320,6 +346,13 @@ class OpenAIResponsesAdapter(Adapter):
         else:
             part = -1
         return CallKey(self.attempt, 0, part)
+
+    def _call_key(self, part: int | str) -> CallKey:
+        """The key of an announced call; one with an item id is kept for the fast path."""
+        key = CallKey(self.attempt, 0, part)
+        if type(part) is str:
+            self._keys[part] = key
+        return key
 
 
 def _argument_text(value: object, key: CallKey) -> tuple[str | None, list[StreamEvent]]:
