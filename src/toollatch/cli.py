@@ -11,6 +11,7 @@ replayed (whatever its calls' states), 2 for a usage error or an unreadable file
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,6 +102,15 @@ def _all_providers() -> tuple[str, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``toollatch`` script; returns the exit status."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # e.g. `toollatch replay ... | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         limits = _limits(args)
