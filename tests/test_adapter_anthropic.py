@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch._adapters._base import Adapter
 from toollatch._adapters.anthropic import AnthropicAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -606,12 +605,10 @@ def test_frames_and_dicts_give_the_same_events() -> None:
 
 
 class _GeneralOnly(AnthropicAdapter):
-    """feed_frame without the fast path: Adapter.feed_frame parses, then _feed decides."""
+    """Without the fast path: every decoded event goes through _feed."""
 
-    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
-        if frame.event == "error":
-            return super().feed_frame(frame)
-        return Adapter.feed_frame(self, frame)
+    def _continuation(self, event: dict[str, Any], sse_event: str | None) -> None:
+        return None
 
 
 _INDEXES = st.sampled_from([0, 1, 2, True, 1.0, "0", None])

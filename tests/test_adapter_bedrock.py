@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch._adapters._base import Adapter
 from toollatch._adapters.bedrock import BedrockAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -537,12 +536,10 @@ def test_random_padding_field_changes_nothing(pads: list[str]) -> None:
 
 
 class _GeneralOnly(BedrockAdapter):
-    """feed_frame without the fast path: the code below it in BedrockAdapter.feed_frame."""
+    """Without the fast path: every decoded event goes through _feed."""
 
-    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
-        if frame.event == "error" or not frame.data.strip():
-            return super().feed_frame(frame)
-        return Adapter.feed_frame(self, frame)
+    def _continuation(self, event: dict[str, Any], sse_event: str | None) -> None:
+        return None
 
 
 class _Counting(BedrockAdapter):

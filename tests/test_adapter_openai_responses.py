@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch._adapters._base import Adapter
 from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -459,12 +458,10 @@ def test_any_interleaving_of_two_calls_folds_to_both_texts(data: st.DataObject) 
 
 
 class _GeneralOnly(OpenAIResponsesAdapter):
-    """feed_frame without the fast path: Adapter.feed_frame parses, then _feed decides."""
+    """Without the fast path: every decoded event goes through _feed."""
 
-    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
-        if frame.event == "error":
-            return super().feed_frame(frame)
-        return Adapter.feed_frame(self, frame)
+    def _continuation(self, event: dict[str, Any], sse_event: str | None) -> None:
+        return None
 
 
 _DELTA = "response.function_call_arguments.delta"
@@ -535,7 +532,8 @@ def test_fast_path_takes_every_argument_fragment() -> None:
     events: list[StreamEvent] = []
     for native in natives:
         events += adapter.feed_frame(Frame(event=native["type"], data=json.dumps(native)))
-    assert adapter.general == 3  # output_item.added, arguments.done, completed
+    # output_item.added, the empty delta (dropped by the general path), arguments.done, completed
+    assert adapter.general == 4
     assert events + adapter.finish() == run(natives)
 
 

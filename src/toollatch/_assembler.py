@@ -137,20 +137,10 @@ class Assembler:
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
         if type(event) is ArgsDelta:
-            # The hot path (once per fragment), inlined: an open call's fragment that keeps it
-            # under the byte limit is one lookup, one count and one append.
-            buf = self._buffers.get(event.key)
-            if buf is not None and buf.state is _OPEN and self._previews is None:
-                fragment = event.fragment
-                size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
-                if buf.nbytes + size <= self._max_argument_bytes:
-                    buf.nbytes += size
-                    buf.fragments.append(fragment)
-                    return []
-            return self._on_args(event)
+            return self._append(event.key, event.fragment)
         match event:
             case ArgsDelta():
-                return self._on_args(event)
+                return self._append(event.key, event.fragment)
             case CallOpened():
                 return self._on_open(event)
             case CallIdentified():
@@ -176,12 +166,26 @@ class Assembler:
                 assert_never(event)
         return []
 
-    def _on_args(self, event: ArgsDelta) -> list[Notice]:
-        buf = self._buffers.get(event.key)
+    def _append(self, key: CallKey, fragment: str) -> list[Notice]:
+        """``feed(ArgsDelta(key=key, fragment=fragment))`` without building the event (the
+        pipeline's fast path calls this directly)."""
+        if self._round is not None:
+            raise UsageError("Assembler.feed() called after finish()")
+        # The hot path (once per fragment), inlined: an open call's fragment that keeps it
+        # under the byte limit is one lookup, one count and one append.
+        buf = self._buffers.get(key)
+        if buf is not None and buf.state is _OPEN and self._previews is None:
+            size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
+            if buf.nbytes + size <= self._max_argument_bytes:
+                buf.nbytes += size
+                buf.fragments.append(fragment)
+                return []
+        return self._on_args(key, fragment)
+
+    def _on_args(self, key: CallKey, fragment: str) -> list[Notice]:
+        buf = self._buffers.get(key)
         if buf is None:
-            self._record(
-                AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", event.key
-            )
+            self._record(AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", key)
             return []
         if buf.state is not CallState.OPEN:
             if buf.state is CallState.ARGS_COMPLETE:
@@ -191,7 +195,6 @@ class Assembler:
                     "argument fragment after the call was closed",
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
-        fragment = event.fragment
         size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
         buf.nbytes += size
         if buf.nbytes > self.limits.max_argument_bytes:
@@ -283,7 +286,7 @@ class Assembler:
         final = event.arguments
         if final is not None:
             if not buf.fragments:
-                notices = self._on_args(ArgsDelta(key=buf.key, fragment=final))
+                notices = self._on_args(buf.key, final)
                 if notices:
                     return notices
             elif buf.text() != final:

@@ -21,12 +21,28 @@ class JSONLinesDecoder:
         self._max = (limits or Limits()).max_line_bytes
         self._partial = b""
         self._closed = False
+        self.head_event = "message"
+        """The event type of every line (see :meth:`single`)."""
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames for every line completed by ``data``."""
-        # Fast path: nothing pending and the chunk is exactly one line "{...}\n" within the
-        # limit (one event per read). A line that starts with "{" and ends with "}" has no
-        # whitespace around it to strip and no BOM: its frame is the one _frame builds.
+        line = self.single(data)
+        if line is not None:
+            try:
+                text = line.decode()
+            except UnicodeDecodeError:
+                text = line.decode("utf-8", "replace")
+            return [_new_frame(Frame, ("message", text, None, None))]
+        return self._feed_lines(data)
+
+    def single(self, data: bytes) -> bytes | None:
+        """The line of ``data`` (undecoded) if ``data`` is exactly one event that leaves the
+        decoder as it is; else ``None`` (see :meth:`SSEDecoder.single`).
+
+        True of a chunk fed with nothing pending that is exactly one line ``{...}`` and its
+        LF, within the limit: a line that starts with ``{`` and ends with ``}`` has no
+        whitespace around it to strip and no BOM, so its frame is the one ``_frame`` builds.
+        """
         if (
             not self._partial
             and not self._closed
@@ -37,12 +53,8 @@ class JSONLinesDecoder:
         ):
             line = data[:-1]
             if 10 not in line:
-                try:
-                    text = line.decode()
-                except UnicodeDecodeError:
-                    text = line.decode("utf-8", "replace")
-                return [_new_frame(Frame, ("message", text, None, None))]
-        return self._feed_lines(data)
+                return line
+        return None
 
     def finish(self) -> list[Frame]:
         """The frame of a last line without a newline, if any."""

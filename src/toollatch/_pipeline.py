@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from orjson import JSONDecodeError as _JSONDecodeError
+from orjson import loads as _loads
+
 from ._adapters._base import Adapter
 from ._assembler import Assembler, Notice
 from ._errors import StreamDecodeError, UsageError
@@ -29,6 +32,14 @@ from ._sse import SSEDecoder
 class _Decoder(Protocol):
     def feed(self, data: bytes) -> list[Frame]: ...
     def finish(self) -> list[Frame]: ...
+
+
+class _SingleDecoder(_Decoder, Protocol):
+    """A text framing that can tell a chunk that is exactly one event (SSE, JSON Lines)."""
+
+    head_event: str
+
+    def single(self, data: bytes) -> bytes | None: ...
 
 
 def make_decoder(framing: Framing, limits: Limits) -> _Decoder:
@@ -51,6 +62,14 @@ class StreamParser:
     ``previews`` to get :class:`PreviewUpdated` notices for calls still streaming. Notices
     produced while finishing (e.g. final previews of a stream that just stopped) are kept in
     ``finish_notices``.
+
+    Fast path: most network reads are one whole event carrying one argument fragment of an
+    open call. For such a read ``feed`` asks the decoder whether the chunk is exactly one
+    event that leaves it unchanged (``single``), parses the event's data from the bytes,
+    asks the adapter whether it is a bare fragment of an open call (``_continuation``) and
+    hands the fragment to the assembler (``_append``): the same decisions the stages make
+    in turn, without building the frame and the stream event in between. Anything else
+    takes the stage-by-stage path. With ``keep_events`` every read takes that path.
     """
 
     def __init__(
@@ -81,17 +100,35 @@ class StreamParser:
             gate=gate,
             previews=previews,
         )
-        self._decoder = make_decoder(framing, self.limits)
+        self._decoder = decoder = make_decoder(framing, self.limits)
         # Bound once: feed() runs once per network read, tens of thousands of times a call.
-        self._decode = self._decoder.feed
+        self._decode = decoder.feed
         self._translate = self.adapter.feed_frame
         self._assemble = self.assembler.feed
+        self._single: _SingleDecoder | None = None
+        if not keep_events and isinstance(decoder, SSEDecoder | JSONLinesDecoder):
+            self._single = decoder
+        self._continuation = self.adapter._continuation
+        self._append = self.assembler._append
         self._broken = False
         self.finish_notices: list[Notice] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
     def feed(self, data: bytes) -> list[Notice]:
         """Feed raw transport bytes (any split); returns notices of early call failures."""
+        decoder = self._single
+        if decoder is not None:
+            payload = decoder.single(data)
+            if payload is not None:  # one whole event, not an error frame (see the class doc)
+                try:
+                    native = _loads(payload)
+                except _JSONDecodeError:
+                    native = None  # not UTF-8, or not JSON: the stages say what it is
+                if type(native) is dict:
+                    hit = self._continuation(native, decoder.head_event)
+                    if hit is not None:
+                        return self._append(hit[0], hit[1])
+                    return self._apply(self.adapter.feed_decoded(native, decoder.head_event))
         if self._broken:
             return []
         try:
@@ -126,7 +163,7 @@ class StreamParser:
     def finish(self) -> Round:
         """End of input: flush the decoder and the adapter, decide every call."""
         if not self._broken:
-            self._broken = True
+            self._stop()
             try:
                 self.finish_notices += self.feed_frames(self._decoder.finish())
             except StreamDecodeError as exc:
@@ -136,7 +173,7 @@ class StreamParser:
 
     def cancel(self, reason: str = "cancelled by the caller") -> Round:
         """Cancel the attempt: every call not committed yet becomes CANCELLED."""
-        self._broken = True
+        self._stop()
         return self.assembler.cancel(reason)
 
     def _apply(self, events: list[StreamEvent]) -> list[Notice]:
@@ -147,8 +184,13 @@ class StreamParser:
             notices.extend(self.assembler.feed(event))
         return notices
 
-    def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
+    def _stop(self) -> None:
+        """No more input: ``feed`` and ``feed_frames`` return nothing from now on."""
         self._broken = True
+        self._single = None
+
+    def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
+        self._stop()
         return self._apply(
             [
                 Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),

@@ -91,12 +91,12 @@ class SSEDecoder:
         "_fast",
         "_fast_max_bytes",
         "_head",
-        "_head_event",
         "_last_id",
         "_max_line",
         "_partial",
         "_retry",
         "_skip_lf",
+        "head_event",
     )
 
     def __init__(
@@ -117,7 +117,8 @@ class SSEDecoder:
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
         self._fast = False  # True only between events with nothing pending (see _feed_lines)
         self._head = b"data: "
-        self._head_event = "message"
+        self.head_event = "message"
+        """The event type of the last chunk :meth:`single` accepted."""
         self._partial = b""
         self._at_start = True
         self._skip_lf = False
@@ -136,27 +137,13 @@ class SSEDecoder:
                 unusable, and events completed earlier in the same chunk are not returned.
             UsageError: the decoder was finished or failed earlier.
         """
-        # Fast path: nothing pending, and the chunk is exactly one event: the head (see
-        # _fast_head), a value without CR or LF, the blank line; within both limits (the
-        # bound on the length covers every line and the value: see __init__). The general
-        # path would apply those lines to empty buffers and dispatch at once, leaving nothing
-        # pending: the frame below is the one it builds.
-        if self._fast:
-            head = self._head
-            if (
-                (data[: len(head)] == head or self._fast_head(data))
-                and len(data) <= self._fast_max_bytes
-                and data[-1] == 10  # data[-2] exists: a head is 6 bytes or more
-                and data[-2] == 10
-            ):
-                value = data[len(self._head) : -2]
-                if 10 not in value and 13 not in value:
-                    try:
-                        text = value.decode()
-                    except UnicodeDecodeError:
-                        text = value.decode("utf-8", "replace")
-                    event = self._head_event
-                    return [_new_frame(Frame, (event, text, self._last_id, self._retry))]
+        value = self.single(data) if self._fast else None
+        if value is not None:
+            try:
+                text = value.decode()
+            except UnicodeDecodeError:
+                text = value.decode("utf-8", "replace")
+            return [_new_frame(Frame, (self.head_event, text, self._last_id, self._retry))]
         return self._feed_lines(data)
 
     def finish(self) -> list[Frame]:
@@ -179,13 +166,39 @@ class SSEDecoder:
 
     # -- internals -------------------------------------------------------------------------
 
+    def single(self, data: bytes) -> bytes | None:
+        """The data of ``data`` (undecoded) if ``data`` is exactly one event that leaves the
+        decoder as it is; else ``None``. ``head_event`` is then the event's type.
+
+        True of a chunk fed with nothing pending that is a head (see :meth:`_fast_head`), a
+        value without CR or LF and the blank line, within both limits (the bound on the
+        length covers every line and the value: see ``__init__``): :meth:`feed` would apply
+        those lines to empty buffers and dispatch at once, leaving nothing pending. So a
+        caller that decodes the value itself may skip :meth:`feed` for such a chunk (the
+        pipeline's fast path does); ``feed`` uses it for its own.
+        """
+        if not self._fast:
+            return None
+        head = self._head
+        if (
+            (data[: len(head)] == head or self._fast_head(data))
+            and len(data) <= self._fast_max_bytes
+            and data[-1] == 10  # data[-2] exists: a head is 6 bytes or more
+            and data[-2] == 10
+        ):
+            value = data[len(self._head) : -2]
+            if 10 not in value and 13 not in value:
+                return value
+        return None
+
     def _fast_head(self, data: bytes) -> bool:
         """Whether ``data`` starts with a fast-path head; if so, it becomes ``_head``.
 
         A head is ``data: `` (event type ``message``), or one ``event: <name>`` line (name
         without CR) followed by ``data: ``. Streams repeat one head for most of their events
         (Anthropic ``content_block_delta``), so ``feed`` compares a prefix and reuses the
-        decoded name; a chunk with another head comes here once.
+        decoded name; a chunk with another head comes here once. An ``error`` event's head
+        is not a fast-path head.
         """
         if data[:6] == b"data: ":
             head, event = b"data: ", "message"
@@ -194,9 +207,11 @@ class SSEDecoder:
             if end < 0 or data[end + 1 : end + 7] != b"data: " or 13 in data[:end]:
                 return False
             head, event = data[: end + 7], data[7:end].decode("utf-8", "replace") or "message"
+            if event == "error":
+                return False  # an error frame is never single (see single): rare, general path
         else:
             return False
-        self._head, self._head_event = head, event
+        self._head, self.head_event = head, event
         return True
 
     def _feed_lines(self, data: bytes) -> list[Frame]:

@@ -17,7 +17,17 @@ from typing import Any, ClassVar
 import orjson
 
 from .._errors import UsageError
-from .._events import Anomaly, AnomalyKind, Ending, Frame, RoundEnded, StreamEvent, StreamFailed
+from .._events import (
+    Anomaly,
+    AnomalyKind,
+    CallKey,
+    Ending,
+    Frame,
+    RoundEnded,
+    StreamEvent,
+    StreamFailed,
+    args_delta,
+)
 
 _DETAIL_CHARS = 300
 
@@ -62,6 +72,15 @@ def error_detail(payload: object) -> str:
         elif err:
             return short(err)
     return short(payload)
+
+
+def frame_error_detail(data: str) -> str:
+    """The short description of an ``event: error`` frame's data (JSON or plain text)."""
+    try:
+        payload: object = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        payload = data
+    return error_detail(payload)
 
 
 def round_end(
@@ -116,7 +135,7 @@ class Adapter(ABC):
                     detail=f"expected a JSON object, got {type(event).__name__}",
                 )
             ]
-        return self._feed(event)
+        return self.feed_decoded(event)
 
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
         """Translate one transport frame: decodes its JSON data, handles ``[DONE]``/errors."""
@@ -124,32 +143,43 @@ class Adapter(ABC):
             raise UsageError(f"{type(self).__name__}.feed_frame() called after finish()")
         data = frame.data
         if frame.event == "error":
-            try:
-                payload: object = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                payload = data
-            return [StreamFailed(detail=error_detail(payload))]
-        if data == "[DONE]":
-            return self._done()
-        if not data:
-            return []
+            return self._error_frame(data)
         try:
             native = orjson.loads(data)
         except orjson.JSONDecodeError:
+            if data == "[DONE]":
+                return self._done()
+            if not data:
+                return []
             return [
                 Anomaly(
                     kind=AnomalyKind.INVALID_PAYLOAD,
                     detail=f"frame data is not JSON: {short(data, 80)!r}",
                 )
             ]
-        if not isinstance(native, dict):
+        if type(native) is not dict:
             return [
                 Anomaly(
                     kind=AnomalyKind.INVALID_PAYLOAD,
                     detail=f"frame data is JSON {type(native).__name__}, not an object",
                 )
             ]
-        return self._feed(native, frame.event)
+        return self.feed_decoded(native, frame.event)
+
+    def feed_decoded(
+        self, event: dict[str, Any], sse_event: str | None = None
+    ) -> list[StreamEvent]:
+        """Translate a frame whose data is already decoded to a JSON object.
+
+        ``sse_event`` is the frame's event name; an ``error`` frame must go through
+        :meth:`feed_frame` instead. The same events as :meth:`feed_frame` for that frame.
+        """
+        if self._finished:
+            raise UsageError(f"{type(self).__name__}.feed_decoded() called after finish()")
+        hit = self._continuation(event, sse_event)
+        if hit is None:
+            return self._feed(event, sse_event)
+        return [args_delta(hit[0], hit[1])]
 
     def finish(self) -> list[StreamEvent]:
         """The transport ended: return what the end of input implies. Call exactly once."""
@@ -163,6 +193,19 @@ class Adapter(ABC):
     @abstractmethod
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         """Translate one decoded native event (``sse_event``: the SSE event name, if any)."""
+
+    def _continuation(
+        self, event: dict[str, Any], sse_event: str | None
+    ) -> tuple[CallKey, str] | None:
+        """Fast path, once per argument fragment: ``(key, fragment)`` when ``event`` is a bare
+        argument fragment of an open call, for which :meth:`_feed` would return exactly
+        ``[ArgsDelta(key=key, fragment=fragment)]`` and change nothing else that matters (tests
+        pin this per adapter); ``None`` sends the event down the general path."""
+        return None
+
+    def _error_frame(self, data: str) -> list[StreamEvent]:
+        """An SSE ``event: error`` frame: the stream failed (adapters add their own rules)."""
+        return [StreamFailed(detail=frame_error_detail(data))]
 
     def _done(self) -> list[StreamEvent]:
         """An SSE ``data: [DONE]`` sentinel arrived (OpenAI-style streams)."""

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-import orjson
-
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -35,7 +33,6 @@ from toollatch._events import (
     CallKey,
     CallOpened,
     Ending,
-    Frame,
     ReasoningBlock,
     RoundEnded,
     ServerToolBlock,
@@ -46,7 +43,7 @@ from toollatch._events import (
     args_delta,
 )
 
-from ._base import Adapter, error_detail, round_end, short
+from ._base import Adapter, error_detail, frame_error_detail, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, Ending] = {
@@ -170,37 +167,28 @@ class AnthropicAdapter(Adapter):
 
     # -- entry points -----------------------------------------------------------------------
 
-    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
-        """As :meth:`Adapter.feed_frame`; an ``event: error`` frame also ends the stream."""
-        if frame.event != "error" and not self._finished:
-            # What the code below does with a frame whose data is a JSON object (all but
-            # error frames): none of Adapter.feed_frame's other checks can apply to one.
-            try:
-                event = orjson.loads(frame.data)
-            except orjson.JSONDecodeError:
-                event = None
-            if type(event) is dict:
-                # Fast path, once per argument fragment: an input_json_delta for an open
-                # client tool_use block. These are exactly the checks _feed and _block_delta
-                # make for it (block started, a call, not stopped: ``_open_calls``), with
-                # exact-type tests that only send stranger values down that path.
-                if event.get("type") == "content_block_delta" and not self._ended:
-                    index, delta = event.get("index"), event.get("delta")
-                    if type(index) is int and type(delta) is dict:
-                        key = self._open_calls.get(index)
-                        fragment = delta.get("partial_json")
-                        if (
-                            key is not None
-                            and type(fragment) is str
-                            and delta.get("type") == "input_json_delta"
-                        ):
-                            return [args_delta(key, fragment)]
-                return self._feed(event, frame.event)
-        events = super().feed_frame(frame)
-        if frame.event != "error":
-            return events
-        detail = next((e.detail for e in events if isinstance(e, StreamFailed)), "")
-        return self._stream_error(detail)
+    def _continuation(
+        self, event: dict[str, Any], sse_event: str | None
+    ) -> tuple[CallKey, str] | None:
+        # An input_json_delta for an open client tool_use block: exactly the checks _feed and
+        # _block_delta make for it (block started, a call, not stopped: ``_open_calls``), with
+        # exact-type tests that only send stranger values down the general path.
+        if event.get("type") == "content_block_delta" and not self._ended:
+            index, delta = event.get("index"), event.get("delta")
+            if type(index) is int and type(delta) is dict:
+                key = self._open_calls.get(index)
+                fragment = delta.get("partial_json")
+                if (
+                    key is not None
+                    and type(fragment) is str
+                    and delta.get("type") == "input_json_delta"
+                ):
+                    return key, fragment
+        return None
+
+    def _error_frame(self, data: str) -> list[StreamEvent]:
+        """An ``event: error`` frame ends the stream (see :meth:`_stream_error`)."""
+        return self._stream_error(frame_error_detail(data))
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         kind = event.get("type", sse_event)

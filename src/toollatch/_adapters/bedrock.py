@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-import orjson
-
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -46,7 +44,7 @@ from toollatch._events import (
     args_delta,
 )
 
-from ._base import Adapter, round_end, short
+from ._base import Adapter, frame_error_detail, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, Ending] = {
@@ -155,39 +153,34 @@ class BedrockAdapter(Adapter):
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
         """One event-stream frame: ``event`` = ``:event-type``/``:exception-type``, ``data`` =
         the JSON payload without the wrapper key (the base class wraps nothing)."""
-        if frame.event != "error" and not self._finished:
-            # What the code below does with a frame whose data is a JSON object (all but
-            # error frames): none of Adapter.feed_frame's other checks can apply to one.
-            try:
-                event = orjson.loads(frame.data)
-            except orjson.JSONDecodeError:
-                event = None
-            if type(event) is dict:
-                # Fast path, once per argument fragment: a contentBlockDelta whose only delta
-                # member is toolUse.input text for an open client toolUse block, wrapped
-                # (boto3, JSON Lines) or not (event stream: the header names it). These are
-                # exactly the checks of _feed, _block_delta and _apply_delta for it, with
-                # exact-type tests that only send stranger values down that path.
-                if len(event) == 1:
-                    payload = event.get("contentBlockDelta")
-                else:  # a payload that names no event by itself is the one its header names
-                    payload = event if frame.event == "contentBlockDelta" else None
-                if type(payload) is dict and not self._stopped:
-                    index, delta = payload.get("contentBlockIndex"), payload.get("delta")
-                    key = self._open_calls.get(index) if type(index) is int else None
-                    if key is not None and type(delta) is dict and len(delta) == 1:
-                        tool_use = delta.get("toolUse")
-                        fragment = tool_use.get("input") if type(tool_use) is dict else None
-                        if type(fragment) is str:
-                            return [args_delta(key, fragment)]
-                return self._feed(event, frame.event)
         if _is_exception(frame.event) and not frame.data.strip():
             frame = frame._replace(data="{}")  # an exception without a body still fails
-        events = super().feed_frame(frame)
-        if frame.event != "error":
-            return events
-        detail = next((e.detail for e in events if isinstance(e, StreamFailed)), "")
-        return self._stream_error(detail)
+        return super().feed_frame(frame)
+
+    def _continuation(
+        self, event: dict[str, Any], sse_event: str | None
+    ) -> tuple[CallKey, str] | None:
+        # A contentBlockDelta whose only delta member is toolUse.input text for an open client
+        # toolUse block, wrapped (boto3, JSON Lines) or not (event stream: the header names
+        # it): exactly the checks of _feed, _block_delta and _apply_delta for it, with
+        # exact-type tests that only send stranger values down the general path.
+        if len(event) == 1:
+            payload = event.get("contentBlockDelta")
+        else:  # a payload that names no event by itself is the one its header names
+            payload = event if sse_event == "contentBlockDelta" else None
+        if type(payload) is dict and not self._stopped:
+            index, delta = payload.get("contentBlockIndex"), payload.get("delta")
+            key = self._open_calls.get(index) if type(index) is int else None
+            if key is not None and type(delta) is dict and len(delta) == 1:
+                tool_use = delta.get("toolUse")
+                fragment = tool_use.get("input") if type(tool_use) is dict else None
+                if type(fragment) is str:
+                    return key, fragment
+        return None
+
+    def _error_frame(self, data: str) -> list[StreamEvent]:
+        """An SSE ``event: error`` frame ends the stream (see :meth:`_stream_error`)."""
+        return self._stream_error(frame_error_detail(data))
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         if sse_event is not None and not _is_wrapped(event):

@@ -52,7 +52,6 @@ from toollatch._events import (
     CallKey,
     CallOpened,
     Ending,
-    Frame,
     ReasoningBlock,
     RoundEnded,
     ServerToolBlock,
@@ -266,13 +265,12 @@ class GeminiAdapter(Adapter):
 
     # -- Adapter hooks ----------------------------------------------------------------------
 
-    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
-        """As :meth:`Adapter.feed_frame`; an SSE ``event: error`` frame also ends the stream."""
-        if frame.event != "error" or self._finished:
-            return super().feed_frame(frame)
-        was_failed, self._failed = self._failed, True
-        events = super().feed_frame(frame)
-        return [_after_end("error event")] if was_failed else events
+    def _error_frame(self, data: str) -> list[StreamEvent]:
+        """An SSE ``event: error`` frame also ends the stream."""
+        if self._failed:
+            return [_after_end("error event")]
+        self._failed = True
+        return super()._error_frame(data)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         if self._failed:

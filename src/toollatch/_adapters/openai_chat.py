@@ -40,7 +40,6 @@ from .._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
-    args_delta,
 )
 from ._base import Adapter, error_detail, round_end
 
@@ -97,9 +96,6 @@ class OpenAIChatAdapter(Adapter):
     # -- chunks -------------------------------------------------------------------------------
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
-        fragment = self._continuation(event)
-        if fragment is not None:
-            return [fragment]
         if self._saw_done:
             return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="chunk after [DONE]")]
         if "error" in event and not event.get("choices"):
@@ -117,10 +113,11 @@ class OpenAIChatAdapter(Adapter):
             out.append(UsageReported(usage=usage))
         return out
 
-    def _continuation(self, event: Mapping[str, Any]) -> ArgsDelta | None:
-        """Fast path for the bulk of every stream: one argument fragment of a call already open
-        at its index, with nothing else in the chunk. Returns None for anything else, which
-        then takes the general path (both give identical events; tests pin that)."""
+    def _continuation(
+        self, event: dict[str, Any], sse_event: str | None
+    ) -> tuple[CallKey, str] | None:
+        """The bulk of every stream: one argument fragment of a call already open at its
+        index, with nothing else in the chunk (see :meth:`Adapter._continuation`)."""
         choices = event.get("choices")
         if type(choices) is not list or len(choices) != 1 or event.get("usage"):
             return None
@@ -149,7 +146,7 @@ class OpenAIChatAdapter(Adapter):
         ):
             return None
         self._choices[slot.key.choice].last = slot
-        return args_delta(slot.key, args)
+        return slot.key, args
 
     def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index = choice.get("index", 0)

@@ -29,8 +29,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import orjson
-
 from toollatch._adapters._base import Adapter, error_detail, short
 from toollatch._events import (
     Anomaly,
@@ -41,7 +39,6 @@ from toollatch._events import (
     CallKey,
     CallOpened,
     Ending,
-    Frame,
     ReasoningBlock,
     RoundEnded,
     ServerToolBlock,
@@ -126,36 +123,25 @@ class OpenAIResponsesAdapter(Adapter):
 
     # -- Adapter hooks ----------------------------------------------------------------------
 
-    def feed_frame(self, frame: Frame) -> list[StreamEvent]:
-        """As :meth:`Adapter.feed_frame`; an SSE ``event: error`` frame also ends the round."""
-        if frame.event != "error" and not self._finished:
-            # What the code below does with a frame whose data is a JSON object (all but
-            # error frames): none of Adapter.feed_frame's other checks can apply to one.
-            try:
-                event = orjson.loads(frame.data)
-            except orjson.JSONDecodeError:
-                event = None
-            if type(event) is dict:
-                # Fast path, once per argument fragment: a string delta for a call announced
-                # under its item id. The general path (_feed, _args_delta, _key) would build
-                # the very same key; anything else goes down that path.
-                if (
-                    event.get("type") == "response.function_call_arguments.delta"
-                    and not self._ended
-                ):
-                    delta, item_id = event.get("delta"), event.get("item_id")
-                    if type(delta) is str and type(item_id) is str:
-                        key = self._keys.get(item_id)
-                        if key is not None:
-                            return [args_delta(key, delta)] if delta else []
-                return self._feed(event, frame.event)
-        if frame.event != "error" or self._finished:
-            return super().feed_frame(frame)
-        was_ended, self._ended = self._ended, True
-        events = super().feed_frame(frame)
-        if was_ended:
+    def _continuation(
+        self, event: dict[str, Any], sse_event: str | None
+    ) -> tuple[CallKey, str] | None:
+        # A non-empty string delta for a call announced under its item id: the general path
+        # (_feed, _args_delta, _key) would build the very same key.
+        if event.get("type") == "response.function_call_arguments.delta" and not self._ended:
+            delta, item_id = event.get("delta"), event.get("item_id")
+            if type(delta) is str and delta and type(item_id) is str:
+                key = self._keys.get(item_id)
+                if key is not None:
+                    return key, delta
+        return None
+
+    def _error_frame(self, data: str) -> list[StreamEvent]:
+        """An SSE ``event: error`` frame ends the round (recorded only, after the end)."""
+        if self._ended:
             return [self._after_end("error")]
-        return events
+        self._ended = True
+        return super()._error_frame(data)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         # The payload's own "type" wins over the SSE event name (they agree in every recording).
