@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toollatch import CallState, Ending, ErrorCode, Limits, StreamParser
+from toollatch._adapters.openai_chat import OpenAIChatAdapter
+from toollatch.events import Frame
 from toollatch.testing import chunkings, replay, split_at, sse, summary
 
 CITY = '{"city": "Paris", "days": 3}'
@@ -319,3 +321,69 @@ def test_multibyte_arguments_survive_any_split(text, data):
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=20))
     r = replay(split_at(raw, cuts), "openai_chat")
     assert r.calls[0].arguments == {"s": text + "杭州😀"}
+
+
+# -- the adapter's fast path -------------------------------------------------------------------
+
+
+class _GeneralOnly(OpenAIChatAdapter):
+    """Without the fast path: every decoded chunk goes through _feed."""
+
+    def _continuation(self, event, sse_event):
+        return None
+
+
+_CHAT_CHUNKS = st.one_of(
+    st.sampled_from(
+        [
+            chunk(tc(0, "call_A", "get_weather", "")),
+            chunk(tc(1, "call_B", "get_time", "{")),
+            chunk(tc(None, None, None, "x")),  # Q1: no index, no id: the open call
+            chunk(tc(0, "call_Z", None, "y")),  # another id on an open index
+            chunk(tc(0, None, "other", "y")),  # a name on a continuation
+            chunk(tc(0, None, None, "y", extra_content={"google": {"thought_signature": "s"}})),
+            chunk({"content": "hi", **tc(0, None, None, "y")}),
+            chunk({"reasoning_content": "r", **tc(0, None, None, "y")}),
+            chunk(tc(0, None, None, "y"), finish="tool_calls"),
+            chunk(tc(0, None, None, "y"), usage={"total_tokens": 1}),
+            chunk(tc(0, None, None, "y"), index=1),  # another choice
+            chunk(tc(7, None, None, "y")),  # an index never opened
+            chunk(tc(0, None, None, {"a": 1})),  # object arguments (Q-rule)
+            chunk(finish="tool_calls"),
+            {"choices": [], "usage": {"total_tokens": 3}},
+            "[DONE]",
+        ]
+    ),
+    st.builds(
+        lambda index, text: chunk(tc(index, None, None, text)),
+        st.sampled_from([0, 1, True, "0", 1.0]),
+        st.sampled_from(["", "{", "é", None, 5]),
+    ),
+)
+
+
+@given(st.lists(_CHAT_CHUNKS, max_size=12))
+def test_fast_path_gives_what_the_general_path_gives(natives):
+    """Chunk by chunk, the same events (same reprs) as the general path, for every continuation
+    the fast path takes and its near misses (ids, names, content, finish, usage, other
+    choices, unknown or odd indexes, empty or non-string arguments, after [DONE])."""
+    fast, general = OpenAIChatAdapter(), _GeneralOnly()
+    for native in [chunk(tc(0, "call_A", "get_weather", "")), *natives]:
+        data = native if isinstance(native, str) else json.dumps(native)
+        frame = Frame(event="message", data=data)
+        assert repr(fast.feed_frame(frame)) == repr(general.feed_frame(frame))
+    assert repr(fast.finish()) == repr(general.finish())
+
+
+def test_fast_path_takes_plain_continuations():
+    taken = []
+
+    class Counting(OpenAIChatAdapter):
+        def _feed(self, event, sse_event=None):
+            taken.append(event)
+            return super()._feed(event, sse_event)
+
+    adapter = Counting()
+    for native in [chunk(tc(0, "call_A", "get_weather", "")), *fragments(0, CITY, 4)]:
+        adapter.feed_frame(Frame(event="message", data=json.dumps(native)))
+    assert len(taken) == 1  # only the opener took the general path
