@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import corpus_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import corpus_dir
 from toollatch import Limits, PreviewPolicy, ToolPreview
 from toollatch._pipeline import StreamParser
 from toollatch._registry import detect
@@ -91,7 +91,9 @@ def chat_stream(
     return sse(*events, done=True)
 
 
-def anthropic_stream(fragments: list[str], *, stop: str = "tool_use", padded: bool = False) -> bytes:
+def anthropic_stream(
+    fragments: list[str], *, stop: str = "tool_use", padded: bool = False
+) -> bytes:
     start = {"type": "tool_use", "id": "toolu_1", "name": "write_file", "input": {}}
     events: list[Any] = [
         {"type": "message_start", "message": {"id": "m", "content": [], "model": "x"}},
@@ -129,7 +131,11 @@ def responses_stream(fragments: list[str]) -> bytes:
     text = "".join(fragments)
     events += [
         {"type": "response.function_call_arguments.done", "item_id": "fc_1", "arguments": text},
-        {"type": "response.output_item.done", "output_index": 0, "item": {**item, "arguments": text}},
+        {
+            "type": "response.output_item.done",
+            "output_index": 0,
+            "item": {**item, "arguments": text},
+        },
         {"type": "response.completed", "response": {"status": "completed"}},
     ]
     return sse(*events, named=True)
@@ -168,7 +174,7 @@ STREAMS = {
 @pytest.mark.parametrize("tools", [None, TOOLS])
 def test_every_fragment_read_takes_the_shortcut(name: str, tools: Any) -> None:
     framing, data = STREAMS[name]
-    provider = name.split()[0]
+    provider = name.split(maxsplit=1)[0]
     taken = same_both_ways(provider, framing, per_event(data, framing), tools=tools)
     assert taken == len(FRAGMENTS)
     (choice,) = run(provider, framing, per_event(data, framing), fast=True)[0]["choices"]
@@ -179,11 +185,21 @@ def test_every_fragment_read_takes_the_shortcut(name: str, tools: Any) -> None:
 def test_limits_previews_and_ends_are_the_stages_own() -> None:
     """Over max_argument_bytes mid-stream, previews on, truncation, no terminal event."""
     small = Limits(max_argument_bytes=20)
-    for provider, (framing, data) in (("openai_chat", STREAMS["openai_chat"]),
-                                      ("anthropic", STREAMS["anthropic"])):
+    for provider, (framing, data) in (
+        ("openai_chat", STREAMS["openai_chat"]),
+        ("anthropic", STREAMS["anthropic"]),
+    ):
         reads = per_event(data, framing)
         assert same_both_ways(provider, framing, reads, limits=small) > 0
-        assert same_both_ways(provider, framing, reads, previews=PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=7)) > 0
+        assert (
+            same_both_ways(
+                provider,
+                framing,
+                reads,
+                previews=PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=7),
+            )
+            > 0
+        )
         assert same_both_ways(provider, framing, reads[:-3]) > 0
     truncated = anthropic_stream(FRAGMENTS, stop="max_tokens")
     assert same_both_ways("anthropic", "sse", per_event(truncated, "sse")) > 0
