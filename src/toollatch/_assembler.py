@@ -442,6 +442,8 @@ class Assembler:
 
     def _expand_wrappers(self, choice: _ChoiceState) -> None:
         """Replace each complete ``multi_tool_use.parallel`` call by its inner calls (Q19)."""
+        if all(buf.name != PARALLEL_WRAPPER for buf in choice.calls):
+            return
         tools = self.gate.tools
         if tools is not None and PARALLEL_WRAPPER in tools:
             return  # the user really defined a tool of that name

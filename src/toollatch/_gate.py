@@ -246,7 +246,7 @@ class Gate:
         )
 
     def _arguments(self, text: str) -> dict[str, Any]:
-        if not text.strip():
+        if not text or text.isspace():  # (= not text.strip(), without copying the text)
             return {}
         value = strict_loads(text, max_depth=self.limits.max_json_depth)
         if not isinstance(value, dict):

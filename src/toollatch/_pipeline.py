@@ -88,7 +88,7 @@ class StreamParser:
     ) -> None:
         self.limits = limits or (gate.limits if gate else Limits())
         self.adapter = (
-            provider if isinstance(provider, Adapter) else adapter_class(provider)(attempt=attempt)
+            adapter_class(provider)(attempt=attempt) if isinstance(provider, str) else provider
         )
         self.assembler = Assembler(
             provider=self.adapter.provider,

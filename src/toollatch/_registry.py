@@ -33,8 +33,15 @@ def providers() -> tuple[str, ...]:
     return tuple(names)
 
 
+_LOADED: dict[str, type[Adapter]] = {}
+"""Adapter classes already imported, by provider (a parser is made per attempt)."""
+
+
 def adapter_class(provider: str) -> type[Adapter]:
     """The adapter class for ``provider``; raises ``UsageError`` for an unknown name."""
+    found = _LOADED.get(provider)
+    if found is not None:
+        return found
     try:
         module, cls = _MODULES[provider]
     except KeyError:
@@ -45,6 +52,7 @@ def adapter_class(provider: str) -> type[Adapter]:
         )
     except (ImportError, AttributeError):
         raise UsageError(f"the {provider} adapter is not available in this build") from None
+    _LOADED[provider] = found
     return found
 
 

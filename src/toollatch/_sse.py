@@ -69,6 +69,10 @@ def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> in
     return explicit
 
 
+_HEADS_KEPT = 32
+"""Distinct ``event:`` heads whose decoded names an SSEDecoder keeps (a stream has a few)."""
+
+
 class SSEDecoder:
     """Incremental ``text/event-stream`` decoder with the ``feed``/``finish`` shape.
 
@@ -91,6 +95,7 @@ class SSEDecoder:
         "_fast",
         "_fast_max_bytes",
         "_head",
+        "_heads",
         "_last_id",
         "_max_line",
         "_partial",
@@ -117,6 +122,7 @@ class SSEDecoder:
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
         self._fast = False  # True only between events with nothing pending (see _feed_lines)
         self._head = b"data: "
+        self._heads: dict[bytes, str] = {}  # fast-path heads seen, with their event types
         self.head_event = "message"
         """The event type of the last chunk :meth:`single` accepted."""
         self._partial = b""
@@ -181,7 +187,7 @@ class SSEDecoder:
             return None
         head = self._head
         if (
-            (data[: len(head)] == head or self._fast_head(data))
+            (data.startswith(head) or self._fast_head(data))
             and len(data) <= self._fast_max_bytes
             and data[-1] == 10  # data[-2] exists: a head is 6 bytes or more
             and data[-2] == 10
@@ -204,11 +210,19 @@ class SSEDecoder:
             head, event = b"data: ", "message"
         elif data[:7] == b"event: ":
             end = data.find(b"\n")
-            if end < 0 or data[end + 1 : end + 7] != b"data: " or 13 in data[:end]:
+            if end < 0:
                 return False
-            head, event = data[: end + 7], data[7:end].decode("utf-8", "replace") or "message"
-            if event == "error":
-                return False  # an error frame is never single (see single): rare, general path
+            head = data[: end + 7]
+            known = self._heads.get(head)
+            if known is None:
+                if head[-6:] != b"data: " or 13 in head:
+                    return False
+                known = data[7:end].decode("utf-8", "replace") or "message"
+                if known == "error":
+                    return False  # an error frame is never single (see single): general path
+                if len(self._heads) < _HEADS_KEPT:
+                    self._heads[head] = known
+            event = known
         else:
             return False
         self._head, self.head_event = head, event
