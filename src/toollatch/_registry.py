@@ -39,9 +39,9 @@ _LOADED: dict[str, type[Adapter]] = {}
 
 def adapter_class(provider: str) -> type[Adapter]:
     """The adapter class for ``provider``; raises ``UsageError`` for an unknown name."""
-    found = _LOADED.get(provider)
-    if found is not None:
-        return found
+    loaded = _LOADED.get(provider)
+    if loaded is not None:
+        return loaded
     try:
         module, cls = _MODULES[provider]
     except KeyError:
