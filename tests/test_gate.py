@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -164,6 +165,26 @@ def test_committed_call_cannot_be_built_outside_the_gate():
     with pytest.raises(UsageError):
         CommittedCall(call_id="x", name="y", arguments={}, arguments_text="{}", key=KEY,
                       position=0, spec=None)
+
+
+def test_the_gate_sets_every_field_of_a_committed_call():
+    """The gate writes CommittedCall's slots directly: a new field must be set there too."""
+    gate = Gate(TOOLS)
+    call = gate.check(key=KEY, position=3, call_id="c1", name="write_file",
+                      text='{"path": "a.md"}')
+    assert isinstance(call, CommittedCall)
+    got = {f.name: getattr(call, f.name) for f in dataclasses.fields(CommittedCall)}
+    assert got == {
+        "call_id": "c1",
+        "name": "write_file",
+        "arguments": {"path": "a.md"},
+        "arguments_text": '{"path": "a.md"}',
+        "key": KEY,
+        "position": 3,
+        "spec": gate.tools["write_file"],
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        call.name = "other"  # type: ignore[misc]
 
 
 def test_validators_are_compiled_once_per_tool():

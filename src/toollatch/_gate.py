@@ -27,13 +27,10 @@ from ._specs import ToolSpec, load_tools
 
 
 class _GateOnly(type):
-    """Metaclass: calling the class raises; only the gate uses the private ``_create``."""
+    """Metaclass: calling the class raises; only the gate builds one (see ``_committed``)."""
 
     def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
         raise UsageError(f"{cls.__name__} is created only by the commit gate")
-
-    def _create(cls, **kwargs: Any) -> Any:
-        return super().__call__(**kwargs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +51,39 @@ class CommittedCall(metaclass=_GateOnly):
     """Order of the call in its choice (0-based); results are returned in this order."""
     spec: ToolSpec | None
     """The tool definition it was checked against (None when no tools were given)."""
+
+
+_SET_ID, _SET_NAME, _SET_ARGS, _SET_TEXT, _SET_KEY, _SET_POSITION, _SET_SPEC = (
+    vars(CommittedCall)[field].__set__
+    for field in ("call_id", "name", "arguments", "arguments_text", "key", "position", "spec")
+)
+
+
+def _committed(
+    call_id: str,
+    name: str,
+    arguments: Mapping[str, Any],
+    arguments_text: str,
+    key: CallKey,
+    position: int,
+    spec: ToolSpec | None,
+) -> CommittedCall:
+    """The one constructor of :class:`CommittedCall` (the class itself refuses to be called).
+
+    Writes the slots directly: the frozen dataclass ``__init__`` behind the metaclass guard
+    costs several times more, once per committed call. The result is an ordinary, equal,
+    immutable instance (the dataclass has no ``__post_init__`` to skip; a test pins every
+    field).
+    """
+    call: CommittedCall = object.__new__(CommittedCall)
+    _SET_ID(call, call_id)
+    _SET_NAME(call, name)
+    _SET_ARGS(call, arguments)
+    _SET_TEXT(call, arguments_text)
+    _SET_KEY(call, key)
+    _SET_POSITION(call, position)
+    _SET_SPEC(call, spec)
+    return call
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,15 +265,7 @@ class Gate:
                 ErrorCode.BUDGET_EXCEEDED,
                 f"the run's budget of {self.budget.max_calls} tool calls is spent",
             )
-        return CommittedCall._create(  # type: ignore[no-any-return]
-            call_id=call_id,
-            name=name,
-            arguments=args,
-            arguments_text=text,
-            key=key,
-            position=position,
-            spec=spec,
-        )
+        return _committed(call_id, name, args, text, key, position, spec)
 
     def _arguments(self, text: str) -> dict[str, Any]:
         if not text or text.isspace():  # (= not text.strip(), without copying the text)
