@@ -84,6 +84,8 @@ BEGIN_MARK = "<!-- BEGIN GENERATED: bench_assembly.py rewrites everything below 
 END_MARK = "<!-- END GENERATED -->"
 CLOCK_EVERY = 16  # reads between two clock checks (cheap enough for the floor, tight enough)
 SLOW_RUN_S = 5.0  # a contender whose run took longer than this is not repeated
+BATCH_S = 0.02  # a run shorter than this is timed again as a batch of back-to-back runs
+MAX_BATCH = 200
 TOOL_NAME = "write_file"
 EXTRAPOLATION_NOTE = (
     "\\* Linear extrapolation from the share of events fed before the cap: a lower bound for "
@@ -663,6 +665,8 @@ class Cell:
     """``(share of reads fed, elapsed seconds)`` when the run hit the cap."""
     skipped: str | None = None
     done: bool = False
+    single_s: float | None = None
+    """Best single run (``best_s`` is the best batch mean when the run is short: BATCH_S)."""
 
 
 @dataclass
@@ -705,6 +709,16 @@ def time_one(
     if _as_plain(out.arguments) != expected:
         raise SystemExit(f"FAIL: {name} produced different arguments than the generated object")
     cell.runs += 1
+    cell.single_s = elapsed if cell.single_s is None else min(cell.single_s, elapsed)
+    if elapsed < BATCH_S:
+        # A run this short is mostly timer and scheduling noise, and it starts with caches
+        # that the contender run before it left cold: time a batch of back-to-back runs and
+        # take their mean, as timeit does (the steady-state cost per stream).
+        batch = min(MAX_BATCH, int(BATCH_S / max(elapsed, 1e-6)))
+        start = time.perf_counter()
+        for _ in range(batch):
+            fn(reads, math.inf)
+        elapsed = (time.perf_counter() - start) / batch
     cell.best_s = elapsed if cell.best_s is None else min(cell.best_s, elapsed)
     if elapsed > SLOW_RUN_S:
         cell.done = True
@@ -883,6 +897,18 @@ def target_lines(cases: Sequence[Case]) -> list[str]:
         worst = max(ratios)
         verdict = "met" if worst <= 1.5 else "NOT met"
         out.append(f"- toollatch / floor, worst size: **{worst:.2f}x** (target <= 1.5x: {verdict})")
+    singles = [
+        f"{fmt_size(c.size)} {c.cells['toollatch'].single_s / c.cells['floor'].single_s:.2f}x"
+        for c in cases
+        if c.cells["toollatch"].single_s
+        and c.cells["floor"].single_s
+        and c.cells["floor"].best_s != c.cells["floor"].single_s
+    ]
+    if singles:
+        out.append(
+            "- the same ratio from single runs, each right after the other contenders "
+            f"(cold caches; not batched): {', '.join(singles)}"
+        )
     exp_t, exp_f = exponent(cases, "toollatch"), exponent(cases, "floor")
     if exp_t is not None:
         verdict = "met" if exp_t <= 1.05 else "NOT met"
@@ -956,8 +982,9 @@ def _repeats_text(opts: argparse.Namespace) -> str:
     else:
         plan = "best of 5 (<= 16 KiB), 3 (256 KiB), 2 (1 MiB)"
     return (
-        f"{plan}; a run over {SLOW_RUN_S:g} s is not repeated; "
-        "gc enabled, collected before each run"
+        f"{plan}; a run under {BATCH_S * 1000:g} ms is timed as the mean of a batch of "
+        f"back-to-back runs (at most {MAX_BATCH}); a run over {SLOW_RUN_S:g} s is not "
+        "repeated; gc enabled, collected before each run"
     )
 
 
