@@ -172,19 +172,20 @@ class AnthropicAdapter(Adapter):
     ) -> tuple[CallKey, str] | None:
         # An input_json_delta for an open client tool_use block: exactly the checks _feed and
         # _block_delta make for it (block started, a call, not stopped: ``_open_calls``), with
-        # exact-type tests that only send stranger values down the general path.
-        if event.get("type") == "content_block_delta" and not self._ended:
-            index, delta = event.get("index"), event.get("delta")
-            if type(index) is int and type(delta) is dict:
-                key = self._open_calls.get(index)
-                fragment = delta.get("partial_json")
-                if (
-                    key is not None
-                    and type(fragment) is str
-                    and delta.get("type") == "input_json_delta"
-                ):
-                    return key, fragment
-        return None
+        # exact-type tests that only send stranger values down the general path. Subscripts
+        # (a missing member raises, caught below) cost less than .get() calls, once per event.
+        try:
+            if event["type"] != "content_block_delta" or self._ended:
+                return None
+            index, delta = event["index"], event["delta"]
+            if type(index) is not int or type(delta) is not dict:
+                return None
+            fragment = delta["partial_json"]
+            if type(fragment) is not str or delta["type"] != "input_json_delta":
+                return None
+            return self._open_calls[index], fragment
+        except KeyError:
+            return None
 
     def _error_frame(self, data: str) -> list[StreamEvent]:
         """An ``event: error`` frame ends the stream (see :meth:`_stream_error`)."""

@@ -164,19 +164,28 @@ class BedrockAdapter(Adapter):
         # toolUse block, wrapped (boto3, JSON Lines) or not (event stream: the header names
         # it): exactly the checks of _feed, _block_delta and _apply_delta for it, with
         # exact-type tests that only send stranger values down the general path.
-        if len(event) == 1:
-            payload = event.get("contentBlockDelta")
-        else:  # a payload that names no event by itself is the one its header names
-            payload = event if sse_event == "contentBlockDelta" else None
-        if type(payload) is dict and not self._stopped:
-            index, delta = payload.get("contentBlockIndex"), payload.get("delta")
-            key = self._open_calls.get(index) if type(index) is int else None
-            if key is not None and type(delta) is dict and len(delta) == 1:
-                tool_use = delta.get("toolUse")
-                fragment = tool_use.get("input") if type(tool_use) is dict else None
-                if type(fragment) is str:
-                    return key, fragment
-        return None
+        # (Subscripts: a missing member raises, caught below; cheaper than .get() per event.)
+        try:
+            if len(event) == 1:
+                payload = event["contentBlockDelta"]
+            elif sse_event == "contentBlockDelta":
+                payload = event  # a payload that names no event is the one its header names
+            else:
+                return None
+            if type(payload) is not dict or self._stopped:
+                return None
+            index, delta = payload["contentBlockIndex"], payload["delta"]
+            if type(index) is not int or type(delta) is not dict or len(delta) != 1:
+                return None
+            tool_use = delta["toolUse"]
+            if type(tool_use) is not dict:
+                return None
+            fragment = tool_use["input"]
+            if type(fragment) is not str:
+                return None
+            return self._open_calls[index], fragment
+        except KeyError:
+            return None
 
     def _error_frame(self, data: str) -> list[StreamEvent]:
         """An SSE ``event: error`` frame ends the stream (see :meth:`_stream_error`)."""

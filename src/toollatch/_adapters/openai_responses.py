@@ -127,14 +127,17 @@ class OpenAIResponsesAdapter(Adapter):
         self, event: dict[str, Any], sse_event: str | None
     ) -> tuple[CallKey, str] | None:
         # A non-empty string delta for a call announced under its item id: the general path
-        # (_feed, _args_delta, _key) would build the very same key.
-        if event.get("type") == "response.function_call_arguments.delta" and not self._ended:
-            delta, item_id = event.get("delta"), event.get("item_id")
-            if type(delta) is str and delta and type(item_id) is str:
-                key = self._keys.get(item_id)
-                if key is not None:
-                    return key, delta
-        return None
+        # (_feed, _args_delta, _key) would build the very same key. (Subscripts: a missing
+        # member raises, caught below; cheaper than .get() once per event.)
+        try:
+            if event["type"] != "response.function_call_arguments.delta" or self._ended:
+                return None
+            delta, item_id = event["delta"], event["item_id"]
+            if type(delta) is not str or not delta or type(item_id) is not str:
+                return None
+            return self._keys[item_id], delta
+        except KeyError:
+            return None
 
     def _error_frame(self, data: str) -> list[StreamEvent]:
         """An SSE ``event: error`` frame ends the round (recorded only, after the end)."""
