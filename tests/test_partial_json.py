@@ -599,6 +599,36 @@ def test_depth_limit() -> None:
     assert parser.snapshot() == {"a": {}}
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[[1, [2]], {"a": [3]}] ',
+        "[" * 65 + "]" * 65,
+        '{"a": [[1]], "b": [[[2]]]}',
+        '{"a": 1, "a": {"x": [1]}, "b": 2, "a": "s"}',
+        '{"a": [1, NaN], "b": 2}',
+        '{"a": [1, 2], "b": -Infinity}',
+        '{"a": [1, 2, ], "b": 3}',
+        '{"a": {"x": 1, }, "b": 3}',
+        '[{"a": 1}, {"b": 2.5e3}, [true, false, null], "\\u00e9\\"", 10]',
+        '{"k": "v", "n": 12, "m": 1.5e, "z": 0}',
+        '{"k": 01}',
+        '{"a": [1, 2], "b": {"c": [3, 4]}, "d": 5} x',
+    ],
+)
+@pytest.mark.parametrize("size", [1, 3, 7, 11, 1000])
+def test_values_read_in_one_step_match_the_step_by_step_reading(text: str, size: int) -> None:
+    """Whole values, members and container rests that end inside a fragment take the C scanner;
+    depth, duplicate keys, NaN, invalid numbers and trailing commas must come out the same."""
+    fragments = [text[i : i + size] for i in range(0, len(text), size)]
+    results = []
+    for pieces in (fragments, list(text)):
+        parser, deltas = run(pieces, max_depth=3 if "[[[" in text else 64)
+        deltas += parser.finish()
+        results.append((parser.failed, coalesce(deltas), canon(parser.snapshot())))
+    assert results[0] == results[1]
+
+
 def test_size_limit_and_byte_count() -> None:
     parser = PartialJSON(max_bytes=10)
     assert parser.feed('{"a": "') != []

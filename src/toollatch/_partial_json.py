@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 :class:`PartialJSON` reads JSON text in fragments of any size and keeps three things up to
-date, each in time linear in the text fed (no fragment is ever scanned twice and the value is
-never rebuilt):
+date, each in time linear in the text fed (the value is never rebuilt, and a fragment is scanned
+again only where an attempt to read a value in one step fails: at most once per nesting level
+and fragment):
 
 * a **tokenizer state** (``_state``) that can stop between any two characters: inside a
   string (also between the characters of an escape such as ``\\u00e9``, and between the two
@@ -14,12 +15,21 @@ never rebuilt):
 * the **growing string** at the edge, kept as a list of pieces and joined only when it ends or
   when :meth:`PartialJSON.snapshot` is asked for.
 
-String content is consumed in C: one regular-expression match finds the run of plain text and
-complete escapes, and the json module's own string decoder decodes it; only an escape cut by a
-fragment's end is finished character by character. Structure costs one small Python step per
-token. One-character fragments of plain string content take a short path in
+String content is consumed in C: the json module's own string decoder reads a run of plain
+text and complete escapes (a regular expression first finds where the run ends when an escape
+may be cut by the fragment's end); only an escape cut by a fragment's end is finished character
+by character. A fragment that is all content of a string value, an escape cut by the previous
+fragment included, is one such step and one delta (:meth:`PartialJSON._content`).
+One-character fragments of plain string content take a shorter path in
 :meth:`PartialJSON.feed` (no state change, a reused delta) because providers really stream
 arguments one character per event.
+
+Structure is read in big steps where the fragment allows (:meth:`PartialJSON._structure`): a
+value that ends inside the fragment (a member with its key and colon, an element, or the rest
+of the innermost container after a comma) is read by the json module's C scanner and then
+reported exactly as the step-by-step reading would; whatever is cut by the fragment's end (and
+any error, so that it is found and worded the same way) is left to a small Python step per
+token, the state handlers.
 
 What a reader sees (the *snapshot* and the *deltas*) follows one rule: **nothing that could
 still change into a different value is reported as a final value.** Numbers are reported only
@@ -54,7 +64,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias, cast
+from typing import Any, Final, Literal, TypeAlias, cast
 
 from ._errors import UsageError
 
@@ -134,6 +144,7 @@ _WS: Final = " \t\n\r"
 _WS_RUN: Final = re.compile(r"[ \t\n\r]*")
 # String content up to a quote, a control character, or an escape that is incomplete or invalid.
 _STRING_BODY: Final = re.compile(r'(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*+')
+_ESCAPE_CUT: Final = re.compile(r"\\(?:u[0-9a-fA-F]{0,3})?\Z")  # an escape's start, at the end
 _LOW_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][c-fC-F]")
 # The json module's own string decoder (C), exactly json.loads's rules; typeshed omits it.
 _ScanString: TypeAlias = Callable[[str, int], tuple[str, int]]
@@ -141,6 +152,28 @@ _scanstring: Final[_ScanString] = json.decoder.scanstring  # type: ignore[attr-d
 _NUMBER_RUN: Final = re.compile(r"[0-9eE.+\-]*")  # validated as a whole when it ends
 _NUMBER_SYNTAX: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _HEX_RUN: Final = re.compile(r"[0-9a-fA-F]*")
+# An object key without escapes, its colon and the whitespace up to the value.
+_MEMBER_KEY: Final = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
+_DELIMITERS: Final = ",}] \t\n\r"  # what may follow a number (anything else: the handlers)
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(name)  # NaN and Infinity are not JSON (json.loads accepts them)
+
+
+# The json module's own scanner (C): one complete value, strictly as json.loads reads it, with
+# objects as their (key, value) pairs so that duplicate keys stay visible. Typeshed omits it.
+_ScanValue: TypeAlias = Callable[[str, int], tuple[Any, int]]
+_scan_value: Final[_ScanValue] = json.decoder.JSONDecoder(
+    object_pairs_hook=tuple, parse_constant=_reject_constant
+).scan_once  # type: ignore[attr-defined]
+_SCAN_ERRORS: Final = (StopIteration, ValueError, RecursionError)
+
+
+class _TooDeep(Exception):
+    """A complete value read in one step nests deeper than max_depth: read it step by step."""
+
+
 _NUMBER_START: Final = "-0123456789"
 _NUMBER_CHARS: Final = frozenset("0123456789eE.+-")  # what _NUMBER_RUN matches
 _ESCAPES: Final[dict[str, str]] = {
@@ -218,6 +251,7 @@ class PartialJSON:
         "_parts",
         "_pieces",
         "_pointers",
+        "_reach",
         "_root",
         "_stack",
         "_state",
@@ -264,6 +298,7 @@ class PartialJSON:
         self._cache: dict[str, tuple[PathDelta, int]] = {}
         self._out: list[PathDelta] = []  # deltas of the current call
         self._parts: list[str] = []  # text added to the string value during the current call
+        self._reach = 0  # the open containers this deep or less do not end in this fragment
 
     # ------------------------------------------------------------------ public API
 
@@ -334,7 +369,9 @@ class PartialJSON:
         known = self._cache.get(fragment)  # a one-character fragment seen in this string
         if known is not None:
             delta, size = known
-        elif fragment and fragment.isprintable() and '"' not in fragment and "\\" not in fragment:
+        elif len(fragment) != 1:
+            return self._feed_content(fragment)
+        elif fragment.isprintable() and fragment not in '"\\':
             delta, size = self._plain_delta(fragment)
         else:
             return self._feed_general(fragment)
@@ -373,20 +410,29 @@ class PartialJSON:
 
     # ------------------------------------------------------------------ feeding
 
-    def _plain_delta(self, text: str) -> tuple[PathDelta, int]:
-        """The ``append`` of plain ``text`` to the open string, and its UTF-8 size.
+    def _plain_delta(self, char: str) -> tuple[PathDelta, int]:
+        """The ``append`` of a plain character to the open string, and its UTF-8 size.
 
-        One-character ones are kept for reuse while this string is open (they are values).
+        They are kept for reuse while this string is open (they are values).
         """
         found = (
-            _delta(self._str_pointer, "append", text),
-            len(text) if text.isascii() else _utf8_length(text),
+            _delta(self._str_pointer, "append", char),
+            1 if char.isascii() else _utf8_length(char),
         )
-        if len(text) == 1:
-            if len(self._cache) >= _CACHE_ENTRIES:
-                self._cache.clear()
-            self._cache[text] = found
+        if len(self._cache) >= _CACHE_ENTRIES:
+            self._cache.clear()
+        self._cache[char] = found
         return found
+
+    def _feed_content(self, fragment: str) -> list[PathDelta]:
+        """Several characters fed in the plain content of a string value: the short path."""
+        if not fragment:
+            return []
+        self._bytes += len(fragment) if fragment.isascii() else _utf8_length(fragment)
+        if self._bytes > self._max_bytes:
+            return self._over_size()
+        out = self._content(fragment)
+        return self._feed_tokens(fragment) if out is None else out
 
     def _feed_general(self, fragment: str) -> list[PathDelta]:
         if self._finished:
@@ -398,7 +444,72 @@ class PartialJSON:
             return self._over_size()
         if len(fragment) == 1:
             return self._feed_char(fragment)
+        if _STRING <= self._state <= _UNICODE and not self._str_is_key and not self._high:
+            out = self._content(fragment)  # (an escape cut by the last fragment's end)
+            if out is not None:
+                return out
         return self._feed_tokens(fragment)
+
+    def _content(self, fragment: str) -> list[PathDelta] | None:
+        """Read ``fragment`` in one step if it is all content of the open string value.
+
+        That is: text and complete escapes, then at most the start of an escape cut by the
+        fragment's end; an escape cut by the previous fragment's end is read with it. Then it
+        is one regular-expression match, at most one call of the json module's string decoder
+        and one delta, exactly as the handlers would read it (:meth:`_on_string` and
+        :meth:`_add_body`). Anything else (a closing quote, a control character, an invalid
+        escape) returns ``None`` with nothing changed, for the handlers. Only called with no
+        high surrogate waiting.
+        """
+        state = self._state
+        if state == _STRING:
+            body = fragment
+        elif state == _ESCAPE:
+            body = "\\" + fragment
+        else:
+            body = "\\u" + self._hex + fragment
+        if body[-1] == "\\" or "\\u" in body[-5:]:  # an escape may be cut by the end
+            match = _STRING_BODY.match(body)
+            end = match.end() if match else 0
+            if end < len(body):
+                cut = _ESCAPE_CUT.match(body, end)
+                if cut is None:
+                    return None
+                if cut.end() - end == 1:
+                    self._state = _ESCAPE
+                else:
+                    self._state, self._hex = _UNICODE, body[end + 2 :]
+                self._fast = False
+                body = body[:end]
+                if not body:
+                    return []
+            else:
+                self._state = _STRING
+                self._fast = True
+            text = _scanstring(body + '"', 0)[0] if "\\" in body else body
+        else:
+            # All of it or none: the decoder stops at a quote, and raises on a control
+            # character or an invalid escape (the handlers then find and word it).
+            try:
+                text, end = _scanstring(body + '"', 0)
+            except ValueError:
+                return None
+            if end <= len(body):
+                return None
+            self._state = _STRING
+            self._fast = True
+        last = text[-1]
+        if "\ud800" <= last <= "\udbff" and body[-1] != last:  # from an escape
+            self._high = last  # waits for its low half: the short path is off
+            self._fast = False
+            text = text[:-1]
+            if not text:
+                return []
+        pieces = self._pieces
+        pieces.append(text)
+        if len(pieces) >= _COMPACT_PIECES:
+            self._compact()
+        return [_delta(self._str_pointer, "append", text)]
 
     def _feed_char(self, char: str) -> list[PathDelta]:
         """One-character fragment: the common cases skip the general loop (same result).
@@ -447,9 +558,14 @@ class PartialJSON:
         out: list[PathDelta] = []
         self._out = out
         self._parts = []
+        self._reach = 0
         handlers = _HANDLERS
         i, n = 0, len(text)
         while i < n and self._failed is None:
+            if self._state <= _AFTER_VALUE and n > 1:
+                i = self._structure(text, i)  # (stops only where a handler must go on)
+                if i == n or self._failed is not None:
+                    break
             i = handlers[self._state](self, text, i)
         if self._parts:  # the open string value grew during this call
             out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
@@ -604,6 +720,230 @@ class PartialJSON:
         if seen == len(word):
             self._set_scalar(_LITERAL_VALUES[word])
         return i + len(part)
+
+    # ------------------------------------------------------------------ structure, fast
+
+    def _structure(self, text: str, i: int) -> int:
+        """Read structure from ``text[i]`` on in big steps; return where the handlers take over.
+
+        Runs in the structural states (``_VALUE`` to ``_AFTER_VALUE``) and leaves them in the
+        state the handlers would. A step reads a whole value that ends in this text with the
+        json module's C scanner (with the comma, key and colon before it, for an object
+        member) and reports it exactly as the handlers would (:meth:`_build`); after a comma,
+        the rest of the innermost container is one step if it ends in this text
+        (:meth:`_rest`); a container that does not end in this text is opened and read on.
+        It stops, consuming nothing the handlers would not, at what it leaves to them: a
+        string, number or literal cut by the end of the text (a number is final only before
+        a delimiter), an escaped key, or an error (so that they find and word it). A scan
+        that fails costs up to the rest of the text: at most one fails per nesting level and
+        fragment (``_reach``), so the work stays linear.
+        """
+        n = len(text)
+        stack = self._stack
+        while i < n:
+            char = text[i]
+            if char in _WS:
+                i = _run_end(_WS_RUN, text, i + 1) if text[i + 1 : i + 2] in _WS else i + 1
+                if i == n:
+                    return i
+                char = text[i]
+            state = self._state
+            if state == _AFTER_VALUE:
+                top = stack[-1]
+                in_object = type(top) is dict
+                if char != ",":
+                    if char == ("}" if in_object else "]"):
+                        i = self._close_container(i)
+                        continue
+                    return i
+                if len(stack) > self._reach and text.find("}" if in_object else "]", i) >= 0:
+                    j = self._rest(text, i)
+                    if j > i:
+                        i = j
+                        continue
+                i += 1
+                if in_object:
+                    state = _KEY
+                else:
+                    self._state = _VALUE
+                    continue
+            if state in (_KEY, _OBJECT_FIRST):
+                match = _MEMBER_KEY.match(text, i)
+                if match is None:
+                    self._state = state
+                    return i
+                self._key = match.group(1)  # as the key's string and the colon would
+                self._state = _VALUE
+                i = match.end()
+                if i == n:
+                    return i
+                char = text[i]
+            elif state == _COLON:
+                if char != ":":
+                    return i
+                self._state = _VALUE
+                i += 1
+                continue
+            elif state == _END:
+                return i
+            # A value starts at text[i].
+            j = self._value(text, i)
+            if j == i:
+                return i
+            i = j
+        return i
+
+    def _value(self, text: str, i: int) -> int:
+        """The value at ``text[i]``, a step of :meth:`_structure`: return where it stops."""
+        stack = self._stack
+        char = text[i]
+        if char in "{[":
+            if len(stack) >= self._reach and text.find("}" if char == "{" else "]", i) >= 0:
+                j = self._whole(text, i)
+                if j > i:
+                    return j
+            return self._open_container(text, i)  # (or fails, at i)
+        if char == '"' and text.find('"', i + 1) < 0:  # it cannot end here
+            return i
+        try:
+            value, end = _scan_value(text, i)
+        except _SCAN_ERRORS:  # cut by the end of the text, or invalid
+            return i
+        kind = type(value)
+        if (kind is int or kind is float) and (end == len(text) or text[end] not in _DELIMITERS):
+            return i  # 12 may become 123
+        if stack:
+            top = stack[-1]
+            if isinstance(top, dict):
+                key = self._key
+                top[key] = value
+                pointer = f"{self._pointers[-1]}/{key.replace('~', '~0').replace('/', '~1')}"
+            else:
+                pointer = f"{self._pointers[-1]}/{len(top)}"
+                top.append(value)
+            self._state = _AFTER_VALUE
+        else:
+            self._root = value
+            pointer = ""
+            self._state = _END
+            self._complete = True
+        out = self._out
+        if kind is str:
+            out.append(_delta(pointer, "set", ""))
+            if value:
+                out.append(_delta(pointer, "append", value))
+            out.append(_delta(pointer, "end", None))
+        else:
+            out.append(_delta(pointer, "set", value))
+        return end
+
+    def _whole(self, text: str, i: int) -> int:
+        """Read the object or array at ``text[i]`` in one step if it ends in this text.
+
+        Returns where it ends, or ``i`` with nothing changed if it does not end here (then no
+        container this deep ends here: ``_reach``), if it is invalid, or if it nests deeper
+        than ``max_depth``.
+        """
+        try:
+            value, end = _scan_value(text, i)
+        except _SCAN_ERRORS:
+            self._reach = len(self._stack) + 1
+            return i
+        out = self._out
+        mark = len(out)
+        try:
+            value = self._build(self._child_pointer(), value, len(self._stack) + 1, out)
+        except (_TooDeep, RecursionError):
+            del out[mark:]
+            return i
+        self._place(value)
+        self._value_done()
+        return end
+
+    def _rest(self, text: str, i: int) -> int:
+        """After the comma at ``text[i]``: read the rest of the innermost container in one step.
+
+        As :meth:`_whole`, for the members or elements that follow the comma and the closing
+        bracket: the scanner reads them as a container of their own.
+        """
+        top = self._stack[-1]
+        is_object = type(top) is dict
+        j = _run_end(_WS_RUN, text, i + 1)
+        if j == len(text) or (text[j] != '"' if is_object else text[j] == "]"):
+            return i  # (a comma before the closing bracket is an error: the handlers say so)
+        try:
+            value, end = _scan_value(("{" if is_object else "[") + text[j:], 0)
+        except _SCAN_ERRORS:
+            self._reach = len(self._stack)
+            return i
+        out = self._out
+        mark = len(out)
+        pointer = self._pointers[-1]
+        depth = len(self._stack) + 1
+        build = self._build
+        try:
+            if is_object:
+                members = [
+                    (
+                        key,
+                        build(
+                            f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}",
+                            item,
+                            depth,
+                            out,
+                        ),
+                    )
+                    for key, item in value
+                ]
+            else:
+                elements = [
+                    build(f"{pointer}/{index}", item, depth, out)
+                    for index, item in enumerate(value, len(top))
+                ]
+        except (_TooDeep, RecursionError):
+            del out[mark:]
+            return i
+        if is_object:
+            top.update(members)  # type: ignore[union-attr]  # in order: the last duplicate wins
+        else:
+            top.extend(elements)  # type: ignore[union-attr]
+        return self._close_container(end + j - 2)  # (the bracket: end - 1 in the scanned text)
+
+    def _build(self, pointer: str, value: Any, depth: int, out: list[PathDelta]) -> object:
+        """Report a complete value read by the C scanner; return it as the snapshot holds it.
+
+        The deltas are those the handlers would send for its text (objects arrive as their
+        pairs, so a duplicate key is a second ``set``); ``depth`` is the nesting of ``value``
+        if it is a container. Raises :class:`_TooDeep` over ``max_depth``.
+        """
+        kind = type(value)
+        if kind is str:
+            out.append(_delta(pointer, "set", ""))
+            if value:
+                out.append(_delta(pointer, "append", value))
+            out.append(_delta(pointer, "end", None))
+            return value
+        if kind is tuple:  # an object, as its (key, value) pairs
+            if depth > self._max_depth:
+                raise _TooDeep
+            out.append(_delta(pointer, "set", {}))
+            members: dict[str, object] = {}
+            for key, item in value:
+                child = f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"
+                members[key] = self._build(child, item, depth + 1, out)
+            out.append(_delta(pointer, "end", None))
+            return members
+        if kind is list:
+            if depth > self._max_depth:
+                raise _TooDeep
+            out.append(_delta(pointer, "set", []))
+            elements: list[object] = []
+            for index, item in enumerate(value):
+                elements.append(self._build(f"{pointer}/{index}", item, depth + 1, out))
+            out.append(_delta(pointer, "end", None))
+            return elements
+        out.append(_delta(pointer, "set", value))
+        return value
 
     # ------------------------------------------------------------------ values
 
