@@ -514,8 +514,9 @@ class PartialJSON:
     def _feed_char(self, char: str) -> list[PathDelta]:
         """One-character fragment: the common cases skip the general loop (same result).
 
-        Providers stream whole calls this way, so the characters of keys, numbers, escapes and
-        whitespace between tokens are frequent enough to deserve these few lines.
+        Providers stream whole calls this way, so the characters of keys, numbers, escapes,
+        whitespace, colons, commas and the quote opening a key are frequent enough to deserve
+        these few lines (each does what its state's handler would do with that character).
         """
         state = self._state
         if state == _STRING:
@@ -524,7 +525,13 @@ class PartialJSON:
                 self._fast = False
                 return []
             if self._str_is_key and char != '"' and char.isprintable():
-                self._add(char)
+                if self._high:
+                    self._add(char)
+                    return []
+                pieces = self._pieces  # (as _add: a key's text is not a delta)
+                pieces.append(char)
+                if len(pieces) >= _COMPACT_PIECES:
+                    self._compact()
                 return []
         elif state == _ESCAPE:
             decoded = _ESCAPES.get(char)
@@ -535,6 +542,18 @@ class PartialJSON:
                 self._num.append(char)
                 return []
         elif state <= _END and char in _WS:  # whitespace between tokens
+            return []
+        elif state == _COLON:
+            if char == ":":
+                self._state = _VALUE
+                return []
+        elif state == _AFTER_VALUE:
+            if char == ",":
+                self._state = _KEY if type(self._stack[-1]) is dict else _VALUE
+                return []
+        elif state in (_KEY, _OBJECT_FIRST) and char == '"':  # a key opens (_open_string)
+            self._state = _STRING
+            self._str_is_key = True
             return []
         return self._feed_tokens(char)
 
