@@ -373,6 +373,13 @@ class PartialJSON:
             return self._feed_content(fragment)
         elif fragment.isprintable() and fragment not in '"\\':
             delta, size = self._plain_delta(fragment)
+        elif fragment == "\\":  # an escape starts (as _feed_char would)
+            self._bytes += 1
+            if self._bytes > self._max_bytes:
+                return self._over_size()
+            self._state = _ESCAPE
+            self._fast = False
+            return []
         else:
             return self._feed_general(fragment)
         self._bytes += size
@@ -559,6 +566,14 @@ class PartialJSON:
 
     def _escaped(self, decoded: str) -> list[PathDelta]:
         """Finish a simple escape that is the whole fragment (as _on_escape would)."""
+        if not self._str_is_key and not self._high:  # (as _add, inlined)
+            self._state = _STRING
+            self._fast = True
+            pieces = self._pieces
+            pieces.append(decoded)
+            if len(pieces) >= _COMPACT_PIECES:
+                self._compact()
+            return [_delta(self._str_pointer, "append", decoded)]
         self._parts = []
         self._add(decoded)
         self._state = _STRING
