@@ -988,9 +988,22 @@ def _repeats_text(opts: argparse.Namespace) -> str:
     )
 
 
+_SRC_AT_START = ""
+
+
+def _src_tree() -> str:
+    """What identifies the measured code: the committed src/ tree and any uncommitted diff."""
+    try:
+        return _git("rev-parse", "HEAD:src") + _git("diff", "HEAD", "--", "../src")
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def _changed_note(source: str) -> str:
     now = source_state()
-    return "" if now == source else f" (**src/ changed during the run**; now {now})"
+    if now == source or _src_tree() == _SRC_AT_START:
+        return ""  # (commits outside src/ during the run do not change what was measured)
+    return f" (**src/ changed during the run**; now {now})"
 
 
 def machine_lines(
@@ -1095,6 +1108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     load_start = os.getloadavg()
     source = source_state()
+    global _SRC_AT_START  # noqa: PLW0603 - one run per process
+    _SRC_AT_START = _src_tree()
     warm_up([PROVIDERS[name] for name in opts.providers], opts.seed)
     body: list[str] = []
     memory: list[tuple[str, int, int, int]] = []
