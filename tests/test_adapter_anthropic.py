@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapter_doubles import counting, general_only
 from toollatch._adapters.anthropic import AnthropicAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -604,11 +605,7 @@ def test_frames_and_dicts_give_the_same_events() -> None:
     assert events + adapter.finish() == run(TRANSCRIPT)
 
 
-class _GeneralOnly(AnthropicAdapter):
-    """Without the fast path: every decoded event goes through _feed."""
-
-    def _continuation(self, event: dict[str, Any], sse_event: str | None) -> None:
-        return None
+_GeneralOnly = general_only(AnthropicAdapter)
 
 
 _INDEXES = st.sampled_from([0, 1, 2, True, 1.0, "0", None])
@@ -662,16 +659,7 @@ def test_fast_path_gives_what_the_general_path_gives(natives: list[dict[str, Any
     assert fast.finish() == general.finish()
 
 
-class _Counting(AnthropicAdapter):
-    """Counts the events that missed the fast path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.general = 0
-
-    def _feed(self, event: Any, sse_event: str | None = None) -> list[StreamEvent]:
-        self.general += 1
-        return super()._feed(event, sse_event)
+_Counting = counting(AnthropicAdapter)
 
 
 def test_fast_path_takes_every_argument_fragment() -> None:

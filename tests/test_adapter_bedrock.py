@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapter_doubles import counting, general_only
 from toollatch._adapters.bedrock import BedrockAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -535,23 +536,10 @@ def test_random_padding_field_changes_nothing(pads: list[str]) -> None:
     assert run_frames(padded) == run(TRANSCRIPT)
 
 
-class _GeneralOnly(BedrockAdapter):
-    """Without the fast path: every decoded event goes through _feed."""
-
-    def _continuation(self, event: dict[str, Any], sse_event: str | None) -> None:
-        return None
+_GeneralOnly = general_only(BedrockAdapter)
 
 
-class _Counting(BedrockAdapter):
-    """Counts the events that missed the fast path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.general = 0
-
-    def _feed(self, event: Any, sse_event: str | None = None) -> list[StreamEvent]:
-        self.general += 1
-        return super()._feed(event, sse_event)
+_Counting = counting(BedrockAdapter)
 
 
 _BEDROCK_EVENTS = st.one_of(

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapter_doubles import counting, general_only
 from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
 from toollatch._errors import UsageError
 from toollatch._events import (
@@ -457,11 +458,7 @@ def test_any_interleaving_of_two_calls_folds_to_both_texts(data: st.DataObject) 
     assert [c["raw"] for c in calls] == list(texts.values())
 
 
-class _GeneralOnly(OpenAIResponsesAdapter):
-    """Without the fast path: every decoded event goes through _feed."""
-
-    def _continuation(self, event: dict[str, Any], sse_event: str | None) -> None:
-        return None
+_GeneralOnly = general_only(OpenAIResponsesAdapter)
 
 
 _DELTA = "response.function_call_arguments.delta"
@@ -507,16 +504,7 @@ def test_fast_path_gives_what_the_general_path_gives(natives: list[dict[str, Any
     assert fast.finish() == general.finish()
 
 
-class _Counting(OpenAIResponsesAdapter):
-    """Counts the events that missed the fast path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.general = 0
-
-    def _feed(self, event: Any, sse_event: str | None = None) -> list[StreamEvent]:
-        self.general += 1
-        return super()._feed(event, sse_event)
+_Counting = counting(OpenAIResponsesAdapter)
 
 
 def test_fast_path_takes_every_argument_fragment() -> None:

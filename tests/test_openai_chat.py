@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from adapter_doubles import counting, general_only
 from chat_chunks import USAGE, WEATHER_TOOLS, chunk, fragments, tc
 from hypothesis import given
 from hypothesis import strategies as st
@@ -326,11 +327,7 @@ def test_multibyte_arguments_survive_any_split(text, data):
 # -- the adapter's fast path -------------------------------------------------------------------
 
 
-class _GeneralOnly(OpenAIChatAdapter):
-    """Without the fast path: every decoded chunk goes through _feed."""
-
-    def _continuation(self, event, sse_event):
-        return None
+_GeneralOnly = general_only(OpenAIChatAdapter)
 
 
 _CHAT_CHUNKS = st.one_of(
@@ -376,14 +373,7 @@ def test_fast_path_gives_what_the_general_path_gives(natives):
 
 
 def test_fast_path_takes_plain_continuations():
-    taken = []
-
-    class Counting(OpenAIChatAdapter):
-        def _feed(self, event, sse_event=None):
-            taken.append(event)
-            return super()._feed(event, sse_event)
-
-    adapter = Counting()
+    adapter = counting(OpenAIChatAdapter)()
     for native in [chunk(tc(0, "call_A", "get_weather", "")), *fragments(0, CITY, 4)]:
         adapter.feed_frame(Frame(event="message", data=json.dumps(native)))
-    assert len(taken) == 1  # only the opener took the general path
+    assert adapter.general == 1  # only the opener took the general path

@@ -136,8 +136,6 @@ class Assembler:
         """Apply one stream event; returns notices of calls that failed because of it."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
-        if type(event) is ArgsDelta:
-            return self._append(event.key, event.fragment)
         match event:
             case ArgsDelta():
                 return self._append(event.key, event.fragment)

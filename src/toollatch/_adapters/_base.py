@@ -143,7 +143,7 @@ class Adapter(ABC):
             raise UsageError(f"{type(self).__name__}.feed_frame() called after finish()")
         data = frame.data
         if frame.event == "error":
-            return self._error_frame(data)
+            return self._stream_error(frame_error_detail(data))
         try:
             native = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -203,9 +203,11 @@ class Adapter(ABC):
         pin this per adapter); ``None`` sends the event down the general path."""
         return None
 
-    def _error_frame(self, data: str) -> list[StreamEvent]:
-        """An SSE ``event: error`` frame: the stream failed (adapters add their own rules)."""
-        return [StreamFailed(detail=frame_error_detail(data))]
+    def _stream_error(self, detail: str) -> list[StreamEvent]:
+        """The provider reported an error (an SSE ``event: error`` frame, or an error event of
+        its own): the stream failed. Adapters add their rules (e.g. only recorded after the
+        end)."""
+        return [StreamFailed(detail=detail)]
 
     def _done(self) -> list[StreamEvent]:
         """An SSE ``data: [DONE]`` sentinel arrived (OpenAI-style streams)."""

@@ -43,7 +43,7 @@ from toollatch._events import (
     args_delta,
 )
 
-from ._base import Adapter, error_detail, frame_error_detail, round_end, short
+from ._base import Adapter, error_detail, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, Ending] = {
@@ -186,10 +186,6 @@ class AnthropicAdapter(Adapter):
             return self._open_calls[index], fragment
         except KeyError:
             return None
-
-    def _error_frame(self, data: str) -> list[StreamEvent]:
-        """An ``event: error`` frame ends the stream (see :meth:`_stream_error`)."""
-        return self._stream_error(frame_error_detail(data))
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         kind = event.get("type", sse_event)

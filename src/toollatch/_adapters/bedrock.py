@@ -44,7 +44,7 @@ from toollatch._events import (
     args_delta,
 )
 
-from ._base import Adapter, frame_error_detail, round_end, short
+from ._base import Adapter, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, Ending] = {
@@ -186,10 +186,6 @@ class BedrockAdapter(Adapter):
             return self._open_calls[index], fragment
         except KeyError:
             return None
-
-    def _error_frame(self, data: str) -> list[StreamEvent]:
-        """An SSE ``event: error`` frame ends the stream (see :meth:`_stream_error`)."""
-        return self._stream_error(frame_error_detail(data))
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         if sse_event is not None and not _is_wrapped(event):

@@ -265,12 +265,12 @@ class GeminiAdapter(Adapter):
 
     # -- Adapter hooks ----------------------------------------------------------------------
 
-    def _error_frame(self, data: str) -> list[StreamEvent]:
+    def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An SSE ``event: error`` frame also ends the stream."""
         if self._failed:
             return [_after_end("error event")]
         self._failed = True
-        return super()._error_frame(data)
+        return super()._stream_error(detail)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         if self._failed:

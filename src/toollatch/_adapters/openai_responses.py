@@ -139,12 +139,12 @@ class OpenAIResponsesAdapter(Adapter):
         except KeyError:
             return None
 
-    def _error_frame(self, data: str) -> list[StreamEvent]:
+    def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An SSE ``event: error`` frame ends the round (recorded only, after the end)."""
         if self._ended:
             return [self._after_end("error")]
         self._ended = True
-        return super()._error_frame(data)
+        return super()._stream_error(detail)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         # The payload's own "type" wins over the SSE event name (they agree in every recording).
