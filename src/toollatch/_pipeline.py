@@ -109,6 +109,7 @@ class StreamParser:
         if not keep_events and isinstance(decoder, SSEDecoder | JSONLinesDecoder):
             self._single = decoder
         self._continuation = self.adapter._continuation
+        self._feed_other = self.adapter._feed_other
         self._append = self.assembler._append
         self._broken = False
         self.finish_notices: list[Notice] = []
@@ -128,7 +129,7 @@ class StreamParser:
                     hit = self._continuation(native, decoder.head_event)
                     if hit is not None:
                         return self._append(hit[0], hit[1])
-                    return self._apply(self.adapter.feed_decoded(native, decoder.head_event))
+                    return self._apply(self._feed_other(native, decoder.head_event))
         if self._broken:
             return []
         try:

@@ -143,7 +143,7 @@ class SSEDecoder:
                 unusable, and events completed earlier in the same chunk are not returned.
             UsageError: the decoder was finished or failed earlier.
         """
-        value = self.single(data) if self._fast else None
+        value = self.single(data) if self._fast or self._at_start else None
         if value is not None:
             try:
                 text = value.decode()
@@ -184,7 +184,7 @@ class SSEDecoder:
         pipeline's fast path does); ``feed`` uses it for its own.
         """
         if not self._fast:
-            return None
+            return self._first(data) if self._at_start else None
         head = self._head
         if (
             (data.startswith(head) or self._fast_head(data))
@@ -195,6 +195,15 @@ class SSEDecoder:
             value = data[len(self._head) : -2]
             if 10 not in value and 13 not in value:
                 return value
+        return None
+
+    def _first(self, data: bytes) -> bytes | None:
+        """:meth:`single` for the stream's first chunk: one that starts with a head has no BOM
+        to skip, so the decoder is past the start (as ``_strip_prefix`` would leave it)."""
+        if self._closed is None and not self._partial and data[:5] in (b"data:", b"event"):
+            self._at_start = False
+            self._fast = True
+            return self.single(data)
         return None
 
     def _fast_head(self, data: bytes) -> bool:

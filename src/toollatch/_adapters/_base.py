@@ -144,11 +144,11 @@ class Adapter(ABC):
         data = frame.data
         if frame.event == "error":
             return self._stream_error(frame_error_detail(data))
+        if data == "[DONE]":  # (before the parse: a failed parse costs an exception object)
+            return self._done()
         try:
             native = orjson.loads(data)
         except orjson.JSONDecodeError:
-            if data == "[DONE]":
-                return self._done()
             if not data:
                 return []
             return [
@@ -180,6 +180,13 @@ class Adapter(ABC):
         if hit is None:
             return self._feed(event, sse_event)
         return [args_delta(hit[0], hit[1])]
+
+    def _feed_other(self, event: dict[str, Any], sse_event: str | None) -> list[StreamEvent]:
+        """:meth:`feed_decoded` for an event that :meth:`_continuation` declined (the
+        pipeline's fast path asks it first, and comes here to not ask twice)."""
+        if self._finished:
+            raise UsageError(f"{type(self).__name__}.feed_decoded() called after finish()")
+        return self._feed(event, sse_event)
 
     def finish(self) -> list[StreamEvent]:
         """The transport ended: return what the end of input implies. Call exactly once."""
