@@ -69,8 +69,10 @@ def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> in
     return explicit
 
 
-_HEADS_KEPT = 32
-"""Distinct ``event:`` heads whose decoded names an SSEDecoder keeps (a stream has a few)."""
+_HEADS: dict[bytes, str] = {}
+"""Fast-path ``event:`` heads seen by any SSEDecoder, with their event types: a stream has a
+few, and every stream of a provider has the same ones (values only, so sharing is safe)."""
+_HEADS_KEPT = 64
 
 
 class SSEDecoder:
@@ -95,7 +97,6 @@ class SSEDecoder:
         "_fast",
         "_fast_max_bytes",
         "_head",
-        "_heads",
         "_last_id",
         "_max_line",
         "_partial",
@@ -122,7 +123,6 @@ class SSEDecoder:
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
         self._fast = False  # True only between events with nothing pending (see _feed_lines)
         self._head = b"data: "
-        self._heads: dict[bytes, str] = {}  # fast-path heads seen, with their event types
         self.head_event = "message"
         """The event type of the last chunk :meth:`single` accepted."""
         self._partial = b""
@@ -222,15 +222,15 @@ class SSEDecoder:
             if end < 0:
                 return False
             head = data[: end + 7]
-            known = self._heads.get(head)
+            known = _HEADS.get(head)
             if known is None:
                 if head[-6:] != b"data: " or 13 in head:
                     return False
                 known = data[7:end].decode("utf-8", "replace") or "message"
                 if known == "error":
                     return False  # an error frame is never single (see single): general path
-                if len(self._heads) < _HEADS_KEPT:
-                    self._heads[head] = known
+                if len(_HEADS) < _HEADS_KEPT:
+                    _HEADS[head] = known
             event = known
         else:
             return False

@@ -229,19 +229,19 @@ class AnthropicAdapter(Adapter):
 
     def _message_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         message = event.get("message")
-        if not isinstance(message, Mapping):
+        if not isinstance(message, dict):
             return [_invalid("message_start without a message object")]
         self.message_id = _str_or_none(message.get("id"))
         self.model = _str_or_none(message.get("model"))
         usage = message.get("usage")
-        return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
+        return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
 
     def _message_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         delta = event.get("delta")
-        if isinstance(delta, Mapping) and isinstance(delta.get("stop_reason"), str):
+        if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
             self._stop_reason = delta["stop_reason"]
         usage = event.get("usage")  # cumulative for the message, per the streaming docs
-        return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
+        return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
 
     def _message_stop(self) -> list[StreamEvent]:
         self._ended = True
@@ -259,7 +259,7 @@ class AnthropicAdapter(Adapter):
     def _block_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         index = _index(event.get("index"))
         start = event.get("content_block")
-        if index is None or not isinstance(start, Mapping):
+        if index is None or not isinstance(start, dict):
             return [_invalid("content_block_start without an integer index and a content_block")]
         if index in self._blocks:
             return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, "started twice")]
@@ -295,7 +295,7 @@ class AnthropicAdapter(Adapter):
     def _block_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         index = _index(event.get("index"))
         delta = event.get("delta")
-        if index is None or not isinstance(delta, Mapping):
+        if index is None or not isinstance(delta, dict):
             return [_invalid("content_block_delta without an integer index and a delta")]
         block = self._blocks.get(index)
         if block is None:
@@ -402,7 +402,7 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
         except ValueError:
             events.append(_invalid(f"content block {index}: server tool input is not JSON"))
             data["input"] = {}
-    elif not isinstance(data.get("input"), Mapping):
+    elif not isinstance(data.get("input"), dict):
         data["input"] = {}
     events.append(ServerToolBlock(block=index, data=data))
     return events
