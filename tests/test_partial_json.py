@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toollatch._errors import UsageError
-from toollatch._partial_json import PartialJSON, PathDelta, _delta
+from toollatch._partial_json import _COMPACT_BYTES, PartialJSON, PathDelta, _delta
 
 # --------------------------------------------------------------------------- reference
 
@@ -643,6 +643,50 @@ def test_size_limit_and_byte_count() -> None:
     assert lone.bytes_fed == 4
 
 
+LONG = json.dumps(
+    {"k": 'ab\u00e9\u65e5\U0001f600\n"' * 200, "n": [12, 3.5, True, None], "s": "t"},
+    ensure_ascii=False,
+)
+
+
+@pytest.mark.parametrize("size", [1, 5])
+@pytest.mark.parametrize(
+    "max_bytes", [0, 1, 1023, 1024, 1025, 2047, 2048, 2049, 3000, len(LONG.encode()), None]
+)
+def test_the_size_limit_is_exact_at_every_fragment(size: int, max_bytes: int | None) -> None:
+    """The byte count is also the internal compaction clock (every 1024 bytes): max_bytes
+    still stops the parser at exactly the fragment that passes it, wherever that falls."""
+    fragments = [LONG[i : i + size] for i in range(0, len(LONG), size)]
+    fed = list(itertools.accumulate(len(f.encode()) for f in fragments))
+    over = next(
+        (k for k, total in enumerate(fed) if max_bytes is not None and total > max_bytes), None
+    )
+    parser, deltas = run(fragments, max_bytes=max_bytes)
+    if over is None:
+        assert parser.failed is None
+        assert parser.bytes_fed == fed[-1]
+        assert parser.complete
+        return
+    unlimited, before = run(fragments[:over])
+    assert parser.failed == f"size over {max_bytes} bytes"
+    assert parser.bytes_fed == fed[over]
+    assert deltas == before
+    assert canon(parser.snapshot()) == canon(unlimited.snapshot())
+    assert parser.provisional == unlimited.provisional
+
+
+def test_a_string_fed_by_the_character_is_joined_as_it_grows() -> None:
+    """One piece per character only briefly: memory stays a small multiple of the text."""
+    text = '"' + "x\u00e9\\n\u65e5\\u00e9\U0001f600" * 1500
+    parser = PartialJSON()
+    longest = 0
+    for char in text:
+        parser.feed(char)
+        longest = max(longest, len(parser._pieces))
+    assert longest <= _COMPACT_BYTES
+    assert parser.snapshot() == json.loads(text + '"')
+
+
 def test_pointers_escape_keys() -> None:
     _parser, deltas = run(['{"a/b~c": {"": [true]}}'])
     assert [d.path for d in deltas if d.op == "set"] == ["", "/a~1b~0c", "/a~1b~0c/", "/a~1b~0c//0"]
@@ -697,6 +741,12 @@ def test_one_character_deltas_are_values_not_identities() -> None:
     second = parser.feed("x")
     assert first == [PathDelta(path="/0", op="append", value="x")]
     assert second == [PathDelta(path="/1", op="append", value="x")]
+    parser.feed("\\")
+    third = parser.feed("n")
+    parser.feed('", "\\')
+    fourth = parser.feed("n")
+    assert third == [PathDelta(path="/1", op="append", value="\n")]
+    assert fourth == [PathDelta(path="/2", op="append", value="\n")]
 
 
 # --------------------------------------------------------------------------- jiter

@@ -21,8 +21,9 @@ may be cut by the fragment's end); only an escape cut by a fragment's end is fin
 by character. A fragment that is all content of a string value, an escape cut by the previous
 fragment included, is one such step and one delta (:meth:`PartialJSON._content`).
 One-character fragments of plain string content take a shorter path in
-:meth:`PartialJSON.feed` (no state change, a reused delta) because providers really stream
-arguments one character per event.
+:meth:`PartialJSON.feed` (no state change, a reused delta, one byte counter) because providers
+really stream arguments one character per event; the other one-character fragments go to a
+small step per state for the characters frequent there (:meth:`PartialJSON._feed_other`).
 
 Structure is read in big steps where the fragment allows (:meth:`PartialJSON._structure`): a
 value that ends inside the fragment (a member with its key and colon, an element, or the rest
@@ -62,7 +63,7 @@ from __future__ import annotations
 import json.decoder
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias, cast
 
@@ -189,13 +190,18 @@ _ESCAPES: Final[dict[str, str]] = {
 _LITERALS: Final[dict[str, str]] = {"t": "true", "f": "false", "n": "null"}
 _LITERAL_VALUES: Final[dict[str, object]] = {"true": True, "false": False, "null": None}
 
-_COMPACT_PIECES: Final = 1024
-"""A growing string's pieces are joined into one block every this many pieces, so that one
-character fragments cost a pointer each only briefly (memory stays a small multiple of the
-text) while each character is still copied a bounded number of times."""
+_COMPACT_BYTES: Final = 1024
+"""A growing string's pieces are joined into one block whenever this many bytes have been fed
+(every piece comes from at least one byte), so that one-character fragments cost a pointer each
+only briefly (memory stays a small multiple of the text) while each character is still copied a
+bounded number of times. The same count enforces ``max_bytes`` (:meth:`PartialJSON._refill`)."""
 
 _CACHE_ENTRIES: Final = 256
 """Distinct one-character append deltas reused per growing string (they are immutable)."""
+
+_Known: TypeAlias = Mapping[str, tuple[PathDelta, int]]
+_COLD: Final[_Known] = {}
+"""What :meth:`PartialJSON.feed` looks fragments up in while its short path is off: nothing."""
 
 Container: TypeAlias = dict[str, object] | list[object]
 
@@ -233,17 +239,18 @@ class PartialJSON:
 
     __slots__ = (
         "_blocks",
-        "_bytes",
         "_cache",
         "_complete",
+        "_escapes",
         "_failed",
-        "_fast",
         "_finished",
         "_hex",
         "_high",
+        "_hot",
         "_key",
         "_literal",
         "_literal_seen",
+        "_mark",
         "_max_bytes",
         "_max_depth",
         "_num",
@@ -252,6 +259,7 @@ class PartialJSON:
         "_pieces",
         "_pointers",
         "_reach",
+        "_room",
         "_root",
         "_stack",
         "_state",
@@ -282,8 +290,12 @@ class PartialJSON:
         self._complete = False
         self._failed: str | None = None
         self._finished = False
-        self._fast = False  # in plain content of a string value: feed() may take its short path
-        self._bytes = 0
+        # The short path of feed(): _cache in plain content of a string value, else _COLD.
+        self._hot: _Known = _COLD
+        # Bytes that may still be fed before _refill must look (< 0: it must), and the count
+        # fed by then: bytes fed = _mark - _room. One small counter for the hot paths.
+        self._room = min(_COMPACT_BYTES, self._max_bytes)
+        self._mark = self._room
         self._str_is_key = False
         self._str_parent: Container | None = None  # where the growing string value lives
         self._str_slot: str | int = ""
@@ -296,6 +308,7 @@ class PartialJSON:
         self._literal = ""
         self._literal_seen = 0
         self._cache: dict[str, tuple[PathDelta, int]] = {}
+        self._escapes: dict[str, PathDelta] = {}  # as _cache, for \\n and the like
         self._out: list[PathDelta] = []  # deltas of the current call
         self._parts: list[str] = []  # text added to the string value during the current call
         self._reach = 0  # the open containers this deep or less do not end in this fragment
@@ -319,7 +332,7 @@ class PartialJSON:
     @property
     def bytes_fed(self) -> int:
         """UTF-8 bytes of the fragments fed until the parser stopped (the stopping one too)."""
-        return self._bytes
+        return self._mark - self._room
 
     @property
     def provisional(self) -> frozenset[str]:
@@ -362,33 +375,16 @@ class PartialJSON:
         Never raises on any text: malformed text sets :attr:`failed` and the deltas up to the
         failure point are returned; after a failure every feed returns ``[]``.
         """
-        if not self._fast:
-            return self._feed_general(fragment)
         # Short path, inlined because it is the hot one: providers stream arguments one
         # character per event, and most characters are plain content of a string value.
-        known = self._cache.get(fragment)  # a one-character fragment seen in this string
-        if known is not None:
-            delta, size = known
-        elif len(fragment) != 1:
-            return self._feed_content(fragment)
-        elif fragment.isprintable() and fragment not in '"\\':
-            delta, size = self._plain_delta(fragment)
-        elif fragment == "\\":  # an escape starts (as _feed_char would)
-            self._bytes += 1
-            if self._bytes > self._max_bytes:
-                return self._over_size()
-            self._state = _ESCAPE
-            self._fast = False
+        known = self._hot.get(fragment)  # a one-character fragment seen in this string
+        if known is None:
+            return self._feed_other(fragment)
+        delta, size = known
+        self._room -= size
+        if self._room < 0 and not self._refill():
             return []
-        else:
-            return self._feed_general(fragment)
-        self._bytes += size
-        if self._bytes > self._max_bytes:
-            return self._over_size()
-        pieces = self._pieces
-        pieces.append(fragment)
-        if len(pieces) >= 1024:  # (_COMPACT_PIECES inlined: a global lookup per character)
-            self._compact()
+        self._pieces.append(fragment)
         return [delta]
 
     def finish(self) -> list[PathDelta]:
@@ -402,7 +398,7 @@ class PartialJSON:
         if self._finished:
             raise UsageError("finish() called twice")
         self._finished = True
-        self._fast = False
+        self._hot = _COLD
         if self._failed is not None:
             return []
         out: list[PathDelta] = []
@@ -417,45 +413,42 @@ class PartialJSON:
 
     # ------------------------------------------------------------------ feeding
 
-    def _plain_delta(self, char: str) -> tuple[PathDelta, int]:
-        """The ``append`` of a plain character to the open string, and its UTF-8 size.
-
-        They are kept for reuse while this string is open (they are values).
-        """
-        found = (
-            _delta(self._str_pointer, "append", char),
-            1 if char.isascii() else _utf8_length(char),
-        )
-        if len(self._cache) >= _CACHE_ENTRIES:
-            self._cache.clear()
-        self._cache[char] = found
-        return found
-
-    def _feed_content(self, fragment: str) -> list[PathDelta]:
-        """Several characters fed in the plain content of a string value: the short path."""
-        if not fragment:
-            return []
-        self._bytes += len(fragment) if fragment.isascii() else _utf8_length(fragment)
-        if self._bytes > self._max_bytes:
-            return self._over_size()
-        out = self._content(fragment)
-        return self._feed_tokens(fragment) if out is None else out
-
-    def _feed_general(self, fragment: str) -> list[PathDelta]:
-        if self._finished:
+    def _feed_other(self, fragment: str) -> list[PathDelta]:
+        """:meth:`feed` for the fragments its short path does not take."""
+        n = len(fragment)
+        fast = self._hot is not _COLD  # in plain content of a string value (not failed)
+        if fast:
+            if n == 1 and fragment.isprintable() and fragment not in '"\\':
+                self._cache_plain(fragment)  # a character new to this string: keep its delta...
+                return self.feed(fragment)  # ...and take the short path
+        elif self._finished:
             raise UsageError("feed() after finish()")
-        if self._failed is not None or not fragment:
+        elif self._failed is not None:
             return []
-        self._bytes += len(fragment) if fragment.isascii() else _utf8_length(fragment)
-        if self._bytes > self._max_bytes:
-            return self._over_size()
-        if len(fragment) == 1:
-            return self._feed_char(fragment)
-        if _STRING <= self._state <= _UNICODE and not self._str_is_key and not self._high:
-            out = self._content(fragment)  # (an escape cut by the last fragment's end)
+        if not n:
+            return []
+        self._room -= n if fragment.isascii() else _utf8_length(fragment)
+        if self._room < 0 and not self._refill():
+            return []
+        if n == 1:
+            return _CHAR_STEPS[self._state](self, fragment)
+        if fast or (_STRING <= self._state <= _UNICODE and not self._str_is_key and not self._high):
+            out = self._content(fragment)  # (in _ESCAPE or _UNICODE: an escape cut by the end)
             if out is not None:
                 return out
         return self._feed_tokens(fragment)
+
+    def _cache_plain(self, char: str) -> None:
+        """Keep the ``append`` of a plain character to the open string, and its UTF-8 size.
+
+        They are reused while this string is open (they are values).
+        """
+        if len(self._cache) >= _CACHE_ENTRIES:
+            self._cache.clear()
+        self._cache[char] = (
+            _delta(self._str_pointer, "append", char),
+            1 if char.isascii() else _utf8_length(char),
+        )
 
     def _content(self, fragment: str) -> list[PathDelta] | None:
         """Read ``fragment`` in one step if it is all content of the open string value.
@@ -486,13 +479,13 @@ class PartialJSON:
                     self._state = _ESCAPE
                 else:
                     self._state, self._hex = _UNICODE, body[end + 2 :]
-                self._fast = False
+                self._hot = _COLD
                 body = body[:end]
                 if not body:
                     return []
             else:
                 self._state = _STRING
-                self._fast = True
+                self._hot = self._cache
             text = _scanstring(body + '"', 0)[0] if "\\" in body else body
         else:
             # All of it or none: the decoder stops at a quote, and raises on a control
@@ -504,88 +497,110 @@ class PartialJSON:
             if end <= len(body):
                 return None
             self._state = _STRING
-            self._fast = True
+            self._hot = self._cache
         last = text[-1]
         if "\ud800" <= last <= "\udbff" and body[-1] != last:  # from an escape
             self._high = last  # waits for its low half: the short path is off
-            self._fast = False
+            self._hot = _COLD
             text = text[:-1]
             if not text:
                 return []
-        pieces = self._pieces
-        pieces.append(text)
-        if len(pieces) >= _COMPACT_PIECES:
-            self._compact()
+        self._pieces.append(text)
         return [_delta(self._str_pointer, "append", text)]
 
-    def _feed_char(self, char: str) -> list[PathDelta]:
-        """One-character fragment: the common cases skip the general loop (same result).
+    # ------------------------------------------------------------------ one-character steps
+    # Providers stream whole calls one character per event, so :meth:`_feed_other` sends a
+    # one-character fragment to the step of its state (_CHAR_STEPS). Each step does what the
+    # handlers would do with the characters frequent there (key text, escapes, whitespace,
+    # colons, commas, number and literal characters, quotes) and leaves the rest to them.
 
-        Providers stream whole calls this way, so the characters of keys, numbers, escapes,
-        whitespace, colons, commas and the quote opening a key are frequent enough to deserve
-        these few lines (each does what its state's handler would do with that character).
-        """
-        state = self._state
-        if state == _STRING:
-            if char == "\\":
-                self._state = _ESCAPE
-                self._fast = False
-                return []
-            if self._str_is_key and char != '"' and char.isprintable():
-                if self._high:
-                    self._add(char)
-                    return []
-                pieces = self._pieces  # (as _add: a key's text is not a delta)
-                pieces.append(char)
-                if len(pieces) >= _COMPACT_PIECES:
-                    self._compact()
-                return []
-        elif state == _ESCAPE:
-            decoded = _ESCAPES.get(char)
-            if decoded is not None:
-                return self._escaped(decoded)
-        elif state == _NUMBER:
-            if char in _NUMBER_CHARS:
-                self._num.append(char)
-                return []
-        elif state <= _END and char in _WS:  # whitespace between tokens
+    def _char_value(self, char: str) -> list[PathDelta]:
+        if char in _WS:
             return []
-        elif state == _COLON:
-            if char == ":":
-                self._state = _VALUE
-                return []
-        elif state == _AFTER_VALUE:
-            if char == ",":
-                self._state = _KEY if type(self._stack[-1]) is dict else _VALUE
-                return []
-        elif state in (_KEY, _OBJECT_FIRST) and char == '"':  # a key opens (_open_string)
-            self._state = _STRING
-            self._str_is_key = True
+        if char in _NUMBER_START:
+            self._state = _NUMBER
+            self._num.append(char)
+            return []
+        literal = _LITERALS.get(char)
+        if literal is not None:
+            self._state, self._literal, self._literal_seen = _LITERAL, literal, 1
             return []
         return self._feed_tokens(char)
 
-    def _escaped(self, decoded: str) -> list[PathDelta]:
-        """Finish a simple escape that is the whole fragment (as _on_escape would)."""
-        if not self._str_is_key and not self._high:  # (as _add, inlined)
+    def _char_key(self, char: str) -> list[PathDelta]:
+        if char == '"':  # a key opens (as _open_string)
             self._state = _STRING
-            self._fast = True
-            pieces = self._pieces
-            pieces.append(decoded)
-            if len(pieces) >= _COMPACT_PIECES:
-                self._compact()
-            return [_delta(self._str_pointer, "append", decoded)]
-        self._parts = []
-        self._add(decoded)
-        self._state = _STRING
-        self._fast = not self._str_is_key
-        if not self._parts:
+            self._str_is_key = True
             return []
-        return [_delta(self._str_pointer, "append", "".join(self._parts))]
+        return [] if char in _WS else self._feed_tokens(char)
 
-    def _over_size(self) -> list[PathDelta]:
-        self._failed = f"size over {self._max_bytes} bytes"
-        self._fast = False
-        return []
+    def _char_colon(self, char: str) -> list[PathDelta]:
+        if char == ":":
+            self._state = _VALUE
+            return []
+        return [] if char in _WS else self._feed_tokens(char)
+
+    def _char_after_value(self, char: str) -> list[PathDelta]:
+        if char == ",":
+            self._state = _KEY if type(self._stack[-1]) is dict else _VALUE
+            return []
+        return [] if char in _WS else self._feed_tokens(char)
+
+    def _char_end(self, char: str) -> list[PathDelta]:
+        return [] if char in _WS else self._feed_tokens(char)
+
+    def _char_string(self, char: str) -> list[PathDelta]:
+        """(A plain character of a string value takes the short path of :meth:`feed`.)"""
+        if char == "\\":
+            self._state = _ESCAPE
+            self._hot = _COLD
+            return []
+        if self._str_is_key and char != '"' and char.isprintable():
+            if self._high:
+                self._add(char)
+                return []
+            self._pieces.append(char)  # (as _add: a key's text is not a delta)
+            return []
+        return self._feed_tokens(char)
+
+    def _char_escape(self, char: str) -> list[PathDelta]:
+        decoded = _ESCAPES.get(char)
+        if decoded is None or self._str_is_key or self._high:
+            return self._feed_tokens(char)
+        self._state = _STRING
+        self._hot = self._cache
+        self._pieces.append(decoded)  # (as _add)
+        delta = self._escapes.get(char)
+        if delta is None:  # kept for reuse while this string is open, as _cache_plain does
+            delta = self._escapes[char] = _delta(self._str_pointer, "append", decoded)
+        return [delta]
+
+    def _char_number(self, char: str) -> list[PathDelta]:
+        if char in _NUMBER_CHARS:
+            self._num.append(char)
+            return []
+        return self._feed_tokens(char)
+
+    def _char_literal(self, char: str) -> list[PathDelta]:
+        seen = self._literal_seen
+        if seen + 1 < len(self._literal) and char == self._literal[seen]:
+            self._literal_seen = seen + 1
+            return []
+        return self._feed_tokens(char)
+
+    def _refill(self) -> bool:
+        """The byte count passed ``_mark``: fail if it is over ``max_bytes`` (return False),
+        else compact the growing string and count up to the next mark."""
+        fed = self._mark - self._room
+        if fed > self._max_bytes:
+            self._failed = f"size over {self._max_bytes} bytes"
+            self._hot = _COLD
+            return False
+        if self._pieces:
+            self._compact()
+        self._room = min(_COMPACT_BYTES, self._max_bytes - fed)
+        self._mark = fed + self._room
+        return True
 
     def _feed_tokens(self, text: str) -> list[PathDelta]:
         """General path: run the state machine over ``text``."""
@@ -603,17 +618,14 @@ class PartialJSON:
             i = handlers[self._state](self, text, i)
         if self._parts:  # the open string value grew during this call
             out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
-        self._fast = (
-            self._state == _STRING
-            and not self._str_is_key
-            and not self._high
-            and self._failed is None
-        )
+        fast = self._state == _STRING and not self._str_is_key and not self._high
+        self._hot = self._cache if fast and self._failed is None else _COLD
         return out
 
     def _fail(self, reason: str, text: str, index: int) -> int:
         """Stop the parser for good at ``text[index]``, the last fragment fed."""
-        self._failed = f"{reason} at byte {self._bytes - _utf8_length(text[index:])}"
+        offset = self._mark - self._room - _utf8_length(text[index:])
+        self._failed = f"{reason} at byte {offset}"
         return index
 
     # ------------------------------------------------------------------ state handlers
@@ -1049,7 +1061,7 @@ class PartialJSON:
     # ------------------------------------------------------------------ strings
 
     def _open_string(self, *, is_key: bool) -> None:
-        self._state = _STRING  # _pieces and _blocks are empty: the last string reset them
+        self._state = _STRING  # _pieces, _blocks, _cache, _escapes: the last string emptied them
         self._str_is_key = is_key
         if is_key:
             return
@@ -1058,7 +1070,6 @@ class PartialJSON:
         self._str_parent = top
         self._str_slot = self._key if isinstance(top, dict) else len(top or ()) - 1
         self._out.append(_delta(self._str_pointer, "set", ""))
-        self._cache = {}
 
     def _add(self, text: str) -> None:
         """Append decoded text to the open string (a waiting high surrogate goes first)."""
@@ -1070,8 +1081,6 @@ class PartialJSON:
         self._pieces.append(text)
         if not self._str_is_key:
             self._parts.append(text)
-        if len(self._pieces) >= _COMPACT_PIECES:
-            self._compact()
 
     def _add_body(self, body: str) -> None:
         """Add content whose escapes are all complete, decoded in C by the json module.
@@ -1145,7 +1154,8 @@ class PartialJSON:
             self._out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
             self._parts = []
         self._out.append(_delta(self._str_pointer, "end", None))
-        self._cache = {}
+        self._cache.clear()
+        self._escapes.clear()
         self._value_done()
 
 
@@ -1164,4 +1174,20 @@ _HANDLERS: Final = (
     PartialJSON._on_unicode,
     PartialJSON._on_number,
     PartialJSON._on_literal,
+)
+
+# Indexed by state, as _HANDLERS: the steps of one-character fragments.
+_CHAR_STEPS: Final = (
+    PartialJSON._char_value,  # _VALUE
+    PartialJSON._char_value,  # _ARRAY_FIRST
+    PartialJSON._char_key,  # _OBJECT_FIRST
+    PartialJSON._char_key,  # _KEY
+    PartialJSON._char_colon,
+    PartialJSON._char_after_value,
+    PartialJSON._char_end,
+    PartialJSON._char_string,
+    PartialJSON._char_escape,
+    PartialJSON._feed_tokens,  # _UNICODE
+    PartialJSON._char_number,
+    PartialJSON._char_literal,
 )
