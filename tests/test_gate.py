@@ -70,6 +70,11 @@ def code(verdict):
         ('{"path": "\\ud800.md"}', ErrorCode.INVALID_JSON),
         ('{"path": "\\udc00"}', ErrorCode.INVALID_JSON),
         ('{"path": "\ud800"}', ErrorCode.INVALID_JSON),  # a raw lone surrogate
+        ('{"\\ud800": "a"}', ErrorCode.INVALID_JSON),  # in a key
+        ('{"path": "a.md", "lines": [1, ["é", {"k": "\\udc00"}]]}', ErrorCode.INVALID_JSON),
+        ('{"path": "a.md", "lines": [1, 2]}   ', None),
+        ('{"path": "a.md"} x', ErrorCode.INVALID_JSON),
+        ("   ", ErrorCode.SCHEMA_VIOLATION),  # blank means {}
         ('{"path": "a\tb.md"}', ErrorCode.INVALID_JSON),  # raw control character
         ("{'path': 'a.md'}", ErrorCode.INVALID_JSON),
         ('{"path": "a.md",}', ErrorCode.INVALID_JSON),

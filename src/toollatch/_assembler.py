@@ -171,8 +171,11 @@ class Assembler:
             raise UsageError("Assembler.feed() called after finish()")
         # The hot path (once per fragment), inlined: an open call's fragment that keeps it
         # under the byte limit is one lookup, one count and one append.
-        buf = self._buffers.get(key)
-        if buf is not None and buf.state is _OPEN and self._previews is None:
+        try:
+            buf = self._buffers[key]
+        except KeyError:
+            return self._on_args(key, fragment)
+        if buf.state is _OPEN and self._previews is None:
             size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
             if buf.nbytes + size <= self._max_argument_bytes:
                 buf.nbytes += size

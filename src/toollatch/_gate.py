@@ -157,6 +157,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+# The decoder's C scanner, called directly: raw_decode is a Python frame around it that only
+# turns StopIteration into "Expecting value" (done below). Typeshed omits the attribute.
+_scan_once: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+_WS_CHARS = " \t\n\r"
 
 
 def strict_loads(text: str, *, max_depth: int) -> object:
@@ -165,15 +169,18 @@ def strict_loads(text: str, *, max_depth: int) -> object:
     Rejects NaN/Infinity, duplicate object keys, trailing data, control characters in strings,
     lone surrogates (escaped or raw), and nesting deeper than ``max_depth``.
     """
+    start = _skip_ws(text, 0) if text[:1] in _WS_CHARS else 0
     try:
-        value, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
+        value, end = _scan_once(text, start)  # (what JSONDecoder.raw_decode runs)
+    except StopIteration as stop:
+        raise _Reject(ErrorCode.INVALID_JSON, f"Expecting value at offset {stop.value}") from None
     except json.JSONDecodeError as exc:
         raise _Reject(ErrorCode.INVALID_JSON, f"{exc.msg} at offset {exc.pos}") from None
     except RecursionError:
         raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}") from None
     except ValueError as exc:  # e.g. an integer over sys.get_int_max_str_digits()
         raise _Reject(ErrorCode.INVALID_JSON, str(exc).split(";")[0]) from None
-    if _skip_ws(text, end) != len(text):
+    if end != len(text) and _skip_ws(text, end) != len(text):
         raise _Reject(ErrorCode.INVALID_JSON, f"trailing data after the JSON value at offset {end}")
     _check_tree(value, max_depth)
     return value
@@ -181,35 +188,47 @@ def strict_loads(text: str, *, max_depth: int) -> object:
 
 def _skip_ws(text: str, pos: int) -> int:
     n = len(text)
-    while pos < n and text[pos] in " \t\n\r":
+    while pos < n and text[pos] in _WS_CHARS:
         pos += 1
     return pos
 
 
 def _check_tree(value: object, max_depth: int) -> None:
-    """Depth and lone-surrogate check over the parsed tree (iterative: no recursion limit)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
+    """Depth and lone-surrogate check over the parsed tree (iterative: no recursion limit).
+
+    Strings are checked where they are met and only containers are stacked: arguments are
+    mostly a few strings in one object, and this walk runs once per call.
+    """
+    if not isinstance(value, dict | list):
+        if isinstance(value, str) and not value.isascii():
+            _check_str(value)
+        return
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, str):
-            _check_str(node)
-        elif isinstance(node, dict | list):
-            if depth > max_depth:
-                raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}")
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    _check_str(k)
-                    stack.append((v, depth + 1))
-            else:
-                stack.extend((v, depth + 1) for v in node)
+        if depth > max_depth:
+            raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}")
+        if isinstance(node, dict):
+            for key in node:
+                if not key.isascii():
+                    _check_str(key)
+            items: Iterable[object] = node.values()
+        else:
+            items = node
+        for item in items:
+            if isinstance(item, str):
+                if not item.isascii():
+                    _check_str(item)
+            elif isinstance(item, dict | list):
+                stack.append((item, depth + 1))
 
 
 def _check_str(s: str) -> None:
-    if not s.isascii():
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Reject(ErrorCode.INVALID_JSON, "a string contains a lone surrogate") from None
+    """Reject a string holding a lone surrogate (``s`` is not ASCII)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Reject(ErrorCode.INVALID_JSON, "a string contains a lone surrogate") from None
 
 
 # -- the gate -----------------------------------------------------------------------------------
