@@ -106,7 +106,7 @@ class StreamParser:
         self._translate = self.adapter.feed_frame
         self._assemble = self.assembler.feed
         self._single: _SingleDecoder | None = None
-        if not keep_events and isinstance(decoder, SSEDecoder | JSONLinesDecoder):
+        if not keep_events and isinstance(decoder, (SSEDecoder, JSONLinesDecoder)):
             self._single = decoder
         self._continuation = self.adapter._continuation
         self._feed_other = self.adapter._feed_other
