@@ -733,6 +733,27 @@ def test_the_fast_delta_constructor_builds_an_ordinary_frozen_delta() -> None:
         fast.path = "/b"  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"\\u00e9"',  # the quote closes a string the handlers grew (a \\u escape)
+        '{"a\\u00e9b": "x\\u00e9", "k": "\\ud83d\\ude00", "": ""}',
+        "[1, -2.5e3,7 ,0]",
+        '{"n": 12}',
+        '[true, false, null, [], {}, [[{"a": [true]}]]]',
+        ' "x\\\\y" ',
+        "12",
+    ],
+)
+def test_one_character_fragments_give_the_deltas_of_the_whole_text(text: str) -> None:
+    """Each character through its state's one-character step, pinned on texts where the
+    step and the handlers meet (the handlers' appends are not repeated by a later step)."""
+    parser, by_char = run(list(text), finish=True)
+    _, whole = run([text], finish=True)
+    assert coalesce(by_char) == whole
+    assert canon(parser.snapshot()) == canon(json.loads(text))
+
+
 def test_one_character_deltas_are_values_not_identities() -> None:
     parser = PartialJSON()
     parser.feed('["')

@@ -525,7 +525,16 @@ class PartialJSON:
         if literal is not None:
             self._state, self._literal, self._literal_seen = _LITERAL, literal, 1
             return []
-        return self._feed_tokens(char)
+        if char not in '"{[':
+            return self._feed_tokens(char)
+        out: list[PathDelta] = []
+        self._out = out
+        if char == '"':
+            self._open_string(is_key=False)
+            self._hot = self._cache
+        else:
+            self._open_container(char, 0)
+        return out
 
     def _char_key(self, char: str) -> list[PathDelta]:
         if char == '"':  # a key opens (as _open_string)
@@ -541,9 +550,15 @@ class PartialJSON:
         return [] if char in _WS else self._feed_tokens(char)
 
     def _char_after_value(self, char: str) -> list[PathDelta]:
+        in_object = type(self._stack[-1]) is dict
         if char == ",":
-            self._state = _KEY if type(self._stack[-1]) is dict else _VALUE
+            self._state = _KEY if in_object else _VALUE
             return []
+        if char == ("}" if in_object else "]"):
+            out: list[PathDelta] = []
+            self._out = out
+            self._close_container(0)
+            return out
         return [] if char in _WS else self._feed_tokens(char)
 
     def _char_end(self, char: str) -> list[PathDelta]:
@@ -555,7 +570,15 @@ class PartialJSON:
             self._state = _ESCAPE
             self._hot = _COLD
             return []
-        if self._str_is_key and char != '"' and char.isprintable():
+        if char == '"':
+            if self._high:
+                return self._feed_tokens(char)
+            out: list[PathDelta] = []
+            self._out, self._parts = out, []
+            self._close_string()
+            self._hot = _COLD
+            return out
+        if self._str_is_key and char.isprintable():
             if self._high:
                 self._add(char)
                 return []
@@ -579,14 +602,25 @@ class PartialJSON:
         if char in _NUMBER_CHARS:
             self._num.append(char)
             return []
-        return self._feed_tokens(char)
+        out: list[PathDelta] = []
+        self._out = out
+        self._end_number(char, 0)  # (any other character ends it)
+        if self._failed is not None:
+            return out
+        return out + _CHAR_STEPS[self._state](self, char)
 
     def _char_literal(self, char: str) -> list[PathDelta]:
-        seen = self._literal_seen
-        if seen + 1 < len(self._literal) and char == self._literal[seen]:
-            self._literal_seen = seen + 1
+        word, seen = self._literal, self._literal_seen
+        if char != word[seen]:
+            return self._feed_tokens(char)  # (invalid)
+        seen += 1
+        self._literal_seen = seen
+        if seen < len(word):
             return []
-        return self._feed_tokens(char)
+        out: list[PathDelta] = []
+        self._out = out
+        self._set_scalar(_LITERAL_VALUES[word])
+        return out
 
     def _refill(self) -> bool:
         """The byte count passed ``_mark``: fail if it is over ``max_bytes`` (return False),
