@@ -589,6 +589,33 @@ def test_the_value_stays_as_it_was_at_the_failure_point() -> None:
     assert parser.failed == "control character in string at byte 13"
 
 
+@pytest.mark.parametrize(
+    ("fragments", "reason"),
+    [
+        (['{"a": "', "b\x01c", '"}'], "control character in string at byte 8"),
+        (['["x', 'y\tz"]'], "control character in string at byte 4"),
+        (['"\\', "n\u00e9\n"], "control character in string at byte 5"),
+    ],
+)
+def test_a_fragment_of_string_content_is_checked_whole(fragments: list[str], reason: str) -> None:
+    for pieces in (fragments, list("".join(fragments))):
+        parser, _ = run(pieces)
+        assert parser.failed == reason
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, x', '{"a": "b\x01', '{"a": tx', "[1] 2"])
+def test_a_failed_parser_takes_nothing_more(text: str) -> None:
+    parser, _ = run(list(text))
+    failed, fed, value = parser.failed, parser.bytes_fed, copy.deepcopy(parser.snapshot())
+    assert failed is not None
+    for fragment in ["1", '"', "\\", " ", "}", "ab", ""]:
+        assert parser.feed(fragment) == []
+    assert (parser.failed, parser.bytes_fed, parser.snapshot()) == (failed, fed, value)
+    assert parser.finish() == []
+    with pytest.raises(UsageError):
+        parser.feed("1")
+
+
 def test_depth_limit() -> None:
     parser, _ = run(["[" * 64 + "]" * 64], finish=True)
     assert parser.failed is None
@@ -644,7 +671,7 @@ def test_size_limit_and_byte_count() -> None:
 
 
 LONG = json.dumps(
-    {"k": 'ab\u00e9\u65e5\U0001f600\n"' * 200, "n": [12, 3.5, True, None], "s": "t"},
+    {"k\u00e9": 'ab\u00e9\u65e5\U0001f600\n"' * 200, "n": [12, 3.5, True, None], "s": "t"},
     ensure_ascii=False,
 )
 

@@ -199,9 +199,11 @@ bounded number of times. The same count enforces ``max_bytes`` (:meth:`PartialJS
 _CACHE_ENTRIES: Final = 256
 """Distinct one-character append deltas reused per growing string (they are immutable)."""
 
+# What PartialJSON.feed looks a fragment up in first (PartialJSON._hot), which also says where
+# the parser is: the open string value's _cache in its plain content, else one of these (empty).
 _Known: TypeAlias = Mapping[str, tuple[PathDelta, int]]
-_COLD: Final[_Known] = {}
-"""What :meth:`PartialJSON.feed` looks fragments up in while its short path is off: nothing."""
+_COLD: Final[_Known] = {}  # anywhere else
+_STOPPED: Final[_Known] = {}  # finished or failed: feed() takes nothing more
 
 Container: TypeAlias = dict[str, object] | list[object]
 
@@ -290,8 +292,7 @@ class PartialJSON:
         self._complete = False
         self._failed: str | None = None
         self._finished = False
-        # The short path of feed(): _cache in plain content of a string value, else _COLD.
-        self._hot: _Known = _COLD
+        self._hot: _Known = _COLD  # _cache, _COLD or _STOPPED
         # Bytes that may still be fed before _refill must look (< 0: it must), and the count
         # fed by then: bytes fed = _mark - _room. One small counter for the hot paths.
         self._room = min(_COMPACT_BYTES, self._max_bytes)
@@ -379,7 +380,14 @@ class PartialJSON:
         # character per event, and most characters are plain content of a string value.
         known = self._hot.get(fragment)  # a one-character fragment seen in this string
         if known is None:
-            return self._feed_other(fragment)
+            if self._hot is not _COLD or len(fragment) != 1:
+                return self._feed_other(fragment)
+            # Second short path: one character outside string content, to the step of its
+            # state for the characters frequent there (key text, escapes, punctuation...).
+            self._room -= 1 if fragment.isascii() else _utf8_length(fragment)
+            if self._room < 0 and not self._refill():
+                return []
+            return _CHAR_STEPS[self._state](self, fragment)
         delta, size = known
         self._room -= size
         if self._room < 0 and not self._refill():
@@ -398,7 +406,7 @@ class PartialJSON:
         if self._finished:
             raise UsageError("finish() called twice")
         self._finished = True
-        self._hot = _COLD
+        self._hot = _STOPPED
         if self._failed is not None:
             return []
         out: list[PathDelta] = []
@@ -414,24 +422,25 @@ class PartialJSON:
     # ------------------------------------------------------------------ feeding
 
     def _feed_other(self, fragment: str) -> list[PathDelta]:
-        """:meth:`feed` for the fragments its short path does not take."""
-        n = len(fragment)
-        fast = self._hot is not _COLD  # in plain content of a string value (not failed)
-        if fast:
-            if n == 1 and fragment.isprintable() and fragment not in '"\\':
-                self._cache_plain(fragment)  # a character new to this string: keep its delta...
-                return self.feed(fragment)  # ...and take the short path
-        elif self._finished:
-            raise UsageError("feed() after finish()")
-        elif self._failed is not None:
+        """:meth:`feed` for the fragments its short paths do not take."""
+        hot = self._hot
+        if hot is _STOPPED:
+            if self._finished:
+                raise UsageError("feed() after finish()")
             return []
+        n = len(fragment)
+        if n == 1 and fragment.isprintable() and fragment not in '"\\':  # (content: hot)
+            self._cache_plain(fragment)  # a character new to this string: keep its delta...
+            return self.feed(fragment)  # ...and take the short path
         if not n:
             return []
-        self._room -= n if fragment.isascii() else _utf8_length(fragment)
+        # (_utf8_length inlined: every fragment that is not ASCII would pay a call)
+        self._room -= n if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
         if self._room < 0 and not self._refill():
             return []
-        if n == 1:
-            return _CHAR_STEPS[self._state](self, fragment)
+        if n == 1:  # a backslash, a quote or a control character in a string value
+            return self._char_string(fragment)
+        fast = hot is not _COLD  # (so in plain content of a string value)
         if fast or (_STRING <= self._state <= _UNICODE and not self._str_is_key and not self._high):
             out = self._content(fragment)  # (in _ESCAPE or _UNICODE: an escape cut by the end)
             if out is not None:
@@ -456,13 +465,16 @@ class PartialJSON:
         That is: text and complete escapes, then at most the start of an escape cut by the
         fragment's end; an escape cut by the previous fragment's end is read with it. Then it
         is one regular-expression match, at most one call of the json module's string decoder
-        and one delta, exactly as the handlers would read it (:meth:`_on_string` and
-        :meth:`_add_body`). Anything else (a closing quote, a control character, an invalid
-        escape) returns ``None`` with nothing changed, for the handlers. Only called with no
-        high surrogate waiting.
+        (plain text, the commonest, needs neither) and one delta, exactly as the handlers would
+        read it (:meth:`_on_string` and :meth:`_add_body`). Anything else (a closing quote, a
+        control character, an invalid escape) returns ``None`` with nothing changed, for the
+        handlers. Only called with no high surrogate waiting.
         """
         state = self._state
         if state == _STRING:
+            if "\\" not in fragment and '"' not in fragment and fragment.isprintable():
+                self._pieces.append(fragment)  # plain text (the commonest): nothing to decode
+                return [_delta(self._str_pointer, "append", fragment)]
             body = fragment
         elif state == _ESCAPE:
             body = "\\" + fragment
@@ -628,7 +640,7 @@ class PartialJSON:
         fed = self._mark - self._room
         if fed > self._max_bytes:
             self._failed = f"size over {self._max_bytes} bytes"
-            self._hot = _COLD
+            self._hot = _STOPPED
             return False
         if self._pieces:
             self._compact()
@@ -652,14 +664,16 @@ class PartialJSON:
             i = handlers[self._state](self, text, i)
         if self._parts:  # the open string value grew during this call
             out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
-        fast = self._state == _STRING and not self._str_is_key and not self._high
-        self._hot = self._cache if fast and self._failed is None else _COLD
+        if self._failed is None:
+            fast = self._state == _STRING and not self._str_is_key and not self._high
+            self._hot = self._cache if fast else _COLD
         return out
 
     def _fail(self, reason: str, text: str, index: int) -> int:
         """Stop the parser for good at ``text[index]``, the last fragment fed."""
         offset = self._mark - self._room - _utf8_length(text[index:])
         self._failed = f"{reason} at byte {offset}"
+        self._hot = _STOPPED
         return index
 
     # ------------------------------------------------------------------ state handlers
