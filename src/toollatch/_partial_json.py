@@ -23,7 +23,7 @@ fragment included, is one such step and one delta (:meth:`PartialJSON._content`)
 One-character fragments of plain string content take a shorter path in
 :meth:`PartialJSON.feed` (no state change, a reused delta, one byte counter) because providers
 really stream arguments one character per event; the other one-character fragments go to a
-small step per state for the characters frequent there (:meth:`PartialJSON._feed_other`).
+small step per state for the characters frequent there (``_CHAR_STEPS``).
 
 Structure is read in big steps where the fragment allows (:meth:`PartialJSON._structure`): a
 value that ends inside the fragment (a member with its key and colon, an element, or the rest
@@ -521,10 +521,11 @@ class PartialJSON:
         return [_delta(self._str_pointer, "append", text)]
 
     # ------------------------------------------------------------------ one-character steps
-    # Providers stream whole calls one character per event, so :meth:`_feed_other` sends a
-    # one-character fragment to the step of its state (_CHAR_STEPS). Each step does what the
-    # handlers would do with the characters frequent there (key text, escapes, whitespace,
-    # colons, commas, number and literal characters, quotes) and leaves the rest to them.
+    # Providers stream whole calls one character per event, so a one-character fragment that
+    # is not plain content of a string value goes to the step of its state (_CHAR_STEPS). Each
+    # step does what the handlers would do with the characters frequent there (key text,
+    # escapes, whitespace, colons, commas, number and literal characters, quotes, brackets)
+    # and leaves the rest to them.
 
     def _char_value(self, char: str) -> list[PathDelta]:
         if char in _WS:
