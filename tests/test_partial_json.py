@@ -782,19 +782,13 @@ def test_one_character_fragments_give_the_deltas_of_the_whole_text(text: str) ->
 
 
 def test_one_character_deltas_are_values_not_identities() -> None:
+    """A reused delta (plain character, escape) always names the string it is fed into."""
     parser = PartialJSON()
-    parser.feed('["')
-    first = parser.feed("x")
-    parser.feed('", "')
-    second = parser.feed("x")
-    assert first == [PathDelta(path="/0", op="append", value="x")]
-    assert second == [PathDelta(path="/1", op="append", value="x")]
-    parser.feed("\\")
-    third = parser.feed("n")
-    parser.feed('", "\\')
-    fourth = parser.feed("n")
-    assert third == [PathDelta(path="/1", op="append", value="\n")]
-    assert fourth == [PathDelta(path="/2", op="append", value="\n")]
+    steps = [('["', "x", "/0", "x"), ('", "', "x", "/1", "x"), ("\\", "n", "/1", "\n"),
+             ('", "\\', "n", "/2", "\n")]
+    for before, char, path, value in steps:
+        parser.feed(before)
+        assert parser.feed(char) == [PathDelta(path=path, op="append", value=value)]
 
 
 # --------------------------------------------------------------------------- jiter
