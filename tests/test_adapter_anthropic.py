@@ -562,10 +562,21 @@ def test_sdk_objects_are_duck_typed() -> None:
 
 
 def test_feed_after_finish_raises() -> None:
+    """Every entry point refuses a finished adapter, naming itself; a fragment of a call that
+    was open at the end is refused too (the fast check must not answer first)."""
     adapter = AnthropicAdapter()
+    adapter.feed(tool_start(0, "t", "n"))
     adapter.finish()
-    with pytest.raises(UsageError):
-        adapter.feed(PING)
+    fragment = delta(0, "input_json_delta", partial_json="{}")
+    calls = [
+        ("feed", lambda: adapter.feed(PING)),
+        ("feed_frame", lambda: adapter.feed_frame(Frame(event="ping", data=json.dumps(PING)))),
+        ("feed_decoded", lambda: adapter.feed_decoded(PING)),
+        ("feed_decoded", lambda: adapter.feed_decoded(fragment)),
+    ]
+    for method, call in calls:
+        with pytest.raises(UsageError, match=rf"AnthropicAdapter\.{method}\(\) called after"):
+            call()
 
 
 # -- properties -------------------------------------------------------------------------------

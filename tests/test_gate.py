@@ -24,6 +24,7 @@ from toollatch import (
     UsageError,
     load_tools,
 )
+from toollatch._gate import _Reject, strict_loads
 
 KEY = CallKey(0, 0, 0)
 TOOLS = [
@@ -91,6 +92,19 @@ def code(verdict):
 )
 def test_strict_parse_object_and_schema(text, expected):
     assert code(check(text)) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"), [('"\\ud800"', False), ('"\ud800"', False), ('"é"', True), ("[[1]]", True)]
+)
+def test_strict_loads_checks_a_top_level_scalar_as_any_value(text, ok):
+    # The strict parse also serves history rebuilding and wrapper expansion, where the text
+    # need not be an object: a top-level string gets the same lone-surrogate check.
+    if ok:
+        assert strict_loads(text, max_depth=2) == json.loads(text)
+    else:
+        with pytest.raises(_Reject, match="lone surrogate"):
+            strict_loads(text, max_depth=2)
 
 
 def test_surrogate_pairs_are_fine():

@@ -197,13 +197,10 @@ def _check_tree(value: object, max_depth: int) -> None:
     """Depth and lone-surrogate check over the parsed tree (iterative: no recursion limit).
 
     Strings are checked where they are met and only containers are stacked: arguments are
-    mostly a few strings in one object, and this walk runs once per call.
+    mostly a few strings in one object, and this walk runs once per call. The root starts as
+    the one item of a list at depth 0, so it is checked as any other item.
     """
-    if not isinstance(value, dict | list):
-        if isinstance(value, str) and not value.isascii():
-            _check_str(value)
-        return
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [([value], 0)]
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:

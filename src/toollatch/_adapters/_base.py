@@ -126,7 +126,7 @@ class Adapter(ABC):
     def feed(self, native: object) -> list[StreamEvent]:
         """Translate one native event (dict or SDK object) into stream events."""
         if self._finished:
-            raise UsageError(f"{type(self).__name__}.feed() called after finish()")
+            raise self._after_finish("feed")
         event = to_native(native)
         if not isinstance(event, dict):
             return [
@@ -140,7 +140,7 @@ class Adapter(ABC):
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
         """Translate one transport frame: decodes its JSON data, handles ``[DONE]``/errors."""
         if self._finished:
-            raise UsageError(f"{type(self).__name__}.feed_frame() called after finish()")
+            raise self._after_finish("feed_frame")
         data = frame.data
         if frame.event == "error":
             return self._stream_error(frame_error_detail(data))
@@ -174,19 +174,21 @@ class Adapter(ABC):
         ``sse_event`` is the frame's event name; an ``error`` frame must go through
         :meth:`feed_frame` instead. The same events as :meth:`feed_frame` for that frame.
         """
-        if self._finished:
-            raise UsageError(f"{type(self).__name__}.feed_decoded() called after finish()")
-        hit = self._continuation(event, sse_event)
+        hit = None if self._finished else self._continuation(event, sse_event)
         if hit is None:
-            return self._feed(event, sse_event)
+            return self._feed_other(event, sse_event)  # (raises once finished)
         return [args_delta(hit[0], hit[1])]
 
     def _feed_other(self, event: dict[str, Any], sse_event: str | None) -> list[StreamEvent]:
         """:meth:`feed_decoded` for an event that :meth:`_continuation` declined (the
         pipeline's fast path asks it first, and comes here to not ask twice)."""
         if self._finished:
-            raise UsageError(f"{type(self).__name__}.feed_decoded() called after finish()")
+            raise self._after_finish("feed_decoded")
         return self._feed(event, sse_event)
+
+    def _after_finish(self, method: str) -> UsageError:
+        """The error for ``method`` called on a finished adapter."""
+        return UsageError(f"{type(self).__name__}.{method}() called after finish()")
 
     def finish(self) -> list[StreamEvent]:
         """The transport ended: return what the end of input implies. Call exactly once."""
