@@ -329,6 +329,16 @@ def test_multibyte_arguments_survive_any_split(text, data):
 
 _GeneralOnly = general_only(OpenAIChatAdapter)
 
+# Some compatible servers repeat every field on a continuation, null or empty (OpenAI itself
+# sends only "index" and "function.arguments"): still a plain continuation.
+_PADDED_CONTINUATION = {
+    "role": None,
+    "content": None,
+    "tool_calls": [
+        {"index": 0, "id": None, "type": "function", "function": {"name": "", "arguments": "y"}}
+    ],
+}
+
 
 _CHAT_CHUNKS = st.one_of(
     st.sampled_from(
@@ -346,6 +356,7 @@ _CHAT_CHUNKS = st.one_of(
             chunk(tc(0, None, None, "y"), index=1),  # another choice
             chunk(tc(7, None, None, "y")),  # an index never opened
             chunk(tc(0, None, None, {"a": 1})),  # object arguments (Q-rule)
+            chunk(_PADDED_CONTINUATION),  # a continuation with its optional fields null
             chunk(finish="tool_calls"),
             {"choices": [], "usage": {"total_tokens": 3}},
             "[DONE]",
@@ -374,6 +385,8 @@ def test_fast_path_gives_what_the_general_path_gives(natives):
 
 def test_fast_path_takes_plain_continuations():
     adapter = counting(OpenAIChatAdapter)()
-    for native in [chunk(tc(0, "call_A", "get_weather", "")), *fragments(0, CITY, 4)]:
+    natives = [chunk(tc(0, "call_A", "get_weather", "")), *fragments(0, CITY, 4)]
+    natives += [chunk(_PADDED_CONTINUATION)] * 2
+    for native in natives:
         adapter.feed_frame(Frame(event="message", data=json.dumps(native)))
     assert adapter.general == 1  # only the opener took the general path

@@ -127,25 +127,32 @@ class OpenAIChatAdapter(Adapter):
             (entry,) = delta["tool_calls"]
             function = entry["function"]
             args = function["arguments"]
-            slot = self._choices[choice["index"]].by_index[entry["index"]]
+            index = entry["index"]
+            calls = self._choices[choice["index"]]
+            slot = calls.by_index[index]
         except (KeyError, TypeError, ValueError):
             return None
         if (
             type(args) is not str
             or not args
+            or type(index) is not int
             or choice.get("finish_reason")
-            or entry.get("id")
+            or self._saw_done
+            or (self._ended and slot.key.choice in self._ended)
+        ):
+            return None
+        # OpenAI's own continuation is exactly {"tool_calls": [{"index", "function":
+        # {"arguments"}}]}: three sizes rule out every optional field below at once.
+        if (len(delta) != 1 or len(entry) != 2 or len(function) != 1) and (
+            entry.get("id")
             or function.get("name")
             or "extra_content" in entry
             or delta.get("content")
             or delta.get("reasoning_content")
             or delta.get("reasoning")
-            or type(entry["index"]) is not int
-            or self._saw_done
-            or slot.key.choice in self._ended
         ):
             return None
-        self._choices[slot.key.choice].last = slot
+        calls.last = slot
         return slot.key, args
 
     def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
