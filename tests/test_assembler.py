@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toollatch import Assembler, CallKey, CallState, Ending, ErrorCode, Limits, UsageError
+from toollatch import (
+    Assembler,
+    CallKey,
+    CallState,
+    Ending,
+    ErrorCode,
+    Limits,
+    PreviewPolicy,
+    UsageError,
+)
 from toollatch.events import (
     Anomaly,
     AnomalyKind,
@@ -177,3 +186,64 @@ def test_buffers_never_mix_whatever_the_interleaving(order, texts):
         expected[keys[i]] += t
     r, _ = run(*events, END, tools=None)
     assert {c.key: c.arguments_text for c in r.calls} == expected
+
+
+_LONG_TEXT = st.text(st.sampled_from("ab\u00e9\u4e2d\U0001f600"), min_size=1, max_size=8)
+
+
+def _long_arguments(pieces: list[str]) -> str:
+    """About 40 KiB of JSON (three joins of the assembler's 16 KiB runs), mixed-width text."""
+    return '{"content": "' + "".join(pieces) * (40_000 // len("".join(pieces).encode()) + 1) + '"}'
+
+
+@given(
+    pieces=st.lists(_LONG_TEXT, min_size=1, max_size=20),
+    cuts=st.lists(st.integers(1, 40), min_size=1, max_size=50),
+    with_previews=st.booleans(),
+)
+def test_long_arguments_are_joined_in_runs_and_come_out_whole(pieces, cuts, with_previews):
+    """The fragments of a long call are joined into one string every 16 KiB (so a call holds
+    a few large strings, not one object per fragment); the text that reaches the gate is
+    still exactly the fragments in order, with or without previews."""
+    text = _long_arguments(pieces)
+    asm = Assembler(previews=PreviewPolicy() if with_previews else None)
+    asm.feed(CallOpened(key=K0, call_id="a", name="f"))
+    at, held, step = 0, 0, 0
+    while at < len(text):
+        size = cuts[step % len(cuts)]
+        asm.feed(ArgsDelta(key=K0, fragment=text[at : at + size]))
+        at, step = at + size, step + 1
+        held = max(held, len(asm._buffers[K0].fragments))
+    assert held < step / 2  # without the joins, every fragment would still be held
+    # Each join takes only the fragments since the previous one (a run is at most 16 KiB and
+    # one fragment): the text is copied once more in all, not once per join.
+    assert max(map(len, asm._buffers[K0].fragments)) <= 16_384 + max(cuts)
+    asm.feed(CallClosed(key=K0))
+    asm.feed(END)
+    call = asm.finish().calls[0]
+    assert call.state is CallState.COMMITTED
+    assert call.arguments_text == text
+
+
+@given(
+    limit=st.integers(16_000, 50_000),
+    char=st.sampled_from(["a", "\u00e9", "\u4e2d", "\U0001f600"]),
+    cuts=st.lists(st.integers(1, 700), min_size=1, max_size=20),
+)
+def test_the_byte_limit_holds_exactly_across_the_joins(limit, char, cuts):
+    """The failure comes with the first fragment that takes the call past the limit, wherever
+    the limit falls between two 16 KiB joins, and not one fragment earlier."""
+    asm = Assembler(limits=Limits(max_argument_bytes=limit))
+    asm.feed(CallOpened(key=K0, call_id="a", name="f"))
+    total, step = 0, 0
+    while True:
+        fragment = char * cuts[step % len(cuts)]
+        step += 1
+        total += len(fragment.encode())
+        notices = asm.feed(ArgsDelta(key=K0, fragment=fragment))
+        if total > limit:
+            assert [n.code for n in notices] == [ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES]
+            break
+        assert notices == []
+    asm.feed(END)
+    assert asm.finish().calls[0].error is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES

@@ -12,7 +12,9 @@ class CallBuffer:
     """Identity, fragments and state of one call while its round is open."""
 
     __slots__ = (
+        "bound",
         "call_id",
+        "chunks",
         "committed",
         "detail",
         "error",
@@ -31,6 +33,11 @@ class CallBuffer:
         self.name = name
         self.fragments: list[str] = []
         self.nbytes = 0
+        self.bound = 0
+        """The assembler's fast path appends while ``nbytes`` stays within this (see
+        ``Assembler._on_args``); 0 until the first fragment."""
+        self.chunks = 0
+        """How many leading ``fragments`` are already joined runs of fragments."""
         self.state = CallState.OPEN
         self.error: ErrorCode | None = None
         self.detail = ""
@@ -40,7 +47,15 @@ class CallBuffer:
         """The argument text so far, joined (and kept joined)."""
         if len(self.fragments) != 1:
             self.fragments = ["".join(self.fragments)]
+            self.chunks = 1
         return self.fragments[0]
+
+    def compact(self) -> None:
+        """Join the fragments that came after the last joined run into one string."""
+        fragments, start = self.fragments, self.chunks
+        if len(fragments) - start > 1:
+            fragments[start:] = ["".join(fragments[start:])]
+        self.chunks = len(fragments)
 
     def close(self) -> None:
         """The protocol announced the end of the arguments."""
