@@ -71,7 +71,6 @@ _ENDING_CODE = {
 }
 
 
-_OPEN = CallState.OPEN
 _COMPACT_BYTES = 16 * 1024
 """Argument bytes between two joins of a call's fragments (see ``Assembler._on_args``)."""
 
@@ -171,21 +170,21 @@ class Assembler:
         pipeline's fast path calls this directly)."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
-        # The hot path (once per fragment), inlined: an open call's fragment that keeps it
-        # under the byte limit is one lookup, one count and one append.
+        # The hot path (once per fragment), inlined: a fragment that keeps its call within
+        # the buffer's bound (an OPEN call without previews, under the byte limit and the
+        # next join: see CallBuffer.bound) is one lookup, one count and one append.
         try:
             buf = self._buffers[key]
         except KeyError:
             return self._on_args(key, fragment)
-        if buf.state is _OPEN and self._previews is None:
-            size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
-            if buf.nbytes + size <= buf.bound:
-                buf.nbytes += size
-                buf.fragments.append(fragment)
-                return []
-        return self._on_args(key, fragment)
+        size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
+        if buf.nbytes + size <= buf.bound:
+            buf.nbytes += size
+            buf.fragments.append(fragment)
+            return []
+        return self._on_args(key, fragment, size)
 
-    def _on_args(self, key: CallKey, fragment: str) -> list[Notice]:
+    def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[Notice]:
         buf = self._buffers.get(key)
         if buf is None:
             self._record(AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", key)
@@ -198,7 +197,8 @@ class Assembler:
                     "argument fragment after the call was closed",
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
-        size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
+        if size < 0:
+            size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
         buf.nbytes += size
         if buf.nbytes > self.limits.max_argument_bytes:
             buf.fragments.clear()
@@ -209,14 +209,15 @@ class Assembler:
                 AnomalyKind.ARGUMENTS_TOO_LARGE,
             )
         buf.fragments.append(fragment)
-        if buf.nbytes >= buf.bound:
+        if buf.nbytes >= buf.join_at:
             # Every _COMPACT_BYTES the fragments since the last join become one string: a
             # long call keeps a few large strings instead of one small object per fragment
             # (89,000 of them, 5 MiB, for 1 MiB of arguments), and the next fragments reuse
             # the memory just freed. Each byte is copied once more in all.
             buf.compact()
-            buf.bound = min(self._max_argument_bytes, buf.nbytes + _COMPACT_BYTES)
+            buf.join_at = buf.nbytes + _COMPACT_BYTES
         if self._previews is None:
+            buf.bound = min(self._max_argument_bytes, buf.join_at)
             return []
         tracker = self._trackers.get(buf.key)
         if tracker is None:
@@ -238,6 +239,9 @@ class Assembler:
             return self._on_identified(event.key, event.call_id, event.name)
         choice = self._choice(event.key.choice)
         buf = CallBuffer(event.key, len(choice.calls), None, None)
+        buf.join_at = _COMPACT_BYTES
+        if self._previews is None:
+            buf.bound = min(self._max_argument_bytes, _COMPACT_BYTES)
         self._buffers[event.key] = buf
         choice.calls.append(buf)
         choice.content.append(("call", buf))

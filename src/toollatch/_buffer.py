@@ -19,6 +19,7 @@ class CallBuffer:
         "detail",
         "error",
         "fragments",
+        "join_at",
         "key",
         "name",
         "nbytes",
@@ -33,9 +34,13 @@ class CallBuffer:
         self.name = name
         self.fragments: list[str] = []
         self.nbytes = 0
-        self.bound = 0
-        """The assembler's fast path appends while ``nbytes`` stays within this (see
-        ``Assembler._on_args``); 0 until the first fragment."""
+        self.bound = -1
+        """The assembler's fast path appends a fragment while ``nbytes`` stays within this:
+        the nearer of the byte limit and ``join_at`` for an OPEN call without previews, set
+        by the assembler; -1 (no fragment fits) otherwise, and from the moment the call
+        leaves OPEN (every transition below resets it)."""
+        self.join_at = 0
+        """Byte count from which the next fragment joins the recent ones (see ``compact``)."""
         self.chunks = 0
         """How many leading ``fragments`` are already joined runs of fragments."""
         self.state = CallState.OPEN
@@ -60,12 +65,14 @@ class CallBuffer:
     def close(self) -> None:
         """The protocol announced the end of the arguments."""
         self.state = advance(self.state, Trigger.CLOSE)
+        self.bound = -1
 
     def fail(self, code: ErrorCode, detail: str) -> None:
         """Fail the call (no-op for a call that already failed or was cancelled)."""
         if self.state in (CallState.FAILED, CallState.CANCELLED):
             return
         self.state = advance(self.state, Trigger.FAIL)
+        self.bound = -1
         self.error, self.detail = code, detail
 
     def cancel(self, detail: str) -> None:
@@ -73,10 +80,12 @@ class CallBuffer:
         if self.state in (CallState.FAILED, CallState.CANCELLED, CallState.DONE):
             return
         self.state = advance(self.state, Trigger.CANCEL)
+        self.bound = -1
         self.error, self.detail = ErrorCode.CANCELLED, detail
         self.committed = None
 
     def commit(self, call: CommittedCall) -> None:
         """The gate accepted the call."""
         self.state = advance(self.state, Trigger.ACCEPT)
+        self.bound = -1
         self.committed = call
