@@ -16,6 +16,7 @@ from toollatch import (
     PreviewPolicy,
     UsageError,
 )
+from toollatch._buffer import JOIN_BYTES
 from toollatch.events import (
     Anomaly,
     AnomalyKind,
@@ -217,7 +218,7 @@ def test_long_arguments_are_joined_in_runs_and_come_out_whole(pieces, cuts, with
     assert held < step / 2  # without the joins, every fragment would still be held
     # Each join takes only the fragments since the previous one (a run is at most 16 KiB and
     # one fragment): the text is copied once more in all, not once per join.
-    assert max(map(len, asm._buffers[K0].fragments)) <= 16_384 + max(cuts)
+    assert max(map(len, asm._buffers[K0].fragments)) <= JOIN_BYTES + max(cuts)
     asm.feed(CallClosed(key=K0))
     asm.feed(END)
     call = asm.finish().calls[0]

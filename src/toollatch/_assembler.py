@@ -71,10 +71,6 @@ _ENDING_CODE = {
 }
 
 
-_COMPACT_BYTES = 16 * 1024
-"""Argument bytes between two joins of a call's fragments (see ``Assembler._on_args``)."""
-
-
 def _utf8_len(text: str) -> int:
     """UTF-8 size of ``text``; lone surrogates (from dict input) count as 3 bytes each."""
     return len(text.encode("utf-8", "surrogatepass"))
@@ -210,12 +206,7 @@ class Assembler:
             )
         buf.fragments.append(fragment)
         if buf.nbytes >= buf.join_at:
-            # Every _COMPACT_BYTES the fragments since the last join become one string: a
-            # long call keeps a few large strings instead of one small object per fragment
-            # (89,000 of them, 5 MiB, for 1 MiB of arguments), and the next fragments reuse
-            # the memory just freed. Each byte is copied once more in all.
             buf.compact()
-            buf.join_at = buf.nbytes + _COMPACT_BYTES
         if self._previews is None:
             buf.bound = min(self._max_argument_bytes, buf.join_at)
             return []
@@ -239,9 +230,8 @@ class Assembler:
             return self._on_identified(event.key, event.call_id, event.name)
         choice = self._choice(event.key.choice)
         buf = CallBuffer(event.key, len(choice.calls), None, None)
-        buf.join_at = _COMPACT_BYTES
         if self._previews is None:
-            buf.bound = min(self._max_argument_bytes, _COMPACT_BYTES)
+            buf.bound = min(self._max_argument_bytes, buf.join_at)
         self._buffers[event.key] = buf
         choice.calls.append(buf)
         choice.content.append(("call", buf))
