@@ -68,8 +68,10 @@ class StreamParser:
     event that leaves it unchanged (``single``), parses the event's data from the bytes,
     asks the adapter whether it is a bare fragment of an open call (``_continuation``) and
     hands the fragment to the assembler (``_append``): the same decisions the stages make
-    in turn, without building the frame and the stream event in between. Anything else
-    takes the stage-by-stage path. With ``keep_events`` every read takes that path.
+    in turn, without building the frame and the stream event in between. When the data is
+    spelled as the adapter's ``_raw`` says (see ``RawContinuation``), only the fragment's
+    JSON string is parsed. Anything else takes the stage-by-stage path. With
+    ``keep_events`` every read takes that path.
     """
 
     def __init__(
@@ -121,6 +123,19 @@ class StreamParser:
         if decoder is not None:
             payload = decoder.single(data)
             if payload is not None:  # one whole event, not an error frame (see the class doc)
+                raw = self.adapter._raw
+                if raw is not None and payload.startswith(raw[0]):
+                    # The suffix has no quote, so the fragment's string ends at the last one;
+                    # a JSON value that ends with a quote is a string.
+                    end = payload.rfind(b'"') + 1
+                    tail = payload[end:]
+                    if tail == raw[1] or tail.replace(b" ", b"") == raw[1]:
+                        try:
+                            fragment = _loads(payload[len(raw[0]) : end])
+                        except _JSONDecodeError:
+                            pass  # (not one string: the decoded path says what it is)
+                        else:
+                            return self._append(raw[2], fragment)
                 try:
                     native = _loads(payload)
                 except _JSONDecodeError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import orjson
 
@@ -111,11 +111,26 @@ def round_end(
     ]
 
 
+RawContinuation: TypeAlias = tuple[bytes, bytes, CallKey]
+"""``(prefix, suffix, key)``: an event whose data is ``prefix``, one JSON string, then
+``suffix`` with any spaces between or after its bytes, is a bare fragment of the open call
+``key``, the string being the fragment. ``suffix`` holds no ``"``, so the string ends at the
+data's last one. An adapter sets it for the provider's own spelling of its fragment event
+(e.g. Anthropic's compact ``content_block_delta``), only while :meth:`Adapter._continuation`
+would accept that event's decoded form with that result; the pipeline then decodes the string
+alone instead of the whole event. Any other spelling of the same event (another key order,
+spaces inside the prefix) misses and takes the decoded path."""
+
+
 class Adapter(ABC):
     """Base class of the provider adapters (see the module docstring for the contract)."""
 
     provider: ClassVar[str]
     """Stable provider name, as used by ``toollatch replay --provider``."""
+
+    _raw: RawContinuation | None = None
+    """How the likeliest next fragment's event is spelled, for the pipeline's fast path (see
+    ``RawContinuation``); the adapter clears it before it stops holding."""
 
     def __init__(self, *, attempt: int = 0) -> None:
         self.attempt = attempt

@@ -59,6 +59,13 @@ _ENDINGS: dict[str, Ending] = {
     "refusal": Ending.INTERRUPTED,  # the model declined mid-stream: nothing it began may run
 }
 
+_DELTA_PREFIX = (
+    b'{"type":"content_block_delta","index":%d,"delta":{"type":"input_json_delta","partial_json":'
+)
+"""How the API spells a call's fragment event up to the fragment; ``}}`` follows it, often
+padded with spaces between the braces (anthropic/max_tokens_truncated_tool_use.sse). See
+``RawContinuation``."""
+
 _KNOWN_EVENTS = frozenset(
     {
         "message_start",
@@ -245,6 +252,7 @@ class AnthropicAdapter(Adapter):
 
     def _message_stop(self) -> list[StreamEvent]:
         self._ended = True
+        self._raw = None
         return round_end(self._stop_reason, _ENDINGS, "stop_reason")
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
@@ -252,6 +260,7 @@ class AnthropicAdapter(Adapter):
         if self._ended:
             return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after message end: {detail}")]
         self._ended = True
+        self._raw = None
         return [StreamFailed(detail=detail)]
 
     # -- content blocks ---------------------------------------------------------------------
@@ -269,6 +278,7 @@ class AnthropicAdapter(Adapter):
             case _Kind.CALL:
                 # The start's "input" is always {} when streaming: the arguments are the deltas.
                 key = self._open_calls[index] = self._key(index)
+                self._raw = (_DELTA_PREFIX % index, b"}}", key)
                 return [
                     CallOpened(
                         key=key,
@@ -346,6 +356,7 @@ class AnthropicAdapter(Adapter):
         block.closed = True
         match block.kind:
             case _Kind.CALL:
+                self._raw = None  # (blocks come one after another: the open one just stopped)
                 return [CallClosed(key=self._open_calls.pop(index))]
             case _Kind.THINKING:
                 # Text and signature byte-for-byte: the API rejects an altered thinking block.
