@@ -786,8 +786,10 @@ def measure_growth(provider: Provider, opts: argparse.Namespace) -> dict[str, fl
     time stolen from the process), and the table measures each size
     minutes after the previous one, around the competitors' long runs: the exponent taken
     from its columns moves by +-0.1. Here each round runs one contender at both sizes back to
-    back, so both runs see the same machine; a round gives one exponent, and the result is
-    the median over ``GROWTH_ROUNDS`` rounds."""
+    back, so both runs see the same machine, in the order small, big, big, small: a steady
+    drift within the round adds to one small run what it takes from the other, so the mean of
+    the two small runs and the mean of the two big ones see the same machine on average. A
+    round gives one exponent, and the result is the median over ``GROWTH_ROUNDS`` rounds."""
     if not set(GROWTH_SIZES) <= set(sizes_for(provider, opts)):
         return None
     contenders = {"floor": provider.floor, "toollatch": provider.toollatch}
@@ -796,15 +798,16 @@ def measure_growth(provider: Provider, opts: argparse.Namespace) -> dict[str, fl
     found: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(opts.repeats or GROWTH_ROUNDS):
         for name, fn in contenders.items():
-            times = []
-            for reads, expected, _ in built.values():
+            times = {small: 0.0, big: 0.0}
+            for size in (small, big, big, small):
+                reads, expected, _ = built[size]
                 gc.collect()
                 start = time.perf_counter()
                 out = fn(reads, math.inf)
-                times.append(time.perf_counter() - start)
+                times[size] += time.perf_counter() - start
                 if _as_plain(out.arguments) != expected:
                     raise SystemExit(f"FAIL: {name} produced different arguments (growth)")
-            found[name].append(math.log(times[1] / times[0]) / math.log(big / small))
+            found[name].append(math.log(times[big] / times[small]) / math.log(big / small))
     return {name: statistics.median(ks) for name, ks in found.items()}
 
 
@@ -959,7 +962,7 @@ def target_lines(cases: Sequence[Case], growth: dict[str, float] | None = None) 
         out.append(
             f"- time-growth exponent 256 KiB -> 1 MiB, toollatch: **{growth['toollatch']:.2f}** "
             f"(target <= 1.05: {verdict}; floor: {growth['floor']:.2f}), median over "
-            f"{GROWTH_ROUNDS} rounds of both sizes back to back"
+            f"{GROWTH_ROUNDS} rounds of both sizes back to back (small, big, big, small)"
         )
         if exp_t is not None and exp_f is not None:
             out.append(
