@@ -208,7 +208,7 @@ class Assembler:
         if buf.nbytes >= buf.join_at:
             buf.compact()
         if self._previews is None:
-            buf.bound = min(self._max_argument_bytes, buf.join_at)
+            buf.open_bound(self._max_argument_bytes)
             return []
         tracker = self._trackers.get(buf.key)
         if tracker is None:
@@ -231,7 +231,7 @@ class Assembler:
         choice = self._choice(event.key.choice)
         buf = CallBuffer(event.key, len(choice.calls), None, None)
         if self._previews is None:
-            buf.bound = min(self._max_argument_bytes, buf.join_at)
+            buf.open_bound(self._max_argument_bytes)
         self._buffers[event.key] = buf
         choice.calls.append(buf)
         choice.content.append(("call", buf))

@@ -58,6 +58,11 @@ class CallBuffer:
             self.chunks = 1
         return self.fragments[0]
 
+    def open_bound(self, limit: int) -> None:
+        """Let the fast path append up to the nearer of ``limit`` and the next join (the
+        assembler calls this for an OPEN call without previews)."""
+        self.bound = min(limit, self.join_at)
+
     def compact(self) -> None:
         """Join the fragments that came after the last joined run into one string, and set
         the next join ``JOIN_BYTES`` further: a long call keeps a few large strings instead of

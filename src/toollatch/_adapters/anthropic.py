@@ -251,17 +251,20 @@ class AnthropicAdapter(Adapter):
         return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
 
     def _message_stop(self) -> list[StreamEvent]:
-        self._ended = True
-        self._raw = None
+        self._end()
         return round_end(self._stop_reason, _ENDINGS, "stop_reason")
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An ``error`` event: fails the stream, or is only recorded once the message ended."""
         if self._ended:
             return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after message end: {detail}")]
+        self._end()
+        return [StreamFailed(detail=detail)]
+
+    def _end(self) -> None:
+        """Nothing more may change the round: no fragment takes the raw shortcut either."""
         self._ended = True
         self._raw = None
-        return [StreamFailed(detail=detail)]
 
     # -- content blocks ---------------------------------------------------------------------
 
