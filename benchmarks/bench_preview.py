@@ -15,6 +15,14 @@ case it measures:
   accumulate calls are timed, not building the event objects);
 * peak memory of ours (tracemalloc, a separate run) as a multiple of the argument size.
 
+``--masked`` instead times the whole preview path (``PreviewTracker``: parser, redaction
+filter, throttle, coalescing) on arguments with N and 4N members masked in ``fields`` mode
+(only ``/path`` allowed) against ``full`` mode, with and without a redactor, and reports the
+growth ratio t(4N)/t(N): linear work is about 4x (issue 11 measured 19 s for 16k masked keys
+in ``fields`` mode against 0.06 s in ``full``). It prints which ``toollatch`` it imported, so
+that a committed version can be timed from a copy: ``git archive <commit> src/toollatch | tar
+-x -C /tmp/old`` then ``PYTHONPATH=/tmp/old/src python benchmarks/bench_preview.py --masked``.
+
 Times are CPU time of the process (``time.process_time``; the CPU is shared). Floor and ours
 take the best of five interleaved runs. A re-parse method
 that exceeds the time budget is stopped; its time is reported as "> budget" together with the
@@ -40,7 +48,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import toollatch
+from toollatch._events import CallKey
 from toollatch._partial_json import PartialJSON
+from toollatch._preview import PreviewPolicy, PreviewTracker, ToolPreview
 
 KIB = 1024
 # CPU time of this process: the machine is shared, and wall time also counts other work.
@@ -312,6 +323,79 @@ def measure(size_bytes: int, fragment: int, budget: float, runs: int) -> Case:
     return case
 
 
+# --------------------------------------------------------------------------- masked members
+
+
+def make_masked(members: int) -> str:
+    """Arguments with one allowed field (``/path``) and ``members`` other members of mixed
+    kinds (strings, numbers, small objects and arrays), all masked in ``fields`` mode."""
+    kinds: list[object] = ["some text, é and \\n", 12345, {"a": 1, "b": "x"}, [1, "y", None]]
+    doc: dict[str, object] = {"path": "src/notes.md"}
+    for i in range(members):
+        doc[f"key{i:06d}"] = kinds[i % len(kinds)]
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def _redactor(pointer: str, text: str) -> str:
+    return text.replace("sk-", "sk-***")
+
+
+MASKED_POLICIES: dict[str, PreviewPolicy] = {
+    "full": PreviewPolicy(default=ToolPreview(mode="full")),
+    "fields": PreviewPolicy(default=ToolPreview(mode="fields", fields=("/path",))),
+    "full + redactor": PreviewPolicy(default=ToolPreview(mode="full"), redactor=_redactor),
+    "fields + redactor": PreviewPolicy(
+        default=ToolPreview(mode="fields", fields=("/path",)), redactor=_redactor
+    ),
+}
+
+
+def run_tracker(policy: PreviewPolicy, fragments: list[str]) -> int:
+    """Feed one call's fragments through a preview tracker as the assembler does; the number
+    of updates released."""
+    key = CallKey(0, 0, 0)
+    tracker = PreviewTracker(policy, "write_file", max_depth=64)
+    updates = 0
+    for fragment in fragments:
+        if tracker.feed(fragment, len(fragment.encode())):
+            tracker.release(key, "call_1", "write_file")
+            updates += 1
+    tracker.release(key, "call_1", "write_file", final=True)
+    return updates + 1
+
+
+def masked_report(members: int, fragment: int, runs: int) -> str:
+    texts = {n: make_masked(n) for n in (members, 4 * members)}
+    lines = [
+        f"# Preview cost by masked members (toollatch from {Path(toollatch.__file__).parent})",
+        "",
+        f"Python {platform.python_version()}; {fragment}-character fragments; CPU time, best of"
+        f" {runs} interleaved runs; N = {members:,} members (plus `/path`),"
+        f" {len(texts[members].encode()) / KIB:,.0f} KiB; 4N: "
+        f"{len(texts[4 * members].encode()) / KIB:,.0f} KiB.",
+        "",
+        "| mode | N | 4N | growth t(4N)/t(N) | 4N vs full (same redactor) |",
+        "|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    frags = {n: fragments_of(text, fragment) for n, text in texts.items()}
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(runs):  # interleaved, so that a slow moment of the machine hits every mode
+        for name, policy in MASKED_POLICIES.items():
+            for n, pieces in frags.items():
+                start = _clock()
+                run_tracker(policy, pieces)
+                spent = _clock() - start
+                best[name, n] = min(best.get((name, n), math.inf), spent)
+    for name in MASKED_POLICIES:
+        small, large = best[name, members], best[name, 4 * members]
+        base = best["full + redactor" if "redactor" in name else "full", 4 * members]
+        cells = [name, fmt(small), fmt(large), f"{large / small:.2f}x", f"{large / base:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return "\n".join([*lines, ""])
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -414,7 +498,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 and 256 KiB only, 5 s budget")
     parser.add_argument("--budget", type=float, help="seconds per re-parse case (default 60)")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
+    parser.add_argument(
+        "--masked", action="store_true", help="only the fields-vs-full masked-members growth"
+    )
+    parser.add_argument(
+        "--members", type=int, default=4096, help="N for --masked (also timed at 4N)"
+    )
+    parser.add_argument("--fragment", type=int, default=8, help="characters per fragment")
+    parser.add_argument("--runs", type=int, default=3, help="runs per --masked case (best)")
     args = parser.parse_args()
+    if args.masked:
+        text = masked_report(args.members, args.fragment, args.runs)
+        if args.out:
+            args.out.write_text(text, encoding="utf-8")
+        return
     if args.budget is None:
         args.budget = 5.0 if args.quick else 60.0
     sizes = [16 * KIB, 256 * KIB] if args.quick else [16 * KIB, 256 * KIB, 1024 * KIB]

@@ -784,8 +784,12 @@ def test_one_character_fragments_give_the_deltas_of_the_whole_text(text: str) ->
 def test_one_character_deltas_are_values_not_identities() -> None:
     """A reused delta (plain character, escape) always names the string it is fed into."""
     parser = PartialJSON()
-    steps = [('["', "x", "/0", "x"), ('", "', "x", "/1", "x"), ("\\", "n", "/1", "\n"),
-             ('", "\\', "n", "/2", "\n")]
+    steps = [
+        ('["', "x", "/0", "x"),
+        ('", "', "x", "/1", "x"),
+        ("\\", "n", "/1", "\n"),
+        ('", "\\', "n", "/2", "\n"),
+    ]
     for before, char, path, value in steps:
         parser.feed(before)
         assert parser.feed(char) == [PathDelta(path=path, op="append", value=value)]

@@ -4,28 +4,36 @@ Theory of operation: a UI wants "writing notes.md…" while a call's arguments s
 before the call may run. For each open call the assembler keeps a :class:`PreviewTracker`. In
 ``none`` mode (the default) it only counts bytes. In ``fields`` and ``full`` modes it feeds each
 fragment to an incremental :class:`PartialJSON` parser (linear time, never re-parses), filters
-the resulting path deltas through the tool's redaction rule and a value redactor, coalesces
-them, and releases a :class:`PreviewUpdated` every ``every_bytes`` bytes or when a value starts
-or ends. Previews are a type of their own: nothing converts one into a
+the resulting path deltas through the tool's redaction rule and a redactor of keys and strings,
+coalesces them, and releases a :class:`PreviewUpdated` every ``every_bytes`` bytes or when a
+shown value starts or ends. Previews are a type of their own: nothing converts one into a
 :class:`~toollatch.CommittedCall`, and the gate refuses anything but argument text.
+
+What a ``fields`` preview does not show, it does not hint at either: a member outside the
+allowed fields is left out whole (its key, its value, its size and that it exists), so no
+pointer, ``provisional`` entry or extra update names or counts it; only the bytes received and
+where a parse failed are told. Each delta is filtered in constant time plus its pointer's
+length, so a preview stays linear in the argument text however many members it masks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from ._errors import ConfigError
 from ._events import CallKey
-from ._partial_json import PartialJSON, PathDelta
+from ._partial_json import DeltaOp, PartialJSON, PathDelta, _pointer_token
 
 PreviewMode: TypeAlias = Literal["none", "fields", "full"]
 Redactor: TypeAlias = Callable[[str, str], str]
-"""``redactor(pointer, text) -> shown text``, applied to every complete string value shown."""
+"""``redactor(pointer, text) -> shown text``, applied to every complete string value shown and
+to every object key shown (see :attr:`PreviewPolicy.redactor` for the pointer each gets)."""
 
 REDACTED = "[redacted]"
-"""What a masked value shows in ``fields`` mode."""
+"""What an array element before a shown one shows in ``fields`` mode (its index is told by
+the shown element's pointer anyway; nothing else masked is shown at all)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +42,8 @@ class ToolPreview:
 
     mode: PreviewMode = "none"
     """``none``: tool name and byte count only; ``fields``: only the JSON pointers in
-    ``fields`` (and the containers leading to them), other values show as ``[redacted]``;
+    ``fields`` and the objects and arrays leading to them; every other member is left out,
+    its key name too (an array element before a shown one shows as ``[redacted]``);
     ``full``: every value."""
     fields: tuple[str, ...] = ()
     """RFC 6901 pointers shown in ``fields`` mode (a pointer shows its whole subtree)."""
@@ -56,9 +65,16 @@ class PreviewPolicy:
     tools: Mapping[str, ToolPreview] = field(default_factory=dict)
     """Per-tool rules by tool name."""
     redactor: Redactor | None = None
-    """Optional hook over every string value before it leaves the core (e.g. to mask things
-    that look like secrets). With a redactor, strings are shown only once complete, so a
-    secret split across fragments is always seen whole."""
+    """Optional hook over every string value and object key before it leaves the core (e.g. to
+    mask things that look like secrets). With a redactor, strings are shown only once complete,
+    so a secret split across fragments is always seen whole (keys always are).
+
+    It gets pointers as the model wrote them (before any key redaction): for a string value,
+    the value's own pointer (``redactor("/token", "sk-...")``); for a key, the pointer of the
+    object holding it (``redactor("", "token")`` for a top-level key, ``redactor("/env",
+    "HOME")`` inside ``/env``), so a rule written for a value's pointer never hides its key.
+    A key is shown as the text returned, escaped as a pointer token; two keys redacted alike
+    share a pointer, as duplicate keys do."""
     every_bytes: int = 256
     """Release an update after at least this many argument bytes..."""
     on_structure: bool = True
@@ -86,9 +102,11 @@ class PreviewUpdated:
     bytes_so_far: int
     """UTF-8 bytes of argument text received."""
     deltas: tuple[PathDelta, ...]
-    """Changes since the previous update, after redaction (empty in ``none`` mode)."""
+    """Changes since the previous update, after redaction (empty in ``none`` mode); pointers
+    carry the keys as redacted."""
     provisional: frozenset[str]
-    """Visible pointers whose value may still change (the growing edge)."""
+    """Shown pointers whose value may still change (the growing edge; with a redactor, not a
+    string still held back)."""
     final: bool = False
     """True on the last update of the call (closed, failed or round over)."""
     error: str | None = None
@@ -138,77 +156,137 @@ class PreviewTracker:
             deltas=deltas,
             provisional=frozenset()
             if final or parser is None
-            else self._filter.visible_paths(parser.provisional),
+            else self._filter.provisional(parser),
             final=final,
             error=parser.failed if parser is not None else None,
         )
 
 
-class _Filter:
-    """Redaction of path deltas by a tool rule and an optional string redactor."""
+_SHOW: Final = 0  # an allowed field or inside one (every value in full mode): shown whole
+_LEAD: Final = 1  # an object or array leading to an allowed field: shown, its members filtered
 
-    __slots__ = ("_fields", "_full", "_masked", "_redactor", "_strings")
+
+class _Filter:
+    """What a preview shows of the parser's deltas: the rule's fields, with keys and strings
+    passed through the redactor.
+
+    The parser sends a value's ``set`` after its container's and before the container's
+    ``end``, so a value's fate follows from its parent's: ``_open`` keeps the shown values that
+    may still get deltas (at most one per nesting level) and each delta costs a dict lookup and
+    the length of its pointer, never a scan of what was shown or masked before. A value whose
+    parent is not in ``_open`` was not shown, and neither is anything inside it.
+    """
+
+    __slots__ = ("_ancestors", "_fields", "_lengths", "_open", "_pass", "_redactor", "_strings")
 
     def __init__(self, rule: ToolPreview, redactor: Redactor | None) -> None:
-        self._full = rule.mode == "full"
-        self._fields = rule.fields
+        full = rule.mode == "full"
+        self._pass = full and redactor is None  # every delta as the parser made it
+        self._fields = frozenset(rule.fields)
+        # The containers leading to an allowed field: every proper prefix of a field pointer
+        # ("" for the root); in full mode the root is shown whole instead.
+        self._ancestors = frozenset(
+            field[:i] for field in rule.fields for i, c in enumerate(field) if c == "/"
+        )
         self._redactor = redactor
-        self._masked: set[str] = set()  # topmost masked pointers
-        self._strings: dict[str, list[str]] = {}  # held strings (redactor on)
+        # raw pointer -> (shown pointer, place, is an array), for the open strings and
+        # containers shown: the growing edge, bounded by the depth.
+        self._open: dict[str, tuple[str, int, bool]] = {}
+        if full:
+            self._open[_ROOT_PARENT] = ("", _SHOW, False)
+        elif self._ancestors:
+            self._open[_ROOT_PARENT] = ("", _LEAD, False)
+        self._strings: dict[str, tuple[str, list[str]]] = {}  # held strings (redactor on)
+        self._lengths: dict[str, int] = {}  # leading arrays: elements shown so far
 
     def apply(self, deltas: list[PathDelta]) -> list[PathDelta]:
+        """The deltas a preview shows, in order, for the parser's next ``deltas``."""
+        if self._pass:
+            return deltas
         out: list[PathDelta] = []
         for delta in deltas:
-            verdict = "show" if self._full else self._verdict(delta)
-            if verdict == "show":
-                out += self._redact(delta)
-            elif verdict == "mask" and delta.op == "set":
-                self._masked.add(delta.path)
-                out.append(PathDelta(path=delta.path, op="set", value=REDACTED))
+            if delta.op == "set":
+                self._set(delta, out)
+                continue
+            path = delta.path
+            held = self._strings.get(path)
+            if held is not None:
+                if delta.op == "append":
+                    held[1].append(str(delta.value))
+                    continue
+                del self._strings[path]
+                shown, pieces = held
+                assert self._redactor is not None  # (strings are held only for it)
+                text = self._redactor(path, "".join(pieces))
+                out += [_shown_delta(shown, "set", text), _shown_delta(shown, "end", None)]
+                continue
+            entry = self._open.get(path)
+            if entry is None:
+                continue  # inside a value not shown
+            if delta.op == "end":
+                del self._open[path]
+                self._lengths.pop(path, None)
+            out.append(delta if entry[0] == path else _shown_delta(entry[0], delta.op, delta.value))
         return out
 
-    def visible_paths(self, paths: frozenset[str]) -> frozenset[str]:
-        if self._full:
-            return paths
-        return frozenset(p for p in paths if self._place(p) != "mask")
+    def provisional(self, parser: PartialJSON) -> frozenset[str]:
+        """The shown pointers whose value may still change (a held string is not shown yet)."""
+        if self._pass:
+            return parser.provisional
+        return frozenset(shown for raw, (shown, _, _) in self._open.items() if raw != _ROOT_PARENT)
 
-    def _verdict(self, delta: PathDelta) -> str:
-        place = self._place(delta.path)
-        if place == "ancestor":  # a container leading to a shown field
-            return "show" if isinstance(delta.value, dict | list) or delta.op == "end" else "mask"
-        if place == "mask" and _parent(delta.path) in self._masked | {None}:
-            return "drop"
-        if place == "mask" and any(delta.path.startswith(m + "/") for m in self._masked):
-            return "drop"
-        return place
+    def _set(self, delta: PathDelta, out: list[PathDelta]) -> None:
+        """A value starts: show it, under its shown pointer, or leave it out (its name too)."""
+        path = delta.path
+        parent_path, token = path.rsplit("/", 1) if path else (_ROOT_PARENT, "")
+        parent = self._open.get(parent_path)
+        if parent is None:
+            return  # inside a value not shown
+        parent_shown, parent_place, in_array = parent
+        value = delta.value
+        is_container = isinstance(value, dict | list)
+        if parent_place == _SHOW or path in self._fields:
+            place = _SHOW
+        elif is_container and path in self._ancestors:
+            place = _LEAD
+        else:
+            return  # masked: neither its name nor its value, nor that it exists
+        if not path:
+            shown = ""
+        elif in_array:
+            shown = f"{parent_shown}/{token}"
+            if parent_place == _LEAD:
+                # The elements before a shown one stand in as REDACTED: the shown element's
+                # index tells that many exist anyway, and the array's length stays hidden.
+                index = int(token)
+                for hidden in range(self._lengths[parent_path], index):
+                    out.append(_shown_delta(f"{parent_shown}/{hidden}", "set", REDACTED))
+                self._lengths[parent_path] = index + 1
+        else:
+            shown = f"{parent_shown}/{self._key(parent_path, token)}"
+        if isinstance(value, str) and self._redactor is not None:
+            self._strings[path] = (shown, [value])  # shown once complete (see PreviewPolicy)
+            return
+        out.append(delta if shown == path else _shown_delta(shown, "set", value))
+        if is_container or isinstance(value, str):
+            self._open[path] = (shown, place, isinstance(value, list))
+            if place == _LEAD and isinstance(value, list):
+                self._lengths[path] = 0
 
-    def _place(self, path: str) -> str:
-        for pointer in self._fields:
-            if path == pointer or path.startswith(pointer + "/"):
-                return "show"
-            if path == "" or pointer.startswith(path + "/"):
-                return "ancestor"
-        return "mask"
-
-    def _redact(self, delta: PathDelta) -> list[PathDelta]:
+    def _key(self, object_path: str, token: str) -> str:
+        """The pointer token shown for a member's key: the key as the redactor shows it."""
         if self._redactor is None:
-            return [delta]
-        held = self._strings.get(delta.path)
-        if delta.op == "set" and isinstance(delta.value, str):
-            self._strings[delta.path] = [delta.value]
-            return []
-        if delta.op == "append" and held is not None:
-            held.append(str(delta.value))
-            return []
-        if delta.op == "end" and held is not None:
-            del self._strings[delta.path]
-            text = self._redactor(delta.path, "".join(held))
-            return [PathDelta(path=delta.path, op="set", value=text), delta]
-        return [delta]
+            return token
+        key = token.replace("~1", "/").replace("~0", "~")
+        return _pointer_token(self._redactor(object_path, key))
 
 
-def _parent(path: str) -> str | None:
-    return path.rsplit("/", 1)[0] if path else None
+_ROOT_PARENT: Final = "#"
+"""The slot of ``_Filter._open`` for the root's parent: not a pointer (those start with '/')."""
+
+
+def _shown_delta(path: str, op: DeltaOp, value: object) -> PathDelta:
+    return PathDelta(path=path, op=op, value=value)
 
 
 def _coalesce(deltas: list[PathDelta]) -> tuple[PathDelta, ...]:
