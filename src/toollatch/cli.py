@@ -5,21 +5,41 @@ decoder, adapter, assembler and gate a live stream goes through and prints what 
 committed. ``--format json`` is a stable contract other tools rely on: one JSON object per
 file, one per line, with exactly the keys ``file, provider, ended, stop_reason, text, calls,
 anomalies, error_results`` (extensions only ever add keys). Exit status: 0 when every file was
-replayed (whatever its calls' states), 2 for a usage error or an unreadable file.
+replayed (whatever its calls' states), 2 for a usage error or an unreadable file, with one line
+``toollatch: error: ...`` on standard error and never a traceback.
+
+Whatever the input, the output is printable:
+
+* JSON is serialized by orjson; when orjson refuses a value (an integer outside 64 bits, nesting
+  deeper than its limit, a lone surrogate) the whole object is written by :func:`json_text`'s
+  exact fallback instead, so a big integer is still printed as a JSON integer, digit for digit.
+* A file name that is not valid UTF-8 (Python holds its bytes as ``surrogateescape``
+  surrogates) is printed as its bytes decoded as UTF-8 with each undecodable byte shown as
+  ``\\xNN`` (``b"caf\\xe9.sse"`` is printed ``caf\\xe9.sse``); see :func:`display_name`.
+* On a standard output that cannot encode a character (``PYTHONIOENCODING=ascii``, a C locale
+  without UTF-8 mode), JSON lines show it as a ``\\uXXXX`` escape (still valid JSON, same
+  value) and text lines as a Python backslash escape (``\\xe9``, ``\\u2615``).
+* With ``--provider`` given the provider is never detected. A file's framing comes from its
+  suffix; for standard input or another suffix it is read from the first bytes alone (``NUL``
+  first: event stream; a line starting ``data:``, ``event:``, ``id:`` or ``:``: SSE; else
+  JSON Lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 import orjson
 
-from ._errors import ConfigError, ToolLatchError, UsageError
+from ._errors import ConfigError, ToolLatchError
 from ._limits import Limits
 from ._pipeline import StreamParser
 from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
@@ -101,7 +121,12 @@ def _all_providers() -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``toollatch`` script; returns the exit status."""
+    """Entry point of the ``toollatch`` script; returns the exit status (never raises).
+
+    A usage error, an unreadable file and anything unexpected while replaying a file end with
+    one ``toollatch: error: ...`` line on standard error and status 2; files before it were
+    printed in full.
+    """
     try:
         return _main(argv)
     except BrokenPipeError:  # e.g. `toollatch replay ... | head`: stop quietly
@@ -111,19 +136,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its line (or the help)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         limits = _limits(args)
         tools = load_tools(args.tools) if args.tools else None
         previews = _previews(args)
     except ConfigError as exc:
-        return _fail(str(exc))
+        message = str(exc)
+        if args.tools:
+            message = message.replace(args.tools, display_name(args.tools))
+        return _fail(message)
     inputs: list[tuple[str, bytes]] = []
     for name in args.files:
         try:
             data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
         except OSError as exc:
-            return _fail(f"cannot read {name}: {exc.strerror or exc}")
+            return _fail(f"cannot read {display_name(name)}: {exc.strerror or exc}")
         inputs.append((name, data))
     for name, data in inputs:
         try:
@@ -136,24 +167,149 @@ def _main(argv: Sequence[str] | None) -> int:
                 chunk_bytes=args.chunk_bytes,
                 previews=previews,
             )
-        except UsageError as exc:
-            return _fail(f"{name}: {exc}")
-        if args.format == "json":
-            out = round_json(name, round_)
-            if previews is not None:
-                out["previews"] = [preview_json(p) for p in previews_seen]
-            sys.stdout.write(orjson.dumps(out).decode() + "\n")
-        else:
-            sys.stdout.write(round_text(name, round_))
-            if previews is not None:
-                sys.stdout.write("".join(preview_text(p) + "\n" for p in previews_seen))
-        sys.stdout.flush()
+        except ToolLatchError as exc:
+            return _fail(f"{display_name(name)}: {exc}")
+        except Exception as exc:  # a bug in toollatch: still one line, never a traceback
+            return _fail(f"{display_name(name)}: internal error: {_one_line(exc)}")
+        _emit(name, round_, previews_seen if previews is not None else None, args.format)
     return 0
 
 
+def _emit(name: str, round_: Round, previews: list[PreviewUpdated] | None, format_: str) -> None:
+    shown = display_name(name)
+    if format_ == "json":
+        out = round_json(shown, round_)
+        if previews is not None:
+            out["previews"] = [preview_json(p) for p in previews]
+        _write(sys.stdout, json_text(out) + "\n", json_line=True)
+    else:
+        text = round_text(shown, round_)
+        if previews is not None:
+            text += "".join(preview_text(p) + "\n" for p in previews)
+        _write(sys.stdout, text)
+    sys.stdout.flush()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 200 else text[:199] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _fail(message: str) -> int:
-    sys.stderr.write(f"toollatch: error: {message}\n")
+    _write(sys.stderr, f"toollatch: error: {' '.join(message.split())}\n")
     return 2
+
+
+def display_name(name: str) -> str:
+    """``name`` as printed: unchanged when it is valid Unicode without surrogates; else its
+    bytes (``os.fsencode``, which undoes ``surrogateescape``) decoded as UTF-8 with each byte
+    that does not decode shown as ``\\xNN`` (``backslashreplace``)."""
+    if not _has_surrogates(name):
+        return name
+    try:
+        raw = os.fsencode(name)
+    except UnicodeEncodeError:  # a surrogate that no byte stands for
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _write(stream: TextIO, text: str, *, json_line: bool = False) -> None:
+    """Write ``text`` whatever ``stream`` can encode: JSON gets ``\\uXXXX`` escapes (the same
+    JSON value), text Python backslash escapes."""
+    if not text.isascii():
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            text.encode(encoding)
+        except LookupError:
+            pass
+        except UnicodeEncodeError:
+            if json_line:
+                text = _NON_ASCII.sub(_json_escape, text)
+            else:
+                text = text.encode(encoding, "backslashreplace").decode(encoding)
+    stream.write(text)
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    # Outside strings JSON text is ASCII, so each non-ASCII character is inside one.
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def json_text(value: object) -> str:
+    """``value`` as compact JSON text, as orjson writes it; when orjson refuses the value (an
+    integer outside 64 bits, nesting over its depth limit, a lone surrogate), the whole value
+    is written by an iterative serializer with the same output conventions: integers exact,
+    non-finite floats ``null``, strings as written by ``json.dumps`` (surrogates escaped)."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return _slow_json(value)
+
+
+class _Raw(str):
+    """JSON text already written (punctuation), as opposed to a string value to encode."""
+
+    __slots__ = ()
+
+
+def _slow_json(value: object) -> str:
+    out: list[str] = []
+    work: list[object] = [value]  # a stack, so depth costs no Python recursion
+    while work:
+        item = work.pop()
+        if type(item) is _Raw:
+            out.append(item)
+        elif isinstance(item, Mapping):
+            out.append("{")
+            work.append(_Raw("}"))
+            for i, (key, member) in reversed(list(enumerate(item.items()))):
+                work.append(member)
+                work.append(_Raw(("," if i else "") + _json_string(str(key)) + ":"))
+        elif isinstance(item, list | tuple):
+            out.append("[")
+            work.append(_Raw("]"))
+            for i, element in reversed(list(enumerate(item))):
+                work.append(element)
+                if i:
+                    work.append(_Raw(","))
+        else:
+            out.append(_json_scalar(item))
+    return "".join(out)
+
+
+def _json_scalar(item: object) -> str:
+    if item is None:
+        return "null"
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    if isinstance(item, int):
+        return int.__repr__(item)
+    if isinstance(item, float):
+        return float.__repr__(item) if math.isfinite(item) else "null"
+    if isinstance(item, str):
+        return _json_string(item)
+    raise TypeError(f"cannot write {type(item).__name__} as JSON")
+
+
+def _json_string(text: str) -> str:
+    written = json.dumps(text, ensure_ascii=False)
+    return written if not _has_surrogates(written) else json.dumps(text)
 
 
 def _limits(args: argparse.Namespace) -> Limits:
@@ -200,10 +356,11 @@ def replay_stream(
 ) -> tuple[Round, list[PreviewUpdated]]:
     """Like :func:`replay_bytes`, also returning the preview updates in order."""
     framing = _FRAMING_BY_SUFFIX.get(Path(name).suffix.lower()) if name != "-" else None
-    if provider == "auto" or framing is None:
-        detected, detected_framing = detect(data[:65536])
-        provider = detected if provider == "auto" else provider
+    if provider == "auto":
+        provider, detected_framing = detect(data[:_HEAD_BYTES])
         framing = framing or detected_framing
+    elif framing is None:
+        framing = _framing_of(data[:_HEAD_BYTES])
     parser = StreamParser(provider, framing=framing, tools=tools, limits=limits, previews=previews)
     step = chunk_bytes or len(data) or 1
     notices = []
@@ -212,6 +369,20 @@ def replay_stream(
     round_ = parser.finish()
     notices += parser.finish_notices
     return round_, [n for n in notices if isinstance(n, PreviewUpdated)]
+
+
+_HEAD_BYTES = 65536
+"""How much of a stream's start detection reads."""
+
+_SSE_FIELDS = re.compile(rb"^[ \t]*(?:data|event|id)?:", re.MULTILINE)
+
+
+def _framing_of(head: bytes) -> Framing:
+    """The framing of a stream whose provider was given: never guesses the provider."""
+    if head[:1] == b"\x00":  # an event-stream prelude (a length under 16 MiB); text never is
+        return "eventstream"
+    lines = head.removeprefix(b"\xef\xbb\xbf").replace(b"\r", b"\n")
+    return "sse" if _SSE_FIELDS.search(lines) else "jsonl"
 
 
 def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
@@ -232,7 +403,7 @@ def preview_text(preview: PreviewUpdated) -> str:
     """One preview update as a line for people."""
     parts = []
     for d in preview.deltas:
-        shown = orjson.dumps(d.value).decode() if d.op != "end" else ""
+        shown = json_text(d.value) if d.op != "end" else ""
         shown = shown if len(shown) <= 40 else shown[:39] + "…"
         parts.append(f"{d.path or '/'} {'+' if d.op == 'append' else d.op} {shown}".rstrip())
     state = " final" if preview.final else ""
@@ -300,14 +471,11 @@ def round_text(name: str, round_: Round) -> str:
 def _call_line(call: CallRecord) -> str:
     head = f"[{call.position}] {call.name or '<no name>'} ({call.call_id or 'no id'})"
     if call.arguments is not None:
-        args = orjson.dumps(dict(call.arguments)).decode()
+        args = json_text(dict(call.arguments))
         args = args if len(args) <= 160 else args[:159] + "…"
         return f"{head} COMMITTED {args}"
     return f"{head} {call.state.value.upper()} {call.error}: {call.detail}"
 
 
 if __name__ == "__main__":  # pragma: no cover
-    try:
-        raise SystemExit(main())
-    except ToolLatchError as exc:
-        raise SystemExit(_fail(str(exc))) from None
+    raise SystemExit(main())
