@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
 from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
-from toollatch._errors import UsageError
+from toollatch._errors import ErrorCode, UsageError
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -163,7 +163,7 @@ def test_item_done_closes_when_arguments_done_never_came() -> None:
     assert events[2] == CallClosed(key=key("fc_1"), arguments="{}")
 
 
-def test_incomplete_item_is_not_closed_and_the_round_is_truncated() -> None:
+def test_incomplete_item_fails_truncated_and_the_round_is_truncated() -> None:
     item = fc_item("fc_1", "call_1", "write", '{"text":"abc', status="incomplete")
     response = {"incomplete_details": {"reason": "max_output_tokens"}}
     events = run(
@@ -177,6 +177,13 @@ def test_incomplete_item_is_not_closed_and_the_round_is_truncated() -> None:
     assert events == [
         CallOpened(key=key("fc_1"), call_id="call_1", name="write"),
         ArgsDelta(key=key("fc_1"), fragment='{"text":"abc'),
+        Anomaly(
+            kind=AnomalyKind.NEVER_CLOSED,
+            detail="the provider marked the function_call item incomplete",
+            key=key("fc_1"),
+            fails_call=True,
+            code=ErrorCode.TRUNCATED,
+        ),
         RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_output_tokens"),
     ]
 
@@ -353,14 +360,17 @@ def test_no_terminal_event_is_a_stream_failure() -> None:
     assert events[-1] == StreamFailed(detail="stream ended without a terminal response event")
 
 
-def test_events_after_the_terminal_event_are_anomalies() -> None:
+def test_events_after_the_terminal_event_are_anomalies_and_terminals_go_on() -> None:
+    # A second terminal event goes on to the assembler, whose sticky rule decides.
     events = run([COMPLETED, {"type": "response.output_text.delta", "delta": "x"}, COMPLETED])
-    assert events[:2] == NORMAL_END
-    assert [e.kind for e in events[2:] if isinstance(e, Anomaly)] == [
-        AnomalyKind.EVENT_AFTER_END,
-        AnomalyKind.EVENT_AFTER_END,
+    assert events == [
+        *NORMAL_END,
+        Anomaly(
+            kind=AnomalyKind.EVENT_AFTER_END,
+            detail="response.output_text.delta after the terminal event; ignored",
+        ),
+        RoundEnded(ending=Ending.NORMAL, stop_reason="completed"),
     ]
-    assert len(events) == 4
 
 
 # -- event types ---------------------------------------------------------------------------

@@ -29,7 +29,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from toollatch._adapters._base import Adapter, error_detail, short
+from toollatch._adapters._base import Adapter, error_detail, lost_event, short
+from toollatch._errors import ErrorCode
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -54,6 +55,19 @@ __all__ = ["OpenAIResponsesAdapter"]
 _TERMINAL_RESPONSE_EVENTS = frozenset(
     {"response.completed", "response.incomplete", "response.failed"}
 )
+
+_STATUS_EVENTS = {"incomplete": "response.incomplete", "failed": "response.failed"}
+"""A ``response.completed`` whose response says another status is handled as that event."""
+
+_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
+_CALL_EVENTS = _ITEM_EVENTS | {
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+}
+"""Events that may carry a function call's text (deltas, full text, an item's arguments)."""
+_CALL_EVENT_PREFIX = "response.function_call"
+
+_ABSENT = object()
 
 _HARMLESS_EVENTS = frozenset(
     {
@@ -117,7 +131,12 @@ class OpenAIResponsesAdapter(Adapter):
         self._keys: dict[str, CallKey] = {}
         """Key of every call announced under an item id (built once, not per delta)."""
         self._opened: set[int | str] = set()
-        self._closed: set[int | str] = set()
+        self._identities: dict[int | str, tuple[str | None, str | None]] = {}
+        """Call id and name each call was opened with."""
+        self._added_text: dict[int | str, str] = {}
+        """Argument text an ``output_item.added`` carried (rule "arguments_in_added_item")."""
+        self._closed: dict[int | str, str | None] = {}
+        """Closed calls, with the full text their first ``.done`` carried."""
         self._ended = False
         self._unknown_types: set[str] = set()
 
@@ -140,21 +159,24 @@ class OpenAIResponsesAdapter(Adapter):
             return None
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
-        """An SSE ``event: error`` frame ends the round (recorded only, after the end)."""
-        if self._ended:
-            return [self._after_end("error")]
+        """An SSE ``event: error`` frame fails the round, also after its terminal event (a
+        failing signal always sticks: the assembler keeps the first failure)."""
         self._ended = True
         return super()._stream_error(detail)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
-        # The payload's own "type" wins over the SSE event name (they agree in every recording).
-        etype = event.get("type")
-        if not isinstance(etype, str):
+        # The payload's own "type" wins over the SSE event name (they agree in every recording);
+        # the name stands in only for a payload without one. A "type" that is not a string
+        # cannot be read: the event may have been any call's fragment (a lost event).
+        etype = event.get("type", _ABSENT)
+        if etype is _ABSENT:
             etype = sse_event if sse_event and sse_event != "message" else None
-        if etype is None:
-            return [Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="event without a type")]
+            if etype is None:
+                return [lost_event("event without a type")]
+        elif not isinstance(etype, str):
+            return [lost_event(f"event type is a {type(etype).__name__}, not a string")]
         if self._ended:
-            return [self._after_end(etype)]
+            return self._after_end(etype, event)
         match etype:
             case "response.output_item.added":
                 return self._item_added(event)
@@ -163,7 +185,7 @@ class OpenAIResponsesAdapter(Adapter):
             case "response.function_call_arguments.delta":
                 return self._args_delta(event)
             case "response.function_call_arguments.done":
-                return self._close(self._key(event), event.get("arguments"))
+                return self._args_done(event)
             case "response.output_text.delta" | "response.refusal.delta":
                 return self._text_delta(event)
             case "response.completed" | "response.incomplete" | "response.failed":
@@ -183,33 +205,46 @@ class OpenAIResponsesAdapter(Adapter):
     def _item_added(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         item = event.get("item")
         if not isinstance(item, Mapping):
-            return [_invalid("output_item.added without an item")]
-        if item.get("type") != "function_call":
+            return [lost_event("output_item.added without an item object")]
+        itype = item.get("type")
+        if not isinstance(itype, str):
+            # (It may have announced a call, with the start of its arguments.)
+            return [lost_event(f"output_item.added: item type is a {type(itype).__name__}")]
+        if itype != "function_call":
             return []  # reasoning/message/hosted items are emitted whole at output_item.done
         part = self._register(item, event.get("output_index"))
+        if part is None:
+            return [lost_event("function_call item with neither an id nor an output_index")]
         key = self._call_key(part)
+        text, anomalies = self._argument_text(item.get("arguments"), key)
+        call_id, name, bad = self._identity(item, key)
         if part in self._opened:
             # A repeated announcement: identical id/name is a no-op for the assembler,
-            # a different one is its ID_CHANGED / NAME_CHANGED anomaly.
-            return [CallIdentified(key=key, call_id=item.get("call_id"), name=item.get("name"))]
-        self._opened.add(part)
-        events: list[StreamEvent] = [
-            CallOpened(key=key, call_id=item.get("call_id"), name=item.get("name"))
-        ]
+            # a different one is its ID_CHANGED / NAME_CHANGED anomaly. Argument text other
+            # than the first announcement's is a fragment we cannot place: the call fails.
+            events: list[StreamEvent] = [CallIdentified(key=key, call_id=call_id, name=name)]
+            if text and text != self._added_text.get(part):
+                detail = "a repeated output_item.added carries other argument text"
+                events.append(_failing(AnomalyKind.ARGUMENTS_MISMATCH, detail, key))
+            return events + bad + anomalies
+        events = self._open(part, key, call_id, name) + bad
         # Rule "arguments_in_added_item": a server may put (the start of) the arguments in
         # the added item itself; OpenAI and every recording send "" here.
-        text, anomalies = _argument_text(item.get("arguments"), key)
         if text:
+            self._added_text[part] = text
             events.append(ArgsDelta(key=key, fragment=text))
         return events + anomalies
 
     def _item_done(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         item = event.get("item")
         if not isinstance(item, Mapping):
-            return [_invalid("output_item.done without an item")]
+            return [lost_event("output_item.done without an item object")]
         itype = item.get("type")
+        if not isinstance(itype, str):
+            # (An object or a list here once escaped as a TypeError from the set lookup.)
+            return [lost_event(f"output_item.done: item type is a {type(itype).__name__}")]
         index = event.get("output_index")
-        block: int | str = index if isinstance(index, int) else str(item.get("id", "?"))
+        block: int | str = index if type(index) is int else short(item.get("id", "?"), 200)
         if itype == "function_call":
             return self._function_call_done(item, index)
         if itype == "message":
@@ -229,55 +264,143 @@ class OpenAIResponsesAdapter(Adapter):
 
     def _function_call_done(self, item: Mapping[str, Any], index: object) -> list[StreamEvent]:
         part = self._register(item, index)
+        if part is None:
+            return [lost_event("function_call item with neither an id nor an output_index")]
         key = self._call_key(part)
-        events: list[StreamEvent] = []
+        call_id, name, events = self._identity(item, key)
         if part not in self._opened:
             # Rule "call_only_at_item_done": a server that skips output_item.added still
             # announces the whole call here, with its end; open it first.
-            self._opened.add(part)
-            events.append(CallOpened(key=key, call_id=item.get("call_id"), name=item.get("name")))
-        if item.get("status") == "incomplete":
-            # Rule "incomplete_item_stays_open": the provider itself says the call was cut
-            # (max_output_tokens); leave it open so the round's end fails it ``truncated``.
-            return events
+            events = self._open(part, key, call_id, name) + events
+        elif (call_id, name) != self._identities[part] and (call_id or name):
+            # The finished item names another call than its announcement did.
+            events.insert(0, CallIdentified(key=key, call_id=call_id, name=name))
+        status = item.get("status")
+        if status == "incomplete":
+            # Rule "incomplete_item_fails_truncated": the provider itself says the call was cut
+            # (max_output_tokens), even when response.completed follows (issue 11, item 3).
+            detail = "the provider marked the function_call item incomplete"
+            return [*events, _failing(AnomalyKind.NEVER_CLOSED, detail, key, ErrorCode.TRUNCATED)]
+        if status is not None and status != "completed":
+            # Rule "only_completed_items_close": "in_progress" (or anything unknown) on the
+            # item's own end is a contradiction; the call is not trusted. An absent status
+            # counts as completed: the done event itself is the end signal.
+            detail = f"function_call item done with status {short(status, 40)!r}"
+            return [*events, _failing(AnomalyKind.INVALID_PAYLOAD, detail, key)]
         return events + self._close(key, item.get("arguments"))
+
+    def _open(
+        self, part: int | str, key: CallKey, call_id: str | None, name: str | None
+    ) -> list[StreamEvent]:
+        self._opened.add(part)
+        self._identities[part] = (call_id, name)
+        return [CallOpened(key=key, call_id=call_id, name=name)]
+
+    def _identity(
+        self, item: Mapping[str, Any], key: CallKey
+    ) -> tuple[str | None, str | None, list[StreamEvent]]:
+        """The item's call id and name (``None`` when absent), and the anomaly that fails the
+        call when either is something other than a string (it cannot be paired or run)."""
+        call_id, name = item.get("call_id"), item.get("name")
+        wrong = [f for f, v in (("call_id", call_id), ("name", name)) if not _str_or_none(v)]
+        if not wrong:
+            return call_id, name, []
+        detail = f"function_call item whose {' and '.join(wrong)} is not a string"
+        return (
+            call_id if isinstance(call_id, str) else None,
+            name if isinstance(name, str) else None,
+            [_failing(AnomalyKind.INVALID_PAYLOAD, detail, key)],
+        )
 
     # -- argument and text deltas -----------------------------------------------------------
 
     def _args_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        key = self._key(event)
+        if key is None:
+            return [lost_event("function_call_arguments.delta that names no call")]
         delta = event.get("delta")
         if not isinstance(delta, str):
-            return [_invalid("function_call_arguments.delta without a string delta")]
+            detail = "function_call_arguments.delta without a string delta"
+            if key.part in self._opened:
+                return [_failing(AnomalyKind.INVALID_PAYLOAD, detail, key)]
+            return [lost_event(detail)]
         # Keyed by the event's own item id: parallel calls' fragments may interleave
         # (microsoft/agent-framework#8337, bifrost#1829). An unknown key reaches the
-        # assembler as is, which records it as UNKNOWN_KEY.
-        return [args_delta(self._key(event), delta)] if delta else []
+        # assembler as is, which fails every pending call (a lost fragment); one for a closed
+        # call fails that call (FRAGMENT_AFTER_CLOSE).
+        return [args_delta(key, delta)] if delta else []
+
+    def _args_done(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        key = self._key(event)
+        if key is None or key.part not in self._opened:
+            return [lost_event("function_call_arguments.done that names no announced call")]
+        arguments = event.get("arguments")
+        if arguments is None:
+            # Rule "done_without_text_is_no_close": the provider's full text is what shows a
+            # dropped or repeated fragment; without it, output_item.done has to close the call.
+            detail = "function_call_arguments.done without arguments; waiting for the item"
+            return [Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key)]
+        return self._close(key, arguments)
 
     def _close(self, key: CallKey, arguments: object) -> list[StreamEvent]:
+        text, anomalies = self._argument_text(arguments, key)
         if key.part in self._closed:
-            return []  # output_item.done after function_call_arguments.done: already closed
-        self._closed.add(key.part)
-        text, anomalies = _argument_text(arguments, key)
+            # output_item.done after function_call_arguments.done: already closed; the two
+            # full texts must agree (the assembler compared the first with the fragments).
+            first = self._closed[key.part]
+            if text is not None and first is not None and text != first:
+                detail = "output_item.done's arguments differ from function_call_arguments.done"
+                anomalies.append(_failing(AnomalyKind.ARGUMENTS_MISMATCH, detail, key))
+            return anomalies
+        self._closed[key.part] = text
         return [CallClosed(key=key, arguments=text), *anomalies]
+
+    def _argument_text(self, value: object, key: CallKey) -> tuple[str | None, list[StreamEvent]]:
+        """The provider's argument text: strings as they are, objects serialized with an
+        anomaly (and a failing one when the event repeats a key)."""
+        if value is None or isinstance(value, str):
+            return value, []
+        # Rule "object_arguments": some compatible servers send the arguments as a JSON object
+        # (the chat-completions analogue is llama.cpp#20198, QUIRKS Q9); serialize once and say
+        # so. Its decoded form kept one value of a repeated key: the event's text is re-read
+        # and the call fails if one was (issue 11, item 6).
+        text = _canonical(value)
+        if text is None:
+            detail = "arguments are neither text nor serializable JSON"
+            return None, [_failing(AnomalyKind.INVALID_PAYLOAD, detail, key)]
+        detail = "arguments arrived as JSON, not text; serialized canonically"
+        anomaly = Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key)
+        return text, [anomaly, *self._duplicate_key_anomaly(key)]
 
     def _text_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         delta = event.get("delta")
         if not isinstance(delta, str):
             return [_invalid("text delta without a string delta")]
         index = event.get("output_index")
-        block = index if isinstance(index, int) else None
+        block = index if type(index) is int else None
         return [TextDelta(text=delta, block=block)] if delta else []
 
     # -- round end and the rest -------------------------------------------------------------
 
-    def _terminal(self, etype: str, event: Mapping[str, Any]) -> list[StreamEvent]:
+    def _terminal(
+        self, etype: str, event: Mapping[str, Any], *, usage: bool = True
+    ) -> list[StreamEvent]:
         self._ended = True
         response = event.get("response")
         response = response if isinstance(response, Mapping) else {}
         events: list[StreamEvent] = []
-        usage = response.get("usage")
-        if isinstance(usage, Mapping):
-            events.append(UsageReported(usage=usage))
+        if usage and isinstance(response.get("usage"), Mapping):
+            events.append(UsageReported(usage=response["usage"]))
+        status = response.get("status")
+        if etype == "response.completed" and status is not None and status != "completed":
+            # Rule "completed_needs_completed_status": the event and its response disagree;
+            # the worse of the two stands.
+            etype = _STATUS_EVENTS.get(status, "") if isinstance(status, str) else ""
+            if not etype:
+                detail = f"response.completed with status {short(status, 40)!r}; not trusted"
+                events.append(_invalid(detail))
+                events.append(RoundEnded(ending=Ending.INTERRUPTED, stop_reason="completed"))
+                return events
         if etype == "response.completed":
             events.append(RoundEnded(ending=Ending.NORMAL, stop_reason="completed"))
         elif etype == "response.incomplete":
@@ -296,45 +419,76 @@ class OpenAIResponsesAdapter(Adapter):
     def _unhandled(self, etype: str) -> list[StreamEvent]:
         if etype in _HARMLESS_EVENTS or _HOSTED_TOOL_PROGRESS.match(etype):
             return []
+        if etype.startswith(_CALL_EVENT_PREFIX):
+            # An unknown event of the function-call family may have carried any call's text.
+            return [lost_event(f"unknown function-call event {short(etype, 80)!r}")]
         if etype in self._unknown_types:
             return []
         self._unknown_types.add(etype)
         return [Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail=f"unknown event type {etype!r}")]
 
-    def _after_end(self, etype: str) -> Anomaly:
-        return Anomaly(
-            kind=AnomalyKind.EVENT_AFTER_END,
-            detail=f"{short(etype, 80)} after the terminal event; ignored",
-        )
+    def _after_end(self, etype: str, event: Mapping[str, Any]) -> list[StreamEvent]:
+        """An event after the round's terminal event."""
+        if etype in _TERMINAL_RESPONSE_EVENTS:
+            # Rule "terminal_reasons_stick": a later terminal event goes on to the assembler,
+            # where a truncating or failing reason wins over a normal one in either order
+            # (issue 11, item 4); its usage is not taken.
+            return self._terminal(etype, event, usage=False)
+        if etype == "error":
+            return [StreamFailed(detail=_error_event_detail(event))]
+        detail = f"{short(etype, 80)} after the terminal event"
+        if etype in _CALL_EVENTS or etype.startswith(_CALL_EVENT_PREFIX):
+            # Rule "no_fragment_after_the_end": argument text (or a call's item) after the
+            # terminal event; the call it names cannot grow any more and fails, and one that
+            # names no known call may be any pending call's (issue 11, item 5).
+            key: CallKey | None
+            if etype in _ITEM_EVENTS:
+                item = event.get("item")
+                itype = item.get("type") if isinstance(item, Mapping) else None
+                if isinstance(itype, str) and itype != "function_call":
+                    return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail=detail + "; ignored")]
+                key = self._key(item, event) if isinstance(item, Mapping) else None
+            else:
+                key = self._key(event)
+            if key is not None and key.part in self._opened:
+                return [_failing(AnomalyKind.EVENT_AFTER_END, detail, key)]
+            return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail=detail, fails_pending=True)]
+        return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail=detail + "; ignored")]
 
     # -- keys -------------------------------------------------------------------------------
 
-    def _register(self, item: Mapping[str, Any], index: object) -> int | str:
-        """The key part of a function_call item (its id, else its output index), remembered."""
+    def _register(self, item: Mapping[str, Any], index: object) -> int | str | None:
+        """The key part of a function_call item (its id, else its output index), remembered;
+        ``None`` when it has neither (or an id that is not a string): it cannot be keyed."""
         item_id = item.get("id")
         part: int | str
         if isinstance(item_id, str) and item_id:
             part = item_id
-        elif isinstance(index, int) and index in self._parts_by_index:
-            part = self._parts_by_index[index]
+        elif item_id is not None and item_id != "":
+            return None
+        elif type(index) is int:  # (not a bool: True would be output 1)
+            part = self._parts_by_index.get(index, index)
         else:
-            part = index if isinstance(index, int) else -1
-        if isinstance(index, int):
+            return None
+        if type(index) is int:
             self._parts_by_index.setdefault(index, part)
         return part
 
-    def _key(self, event: Mapping[str, Any]) -> CallKey:
-        """The key of an argument event: its ``item_id``, else what its index was added as."""
-        item_id = event.get("item_id")
-        index = event.get("output_index")
-        part: int | str
+    def _key(
+        self, source: Mapping[str, Any], envelope: Mapping[str, Any] | None = None
+    ) -> CallKey | None:
+        """The key an event names: its ``item_id`` (an item's ``id``), else what its
+        ``output_index`` was added as; ``None`` when neither is usable (the event cannot be
+        matched to a call). An empty id counts as absent (compatible servers send one)."""
+        item_id = source.get("item_id" if envelope is None else "id")
         if isinstance(item_id, str) and item_id:
-            part = item_id
-        elif isinstance(index, int):
-            part = self._parts_by_index.get(index, index)
-        else:
-            part = -1
-        return CallKey(self.attempt, 0, part)
+            return CallKey(self.attempt, 0, item_id)
+        if item_id is not None and item_id != "":
+            return None
+        index = (source if envelope is None else envelope).get("output_index")
+        if type(index) is not int:
+            return None
+        return CallKey(self.attempt, 0, self._parts_by_index.get(index, index))
 
     def _call_key(self, part: int | str) -> CallKey:
         """The key of an announced call; one with an item id is kept for the fast path."""
@@ -344,20 +498,15 @@ class OpenAIResponsesAdapter(Adapter):
         return key
 
 
-def _argument_text(value: object, key: CallKey) -> tuple[str | None, list[StreamEvent]]:
-    """The provider's argument text: strings as they are, objects serialized with an anomaly."""
-    if value is None or isinstance(value, str):
-        return value, []
-    # Rule "object_arguments": some compatible servers send the arguments as a JSON object
-    # (the chat-completions analogue is llama.cpp#20198); serialize once and say so.
-    text = _canonical(value)
-    if text is None:
-        detail = "arguments are neither text nor serializable JSON"
-        return None, [
-            Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
-        ]
-    detail = "arguments arrived as JSON, not text; serialized canonically"
-    return text, [Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key)]
+def _str_or_none(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _failing(
+    kind: AnomalyKind, detail: str, key: CallKey, code: ErrorCode = ErrorCode.PROTOCOL_VIOLATION
+) -> Anomaly:
+    """An anomaly that fails ``key``'s call with ``code``."""
+    return Anomaly(kind=kind, detail=detail, key=key, fails_call=True, code=code)
 
 
 def _error_event_detail(event: Mapping[str, Any]) -> str:
