@@ -60,11 +60,42 @@ def test_fragment_after_close_is_a_protocol_violation():
     assert [a.kind for a in r.anomalies] == [AnomalyKind.FRAGMENT_AFTER_CLOSE]
 
 
-def test_fragment_for_an_unknown_key_is_recorded_and_harms_nobody():
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K1, fragment="{"),
-               ArgsDelta(key=K0, fragment="{}"), END)
-    assert r.calls[0].state is CallState.COMMITTED
+def test_fragment_for_an_unknown_key_fails_every_pending_call():
+    # A fragment that matches no call may have been meant for any of them (a lost event).
+    r, notices = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{"),
+                     CallOpened(key=K2, call_id="c", name="f"), ArgsDelta(key=K2, fragment="{}"),
+                     CallClosed(key=K2), ArgsDelta(key=K1, fragment='"x":1'),
+                     ArgsDelta(key=K0, fragment="}"), CallClosed(key=K0), END)
+    assert [(c.state, c.error) for c in r.calls] == [
+        (CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)] * 2
+    assert [n.key for n in notices] == [K0, K2]
     assert [a.kind for a in r.anomalies] == [AnomalyKind.UNKNOWN_KEY]
+
+
+def test_a_lost_event_fails_pending_calls_but_not_decided_ones():
+    lost = Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="not JSON", fails_pending=True)
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+               lost, CallClosed(key=K0), END, lost)
+    assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION
+    assert "not JSON" in r.calls[0].detail
+    r, _ = run(lost, CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+               CallClosed(key=K0), END)
+    assert r.calls[0].state is CallState.COMMITTED  # nothing was pending when it was lost
+
+
+def test_a_call_never_closed_fails_at_a_normal_end():
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"), END)
+    assert (r.ended, r.calls[0].error) == (Ending.NORMAL, ErrorCode.PROTOCOL_VIOLATION)
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.NEVER_CLOSED]
+    assert [e.tool_call_id for e in r.error_results()] == ["a"]
+
+
+def test_an_anomaly_with_a_code_fails_its_call_with_that_code():
+    incomplete = Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="status incomplete", key=K0,
+                         fails_call=True, code=ErrorCode.TRUNCATED)
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+               CallClosed(key=K0), incomplete, END)
+    assert r.calls[0].error is ErrorCode.TRUNCATED
 
 
 def test_a_different_id_on_an_open_call_fails_it():
@@ -77,19 +108,21 @@ def test_a_different_id_on_an_open_call_fails_it():
 def test_identity_may_arrive_after_the_arguments():
     # Q7: gateways that send arguments before the name.
     r, _ = run(CallOpened(key=K0), ArgsDelta(key=K0, fragment='{"a":1}'),
-               CallIdentified(key=K0, call_id="a"), CallIdentified(key=K0, name="f"), END)
+               CallIdentified(key=K0, call_id="a"), CallIdentified(key=K0, name="f"),
+               CallClosed(key=K0), END)
     assert (r.calls[0].call_id, r.calls[0].name, r.calls[0].state) == ("a", "f", CallState.COMMITTED)
 
 
 def test_call_without_id_or_name_fails_missing_id_or_name():
-    r, _ = run(CallOpened(key=K0, name="f"), CallOpened(key=K1, call_id="b"), END)
+    r, _ = run(CallOpened(key=K0, name="f"), CallOpened(key=K1, call_id="b"),
+               CallClosed(key=K0), CallClosed(key=K1), END)
     assert [c.error for c in r.calls] == [ErrorCode.MISSING_ID_OR_NAME] * 2
     assert "id" in r.calls[0].detail and "name" in r.calls[1].detail
 
 
 def test_duplicate_call_id_fails_the_later_call():
     r, notices = run(CallOpened(key=K0, call_id="same", name="f"),
-                     CallOpened(key=K1, call_id="same", name="f"), END)
+                     CallOpened(key=K1, call_id="same", name="f"), CallClosed(key=K0), END)
     assert [c.state for c in r.calls] == [CallState.COMMITTED, CallState.FAILED]
     assert r.calls[1].error is ErrorCode.DUPLICATE_CALL_ID
     assert [(n.key, n.code) for n in notices] == [(K1, ErrorCode.DUPLICATE_CALL_ID)]
@@ -151,9 +184,23 @@ def test_text_limit_drops_the_rest_with_one_anomaly():
     assert [a.kind for a in r.anomalies] == [AnomalyKind.TEXT_TOO_LARGE]
 
 
-def test_second_round_end_is_an_anomaly_and_the_first_wins():
-    r, _ = run(END, RoundEnded(ending=Ending.TRUNCATED))
-    assert r.ended is Ending.NORMAL and [a.kind for a in r.anomalies] == [AnomalyKind.EVENT_AFTER_END]
+def test_second_round_end_is_an_anomaly_and_the_first_normal_one_wins():
+    r, _ = run(END, RoundEnded(ending=Ending.NORMAL, stop_reason="end_turn"))
+    assert (r.ended, r.stop_reason) == (Ending.NORMAL, "tool_use")
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.EVENT_AFTER_END]
+
+
+@pytest.mark.parametrize("bad", [Ending.TRUNCATED, Ending.INTERRUPTED])
+def test_a_truncating_or_failing_reason_sticks_whatever_the_order(bad):
+    call = (CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
+            CallClosed(key=K0))
+    stop = RoundEnded(ending=bad, stop_reason="max_tokens")
+    for order, kind in (((stop, END), AnomalyKind.REASON_OVERRIDDEN),
+                        ((END, stop), AnomalyKind.EVENT_AFTER_END)):
+        r, _ = run(*call, *order)
+        assert (r.ended, r.stop_reason) == (bad, "max_tokens")
+        assert r.calls[0].state is CallState.FAILED
+        assert [a.kind for a in r.anomalies] == [kind]
 
 
 def test_misuse_raises_usage_error():
@@ -172,6 +219,7 @@ def test_empty_round_has_one_choice_without_calls():
 def test_cancel_after_commit_keeps_committed_calls():
     asm = Assembler()
     asm.feed(CallOpened(key=K0, call_id="a", name="f"))
+    asm.feed(CallClosed(key=K0))
     asm.feed(END)
     r = asm.finish()
     assert asm.cancel() is r and r.calls[0].state is CallState.COMMITTED
@@ -248,3 +296,28 @@ def test_the_byte_limit_holds_exactly_across_the_joins(limit, char, cuts):
         assert notices == []
     asm.feed(END)
     assert asm.finish().calls[0].error is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES
+
+
+def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
+    limits = Limits(max_calls_per_round=3)
+    events = []
+    for i in range(1000):
+        key = CallKey(0, 0, i)
+        events += [CallOpened(key=key, call_id=f"c{i}", name="f"),
+                   ArgsDelta(key=key, fragment="{}"), CallClosed(key=key)]
+    r, _ = run(*events, END, limits=limits)
+    assert len(r.calls) == 6  # 3 that may run, 3 paired placeholders, then nothing kept
+    assert [c.error for c in r.calls] == [ErrorCode.STREAM_INTERRUPTED] * 3 + [
+        ErrorCode.TOO_MANY_TOOL_CALLS] * 3
+    assert r.ended is Ending.INTERRUPTED
+    assert [e.tool_call_id for e in r.error_results()] == [f"c{i}" for i in range(6)]
+    assert len(r.anomalies) == 4  # three placeholders, one overflow
+
+
+def test_choices_past_the_limit_fail_the_stream_and_are_not_kept():
+    events = [TextDelta(choice=i, text="x") for i in range(50)]
+    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), CallClosed(key=K0), *events, END,
+               limits=Limits(max_choices=4))
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.ended is Ending.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
+    assert [a.kind for a in r.anomalies] == [AnomalyKind.TOO_MANY_CHOICES]

@@ -10,7 +10,7 @@ import json
 
 from chat_chunks import WEATHER_TOOLS, chunk, fragments, tc
 
-from toollatch import CallState, Ending, ErrorCode, Round
+from toollatch import CallState, Ending, ErrorCode, Limits, Round
 from toollatch.cli import round_json
 from toollatch.events import AnomalyKind
 from toollatch.testing import chunkings, replay, sse, summary
@@ -232,3 +232,104 @@ def test_q20_extra_content_thought_signature_goes_back_with_its_call():
     assert [c.state for c in r.calls] == [CallState.COMMITTED] * 2
     tool_calls = r.assistant_message()["tool_calls"]
     assert tool_calls[0]["extra_content"] == extra and "extra_content" not in tool_calls[1]
+
+
+# -- issue 11: paths to a wrong commit, OpenAI chat ---------------------------------------------
+
+
+def test_a_fragment_after_the_finish_reason_fails_its_call():
+    late = chunk(tc(0, args='/../../etc/passwd"}'))
+    r = stable(sse(chunk(tc(0, "a", "write_file", '{"path":"/safe","content":"x"}')),
+                   chunk(finish="tool_calls"), late, done=True))
+    assert calls(r) == [("a", "write_file", "failed", None, ErrorCode.PROTOCOL_VIOLATION)]
+    assert AnomalyKind.FRAGMENT_AFTER_CLOSE in kinds(r)
+
+
+def test_a_fragment_after_done_fails_its_call():
+    data = sse(chunk(tc(0, "a", "get_weather", '{"city":"Oslo"')), chunk(tc(0, args="}")),
+               chunk(finish="tool_calls"), done=True) + sse(chunk(tc(0, args=" ")))
+    r = stable(data)
+    assert calls(r) == [("a", "get_weather", "failed", None, ErrorCode.PROTOCOL_VIOLATION)]
+    assert kinds(r)[:2] == [AnomalyKind.EVENT_AFTER_END, AnomalyKind.EVENT_AFTER_END]
+
+
+def test_a_call_opened_after_the_end_is_never_closed_and_fails():
+    r = stable(sse(chunk(tc(0, "a", "get_time", "{}")), chunk(finish="tool_calls"),
+                   chunk(tc(1, "b", "get_time", "{}")), done=True))
+    assert calls(r) == [("a", "get_time", "committed", {}, None),
+                        ("b", "get_time", "failed", None, ErrorCode.PROTOCOL_VIOLATION)]
+    assert AnomalyKind.NEVER_CLOSED in kinds(r)
+    assert [e.tool_call_id for e in r.error_results()] == ["b"]
+
+
+def test_an_unreadable_chunk_while_a_call_is_open_fails_it():
+    # The middle fragment's chunk is lost: what committed would not be what was sent.
+    head = chunk(tc(0, "a", "write_file", '{"path":"/safe'))
+    lost = json.dumps(chunk(tc(0, args="/../../etc/passwd"))).replace('"index": 0', '"index": 0,')
+    for middle in (lost, "{not json", '{"choices": "\\ud800"}', '[1, 2]'):
+        r = stable(sse(head, middle, chunk(tc(0, args='","content":"x"}')),
+                       chunk(finish="tool_calls")))
+        assert calls(r) == [("a", "write_file", "failed", None, ErrorCode.PROTOCOL_VIOLATION)]
+        assert AnomalyKind.INVALID_PAYLOAD in kinds(r)
+
+
+def test_q9_object_arguments_with_a_repeated_key_fail():
+    raw = ('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":'
+           '{"name":"get_weather","arguments":{"city":"Oslo","city":"Rome"}}}]}}]}')
+    r = stable(sse(raw, chunk(finish="tool_calls")))
+    assert calls(r) == [("a", "get_weather", "failed", None, ErrorCode.PROTOCOL_VIOLATION)]
+    assert AnomalyKind.DUPLICATE_KEY in kinds(r)
+    # Repeated keys in argument *text* were always refused by the gate's strict parse.
+    r = stable(sse(chunk(tc(0, "a", "get_weather", '{"city":"Oslo","city":"Rome"}')),
+                   chunk(finish="tool_calls")))
+    assert calls(r) == [("a", "get_weather", "failed", None, ErrorCode.INVALID_JSON)]
+
+
+def test_numbers_no_double_holds_never_commit():
+    for text in ('{"city":"Oslo","days":1e999}', '{"city":"Oslo","days":-1E400}'):
+        r = stable(sse(chunk(tc(0, "a", "get_weather", text)), chunk(finish="tool_calls")),
+                   tools=None)
+        assert calls(r) == [("a", "get_weather", "failed", None, ErrorCode.INVALID_JSON)]
+    big = '{"n":18446744073709551616}'  # an integer survives exactly
+    r = stable(sse(chunk(tc(0, "a", "f", big)), chunk(finish="tool_calls")), tools=None)
+    assert r.calls[0].arguments == {"n": 2**64}
+    assert json.loads(json.dumps(r.calls[0].arguments)) == r.calls[0].arguments
+
+
+def test_q19_expanded_ids_never_equal_a_real_call_id():
+    wrapper = json.dumps({"tool_uses": [
+        {"recipient_name": "functions.get_time", "parameters": {}},
+        {"recipient_name": "functions.get_time", "parameters": {}}]})
+    r = stable(sse(chunk(tc(0, "w", "multi_tool_use.parallel", wrapper)),
+                   chunk(tc(1, "w_0", "get_time", "{}")), chunk(finish="tool_calls")))
+    ids = [c.call_id for c in r.calls]
+    assert len(set(ids)) == len(ids) == 3 and "w_0" in ids
+    assert [c.state for c in r.calls] == [CallState.COMMITTED] * 3
+    assert [c["id"] for c in r.assistant_message()["tool_calls"]] == ids
+
+
+def test_q19_a_wrapper_with_one_inner_call_is_expanded():
+    wrapper = json.dumps({"tool_uses": [{"recipient_name": "functions.get_time", "parameters": {}}]})
+    r = stable(sse(chunk(tc(0, "w", "multi_tool_use.parallel", wrapper)), chunk(finish="tool_calls")))
+    assert calls(r) == [("w_0", "get_time", "committed", {}, None)]
+    assert AnomalyKind.WRAPPER_EXPANDED in kinds(r)
+
+
+def test_q19_expansion_respects_the_call_limit():
+    wrapper = json.dumps({"tool_uses": [
+        {"recipient_name": "functions.get_time", "parameters": {}}] * 3})
+    data = sse(chunk(tc(0, "w", "multi_tool_use.parallel", wrapper)), chunk(finish="tool_calls"))
+    r = replay(data, "openai_chat", tools=WEATHER_TOOLS, limits=Limits(max_calls_per_round=2))
+    assert [c.error for c in r.calls] == [None, None, ErrorCode.TOO_MANY_TOOL_CALLS]
+
+
+def test_q19_a_malformed_or_user_defined_wrapper_is_not_expanded():
+    bad = json.dumps({"tool_uses": [{"recipient_name": 3, "parameters": {}}]})
+    r = stable(sse(chunk(tc(0, "w", "multi_tool_use.parallel", bad)), chunk(finish="tool_calls")))
+    assert calls(r) == [("w", "multi_tool_use.parallel", "failed", None, ErrorCode.UNKNOWN_TOOL)]
+    mine = [*WEATHER_TOOLS, {"name": "multi_tool_use.parallel", "parameters": {"type": "object"}}]
+    good = json.dumps({"tool_uses": [{"recipient_name": "functions.get_time", "parameters": {}}]})
+    r = stable(sse(chunk(tc(0, "w", "multi_tool_use.parallel", good)), chunk(finish="tool_calls")),
+               tools=mine)
+    assert [(c.name, c.state) for c in r.calls] == [("multi_tool_use.parallel", CallState.COMMITTED)]
+    assert AnomalyKind.WRAPPER_EXPANDED not in kinds(r)

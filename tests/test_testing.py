@@ -88,8 +88,8 @@ def test_every_adapter_passes_the_conformance_check(provider):
 class _EagerAdapter(OpenAIChatAdapter):
     """A broken adapter: it ends the round as soon as a call's text looks complete."""
 
-    def feed_decoded(self, event, sse_event=None):
-        out = super().feed_decoded(event, sse_event)
+    def feed_decoded(self, event, sse_event=None, data=None):
+        out = super().feed_decoded(event, sse_event, data)
         if any(isinstance(e, ArgsDelta) and e.fragment.endswith("}") for e in out):
             out = [*out, RoundEnded(ending=__import__("toollatch").Ending.NORMAL)]
         return out
@@ -98,10 +98,10 @@ class _EagerAdapter(OpenAIChatAdapter):
 class _KeyAdapter(OpenAIChatAdapter):
     """A broken adapter: its keys ignore the attempt."""
 
-    def feed_decoded(self, event, sse_event=None):
+    def feed_decoded(self, event, sse_event=None, data=None):
         return [ArgsDelta(key=CallKey(0, 0, e.key.part), fragment=e.fragment)
                 if isinstance(e, ArgsDelta) else e
-                for e in super().feed_decoded(event, sse_event)]
+                for e in super().feed_decoded(event, sse_event, data)]
 
 
 def test_conformance_check_catches_wrong_calls_keys_and_junk():

@@ -126,6 +126,7 @@ class Assembler:
         self._max_argument_bytes = self.limits.max_argument_bytes
         self._previews = previews
         self._trackers: dict[CallKey, PreviewTracker] = {}
+        self._overflow = False  # a bound on the round's size was passed (see _overflowed)
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -133,6 +134,12 @@ class Assembler:
         """Apply one stream event; returns notices of calls that failed because of it."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
+        try:
+            return self._dispatch(event)
+        except _Overflow as overflow:
+            return self._overflowed(overflow.kind, str(overflow))
+
+    def _dispatch(self, event: StreamEvent) -> list[Notice]:
         match event:
             case ArgsDelta():
                 return self._append(event.key, event.fragment)
@@ -182,9 +189,17 @@ class Assembler:
 
     def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[Notice]:
         buf = self._buffers.get(key)
-        if buf is None:
-            self._record(AnomalyKind.UNKNOWN_KEY, "argument fragment for an unknown call", key)
-            return []
+        if buf is None and self._overflow:
+            return []  # a call not kept (see _overflowed): the stream already failed
+        if buf is None:  # it may belong to any call still pending: a lost fragment
+            return self._on_anomaly(
+                Anomaly(
+                    kind=AnomalyKind.UNKNOWN_KEY,
+                    detail="argument fragment for an unknown call",
+                    key=key,
+                    fails_pending=True,
+                )
+            )
         if buf.state is not CallState.OPEN:
             if buf.state is CallState.ARGS_COMPLETE:
                 return self._violate(
@@ -229,6 +244,14 @@ class Assembler:
         if event.key in self._buffers:  # a repeated header for the same key: identity only
             return self._on_identified(event.key, event.call_id, event.name)
         choice = self._choice(event.key.choice)
+        if self._overflow:
+            return []
+        if len(choice.calls) >= 2 * self.limits.max_calls_per_round:
+            raise _Overflow(
+                AnomalyKind.TOO_MANY_CALLS,
+                f"more than {2 * self.limits.max_calls_per_round} calls in one round "
+                f"(twice max_calls_per_round); the rest of the stream is not kept",
+            )
         buf = CallBuffer(event.key, len(choice.calls), None, None)
         if self._previews is None:
             buf.open_bound(self._max_argument_bytes)
@@ -248,7 +271,8 @@ class Assembler:
     def _on_identified(self, key: CallKey, call_id: str | None, name: str | None) -> list[Notice]:
         buf = self._buffers.get(key)
         if buf is None:
-            self._record(AnomalyKind.UNKNOWN_KEY, "identity for an unknown call", key)
+            if not self._overflow:
+                self._record(AnomalyKind.UNKNOWN_KEY, "identity for an unknown call", key)
             return []
         notices: list[Notice] = []
         if name:  # "" is "not sent" (SGLang, vLLM continuations)
@@ -283,7 +307,8 @@ class Assembler:
     def _on_close(self, event: CallClosed) -> list[Notice]:
         buf = self._buffers.get(event.key)
         if buf is None:
-            self._record(AnomalyKind.UNKNOWN_KEY, "close for an unknown call", event.key)
+            if not self._overflow:
+                self._record(AnomalyKind.UNKNOWN_KEY, "close for an unknown call", event.key)
             return []
         if buf.state is not CallState.OPEN:
             return []  # a second end marker (e.g. Responses .done then output_item.done)
@@ -322,10 +347,23 @@ class Assembler:
 
     def _on_round_ended(self, event: RoundEnded) -> None:
         choice = self._choice(event.choice)
-        if choice.ended is not None:
+        if choice.ended is None:
+            choice.ended, choice.stop_reason = event.ending, event.stop_reason
+        elif choice.ended is Ending.NORMAL and event.ending is not Ending.NORMAL:
+            # A truncating or failing reason always wins over a normal one, whatever the order.
+            self._record(
+                AnomalyKind.EVENT_AFTER_END,
+                f"a {event.ending} reason ({event.stop_reason}) after a normal end",
+            )
+            choice.ended, choice.stop_reason = event.ending, event.stop_reason
+        elif event.ending is Ending.NORMAL and choice.ended is not Ending.NORMAL:
+            self._record(
+                AnomalyKind.REASON_OVERRIDDEN,
+                f"a normal reason ({event.stop_reason}) after {choice.ended} "
+                f"({choice.stop_reason}); the first one sticks",
+            )
+        else:
             self._record(AnomalyKind.EVENT_AFTER_END, "a second terminal reason for one choice")
-            return
-        choice.ended, choice.stop_reason = event.ending, event.stop_reason
 
     def _previews_done(self, choice: int | None) -> list[Notice]:
         """Final previews of the calls of ``choice`` (every choice when None)."""
@@ -336,9 +374,14 @@ class Assembler:
 
     def _on_anomaly(self, event: Anomaly) -> list[Notice]:
         self._anomalies.append(event)
+        if event.fails_pending:
+            detail = f"an event of the stream was lost while the call was pending: {event.detail}"
+            pending = (CallState.OPEN, CallState.ARGS_COMPLETE)
+            bufs = [b for b in self._buffers.values() if b.state in pending]
+            return [n for buf in bufs for n in self._fail(buf, event.code, detail)]
         buf = self._buffers.get(event.key) if event.key is not None else None
         if event.fails_call and buf is not None:
-            return self._fail(buf, ErrorCode.PROTOCOL_VIOLATION, event.detail)
+            return self._fail(buf, event.code, event.detail)
         return []
 
     # -- helpers ----------------------------------------------------------------------------
@@ -346,8 +389,23 @@ class Assembler:
     def _choice(self, index: int) -> _ChoiceState:
         choice = self._choices.get(index)
         if choice is None:
+            if len(self._choices) >= self.limits.max_choices or self._overflow:
+                raise _Overflow(
+                    AnomalyKind.TOO_MANY_CHOICES,
+                    f"more than {self.limits.max_choices} choices in one round",
+                )
             choice = self._choices[index] = _ChoiceState()
         return choice
+
+    def _overflowed(self, kind: AnomalyKind, detail: str) -> list[Notice]:
+        """A bound on what one round may hold was passed: the stream fails (every call not
+        yet failed gets ``stream_interrupted`` at the end) and nothing new is kept from here
+        on: no choice, no call (fragments of kept calls are dropped: they failed)."""
+        if self._overflow:
+            return []
+        self._overflow = True
+        self._record(kind, detail)
+        return self._dispatch(StreamFailed(detail=detail))
 
     def _record(self, kind: AnomalyKind, detail: str, key: CallKey | None = None) -> None:
         self._anomalies.append(Anomaly(kind=kind, detail=detail, key=key))
@@ -423,9 +481,14 @@ class Assembler:
                 buf.cancel(detail)
             elif code is not None:
                 buf.fail(code, detail)
+            elif buf.state is CallState.OPEN:
+                self._fail(
+                    buf,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    "the round ended but the provider never closed this call",
+                    AnomalyKind.NEVER_CLOSED,
+                )
             else:
-                if buf.state is CallState.OPEN:
-                    buf.close()
                 self._decide(buf)
         records = {id(b): _record_of(b) for b in choice.calls}
         content: list[Segment] = []
@@ -451,18 +514,21 @@ class Assembler:
         tools = self.gate.tools
         if tools is not None and PARALLEL_WRAPPER in tools:
             return  # the user really defined a tool of that name
+        taken = {buf.call_id for buf in choice.calls if buf.call_id}
         content: list[tuple[str, Any]] = []
+        expanded = False
         for kind, item in choice.content:
             inner = None
             if (
                 kind == "call"
                 and item.name == PARALLEL_WRAPPER
-                and item.state is not CallState.FAILED
+                and item.state is CallState.ARGS_COMPLETE
             ):
                 inner = inner_calls(item.text(), max_depth=self.limits.max_json_depth)
             if inner is None:
                 content.append((kind, item))
                 continue
+            expanded = True
             self._record(
                 AnomalyKind.WRAPPER_EXPANDED,
                 f"{PARALLEL_WRAPPER} expanded into {len(inner)} calls",
@@ -472,14 +538,15 @@ class Assembler:
                 buf = CallBuffer(
                     CallKey(item.key.attempt, item.key.choice, f"{item.key.part}/{i}"),
                     0,
-                    f"{item.call_id or 'call'}_{i}",
+                    _unique_id(f"{item.call_id or 'call'}_{i}", taken),
                     name,
                 )
                 buf.fragments.append(text)
+                buf.close()
                 content.append(("call", buf))
-        calls = [item for kind, item in content if kind == "call"]
-        if len(calls) == len(choice.calls):
+        if not expanded:
             return
+        calls = [item for kind, item in content if kind == "call"]
         choice.content, choice.calls = content, calls
         for position, buf in enumerate(calls):
             buf.position = position
@@ -498,6 +565,26 @@ class Assembler:
             buf.fail(verdict.code, verdict.detail)
         else:
             buf.commit(verdict)
+
+
+class _Overflow(Exception):
+    """Raised where a round would grow past a bound; ``Assembler.feed`` turns it into a
+    failed stream (see ``Assembler._overflowed``)."""
+
+    def __init__(self, kind: AnomalyKind, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+def _unique_id(wanted: str, taken: set[str]) -> str:
+    """``wanted``, or ``wanted`` with the first free ``~n`` suffix, so that a made-up call id
+    never equals one the round already has (a real call may be named ``<id>_0``); the id is
+    added to ``taken``."""
+    found, n = wanted, 1
+    while found in taken:
+        found, n = f"{wanted}~{n}", n + 1
+    taken.add(found)
+    return found
 
 
 def _record_of(buf: CallBuffer) -> CallRecord:

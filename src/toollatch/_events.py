@@ -99,6 +99,14 @@ class AnomalyKind(StrEnum):
     """An integer above 2**53 arrived through a double-precision channel."""
     WRAPPER_EXPANDED = "wrapper_expanded"
     """A hallucinated ``multi_tool_use.parallel`` wrapper was expanded into its inner calls."""
+    NEVER_CLOSED = "never_closed"
+    """A call of a provider with per-call closes was still open when the round ended."""
+    DUPLICATE_KEY = "duplicate_key"
+    """Arguments sent as a JSON object repeat a key: which value the model meant is unknown."""
+    REASON_OVERRIDDEN = "reason_overridden"
+    """A later terminal reason tried to replace a truncating or failing one; the first sticks."""
+    TOO_MANY_CHOICES = "too_many_choices"
+    """More choices than ``Limits.max_choices``; the stream was failed."""
 
 
 # -- stream events ---------------------------------------------------------------------------
@@ -246,7 +254,14 @@ class Anomaly:
     key: CallKey | None = None
     """The affected call, when one is."""
     fails_call: bool = False
-    """When true, the assembler fails ``key``'s call with ``protocol_violation``."""
+    """When true, the assembler fails ``key``'s call with ``code``."""
+    fails_pending: bool = False
+    """When true, the event could not be read or matched to a call (a *lost event*): it may
+    have carried a fragment of any call, so the assembler fails every call of the round not
+    yet decided (open, or closed and waiting for the gate) with ``code``."""
+    code: ErrorCode = ErrorCode.PROTOCOL_VIOLATION
+    """The error code of the calls this anomaly fails (``truncated`` for an item the provider
+    marked incomplete; ``protocol_violation`` otherwise)."""
 
 
 StreamEvent = (

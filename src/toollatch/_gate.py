@@ -156,7 +156,17 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (_INF, -_INF):  # 1e999: JSON text, but no double holds it (RFC 8259 s.6)
+        raise _Reject(ErrorCode.INVALID_JSON, f"the number {text[:40]} does not fit a double")
+    return value
+
+
+_INF = float("inf")
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite_float
+)
 # The decoder's C scanner, called directly: raw_decode is a Python frame around it that only
 # turns StopIteration into "Expecting value" (done below). Typeshed omits the attribute.
 _scan_once: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
@@ -166,8 +176,10 @@ _WS_CHARS = " \t\n\r"
 def strict_loads(text: str, *, max_depth: int) -> object:
     """Parse ``text`` as RFC 8259 JSON, strictly; raise ``_Reject`` with the reason otherwise.
 
-    Rejects NaN/Infinity, duplicate object keys, trailing data, control characters in strings,
-    lone surrogates (escaped or raw), and nesting deeper than ``max_depth``.
+    Rejects NaN/Infinity, numbers too large for a double (``1e999`` would become infinity),
+    duplicate object keys, trailing data, control characters in strings, lone surrogates
+    (escaped or raw), and nesting deeper than ``max_depth``: a committed value survives a
+    strict JSON round trip.
     """
     start = _skip_ws(text, 0) if text[:1] in _WS_CHARS else 0
     try:

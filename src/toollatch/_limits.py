@@ -22,7 +22,13 @@ class Limits:
 
     max_calls_per_round: int = 32
     """Tool calls in one round (per choice). Providers cap parallel calls far below this;
-    the 33rd and later calls get a FAILED placeholder ``too_many_tool_calls``."""
+    the 33rd and later calls get a FAILED placeholder ``too_many_tool_calls``, up to as many
+    again; a call past twice the limit fails the whole stream (``stream_interrupted``) and is
+    not kept, so a runaway of tiny calls costs bounded memory."""
+
+    max_choices: int = 128
+    """Choices (``n``) in one round: OpenAI accepts ``n`` up to 128. An event for one more
+    choice fails the stream (``stream_interrupted``); nothing of that choice is kept."""
 
     max_json_depth: int = 64
     """Nesting depth of the argument JSON (objects and arrays). Real tool schemas rarely pass
@@ -42,6 +48,7 @@ class Limits:
         for name in (
             "max_argument_bytes",
             "max_calls_per_round",
+            "max_choices",
             "max_json_depth",
             "max_line_bytes",
             "max_event_bytes",

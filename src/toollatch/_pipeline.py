@@ -144,7 +144,7 @@ class StreamParser:
                     hit = self._continuation(native, decoder.head_event)
                     if hit is not None:
                         return self._append(hit[0], hit[1])
-                    return self._apply(self._feed_other(native, decoder.head_event))
+                    return self._apply(self._feed_other(native, decoder.head_event, payload))
         if self._broken:
             return []
         try:

@@ -10,6 +10,7 @@ they emit ``Anomaly`` / ``StreamFailed``. Feeding after ``finish()`` raises ``Us
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeAlias
@@ -83,6 +84,40 @@ def frame_error_detail(data: str) -> str:
     return error_detail(payload)
 
 
+def lost_event(detail: str) -> Anomaly:
+    """An event that could not be read or matched to a call (a *lost event*): it may have
+    carried a fragment of any call still pending, so the assembler fails every one of them
+    (``protocol_violation``) and the anomaly says which event."""
+    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, fails_pending=True)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _DuplicateKey
+    return result
+
+
+def has_duplicate_keys(data: str | bytes) -> bool:
+    """Whether some JSON object in ``data`` (one event's text) repeats a key.
+
+    A JSON decoder keeps one of the values (orjson and the stdlib the last), so arguments
+    sent as an object (``{"cmd":"ls","cmd":"rm -rf /"}``) lose what the model wrote before
+    anything else can see it. Only events that carry arguments as an object are re-read so.
+    """
+    try:
+        json.loads(data, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey:
+        return True
+    except (ValueError, RecursionError):
+        return False  # (not readable at all: the first decode already said so)
+    return False
+
+
 def round_end(
     reason: str | None, endings: Mapping[str, Ending], field: str, *, choice: int = 0
 ) -> list[StreamEvent]:
@@ -135,6 +170,27 @@ class Adapter(ABC):
     def __init__(self, *, attempt: int = 0) -> None:
         self.attempt = attempt
         self._finished = False
+        self._data: str | bytes | None = None  # the text of the event being translated
+
+    def _duplicate_keys(self) -> bool:
+        """Whether the event being translated repeats a key in some object, as far as can be
+        known: only when it came with its text (see :meth:`feed_decoded`). For an adapter
+        whose provider sends arguments as an object (call it only for such events)."""
+        return self._data is not None and has_duplicate_keys(self._data)
+
+    def _duplicate_key_anomaly(self, key: CallKey) -> list[StreamEvent]:
+        """``[]``, or the anomaly that fails ``key``'s call when the event being translated
+        repeats a key (see :meth:`_duplicate_keys`)."""
+        if not self._duplicate_keys():
+            return []
+        return [
+            Anomaly(
+                kind=AnomalyKind.DUPLICATE_KEY,
+                detail="the event repeats a key in an object: which value was meant is unknown",
+                key=key,
+                fails_call=True,
+            )
+        ]
 
     # -- public contract --------------------------------------------------------------------
 
@@ -144,12 +200,7 @@ class Adapter(ABC):
             raise self._after_finish("feed")
         event = to_native(native)
         if not isinstance(event, dict):
-            return [
-                Anomaly(
-                    kind=AnomalyKind.INVALID_PAYLOAD,
-                    detail=f"expected a JSON object, got {type(event).__name__}",
-                )
-            ]
+            return [lost_event(f"expected a JSON object, got {type(event).__name__}")]
         return self.feed_decoded(event)
 
     def feed_frame(self, frame: Frame) -> list[StreamEvent]:
@@ -166,40 +217,38 @@ class Adapter(ABC):
         except orjson.JSONDecodeError:
             if not data:
                 return []
-            return [
-                Anomaly(
-                    kind=AnomalyKind.INVALID_PAYLOAD,
-                    detail=f"frame data is not JSON: {short(data, 80)!r}",
-                )
-            ]
+            return [lost_event(f"frame data is not JSON: {short(data, 80)!r}")]
         if type(native) is not dict:
-            return [
-                Anomaly(
-                    kind=AnomalyKind.INVALID_PAYLOAD,
-                    detail=f"frame data is JSON {type(native).__name__}, not an object",
-                )
-            ]
-        return self.feed_decoded(native, frame.event)
+            return [lost_event(f"frame data is JSON {type(native).__name__}, not an object")]
+        return self.feed_decoded(native, frame.event, data)
 
     def feed_decoded(
-        self, event: dict[str, Any], sse_event: str | None = None
+        self, event: dict[str, Any], sse_event: str | None = None, data: str | bytes | None = None
     ) -> list[StreamEvent]:
         """Translate a frame whose data is already decoded to a JSON object.
 
         ``sse_event`` is the frame's event name; an ``error`` frame must go through
-        :meth:`feed_frame` instead. The same events as :meth:`feed_frame` for that frame.
+        :meth:`feed_frame` instead. ``data`` is the text ``event`` was decoded from, when the
+        caller has it: arguments sent as a JSON object are then checked for repeated keys,
+        which a decoded dict can no longer show. The same events as :meth:`feed_frame`.
         """
         hit = None if self._finished else self._continuation(event, sse_event)
         if hit is None:
-            return self._feed_other(event, sse_event)  # (raises once finished)
+            return self._feed_other(event, sse_event, data)  # (raises once finished)
         return [args_delta(hit[0], hit[1])]
 
-    def _feed_other(self, event: dict[str, Any], sse_event: str | None) -> list[StreamEvent]:
+    def _feed_other(
+        self, event: dict[str, Any], sse_event: str | None, data: str | bytes | None = None
+    ) -> list[StreamEvent]:
         """:meth:`feed_decoded` for an event that :meth:`_continuation` declined (the
         pipeline's fast path asks it first, and comes here to not ask twice)."""
         if self._finished:
             raise self._after_finish("feed_decoded")
-        return self._feed(event, sse_event)
+        self._data = data
+        try:
+            return self._feed(event, sse_event)
+        finally:
+            self._data = None
 
     def _after_finish(self, method: str) -> UsageError:
         """The error for ``method`` called on a finished adapter."""

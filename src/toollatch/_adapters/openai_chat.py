@@ -30,6 +30,7 @@ from .._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
+    CallClosed,
     CallIdentified,
     CallKey,
     CallOpened,
@@ -97,7 +98,16 @@ class OpenAIChatAdapter(Adapter):
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
         if self._saw_done:
-            return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="chunk after [DONE]")]
+            # Nothing after [DONE] is trusted; a tool-call delta in it still reaches its call,
+            # which it fails (a fragment for a call that can no longer grow: see _after_end).
+            late: list[StreamEvent] = [
+                Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="chunk after [DONE]")
+            ]
+            choices = event.get("choices")
+            for choice in choices if isinstance(choices, list) else ():
+                if isinstance(choice, dict):
+                    self._choice_events(choice, late)
+            return late
         if "error" in event and not event.get("choices"):
             return [StreamFailed(detail=error_detail(event))]
         out: list[StreamEvent] = []
@@ -164,18 +174,34 @@ class OpenAIChatAdapter(Adapter):
             calls = self._choices[index] = _ChoiceCalls()
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            if index in self._ended and delta.get("tool_calls"):
-                out.append(
-                    Anomaly(
-                        kind=AnomalyKind.EVENT_AFTER_END,
-                        detail="tool-call delta after the choice's finish_reason",
-                    )
-                )
+            if index in self._ended or self._saw_done:
+                self._after_end(index, calls, delta, out)
             else:
                 self._delta_events(index, calls, delta, out)
         reason = choice.get("finish_reason")
         if reason and index not in self._ended:
             self._end_choice(index, calls, str(reason), out)
+
+    def _after_end(
+        self, index: int, calls: _ChoiceCalls, delta: Mapping[str, Any], out: list[StreamEvent]
+    ) -> None:
+        """A delta after its choice ended: text and reasoning are dropped; a tool-call entry
+        still goes to its call, which is closed, so the assembler fails it (a fragment after
+        the end, ``fragment_after_close``), or opens a call that is never closed (it fails at
+        the round end). Either way no call commits with the text before the late fragment."""
+        tool_calls = delta.get("tool_calls")
+        if not tool_calls:
+            return
+        out.append(
+            Anomaly(
+                kind=AnomalyKind.EVENT_AFTER_END,
+                detail="tool-call delta after the choice's finish_reason",
+            )
+        )
+        if isinstance(tool_calls, list):
+            for entry in tool_calls:
+                if isinstance(entry, dict):
+                    self._tool_call_events(index, calls, entry, out)
 
     def _delta_events(
         self, index: int, calls: _ChoiceCalls, delta: Mapping[str, Any], out: list[StreamEvent]
@@ -288,8 +314,22 @@ class OpenAIChatAdapter(Adapter):
         return slot
 
     def _object_arguments(self, key: CallKey, args: object) -> list[StreamEvent]:
-        text = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
-        events: list[StreamEvent] = [ArgsDelta(key=key, fragment=text)]
+        try:
+            text = json.dumps(args, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (ValueError, RecursionError):
+            # (orjson decoded the event, so NaN/inf cannot be in it; a dict fed directly can)
+            return [
+                Anomaly(
+                    kind=AnomalyKind.OBJECT_ARGUMENTS,
+                    key=key,
+                    detail="arguments arrived as a JSON value that cannot be written as JSON",
+                    fails_call=True,
+                )
+            ]
+        events: list[StreamEvent] = [
+            *self._duplicate_key_anomaly(key),
+            ArgsDelta(key=key, fragment=text),
+        ]
         if key not in self._object_args:
             self._object_args.add(key)
             events.insert(
@@ -311,6 +351,8 @@ class OpenAIChatAdapter(Adapter):
         for slot in calls.slots:
             if slot.call_id is None:
                 out.extend(self._synthesize_id(slot))
+            # Chat has no per-call close: the choice's end closes every call of it.
+            out.append(CallClosed(key=slot.key))
         if calls.reasoning:
             out.append(
                 ReasoningBlock(
