@@ -184,9 +184,46 @@ def test_no_argument_call_streams_one_empty_fragment() -> None:
     ]
 
 
-def test_start_input_object_is_ignored() -> None:
-    start = block_start(0, {"type": "tool_use", "id": "t", "name": "n", "input": {"x": 1}})
+def test_empty_start_input_adds_no_fragment() -> None:
+    start = block_start(0, {"type": "tool_use", "id": "t", "name": "n", "input": {}})
     assert AnthropicAdapter().feed(start) == [CallOpened(key=key(0), call_id="t", name="n")]
+
+
+def test_non_empty_start_input_is_the_arguments_sent_as_an_object() -> None:
+    # Rule "input in the start": the non-streamed shape inside a stream is not dropped.
+    start = block_start(0, {"type": "tool_use", "id": "t", "name": "n", "input": {"x": 1}})
+    assert AnthropicAdapter().feed(start) == [
+        CallOpened(key=key(0), call_id="t", name="n"),
+        Anomaly(
+            kind=AnomalyKind.OBJECT_ARGUMENTS,
+            detail="tool_use start carries its input as an object; serialized once",
+            key=key(0),
+        ),
+        ArgsDelta(key=key(0), fragment='{"x":1}'),
+    ]
+    bad = block_start(0, {"type": "tool_use", "id": "t", "name": "n", "input": [1]})
+    assert AnthropicAdapter().feed(bad)[1:] == [
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="tool_use start input is a list, not a JSON object",
+            key=key(0),
+            fails_call=True,
+        )
+    ]
+
+
+def test_duplicate_keys_in_a_start_input_fail_the_call() -> None:
+    data = (
+        '{"type":"content_block_start","index":0,"content_block":{"type":"tool_use",'
+        '"id":"t","name":"n","input":{"cmd":"ls","cmd":"rm -rf /"}}}'
+    )
+    events = AnthropicAdapter().feed_frame(Frame(event="content_block_start", data=data))
+    assert Anomaly(
+        kind=AnomalyKind.DUPLICATE_KEY,
+        detail="the event repeats a key in an object: which value was meant is unknown",
+        key=key(0),
+        fails_call=True,
+    ) in events
 
 
 # -- reasoning --------------------------------------------------------------------------------
@@ -376,7 +413,9 @@ def test_error_event_mid_stream_fails_and_ends_it() -> None:
         StreamFailed(detail="overloaded_error: Overloaded"),
         Anomaly(
             kind=AnomalyKind.EVENT_AFTER_END,
-            detail="content_block_delta after the message ended",
+            detail="content block 0 (tool_use): delta after the message ended",
+            key=key(0),
+            fails_call=True,
         ),
     ]
 
@@ -429,12 +468,16 @@ def test_fragment_for_a_block_that_never_started() -> None:
     adapter = AnthropicAdapter()
     assert adapter.feed(args(4, "{}")) == [
         Anomaly(
-            kind=AnomalyKind.UNKNOWN_KEY, detail="content_block_delta for block 4, never started"
+            kind=AnomalyKind.UNKNOWN_KEY,
+            detail="content_block_delta for block 4, never started",
+            fails_pending=True,
         )
     ]
     assert adapter.feed(stop(4)) == [
         Anomaly(
-            kind=AnomalyKind.UNKNOWN_KEY, detail="content_block_stop for block 4, never started"
+            kind=AnomalyKind.UNKNOWN_KEY,
+            detail="content_block_stop for block 4, never started",
+            fails_pending=True,
         )
     ]
 
@@ -461,15 +504,14 @@ def test_fragment_and_stop_after_a_calls_stop_fail_the_call() -> None:
     ]
 
 
-def test_a_block_started_twice_fails_the_call() -> None:
+def test_a_block_started_twice_is_a_lost_event() -> None:
     adapter = AnthropicAdapter()
-    adapter.feed(tool_start(0, "t", "n"))
+    adapter.feed(block_start(0, {"type": "text", "text": ""}))
     assert adapter.feed(tool_start(0, "u", "m")) == [
         Anomaly(
             kind=AnomalyKind.INVALID_PAYLOAD,
-            detail="content block 0 (tool_use): started twice",
-            key=key(0),
-            fails_call=True,
+            detail="content block 0 started twice",
+            fails_pending=True,
         )
     ]
 
@@ -531,13 +573,18 @@ def test_malformed_envelopes_are_anomalies() -> None:
         Anomaly(
             kind=AnomalyKind.INVALID_PAYLOAD,
             detail="content_block_start without an integer index and a content_block",
+            fails_pending=True,
         )
     ]
     assert adapter.feed({"type": "message_start"}) == [
         Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="message_start without a message object")
     ]
     assert adapter.feed({"no": "type"}) == [
-        Anomaly(kind=AnomalyKind.UNKNOWN_EVENT, detail="unknown event type None ignored")
+        Anomaly(
+            kind=AnomalyKind.INVALID_PAYLOAD,
+            detail="an event without a readable type (None)",
+            fails_pending=True,
+        )
     ]
 
 

@@ -319,11 +319,18 @@ def test_metadata_after_message_stop_is_normal_but_content_is_not() -> None:
     adapter = BedrockAdapter()
     adapter.feed(message_stop("end_turn"))
     assert adapter.feed(METADATA) == [UsageReported(usage=USAGE)]
-    late = Anomaly(
-        kind=AnomalyKind.EVENT_AFTER_END, detail="contentBlockDelta after the message ended"
+    # Text after the end, for a block never seen: the same text block, or a lost one? Unknown.
+    lost = Anomaly(
+        kind=AnomalyKind.INVALID_PAYLOAD,
+        detail="contentBlockDelta after the message ended",
+        fails_pending=True,
     )
-    assert adapter.feed(delta(0, text="late")) == [late]
-    assert adapter.feed(delta(0, text="later")) == []
+    assert adapter.feed(delta(0, text="late")) == [lost]
+    late = Anomaly(
+        kind=AnomalyKind.EVENT_AFTER_END, detail="contentBlockStart after the message ended"
+    )
+    assert adapter.feed(tool_start(1, "t", "n")) == [late]
+    assert adapter.feed(tool_start(2, "t", "n")) == []
     assert adapter.finish() == []
 
 
@@ -353,7 +360,10 @@ def test_exception_event_mid_stream_fails_and_ends_it(name: str) -> None:
         ArgsDelta(key=key(0), fragment='{"a"'),
         StreamFailed(detail=f"{name}: Try again"),
         Anomaly(
-            kind=AnomalyKind.EVENT_AFTER_END, detail="contentBlockDelta after the message ended"
+            kind=AnomalyKind.EVENT_AFTER_END,
+            detail="content block 0 (call): delta after the message ended",
+            key=key(0),
+            fails_call=True,
         ),
     ]
 
@@ -402,6 +412,7 @@ def test_an_event_that_is_not_one_key_is_invalid() -> None:
         Anomaly(
             kind=AnomalyKind.INVALID_PAYLOAD,
             detail="expected a one-key ConverseStream event, got 2 keys",
+            fails_pending=True,
         )
     ]
 
@@ -409,10 +420,18 @@ def test_an_event_that_is_not_one_key_is_invalid() -> None:
 def test_tool_input_for_a_block_that_never_started() -> None:
     adapter = BedrockAdapter()
     assert adapter.feed(args(3, "{}")) == [
-        Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail="toolUse delta for block 3, never started")
+        Anomaly(
+            kind=AnomalyKind.UNKNOWN_KEY,
+            detail="toolUse delta for block 3, never started",
+            fails_pending=True,
+        )
     ]
     assert adapter.feed(stop(3)) == [
-        Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail="contentBlockStop for block 3, never started")
+        Anomaly(
+            kind=AnomalyKind.UNKNOWN_KEY,
+            detail="contentBlockStop for block 3, never started",
+            fails_pending=True,
+        )
     ]
 
 
@@ -460,9 +479,8 @@ def test_wrong_or_malformed_delta_on_a_call_fails_it() -> None:
     assert adapter.feed(tool_start(0, "u", "m")) == [
         Anomaly(
             kind=AnomalyKind.INVALID_PAYLOAD,
-            detail="content block 0 (call): started twice",
-            key=key(0),
-            fails_call=True,
+            detail="content block 0 started twice",
+            fails_pending=True,
         )
     ]
 
@@ -493,6 +511,7 @@ def test_delta_members_are_picked_by_name() -> None:
         Anomaly(
             kind=AnomalyKind.INVALID_PAYLOAD,
             detail="contentBlockDelta without an integer index and one delta member",
+            fails_pending=True,
         )
     ]
 

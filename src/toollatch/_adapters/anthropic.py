@@ -16,6 +16,21 @@ A ``content_block_stop`` is not proof that a call is complete: Anthropic also st
 that ``max_tokens`` cut (see the rule in :data:`_ENDINGS`). The round's stop reason
 decides, and the assembler applies it. Provider misbehaviour never raises: it becomes an
 ``Anomaly`` (failing the affected call when there is one) or a ``StreamFailed``.
+
+Rules that keep a wrong text from committing (issue 11):
+
+* *Lost event.* An event whose block cannot be told (an ``index`` that is not an integer, a
+  block never started or started twice, no ``delta`` object, no readable ``type``), or that
+  may carry a fragment for a block that cannot take one (``input_json_delta`` on a text
+  block, ``partial_json`` in an event of unknown type), may have been part of any call: it
+  fails every pending call (:func:`lost_event`). A refused delta on a call's own block fails
+  that call (an unknown delta type included).
+* *No stop, no commit.* Open blocks are never closed for the provider: a call without its
+  ``content_block_stop`` reaches the round's end open, and the assembler fails it.
+* *Sticky reason.* A truncating or failing ``stop_reason`` is never replaced by a later one.
+* *Nothing after the end.* A delta after ``message_stop`` fails the call it names (every
+  pending call when it names none); a later ``message_delta`` reason still reaches the
+  assembler, which keeps a truncating or failing one.
 """
 
 from __future__ import annotations
@@ -43,7 +58,7 @@ from toollatch._events import (
     args_delta,
 )
 
-from ._base import Adapter, error_detail, round_end, short
+from ._base import Adapter, error_detail, lost_event, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, Ending] = {
@@ -200,14 +215,20 @@ class AnthropicAdapter(Adapter):
             return []  # keep-alive, may come anywhere (text_then_tool_use_no_args_pings.jsonl)
         if kind == "error":
             return self._stream_error(error_detail(event))
-        if not isinstance(kind, str) or kind not in _KNOWN_EVENTS:
+        if not isinstance(kind, str):
+            return [lost_event(f"an event without a readable type ({short(kind, 40)})")]
+        if kind not in _KNOWN_EVENTS:
+            if _may_carry_fragment(event):
+                return [lost_event(f"event of unknown type {short(kind, 60)!r} with a fragment")]
+            # Anthropic may add event types (its versioning policy): one that carries no
+            # fragment is reported once and skipped.
             return self._once(
-                AnomalyKind.UNKNOWN_EVENT, f"event:{kind}", f"unknown event type {kind!r} ignored"
+                AnomalyKind.UNKNOWN_EVENT,
+                f"event:{kind}",
+                f"unknown event type {short(kind, 60)!r} ignored",
             )
         if self._ended:
-            return self._once(
-                AnomalyKind.EVENT_AFTER_END, f"after:{kind}", f"{kind} after the message ended"
-            )
+            return self._after_end(kind, event)
         match kind:
             case "message_start":
                 return self._message_start(event)
@@ -244,15 +265,62 @@ class AnthropicAdapter(Adapter):
         return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
 
     def _message_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
-        delta = event.get("delta")
-        if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
-            self._stop_reason = delta["stop_reason"]
+        reason = _reason(event)
+        if reason is _UNREADABLE:  # it may have said max_tokens: nothing may commit on it
+            return [lost_event("message_delta without a readable delta.stop_reason")]
+        events: list[StreamEvent] = []
+        if isinstance(reason, str):
+            events += self._set_reason(reason)
         usage = event.get("usage")  # cumulative for the message, per the streaming docs
-        return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
+        if isinstance(usage, dict):
+            events.append(UsageReported(usage=usage))
+        return events
+
+    def _set_reason(self, reason: str) -> list[StreamEvent]:
+        """Rule "sticky reason": a truncating or failing (or unknown) ``stop_reason`` stays,
+        whatever comes after it (issue 11: ``max_tokens`` then ``tool_use`` committed)."""
+        current = self._stop_reason
+        if current is None or _ENDINGS.get(current) is Ending.NORMAL:
+            self._stop_reason = reason
+            return []
+        if reason == current:
+            return []
+        return [
+            Anomaly(
+                kind=AnomalyKind.REASON_OVERRIDDEN,
+                detail=f"stop_reason {short(reason, 60)!r} after {current!r}; the first sticks",
+            )
+        ]
 
     def _message_stop(self) -> list[StreamEvent]:
         self._end()
         return round_end(self._stop_reason, _ENDINGS, "stop_reason")
+
+    def _after_end(self, kind: str, event: Mapping[str, Any]) -> list[StreamEvent]:
+        """Rule "nothing after the end": an event after ``message_stop`` (or a stream error).
+
+        A delta naming a call's block fails that call; one that may be a fragment but names
+        no call fails every pending call; a readable ``stop_reason`` goes to the assembler,
+        which keeps a truncating or failing one over a normal one (in either order).
+        """
+        if kind == "content_block_delta":
+            index = _index(event.get("index"))
+            block = None if index is None else self._blocks.get(index)
+            if index is not None and block is not None and block.kind is _Kind.CALL:
+                return [
+                    self._block_anomaly(
+                        AnomalyKind.EVENT_AFTER_END, index, "delta after the message ended"
+                    )
+                ]
+            if block is None or _may_carry_fragment(event):
+                return [lost_event("content_block_delta after the message ended")]
+        if kind == "message_delta":
+            reason = _reason(event)
+            if isinstance(reason, str):
+                return round_end(reason, _ENDINGS, "stop_reason")
+        return self._once(
+            AnomalyKind.EVENT_AFTER_END, f"after:{kind}", f"{kind} after the message ended"
+        )
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An ``error`` event: fails the stream, or is only recorded once the message ended."""
@@ -272,23 +340,21 @@ class AnthropicAdapter(Adapter):
         index = _index(event.get("index"))
         start = event.get("content_block")
         if index is None or not isinstance(start, dict):
-            return [_invalid("content_block_start without an integer index and a content_block")]
-        if index in self._blocks:
-            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, "started twice")]
+            return [lost_event("content_block_start without an integer index and a content_block")]
+        if index in self._blocks:  # which block do the next deltas extend? unknown
+            return [lost_event(f"content block {index} started twice")]
         block = _Block(_block_kind(start.get("type")), start)
         self._blocks[index] = block
         match block.kind:
             case _Kind.CALL:
-                # The start's "input" is always {} when streaming: the arguments are the deltas.
                 key = self._open_calls[index] = self._key(index)
                 self._raw = (_DELTA_PREFIX % index, b"}}", key)
-                return [
-                    CallOpened(
-                        key=key,
-                        call_id=_str_or_none(start.get("id")),
-                        name=_str_or_none(start.get("name")),
-                    )
-                ]
+                opened = CallOpened(
+                    key=key,
+                    call_id=_str_or_none(start.get("id")),
+                    name=_str_or_none(start.get("name")),
+                )
+                return [opened, *self._start_input(key, start.get("input"))]
             case _Kind.TEXT:
                 text = start.get("text")
                 return [TextDelta(text=text, block=index)] if isinstance(text, str) and text else []
@@ -309,26 +375,26 @@ class AnthropicAdapter(Adapter):
         index = _index(event.get("index"))
         delta = event.get("delta")
         if index is None or not isinstance(delta, dict):
-            return [_invalid("content_block_delta without an integer index and a delta")]
+            return [lost_event("content_block_delta without an integer index and a delta")]
         block = self._blocks.get(index)
         if block is None:
-            return [_unknown_block(index, "content_block_delta")]
+            return [_lost_block(index, "content_block_delta")]
         if block.closed:
-            return [
-                self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "delta after stop")
-            ]
+            return self._refused(index, delta, AnomalyKind.FRAGMENT_AFTER_CLOSE, "delta after stop")
         if block.kind is _Kind.IGNORED:
             return []
         delta_type = delta.get("type")
         if not isinstance(delta_type, str) or delta_type not in _DELTA_FIELDS:
             dtype = short(delta_type, 60)
+            if block.kind is _Kind.CALL or _may_carry_fragment(event):
+                return self._refused(index, delta, AnomalyKind.UNKNOWN_EVENT, f"delta {dtype!r}")
             return self._once(
                 AnomalyKind.UNKNOWN_EVENT, f"delta:{dtype}", f"unknown delta {dtype!r}"
             )
         kinds, name = _DELTA_FIELDS[delta_type]
         value = delta.get(name)
         if block.kind not in kinds or (name != "citation" and not isinstance(value, str)):
-            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"bad {delta_type}")]
+            return self._refused(index, delta, AnomalyKind.INVALID_PAYLOAD, f"bad {delta_type}")
         return self._apply_delta(index, block, delta_type, value)
 
     def _apply_delta(
@@ -350,10 +416,10 @@ class AnthropicAdapter(Adapter):
     def _block_stop(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         index = _index(event.get("index"))
         if index is None:
-            return [_invalid("content_block_stop without an integer index")]
+            return [lost_event("content_block_stop without an integer index")]
         block = self._blocks.get(index)
         if block is None:
-            return [_unknown_block(index, "content_block_stop")]
+            return [_lost_block(index, "content_block_stop")]
         if block.closed:
             return [self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "stopped twice")]
         block.closed = True
@@ -394,6 +460,36 @@ class AnthropicAdapter(Adapter):
             fails_call=is_call,
         )
 
+    def _refused(
+        self, index: int, delta: Mapping[str, Any], kind: AnomalyKind, what: str
+    ) -> list[StreamEvent]:
+        """A delta block ``index`` cannot take: it fails that block's call; on another block
+        it is a lost event when it may be a fragment (of some call), else only recorded."""
+        if self._blocks[index].kind is not _Kind.CALL and _is_fragment(delta):
+            return [lost_event(f"content block {index}: {what}")]
+        return [self._block_anomaly(kind, index, what)]
+
+    def _start_input(self, key: CallKey, given: object) -> list[StreamEvent]:
+        """Rule "input in the start": streamed, a ``tool_use`` start's ``input`` is ``{}``
+        and the arguments are the deltas. A non-empty object (the Messages API's non-streamed
+        shape) is the arguments sent as an object: serialized once, with an anomaly, and
+        checked for repeated keys. Deltas after it are appended, so a call that carries
+        both does not parse and fails (the SDK would keep only the deltas: ambiguous)."""
+        if given is None or given == {}:
+            return []
+        text = _canonical(given) if isinstance(given, dict) else None
+        if text is None:
+            detail = f"tool_use start input is a {type(given).__name__}, not a JSON object"
+            return [
+                Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
+            ]
+        detail = "tool_use start carries its input as an object; serialized once"
+        return [
+            Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key),
+            *self._duplicate_key_anomaly(key),
+            args_delta(key, text),
+        ]
+
     def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
         """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
         if tag in self._reported:
@@ -413,7 +509,7 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
     if text:
         try:
             data["input"] = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             events.append(_invalid(f"content block {index}: server tool input is not JSON"))
             data["input"] = {}
     elif not isinstance(data.get("input"), dict):
@@ -426,7 +522,42 @@ def _invalid(detail: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
 
 
-def _unknown_block(index: int, event_type: str) -> Anomaly:
+def _lost_block(index: int, event_type: str) -> Anomaly:
+    """An event for a block that never started: its start was lost, and with it which call
+    (if any) the event belongs to."""
     return Anomaly(
-        kind=AnomalyKind.UNKNOWN_KEY, detail=f"{event_type} for block {index}, never started"
+        kind=AnomalyKind.UNKNOWN_KEY,
+        detail=f"{event_type} for block {index}, never started",
+        fails_pending=True,
     )
+
+
+_UNREADABLE = object()
+""":func:`_reason` of a ``message_delta`` whose ``delta`` or ``stop_reason`` has the wrong type."""
+
+
+def _reason(event: Mapping[str, Any]) -> object:
+    """A ``message_delta``'s ``stop_reason``: a str, None (not sent), or ``_UNREADABLE``."""
+    delta = event.get("delta")
+    if not isinstance(delta, dict):
+        return _UNREADABLE
+    reason = delta.get("stop_reason")
+    return reason if reason is None or isinstance(reason, str) else _UNREADABLE
+
+
+def _is_fragment(delta: Mapping[str, Any]) -> bool:
+    """Whether a delta may carry argument text: an ``input_json_delta``, or ``partial_json``."""
+    return delta.get("type") == "input_json_delta" or "partial_json" in delta
+
+
+def _may_carry_fragment(event: Mapping[str, Any]) -> bool:
+    delta = event.get("delta")
+    return isinstance(delta, dict) and _is_fragment(delta)
+
+
+def _canonical(value: object) -> str | None:
+    """A JSON value written once (compact, key order kept); None if it is not JSON."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None

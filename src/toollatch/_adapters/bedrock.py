@@ -16,6 +16,21 @@ a ``toolResult`` block are run by Bedrock itself: they are kept here and emitted
 stop as :class:`ServerToolBlock`; reasoning content becomes a :class:`ReasoningBlock`. Both are
 in Bedrock's own history shape (one ``ContentBlock`` union member each). ``messageStop`` ends
 the round; the ``metadata`` event (usage) legitimately comes after it.
+
+Rules that keep a wrong text from committing (issue 11):
+
+* *Lost event.* An event whose block cannot be told (a ``contentBlockIndex`` that is not an
+  integer, a toolUse delta or a stop for a block never started, a block started twice, a
+  payload that is not an object, several delta members), or a ``toolUse`` delta on a block
+  that cannot take one, may have been part of any call: it fails every pending call
+  (:func:`lost_event`). A refused delta on a call's own block fails that call (an unknown
+  delta member included).
+* *No stop, no commit.* Open blocks are never closed for the provider: a call without its
+  ``contentBlockStop`` reaches the round's end open, and the assembler fails it.
+* *Sticky reason.* A second ``messageStop`` still reaches the assembler, which keeps a
+  truncating or failing reason over a normal one, in either order.
+* *Nothing after the end.* A delta after ``messageStop`` fails the call it names (every
+  pending call when it names none).
 """
 
 from __future__ import annotations
@@ -44,7 +59,7 @@ from toollatch._events import (
     args_delta,
 )
 
-from ._base import Adapter, round_end, short
+from ._base import Adapter, lost_event, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, Ending] = {
@@ -191,24 +206,28 @@ class BedrockAdapter(Adapter):
         if sse_event is not None and not _is_wrapped(event):
             event = {sse_event: event}  # raw event-stream payload: the header names it
         if len(event) != 1:
-            return [_invalid(f"expected a one-key ConverseStream event, got {len(event)} keys")]
+            return [lost_event(f"expected a one-key ConverseStream event, got {len(event)} keys")]
         ((name, payload),) = event.items()
+        if not isinstance(name, str):  # (only from a dict fed directly: JSON keys are text)
+            return [lost_event(f"an event named by a {type(name).__name__}")]
         if _is_exception(name):
             message = payload.get("message") if isinstance(payload, Mapping) else payload
             return self._stream_error(short(f"{name}: {message}" if message else name))
         if name not in _EVENTS:
+            if _may_carry_fragment(payload):
+                return [lost_event(f"event {short(name, 60)!r} of unknown type with a toolUse")]
             return self._once(
                 AnomalyKind.UNKNOWN_EVENT, f"event:{name}", f"unknown event {short(name, 60)!r}"
             )
         if not isinstance(payload, Mapping):
-            return [_invalid(f"{name} payload is not an object")]
+            if name in ("messageStart", "metadata"):  # (neither carries a fragment or a reason)
+                return [_invalid(f"{name} payload is not an object")]
+            return [lost_event(f"{name} payload is not an object")]
         if name == "metadata":  # comes after messageStop by design; metrics/trace not kept
             usage = payload.get("usage")
             return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
         if self._stopped:
-            return self._once(
-                AnomalyKind.EVENT_AFTER_END, f"after:{name}", f"{name} after the message ended"
-            )
+            return self._after_end(name, payload)
         match name:
             case "messageStart":
                 return []  # carries only the role
@@ -233,6 +252,27 @@ class BedrockAdapter(Adapter):
         self._stopped = True
         return round_end(_str_or_none(payload.get("stopReason")), _ENDINGS, "stopReason")
 
+    def _after_end(self, name: str, payload: Mapping[str, Any]) -> list[StreamEvent]:
+        """Rule "nothing after the end": an event after ``messageStop`` (or an exception).
+
+        A delta naming a call's block fails that call; a toolUse delta naming no call, or an
+        unreadable delta, fails every pending call; a second ``messageStop`` goes to the
+        assembler, which keeps a truncating or failing reason over a normal one.
+        """
+        if name == "messageStop":
+            return self._message_stop(payload)
+        if name == "contentBlockDelta":
+            index = _index(payload.get("contentBlockIndex"))
+            block = None if index is None else self._blocks.get(index)
+            if index is not None and block is not None and block.kind is _Kind.CALL:
+                what = "delta after the message ended"
+                return [self._block_anomaly(AnomalyKind.EVENT_AFTER_END, index, what)]
+            if block is None or _may_carry_fragment(payload):
+                return [lost_event("contentBlockDelta after the message ended")]
+        return self._once(
+            AnomalyKind.EVENT_AFTER_END, f"after:{name}", f"{name} after the message ended"
+        )
+
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An exception event: fails the stream, or is only recorded after ``messageStop``."""
         if self._stopped:
@@ -246,9 +286,9 @@ class BedrockAdapter(Adapter):
         index = _index(payload.get("contentBlockIndex"))
         start = payload.get("start")
         if index is None or not isinstance(start, Mapping):
-            return [_invalid("contentBlockStart without an integer index and a start")]
-        if index in self._blocks:
-            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, "started twice")]
+            return [lost_event("contentBlockStart without an integer index and a start")]
+        if index in self._blocks:  # which block do the next deltas extend? unknown
+            return [lost_event(f"content block {index} started twice")]
         tool_use, tool_result = start.get("toolUse"), start.get("toolResult")
         if isinstance(tool_use, Mapping):
             if tool_use.get("type") == "server_tool_use":
@@ -256,18 +296,17 @@ class BedrockAdapter(Adapter):
                 return []
             self._blocks[index] = _Block(_Kind.CALL, tool_use)
             key = self._open_calls[index] = self._key(index)
-            return [
-                CallOpened(
-                    key=key,
-                    call_id=_str_or_none(tool_use.get("toolUseId")),
-                    name=_str_or_none(tool_use.get("name")),
-                )
-            ]
+            opened = CallOpened(
+                key=key,
+                call_id=_str_or_none(tool_use.get("toolUseId")),
+                name=_str_or_none(tool_use.get("name")),
+            )
+            return [opened, *self._start_input(key, tool_use.get("input"))]
         if isinstance(tool_result, Mapping):
             self._blocks[index] = _Block(_Kind.SERVER_RESULT, tool_result)
             return []
         self._blocks[index] = _Block(_Kind.IGNORED)
-        member = short(",".join(start), 60)
+        member = short(",".join(map(str, start)), 60)
         return self._once(AnomalyKind.UNKNOWN_EVENT, f"start:{member}", f"block start {member!r}")
 
     def _block_delta(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
@@ -275,25 +314,27 @@ class BedrockAdapter(Adapter):
         delta = payload.get("delta")
         members = [m for m in delta if m in _DELTA_KINDS] if isinstance(delta, Mapping) else []
         if index is None or not isinstance(delta, Mapping) or len(members) > 1:
-            return [_invalid("contentBlockDelta without an integer index and one delta member")]
+            return [lost_event("contentBlockDelta without an integer index and one delta member")]
+        block = self._blocks.get(index)
         if not members:
             names = short(",".join(map(str, delta)), 60)
+            if block is not None and block.kind is _Kind.CALL:
+                return [self._block_anomaly(AnomalyKind.UNKNOWN_EVENT, index, f"delta {names!r}")]
             return self._once(AnomalyKind.UNKNOWN_EVENT, f"delta:{names}", f"delta {names!r}")
         member = members[0]
         kind = _DELTA_KINDS[member]
-        block = self._blocks.get(index)
         if block is None:
             if kind is _Kind.CALL:
-                return [_unknown_block(index, "toolUse delta")]
+                return [_lost_block(index, "toolUse delta")]
             block = self._blocks[index] = _Block(kind)  # implicit start (text, reasoning)
         if block.closed:
-            return [
-                self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "delta after stop")
-            ]
+            return self._refused(
+                index, member, AnomalyKind.FRAGMENT_AFTER_CLOSE, "delta after stop"
+            )
         if block.kind is _Kind.IGNORED:
             return []
         if kind is not block.kind and {kind, block.kind} != {_Kind.CALL, _Kind.SERVER_CALL}:
-            return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, f"{member} delta")]
+            return self._refused(index, member, AnomalyKind.INVALID_PAYLOAD, f"{member} delta")
         return self._apply_delta(index, block, member, delta[member])
 
     def _apply_delta(self, index: int, block: _Block, member: str, value: Any) -> list[StreamEvent]:
@@ -312,16 +353,16 @@ class BedrockAdapter(Adapter):
                 pass
             case _:
                 what = f"malformed {member} delta"
-                return [self._block_anomaly(AnomalyKind.INVALID_PAYLOAD, index, what)]
+                return self._refused(index, member, AnomalyKind.INVALID_PAYLOAD, what)
         return []
 
     def _block_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         index = _index(payload.get("contentBlockIndex"))
         if index is None:
-            return [_invalid("contentBlockStop without an integer index")]
+            return [lost_event("contentBlockStop without an integer index")]
         block = self._blocks.get(index)
         if block is None:
-            return [_unknown_block(index, "contentBlockStop")]
+            return [_lost_block(index, "contentBlockStop")]
         if block.closed:
             return [self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "stopped twice")]
         block.closed = True
@@ -352,6 +393,35 @@ class BedrockAdapter(Adapter):
             key=self._key(index) if is_call else None,
             fails_call=is_call,
         )
+
+    def _refused(self, index: int, member: str, kind: AnomalyKind, what: str) -> list[StreamEvent]:
+        """A delta block ``index`` cannot take: it fails that block's call; on another block
+        a ``toolUse`` delta (a fragment of some call) is a lost event, anything else is only
+        recorded."""
+        if self._blocks[index].kind is not _Kind.CALL and member == "toolUse":
+            return [lost_event(f"content block {index}: {what}")]
+        return [self._block_anomaly(kind, index, what)]
+
+    def _start_input(self, key: CallKey, given: object) -> list[StreamEvent]:
+        """Rule "input in the start": ``ToolUseBlockStart`` has no ``input`` (the arguments
+        are the deltas' text). One sent anyway, as a non-empty object (the non-streamed
+        ``ToolUseBlock`` shape), is the arguments sent as an object: serialized once, with an
+        anomaly, and checked for repeated keys; deltas after it make the text unparseable,
+        so a call carrying both fails. Anything else there fails the call."""
+        if given is None or given == {}:
+            return []
+        text = _canonical(given) if isinstance(given, dict) else None
+        if text is None:
+            detail = f"toolUse start input is a {type(given).__name__}, not a JSON object"
+            return [
+                Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
+            ]
+        detail = "toolUse start carries its input as an object; serialized once"
+        return [
+            Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key),
+            *self._duplicate_key_anomaly(key),
+            args_delta(key, text),
+        ]
 
     def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
         """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
@@ -389,7 +459,11 @@ def _add_result(block: _Block, items: list[Any]) -> bool:
         if not isinstance(item, Mapping):
             return False
         text = item.get("text")
-        if isinstance(text, str) and block.content and "text" in block.content[-1]:
+        if (
+            isinstance(text, str)
+            and block.content
+            and isinstance(block.content[-1].get("text"), str)
+        ):
             block.content[-1] = {"text": block.content[-1]["text"] + text}
         else:
             block.content.append(dict(item))
@@ -429,7 +503,7 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
     tool_use: dict[str, Any] = dict(block.start)
     try:
         tool_use["input"] = json.loads(text) if text else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         events.append(_invalid(f"content block {index}: server tool input is not JSON"))
         tool_use["input"] = {}
     events.append(ServerToolBlock(block=index, data={"toolUse": tool_use}))
@@ -440,5 +514,27 @@ def _invalid(detail: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
 
 
-def _unknown_block(index: int, what: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail=f"{what} for block {index}, never started")
+def _lost_block(index: int, what: str) -> Anomaly:
+    """A toolUse delta or a stop for a block that never started: its start was lost, and with
+    it which call the event belongs to."""
+    return Anomaly(
+        kind=AnomalyKind.UNKNOWN_KEY,
+        detail=f"{what} for block {index}, never started",
+        fails_pending=True,
+    )
+
+
+def _may_carry_fragment(payload: object) -> bool:
+    """Whether a payload holds a ``delta`` with a ``toolUse`` member (argument text)."""
+    if not isinstance(payload, Mapping):
+        return False
+    delta = payload.get("delta")
+    return isinstance(delta, Mapping) and "toolUse" in delta
+
+
+def _canonical(value: object) -> str | None:
+    """A JSON value written once (compact, key order kept); None if it is not JSON."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None
