@@ -162,3 +162,186 @@ def test_multibyte_input_survives_any_split(text, data):
     raw = wire(START, *tool(0, "t1", "get_weather", json.dumps({"city": text + "東京"}, ensure_ascii=False), chunk=3), *end())
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=20))
     assert replay(split_at(raw, cuts), "anthropic").calls[0].arguments == {"city": text + "東京"}
+
+
+# -- issue 11: no wrong commit, whatever the read size -----------------------------------------
+# Each stream below would commit arguments the model did not send, or after the provider said
+# the call was incomplete, if its rule were missing. Every one is checked at every chunking.
+
+FILE_TOOLS = [{"name": "read_file", "input_schema": {"type": "object", "properties": {
+    "path": {"type": "string"}}, "required": ["path"]}}]
+PATH_PARTS = ['{"path":"/safe', "/../../etc/passwd", '"}']
+
+
+def path_call(index=1, middle=None):
+    """A read_file call whose middle fragment's event is ``middle`` (a dict or verbatim data)."""
+    events = tool(index, "t_path", "read_file", "", stop=False)[:1]
+    for i, part in enumerate(PATH_PARTS):
+        plain = {"type": "content_block_delta", "index": index,
+                 "delta": {"type": "input_json_delta", "partial_json": part}}
+        events.append(middle if i == 1 and middle is not None else plain)
+    return events + [{"type": "content_block_stop", "index": index}]
+
+
+def first_call():
+    return tool(0, "t_ok", "read_file", '{"path": "/tmp/a"}')
+
+
+def outcomes(data, tools=FILE_TOOLS):
+    """(state, code) per call and the paired error results' ids, the same at every chunking."""
+    expected = None
+    for pieces in chunkings(data, seed=11):
+        r = replay(pieces, "anthropic", tools=tools)
+        paired = [e.tool_call_id for e in r.error_results()]
+        got = ([(c.call_id, c.state, c.error) for c in r.calls], paired, r)
+        if expected is None:
+            expected = got
+        assert got[:2] == expected[:2]
+    return expected
+
+
+def _middle(**changes):
+    event = {"type": "content_block_delta", "index": 1,
+             "delta": {"type": "input_json_delta", "partial_json": PATH_PARTS[1]}}
+    event.update(changes)
+    return event
+
+
+_LOST_MIDDLES = {
+    "index string": _middle(index="1"),
+    "index float": _middle(index=1.0),
+    "index bool": _middle(index=True),
+    "index list": _middle(index=[1]),
+    "index null": _middle(index=None),
+    "index never started": _middle(index=9),
+    "index of a text block": _middle(index=2),
+    "delta not an object": _middle(delta=PATH_PARTS[1]),
+    "unknown event type": _middle(type="content_block_delta_v2"),
+    "no type": {k: v for k, v in _middle().items() if k != "type"},
+    "not JSON": '{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta",',
+    "lone surrogate in the envelope": (
+        '{"type":"content_block_delta","index":1,"x":"\\ud800","delta":{"type":'
+        '"input_json_delta","partial_json":"/../../etc/passwd"}}'),
+    "JSON but not an object": '["/../../etc/passwd"]',
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LOST_MIDDLES))
+def test_a_lost_fragment_event_fails_every_pending_call(name):
+    # issue 11 class 1: {"path":"/safe/../../etc/passwd"} sent, {"path":"/safe"} must not commit.
+    # The call already closed before it (t_ok) fails too: the event may have been its fragment.
+    middle = _LOST_MIDDLES[name]
+    text_open = [{"type": "content_block_start", "index": 2,
+                  "content_block": {"type": "text", "text": ""}}]
+    data = wire(START, *first_call(), *text_open, *path_call(middle=middle),
+                {"type": "content_block_stop", "index": 2}, *end())
+    calls, paired, r = outcomes(data)
+    assert calls == [("t_ok", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION),
+                     ("t_path", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t_ok", "t_path"]
+    assert list(r.committed()) == []
+
+
+_REFUSED_MIDDLES = {
+    "unknown delta type": _middle(delta={"type": "input_json_delta_v2",
+                                         "partial_json": PATH_PARTS[1]}),
+    "fragment not a string": _middle(delta={"type": "input_json_delta", "partial_json": 7}),
+    "text delta on a tool block": _middle(delta={"type": "text_delta", "text": "x"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_REFUSED_MIDDLES))
+def test_a_refused_delta_on_a_calls_own_block_fails_that_call(name):
+    # The event names its block, so only that call can have lost text: it fails, t_ok commits.
+    data = wire(START, *first_call(), *path_call(middle=_REFUSED_MIDDLES[name]), *end())
+    calls, paired, r = outcomes(data)
+    assert calls == [("t_ok", CallState.COMMITTED, None),
+                     ("t_path", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t_path"]
+    [result] = r.tool_results_messages([*r.error_results(), *_ok_results(r)])[0]["content"][1:]
+    assert result["tool_use_id"] == "t_path" and result["is_error"] is True
+
+
+def _ok_results(r):
+    from toollatch import ToolResult
+
+    return [ToolResult(tool_call_id=c.call_id, name=c.name, content="ok") for c in r.committed()]
+
+
+def test_the_unmodified_path_stream_commits_what_was_sent():
+    """The control for the test above: the same stream, nothing lost, commits the whole path."""
+    data = wire(START, *first_call(), *path_call(), *end())
+    calls, paired, r = outcomes(data)
+    assert [c.state for c in r.calls] == [CallState.COMMITTED] * 2 and paired == []
+    assert r.calls[1].arguments == {"path": "/safe/../../etc/passwd"}
+
+
+def test_a_call_without_its_content_block_stop_does_not_commit():
+    # issue 11 class 2: message_stop with tool_use, but block 0 was never stopped.
+    data = wire(START, *tool(0, "t1", "get_weather", '{"city": "Kyoto"}', stop=False), *end())
+    calls, paired, r = outcomes(data, tools=TOOLS)
+    assert calls == [("t1", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t1"]
+    assert "never_closed" in [a.kind.value for a in r.anomalies]
+
+
+@pytest.mark.parametrize("reasons", [("max_tokens", "tool_use"), ("tool_use", "max_tokens"),
+                                     ("refusal", "end_turn"), ("end_turn", "refusal")])
+def test_a_truncating_or_failing_reason_sticks_whatever_the_order(reasons):
+    # issue 11 class 4: max_tokens then tool_use used to let the last one win and commit.
+    deltas = [{"type": "message_delta", "delta": {"stop_reason": r}} for r in reasons]
+    data = wire(START, *tool(0, "t1", "get_weather", '{"city": "Kyoto"}'), *deltas,
+                {"type": "message_stop"})
+    calls, paired, r = outcomes(data, tools=TOOLS)
+    bad = next(x for x in reasons if x not in ("tool_use", "end_turn"))
+    code = ErrorCode.TRUNCATED if bad == "max_tokens" else ErrorCode.STREAM_INTERRUPTED
+    assert calls == [("t1", CallState.FAILED, code)] and paired == ["t1"]
+    assert r.stop_reason == bad
+
+
+@pytest.mark.parametrize("late_reason", ["max_tokens", "refusal"])
+def test_a_truncating_reason_after_message_stop_still_sticks(late_reason):
+    data = wire(START, *tool(0, "t1", "get_weather", '{"city": "Kyoto"}'), *end(),
+                {"type": "message_delta", "delta": {"stop_reason": late_reason}})
+    calls, paired, _ = outcomes(data, tools=TOOLS)
+    assert calls[0][1] is CallState.FAILED and paired == ["t1"]
+
+
+@pytest.mark.parametrize("where", ["after its stop", "after message_stop"])
+def test_a_fragment_after_the_end_fails_the_call(where):
+    # issue 11 class 5: the late fragment used to be dropped and the call committed.
+    head = tool(0, "t1", "get_weather", '{"city": "Kyoto"}')
+    late = {"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": ', "x": 1'}}
+    events = [*head, late, *end()] if where == "after its stop" else [*head, *end(), late]
+    calls, paired, _ = outcomes(wire(START, *events), tools=TOOLS)
+    assert calls == [("t1", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t1"]
+
+
+def test_a_lost_fragment_after_message_stop_fails_every_call():
+    late = {"type": "content_block_delta", "index": "0",
+            "delta": {"type": "input_json_delta", "partial_json": "x"}}
+    data = wire(START, *first_call(), *end(), late)
+    calls, paired, _ = outcomes(data)
+    assert calls == [("t_ok", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t_ok"]
+
+
+def test_a_start_input_object_and_deltas_do_not_both_commit():
+    # Rule "input in the start": an object there and deltas too is ambiguous; the text made of
+    # both does not parse. The object alone (the non-streamed shape) commits as sent.
+    start = {"type": "content_block_start", "index": 0, "content_block": {
+        "type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}}}
+    both = wire(START, start, *tool(0, "t1", "get_weather", '{"city": "Kyoto"}')[1:], *end())
+    calls, _, _ = outcomes(both, tools=TOOLS)
+    assert calls == [("t1", CallState.FAILED, ErrorCode.INVALID_JSON)]
+    alone = wire(START, start, {"type": "content_block_stop", "index": 0}, *end())
+    _, _, r = outcomes(alone, tools=TOOLS)
+    assert r.calls[0].arguments == {"city": "Oslo"}
+    dup = ('{"type":"content_block_start","index":0,"content_block":{"type":"tool_use",'
+           '"id":"t1","name":"get_weather","input":{"city":"Oslo","city":"Rome"}}}')
+    data = wire(START) + b"event: content_block_start\ndata: " + dup.encode() + b"\n\n" + wire(
+        {"type": "content_block_stop", "index": 0}, *end())
+    calls, paired, _ = outcomes(data, tools=TOOLS)
+    assert calls == [("t1", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)] and paired == ["t1"]
