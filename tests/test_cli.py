@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import toollatch.cli
 from toollatch.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -420,6 +421,9 @@ def hostile_paths(tmp_path):
         b'{"a": {"type": "string", "pattern": "("}}}}]',
         "twice.json": b'[{"name": "f"}, {"name": "f"}]',
         "no_name.json": b'[{"name": 1}]',
+        "schema_uri_object.json": b'[{"name": "f", "parameters": {"$schema": {"a": 1}}}]',
+        "schema_uri_number.json": b'[{"name": "f", "parameters": {"$schema": 5}}]',
+        "dangling_ref.json": b'[{"name": "search_notes", "parameters": {"$ref": "#/nope"}}]',
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
@@ -444,6 +448,9 @@ STREAM = str(EXAMPLES / "anthropic_parallel_calls.jsonl")
         ["replay", "--tools", "{dir}/bad_regex.json", STREAM],
         ["replay", "--tools", "{dir}/twice.json", STREAM],
         ["replay", "--tools", "{dir}/no_name.json", STREAM],
+        ["replay", "--tools", "{dir}/schema_uri_object.json", STREAM],
+        ["replay", "--tools", "{dir}/schema_uri_number.json", STREAM],
+        ["replay", "--tools", "{dir}/dangling_ref.json", STREAM],
         ["replay", "--previews", "--preview-mode", "fields", "--preview-fields", "a", STREAM],
         ["replay", "--max-args-bytes", "0", STREAM],
         ["replay", "--provider", "nope", STREAM],
@@ -454,8 +461,36 @@ STREAM = str(EXAMPLES / "anthropic_parallel_calls.jsonl")
 def test_hostile_arguments_give_one_error_line(hostile_paths, argv):
     argv = [a.replace("{dir}", str(hostile_paths)) for a in argv]
     status, out, err = run_in_process(argv)
-    assert status == 2 and out == ""
-    assert_documented(status, out, err, json_format=False)
+    assert (status, out) == (2, "")
+    assert err.startswith("toollatch: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_a_bug_while_replaying_is_one_error_line_after_the_files_before(monkeypatch, tmp_path):
+    path = tmp_path / "second.jsonl"
+    path.write_bytes(anthropic_stream("{}"))
+    real = toollatch.cli.replay_stream
+
+    def broken(data, **kwargs):
+        if kwargs["name"] == str(path):
+            raise RuntimeError("boom\nsecond line")
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(toollatch.cli, "replay_stream", broken)
+    status, out, err = run_in_process(["replay", "--format", "json", STREAM, str(path), STREAM])
+    assert status == 2
+    assert [o["file"] for o in json_lines(out)] == [STREAM]
+    assert err == f"toollatch: error: {path}: internal error: RuntimeError: boom second line\n"
+
+
+def test_a_tools_file_the_loader_did_not_foresee_is_one_error_line(monkeypatch, tmp_path):
+    def broken(source):
+        raise KeyError("x")
+
+    monkeypatch.setattr(toollatch.cli, "load_tools", broken)
+    status, out, err = run_in_process(["replay", "--tools", "t.json", STREAM])
+    assert (status, out) == (2, "")
+    assert err == "toollatch: error: t.json: internal error: KeyError: 'x'\n"
 
 
 @pytest.mark.parametrize(

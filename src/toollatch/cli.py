@@ -145,10 +145,10 @@ def _main(argv: Sequence[str] | None) -> int:
         tools = load_tools(args.tools) if args.tools else None
         previews = _previews(args)
     except ConfigError as exc:
-        message = str(exc)
-        if args.tools:
-            message = message.replace(args.tools, display_name(args.tools))
-        return _fail(message)
+        return _fail(_with_display_name(str(exc), args.tools))
+    except Exception as exc:  # a tools file the loader did not foresee: one line all the same
+        shown = f"{display_name(args.tools)}: " if args.tools else ""
+        return _fail(f"{shown}internal error: {_one_line(exc)}")
     inputs: list[tuple[str, bytes]] = []
     for name in args.files:
         try:
@@ -158,7 +158,7 @@ def _main(argv: Sequence[str] | None) -> int:
         inputs.append((name, data))
     for name, data in inputs:
         try:
-            round_, previews_seen = replay_stream(
+            round_, seen = replay_stream(
                 data,
                 name=name,
                 provider=args.provider,
@@ -167,11 +167,11 @@ def _main(argv: Sequence[str] | None) -> int:
                 chunk_bytes=args.chunk_bytes,
                 previews=previews,
             )
+            _emit(name, round_, seen if previews is not None else None, args.format)
         except ToolLatchError as exc:
             return _fail(f"{display_name(name)}: {exc}")
         except Exception as exc:  # a bug in toollatch: still one line, never a traceback
             return _fail(f"{display_name(name)}: internal error: {_one_line(exc)}")
-        _emit(name, round_, previews_seen if previews is not None else None, args.format)
     return 0
 
 
@@ -188,6 +188,10 @@ def _emit(name: str, round_: Round, previews: list[PreviewUpdated] | None, forma
             text += "".join(preview_text(p) + "\n" for p in previews)
         _write(sys.stdout, text)
     sys.stdout.flush()
+
+
+def _with_display_name(message: str, name: str | None) -> str:
+    return message.replace(name, display_name(name)) if name else message
 
 
 def _one_line(exc: BaseException) -> str:
