@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir
+from toollatch import CallState, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
@@ -115,9 +116,17 @@ CASES: dict[str, tuple[bytes, list[Frame]]] = {
         "event: ünïcode\nid: ïd\ndata: héllo € 𝄞 漢字\n\n".encode(),
         [F("héllo € 𝄞 漢字", "ünïcode", id="ïd")],
     ),
-    "invalid_utf8_replaced": (
+    "invalid_utf8_escaped_not_replaced": (
         b"data: a\xffb\ndata: \xe2\x82\ndata: \xf0\x9f\n\n",
-        [F("a\ufffdb\n\ufffd\n\ufffd")],
+        [F("a\udcffb\n\udce2\udc82\n\udcf0\udc9f")],
+    ),
+    "invalid_utf8_in_name_and_id_escaped": (
+        b"event: a\xff\nid:\xc3\ndata: 1\n\nevent:\xed\xa0\x80\ndata: 2\n\n",
+        [F("1", "a\udcff", id="\udcc3"), F("2", "\udced\udca0\udc80", id="\udcc3")],
+    ),
+    "invalid_utf8_in_comments_and_unknown_fields_ignored": (
+        b": \xff heartbeat\nfoo: \xff\ndata: a\n\n",
+        [F("a")],
     ),
     "finish_dispatches_unterminated_event": (b"data: a\n\ndata: b", [F("a"), F("b")]),
     "finish_dispatches_without_blank_line": (b"data: a\ndata: b\n", [F("a\nb")]),
@@ -142,7 +151,6 @@ CASES: dict[str, tuple[bytes, list[Frame]]] = {
     ),
     "named_event_cr_in_name": (b"event: a\rdata: 1\n\n", [F("1", "a")]),
     "named_event_empty_name": (b"event: \ndata: 1\n\nevent: \ndata: 2\n\n", [F("1"), F("2")]),
-    "named_event_invalid_utf8_name": (b"event: a\xff\ndata: 1\n\n", [F("1", "a\ufffd")]),
     "named_event_without_data": (b"event: a\n\nevent: a\ndata: 1\n\n", [F("1", "a")]),
     "named_event_data_without_space": (b"event: a\ndata:1\n\n", [F("1", "a")]),
     "named_event_then_comment": (b"event: a\n: hi\ndata: 1\n\n", [F("1", "a")]),
@@ -202,7 +210,6 @@ def test_fast_path_matches_general_path_state() -> None:
     two = decoder.feed(b"data: e\n\ndata: f\n\n")
     assert two == [F("e", id="9", retry=5), F("f", id="9", retry=5)]
     assert decoder.feed(b"data: g\n\n") == [F("g", id="9", retry=5)]
-    assert decoder.feed(b"data: \xff\n\n") == [F("\ufffd", id="9", retry=5)]
     assert decoder.feed(b"data: h\n") == []
     assert decoder.feed(b"\n") == [F("h", id="9", retry=5)]
     assert decoder.finish() == []
@@ -407,6 +414,200 @@ def test_error_state_drops_buffers() -> None:
         decoder.feed(b"data: 1234567")
     with pytest.raises(UsageError, match="failed earlier"):
         decoder.feed(b"\n\n")
+
+
+# -- errors take effect at their place in the stream, whatever the reads ----------------------
+
+FAILING: dict[str, tuple[bytes, dict[str, int], list[Frame], str]] = {
+    # name: (stream, limits, the events before the error, a word of the error)
+    "line_over_max_after_events": (
+        b"data: a\n\nevent: e\ndata: b\n\ndata: " + b"x" * 20 + b"\n\ndata: c\n\n",
+        {"max_line_bytes": 16},
+        [F("a"), F("b", "e")],
+        "max_line_bytes",
+    ),
+    "crlf_line_over_max_after_events": (
+        b"data: a\r\n\r\ndata: " + b"x" * 20 + b"\r\n\r\n",
+        {"max_line_bytes": 16},
+        [F("a")],
+        "max_line_bytes",
+    ),
+    "unterminated_line_over_max_after_events": (
+        b"data: a\n\ndata: b\n\n" + b"y" * 40,
+        {"max_line_bytes": 16},
+        [F("a"), F("b")],
+        "max_line_bytes",
+    ),
+    "event_over_max_after_events": (
+        b"data: a\n\ndata: 123\ndata: 456\n\ndata: c\n\n",
+        {"max_event_bytes": 5},
+        [F("a")],
+        "max_event_bytes",
+    ),
+    "comment_over_max_after_events": (
+        b"data: a\n\n: " + b"c" * 30 + b"\ndata: b\n\n",
+        {"max_line_bytes": 16},
+        [F("a")],
+        "max_line_bytes",
+    ),
+    "unterminated_event_over_max_after_events": (
+        b"data: a\n\ndata: 123456",
+        {"max_event_bytes": 5},
+        [F("a")],
+        "max_event_bytes",
+    ),
+}
+
+
+def outcome(chunks: Iterable[bytes], limits: dict[str, int]) -> tuple[list[Frame], str | None]:
+    """Every frame until the decoder raises, and the error's message (None if none)."""
+    decoder = SSEDecoder(**limits)  # type: ignore[arg-type]
+    frames: list[Frame] = []
+    try:
+        for chunk in chunks:
+            frames += decoder.feed(chunk)
+        frames += decoder.finish()
+    except StreamDecodeError as exc:
+        with pytest.raises(UsageError):  # the error is raised once, then the decoder is closed
+            decoder.finish()
+        return frames, str(exc)
+    return frames, None
+
+
+def _assert_frames_then_error(chunks: list[bytes], name: str) -> None:
+    _, limits, before, word = FAILING[name]
+    frames, error = outcome(chunks, limits)
+    assert frames == before
+    assert error is not None
+    assert word in error
+
+
+@pytest.mark.parametrize("name", sorted(FAILING))
+def test_events_before_an_error_at_fixed_chunkings(name: str) -> None:
+    data = FAILING[name][0]
+    for chunks in ([data], bytewise(data), per_event(data), fixed_size(data, 5)):
+        _assert_frames_then_error(chunks, name)
+    _assert_frames_then_error([b"", *[c for part in bytewise(data) for c in (part, b"")]], name)
+
+
+@pytest.mark.parametrize("name", sorted(FAILING))
+@settings(max_examples=40)
+@given(data=st.data())
+def test_events_before_an_error_at_random_chunkings(name: str, data: st.DataObject) -> None:
+    stream = FAILING[name][0]
+    _assert_frames_then_error(split_at(stream, data.draw(cuts_for(stream), label="cuts")), name)
+
+
+_BAD = [
+    b"data: " + b"z" * 30 + b"\n\n",  # a line over max_line_bytes
+    b": " + b"c" * 30 + b"\n",  # a comment over it
+    b"z" * 30,  # an unterminated line over it
+    b"data: 1234567890\ndata: 1234567890\n\n",  # an event over max_event_bytes
+]
+
+
+@settings(max_examples=200)
+@given(
+    good=st.lists(
+        st.text(st.characters(exclude_characters="\r\n", exclude_categories=["Cs"]), max_size=4),
+        max_size=4,
+    ),
+    bad=st.sampled_from(_BAD),
+    data=st.data(),
+)
+def test_valid_events_then_a_bad_one_same_at_every_chunking(
+    good: list[str], bad: bytes, data: st.DataObject
+) -> None:
+    """Any valid events, then a bad one: split anywhere, the same frames, then the error."""
+    stream = b"".join(b"data: " + v.encode() + b"\n\n" for v in good) + bad
+    limits = {"max_line_bytes": 24, "max_event_bytes": 20}  # 4 characters: <= 16 bytes
+    expected = [F(v) for v in good]
+    whole = outcome([stream], limits)
+    assert whole[0] == expected
+    assert whole[1] is not None
+    cuts = data.draw(cuts_for(stream), label="cuts")
+    assert outcome(split_at(stream, cuts), limits)[0] == expected
+    assert outcome(bytewise(stream), limits)[0] == expected
+
+
+def test_the_feed_that_completes_events_returns_them_and_the_next_call_raises() -> None:
+    """Deferred error: the chunk's events come out of its feed; the error comes next."""
+    stream = b"data: a\n\ndata: b\n\ndata: 12345\n\ndata: c\n\n"
+    decoder = SSEDecoder(max_event_bytes=4)
+    assert decoder.feed(stream) == [F("a"), F("b")]
+    assert decoder.single(b"data: d\n\n") is None  # no fast path past the error
+    with pytest.raises(StreamDecodeError, match="max_event_bytes"):
+        decoder.feed(b"data: d\n\n")
+    with pytest.raises(UsageError, match="failed earlier"):
+        decoder.feed(b"data: d\n\n")
+    with pytest.raises(UsageError):
+        decoder.finish()
+    finished = SSEDecoder(max_event_bytes=4)
+    assert finished.feed(stream) == [F("a"), F("b")]
+    with pytest.raises(StreamDecodeError, match="max_event_bytes"):
+        finished.finish()
+
+
+# -- invalid UTF-8 is refused, never replaced ------------------------------------------------------
+
+
+def test_invalid_utf8_never_yields_replaced_text() -> None:
+    """A data line whose JSON string holds b"\\xff" never becomes JSON text with U+FFFD: the
+    frame's data is refused by the strict parse and still spells the exact bytes, at every
+    chunking, on the fast path as on the general path."""
+    raw = b'{"choices":[{"delta":{"content":"a\xffb"}}]}'
+    line = b"data: " + raw + b"\n\n"
+    for chunks in ([line], [b"data: x\n\n", line], bytewise(line), per_event(line * 2)):
+        frames, error = outcome(chunks, {})
+        assert error is None
+        mine = [f for f in frames if f.data != "x"]
+        assert mine
+        for frame in mine:
+            assert "\ufffd" not in frame.data
+            with pytest.raises(orjson.JSONDecodeError):
+                orjson.loads(frame.data)
+            assert frame.data.encode("utf-8", "surrogateescape") == raw
+
+
+def test_invalid_utf8_in_an_argument_fragment_never_commits() -> None:
+    """Through the pipeline: the call fails instead of committing altered arguments."""
+    opened = (
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1",'
+        b'"function":{"name":"f","arguments":"{\\"p\\": \\"/safe"}}]}}]}\n\n'
+    )
+    bad = (
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+        b'"function":{"arguments":"\xff\\"}"}}]},"finish_reason":"tool_calls"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    for reads in ([opened + bad], [opened, bad], bytewise(opened + bad)):
+        parser = StreamParser("openai_chat")
+        for read in reads:
+            parser.feed(read)
+        round_ = parser.finish()
+        assert round_.committed() == ()
+        assert [c.state for c in round_.calls] == [CallState.FAILED]
+
+
+# -- linear in the bytes --------------------------------------------------------------------------
+
+
+def test_a_long_line_in_small_reads_extends_one_buffer() -> None:
+    """The pending line grows in place: no read copies what is already pending (which made an
+    8 MiB line in 1 KiB reads quadratic), and the limit is still exact on every read."""
+    decoder = SSEDecoder(max_line_bytes=4096 + 6)
+    assert decoder.feed(b"data: ") == []
+    buffers = []
+    for _ in range(4096):
+        assert decoder.feed(b"x") == []
+        buffers.append(decoder._partial)
+    assert all(b is buffers[0] for b in buffers)
+    assert decoder.feed(b"\n\n") == [F("x" * 4096)]
+    over = SSEDecoder(max_line_bytes=100)
+    assert over.feed(b"d" * 60) == []
+    assert over.feed(b"d" * 40) == []
+    with pytest.raises(StreamDecodeError, match="max_line_bytes=100"):
+        over.feed(b"d")
 
 
 # -- the recorded corpus -------------------------------------------------------------------------

@@ -7,14 +7,18 @@ bytes that never occur inside a multi-byte UTF-8 sequence. So the decoder splits
 lines and decodes each complete field value on its own: a character split across two
 ``feed()`` calls is simply still in the pending partial line when the first call returns.
 
-State between calls is small: the pending partial line (``_partial``, bounded by
-``max_line_bytes`` and checked on every feed), whether the previous chunk ended in a CR (so a
+State between calls is small: the pending partial line (``_partial``, a ``bytearray`` bounded
+by ``max_line_bytes`` and checked on every feed), whether the previous chunk ended in a CR (so a
 LF at the start of the next chunk completes that CRLF instead of ending an empty line), the
 event being built (type and data lines, bounded by ``max_event_bytes``) and the connection
 state the spec keeps across events (last event id, reconnection time).
 
-Each ``feed()`` prepends the partial line, normalizes CR and CRLF to LF only when the chunk
-contains a CR (rare: Gemini), splits on LF and keeps the last piece as the new partial line.
+A chunk without any line end only extends the partial line in place, so a long line fed in
+small reads costs time linear in its bytes (each byte is copied once on arrival and once when
+its line ends), not a copy of everything pending per read. A chunk with a line end is joined
+to the partial line once, CR and CRLF become LF only when the chunk contains a CR (rare:
+Gemini), and it is split on LF; the last piece becomes the new partial line.
+
 The common chunk -- exactly one ``data: {...}\\n\\n`` event per network read, maybe after one
 ``event: <name>`` line (Anthropic, Responses), arriving while nothing is pending -- skips all
 of that: ``feed`` compares its start with the head of the previous such chunk (most streams
@@ -37,6 +41,23 @@ newline); dropping it would turn a completed round into an interrupted one. The 
 small and bounded: a body cut inside a line yields a payload that fails to parse (an anomaly,
 not an event), and no call commits without the provider's own end-of-round signal, which a
 body cut earlier does not contain.
+
+Errors do not depend on read boundaries. Lines are applied in stream order, and an error (a
+line or an event over its limit) takes effect at its place in the stream: when the chunk that
+holds it completed events before it, ``feed`` returns those events and keeps the error, which
+the next ``feed`` or ``finish`` raises. So the events before an error are delivered, whole or
+byte by byte, and nothing after it is.
+
+Invalid UTF-8 is never replaced (a second deliberate deviation: the spec decodes with
+U+FFFD, which would hand the adapter valid, silently altered text, e.g. argument fragments
+that then commit). ``data``, ``event`` and ``id`` values are decoded with
+``errors="surrogateescape"``: valid UTF-8 decodes as usual, and each byte that is not part of
+a valid sequence becomes one lone surrogate (U+DC80..U+DCFF). Such a string cannot be encoded
+as UTF-8, and orjson, the parser every adapter uses, refuses it: the adapter records the event
+as lost and fails the calls it may have belonged to (the standard library's ``json.loads``
+would accept it, so a consumer of frames must parse strictly). ``text.encode("utf-8",
+"surrogateescape")`` gives back the exact bytes. The stream itself goes on: one unreadable event is the adapter's
+to judge, like any other payload it cannot parse. Comments and unknown fields are not decoded.
 """
 
 from __future__ import annotations
@@ -100,6 +121,7 @@ class SSEDecoder:
         "_last_id",
         "_max_line",
         "_partial",
+        "_pending",
         "_retry",
         "_skip_lf",
         "head_event",
@@ -125,7 +147,8 @@ class SSEDecoder:
         self._head = b"data: "
         self.head_event = "message"
         """The event type of the last chunk :meth:`single` accepted."""
-        self._partial = b""
+        self._partial = bytearray()
+        self._pending: StreamDecodeError | None = None  # raised by the next feed/finish
         self._at_start = True
         self._skip_lf = False
         self._closed: str | None = None
@@ -139,16 +162,17 @@ class SSEDecoder:
         """Consume the next chunk of the body; return the events it completed, in order.
 
         Raises:
-            StreamDecodeError: a line or an event went over its limit. The decoder is then
-                unusable, and events completed earlier in the same chunk are not returned.
-            UsageError: the decoder was finished or failed earlier.
+            StreamDecodeError: a line or an event went over its limit; the decoder is then
+                unusable. If events of this chunk were complete before the error, they are
+                returned instead and the error is raised by the next ``feed`` or ``finish``.
+            UsageError: the decoder was finished, or failed and raised its error, earlier.
         """
         value = self.single(data) if self._fast or self._at_start else None
         if value is not None:
             try:
                 text = value.decode()
             except UnicodeDecodeError:
-                text = value.decode("utf-8", "replace")
+                text = value.decode("utf-8", "surrogateescape")  # see the module docstring
             return [_new_frame(Frame, (self.head_event, text, self._last_id, self._retry))]
         return self._feed_lines(data)
 
@@ -158,14 +182,20 @@ class SSEDecoder:
         The unterminated last line is processed like a complete one, then an event with data
         is dispatched (see the module docstring for why this departs from the spec). Any later
         ``feed`` or ``finish`` raises :class:`UsageError`.
+
+        Raises:
+            StreamDecodeError: the error kept by the last ``feed`` (see :meth:`feed`), or one
+                in the last line or event.
+            UsageError: called twice, or after the decoder raised its error.
         """
         if self._closed is not None:
-            raise UsageError(self._closed)
+            self._raise_closed()
         self._closed = "SSEDecoder.finish() was already called"
         self._fast = False
-        lines = [self._partial] if self._partial else []
-        self._partial = b""
-        frames = self._process(lines)
+        lines = [bytes(self._partial)] if self._partial else []
+        self._partial = bytearray()
+        frames: list[Frame] = []
+        self._process(lines, frames)  # one line, not blank: it dispatches nothing itself
         if self._data:
             frames.append(self._dispatch())
         return frames
@@ -226,7 +256,7 @@ class SSEDecoder:
             if known is None:
                 if head[-6:] != b"data: " or 13 in head:
                     return False
-                known = data[7:end].decode("utf-8", "replace") or "message"
+                known = data[7:end].decode("utf-8", "surrogateescape") or "message"
                 if known == "error":
                     return False  # an error frame is never single (see single): general path
                 if len(_HEADS) < _HEADS_KEPT:
@@ -240,24 +270,40 @@ class SSEDecoder:
     def _feed_lines(self, data: bytes) -> list[Frame]:
         """The general path of :meth:`feed`: any chunk, any decoder state."""
         if self._closed is not None:
-            raise UsageError(self._closed)
+            self._raise_closed()
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)
-        if self._partial:
-            data = self._partial + data
+        partial = self._partial
+        if 10 not in data and 13 not in data:
+            # No line end: extend the pending line in place (no copy of what is pending).
+            partial += data
+            if len(partial) > self._max_line:
+                self._fail_partial()
+            self._fast = not (
+                partial or self._data or self._event or self._skip_lf or self._at_start
+            )
+            return []
+        if partial:
+            data = b"".join((partial, data))  # the line's one join
+            partial.clear()
         if 13 in data:
             # A CR at the very end may be the first half of a CRLF: remember to drop a LF
             # that starts the next chunk. Every other CR and CRLF becomes one LF here.
             self._skip_lf = data[-1] == 13
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
-        self._partial = lines.pop()
-        if len(data) > self._max_line:
-            self._check_line_lengths(lines)
-        frames = self._process(lines)
-        self._fast = not (
-            self._partial or self._data or self._event or self._skip_lf or self._at_start
-        )
+        tail = lines.pop()
+        frames: list[Frame] = []
+        try:
+            if len(data) > self._max_line:
+                self._check_line_lengths(lines, frames)
+            self._process(lines, frames)
+            if len(tail) > self._max_line:
+                self._fail_partial()
+        except StreamDecodeError as exc:
+            return self._defer(exc, frames)
+        partial += tail
+        self._fast = not (partial or self._data or self._event or self._skip_lf or self._at_start)
         return frames
 
     def _strip_prefix(self, data: bytes) -> bytes:
@@ -267,17 +313,18 @@ class SSEDecoder:
             return data[1:] if data[0] == 0x0A else data
         if not self._at_start:
             return data
-        data = self._partial + data
-        self._partial = b""
+        if self._partial:
+            data = bytes(self._partial) + data  # at most two bytes (below)
+            self._partial = bytearray()
         if len(data) < len(_BOM) and _BOM.startswith(data):
-            self._partial = data  # not enough bytes yet to tell; at most two are kept
+            self._partial = bytearray(data)  # not enough bytes yet to tell; at most two kept
             return b""
         self._at_start = False
         return data[len(_BOM) :] if data.startswith(_BOM) else data
 
-    def _process(self, lines: list[bytes]) -> list[Frame]:
-        """Apply complete lines (without line ends) in order; return the dispatched events."""
-        frames: list[Frame] = []
+    def _process(self, lines: list[bytes], frames: list[Frame]) -> None:
+        """Apply complete lines (without line ends) in order; append dispatched events to
+        ``frames`` (so that the caller keeps them when a later line raises)."""
         for line in lines:
             if not line:
                 if self._data:
@@ -291,12 +338,9 @@ class SSEDecoder:
                 if self._data_bytes > self._event_budget:
                     self._fail_event_size()
             elif line[:7] == b"event: ":  # the other common line, inlined for speed
-                self._event = line[7:].decode("utf-8", "replace")
+                self._event = line[7:].decode("utf-8", "surrogateescape")
             elif line[0] != 0x3A:  # ":" starts a comment (heartbeats)
                 self._field(line)
-        if len(self._partial) > self._max_line:
-            self._fail(f"SSE line exceeds max_line_bytes={self._max_line} without a line end")
-        return frames
 
     def _fail_event_size(self) -> NoReturn:
         self._fail(
@@ -310,10 +354,10 @@ class SSEDecoder:
         if colon and value[:1] == b" ":
             value = value[1:]
         if name == b"event":
-            self._event = value.decode("utf-8", "replace")
+            self._event = value.decode("utf-8", "surrogateescape")
         elif name == b"id":
             if b"\x00" not in value:
-                self._last_id = value.decode("utf-8", "replace")
+                self._last_id = value.decode("utf-8", "surrogateescape")
         elif name == b"retry" and value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
             self._retry = int(value)
 
@@ -321,22 +365,42 @@ class SSEDecoder:
         """Build the frame for the current event and reset the per-event buffers."""
         data = self._data
         raw = data[0] if len(data) == 1 else b"\n".join(data)
-        text = raw.decode("utf-8", "replace")
+        text = raw.decode("utf-8", "surrogateescape")  # never U+FFFD: see the module docstring
         frame = _new_frame(Frame, (self._event or "message", text, self._last_id, self._retry))
         self._data = []
         self._data_bytes = 0
         self._event = ""
         return frame
 
-    def _check_line_lengths(self, lines: list[bytes]) -> None:
-        for line in lines:
+    def _check_line_lengths(self, lines: list[bytes], frames: list[Frame]) -> None:
+        """Raise for the first line over the limit, after applying the lines before it."""
+        for i, line in enumerate(lines):
             if len(line) > self._max_line:
+                self._process(lines[:i], frames)
                 self._fail(f"SSE line of {len(line)} bytes exceeds max_line_bytes={self._max_line}")
+
+    def _fail_partial(self) -> NoReturn:
+        self._fail(f"SSE line exceeds max_line_bytes={self._max_line} without a line end")
+
+    def _defer(self, exc: StreamDecodeError, frames: list[Frame]) -> list[Frame]:
+        """Raise ``exc`` now if ``frames`` is empty; else keep it for the next call and return
+        the events completed before it (so they never depend on where the reads end)."""
+        if not frames:
+            raise exc
+        self._pending = exc
+        return frames
+
+    def _raise_closed(self) -> NoReturn:
+        """Raise the kept decode error once; after that (or after finish) a UsageError."""
+        exc, self._pending = self._pending, None
+        if exc is not None:
+            raise exc
+        raise UsageError(self._closed)
 
     def _fail(self, message: str) -> NoReturn:
         """Make the decoder unusable, drop its buffers and raise ``StreamDecodeError``."""
         self._closed = f"SSEDecoder failed earlier: {message}"
         self._fast = False
-        self._partial = b""
+        self._partial = bytearray()
         self._data = []
         raise StreamDecodeError(message)
