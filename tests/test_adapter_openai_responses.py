@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
+from toollatch import CallState, ErrorCode, Round, StreamParser
 from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
-from toollatch._errors import ErrorCode, UsageError
+from toollatch._errors import UsageError
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -533,6 +534,603 @@ def test_fast_path_takes_every_argument_fragment() -> None:
     # output_item.added, the empty delta (dropped by the general path), arguments.done, completed
     assert adapter.general == 4
     assert events + adapter.finish() == run(natives)
+
+
+# -- issue 11: every path to a wrong commit, through StreamParser ------------------------
+
+Native = Mapping[str, Any] | str
+"""A native event, or its exact JSON text (for payloads a dict cannot spell)."""
+
+
+def sse(natives: Iterable[Native]) -> list[bytes]:
+    """One SSE event per native event (the event name is its type, when that is a string)."""
+    out = []
+    for native in natives:
+        data = native if isinstance(native, str) else json.dumps(native, ensure_ascii=False)
+        etype = None if isinstance(native, str) else native.get("type")
+        head = f"event: {etype}\n" if isinstance(etype, str) and "\n" not in etype else ""
+        out.append(f"{head}data: {data}\n\n".encode())
+    return out
+
+
+def parse(events: list[bytes], chunk: int | None) -> Round:
+    """The round for these SSE events fed in ``chunk``-byte reads (None: one read per event,
+    the pipeline's one-event path)."""
+    parser = StreamParser("openai_responses")
+    if chunk is None:
+        for event in events:
+            parser.feed(event)
+    else:
+        raw = b"".join(events)
+        for i in range(0, len(raw), chunk):
+            parser.feed(raw[i : i + chunk])
+    return parser.finish()
+
+
+CHUNKS = (None, 1, 7, 1 << 20)
+
+
+def outcome(round_: Round) -> tuple[Any, ...]:
+    calls = tuple((c.call_id, c.state, c.error, c.arguments_text) for c in round_.calls)
+    return round_.ended, calls
+
+
+def rounds(natives: Iterable[Native]) -> Round:
+    """The round of a whole stream, the same at every read size; error results paired."""
+    events = sse(natives)
+    results = [parse(events, chunk) for chunk in CHUNKS]
+    for other in results[1:]:
+        assert outcome(other) == outcome(results[0])
+    round_ = results[0]
+    failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
+    assert [r.tool_call_id for r in round_.error_results()] == failed
+    assert all(r.is_error for r in round_.error_results())
+    return round_
+
+
+def states(round_: Round) -> list[tuple[str | None, CallState, ErrorCode | None]]:
+    return [(c.call_id, c.state, c.error) for c in round_.calls]
+
+
+def kinds(round_: Round) -> list[AnomalyKind]:
+    return [a.kind for a in round_.anomalies]
+
+
+def whole_call(item_id: str, index: int, text: str, *, name: str = "f") -> list[Native]:
+    """A well-formed call: added, two deltas, arguments.done, output_item.done."""
+    item = fc_item(item_id, f"call_{item_id}", name)
+    cut = len(text) // 2
+    return [
+        added(index, item),
+        delta(item_id, index, text[:cut]),
+        delta(item_id, index, text[cut:]),
+        args_done(item_id, index, text),
+        done(index, {**item, "arguments": text}),
+    ]
+
+
+OK = CallState.COMMITTED, None
+PV = CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION
+TR = CallState.FAILED, ErrorCode.TRUNCATED
+SI = CallState.FAILED, ErrorCode.STREAM_INTERRUPTED
+SAFE, EVIL = '{"path":"/safe"}', '{"path":"/safe/../../etc/passwd"}'
+
+
+def test_well_formed_calls_commit_at_every_read_size() -> None:
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), *whole_call("fc_b", 1, '{"q":1}'), COMPLETED])
+    assert states(round_) == [("call_fc_a", *OK), ("call_fc_b", *OK)]
+    assert round_.anomalies == ()
+
+
+# 1. lost events: an event that cannot be read or matched fails every pending call
+
+
+def _open_two() -> list[Native]:
+    return [
+        added(0, fc_item("fc_a", "call_fc_a", "f")),
+        added(1, fc_item("fc_b", "call_fc_b", "f")),
+    ]
+
+
+def _close_two() -> list[Native]:
+    return [
+        args_done("fc_a", 0, SAFE),
+        done(0, fc_item("fc_a", "call_fc_a", "f", SAFE)),
+        args_done("fc_b", 1, "{}"),
+        done(1, fc_item("fc_b", "call_fc_b", "f", "{}")),
+        COMPLETED,
+    ]
+
+
+_DELTA_TYPE = "response.function_call_arguments.delta"
+LOST_EVENTS: list[tuple[str, Native]] = [
+    ("unknown item id", delta("fc_zz", 0, "/../../etc/passwd")),
+    ("output_index a string", {"type": _DELTA_TYPE, "output_index": "0", "delta": "x"}),
+    ("output_index a bool", {"type": _DELTA_TYPE, "output_index": True, "delta": "x"}),
+    ("output_index a float", {"type": _DELTA_TYPE, "output_index": 0.0, "delta": "x"}),
+    ("output_index huge", {"type": _DELTA_TYPE, "output_index": 2**80, "delta": "x"}),
+    ("no item id or index", {"type": _DELTA_TYPE, "delta": "x"}),
+    ("item id a list", {"type": _DELTA_TYPE, "item_id": ["fc_a"], "output_index": 0, "delta": "x"}),
+    ("item id an int", {"type": _DELTA_TYPE, "item_id": 7, "output_index": 0, "delta": "x"}),
+    ("no type at all", {"item_id": "fc_a", "delta": "x"}),
+    ("type null", {"type": None, "item_id": "fc_a", "delta": "x"}),
+    ("type a number", {"type": 5, "item_id": "fc_a", "delta": "x"}),
+    ("type an object", {"type": {"t": _DELTA_TYPE}, "item_id": "fc_a", "delta": "x"}),
+    ("type a list", {"type": [_DELTA_TYPE], "item_id": "fc_a", "delta": "x"}),
+    ("not JSON", '{"type":"' + _DELTA_TYPE + '","item_id":"fc_a","delta":"x"'),
+    ("lone surrogate", '{"type":"' + _DELTA_TYPE + '","item_id":"fc_a","delta":"\\ud800"}'),
+    ("JSON array", "[1, 2]"),
+    ("unknown call event", {"type": "response.function_call_arguments.append", "delta": "x"}),
+    ("added, item a list", {"type": "response.output_item.added", "output_index": 2, "item": []}),
+    ("added, item type a dict", added(2, {**fc_item("fc_c", "c", "f", "{"), "type": {}})),
+    ("done, item type a list", done(2, {**fc_item("fc_c", "c", "f", "{}"), "type": ["x"]})),
+    ("done, no item", {"type": "response.output_item.done", "output_index": 2}),
+    ("call item without id or index", added(2, fc_item(None, "c", "f")) | {"output_index": None}),
+    ("arguments.done for no call", args_done("fc_zz", 5, "{}")),
+]
+
+
+@pytest.mark.parametrize(("what", "lost"), LOST_EVENTS, ids=[w for w, _ in LOST_EVENTS])
+def test_a_lost_event_while_calls_are_open_fails_every_pending_call(
+    what: str, lost: Native
+) -> None:
+    round_ = rounds([*_open_two(), delta("fc_a", 0, SAFE), lost, *_close_two()])
+    assert states(round_) == [("call_fc_a", *PV), ("call_fc_b", *PV)]
+    assert any(a.fails_pending for a in round_.anomalies)
+
+
+def test_a_lost_event_between_calls_fails_the_closed_ones_not_later_ones() -> None:
+    # Closed but undecided calls are pending too; a call opened later is not affected.
+    round_ = rounds(
+        [*whole_call("fc_a", 0, SAFE), {"type": 5}, *whole_call("fc_b", 1, "{}"), COMPLETED]
+    )
+    assert states(round_) == [("call_fc_a", *PV), ("call_fc_b", *OK)]
+
+
+def test_a_delta_that_is_not_a_string_fails_its_own_call() -> None:
+    bad = {"type": _DELTA_TYPE, "item_id": "fc_a", "output_index": 0, "delta": ["/.."]}
+    round_ = rounds([*_open_two(), delta("fc_a", 0, SAFE), bad, *_close_two()])
+    assert states(round_) == [("call_fc_a", *PV), ("call_fc_b", *OK)]
+
+
+def test_a_bool_output_index_is_not_routed_to_output_one() -> None:
+    item = fc_item(None, "call_1", "f")
+    bad = {"type": _DELTA_TYPE, "output_index": True, "delta": "{}"}
+    round_ = rounds([added(1, item), bad, done(1, {**item, "arguments": "{}"}), COMPLETED])
+    assert states(round_) == [("call_1", *PV)]
+
+
+def test_an_sse_event_name_stands_in_only_for_an_absent_type() -> None:
+    # A payload without "type" uses the SSE name (compatible servers); one whose type is
+    # not a string cannot be read, whatever the name says.
+    item = fc_item("fc_a", "call_fc_a", "f")
+    name = b"event: response.function_call_arguments.delta\n"
+    no_type = name + b'data: {"item_id":"fc_a","delta":"{}"}\n\n'
+    wrong = name + b'data: {"type":1,"item_id":"fc_a","delta":"{}"}\n\n'
+    tail = sse([args_done("fc_a", 0, "{}"), done(0, {**item, "arguments": "{}"}), COMPLETED])
+    for middle, expected in ((no_type, OK), (wrong, PV)):
+        events = [*sse([added(0, item)]), middle, *tail]
+        assert {states(parse(events, chunk))[0][1:] for chunk in CHUNKS} == {expected}
+
+
+# 2. a call never closed by its own end signal
+
+
+def test_a_call_without_any_done_event_fails_at_response_completed() -> None:
+    # Strict rule: only function_call_arguments.done / output_item.done close a call; the
+    # item that response.completed lists (status completed, same arguments) does not.
+    item = fc_item("fc_a", "call_fc_a", "f")
+    listed = {**item, "arguments": SAFE, "status": "completed"}
+    completed = {
+        "type": "response.completed",
+        "response": {"status": "completed", "output": [listed]},
+    }
+    round_ = rounds([added(0, item), delta("fc_a", 0, SAFE), completed])
+    assert states(round_) == [("call_fc_a", *PV)]
+    assert AnomalyKind.NEVER_CLOSED in kinds(round_)
+
+
+def test_an_unclosed_call_fails_while_a_closed_one_commits() -> None:
+    item = fc_item("fc_b", "call_fc_b", "f")
+    round_ = rounds(
+        [*whole_call("fc_a", 0, SAFE), added(1, item), delta("fc_b", 1, "{}"), COMPLETED]
+    )
+    assert states(round_) == [("call_fc_a", *OK), ("call_fc_b", *PV)]
+
+
+# 3. an item the provider marked incomplete, or not completed
+
+
+def _done_with(status: object, *, args_done_first: bool) -> list[Native]:
+    item = fc_item("fc_a", "call_fc_a", "f")
+    closed = {
+        "type": "response.output_item.done",
+        "output_index": 0,
+        "item": {**item, "arguments": SAFE, "status": status},
+    }
+    first = [args_done("fc_a", 0, SAFE)] if args_done_first else []
+    return [added(0, item), delta("fc_a", 0, SAFE), *first, closed]
+
+
+@pytest.mark.parametrize("args_done_first", [False, True])
+def test_an_incomplete_item_fails_truncated_even_when_completed_follows(
+    args_done_first: bool,
+) -> None:
+    round_ = rounds(
+        [
+            *_done_with("incomplete", args_done_first=args_done_first),
+            *whole_call("fc_b", 1, "{}"),
+            COMPLETED,
+        ]
+    )
+    assert round_.ended is Ending.NORMAL
+    assert states(round_) == [("call_fc_a", *TR), ("call_fc_b", *OK)]
+
+
+@pytest.mark.parametrize("status", ["in_progress", "failed", "", "COMPLETED", 1, ["completed"], {}])
+def test_an_item_done_with_another_status_than_completed_fails(status: object) -> None:
+    round_ = rounds([*_done_with(status, args_done_first=True), COMPLETED])
+    assert states(round_) == [("call_fc_a", *PV)]
+
+
+@pytest.mark.parametrize("status", [None, "completed"])
+def test_an_item_done_with_status_completed_or_none_commits(status: object) -> None:
+    round_ = rounds([*_done_with(status, args_done_first=False), COMPLETED])
+    assert states(round_) == [("call_fc_a", *OK)]
+
+
+# 4. a truncating or failing terminal reason sticks, whatever the order
+
+INCOMPLETE = {
+    "type": "response.incomplete",
+    "response": {"incomplete_details": {"reason": "max_output_tokens"}},
+}
+FAILED = {
+    "type": "response.failed",
+    "response": {"error": {"code": "server_error", "message": "x"}},
+}
+ERROR = {"type": "error", "code": "server_error", "message": "boom"}
+
+
+@pytest.mark.parametrize(
+    ("terminals", "ending", "code"),
+    [
+        ([INCOMPLETE, COMPLETED], Ending.TRUNCATED, ErrorCode.TRUNCATED),
+        ([COMPLETED, INCOMPLETE], Ending.TRUNCATED, ErrorCode.TRUNCATED),
+        ([FAILED, COMPLETED], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([COMPLETED, FAILED], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([COMPLETED, ERROR], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([ERROR, COMPLETED], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([COMPLETED, COMPLETED], Ending.NORMAL, None),
+    ],
+)
+def test_a_truncating_or_failing_reason_sticks(
+    terminals: list[Native], ending: Ending, code: ErrorCode | None
+) -> None:
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), *terminals])
+    assert round_.ended is ending
+    state = CallState.COMMITTED if code is None else CallState.FAILED
+    assert states(round_) == [("call_fc_a", state, code)]
+
+
+def test_an_sse_error_frame_after_completed_sticks() -> None:
+    events = [*sse([*whole_call("fc_a", 0, SAFE), COMPLETED]), b"event: error\ndata: {}\n\n"]
+    assert {states(parse(events, chunk))[0][1:] for chunk in CHUNKS} == {SI}
+
+
+@pytest.mark.parametrize(
+    ("status", "ending"),
+    [
+        ("incomplete", Ending.TRUNCATED),
+        ("failed", Ending.INTERRUPTED),
+        ("in_progress", Ending.INTERRUPTED),
+        (3, Ending.INTERRUPTED),
+    ],
+)
+def test_response_completed_with_another_status_is_not_normal(
+    status: object, ending: Ending
+) -> None:
+    completed = {"type": "response.completed", "response": {"status": status}}
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), completed])
+    assert round_.ended is ending
+    assert states(round_)[0][1] is CallState.FAILED
+
+
+# 5. a fragment after its call's end, or after the round's
+
+
+def test_a_delta_after_arguments_done_fails_the_call() -> None:
+    item = fc_item("fc_a", "call_fc_a", "f")
+    round_ = rounds(
+        [
+            added(0, item),
+            delta("fc_a", 0, SAFE),
+            args_done("fc_a", 0, SAFE),
+            delta("fc_a", 0, "/../../etc/passwd"),
+            done(0, {**item, "arguments": SAFE}),
+            COMPLETED,
+        ]
+    )
+    assert states(round_) == [("call_fc_a", *PV)]
+    assert AnomalyKind.FRAGMENT_AFTER_CLOSE in kinds(round_)
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        delta("fc_a", 0, "x"),
+        delta(None, 0, "x"),
+        args_done("fc_a", 0, EVIL),
+        done(0, fc_item("fc_a", "call_fc_a", "f", EVIL)),
+        added(0, fc_item("fc_a", "call_fc_a", "f", "x")),
+    ],
+)
+def test_a_call_event_after_response_completed_fails_the_call(late: Native) -> None:
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), *whole_call("fc_b", 1, "{}"), COMPLETED, late])
+    assert states(round_) == [("call_fc_a", *PV), ("call_fc_b", *OK)]
+    assert AnomalyKind.EVENT_AFTER_END in kinds(round_)
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        delta("fc_zz", 0, "x"),
+        {"type": _DELTA_TYPE, "delta": "x"},
+        added(5, fc_item("fc_z", "z", "f")),
+        {"type": "response.output_item.done", "item": 3},
+    ],
+)
+def test_a_call_event_after_the_end_that_names_no_call_fails_them_all(late: Native) -> None:
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), *whole_call("fc_b", 1, "{}"), COMPLETED, late])
+    assert states(round_) == [("call_fc_a", *PV), ("call_fc_b", *PV)]
+
+
+def test_text_and_hosted_items_after_the_end_are_only_recorded() -> None:
+    late = [
+        {"type": "response.output_text.delta", "delta": "x"},
+        done(4, {"type": "web_search_call", "id": "ws_1"}),
+    ]
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), COMPLETED, *late])
+    assert states(round_) == [("call_fc_a", *OK)]
+
+
+def test_the_two_done_texts_must_agree() -> None:
+    item = fc_item("fc_a", "call_fc_a", "f")
+    round_ = rounds(
+        [
+            added(0, item),
+            args_done("fc_a", 0, SAFE),
+            done(0, {**item, "arguments": EVIL}),
+            COMPLETED,
+        ]
+    )
+    assert states(round_) == [("call_fc_a", *PV)]
+    assert AnomalyKind.ARGUMENTS_MISMATCH in kinds(round_)
+
+
+def test_arguments_done_without_text_leaves_the_close_to_the_item() -> None:
+    item = fc_item("fc_a", "call_fc_a", "f")
+    no_text = {
+        "type": "response.function_call_arguments.done",
+        "item_id": "fc_a",
+        "output_index": 0,
+    }
+    head = [added(0, item), delta("fc_a", 0, SAFE), delta("fc_a", 0, SAFE), no_text]
+    assert states(rounds([*head, done(0, {**item, "arguments": SAFE}), COMPLETED])) == [
+        ("call_fc_a", *PV)  # the item's text shows the repeated fragment
+    ]
+    assert states(rounds([*head, COMPLETED])) == [("call_fc_a", *PV)]  # never closed
+
+
+def test_a_repeated_added_item_with_other_arguments_fails_the_call() -> None:
+    first, second = (
+        fc_item("fc_a", "call_fc_a", "f", '{"path":'),
+        fc_item("fc_a", "call_fc_a", "f", '"/x"}'),
+    )
+    item = fc_item("fc_a", "call_fc_a", "f")
+    text = '{"path":"/safe"}'
+    round_ = rounds(
+        [
+            added(0, first),
+            added(0, second),
+            delta("fc_a", 0, '"/safe"}'),
+            args_done("fc_a", 0, text),
+            done(0, {**item, "arguments": text}),
+            COMPLETED,
+        ]
+    )
+    assert states(round_) == [("call_fc_a", *PV)]
+    same = rounds(
+        [
+            added(0, first),
+            added(0, first),
+            delta("fc_a", 0, '"/safe"}'),
+            args_done("fc_a", 0, text),
+            done(0, {**item, "arguments": text}),
+            COMPLETED,
+        ]
+    )
+    assert states(same) == [("call_fc_a", *OK)]
+
+
+def test_an_item_done_naming_another_call_id_fails_the_call() -> None:
+    item = fc_item("fc_a", "call_fc_a", "f")
+    round_ = rounds(
+        [
+            added(0, item),
+            args_done("fc_a", 0, "{}"),
+            done(0, {**item, "call_id": "call_other", "arguments": "{}"}),
+            COMPLETED,
+        ]
+    )
+    assert states(round_)[0][1:] == PV
+
+
+# 6. duplicate keys in object-typed arguments (QUIRKS Q9)
+
+
+def _object_args(where: str, args_text: str) -> list[Native]:
+    item = fc_item("fc_a", "call_fc_a", "f")
+    item_text = json.dumps(item)[:-1]  # (no closing brace)
+    added_ev = json.dumps(added(0, item))
+    done_ev = (
+        '{"type":"response.output_item.done","output_index":0,"item":'
+        + item_text.replace('"arguments": ""', '"arguments": ' + args_text).replace(
+            '"in_progress"', '"completed"'
+        )
+        + "}}"
+    )
+    args_ev = (
+        '{"type":"response.function_call_arguments.done","item_id":"fc_a",'
+        '"output_index":0,"arguments":' + args_text + "}"
+    )
+    if where == "arguments.done":
+        return [added_ev, args_ev, COMPLETED]
+    return [done_ev, COMPLETED] if where == "item.done only" else [added_ev, done_ev, COMPLETED]
+
+
+@pytest.mark.parametrize("where", ["arguments.done", "item.done only", "item.done"])
+def test_object_arguments_that_repeat_a_key_fail_the_call(where: str) -> None:
+    round_ = rounds(_object_args(where, '{"cmd":"ls","cmd":"rm -rf /"}'))
+    assert states(round_) == [("call_fc_a", *PV)]
+    assert AnomalyKind.DUPLICATE_KEY in kinds(round_)
+    nested = rounds(_object_args(where, '{"a":{"x":1,"x":2}}'))
+    assert states(nested) == [("call_fc_a", *PV)]
+
+
+@pytest.mark.parametrize("where", ["arguments.done", "item.done only", "item.done"])
+def test_object_arguments_without_repeats_commit_serialized(where: str) -> None:
+    round_ = rounds(_object_args(where, '{"cmd":"ls","n":[1,{"a":2}]}'))
+    assert states(round_) == [("call_fc_a", *OK)]
+    assert round_.calls[0].arguments == {"cmd": "ls", "n": [1, {"a": 2}]}
+    assert AnomalyKind.DUPLICATE_KEY not in kinds(round_)
+
+
+def test_a_repeated_key_in_the_added_item_arguments_fails_the_call() -> None:
+    item = json.dumps(fc_item("fc_a", "call_fc_a", "f")).replace(
+        '"arguments": ""', '"arguments": {"cmd":"ls","cmd":"rm"}'
+    )
+    added_ev = '{"type":"response.output_item.added","output_index":0,"item":' + item + "}"
+    round_ = rounds([added_ev, COMPLETED])
+    assert states(round_) == [("call_fc_a", *PV)]
+
+
+# crashes: no exception leaves feed/finish, whatever the field types
+
+_WEIRD: list[object] = [None, True, 0, -1, 2**70, 1.5, "", "fc_b", [], ["fc_a"], {}, {"a": 1}]
+_BASE: list[dict[str, Any]] = [
+    *whole_call("fc_a", 0, SAFE),  # type: ignore[list-item]
+    *whole_call("fc_b", 1, '{"q":"é"}'),  # type: ignore[list-item]
+    {"type": "response.output_text.delta", "output_index": 2, "delta": "hi"},
+    done(3, {"type": "reasoning", "id": "rs_1", "summary": []}),
+    COMPLETED,
+]
+INTENDED = {"fc_a": SAFE, "fc_b": '{"q":"é"}', 0: SAFE, 1: '{"q":"é"}'}
+
+
+def _mutations() -> list[tuple[int, tuple[str, ...]]]:
+    paths = []
+    for i, native in enumerate(_BASE):
+        for field, value in native.items():
+            paths.append((i, (field,)))
+            if isinstance(value, dict):
+                paths += [(i, (field, sub)) for sub in value]
+    return paths
+
+
+def _mutate(native: Mapping[str, Any], path: tuple[str, ...], value: object) -> dict[str, Any]:
+    copy = json.loads(json.dumps(native))
+    target = copy
+    for field in path[:-1]:
+        target = target[field]
+    if value is _DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return copy  # type: ignore[no-any-return]
+
+
+_DELETE = object()
+
+
+def assert_no_wrong_commit(round_: Round) -> None:
+    for call in round_.calls:
+        if call.state is CallState.COMMITTED:
+            assert call.arguments_text == INTENDED.get(call.key.part), call
+
+
+@pytest.mark.parametrize(("index", "path"), _mutations())
+def test_wrong_types_anywhere_never_raise_nor_commit_other_arguments(
+    index: int, path: tuple[str, ...]
+) -> None:
+    for value in [*_WEIRD, _DELETE]:
+        natives = list(_BASE)
+        natives[index] = _mutate(natives[index], path, value)
+        events = sse(natives)
+        for chunk in (None, 5):
+            assert_no_wrong_commit(parse(events, chunk))
+
+
+@st.composite
+def _responses_stream(draw: st.DrawFn) -> tuple[list[Native], dict[int | str, str]]:
+    """One to three calls, each with at least two witnesses of its text (deltas, the
+    arguments.done text, the item's text), interleaved; then response.completed."""
+    texts = {"fc_a": SAFE, "fc_b": '{"q":"é"}', "fc_c": "{}"}
+    ids = draw(st.lists(st.sampled_from(sorted(texts)), min_size=1, max_size=3, unique=True))
+    queues: list[list[Native]] = []
+    for index, item_id in enumerate(ids):
+        text = texts[item_id]
+        item = fc_item(item_id, f"call_{item_id}", "f")
+        witnesses = draw(st.sampled_from([(1, 1, 1), (1, 1, 0), (1, 0, 1), (0, 1, 1)]))
+        queue: list[Native] = [added(index, item)]
+        if witnesses[0]:
+            queue += [delta(item_id, index, p) for p in draw(_pieces(text)) if p]
+        if witnesses[1]:
+            queue.append(args_done(item_id, index, text))
+        if witnesses[2]:
+            queue.append(done(index, {**item, "arguments": text}))
+        queues.append(queue)
+    stream: list[Native] = []
+    while any(queues):
+        queue = draw(st.sampled_from([q for q in queues if q]))
+        stream.append(queue.pop(0))
+    intended: dict[int | str, str] = {i: texts[k] for i, k in enumerate(ids)}
+    return [*stream, COMPLETED], intended | {k: texts[k] for k in ids}
+
+
+_WRONG = st.sampled_from([*_WEIRD, _DELETE, "response.output_text.delta", _DELTA_TYPE, "{}"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(_responses_stream(), st.data())
+def test_one_event_dropped_duplicated_or_corrupted_never_commits_other_arguments(
+    drawn: tuple[list[Native], dict[int | str, str]], data: st.DataObject
+) -> None:
+    stream, intended = drawn
+    at = data.draw(st.integers(0, len(stream) - 1))
+    how = data.draw(st.sampled_from(["drop", "duplicate", "corrupt", "swap", "none"]))
+    if how == "drop":
+        del stream[at]
+    elif how == "duplicate":
+        stream.insert(at, stream[at])
+    elif how == "swap" and at + 1 < len(stream):
+        stream[at], stream[at + 1] = stream[at + 1], stream[at]
+    elif how == "corrupt":
+        native = stream[at]
+        assert isinstance(native, Mapping)
+        paths = [(f,) for f in native] + [
+            (f, sub) for f, v in native.items() if isinstance(v, dict) for sub in v
+        ]
+        stream[at] = _mutate(native, data.draw(st.sampled_from(paths)), data.draw(_WRONG))
+    chunk = data.draw(st.sampled_from([None, 1, 3, 64]))
+    round_ = parse(sse(stream), chunk)
+    for call in round_.calls:
+        if call.state is CallState.COMMITTED:
+            assert call.arguments_text == intended.get(call.key.part), (how, call)
+    if how == "none":
+        assert all(c.state is CallState.COMMITTED for c in round_.calls)
+    failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
+    assert [r.tool_call_id for r in round_.error_results()] == failed
 
 
 # -- recorded corpus -----------------------------------------------------------------------

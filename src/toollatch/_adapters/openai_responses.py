@@ -16,10 +16,20 @@ The id results are paired with is the item's ``call_id``, not its ``id``.
 
 The first ``.done`` of a call (arguments or item) closes it and carries the provider's full
 text; the assembler compares it with the streamed fragments, and uses it alone when nothing
-was streamed (LM Studio, ``compat_lmstudio/responses_no_argument_deltas.jsonl``). Reasoning
-and hosted-tool items are emitted whole from ``output_item.done``, as opaque blocks for
-history. The round ends only on ``response.completed`` / ``incomplete`` / ``failed`` or an
-``error`` event; anything after it is an anomaly, and a stream without it failed.
+was streamed (LM Studio, ``compat_lmstudio/responses_no_argument_deltas.jsonl``); a second
+``.done`` must carry the same text. These ``.done`` events are a call's only close: the item
+``response.completed`` lists does not count, so a call without one fails ``never_closed``.
+An item done with ``status: "incomplete"`` fails ``truncated``; one with any status but
+``completed`` (or none) fails. Reasoning and hosted-tool items are emitted whole from
+``output_item.done``, as opaque blocks for history.
+
+An event that cannot be read or matched to a call (no type, a type that is not a string, a
+delta or item that names no call by a string id or an integer ``output_index``) may have
+carried any call's text: it is a *lost event* and fails every pending call. The round ends on
+``response.completed`` / ``incomplete`` / ``failed`` or an ``error`` event; a later terminal
+event still goes on (a truncating or failing one sticks, in either order), a call's event
+after it fails that call, anything else after it is an anomaly, and a stream without a
+terminal event failed.
 """
 
 from __future__ import annotations
@@ -118,8 +128,9 @@ class OpenAIResponsesAdapter(Adapter):
 
     Emits ``CallOpened``/``ArgsDelta``/``CallClosed`` keyed ``CallKey(attempt, 0, item_id)``,
     ``TextDelta`` per output text delta, ``ReasoningBlock``/``ServerToolBlock`` for whole
-    reasoning and hosted-tool items, and one terminal ``RoundEnded`` or ``StreamFailed``.
-    Never raises for provider misbehaviour (see :class:`~toollatch._adapters._base.Adapter`).
+    reasoning and hosted-tool items, and a terminal ``RoundEnded`` or ``StreamFailed`` per
+    terminal event (the assembler keeps the worst). Never raises for provider misbehaviour
+    (see :class:`~toollatch._adapters._base.Adapter`).
     """
 
     provider: ClassVar[str] = "openai_responses"
@@ -417,11 +428,12 @@ class OpenAIResponsesAdapter(Adapter):
         return events
 
     def _unhandled(self, etype: str) -> list[StreamEvent]:
-        if etype in _HARMLESS_EVENTS or _HOSTED_TOOL_PROGRESS.match(etype):
-            return []
         if etype.startswith(_CALL_EVENT_PREFIX):
             # An unknown event of the function-call family may have carried any call's text.
+            # (Checked first: the hosted tools' pattern matches this family's names too.)
             return [lost_event(f"unknown function-call event {short(etype, 80)!r}")]
+        if etype in _HARMLESS_EVENTS or _HOSTED_TOOL_PROGRESS.match(etype):
+            return []
         if etype in self._unknown_types:
             return []
         self._unknown_types.add(etype)
