@@ -58,7 +58,7 @@ _FRAMING_BY_SUFFIX: dict[str, Framing] = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"toollatch: error: {message}\n")
+        self.exit(_fail(message))
 
 
 def _positive(text: str) -> int:
