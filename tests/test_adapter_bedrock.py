@@ -708,3 +708,221 @@ def test_recorded_binary_event_stream_gives_the_jsonl_events() -> None:
         events += adapter.feed_frame(frame)
     events += adapter.finish()
     assert events == run(read_jsonl(root / "bedrock" / "nova_text_then_tool_use.jsonl"))
+
+
+# -- issue 11 end to end: no wrong commit, whatever the read size ------------------------------
+# Whole streams through StreamParser, as JSON Lines (the boto3 shape) and as the binary event
+# stream (name in the header, payload unwrapped), at every standard chunking.
+
+import struct  # noqa: E402
+import zlib  # noqa: E402
+
+from toollatch import CallState, ErrorCode, StreamParser  # noqa: E402
+from toollatch.testing import chunkings  # noqa: E402
+
+FILE_TOOLS = [
+    {
+        "name": "read_file",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    }
+]
+PATH_PARTS = ['{"path":"/safe', "/../../etc/passwd", '"}']
+
+
+def es_message(name: str, payload: bytes) -> bytes:
+    """One AWS event-stream message (prelude, CRCs: the layout documented at
+    https://docs.aws.amazon.com/transcribe/latest/dg/streaming-setting-up.html#streaming-event-stream),
+    carrying ``:event-type`` (or ``:exception-type``) and ``:message-type`` string headers."""
+    kind = "exception" if name.endswith("Exception") else "event"
+    headers = b""
+    for hname, value in ((f":{kind}-type", name), (":message-type", kind)):
+        raw = value.encode()
+        headers += bytes([len(hname)]) + hname.encode() + b"\x07" + struct.pack(">H", len(raw))
+        headers += raw
+    prelude = struct.pack(">II", 16 + len(headers) + len(payload), len(headers))
+    body = prelude + struct.pack(">I", zlib.crc32(prelude)) + headers + payload
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+def wire(natives: list[Any], framing: str) -> bytes:
+    """``natives`` as bytes: dicts encoded, str items sent verbatim (a JSON Lines line, or an
+    event-stream payload for a ``(name, payload)`` pair)."""
+    out = b""
+    for native in natives:
+        if framing == "jsonl":
+            out += (native if isinstance(native, str) else json.dumps(native)).encode() + b"\n"
+        elif isinstance(native, tuple):
+            out += es_message(native[0], native[1].encode())
+        else:
+            ((name, body),) = native.items()
+            out += es_message(name, json.dumps(body).encode())
+    return out
+
+
+def outcomes(
+    natives: list[Any], framing: str, tools: Any = FILE_TOOLS
+) -> tuple[list[tuple[Any, ...]], list[str], Any]:
+    """(id, state, code) per call, the error results' ids and the Round: the same at every
+    chunking."""
+    data = wire(natives, framing)
+    expected: tuple[Any, ...] | None = None
+    for pieces in chunkings(data, seed=5):
+        parser = StreamParser("bedrock", framing=framing, tools=tools)  # type: ignore[arg-type]
+        for piece in pieces:
+            parser.feed(piece)
+        r = parser.finish()
+        got = (
+            [(c.call_id, c.state, c.error) for c in r.calls],
+            [e.tool_call_id for e in r.error_results()],
+            r,
+        )
+        if expected is None:
+            expected = got
+        assert got[:2] == expected[:2]
+    assert expected is not None
+    return expected[0], expected[1], expected[2]
+
+
+def path_call(middle: Any = None, index: int = 1) -> list[Any]:
+    events: list[Any] = [tool_start(index, "t_path", "read_file")]
+    for i, part in enumerate(PATH_PARTS):
+        events.append(middle if i == 1 and middle is not None else args(index, part))
+    return [*events, stop(index)]
+
+
+def first_call() -> list[Any]:
+    return [tool_start(0, "t_ok", "read_file"), args(0, '{"path": "/tmp/a"}'), stop(0)]
+
+
+def _middle(**changes: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {"contentBlockIndex": 1, "delta": {"toolUse": {"input": "/x"}}}
+    payload["delta"]["toolUse"]["input"] = PATH_PARTS[1]
+    payload.update(changes)
+    return {"contentBlockDelta": payload}
+
+
+_FRAMINGS = ["jsonl", "eventstream"]
+_LOST = {
+    "index string": _middle(contentBlockIndex="1"),
+    "index float": _middle(contentBlockIndex=1.0),
+    "index bool": _middle(contentBlockIndex=True),
+    "index list": _middle(contentBlockIndex=[1]),
+    "index null": _middle(contentBlockIndex=None),
+    "index never started": _middle(contentBlockIndex=9),
+    "index of a text block": _middle(contentBlockIndex=2),
+    "delta not an object": _middle(delta=PATH_PARTS[1]),
+    "two delta members": _middle(delta={"toolUse": {"input": PATH_PARTS[1]}, "text": "x"}),
+    "unknown event name": {"contentBlockDeltaV2": _middle()["contentBlockDelta"]},
+}
+_LOST_RAW = {  # verbatim: (JSON Lines line, event-stream payload of a contentBlockDelta)
+    "not JSON": ('{"contentBlockDelta":{"contentBlockIndex":1,', '{"contentBlockIndex":1,'),
+    "lone surrogate in the envelope": (
+        '{"contentBlockDelta":{"contentBlockIndex":1,"x":"\\ud800","delta":{"toolUse":'
+        '{"input":"/../../etc/passwd"}}}}',
+        '{"contentBlockIndex":1,"x":"\\ud800","delta":{"toolUse":{"input":"/../../etc/passwd"}}}',
+    ),
+    "JSON but not an object": ('["/../../etc/passwd"]', '["/../../etc/passwd"]'),
+}
+
+
+def _lost_middle(name: str, framing: str) -> Any:
+    if name in _LOST:
+        return _LOST[name]
+    line, payload = _LOST_RAW[name]
+    return line if framing == "jsonl" else ("contentBlockDelta", payload)
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+@pytest.mark.parametrize("name", sorted([*_LOST, *_LOST_RAW]))
+def test_e2e_a_lost_fragment_event_fails_every_pending_call(name: str, framing: str) -> None:
+    # issue 11 class 1: {"path":"/safe/../../etc/passwd"} sent, {"path":"/safe"} must not commit;
+    # t_ok, closed before, fails too: the lost event may have been its fragment.
+    natives = [
+        MESSAGE_START,
+        *first_call(),
+        delta(2, text="reading"),  # block 2: an (implicitly started) text block, open
+        *path_call(_lost_middle(name, framing)),
+        stop(2),
+        message_stop("tool_use"),
+        METADATA,
+    ]
+    calls, paired, r = outcomes(natives, framing)
+    assert calls == [
+        ("t_ok", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION),
+        ("t_path", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION),
+    ]
+    assert paired == ["t_ok", "t_path"] and list(r.committed()) == []
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+def test_e2e_the_unmodified_path_stream_commits_what_was_sent(framing: str) -> None:
+    natives = [MESSAGE_START, *first_call(), *path_call(), message_stop("tool_use"), METADATA]
+    calls, paired, r = outcomes(natives, framing)
+    assert [c[1] for c in calls] == [CallState.COMMITTED] * 2 and paired == []
+    assert r.calls[1].arguments == {"path": "/safe/../../etc/passwd"}
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+@pytest.mark.parametrize(
+    "middle",
+    [
+        delta(1, toolUse={"input": 5}),
+        delta(1, text="x"),
+        delta(1, toolUsf={"input": PATH_PARTS[1]}),  # an unknown member on the call's block
+    ],
+)
+def test_e2e_a_refused_delta_on_a_calls_block_fails_that_call(middle: Any, framing: str) -> None:
+    natives = [MESSAGE_START, *first_call(), *path_call(middle), message_stop("tool_use")]
+    calls, paired, _ = outcomes(natives, framing)
+    assert calls == [
+        ("t_ok", CallState.COMMITTED, None),
+        ("t_path", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION),
+    ]
+    assert paired == ["t_path"]
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+def test_e2e_a_call_without_its_content_block_stop_does_not_commit(framing: str) -> None:
+    # issue 11 class 2: messageStop tool_use, but block 0 never got its contentBlockStop.
+    natives = [MESSAGE_START, *first_call()[:2], message_stop("tool_use"), METADATA]
+    calls, paired, r = outcomes(natives, framing)
+    assert calls == [("t_ok", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t_ok"] and "never_closed" in [a.kind.value for a in r.anomalies]
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+@pytest.mark.parametrize(
+    "reasons",
+    [
+        ("max_tokens", "tool_use"),
+        ("tool_use", "max_tokens"),
+        ("guardrail_intervened", "end_turn"),
+        ("end_turn", "guardrail_intervened"),
+    ],
+)
+def test_e2e_a_truncating_or_failing_reason_sticks(reasons: tuple[str, str], framing: str) -> None:
+    # issue 11 class 4: messageStop twice; the truncating or failing one wins in either order.
+    natives = [MESSAGE_START, *first_call(), *map(message_stop, reasons), METADATA]
+    calls, paired, r = outcomes(natives, framing)
+    bad = reasons[0] if reasons[1] in ("tool_use", "end_turn") else reasons[1]
+    code = ErrorCode.TRUNCATED if bad == "max_tokens" else ErrorCode.STREAM_INTERRUPTED
+    assert calls == [("t_ok", CallState.FAILED, code)] and paired == ["t_ok"]
+    assert r.stop_reason == bad
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+@pytest.mark.parametrize("where", ["after its stop", "after messageStop"])
+def test_e2e_a_fragment_after_the_end_fails_the_call(where: str, framing: str) -> None:
+    # issue 11 class 5: the late fragment used to be dropped and the call committed.
+    late = args(0, ', "x": 1')
+    tail = [message_stop("tool_use"), METADATA]
+    body = (
+        [*first_call(), late, *tail] if where == "after its stop" else [*first_call(), *tail, late]
+    )
+    calls, paired, _ = outcomes([MESSAGE_START, *body], framing)
+    assert calls == [("t_ok", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
+    assert paired == ["t_ok"]

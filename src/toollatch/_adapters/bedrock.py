@@ -203,8 +203,10 @@ class BedrockAdapter(Adapter):
             return None
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
-        if sse_event is not None and not _is_wrapped(event):
-            event = {sse_event: event}  # raw event-stream payload: the header names it
+        if sse_event not in (None, "message") and not _is_wrapped(event):
+            # A raw event-stream payload: the header names it. ("message" is the name SSE and
+            # JSON Lines frames get by default: their event is wrapped, maybe in a new name.)
+            event = {sse_event: event}
         if len(event) != 1:
             return [lost_event(f"expected a one-key ConverseStream event, got {len(event)} keys")]
         ((name, payload),) = event.items()
