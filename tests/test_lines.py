@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,9 +53,9 @@ CASES: dict[str, tuple[bytes, list[Frame]]] = {
         b'\xef\xbb\xbf{"a":1}\n \xef\xbb\xbf{"b":2}\n',
         [F('{"a":1}'), F('{"b":2}')],
     ),
-    "invalid_utf8_replaced": (
+    "invalid_utf8_escaped_not_replaced": (
         b'{"a":"\xff"}\n{"b":"\xe2\x82"}\n',
-        [F('{"a":"\ufffd"}'), F('{"b":"\ufffd"}')],
+        [F('{"a":"\udcff"}'), F('{"b":"\udce2\udc82"}')],
     ),
     "utf8_kept": ('{"a":"é東🙂"}\n'.encode(), [F('{"a":"é東🙂"}')]),
     "other_json_passed_on": (b"[1]\nnull\n{\n", [F("[1]"), F("null"), F("{")]),
@@ -142,3 +143,100 @@ def test_frames_are_plain_frames() -> None:
     (frame,) = JSONLinesDecoder().feed(b"{}\n")
     assert type(frame) is Frame
     assert frame == Frame("message", "{}", None, None)
+
+
+# -- errors take effect at their place in the stream, whatever the reads ----------------------
+
+
+def outcome(chunks: Iterable[bytes], max_line: int) -> tuple[list[Frame], str | None]:
+    """Every frame until the decoder raises, and the error's message (None if none)."""
+    decoder = JSONLinesDecoder(limits=Limits(max_line_bytes=max_line))
+    frames: list[Frame] = []
+    try:
+        for chunk in chunks:
+            frames += decoder.feed(chunk)
+        frames += decoder.finish()
+    except StreamDecodeError as exc:
+        with pytest.raises(UsageError):  # the error is raised once, then the decoder is closed
+            decoder.finish()
+        return frames, str(exc)
+    return frames, None
+
+
+def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:
+    points = [0, *sorted(cuts), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
+
+
+_BAD = [b'{"x":"' + b"z" * 30 + b'"}\n', b"z" * 40, b" " * 33 + b"\n"]  # each over 32 bytes
+
+
+@settings(max_examples=300)
+@given(
+    good=st.lists(st.dictionaries(st.sampled_from("abc"), st.integers(0, 99), max_size=2)),
+    bad=st.sampled_from(_BAD),
+    data=st.data(),
+)
+def test_lines_then_an_over_long_one_same_at_every_chunking(
+    good: list[dict[str, int]], bad: bytes, data: st.DataObject
+) -> None:
+    """Valid lines, then one over the limit: split anywhere (whole, per line, byte by byte,
+    random cuts), the same frames come out, then the error."""
+    lines = [orjson.dumps(g) for g in good]
+    stream = b"".join(line + b"\n" for line in lines) + bad + b'{"after":1}\n'
+    expected = [F(line.decode()) for line in lines]
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20), label="cuts")
+    for chunks in ([stream], per_line(stream), bytewise(stream), split_at(stream, cuts)):
+        frames, error = outcome(chunks, 32)
+        assert frames == expected
+        assert error == "a JSON line exceeds 32 bytes"
+
+
+def test_the_feed_that_completes_lines_returns_them_and_the_next_call_raises() -> None:
+    stream = b'{"a":1}\n{"b":2}\n{"long":"xxxxxxxx"}\n{"c":3}\n'
+    for after in ("feed", "finish"):
+        decoder = JSONLinesDecoder(limits=Limits(max_line_bytes=12))
+        assert decoder.feed(stream) == [F('{"a":1}'), F('{"b":2}')]
+        assert decoder.single(b"{}\n") is None  # no fast path past the error
+        with pytest.raises(StreamDecodeError, match="exceeds 12 bytes"):
+            decoder.feed(b"{}\n") if after == "feed" else decoder.finish()
+        with pytest.raises(UsageError):
+            decoder.feed(b"{}\n")
+        with pytest.raises(UsageError):
+            decoder.finish()
+
+
+# -- invalid UTF-8 is escaped, never replaced ------------------------------------------------
+
+
+def test_invalid_utf8_never_yields_replaced_text() -> None:
+    """A line whose JSON string holds b"\\xff" never becomes JSON text with U+FFFD: the frame
+    is refused by the strict parse and spells the exact bytes, on both paths."""
+    raw = b'{"delta":{"text":"a\xffb"}}'
+    for chunks in ([raw + b"\n"], bytewise(raw + b"\n"), [raw]):
+        (frame,) = decode(chunks)
+        assert "\ufffd" not in frame.data
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(frame.data)
+        assert frame.data.encode("utf-8", "surrogateescape") == raw
+
+
+# -- linear in the bytes --------------------------------------------------------------------------
+
+
+def test_a_long_line_in_small_reads_extends_one_buffer() -> None:
+    """The pending line grows in place: no read copies what is already pending (which made a
+    long line in small reads quadratic), and the limit is still exact on every read."""
+    decoder = JSONLinesDecoder(limits=Limits(max_line_bytes=4098))
+    assert decoder.feed(b'"') == []
+    buffers = []
+    for _ in range(4096):
+        assert decoder.feed(b"x") == []
+        buffers.append(decoder._partial)
+    assert all(b is buffers[0] for b in buffers)
+    assert decoder.feed(b'"\n') == [F('"' + "x" * 4096 + '"')]
+    over = JSONLinesDecoder(limits=Limits(max_line_bytes=100))
+    assert over.feed(b"d" * 60) == []
+    assert over.feed(b"d" * 40) == []
+    with pytest.raises(StreamDecodeError, match="exceeds 100 bytes"):
+        over.feed(b"d")
