@@ -240,3 +240,19 @@ def test_strict_parse_agrees_with_the_standard_parser_on_valid_json(obj, ascii_o
     text = json.dumps(obj, ensure_ascii=ascii_only)
     verdict = check(text, gate=Gate(None, limits=Limits(max_json_depth=1000)), name="noop")
     assert isinstance(verdict, CommittedCall) and verdict.arguments == json.loads(text)
+
+
+def test_a_schema_whose_dialect_is_not_a_string_is_a_config_error():
+    for dialect in (5, {"a": 1}, ["x"]):
+        with pytest.raises(ConfigError, match=r"\$schema"):
+            ToolSpec(name="f", parameters={"$schema": dialect})
+
+
+@pytest.mark.parametrize("schema", [{"$ref": "#/nope"}, {"$ref": "https://example.invalid/s"},
+                                    {"properties": {"a": {"$ref": "#/$defs/missing"}}}])
+def test_a_schema_reference_that_cannot_be_resolved_fails_the_call_not_the_stream(schema):
+    gate = Gate([ToolSpec(name="f", parameters=schema)])
+    verdict = gate.check(key=CallKey(0, 0, 0), position=0, call_id="a", name="f",
+                         text='{"a": 1}')
+    assert isinstance(verdict, Rejection) and verdict.code is ErrorCode.SCHEMA_VIOLATION
+    assert "could not be applied" in verdict.detail

@@ -314,7 +314,14 @@ class Gate:
             )
             validator = cls(spec.parameters)
             self._validators[spec.name] = validator
-        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        except Exception as exc:  # the boundary to jsonschema: e.g. a $ref it cannot resolve
+            raise _Reject(
+                ErrorCode.SCHEMA_VIOLATION,
+                f"the tool's schema could not be applied ({type(exc).__name__}: "
+                f"{str(exc)[:200]})",
+            ) from None
         if error is not None:
             raise _Reject(ErrorCode.SCHEMA_VIOLATION, _schema_detail(error))
 

@@ -46,6 +46,9 @@ class ToolSpec:
             math.isfinite(self.timeout_s) and self.timeout_s > 0
         ):
             raise ConfigError(f"tool {self.name!r}: timeout_s must be a positive number")
+        dialect = self.parameters.get("$schema")
+        if dialect is not None and not isinstance(dialect, str):
+            raise ConfigError(f"tool {self.name!r}: $schema must be a string, got {dialect!r}")
         validator = jsonschema.validators.validator_for(
             self.parameters, default=jsonschema.Draft202012Validator
         )
