@@ -319,8 +319,7 @@ class Gate:
         except Exception as exc:  # the boundary to jsonschema: e.g. a $ref it cannot resolve
             raise _Reject(
                 ErrorCode.SCHEMA_VIOLATION,
-                f"the tool's schema could not be applied ({type(exc).__name__}: "
-                f"{str(exc)[:200]})",
+                f"the tool's schema could not be applied ({type(exc).__name__}: {str(exc)[:200]})",
             ) from None
         if error is not None:
             raise _Reject(ErrorCode.SCHEMA_VIOLATION, _schema_detail(error))
