@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import CallState, Ending, ErrorCode, Limits, StreamParser
@@ -345,3 +347,86 @@ def test_a_start_input_object_and_deltas_do_not_both_commit():
         {"type": "content_block_stop", "index": 0}, *end())
     calls, paired, _ = outcomes(data, tools=TOOLS)
     assert calls == [("t1", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)] and paired == ["t1"]
+
+
+# -- issue 11: the property ------------------------------------------------------------------
+# One event of a provider-shaped stream dropped, duplicated or corrupted, the bytes cut at
+# random: nothing raises, and a call that commits has exactly the text the model sent.
+# Out of scope, because no reader of this protocol can tell (the events carry no sequence
+# numbers or checksums): a whole non-empty fragment event dropped or repeated, and a change
+# inside a fragment's own text. Everything else below is detectable and must not commit.
+
+_WRONG_INDEXES = ["1", 1.5, True, [1], None, {"i": 1}, 99, -1]
+
+
+def _base_stream():
+    calls = {"t_a": ['{"path":', ' "/safe', '/../../etc', '/passwd"}'],
+             "t_b": ["", '{"path": "/tmp/b"}']}
+    events = [START, {"type": "content_block_start", "index": 0,
+                      "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 0,
+               "delta": {"type": "text_delta", "text": "Reading."}},
+              {"type": "content_block_stop", "index": 0}]
+    for index, (cid, parts) in enumerate(calls.items(), start=1):
+        events.append({"type": "content_block_start", "index": index, "content_block": {
+            "type": "tool_use", "id": cid, "name": "read_file", "input": {}}})
+        events += [{"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": p}} for p in parts]
+        events.append({"type": "content_block_stop", "index": index})
+    events += end()
+    return events, {cid: "".join(parts) for cid, parts in calls.items()}
+
+
+def _is_fragment(event):
+    delta = event.get("delta") if isinstance(event, dict) else None
+    return isinstance(delta, dict) and delta.get("partial_json") not in (None, "")
+
+
+def _corrupt(event, how, value):
+    """One envelope change that a reader can see (never the fragment's own text)."""
+    if how == "index" and "index" in event:
+        return {**event, "index": value}
+    if how == "type":
+        return {**event, "type": f"{event['type']}_x"}
+    if how == "delta type" and isinstance(event.get("delta"), dict) and "type" in event["delta"]:
+        return {**event, "delta": {**event["delta"], "type": "sparkle_delta"}}
+    if how == "no delta" and "delta" in event:
+        return {k: v for k, v in event.items() if k != "delta"}
+    if how == "surrogate":
+        return json.dumps(event)[:-1] + ',"x":"\\ud800"}'
+    return json.dumps(event)[: max(1, len(json.dumps(event)) // 2)]  # "cut": not JSON
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_one_lost_duplicated_or_corrupted_event_never_commits_other_text(data):
+    events, sent = _base_stream()
+    i = data.draw(st.integers(0, len(events) - 1), label="event")
+    ops = ["corrupt"] if _is_fragment(events[i]) else ["drop", "duplicate", "corrupt"]
+    op = data.draw(st.sampled_from(ops), label="op")
+    if op == "drop":
+        events = events[:i] + events[i + 1:]
+    elif op == "duplicate":
+        events = events[:i + 1] + events[i:]
+    else:
+        how = data.draw(st.sampled_from(
+            ["index", "type", "delta type", "no delta", "surrogate", "cut"]), label="how")
+        events[i] = _corrupt(events[i], how, data.draw(st.sampled_from(_WRONG_INDEXES)))
+    raw = wire(*events)
+    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=12), label="cuts")
+    r = replay(split_at(raw, cuts), "anthropic", tools=FILE_TOOLS)
+    for call in r.committed():
+        assert call.call_id in sent
+        assert json.loads(sent[call.call_id] or "{}") == call.arguments
+    for record in r.calls:
+        if record.state is CallState.COMMITTED:
+            assert record.arguments_text == sent[record.call_id]
+    assert len(r.error_results()) == len([c for c in r.calls if c.state is not CallState.COMMITTED])
+
+
+def test_the_property_stream_commits_both_calls_unmodified():
+    """The property's control: its stream, untouched, commits both calls."""
+    events, sent = _base_stream()
+    r = replay(wire(*events), "anthropic", tools=FILE_TOOLS)
+    assert {c.call_id: c.arguments_text for c in r.calls} == sent
+    assert [c.state for c in r.calls] == [CallState.COMMITTED] * 2
