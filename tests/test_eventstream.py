@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus_dir
+from toollatch import CallState, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._eventstream import EventStreamDecoder, decode_headers
@@ -211,13 +212,53 @@ def test_missing_message_type_is_an_event_and_empty_payload_is_empty_data() -> N
     assert decode([stream]) == [Frame("messageStop", "")]
 
 
-def test_payload_utf8_kept_and_invalid_bytes_replaced() -> None:
+def test_payload_utf8_kept_and_invalid_bytes_escaped_not_replaced() -> None:
+    """A payload whose JSON string holds b"\\xff" never becomes JSON text with U+FFFD: the
+    frame is refused by the strict parse and spells the exact bytes, at every chunking."""
     good = event("contentBlockDelta", '{"text":"€𝄞"}'.encode())
     bad = event("contentBlockDelta", b'{"text":"\xff"}')
-    assert decode([good, bad]) == [
+    expected = [
         Frame("contentBlockDelta", '{"text":"€𝄞"}'),
-        Frame("contentBlockDelta", '{"text":"\ufffd"}'),
+        Frame("contentBlockDelta", '{"text":"\udcff"}'),
     ]
+    both = good + bad
+    assert decode([good, bad]) == expected
+    assert decode(both[i : i + 1] for i in range(len(both))) == expected
+    assert "\ufffd" not in expected[1].data
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(expected[1].data)
+    assert expected[1].data.encode("utf-8", "surrogateescape") == b'{"text":"\xff"}'
+
+
+def test_invalid_utf8_in_a_tool_input_never_commits() -> None:
+    """Through the pipeline: the call fails instead of committing altered arguments."""
+    stream = (
+        event("messageStart", b'{"role":"assistant"}')
+        + event(
+            "contentBlockStart",
+            b'{"contentBlockIndex":0,"start":{"toolUse":{"name":"f","toolUseId":"t1"}}}',
+        )
+        + event("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"toolUse":{"input":"{}"}}}')
+        + event("contentBlockStop", b'{"contentBlockIndex":0}')
+        + event("messageStop", b'{"stopReason":"tool_use"}')
+    )
+    good_parser = StreamParser("bedrock", framing="eventstream")
+    good_parser.feed(stream)
+    assert [c.state for c in good_parser.finish().calls] == [CallState.COMMITTED]
+    bad = stream.replace(
+        event("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"toolUse":{"input":"{}"}}}'),
+        event(
+            "contentBlockDelta",
+            b'{"contentBlockIndex":0,"delta":{"toolUse":{"input":"{\\"p\\":\\"\xff\\"}"}}}',
+        ),
+    )
+    for reads in ([bad], [bad[i : i + 7] for i in range(0, len(bad), 7)]):
+        parser = StreamParser("bedrock", framing="eventstream")
+        for read in reads:
+            parser.feed(read)
+        round_ = parser.finish()
+        assert round_.committed() == ()
+        assert [c.state for c in round_.calls] == [CallState.FAILED]
 
 
 def test_exception_message_uses_exception_type() -> None:
@@ -270,7 +311,9 @@ def test_empty_stream_and_empty_chunks() -> None:
 )
 def test_built_stream_random_splits(payloads: list[bytes], data: st.DataObject) -> None:
     stream = b"".join(event(f"e{i}", p, ALL_TYPES) for i, p in enumerate(payloads))
-    expected = [Frame(f"e{i}", p.decode("utf-8", "replace")) for i, p in enumerate(payloads)]
+    expected = [
+        Frame(f"e{i}", p.decode("utf-8", "surrogateescape")) for i, p in enumerate(payloads)
+    ]
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=30), label="cuts")
     assert decode(split_at(stream, cuts)) == expected
 
@@ -284,6 +327,105 @@ def test_built_stream_any_flipped_bit_is_a_decode_error(data: st.DataObject) -> 
     corrupt[bit // 8] ^= 1 << (bit % 8)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=8), label="cuts")
     expect_error(split_at(bytes(corrupt), cuts), match="CRC")
+
+
+# -- errors take effect at their place in the stream, whatever the reads ----------------------
+
+
+def outcome(chunks: Iterable[bytes], **kwargs: int) -> tuple[list[Frame], str | None]:
+    """Every frame until the decoder raises, and the error's message (None if none)."""
+    decoder = EventStreamDecoder(**kwargs)  # type: ignore[arg-type]
+    frames: list[Frame] = []
+    try:
+        for chunk in chunks:
+            frames += decoder.feed(chunk)
+        frames += decoder.finish()
+    except StreamDecodeError as exc:
+        with pytest.raises(UsageError):  # the error is raised once, then the decoder is closed
+            decoder.finish()
+        return frames, str(exc)
+    return frames, None
+
+
+def _corrupt(kind: str, payload: bytes, bit: int) -> bytes:
+    """One bad message: a flipped bit anywhere, a length over the limit, a bad type."""
+    if kind == "bit":
+        raw = bytearray(event("contentBlockDelta", payload))
+        raw[bit % len(raw)] ^= 1 << (bit % 8)
+        return bytes(raw)
+    if kind == "too_long":
+        return _with_prelude(10_000, 0)
+    return message(header(":message-type", 7, "gossip"), payload)
+
+
+@settings(max_examples=200)
+@given(
+    payloads=st.lists(st.binary(max_size=30), max_size=4),
+    kind=st.sampled_from(["bit", "too_long", "message_type"]),
+    bit=st.integers(0, 10_000),
+    data=st.data(),
+)
+def test_messages_then_a_corrupt_one_same_at_every_chunking(
+    payloads: list[bytes], kind: str, bit: int, data: st.DataObject
+) -> None:
+    """Valid messages, then a corrupt one, then a valid one: split anywhere (whole, byte by
+    byte, random cuts), the same frames come out, then the same error."""
+    good = b"".join(event(f"e{i}", p) for i, p in enumerate(payloads))
+    stream = good + _corrupt(kind, b'{"a":1}', bit) + event("after", b"{}")
+    expected = [
+        Frame(f"e{i}", p.decode("utf-8", "surrogateescape")) for i, p in enumerate(payloads)
+    ]
+    whole = outcome([stream], max_message_bytes=4096)
+    assert whole[0] == expected
+    assert whole[1] is not None
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=30), label="cuts")
+    for chunks in ([stream[i : i + 1] for i in range(len(stream))], split_at(stream, cuts)):
+        assert outcome(chunks, max_message_bytes=4096) == whole
+
+
+def test_the_feed_that_completes_messages_returns_them_and_the_next_call_raises() -> None:
+    corrupt = bytearray(event("b", b"{}"))
+    corrupt[-1] ^= 1  # the message CRC
+    stream = event("a", b"1") + event("a", b"2") + bytes(corrupt) + event("c", b"3")
+    for after in ("feed", "finish"):
+        decoder = EventStreamDecoder()
+        assert decoder.feed(stream) == [Frame("a", "1"), Frame("a", "2")]
+        with pytest.raises(StreamDecodeError, match="message CRC mismatch"):
+            decoder.feed(b"") if after == "feed" else decoder.finish()
+        with pytest.raises(UsageError, match="failed earlier"):
+            decoder.feed(b"")
+        with pytest.raises(UsageError):
+            decoder.finish()
+
+
+# -- linear in the bytes --------------------------------------------------------------------------
+
+
+class _CountingPreludes(EventStreamDecoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+
+    def _check_prelude(self, buf: bytearray, start: int) -> int:
+        self.checks += 1
+        return super()._check_prelude(buf, start)
+
+
+def test_a_large_message_in_small_reads_is_checked_once_into_one_buffer() -> None:
+    """A message waiting for its bytes costs O(1) per read: its prelude is checked once and
+    the reads extend one buffer in place (no copy of what is buffered per read)."""
+    payload = b'{"t":"' + b"x" * 8000 + b'"}'
+    stream = event("big", payload) + event("small", b"{}")
+    decoder = _CountingPreludes()
+    buffers, frames = [], []
+    for i in range(len(stream)):
+        frames += decoder.feed(stream[i : i + 1])
+        if not frames:
+            buffers.append(decoder._buf)
+    assert frames == [Frame("big", payload.decode()), Frame("small", "{}")]
+    assert decoder.checks == 2
+    assert len(buffers) > 8000
+    assert all(b is buffers[0] for b in buffers)
 
 
 # -- malformed messages (valid CRCs, bad structure) -----------------------------------------------

@@ -17,8 +17,14 @@ length, then the bytes).
 prelude is buffered it is checked (its CRC, then ``16 <= total length <= max_message_bytes``
 and the headers fitting inside), so a corrupt length can neither make the decoder wait for
 gigabytes nor read past a message; the buffer never holds more than one message plus one
-chunk. Every structural problem raises :class:`StreamDecodeError` (never ``IndexError`` or
-``struct.error``), after which the decoder is unusable.
+chunk. The buffer grows in place and a message waiting for its bytes costs O(1) per feed, so
+a large message fed in small reads costs time linear in its bytes. Every structural problem
+raises :class:`StreamDecodeError` (never ``IndexError`` or ``struct.error``), after which the
+decoder is unusable.
+
+Errors do not depend on read boundaries: messages are cut in order, and when the chunk holding
+a corrupt message also completed messages before it, ``feed`` returns their frames and keeps
+the error, which the next ``feed`` or ``finish`` raises.
 
 Each message becomes one :class:`Frame`, chosen by its ``:message-type`` header so that the
 Bedrock adapter can tell failures from events by ``Frame.event`` alone:
@@ -33,6 +39,13 @@ Bedrock adapter can tell failures from events by ``Frame.event`` alone:
   JSON object ``{"errorCode": <:error-code>, "message": <:error-message>}`` so the details
   are not lost (``Frame`` has no room for headers).
 * any other message type raises :class:`StreamDecodeError`: nothing we could safely act on.
+
+Invalid UTF-8 is never replaced with U+FFFD (which would hand the adapter valid, silently
+altered text). Header names and string values must be UTF-8 (they frame the message:
+:class:`StreamDecodeError`). The payload is decoded with ``errors="surrogateescape"``: each
+byte outside a valid UTF-8 sequence becomes one lone surrogate (U+DC80..U+DCFF), which cannot
+be encoded as UTF-8 and which orjson, the parser every adapter uses, refuses; the adapter
+records the event as lost and the stream goes on, as for any payload that is not JSON.
 """
 
 from __future__ import annotations
@@ -130,7 +143,7 @@ def _string_header(headers: dict[str, HeaderValue], name: str) -> str | None:
 def _to_frame(headers: dict[str, HeaderValue], payload: bytes) -> Frame:
     """Map one decoded message onto a Frame (see the module docstring)."""
     message_type = _string_header(headers, ":message-type") or "event"
-    data = payload.decode("utf-8", "replace")
+    data = payload.decode("utf-8", "surrogateescape")  # never U+FFFD: see the module docstring
     if message_type == "event":
         event = _string_header(headers, ":event-type")
         if event is None:
@@ -156,7 +169,7 @@ class EventStreamDecoder:
     bounds one message's total length, and so the decoder's memory.
     """
 
-    __slots__ = ("_buf", "_checked", "_closed", "_max")
+    __slots__ = ("_buf", "_checked", "_closed", "_max", "_pending")
 
     def __init__(
         self, *, max_message_bytes: int | None = None, limits: Limits | None = None
@@ -175,29 +188,37 @@ class EventStreamDecoder:
         self._buf = bytearray()
         self._checked = 0  # total length of the buffered message whose prelude was checked
         self._closed: str | None = None
+        self._pending: StreamDecodeError | None = None  # raised by the next feed/finish
 
     def feed(self, data: bytes) -> list[Frame]:
         """Consume the next chunk of the body; return one frame per message it completed.
 
         Raises:
-            StreamDecodeError: a corrupt or oversized message (the decoder is then unusable;
-                frames of earlier messages in the same chunk are not returned).
-            UsageError: the decoder was finished or failed earlier.
+            StreamDecodeError: a corrupt or oversized message; the decoder is then unusable.
+                If messages of this chunk were complete before it, their frames are returned
+                instead and the error is raised by the next ``feed`` or ``finish``.
+            UsageError: the decoder was finished, or failed and raised its error, earlier.
         """
         if self._closed is not None:
-            raise UsageError(self._closed)
+            self._raise_closed()
         buf = self._buf
-        buf += data
+        buf += data  # in place: amortized O(len(data))
         frames: list[Frame] = []
         start = 0
-        while len(buf) - start >= _PRELUDE_BYTES:
-            total = self._checked or self._check_prelude(buf, start)
-            if len(buf) - start < total:
-                self._checked = total
-                break
-            frames.append(self._decode_message(bytes(buf[start : start + total])))
-            self._checked = 0
-            start += total
+        try:
+            while len(buf) - start >= _PRELUDE_BYTES:
+                total = self._checked or self._check_prelude(buf, start)
+                if len(buf) - start < total:
+                    self._checked = total
+                    break
+                frames.append(self._decode_message(bytes(buf[start : start + total])))
+                self._checked = 0
+                start += total
+        except StreamDecodeError as exc:
+            if not frames:
+                raise
+            self._pending = exc  # the frames before it first (see the module docstring)
+            return frames
         del buf[:start]
         return frames
 
@@ -205,10 +226,12 @@ class EventStreamDecoder:
         """Signal the end of the body. Any later ``feed`` or ``finish`` raises UsageError.
 
         Raises:
-            StreamDecodeError: the body ended inside a message.
+            StreamDecodeError: the error kept by the last ``feed`` (see :meth:`feed`), or the
+                body ended inside a message.
+            UsageError: called twice, or after the decoder raised its error.
         """
         if self._closed is not None:
-            raise UsageError(self._closed)
+            self._raise_closed()
         self._closed = "EventStreamDecoder.finish() was already called"
         if self._buf:
             self._fail(f"event stream ended inside a message ({len(self._buf)} bytes left over)")
@@ -240,6 +263,13 @@ class EventStreamDecoder:
             return _to_frame(headers, message[headers_end:-4])
         except StreamDecodeError as exc:
             self._fail(str(exc))
+
+    def _raise_closed(self) -> NoReturn:
+        """Raise the kept decode error once; after that (or after finish) a UsageError."""
+        exc, self._pending = self._pending, None
+        if exc is not None:
+            raise exc
+        raise UsageError(self._closed)
 
     def _fail(self, message: str) -> NoReturn:
         """Make the decoder unusable, drop its buffer and raise ``StreamDecodeError``."""
