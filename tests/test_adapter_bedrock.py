@@ -926,3 +926,96 @@ def test_e2e_a_fragment_after_the_end_fails_the_call(where: str, framing: str) -
     calls, paired, _ = outcomes([MESSAGE_START, *body], framing)
     assert calls == [("t_ok", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
     assert paired == ["t_ok"]
+
+
+# -- issue 11: the property ------------------------------------------------------------------
+# One event of a ConverseStream-shaped stream dropped, duplicated or corrupted, the bytes cut at
+# random: nothing raises, and a call that commits has exactly the text the model sent. Out of
+# scope (no reader can tell: no sequence numbers): a whole non-empty fragment event dropped or
+# repeated, a change inside a fragment's text in JSON Lines. In the binary event stream any
+# byte may flip: the CRCs catch it.
+
+_WRONG_INDEXES: list[Any] = ["1", 1.5, True, [1], None, {"i": 1}, 99, -1]
+_SENT = {"t_a": ['{"path":', ' "/safe', "/../../etc", '/passwd"}'], "t_b": ['{"path": "/b"}']}
+
+
+def _base_stream() -> list[Any]:
+    events: list[Any] = [MESSAGE_START, delta(0, text="Reading."), stop(0)]
+    for index, (cid, parts) in enumerate(_SENT.items(), start=1):
+        events += [tool_start(index, cid, "read_file"), *(args(index, p) for p in parts)]
+        events.append(stop(index))
+    return [*events, message_stop("tool_use"), METADATA]
+
+
+def _is_fragment(event: Any) -> bool:
+    payload = event.get("contentBlockDelta") if isinstance(event, dict) else None
+    tool_use = payload.get("delta", {}).get("toolUse") if isinstance(payload, dict) else None
+    return isinstance(tool_use, dict) and tool_use.get("input") not in (None, "")
+
+
+def _corrupt(event: dict[str, Any], how: str, value: Any, framing: str) -> Any:
+    """One envelope change that a reader can see (never the fragment's own text)."""
+    ((name, payload),) = event.items()
+    if how == "index" and "contentBlockIndex" in payload:
+        return {name: {**payload, "contentBlockIndex": value}}
+    if how == "name":
+        return {f"{name}V2": payload}
+    if how == "delta member" and isinstance(payload.get("delta"), dict):
+        return {name: {**payload, "delta": {f"{k}X": v for k, v in payload["delta"].items()}}}
+    if how == "no delta" and "delta" in payload:
+        return {name: {k: v for k, v in payload.items() if k != "delta"}}
+    text = json.dumps(event if framing == "jsonl" else payload)
+    if how == "surrogate":
+        text = text[:-1] + ',"x":"\\ud800"}'
+    else:  # "cut": not JSON
+        text = text[: max(1, len(text) // 2)]
+    return text if framing == "jsonl" else (name, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), framing=st.sampled_from(_FRAMINGS))
+def test_one_lost_duplicated_or_corrupted_event_never_commits_other_text(
+    data: st.DataObject, framing: str
+) -> None:
+    events = _base_stream()
+    i = data.draw(st.integers(0, len(events) - 1), label="event")
+    ops = ["corrupt"] if _is_fragment(events[i]) else ["drop", "duplicate", "corrupt"]
+    if framing == "eventstream":
+        ops.append("flip a byte")
+    op = data.draw(st.sampled_from(ops), label="op")
+    if op == "drop":
+        events = events[:i] + events[i + 1 :]
+    elif op == "duplicate":
+        events = events[: i + 1] + events[i:]
+    elif op == "corrupt":
+        how = data.draw(
+            st.sampled_from(["index", "name", "delta member", "no delta", "surrogate", "cut"])
+        )
+        events[i] = _corrupt(events[i], how, data.draw(st.sampled_from(_WRONG_INDEXES)), framing)
+    raw = bytearray(wire(events, framing))
+    if op == "flip a byte":
+        at = data.draw(st.integers(0, len(raw) - 1), label="at")
+        raw[at] ^= data.draw(st.integers(1, 255), label="mask")
+    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=12), label="cuts")
+    parser = StreamParser("bedrock", framing=framing, tools=FILE_TOOLS)  # type: ignore[arg-type]
+    pieces = [bytes(raw[a:b]) for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(raw)])]
+    for piece in pieces:
+        parser.feed(piece)
+    r = parser.finish()
+    sent = {cid: "".join(parts) for cid, parts in _SENT.items()}
+    for record in r.calls:
+        if record.state is CallState.COMMITTED:
+            assert record.arguments_text == sent[record.call_id or ""]
+    assert [c.call_id for c in r.calls if c.state is not CallState.COMMITTED] == [
+        e.tool_call_id for e in r.error_results()
+    ]
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+def test_the_property_stream_commits_both_calls_unmodified(framing: str) -> None:
+    """The property's control: its stream, untouched, commits both calls."""
+    calls, _, r = outcomes(_base_stream(), framing)
+    assert [c[1] for c in calls] == [CallState.COMMITTED] * 2
+    assert {c.call_id: c.arguments_text for c in r.calls} == {
+        cid: "".join(parts) for cid, parts in _SENT.items()
+    }
