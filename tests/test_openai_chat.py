@@ -258,10 +258,10 @@ def test_same_call_id_on_two_keys_fails_the_later_call():
                chunk({"tool_calls": [{"index": 2, "id": "dup", "function": {"name": "get_time"}}]}),
                chunk(finish="tool_calls"))
     r = replay(data, "openai_chat")
-    # An id seen before routes to its call (Q3), so index 2 with "dup" continues call 0: the
-    # wire cannot express "a second call with the same id" for chat; the assembler-level rule
-    # is tested with stream events in test_assembler.py.
-    assert [c.call_id for c in r.calls] == ["dup", "x"]
+    # A present index wins over a known id: index 2 is a second call reusing "dup".
+    assert [(c.call_id, c.state, c.error) for c in r.calls] == [
+        ("dup", CallState.COMMITTED, None), ("x", CallState.COMMITTED, None),
+        ("dup", CallState.FAILED, ErrorCode.DUPLICATE_CALL_ID)]
 
 
 def test_event_error_mid_stream_interrupts():

@@ -333,3 +333,20 @@ def test_q19_a_malformed_or_user_defined_wrapper_is_not_expanded():
                tools=mine)
     assert [(c.name, c.state) for c in r.calls] == [("multi_tool_use.parallel", CallState.COMMITTED)]
     assert AnomalyKind.WRAPPER_EXPANDED not in kinds(r)
+
+
+def test_a_known_id_at_another_index_is_a_new_call_not_the_first_one():
+    # Issue 12: the index is present and differs, so it is a second call reusing the id; the
+    # first call keeps its complete text, the second fails as a duplicate id.
+    r = stable(sse(chunk(tc(0, "a", "get_time", "{}")),
+                   chunk(tc(1, "a", "get_weather", '{"city":')), chunk(tc(1, args='"Oslo"}')),
+                   chunk(finish="tool_calls")))
+    assert calls(r) == [("a", "get_time", "committed", {}, None),
+                        ("a", "get_weather", "failed", None, ErrorCode.DUPLICATE_CALL_ID)]
+
+
+def test_a_repeated_id_on_its_own_index_stays_the_same_call():
+    r = stable(sse(chunk(tc(0, "a", "get_weather", '{"city":')), chunk(tc(1, "b", "get_time", "{}")),
+                   chunk(tc(0, "a", args='"Oslo"}')), chunk(finish="tool_calls")))
+    assert calls(r) == [("a", "get_weather", "committed", {"city": "Oslo"}, None),
+                        ("b", "get_time", "committed", {}, None)]

@@ -4,7 +4,9 @@ Theory of operation: a chunk carries ``choices[i].delta.tool_calls[j]`` entries 
 is spread over ``index``, ``id`` and ``function.name``, each of which real servers omit, repeat
 or blank. A per-choice *resolver* maps every entry to one call slot:
 
-* an ``id`` seen before -> that call (Q3: DeepSeek/Qwen/TGI repeat the id on every chunk);
+* an ``id`` seen before -> that call (Q3: DeepSeek/Qwen/TGI repeat the id on every chunk),
+  unless the chunk names another ``index`` than that call's: a present index wins, so it is a
+  new call, which the assembler fails as a duplicate id while the first keeps its text;
 * a new ``id`` on an index whose open call has no id yet -> that call gets the id (Kimi);
 * any other new ``id`` -> a new call, even on an index already used (Q2: all parallel calls on
   ``index: 0`` with distinct ids — litellm#5231, bifrost#1961; camel#3662 index reuse);
@@ -58,10 +60,11 @@ _ENDINGS: dict[str, Ending] = {
 
 
 class _Slot:
-    __slots__ = ("call_id", "key", "name")
+    __slots__ = ("call_id", "index", "key", "name")
 
-    def __init__(self, key: CallKey) -> None:
+    def __init__(self, key: CallKey, index: int | None) -> None:
         self.key = key
+        self.index = index  # the tool-call index it was first seen at, if any
         self.call_id: str | None = None
         self.name: str | None = None
 
@@ -262,6 +265,8 @@ class OpenAIChatAdapter(Adapter):
         slot: _Slot | None = None
         if call_id is not None:
             slot = calls.by_id.get(call_id)
+            if slot is not None and tc_index is not None and slot.index not in (None, tc_index):
+                slot = None  # a present index wins: a known id at another index is a new call
             if slot is None:
                 at = calls.by_index.get(tc_index) if tc_index is not None else calls.last
                 if at is not None and at.call_id is None:
@@ -277,12 +282,14 @@ class OpenAIChatAdapter(Adapter):
         calls.last = slot
         if tc_index is not None:
             calls.by_index[tc_index] = slot
+            if slot.index is None:
+                slot.index = tc_index
         new_id = call_id if call_id is not None and slot.call_id is None else None
         new_name = name if name is not None and name != slot.name else None
         if new_id is not None or new_name is not None:
             if new_id is not None:
                 slot.call_id = new_id
-                calls.by_id[new_id] = slot
+                calls.by_id.setdefault(new_id, slot)
             if new_name is not None and slot.name is None:
                 slot.name = new_name
             out.append(CallIdentified(key=slot.key, call_id=new_id, name=new_name))
@@ -301,7 +308,7 @@ class OpenAIChatAdapter(Adapter):
         if part in calls.parts:
             part = f"#{calls.count}"  # Q2: a second call on a reused index gets its own key
         calls.parts.add(part)
-        slot = _Slot(CallKey(self.attempt, index, part))
+        slot = _Slot(CallKey(self.attempt, index, part), tc_index)
         slot.call_id, slot.name = call_id, name
         calls.count += 1
         calls.slots.append(slot)
@@ -309,7 +316,7 @@ class OpenAIChatAdapter(Adapter):
         if tc_index is not None:
             calls.by_index[tc_index] = slot
         if call_id is not None:
-            calls.by_id[call_id] = slot
+            calls.by_id.setdefault(call_id, slot)  # (a second call with it fails in the assembler)
         out.append(CallOpened(key=slot.key, call_id=call_id, name=name))
         return slot
 
