@@ -218,12 +218,15 @@ def test_duplicate_keys_in_a_start_input_fail_the_call() -> None:
         '"id":"t","name":"n","input":{"cmd":"ls","cmd":"rm -rf /"}}}'
     )
     events = AnthropicAdapter().feed_frame(Frame(event="content_block_start", data=data))
-    assert Anomaly(
-        kind=AnomalyKind.DUPLICATE_KEY,
-        detail="the event repeats a key in an object: which value was meant is unknown",
-        key=key(0),
-        fails_call=True,
-    ) in events
+    assert (
+        Anomaly(
+            kind=AnomalyKind.DUPLICATE_KEY,
+            detail="the event repeats a key in an object: which value was meant is unknown",
+            key=key(0),
+            fails_call=True,
+        )
+        in events
+    )
 
 
 # -- reasoning --------------------------------------------------------------------------------
@@ -838,3 +841,35 @@ def test_recorded_thinking_signature_is_exact() -> None:
     ]
     assert block.data["signature"] == signature
     assert block.data["thinking"].startswith("The user is asking about the pydantic/pydantic-ai")
+
+
+# -- issue 11: no exception on any input -------------------------------------------------------
+
+_HOSTILE: list[Any] = [None, True, 1.5, 2**70, -1, "x", "\ud800", [], [1], {}, {"a": [1]}, {1: 2}]
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if not isinstance(value, dict):
+        return [path]
+    return [path, *(p for k, v in value.items() for p in _paths(v, (*path, k)))]
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    return {**value, path[0]: _replaced(value[path[0]], path[1:], new)}
+
+
+def test_a_wrong_type_anywhere_in_any_event_raises_nothing() -> None:
+    """Every field of every event of a transcript (at every depth) set to each hostile value,
+    fed as a dict after the transcript's other events: only stream events come out."""
+    for i, event in enumerate(TRANSCRIPT):
+        for path in _paths(event):
+            for new in _HOSTILE:
+                adapter = AnthropicAdapter()
+                for other in TRANSCRIPT[:i]:
+                    adapter.feed(other)
+                adapter.feed(_replaced(event, path, new))
+                for other in TRANSCRIPT[i + 1 :]:
+                    adapter.feed(other)
+                adapter.finish()

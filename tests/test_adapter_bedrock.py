@@ -1019,3 +1019,47 @@ def test_the_property_stream_commits_both_calls_unmodified(framing: str) -> None
     assert {c.call_id: c.arguments_text for c in r.calls} == {
         cid: "".join(parts) for cid, parts in _SENT.items()
     }
+
+
+# -- issue 11: no exception on any input -------------------------------------------------------
+
+_HOSTILE: list[Any] = [None, True, 1.5, 2**70, -1, "x", "\ud800", [], [1], {}, {"a": [1]}, {1: 2}]
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if not isinstance(value, dict):
+        return [path]
+    return [path, *(p for k, v in value.items() for p in _paths(v, (*path, k)))]
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    return {**value, path[0]: _replaced(value[path[0]], path[1:], new)}
+
+
+_SWEPT = [
+    *_base_stream(),
+    delta(5, reasoningContent={"text": "r"}),
+    delta(6, toolResult=[{"text": 5}, {"text": "a"}, {"json": {}}]),
+    {"contentBlockStart": {"contentBlockIndex": 7, "start": {"toolResult": {"toolUseId": "s"}}}},
+    delta(7, toolResult=[{"text": 5}, {"text": "a"}]),
+    stop(7),
+]
+
+
+def test_a_wrong_type_anywhere_in_any_event_raises_nothing() -> None:
+    """Every field of every event (at every depth) set to each hostile value, fed as a dict
+    and as an event-stream frame's payload among the other events: only stream events."""
+    run([{1: {}}, {(1, 2): {"x": 1}}, {"contentBlockDelta": {1: 2}}])  # (keys not text)
+    for i, event in enumerate(_SWEPT):
+        for path in _paths(event):
+            for new in _HOSTILE:
+                natives = [*_SWEPT[:i], _replaced(event, path, new), *_SWEPT[i + 1 :]]
+                run(natives)
+                # (a frame's event name is always text: the decoder reads it from a header)
+                if all(isinstance(n, dict) and list(map(type, n)) == [str] for n in natives):
+                    adapter = BedrockAdapter()
+                    for frame in as_frames(natives):
+                        adapter.feed_frame(frame)
+                    adapter.finish()
