@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus_dir
-from toollatch import CallState, StreamParser
+from toollatch import CallState, ErrorCode, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._eventstream import EventStreamDecoder, decode_headers
@@ -396,6 +396,44 @@ def test_the_feed_that_completes_messages_returns_them_and_the_next_call_raises(
             decoder.feed(b"")
         with pytest.raises(UsageError):
             decoder.finish()
+
+
+def test_a_stream_with_a_bad_crc_gives_the_same_round_at_every_chunking() -> None:
+    """A call, then a message with a bad CRC: fed whole, the call used to vanish (no calls, no
+    error results); now every chunking records it, failed as interrupted, with one detail."""
+    corrupt = bytearray(event("contentBlockDelta", b'{"contentBlockIndex":0}'))
+    corrupt[-1] ^= 1
+    stream = (
+        event("messageStart", b'{"role":"assistant"}')
+        + event(
+            "contentBlockStart",
+            b'{"contentBlockIndex":0,"start":{"toolUse":{"name":"f","toolUseId":"t1"}}}',
+        )
+        + event("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"toolUse":{"input":"{}"}}}')
+        + bytes(corrupt)
+        + event("contentBlockStop", b'{"contentBlockIndex":0}')
+        + event("messageStop", b'{"stopReason":"tool_use"}')
+    )
+
+    def summary(reads: list[bytes]) -> object:
+        parser = StreamParser("bedrock", framing="eventstream")
+        for read in reads:
+            parser.feed(read)
+        round_ = parser.finish()
+        calls = [(c.call_id, c.state, c.error, c.detail) for c in round_.calls]
+        return calls, [(a.kind.value, a.detail) for a in round_.anomalies]
+
+    whole = summary([stream])
+    assert whole[0] == [  # type: ignore[index]
+        (
+            "t1",
+            CallState.FAILED,
+            ErrorCode.STREAM_INTERRUPTED,
+            "framing error: event-stream message CRC mismatch (corrupt message)",
+        )
+    ]
+    for size in (1, 7, 64):
+        assert summary([stream[i : i + size] for i in range(0, len(stream), size)]) == whole
 
 
 # -- linear in the bytes --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir
-from toollatch import CallState, StreamParser
+from toollatch import CallState, ErrorCode, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
@@ -676,3 +676,36 @@ def test_corpus_unterminated_last_event_is_dispatched() -> None:
     frames = decode([raw])
     assert frames[-1].event == "message_stop"
     assert orjson.loads(frames[-1].data) == {"type": "message_stop"}
+
+
+# -- through the pipeline: a failing stream gives one result whatever the reads ---------------
+
+
+def _round_summary(reads: list[bytes], limits: Limits) -> object:
+    parser = StreamParser("openai_chat", limits=limits)
+    for read in reads:
+        parser.feed(read)
+    round_ = parser.finish()
+    calls = [(c.call_id, c.state, c.error, c.arguments_text) for c in round_.calls]
+    return calls, [a.kind.value for a in round_.anomalies], round_.choices[0].content
+
+
+def test_a_stream_that_fails_gives_the_same_round_at_every_chunking() -> None:
+    """Text and a call, then a line over the limit: fed whole, the text and the call used
+    to vanish (the events before the error in the same read were dropped); now every
+    chunking records both, and the call fails as interrupted."""
+    stream = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1",'
+        b'"function":{"name":"f","arguments":"{}"}}]}}]}\n\n'
+        b"data: " + b"x" * 300 + b"\n\n"
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n'
+    )
+    limits = Limits(max_line_bytes=200)
+    whole = _round_summary([stream], limits)
+    calls, anomalies, content = whole  # type: ignore[misc]
+    assert calls == [("c1", CallState.FAILED, ErrorCode.STREAM_INTERRUPTED, "{}")]
+    assert "framing_error" in anomalies
+    assert content
+    for reads in (per_event(stream), bytewise(stream), fixed_size(stream, 13)):
+        assert _round_summary(reads, limits) == whole

@@ -55,9 +55,10 @@ that then commit). ``data``, ``event`` and ``id`` values are decoded with
 a valid sequence becomes one lone surrogate (U+DC80..U+DCFF). Such a string cannot be encoded
 as UTF-8, and orjson, the parser every adapter uses, refuses it: the adapter records the event
 as lost and fails the calls it may have belonged to (the standard library's ``json.loads``
-would accept it, so a consumer of frames must parse strictly). ``text.encode("utf-8",
-"surrogateescape")`` gives back the exact bytes. The stream itself goes on: one unreadable event is the adapter's
-to judge, like any other payload it cannot parse. Comments and unknown fields are not decoded.
+would accept it, so a consumer of frames must parse strictly); encoding it back with
+``errors="surrogateescape"`` gives the exact bytes. The stream itself goes on: an unreadable
+event is the adapter's to judge, like any other payload it cannot parse. Comments and unknown
+fields are not decoded.
 """
 
 from __future__ import annotations
@@ -278,7 +279,7 @@ class SSEDecoder:
             # No line end: extend the pending line in place (no copy of what is pending).
             partial += data
             if len(partial) > self._max_line:
-                self._fail_partial()
+                self._fail_line()
             self._fast = not (
                 partial or self._data or self._event or self._skip_lf or self._at_start
             )
@@ -299,7 +300,7 @@ class SSEDecoder:
                 self._check_line_lengths(lines, frames)
             self._process(lines, frames)
             if len(tail) > self._max_line:
-                self._fail_partial()
+                self._fail_line()
         except StreamDecodeError as exc:
             return self._defer(exc, frames)
         partial += tail
@@ -377,10 +378,12 @@ class SSEDecoder:
         for i, line in enumerate(lines):
             if len(line) > self._max_line:
                 self._process(lines[:i], frames)
-                self._fail(f"SSE line of {len(line)} bytes exceeds max_line_bytes={self._max_line}")
+                self._fail_line()
 
-    def _fail_partial(self) -> NoReturn:
-        self._fail(f"SSE line exceeds max_line_bytes={self._max_line} without a line end")
+    def _fail_line(self) -> NoReturn:
+        # One message whether the line ended in the chunk or not: where the reads end must
+        # not change what a failed stream reports.
+        self._fail(f"SSE line exceeds max_line_bytes={self._max_line}")
 
     def _defer(self, exc: StreamDecodeError, frames: list[Frame]) -> list[Frame]:
         """Raise ``exc`` now if ``frames`` is empty; else keep it for the next call and return
