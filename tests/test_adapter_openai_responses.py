@@ -582,7 +582,7 @@ def rounds(natives: Iterable[Native]) -> Round:
     for other in results[1:]:
         assert outcome(other) == outcome(results[0])
     round_ = results[0]
-    failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
+    failed = [c.history_id for c in round_.calls if c.state is not CallState.COMMITTED]
     assert [r.tool_call_id for r in round_.error_results()] == failed
     assert all(r.is_error for r in round_.error_results())
     return round_
@@ -1129,7 +1129,7 @@ def test_one_event_dropped_duplicated_or_corrupted_never_commits_other_arguments
             assert call.arguments_text == intended.get(call.key.part), (how, call)
     if how == "none":
         assert all(c.state is CallState.COMMITTED for c in round_.calls)
-    failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
+    failed = [c.history_id for c in round_.calls if c.state is not CallState.COMMITTED]
     assert [r.tool_call_id for r in round_.error_results()] == failed
 
 

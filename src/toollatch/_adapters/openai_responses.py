@@ -34,6 +34,7 @@ terminal event failed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -144,10 +145,12 @@ class OpenAIResponsesAdapter(Adapter):
         self._opened: set[int | str] = set()
         self._identities: dict[int | str, tuple[str | None, str | None]] = {}
         """Call id and name each call was opened with."""
-        self._added_text: dict[int | str, str] = {}
-        """Argument text an ``output_item.added`` carried (rule "arguments_in_added_item")."""
-        self._closed: dict[int | str, str | None] = {}
-        """Closed calls, with the full text their first ``.done`` carried."""
+        self._added_text: dict[int | str, bytes] = {}
+        """Digest of the argument text an ``output_item.added`` carried (rule
+        "arguments_in_added_item"). Digests, not texts: the adapter keeps a few bytes per call
+        whatever the arguments' size, also for calls the assembler no longer keeps."""
+        self._closed: dict[int | str, bytes | None] = {}
+        """Closed calls, with the digest of the full text their first ``.done`` carried."""
         self._ended = False
         self._unknown_types: set[str] = set()
 
@@ -234,7 +237,7 @@ class OpenAIResponsesAdapter(Adapter):
             # a different one is its ID_CHANGED / NAME_CHANGED anomaly. Argument text other
             # than the first announcement's is a fragment we cannot place: the call fails.
             events: list[StreamEvent] = [CallIdentified(key=key, call_id=call_id, name=name)]
-            if text and text != self._added_text.get(part):
+            if text and _digest(text) != self._added_text.get(part):
                 detail = "a repeated output_item.added carries other argument text"
                 events.append(_failing(AnomalyKind.ARGUMENTS_MISMATCH, detail, key))
             return events + bad + anomalies
@@ -242,7 +245,7 @@ class OpenAIResponsesAdapter(Adapter):
         # Rule "arguments_in_added_item": a server may put (the start of) the arguments in
         # the added item itself; OpenAI and every recording send "" here.
         if text:
-            self._added_text[part] = text
+            self._added_text[part] = _digest(text)
             events.append(ArgsDelta(key=key, fragment=text))
         return events + anomalies
 
@@ -359,11 +362,11 @@ class OpenAIResponsesAdapter(Adapter):
             # output_item.done after function_call_arguments.done: already closed; the two
             # full texts must agree (the assembler compared the first with the fragments).
             first = self._closed[key.part]
-            if text is not None and first is not None and text != first:
+            if text is not None and first is not None and _digest(text) != first:
                 detail = "output_item.done's arguments differ from function_call_arguments.done"
                 anomalies.append(_failing(AnomalyKind.ARGUMENTS_MISMATCH, detail, key))
             return anomalies
-        self._closed[key.part] = text
+        self._closed[key.part] = None if text is None else _digest(text)
         return [CallClosed(key=key, arguments=text), *anomalies]
 
     def _argument_text(self, value: object, key: CallKey) -> tuple[str | None, list[StreamEvent]]:
@@ -508,6 +511,11 @@ class OpenAIResponsesAdapter(Adapter):
         if type(part) is str:
             self._keys[part] = key
         return key
+
+
+def _digest(text: str) -> bytes:
+    """A 16-byte digest of ``text``, to tell two argument texts apart without keeping them."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _str_or_none(value: object) -> bool:
