@@ -738,6 +738,27 @@ def test_an_unclosed_call_fails_while_a_closed_one_commits() -> None:
     assert states(round_) == [("call_fc_a", *OK), ("call_fc_b", *PV)]
 
 
+@pytest.mark.parametrize(
+    ("listed", "expected"),
+    [
+        ({"status": "completed", "arguments": SAFE}, OK),
+        ({"arguments": SAFE}, OK),
+        ({"status": "incomplete", "arguments": SAFE}, TR),
+        ({"status": "in_progress", "arguments": SAFE}, PV),
+        ({"status": "completed", "arguments": EVIL}, PV),
+        ({"status": ["completed"]}, PV),
+    ],
+)
+def test_the_items_response_completed_lists_can_only_fail_a_call(
+    listed: dict[str, Any], expected: tuple[CallState, ErrorCode | None]
+) -> None:
+    item = {k: v for k, v in fc_item("fc_a", "call_fc_a", "f").items() if k != "status"}
+    item |= listed
+    completed = {"type": "response.completed", "response": {"output": [3, {"type": []}, item]}}
+    round_ = rounds([*whole_call("fc_a", 0, SAFE), completed])
+    assert states(round_) == [("call_fc_a", *expected)]
+
+
 # 3. an item the provider marked incomplete, or not completed
 
 

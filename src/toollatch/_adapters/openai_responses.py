@@ -18,7 +18,8 @@ The first ``.done`` of a call (arguments or item) closes it and carries the prov
 text; the assembler compares it with the streamed fragments, and uses it alone when nothing
 was streamed (LM Studio, ``compat_lmstudio/responses_no_argument_deltas.jsonl``); a second
 ``.done`` must carry the same text. These ``.done`` events are a call's only close: the item
-``response.completed`` lists does not count, so a call without one fails ``never_closed``.
+``response.completed`` lists does not count, so a call without one fails ``never_closed``
+(that list can only fail a call: listed incomplete, not completed, or with other arguments).
 An item done with ``status: "incomplete"`` fails ``truncated``; one with any status but
 ``completed`` (or none) fails. Reasoning and hosted-tool items are emitted whole from
 ``output_item.done``, as opaque blocks for history.
@@ -416,6 +417,8 @@ class OpenAIResponsesAdapter(Adapter):
                 events.append(RoundEnded(ending=Ending.INTERRUPTED, stop_reason="completed"))
                 return events
         if etype == "response.completed":
+            if usage:  # (the first terminal event only)
+                events += self._cross_check(response.get("output"))
             events.append(RoundEnded(ending=Ending.NORMAL, stop_reason="completed"))
         elif etype == "response.incomplete":
             details = response.get("incomplete_details")
@@ -428,6 +431,33 @@ class OpenAIResponsesAdapter(Adapter):
             error = response.get("error")
             detail = error_detail({"error": error}) if error else "response.failed"
             events.append(StreamFailed(detail=detail))
+        return events
+
+    def _cross_check(self, output: object) -> list[StreamEvent]:
+        """Rule "completed_output_cross_check": the items ``response.completed`` lists never
+        close a call (only its ``.done`` events do), but they can fail one: a function_call
+        item listed ``incomplete`` (``truncated``), with another status than ``completed``, or
+        with other arguments than its first ``.done`` carried (``protocol_violation``)."""
+        if not isinstance(output, list):
+            return []
+        events: list[StreamEvent] = []
+        for item in output:
+            if not isinstance(item, Mapping) or item.get("type") != "function_call":
+                continue
+            item_id = item.get("id")
+            if not isinstance(item_id, str) or item_id not in self._opened:
+                continue
+            key, status = self._keys[item_id], item.get("status")
+            arguments, first = item.get("arguments"), self._closed.get(item_id)
+            if status == "incomplete":
+                detail = "response.completed lists the function_call item as incomplete"
+                events.append(_failing(AnomalyKind.NEVER_CLOSED, detail, key, ErrorCode.TRUNCATED))
+            elif status is not None and status != "completed":
+                detail = f"response.completed lists the item with status {short(status, 40)!r}"
+                events.append(_failing(AnomalyKind.INVALID_PAYLOAD, detail, key))
+            elif isinstance(arguments, str) and first is not None and _digest(arguments) != first:
+                detail = "response.completed lists the item with other arguments"
+                events.append(_failing(AnomalyKind.ARGUMENTS_MISMATCH, detail, key))
         return events
 
     def _unhandled(self, etype: str) -> list[StreamEvent]:
