@@ -450,7 +450,6 @@ STREAM = str(EXAMPLES / "anthropic_parallel_calls.jsonl")
         ["replay", "--tools", "{dir}/no_name.json", STREAM],
         ["replay", "--tools", "{dir}/schema_uri_object.json", STREAM],
         ["replay", "--tools", "{dir}/schema_uri_number.json", STREAM],
-        ["replay", "--tools", "{dir}/dangling_ref.json", STREAM],
         ["replay", "--previews", "--preview-mode", "fields", "--preview-fields", "a", STREAM],
         ["replay", "--max-args-bytes", "0", STREAM],
         ["replay", "--provider", "nope", STREAM],
@@ -464,6 +463,15 @@ def test_hostile_arguments_give_one_error_line(hostile_paths, argv):
     assert (status, out) == (2, "")
     assert err.startswith("toollatch: error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err
+
+
+def test_a_schema_reference_that_cannot_be_resolved_fails_the_call(hostile_paths):
+    status, out, err = run_in_process(
+        ["replay", "--format", "json", "--tools", f"{hostile_paths}/dangling_ref.json", STREAM])
+    assert (status, err) == (0, "")
+    calls = {c["name"]: c for c in json.loads(out)["calls"]}
+    assert (calls["search_notes"]["state"], calls["search_notes"]["error"]) == (
+        "failed", "schema_violation")
 
 
 def test_a_bug_while_replaying_is_one_error_line_after_the_files_before(monkeypatch, tmp_path):

@@ -206,13 +206,6 @@ def test_the_gate_sets_every_field_of_a_committed_call():
         call.name = "other"  # type: ignore[misc]
 
 
-def test_validators_are_compiled_once_per_tool():
-    gate = Gate(TOOLS)
-    for _ in range(3):
-        check('{"path": "a.md"}', gate)
-    assert list(gate._validators) == ["write_file"]
-
-
 def test_tool_definitions_in_every_shape_and_bad_ones():
     specs = load_tools(TOOLS + [{"name": "bare", "parameters": {"type": "object"}}])
     assert [s.name for s in specs] == ["write_file", "noop", "bare"]
@@ -256,3 +249,23 @@ def test_a_schema_reference_that_cannot_be_resolved_fails_the_call_not_the_strea
                          text='{"a": 1}')
     assert isinstance(verdict, Rejection) and verdict.code is ErrorCode.SCHEMA_VIOLATION
     assert "could not be applied" in verdict.detail
+
+
+def test_each_distinct_schema_is_checked_once_per_process(monkeypatch):
+    import jsonschema
+
+    checked = []
+    real = jsonschema.Draft202012Validator.check_schema
+    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema",
+                        classmethod(lambda cls, schema: (checked.append(1), real(schema))[1]))
+    schema = {"type": "object", "properties": {"q": {"type": "string", "minLength": 7919}}}
+    for _ in range(50):  # a gateway building its tools anew for every request
+        tools = [{"name": "a", "parameters": json.loads(json.dumps(schema))},
+                 {"name": "b", "parameters": dict(reversed(list(schema.items())))}]
+        gate = Gate(tools)
+        ok = gate.check(key=CallKey(0, 0, 0), position=0, call_id="c", name="b", text='{"q": 1}')
+        assert isinstance(ok, Rejection) and ok.code is ErrorCode.SCHEMA_VIOLATION
+    assert len(checked) == 1  # key order does not make a schema distinct
+    for _ in range(3):  # a bad schema is refused every time, never cached as good
+        with pytest.raises(ConfigError):
+            Gate([{"name": "a", "parameters": {"type": "object", "minLength": -7919}}])

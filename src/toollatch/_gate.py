@@ -261,7 +261,6 @@ class Gate:
         self.tools: dict[str, ToolSpec] | None = (
             None if tools is None else {s.name: s for s in load_tools(tools)}
         )
-        self._validators: dict[str, jsonschema.protocols.Validator] = {}
 
     def check(
         self, *, key: CallKey, position: int, call_id: str | None, name: str | None, text: str
@@ -307,15 +306,8 @@ class Gate:
         return value
 
     def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
-        validator = self._validators.get(spec.name)
-        if validator is None:
-            cls = jsonschema.validators.validator_for(
-                spec.parameters, default=jsonschema.Draft202012Validator
-            )
-            validator = cls(spec.parameters)
-            self._validators[spec.name] = validator
         try:
-            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+            error = jsonschema.exceptions.best_match(spec.validator().iter_errors(args))
         except Exception as exc:  # the boundary to jsonschema: e.g. a $ref it cannot resolve
             raise _Reject(
                 ErrorCode.SCHEMA_VIOLATION,

@@ -36,6 +36,9 @@ class ToolSpec:
     """May run as soon as its call is safely complete, before the round ends (dispatcher)."""
     timeout_s: float | None = None
     """Run-time limit for one call, in seconds (dispatcher); None = the dispatcher default."""
+    _validator: jsonschema.protocols.Validator = field(
+        init=False, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -46,16 +49,12 @@ class ToolSpec:
             math.isfinite(self.timeout_s) and self.timeout_s > 0
         ):
             raise ConfigError(f"tool {self.name!r}: timeout_s must be a positive number")
-        dialect = self.parameters.get("$schema")
-        if dialect is not None and not isinstance(dialect, str):
-            raise ConfigError(f"tool {self.name!r}: $schema must be a string, got {dialect!r}")
-        validator = jsonschema.validators.validator_for(
-            self.parameters, default=jsonschema.Draft202012Validator
-        )
-        try:
-            validator.check_schema(dict(self.parameters))
-        except jsonschema.SchemaError as exc:
-            raise ConfigError(f"tool {self.name!r}: invalid JSON Schema: {exc.message}") from None
+        object.__setattr__(self, "_validator", _compiled(self.name, self.parameters))
+
+    def validator(self) -> jsonschema.protocols.Validator:
+        """The compiled validator of :attr:`parameters` (shared by every spec with the same
+        schema in this process)."""
+        return self._validator
 
     @classmethod
     def from_definition(cls, definition: Mapping[str, Any]) -> ToolSpec:
@@ -74,6 +73,33 @@ class ToolSpec:
         )
 
 
+_COMPILED: dict[bytes, jsonschema.protocols.Validator] = {}
+"""Validators by canonical schema text: a gateway building a parser per request with its tools
+checks and compiles each distinct schema once per process, not once per request. Validators
+and specs are immutable, so sharing them is safe; both caches keep the newest ``_KEPT``."""
+_KEPT = 1024
+
+
+def _compiled(name: str, schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
+    """The checked, compiled validator of ``schema``; raises ``ConfigError`` for a bad one."""
+    key = _canonical(schema)
+    validator = _COMPILED.get(key) if key else None
+    if validator is not None:
+        return validator
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        raise ConfigError(f"tool {name!r}: $schema must be a string, got {dialect!r}")
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(dict(schema))
+    except jsonschema.SchemaError as exc:
+        raise ConfigError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from None
+    validator = cls(schema)
+    if key:
+        _keep(_COMPILED, key, validator)
+    return validator
+
+
 def load_tools(source: Iterable[Mapping[str, Any] | ToolSpec] | str | Path) -> tuple[ToolSpec, ...]:
     """Tool specs from definitions, specs, or a JSON file holding a list of definitions.
 
@@ -89,12 +115,38 @@ def load_tools(source: Iterable[Mapping[str, Any] | ToolSpec] | str | Path) -> t
         if not isinstance(raw, list):
             raise ConfigError(f"{source}: expected a JSON list of tool definitions")
         source = raw
+    items = source if isinstance(source, list | tuple) else list(source)
+    key = _canonical(items)
+    specs = _LOADED.get(key) if key else None
+    if specs is not None:
+        return specs
     specs = tuple(
-        item if isinstance(item, ToolSpec) else ToolSpec.from_definition(item) for item in source
+        item if isinstance(item, ToolSpec) else ToolSpec.from_definition(item) for item in items
     )
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
             raise ConfigError(f"tool {spec.name!r} is defined twice")
         seen.add(spec.name)
+    if key:
+        _keep(_LOADED, key, specs)
     return specs
+
+
+_LOADED: dict[bytes, tuple[ToolSpec, ...]] = {}
+"""Specs by the canonical text of the definitions they came from (see ``_COMPILED``)."""
+
+
+def _canonical(value: object) -> bytes:
+    """``value`` as canonical JSON text (sorted keys), or ``b""`` when it is not plain JSON
+    data (a ToolSpec, an integer over 64 bits...): such input is never cached."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return b""
+
+
+def _keep(cache: dict[bytes, Any], key: bytes, value: object) -> None:
+    if len(cache) >= _KEPT:
+        del cache[next(iter(cache))]  # the oldest: a process has few distinct tool sets
+    cache[key] = value
