@@ -179,7 +179,7 @@ def test_incomplete_item_fails_truncated_and_the_round_is_truncated() -> None:
         CallOpened(key=key("fc_1"), call_id="call_1", name="write"),
         ArgsDelta(key=key("fc_1"), fragment='{"text":"abc'),
         Anomaly(
-            kind=AnomalyKind.NEVER_CLOSED,
+            kind=AnomalyKind.INCOMPLETE_ITEM,
             detail="the provider marked the function_call item incomplete",
             key=key("fc_1"),
             fails_call=True,

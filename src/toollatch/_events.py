@@ -101,6 +101,9 @@ class AnomalyKind(StrEnum):
     """A hallucinated ``multi_tool_use.parallel`` wrapper was expanded into its inner calls."""
     NEVER_CLOSED = "never_closed"
     """A call of a provider with per-call closes was still open when the round ended."""
+    INCOMPLETE_ITEM = "incomplete_item"
+    """The provider marked a call's item incomplete (Responses ``status: incomplete``): the
+    call fails ``truncated`` whatever the round's end."""
     DUPLICATE_KEY = "duplicate_key"
     """Arguments sent as a JSON object repeat a key: which value the model meant is unknown."""
     REASON_OVERRIDDEN = "reason_overridden"
