@@ -29,10 +29,29 @@ def test_every_forbidden_pair_raises(state, trigger):
 
 
 def test_terminal_states_have_no_way_out_and_transitions_are_one_way():
-    assert not any(s in TERMINAL for s, _ in TRANSITIONS)
     order = list(CallState)
-    for (state, _), target in TRANSITIONS.items():
-        assert order.index(target) > order.index(state), (state, target)
+    for (state, trigger), target in TRANSITIONS.items():
+        if state in TERMINAL:
+            assert target is state, (state, trigger)  # a listed no-op: the first outcome stays
+        else:
+            assert order.index(target) > order.index(state), (state, target)
+    assert {s for s, _ in TRANSITIONS} | TERMINAL == set(CallState)  # no state is unreachable
+
+
+@pytest.mark.parametrize("first", ["fail", "cancel"])
+@pytest.mark.parametrize("then", ["fail", "cancel"])
+def test_a_decided_call_keeps_its_first_outcome(first, then):
+    from toollatch import CallKey, ErrorCode
+    from toollatch._buffer import CallBuffer
+
+    buf = CallBuffer(CallKey(0, 0, 0), 0, "a", "f")
+    for step, detail in ((first, "first"), (then, "then")):
+        if step == "fail":
+            buf.fail(ErrorCode.TRUNCATED, detail)
+        else:
+            buf.cancel(detail)
+    assert buf.detail == "first"
+    assert buf.state is (CallState.FAILED if first == "fail" else CallState.CANCELLED)
 
 
 def test_only_the_state_module_and_the_buffer_assign_a_state():

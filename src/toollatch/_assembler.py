@@ -418,9 +418,8 @@ class Assembler:
     ) -> list[Notice]:
         if kind is not None:
             self._record(kind, detail, buf.key)
-        if buf.state in (CallState.FAILED, CallState.CANCELLED):
-            return []
-        buf.fail(code, detail)
+        if not buf.fail(code, detail):
+            return []  # (it was decided before: it keeps its first outcome)
         failed = CallFailed(
             key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail
         )

@@ -78,28 +78,29 @@ class CallBuffer:
         """The protocol announced the end of the arguments."""
         self._move(Trigger.CLOSE)
 
-    def fail(self, code: ErrorCode, detail: str) -> None:
-        """Fail the call (no-op for a call that already failed or was cancelled)."""
-        if self.state in (CallState.FAILED, CallState.CANCELLED):
-            return
-        self._move(Trigger.FAIL)
+    def fail(self, code: ErrorCode, detail: str) -> bool:
+        """Fail the call; False (nothing changed) for a call already failed or cancelled."""
+        if not self._move(Trigger.FAIL):
+            return False
         self.error, self.detail = code, detail
+        return True
 
     def cancel(self, detail: str) -> None:
-        """Cancel an unfinished call (no-op once failed, cancelled or done)."""
-        if self.state in (CallState.FAILED, CallState.CANCELLED, CallState.DONE):
-            return
-        self._move(Trigger.CANCEL)
-        self.error, self.detail = ErrorCode.CANCELLED, detail
-        self.committed = None
+        """Cancel an undecided call (a no-op once it failed or was cancelled)."""
+        if self._move(Trigger.CANCEL):
+            self.error, self.detail = ErrorCode.CANCELLED, detail
 
     def commit(self, call: CommittedCall) -> None:
         """The gate accepted the call."""
         self._move(Trigger.ACCEPT)
         self.committed = call
 
-    def _move(self, trigger: Trigger) -> None:
-        """Every state change: no transition leads back to OPEN, so the fast path's bound
-        closes for good."""
-        self.state = advance(self.state, trigger)
+    def _move(self, trigger: Trigger) -> bool:
+        """Every state change (False for one of the table's no-ops): no transition leads back
+        to OPEN, so the fast path's bound closes for good."""
+        state = advance(self.state, trigger)
+        if state is self.state:
+            return False
+        self.state = state
         self.bound = -1
+        return True

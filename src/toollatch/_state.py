@@ -4,8 +4,10 @@ Theory of operation: a call is a small one-way state machine. It is OPEN while i
 text streams in. When the protocol announces its end (a per-call close, or a normal round end
 for providers without one) it becomes ARGS_COMPLETE. The gate then makes it COMMITTED (the only
 state a tool may run from) or FAILED. Limits, protocol violations, truncation and interrupted
-streams fail it early; the caller's cancel makes it CANCELLED. A committed call becomes DONE
-once the rim recorded its result. Nothing else ever assigns a state: every change goes through
+streams fail it early; the caller's cancel makes it CANCELLED. A decided call keeps its first
+outcome: a later failure or cancel of a FAILED or CANCELLED call is a listed no-op, so the
+callers need no guards of their own. Running a committed call is the runtime's business, not
+a state of the core's. Nothing else ever assigns a state: every change goes through
 :func:`advance`, which raises :class:`InvariantBroken` for a pair the table does not allow.
 """
 
@@ -28,9 +30,7 @@ class CallState(StrEnum):
     FAILED = "failed"
     """The call will never run; it carries an error code and an error result."""
     CANCELLED = "cancelled"
-    """The caller cancelled the call before it committed (or before it ran)."""
-    DONE = "done"
-    """A committed call whose result was recorded."""
+    """The caller cancelled the call before it committed."""
 
 
 class Trigger(StrEnum):
@@ -44,8 +44,6 @@ class Trigger(StrEnum):
     """A limit, a protocol violation, the gate, truncation or interruption failed the call."""
     CANCEL = "cancel"
     """The caller cancelled."""
-    COMPLETE = "complete"
-    """The call ran and its result was recorded."""
 
 
 TRANSITIONS: dict[tuple[CallState, Trigger], CallState] = {
@@ -55,13 +53,18 @@ TRANSITIONS: dict[tuple[CallState, Trigger], CallState] = {
     (CallState.ARGS_COMPLETE, Trigger.ACCEPT): CallState.COMMITTED,
     (CallState.ARGS_COMPLETE, Trigger.FAIL): CallState.FAILED,
     (CallState.ARGS_COMPLETE, Trigger.CANCEL): CallState.CANCELLED,
-    (CallState.COMMITTED, Trigger.COMPLETE): CallState.DONE,
-    (CallState.COMMITTED, Trigger.CANCEL): CallState.CANCELLED,
+    # A decided call keeps its first outcome (e.g. the round end fails what a limit failed).
+    (CallState.FAILED, Trigger.FAIL): CallState.FAILED,
+    (CallState.FAILED, Trigger.CANCEL): CallState.FAILED,
+    (CallState.CANCELLED, Trigger.FAIL): CallState.CANCELLED,
+    (CallState.CANCELLED, Trigger.CANCEL): CallState.CANCELLED,
 }
 """Every allowed ``(state, trigger) -> state``; any other pair is a bug in toollatch."""
 
-TERMINAL: frozenset[CallState] = frozenset({CallState.FAILED, CallState.CANCELLED, CallState.DONE})
-"""States no trigger leaves."""
+TERMINAL: frozenset[CallState] = frozenset(
+    {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED}
+)
+"""States no trigger leaves (FAILED and CANCELLED take failures and cancels as no-ops)."""
 
 
 def advance(state: CallState, trigger: Trigger) -> CallState:
