@@ -16,6 +16,7 @@ cannot pass without ever seeing a commit).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from toollatch import CallState, StreamParser
+from toollatch import StreamParser
 from toollatch.testing import summary
 
 
@@ -54,7 +55,7 @@ class Stream:
         if self.framing == "jsonl":
             return "".join(f"{t}\n" for t in texts).encode()
         return "".join(
-            (f"event: {n}\n" if n else "") + f"data: {t}\n\n" for t, n in zip(texts, names)
+            (f"event: {n}\n" if n else "") + f"data: {t}\n\n" for t, n in zip(texts, names, strict=False)
         ).encode()
 
 
@@ -169,7 +170,7 @@ def _calls(draw: st.DrawFn) -> Calls:
         text = json.dumps(draw(_objects), ensure_ascii=False)
         cuts = sorted(draw(st.sets(st.integers(1, len(text) - 1), max_size=5)))
         bounds = [0, *cuts, len(text)]
-        out.append((f"f{i}", text, [text[a:b] for a, b in zip(bounds, bounds[1:])]))
+        out.append((f"f{i}", text, [text[a:b] for a, b in itertools.pairwise(bounds)]))
     return out
 
 
@@ -227,7 +228,7 @@ def _check(stream: Stream, how: str, at: int, texts: list[str], cuts: list[int])
     round_ = whole.finish()
     pieces = StreamParser(provider, framing=stream.framing)
     bounds = [0, *sorted(c % (len(wire) + 1) for c in cuts), len(wire)]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         pieces.feed(wire[a:b])
     assert summary(pieces.finish()) == summary(round_)  # failures too: the reads do not matter
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from toollatch import CallState, InvariantBroken
+from toollatch import CallKey, CallState, ErrorCode, InvariantBroken
+from toollatch._buffer import CallBuffer
 from toollatch._state import TERMINAL, TRANSITIONS, Trigger, advance
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "toollatch"
@@ -41,9 +42,6 @@ def test_terminal_states_have_no_way_out_and_transitions_are_one_way():
 @pytest.mark.parametrize("first", ["fail", "cancel"])
 @pytest.mark.parametrize("then", ["fail", "cancel"])
 def test_a_decided_call_keeps_its_first_outcome(first, then):
-    from toollatch import CallKey, ErrorCode
-    from toollatch._buffer import CallBuffer
-
     buf = CallBuffer(CallKey(0, 0, 0), 0, "a", "f")
     for step, detail in ((first, "first"), (then, "then")):
         if step == "fail":
