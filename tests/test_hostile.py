@@ -55,7 +55,8 @@ class Stream:
         if self.framing == "jsonl":
             return "".join(f"{t}\n" for t in texts).encode()
         return "".join(
-            (f"event: {n}\n" if n else "") + f"data: {t}\n\n" for t, n in zip(texts, names, strict=False)
+            (f"event: {n}\n" if n else "") + f"data: {t}\n\n"
+            for t, n in zip(texts, names, strict=True)
         ).encode()
 
 
