@@ -295,7 +295,10 @@ class OpenAIResponsesAdapter(Adapter):
             # Rule "incomplete_item_fails_truncated": the provider itself says the call was cut
             # (max_output_tokens), even when response.completed follows (issue 11, item 3).
             detail = "the provider marked the function_call item incomplete"
-            return [*events, _failing(AnomalyKind.INCOMPLETE_ITEM, detail, key, ErrorCode.TRUNCATED)]
+            return [
+                *events,
+                _failing(AnomalyKind.INCOMPLETE_ITEM, detail, key, ErrorCode.TRUNCATED),
+            ]
         if status is not None and status != "completed":
             # Rule "only_completed_items_close": "in_progress" (or anything unknown) on the
             # item's own end is a contradiction; the call is not trusted. An absent status
@@ -451,7 +454,9 @@ class OpenAIResponsesAdapter(Adapter):
             arguments, first = item.get("arguments"), self._closed.get(item_id)
             if status == "incomplete":
                 detail = "response.completed lists the function_call item as incomplete"
-                events.append(_failing(AnomalyKind.INCOMPLETE_ITEM, detail, key, ErrorCode.TRUNCATED))
+                events.append(
+                    _failing(AnomalyKind.INCOMPLETE_ITEM, detail, key, ErrorCode.TRUNCATED)
+                )
             elif status is not None and status != "completed":
                 detail = f"response.completed lists the item with status {short(status, 40)!r}"
                 events.append(_failing(AnomalyKind.INVALID_PAYLOAD, detail, key))
