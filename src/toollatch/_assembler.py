@@ -1,14 +1,35 @@
 """The assembler: stream events in, bounded per-call buffers, a :class:`Round` out.
 
-Theory of operation: one :class:`CallBuffer` per :class:`CallKey`, created by ``CallOpened``
-and never shared, so fragments of parallel or interleaved calls cannot mix. Argument text is
-opaque: appended in order, counted in UTF-8 bytes on every append, never parsed here. A call's
-end is whatever the protocol announced (``CallClosed``, or a normal round end for providers
-without per-call closes). ``finish()`` decides every call exactly once: if the round ended
-normally, closed calls go through the :class:`Gate`; otherwise every unfinished call fails
-(``truncated``, ``stream_interrupted``) — a parsable prefix is never an end. Provider
-misbehaviour becomes an ``Anomaly`` and a failed call, never an exception; misuse by the caller
-(feeding after finish) raises ``UsageError``.
+Theory of operation
+-------------------
+The assembler is the state machine of one attempt, driven by the adapter's stream events. It
+owns one :class:`CallBuffer` per :class:`CallKey`, created by ``CallOpened`` and never shared,
+so fragments of parallel or interleaved calls cannot mix. Every call moves through the table in
+``_state.py`` (OPEN -> ARGS_COMPLETE -> COMMITTED | FAILED | CANCELLED) and only the buffer
+assigns its state.
+
+While the round streams, argument text is opaque: appended in order, counted in UTF-8 bytes on
+every append (the fast path in ``_append`` is one lookup, one count and one append while the
+call stays under its buffer's bound), never parsed here. Whatever makes a call untrustworthy
+fails it at once and returns a :class:`CallFailed` notice:
+
+* a limit passed (argument bytes, calls per round, choices: past twice the call limit or the
+  choice limit the whole stream fails and nothing new is kept);
+* a protocol violation on the call (a fragment after its close, another id or name);
+* a *lost event*: an ``Anomaly`` with ``fails_pending`` (an event the adapter could not read
+  or match to a call) or a fragment for a key that never opened. Either may have carried a
+  fragment of any call, so every call not yet decided fails.
+
+A call's end is what its protocol announced: ``CallClosed`` (chat's adapter closes its calls
+when their choice ends). The first non-normal ``RoundEnded`` of a choice sticks: a later normal
+reason never overrides a truncation or a failure.
+
+``finish()`` decides every call exactly once. If the round ended normally, a call still OPEN
+fails (``never_closed``), ``multi_tool_use.parallel`` wrappers are expanded, and every closed
+call goes through the :class:`Gate`; otherwise every undecided call fails with the ending's
+code (``truncated``, ``stream_interrupted``, ``cancelled``) — a parsable prefix is never an end.
+Provider misbehaviour never raises; misuse by the caller (feeding after ``finish()``) raises
+``UsageError``; ``finish()`` again returns the same Round.
 """
 
 from __future__ import annotations
