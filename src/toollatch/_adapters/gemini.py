@@ -33,7 +33,6 @@ reported a ``finishReason`` failed.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -43,7 +42,8 @@ from typing import Any, ClassVar, Final
 
 import orjson
 
-from toollatch._adapters._base import Adapter, error_detail, short
+from toollatch._adapters._base import Adapter, error_detail, lost_event, short
+from toollatch._errors import ErrorCode
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
@@ -76,6 +76,21 @@ _MAX_SAFE_INTEGER: Final = 2**53
 """Gemini numbers are IEEE doubles (protobuf ``Struct``); larger integers may have changed."""
 
 _MISSING: Final = object()
+
+_MAX_DEPTH: Final = 255
+"""Nesting the adapter builds or serializes for one call's arguments (rule
+"bounded_depth"). The gate refuses more than ``Limits.max_json_depth`` (64 by default)
+anyway; this bound is orjson's own write limit, so every tree the adapter serializes is
+written without recursion, and no input (a ``partialArgs`` path of 100k segments, an
+``args`` object nested 100k deep fed as a dict) can exhaust the stack or make a tree far
+larger than the event that described it. Deeper arguments fail ``depth_exceeded``."""
+
+_MAX_STREAMED_CHARS: Final = 16 * 1024 * 1024
+"""Backstop on a Vertex streamed call's argument text, measured as the updates arrive
+(rule "measured_as_streamed", see :meth:`GeminiAdapter._measure`): the
+``Limits.max_event_bytes`` default, i.e. no streamed call may grow past what one whole
+call in one SSE event could carry by default. Over it the call fails
+``arguments_exceed_max_bytes`` and its tree is dropped."""
 
 _PATH_SEGMENT = re.compile(r"\.([^\W\d]\w*)|\[(0|[1-9]\d*)\]|\['([^'\\]*)'\]|\[\"([^\"\\]*)\"\]")
 """One JSONPath (RFC 9535) segment of the subset Vertex uses: ``.name``, ``[2]``, ``['name']``
@@ -155,6 +170,29 @@ def _leaf_value(update: Mapping[str, Any]) -> tuple[object, str | None]:
     return None, "partialArgs entry without a value"
 
 
+class _Pieces:
+    """A string leaf still growing (its last update had ``willContinue``): pieces joined once
+    at the close, so a string sent in n pieces costs O(total), not O(n * total)."""
+
+    __slots__ = ("chars", "parent", "pieces", "slot")
+
+    def __init__(self, parent: dict[str, Any] | list[Any], slot: str | int, first: str) -> None:
+        self.parent, self.slot, self.pieces, self.chars = parent, slot, [first], len(first)
+
+    def add(self, piece: str) -> None:
+        self.pieces.append(piece)
+        self.chars += len(piece)
+
+    def settle(self) -> None:
+        """Put the joined string where this leaf is, if it is still there."""
+        if _get(self.parent, self.slot) is self:
+            _put(self.parent, self.slot, "".join(self.pieces))
+
+
+def _type_name(node: object) -> str:
+    return "str" if isinstance(node, _Pieces) else type(node).__name__
+
+
 def _get(container: dict[str, Any] | list[Any], slot: str | int) -> Any:
     if isinstance(container, dict):
         return container.get(str(slot), _MISSING)
@@ -176,9 +214,71 @@ def _put(container: dict[str, Any] | list[Any], slot: str | int, value: object) 
     return None
 
 
-def _assign(holder: list[Any], path: PathSegments, value: object, *, append: bool) -> str | None:
-    """Set the leaf at ``path`` under ``holder[0]``, creating objects/arrays on the way."""
-    parent: dict[str, Any] | list[Any] = holder
+def _weight(value: object) -> int:
+    """A lower bound on the characters of ``value``'s JSON text: a string's length, 1 for
+    every other leaf, containers and keys not counted. Iterative (any depth)."""
+    total = 0
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            total += len(node)
+        elif isinstance(node, _Pieces):
+            total += node.chars
+        else:
+            total += 1
+    return total
+
+
+def _copy_tree(value: object) -> tuple[object, int] | None:
+    """A copy of ``value``'s dicts and lists (leaves shared) and its :func:`_weight`, or
+    None when it nests deeper than ``_MAX_DEPTH``. Iterative: ``copy.deepcopy`` recursed
+    and let ``RecursionError`` out of ``feed()`` for deeply nested ``args``."""
+    holder: list[Any] = [None]
+    weight = 0
+    stack: list[tuple[object, list[Any] | dict[str, Any], int | str, int]] = [(value, holder, 0, 0)]
+    while stack:
+        node, parent, slot, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth >= _MAX_DEPTH:
+                return None
+            if isinstance(node, dict):
+                copied: dict[str, Any] | list[Any] = dict.fromkeys(node)
+                stack.extend((v, copied, k, depth + 1) for k, v in node.items())
+            else:
+                copied = [None] * len(node)
+                stack.extend((v, copied, i, depth + 1) for i, v in enumerate(node))
+            parent[slot] = copied  # type: ignore[index]
+        else:
+            weight += len(node) if isinstance(node, str) else 1
+            parent[slot] = node  # type: ignore[index]
+    return holder[0], weight
+
+
+def _too_deep(value: object) -> bool:
+    """Whether ``value`` nests dicts/lists deeper than ``_MAX_DEPTH`` (iterative)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth >= _MAX_DEPTH:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _assign(
+    call: _Call, path: PathSegments, value: object, *, append: bool, more: bool
+) -> str | None:
+    """Set the leaf at ``path`` of ``call``'s arguments, creating objects/arrays on the way;
+    a string with ``append`` continues the one there, one with ``more`` may be continued.
+    Keeps ``call.nbytes`` (the :func:`_weight` of the whole tree) up to date."""
+    parent: dict[str, Any] | list[Any] = call.holder
     slot: str | int = 0
     for segment in path:
         node = _get(parent, slot)
@@ -188,12 +288,21 @@ def _assign(holder: list[Any], path: PathSegments, value: object, *, append: boo
             if (error := _put(parent, slot, node)) is not None:
                 return error
         elif not isinstance(node, wanted):
-            return f"path crosses a {type(node).__name__} where a {wanted.__name__} was expected"
+            return f"path crosses a {_type_name(node)} where a {wanted.__name__} was expected"
         parent, slot = node, segment
-    if append and isinstance(value, str):
-        old = _get(parent, slot)
-        value = old + value if isinstance(old, str) else value
-    return _put(parent, slot, value)
+    old = _get(parent, slot)
+    if isinstance(value, str):
+        if append and isinstance(old, _Pieces):
+            old.add(value)
+            call.nbytes += len(value)
+            return None
+        if more:
+            value = _Pieces(parent, slot, value)
+            call.strings.append(value)
+    if (error := _put(parent, slot, value)) is not None:
+        return error
+    call.nbytes += _weight(value) - (0 if old is _MISSING else _weight(old))
+    return None
 
 
 _PLAIN_LEAVES: Final = frozenset({str, int, bool, type(None)})
@@ -232,8 +341,20 @@ class _Call:
     """``[arguments]``: a one-slot holder so that a ``$`` update can replace the root."""
     continuing: set[PathSegments] = field(default_factory=set)
     """String leaves whose last update had ``willContinue``: the next one appends."""
+    strings: list[_Pieces] = field(default_factory=list)
+    """Every growing string leaf made so far, to join at the close."""
+    nbytes: int = 0
+    """A lower bound on the argument text's size (see :func:`_weight`), kept as updates
+    arrive."""
     failed: bool = False
     """A bad update failed the call; its remaining parts are absorbed silently."""
+
+    def drop(self) -> None:
+        """The call failed: keep nothing of its arguments."""
+        self.failed = True
+        self.holder[0] = None
+        self.continuing.clear()
+        self.strings.clear()
 
 
 @dataclass(slots=True)
@@ -245,13 +366,19 @@ class _Candidate:
     open: _Call | None = None
     """The Vertex streamed call whose closing part has not arrived yet."""
     finish_reason: str | None = None
+    """The first reason reported (a later different one is still passed on: see
+    :meth:`GeminiAdapter._finish_reason`)."""
+    spoiled: bool = False
+    """A call part arrived after the end and failed every call of the candidate."""
 
 
 class GeminiAdapter(Adapter):
     """Adapter for Gemini / Vertex AI ``streamGenerateContent`` chunks (SSE or JSONL).
 
     Keys are ``CallKey(attempt, candidate index, position)``. Never raises for provider
-    misbehaviour (see :class:`~toollatch._adapters._base.Adapter`).
+    misbehaviour (see :class:`~toollatch._adapters._base.Adapter`): a chunk, candidate, part
+    or ``functionCall`` it cannot read fails every pending call (a lost event), a bad update
+    of a streamed call fails that call.
     """
 
     provider: ClassVar[str] = "gemini"
@@ -262,6 +389,9 @@ class GeminiAdapter(Adapter):
         self._failed = False
         self._last_usage: Mapping[str, Any] | None = None
         self._unknown_parts: set[str] = set()
+        self._duplicates: bool | None = None
+        """The duplicate-key verdict of the chunk being translated, once asked (one strict
+        re-read per chunk, however many calls it carries)."""
 
     # -- Adapter hooks ----------------------------------------------------------------------
 
@@ -278,15 +408,24 @@ class GeminiAdapter(Adapter):
         if "error" in event:
             # Errors mid-stream arrive as a chunk {"error": {code, message, status}}.
             self._failed = True
-            err = event["error"]
-            if isinstance(err, Mapping):
-                err = {**err, "type": err.get("status")}  # e.g. UNAVAILABLE: 503: overloaded
-            return [StreamFailed(detail=error_detail({"error": err}))]
-        candidates = event.get("candidates") or []
+            return [StreamFailed(detail=_error_detail(event["error"]))]
+        self._duplicates = None
+        candidates = event.get("candidates")
+        if candidates is None:
+            candidates = []  # (a falsy 0, "" or {} is not "absent": it is unreadable)
         if not isinstance(candidates, list):
-            return [_invalid("candidates is not a list")]
-        indexed = [(_candidate_index(c, i), c) for i, c in enumerate(candidates)]
+            return [lost_event("candidates is not a list")]
         events: list[StreamEvent] = []
+        indexed: list[tuple[int, object]] = []
+        for position, candidate in enumerate(candidates):
+            index = _candidate_index(candidate, position)
+            if index is None:
+                # Rule "lost_candidate": its parts may continue any call (issue 11, item 1).
+                events.append(
+                    lost_event(f"candidate {position} has an index that is not an integer")
+                )
+            else:
+                indexed.append((index, candidate))
         for index, candidate in indexed:
             events += self._content(index, candidate)
         usage = event.get("usageMetadata")
@@ -312,36 +451,75 @@ class GeminiAdapter(Adapter):
 
     def _content(self, index: int, candidate: object) -> list[StreamEvent]:
         if not isinstance(candidate, Mapping):
-            return [_invalid("candidate is not an object")]
+            return [lost_event("candidate is not an object")]
         state = self._candidates.setdefault(index, _Candidate())
         content = candidate.get("content")
-        parts = content.get("parts") if isinstance(content, Mapping) else None
-        if not isinstance(parts, list) or not parts:
+        if content is None:
+            return []  # e.g. the content-less chunk that carries only the finishReason (Q14)
+        parts = content.get("parts") if isinstance(content, Mapping) else _MISSING
+        if parts is None:
+            return []
+        if not isinstance(parts, list):
+            return [lost_event(f"content of candidate {index} has no readable parts list")]
+        if not parts:
             return []
         if state.finish_reason is not None:
-            return [_after_end(f"content for candidate {index}")]
+            return self._after_candidate_end(index, state, parts)
         events: list[StreamEvent] = []
         for part in parts:
             events += self._part(index, state, part)
         return events
 
+    def _after_candidate_end(
+        self, index: int, state: _Candidate, parts: list[Any]
+    ) -> list[StreamEvent]:
+        """Parts after the candidate's finishReason. Rule "call_part_after_end": a
+        ``functionCall`` part (or a part that cannot be read) may continue any call of the
+        candidate, none of which can grow any more, so all of them fail (issue 11, item 5);
+        other parts are only recorded."""
+        risky = any(not isinstance(p, Mapping) or "functionCall" in p for p in parts)
+        if not risky or state.spoiled:
+            return [_after_end(f"content for candidate {index}")]
+        state.spoiled = True
+        detail = f"a functionCall part for candidate {index} after its finishReason"
+        return [
+            Anomaly(
+                kind=AnomalyKind.EVENT_AFTER_END,
+                detail=detail,
+                key=CallKey(self.attempt, index, position),
+                fails_call=True,
+            )
+            for position in range(state.calls)
+        ] or [_after_end(f"content for candidate {index}")]
+
     def _finish_reason(self, index: int, candidate: object) -> list[StreamEvent]:
         reason = candidate.get("finishReason") if isinstance(candidate, Mapping) else None
-        if not isinstance(reason, str) or not reason:
+        if reason is None or reason == "":
             return []
+        if not isinstance(reason, str):
+            # Rule "unreadable_finish_reason": a reason we cannot read may have been
+            # MAX_TOKENS; it must not be skipped while a later STOP ends the candidate.
+            events: list[StreamEvent] = [_invalid("finishReason is not a string")]
+            reason, ending = "", Ending.INTERRUPTED
+        else:
+            events, ending = [], _ENDINGS.get(reason, Ending.INTERRUPTED)
         state = self._candidates.setdefault(index, _Candidate())
         if state.finish_reason is not None:
-            same = reason == state.finish_reason
-            return [] if same else [_after_end(f"finishReason {short(reason, 40)}")]
+            # Rule "sticky_reason": a second, different reason is passed on, and the
+            # assembler keeps the truncating or failing one of the two, whatever the order
+            # (MAX_TOKENS then STOP, or STOP then SAFETY; issue 11, items 3/4).
+            if reason == state.finish_reason:
+                return events
+            return [*events, RoundEnded(choice=index, ending=ending, stop_reason=reason or None)]
         state.finish_reason = reason
-        ending = _ENDINGS.get(reason, Ending.INTERRUPTED)
-        events: list[StreamEvent] = []
-        if state.open is not None and ending is Ending.NORMAL:
-            # Rule "closed_at_finish_reason": a streamed call whose terminating part never
-            # came ends with the candidate (gemini/vertex_partial_args_missing_terminal.jsonl
-            # shows the stream variant; a cut or filtered stream leaves it open to fail).
-            events += self._close(state)
-        events.append(RoundEnded(choice=index, ending=ending, stop_reason=reason))
+        # Rule "never_closed": a streamed call whose terminating part never came stays open;
+        # the assembler fails it (never_closed) even at STOP. Its text may be cut anywhere:
+        # gemini/vertex_partial_args_missing_terminal.jsonl ends its call with a last
+        # partialArgs part without willContinue, which is a close (see _continue).
+        if state.open is not None:
+            state.open.drop()
+            state.open = None
+        events.append(RoundEnded(choice=index, ending=ending, stop_reason=reason or None))
         return events
 
     def _prompt_blocked(self, event: Mapping[str, Any]) -> list[StreamEvent]:
@@ -357,7 +535,7 @@ class GeminiAdapter(Adapter):
 
     def _part(self, index: int, state: _Candidate, part: object) -> list[StreamEvent]:
         if not isinstance(part, Mapping):
-            return [_invalid("part is not an object")]
+            return [lost_event("part is not an object")]
         ordinal = state.parts
         state.parts += 1
         signature = part.get("thoughtSignature")
@@ -375,7 +553,7 @@ class GeminiAdapter(Adapter):
             return []
         if "thoughtSignature" in part and part.keys() <= {"thoughtSignature", "thought"}:
             return [ReasoningBlock(choice=index, block=f"part:{ordinal}", data=part)]
-        kind = ",".join(sorted(part.keys()))
+        kind = ",".join(sorted(str(k) for k in part))
         if kind in self._unknown_parts:
             return []
         self._unknown_parts.add(kind)
@@ -385,7 +563,7 @@ class GeminiAdapter(Adapter):
     def _text(self, index: int, part: Mapping[str, Any], ordinal: int) -> list[StreamEvent]:
         text = part["text"]
         if not isinstance(text, str):
-            return [_invalid("text part without a string")]
+            return [_invalid("text part without a string")]  # (text: never a call's input)
         if part.get("thought") is True:
             # A thought summary: kept whole (with its signature, if any), never shown as text.
             return [ReasoningBlock(choice=index, block=f"part:{ordinal}", data=part)]
@@ -404,7 +582,7 @@ class GeminiAdapter(Adapter):
     ) -> tuple[list[StreamEvent], int | None]:
         """Events of one ``functionCall`` part and the position of the call it belongs to."""
         if not isinstance(fc, Mapping):
-            return [_invalid("functionCall is not an object")], None
+            return [lost_event("functionCall is not an object")], None
         starts = "name" in fc or "args" in fc
         events: list[StreamEvent] = []
         if state.open is not None:
@@ -415,9 +593,14 @@ class GeminiAdapter(Adapter):
             # A new call began although the streamed one never ended: that one cannot be
             # trusted to be complete.
             events.append(_fail(state.open.key, "a new functionCall began before this one ended"))
+            state.open.drop()
             state.open = None
         if not starts:
-            if fc.get("willContinue") and not fc.get("partialArgs"):
+            if fc.get("partialArgs") not in (None, []):
+                # Rule "orphan_update": leaf updates for no open call may belong to a call
+                # whose opening part was lost (litellm#23815 accumulated such orphans).
+                return [lost_event("partialArgs for no open functionCall")], None
+            if fc.get("willContinue") is True:
                 return [], None  # keep-alive part with no call open: nothing to do
             detail = "functionCall part without a name while no call is open"
             return [Anomaly(kind=AnomalyKind.UNKNOWN_KEY, detail=detail)], None
@@ -434,42 +617,108 @@ class GeminiAdapter(Adapter):
         if index:
             synthesized = f"gemini:{self.attempt}:{index}:{position}"  # one id space per round
         name = fc.get("name")
-        events: list[StreamEvent] = [CallOpened(key=key, call_id=call_id or synthesized, name=name)]
+        bad_name = name is not None and not isinstance(name, str)
+        events: list[StreamEvent] = [
+            CallOpened(key=key, call_id=call_id or synthesized, name=None if bad_name else name)
+        ]
         if call_id is None:
             # Gemini often sends no id (all gemini/* fixtures); results pair by this one.
             detail = f"no call id from the provider; using {synthesized!r}"
             events.append(Anomaly(kind=AnomalyKind.SYNTHESIZED_ID, detail=detail, key=key))
+        state.open = call = _Call(key=key, holder=[None])
+        if bad_name:
+            call.drop()
+            events.append(_fail(key, "functionCall name is not a string"))
         # A whole call without "args" has none: {} (vertex_partial_args_no_args_and_three_calls).
         args = fc.get("args")
         args = {} if args is None else args
-        if fc.get("partialArgs"):
-            args = copy.deepcopy(args)  # leaf updates must not write into the caller's dict
-        state.open = call = _Call(key=key, holder=[args])
+        if fc.get("partialArgs") is not None and not call.failed:
+            # Leaf updates must not write into the caller's dict: an iterative copy.
+            copied = _copy_tree(args)
+            if copied is None:
+                call.drop()
+                events.append(_too_deep_anomaly(key))
+            else:
+                call.holder[0], call.nbytes = copied
+        elif not call.failed:
+            call.holder[0] = args
         return events + self._continue(state, call, fc)
 
     def _continue(self, state: _Candidate, call: _Call, fc: Mapping[str, Any]) -> list[StreamEvent]:
         """Apply a part's ``partialArgs`` to the open call; close it unless ``willContinue``."""
-        updates = fc.get("partialArgs") or []
-        if not isinstance(updates, list):
-            updates = [updates]
         events: list[StreamEvent] = []
-        for update in updates if not call.failed else []:
-            error = _apply(call, update)
-            if error is not None:
-                call.failed = True
-                events.append(_fail(call.key, error))
-                break
-        if not fc.get("willContinue"):
+        more = _flag(fc)
+        if not call.failed:
+            events += self._check(call, fc)
+        if not isinstance(more, bool):
+            more = False  # (the call was failed by _check)
+        if not more:
             events += self._close(state)
         return events
+
+    def _check(self, call: _Call, fc: Mapping[str, Any]) -> list[StreamEvent]:
+        """Read one part of the open call: its duplicate keys, its ``willContinue``, its
+        updates (and the size they reach). The events that fail the call, if any."""
+        if "args" in fc or "partialArgs" in fc:
+            if self._duplicates is None:
+                self._duplicates = self._duplicate_keys()
+            if self._duplicates:
+                # Rule "duplicate_key": {"cmd":"ls","cmd":"rm -rf /"} decoded to its last
+                # value (issue 11, item 6); also a repeated stringValue in an update.
+                call.drop()
+                return self._duplicate_key_anomaly(call.key)
+        if not isinstance(_flag(fc), bool):
+            call.drop()
+            return [_fail(call.key, "willContinue is not a boolean")]
+        updates = fc.get("partialArgs")
+        if updates is None:
+            return []
+        if not isinstance(updates, list):
+            call.drop()
+            return [_fail(call.key, "partialArgs is not a list")]
+        for update in updates:
+            error = _apply(call, update)
+            if error is not None:
+                call.drop()
+                return [error]
+        return self._measure(call)
+
+    def _measure(self, call: _Call) -> list[StreamEvent]:
+        """Rule "measured_as_streamed": a streamed call's size is known as its updates arrive
+        (``call.nbytes``, a lower bound on its text), not only at its close (issue 11: 400 MB
+        were held before the assembler's limit saw the text).
+
+        Hook: the assembler owns ``Limits.max_argument_bytes``. Once the stream vocabulary
+        has an event saying "at least n bytes of argument text are coming for this call",
+        this returns it whenever ``call.nbytes`` grew, and the assembler fails the call as
+        soon as n is over its limit. Until then it enforces the ``_MAX_STREAMED_CHARS``
+        backstop itself."""
+        if call.nbytes <= _MAX_STREAMED_CHARS:
+            return []
+        call.drop()
+        return [
+            Anomaly(
+                kind=AnomalyKind.ARGUMENTS_TOO_LARGE,
+                detail=f"streamed arguments exceed {_MAX_STREAMED_CHARS} characters",
+                key=call.key,
+                fails_call=True,
+                code=ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
+            )
+        ]
 
     def _close(self, state: _Candidate) -> list[StreamEvent]:
         """End the open call: its arguments as one canonical fragment, then ``CallClosed``."""
         call, state.open = state.open, None
         if call is None or call.failed:
             return []
-        text, path = _serialize(call.holder[0])
+        for pieces in call.strings:
+            pieces.settle()
+        args = call.holder[0]
+        if _too_deep(args):
+            return [_too_deep_anomaly(call.key)]
+        text, path = _serialize(args)
         if text is None:
+            # e.g. an infinite or NaN double in args fed as a dict: never written as null.
             return [_fail(call.key, "arguments cannot be serialized as JSON")]
         events: list[StreamEvent] = []
         if path is not None:
@@ -478,31 +727,71 @@ class GeminiAdapter(Adapter):
         return [*events, ArgsDelta(key=call.key, fragment=text), CallClosed(key=call.key)]
 
 
-def _apply(call: _Call, update: object) -> str | None:
-    """Apply one ``partialArgs`` leaf update to ``call``; an error description on failure."""
+def _apply(call: _Call, update: object) -> Anomaly | None:
+    """Apply one ``partialArgs`` leaf update to ``call``; the anomaly that fails it if bad."""
     if not isinstance(update, Mapping):
-        return "partialArgs entry is not an object"
-    path = _parse_path(update.get("jsonPath"))
+        return _fail(call.key, "partialArgs entry is not an object")
+    raw_path = update.get("jsonPath")
+    path = _parse_path(raw_path)
     if path is None:
-        return f"unsupported jsonPath {short(update.get('jsonPath'), 80)!r}"
+        shown = short(raw_path, 80) if isinstance(raw_path, str) else type(raw_path).__name__
+        return _fail(call.key, f"unsupported jsonPath {shown!r}")
+    if len(path) >= _MAX_DEPTH:
+        return _too_deep_anomaly(call.key)
     value, error = _leaf_value(update)
     if error is not None:
-        return error
+        return _fail(call.key, error)
+    more = _flag(update)
+    if not isinstance(more, bool):
+        return _fail(call.key, "partialArgs willContinue is not a boolean")
     append = path in call.continuing
-    if isinstance(value, str) and update.get("willContinue"):
+    if isinstance(value, str) and more:
         call.continuing.add(path)  # more of this string follows (nested fixture, steps[1])
     else:
         call.continuing.discard(path)
-    return _assign(call.holder, path, value, append=append)
+    error = _assign(call, path, value, append=append, more=more)
+    return None if error is None else _fail(call.key, error)
 
 
-def _candidate_index(candidate: object, position: int) -> int:
+def _flag(message: Mapping[str, Any]) -> object:
+    """``willContinue``: False when absent or null (protobuf JSON), else as sent."""
+    more = message.get("willContinue")
+    return False if more is None else more
+
+
+def _candidate_index(candidate: object, position: int) -> int | None:
+    """The candidate's ``index`` (its position when absent), or None when unreadable."""
     index = candidate.get("index") if isinstance(candidate, Mapping) else None
-    return index if isinstance(index, int) and not isinstance(index, bool) else position
+    if index is None:
+        return position
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
+
+
+def _error_detail(err: object) -> str:
+    """The short description of an error chunk's ``error``, from its scalar fields only (a
+    nested value's ``str()`` can recurse without bound)."""
+    if not isinstance(err, Mapping):
+        return f"error chunk ({type(err).__name__})"
+    flat = {
+        k: v
+        for k, v in err.items()
+        if k in ("code", "message", "status") and isinstance(v, str | int | float)
+    }
+    return error_detail({"error": {**flat, "type": flat.get("status")}})
 
 
 def _fail(key: CallKey, detail: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
+
+
+def _too_deep_anomaly(key: CallKey) -> Anomaly:
+    return Anomaly(
+        kind=AnomalyKind.INVALID_PAYLOAD,
+        detail=f"arguments nest deeper than {_MAX_DEPTH} levels",
+        key=key,
+        fails_call=True,
+        code=ErrorCode.DEPTH_EXCEEDED,
+    )
 
 
 def _after_end(what: str) -> Anomaly:
