@@ -305,7 +305,13 @@ def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
         key = CallKey(0, 0, i)
         events += [CallOpened(key=key, call_id=f"c{i}", name="f"),
                    ArgsDelta(key=key, fragment="{}"), CallClosed(key=key)]
-    r, _ = run(*events, END, limits=limits)
+    asm = Assembler(provider="anthropic", limits=limits)
+    steps = [(e, asm.feed(e), asm.sealed) for e in events]
+    sealing = [(e, n) for e, n, sealed in steps if sealed and n]
+    assert sealing[0][0] == CallOpened(key=CallKey(0, 0, 6), call_id="c6", name="f")
+    assert [n.code for n in sealing[0][1]] == [ErrorCode.STREAM_INTERRUPTED] * 3
+    asm.feed(END)
+    r = asm.finish()
     assert len(r.calls) == 6  # 3 that may run, 3 paired placeholders, then nothing kept
     assert [c.error for c in r.calls] == [ErrorCode.STREAM_INTERRUPTED] * 3 + [
         ErrorCode.TOO_MANY_TOOL_CALLS] * 3

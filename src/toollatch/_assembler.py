@@ -418,15 +418,28 @@ class Assembler:
             choice = self._choices[index] = _ChoiceState()
         return choice
 
+    @property
+    def sealed(self) -> bool:
+        """True once a bound on the round's size was passed: the stream failed, every call
+        not decided before failed with it, and nothing fed from now on is kept, so a reader
+        may stop reading (the pipeline does)."""
+        return self._overflow
+
     def _overflowed(self, kind: AnomalyKind, detail: str) -> list[Notice]:
-        """A bound on what one round may hold was passed: the stream fails (every call not
-        yet failed gets ``stream_interrupted`` at the end) and nothing new is kept from here
-        on: no choice, no call (fragments of kept calls are dropped: they failed)."""
+        """A bound on what one round may hold was passed: the stream fails now, with every
+        undecided call (``stream_interrupted``, as at the end), and nothing new is kept from
+        here on: no choice, no call, no fragment (see :attr:`sealed`)."""
         if self._overflow:
             return []
         self._overflow = True
         self._record(kind, detail)
-        return self._dispatch(StreamFailed(detail=detail))
+        failure = StreamFailed(detail=detail)
+        notices = self._dispatch(failure)
+        detail = f"the stream failed: {detail}"
+        for buf in self._buffers.values():
+            if buf.state in (CallState.OPEN, CallState.ARGS_COMPLETE):
+                notices += self._fail(buf, failure.code, detail)
+        return notices
 
     def _record(self, kind: AnomalyKind, detail: str, key: CallKey | None = None) -> None:
         self._anomalies.append(Anomaly(kind=kind, detail=detail, key=key))
