@@ -29,6 +29,19 @@ carried them, so each one becomes a ``ReasoningBlock`` naming that part. ``finis
 ``STOP`` ends a candidate normally even when it made calls; the reason may come in a later,
 content-less chunk (QUIRKS Q14). A stream that ends before every candidate it mentioned
 reported a ``finishReason`` failed.
+
+Hostile input (issue 11): nothing may commit with arguments the model did not send. A chunk,
+candidate, content, part or ``functionCall`` that cannot be read, a candidate ``index`` that
+is not an integer, and ``partialArgs`` for no open call are *lost events*: they may have
+carried a fragment of any call, so every pending call fails (rules "lost_candidate",
+"orphan_update"). A bad part of the open streamed call fails that call. A streamed call
+never ended by its own part is not closed by ``STOP`` ("never_closed"); a second, different
+``finishReason`` is passed on and the non-normal one sticks ("sticky_reason",
+"unreadable_finish_reason"); a ``functionCall`` part after a candidate's end fails its calls
+("call_part_after_end"); a chunk carrying ``args``/``partialArgs`` that repeats a key in
+some object fails the call ("duplicate_key"); arguments nested deeper than ``_MAX_DEPTH``
+fail ``depth_exceeded`` ("bounded_depth"); a streamed call's size is measured as its
+updates arrive ("measured_as_streamed").
 """
 
 from __future__ import annotations
