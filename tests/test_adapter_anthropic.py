@@ -21,7 +21,7 @@ from toollatch._events import (
     CallClosed,
     CallKey,
     CallOpened,
-    Ending,
+    RoundEnd,
     Frame,
     ReasoningBlock,
     RoundEnded,
@@ -101,7 +101,7 @@ USAGE_START = UsageReported(usage=START_USAGE)
 END_USAGE = UsageReported(usage={"output_tokens": 7})
 
 
-def ended(reason: str, ending: Ending = Ending.NORMAL) -> list[StreamEvent]:
+def ended(reason: str, ending: RoundEnd = RoundEnd.NORMAL) -> list[StreamEvent]:
     return [END_USAGE, RoundEnded(ending=ending, stop_reason=reason)]
 
 
@@ -329,16 +329,16 @@ def test_server_tool_without_deltas_keeps_its_start_input() -> None:
 @pytest.mark.parametrize(
     ("reason", "ending"),
     [
-        ("tool_use", Ending.NORMAL),
-        ("end_turn", Ending.NORMAL),
-        ("stop_sequence", Ending.NORMAL),
-        ("pause_turn", Ending.NORMAL),
-        ("max_tokens", Ending.TRUNCATED),
-        ("model_context_window_exceeded", Ending.TRUNCATED),
-        ("refusal", Ending.INTERRUPTED),
+        ("tool_use", RoundEnd.NORMAL),
+        ("end_turn", RoundEnd.NORMAL),
+        ("stop_sequence", RoundEnd.NORMAL),
+        ("pause_turn", RoundEnd.NORMAL),
+        ("max_tokens", RoundEnd.TRUNCATED),
+        ("model_context_window_exceeded", RoundEnd.TRUNCATED),
+        ("refusal", RoundEnd.INTERRUPTED),
     ],
 )
-def test_stop_reasons(reason: str, ending: Ending) -> None:
+def test_stop_reasons(reason: str, ending: RoundEnd) -> None:
     events = run([MESSAGE_START, message_delta(reason), MESSAGE_STOP])
     assert events == [USAGE_START, *ended(reason, ending)]
 
@@ -352,7 +352,7 @@ def test_unknown_stop_reason_is_not_trusted() -> None:
             kind=AnomalyKind.UNKNOWN_EVENT,
             detail="unknown stop_reason 'new_reason'; not trusted, nothing commits",
         ),
-        RoundEnded(ending=Ending.INTERRUPTED, stop_reason="new_reason"),
+        RoundEnded(ending=RoundEnd.INTERRUPTED, stop_reason="new_reason"),
     ]
 
 
@@ -361,7 +361,7 @@ def test_message_stop_without_stop_reason_is_interrupted() -> None:
     assert events == [
         USAGE_START,
         Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="the message ended without a stop_reason"),
-        RoundEnded(ending=Ending.INTERRUPTED),
+        RoundEnded(ending=RoundEnd.INTERRUPTED),
     ]
 
 
@@ -377,7 +377,7 @@ def test_max_tokens_with_or_without_the_cut_blocks_stop(block_stopped: bool) -> 
         CallOpened(key=key(0), call_id="toolu_1", name="make_file"),
         ArgsDelta(key=key(0), fragment='{"lines": ["a'),
         *([CallClosed(key=key(0))] if block_stopped else []),
-        *ended("max_tokens", Ending.TRUNCATED),
+        *ended("max_tokens", RoundEnd.TRUNCATED),
     ]
 
 
@@ -385,7 +385,7 @@ def test_max_tokens_without_message_stop_is_still_truncated() -> None:
     events = run(
         [MESSAGE_START, tool_start(0, "t", "n"), args(0, "{"), message_delta("max_tokens")]
     )
-    assert events[-2:] == [END_USAGE, RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_tokens")]
+    assert events[-2:] == [END_USAGE, RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens")]
 
 
 @pytest.mark.parametrize(
@@ -797,7 +797,7 @@ def fold(events: list[StreamEvent]) -> list[dict[str, Any]]:
                     "kind": data["type"],
                 }
     for part, joined in text.items():
-        complete = part in closed and ending is Ending.NORMAL
+        complete = part in closed and ending is RoundEnd.NORMAL
         found[part]["arguments"] = json.loads("".join(joined) or "{}") if complete else None
     return [found[part] for part in sorted(found)]
 
@@ -821,7 +821,7 @@ def test_recorded_stream_matches_expected(name: str) -> None:
 @pytest.mark.corpus
 def test_recorded_truncation_ends_truncated_without_closing_the_call() -> None:
     events = replay(corpus() / "anthropic" / "max_tokens_truncated_tool_use.sse")
-    assert events[-1] == RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_tokens")
+    assert events[-1] == RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens")
     assert not [e for e in events if isinstance(e, CallClosed)]
 
 

@@ -22,7 +22,7 @@ from toollatch._events import (
     CallClosed,
     CallKey,
     CallOpened,
-    Ending,
+    RoundEnd,
     Frame,
     ReasoningBlock,
     RoundEnded,
@@ -88,7 +88,7 @@ def key(index: int, attempt: int = 0) -> CallKey:
     return CallKey(attempt, 0, index)
 
 
-def ended(reason: str, ending: Ending = Ending.NORMAL) -> list[StreamEvent]:
+def ended(reason: str, ending: RoundEnd = RoundEnd.NORMAL) -> list[StreamEvent]:
     return [RoundEnded(ending=ending, stop_reason=reason), UsageReported(usage=USAGE)]
 
 
@@ -153,7 +153,7 @@ def test_no_argument_call_has_no_delta() -> None:
     assert events == [
         CallOpened(key=key(0), call_id="t", name="now"),
         CallClosed(key=key(0)),
-        RoundEnded(ending=Ending.NORMAL, stop_reason="tool_use"),
+        RoundEnded(ending=RoundEnd.NORMAL, stop_reason="tool_use"),
     ]
 
 
@@ -262,18 +262,18 @@ def test_server_tool_input_that_is_not_json_is_recorded_with_empty_input() -> No
 @pytest.mark.parametrize(
     ("reason", "ending"),
     [
-        ("tool_use", Ending.NORMAL),
-        ("end_turn", Ending.NORMAL),
-        ("stop_sequence", Ending.NORMAL),
-        ("max_tokens", Ending.TRUNCATED),
-        ("model_context_window_exceeded", Ending.TRUNCATED),
-        ("guardrail_intervened", Ending.INTERRUPTED),
-        ("content_filtered", Ending.INTERRUPTED),
-        ("malformed_model_output", Ending.INTERRUPTED),
-        ("malformed_tool_use", Ending.INTERRUPTED),
+        ("tool_use", RoundEnd.NORMAL),
+        ("end_turn", RoundEnd.NORMAL),
+        ("stop_sequence", RoundEnd.NORMAL),
+        ("max_tokens", RoundEnd.TRUNCATED),
+        ("model_context_window_exceeded", RoundEnd.TRUNCATED),
+        ("guardrail_intervened", RoundEnd.INTERRUPTED),
+        ("content_filtered", RoundEnd.INTERRUPTED),
+        ("malformed_model_output", RoundEnd.INTERRUPTED),
+        ("malformed_tool_use", RoundEnd.INTERRUPTED),
     ],
 )
-def test_stop_reasons(reason: str, ending: Ending) -> None:
+def test_stop_reasons(reason: str, ending: RoundEnd) -> None:
     assert run([MESSAGE_START, message_stop(reason), METADATA]) == ended(reason, ending)
 
 
@@ -283,14 +283,14 @@ def test_unknown_stop_reason_is_not_trusted() -> None:
             kind=AnomalyKind.UNKNOWN_EVENT,
             detail="unknown stopReason 'new_reason'; not trusted, nothing commits",
         ),
-        RoundEnded(ending=Ending.INTERRUPTED, stop_reason="new_reason"),
+        RoundEnded(ending=RoundEnd.INTERRUPTED, stop_reason="new_reason"),
     ]
 
 
 def test_message_stop_without_stop_reason_is_interrupted() -> None:
     assert run([{"messageStop": {}}]) == [
         Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="the message ended without a stopReason"),
-        RoundEnded(ending=Ending.INTERRUPTED),
+        RoundEnded(ending=RoundEnd.INTERRUPTED),
     ]
 
 
@@ -303,7 +303,7 @@ def test_max_tokens_with_or_without_the_cut_blocks_stop(block_stopped: bool) -> 
         CallOpened(key=key(0), call_id="t", name="create_file"),
         ArgsDelta(key=key(0), fragment='{"content": "ab'),
         *([CallClosed(key=key(0))] if block_stopped else []),
-        *ended("max_tokens", Ending.TRUNCATED),
+        *ended("max_tokens", RoundEnd.TRUNCATED),
     ]
 
 
@@ -663,7 +663,7 @@ def fold(events: list[StreamEvent]) -> list[dict[str, Any]]:
                     "kind": use["type"],
                 }
     for part, joined in text.items():
-        complete = part in closed and ending is Ending.NORMAL
+        complete = part in closed and ending is RoundEnd.NORMAL
         found[part]["arguments"] = json.loads("".join(joined) or "{}") if complete else None
     return [found[part] for part in sorted(found)]
 

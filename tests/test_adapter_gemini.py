@@ -26,7 +26,7 @@ from toollatch._events import (
     CallClosed,
     CallKey,
     CallOpened,
-    Ending,
+    RoundEnd,
     Frame,
     ReasoningBlock,
     RoundEnded,
@@ -42,7 +42,7 @@ from toollatch.testing import replay as replay_bytes
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
-STOP = RoundEnded(ending=Ending.NORMAL, stop_reason="STOP")
+STOP = RoundEnded(ending=RoundEnd.NORMAL, stop_reason="STOP")
 
 
 def run(chunks: Iterable[Mapping[str, Any]], *, finish: bool = True) -> list[StreamEvent]:
@@ -334,7 +334,7 @@ def test_missing_terminator_is_left_open_at_max_tokens() -> None:
         chunk(partial({"jsonPath": "$.a", "stringValue": "par", "willContinue": True})),
         chunk(finish="MAX_TOKENS"),
     ]
-    assert run(chunks)[1:] == [RoundEnded(ending=Ending.TRUNCATED, stop_reason="MAX_TOKENS")]
+    assert run(chunks)[1:] == [RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="MAX_TOKENS")]
 
 
 def test_two_streamed_calls_and_a_whole_call_take_consecutive_positions() -> None:
@@ -627,19 +627,19 @@ def test_partial_args_rebuild_any_object_exactly(doc: dict[str, Any], data: st.D
 @pytest.mark.parametrize(
     ("reason", "ending"),
     [
-        ("STOP", Ending.NORMAL),
-        ("MAX_TOKENS", Ending.TRUNCATED),
-        ("SAFETY", Ending.INTERRUPTED),
-        ("RECITATION", Ending.INTERRUPTED),
-        ("BLOCKLIST", Ending.INTERRUPTED),
-        ("PROHIBITED_CONTENT", Ending.INTERRUPTED),
-        ("SPII", Ending.INTERRUPTED),
-        ("MALFORMED_FUNCTION_CALL", Ending.INTERRUPTED),
-        ("OTHER", Ending.INTERRUPTED),
-        ("SOMETHING_NEW", Ending.INTERRUPTED),
+        ("STOP", RoundEnd.NORMAL),
+        ("MAX_TOKENS", RoundEnd.TRUNCATED),
+        ("SAFETY", RoundEnd.INTERRUPTED),
+        ("RECITATION", RoundEnd.INTERRUPTED),
+        ("BLOCKLIST", RoundEnd.INTERRUPTED),
+        ("PROHIBITED_CONTENT", RoundEnd.INTERRUPTED),
+        ("SPII", RoundEnd.INTERRUPTED),
+        ("MALFORMED_FUNCTION_CALL", RoundEnd.INTERRUPTED),
+        ("OTHER", RoundEnd.INTERRUPTED),
+        ("SOMETHING_NEW", RoundEnd.INTERRUPTED),
     ],
 )
-def test_finish_reasons(reason: str, ending: Ending) -> None:
+def test_finish_reasons(reason: str, ending: RoundEnd) -> None:
     events = run([chunk(call("f", {}, id="x"), finish=reason)])
     assert events[-1] == RoundEnded(ending=ending, stop_reason=reason)
 
@@ -709,7 +709,7 @@ def test_blocked_prompt_interrupts() -> None:
     events = run([{"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": USAGE}])
     assert events == [
         UsageReported(usage=USAGE),
-        RoundEnded(ending=Ending.INTERRUPTED, stop_reason="SAFETY"),
+        RoundEnded(ending=RoundEnd.INTERRUPTED, stop_reason="SAFETY"),
     ]
 
 
@@ -726,7 +726,7 @@ def test_second_candidate_has_its_own_keys_ids_and_ending() -> None:
         *opened(0, "f", candidate=1),
         *closed(0, '{"a":1}', candidate=1),
         STOP,
-        RoundEnded(choice=1, ending=Ending.NORMAL, stop_reason="STOP"),
+        RoundEnded(choice=1, ending=RoundEnd.NORMAL, stop_reason="STOP"),
     ]
 
 
@@ -898,15 +898,15 @@ def test_a_streamed_call_never_closed_is_truncated_at_max_tokens() -> None:
 @pytest.mark.parametrize(
     ("first", "second", "ending"),
     [
-        ("MAX_TOKENS", "STOP", Ending.TRUNCATED),
-        ("STOP", "MAX_TOKENS", Ending.TRUNCATED),
-        ("SAFETY", "STOP", Ending.INTERRUPTED),
-        ("STOP", "SAFETY", Ending.INTERRUPTED),
-        ("STOP", "SOMETHING_NEW", Ending.INTERRUPTED),
+        ("MAX_TOKENS", "STOP", RoundEnd.TRUNCATED),
+        ("STOP", "MAX_TOKENS", RoundEnd.TRUNCATED),
+        ("SAFETY", "STOP", RoundEnd.INTERRUPTED),
+        ("STOP", "SAFETY", RoundEnd.INTERRUPTED),
+        ("STOP", "SOMETHING_NEW", RoundEnd.INTERRUPTED),
     ],
 )
 def test_a_truncating_or_failing_reason_sticks_whatever_the_order(
-    first: str, second: str, ending: Ending
+    first: str, second: str, ending: RoundEnd
 ) -> None:
     """Items 3/4: both reasons reach the assembler, which keeps the non-normal one."""
     round_ = parsed(chunk(call("f", {"a": 1}), finish=first), chunk(finish=second))
@@ -922,7 +922,7 @@ def test_an_unreadable_reason_is_not_skipped_for_a_later_stop(reason: object) ->
         {"candidates": [{"content": {"parts": [call("f", {"a": 1})]}, "finishReason": reason}]},
         END,
     )
-    assert round_.ended is Ending.INTERRUPTED
+    assert round_.ended is RoundEnd.INTERRUPTED
     assert [c.state for c in round_.calls] == [CallState.FAILED]
 
 

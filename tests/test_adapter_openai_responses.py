@@ -25,7 +25,7 @@ from toollatch._events import (
     CallIdentified,
     CallKey,
     CallOpened,
-    Ending,
+    RoundEnd,
     Frame,
     ReasoningBlock,
     RoundEnded,
@@ -82,7 +82,7 @@ def args_done(item_id: str | None, index: int, text: str) -> dict[str, Any]:
 
 USAGE = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
 COMPLETED = {"type": "response.completed", "response": {"status": "completed", "usage": USAGE}}
-NORMAL_END = [UsageReported(usage=USAGE), RoundEnded(ending=Ending.NORMAL, stop_reason="completed")]
+NORMAL_END = [UsageReported(usage=USAGE), RoundEnded(ending=RoundEnd.NORMAL, stop_reason="completed")]
 
 
 # -- function calls ------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_incomplete_item_fails_truncated_and_the_round_is_truncated() -> None:
             fails_call=True,
             code=ErrorCode.TRUNCATED,
         ),
-        RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_output_tokens"),
+        RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_output_tokens"),
     ]
 
 
@@ -306,18 +306,18 @@ def test_client_executed_custom_tool_item_is_recorded_with_an_anomaly() -> None:
 
 def test_completed_without_usage_ends_normally() -> None:
     events = run([{"type": "response.completed", "response": {"usage": None}}])
-    assert events == [RoundEnded(ending=Ending.NORMAL, stop_reason="completed")]
+    assert events == [RoundEnded(ending=RoundEnd.NORMAL, stop_reason="completed")]
 
 
 @pytest.mark.parametrize(
     ("details", "ending", "reason"),
     [
-        ({"reason": "max_output_tokens"}, Ending.TRUNCATED, "max_output_tokens"),
-        ({"reason": "content_filter"}, Ending.INTERRUPTED, "content_filter"),
-        (None, Ending.TRUNCATED, "incomplete"),
+        ({"reason": "max_output_tokens"}, RoundEnd.TRUNCATED, "max_output_tokens"),
+        ({"reason": "content_filter"}, RoundEnd.INTERRUPTED, "content_filter"),
+        (None, RoundEnd.TRUNCATED, "incomplete"),
     ],
 )
-def test_incomplete(details: object, ending: Ending, reason: str) -> None:
+def test_incomplete(details: object, ending: RoundEnd, reason: str) -> None:
     response = {"status": "incomplete", "incomplete_details": details, "usage": USAGE}
     events = run([{"type": "response.incomplete", "response": response}])
     assert events == [UsageReported(usage=USAGE), RoundEnded(ending=ending, stop_reason=reason)]
@@ -370,7 +370,7 @@ def test_events_after_the_terminal_event_are_anomalies_and_terminals_go_on() -> 
             kind=AnomalyKind.EVENT_AFTER_END,
             detail="response.output_text.delta after the terminal event; ignored",
         ),
-        RoundEnded(ending=Ending.NORMAL, stop_reason="completed"),
+        RoundEnded(ending=RoundEnd.NORMAL, stop_reason="completed"),
     ]
 
 
@@ -784,7 +784,7 @@ def test_an_incomplete_item_fails_truncated_even_when_completed_follows(
             COMPLETED,
         ]
     )
-    assert round_.ended is Ending.NORMAL
+    assert round_.ended is RoundEnd.NORMAL
     assert states(round_) == [("call_fc_a", *TR), ("call_fc_b", *OK)]
 
 
@@ -816,17 +816,17 @@ ERROR = {"type": "error", "code": "server_error", "message": "boom"}
 @pytest.mark.parametrize(
     ("terminals", "ending", "code"),
     [
-        ([INCOMPLETE, COMPLETED], Ending.TRUNCATED, ErrorCode.TRUNCATED),
-        ([COMPLETED, INCOMPLETE], Ending.TRUNCATED, ErrorCode.TRUNCATED),
-        ([FAILED, COMPLETED], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
-        ([COMPLETED, FAILED], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
-        ([COMPLETED, ERROR], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
-        ([ERROR, COMPLETED], Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
-        ([COMPLETED, COMPLETED], Ending.NORMAL, None),
+        ([INCOMPLETE, COMPLETED], RoundEnd.TRUNCATED, ErrorCode.TRUNCATED),
+        ([COMPLETED, INCOMPLETE], RoundEnd.TRUNCATED, ErrorCode.TRUNCATED),
+        ([FAILED, COMPLETED], RoundEnd.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([COMPLETED, FAILED], RoundEnd.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([COMPLETED, ERROR], RoundEnd.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([ERROR, COMPLETED], RoundEnd.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ([COMPLETED, COMPLETED], RoundEnd.NORMAL, None),
     ],
 )
 def test_a_truncating_or_failing_reason_sticks(
-    terminals: list[Native], ending: Ending, code: ErrorCode | None
+    terminals: list[Native], ending: RoundEnd, code: ErrorCode | None
 ) -> None:
     round_ = rounds([*whole_call("fc_a", 0, SAFE), *terminals])
     assert round_.ended is ending
@@ -842,14 +842,14 @@ def test_an_sse_error_frame_after_completed_sticks() -> None:
 @pytest.mark.parametrize(
     ("status", "ending"),
     [
-        ("incomplete", Ending.TRUNCATED),
-        ("failed", Ending.INTERRUPTED),
-        ("in_progress", Ending.INTERRUPTED),
-        (3, Ending.INTERRUPTED),
+        ("incomplete", RoundEnd.TRUNCATED),
+        ("failed", RoundEnd.INTERRUPTED),
+        ("in_progress", RoundEnd.INTERRUPTED),
+        (3, RoundEnd.INTERRUPTED),
     ],
 )
 def test_response_completed_with_another_status_is_not_normal(
-    status: object, ending: Ending
+    status: object, ending: RoundEnd
 ) -> None:
     completed = {"type": "response.completed", "response": {"status": status}}
     round_ = rounds([*whole_call("fc_a", 0, SAFE), completed])
@@ -1230,7 +1230,7 @@ def test_recorded_stream_replays_to_expected_calls(name: str, chunk: int | None)
     assert [{k: c[k] for k in ("id", "name", "arguments")} for c in calls] == expected["calls"]
     assert [e for e in events if isinstance(e, Anomaly | StreamFailed)] == []
     assert isinstance(events[-1], RoundEnded)
-    assert events[-1].ending is Ending.NORMAL
+    assert events[-1].ending is RoundEnd.NORMAL
 
 
 @pytest.mark.corpus

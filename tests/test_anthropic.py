@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch import CallState, Ending, ErrorCode, Limits, StreamParser
+from toollatch import CallState, RoundEnd, ErrorCode, Limits, StreamParser
 from toollatch.testing import chunkings, replay, split_at, sse, summary
 
 TOOLS = [
@@ -81,7 +81,7 @@ def outcome(r):
 
 def test_single_call_with_text():
     r = replay(SCENARIOS["single"], "anthropic", tools=TOOLS)
-    assert r.ended is Ending.NORMAL and r.stop_reason == "tool_use" and r.text == "Checking."
+    assert r.ended is RoundEnd.NORMAL and r.stop_reason == "tool_use" and r.text == "Checking."
     assert outcome(r) == [("t1", CallState.COMMITTED, None, {"city": "Kyoto"})]
 
 
@@ -106,7 +106,7 @@ def test_thinking_block_and_signature_kept_byte_for_byte_in_history():
 def test_max_tokens_fails_the_call_even_when_its_block_was_stopped(name):
     # Anthropic sends content_block_stop for a block cut by max_tokens: the stop reason decides.
     r = replay(SCENARIOS[name], "anthropic", tools=TOOLS)
-    assert r.ended is Ending.TRUNCATED
+    assert r.ended is RoundEnd.TRUNCATED
     assert outcome(r) == [("t1", CallState.FAILED, ErrorCode.TRUNCATED, None)]
     [result] = r.tool_results_messages(r.error_results())[0]["content"]
     assert result["tool_use_id"] == "t1" and result["is_error"] is True
@@ -115,7 +115,7 @@ def test_max_tokens_fails_the_call_even_when_its_block_was_stopped(name):
 def test_interrupted_and_error_event():
     for name in ("interrupted", "error_event"):
         r = replay(SCENARIOS[name], "anthropic", tools=TOOLS)
-        assert r.ended is Ending.INTERRUPTED
+        assert r.ended is RoundEnd.INTERRUPTED
         assert outcome(r) == [("t1", CallState.FAILED, ErrorCode.STREAM_INTERRUPTED, None)]
     assert "Overloaded" in replay(SCENARIOS["error_event"], "anthropic").error
 

@@ -10,7 +10,7 @@ from toollatch import (
     Assembler,
     CallKey,
     CallState,
-    Ending,
+    RoundEnd,
     ErrorCode,
     Limits,
     PreviewPolicy,
@@ -33,7 +33,7 @@ from toollatch.events import (
 )
 
 K0, K1, K2 = (CallKey(0, 0, i) for i in range(3))
-END = RoundEnded(ending=Ending.NORMAL, stop_reason="tool_use")
+END = RoundEnded(ending=RoundEnd.NORMAL, stop_reason="tool_use")
 
 
 def run(*events, **kwargs):
@@ -48,7 +48,7 @@ def test_closed_call_commits_only_at_a_normal_round_end():
               CallClosed(key=K0)):
         assert asm.feed(e) == []
     r = asm.finish()  # no RoundEnded: the stream never said it ended
-    assert r.ended is Ending.INTERRUPTED
+    assert r.ended is RoundEnd.INTERRUPTED
     assert r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
 
 
@@ -85,7 +85,7 @@ def test_a_lost_event_fails_pending_calls_but_not_decided_ones():
 
 def test_a_call_never_closed_fails_at_a_normal_end():
     r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"), END)
-    assert (r.ended, r.calls[0].error) == (Ending.NORMAL, ErrorCode.PROTOCOL_VIOLATION)
+    assert (r.ended, r.calls[0].error) == (RoundEnd.NORMAL, ErrorCode.PROTOCOL_VIOLATION)
     assert [a.kind for a in r.anomalies] == [AnomalyKind.NEVER_CLOSED]
     assert [e.tool_call_id for e in r.error_results()] == ["a"]
 
@@ -156,7 +156,7 @@ def test_anomaly_that_fails_a_call():
 def test_stream_failure_code_is_passed_on():
     r, _ = run(CallOpened(key=K0, call_id="a", name="f"),
                StreamFailed(code=ErrorCode.IDLE_TIMEOUT, detail="no bytes for 30 s"))
-    assert r.ended is Ending.INTERRUPTED and r.calls[0].error is ErrorCode.IDLE_TIMEOUT
+    assert r.ended is RoundEnd.INTERRUPTED and r.calls[0].error is ErrorCode.IDLE_TIMEOUT
     assert r.error == "no bytes for 30 s"
 
 
@@ -164,7 +164,7 @@ def test_truncation_fails_even_calls_that_were_closed():
     r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
                CallClosed(key=K0), CallOpened(key=K1, call_id="b", name="f"),
                ArgsDelta(key=K1, fragment='{"x'), CallClosed(key=K1),
-               RoundEnded(ending=Ending.TRUNCATED, stop_reason="max_tokens"))
+               RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens"))
     assert [c.error for c in r.calls] == [ErrorCode.TRUNCATED] * 2
 
 
@@ -185,12 +185,12 @@ def test_text_limit_drops_the_rest_with_one_anomaly():
 
 
 def test_second_round_end_is_an_anomaly_and_the_first_normal_one_wins():
-    r, _ = run(END, RoundEnded(ending=Ending.NORMAL, stop_reason="end_turn"))
-    assert (r.ended, r.stop_reason) == (Ending.NORMAL, "tool_use")
+    r, _ = run(END, RoundEnded(ending=RoundEnd.NORMAL, stop_reason="end_turn"))
+    assert (r.ended, r.stop_reason) == (RoundEnd.NORMAL, "tool_use")
     assert [a.kind for a in r.anomalies] == [AnomalyKind.EVENT_AFTER_END]
 
 
-@pytest.mark.parametrize("bad", [Ending.TRUNCATED, Ending.INTERRUPTED])
+@pytest.mark.parametrize("bad", [RoundEnd.TRUNCATED, RoundEnd.INTERRUPTED])
 def test_a_truncating_or_failing_reason_sticks_whatever_the_order(bad):
     call = (CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
             CallClosed(key=K0))
@@ -213,7 +213,7 @@ def test_misuse_raises_usage_error():
 
 def test_empty_round_has_one_choice_without_calls():
     r, _ = run()
-    assert len(r.choices) == 1 and r.calls == () and r.ended is Ending.INTERRUPTED
+    assert len(r.choices) == 1 and r.calls == () and r.ended is RoundEnd.INTERRUPTED
 
 
 def test_cancel_after_commit_keeps_committed_calls():
@@ -315,7 +315,7 @@ def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
     assert len(r.calls) == 6  # 3 that may run, 3 paired placeholders, then nothing kept
     assert [c.error for c in r.calls] == [ErrorCode.STREAM_INTERRUPTED] * 3 + [
         ErrorCode.TOO_MANY_TOOL_CALLS] * 3
-    assert r.ended is Ending.INTERRUPTED
+    assert r.ended is RoundEnd.INTERRUPTED
     assert [e.tool_call_id for e in r.error_results()] == [f"c{i}" for i in range(6)]
     assert len(r.anomalies) == 4  # three placeholders, one overflow
 
@@ -325,5 +325,5 @@ def test_choices_past_the_limit_fail_the_stream_and_are_not_kept():
     r, _ = run(CallOpened(key=K0, call_id="a", name="f"), CallClosed(key=K0), *events, END,
                limits=Limits(max_choices=4))
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
-    assert r.ended is Ending.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
+    assert r.ended is RoundEnd.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
     assert [a.kind for a in r.anomalies] == [AnomalyKind.TOO_MANY_CHOICES]

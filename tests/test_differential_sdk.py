@@ -34,7 +34,7 @@ from conftest import CORPUS, corpus_dir
 from toollatch import CallState, Round
 from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode
-from toollatch.events import AnomalyKind, Ending, ReasoningBlock, ServerToolBlock
+from toollatch.events import AnomalyKind, RoundEnd, ReasoningBlock, ServerToolBlock
 from toollatch.testing import replay, sse
 
 # -- running the SDKs on recorded bytes --------------------------------------------------------
@@ -230,7 +230,7 @@ def test_chat_error_event_raises_in_the_sdk_and_ends_the_round_here():
     with pytest.raises(openai.APIError, match="tool call validation failed"):
         sdk_chat(as_sse(raw))
     assert ours.calls == ()
-    assert ours.ended is Ending.INTERRUPTED
+    assert ours.ended is RoundEnd.INTERRUPTED
     assert "tool call validation failed" in (ours.error or "").lower()
 
 
@@ -435,7 +435,7 @@ def test_responses_incomplete_raises_in_the_sdk_and_fails_only_the_call_here():
     with pytest.raises(RuntimeError, match=r"response\.completed"):
         sdk_responses(body)
     ours = replay(body, "openai_responses")
-    assert ours.ended is Ending.TRUNCATED
+    assert ours.ended is RoundEnd.TRUNCATED
     (error,) = ours.error_results()
     assert (error.tool_call_id, error.code) == ("call_1", ErrorCode.TRUNCATED)
 
@@ -575,4 +575,4 @@ def test_anthropic_invalid_input_aborts_the_sdk_stream_and_fails_one_call_here()
     ours = replay(body, "anthropic")
     (call,) = ours.calls
     assert (call.state, call.error) == (CallState.FAILED, ErrorCode.INVALID_JSON)
-    assert ours.ended is Ending.NORMAL
+    assert ours.ended is RoundEnd.NORMAL

@@ -26,7 +26,7 @@ from conftest import CORPUS, corpus_dir
 from toollatch import CallState, Choice, Round, StreamParser, ToolResult
 from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode, UsageError
-from toollatch.events import AnomalyKind, Ending
+from toollatch.events import AnomalyKind, RoundEnd
 from toollatch.testing import chunkings, jsonl, replay, sse
 
 PROVIDERS = ("openai_chat", "anthropic", "openai_responses", "gemini", "bedrock")
@@ -512,7 +512,7 @@ def test_failed_call_is_written_with_empty_arguments_and_an_explaining_error(pro
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_truncated_call_gets_a_truncated_error_result(provider):
     r = play(provider, TRANSCRIPTS[provider]["truncated"])
-    assert r.ended is Ending.TRUNCATED
+    assert r.ended is RoundEnd.TRUNCATED
     (call,) = r.calls
     assert (call.state, call.error) == (CallState.FAILED, ErrorCode.TRUNCATED)
     message = r.assistant_message()
@@ -531,7 +531,7 @@ def test_cancelled_round_pairs_every_call_with_a_cancelled_result(provider):
     parser = StreamParser(provider, framing=FRAMING.get(provider, "sse"))
     parser.feed(TRANSCRIPTS[provider]["open"])
     r = parser.cancel("user pressed stop")
-    assert r.ended is Ending.CANCELLED
+    assert r.ended is RoundEnd.CANCELLED
     assert [(c.state, c.error) for c in r.calls] == [(CallState.CANCELLED, ErrorCode.CANCELLED)] * 2
     message = r.assistant_message()
     assert [c[2] for c in calls_in(provider, message)] == [{"city": "Paris"}, {}]
@@ -568,7 +568,7 @@ def test_result_for_an_unknown_call_id_is_a_usage_error(provider):
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_no_calls_means_no_result_messages(provider):
     r = play(provider, TRANSCRIPTS[provider]["good"])
-    empty = Choice(index=0, ended=Ending.NORMAL, stop_reason="stop", calls=(), content=())
+    empty = Choice(index=0, ended=RoundEnd.NORMAL, stop_reason="stop", calls=(), content=())
     stripped = Round(
         provider=r.provider,
         attempt=r.attempt,

@@ -10,7 +10,7 @@ from chat_chunks import USAGE, WEATHER_TOOLS, chunk, fragments, tc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toollatch import CallState, Ending, ErrorCode, Limits, StreamParser
+from toollatch import CallState, RoundEnd, ErrorCode, Limits, StreamParser
 from toollatch._adapters.openai_chat import OpenAIChatAdapter
 from toollatch.events import Frame
 from toollatch.testing import chunkings, replay, split_at, sse, summary
@@ -80,7 +80,7 @@ def states(round_):
 
 def test_single_call_commits_with_parsed_arguments():
     r = replay(SINGLE, "openai_chat", tools=WEATHER_TOOLS)
-    assert r.ended is Ending.NORMAL and r.stop_reason == "tool_calls"
+    assert r.ended is RoundEnd.NORMAL and r.stop_reason == "tool_calls"
     assert states(r) == [("call_A", "get_weather", CallState.COMMITTED, None)]
     assert r.calls[0].arguments == {"city": "Paris", "days": 3}
     assert r.calls[0].arguments_text == CITY
@@ -111,7 +111,7 @@ def test_no_argument_call_means_empty_object():
 def test_truncated_round_fails_every_call_even_if_text_would_parse():
     # vercel/ai#19063: tools must not run after a `length` finish reason.
     r = replay(TRUNCATED, "openai_chat")
-    assert r.ended is Ending.TRUNCATED
+    assert r.ended is RoundEnd.TRUNCATED
     assert states(r) == [("call_A", "get_weather", CallState.FAILED, ErrorCode.TRUNCATED)]
     [result] = r.error_results()
     assert result.tool_call_id == "call_A" and result.is_error
@@ -125,14 +125,14 @@ def test_parsable_prefix_is_not_an_end():
     parser = StreamParser("openai_chat")
     assert parser.feed(data) == []
     r = parser.finish()
-    assert r.ended is Ending.INTERRUPTED
+    assert r.ended is RoundEnd.INTERRUPTED
     assert r.calls[0].state is CallState.FAILED
     assert r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
 
 
 def test_interrupted_stream_fails_with_stream_interrupted():
     r = replay(INTERRUPTED, "openai_chat")
-    assert r.ended is Ending.INTERRUPTED
+    assert r.ended is RoundEnd.INTERRUPTED
     assert r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
     assert r.error and "finish_reason" in r.error
 
@@ -148,7 +148,7 @@ def test_tool_calls_and_stop_both_end_normally(reason):
     # vllm#25054: OpenAI itself sends "stop" for a forced tool_choice.
     data = sse(chunk(tc(0, "c", "get_time", "{}")), chunk(finish=reason), done=True)
     r = replay(data, "openai_chat")
-    assert r.ended is Ending.NORMAL and r.calls[0].state is CallState.COMMITTED
+    assert r.ended is RoundEnd.NORMAL and r.calls[0].state is CallState.COMMITTED
 
 
 def test_finish_reason_on_the_same_chunk_as_the_last_fragment():
@@ -161,9 +161,9 @@ def test_finish_reason_on_the_same_chunk_as_the_last_fragment():
 @pytest.mark.parametrize(
     ("reason", "ending", "code"),
     [
-        ("length", Ending.TRUNCATED, ErrorCode.TRUNCATED),
-        ("content_filter", Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
-        ("something_new", Ending.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ("length", RoundEnd.TRUNCATED, ErrorCode.TRUNCATED),
+        ("content_filter", RoundEnd.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
+        ("something_new", RoundEnd.INTERRUPTED, ErrorCode.STREAM_INTERRUPTED),
     ],
 )
 def test_other_finish_reasons_never_commit(reason, ending, code):
@@ -176,7 +176,7 @@ def test_other_finish_reasons_never_commit(reason, ending, code):
 def test_done_without_finish_reason_ends_normally_with_an_anomaly():
     data = sse(chunk(tc(0, "c", "get_time", "{}")), done=True)
     r = replay(data, "openai_chat")
-    assert r.ended is Ending.NORMAL and r.calls[0].state is CallState.COMMITTED
+    assert r.ended is RoundEnd.NORMAL and r.calls[0].state is CallState.COMMITTED
     assert [a.kind.value for a in r.anomalies] == ["done_without_finish_reason"]
 
 
@@ -269,7 +269,7 @@ def test_event_error_mid_stream_interrupts():
         b'event: error\ndata: {"error": {"message": "overloaded", "code": "503"}}\n\n'
     )
     r = replay(data, "openai_chat")
-    assert r.ended is Ending.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
+    assert r.ended is RoundEnd.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
     assert "overloaded" in (r.error or "")
 
 
@@ -290,7 +290,7 @@ def test_cancel_mid_stream_cancels_every_call():
     parser = StreamParser("openai_chat")
     parser.feed(sse(chunk(tc(0, "a", "get_time", "{}")), chunk(tc(1, "b", "get_weather", '{"ci'))))
     r = parser.cancel("user pressed stop")
-    assert r.ended is Ending.CANCELLED
+    assert r.ended is RoundEnd.CANCELLED
     assert [(c.state, c.error) for c in r.calls] == [(CallState.CANCELLED, ErrorCode.CANCELLED)] * 2
     results = r.error_results()
     assert [x.tool_call_id for x in results] == ["a", "b"]

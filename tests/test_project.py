@@ -62,10 +62,10 @@ PUBLIC = sorted(toollatch.__all__)
 def test_public_surface_is_pinned():
     assert PUBLIC == [
         "Allow", "AnomalyKind", "Assembler", "CallFailed", "CallKey", "CallRecord", "CallState",
-        "Choice", "CommittedCall", "ConfigError", "Deny", "Ending", "ErrorCode",
+        "Choice", "CommittedCall", "ConfigError", "Deny", "ErrorCode",
         "EventStreamDecoder", "Frame", "Gate", "InvariantBroken", "JSONLinesDecoder", "Limits",
         "Notice", "PartialJSON", "PathDelta", "Policy", "PolicyDecision", "PreviewPolicy",
-        "PreviewUpdated", "Rejection", "Round", "RunBudget", "SSEDecoder",
+        "PreviewUpdated", "Rejection", "Round", "RoundEnd", "RunBudget", "SSEDecoder",
         "Segment", "StreamDecodeError", "StreamParser", "TextSegment", "ToolLatchError",
         "ToolPreview", "ToolResult", "ToolSpec", "UsageError", "adapter_class", "detect", "load_tools",
         "providers",

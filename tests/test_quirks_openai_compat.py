@@ -10,7 +10,7 @@ import json
 
 from chat_chunks import WEATHER_TOOLS, chunk, fragments, tc
 
-from toollatch import CallState, Ending, ErrorCode, Limits, Round
+from toollatch import CallState, RoundEnd, ErrorCode, Limits, Round
 from toollatch.cli import round_json
 from toollatch.events import AnomalyKind
 from toollatch.testing import chunkings, replay, sse, summary
@@ -188,7 +188,7 @@ def test_bug3_sparse_reused_and_omitted_indexes():
 def test_bug23_no_tool_deltas_and_stop_means_no_phantom_calls():
     # earendil-works/pi#1125.
     r = stable(sse(chunk({"content": "Done."}), chunk(finish="stop"), done=True))
-    assert r.calls == () and r.text == "Done." and r.ended is Ending.NORMAL
+    assert r.calls == () and r.text == "Done." and r.ended is RoundEnd.NORMAL
 
 
 def test_error_event_mid_stream_gives_zero_calls_and_surfaces_the_error():
@@ -197,7 +197,7 @@ def test_error_event_mid_stream_gives_zero_calls_and_surfaces_the_error():
         b'event: error\ndata: {"error":{"message":"tool call validation failed",'
         b'"type":"invalid_request_error","code":"tool_use_failed"}}\n\n')
     r = stable(data)
-    assert r.calls == () and r.ended is Ending.INTERRUPTED
+    assert r.calls == () and r.ended is RoundEnd.INTERRUPTED
     assert "tool_use_failed" in (r.error or "")
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toollatch import CallState, Ending, Limits, StreamParser
+from toollatch import CallState, RoundEnd, Limits, StreamParser
 from toollatch.testing import sse
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
@@ -35,7 +35,7 @@ def test_arbitrary_bytes_never_raise_and_never_commit(provider, framing, chunks)
     for chunk in chunks:
         parser.feed(chunk)
     round_ = parser.finish()
-    assert round_.committed() == () or round_.ended is Ending.NORMAL
+    assert round_.committed() == () or round_.ended is RoundEnd.NORMAL
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -49,7 +49,7 @@ def test_arbitrary_json_events_never_raise(provider, events):
         assert call.state in (CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED)
         assert (call.state is CallState.COMMITTED) == (call.committed is not None)
         if call.state is CallState.COMMITTED:
-            assert round_.choices[call.key.choice].ended is Ending.NORMAL
+            assert round_.choices[call.key.choice].ended is RoundEnd.NORMAL
     assert len(round_.error_results()) == sum(c.committed is None for c in round_.calls)
 
 
@@ -59,7 +59,7 @@ def test_an_over_long_line_fails_the_stream_with_a_typed_reason():
                 b' "function": {"name": "f", "arguments": ""}}]}}]}\n\n')
     parser.feed(b"data: " + b"x" * 5000)
     round_ = parser.finish()
-    assert round_.ended is Ending.INTERRUPTED
+    assert round_.ended is RoundEnd.INTERRUPTED
     assert [a.kind.value for a in round_.anomalies] == ["framing_error"]
     assert round_.calls[0].error.value == "stream_interrupted"
     assert parser.feed(b"data: more\n\n") == []  # the broken stream ignores further input
@@ -69,4 +69,4 @@ def test_corrupt_eventstream_frame_is_a_framing_error_not_a_crash():
     parser = StreamParser("bedrock", framing="eventstream")
     parser.feed(b"\x00\x00\x00\x20\x00\x00\x00\x00" + b"\xff" * 40)
     round_ = parser.finish()
-    assert round_.ended is Ending.INTERRUPTED and round_.anomalies[0].kind.value == "framing_error"
+    assert round_.ended is RoundEnd.INTERRUPTED and round_.anomalies[0].kind.value == "framing_error"

@@ -91,7 +91,7 @@ class _EagerAdapter(OpenAIChatAdapter):
     def feed_decoded(self, event, sse_event=None, data=None):
         out = super().feed_decoded(event, sse_event, data)
         if any(isinstance(e, ArgsDelta) and e.fragment.endswith("}") for e in out):
-            out = [*out, RoundEnded(ending=__import__("toollatch").Ending.NORMAL)]
+            out = [*out, RoundEnded(ending=__import__("toollatch").RoundEnd.NORMAL)]
         return out
 
 

@@ -13,7 +13,7 @@ from ._errors import (
     ToolLatchError,
     UsageError,
 )
-from ._events import AnomalyKind, CallKey, Ending, Frame
+from ._events import AnomalyKind, CallKey, Frame, RoundEnd
 from ._eventstream import EventStreamDecoder
 from ._gate import Allow, CommittedCall, Deny, Gate, Policy, PolicyDecision, Rejection, RunBudget
 from ._limits import Limits
@@ -39,7 +39,6 @@ __all__ = [
     "CommittedCall",
     "ConfigError",
     "Deny",
-    "Ending",
     "ErrorCode",
     "EventStreamDecoder",
     "Frame",
@@ -56,6 +55,7 @@ __all__ = [
     "PreviewUpdated",
     "Rejection",
     "Round",
+    "RoundEnd",
     "RunBudget",
     "SSEDecoder",
     "Segment",

@@ -48,8 +48,8 @@ from ._events import (
     CallIdentified,
     CallKey,
     CallOpened,
-    Ending,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -86,9 +86,9 @@ Notice = CallFailed | PreviewUpdated
 """What ``Assembler.feed`` can return: early failures, and previews when enabled."""
 
 _ENDING_CODE = {
-    Ending.TRUNCATED: ErrorCode.TRUNCATED,
-    Ending.INTERRUPTED: ErrorCode.STREAM_INTERRUPTED,
-    Ending.CANCELLED: ErrorCode.CANCELLED,
+    RoundEnd.TRUNCATED: ErrorCode.TRUNCATED,
+    RoundEnd.INTERRUPTED: ErrorCode.STREAM_INTERRUPTED,
+    RoundEnd.CANCELLED: ErrorCode.CANCELLED,
 }
 
 
@@ -107,7 +107,7 @@ class _ChoiceState:
         self.content: list[
             tuple[str, Any]
         ] = []  # ("text", [block, parts]) | ("block", ev) | ("call", buf)
-        self.ended: Ending | None = None
+        self.ended: RoundEnd | None = None
         self.stop_reason: str | None = None
         self.ids: dict[str, CallKey] = {}
         self.text_bytes = 0
@@ -370,14 +370,14 @@ class Assembler:
         choice = self._choice(event.choice)
         if choice.ended is None:
             choice.ended, choice.stop_reason = event.ending, event.stop_reason
-        elif choice.ended is Ending.NORMAL and event.ending is not Ending.NORMAL:
+        elif choice.ended is RoundEnd.NORMAL and event.ending is not RoundEnd.NORMAL:
             # A truncating or failing reason always wins over a normal one, whatever the order.
             self._record(
                 AnomalyKind.EVENT_AFTER_END,
                 f"a {event.ending} reason ({event.stop_reason}) after a normal end",
             )
             choice.ended, choice.stop_reason = event.ending, event.stop_reason
-        elif event.ending is Ending.NORMAL and choice.ended is not Ending.NORMAL:
+        elif event.ending is RoundEnd.NORMAL and choice.ended is not RoundEnd.NORMAL:
             self._record(
                 AnomalyKind.REASON_OVERRIDDEN,
                 f"a normal reason ({event.stop_reason}) after {choice.ended} "
@@ -487,13 +487,13 @@ class Assembler:
             )
         return self._round
 
-    def _ending(self, choice: _ChoiceState) -> tuple[Ending, ErrorCode | None, str]:
+    def _ending(self, choice: _ChoiceState) -> tuple[RoundEnd, ErrorCode | None, str]:
         if self._cancelled is not None:
-            return Ending.CANCELLED, ErrorCode.CANCELLED, self._cancelled
+            return RoundEnd.CANCELLED, ErrorCode.CANCELLED, self._cancelled
         if self._failure is not None:
-            return Ending.INTERRUPTED, self._failure.code, self._failure.detail
-        ending = choice.ended or Ending.INTERRUPTED
-        if ending is Ending.NORMAL:
+            return RoundEnd.INTERRUPTED, self._failure.code, self._failure.detail
+        ending = choice.ended or RoundEnd.INTERRUPTED
+        if ending is RoundEnd.NORMAL:
             return ending, None, ""
         reason = choice.stop_reason
         detail = (
@@ -505,12 +505,12 @@ class Assembler:
 
     def _finish_choice(self, index: int, choice: _ChoiceState) -> Choice:
         ending, code, detail = self._ending(choice)
-        if ending is Ending.NORMAL:
+        if ending is RoundEnd.NORMAL:
             self._expand_wrappers(choice)
         for buf in choice.calls:
             if buf.state in (CallState.FAILED, CallState.CANCELLED):
                 continue
-            if ending is Ending.CANCELLED:
+            if ending is RoundEnd.CANCELLED:
                 buf.cancel(detail)
             elif code is not None:
                 buf.fail(code, detail)

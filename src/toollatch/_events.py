@@ -45,7 +45,7 @@ class Frame(NamedTuple):
     """SSE ``retry:`` field in milliseconds, if any."""
 
 
-class Ending(StrEnum):
+class RoundEnd(StrEnum):
     """How a round (one attempt's stream) ended; decides whether any call may commit."""
 
     NORMAL = "normal"
@@ -229,7 +229,7 @@ class RoundEnded:
 
     choice: int = 0
     """Choice that ended."""
-    ending: Ending
+    ending: RoundEnd
     """Normalized ending; only ``NORMAL`` lets calls commit."""
     stop_reason: str | None = None
     """The provider's raw reason (``tool_calls``, ``stop``, ``max_tokens``...)."""

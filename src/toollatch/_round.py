@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from ._errors import ErrorCode
-from ._events import Anomaly, CallKey, Ending, ReasoningBlock, ServerToolBlock
+from ._events import Anomaly, CallKey, ReasoningBlock, RoundEnd, ServerToolBlock
 from ._gate import CommittedCall
 from ._state import CallState
 
@@ -96,7 +96,7 @@ class Choice:
 
     index: int
     """Choice (candidate) index."""
-    ended: Ending
+    ended: RoundEnd
     """How this choice's stream ended."""
     stop_reason: str | None
     """The provider's raw finish/stop reason, if it sent one."""
@@ -138,7 +138,7 @@ class Round:
         return self.choices[0]
 
     @property
-    def ended(self) -> Ending:
+    def ended(self) -> RoundEnd:
         """How choice 0 ended."""
         return self._first.ended
 

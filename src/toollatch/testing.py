@@ -24,9 +24,9 @@ from ._events import (
     CallClosed,
     CallIdentified,
     CallOpened,
-    Ending,
     Frame,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -248,7 +248,7 @@ def _end_index(factory: Callable[[], Adapter], transcript: Sequence[Mapping[str,
     adapter = factory()
     for index, native in enumerate(transcript):
         for event in adapter.feed(native):
-            if isinstance(event, RoundEnded) and event.ending is Ending.NORMAL:
+            if isinstance(event, RoundEnded) and event.ending is RoundEnd.NORMAL:
                 return index
     return len(transcript)
 

@@ -22,8 +22,8 @@ from .._events import (
     Anomaly,
     AnomalyKind,
     CallKey,
-    Ending,
     Frame,
+    RoundEnd,
     RoundEnded,
     StreamEvent,
     StreamFailed,
@@ -119,7 +119,7 @@ def has_duplicate_keys(data: str | bytes) -> bool:
 
 
 def round_end(
-    reason: str | None, endings: Mapping[str, Ending], field: str, *, choice: int = 0
+    reason: str | None, endings: Mapping[str, RoundEnd], field: str, *, choice: int = 0
 ) -> list[StreamEvent]:
     """``RoundEnded`` for a provider stop ``reason`` looked up in ``endings``.
 
@@ -132,7 +132,7 @@ def round_end(
             Anomaly(
                 kind=AnomalyKind.INVALID_PAYLOAD, detail=f"the message ended without a {field}"
             ),
-            RoundEnded(choice=choice, ending=Ending.INTERRUPTED),
+            RoundEnded(choice=choice, ending=RoundEnd.INTERRUPTED),
         ]
     ending = endings.get(reason)
     if ending is not None:
@@ -142,7 +142,7 @@ def round_end(
             kind=AnomalyKind.UNKNOWN_EVENT,
             detail=f"unknown {field} {short(reason, 60)!r}; not trusted, nothing commits",
         ),
-        RoundEnded(choice=choice, ending=Ending.INTERRUPTED, stop_reason=reason),
+        RoundEnded(choice=choice, ending=RoundEnd.INTERRUPTED, stop_reason=reason),
     ]
 
 

@@ -47,8 +47,8 @@ from toollatch._events import (
     CallClosed,
     CallKey,
     CallOpened,
-    Ending,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -61,17 +61,17 @@ from toollatch._events import (
 from ._base import Adapter, error_detail, lost_event, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
-_ENDINGS: dict[str, Ending] = {
-    "tool_use": Ending.NORMAL,
-    "end_turn": Ending.NORMAL,
-    "stop_sequence": Ending.NORMAL,
-    "pause_turn": Ending.NORMAL,  # a server-tool loop paused; the blocks it sent are complete
+_ENDINGS: dict[str, RoundEnd] = {
+    "tool_use": RoundEnd.NORMAL,
+    "end_turn": RoundEnd.NORMAL,
+    "stop_sequence": RoundEnd.NORMAL,
+    "pause_turn": RoundEnd.NORMAL,  # a server-tool loop paused; the blocks it sent are complete
     # Cut by a token limit. The cut block may still get a content_block_stop (Anthropic's tool
     # runner documents it; pydantic-ai#3118, anthropic-sdk-python#794) or none at all (fixture
     # anthropic/max_tokens_truncated_tool_use.sse): the call must fail either way.
-    "max_tokens": Ending.TRUNCATED,
-    "model_context_window_exceeded": Ending.TRUNCATED,
-    "refusal": Ending.INTERRUPTED,  # the model declined mid-stream: nothing it began may run
+    "max_tokens": RoundEnd.TRUNCATED,
+    "model_context_window_exceeded": RoundEnd.TRUNCATED,
+    "refusal": RoundEnd.INTERRUPTED,  # the model declined mid-stream: nothing it began may run
 }
 
 _DELTA_PREFIX = (
@@ -247,9 +247,9 @@ class AnthropicAdapter(Adapter):
         if self._ended:
             return []
         reason = self._stop_reason
-        if reason is not None and _ENDINGS.get(reason) is Ending.TRUNCATED:
+        if reason is not None and _ENDINGS.get(reason) is RoundEnd.TRUNCATED:
             # Truncated either way: a missing message_stop cannot make it any less final.
-            return [RoundEnded(ending=Ending.TRUNCATED, stop_reason=reason)]
+            return [RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason=reason)]
         suffix = f" (stop_reason {reason!r})" if reason else ""
         return [StreamFailed(detail=f"stream ended without message_stop{suffix}")]
 
@@ -280,7 +280,7 @@ class AnthropicAdapter(Adapter):
         """Rule "sticky reason": a truncating or failing (or unknown) ``stop_reason`` stays,
         whatever comes after it (issue 11: ``max_tokens`` then ``tool_use`` committed)."""
         current = self._stop_reason
-        if current is None or _ENDINGS.get(current) is Ending.NORMAL:
+        if current is None or _ENDINGS.get(current) is RoundEnd.NORMAL:
             self._stop_reason = reason
             return []
         if reason == current:

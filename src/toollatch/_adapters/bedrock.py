@@ -48,9 +48,9 @@ from toollatch._events import (
     CallClosed,
     CallKey,
     CallOpened,
-    Ending,
     Frame,
     ReasoningBlock,
+    RoundEnd,
     ServerToolBlock,
     StreamEvent,
     StreamFailed,
@@ -62,19 +62,19 @@ from toollatch._events import (
 from ._base import Adapter, lost_event, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
-_ENDINGS: dict[str, Ending] = {
-    "tool_use": Ending.NORMAL,
-    "end_turn": Ending.NORMAL,
-    "stop_sequence": Ending.NORMAL,
+_ENDINGS: dict[str, RoundEnd] = {
+    "tool_use": RoundEnd.NORMAL,
+    "end_turn": RoundEnd.NORMAL,
+    "stop_sequence": RoundEnd.NORMAL,
     # Cut by a token limit: never repair the partial call into a runnable one
     # (LibreChat-AI/agents#280, a truncated Bedrock create_file retried forever).
-    "max_tokens": Ending.TRUNCATED,
-    "model_context_window_exceeded": Ending.TRUNCATED,
+    "max_tokens": RoundEnd.TRUNCATED,
+    "model_context_window_exceeded": RoundEnd.TRUNCATED,
     # Filtered, or Bedrock itself says the output (or a tool use in it) is malformed.
-    "guardrail_intervened": Ending.INTERRUPTED,
-    "content_filtered": Ending.INTERRUPTED,
-    "malformed_model_output": Ending.INTERRUPTED,
-    "malformed_tool_use": Ending.INTERRUPTED,
+    "guardrail_intervened": RoundEnd.INTERRUPTED,
+    "content_filtered": RoundEnd.INTERRUPTED,
+    "malformed_model_output": RoundEnd.INTERRUPTED,
+    "malformed_tool_use": RoundEnd.INTERRUPTED,
 }
 
 _EVENTS = frozenset(

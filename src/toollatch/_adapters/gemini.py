@@ -64,8 +64,8 @@ from toollatch._events import (
     CallClosed,
     CallKey,
     CallOpened,
-    Ending,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -76,7 +76,10 @@ from toollatch._events import (
 
 __all__ = ["GeminiAdapter"]
 
-_ENDINGS: Final[Mapping[str, Ending]] = {"STOP": Ending.NORMAL, "MAX_TOKENS": Ending.TRUNCATED}
+_ENDINGS: Final[Mapping[str, RoundEnd]] = {
+    "STOP": RoundEnd.NORMAL,
+    "MAX_TOKENS": RoundEnd.TRUNCATED,
+}
 """Every other finishReason (SAFETY, RECITATION, BLOCKLIST, PROHIBITED_CONTENT, SPII,
 MALFORMED_FUNCTION_CALL, OTHER, unknown future values...) interrupts the candidate."""
 
@@ -513,9 +516,9 @@ class GeminiAdapter(Adapter):
             # Rule "unreadable_finish_reason": a reason we cannot read may have been
             # MAX_TOKENS; it must not be skipped while a later STOP ends the candidate.
             events: list[StreamEvent] = [_invalid("finishReason is not a string")]
-            reason, ending = "", Ending.INTERRUPTED
+            reason, ending = "", RoundEnd.INTERRUPTED
         else:
-            events, ending = [], _ENDINGS.get(reason, Ending.INTERRUPTED)
+            events, ending = [], _ENDINGS.get(reason, RoundEnd.INTERRUPTED)
         state = self._candidates.setdefault(index, _Candidate())
         if state.finish_reason is not None:
             # Rule "sticky_reason": a second, different reason is passed on, and the
@@ -542,7 +545,7 @@ class GeminiAdapter(Adapter):
         if not isinstance(reason, str) or 0 in self._candidates:
             return []
         self._candidates[0] = _Candidate(finish_reason=reason)
-        return [RoundEnded(choice=0, ending=Ending.INTERRUPTED, stop_reason=reason)]
+        return [RoundEnded(choice=0, ending=RoundEnd.INTERRUPTED, stop_reason=reason)]
 
     # -- parts ------------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ from .._events import (
     CallIdentified,
     CallKey,
     CallOpened,
-    Ending,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     StreamEvent,
     StreamFailed,
@@ -46,15 +46,15 @@ from .._events import (
 )
 from ._base import Adapter, error_detail, round_end
 
-_ENDINGS: dict[str, Ending] = {
-    "tool_calls": Ending.NORMAL,
-    "stop": Ending.NORMAL,  # also for forced tool_choice (vllm#25054, Q12)
-    "function_call": Ending.NORMAL,  # the legacy functions API
-    "eos": Ending.NORMAL,  # llama.cpp / TGI style servers
-    "eos_token": Ending.NORMAL,
-    "length": Ending.TRUNCATED,
-    "max_tokens": Ending.TRUNCATED,  # some compatible gateways pass Anthropic's reason on
-    "content_filter": Ending.INTERRUPTED,
+_ENDINGS: dict[str, RoundEnd] = {
+    "tool_calls": RoundEnd.NORMAL,
+    "stop": RoundEnd.NORMAL,  # also for forced tool_choice (vllm#25054, Q12)
+    "function_call": RoundEnd.NORMAL,  # the legacy functions API
+    "eos": RoundEnd.NORMAL,  # llama.cpp / TGI style servers
+    "eos_token": RoundEnd.NORMAL,
+    "length": RoundEnd.TRUNCATED,
+    "max_tokens": RoundEnd.TRUNCATED,  # some compatible gateways pass Anthropic's reason on
+    "content_filter": RoundEnd.INTERRUPTED,
 }
 """``finish_reason`` -> ending; anything else is untrusted (see ``round_end``)."""
 
@@ -370,7 +370,7 @@ class OpenAIChatAdapter(Adapter):
             )
             calls.reasoning = []
         if reason is None:  # [DONE] alone: a normal end, recorded as an anomaly by _done
-            out.append(RoundEnded(choice=index, ending=Ending.NORMAL, stop_reason=None))
+            out.append(RoundEnded(choice=index, ending=RoundEnd.NORMAL, stop_reason=None))
             return
         out.extend(round_end(reason, _ENDINGS, "finish_reason", choice=index))
 

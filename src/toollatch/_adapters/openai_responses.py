@@ -51,8 +51,8 @@ from toollatch._events import (
     CallIdentified,
     CallKey,
     CallOpened,
-    Ending,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -417,18 +417,18 @@ class OpenAIResponsesAdapter(Adapter):
             if not etype:
                 detail = f"response.completed with status {short(status, 40)!r}; not trusted"
                 events.append(_invalid(detail))
-                events.append(RoundEnded(ending=Ending.INTERRUPTED, stop_reason="completed"))
+                events.append(RoundEnded(ending=RoundEnd.INTERRUPTED, stop_reason="completed"))
                 return events
         if etype == "response.completed":
             if usage:  # (the first terminal event only)
                 events += self._cross_check(response.get("output"))
-            events.append(RoundEnded(ending=Ending.NORMAL, stop_reason="completed"))
+            events.append(RoundEnded(ending=RoundEnd.NORMAL, stop_reason="completed"))
         elif etype == "response.incomplete":
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, Mapping) else None
             reason = reason if isinstance(reason, str) and reason else "incomplete"
             filtered = reason in _FILTERED_REASONS
-            ending = Ending.INTERRUPTED if filtered else Ending.TRUNCATED
+            ending = RoundEnd.INTERRUPTED if filtered else RoundEnd.TRUNCATED
             events.append(RoundEnded(ending=ending, stop_reason=reason))
         else:
             error = response.get("error")
