@@ -29,6 +29,7 @@ from .._events import (
     StreamFailed,
     args_delta,
 )
+from ._sdk_helpers import HELPERS, SKIP
 
 _DETAIL_CHARS = 300
 
@@ -167,6 +168,10 @@ class Adapter(ABC):
     """How the likeliest next fragment's event is spelled, for the pipeline's fast path (see
     ``RawContinuation``); the adapter clears it before it stops holding."""
 
+    _follows_source = False
+    """Whether the last event :meth:`feed` took may be followed by an SDK stream helper's
+    derived event (see ``_sdk_helpers``); set on the instance by ``feed``."""
+
     def __init__(self, *, attempt: int = 0) -> None:
         self.attempt = attempt
         self._finished = False
@@ -195,9 +200,27 @@ class Adapter(ABC):
     # -- public contract --------------------------------------------------------------------
 
     def feed(self, native: object) -> list[StreamEvent]:
-        """Translate one native event (dict or SDK object) into stream events."""
+        """Translate one native event into stream events.
+
+        ``native`` is the provider's event as a dict (or any ``Mapping``), or an object for
+        one: what an official SDK's ``stream=True`` iterator yields (see :func:`to_native`),
+        or what its stream helper yields (``client.chat.completions.stream()``,
+        ``client.messages.stream()``): the provider's event a helper event carries is taken,
+        and an event the helper derived from the one it yielded before is skipped (see
+        ``_sdk_helpers``). Anything else, and a dict the provider would not send, is an
+        anomaly, never an exception.
+
+        Raises UsageError after :meth:`finish`, and for a helper's derived event that does
+        not follow the event it was derived from (its data would be lost); the adapter is
+        left as it was.
+        """
         if self._finished:
             raise self._after_finish("feed")
+        helper = HELPERS.get(self.provider)
+        if helper is not None:
+            native, self._follows_source = helper.take(native, self._follows_source, to_native)
+            if native is SKIP:
+                return []
         event = to_native(native)
         if not isinstance(event, dict):
             return [lost_event(f"expected a JSON object, got {type(event).__name__}")]
