@@ -32,6 +32,7 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
+from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
@@ -777,7 +778,7 @@ def outcomes(
         r = parser.finish()
         got = (
             [(c.call_id, c.state, c.error) for c in r.calls],
-            [e.tool_call_id for e in r.error_results()],
+            [e.tool_call_id for e in error_results(r)],
             r,
         )
         if expected is None:
@@ -1007,7 +1008,7 @@ def test_one_lost_duplicated_or_corrupted_event_never_commits_other_text(
         if record.state is CallState.COMMITTED:
             assert record.arguments_text == sent[record.call_id or ""]
     assert [c.call_id for c in r.calls if c.state is not CallState.COMMITTED] == [
-        e.tool_call_id for e in r.error_results()
+        e.tool_call_id for e in error_results(r)
     ]
 
 

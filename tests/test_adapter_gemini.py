@@ -39,6 +39,7 @@ from toollatch._events import (
 from toollatch._sse import SSEDecoder
 from toollatch.testing import chunkings, sse, summary
 from toollatch.testing import replay as replay_bytes
+from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
@@ -151,7 +152,7 @@ def test_parallel_calls_in_one_chunk_get_positions_and_first_signature_kept() ->
     assert events == [
         *opened(0, "secret"),
         *closed(0, '{"password":"mellon"}'),
-        ReasoningBlock(block="sig:0", data={"thoughtSignature": "SIG1", "call_position": 0}),
+        ReasoningBlock(block="sig:0", data={"thoughtSignature": "SIG1"}, call=key(0)),
         *opened(1, "secret"),
         *closed(1, '{"password":"radiance"}'),
         STOP,
@@ -291,7 +292,7 @@ def test_partial_args_nested_paths_array_indices_continued_strings_and_keep_aliv
     )
     assert run(chunks) == [
         *opened(0, "cook"),
-        ReasoningBlock(block="sig:0", data={"thoughtSignature": "SIGC", "call_position": 0}),
+        ReasoningBlock(block="sig:0", data={"thoughtSignature": "SIGC"}, call=key(0)),
         *closed(0, text),
         STOP,
     ]
@@ -788,7 +789,7 @@ def kinds(round_: Round) -> set[AnomalyKind]:
 def paired(round_: Round) -> None:
     """Every call that did not commit has its error result."""
     failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
-    assert [r.tool_call_id for r in round_.error_results()] == failed
+    assert [r.tool_call_id for r in error_results(round_)] == failed
 
 
 WHOLE = chunk(call("read", {"path": "/safe"}))
@@ -1341,7 +1342,7 @@ def test_signatures_in_the_corpus_are_kept() -> None:
     recorded = json.loads(data)["candidates"][0]["content"]["parts"][0]["thoughtSignature"]
     blocks = [e for e in replay(path, None) if isinstance(e, ReasoningBlock)]
     assert [b.block for b in blocks] == ["sig:0"]
-    assert blocks[0].data == {"thoughtSignature": recorded, "call_position": 0}
+    assert blocks[0].data == {"thoughtSignature": recorded} and blocks[0].call == key(0)
 
 
 @pytest.mark.corpus

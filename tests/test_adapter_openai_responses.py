@@ -36,6 +36,7 @@ from toollatch._events import (
     UsageReported,
 )
 from toollatch._sse import SSEDecoder
+from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
@@ -582,9 +583,9 @@ def rounds(natives: Iterable[Native]) -> Round:
     for other in results[1:]:
         assert outcome(other) == outcome(results[0])
     round_ = results[0]
-    failed = [c.history_id for c in round_.calls if c.state is not CallState.COMMITTED]
-    assert [r.tool_call_id for r in round_.error_results()] == failed
-    assert all(r.is_error for r in round_.error_results())
+    failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
+    assert [r.tool_call_id for r in error_results(round_)] == failed
+    assert all(r.is_error for r in error_results(round_))
     return round_
 
 
@@ -1150,8 +1151,8 @@ def test_one_event_dropped_duplicated_or_corrupted_never_commits_other_arguments
             assert call.arguments_text == intended.get(call.key.part), (how, call)
     if how == "none":
         assert all(c.state is CallState.COMMITTED for c in round_.calls)
-    failed = [c.history_id for c in round_.calls if c.state is not CallState.COMMITTED]
-    assert [r.tool_call_id for r in round_.error_results()] == failed
+    failed = [c.call_id for c in round_.calls if c.state is not CallState.COMMITTED]
+    assert [r.tool_call_id for r in error_results(round_)] == failed
 
 
 # -- recorded corpus -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from toollatch import CallState, RoundEnd, ErrorCode, Limits, StreamParser
 from toollatch.testing import chunkings, replay, split_at, sse, summary
+from toollatch.messages import assistant_messages, error_results, tool_results_messages
 
 TOOLS = [
     {"name": "get_weather", "input_schema": {"type": "object", "properties": {
@@ -95,7 +96,7 @@ def test_parallel_and_no_argument_calls():
 
 def test_thinking_block_and_signature_kept_byte_for_byte_in_history():
     r = replay(SCENARIOS["thinking"], "anthropic", tools=TOOLS)
-    message = r.assistant_message()
+    message = assistant_messages(r)[0]
     assert message["content"][0] == {"type": "thinking", "thinking": "Need the weather.",
                                      "signature": "c2lnbmF0dXJl/+=="}
     assert message["content"][1] == {"type": "tool_use", "id": "t1", "name": "get_weather",
@@ -108,7 +109,7 @@ def test_max_tokens_fails_the_call_even_when_its_block_was_stopped(name):
     r = replay(SCENARIOS[name], "anthropic", tools=TOOLS)
     assert r.ended is RoundEnd.TRUNCATED
     assert outcome(r) == [("t1", CallState.FAILED, ErrorCode.TRUNCATED, None)]
-    [result] = r.tool_results_messages(r.error_results())[0]["content"]
+    [result] = tool_results_messages(r, error_results(r))[0]["content"]
     assert result["tool_use_id"] == "t1" and result["is_error"] is True
 
 
@@ -138,7 +139,7 @@ def test_oversized_and_cancel():
     parser.feed(wire(START, *tool(0, "t1", "get_time", "{}"), *tool(1, "t2", "get_time", "{")))
     r = parser.cancel()
     assert [(c.state, c.error) for c in r.calls] == [(CallState.CANCELLED, ErrorCode.CANCELLED)] * 2
-    messages = r.tool_results_messages(r.error_results())
+    messages = tool_results_messages(r, error_results(r))
     assert [b["tool_use_id"] for b in messages[0]["content"]] == ["t1", "t2"]
 
 
@@ -194,7 +195,7 @@ def outcomes(data, tools=FILE_TOOLS):
     expected = None
     for pieces in chunkings(data, seed=11):
         r = replay(pieces, "anthropic", tools=tools)
-        paired = [e.tool_call_id for e in r.error_results()]
+        paired = [e.tool_call_id for e in error_results(r)]
         got = ([(c.call_id, c.state, c.error) for c in r.calls], paired, r)
         if expected is None:
             expected = got
@@ -260,7 +261,7 @@ def test_a_refused_delta_on_a_calls_own_block_fails_that_call(name):
     assert calls == [("t_ok", CallState.COMMITTED, None),
                      ("t_path", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
     assert paired == ["t_path"]
-    [result] = r.tool_results_messages([*r.error_results(), *_ok_results(r)])[0]["content"][1:]
+    [result] = tool_results_messages(r, [*error_results(r), *_ok_results(r)])[0]["content"][1:]
     assert result["tool_use_id"] == "t_path" and result["is_error"] is True
 
 
@@ -421,7 +422,7 @@ def test_one_lost_duplicated_or_corrupted_event_never_commits_other_text(data):
     for record in r.calls:
         if record.state is CallState.COMMITTED:
             assert record.arguments_text == sent[record.call_id]
-    assert len(r.error_results()) == len([c for c in r.calls if c.state is not CallState.COMMITTED])
+    assert len(error_results(r)) == len([c for c in r.calls if c.state is not CallState.COMMITTED])
 
 
 def test_the_property_stream_commits_both_calls_unmodified():

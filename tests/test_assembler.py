@@ -6,23 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toollatch import (
-    Assembler,
-    CallKey,
-    CallState,
-    RoundEnd,
-    ErrorCode,
-    Limits,
-    PreviewPolicy,
-    UsageError,
-)
+from toollatch.assembly import Assembler
+from toollatch.events import CallKey
+from toollatch import CallState, ErrorCode, Limits, PreviewPolicy, RoundEnd, UsageError
 from toollatch._buffer import JOIN_BYTES
 from toollatch.events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
     CallClosed,
-    CallFailed,
     CallIdentified,
     CallOpened,
     ReasoningBlock,
@@ -31,6 +23,8 @@ from toollatch.events import (
     StreamFailed,
     TextDelta,
 )
+from toollatch import CallFailed
+from toollatch.messages import error_results
 
 K0, K1, K2 = (CallKey(0, 0, i) for i in range(3))
 END = RoundEnded(ending=RoundEnd.NORMAL, stop_reason="tool_use")
@@ -87,7 +81,7 @@ def test_a_call_never_closed_fails_at_a_normal_end():
     r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"), END)
     assert (r.ended, r.calls[0].error) == (RoundEnd.NORMAL, ErrorCode.PROTOCOL_VIOLATION)
     assert [a.kind for a in r.anomalies] == [AnomalyKind.NEVER_CLOSED]
-    assert [e.tool_call_id for e in r.error_results()] == ["a"]
+    assert [e.tool_call_id for e in error_results(r)] == ["a"]
 
 
 def test_an_anomaly_with_a_code_fails_its_call_with_that_code():
@@ -174,7 +168,7 @@ def test_content_order_and_opaque_blocks_are_kept():
     r, _ = run(think, TextDelta(text="a", block=1), TextDelta(text="b", block=1), server,
                TextDelta(text="c", block=3), CallOpened(key=K2, call_id="x", name="f"), END)
     kinds = [type(s).__name__ for s in r.choices[0].content]
-    assert kinds == ["ReasoningBlock", "TextSegment", "ServerToolBlock", "TextSegment", "CallRecord"]
+    assert kinds == ["ReasoningBlock", "TextRun", "ServerToolBlock", "TextRun", "CallRecord"]
     assert r.text == "abc" and r.blocks == (think, server)
 
 
@@ -316,7 +310,7 @@ def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
     assert [c.error for c in r.calls] == [ErrorCode.STREAM_INTERRUPTED] * 3 + [
         ErrorCode.TOO_MANY_TOOL_CALLS] * 3
     assert r.ended is RoundEnd.INTERRUPTED
-    assert [e.tool_call_id for e in r.error_results()] == [f"c{i}" for i in range(6)]
+    assert [e.tool_call_id for e in error_results(r)] == [f"c{i}" for i in range(6)]
     assert len(r.anomalies) == 4  # three placeholders, one overflow
 
 

@@ -36,6 +36,7 @@ from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode
 from toollatch.events import AnomalyKind, RoundEnd, ReasoningBlock, ServerToolBlock
 from toollatch.testing import replay, sse
+from toollatch.messages import assistant_messages, error_results
 
 # -- running the SDKs on recorded bytes --------------------------------------------------------
 
@@ -214,7 +215,7 @@ def test_chat_stream_without_finish_reason_is_a_call_for_the_sdk_and_not_here():
         CallState.FAILED,
         ErrorCode.STREAM_INTERRUPTED,
     )
-    assert ours.error_results()[0].tool_call_id == "0"
+    assert error_results(ours)[0].tool_call_id == "0"
 
 
 @pytest.mark.corpus
@@ -293,7 +294,7 @@ def test_chat_length_finish_raises_in_the_sdk_and_fails_only_the_call_here():
         ErrorCode.TRUNCATED,
         None,
     )
-    assert [r.tool_call_id for r in ours.error_results()] == ["call_1"]
+    assert [r.tool_call_id for r in error_results(ours)] == ["call_1"]
 
 
 # -- OpenAI Responses ------------------------------------------------------------------------------
@@ -436,7 +437,7 @@ def test_responses_incomplete_raises_in_the_sdk_and_fails_only_the_call_here():
         sdk_responses(body)
     ours = replay(body, "openai_responses")
     assert ours.ended is RoundEnd.TRUNCATED
-    (error,) = ours.error_results()
+    (error,) = error_results(ours)
     assert (error.tool_call_id, error.code) == ("call_1", ErrorCode.TRUNCATED)
 
 
@@ -493,9 +494,9 @@ def test_anthropic_max_tokens_cut_is_a_partial_input_in_the_sdk_and_a_failed_cal
         ErrorCode.TRUNCATED,
         None,
     )
-    tool_use = [b for b in ours.assistant_message()["content"] if b["type"] == "tool_use"]
+    tool_use = [b for b in assistant_messages(ours)[0]["content"] if b["type"] == "tool_use"]
     assert [b["input"] for b in tool_use] == [{}]
-    assert ours.error_results()[0].content.startswith("truncated: ")
+    assert error_results(ours)[0].content.startswith("truncated: ")
 
 
 @pytest.mark.corpus
@@ -509,7 +510,7 @@ def test_anthropic_mcp_tool_use_input_is_dropped_by_the_sdk_and_kept_here():
     (sdk_block,) = _anthropic_blocks(final, "mcp_tool_use")
     assert sdk_block["input"] == {}
     (want,) = EXPECTED[ANTHROPIC_MCP]["calls"]
-    (mcp,) = [b for b in ours.assistant_message()["content"] if b["type"] == "mcp_tool_use"]
+    (mcp,) = [b for b in assistant_messages(ours)[0]["content"] if b["type"] == "mcp_tool_use"]
     assert (mcp["id"], mcp["input"]) == (want["id"], want["arguments"])
     assert mcp["input"]
 

@@ -11,19 +11,19 @@ from hypothesis import strategies as st
 
 from toollatch import (
     Allow,
-    CallKey,
     CommittedCall,
     ConfigError,
     Deny,
     ErrorCode,
     Gate,
     Limits,
-    Rejection,
     RunBudget,
     ToolSpec,
     UsageError,
     load_tools,
 )
+from toollatch.events import CallKey
+from toollatch.assembly import Rejection
 from toollatch._gate import _Reject, strict_loads
 
 KEY = CallKey(0, 0, 0)

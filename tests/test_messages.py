@@ -23,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir
-from toollatch import CallState, Choice, Round, StreamParser, ToolResult
+from toollatch import CallState, Round, StreamParser, ToolResult
+from toollatch.messages import assistant_messages, error_results, tool_results_messages
+from toollatch.rounds import Choice
 from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode, UsageError
 from toollatch.events import AnomalyKind, RoundEnd
@@ -37,6 +39,15 @@ INVALID = '{"city": }'
 
 def play(provider: str, data: bytes) -> Round:
     return replay(data, provider, framing=FRAMING.get(provider, "sse"))
+
+
+def message_of(round_: Round) -> Any:
+    """The assistant's history entry: the one message, or for Responses the list of items."""
+    entries = assistant_messages(round_)
+    if round_.provider == "openai_responses":
+        return entries
+    (message,) = entries  # one message for every other provider
+    return message
 
 
 # -- transcripts: per provider, the same scenarios ----------------------------------------------
@@ -379,7 +390,7 @@ def calls_in(provider: str, message: dict[str, Any]) -> list[Call]:
         case "openai_responses":
             return [
                 (i["call_id"], i["name"], json.loads(i["arguments"]))
-                for i in message["items"]
+                for i in message
                 if i["type"] == "function_call"
             ]
         case "gemini":
@@ -452,11 +463,11 @@ def all_results(round_: Round, output: str = '{"temp_c": 18}') -> list[ToolResul
     """Error results for failed calls plus a fake output for each committed one (shuffled:
     the builders must restore call order)."""
     outputs = [
-        ToolResult(tool_call_id=c.history_id, name=c.name or "", content=output)
+        ToolResult(tool_call_id=c.call_id, name=c.name or "", content=output)
         for c in round_.calls
         if c.committed is not None
     ]
-    return list(reversed(round_.error_results() + outputs))
+    return list(reversed(error_results(round_) + outputs))
 
 
 # -- the shared rules, for every provider -------------------------------------------------------
@@ -466,11 +477,11 @@ def all_results(round_: Round, output: str = '{"temp_c": 18}') -> list[ToolResul
 def test_committed_call_and_its_result(provider):
     r = play(provider, TRANSCRIPTS[provider]["good"])
     assert [c.state for c in r.calls] == [CallState.COMMITTED]
-    message = r.assistant_message()
+    message = message_of(r)
     ((call_id, name, args),) = calls_in(provider, message)
     assert (name, args) == ("get_weather", {"city": "Paris"})
     assert "Let me check." in json.dumps(message)
-    results = r.tool_results_messages(all_results(r))
+    results = tool_results_messages(r, all_results(r))
     assert [x[2:] for x in results_in(provider, results)] == [('{"temp_c": 18}', flag(provider))]
     assert_paired(provider, message, results)
     if provider != "gemini":
@@ -483,7 +494,7 @@ def test_failed_call_is_written_with_empty_arguments_and_an_explaining_error(pro
     assert [c.state for c in r.calls] == [CallState.COMMITTED, CallState.FAILED]
     code = ErrorCode.PROTOCOL_VIOLATION if provider == "gemini" else ErrorCode.INVALID_JSON
     assert r.calls[1].error is code
-    message = r.assistant_message()
+    message = message_of(r)
     assert [c[1:] for c in calls_in(provider, message)] == [
         ("get_weather", {"city": "Paris"}),
         ("get_weather", {}),
@@ -492,16 +503,16 @@ def test_failed_call_is_written_with_empty_arguments_and_an_explaining_error(pro
         args = [c["function"]["arguments"] for c in message["tool_calls"]]
         assert args == ['{"city": "Paris"}', "{}"]
     if provider == "openai_responses":
-        args = [i["arguments"] for i in message["items"] if i["type"] == "function_call"]
+        args = [i["arguments"] for i in message if i["type"] == "function_call"]
         assert args == ['{"city": "Paris"}', "{}"]
-    (error,) = r.error_results()
+    (error,) = error_results(r)
     assert error.is_error
     assert error.code is code
-    assert error.tool_call_id == r.calls[1].history_id
+    assert error.tool_call_id == r.calls[1].call_id
     assert error.content.startswith(f"{code}: ")
     assert error.content.endswith("The tool was not run.")
     assert INVALID not in error.content  # never the raw arguments
-    results = r.tool_results_messages(all_results(r))
+    results = tool_results_messages(r, all_results(r))
     assert_paired(provider, message, results)
     contents = [x[2] for x in results_in(provider, results)]
     assert contents == ['{"temp_c": 18}', error.content]
@@ -515,14 +526,14 @@ def test_truncated_call_gets_a_truncated_error_result(provider):
     assert r.ended is RoundEnd.TRUNCATED
     (call,) = r.calls
     assert (call.state, call.error) == (CallState.FAILED, ErrorCode.TRUNCATED)
-    message = r.assistant_message()
+    message = message_of(r)
     ((_, name, args),) = calls_in(provider, message)
     assert name == "get_weather"
     # A partial text is never replayed; Gemini's call arrived whole, so its object is kept.
     assert args == ({"city": "Paris"} if provider == "gemini" else {})
-    (error,) = r.error_results()
+    (error,) = error_results(r)
     assert error.content.startswith("truncated: ")
-    results = r.tool_results_messages([error])
+    results = tool_results_messages(r, [error])
     assert_paired(provider, message, results)
 
 
@@ -533,11 +544,11 @@ def test_cancelled_round_pairs_every_call_with_a_cancelled_result(provider):
     r = parser.cancel("user pressed stop")
     assert r.ended is RoundEnd.CANCELLED
     assert [(c.state, c.error) for c in r.calls] == [(CallState.CANCELLED, ErrorCode.CANCELLED)] * 2
-    message = r.assistant_message()
+    message = message_of(r)
     assert [c[2] for c in calls_in(provider, message)] == [{"city": "Paris"}, {}]
-    errors = r.error_results()
+    errors = error_results(r)
     assert all(e.content.startswith("cancelled: user pressed stop") for e in errors)
-    results = r.tool_results_messages(errors)
+    results = tool_results_messages(r, errors)
     assert_paired(provider, message, results)
     assert len(results_in(provider, results)) == 2
 
@@ -546,7 +557,7 @@ def test_cancelled_round_pairs_every_call_with_a_cancelled_result(provider):
 def test_missing_result_is_a_usage_error(provider):
     r = play(provider, TRANSCRIPTS[provider]["invalid"])
     with pytest.raises(UsageError, match="no result for call"):
-        r.tool_results_messages(r.error_results())  # the committed call has none
+        tool_results_messages(r, error_results(r))  # the committed call has none
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -554,7 +565,7 @@ def test_duplicate_result_is_a_usage_error(provider):
     r = play(provider, TRANSCRIPTS[provider]["good"])
     (result,) = all_results(r)
     with pytest.raises(UsageError, match="two results"):
-        r.tool_results_messages([result, result])
+        tool_results_messages(r, [result, result])
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -562,7 +573,7 @@ def test_result_for_an_unknown_call_id_is_a_usage_error(provider):
     r = play(provider, TRANSCRIPTS[provider]["good"])
     stray = ToolResult(tool_call_id="not_a_call", name="get_weather", content="x")
     with pytest.raises(UsageError, match="unknown call ids"):
-        r.tool_results_messages([*all_results(r), stray])
+        tool_results_messages(r, [*all_results(r), stray])
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -577,17 +588,17 @@ def test_no_calls_means_no_result_messages(provider):
         error=None,
         choices=(empty,),
     )
-    assert stripped.tool_results_messages([]) == []
-    assert calls_in(provider, stripped.assistant_message()) == []
+    assert tool_results_messages(stripped, []) == []
+    assert calls_in(provider, message_of(stripped)) == []
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_history_does_not_depend_on_chunking(provider):
     data = TRANSCRIPTS[provider]["good"]
     framing = FRAMING.get(provider, "sse")
-    expected = replay(data, provider, framing=framing).assistant_message()
+    expected = message_of(replay(data, provider, framing=framing))
     for pieces in chunkings(data, seed=len(data), random_splits=2):
-        assert replay(pieces, provider, framing=framing).assistant_message() == expected
+        assert message_of(replay(pieces, provider, framing=framing)) == expected
 
 
 @settings(max_examples=20)
@@ -595,8 +606,8 @@ def test_history_does_not_depend_on_chunking(provider):
 def test_results_come_back_in_call_order_whatever_order_they_are_given(provider, data):
     r = play(provider, TRANSCRIPTS[provider]["invalid"])
     results = data.draw(st.permutations(all_results(r)))
-    got = results_in(provider, r.tool_results_messages(results))
-    assert [x[2] for x in got] == ['{"temp_c": 18}', r.error_results()[0].content]
+    got = results_in(provider, tool_results_messages(r, results))
+    assert [x[2] for x in got] == ['{"temp_c": 18}', error_results(r)[0].content]
 
 
 def test_unknown_provider_has_no_builder():
@@ -605,7 +616,7 @@ def test_unknown_provider_has_no_builder():
         provider="nope", attempt=0, choices=r.choices, usage=None, anomalies=(), error=None
     )
     with pytest.raises(UsageError, match="no history builder"):
-        alien.assistant_message()
+        message_of(alien)
 
 
 # -- exact shapes, one per provider -----------------------------------------------------------
@@ -613,7 +624,7 @@ def test_unknown_provider_has_no_builder():
 
 def test_openai_chat_exact_shape():
     r = play("openai_chat", CHAT["good"])
-    assert r.assistant_message() == {
+    assert message_of(r) == {
         "role": "assistant",
         "content": "Let me check.",
         "tool_calls": [
@@ -624,14 +635,14 @@ def test_openai_chat_exact_shape():
             }
         ],
     }
-    assert r.tool_results_messages(all_results(r)) == [
+    assert tool_results_messages(r, all_results(r)) == [
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 18}'}
     ]
 
 
 def test_anthropic_exact_shape():
     r = play("anthropic", ANTHROPIC["good"])
-    assert r.assistant_message() == {
+    assert message_of(r) == {
         "role": "assistant",
         "content": [
             {"type": "text", "text": "Let me check."},
@@ -643,7 +654,7 @@ def test_anthropic_exact_shape():
             },
         ],
     }
-    assert r.tool_results_messages(all_results(r)) == [
+    assert tool_results_messages(r, all_results(r)) == [
         {
             "role": "user",
             "content": [
@@ -658,39 +669,37 @@ def test_anthropic_exact_shape():
     ]
 
 
-def test_openai_responses_exact_shape_is_the_documented_items_wrapper():
+def test_openai_responses_history_is_the_list_of_input_items():
     r = play("openai_responses", RESPONSES["good"])
-    assert r.assistant_message() == {
-        "items": [
-            {
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": "Let me check."}],
-            },
-            {
-                "type": "function_call",
-                "call_id": "call_1",
-                "name": "get_weather",
-                "arguments": '{"city": "Paris"}',
-                "id": "fc_1",
-            },
-        ]
-    }
-    assert r.tool_results_messages(all_results(r)) == [
+    assert assistant_messages(r) == [
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Let me check."}],
+        },
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+            "id": "fc_1",
+        },
+    ]
+    assert tool_results_messages(r, all_results(r)) == [
         {"type": "function_call_output", "call_id": "call_1", "output": '{"temp_c": 18}'}
     ]
 
 
 def test_gemini_exact_shape():
     r = play("gemini", GEMINI["good"])
-    assert r.assistant_message() == {
+    assert message_of(r) == {
         "role": "model",
         "parts": [
             {"text": "Let me check."},
             {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}},
         ],
     }
-    assert r.tool_results_messages(all_results(r)) == [
+    assert tool_results_messages(r, all_results(r)) == [
         {
             "role": "user",
             "parts": [
@@ -707,7 +716,7 @@ def test_gemini_exact_shape():
 
 def test_bedrock_exact_shape():
     r = play("bedrock", BEDROCK["good"])
-    assert r.assistant_message() == {
+    assert message_of(r) == {
         "role": "assistant",
         "content": [
             {"text": "Let me check."},
@@ -720,7 +729,7 @@ def test_bedrock_exact_shape():
             },
         ],
     }
-    assert r.tool_results_messages(all_results(r)) == [
+    assert tool_results_messages(r, all_results(r)) == [
         {
             "role": "user",
             "content": [
@@ -735,7 +744,7 @@ def test_bedrock_exact_shape():
         }
     ]
     truncated = play("bedrock", BEDROCK["truncated"])
-    (message,) = truncated.tool_results_messages(truncated.error_results())
+    (message,) = tool_results_messages(truncated, error_results(truncated))
     assert message["content"][0]["toolResult"]["status"] == "error"
 
 
@@ -751,7 +760,7 @@ def test_openai_chat_reasoning_content_is_kept():
         chat_call(0, '{"city": "Paris"}', "call_1", "get_weather"),
         chat(finish="tool_calls"),
     )
-    message = play("openai_chat", data).assistant_message()
+    message = message_of(play("openai_chat", data))
     assert message["reasoning_content"] == "Think twice."
 
 
@@ -768,7 +777,7 @@ def test_anthropic_thinking_signature_and_redacted_thinking_are_kept_byte_for_by
         *ant_tool(2, "toolu_1", '{"city": "Paris"}'),
         *ant_end("tool_use"),
     )
-    content = play("anthropic", data).assistant_message()["content"]
+    content = message_of(play("anthropic", data))["content"]
     assert content[:2] == [
         {"type": "thinking", "thinking": "Paris is in France.", "signature": SIG},
         {"type": "redacted_thinking", "data": "RkFLRQ=="},
@@ -803,7 +812,7 @@ def test_anthropic_server_tool_blocks_are_kept_and_never_paired():
         *ant_end("tool_use"),
     )
     r = play("anthropic", data)
-    content = r.assistant_message()["content"]
+    content = message_of(r)["content"]
     assert content[:2] == [
         {
             "type": "server_tool_use",
@@ -814,7 +823,7 @@ def test_anthropic_server_tool_blocks_are_kept_and_never_paired():
         result_block,
     ]
     assert [c.call_id for c in r.calls] == ["toolu_1"]  # only the client call needs a result
-    assert_paired("anthropic", r.assistant_message(), r.tool_results_messages(all_results(r)))
+    assert_paired("anthropic", message_of(r), tool_results_messages(r, all_results(r)))
 
 
 def test_openai_responses_reasoning_and_hosted_items_are_passed_back_verbatim():
@@ -843,7 +852,7 @@ def test_openai_responses_reasoning_and_hosted_items_are_passed_back_verbatim():
         RESP_COMPLETED,
     )
     r = play("openai_responses", data)
-    items = r.assistant_message()["items"]
+    items = message_of(r)
     assert items[:2] == [reasoning, search]
     assert [i["type"] for i in items] == [
         "reasoning",
@@ -852,7 +861,7 @@ def test_openai_responses_reasoning_and_hosted_items_are_passed_back_verbatim():
         "function_call",
     ]
     assert_paired(
-        "openai_responses", r.assistant_message(), r.tool_results_messages(all_results(r))
+        "openai_responses", message_of(r), tool_results_messages(r, all_results(r))
     )
 
 
@@ -865,7 +874,7 @@ def test_openai_responses_call_without_item_id_has_no_id():
         {"type": "response.function_call_arguments.done", "output_index": 0, "arguments": "{}"},
         RESP_COMPLETED,
     )
-    (item,) = play("openai_responses", data).assistant_message()["items"]
+    (item,) = message_of(play("openai_responses", data))
     assert item == {
         "type": "function_call",
         "call_id": "call_1",
@@ -885,7 +894,7 @@ def test_gemini_signatures_go_back_on_the_parts_that_carried_them():
         GEM_STOP,
     )
     r = play("gemini", data)
-    assert r.assistant_message() == {
+    assert message_of(r) == {
         "role": "model",
         "parts": [
             thought,
@@ -904,7 +913,7 @@ def test_gemini_signature_on_an_empty_text_part_after_a_call_stays_a_part():
     data = sse(
         gem(gem_call({"city": "Paris"})), gem({"text": "", "thoughtSignature": SIG}), GEM_STOP
     )
-    parts = play("gemini", data).assistant_message()["parts"]
+    parts = message_of(play("gemini", data))["parts"]
     assert parts[1] == {"text": "", "thoughtSignature": SIG}
 
 
@@ -925,7 +934,7 @@ def test_gemini_streamed_call_keeps_the_signature_of_its_first_part():
         GEM_STOP,
     )
     r = play("gemini", data)
-    assert r.assistant_message()["parts"] == [
+    assert message_of(r)["parts"] == [
         {
             "functionCall": {"name": "get_weather", "args": {"city": "Paris"}},
             "thoughtSignature": SIG,
@@ -937,15 +946,15 @@ def test_gemini_id_less_calls_pair_by_synthesized_ids_that_are_never_sent():
     r = play("gemini", sse(gem(gem_call({"city": "Paris"}), gem_call({"city": "Lyon"})), GEM_STOP))
     synthesized = {a.key for a in r.anomalies if a.kind is AnomalyKind.SYNTHESIZED_ID}
     assert {c.key for c in r.calls} == synthesized
-    ids = [c.history_id for c in r.calls]
+    ids = [c.call_id for c in r.calls]
     assert len(set(ids)) == 2
     assert all(ids)
     results = [
         ToolResult(tool_call_id=ids[1], name="get_weather", content="rain"),
         ToolResult(tool_call_id=ids[0], name="get_weather", content="sun"),
     ]
-    messages = r.tool_results_messages(results)
-    text = json.dumps([r.assistant_message(), messages])
+    messages = tool_results_messages(r, results)
+    text = json.dumps([message_of(r), messages])
     assert not any(i in text for i in ids)
     assert messages[0]["parts"] == [
         {"functionResponse": {"name": "get_weather", "response": {"output": "sun"}}},
@@ -961,14 +970,14 @@ def test_gemini_provider_ids_are_sent_back_on_call_and_response():
             GEM_STOP,
         ),
     )
-    assert calls_in("gemini", r.assistant_message()) == [("fc-9", "get_weather", {"city": "Paris"})]
-    (message,) = r.tool_results_messages(all_results(r))
+    assert calls_in("gemini", message_of(r)) == [("fc-9", "get_weather", {"city": "Paris"})]
+    (message,) = tool_results_messages(r, all_results(r))
     assert message["parts"][0]["functionResponse"]["id"] == "fc-9"
 
 
 def test_gemini_error_results_use_the_error_key():
     r = play("gemini", GEMINI["truncated"])
-    (message,) = r.tool_results_messages(r.error_results())
+    (message,) = tool_results_messages(r, error_results(r))
     response = message["parts"][0]["functionResponse"]["response"]
     assert list(response) == ["error"]
     assert response["error"].startswith("truncated: ")
@@ -978,7 +987,7 @@ def test_gemini_server_parts_are_kept():
     code = {"executableCode": {"language": "PYTHON", "code": "print(6 * 7)"}}
     outcome = {"codeExecutionResult": {"outcome": "OUTCOME_OK", "output": "42\n"}}
     r = play("gemini", sse(gem(code), gem(outcome), gem({"text": "It is 42."}), GEM_STOP))
-    assert r.assistant_message()["parts"] == [code, outcome, {"text": "It is 42."}]
+    assert message_of(r)["parts"] == [code, outcome, {"text": "It is 42."}]
     assert r.calls == ()
 
 
@@ -1017,7 +1026,7 @@ def test_bedrock_reasoning_with_signature_and_server_tool_blocks_are_kept():
         *br_end("tool_use"),
     )
     r = play("bedrock", data)
-    content = r.assistant_message()["content"]
+    content = message_of(r)["content"]
     assert content == [
         {"reasoningContent": {"reasoningText": {"text": "Compute first.", "signature": SIG}}},
         {
@@ -1032,7 +1041,7 @@ def test_bedrock_reasoning_with_signature_and_server_tool_blocks_are_kept():
         # the whitespace-only text block is left out: Converse rejects blank text
         {"toolUse": {"toolUseId": "tooluse_1", "name": "get_weather", "input": {"city": "Paris"}}},
     ]
-    assert_paired("bedrock", r.assistant_message(), r.tool_results_messages(all_results(r)))
+    assert_paired("bedrock", message_of(r), tool_results_messages(r, all_results(r)))
 
 
 def test_nameless_call_is_left_out_and_needs_no_result():
@@ -1054,9 +1063,9 @@ def test_nameless_call_is_left_out_and_needs_no_result():
     )
     r = play("openai_chat", data)
     assert [c.name for c in r.calls] == ["get_weather", None]
-    assert [c[0] for c in calls_in("openai_chat", r.assistant_message())] == ["call_1"]
+    assert [c[0] for c in calls_in("openai_chat", message_of(r))] == ["call_1"]
     committed = [x for x in all_results(r) if x.tool_call_id == "call_1"]
-    assert len(r.tool_results_messages(committed)) == 1
+    assert len(tool_results_messages(r, committed)) == 1
 
 
 # -- the recorded corpus -----------------------------------------------------------------------
@@ -1122,9 +1131,9 @@ def _well_formed_anthropic(m: dict[str, Any]) -> None:
             } or b["type"].endswith("_tool_result")
 
 
-def _well_formed_openai_responses(m: dict[str, Any]) -> None:
-    assert set(m) == {"items"}
-    for item in m["items"]:
+def _well_formed_openai_responses(m: list[dict[str, Any]]) -> None:
+    assert isinstance(m, list)
+    for item in m:
         if item["type"] == "function_call":
             assert item["call_id"]
             assert item["name"]
@@ -1186,10 +1195,10 @@ def test_recorded_stream_history_is_well_formed_and_fully_paired(rel):
     root = corpus_dir()
     raw = (root / rel).read_bytes()
     r = replay_bytes(raw, name=Path(rel).name)
-    message = r.assistant_message()
+    message = message_of(r)
     json.dumps(message, allow_nan=False)  # sendable as is
     WELL_FORMED[r.provider](message)
-    results = r.tool_results_messages(all_results(r))
+    results = tool_results_messages(r, all_results(r))
     json.dumps(results, allow_nan=False)
     assert_paired(r.provider, message, results)
     # every named call of choice 0 is in the message, with its committed arguments
@@ -1231,4 +1240,4 @@ def test_recorded_stream_signatures_reach_history_byte_for_byte(rel):
     found = {json.loads(f'"{m.group(2)}"') for m in _SIGNATURE.finditer("\n".join(lines))}
     assert found
     r = replay_bytes(raw, name=Path(rel).name)
-    assert found <= _strings(r.assistant_message())
+    assert found <= _strings(message_of(r))

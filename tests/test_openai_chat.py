@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from toollatch import CallState, RoundEnd, ErrorCode, Limits, StreamParser
 from toollatch._adapters.openai_chat import OpenAIChatAdapter
-from toollatch.events import Frame
+from toollatch.decoders import Frame
 from toollatch.testing import chunkings, replay, split_at, sse, summary
+from toollatch.messages import assistant_messages, error_results
 
 CITY = '{"city": "Paris", "days": 3}'
 
@@ -85,7 +86,7 @@ def test_single_call_commits_with_parsed_arguments():
     assert r.calls[0].arguments == {"city": "Paris", "days": 3}
     assert r.calls[0].arguments_text == CITY
     assert r.usage == USAGE["usage"]
-    assert r.error_results() == []
+    assert error_results(r) == []
     assert [c.call_id for c in r.committed()] == ["call_A"]
 
 
@@ -113,7 +114,7 @@ def test_truncated_round_fails_every_call_even_if_text_would_parse():
     r = replay(TRUNCATED, "openai_chat")
     assert r.ended is RoundEnd.TRUNCATED
     assert states(r) == [("call_A", "get_weather", CallState.FAILED, ErrorCode.TRUNCATED)]
-    [result] = r.error_results()
+    [result] = error_results(r)
     assert result.tool_call_id == "call_A" and result.is_error
     assert result.content.startswith("truncated: ")
     assert '"Pa' not in result.content  # never echoes the argument text
@@ -241,7 +242,7 @@ def test_too_many_calls_get_failed_placeholders_never_dropped():
                limits=Limits(max_calls_per_round=3))
     assert [c.state for c in r.calls] == [CallState.COMMITTED] * 3 + [CallState.FAILED] * 2
     assert {c.error for c in r.calls[3:]} == {ErrorCode.TOO_MANY_TOOL_CALLS}
-    assert [res.tool_call_id for res in r.error_results()] == ["c3", "c4"]
+    assert [res.tool_call_id for res in error_results(r)] == ["c3", "c4"]
 
 
 def test_depth_limit():
@@ -282,7 +283,7 @@ def test_text_content_and_reasoning_are_kept():
     r = replay(data, "openai_chat")
     assert r.text == "Let me check."
     assert [dict(b.data) for b in r.blocks] == [{"reasoning_content": "think more"}]
-    msg = r.assistant_message()
+    msg = assistant_messages(r)[0]
     assert msg["content"] == "Let me check." and msg["reasoning_content"] == "think more"
 
 
@@ -292,7 +293,7 @@ def test_cancel_mid_stream_cancels_every_call():
     r = parser.cancel("user pressed stop")
     assert r.ended is RoundEnd.CANCELLED
     assert [(c.state, c.error) for c in r.calls] == [(CallState.CANCELLED, ErrorCode.CANCELLED)] * 2
-    results = r.error_results()
+    results = error_results(r)
     assert [x.tool_call_id for x in results] == ["a", "b"]
     assert all(x.content.startswith("cancelled: user pressed stop") for x in results)
     assert parser.finish() is r

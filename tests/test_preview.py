@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chat_chunks import chunk, fragments, tc
+from toollatch.events import CallKey
 from toollatch import (
-    CallKey,
     CommittedCall,
     ConfigError,
     Gate,

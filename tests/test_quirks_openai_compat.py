@@ -14,6 +14,7 @@ from toollatch import CallState, RoundEnd, ErrorCode, Limits, Round
 from toollatch.cli import round_json
 from toollatch.events import AnomalyKind
 from toollatch.testing import chunkings, replay, sse, summary
+from toollatch.messages import assistant_messages, error_results
 
 
 def stable(data: bytes, tools=WEATHER_TOOLS) -> Round:
@@ -154,7 +155,7 @@ def test_q15_truncation_reported_as_tool_calls_with_invalid_json():
     r = stable(sse(chunk(tc(0, "a", "write_file", '{"path": "a.md", "content": "abc')),
                    chunk(finish="tool_calls")))
     assert r.calls[0].error is ErrorCode.INVALID_JSON
-    assert r.assistant_message()["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert assistant_messages(r)[0]["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
 def test_q19_multi_tool_use_parallel_wrapper_is_expanded_through_the_gate():
@@ -167,7 +168,7 @@ def test_q19_multi_tool_use_parallel_wrapper_is_expanded_through_the_gate():
     assert calls(r) == [("call_W_0", "get_weather", "committed", {"city": "Oslo"}, None),
                         ("call_W_1", "get_weather", "failed", None, ErrorCode.SCHEMA_VIOLATION)]
     assert AnomalyKind.WRAPPER_EXPANDED in kinds(r)
-    assert [c["id"] for c in r.assistant_message()["tool_calls"]] == ["call_W_0", "call_W_1"]
+    assert [c["id"] for c in assistant_messages(r)[0]["tool_calls"]] == ["call_W_0", "call_W_1"]
 
 
 def test_q19_wrapper_is_not_expanded_after_truncation():
@@ -230,7 +231,7 @@ def test_q20_extra_content_thought_signature_goes_back_with_its_call():
     r = stable(sse(chunk({"tool_calls": [entry]}), chunk(tc(1, "g2", "get_time", "{}")),
                    chunk(finish="stop")))
     assert [c.state for c in r.calls] == [CallState.COMMITTED] * 2
-    tool_calls = r.assistant_message()["tool_calls"]
+    tool_calls = assistant_messages(r)[0]["tool_calls"]
     assert tool_calls[0]["extra_content"] == extra and "extra_content" not in tool_calls[1]
 
 
@@ -259,7 +260,7 @@ def test_a_call_opened_after_the_end_is_never_closed_and_fails():
     assert calls(r) == [("a", "get_time", "committed", {}, None),
                         ("b", "get_time", "failed", None, ErrorCode.PROTOCOL_VIOLATION)]
     assert AnomalyKind.NEVER_CLOSED in kinds(r)
-    assert [e.tool_call_id for e in r.error_results()] == ["b"]
+    assert [e.tool_call_id for e in error_results(r)] == ["b"]
 
 
 def test_an_unreadable_chunk_while_a_call_is_open_fails_it():
@@ -305,7 +306,7 @@ def test_q19_expanded_ids_never_equal_a_real_call_id():
     ids = [c.call_id for c in r.calls]
     assert len(set(ids)) == len(ids) == 3 and "w_0" in ids
     assert [c.state for c in r.calls] == [CallState.COMMITTED] * 3
-    assert [c["id"] for c in r.assistant_message()["tool_calls"]] == ids
+    assert [c["id"] for c in assistant_messages(r)[0]["tool_calls"]] == ids
 
 
 def test_q19_a_wrapper_with_one_inner_call_is_expanded():

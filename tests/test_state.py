@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from toollatch import CallKey, CallState, ErrorCode, InvariantBroken
+from toollatch.events import CallKey
+from toollatch import CallState, ErrorCode
+from toollatch.errors import InvariantBroken
 from toollatch._buffer import CallBuffer
 from toollatch._state import TERMINAL, TRANSITIONS, Trigger, advance
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from chat_chunks import chunk, tc
 
-from toollatch import adapter_class
+from toollatch.adapters import adapter_class
 from toollatch._adapters.openai_chat import OpenAIChatAdapter
 from toollatch.events import ArgsDelta, CallKey, RoundEnded
 from toollatch.testing import ConformanceError, byte_chunks, check_adapter, chunkings, split_at

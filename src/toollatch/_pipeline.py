@@ -15,7 +15,7 @@ from orjson import JSONDecodeError as _JSONDecodeError
 from orjson import loads as _loads
 
 from ._adapters._base import Adapter
-from ._assembler import Assembler, Notice
+from ._assembler import Assembler, CallUpdate
 from ._errors import StreamDecodeError, UsageError
 from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
 from ._eventstream import EventStreamDecoder
@@ -114,10 +114,10 @@ class StreamParser:
         self._feed_other = self.adapter._feed_other
         self._append = self.assembler._append
         self._broken = False
-        self.finish_notices: list[Notice] = []
+        self.finish_notices: list[CallUpdate] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
-    def feed(self, data: bytes) -> list[Notice]:
+    def feed(self, data: bytes) -> list[CallUpdate]:
         """Feed raw transport bytes (any split); returns notices of early call failures."""
         decoder = self._single
         if decoder is not None:
@@ -159,9 +159,9 @@ class StreamParser:
             return self._apply(events)
         return self.feed_frames(frames)
 
-    def feed_frames(self, frames: Iterable[Frame]) -> list[Notice]:
+    def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """Feed already-decoded frames."""
-        notices: list[Notice] = []
+        notices: list[CallUpdate] = []
         adapter_feed, asm_feed, log = self.adapter.feed_frame, self.assembler.feed, self.events
         for frame in frames:
             for event in adapter_feed(frame):
@@ -172,7 +172,7 @@ class StreamParser:
                     notices.extend(found)
         return notices
 
-    def feed_event(self, native: object) -> list[Notice]:
+    def feed_event(self, native: object) -> list[CallUpdate]:
         """Feed one native event (a dict, or an official SDK's event object)."""
         return self._apply(self.adapter.feed(native))
 
@@ -192,8 +192,8 @@ class StreamParser:
         self._stop()
         return self.assembler.cancel(reason)
 
-    def _apply(self, events: list[StreamEvent]) -> list[Notice]:
-        notices: list[Notice] = []
+    def _apply(self, events: list[StreamEvent]) -> list[CallUpdate]:
+        notices: list[CallUpdate] = []
         for event in events:
             if self.events is not None:
                 self.events.append(event)
@@ -205,7 +205,7 @@ class StreamParser:
         self._broken = True
         self._single = None
 
-    def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
+    def _framing_failed(self, exc: StreamDecodeError) -> list[CallUpdate]:
         self._stop()
         return self._apply(
             [

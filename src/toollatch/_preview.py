@@ -91,7 +91,7 @@ class PreviewPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreviewUpdated:
-    """Notice: what a UI may show of a call that is still streaming. Never executable."""
+    """A call update: what a UI may show of a call that is still streaming. Never executable."""
 
     key: CallKey
     """The call's identity in its round."""

@@ -1,21 +1,31 @@
-"""The finalized result of one attempt, and the error results every failed call gets.
+"""The finalized result of one attempt: plain, immutable data.
 
-A :class:`Round` is immutable. It lists every call of every choice in provider order with its
-final state, the assistant text, the opaque reasoning and server-tool blocks in order, the
-normalized ending and the provider's raw stop reason. It builds the history messages for the
-next request (in the provider's own format) through :mod:`toollatch._messages`.
+A :class:`Round` lists every call of every choice in provider order with its final state, the
+assistant text, the opaque reasoning and server-tool blocks in order, how each choice ended and
+the provider's raw stop reason. It carries everything the next request needs (every call's id,
+made up when the provider sent none, and the provider fields that go back with a call) and
+builds nothing: the history builders are functions of a Round in :mod:`toollatch.messages`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 from ._errors import ErrorCode
 from ._events import Anomaly, CallKey, ReasoningBlock, RoundEnd, ServerToolBlock
 from ._gate import CommittedCall
 from ._state import CallState
+
+NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
+"""The empty, read-only ``CallRecord.extras`` of a call without provider extras."""
+
+
+def made_up_call_id(key: CallKey, position: int) -> str:
+    """The stable id of a call the stream gave none: ``toollatch_<attempt>_<choice>_<position>``."""
+    return f"toollatch_{key.attempt}_{key.choice}_{position}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,8 +36,12 @@ class CallRecord:
     """Identity inside the round."""
     position: int
     """Order of the call inside its choice (0-based)."""
-    call_id: str | None
-    """Provider call id (None if the provider never sent one)."""
+    call_id: str
+    """The id the call's result is paired with: the provider's, or a stable one toollatch
+    made up when the provider sent none (then ``id_made_up`` is true)."""
+    id_made_up: bool
+    """True when the provider sent no id for this call. Such an id pairs results inside
+    toollatch; history for a provider that pairs by position (Gemini) leaves it out."""
     name: str | None
     """Tool name (None if the provider never sent one)."""
     state: CallState
@@ -42,17 +56,13 @@ class CallRecord:
     """Short explanation of ``error`` (empty for committed calls)."""
     committed: CommittedCall | None
     """The executable call, for committed calls only."""
-
-    @property
-    def history_id(self) -> str:
-        """The id the call carries in history and results: the provider's, or a stable one
-        made up as ``toollatch_<attempt>_<choice>_<position>`` when the provider sent none."""
-        k = self.key
-        return self.call_id or f"toollatch_{k.attempt}_{k.choice}_{self.position}"
+    extras: Mapping[str, Any]
+    """Provider fields that go back with this call in history, exactly as received (a Gemini
+    ``thoughtSignature`` on its ``functionCall`` part, a chat tool call's ``extra_content``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TextSegment:
+class TextRun:
     """A run of assistant text in one provider block."""
 
     block: int | str | None
@@ -61,7 +71,7 @@ class TextSegment:
     """The text."""
 
 
-Segment: TypeAlias = TextSegment | ReasoningBlock | ServerToolBlock | CallRecord
+ContentItem: TypeAlias = TextRun | ReasoningBlock | ServerToolBlock | CallRecord
 """One item of a choice's content, in the order the provider streamed it."""
 
 
@@ -70,7 +80,7 @@ class ToolResult:
     """The result paired with one call id: a tool's output, or a structured error."""
 
     tool_call_id: str
-    """The call id this result answers."""
+    """The ``call_id`` of the call this result answers."""
     name: str
     """The tool name of the call."""
     content: str
@@ -102,13 +112,13 @@ class Choice:
     """The provider's raw finish/stop reason, if it sent one."""
     calls: tuple[CallRecord, ...]
     """Client tool calls in provider order."""
-    content: tuple[Segment, ...]
+    content: tuple[ContentItem, ...]
     """Text runs, opaque blocks and calls, in stream order (for history)."""
 
     @property
     def text(self) -> str:
         """All assistant text of the choice, concatenated."""
-        return "".join(s.text for s in self.content if isinstance(s, TextSegment))
+        return "".join(s.text for s in self.content if isinstance(s, TextRun))
 
     @property
     def blocks(self) -> tuple[ReasoningBlock | ServerToolBlock, ...]:
@@ -118,7 +128,10 @@ class Choice:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Round:
-    """The finalized result of one attempt (see the module docstring)."""
+    """The finalized result of one attempt (see the module docstring).
+
+    ``ended``, ``stop_reason``, ``calls``, ``text`` and ``blocks`` describe ``choices[0]``.
+    """
 
     provider: str
     """Adapter name (``openai_chat``, ``anthropic``...)."""
@@ -134,81 +147,30 @@ class Round:
     """The stream failure's detail, when the stream failed."""
 
     @property
-    def _first(self) -> Choice:
-        return self.choices[0]
-
-    @property
     def ended(self) -> RoundEnd:
         """How choice 0 ended."""
-        return self._first.ended
+        return self.choices[0].ended
 
     @property
     def stop_reason(self) -> str | None:
         """Choice 0's raw stop reason."""
-        return self._first.stop_reason
+        return self.choices[0].stop_reason
 
     @property
     def calls(self) -> tuple[CallRecord, ...]:
         """Choice 0's calls in provider order."""
-        return self._first.calls
+        return self.choices[0].calls
 
     @property
     def text(self) -> str:
         """Choice 0's text."""
-        return self._first.text
+        return self.choices[0].text
 
     @property
     def blocks(self) -> tuple[ReasoningBlock | ServerToolBlock, ...]:
         """Choice 0's opaque blocks."""
-        return self._first.blocks
+        return self.choices[0].blocks
 
     def committed(self) -> tuple[CommittedCall, ...]:
         """Choice 0's executable calls, in call order."""
         return tuple(c.committed for c in self.calls if c.committed is not None)
-
-    def error_results(self) -> list[ToolResult]:
-        """One error result per call of choice 0 that did not commit, in call order."""
-        return [error_result(c) for c in self.calls if c.committed is None]
-
-    def assistant_message(self) -> dict[str, Any]:
-        """Choice 0 as the assistant message for history, in the provider's own format.
-
-        OpenAI chat: ``{"role": "assistant", "content", "tool_calls"}``; Anthropic:
-        ``{"role": "assistant", "content": [blocks]}``; Gemini: ``{"role": "model", "parts"}``;
-        Bedrock: ``{"role": "assistant", "content": [...]}``; OpenAI Responses has no single
-        message, so it is ``{"items": [input items]}`` — extend the next request's ``input``
-        with ``["items"]``.
-        """
-        from ._messages import assistant_message  # noqa: PLC0415 (builders import _round)
-
-        return assistant_message(self)
-
-    def tool_results_messages(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
-        """The message(s) carrying ``results`` (one per call id) for the next request.
-
-        Results are put in call order; raises ``UsageError`` unless every call of choice 0
-        that appears in the assistant message has exactly one result.
-        """
-        from ._messages import tool_results_messages  # noqa: PLC0415
-
-        return tool_results_messages(self, results)
-
-
-def error_result(call: CallRecord) -> ToolResult:
-    """The structured error result of a call that will not run."""
-    code = call.error or ErrorCode.PROTOCOL_VIOLATION
-    detail = call.detail or _DEFAULT_DETAIL.get(code, "the call did not pass the commit gate")
-    return ToolResult(
-        tool_call_id=call.history_id,
-        name=call.name or "",
-        content=f"{code}: {detail.rstrip('.')}. The tool was not run.",
-        is_error=True,
-        code=code,
-    )
-
-
-_DEFAULT_DETAIL = {
-    ErrorCode.CANCELLED: "cancelled before it ran.",
-    ErrorCode.TRUNCATED: "the response hit its token limit before the arguments were complete.",
-    ErrorCode.STREAM_INTERRUPTED: "the stream ended before the provider finished the response.",
-}

@@ -1,8 +1,10 @@
-"""Provider adapters (public namespace: re-exports only).
+"""Provider adapters and provider detection (public namespace: re-exports only).
 
-Each adapter turns one provider's native streaming events into toollatch stream events. Write
-your own for another server by subclassing :class:`Adapter` and checking it with
-:func:`toollatch.testing.check_adapter`.
+Each adapter turns one provider's native streaming events into toollatch stream events
+(:mod:`toollatch.events`). :func:`providers` lists the provider names, :func:`adapter_class`
+maps one to its adapter, and :func:`detect` guesses provider and framing from a stream's first
+bytes. Write your own adapter for another server by subclassing :class:`Adapter` and checking
+it with :func:`toollatch.testing.check_adapter`.
 """
 
 from ._adapters._base import Adapter
@@ -11,6 +13,7 @@ from ._adapters.bedrock import BedrockAdapter
 from ._adapters.gemini import GeminiAdapter
 from ._adapters.openai_chat import OpenAIChatAdapter
 from ._adapters.openai_responses import OpenAIResponsesAdapter
+from ._registry import adapter_class, detect, providers
 
 __all__ = [
     "Adapter",
@@ -19,4 +22,7 @@ __all__ = [
     "GeminiAdapter",
     "OpenAIChatAdapter",
     "OpenAIResponsesAdapter",
+    "adapter_class",
+    "detect",
+    "providers",
 ]

@@ -40,7 +40,9 @@ from typing import Any, NoReturn, TextIO
 import orjson
 
 from ._errors import ConfigError, ToolLatchError
+from ._events import AnomalyKind, CallKey
 from ._limits import Limits
+from ._messages import error_results
 from ._pipeline import StreamParser
 from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
 from ._registry import Framing, detect, providers
@@ -418,15 +420,16 @@ def preview_text(preview: PreviewUpdated) -> str:
 
 def round_json(name: str, round_: Round) -> dict[str, Any]:
     """The ``--format json`` object of one replayed file."""
+    sent = _stream_ids(round_)
     out: dict[str, Any] = {
         "file": name,
         "provider": round_.provider,
         "ended": round_.ended.value,
         "stop_reason": round_.stop_reason,
         "text": round_.text,
-        "calls": [_call_json(c) for c in round_.calls],
+        "calls": [_call_json(c, sent) for c in round_.calls],
         "anomalies": [{"kind": a.kind.value, "detail": a.detail} for a in round_.anomalies],
-        "error_results": [r.as_dict() for r in round_.error_results()],
+        "error_results": [r.as_dict() for r in error_results(round_)],
     }
     if len(round_.choices) > 1:
         out["choices"] = [
@@ -435,16 +438,30 @@ def round_json(name: str, round_: Round) -> dict[str, Any]:
                 "ended": c.ended.value,
                 "stop_reason": c.stop_reason,
                 "text": c.text,
-                "calls": [_call_json(x) for x in c.calls],
+                "calls": [_call_json(x, sent) for x in c.calls],
             }
             for c in round_.choices
         ]
     return out
 
 
-def _call_json(call: CallRecord) -> dict[str, Any]:
+def _stream_ids(round_: Round) -> frozenset[CallKey]:
+    """Keys of the calls whose id the stream carried: the provider's, or one its adapter made
+    up (and said so). The replay contract prints ``null`` for the others' ids."""
+    made_up_by_adapter = {
+        a.key for a in round_.anomalies if a.kind is AnomalyKind.SYNTHESIZED_ID and a.key
+    }
+    return frozenset(
+        c.key
+        for choice in round_.choices
+        for c in choice.calls
+        if not c.id_made_up or c.key in made_up_by_adapter
+    )
+
+
+def _call_json(call: CallRecord, sent: frozenset[CallKey]) -> dict[str, Any]:
     return {
-        "id": call.call_id,
+        "id": call.call_id if call.key in sent else None,
         "name": call.name,
         "state": call.state.value,
         "arguments": dict(call.arguments) if call.arguments is not None else None,
@@ -456,6 +473,7 @@ def round_text(name: str, round_: Round) -> str:
     """The human-readable summary of one replayed file."""
     reason = f" ({round_.stop_reason})" if round_.stop_reason else ""
     lines = [f"{name}: {round_.provider}, ended {round_.ended.value}{reason}"]
+    sent = _stream_ids(round_)
     if round_.error:
         lines.append(f"  stream error: {round_.error}")
     if round_.text:
@@ -466,14 +484,15 @@ def round_text(name: str, round_: Round) -> str:
         if not choice.calls:
             lines.append(f"{prefix}no tool calls")
         for call in choice.calls:
-            lines.append(prefix + _call_line(call))
+            lines.append(prefix + _call_line(call, sent))
     for anomaly in round_.anomalies:
         lines.append(f"  anomaly {anomaly.kind.value}: {anomaly.detail}")
     return "\n".join(lines) + "\n"
 
 
-def _call_line(call: CallRecord) -> str:
-    head = f"[{call.position}] {call.name or '<no name>'} ({call.call_id or 'no id'})"
+def _call_line(call: CallRecord, sent: frozenset[CallKey]) -> str:
+    shown = call.call_id if call.key in sent else "no id"
+    head = f"[{call.position}] {call.name or '<no name>'} ({shown})"
     if call.arguments is not None:
         args = json_text(dict(call.arguments))
         args = args if len(args) <= 160 else args[:159] + "…"

@@ -1,6 +1,11 @@
-"""The stream-event vocabulary (public namespace: re-exports only)."""
+"""The stream-event vocabulary adapters emit and the assembler consumes (public namespace:
+re-exports only).
 
-from ._assembler import CallFailed, Notice
+Use it to write an adapter (see :mod:`toollatch.adapters`) or to drive an
+:class:`~toollatch.assembly.Assembler` yourself. What ``feed()`` returns to a user (early
+failures and previews) is in :mod:`toollatch.assembly`; frames are in :mod:`toollatch.decoders`.
+"""
+
 from ._events import (
     Anomaly,
     AnomalyKind,
@@ -9,7 +14,6 @@ from ._events import (
     CallIdentified,
     CallKey,
     CallOpened,
-    Frame,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -25,12 +29,9 @@ __all__ = [
     "AnomalyKind",
     "ArgsDelta",
     "CallClosed",
-    "CallFailed",
     "CallIdentified",
     "CallKey",
     "CallOpened",
-    "Frame",
-    "Notice",
     "ReasoningBlock",
     "RoundEnd",
     "RoundEnded",

@@ -40,6 +40,18 @@ from ._registry import Framing
 from ._round import Round
 from ._specs import ToolSpec
 
+__all__ = [
+    "ConformanceError",
+    "byte_chunks",
+    "check_adapter",
+    "chunkings",
+    "jsonl",
+    "replay",
+    "split_at",
+    "sse",
+    "summary",
+]
+
 
 def sse(*events: Mapping[str, Any] | str, named: bool = False, done: bool = False) -> bytes:
     """SSE bytes: one ``data:`` event per native event (``str`` items are sent verbatim).
@@ -119,12 +131,14 @@ def summary(round_: Round) -> dict[str, Any]:
                 "calls": [
                     {
                         "id": c.call_id,
+                        "id_made_up": c.id_made_up,
                         "name": c.name,
                         "state": c.state.value,
                         "error": c.error.value if c.error else None,
                         "detail": c.detail,
                         "text": c.arguments_text,
                         "arguments": c.arguments,
+                        "extras": dict(c.extras),
                     }
                     for c in choice.calls
                 ],

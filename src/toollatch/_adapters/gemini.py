@@ -558,8 +558,10 @@ class GeminiAdapter(Adapter):
         if "functionCall" in part:
             events, position = self._function_call(index, state, part["functionCall"])
             if signature and position is not None:
-                data = {"thoughtSignature": signature, "call_position": position}
-                events.append(ReasoningBlock(choice=index, block=f"sig:{position}", data=data))
+                key = CallKey(self.attempt, index, position)
+                data = {"thoughtSignature": signature}  # goes back on the call's part
+                block = ReasoningBlock(choice=index, block=f"sig:{position}", data=data, call=key)
+                events.append(block)
             return events
         if "text" in part:
             return self._text(index, part, ordinal)

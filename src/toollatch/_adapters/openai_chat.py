@@ -243,7 +243,10 @@ class OpenAIChatAdapter(Adapter):
             self._extras.add(slot.key)
             out.append(
                 ReasoningBlock(
-                    choice=index, block=extra_block(slot.key), data={"extra_content": extra}
+                    choice=index,
+                    block=extra_block(slot.key),
+                    data={"extra_content": extra},
+                    call=slot.key,
                 )
             )
         args = function.get("arguments")

@@ -6,30 +6,30 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._events import ReasoningBlock, ServerToolBlock
-from .._round import CallRecord, Round, TextSegment, ToolResult
+from .._round import CallRecord, Round, TextRun, ToolResult
 from ._common import arguments_object
 
 
-def assistant_message(round_: Round) -> dict[str, Any]:
-    """``{"role": "assistant", "content": [...]}`` with thinking blocks (and signatures) and
+def assistant_messages(round_: Round) -> list[dict[str, Any]]:
+    """``[{"role": "assistant", "content": [...]}]`` with thinking blocks (and signatures) and
     server-tool blocks byte-for-byte, text blocks, and ``tool_use`` blocks with parsed input."""
     content: list[dict[str, Any]] = []
-    for segment in round_.choices[0].content:
-        if isinstance(segment, TextSegment):
-            if segment.text:  # the API rejects empty text blocks
-                content.append({"type": "text", "text": segment.text})
-        elif isinstance(segment, ReasoningBlock | ServerToolBlock):
-            content.append(dict(segment.data))
-        elif segment.name:
+    for item in round_.choices[0].content:
+        if isinstance(item, TextRun):
+            if item.text:  # the API rejects empty text blocks
+                content.append({"type": "text", "text": item.text})
+        elif isinstance(item, ReasoningBlock | ServerToolBlock):
+            content.append(dict(item.data))
+        elif item.name:
             content.append(
                 {
                     "type": "tool_use",
-                    "id": segment.history_id,
-                    "name": segment.name,
-                    "input": arguments_object(segment),
+                    "id": item.call_id,
+                    "name": item.name,
+                    "input": arguments_object(item),
                 }
             )
-    return {"role": "assistant", "content": content}
+    return [{"role": "assistant", "content": content}]
 
 
 def tool_results_messages(
@@ -41,7 +41,7 @@ def tool_results_messages(
     blocks = [
         {
             "type": "tool_result",
-            "tool_use_id": call.history_id,
+            "tool_use_id": call.call_id,
             "content": result.content,
             "is_error": result.is_error,
         }

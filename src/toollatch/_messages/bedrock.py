@@ -18,31 +18,31 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._events import ReasoningBlock, ServerToolBlock
-from .._round import CallRecord, Round, TextSegment, ToolResult
+from .._round import CallRecord, Round, TextRun, ToolResult
 from ._common import arguments_object
 
 
-def assistant_message(round_: Round) -> dict[str, Any]:
-    """``{"role": "assistant", "content": [...]}``: non-blank ``{"text"}`` blocks, reasoning and
+def assistant_messages(round_: Round) -> list[dict[str, Any]]:
+    """``[{"role": "assistant", "content": [...]}]``: non-blank ``{"text"}`` blocks, reasoning and
     server-tool blocks byte-for-byte, and ``{"toolUse": {"toolUseId", "name", "input"}}`` per
     named call with the parsed input (``{}`` when the text is not a JSON object)."""
     content: list[dict[str, Any]] = []
-    for segment in round_.choices[0].content:
-        if isinstance(segment, TextSegment):
+    for item in round_.choices[0].content:
+        if isinstance(item, TextRun):
             # Converse rejects blank (even whitespace-only) text blocks with a
             # ValidationException "The text field in the ContentBlock object ... is blank".
-            if segment.text.strip():
-                content.append({"text": segment.text})
-        elif isinstance(segment, ReasoningBlock | ServerToolBlock):
-            content.append(dict(segment.data))
-        elif segment.name:
+            if item.text.strip():
+                content.append({"text": item.text})
+        elif isinstance(item, ReasoningBlock | ServerToolBlock):
+            content.append(dict(item.data))
+        elif item.name:
             tool_use = {
-                "toolUseId": segment.history_id,
-                "name": segment.name,
-                "input": arguments_object(segment),
+                "toolUseId": item.call_id,
+                "name": item.name,
+                "input": arguments_object(item),
             }
             content.append({"toolUse": tool_use})
-    return {"role": "assistant", "content": content}
+    return [{"role": "assistant", "content": content}]
 
 
 def tool_results_messages(
@@ -55,7 +55,7 @@ def tool_results_messages(
     blocks = [
         {
             "toolResult": {
-                "toolUseId": call.history_id,
+                "toolUseId": call.call_id,
                 "content": [{"text": result.content}],
                 "status": "error" if result.is_error else "success",
             }

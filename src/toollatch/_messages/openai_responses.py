@@ -7,11 +7,10 @@ as *input items*. Reference: https://platform.openai.com/docs/api-reference/resp
 and https://platform.openai.com/docs/guides/function-calling (results are paired by
 ``call_id``).
 
-Because the builder registry returns one dict per round, :func:`assistant_message` returns
-the wrapper ``{"items": [...]}``; the items themselves go into the next request's ``input``::
+Both builders return input items, to append to the next request's ``input``::
 
-    request["input"] += round_.assistant_message()["items"]
-    request["input"] += round_.tool_results_messages(results)
+    request["input"] += assistant_messages(round_)
+    request["input"] += tool_results_messages(round_, results)
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._events import ReasoningBlock, ServerToolBlock
-from .._round import CallRecord, Round, TextSegment, ToolResult
+from .._round import CallRecord, Round, TextRun, ToolResult
 from ._common import arguments_text
 
 
-def assistant_message(round_: Round) -> dict[str, Any]:
-    """``{"items": [...]}``: choice 0's output items in stream order, ready for ``input``.
+def assistant_messages(round_: Round) -> list[dict[str, Any]]:
+    """Choice 0's output items in stream order, as input items for the next request.
 
     * reasoning items and hosted-tool items (``tool_search_call``, ``web_search_call``...)
       exactly as the provider sent them in ``response.output_item.done`` (a reasoning item
@@ -37,15 +36,15 @@ def assistant_message(round_: Round) -> dict[str, Any]:
       item ``id`` when it sent one (the API links a reasoning item to the item after it).
     """
     items: list[dict[str, Any]] = []
-    for segment in round_.choices[0].content:
-        if isinstance(segment, TextSegment):
-            if segment.text:
-                items.append(_text_item(segment.text))
-        elif isinstance(segment, ReasoningBlock | ServerToolBlock):
-            items.append(dict(segment.data))
-        elif segment.name:
-            items.append(_function_call_item(segment))
-    return {"items": items}
+    for item in round_.choices[0].content:
+        if isinstance(item, TextRun):
+            if item.text:
+                items.append(_text_item(item.text))
+        elif isinstance(item, ReasoningBlock | ServerToolBlock):
+            items.append(dict(item.data))
+        elif item.name:
+            items.append(_function_call_item(item))
+    return items
 
 
 def tool_results_messages(
@@ -54,7 +53,7 @@ def tool_results_messages(
     """One ``{"type": "function_call_output", "call_id", "output"}`` item per call, in call
     order (an error result's ``output`` is its ``"<code>: <detail>"`` text)."""
     return [
-        {"type": "function_call_output", "call_id": call.history_id, "output": result.content}
+        {"type": "function_call_output", "call_id": call.call_id, "output": result.content}
         for call, result in pairs
     ]
 
@@ -70,7 +69,7 @@ def _text_item(text: str) -> dict[str, Any]:
 def _function_call_item(call: CallRecord) -> dict[str, Any]:
     item: dict[str, Any] = {
         "type": "function_call",
-        "call_id": call.history_id,
+        "call_id": call.call_id,
         "name": call.name,
         "arguments": arguments_text(call),
     }

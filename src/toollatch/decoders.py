@@ -1,0 +1,13 @@
+"""Frame decoders: transport bytes -> :class:`Frame` values (public namespace: re-exports only).
+
+Each has the stage shape ``feed(bytes) -> [Frame]`` then ``finish() -> [Frame]``, is linear in
+the bytes whatever the read sizes, and raises ``toollatch.errors.StreamDecodeError`` for bytes
+it cannot frame (:class:`~toollatch.StreamParser` turns that into a failed stream).
+"""
+
+from ._events import Frame
+from ._eventstream import EventStreamDecoder
+from ._lines import JSONLinesDecoder
+from ._sse import SSEDecoder
+
+__all__ = ["EventStreamDecoder", "Frame", "JSONLinesDecoder", "SSEDecoder"]
