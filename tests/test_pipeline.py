@@ -1,16 +1,20 @@
-"""StreamParser's one-event fast path decides exactly as the stages do, read by read.
+"""StreamParser's per-event step decides exactly as the stages do, read by read.
 
-``StreamParser.feed`` takes a shortcut for a network read that is exactly one event carrying a
-bare argument fragment (decoder ``single`` -> orjson -> adapter ``_continuation`` -> assembler
-``_append``), and a shorter one when the event is spelled as the adapter's ``_raw`` says (only
-the fragment's JSON string is decoded). ``keep_events=True`` turns both off, so every test here
-feeds the same reads to both parsers and compares the rounds, the notices and the finish
-notices; and counts the reads each shortcut took, so that a test whose streams never reach one
-fails instead of passing vacuously.
+``StreamParser.feed`` hands each read to the decoder's ``feed_payloads``, which calls back with
+every complete event's undecoded data; the adapter's ``translate`` returns a bare argument
+fragment (decoded route: one parse, then ``_continuation``; raw route: the event spelled as
+``_raw`` says, only the fragment's JSON string decoded), which goes to the assembler's
+``feed_fragment``, or the stream events. ``keep_events=True`` takes the stages in turn
+(``decoder.feed`` -> ``adapter.feed_frame`` -> ``assembler.feed``), so every test here feeds
+the same reads to both parsers and compares the rounds, the notices and the finish notices,
+one event per read, in small fixed reads, at random cuts and as one read; and counts the
+fragments the step took, so that a test whose streams never reach it fails instead of
+passing vacuously.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import toollatch._adapters._base as adapter_base
 from conftest import corpus_dir
 from toollatch import Limits, PreviewPolicy, ToolPreview
+from toollatch._errors import UsageError
 from toollatch._pipeline import StreamParser
 from toollatch._registry import detect
 from toollatch.testing import jsonl, sse, summary
@@ -37,45 +43,64 @@ def per_event(data: bytes, framing: str) -> list[bytes]:
     return [*reads, parts[-1]] if parts[-1] else reads
 
 
+def fixed(data: bytes, size: int) -> list[bytes]:
+    """Reads of ``size`` bytes, cut anywhere (as a socket delivers them)."""
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def shapes(data: bytes, framing: str) -> dict[str, list[bytes]]:
+    """The read shapes every stream is fed in: one event per read, 7-byte and 100-byte
+    reads (a 16 KiB read of a stream this small), the whole stream in one read."""
+    return {
+        "per event": per_event(data, framing),
+        "7 bytes": fixed(data, 7),
+        "100 bytes": fixed(data, 100),
+        "whole": [data],
+    }
+
+
 RAW_TAKEN: list[int] = []
-"""Reads the raw shortcut took in the last :func:`run` (one item, replaced on each run)."""
+"""Fragments the raw route found in the last :func:`run` (one item, replaced on each run)."""
 
 
 def run(
     provider: str, framing: str, reads: list[bytes], *, fast: bool, **options: Any
 ) -> tuple[dict[str, Any], list[str], int]:
-    """(summary, notices as reprs, reads either shortcut took) for one parser; the raw
-    shortcut's share goes to ``RAW_TAKEN``."""
+    """(summary, notices as reprs, fragments the per-event step took) for one parser; the
+    raw route's share goes to ``RAW_TAKEN``."""
     parser = StreamParser(provider, framing=framing, keep_events=not fast, **options)  # type: ignore[arg-type]
-    taken = decoded = 0
-    append, continuation = parser._append, parser._continuation
+    taken = raw = 0
+    feed_fragment, raw_fragment = parser._feed_fragment, adapter_base._raw_fragment
 
     def counting(key: Any, fragment: str) -> Any:
         nonlocal taken
         taken += 1
-        return append(key, fragment)
+        return feed_fragment(key, fragment)
 
-    def counting_decoded(event: dict[str, Any], sse_event: str | None) -> Any:
-        nonlocal decoded
-        hit = continuation(event, sse_event)
-        decoded += hit is not None
-        return hit
+    def counting_raw(payload: bytes, spelling: Any) -> Any:
+        nonlocal raw
+        found = raw_fragment(payload, spelling)
+        raw += found is not None
+        return found
 
-    parser._append = counting
-    parser._continuation = counting_decoded
-    notices: list[str] = []
-    for read in reads:
-        notices += map(repr, parser.feed(read))
-    round_ = parser.finish()
+    parser._feed_fragment = counting  # type: ignore[method-assign]
+    adapter_base._raw_fragment = counting_raw
+    try:
+        notices: list[str] = []
+        for read in reads:
+            notices += map(repr, parser.feed(read))
+        round_ = parser.finish()
+    finally:
+        adapter_base._raw_fragment = raw_fragment
     notices += ["finish", *map(repr, parser.finish_notices)]
-    RAW_TAKEN[:] = [taken - decoded]
+    RAW_TAKEN[:] = [raw]
     return summary(round_), notices, taken
 
 
 def same_both_ways(provider: str, framing: str, reads: list[bytes], **options: Any) -> int:
-    """Reads either shortcut took (the raw one's share in ``RAW_TAKEN``)."""
+    """Fragments the per-event step took (the raw route's share in ``RAW_TAKEN``)."""
     slow = run(provider, framing, reads, fast=False, **options)
-    assert slow[2] == 0  # keep_events really turns the shortcuts off
+    assert slow[2] == 0  # keep_events really takes the stages in turn
     fast = run(provider, framing, reads, fast=True, **options)
     assert fast[:2] == slow[:2]
     return fast[2]
@@ -190,15 +215,29 @@ STREAMS = {
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 @pytest.mark.parametrize("tools", [None, TOOLS])
-def test_every_fragment_read_takes_the_shortcut(name: str, tools: Any) -> None:
+def test_every_fragment_of_every_read_takes_the_step(name: str, tools: Any) -> None:
+    """Whatever the reads (one event each, cut anywhere, the whole stream), every fragment
+    event goes from the bytes to the call's buffer; Anthropic's by the raw route."""
     framing, data = STREAMS[name]
     provider = name.split(maxsplit=1)[0]
-    taken = same_both_ways(provider, framing, per_event(data, framing), tools=tools)
-    assert taken == len(FRAGMENTS)
-    assert RAW_TAKEN == [taken if provider == "anthropic" else 0]
-    (choice,) = run(provider, framing, per_event(data, framing), fast=True)[0]["choices"]
-    assert [c["state"] for c in choice["calls"]] == ["committed"]
-    assert choice["calls"][0]["arguments"] == json.loads(ARGS)
+    for shape, reads in shapes(data, framing).items():
+        taken = same_both_ways(provider, framing, reads, tools=tools)
+        assert taken == len(FRAGMENTS), shape
+        assert [taken if provider == "anthropic" else 0] == RAW_TAKEN, shape
+        (choice,) = run(provider, framing, reads, fast=True)[0]["choices"]
+        assert [c["state"] for c in choice["calls"]] == ["committed"]
+        assert choice["calls"][0]["arguments"] == json.loads(ARGS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(sorted(STREAMS)), st.data())
+def test_random_reads_decide_as_the_stages_do(name: str, data: st.DataObject) -> None:
+    """Cut at random points (several events per read, events across reads)."""
+    framing, stream = STREAMS[name]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=30)))
+    points = [0, *cuts, len(stream)]
+    reads = [stream[a:b] for a, b in itertools.pairwise(points)]
+    assert same_both_ways(name.split(maxsplit=1)[0], framing, reads) == len(FRAGMENTS)
 
 
 def test_limits_previews_and_ends_are_the_stages_own() -> None:
@@ -208,22 +247,19 @@ def test_limits_previews_and_ends_are_the_stages_own() -> None:
         ("openai_chat", STREAMS["openai_chat"]),
         ("anthropic", STREAMS["anthropic"]),
     ):
-        reads = per_event(data, framing)
-        assert same_both_ways(provider, framing, reads, limits=small) > 0
-        assert (
-            same_both_ways(
-                provider,
-                framing,
-                reads,
-                previews=PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=7),
-            )
-            > 0
-        )
-        assert same_both_ways(provider, framing, reads[:-3]) > 0
-    truncated = anthropic_stream(FRAGMENTS, stop="max_tokens")
-    assert same_both_ways("anthropic", "sse", per_event(truncated, "sse")) > 0
-    cut = chat_stream(FRAGMENTS, finish="length")
-    assert same_both_ways("openai_chat", "sse", per_event(cut, "sse")) > 0
+        previews = PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=7)
+        for reads in shapes(data, framing).values():
+            assert same_both_ways(provider, framing, reads, limits=small) > 0
+            assert same_both_ways(provider, framing, reads, previews=previews) > 0
+        unended = per_event(data, framing)[:-3]
+        assert same_both_ways(provider, framing, unended) > 0
+        assert same_both_ways(provider, framing, [b"".join(unended)]) > 0
+    for provider, data in (
+        ("anthropic", anthropic_stream(FRAGMENTS, stop="max_tokens")),
+        ("openai_chat", chat_stream(FRAGMENTS, finish="length")),
+    ):
+        for reads in shapes(data, "sse").values():
+            assert same_both_ways(provider, "sse", reads) > 0
 
 
 # -- reads that look like fragments but are not ------------------------------------------------
@@ -270,12 +306,15 @@ def test_near_misses_decide_as_the_stages_do(picks: list[int], stop: bool) -> No
     tail = reads[-3:] if stop else []
     reads = reads[:-3] + [_NEAR_MISSES[i] for i in picks] + tail
     same_both_ways("anthropic", "sse", reads)
+    same_both_ways("anthropic", "sse", [b"".join(reads)])  # one read: events share it
 
 
 def test_the_near_misses_include_reads_the_shortcut_takes() -> None:
     """So the property above compares both paths, not the slow path with itself."""
     reads = per_event(anthropic_stream([]), "sse")
-    assert same_both_ways("anthropic", "sse", [*reads[:-3], *_NEAR_MISSES, *reads[-3:]]) == 2
+    # Fragments of the open block: the escaped one, the two sharing a read, the one cut in
+    # two reads, the one after an id and a comment, and the plain one; 6 of them.
+    assert same_both_ways("anthropic", "sse", [*reads[:-3], *_NEAR_MISSES, *reads[-3:]]) == 6
 
 
 # -- reads in the provider's own spelling (the raw shortcut) and near it ------------------------
@@ -338,7 +377,9 @@ def test_raw_spellings_decide_as_the_stages_do(picks: list[int]) -> None:
     """Fragments in the API's spelling and its near misses, before and after their block
     stops, another call starts, the message ends or the stream fails."""
     head = per_event(anthropic_stream([]), "sse")[:2]  # message_start, block 0 (a call)
-    same_both_ways("anthropic", "sse", [*head, *(_RAW_READS[i] for i in picks)])
+    reads = [*head, *(_RAW_READS[i] for i in picks)]
+    same_both_ways("anthropic", "sse", reads)
+    same_both_ways("anthropic", "sse", [b"".join(reads)])  # one read: events share it
 
 
 @pytest.mark.parametrize(
@@ -353,8 +394,10 @@ def test_no_raw_fragment_once_its_call_cannot_take_one(after: bytes) -> None:
     """A fragment read after its block stopped, the message ended or the stream failed is the
     stages' to judge (an anomaly, or nothing), never appended by the shortcut."""
     head = per_event(anthropic_stream([]), "sse")[:2]
-    assert same_both_ways("anthropic", "sse", [*head, _RAW_READS[0], after, _RAW_READS[0]]) == 1
-    assert RAW_TAKEN == [1]
+    reads = [*head, _RAW_READS[0], after, _RAW_READS[0]]
+    for shape in (reads, [b"".join(reads)]):
+        assert same_both_ways("anthropic", "sse", shape) == 1
+        assert RAW_TAKEN == [1]
 
 
 def test_the_raw_reads_include_reads_the_raw_shortcut_takes() -> None:
@@ -369,22 +412,76 @@ def test_the_raw_reads_include_reads_the_raw_shortcut_takes() -> None:
 
 
 @pytest.mark.corpus
-def test_recorded_streams_read_event_by_event() -> None:
+@pytest.mark.parametrize("shape", ["per event", "7 bytes", "100 bytes", "whole"])
+def test_recorded_streams_in_every_read_shape(shape: str) -> None:
     root = corpus_dir()
-    taken = {}
+    taken: dict[str, int] = {}
     for path in sorted(root.rglob("*")):
-        if path.suffix not in (".sse", ".jsonl"):
+        if path.suffix not in (".sse", ".jsonl", ".bin", ".eventstream"):
             continue
         data = path.read_bytes()
         provider, framing = detect(data[:65536])
-        if framing == "eventstream":
-            continue
         key = f"{provider}/{framing}"
-        reads = per_event(data.replace(b"\r\n", b"\n"), framing)
+        if framing != "eventstream":
+            data = data.replace(b"\r\n", b"\n")
+        reads = shapes(data, framing)[shape] if framing != "eventstream" else fixed(data, 7)
         taken[key] = taken.get(key, 0) + same_both_ways(provider, framing, reads)
         taken[f"{key} raw"] = taken.get(f"{key} raw", 0) + RAW_TAKEN[0]
     for provider in ("openai_chat/sse", "anthropic/sse", "openai_responses/sse"):
         assert taken.get(provider, 0) > 20, taken
     # Every client tool fragment of the recorded Anthropic streams is in the API's spelling,
-    # padded or not: 39 in the .sse files.
+    # padded or not: 39 in the .sse files, whatever the reads.
     assert taken["anthropic/sse raw"] == taken["anthropic/sse"] == 39, taken
+
+
+# -- misuse is uniform -------------------------------------------------------------------------
+
+_CHAT = STREAMS["openai_chat"][1]
+_ENTRY_POINTS = {
+    "feed": lambda parser: parser.feed(b"data: {}\n\n"),
+    "feed_frames": lambda parser: parser.feed_frames([]),
+    "feed_event": lambda parser: parser.feed_event({"choices": []}),
+}
+
+
+@pytest.mark.parametrize("end", ["finish", "cancel"])
+@pytest.mark.parametrize("entry", sorted(_ENTRY_POINTS))
+@pytest.mark.parametrize("keep_events", [False, True])
+def test_every_feed_after_the_end_raises(end: str, entry: str, keep_events: bool) -> None:
+    parser = StreamParser("openai_chat", keep_events=keep_events)
+    parser.feed(_CHAT[:200])
+    first = getattr(parser, end)()
+    with pytest.raises(UsageError, match=rf"StreamParser\.{entry}\(\) called after {end}"):
+        _ENTRY_POINTS[entry](parser)
+    assert parser.finish() is first  # the same Round, again
+    assert parser.cancel() is first
+
+
+def test_finish_twice_returns_the_same_round_and_flushes_once() -> None:
+    parser = StreamParser("openai_chat")
+    for read in fixed(_CHAT, 100):
+        parser.feed(read)
+    first = parser.finish()
+    notices = list(parser.finish_notices)
+    assert parser.finish() is first
+    assert parser.finish_notices == notices
+    assert [c.state.value for c in first.calls] == ["committed"]
+
+
+@pytest.mark.parametrize("entry", sorted(_ENTRY_POINTS))
+def test_after_a_framing_error_input_is_ignored_until_finish(entry: str) -> None:
+    """Not misuse: the round failed at the error; what follows changes nothing."""
+    rounds = []
+    for more in (False, True):
+        parser = StreamParser("openai_chat", limits=Limits(max_line_bytes=300))
+        assert parser.feed(per_event(_CHAT, "sse")[0]) == []  # the call opens
+        parser.feed(b"data: " + b"x" * 300 + b"\n\n")  # a line over the limit
+        if more:
+            assert _ENTRY_POINTS[entry](parser) == []
+            assert parser.feed(_CHAT) == []
+        rounds.append(summary(parser.finish()))
+        with pytest.raises(UsageError):
+            _ENTRY_POINTS[entry](parser)
+    assert rounds[0] == rounds[1]
+    assert rounds[0]["error"].startswith("framing error")
+    assert [c["state"] for c in rounds[0]["choices"][0]["calls"]] == ["failed"]

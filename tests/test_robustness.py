@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toollatch import CallState, RoundEnd, Limits, StreamParser
+from toollatch._errors import UsageError
 from toollatch.testing import sse
-from toollatch.messages import error_results
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
 FRAMINGS = ["sse", "jsonl", "eventstream"]
@@ -51,7 +51,7 @@ def test_arbitrary_json_events_never_raise(provider, events):
         assert (call.state is CallState.COMMITTED) == (call.committed is not None)
         if call.state is CallState.COMMITTED:
             assert round_.choices[call.key.choice].ended is RoundEnd.NORMAL
-    assert len(error_results(round_)) == sum(c.committed is None for c in round_.calls)
+    assert len(round_.error_results()) == sum(c.committed is None for c in round_.calls)
 
 
 def test_an_over_long_line_fails_the_stream_with_a_typed_reason():
@@ -63,7 +63,8 @@ def test_an_over_long_line_fails_the_stream_with_a_typed_reason():
     assert round_.ended is RoundEnd.INTERRUPTED
     assert [a.kind.value for a in round_.anomalies] == ["framing_error"]
     assert round_.calls[0].error.value == "stream_interrupted"
-    assert parser.feed(b"data: more\n\n") == []  # the broken stream ignores further input
+    with pytest.raises(UsageError):  # feeding after finish() is misuse (issue 12)
+        parser.feed(b"data: more\n\n")
 
 
 def test_corrupt_eventstream_frame_is_a_framing_error_not_a_crash():

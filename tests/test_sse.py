@@ -21,7 +21,7 @@ from toollatch import CallState, ErrorCode, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
-from toollatch._sse import SSEDecoder
+from toollatch._sse import Emit, SSEDecoder
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -216,22 +216,22 @@ def test_fast_path_matches_general_path_state() -> None:
 
 
 class _GeneralOnly(SSEDecoder):
-    """The decoder with its fast path switched off: every chunk takes the general path."""
+    """The decoder with its fast path switched off: every event is split into lines."""
 
-    def feed(self, data: bytes) -> list[Frame]:
-        return self._feed_lines(data)
+    def _one_line(self, data: bytes, pos: int, stop: int) -> int:
+        return 0
 
 
 class _CountingGeneral(SSEDecoder):
-    """Counts the chunks that missed the fast path."""
+    """Counts the pieces of chunks that missed the fast path."""
 
     def __init__(self) -> None:
         super().__init__()
         self.general = 0
 
-    def _feed_lines(self, data: bytes) -> list[Frame]:
+    def _lines(self, chunk: bytes, emit: Emit) -> None:
         self.general += 1
-        return super()._feed_lines(data)
+        super()._lines(chunk, emit)
 
 
 def _outcomes(decoder: SSEDecoder, chunks: list[bytes]) -> list[object]:
@@ -535,7 +535,6 @@ def test_the_feed_that_completes_events_returns_them_and_the_next_call_raises() 
     stream = b"data: a\n\ndata: b\n\ndata: 12345\n\ndata: c\n\n"
     decoder = SSEDecoder(max_event_bytes=4)
     assert decoder.feed(stream) == [F("a"), F("b")]
-    assert decoder.single(b"data: d\n\n") is None  # no fast path past the error
     with pytest.raises(StreamDecodeError, match="max_event_bytes"):
         decoder.feed(b"data: d\n\n")
     with pytest.raises(UsageError, match="failed earlier"):

@@ -94,8 +94,7 @@ class AnomalyKind(StrEnum):
     FRAMING_ERROR = "framing_error"
     """The transport bytes could not be framed (size limit, corrupt binary frame)."""
     SYNTHESIZED_ID = "synthesized_id"
-    """The provider sent no call id; toollatch made a stable one up (the anomaly's ``key``
-    names the call, whose ``CallRecord.id_made_up`` is then true)."""
+    """The provider sent no call id; toollatch made a stable one up."""
     UNSAFE_NUMBER = "unsafe_number"
     """An integer above 2**53 arrived through a double-precision channel."""
     WRAPPER_EXPANDED = "wrapper_expanded"
@@ -162,24 +161,6 @@ class ArgsDelta:
     """Raw text; never parsed until the call is closed and the round allows it."""
 
 
-def args_delta(key: CallKey, fragment: str) -> ArgsDelta:
-    """``ArgsDelta(key=key, fragment=fragment)`` at half the cost (internal hot path).
-
-    A frozen dataclass ``__init__`` sets each field through ``object.__setattr__``; this writes
-    the two slots directly. Used once per argument fragment — tens of thousands per call with
-    1-character deltas (Q17). The result is an ordinary, equal, immutable ``ArgsDelta``.
-    """
-    event = _new(ArgsDelta)
-    _set_key(event, key)
-    _set_fragment(event, fragment)
-    return event
-
-
-_new = object.__new__
-_set_key = ArgsDelta.__dict__["key"].__set__
-_set_fragment = ArgsDelta.__dict__["fragment"].__set__
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallClosed:
     """The protocol itself announced that this call's arguments are complete."""
@@ -202,11 +183,6 @@ class ReasoningBlock:
     data: Mapping[str, Any]
     """The block in the provider's own history format (e.g. Anthropic ``thinking`` with its
     ``signature``, a Responses ``reasoning`` item with ``encrypted_content``)."""
-    call: CallKey | None = None
-    """Set when the block is not an item of its own but fields of that call's history entry
-    (a Gemini ``thoughtSignature`` on a ``functionCall`` part, a chat tool call's
-    ``extra_content``): ``data`` holds those fields and becomes the call's
-    ``CallRecord.extras``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

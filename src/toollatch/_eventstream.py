@@ -54,6 +54,7 @@ import json
 import struct
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import NoReturn
 
 from ._errors import ConfigError, StreamDecodeError, UsageError
@@ -140,25 +141,29 @@ def _string_header(headers: dict[str, HeaderValue], name: str) -> str | None:
     raise StreamDecodeError(f"event-stream header {name!r} must be a string")
 
 
-def _to_frame(headers: dict[str, HeaderValue], payload: bytes) -> Frame:
-    """Map one decoded message onto a Frame (see the module docstring)."""
+Emit = Callable[[str, bytes], None]
+"""Takes one complete message as a frame's event and its data, undecoded (``feed_payloads``)."""
+
+
+def _to_event(headers: dict[str, HeaderValue], payload: bytes) -> tuple[str, bytes]:
+    """Map one decoded message onto a frame's event and data, the data still undecoded
+    (see the module docstring)."""
     message_type = _string_header(headers, ":message-type") or "event"
-    data = payload.decode("utf-8", "surrogateescape")  # never U+FFFD: see the module docstring
     if message_type == "event":
         event = _string_header(headers, ":event-type")
         if event is None:
             raise StreamDecodeError("event-stream event message has no :event-type header")
-        return Frame(event, data)
+        return event, payload
     if message_type == "exception":
-        return Frame(_string_header(headers, ":exception-type") or "error", data)
+        return _string_header(headers, ":exception-type") or "error", payload
     if message_type == "error":
         if not payload:
             details = {
                 "errorCode": _string_header(headers, ":error-code"),
                 "message": _string_header(headers, ":error-message"),
             }
-            data = json.dumps({k: v for k, v in details.items() if v is not None})
-        return Frame("error", data)
+            payload = json.dumps({k: v for k, v in details.items() if v is not None}).encode()
+        return "error", payload
     raise StreamDecodeError(f"event-stream message has unknown :message-type {message_type!r}")
 
 
@@ -199,28 +204,42 @@ class EventStreamDecoder:
                 instead and the error is raised by the next ``feed`` or ``finish``.
             UsageError: the decoder was finished, or failed and raised its error, earlier.
         """
+        frames: list[Frame] = []
+        append = frames.append
+
+        def collect(event: str, payload: bytes) -> None:
+            # never U+FFFD: see the module docstring
+            append(Frame(event, payload.decode("utf-8", "surrogateescape")))
+
+        self.feed_payloads(data, collect)
+        return frames
+
+    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+        """:meth:`feed`, handing each completed message to ``emit(event, payload)`` as it is
+        cut instead of returning frames (``payload``: the frame's data undecoded; see
+        :meth:`SSEDecoder.feed_payloads`). Raises as :meth:`feed` does.
+        """
         if self._closed is not None:
             self._raise_closed()
         buf = self._buf
         buf += data  # in place: amortized O(len(data))
-        frames: list[Frame] = []
-        start = 0
+        start = sent = 0
         try:
             while len(buf) - start >= _PRELUDE_BYTES:
                 total = self._checked or self._check_prelude(buf, start)
                 if len(buf) - start < total:
                     self._checked = total
                     break
-                frames.append(self._decode_message(bytes(buf[start : start + total])))
+                event, payload = self._decode_message(bytes(buf[start : start + total]))
                 self._checked = 0
                 start += total
+                sent += 1
+                emit(event, payload)
         except StreamDecodeError as exc:
-            if not frames:
+            if not sent:
                 raise
             self._pending = exc  # the frames before it first (see the module docstring)
-            return frames
         del buf[:start]
-        return frames
 
     def finish(self) -> list[Frame]:
         """Signal the end of the body. Any later ``feed`` or ``finish`` raises UsageError.
@@ -252,15 +271,15 @@ class EventStreamDecoder:
             self._fail(f"event-stream headers length {headers_len} exceeds its message ({total})")
         return int(total)
 
-    def _decode_message(self, message: bytes) -> Frame:
-        """Check a complete message's CRC and turn it into a frame."""
+    def _decode_message(self, message: bytes) -> tuple[str, bytes]:
+        """Check a complete message's CRC and turn it into a frame's event and data."""
         (crc,) = _CRC.unpack_from(message, len(message) - 4)
         if zlib.crc32(message[:-4]) != crc:
             self._fail("event-stream message CRC mismatch (corrupt message)")
         headers_end = _PRELUDE_BYTES + int.from_bytes(message[4:8], "big")
         try:
             headers = decode_headers(message[_PRELUDE_BYTES:headers_end])
-            return _to_frame(headers, message[headers_end:-4])
+            return _to_event(headers, message[headers_end:-4])
         except StreamDecodeError as exc:
             self._fail(str(exc))
 

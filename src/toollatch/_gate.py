@@ -27,7 +27,8 @@ from ._specs import ToolSpec, load_tools
 
 
 class _GateOnly(type):
-    """Metaclass: calling the class raises; only the gate builds one (see ``_committed``)."""
+    """Metaclass: calling the class raises; only the gate builds one (see ``_committed``),
+    through ``type.__call__``, which runs the dataclass ``__init__`` as a call would."""
 
     def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
         raise UsageError(f"{cls.__name__} is created only by the commit gate")
@@ -53,12 +54,6 @@ class CommittedCall(metaclass=_GateOnly):
     """The tool definition it was checked against (None when no tools were given)."""
 
 
-_SET_ID, _SET_NAME, _SET_ARGS, _SET_TEXT, _SET_KEY, _SET_POSITION, _SET_SPEC = (
-    vars(CommittedCall)[field].__set__
-    for field in ("call_id", "name", "arguments", "arguments_text", "key", "position", "spec")
-)
-
-
 def _committed(
     call_id: str,
     name: str,
@@ -68,21 +63,19 @@ def _committed(
     position: int,
     spec: ToolSpec | None,
 ) -> CommittedCall:
-    """The one constructor of :class:`CommittedCall` (the class itself refuses to be called).
-
-    Writes the slots directly: the frozen dataclass ``__init__`` behind the metaclass guard
-    costs several times more, once per committed call. The result is an ordinary, equal,
-    immutable instance (the dataclass has no ``__post_init__`` to skip; a test pins every
-    field).
-    """
-    call: CommittedCall = object.__new__(CommittedCall)
-    _SET_ID(call, call_id)
-    _SET_NAME(call, name)
-    _SET_ARGS(call, arguments)
-    _SET_TEXT(call, arguments_text)
-    _SET_KEY(call, key)
-    _SET_POSITION(call, position)
-    _SET_SPEC(call, spec)
+    """The one constructor of :class:`CommittedCall` (the class itself refuses to be called):
+    the metaclass's guard is skipped, the dataclass ``__init__`` runs (once per committed
+    call, as trio's ``NoPublicConstructor._create`` does)."""
+    call: CommittedCall = type.__call__(
+        CommittedCall,
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        arguments_text=arguments_text,
+        key=key,
+        position=position,
+        spec=spec,
+    )
     return call
 
 

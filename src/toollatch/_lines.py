@@ -6,6 +6,10 @@ The pending partial line is a ``bytearray``: a chunk without a LF only extends i
 and a chunk with one is joined to it once and split. So a long line fed in small reads costs
 time linear in its bytes, and the ``max_line_bytes`` bound is still checked on every feed.
 
+Lines are handed over as they are found (:meth:`JSONLinesDecoder.feed_payloads`), so a read
+that holds a whole stream never holds a list of its events; a line that is ``{...}`` exactly
+(nearly all) goes over as its bytes, any other is decoded, stripped and encoded back.
+
 Errors do not depend on read boundaries. Lines are taken in order, and a line over the limit
 takes effect at its place in the stream: when the chunk that holds it completed lines before
 it, ``feed`` returns their frames and keeps the error, which the next ``feed`` or ``finish``
@@ -20,14 +24,15 @@ parser every adapter uses, refuses. The adapter records the event as lost; the s
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import Callable
+from typing import ClassVar, NoReturn
 
 from ._errors import StreamDecodeError, UsageError
 from ._events import Frame
 from ._limits import Limits
 
-_new_frame = tuple.__new__
-"""``tuple.__new__(Frame, fields)`` builds a Frame without the Python-level ``Frame.__new__``."""
+Emit = Callable[[str, bytes], None]
+"""Takes one complete event: its type (always ``message``) and its line, undecoded."""
 
 
 class JSONLinesDecoder:
@@ -38,13 +43,15 @@ class JSONLinesDecoder:
     :meth:`feed` for when).
     """
 
+    _BARE: ClassVar[int] = 0x7B
+    """The first byte (``{``) of a line handed over as its bytes when its last is ``}``: such
+    a line has no whitespace or BOM to strip. (Tests set another to take the general rule.)"""
+
     def __init__(self, *, limits: Limits | None = None) -> None:
         self._max = (limits or Limits()).max_line_bytes
         self._partial = bytearray()
         self._closed = False
         self._pending: StreamDecodeError | None = None  # raised by the next feed/finish
-        self.head_event = "message"
-        """The event type of every line (see :meth:`single`)."""
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames for every line completed by ``data``, in order.
@@ -55,35 +62,64 @@ class JSONLinesDecoder:
                 returned instead and the error is raised by the next ``feed`` or ``finish``.
             UsageError: the decoder was finished, or failed and raised its error, earlier.
         """
-        line = self.single(data)
-        if line is not None:
-            try:
-                text = line.decode()
-            except UnicodeDecodeError:
-                text = line.decode("utf-8", "surrogateescape")  # see the module docstring
-            return [_new_frame(Frame, ("message", text, None, None))]
-        return self._feed_lines(data)
+        frames: list[Frame] = []
+        append = frames.append
 
-    def single(self, data: bytes) -> bytes | None:
-        """The line of ``data`` (undecoded) if ``data`` is exactly one event that leaves the
-        decoder as it is; else ``None`` (see :meth:`SSEDecoder.single`).
+        def collect(event: str, line: bytes) -> None:
+            append(Frame(event, line.decode("utf-8", "surrogateescape")))
 
-        True of a chunk fed with nothing pending that is exactly one line ``{...}`` and its
-        LF, within the limit: a line that starts with ``{`` and ends with ``}`` has no
-        whitespace around it to strip and no BOM, so its frame is the one ``_frame`` builds.
+        self.feed_payloads(data, collect)
+        return frames
+
+    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+        """:meth:`feed`, handing each non-blank line to ``emit("message", line)`` as it is
+        found instead of returning frames (see :meth:`SSEDecoder.feed_payloads`): ``line``
+        is the frame's data encoded back (``surrogateescape``), without its line end, the
+        whitespace around it and a BOM. Raises as :meth:`feed` does.
         """
-        if (
-            not self._partial
-            and not self._closed
-            and data[-1:] == b"\n"
-            and data[0] == 0x7B  # "{"; so data is at least "{\n" and data[-2] exists
-            and data[-2] == 0x7D  # "}"
-            and len(data) <= self._max + 1
-        ):
-            line = data[:-1]
-            if 10 not in line:
-                return line
-        return None
+        if self._closed:
+            self._raise_closed("JSONLinesDecoder.feed() after finish() or an error")
+        partial = self._partial
+        end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
+        if not end:
+            # No line end: extend the pending line in place (no copy of what is pending).
+            partial += data
+            if len(partial) > self._max:
+                self._fail()
+            return
+        if partial:
+            data = b"".join((partial, data))  # the line's one join
+            end += len(partial)
+            partial.clear()
+        pos = sent = 0
+        find, limit, bare = data.find, self._max, self._BARE
+        try:
+            while pos < end:
+                stop = find(b"\n", pos)
+                if stop - pos > limit:
+                    self._fail()
+                if data[pos] == bare and data[stop - 1] == 0x7D:  # "{...}": nothing to strip
+                    sent += 1
+                    emit("message", data[pos:stop])
+                else:
+                    sent += self._stripped(data[pos:stop], emit)
+                pos = stop + 1
+            if len(data) - end > limit:
+                self._fail()
+        except StreamDecodeError as exc:
+            if not sent:
+                raise
+            self._pending = exc  # the frames before it first (see the module docstring)
+            return
+        partial += memoryview(data)[end:]
+
+    def _stripped(self, line: bytes, emit: Emit) -> int:
+        """Hand over ``line`` as :meth:`_frame` reads it, if it is not blank; 1 if it was."""
+        frame = self._frame(line)
+        if frame is None:
+            return 0
+        emit("message", frame.data.encode("utf-8", "surrogateescape"))
+        return 1
 
     def finish(self) -> list[Frame]:
         """The frame of a last line without a newline, if any.
@@ -98,37 +134,6 @@ class JSONLinesDecoder:
         last = self._frame(bytes(self._partial))
         self._partial = bytearray()
         return [last] if last is not None else []
-
-    def _feed_lines(self, data: bytes) -> list[Frame]:
-        """The general path of :meth:`feed`: any chunk, any decoder state."""
-        if self._closed:
-            self._raise_closed("JSONLinesDecoder.feed() after finish() or an error")
-        partial = self._partial
-        if 10 not in data:
-            # No line end: extend the pending line in place (no copy of what is pending).
-            partial += data
-            if len(partial) > self._max:
-                self._fail()
-            return []
-        buf = b"".join((partial, data)) if partial else data  # the line's one join
-        partial.clear()
-        lines = buf.split(b"\n")
-        tail = lines.pop()
-        frames: list[Frame] = []
-        try:
-            for line in lines:
-                frame = self._frame(line)
-                if frame is not None:
-                    frames.append(frame)
-            if len(tail) > self._max:
-                self._fail()
-        except StreamDecodeError as exc:
-            if not frames:
-                raise
-            self._pending = exc  # the frames before it first (see the module docstring)
-            return frames
-        partial += tail
-        return frames
 
     def _frame(self, line: bytes) -> Frame | None:
         if len(line) > self._max:

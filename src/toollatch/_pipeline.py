@@ -8,14 +8,11 @@ round ends ``interrupted`` and every call gets a paired error result.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from orjson import JSONDecodeError as _JSONDecodeError
-from orjson import loads as _loads
-
 from ._adapters._base import Adapter
-from ._assembler import Assembler, CallUpdate
+from ._assembler import Assembler, Notice
 from ._errors import StreamDecodeError, UsageError
 from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
 from ._eventstream import EventStreamDecoder
@@ -30,16 +27,11 @@ from ._sse import SSEDecoder
 
 
 class _Decoder(Protocol):
+    """What the pipeline needs of a frame decoder (all three have it)."""
+
     def feed(self, data: bytes) -> list[Frame]: ...
+    def feed_payloads(self, data: bytes, emit: Callable[[str, bytes], None]) -> None: ...
     def finish(self) -> list[Frame]: ...
-
-
-class _SingleDecoder(_Decoder, Protocol):
-    """A text framing that can tell a chunk that is exactly one event (SSE, JSON Lines)."""
-
-    head_event: str
-
-    def single(self, data: bytes) -> bytes | None: ...
 
 
 def make_decoder(framing: Framing, limits: Limits) -> _Decoder:
@@ -63,15 +55,20 @@ class StreamParser:
     produced while finishing (e.g. final previews of a stream that just stopped) are kept in
     ``finish_notices``.
 
-    Fast path: most network reads are one whole event carrying one argument fragment of an
-    open call. For such a read ``feed`` asks the decoder whether the chunk is exactly one
-    event that leaves it unchanged (``single``), parses the event's data from the bytes,
-    asks the adapter whether it is a bare fragment of an open call (``_continuation``) and
-    hands the fragment to the assembler (``_append``): the same decisions the stages make
-    in turn, without building the frame and the stream event in between. When the data is
-    spelled as the adapter's ``_raw`` says (see ``RawContinuation``), only the fragment's
-    JSON string is parsed. Anything else takes the stage-by-stage path. With
-    ``keep_events`` every read takes that path.
+    Misuse raises :class:`UsageError`: any ``feed``, ``feed_frames`` or ``feed_event`` after
+    ``finish()`` or ``cancel()``. ``finish()`` again returns the same Round, as does
+    ``cancel()`` after either. A framing error (an over-long line, a corrupt binary frame)
+    is not misuse: the round fails there, and later input is ignored until ``finish()``.
+
+    The per-event step: ``feed`` hands the bytes to the decoder's ``feed_payloads``, which
+    calls back with each complete event's type and undecoded data as it finds it (no list
+    of frames is built, whatever the read's size); the adapter's ``translate`` returns
+    either a bare argument fragment of an open call, which goes straight to the
+    assembler's ``feed_fragment``, or the stream events the event implies. The same
+    decisions as the stages in turn (``decoder.feed`` -> ``adapter.feed_frame`` ->
+    ``assembler.feed``), without building the frame and the ``ArgsDelta`` for the bulk of
+    a stream; tests feed every stream both ways and compare. With ``keep_events`` every
+    read takes the stages in turn, so that every event can be recorded.
     """
 
     def __init__(
@@ -102,66 +99,88 @@ class StreamParser:
             gate=gate,
             previews=previews,
         )
-        self._decoder = decoder = make_decoder(framing, self.limits)
-        # Bound once: feed() runs once per network read, tens of thousands of times a call.
-        self._decode = decoder.feed
-        self._translate = self.adapter.feed_frame
-        self._assemble = self.assembler.feed
-        self._single: _SingleDecoder | None = None
-        if not keep_events and isinstance(decoder, (SSEDecoder, JSONLinesDecoder)):
-            self._single = decoder
-        self._continuation = self.adapter._continuation
-        self._feed_other = self.adapter._feed_other
-        self._append = self.assembler._append
-        self._broken = False
-        self.finish_notices: list[CallUpdate] = []
+        self._decoder = make_decoder(framing, self.limits)
+        # Bound once: they run once per event, tens of thousands of times a call.
+        self._feed_payloads = self._decoder.feed_payloads
+        self._translate = self.adapter.translate
+        self._feed_fragment = self.assembler.feed_fragment
+        self._notices: list[Notice] = []  # found while the decoder walks one read
+        self._broken = False  # a framing error: input is ignored until finish
+        self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
+        self.finish_notices: list[Notice] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
-    def feed(self, data: bytes) -> list[CallUpdate]:
-        """Feed raw transport bytes (any split); returns notices of early call failures."""
-        decoder = self._single
-        if decoder is not None:
-            payload = decoder.single(data)
-            if payload is not None:  # one whole event, not an error frame (see the class doc)
-                raw = self.adapter._raw
-                if raw is not None and payload.startswith(raw[0]):
-                    # The suffix has no quote, so the fragment's string ends at the last one;
-                    # a JSON value that ends with a quote is a string.
-                    end = payload.rfind(b'"') + 1
-                    tail = payload[end:]
-                    if tail == raw[1] or tail.replace(b" ", b"") == raw[1]:
-                        try:
-                            fragment = _loads(payload[len(raw[0]) : end])
-                        except _JSONDecodeError:
-                            pass  # (not one string: the decoded path says what it is)
-                        else:
-                            return self._append(raw[2], fragment)
-                try:
-                    native = _loads(payload)
-                except _JSONDecodeError:
-                    native = None  # not UTF-8, or not JSON: the stages say what it is
-                if type(native) is dict:
-                    hit = self._continuation(native, decoder.head_event)
-                    if hit is not None:
-                        return self._append(hit[0], hit[1])
-                    return self._apply(self._feed_other(native, decoder.head_event, payload))
-        if self._broken:
-            return []
-        try:
-            frames = self._decode(data)
-        except StreamDecodeError as exc:
-            return self._framing_failed(exc)
-        if len(frames) == 1 and self.events is None:
-            # One event per network read is the common case: skip the loops and the list.
-            events = self._translate(frames[0])
-            if len(events) == 1:
-                return self._assemble(events[0])
-            return self._apply(events)
-        return self.feed_frames(frames)
+    def feed(self, data: bytes) -> list[Notice]:
+        """Feed raw transport bytes (any split); returns notices of early call failures.
 
-    def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
-        """Feed already-decoded frames."""
-        notices: list[CallUpdate] = []
+        Raises:
+            UsageError: after ``finish()`` or ``cancel()``.
+        """
+        if self._closed is not None or self._broken:
+            return self._ignored("feed")
+        try:
+            if self.events is not None:
+                return self._frames(self._decoder.feed(data))
+            self._feed_payloads(data, self._on_event)
+        except StreamDecodeError as exc:
+            self._notices += self._framing_failed(exc)
+        found = self._notices
+        if found:
+            self._notices = []
+        return found if found else []
+
+    def _on_event(self, event: str, payload: bytes) -> None:
+        """One complete event of the read being fed (see the class docstring)."""
+        out = self._translate(event, payload)
+        # (A fragment is a tuple, the events a list: the class test is the cheapest.)
+        found = (
+            self._feed_fragment(*out) if out.__class__ is tuple else self._apply(out)  # type: ignore[arg-type]
+        )
+        if found:
+            self._notices += found
+
+    def feed_frames(self, frames: Iterable[Frame]) -> list[Notice]:
+        """Feed already-decoded frames (the same rules as :meth:`feed`)."""
+        if self._closed is not None or self._broken:
+            return self._ignored("feed_frames")
+        return self._frames(frames)
+
+    def feed_event(self, native: object) -> list[Notice]:
+        """Feed one native event (a dict, or an official SDK's event object); the same rules
+        as :meth:`feed`."""
+        if self._closed is not None or self._broken:
+            return self._ignored("feed_event")
+        return self._apply(self.adapter.feed(native))
+
+    def finish(self) -> Round:
+        """End of input: flush the decoder and the adapter, decide every call. Returns the
+        same Round when called again (or after :meth:`cancel`)."""
+        if self._closed is None:
+            self._closed = "finish()"
+            if not self._broken:  # (a framing error in the last line still ends the adapter)
+                try:
+                    self.finish_notices += self._frames(self._decoder.finish())
+                except StreamDecodeError as exc:
+                    self.finish_notices += self._framing_failed(exc)
+                self.finish_notices += self._apply(self.adapter.finish())
+        return self.assembler.finish()
+
+    def cancel(self, reason: str = "cancelled by the caller") -> Round:
+        """Cancel the attempt: every call not committed yet becomes CANCELLED. After
+        :meth:`finish` (or a first cancel) a no-op returning the same Round."""
+        if self._closed is None:
+            self._closed = "cancel()"
+        return self.assembler.cancel(reason)
+
+    def _ignored(self, method: str) -> list[Notice]:
+        """``[]`` for input after a framing error; the UsageError for input after the end."""
+        if self._closed is not None:
+            raise UsageError(f"StreamParser.{method}() called after {self._closed}")
+        return []
+
+    def _frames(self, frames: Iterable[Frame]) -> list[Notice]:
+        """The stages in turn for each frame (every event recorded with ``keep_events``)."""
+        notices: list[Notice] = []
         adapter_feed, asm_feed, log = self.adapter.feed_frame, self.assembler.feed, self.events
         for frame in frames:
             for event in adapter_feed(frame):
@@ -172,41 +191,17 @@ class StreamParser:
                     notices.extend(found)
         return notices
 
-    def feed_event(self, native: object) -> list[CallUpdate]:
-        """Feed one native event (a dict, or an official SDK's event object)."""
-        return self._apply(self.adapter.feed(native))
-
-    def finish(self) -> Round:
-        """End of input: flush the decoder and the adapter, decide every call."""
-        if not self._broken:
-            self._stop()
-            try:
-                self.finish_notices += self.feed_frames(self._decoder.finish())
-            except StreamDecodeError as exc:
-                self.finish_notices += self._framing_failed(exc)
-            self.finish_notices += self._apply(self.adapter.finish())
-        return self.assembler.finish()
-
-    def cancel(self, reason: str = "cancelled by the caller") -> Round:
-        """Cancel the attempt: every call not committed yet becomes CANCELLED."""
-        self._stop()
-        return self.assembler.cancel(reason)
-
-    def _apply(self, events: list[StreamEvent]) -> list[CallUpdate]:
-        notices: list[CallUpdate] = []
+    def _apply(self, events: list[StreamEvent]) -> list[Notice]:
+        notices: list[Notice] = []
         for event in events:
             if self.events is not None:
                 self.events.append(event)
             notices.extend(self.assembler.feed(event))
         return notices
 
-    def _stop(self) -> None:
-        """No more input: ``feed`` and ``feed_frames`` return nothing from now on."""
+    def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
+        """The one boundary for framing errors: the stream failed; later input is ignored."""
         self._broken = True
-        self._single = None
-
-    def _framing_failed(self, exc: StreamDecodeError) -> list[CallUpdate]:
-        self._stop()
         return self._apply(
             [
                 Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),

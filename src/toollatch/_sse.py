@@ -19,12 +19,16 @@ its line ends), not a copy of everything pending per read. A chunk with a line e
 to the partial line once, CR and CRLF become LF only when the chunk contains a CR (rare:
 Gemini), and it is split on LF; the last piece becomes the new partial line.
 
-The common chunk -- exactly one ``data: {...}\\n\\n`` event per network read, maybe after one
-``event: <name>`` line (Anthropic, Responses), arriving while nothing is pending -- skips all
-of that: ``feed`` compares its start with the head of the previous such chunk (most streams
-repeat one), checks the rest with a few slices and builds the frame directly (``_fast``
-records "nothing pending" and is recomputed at the end of every general feed). Both paths
-must give the same frames; the tests check it.
+Events are handed over as they complete: :meth:`SSEDecoder.feed_payloads` calls a function
+with each event's type and undecoded data, in stream order, while it walks the chunk, so a
+read that holds a whole stream never holds a list of its events (``feed`` is the same walk,
+collecting :class:`Frame` values). The walk goes from blank line to blank line (``\n\n``):
+a piece that is one ``data: <value>`` line, maybe after one ``event: <name>`` line (the
+shape of nearly every event: Anthropic, Responses, OpenAI chat), starting with nothing
+pending, is handed over from the chunk's bytes without splitting it into lines (the last
+such head is kept, so Anthropic's repeated ``event: content_block_delta`` line is compared,
+not decoded); any other piece is split into lines and applied by the general rules below.
+Both must give the same events; the tests check it.
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
 comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
@@ -63,6 +67,7 @@ fields are not decoded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NoReturn
 
 from ._errors import ConfigError, StreamDecodeError, UsageError
@@ -72,9 +77,8 @@ from ._limits import Limits
 __all__ = ["SSEDecoder"]
 
 _BOM = b"\xef\xbb\xbf"
-_new_frame = tuple.__new__
-"""``tuple.__new__(Frame, fields)`` builds a Frame without the Python-level ``Frame.__new__``
-wrapper: half the cost on the hot path."""
+Emit = Callable[[str, bytes], None]
+"""Takes one complete event: its type and its data, undecoded (see ``feed_payloads``)."""
 _MAX_RETRY_DIGITS = 15
 """Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
 which refuses strings over 4300 digits."""
@@ -89,12 +93,6 @@ def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> in
     if not isinstance(explicit, int) or isinstance(explicit, bool) or explicit < 1:
         raise ConfigError(f"{name} must be a positive integer, got {explicit!r}")
     return explicit
-
-
-_HEADS: dict[bytes, str] = {}
-"""Fast-path ``event:`` heads seen by any SSEDecoder, with their event types: a stream has a
-few, and every stream of a provider has the same ones (values only, so sharing is safe)."""
-_HEADS_KEPT = 64
 
 
 class SSEDecoder:
@@ -114,18 +112,18 @@ class SSEDecoder:
         "_closed",
         "_data",
         "_data_bytes",
+        "_dispatched",
         "_event",
         "_event_budget",
-        "_fast",
         "_fast_max_bytes",
         "_head",
+        "_head_event",
         "_last_id",
         "_max_line",
         "_partial",
         "_pending",
         "_retry",
         "_skip_lf",
-        "head_event",
     )
 
     def __init__(
@@ -141,13 +139,12 @@ class SSEDecoder:
         # The running count includes one LF per data line (the spec's buffer), so the joined
         # text is one byte shorter than the count: allow one extra byte.
         self._event_budget = max_event + 1
-        # A fast-path chunk is at least "data: " + value + "\n\n" (an "event:" line only
+        # A one-line event is at least "data: " + value + "\n\n" (an "event:" line only
         # adds bytes): within this bound, its every line and its value fit.
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
-        self._fast = False  # True only between events with nothing pending (see _feed_lines)
-        self._head = b"data: "
-        self.head_event = "message"
-        """The event type of the last chunk :meth:`single` accepted."""
+        self._head = b"data: "  # the last head of a one-line event (see _one_line)
+        self._head_event = "message"
+        self._dispatched = 0  # events handed over so far (tells errors that follow some)
         self._partial = bytearray()
         self._pending: StreamDecodeError | None = None  # raised by the next feed/finish
         self._at_start = True
@@ -168,14 +165,97 @@ class SSEDecoder:
                 returned instead and the error is raised by the next ``feed`` or ``finish``.
             UsageError: the decoder was finished, or failed and raised its error, earlier.
         """
-        value = self.single(data) if self._fast or self._at_start else None
-        if value is not None:
-            try:
-                text = value.decode()
-            except UnicodeDecodeError:
-                text = value.decode("utf-8", "surrogateescape")  # see the module docstring
-            return [_new_frame(Frame, (self.head_event, text, self._last_id, self._retry))]
-        return self._feed_lines(data)
+        frames: list[Frame] = []
+        append = frames.append
+
+        def collect(event: str, value: bytes) -> None:
+            text = value.decode("utf-8", "surrogateescape")  # see the module docstring
+            append(Frame(event, text, self._last_id, self._retry))
+
+        self.feed_payloads(data, collect)
+        return frames
+
+    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+        """:meth:`feed`, handing each completed event to ``emit(type, data)`` as it completes
+        instead of returning frames: ``data`` is the event's data undecoded (UTF-8, maybe
+        invalid: decode it with ``surrogateescape``). No list of the chunk's events is built,
+        whatever its size (StreamParser uses this). The id and retry in force are
+        :attr:`last_id` and :attr:`retry` when ``emit`` is called. Raises as :meth:`feed`
+        does, at the same places; an exception from ``emit`` propagates, and the rest of the
+        chunk is lost (the decoder is then not to be used again).
+        """
+        if self._closed is not None:
+            self._raise_closed()
+        if self._at_start or self._skip_lf:
+            data = self._strip_prefix(data)
+        if 13 in data:
+            # A CR at the very end may be the first half of a CRLF: remember to drop a LF
+            # that starts the next chunk. Every other CR and CRLF becomes one LF here.
+            self._skip_lf = data[-1] == 13
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
+        partial = self._partial
+        if not end:
+            # No line end: extend the pending line in place (no copy of what is pending).
+            partial += data
+            if len(partial) > self._max_line:
+                self._fail_line()
+            return
+        if partial:
+            data = b"".join((partial, data))  # the line's one join
+            end += len(partial)
+            partial.clear()
+        before = self._dispatched
+        try:
+            self._walk(data, end, emit)
+            if len(data) - end > self._max_line:
+                self._fail_line()
+        except StreamDecodeError as exc:
+            if self._dispatched == before:
+                raise
+            self._pending = exc  # the events before it first (see the module docstring)
+            return
+        partial += memoryview(data)[end:]
+
+    def _walk(self, data: bytes, end: int, emit: Emit) -> None:
+        """Apply the complete lines ``data[:end]`` from blank line to blank line, handing
+        over one-line events directly (see the module docstring) and splitting the rest."""
+        pos = 0
+        clean = not (self._data or self._event)  # nothing pending: a one-line event may start
+        limit = self._fast_max_bytes
+        find = data.find
+        while (stop := find(b"\n\n", pos, end)) >= 0:
+            if clean and stop + 2 - pos <= limit:
+                start = self._one_line(data, pos, stop)
+                if start:
+                    self._dispatched += 1
+                    emit(self._head_event, data[start:stop])
+                    pos = stop + 2
+                    continue
+            self._lines(data[pos : stop + 1], emit)  # ends with a blank line: clean after it
+            clean = True
+            pos = stop + 2
+        if pos < end:
+            self._lines(data[pos : end - 1], emit)
+
+    def _one_line(self, data: bytes, pos: int, stop: int) -> int:
+        """Where the value starts when ``data[pos:stop]`` is one ``data: `` line after at most
+        one ``event: <name>`` line (the head, kept with its type as ``_head``); else 0."""
+        if data.startswith(self._head, pos):
+            start = pos + len(self._head)
+        elif data.startswith(b"data: ", pos):
+            self._head, self._head_event = b"data: ", "message"
+            start = pos + 6
+        elif data.startswith(b"event: ", pos):
+            line_end = data.find(b"\n", pos, stop)
+            if line_end < 0 or not data.startswith(b"data: ", line_end + 1):
+                return 0
+            name = data[pos + 7 : line_end].decode("utf-8", "surrogateescape")
+            self._head, self._head_event = data[pos : line_end + 7], name or "message"
+            start = line_end + 7
+        else:
+            return 0
+        return 0 if data.find(b"\n", start, stop) >= 0 else start
 
     def finish(self) -> list[Frame]:
         """Signal the end of the body; return the last event if it lacked its blank line.
@@ -192,120 +272,38 @@ class SSEDecoder:
         if self._closed is not None:
             self._raise_closed()
         self._closed = "SSEDecoder.finish() was already called"
-        self._fast = False
         lines = [bytes(self._partial)] if self._partial else []
         self._partial = bytearray()
         frames: list[Frame] = []
-        self._process(lines, frames)  # one line, not blank: it dispatches nothing itself
+
+        def collect(event: str, value: bytes) -> None:
+            text = value.decode("utf-8", "surrogateescape")  # see the module docstring
+            frames.append(Frame(event, text, self._last_id, self._retry))
+
+        self._process(lines, collect)  # one line, not blank: it dispatches nothing itself
         if self._data:
-            frames.append(self._dispatch())
+            self._dispatch(collect)
         return frames
+
+    @property
+    def last_id(self) -> str | None:
+        """The last event id in force (``Frame.id`` of an event dispatched now)."""
+        return self._last_id
+
+    @property
+    def retry(self) -> int | None:
+        """The reconnection time in force, in milliseconds (``Frame.retry``)."""
+        return self._retry
 
     # -- internals -------------------------------------------------------------------------
 
-    def single(self, data: bytes) -> bytes | None:
-        """The data of ``data`` (undecoded) if ``data`` is exactly one event that leaves the
-        decoder as it is; else ``None``. ``head_event`` is then the event's type.
-
-        True of a chunk fed with nothing pending that is a head (see :meth:`_fast_head`), a
-        value without CR or LF and the blank line, within both limits (the bound on the
-        length covers every line and the value: see ``__init__``): :meth:`feed` would apply
-        those lines to empty buffers and dispatch at once, leaving nothing pending. So a
-        caller that decodes the value itself may skip :meth:`feed` for such a chunk (the
-        pipeline's fast path does); ``feed`` uses it for its own.
-        """
-        if not self._fast:
-            return self._first(data) if self._at_start else None
-        head = self._head
-        if (
-            (data.startswith(head) or self._fast_head(data))
-            and len(data) <= self._fast_max_bytes
-            and data[-1] == 10  # data[-2] exists: a head is 6 bytes or more
-            and data[-2] == 10
-        ):
-            value = data[len(self._head) : -2]
-            if 10 not in value and 13 not in value:
-                return value
-        return None
-
-    def _first(self, data: bytes) -> bytes | None:
-        """:meth:`single` for the stream's first chunk: one that starts with a head has no BOM
-        to skip, so the decoder is past the start (as ``_strip_prefix`` would leave it)."""
-        if self._closed is None and not self._partial and data[:5] in (b"data:", b"event"):
-            self._at_start = False
-            self._fast = True
-            return self.single(data)
-        return None
-
-    def _fast_head(self, data: bytes) -> bool:
-        """Whether ``data`` starts with a fast-path head; if so, it becomes ``_head``.
-
-        A head is ``data: `` (event type ``message``), or one ``event: <name>`` line (name
-        without CR) followed by ``data: ``. Streams repeat one head for most of their events
-        (Anthropic ``content_block_delta``), so ``feed`` compares a prefix and reuses the
-        decoded name; a chunk with another head comes here once. An ``error`` event's head
-        is not a fast-path head.
-        """
-        if data[:6] == b"data: ":
-            head, event = b"data: ", "message"
-        elif data[:7] == b"event: ":
-            end = data.find(b"\n")
-            if end < 0:
-                return False
-            head = data[: end + 7]
-            known = _HEADS.get(head)
-            if known is None:
-                if head[-6:] != b"data: " or 13 in head:
-                    return False
-                known = data[7:end].decode("utf-8", "surrogateescape") or "message"
-                if known == "error":
-                    return False  # an error frame is never single (see single): general path
-                if len(_HEADS) < _HEADS_KEPT:
-                    _HEADS[head] = known
-            event = known
-        else:
-            return False
-        self._head, self.head_event = head, event
-        return True
-
-    def _feed_lines(self, data: bytes) -> list[Frame]:
-        """The general path of :meth:`feed`: any chunk, any decoder state."""
-        if self._closed is not None:
-            self._raise_closed()
-        if self._at_start or self._skip_lf:
-            data = self._strip_prefix(data)
-        partial = self._partial
-        if 10 not in data and 13 not in data:
-            # No line end: extend the pending line in place (no copy of what is pending).
-            partial += data
-            if len(partial) > self._max_line:
-                self._fail_line()
-            self._fast = not (
-                partial or self._data or self._event or self._skip_lf or self._at_start
-            )
-            return []
-        if partial:
-            data = b"".join((partial, data))  # the line's one join
-            partial.clear()
-        if 13 in data:
-            # A CR at the very end may be the first half of a CRLF: remember to drop a LF
-            # that starts the next chunk. Every other CR and CRLF becomes one LF here.
-            self._skip_lf = data[-1] == 13
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = data.split(b"\n")
-        tail = lines.pop()
-        frames: list[Frame] = []
-        try:
-            if len(data) > self._max_line:
-                self._check_line_lengths(lines, frames)
-            self._process(lines, frames)
-            if len(tail) > self._max_line:
-                self._fail_line()
-        except StreamDecodeError as exc:
-            return self._defer(exc, frames)
-        partial += tail
-        self._fast = not (partial or self._data or self._event or self._skip_lf or self._at_start)
-        return frames
+    def _lines(self, chunk: bytes, emit: Emit) -> None:
+        """Apply the lines of ``chunk`` (complete, without the last line end), checking their
+        lengths first when the chunk could hold one over the limit."""
+        lines = chunk.split(b"\n")
+        if len(chunk) > self._max_line:
+            self._check_line_lengths(lines, emit)
+        self._process(lines, emit)
 
     def _strip_prefix(self, data: bytes) -> bytes:
         """Drop a stream-initial BOM (possibly split over feeds) or the LF of a split CRLF."""
@@ -323,13 +321,13 @@ class SSEDecoder:
         self._at_start = False
         return data[len(_BOM) :] if data.startswith(_BOM) else data
 
-    def _process(self, lines: list[bytes], frames: list[Frame]) -> None:
-        """Apply complete lines (without line ends) in order; append dispatched events to
-        ``frames`` (so that the caller keeps them when a later line raises)."""
+    def _process(self, lines: list[bytes], emit: Emit) -> None:
+        """Apply complete lines (without line ends) in order; hand dispatched events to
+        ``emit`` at once (so that they are delivered when a later line raises)."""
         for line in lines:
             if not line:
                 if self._data:
-                    frames.append(self._dispatch())
+                    self._dispatch(emit)
                 else:
                     self._event = ""
             elif line[:5] == b"data:" or line == b"data":  # bare "data": an empty data line
@@ -362,36 +360,26 @@ class SSEDecoder:
         elif name == b"retry" and value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
             self._retry = int(value)
 
-    def _dispatch(self) -> Frame:
-        """Build the frame for the current event and reset the per-event buffers."""
-        data = self._data
-        raw = data[0] if len(data) == 1 else b"\n".join(data)
-        text = raw.decode("utf-8", "surrogateescape")  # never U+FFFD: see the module docstring
-        frame = _new_frame(Frame, (self._event or "message", text, self._last_id, self._retry))
+    def _dispatch(self, emit: Emit) -> None:
+        """Hand over the current event and reset the per-event buffers."""
+        data, event = self._data, self._event or "message"
         self._data = []
         self._data_bytes = 0
         self._event = ""
-        return frame
+        self._dispatched += 1
+        emit(event, data[0] if len(data) == 1 else b"\n".join(data))
 
-    def _check_line_lengths(self, lines: list[bytes], frames: list[Frame]) -> None:
+    def _check_line_lengths(self, lines: list[bytes], emit: Emit) -> None:
         """Raise for the first line over the limit, after applying the lines before it."""
         for i, line in enumerate(lines):
             if len(line) > self._max_line:
-                self._process(lines[:i], frames)
+                self._process(lines[:i], emit)
                 self._fail_line()
 
     def _fail_line(self) -> NoReturn:
         # One message whether the line ended in the chunk or not: where the reads end must
         # not change what a failed stream reports.
         self._fail(f"SSE line exceeds max_line_bytes={self._max_line}")
-
-    def _defer(self, exc: StreamDecodeError, frames: list[Frame]) -> list[Frame]:
-        """Raise ``exc`` now if ``frames`` is empty; else keep it for the next call and return
-        the events completed before it (so they never depend on where the reads end)."""
-        if not frames:
-            raise exc
-        self._pending = exc
-        return frames
 
     def _raise_closed(self) -> NoReturn:
         """Raise the kept decode error once; after that (or after finish) a UsageError."""
@@ -403,7 +391,6 @@ class SSEDecoder:
     def _fail(self, message: str) -> NoReturn:
         """Make the decoder unusable, drop its buffers and raise ``StreamDecodeError``."""
         self._closed = f"SSEDecoder failed earlier: {message}"
-        self._fast = False
         self._partial = bytearray()
         self._data = []
         raise StreamDecodeError(message)

@@ -21,13 +21,13 @@ from .._errors import UsageError
 from .._events import (
     Anomaly,
     AnomalyKind,
+    ArgsDelta,
     CallKey,
     Frame,
     RoundEnd,
     RoundEnded,
     StreamEvent,
     StreamFailed,
-    args_delta,
 )
 from ._sdk_helpers import HELPERS, SKIP
 
@@ -153,9 +153,31 @@ RawContinuation: TypeAlias = tuple[bytes, bytes, CallKey]
 ``key``, the string being the fragment. ``suffix`` holds no ``"``, so the string ends at the
 data's last one. An adapter sets it for the provider's own spelling of its fragment event
 (e.g. Anthropic's compact ``content_block_delta``), only while :meth:`Adapter._continuation`
-would accept that event's decoded form with that result; the pipeline then decodes the string
-alone instead of the whole event. Any other spelling of the same event (another key order,
-spaces inside the prefix) misses and takes the decoded path."""
+would accept that event's decoded form with that result; :meth:`Adapter.translate` then
+decodes the string alone instead of the whole event. Any other spelling of the same event
+(another key order, spaces inside the prefix) misses and takes the decoded route."""
+
+
+Fragment: TypeAlias = tuple[CallKey, str]
+"""``(key, text)``: a bare argument fragment of the open call ``key`` (see
+:meth:`Adapter.translate`)."""
+
+_loads = orjson.loads
+
+
+def _raw_fragment(payload: bytes, raw: RawContinuation) -> str | None:
+    """The fragment of ``payload`` when it is spelled as ``raw`` says, else ``None``."""
+    # The suffix has no quote, so the fragment's string ends at the last one; a JSON value
+    # that ends with a quote is a string.
+    end = payload.rfind(b'"') + 1
+    tail = payload[end:]
+    if tail != raw[1] and tail.replace(b" ", b"") != raw[1]:
+        return None
+    try:
+        fragment: str = _loads(payload[len(raw[0]) : end])
+    except orjson.JSONDecodeError:
+        return None  # (not one string: the decoded route says what it is)
+    return fragment
 
 
 class Adapter(ABC):
@@ -165,7 +187,7 @@ class Adapter(ABC):
     """Stable provider name, as used by ``toollatch replay --provider``."""
 
     _raw: RawContinuation | None = None
-    """How the likeliest next fragment's event is spelled, for the pipeline's fast path (see
+    """How the likeliest next fragment's event is spelled, for :meth:`translate` (see
     ``RawContinuation``); the adapter clears it before it stops holding."""
 
     _follows_source = False
@@ -258,13 +280,13 @@ class Adapter(ABC):
         hit = None if self._finished else self._continuation(event, sse_event)
         if hit is None:
             return self._feed_other(event, sse_event, data)  # (raises once finished)
-        return [args_delta(hit[0], hit[1])]
+        return [ArgsDelta(key=hit[0], fragment=hit[1])]
 
     def _feed_other(
         self, event: dict[str, Any], sse_event: str | None, data: str | bytes | None = None
     ) -> list[StreamEvent]:
-        """:meth:`feed_decoded` for an event that :meth:`_continuation` declined (the
-        pipeline's fast path asks it first, and comes here to not ask twice)."""
+        """:meth:`feed_decoded` for an event that :meth:`_continuation` declined
+        (:meth:`translate` asks it first, and comes here to not ask twice)."""
         if self._finished:
             raise self._after_finish("feed_decoded")
         self._data = data
@@ -272,6 +294,45 @@ class Adapter(ABC):
             return self._feed(event, sse_event)
         finally:
             self._data = None
+
+    # -- the pipeline's per-event step (package-internal) -----------------------------------
+
+    def translate(self, event: str, payload: bytes) -> Fragment | list[StreamEvent]:
+        """One event of a byte stream, from its frame's event name and undecoded data:
+        ``(key, fragment)`` when it is a bare argument fragment of the open call ``key``,
+        else the stream events it implies. Package-internal: ``StreamParser`` calls it once
+        per event (the decoders' ``feed_payloads`` hand it over), so that the bulk of a
+        stream goes from bytes to a call's buffer without a frame or an event in between.
+
+        The same decisions as :meth:`feed_frame` for ``Frame(event, data)``, ``data`` being
+        ``payload`` decoded with ``surrogateescape``: a fragment is what ``feed_frame`` would
+        return as its one ``ArgsDelta``, and it changes the adapter alike. Two routes find
+        fragments: the decoded one (one parse of the payload, then :meth:`_continuation`),
+        and, when the payload is spelled as ``_raw`` says, the fragment's JSON string decoded
+        alone (see ``RawContinuation``). Anything else goes to :meth:`_feed_other` with the
+        decoded object (no second parse), or to :meth:`feed_frame` when the payload is not a
+        JSON object, an ``error`` event or ``[DONE]``. Raises ``UsageError`` after
+        :meth:`finish`, like every ``feed``.
+        """
+        if self._finished:
+            raise self._after_finish("translate")
+        if event != "error":
+            raw = self._raw
+            if raw is not None and payload.startswith(raw[0]):
+                fragment = _raw_fragment(payload, raw)
+                if fragment is not None:
+                    return raw[2], fragment
+            if payload[:1] == b"{":
+                try:
+                    native = _loads(payload)
+                except orjson.JSONDecodeError:
+                    native = None  # not UTF-8, or not JSON: feed_frame says what it is
+                if type(native) is dict:
+                    hit = self._continuation(native, event)
+                    if hit is not None:
+                        return hit
+                    return self._feed_other(native, event, payload)
+        return self.feed_frame(Frame(event, payload.decode("utf-8", "surrogateescape")))
 
     def _after_finish(self, method: str) -> UsageError:
         """The error for ``method`` called on a finished adapter."""
@@ -293,10 +354,11 @@ class Adapter(ABC):
     def _continuation(
         self, event: dict[str, Any], sse_event: str | None
     ) -> tuple[CallKey, str] | None:
-        """Fast path, once per argument fragment: ``(key, fragment)`` when ``event`` is a bare
-        argument fragment of an open call, for which :meth:`_feed` would return exactly
-        ``[ArgsDelta(key=key, fragment=fragment)]`` and change nothing else that matters (tests
-        pin this per adapter); ``None`` sends the event down the general path."""
+        """The decoded route of :meth:`translate`, once per argument fragment: ``(key,
+        fragment)`` when ``event`` is a bare argument fragment of an open call, for which
+        :meth:`_feed` would return exactly ``[ArgsDelta(key=key, fragment=fragment)]`` and
+        change nothing else that matters (tests pin this per adapter); ``None`` sends the
+        event down the general path."""
         return None
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
+    ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
@@ -55,7 +56,6 @@ from toollatch._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
-    args_delta,
 )
 
 from ._base import Adapter, error_detail, lost_event, round_end, short
@@ -404,7 +404,7 @@ class AnthropicAdapter(Adapter):
             case "text_delta":
                 return [TextDelta(text=value, block=index)]
             case "input_json_delta" if block.kind is _Kind.CALL:
-                return [args_delta(self._open_calls[index], value)]
+                return [ArgsDelta(key=self._open_calls[index], fragment=value)]
             case "signature_delta":
                 block.signature.append(value)
             case "citations_delta":
@@ -487,7 +487,7 @@ class AnthropicAdapter(Adapter):
         return [
             Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key),
             *self._duplicate_key_anomaly(key),
-            args_delta(key, text),
+            ArgsDelta(key=key, fragment=text),
         ]
 
     def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 from toollatch._events import (
     Anomaly,
     AnomalyKind,
+    ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
@@ -56,7 +57,6 @@ from toollatch._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
-    args_delta,
 )
 
 from ._base import Adapter, lost_event, round_end, short
@@ -344,7 +344,7 @@ class BedrockAdapter(Adapter):
             case "text", str():
                 return [TextDelta(text=value, block=index)]
             case "toolUse", {"input": str(fragment)} if block.kind is _Kind.CALL:
-                return [args_delta(self._open_calls[index], fragment)]
+                return [ArgsDelta(key=self._open_calls[index], fragment=fragment)]
             case "toolUse", {"input": str(fragment)}:
                 block.parts.append(fragment)  # a server tool's input, kept for history
             case "reasoningContent", Mapping() if _add_reasoning(block, value):
@@ -422,7 +422,7 @@ class BedrockAdapter(Adapter):
         return [
             Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key),
             *self._duplicate_key_anomaly(key),
-            args_delta(key, text),
+            ArgsDelta(key=key, fragment=text),
         ]
 
     def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:

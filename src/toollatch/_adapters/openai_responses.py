@@ -59,7 +59,6 @@ from toollatch._events import (
     StreamFailed,
     TextDelta,
     UsageReported,
-    args_delta,
 )
 
 __all__ = ["OpenAIResponsesAdapter"]
@@ -346,7 +345,7 @@ class OpenAIResponsesAdapter(Adapter):
         # (microsoft/agent-framework#8337, bifrost#1829). An unknown key reaches the
         # assembler as is, which fails every pending call (a lost fragment); one for a closed
         # call fails that call (FRAGMENT_AFTER_CLOSE).
-        return [args_delta(key, delta)] if delta else []
+        return [ArgsDelta(key=key, fragment=delta)] if delta else []
 
     def _args_done(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         key = self._key(event)
