@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from toollatch import CallState, RoundEnd, Limits, StreamParser
 from toollatch._errors import UsageError
 from toollatch.testing import sse
+from toollatch.messages import error_results
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
 FRAMINGS = ["sse", "jsonl", "eventstream"]
@@ -51,7 +52,7 @@ def test_arbitrary_json_events_never_raise(provider, events):
         assert (call.state is CallState.COMMITTED) == (call.committed is not None)
         if call.state is CallState.COMMITTED:
             assert round_.choices[call.key.choice].ended is RoundEnd.NORMAL
-    assert len(round_.error_results()) == sum(c.committed is None for c in round_.calls)
+    assert len(error_results(round_)) == sum(c.committed is None for c in round_.calls)
 
 
 def test_an_over_long_line_fails_the_stream_with_a_typed_reason():

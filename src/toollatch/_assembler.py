@@ -9,7 +9,7 @@ so fragments of parallel or interleaved calls cannot mix. Every call moves throu
 assigns its state.
 
 While the round streams, argument text is opaque: appended in order, counted in UTF-8 bytes on
-every append (the fast path in ``_append`` is one lookup, one count and one append while the
+every append (``feed_fragment``, the fast path, is one lookup, one count and one append while the
 call stays under its buffer's bound), never parsed here. Whatever makes a call untrustworthy
 fails it at once and returns a :class:`CallFailed` notice:
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, assert_never
 
 from ._buffer import CallBuffer
@@ -60,7 +61,7 @@ from ._events import (
 from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget
 from ._limits import Limits
 from ._preview import PreviewPolicy, PreviewTracker, PreviewUpdated
-from ._round import CallRecord, Choice, Round, Segment, TextSegment
+from ._round import NO_EXTRAS, CallRecord, Choice, ContentItem, Round, TextRun, made_up_call_id
 from ._specs import ToolSpec
 from ._state import CallState
 from ._wrapper import PARALLEL_WRAPPER, inner_calls
@@ -68,7 +69,7 @@ from ._wrapper import PARALLEL_WRAPPER, inner_calls
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallFailed:
-    """Notice: a call failed while the round was still streaming (limit, protocol violation)."""
+    """A call failed while the round was still streaming (limit, protocol violation)."""
 
     key: CallKey
     """The failed call."""
@@ -82,7 +83,7 @@ class CallFailed:
     """Short explanation."""
 
 
-Notice = CallFailed | PreviewUpdated
+CallUpdate = CallFailed | PreviewUpdated
 """What ``Assembler.feed`` can return: early failures, and previews when enabled."""
 
 _ENDING_CODE = {
@@ -147,11 +148,13 @@ class Assembler:
         self._max_argument_bytes = self.limits.max_argument_bytes
         self._previews = previews
         self._trackers: dict[CallKey, PreviewTracker] = {}
+        self._made_up_ids: set[CallKey] = set()  # keys of calls whose id an adapter made up
+        self._extras: dict[CallKey, dict[str, Any]] = {}  # history fields of a call
         self._overflow = False  # a bound on the round's size was passed (see _overflowed)
 
     # -- feeding ------------------------------------------------------------------------------
 
-    def feed(self, event: StreamEvent) -> list[Notice]:
+    def feed(self, event: StreamEvent) -> list[CallUpdate]:
         """Apply one stream event; returns notices of calls that failed because of it."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
@@ -160,7 +163,7 @@ class Assembler:
         except _Overflow as overflow:
             return self._overflowed(overflow.kind, str(overflow))
 
-    def _dispatch(self, event: StreamEvent) -> list[Notice]:
+    def _dispatch(self, event: StreamEvent) -> list[CallUpdate]:
         match event:
             case ArgsDelta():
                 return self.feed_fragment(event.key, event.fragment)
@@ -172,6 +175,10 @@ class Assembler:
                 return self._on_close(event)
             case TextDelta():
                 self._on_text(event)
+            case ReasoningBlock(call=CallKey() as key) if key in self._buffers:
+                extras = self._extras.setdefault(key, {})
+                for field, value in event.data.items():
+                    extras.setdefault(field, value)  # the first one recorded sticks
             case ReasoningBlock() | ServerToolBlock():
                 self._choice(event.choice).content.append(("block", event))
             case UsageReported():
@@ -189,7 +196,7 @@ class Assembler:
                 assert_never(event)
         return []
 
-    def feed_fragment(self, key: CallKey, fragment: str) -> list[Notice]:
+    def feed_fragment(self, key: CallKey, fragment: str) -> list[CallUpdate]:
         """``feed(ArgsDelta(key=key, fragment=fragment))`` without building the event:
         StreamParser calls it once per argument fragment (see ``Adapter.translate``)."""
         if self._round is not None:
@@ -208,7 +215,7 @@ class Assembler:
             return []
         return self._on_args(key, fragment, size)
 
-    def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[Notice]:
+    def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[CallUpdate]:
         buf = self._buffers.get(key)
         if buf is None and self._overflow:
             return []  # a call not kept (see _overflowed): the stream already failed
@@ -254,14 +261,14 @@ class Assembler:
             return [tracker.release(buf.key, buf.call_id, buf.name)]
         return []
 
-    def _preview_final(self, buf: CallBuffer) -> list[Notice]:
+    def _preview_final(self, buf: CallBuffer) -> list[CallUpdate]:
         """The last preview of a call that will get no more fragments (if it had previews)."""
         tracker = self._trackers.pop(buf.key, None)
         if tracker is None:
             return []
         return [tracker.release(buf.key, buf.call_id, buf.name, final=True)]
 
-    def _on_open(self, event: CallOpened) -> list[Notice]:
+    def _on_open(self, event: CallOpened) -> list[CallUpdate]:
         if event.key in self._buffers:  # a repeated header for the same key: identity only
             return self._on_identified(event.key, event.call_id, event.name)
         choice = self._choice(event.key.choice)
@@ -289,13 +296,15 @@ class Assembler:
             )
         return self._on_identified(event.key, event.call_id, event.name)
 
-    def _on_identified(self, key: CallKey, call_id: str | None, name: str | None) -> list[Notice]:
+    def _on_identified(
+        self, key: CallKey, call_id: str | None, name: str | None
+    ) -> list[CallUpdate]:
         buf = self._buffers.get(key)
         if buf is None:
             if not self._overflow:
                 self._record(AnomalyKind.UNKNOWN_KEY, "identity for an unknown call", key)
             return []
-        notices: list[Notice] = []
+        notices: list[CallUpdate] = []
         if name:  # "" is "not sent" (SGLang, vLLM continuations)
             if buf.name is None:
                 buf.name = name
@@ -313,7 +322,7 @@ class Assembler:
                 )
         return notices
 
-    def _claim_id(self, buf: CallBuffer, call_id: str) -> list[Notice]:
+    def _claim_id(self, buf: CallBuffer, call_id: str) -> list[CallUpdate]:
         ids = self._choice(buf.key.choice).ids
         if call_id in ids and ids[call_id] != buf.key:
             return self._fail(
@@ -325,7 +334,7 @@ class Assembler:
         ids[call_id] = buf.key
         return []
 
-    def _on_close(self, event: CallClosed) -> list[Notice]:
+    def _on_close(self, event: CallClosed) -> list[CallUpdate]:
         buf = self._buffers.get(event.key)
         if buf is None:
             if not self._overflow:
@@ -386,15 +395,17 @@ class Assembler:
         else:
             self._record(AnomalyKind.EVENT_AFTER_END, "a second terminal reason for one choice")
 
-    def _previews_done(self, choice: int | None) -> list[Notice]:
+    def _previews_done(self, choice: int | None) -> list[CallUpdate]:
         """Final previews of the calls of ``choice`` (every choice when None)."""
         if not self._trackers:
             return []
         bufs = [self._buffers[k] for k in list(self._trackers) if choice in (None, k.choice)]
         return [n for buf in bufs for n in self._preview_final(buf)]
 
-    def _on_anomaly(self, event: Anomaly) -> list[Notice]:
+    def _on_anomaly(self, event: Anomaly) -> list[CallUpdate]:
         self._anomalies.append(event)
+        if event.kind is AnomalyKind.SYNTHESIZED_ID and event.key is not None:
+            self._made_up_ids.add(event.key)
         if event.fails_pending:
             detail = f"an event of the stream was lost while the call was pending: {event.detail}"
             pending = (CallState.OPEN, CallState.ARGS_COMPLETE)
@@ -425,7 +436,7 @@ class Assembler:
         may stop reading (the pipeline does)."""
         return self._overflow
 
-    def _overflowed(self, kind: AnomalyKind, detail: str) -> list[Notice]:
+    def _overflowed(self, kind: AnomalyKind, detail: str) -> list[CallUpdate]:
         """A bound on what one round may hold was passed: the stream fails now, with every
         undecided call (``stream_interrupted``, as at the end), and nothing new is kept from
         here on: no choice, no call, no fragment (see :attr:`sealed`)."""
@@ -444,12 +455,12 @@ class Assembler:
     def _record(self, kind: AnomalyKind, detail: str, key: CallKey | None = None) -> None:
         self._anomalies.append(Anomaly(kind=kind, detail=detail, key=key))
 
-    def _violate(self, buf: CallBuffer, kind: AnomalyKind, detail: str) -> list[Notice]:
+    def _violate(self, buf: CallBuffer, kind: AnomalyKind, detail: str) -> list[CallUpdate]:
         return self._fail(buf, ErrorCode.PROTOCOL_VIOLATION, detail, kind)
 
     def _fail(
         self, buf: CallBuffer, code: ErrorCode, detail: str, kind: AnomalyKind | None = None
-    ) -> list[Notice]:
+    ) -> list[CallUpdate]:
         if kind is not None:
             self._record(kind, detail, buf.key)
         if not buf.fail(code, detail):
@@ -523,13 +534,16 @@ class Assembler:
                 )
             else:
                 self._decide(buf)
-        records = {id(b): _record_of(b) for b in choice.calls}
-        content: list[Segment] = []
+        records = {
+            id(b): _record_of(b, b.key in self._made_up_ids, self._extras.get(b.key))
+            for b in choice.calls
+        }
+        content: list[ContentItem] = []
         for kind, item in choice.content:
             if kind == "call":
                 content.append(records[id(item)])
             elif kind == "text":
-                content.append(TextSegment(block=item[0], text="".join(item[1])))
+                content.append(TextRun(block=item[0], text="".join(item[1])))
             else:
                 content.append(item)
         return Choice(
@@ -620,12 +634,14 @@ def _unique_id(wanted: str, taken: set[str]) -> str:
     return found
 
 
-def _record_of(buf: CallBuffer) -> CallRecord:
+def _record_of(buf: CallBuffer, id_made_up: bool, extras: Mapping[str, Any] | None) -> CallRecord:
+    """The finalized record of a decided call; a call the stream gave no id gets one."""
     committed = buf.committed
     return CallRecord(
         key=buf.key,
         position=buf.position,
-        call_id=buf.call_id,
+        call_id=buf.call_id or made_up_call_id(buf.key, buf.position),
+        id_made_up=id_made_up or buf.call_id is None,
         name=buf.name,
         state=buf.state,
         arguments_text=buf.text(),
@@ -633,4 +649,5 @@ def _record_of(buf: CallBuffer) -> CallRecord:
         error=buf.error,
         detail=buf.detail,
         committed=committed,
+        extras=NO_EXTRAS if extras is None else MappingProxyType(dict(extras)),
     )

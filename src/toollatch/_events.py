@@ -94,7 +94,8 @@ class AnomalyKind(StrEnum):
     FRAMING_ERROR = "framing_error"
     """The transport bytes could not be framed (size limit, corrupt binary frame)."""
     SYNTHESIZED_ID = "synthesized_id"
-    """The provider sent no call id; toollatch made a stable one up."""
+    """The provider sent no call id; toollatch made a stable one up (the anomaly's ``key``
+    names the call, whose ``CallRecord.id_made_up`` is then true)."""
     UNSAFE_NUMBER = "unsafe_number"
     """An integer above 2**53 arrived through a double-precision channel."""
     WRAPPER_EXPANDED = "wrapper_expanded"
@@ -183,6 +184,11 @@ class ReasoningBlock:
     data: Mapping[str, Any]
     """The block in the provider's own history format (e.g. Anthropic ``thinking`` with its
     ``signature``, a Responses ``reasoning`` item with ``encrypted_content``)."""
+    call: CallKey | None = None
+    """Set when the block is not an item of its own but fields of that call's history entry
+    (a Gemini ``thoughtSignature`` on a ``functionCall`` part, a chat tool call's
+    ``extra_content``): ``data`` holds those fields and becomes the call's
+    ``CallRecord.extras``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from ._adapters._base import Adapter
-from ._assembler import Assembler, Notice
+from ._assembler import Assembler, CallUpdate
 from ._errors import StreamDecodeError, UsageError
 from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
 from ._eventstream import EventStreamDecoder
@@ -104,13 +104,13 @@ class StreamParser:
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
         self._feed_fragment = self.assembler.feed_fragment
-        self._notices: list[Notice] = []  # found while the decoder walks one read
+        self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error: input is ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
-        self.finish_notices: list[Notice] = []
+        self.finish_notices: list[CallUpdate] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
-    def feed(self, data: bytes) -> list[Notice]:
+    def feed(self, data: bytes) -> list[CallUpdate]:
         """Feed raw transport bytes (any split); returns notices of early call failures.
 
         Raises:
@@ -139,13 +139,13 @@ class StreamParser:
         if found:
             self._notices += found
 
-    def feed_frames(self, frames: Iterable[Frame]) -> list[Notice]:
+    def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """Feed already-decoded frames (the same rules as :meth:`feed`)."""
         if self._closed is not None or self._broken:
             return self._ignored("feed_frames")
         return self._frames(frames)
 
-    def feed_event(self, native: object) -> list[Notice]:
+    def feed_event(self, native: object) -> list[CallUpdate]:
         """Feed one native event (a dict, or an official SDK's event object); the same rules
         as :meth:`feed`."""
         if self._closed is not None or self._broken:
@@ -172,15 +172,15 @@ class StreamParser:
             self._closed = "cancel()"
         return self.assembler.cancel(reason)
 
-    def _ignored(self, method: str) -> list[Notice]:
+    def _ignored(self, method: str) -> list[CallUpdate]:
         """``[]`` for input after a framing error; the UsageError for input after the end."""
         if self._closed is not None:
             raise UsageError(f"StreamParser.{method}() called after {self._closed}")
         return []
 
-    def _frames(self, frames: Iterable[Frame]) -> list[Notice]:
+    def _frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """The stages in turn for each frame (every event recorded with ``keep_events``)."""
-        notices: list[Notice] = []
+        notices: list[CallUpdate] = []
         adapter_feed, asm_feed, log = self.adapter.feed_frame, self.assembler.feed, self.events
         for frame in frames:
             for event in adapter_feed(frame):
@@ -191,15 +191,15 @@ class StreamParser:
                     notices.extend(found)
         return notices
 
-    def _apply(self, events: list[StreamEvent]) -> list[Notice]:
-        notices: list[Notice] = []
+    def _apply(self, events: list[StreamEvent]) -> list[CallUpdate]:
+        notices: list[CallUpdate] = []
         for event in events:
             if self.events is not None:
                 self.events.append(event)
             notices.extend(self.assembler.feed(event))
         return notices
 
-    def _framing_failed(self, exc: StreamDecodeError) -> list[Notice]:
+    def _framing_failed(self, exc: StreamDecodeError) -> list[CallUpdate]:
         """The one boundary for framing errors: the stream failed; later input is ignored."""
         self._broken = True
         return self._apply(
