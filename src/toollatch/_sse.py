@@ -193,7 +193,8 @@ class SSEDecoder:
             # that starts the next chunk. Every other CR and CRLF becomes one LF here.
             self._skip_lf = data[-1] == 13
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
+        # data[:end] is complete lines; the rest stays pending
+        end = len(data) if data.endswith(b"\n") else data.rfind(b"\n") + 1
         partial = self._partial
         if not end:
             # No line end: extend the pending line in place (no copy of what is pending).
@@ -215,47 +216,55 @@ class SSEDecoder:
                 raise
             self._pending = exc  # the events before it first (see the module docstring)
             return
-        partial += memoryview(data)[end:]
+        if end < len(data):
+            partial += memoryview(data)[end:]
 
     def _walk(self, data: bytes, end: int, emit: Emit) -> None:
-        """Apply the complete lines ``data[:end]`` from blank line to blank line, handing
-        over one-line events directly (see the module docstring) and splitting the rest."""
-        pos = 0
+        """Apply the complete lines ``data[:end]`` in order: a one-line event (the kept head
+        or another, a value without LF, the blank line) starting with nothing pending goes
+        over as it is; anything else is split into lines up to the next blank line."""
+        pos, find, limit = 0, data.find, self._fast_max_bytes
         clean = not (self._data or self._event)  # nothing pending: a one-line event may start
-        limit = self._fast_max_bytes
-        find = data.find
-        while (stop := find(b"\n\n", pos, end)) >= 0:
-            if clean and stop + 2 - pos <= limit:
-                start = self._one_line(data, pos, stop)
+        while pos < end:
+            if clean:
+                head = self._head
+                start = pos + len(head) if data.startswith(head, pos) else 0
+                if not start:
+                    start = self._one_line(data, pos, end)
                 if start:
-                    self._dispatched += 1
-                    emit(self._head_event, data[start:stop])
-                    pos = stop + 2
-                    continue
+                    line_end = find(b"\n", start)  # (< end: data[end - 1] is a LF)
+                    if (
+                        line_end + 1 < end
+                        and data[line_end + 1] == 10
+                        and line_end + 2 - pos <= limit
+                    ):
+                        self._dispatched += 1
+                        emit(self._head_event, data[start:line_end])
+                        pos = line_end + 2
+                        continue
+            stop = find(b"\n\n", pos, end)
+            if stop < 0:
+                self._lines(data[pos : end - 1], emit)
+                return
             self._lines(data[pos : stop + 1], emit)  # ends with a blank line: clean after it
             clean = True
             pos = stop + 2
-        if pos < end:
-            self._lines(data[pos : end - 1], emit)
 
     def _one_line(self, data: bytes, pos: int, stop: int) -> int:
-        """Where the value starts when ``data[pos:stop]`` is one ``data: `` line after at most
-        one ``event: <name>`` line (the head, kept with its type as ``_head``); else 0."""
-        if data.startswith(self._head, pos):
-            start = pos + len(self._head)
-        elif data.startswith(b"data: ", pos):
+        """Where the value starts when ``data[pos:stop]`` starts with a head other than the
+        kept one: ``data: ``, or one ``event: <name>`` line and ``data: `` (it is kept, with
+        its type, as ``_head``); else 0. The caller checks the line and blank line after."""
+        if data.startswith(b"data: ", pos):
             self._head, self._head_event = b"data: ", "message"
-            start = pos + 6
-        elif data.startswith(b"event: ", pos):
+            return pos + 6
+        if data.startswith(b"event: ", pos):
             line_end = data.find(b"\n", pos, stop)
             if line_end < 0 or not data.startswith(b"data: ", line_end + 1):
                 return 0
             name = data[pos + 7 : line_end].decode("utf-8", "surrogateescape")
             self._head, self._head_event = data[pos : line_end + 7], name or "message"
-            start = line_end + 7
-        else:
-            return 0
-        return 0 if data.find(b"\n", start, stop) >= 0 else start
+            return line_end + 7
+        return 0
 
     def finish(self) -> list[Frame]:
         """Signal the end of the body; return the last event if it lacked its blank line.
