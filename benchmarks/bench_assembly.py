@@ -65,7 +65,6 @@ from anthropic._models import construct_type as anthropic_construct
 from anthropic._streaming import SSEDecoder as AnthropicSSEDecoder
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
-from langchain_core.messages import AIMessageChunk
 from openai import omit
 from openai._models import construct_type as openai_construct
 from openai._streaming import SSEDecoder as OpenAISSEDecoder
@@ -74,7 +73,13 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 
-from toollatch import CallState, Limits, StreamParser
+try:
+    from langchain_core.messages import AIMessageChunk
+except ImportError:  # (optional: the table leaves its columns out; --reads never needs it)
+    AIMessageChunk = None
+
+import toollatch
+from toollatch import CallState, Gate, Limits, PreviewPolicy, StreamParser, ToolPreview
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -615,7 +620,8 @@ PROVIDERS = {
             lambda frags, _obj, rng: stream_openai_chat(frags, rng),
             make_floor(_pick_chat),
             make_toollatch("openai_chat"),
-            {"openai SDK": run_openai_chat_sdk, "langchain-core": run_langchain_openai_chat},
+            {"openai SDK": run_openai_chat_sdk}
+            | ({"langchain-core": run_langchain_openai_chat} if AIMessageChunk else {}),
         ),
         Provider(
             "anthropic",
@@ -623,7 +629,8 @@ PROVIDERS = {
             lambda frags, _obj, rng: stream_anthropic(frags, rng),
             make_floor(_pick_anthropic),
             make_toollatch("anthropic"),
-            {"anthropic SDK": run_anthropic_sdk, "langchain-core": run_langchain_anthropic},
+            {"anthropic SDK": run_anthropic_sdk}
+            | ({"langchain-core": run_langchain_anthropic} if AIMessageChunk else {}),
         ),
         Provider(
             "openai_responses",
@@ -859,6 +866,228 @@ def profile_toollatch(provider: Provider, size: int, seed: int, top: int = 15) -
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
     return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Read sizes, previews and the per-request gateway (--reads)
+# ---------------------------------------------------------------------------------------------
+
+READ_SHAPES = ("one event", "16 KiB", "whole stream")
+"""How a stream is cut into network reads: one event per read (as the table above), 16 KiB
+reads (cut anywhere, as a socket delivers them), or the whole stream in one read."""
+READ_PROVIDERS = ("openai_chat", "anthropic", "openai_responses", "bedrock")
+"""The providers with a per-call fragment path (Gemini sends a call whole)."""
+READ_ROUNDS = 5
+
+
+def reshape(reads: list[bytes], shape: str) -> list[bytes]:
+    """``reads`` (one event each) cut as ``shape`` says (see ``READ_SHAPES``)."""
+    if shape == "one event":
+        return reads
+    blob = b"".join(reads)
+    if shape == "whole stream":
+        return [blob]
+    step = 16 * KIB
+    return [blob[i : i + step] for i in range(0, len(blob), step)]
+
+
+def make_toollatch_previews(provider: str, framing: str, preview: Any) -> Contender:
+    """:func:`make_toollatch` with previews on (``PreviewUpdated`` notices produced, dropped)."""
+
+    def run(reads: Sequence[bytes], deadline: float) -> Outcome:
+        parser = StreamParser(
+            provider,  # type: ignore[arg-type]
+            framing=framing,  # type: ignore[arg-type]
+            limits=LIMITS,
+            previews=PreviewPolicy(default=preview),
+        )
+        for read in reads:
+            parser.feed(read)
+        calls = parser.finish().calls
+        assert len(calls) == 1
+        assert calls[0].state is CallState.COMMITTED
+        return Outcome(calls[0].arguments, len(reads))
+
+    return run
+
+
+def _sample(fn: Contender, reads: list[bytes], expected: Any, runs: int) -> float:
+    """Seconds for ``runs`` back-to-back runs (collected before each; arguments checked)."""
+    total = 0.0
+    for _ in range(runs):
+        gc.collect()
+        start = time.perf_counter()
+        out = fn(reads, math.inf)
+        total += time.perf_counter() - start
+        if _as_plain(out.arguments) != expected:
+            raise SystemExit("FAIL: a contender produced different arguments (--reads)")
+    return total
+
+
+def read_size_row(
+    contenders: dict[str, Contender], built: dict[int, tuple[list[bytes], Any, int]], rounds: int
+) -> dict[str, dict[int, float]]:
+    """Best time per run of each contender at both ``GROWTH_SIZES``: every round takes each
+    contender's samples back to back in the order small, big, big, small (a small sample is
+    ``big // small`` runs, so samples last alike; see :func:`measure_growth`)."""
+    small, big = GROWTH_SIZES
+    runs = {small: big // small, big: 1}
+    best = {name: {small: math.inf, big: math.inf} for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            for size in (small, big, big, small):
+                reads, expected, _ = built[size]
+                t = _sample(fn, reads, expected, runs[size]) / runs[size]
+                best[name][size] = min(best[name][size], t)
+    return best
+
+
+def reads_report(opts: argparse.Namespace) -> list[str]:
+    """The read-size table (toollatch / floor at 1 MiB and the growth exponent, per provider
+    and read shape), the previews rows and the gateway rows."""
+    rounds = opts.repeats or READ_ROUNDS
+    small, big = GROWTH_SIZES
+    scale = math.log(big / small)
+    lines = [
+        "### Read sizes (1 MiB of arguments; exponent 256 KiB -> 1 MiB)",
+        "",
+        "| Provider | Reads | Floor ms | toollatch ms | toollatch / floor | exponent (floor) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    worst, worst_k = 0.0, 0.0
+    names = [n for n in opts.providers if n in READ_PROVIDERS]
+    for name in names:
+        provider = PROVIDERS[name]
+        framing = "jsonl" if name == "bedrock" else "sse"
+        cases = {size: build_case(provider, size, opts.seed) for size in GROWTH_SIZES}
+        for shape in READ_SHAPES:
+            built = {s: (reshape(r, shape), e, b) for s, (r, e, b) in cases.items()}
+            contenders = {"floor": provider.floor, "toollatch": make_toollatch(name, framing)}
+            best = read_size_row(contenders, built, rounds)
+            ratio_ = best["toollatch"][big] / best["floor"][big]
+            k = {n: math.log(t[big] / t[small]) / scale for n, t in best.items()}
+            worst, worst_k = max(worst, ratio_), max(worst_k, k["toollatch"])
+            row = (
+                f"| {name} | {shape} | {fmt_ms(best['floor'][big])} "
+                f"| {fmt_ms(best['toollatch'][big])} | {ratio_:.2f}x "
+                f"| {k['toollatch']:.2f} ({k['floor']:.2f}) |"
+            )
+            print(row, file=sys.stderr, flush=True)
+            lines.append(row)
+    lines += [
+        "",
+        f"- worst toollatch / floor: **{worst:.2f}x** (target <= 1.3x: "
+        f"{'met' if worst <= 1.3 else 'NOT met'}); worst exponent **{worst_k:.2f}** "
+        f"(target <= 1.05: {'met' if worst_k <= 1.05 else 'NOT met'})",
+        f"- best of {rounds} rounds, each timing floor then toollatch at 256 KiB and 1 MiB "
+        "(small, big, big, small; a 256 KiB sample is 4 runs in a row); gc on, collected "
+        "before each run",
+        "",
+    ]
+    lines += previews_report(names, opts, rounds)
+    lines += gateway_report(opts)
+    return lines
+
+
+def previews_report(names: Sequence[str], opts: argparse.Namespace, rounds: int) -> list[str]:
+    """toollatch with previews on (``full``, and ``fields`` showing ``/path``) / the floor."""
+    modes = {
+        "full": ToolPreview(mode="full"),
+        "fields": ToolPreview(mode="fields", fields=("/path",)),
+    }
+    lines = [
+        "### Previews on (1 MiB of arguments, one event per read; default every_bytes)",
+        "",
+        "| Provider | Floor ms | full ms | full / floor | fields ms | fields / floor |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    big = GROWTH_SIZES[1]
+    worst = 0.0
+    for name in names:
+        provider = PROVIDERS[name]
+        framing = "jsonl" if name == "bedrock" else "sse"
+        built = build_case(provider, big, opts.seed)
+        contenders = {"floor": provider.floor}
+        for mode, preview in modes.items():
+            contenders[mode] = make_toollatch_previews(name, framing, preview)
+        best = dict.fromkeys(contenders, math.inf)
+        for _ in range(rounds):
+            for n, fn in contenders.items():
+                best[n] = min(best[n], _sample(fn, built[0], built[1], 1))
+        cells = [fmt_ms(best["floor"])]
+        for mode in modes:
+            worst = max(worst, best[mode] / best["floor"])
+            cells += [fmt_ms(best[mode]), f"{best[mode] / best['floor']:.2f}x"]
+        row = f"| {name} | " + " | ".join(cells) + " |"
+        print(row, file=sys.stderr, flush=True)
+        lines.append(row)
+    verdict = "met" if worst <= 1.5 else "NOT met"
+    return [*lines, "", f"- worst: **{worst:.2f}x** (target <= 1.5x: {verdict})", ""]
+
+
+def gateway_tools(count: int = 20) -> list[dict[str, Any]]:
+    """``count`` distinct tool dicts with small object schemas (``write_file`` among them)."""
+    tools = []
+    for i in range(count):
+        props: dict[str, Any] = {f"field_{j}": {"type": "string"} for j in range(4)}
+        props["limit"] = {"type": "integer", "minimum": 0}
+        tools.append(
+            {
+                "name": TOOL_NAME if i == 0 else f"tool_{i}",
+                "description": f"tool number {i}",
+                "parameters": {"type": "object", "properties": props},
+            }
+        )
+    tools[0]["parameters"] = {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["path", "content"],
+    }
+    return tools
+
+
+def gateway_report(opts: argparse.Namespace) -> list[str]:
+    """A gateway that builds a parser per request from 20 tool dicts, against one that
+    shares a :class:`Gate`: microseconds per request (build, feed a 1 KiB stream, finish)."""
+    tools = gateway_tools()
+    gate = Gate(tools, limits=LIMITS)
+    provider = PROVIDERS["openai_chat"]
+    reads, expected, _ = build_case(provider, KIB, opts.seed)
+
+    def per_request(shared: bool) -> float:
+        start = time.perf_counter()
+        for _ in range(200):
+            if shared:
+                parser = StreamParser("openai_chat", gate=gate)
+            else:
+                parser = StreamParser("openai_chat", tools=tools, limits=LIMITS)
+            for read in reads:
+                parser.feed(read)
+            (call,) = parser.finish().committed()
+            assert call.arguments == expected
+        return (time.perf_counter() - start) / 200
+
+    best = {True: math.inf, False: math.inf}
+    per_request(True)
+    per_request(False)  # (compiles the schemas once: the cache is per process)
+    for _ in range(opts.repeats or 9):
+        for shared in (True, False):
+            gc.collect()
+            best[shared] = min(best[shared], per_request(shared))
+    ratio_ = best[False] / best[True]
+    verdict = "met" if ratio_ <= 1.3 else "NOT met"
+    return [
+        "### Gateway: a parser per request (OpenAI chat, 1 KiB of arguments, 20 tools)",
+        "",
+        "| Parser built with | us per request |",
+        "|---|---:|",
+        f"| a shared `Gate` | {best[True] * 1e6:.0f} |",
+        f"| `tools=` 20 dicts | {best[False] * 1e6:.0f} |",
+        "",
+        f"- per-request tools / shared gate: **{ratio_:.2f}x** (target <= 1.3x: {verdict}); "
+        f"best of {opts.repeats or 9} batches of 200 requests, alternating",
+        "",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1160,6 +1389,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="rewrite benchmarks/README.md (default: yes unless --quick)",
     )
     parser.add_argument(
+        "--reads",
+        action="store_true",
+        help="only the read-size table (one event, 16 KiB, whole stream), previews on and "
+        "the per-request gateway case (a few minutes; prints, never rewrites the README)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also print a cProfile (top 15 by own time) of toollatch at 256 KiB "
@@ -1188,6 +1423,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     load_start = os.getloadavg()
     source = source_state()
+    if opts.reads:
+        print(f"toollatch from {Path(toollatch.__file__).parent}", file=sys.stderr)
+        warm_up([PROVIDERS[name] for name in opts.providers], opts.seed)
+        body = reads_report(opts)
+        print("\n".join([*body, "### Machine", "", *machine_lines(opts, load_start, source)]))
+        return 0
     global _SRC_AT_START  # noqa: PLW0603 - one run per process
     _SRC_AT_START = _src_tree()
     warm_up([PROVIDERS[name] for name in opts.providers], opts.seed)
