@@ -22,6 +22,7 @@ from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
 from toollatch._sse import Emit, SSEDecoder
+from toollatch.testing import summary
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -708,3 +709,32 @@ def test_a_stream_that_fails_gives_the_same_round_at_every_chunking() -> None:
     assert content
     for reads in (per_event(stream), bytewise(stream), fixed_size(stream, 13)):
         assert _round_summary(reads, limits) == whole
+
+
+_NAMED = (Path(__file__).resolve().parents[1] / "examples"
+          / "anthropic_truncated_at_max_tokens.sse").read_bytes()
+
+
+def test_every_read_boundary_of_a_named_event_stream_gives_the_frames_of_one_read():
+    # A read that started at a line end and stopped inside the "data: " line after an
+    # "event:" line looped forever (the value's start lay in the pending line): every read
+    # that starts at a LF and ends within the next 300 bytes is tried, between two others.
+    whole = SSEDecoder()
+    expected = whole.feed(_NAMED) + whole.finish()
+    assert len(expected) > 5
+    starts = [i for i, byte in enumerate(_NAMED) if byte == 10]
+    for a in starts:
+        for b in range(a + 1, min(a + 300, len(_NAMED)) + 1):
+            decoder = SSEDecoder()
+            frames = [*decoder.feed(_NAMED[:a]), *decoder.feed(_NAMED[a:b])]
+            frames += decoder.feed(_NAMED[b:]) + decoder.finish()
+            assert frames == expected, (a, b)
+    one = StreamParser("anthropic")
+    one.feed(_NAMED)
+    reference = summary(one.finish())
+    for a in starts:
+        for b in range(a + 1, min(a + 120, len(_NAMED)) + 1, 7):
+            parser = StreamParser("anthropic")
+            for piece in (_NAMED[:a], _NAMED[a:b], _NAMED[b:]):
+                parser.feed(piece)
+            assert summary(parser.finish()) == reference, (a, b)

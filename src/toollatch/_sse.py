@@ -232,9 +232,12 @@ class SSEDecoder:
                 if not start:
                     start = self._one_line(data, pos, end)
                 if start:
-                    line_end = find(b"\n", start)  # (< end: data[end - 1] is a LF)
+                    # (the head may end past ``end``: its value then starts in the pending
+                    # line, and no LF of the complete lines follows it)
+                    line_end = find(b"\n", start, end)
                     if (
-                        line_end + 1 < end
+                        line_end >= 0
+                        and line_end + 1 < end
                         and data[line_end + 1] == 10
                         and line_end + 2 - pos <= limit
                     ):
