@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch import CallState, ErrorCode, Round, StreamParser
+from toollatch import CallState, ErrorCode, Limits, Round, StreamParser
 from toollatch._adapters import gemini
 from toollatch._adapters.gemini import GeminiAdapter, _serialize
 from toollatch._events import (
@@ -1350,3 +1350,19 @@ def test_corpus_list_covers_every_gemini_recording() -> None:
     root = corpus()
     expected = json.loads((root / "expected.json").read_text(encoding="utf-8"))
     assert {k for k, v in expected.items() if v["format"] == "gemini"} == set(GEMINI_FILES)
+
+
+def test_the_byte_limit_fails_a_streamed_call_as_its_updates_arrive() -> None:
+    # ArgsMeasured: the assembler's own Limits.max_argument_bytes, applied before the close
+    # (the text does not exist until then), within 4 KiB of where the limit falls.
+    parser = StreamParser("gemini", limits=Limits(max_argument_bytes=10_000))
+    assert parser.feed(sse(OPEN_W)) == []
+    piece = sse(chunk(partial({"jsonPath": "$.s", "stringValue": "x" * 1000, "willContinue": True})))
+    failed_at = next(i for i in range(30) if parser.feed(piece))
+    assert 10 <= failed_at < 15
+    round_ = parser.finish()
+    assert outcome(round_) == [("write", CallState.FAILED, ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)]
+    under = StreamParser("gemini", limits=Limits(max_argument_bytes=10_000))
+    for data in (sse(OPEN_W), *[piece] * 5, sse(PATH_END, TERMINATOR, END)):
+        assert under.feed(data) == []
+    assert outcome(under.finish()) == [("write", CallState.COMMITTED, None)]

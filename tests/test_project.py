@@ -118,8 +118,8 @@ SURFACES = {
         "UsageError", "load_tools",
     ],
     "toollatch.events": [
-        "Anomaly", "AnomalyKind", "ArgsDelta", "CallClosed", "CallIdentified", "CallKey",
-        "CallOpened", "ReasoningBlock", "RoundEnd", "RoundEnded", "ServerToolBlock", "StreamEvent",
+        "Anomaly", "AnomalyKind", "ArgsDelta", "ArgsMeasured", "CallClosed", "CallIdentified",
+        "CallKey", "CallOpened", "ReasoningBlock", "RoundEnd", "RoundEnded", "ServerToolBlock", "StreamEvent",
         "StreamFailed", "TextDelta", "UsageReported",
     ],
     "toollatch.decoders": ["EventStreamDecoder", "Frame", "JSONLinesDecoder", "SSEDecoder"],

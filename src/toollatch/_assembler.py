@@ -45,6 +45,7 @@ from ._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
+    ArgsMeasured,
     CallClosed,
     CallIdentified,
     CallKey,
@@ -173,6 +174,8 @@ class Assembler:
                 return self._on_identified(event.key, event.call_id, event.name)
             case CallClosed():
                 return self._on_close(event)
+            case ArgsMeasured():
+                return self._on_measured(event)
             case TextDelta():
                 self._on_text(event)
             case ReasoningBlock(call=CallKey() as key) if key in self._buffers:
@@ -260,6 +263,19 @@ class Assembler:
         if tracker.feed(fragment, size):
             return [tracker.release(buf.key, buf.call_id, buf.name)]
         return []
+
+    def _on_measured(self, event: ArgsMeasured) -> list[CallUpdate]:
+        buf = self._buffers.get(event.key)
+        limit = self.limits.max_argument_bytes
+        if buf is None or buf.state is not CallState.OPEN or event.nbytes <= limit:
+            return []
+        buf.fragments.clear()
+        return self._fail(
+            buf,
+            ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
+            f"arguments exceed {limit} bytes",
+            AnomalyKind.ARGUMENTS_TOO_LARGE,
+        )
 
     def _preview_final(self, buf: CallBuffer) -> list[CallUpdate]:
         """The last preview of a call that will get no more fragments (if it had previews)."""

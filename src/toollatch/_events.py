@@ -204,6 +204,18 @@ class ServerToolBlock:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ArgsMeasured:
+    """At least ``nbytes`` of argument text are coming for an open call whose arguments the
+    provider streams as a tree of updates, not as text (Vertex ``partialArgs``): the byte
+    limit applies as they arrive, before the text exists."""
+
+    key: CallKey
+    """The call being measured."""
+    nbytes: int
+    """A lower bound on the size of the call's argument text, in UTF-8 bytes."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UsageReported:
     """Token usage as the provider reported it (its own shape, unchanged)."""
 
@@ -260,6 +272,7 @@ StreamEvent = (
     | CallOpened
     | CallIdentified
     | ArgsDelta
+    | ArgsMeasured
     | CallClosed
     | ReasoningBlock
     | ServerToolBlock

@@ -55,12 +55,12 @@ from typing import Any, ClassVar, Final
 
 import orjson
 
-from toollatch._adapters._base import Adapter, error_detail, lost_event, short
-from toollatch._errors import ErrorCode
-from toollatch._events import (
+from .._errors import ErrorCode
+from .._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
+    ArgsMeasured,
     CallClosed,
     CallKey,
     CallOpened,
@@ -73,6 +73,7 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
+from ._base import Adapter, error_detail, lost_event, short
 
 __all__ = ["GeminiAdapter"]
 
@@ -107,6 +108,10 @@ _MAX_STREAMED_CHARS: Final = 16 * 1024 * 1024
 ``Limits.max_event_bytes`` default, i.e. no streamed call may grow past what one whole
 call in one SSE event could carry by default. Over it the call fails
 ``arguments_exceed_max_bytes`` and its tree is dropped."""
+
+_MEASURE_STEP: Final = 4096
+"""Growth of a streamed call's size bound between two ``ArgsMeasured`` events: the limit
+applies within 4 KiB of where it falls, with one event per 4 KiB at most."""
 
 _PATH_SEGMENT = re.compile(r"\.([^\W\d]\w*)|\[(0|[1-9]\d*)\]|\['([^'\\]*)'\]|\[\"([^\"\\]*)\"\]")
 """One JSONPath (RFC 9535) segment of the subset Vertex uses: ``.name``, ``[2]``, ``['name']``
@@ -362,6 +367,8 @@ class _Call:
     nbytes: int = 0
     """A lower bound on the argument text's size (see :func:`_weight`), kept as updates
     arrive."""
+    measured: int = 0
+    """``nbytes`` as last told to the assembler (``ArgsMeasured``)."""
     failed: bool = False
     """A bad update failed the call; its remaining parts are absorbed silently."""
 
@@ -709,10 +716,14 @@ class GeminiAdapter(Adapter):
         Hook: the assembler owns ``Limits.max_argument_bytes``. Once the stream vocabulary
         has an event saying "at least n bytes of argument text are coming for this call",
         this returns it whenever ``call.nbytes`` grew, and the assembler fails the call as
-        soon as n is over its limit. Until then it enforces the ``_MAX_STREAMED_CHARS``
-        backstop itself."""
+        soon as n is over its limit: ``ArgsMeasured`` each time the bound grew by
+        ``_MEASURE_STEP`` (the final text is measured exactly at the close anyway). The
+        ``_MAX_STREAMED_CHARS`` backstop bounds what the adapter itself holds."""
         if call.nbytes <= _MAX_STREAMED_CHARS:
-            return []
+            if call.nbytes - call.measured < _MEASURE_STEP:
+                return []
+            call.measured = call.nbytes
+            return [ArgsMeasured(key=call.key, nbytes=call.nbytes)]
         call.drop()
         return [
             Anomaly(
