@@ -21,63 +21,37 @@ payload's ``type`` for Anthropic, which is how those APIs send them.
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from conftest import CORPUS, corpus_dir
+from sdk_clients import client
 from toollatch import CallState, Round
 from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode
-from toollatch.events import AnomalyKind, RoundEnd, ReasoningBlock, ServerToolBlock
+from toollatch.events import AnomalyKind, ReasoningBlock, RoundEnd, ServerToolBlock
 from toollatch.testing import replay, sse
 from toollatch.messages import assistant_messages, error_results
 
 # -- running the SDKs on recorded bytes --------------------------------------------------------
 
 
-def _http_library(sdk: ModuleType) -> ModuleType:
-    """The HTTP client library the SDK is built on (``httpx``, or ``httpx2`` in newer ones)."""
-    base = sdk.DefaultHttpxClient.__mro__[1]
-    return importlib.import_module(base.__module__.split(".")[0])
-
-
-def _client(sdk: ModuleType, body: bytes) -> Any:
-    """An SDK client whose every request is answered with ``body`` as an SSE stream."""
-    http = _http_library(sdk)
-
-    def answer(request: Any) -> Any:
-        return http.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    client_class = sdk.OpenAI if sdk.__name__ == "openai" else sdk.Anthropic
-    return client_class(
-        api_key="test-key",
-        base_url="http://sdk.invalid",
-        http_client=sdk.DefaultHttpxClient(transport=http.MockTransport(answer)),
-        max_retries=0,
-    )
-
-
 def sdk_chat(body: bytes) -> Any:
-    openai = pytest.importorskip("openai")
-    with _client(openai, body).chat.completions.stream(model="m", messages=[]) as stream:
+    with client("openai", body).chat.completions.stream(model="m", messages=[]) as stream:
         return stream.get_final_completion()
 
 
 def sdk_responses(body: bytes) -> Any:
-    openai = pytest.importorskip("openai")
-    with _client(openai, body).responses.stream(model="m", input="hi") as stream:
+    with client("openai", body).responses.stream(model="m", input="hi") as stream:
         return stream.get_final_response()
 
 
 def sdk_anthropic(body: bytes) -> Any:
-    anthropic = pytest.importorskip("anthropic")
-    messages = _client(anthropic, body).messages
+    messages = client("anthropic", body).messages
     with messages.stream(model="m", max_tokens=16, messages=[]) as stream:
         return stream.get_final_message()
 

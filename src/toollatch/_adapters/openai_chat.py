@@ -44,7 +44,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, round_end
+from ._base import Adapter, error_detail, lost_event, round_end
 
 _ENDINGS: dict[str, RoundEnd] = {
     "tool_calls": RoundEnd.NORMAL,
@@ -106,21 +106,14 @@ class OpenAIChatAdapter(Adapter):
             late: list[StreamEvent] = [
                 Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="chunk after [DONE]")
             ]
-            choices = event.get("choices")
-            for choice in choices if isinstance(choices, list) else ():
-                if isinstance(choice, dict):
-                    self._choice_events(choice, late)
+            self._choices_events(event.get("choices"), late)
             return late
         if "error" in event and not event.get("choices"):
             return [StreamFailed(detail=error_detail(event))]
         out: list[StreamEvent] = []
-        choices = event.get("choices")
         # Q21: Azure content-filter results (empty "object") and usage-only chunks have no
         # choices; openai-python's _is_valid_chat_completion_chunk_weak skips them too.
-        if choices and isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict):
-                    self._choice_events(choice, out)
+        self._choices_events(event.get("choices"), out)
         usage = event.get("usage")
         if isinstance(usage, dict) and usage:
             out.append(UsageReported(usage=usage))
@@ -168,14 +161,31 @@ class OpenAIChatAdapter(Adapter):
         calls.last = slot
         return slot.key, args
 
+    def _choices_events(self, choices: object, out: list[StreamEvent]) -> None:
+        """Rule "unreadable_is_lost": a member the chunk has but that cannot be read (a
+        ``choices`` that is not a list, a choice or tool-call entry that is not an object, an
+        index, ``delta``, ``tool_calls`` or ``function`` of the wrong type) may have carried a
+        fragment of any call: a lost event. ``null`` is read as "not sent"."""
+        if choices is None:
+            return
+        if not isinstance(choices, list):
+            out.append(lost_event(f"choices is {type(choices).__name__}, not a list"))
+            return
+        for choice in choices:
+            if isinstance(choice, dict):
+                self._choice_events(choice, out)
+            else:
+                out.append(lost_event(f"a choice is {type(choice).__name__}, not an object"))
+
     def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index = choice.get("index", 0)
-        if not isinstance(index, int):
-            index = 0
+        delta = choice.get("delta")
+        if type(index) is not int or not (delta is None or isinstance(delta, dict)):
+            out.append(lost_event("a choice's index or delta cannot be read"))
+            return
         calls = self._choices.get(index)
         if calls is None:
             calls = self._choices[index] = _ChoiceCalls()
-        delta = choice.get("delta")
         if isinstance(delta, dict):
             if index in self._ended or self._saw_done:
                 self._after_end(index, calls, delta, out)
@@ -201,10 +211,19 @@ class OpenAIChatAdapter(Adapter):
                 detail="tool-call delta after the choice's finish_reason",
             )
         )
-        if isinstance(tool_calls, list):
-            for entry in tool_calls:
-                if isinstance(entry, dict):
-                    self._tool_call_events(index, calls, entry, out)
+        self._tool_calls_events(index, calls, tool_calls, out)
+
+    def _tool_calls_events(
+        self, index: int, calls: _ChoiceCalls, tool_calls: object, out: list[StreamEvent]
+    ) -> None:
+        if not isinstance(tool_calls, list):
+            out.append(lost_event("tool_calls is not a list"))
+            return
+        for entry in tool_calls:
+            if isinstance(entry, dict):
+                self._tool_call_events(index, calls, entry, out)
+            else:
+                out.append(lost_event("a tool_calls entry is not an object"))
 
     def _delta_events(
         self, index: int, calls: _ChoiceCalls, delta: Mapping[str, Any], out: list[StreamEvent]
@@ -218,24 +237,28 @@ class OpenAIChatAdapter(Adapter):
             if thought and isinstance(thought, str):
                 calls.reasoning.append(thought)
         tool_calls = delta.get("tool_calls")
-        if tool_calls and isinstance(tool_calls, list):
-            for entry in tool_calls:
-                if isinstance(entry, dict):
-                    self._tool_call_events(index, calls, entry, out)
+        if tool_calls is not None and tool_calls != []:
+            self._tool_calls_events(index, calls, tool_calls, out)
 
     def _tool_call_events(
         self, index: int, calls: _ChoiceCalls, entry: Mapping[str, Any], out: list[StreamEvent]
     ) -> None:
         function = entry.get("function")
-        if not isinstance(function, dict):
+        tc_index = entry.get("index")
+        if function is None:
             function = {}
+        elif not isinstance(function, dict) or (
+            tc_index is not None and _index_of(tc_index) is None
+        ):
+            out.append(lost_event("a tool call's function or index cannot be read"))
+            return
         call_id = entry.get("id") or None  # Q3/Q4: "" on continuations means "not sent"
         name = function.get("name") or None  # Q6: SGLang sends name "" on continuations
         if call_id is not None and not isinstance(call_id, str):
             call_id = str(call_id)
         if name is not None and not isinstance(name, str):
             name = None
-        slot = self._resolve(index, calls, _index_of(entry.get("index")), call_id, name, out)
+        slot = self._resolve(index, calls, _index_of(tc_index), call_id, name, out)
         extra = entry.get("extra_content")
         if extra and isinstance(extra, dict) and slot.key not in self._extras:
             # Q20 (open-webui/computer#224): Gemini's OpenAI-compatible endpoint puts the
@@ -276,6 +299,8 @@ class OpenAIChatAdapter(Adapter):
                     slot = at  # the open call learns its id (ids after arguments, Kimi)
         elif tc_index is not None:
             slot = calls.by_index.get(tc_index)
+            if slot is None and calls.last is not None and calls.last.index is None:
+                slot = calls.last  # the call opened without an index learns it (as ids do)
         else:
             slot = calls.last  # Q1: no index and no id: "the open call"
             if slot is not None and name and slot.name and name != slot.name:
