@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -485,3 +486,30 @@ def test_after_a_framing_error_input_is_ignored_until_finish(entry: str) -> None
     assert rounds[0] == rounds[1]
     assert rounds[0]["error"].startswith("framing error")
     assert [c["state"] for c in rounds[0]["choices"][0]["calls"]] == ["failed"]
+
+
+def test_a_sealed_round_stops_reading_so_the_adapter_stops_growing():
+    # Past twice max_calls_per_round the stream fails and nothing more is kept: the parser
+    # ignores further input, so 10,000 more tiny calls leave no state behind.
+    def call(i):
+        return (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c%d",'
+                b'"function":{"name":"f","arguments":"{}"}}]}}]}\n\n' % (i, i))
+
+    parser = StreamParser("openai_chat", limits=Limits(max_calls_per_round=2))
+    fed = [parser.feed(call(i)) for i in range(5)]
+    assert [len(n) for n in fed] == [0, 0, 1, 1, 2]  # two placeholders, then two failed calls
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(5, 10_000):
+            assert parser.feed(call(i)) == []
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 16 * 1024  # (each call kept would cost hundreds of bytes: megabytes)
+    round_ = parser.finish()
+    assert len(round_.calls) == 4 and round_.ended.value == "interrupted"
+    events = StreamParser("openai_chat", limits=Limits(max_calls_per_round=2))
+    assert [len(events.feed_event(json.loads(call(i)[6:]))) for i in range(7)] == [
+        0, 0, 1, 1, 2, 0, 0]
+    assert len(events.finish().calls) == 4

@@ -105,7 +105,7 @@ class StreamParser:
         self._translate = self.adapter.translate
         self._feed_fragment = self.assembler.feed_fragment
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
-        self._broken = False  # a framing error: input is ignored until finish
+        self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
         self.finish_notices: list[CallUpdate] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
@@ -127,6 +127,7 @@ class StreamParser:
         found = self._notices
         if found:
             self._notices = []
+            self._broken = self._broken or self.assembler.sealed
         return found if found else []
 
     def _on_event(self, event: str, payload: bytes) -> None:
@@ -143,14 +144,14 @@ class StreamParser:
         """Feed already-decoded frames (the same rules as :meth:`feed`)."""
         if self._closed is not None or self._broken:
             return self._ignored("feed_frames")
-        return self._frames(frames)
+        return self._sealing(self._frames(frames))
 
     def feed_event(self, native: object) -> list[CallUpdate]:
         """Feed one native event (a dict, or an official SDK's event object); the same rules
         as :meth:`feed`."""
         if self._closed is not None or self._broken:
             return self._ignored("feed_event")
-        return self._apply(self.adapter.feed(native))
+        return self._sealing(self._apply(self.adapter.feed(native)))
 
     def finish(self) -> Round:
         """End of input: flush the decoder and the adapter, decide every call. Returns the
@@ -171,6 +172,14 @@ class StreamParser:
         if self._closed is None:
             self._closed = "cancel()"
         return self.assembler.cancel(reason)
+
+    def _sealing(self, found: list[CallUpdate]) -> list[CallUpdate]:
+        """``found``; once the assembler is sealed (a bound on the round's size was passed:
+        the stream failed and nothing more is kept), input is ignored until finish, so the
+        adapter's state stops growing too. (It seals only on a feed that returns notices.)"""
+        if found:
+            self._broken = self._broken or self.assembler.sealed
+        return found
 
     def _ignored(self, method: str) -> list[CallUpdate]:
         """``[]`` for input after a framing error; the UsageError for input after the end."""
