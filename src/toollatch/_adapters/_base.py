@@ -85,6 +85,15 @@ def frame_error_detail(data: str) -> str:
     return error_detail(payload)
 
 
+def canonical_json(value: object) -> str | None:
+    """Arguments a provider sent as a JSON value, written once as text (compact, key order
+    kept); None when they are not JSON (NaN, infinity, a non-JSON type, nesting too deep)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
 def lost_event(detail: str) -> Anomaly:
     """An event that could not be read or matched to a call (a *lost event*): it may have
     carried a fragment of any call still pending, so the assembler fails every one of them
@@ -204,6 +213,29 @@ class Adapter(ABC):
         known: only when it came with its text (see :meth:`feed_decoded`). For an adapter
         whose provider sends arguments as an object (call it only for such events)."""
         return self._data is not None and has_duplicate_keys(self._data)
+
+    def _arguments_object(self, key: CallKey, given: object, where: str) -> list[StreamEvent]:
+        """Arguments sent as a JSON object where the provider streams text (``where`` says
+        where, e.g. "tool_use start"): ``[]`` for none or ``{}``; else the text written once
+        (``canonical_json``), with an ``object_arguments`` anomaly and the repeated-key check;
+        a value that is not an object, or not JSON, fails the call."""
+        if given is None or given == {}:
+            return []
+        text = canonical_json(given) if isinstance(given, dict) else None
+        if text is None:
+            detail = f"{where} input is a {type(given).__name__}, not a JSON object"
+            return [
+                Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
+            ]
+        return [
+            Anomaly(
+                kind=AnomalyKind.OBJECT_ARGUMENTS,
+                detail=f"{where} carries its input as an object; serialized once",
+                key=key,
+            ),
+            *self._duplicate_key_anomaly(key),
+            ArgsDelta(key=key, fragment=text),
+        ]
 
     def _duplicate_key_anomaly(self, key: CallKey) -> list[StreamEvent]:
         """``[]``, or the anomaly that fails ``key``'s call when the event being translated

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from toollatch._events import (
+from .._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
@@ -57,7 +57,6 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
-
 from ._base import Adapter, error_detail, lost_event, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
@@ -475,20 +474,7 @@ class AnthropicAdapter(Adapter):
         shape) is the arguments sent as an object: serialized once, with an anomaly, and
         checked for repeated keys. Deltas after it are appended, so a call that carries
         both does not parse and fails (the SDK would keep only the deltas: ambiguous)."""
-        if given is None or given == {}:
-            return []
-        text = _canonical(given) if isinstance(given, dict) else None
-        if text is None:
-            detail = f"tool_use start input is a {type(given).__name__}, not a JSON object"
-            return [
-                Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
-            ]
-        detail = "tool_use start carries its input as an object; serialized once"
-        return [
-            Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key),
-            *self._duplicate_key_anomaly(key),
-            ArgsDelta(key=key, fragment=text),
-        ]
+        return self._arguments_object(key, given, "tool_use start")
 
     def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
         """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
@@ -553,11 +539,3 @@ def _is_fragment(delta: Mapping[str, Any]) -> bool:
 def _may_carry_fragment(event: Mapping[str, Any]) -> bool:
     delta = event.get("delta")
     return isinstance(delta, dict) and _is_fragment(delta)
-
-
-def _canonical(value: object) -> str | None:
-    """A JSON value written once (compact, key order kept); None if it is not JSON."""
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        return None

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from toollatch._events import (
+from .._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
@@ -58,7 +58,6 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
-
 from ._base import Adapter, lost_event, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
@@ -410,20 +409,7 @@ class BedrockAdapter(Adapter):
         ``ToolUseBlock`` shape), is the arguments sent as an object: serialized once, with an
         anomaly, and checked for repeated keys; deltas after it make the text unparseable,
         so a call carrying both fails. Anything else there fails the call."""
-        if given is None or given == {}:
-            return []
-        text = _canonical(given) if isinstance(given, dict) else None
-        if text is None:
-            detail = f"toolUse start input is a {type(given).__name__}, not a JSON object"
-            return [
-                Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, key=key, fails_call=True)
-            ]
-        detail = "toolUse start carries its input as an object; serialized once"
-        return [
-            Anomaly(kind=AnomalyKind.OBJECT_ARGUMENTS, detail=detail, key=key),
-            *self._duplicate_key_anomaly(key),
-            ArgsDelta(key=key, fragment=text),
-        ]
+        return self._arguments_object(key, given, "toolUse start")
 
     def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
         """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
@@ -532,11 +518,3 @@ def _may_carry_fragment(payload: object) -> bool:
         return False
     delta = payload.get("delta")
     return isinstance(delta, Mapping) and "toolUse" in delta
-
-
-def _canonical(value: object) -> str | None:
-    """A JSON value written once (compact, key order kept); None if it is not JSON."""
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        return None

@@ -46,7 +46,6 @@ updates arrive ("measured_as_streamed").
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -73,7 +72,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, lost_event, short
+from ._base import Adapter, canonical_json, error_detail, lost_event, short
 
 __all__ = ["GeminiAdapter"]
 
@@ -120,16 +119,8 @@ _PATH_SEGMENT = re.compile(r"\.([^\W\d]\w*)|\[(0|[1-9]\d*)\]|\['([^'\\]*)'\]|\[\
 PathSegments = tuple[str | int, ...]
 
 
-def _canonical(value: object) -> str | None:
-    """``value`` serialized once: compact, key order kept; None when not JSON (NaN, depth)."""
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        return None
-
-
 def _serialize(value: object) -> tuple[str | None, str | None]:
-    """``(_canonical(value), JSONPath of its first integer above 2**53)``, or ``(None, None)``.
+    """``(canonical_json(value), JSONPath of its first integer above 2**53)``, or ``(None, None)``.
 
     orjson writes the very text of :func:`_canonical` for a plain tree (see :func:`_inspect`;
     every code point is escaped alike, checked over all of them), several times faster. It
@@ -140,12 +131,12 @@ def _serialize(value: object) -> tuple[str | None, str | None]:
     try:
         fast = orjson.dumps(value)
     except orjson.JSONEncodeError:
-        text = _canonical(value)
+        text = canonical_json(value)
         return (text, _inspect(value)[0]) if text is not None else (None, None)
     path, plain = _inspect(value)
     if plain:
         return fast.decode(), path
-    text = _canonical(value)  # e.g. floats (orjson writes NaN as null): json decides
+    text = canonical_json(value)  # e.g. floats (orjson writes NaN as null): json decides
     return (text, path) if text is not None else (None, None)
 
 

@@ -41,9 +41,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from toollatch._adapters._base import Adapter, error_detail, lost_event, short
-from toollatch._errors import ErrorCode
-from toollatch._events import (
+from .._errors import ErrorCode
+from .._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
@@ -60,6 +59,7 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
+from ._base import Adapter, error_detail, lost_event, short
 
 __all__ = ["OpenAIResponsesAdapter"]
 
