@@ -373,3 +373,16 @@ def test_the_assembler_and_the_parser_finished_twice_return_the_same_round(provi
     cancelled.feed(wire[: len(wire) // 2])
     round_ = cancelled.cancel()
     assert cancelled.finish() == round_  # (cancel decided the round: finish returns it)
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "bedrock"])
+def test_an_error_payload_nested_too_deep_to_print_is_a_failed_stream(provider):
+    deep: Any = "x"
+    for _ in range(100_000):
+        deep = [deep]
+    parser = StreamParser(provider)
+    parser.feed_event({"type": "error", "error": {"type": "overloaded", "message": deep}})
+    parser.feed(b"event: error\ndata: {\"error\": {\"message\": " + b"[" * 5000 + b"]" * 5000
+                + b"}}\n\n")
+    round_ = parser.finish()
+    assert round_.committed() == ()

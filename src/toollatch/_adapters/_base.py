@@ -35,8 +35,13 @@ _DETAIL_CHARS = 300
 
 
 def short(text: object, limit: int = _DETAIL_CHARS) -> str:
-    """``text`` as a one-line string of at most ``limit`` characters (for details)."""
-    s = " ".join(str(text).split())
+    """``text`` as a one-line string of at most ``limit`` characters (for details); a value
+    nested too deep to print (a provider's error ``message`` 100k levels deep) is named by
+    its type."""
+    try:
+        s = " ".join(str(text).split())
+    except RecursionError:
+        s = f"<{type(text).__name__} nested too deep to show>"
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
@@ -68,7 +73,7 @@ def error_detail(payload: object) -> str:
     if isinstance(payload, Mapping):
         err = payload.get("error", payload)
         if isinstance(err, Mapping):
-            parts = [str(err[k]) for k in ("type", "code", "message") if err.get(k)]
+            parts = [short(err[k]) for k in ("type", "code", "message") if err.get(k)]
             if parts:
                 return short(": ".join(parts))
         elif err:
