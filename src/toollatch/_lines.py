@@ -80,6 +80,12 @@ class JSONLinesDecoder:
         if self._closed:
             self._raise_closed("JSONLinesDecoder.feed() after finish() or an error")
         partial = self._partial
+        if not partial and data.endswith(b"}\n") and data[0] == self._BARE:
+            # One whole "{...}" line, as most reads are: what the loop below does for it.
+            stop = len(data) - 1
+            if stop <= self._max and data.find(b"\n", 0, stop) < 0:
+                emit("message", data[:stop])
+                return
         end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
         if not end:
             # No line end: extend the pending line in place (no copy of what is pending).

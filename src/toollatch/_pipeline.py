@@ -104,6 +104,7 @@ class StreamParser:
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
         self._feed_fragment = self.assembler.feed_fragment
+        self._emit = self._on_event
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
@@ -121,7 +122,7 @@ class StreamParser:
         try:
             if self.events is not None:
                 return self._frames(self._decoder.feed(data))
-            self._feed_payloads(data, self._on_event)
+            self._feed_payloads(data, self._emit)
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
         found = self._notices

@@ -186,6 +186,21 @@ class SSEDecoder:
         """
         if self._closed is not None:
             self._raise_closed()
+        head = self._head
+        if data.startswith(head) and data[-1] == 10 and data[-2] == 10:  # (len(head) >= 6)
+            # A read that is one event with the kept head, as most reads of a stream are:
+            # what _walk does for it, without the walk (nothing pending, no CR, one line).
+            n = len(data)
+            if (
+                n <= self._fast_max_bytes
+                and not (self._partial or self._at_start or self._skip_lf)
+                and not (self._data or self._event)
+                and data.find(b"\n", len(head), n - 2) < 0
+                and 13 not in data
+            ):
+                self._dispatched += 1
+                emit(self._head_event, data[len(head) : n - 2])
+                return
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)
         if 13 in data:
