@@ -8,18 +8,38 @@ from pathlib import Path
 
 import pytest
 
-from toollatch.events import CallKey
 from toollatch import CallState, ErrorCode
-from toollatch.errors import InvariantBroken
 from toollatch._buffer import CallBuffer
 from toollatch._state import TERMINAL, TRANSITIONS, Trigger, advance
+from toollatch.errors import InvariantBroken
+from toollatch.events import CallKey
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "toollatch"
 
 
-@pytest.mark.parametrize(("state", "trigger"), sorted(TRANSITIONS))
-def test_allowed_transitions(state, trigger):
-    assert advance(state, trigger) is TRANSITIONS[state, trigger]
+OPEN, DONE_ARGS, COMMITTED, FAILED, CANCELLED = (
+    CallState.OPEN, CallState.ARGS_COMPLETE, CallState.COMMITTED, CallState.FAILED,
+    CallState.CANCELLED)
+LIVES = [  # every life a call can have, written out (the spec the table must meet)
+    (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.ACCEPT, COMMITTED),
+    (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.FAIL, FAILED),
+    (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.CANCEL, CANCELLED),
+    (OPEN, Trigger.FAIL, FAILED, Trigger.FAIL, FAILED, Trigger.CANCEL, FAILED),
+    (OPEN, Trigger.CANCEL, CANCELLED, Trigger.FAIL, CANCELLED, Trigger.CANCEL, CANCELLED),
+]
+
+
+@pytest.mark.parametrize("life", LIVES)
+def test_every_life_of_a_call(life):
+    state = life[0]
+    for trigger, expected in zip(life[1::2], life[2::2], strict=True):
+        state = advance(state, trigger)
+        assert state is expected
+
+
+def test_the_table_allows_exactly_the_written_lives():
+    steps = {(life[i], life[i + 1]) for life in LIVES for i in range(0, len(life) - 1, 2)}
+    assert steps == set(TRANSITIONS)
 
 
 FORBIDDEN = [p for p in itertools.product(CallState, Trigger) if p not in TRANSITIONS]
