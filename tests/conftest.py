@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from toollatch._errors import StreamDecodeError, UsageError
+
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -26,3 +28,18 @@ def corpus_dir() -> Path:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but the shared corpus is missing at {CORPUS}")
     pytest.skip("shared corpus (../shared/fixtures) not present in this checkout")
+
+
+def decoded_until_error(decoder, chunks):
+    """Every frame ``decoder`` gives for ``chunks`` until it raises, and the error's message
+    (None if none); a raised error must close the decoder (a second finish is misuse)."""
+    frames = []
+    try:
+        for chunk in chunks:
+            frames += decoder.feed(chunk)
+        frames += decoder.finish()
+    except StreamDecodeError as exc:
+        with pytest.raises(UsageError):
+            decoder.finish()
+        return frames, str(exc)
+    return frames, None

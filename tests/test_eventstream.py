@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import corpus_dir
+from conftest import corpus_dir, decoded_until_error
 from toollatch import CallState, ErrorCode, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
@@ -335,16 +335,7 @@ def test_built_stream_any_flipped_bit_is_a_decode_error(data: st.DataObject) -> 
 def outcome(chunks: Iterable[bytes], **kwargs: int) -> tuple[list[Frame], str | None]:
     """Every frame until the decoder raises, and the error's message (None if none)."""
     decoder = EventStreamDecoder(**kwargs)  # type: ignore[arg-type]
-    frames: list[Frame] = []
-    try:
-        for chunk in chunks:
-            frames += decoder.feed(chunk)
-        frames += decoder.finish()
-    except StreamDecodeError as exc:
-        with pytest.raises(UsageError):  # the error is raised once, then the decoder is closed
-            decoder.finish()
-        return frames, str(exc)
-    return frames, None
+    return decoded_until_error(decoder, chunks)
 
 
 def _corrupt(kind: str, payload: bytes, bit: int) -> bytes:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import decoded_until_error
 from toollatch._errors import StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
@@ -150,16 +151,7 @@ def test_frames_are_plain_frames() -> None:
 def outcome(chunks: Iterable[bytes], max_line: int) -> tuple[list[Frame], str | None]:
     """Every frame until the decoder raises, and the error's message (None if none)."""
     decoder = JSONLinesDecoder(limits=Limits(max_line_bytes=max_line))
-    frames: list[Frame] = []
-    try:
-        for chunk in chunks:
-            frames += decoder.feed(chunk)
-        frames += decoder.finish()
-    except StreamDecodeError as exc:
-        with pytest.raises(UsageError):  # the error is raised once, then the decoder is closed
-            decoder.finish()
-        return frames, str(exc)
-    return frames, None
+    return decoded_until_error(decoder, chunks)
 
 
 def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import CORPUS, corpus_dir
+from conftest import CORPUS, corpus_dir, decoded_until_error
 from toollatch import CallState, ErrorCode, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
@@ -463,16 +463,7 @@ FAILING: dict[str, tuple[bytes, dict[str, int], list[Frame], str]] = {
 def outcome(chunks: Iterable[bytes], limits: dict[str, int]) -> tuple[list[Frame], str | None]:
     """Every frame until the decoder raises, and the error's message (None if none)."""
     decoder = SSEDecoder(**limits)  # type: ignore[arg-type]
-    frames: list[Frame] = []
-    try:
-        for chunk in chunks:
-            frames += decoder.feed(chunk)
-        frames += decoder.finish()
-    except StreamDecodeError as exc:
-        with pytest.raises(UsageError):  # the error is raised once, then the decoder is closed
-            decoder.finish()
-        return frames, str(exc)
-    return frames, None
+    return decoded_until_error(decoder, chunks)
 
 
 def _assert_frames_then_error(chunks: list[bytes], name: str) -> None:

@@ -126,10 +126,10 @@ class StreamParser:
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
         found = self._notices
-        if found:
-            self._notices = []
-            self._broken = self._broken or self.assembler.sealed
-        return found if found else []
+        if not found:
+            return []
+        self._notices = []
+        return self._sealing(found)
 
     def _on_event(self, event: str, payload: bytes) -> None:
         """One complete event of the read being fed (see the class docstring)."""
