@@ -1,0 +1,188 @@
+"""The one vocabulary of agent events (internal; public names in :mod:`toollatch.runtime`).
+
+What ``toollatch run --json`` prints (one object per line), what the relay sends as SSE
+``event:`` names, and what metrics and logs observe. Each event is plain data with a
+``type`` and a JSON form (:meth:`to_json`) whose keys are fixed by the CLI contract; add keys
+only compatibly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextEvent:
+    """Assistant text as it streams."""
+
+    type: ClassVar[str] = "text"
+    text: str
+    """The new text."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "text", "text"}``."""
+        return {"type": self.type, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallOpenedEvent:
+    """A tool call began streaming (id and name as soon as the provider sent them)."""
+
+    type: ClassVar[str] = "call_opened"
+    id: str | None
+    """The provider's call id (None until it is known)."""
+    name: str | None
+    """The tool name (None until it is known)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "call_opened", "id", "name"}``."""
+        return {"type": self.type, "id": self.id, "name": self.name}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallCommittedEvent:
+    """A call passed the gate and may run."""
+
+    type: ClassVar[str] = "call_committed"
+    id: str
+    """The call id results pair with."""
+    name: str
+    """The tool name."""
+    arguments: Mapping[str, Any]
+    """The strictly parsed, schema-valid arguments."""
+    early: bool
+    """True when it was committed before the round ended (eager start)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "call_committed", "id", "name", "arguments", "early"}``."""
+        return {
+            "type": self.type,
+            "id": self.id,
+            "name": self.name,
+            "arguments": dict(self.arguments),
+            "early": self.early,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFailedEvent:
+    """A call did not commit (it gets an error result)."""
+
+    type: ClassVar[str] = "call_failed"
+    id: str
+    """The call id its error result pairs with."""
+    name: str | None
+    """The tool name, if the provider sent one."""
+    error: str
+    """The stable error code (``invalid_json``, ``truncated``...)."""
+    detail: str
+    """A short explanation, never the raw arguments."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "call_failed", "id", "name", "error", "detail"}``."""
+        return {
+            "type": self.type,
+            "id": self.id,
+            "name": self.name,
+            "error": self.error,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolStartedEvent:
+    """A committed call started running."""
+
+    type: ClassVar[str] = "tool_started"
+    id: str
+    """The call id."""
+    name: str
+    """The tool name."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "tool_started", "id", "name"}``."""
+        return {"type": self.type, "id": self.id, "name": self.name}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolFinishedEvent:
+    """A call's result is known (the tool returned, failed, timed out or was cancelled)."""
+
+    type: ClassVar[str] = "tool_finished"
+    id: str
+    """The call id."""
+    name: str
+    """The tool name."""
+    is_error: bool
+    """True when the result is an error result."""
+    error: str | None
+    """The error code of an error result (``tool_error``, ``tool_timeout``, ``cancelled``...)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "tool_finished", "id", "name", "is_error", "error"}``."""
+        return {
+            "type": self.type,
+            "id": self.id,
+            "name": self.name,
+            "is_error": self.is_error,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundEndedEvent:
+    """One model round ended (its calls' results are in, or it was abandoned)."""
+
+    type: ClassVar[str] = "round_ended"
+    round: int
+    """The round number (1-based)."""
+    ended: str
+    """How the stream ended (``normal``, ``truncated``, ``interrupted``, ``cancelled``)."""
+    stop_reason: str | None
+    """The provider's raw stop reason."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "round_ended", "round", "ended", "stop_reason"}``."""
+        return {
+            "type": self.type,
+            "round": self.round,
+            "ended": self.ended,
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEndedEvent:
+    """The run ended; always the last event."""
+
+    type: ClassVar[str] = "run_ended"
+    rounds: int
+    """How many rounds ran."""
+    calls: Sequence[Mapping[str, Any]]
+    """Every call of the run: ``{"id", "name", "state", "is_error", "error"}``."""
+    history: Sequence[Mapping[str, Any]]
+    """The final history in the provider's format (valid to send again)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "run_ended", "rounds", "calls", "history"}``."""
+        return {
+            "type": self.type,
+            "rounds": self.rounds,
+            "calls": [dict(c) for c in self.calls],
+            "history": [dict(m) for m in self.history],
+        }
+
+
+AgentEvent: TypeAlias = (
+    TextEvent
+    | CallOpenedEvent
+    | CallCommittedEvent
+    | CallFailedEvent
+    | ToolStartedEvent
+    | ToolFinishedEvent
+    | RoundEndedEvent
+    | RunEndedEvent
+)
+"""Any agent event; dispatch on ``type`` or ``isinstance``."""
