@@ -22,6 +22,7 @@ from toollatch._events import (
     AnomalyKind,
     ArgsDelta,
     CallClosed,
+    CallSettled,
     CallIdentified,
     CallKey,
     CallOpened,
@@ -107,6 +108,7 @@ def test_single_call_streamed_then_closed_once() -> None:
         ArgsDelta(key=key("fc_1"), fragment='{"city":'),
         ArgsDelta(key=key("fc_1"), fragment='"Paris"}'),
         CallClosed(key=key("fc_1"), arguments='{"city":"Paris"}'),
+        CallSettled(key=key("fc_1")),  # its item done, completed
         *NORMAL_END,
     ]
 
@@ -138,6 +140,8 @@ def test_interleaved_deltas_of_two_items_are_keyed_by_item_id() -> None:
         ArgsDelta(key=key("fc_a"), fragment='"A"}'),
         CallClosed(key=key("fc_b"), arguments='{"q":"B"}'),
         CallClosed(key=key("fc_a"), arguments='{"q":"A"}'),
+        CallSettled(key=key("fc_a")),  # each item done, completed, in turn
+        CallSettled(key=key("fc_b")),
         *NORMAL_END,
     ]
 
@@ -196,6 +200,7 @@ def test_whole_call_only_at_item_done_is_opened_and_closed() -> None:
     assert events == [
         CallOpened(key=key("fc_1"), call_id="call_1", name="f"),
         CallClosed(key=key("fc_1"), arguments="{}"),
+        CallSettled(key=key("fc_1")),  # its item done, completed
         *NORMAL_END,
     ]
 

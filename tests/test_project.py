@@ -119,7 +119,7 @@ SURFACES = {
     ],
     "toollatch.events": [
         "Anomaly", "AnomalyKind", "ArgsDelta", "ArgsMeasured", "CallClosed", "CallIdentified",
-        "CallKey", "CallOpened", "ReasoningBlock", "RoundEnd", "RoundEnded", "ServerToolBlock", "StreamEvent",
+        "CallKey", "CallOpened", "CallSettled", "ReasoningBlock", "RoundEnd", "RoundEnded", "ServerToolBlock", "StreamEvent",
         "StreamFailed", "TextDelta", "UsageReported",
     ],
     "toollatch.decoders": ["EventStreamDecoder", "Frame", "JSONLinesDecoder", "SSEDecoder"],
@@ -128,7 +128,8 @@ SURFACES = {
         "OpenAIResponsesAdapter", "adapter_class", "detect", "providers",
     ],
     "toollatch.assembly": [
-        "Assembler", "CallFailed", "CallUpdate", "Gate", "Policy", "PolicyDecision", "Rejection",
+        "Assembler", "CallAnnounced", "CallComplete", "CallFailed", "CallReady", "CallUpdate",
+        "Gate", "Policy", "PolicyDecision", "Rejection", "TextReceived",
     ],
     "toollatch.previews": ["PartialJSON", "PathDelta", "PreviewPolicy", "PreviewUpdated", "ToolPreview"],
     "toollatch.rounds": [

@@ -50,6 +50,7 @@ from ._events import (
     CallIdentified,
     CallKey,
     CallOpened,
+    CallSettled,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -59,7 +60,7 @@ from ._events import (
     TextDelta,
     UsageReported,
 )
-from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget
+from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget, complete_object
 from ._limits import Limits
 from ._preview import PreviewPolicy, PreviewTracker, PreviewUpdated
 from ._round import NO_EXTRAS, CallRecord, Choice, ContentItem, Round, TextRun, made_up_call_id
@@ -84,8 +85,57 @@ class CallFailed:
     """Short explanation."""
 
 
-CallUpdate = CallFailed | PreviewUpdated
-"""What ``Assembler.feed`` can return: early failures, and previews when enabled."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallReady:
+    """An eager call committed before its round ended: it may start now.
+
+    The gate ran in full (strict parse, schema, policy, budget). The final ``Round`` keeps
+    the call COMMITTED, with ``CallRecord.early`` set, whatever happens after.
+    """
+
+    call: CommittedCall
+    """The executable call."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextReceived:
+    """Assistant text as it streamed (only with ``observe=True``)."""
+
+    choice: int
+    """The choice the text belongs to."""
+    text: str
+    """The new text."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAnnounced:
+    """A call began streaming, or learnt its id or name (only with ``observe=True``)."""
+
+    key: CallKey
+    """The call."""
+    call_id: str | None
+    """Its id, if known yet."""
+    name: str | None
+    """Its tool name, if known yet."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallComplete:
+    """The provider closed a call's arguments (only with ``observe=True``): nothing more
+    will be appended, but the call is decided only at round end (or by :class:`CallReady`)."""
+
+    key: CallKey
+    """The call."""
+    call_id: str | None
+    """Its id, if known."""
+    name: str | None
+    """Its tool name, if known."""
+
+
+CallUpdate = CallFailed | PreviewUpdated | CallReady | TextReceived | CallAnnounced | CallComplete
+"""What ``Assembler.feed`` can return, in stream order: early failures and eager calls ready
+to start (always), previews (when enabled), text and call announcements and closes (with
+``observe=True``)."""
 
 _ENDING_CODE = {
     RoundEnd.TRUNCATED: ErrorCode.TRUNCATED,
@@ -102,7 +152,7 @@ def _utf8_len(text: str) -> int:
 class _ChoiceState:
     """Mutable per-choice bookkeeping while the round streams."""
 
-    __slots__ = ("calls", "content", "ended", "ids", "stop_reason", "text_bytes")
+    __slots__ = ("calls", "content", "ended", "ids", "stop_reason", "text_bytes", "unsettled")
 
     def __init__(self) -> None:
         self.calls: list[CallBuffer] = []
@@ -113,6 +163,7 @@ class _ChoiceState:
         self.stop_reason: str | None = None
         self.ids: dict[str, CallKey] = {}
         self.text_bytes = 0
+        self.unsettled: list[CallBuffer] = []  # closed eager calls the provider may not be past
 
 
 class Assembler:
@@ -129,11 +180,16 @@ class Assembler:
         budget: RunBudget | None = None,
         gate: Gate | None = None,
         previews: PreviewPolicy | None = None,
+        eager: Iterable[str] = (),
+        observe: bool = False,
     ) -> None:
         """Give either ``gate`` or the pieces to build one (``tools``, ``policy``, ``budget``).
 
         ``tools=None`` skips the registration and schema checks. ``previews`` turns on
-        :class:`PreviewUpdated` notices for calls still streaming (off by default).
+        :class:`PreviewUpdated` notices for calls still streaming (off by default). Calls of
+        the tools named in ``eager``, or whose ``ToolSpec.eager`` is set, are committed as
+        soon as the provider has moved on from them (:class:`CallReady`). ``observe`` adds
+        :class:`TextReceived`, :class:`CallAnnounced` and :class:`CallComplete` notices.
         """
         self.provider = provider
         self.attempt = attempt
@@ -152,6 +208,9 @@ class Assembler:
         self._made_up_ids: set[CallKey] = set()  # keys of calls whose id an adapter made up
         self._extras: dict[CallKey, dict[str, Any]] = {}  # history fields of a call
         self._overflow = False  # a bound on the round's size was passed (see _overflowed)
+        self._observe = observe
+        specs = self.gate.tools or {}
+        self._eager = frozenset(eager) | {n for n, spec in specs.items() if spec.eager}
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -174,21 +233,25 @@ class Assembler:
                 return self._on_identified(event.key, event.call_id, event.name)
             case CallClosed():
                 return self._on_close(event)
+            case CallSettled():
+                return self._on_settled(event.key)
             case ArgsMeasured():
                 return self._on_measured(event)
             case TextDelta():
-                self._on_text(event)
+                return self._on_text(event)
             case ReasoningBlock(call=CallKey() as key) if key in self._buffers:
                 extras = self._extras.setdefault(key, {})
                 for field, value in event.data.items():
                     extras.setdefault(field, value)  # the first one recorded sticks
             case ReasoningBlock() | ServerToolBlock():
-                self._choice(event.choice).content.append(("block", event))
+                choice = self._choice(event.choice)
+                choice.content.append(("block", event))
+                if choice.unsettled:
+                    return self._settle(choice)
             case UsageReported():
                 self._usage = event.usage
             case RoundEnded():
-                self._on_round_ended(event)
-                return self._previews_done(event.choice)
+                return self._on_round_ended(event) + self._previews_done(event.choice)
             case StreamFailed():
                 if self._failure is None:
                     self._failure = event
@@ -237,6 +300,12 @@ class Assembler:
                     buf,
                     AnomalyKind.FRAGMENT_AFTER_CLOSE,
                     "argument fragment after the call was closed",
+                )
+            if buf.state is CallState.COMMITTED:  # an eager call, which may be running
+                self._record(
+                    AnomalyKind.FRAGMENT_AFTER_CLOSE,
+                    "argument fragment after the call was committed early; ignored",
+                    key,
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
         if size < 0:
@@ -296,6 +365,7 @@ class Assembler:
                 f"more than {2 * self.limits.max_calls_per_round} calls in one round "
                 f"(twice max_calls_per_round); the rest of the stream is not kept",
             )
+        notices = self._settle(choice) if choice.unsettled else []
         buf = CallBuffer(event.key, len(choice.calls), None, None)
         if self._previews is None:
             buf.open_bound(self._max_argument_bytes)
@@ -304,16 +374,16 @@ class Assembler:
         choice.content.append(("call", buf))
         if len(choice.calls) > self.limits.max_calls_per_round:
             buf.call_id, buf.name = event.call_id or None, event.name or None
-            return self._fail(
+            return notices + self._fail(
                 buf,
                 ErrorCode.TOO_MANY_TOOL_CALLS,
                 f"more than {self.limits.max_calls_per_round} calls in one round",
                 AnomalyKind.TOO_MANY_CALLS,
             )
-        return self._on_identified(event.key, event.call_id, event.name)
+        return notices + self._on_identified(event.key, event.call_id, event.name, opening=True)
 
     def _on_identified(
-        self, key: CallKey, call_id: str | None, name: str | None
+        self, key: CallKey, call_id: str | None, name: str | None, *, opening: bool = False
     ) -> list[CallUpdate]:
         buf = self._buffers.get(key)
         if buf is None:
@@ -321,6 +391,7 @@ class Assembler:
                 self._record(AnomalyKind.UNKNOWN_KEY, "identity for an unknown call", key)
             return []
         notices: list[CallUpdate] = []
+        known = (buf.call_id, buf.name)
         if name:  # "" is "not sent" (SGLang, vLLM continuations)
             if buf.name is None:
                 buf.name = name
@@ -336,6 +407,8 @@ class Assembler:
                 notices += self._violate(
                     buf, AnomalyKind.ID_CHANGED, "a different call id arrived for an open call"
                 )
+        if self._observe and (opening or (buf.call_id, buf.name) != known):
+            notices.insert(0, CallAnnounced(key=key, call_id=buf.call_id, name=buf.name))
         return notices
 
     def _claim_id(self, buf: CallBuffer, call_id: str) -> list[CallUpdate]:
@@ -371,9 +444,57 @@ class Assembler:
                     "the final argument text differs from the streamed fragments",
                 )
         buf.close()
-        return self._preview_final(buf)
+        notices = self._preview_final(buf)
+        if self._observe:
+            notices.append(CallComplete(key=buf.key, call_id=buf.call_id, name=buf.name))
+        if buf.name in self._eager:
+            self._choice(buf.key.choice).unsettled.append(buf)
+        return notices
 
-    def _on_text(self, event: TextDelta) -> None:
+    def _on_settled(self, key: CallKey) -> list[CallUpdate]:
+        """The provider's own proof that it moved on from the call (see ``CallSettled``)."""
+        buf = self._buffers.get(key)
+        if buf is None or buf.name not in self._eager:
+            return []
+        if buf.state is CallState.OPEN:
+            # OpenAI chat: no per-call close. A complete strict JSON object cannot be the
+            # prefix of a longer valid one, so such a text is final; anything else waits.
+            if not complete_object(buf.text(), max_depth=self.limits.max_json_depth):
+                return []
+            buf.close()
+            notices = self._preview_final(buf)
+            if self._observe:
+                notices.append(CallComplete(key=buf.key, call_id=buf.call_id, name=buf.name))
+            return notices + self._commit_early(buf)
+        choice = self._choice(key.choice)
+        if buf in choice.unsettled:
+            choice.unsettled.remove(buf)
+        return self._commit_early(buf)
+
+    def _settle(self, choice: _ChoiceState) -> list[CallUpdate]:
+        """Something later than the closed eager calls of ``choice`` started, or the choice
+        stopped normally: the provider has moved on from each of them."""
+        bufs, choice.unsettled = choice.unsettled, []
+        return [n for buf in bufs for n in self._commit_early(buf)]
+
+    def _commit_early(self, buf: CallBuffer) -> list[CallUpdate]:
+        """Run the gate now on a closed eager call the provider has moved on from."""
+        if buf.state is not CallState.ARGS_COMPLETE or self._failure or self._cancelled:
+            return []
+        verdict = self._decide(buf)
+        if isinstance(verdict, Rejection):
+            failed = CallFailed(
+                key=buf.key,
+                call_id=buf.call_id,
+                name=buf.name,
+                code=verdict.code,
+                detail=verdict.detail,
+            )
+            return [failed]
+        buf.early = True
+        return [CallReady(call=verdict)]
+
+    def _on_text(self, event: TextDelta) -> list[CallUpdate]:
         choice = self._choice(event.choice)
         size = len(event.text) if event.text.isascii() else _utf8_len(event.text)
         if choice.text_bytes + size > self.limits.max_text_bytes:
@@ -383,18 +504,24 @@ class Assembler:
                     f"assistant text exceeds {self.limits.max_text_bytes} bytes; rest dropped",
                 )
                 choice.text_bytes = self.limits.max_text_bytes + 1
-            return
+            return []
         choice.text_bytes += size
         last = choice.content[-1] if choice.content else None
         if last is not None and last[0] == "text" and last[1][0] == event.block:
             last[1][1].append(event.text)
         else:
             choice.content.append(("text", [event.block, [event.text]]))
+        notices = self._settle(choice) if choice.unsettled else []
+        if self._observe:
+            notices.append(TextReceived(choice=event.choice, text=event.text))
+        return notices
 
-    def _on_round_ended(self, event: RoundEnded) -> None:
+    def _on_round_ended(self, event: RoundEnded) -> list[CallUpdate]:
         choice = self._choice(event.choice)
         if choice.ended is None:
             choice.ended, choice.stop_reason = event.ending, event.stop_reason
+            if event.ending is RoundEnd.NORMAL and choice.unsettled:
+                return self._settle(choice)  # a known, non-truncating stop reason
         elif choice.ended is RoundEnd.NORMAL and event.ending is not RoundEnd.NORMAL:
             # A truncating or failing reason always wins over a normal one, whatever the order.
             self._record(
@@ -410,6 +537,7 @@ class Assembler:
             )
         else:
             self._record(AnomalyKind.EVENT_AFTER_END, "a second terminal reason for one choice")
+        return []
 
     def _previews_done(self, choice: int | None) -> list[CallUpdate]:
         """Final previews of the calls of ``choice`` (every choice when None)."""
@@ -535,8 +663,8 @@ class Assembler:
         if ending is RoundEnd.NORMAL:
             self._expand_wrappers(choice)
         for buf in choice.calls:
-            if buf.state in (CallState.FAILED, CallState.CANCELLED):
-                continue
+            if buf.state in (CallState.FAILED, CallState.CANCELLED, CallState.COMMITTED):
+                continue  # (COMMITTED: an eager call, committed before the round ended)
             if ending is RoundEnd.CANCELLED:
                 buf.cancel(detail)
             elif code is not None:
@@ -620,7 +748,7 @@ class Assembler:
                     f"more than {self.limits.max_calls_per_round} calls in one round",
                 )
 
-    def _decide(self, buf: CallBuffer) -> None:
+    def _decide(self, buf: CallBuffer) -> CommittedCall | Rejection:
         verdict: CommittedCall | Rejection = self.gate.check(
             key=buf.key, position=buf.position, call_id=buf.call_id, name=buf.name, text=buf.text()
         )
@@ -628,6 +756,7 @@ class Assembler:
             buf.fail(verdict.code, verdict.detail)
         else:
             buf.commit(verdict)
+        return verdict
 
 
 class _Overflow(Exception):
@@ -665,5 +794,6 @@ def _record_of(buf: CallBuffer, id_made_up: bool, extras: Mapping[str, Any] | No
         error=buf.error,
         detail=buf.detail,
         committed=committed,
+        early=buf.early,
         extras=NO_EXTRAS if extras is None else MappingProxyType(dict(extras)),
     )

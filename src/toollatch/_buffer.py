@@ -20,6 +20,7 @@ class CallBuffer:
         "chunks",
         "committed",
         "detail",
+        "early",
         "error",
         "fragments",
         "join_at",
@@ -50,6 +51,8 @@ class CallBuffer:
         self.error: ErrorCode | None = None
         self.detail = ""
         self.committed: CommittedCall | None = None
+        self.early = False
+        """True once the call was committed before its round ended (eager start)."""
 
     def text(self) -> str:
         """The argument text so far, joined (and kept joined)."""

@@ -174,6 +174,23 @@ class CallClosed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallSettled:
+    """The provider has moved on from this call: its arguments can get no more text and the
+    stream did not cut them (eager start, see ``Assembler``).
+
+    Emitted where a provider's own signal proves it: a Responses ``output_item.done`` with
+    status ``completed``; in OpenAI chat (no per-call close) a later call's ``index``
+    opening, where the earlier call still open is settled only if its text already parses
+    strictly as one complete JSON object. The assembler itself treats a later call, text or
+    block of the same choice, or a normal stop reason, as moving on from every call the
+    provider closed before.
+    """
+
+    key: CallKey
+    """The call the provider moved on from."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReasoningBlock:
     """An opaque reasoning/thinking unit, kept byte-for-byte for history, never executed."""
 
@@ -274,6 +291,7 @@ StreamEvent = (
     | ArgsDelta
     | ArgsMeasured
     | CallClosed
+    | CallSettled
     | ReasoningBlock
     | ServerToolBlock
     | UsageReported

@@ -191,6 +191,18 @@ def strict_loads(text: str, *, max_depth: int) -> object:
     return value
 
 
+def complete_object(text: str, *, max_depth: int) -> bool:
+    """True when ``text`` is exactly one strict JSON object (see :func:`strict_loads`): then
+    no further text can make it longer valid JSON, so it is final (eager start in OpenAI chat,
+    which has no per-call close)."""
+    if not text.lstrip(_WS_CHARS).startswith("{"):
+        return False
+    try:
+        return isinstance(strict_loads(text, max_depth=max_depth), dict)
+    except _Reject:
+        return False
+
+
 def _skip_ws(text: str, pos: int) -> int:
     n = len(text)
     while pos < n and text[pos] in _WS_CHARS:

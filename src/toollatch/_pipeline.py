@@ -50,8 +50,12 @@ class StreamParser:
 
     ``feed(bytes)`` and ``feed_event(native)`` return the assembler's notices (calls that
     failed early); ``finish()`` ends the input and returns the Round; ``cancel()`` cancels it.
-    Set ``keep_events=True`` to record every stream event in ``events`` (for tooling), and
-    ``previews`` to get :class:`PreviewUpdated` notices for calls still streaming. Notices
+    Set ``keep_events=True`` to record every stream event in ``events`` (for tooling),
+    ``previews`` to get :class:`PreviewUpdated` notices for calls still streaming, and
+    ``observe=True`` for text, call-opened and call-closed notices (``TextReceived``,
+    ``CallAnnounced``, ``CallComplete``). Calls of eager tools (``ToolSpec.eager``, or named
+    in ``eager``) are committed as soon as the provider has moved on from them, and returned
+    as ``CallReady`` notices: they may start before the round ends. Notices
     produced while finishing (e.g. final previews of a stream that just stopped) are kept in
     ``finish_notices``.
 
@@ -84,6 +88,8 @@ class StreamParser:
         attempt: int = 0,
         keep_events: bool = False,
         previews: PreviewPolicy | None = None,
+        eager: Iterable[str] = (),
+        observe: bool = False,
     ) -> None:
         self.limits = limits or (gate.limits if gate else Limits())
         self.adapter = (
@@ -98,6 +104,8 @@ class StreamParser:
             budget=budget,
             gate=gate,
             previews=previews,
+            eager=eager,
+            observe=observe,
         )
         self._decoder = make_decoder(framing, self.limits)
         # Bound once: they run once per event, tens of thousands of times a call.

@@ -56,6 +56,9 @@ class CallRecord:
     """Short explanation of ``error`` (empty for committed calls)."""
     committed: CommittedCall | None
     """The executable call, for committed calls only."""
+    early: bool = False
+    """True when the call was committed before the round ended (an eager tool the provider
+    had moved on from); it stays COMMITTED whatever the round's end."""
     extras: Mapping[str, Any]
     """Provider fields that go back with this call in history, exactly as received (a Gemini
     ``thoughtSignature`` on its ``functionCall`` part, a chat tool call's ``extra_content``)."""

@@ -5,7 +5,8 @@ text streams in. When the protocol announces its end (a per-call close, or a nor
 for providers without one) it becomes ARGS_COMPLETE. The gate then makes it COMMITTED (the only
 state a tool may run from) or FAILED. Limits, protocol violations, truncation and interrupted
 streams fail it early; the caller's cancel makes it CANCELLED. A decided call keeps its first
-outcome: a later failure or cancel of a FAILED or CANCELLED call is a listed no-op, so the
+outcome: a later failure or cancel of a decided call is a listed no-op (a COMMITTED call
+exists before the round ends only for eager tools, which may be running), so the
 callers need no guards of their own. Running a committed call is the runtime's business, not
 a state of the core's. Nothing else ever assigns a state: every change goes through
 :func:`advance`, which raises :class:`InvariantBroken` for a pair the table does not allow.
@@ -58,6 +59,10 @@ TRANSITIONS: dict[tuple[CallState, Trigger], CallState] = {
     (CallState.FAILED, Trigger.CANCEL): CallState.FAILED,
     (CallState.CANCELLED, Trigger.FAIL): CallState.CANCELLED,
     (CallState.CANCELLED, Trigger.CANCEL): CallState.CANCELLED,
+    # An eager call committed before its round ended may already be running: a later
+    # failure of the stream or a cancel does not undo that (the dispatcher cancels the run).
+    (CallState.COMMITTED, Trigger.FAIL): CallState.COMMITTED,
+    (CallState.COMMITTED, Trigger.CANCEL): CallState.COMMITTED,
 }
 """Every allowed ``(state, trigger) -> state``; any other pair is a bug in toollatch."""
 

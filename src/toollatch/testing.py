@@ -12,27 +12,17 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 
 from ._adapters._base import Adapter
 from ._errors import UsageError
 from ._events import (
-    Anomaly,
-    ArgsDelta,
-    CallClosed,
-    CallIdentified,
-    CallOpened,
     Frame,
-    ReasoningBlock,
     RoundEnd,
     RoundEnded,
-    ServerToolBlock,
     StreamEvent,
-    StreamFailed,
-    TextDelta,
-    UsageReported,
 )
 from ._limits import Limits
 from ._pipeline import StreamParser
@@ -225,19 +215,8 @@ def check_adapter(
     return round_
 
 
-_STREAM_EVENT_TYPES = (
-    TextDelta,
-    CallOpened,
-    CallIdentified,
-    ArgsDelta,
-    CallClosed,
-    ReasoningBlock,
-    ServerToolBlock,
-    UsageReported,
-    RoundEnded,
-    StreamFailed,
-    Anomaly,
-)
+_STREAM_EVENT_TYPES: tuple[type, ...] = get_args(StreamEvent)
+"""Every stream-event type (the members of the union, so that none is left out)."""
 
 _JUNK: tuple[object, ...] = (
     None,

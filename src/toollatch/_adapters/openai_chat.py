@@ -36,6 +36,7 @@ from .._events import (
     CallIdentified,
     CallKey,
     CallOpened,
+    CallSettled,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -338,6 +339,10 @@ class OpenAIChatAdapter(Adapter):
         calls.parts.add(part)
         slot = _Slot(CallKey(self.attempt, index, part), tc_index)
         slot.call_id, slot.name = call_id, name
+        # Rule "later_index_settles": chat has no per-call close; a call opening is the
+        # provider moving on from the earlier ones (the assembler settles one only if its
+        # text is already one complete strict object; see CallSettled).
+        out.extend(CallSettled(key=earlier.key) for earlier in calls.slots)
         calls.count += 1
         calls.slots.append(slot)
         calls.last = slot

@@ -50,6 +50,7 @@ from .._events import (
     CallIdentified,
     CallKey,
     CallOpened,
+    CallSettled,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -304,7 +305,12 @@ class OpenAIResponsesAdapter(Adapter):
             # counts as completed: the done event itself is the end signal.
             detail = f"function_call item done with status {short(status, 40)!r}"
             return [*events, _failing(AnomalyKind.INVALID_PAYLOAD, detail, key)]
-        return events + self._close(key, item.get("arguments"))
+        events += self._close(key, item.get("arguments"))
+        if status == "completed":
+            # Rule "completed_item_settles": the provider says this call's item is complete
+            # (a cut one is "incomplete"): it has moved on from the call (eager start).
+            events.append(CallSettled(key=key))
+        return events
 
     def _open(
         self, part: int | str, key: CallKey, call_id: str | None, name: str | None
