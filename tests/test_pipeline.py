@@ -3,9 +3,10 @@
 ``StreamParser.feed`` hands each read to the decoder's ``feed_payloads``, which calls back with
 every complete event's undecoded data; the adapter's ``translate`` returns a bare argument
 fragment (decoded route: one parse, then ``_continuation``; raw route: the event spelled as
-``_raw`` says, only the fragment's JSON string decoded), which goes to the assembler's
-``feed_fragment``, or the stream events. ``keep_events=True`` takes the stages in turn
-(``decoder.feed`` -> ``adapter.feed_frame`` -> ``assembler.feed``), so every test here feeds
+``_raw`` says, only the fragment's JSON string decoded), which goes to the assembler
+(with the other fragments of its call from the same read), or the stream events.
+``keep_events=True`` takes the stages in turn (``decoder.feed`` -> ``adapter.feed_frame``
+-> ``assembler.feed``), so every test here feeds
 the same reads to both parsers and compares the rounds, the notices and the finish notices,
 one event per read, in small fixed reads, at random cuts and as one read; and counts the
 fragments the step took, so that a test whose streams never reach it fails instead of
@@ -24,7 +25,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import toollatch._adapters._base as adapter_base
 from conftest import corpus_dir
 from toollatch import Limits, PreviewPolicy, ToolPreview
 from toollatch._errors import UsageError
@@ -70,29 +70,31 @@ def run(
     """(summary, notices as reprs, fragments the per-event step took) for one parser; the
     raw route's share goes to ``RAW_TAKEN``."""
     parser = StreamParser(provider, framing=framing, keep_events=not fast, **options)  # type: ignore[arg-type]
-    taken = raw = 0
-    feed_fragment, raw_fragment = parser._feed_fragment, adapter_base._raw_fragment
+    taken = raw = decoded = 0
+    translate, continuation = parser._translate, parser.adapter._continuation
 
-    def counting(key: Any, fragment: str) -> Any:
-        nonlocal taken
-        taken += 1
-        return feed_fragment(key, fragment)
+    def counting_continuation(event: Any, sse_event: Any) -> Any:
+        nonlocal decoded
+        hit = continuation(event, sse_event)
+        decoded += hit is not None
+        return hit
 
-    def counting_raw(payload: bytes, spelling: Any) -> Any:
-        nonlocal raw
-        found = raw_fragment(payload, spelling)
-        raw += found is not None
-        return found
+    def counting(event: str, payload: bytes) -> Any:
+        # A fragment that no decoded continuation produced came by the raw route.
+        nonlocal taken, raw
+        before = decoded
+        out = translate(event, payload)
+        if isinstance(out, tuple):
+            taken += 1
+            raw += decoded == before
+        return out
 
-    parser._feed_fragment = counting  # type: ignore[method-assign]
-    adapter_base._raw_fragment = counting_raw
-    try:
-        notices: list[str] = []
-        for read in reads:
-            notices += map(repr, parser.feed(read))
-        round_ = parser.finish()
-    finally:
-        adapter_base._raw_fragment = raw_fragment
+    parser._translate = counting  # type: ignore[method-assign]
+    parser.adapter._continuation = counting_continuation  # type: ignore[method-assign]
+    notices: list[str] = []
+    for read in reads:
+        notices += map(repr, parser.feed(read))
+    round_ = parser.finish()
     notices += ["finish", *map(repr, parser.finish_notices)]
     RAW_TAKEN[:] = [raw]
     return summary(round_), notices, taken
@@ -184,14 +186,16 @@ def responses_stream(fragments: list[str]) -> bytes:
     return sse(*events, named=True)
 
 
-def bedrock_stream(fragments: list[str]) -> bytes:
+def bedrock_stream(fragments: list[str], *, padded: bool = False) -> bytes:
     start = {"toolUse": {"toolUseId": "tu_1", "name": "write_file"}}
     events: list[Any] = [
         {"messageStart": {"role": "assistant"}},
         {"contentBlockStart": {"start": start, "contentBlockIndex": 0}},
     ]
-    for fragment in fragments:
-        delta = {"delta": {"toolUse": {"input": fragment}}, "contentBlockIndex": 0}
+    for i, fragment in enumerate(fragments):
+        delta: dict[str, Any] = {"delta": {"toolUse": {"input": fragment}}, "contentBlockIndex": 0}
+        if padded:  # boto3's order, and the "p" padding (bedrock/nova_text_then_tool_use.jsonl)
+            delta = {"contentBlockIndex": 0, **delta, "p": "abcXYZ019"[: i % 10]}
         events.append({"contentBlockDelta": delta})
     events += [
         {"contentBlockStop": {"contentBlockIndex": 0}},
@@ -211,20 +215,32 @@ STREAMS = {
     "anthropic padded inside": ("sse", anthropic_stream(FRAGMENTS, inner=True)),
     "openai_responses": ("sse", responses_stream(FRAGMENTS)),
     "bedrock": ("jsonl", bedrock_stream(FRAGMENTS)),
+    "bedrock padded": ("jsonl", bedrock_stream(FRAGMENTS, padded=True)),
 }
+RAW_SPELLED = {
+    "anthropic": len(FRAGMENTS),
+    "anthropic padded": len(FRAGMENTS),
+    "anthropic padded inside": len(FRAGMENTS),
+    "bedrock padded": len(FRAGMENTS),
+    # chat learns its spelling from the first fragment, read by the decoded route
+    "openai_chat": len(FRAGMENTS) - 1,
+    "openai_chat obfuscated": len(FRAGMENTS) - 1,
+}
+"""Fragments of each stream that the raw route takes (the others' spelling is not raw)."""
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 @pytest.mark.parametrize("tools", [None, TOOLS])
 def test_every_fragment_of_every_read_takes_the_step(name: str, tools: Any) -> None:
     """Whatever the reads (one event each, cut anywhere, the whole stream), every fragment
-    event goes from the bytes to the call's buffer; Anthropic's by the raw route."""
+    event goes from the bytes to the call's buffer; those spelled as a ``RawContinuation``
+    by the raw route."""
     framing, data = STREAMS[name]
     provider = name.split(maxsplit=1)[0]
     for shape, reads in shapes(data, framing).items():
         taken = same_both_ways(provider, framing, reads, tools=tools)
         assert taken == len(FRAGMENTS), shape
-        assert [taken if provider == "anthropic" else 0] == RAW_TAKEN, shape
+        assert [RAW_SPELLED.get(name, 0)] == RAW_TAKEN, shape
         (choice,) = run(provider, framing, reads, fast=True)[0]["choices"]
         assert [c["state"] for c in choice["calls"]] == ["committed"]
         assert choice["calls"][0]["arguments"] == json.loads(ARGS)

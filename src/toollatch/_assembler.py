@@ -281,6 +281,29 @@ class Assembler:
             return []
         return self._on_args(key, fragment, size)
 
+    def feed_fragments(self, key: CallKey, fragments: list[str]) -> list[CallUpdate]:
+        """:meth:`feed_fragment` for each of ``fragments`` in turn (a run of one call's
+        fragments, as StreamParser collects them from one read): the same notices, text and
+        byte count. While the call stays OPEN without previews and under its byte limit (its
+        buffer's bound is set), the run is counted and appended as one string."""
+        if self._round is not None:
+            raise UsageError("Assembler.feed() called after finish()")
+        buf = self._buffers.get(key)
+        if buf is not None and buf.bound >= 0:
+            text = "".join(fragments)
+            nbytes = buf.nbytes + (len(text) if text.isascii() else _utf8_len(text))
+            if nbytes <= self._max_argument_bytes:
+                buf.nbytes = nbytes
+                buf.fragments.append(text)
+                if nbytes >= buf.join_at:
+                    buf.compact()
+                    buf.open_bound(self._max_argument_bytes)
+                return []
+        found: list[CallUpdate] = []
+        for fragment in fragments:
+            found += self.feed_fragment(key, fragment)
+        return found
+
     def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[CallUpdate]:
         buf = self._buffers.get(key)
         if buf is None and self._overflow:

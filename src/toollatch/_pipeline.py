@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ._adapters._base import Adapter
 from ._assembler import Assembler, CallUpdate
 from ._errors import StreamDecodeError, UsageError
-from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
+from ._events import Anomaly, AnomalyKind, CallKey, Frame, StreamEvent, StreamFailed
 from ._eventstream import EventStreamDecoder
 from ._gate import Gate, Policy, RunBudget
 from ._limits import Limits
@@ -24,6 +24,10 @@ from ._registry import Framing, adapter_class
 from ._round import Round
 from ._specs import ToolSpec
 from ._sse import SSEDecoder
+
+_RUN_FRAGMENTS = 256
+"""Fragments of one call collected from a read before they go to the assembler together: few
+enough that a read holding a whole stream holds few of them at a time."""
 
 
 class _Decoder(Protocol):
@@ -67,8 +71,11 @@ class StreamParser:
     The per-event step: ``feed`` hands the bytes to the decoder's ``feed_payloads``, which
     calls back with each complete event's type and undecoded data as it finds it (no list
     of frames is built, whatever the read's size); the adapter's ``translate`` returns
-    either a bare argument fragment of an open call, which goes straight to the
-    assembler's ``feed_fragment``, or the stream events the event implies. The same
+    either a bare argument fragment of an open call, or the stream events the event
+    implies. Consecutive fragments of one call (up to ``_RUN_FRAGMENTS``) are collected
+    and handed to the assembler's ``feed_fragments`` together, before any other event of
+    the read reaches the assembler and before ``feed`` returns: the assembler sees the same
+    sequence, and counts and appends the run at once. The same
     decisions as the stages in turn (``decoder.feed`` -> ``adapter.feed_frame`` ->
     ``assembler.feed``), without building the frame and the ``ArgsDelta`` for the bulk of
     a stream; tests feed every stream both ways and compare. With ``keep_events`` every
@@ -111,8 +118,10 @@ class StreamParser:
         # Bound once: they run once per event, tens of thousands of times a call.
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
-        self._feed_fragment = self.assembler.feed_fragment
+        self._feed_fragments = self.assembler.feed_fragments
         self._emit = self._on_event
+        self._run: list[str] = []  # one call's fragments from this read, not handed over yet
+        self._run_key: CallKey | None = None
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
@@ -132,7 +141,14 @@ class StreamParser:
                 return self._frames(self._decoder.feed(data))
             self._feed_payloads(data, self._emit)
         except StreamDecodeError as exc:
+            self._flush()
             self._notices += self._framing_failed(exc)
+        run = self._run
+        if run:  # (inlined _flush: once per read)
+            found = self._feed_fragments(self._run_key, run)  # type: ignore[arg-type]
+            run.clear()
+            if found:
+                self._notices += found
         found = self._notices
         if not found:
             return []
@@ -140,14 +156,35 @@ class StreamParser:
         return self._sealing(found)
 
     def _on_event(self, event: str, payload: bytes) -> None:
-        """One complete event of the read being fed (see the class docstring)."""
+        """One complete event of the read being fed (see the class docstring): a fragment
+        joins the run of its call's fragments (handed over by ``_flush`` before anything
+        else reaches the assembler), the events go to the assembler."""
         out = self._translate(event, payload)
+        run = self._run
         # (A fragment is a tuple, the events a list: the class test is the cheapest.)
-        found = (
-            self._feed_fragment(*out) if out.__class__ is tuple else self._apply(out)  # type: ignore[arg-type]
-        )
+        if out.__class__ is tuple:
+            if out[0] is self._run_key and len(run) < _RUN_FRAGMENTS:
+                run.append(out[1])
+                return
+            if run:
+                self._flush()
+            self._run_key = out[0]
+            run.append(out[1])
+            return
+        if run:
+            self._flush()
+        found = self._apply(out)  # type: ignore[arg-type]
         if found:
             self._notices += found
+
+    def _flush(self) -> None:
+        """Hand the run of fragments over to the assembler (see :meth:`_on_event`)."""
+        run = self._run
+        if run:
+            found = self._feed_fragments(self._run_key, run)  # type: ignore[arg-type]
+            run.clear()
+            if found:
+                self._notices += found
 
     def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """Feed already-decoded frames (the same rules as :meth:`feed`)."""

@@ -238,14 +238,17 @@ class SSEDecoder:
         """Apply the complete lines ``data[:end]`` in order: a one-line event (the kept head
         or another, a value without LF, the blank line) starting with nothing pending goes
         over as it is; anything else is split into lines up to the next blank line."""
-        pos, find, limit = 0, data.find, self._fast_max_bytes
+        pos, find, starts, limit = 0, data.find, data.startswith, self._fast_max_bytes
+        head, name = self._head, self._head_event  # (locals: _one_line changes them)
         clean = not (self._data or self._event)  # nothing pending: a one-line event may start
+        sent = 0  # one-line events handed over, added to _dispatched before anything raises
         while pos < end:
             if clean:
-                head = self._head
-                start = pos + len(head) if data.startswith(head, pos) else 0
-                if not start:
+                if starts(head, pos):
+                    start = pos + len(head)
+                else:
                     start = self._one_line(data, pos, end)
+                    head, name = self._head, self._head_event
                 if start:
                     # (the head may end past ``end``: its value then starts in the pending
                     # line, and no LF of the complete lines follows it)
@@ -256,10 +259,12 @@ class SSEDecoder:
                         and data[line_end + 1] == 10
                         and line_end + 2 - pos <= limit
                     ):
-                        self._dispatched += 1
-                        emit(self._head_event, data[start:line_end])
+                        sent += 1
+                        emit(name, data[start:line_end])
                         pos = line_end + 2
                         continue
+            self._dispatched += sent
+            sent = 0
             stop = find(b"\n\n", pos, end)
             if stop < 0:
                 self._lines(data[pos : end - 1], emit)
@@ -267,6 +272,7 @@ class SSEDecoder:
             self._lines(data[pos : stop + 1], emit)  # ends with a blank line: clean after it
             clean = True
             pos = stop + 2
+        self._dispatched += sent
 
     def _one_line(self, data: bytes, pos: int, stop: int) -> int:
         """Where the value starts when ``data[pos:stop]`` starts with a head other than the

@@ -161,15 +161,22 @@ def round_end(
     ]
 
 
-RawContinuation: TypeAlias = tuple[bytes, bytes, CallKey]
-"""``(prefix, suffix, key)``: an event whose data is ``prefix``, one JSON string, then
-``suffix`` with any spaces between or after its bytes, is a bare fragment of the open call
-``key``, the string being the fragment. ``suffix`` holds no ``"``, so the string ends at the
-data's last one. An adapter sets it for the provider's own spelling of its fragment event
-(e.g. Anthropic's compact ``content_block_delta``), only while :meth:`Adapter._continuation`
-would accept that event's decoded form with that result; :meth:`Adapter.translate` then
-decodes the string alone instead of the whole event. Any other spelling of the same event
-(another key order, spaces inside the prefix) misses and takes the decoded route."""
+RawContinuation: TypeAlias = tuple[bytes, bytes, bytes | None, CallKey]
+"""``(prefix, suffix, close, key)``: how the provider spells a bare fragment of the open call
+``key``, the fragment being one non-empty JSON string right after ``prefix``. Two forms:
+
+* ``close`` is None: ``suffix`` follows the string, maybe with spaces between its bytes when
+  it holds no ``"`` (Anthropic pads ``}  }``; the string then ends at the data's last quote).
+* padded: ``suffix``, then a padding value of ASCII letters and digits, then ``close``
+  (Bedrock's ``"p"``, OpenAI's ``"obfuscation"``: a field that only hides the event's size).
+
+An adapter sets it for its provider's own spelling, only while :meth:`Adapter._continuation`
+would accept every event so spelled with that result (a padding value included), and clears
+it before it stops holding; :meth:`Adapter.translate` then decodes the string alone instead
+of the whole event. Sound because a JSON string token can be replaced by any other without
+changing what the rest of the text means. Any other spelling (another key order, spaces
+inside the prefix) misses and takes the decoded route, as does an empty string when
+``_raw_empty`` is false."""
 
 
 Fragment: TypeAlias = tuple[CallKey, str]
@@ -179,19 +186,24 @@ Fragment: TypeAlias = tuple[CallKey, str]
 _loads = orjson.loads
 
 
-def _raw_fragment(payload: bytes, raw: RawContinuation) -> str | None:
-    """The fragment of ``payload`` when it is spelled as ``raw`` says, else ``None``."""
-    # The suffix has no quote, so the fragment's string ends at the last one; a JSON value
-    # that ends with a quote is a string.
-    end = payload.rfind(b'"') + 1
-    tail = payload[end:]
-    if tail != raw[1] and tail.replace(b" ", b"") != raw[1]:
+def _raw_body(payload: bytes, raw: RawContinuation) -> bytes | None:
+    """The fragment's JSON string in ``payload`` when it is spelled as ``raw`` says in a way
+    other than ``prefix + string + suffix`` exactly (see ``RawContinuation``), else None."""
+    prefix, suffix, close, _ = raw
+    if close is None:
+        # The suffix has no quote, so the fragment's string ends at the last one.
+        end = payload.rfind(b'"') + 1
+        if payload[end:].replace(b" ", b"") != suffix or b'"' in suffix:
+            return None
+        return payload[len(prefix) : end]
+    stop = len(payload) - len(close)
+    if not payload.endswith(close):
         return None
-    try:
-        fragment: str = _loads(payload[len(raw[0]) : end])
-    except orjson.JSONDecodeError:
-        return None  # (not one string: the decoded route says what it is)
-    return fragment
+    at = payload.rfind(suffix, len(prefix), stop)
+    pad = payload[at + len(suffix) : stop]
+    if at < 0 or (pad and not pad.isalnum()):  # (bytes.isalnum: ASCII letters and digits)
+        return None
+    return payload[len(prefix) : at]
 
 
 class Adapter(ABC):
@@ -203,6 +215,14 @@ class Adapter(ABC):
     _raw: RawContinuation | None = None
     """How the likeliest next fragment's event is spelled, for :meth:`translate` (see
     ``RawContinuation``); the adapter clears it before it stops holding."""
+
+    _raw_empty = True
+    """Whether an empty fragment spelled as ``_raw`` says is a fragment (the decoded route
+    takes one as such; OpenAI chat's sends it down the general path instead)."""
+
+    _learns_raw = False
+    """Whether :meth:`_learn_raw` is called after each fragment found by the decoded route
+    of :meth:`translate` (for a provider whose spelling holds per-stream values)."""
 
     _follows_source = False
     """Whether the last event :meth:`feed` took may be followed by an SDK stream helper's
@@ -353,22 +373,31 @@ class Adapter(ABC):
         """
         if self._finished:
             raise self._after_finish("translate")
-        if event != "error":
-            raw = self._raw
-            if raw is not None and payload.startswith(raw[0]):
-                fragment = _raw_fragment(payload, raw)
-                if fragment is not None:
-                    return raw[2], fragment
-            if payload[:1] == b"{":
-                try:
-                    native = _loads(payload)
-                except orjson.JSONDecodeError:
-                    native = None  # not UTF-8, or not JSON: feed_frame says what it is
-                if type(native) is dict:
-                    hit = self._continuation(native, event)
-                    if hit is not None:
-                        return hit
-                    return self._feed_other(native, event, payload)
+        raw = self._raw
+        if raw is not None and payload.startswith(raw[0]) and event != "error":
+            prefix, suffix, close, key = raw
+            if close is None and payload.endswith(suffix):
+                body: bytes | None = payload[len(prefix) : len(payload) - len(suffix)]
+            else:
+                body = _raw_body(payload, raw)
+            try:
+                fragment = _loads(body) if body else None
+            except orjson.JSONDecodeError:
+                fragment = None  # (not one string: the decoded route says what it is)
+            if fragment.__class__ is str and (fragment or self._raw_empty):
+                return key, fragment
+        if event != "error" and payload[:1] == b"{":
+            try:
+                native = _loads(payload)
+            except orjson.JSONDecodeError:
+                native = None  # not UTF-8, or not JSON: feed_frame says what it is
+            if type(native) is dict:
+                hit = self._continuation(native, event)
+                if hit is not None:
+                    if self._learns_raw:
+                        self._learn_raw(payload, native, hit)
+                    return hit
+                return self._feed_other(native, event, payload)
         return self.feed_frame(Frame(event, payload.decode("utf-8", "surrogateescape")))
 
     def _after_finish(self, method: str) -> UsageError:
@@ -397,6 +426,12 @@ class Adapter(ABC):
         change nothing else that matters (tests pin this per adapter); ``None`` sends the
         event down the general path."""
         return None
+
+    def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
+        """Set (or clear) ``_raw`` from ``payload``, which the decoded route just read as
+        ``event``, the fragment ``hit`` (only when ``_learns_raw``). The base class learns
+        nothing."""
+        self._raw = None
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """The provider reported an error (an SSE ``event: error`` frame, or an error event of

@@ -76,6 +76,12 @@ _ENDINGS: dict[str, RoundEnd] = {
     "malformed_tool_use": RoundEnd.INTERRUPTED,
 }
 
+_DELTA_PREFIX = b'{"contentBlockDelta":{"contentBlockIndex":%d,"delta":{"toolUse":{"input":'
+_DELTA_SUFFIX = b'}},"p":"'
+"""How a call's fragment event is spelled as JSON Lines (boto3's event, dumped): the
+fragment, then the ``"p"`` padding field (letters and digits hiding the event's size) and
+``"}}``; fixture bedrock/nova_text_then_tool_use.jsonl. See ``RawContinuation``."""
+
 _EVENTS = frozenset(
     {
         "messageStart",
@@ -250,7 +256,7 @@ class BedrockAdapter(Adapter):
 
     def _message_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         # additionalModelResponseFields (model-specific extras) are not needed for calls.
-        self._stopped = True
+        self._stop()
         return round_end(_str_or_none(payload.get("stopReason")), _ENDINGS, "stopReason")
 
     def _after_end(self, name: str, payload: Mapping[str, Any]) -> list[StreamEvent]:
@@ -278,8 +284,13 @@ class BedrockAdapter(Adapter):
         """An exception event: fails the stream, or is only recorded after ``messageStop``."""
         if self._stopped:
             return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after messageStop: {detail}")]
-        self._stopped = True
+        self._stop()
         return [StreamFailed(detail=detail)]
+
+    def _stop(self) -> None:
+        """No more content may change the round: no fragment takes the raw shortcut either."""
+        self._stopped = True
+        self._raw = None
 
     # -- content blocks ---------------------------------------------------------------------
 
@@ -297,6 +308,7 @@ class BedrockAdapter(Adapter):
                 return []
             self._blocks[index] = _Block(_Kind.CALL, tool_use)
             key = self._open_calls[index] = self._key(index)
+            self._raw = (_DELTA_PREFIX % index, _DELTA_SUFFIX, b'"}}', key)
             opened = CallOpened(
                 key=key,
                 call_id=_str_or_none(tool_use.get("toolUseId")),
@@ -369,6 +381,7 @@ class BedrockAdapter(Adapter):
         block.closed = True
         match block.kind:
             case _Kind.CALL:
+                self._raw = None  # (blocks come one after another: the open one just stopped)
                 return [CallClosed(key=self._open_calls.pop(index))]
             case _Kind.REASONING:
                 return [ReasoningBlock(block=index, data=_reasoning_data(block))]

@@ -28,6 +28,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from .._events import (
     Anomaly,
     AnomalyKind,
@@ -45,7 +47,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, lost_event, round_end
+from ._base import Adapter, Fragment, error_detail, lost_event, round_end
 
 _ENDINGS: dict[str, RoundEnd] = {
     "tool_calls": RoundEnd.NORMAL,
@@ -58,6 +60,17 @@ _ENDINGS: dict[str, RoundEnd] = {
     "content_filter": RoundEnd.INTERRUPTED,
 }
 """``finish_reason`` -> ending; anything else is untrusted (see ``round_end``)."""
+
+_ARGUMENTS = b'"arguments":'
+_PADDING = b',"obfuscation":"'
+"""OpenAI's padding field, last in every chunk when ``stream_options.include_obfuscation``
+is on (the default): letters and digits that hide the chunk's size (fixture
+openai_chat/long_nested_arguments.sse)."""
+_LEARNED_SPELLINGS = 16
+"""Raw spellings an adapter learns at most (see ``_learn_raw``): one per call in an ordinary
+stream; a server whose chunks differ in more than the padding stops paying for it."""
+_TOKEN_TRIES = 64
+"""Quotes tried as the end of the arguments string while learning (one per escaped quote)."""
 
 
 class _Slot:
@@ -97,10 +110,12 @@ class OpenAIChatAdapter(Adapter):
         self._saw_done = False
         self._object_args: set[CallKey] = set()
         self._extras: set[CallKey] = set()
+        self._spellings_left = _LEARNED_SPELLINGS
 
     # -- chunks -------------------------------------------------------------------------------
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
+        self._raw = None  # (any other chunk may change what a continuation is)
         if self._saw_done:
             # Nothing after [DONE] is trusted; a tool-call delta in it still reaches its call,
             # which it fails (a fragment for a call that can no longer grow: see _after_end).
@@ -159,8 +174,46 @@ class OpenAIChatAdapter(Adapter):
             or delta.get("reasoning")
         ):
             return None
+        self._raw = None  # (learned again by translate: it stands for calls.last)
         calls.last = slot
         return slot.key, args
+
+    _learns_raw = True
+    _raw_empty = False  # (``not args`` above)
+
+    def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
+        """The chunks that continue one call differ only in the fragment (and the padding):
+        ``payload`` with its arguments string cut out is their spelling (``_raw``). It is
+        kept only when the same text with another string (and another padding) decodes to
+        ``event`` with just those values changed, which proves that the cut is that string
+        token and nothing else; the raw route then also skips ``calls.last = slot``, which
+        holds already (any other chunk clears ``_raw``)."""
+        at = payload.rfind(_ARGUMENTS)
+        if at < 0 or self._spellings_left <= 0:
+            return
+        self._spellings_left -= 1
+        start = at + len(_ARGUMENTS)
+        end = _string_end(payload, start)
+        if end < 0:
+            return
+        prefix, suffix, close = payload[:start], payload[end:], None
+        pad = suffix.rfind(_PADDING)
+        if pad >= 0 and suffix.endswith(b'"}'):
+            value = suffix[pad + len(_PADDING) : -2]
+            if not value or value.isalnum():
+                suffix, close = suffix[: pad + len(_PADDING)], b'"}'
+        expected = orjson.loads(payload)
+        expected["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = "\x00"
+        probe = prefix + b'"\\u0000"' + suffix
+        if close is not None:
+            expected["obfuscation"] = "Z"
+            probe += b"Z" + close
+        try:
+            same = orjson.loads(probe) == expected
+        except orjson.JSONDecodeError:
+            same = False
+        if same:
+            self._raw = (prefix, suffix, close, hit[0])
 
     def _choices_events(self, choices: object, out: list[StreamEvent]) -> None:
         """Rule "unreadable_is_lost": a member the chunk has but that cannot be read (a
@@ -422,6 +475,7 @@ class OpenAIChatAdapter(Adapter):
         ]
 
     def _done(self) -> list[StreamEvent]:
+        self._raw = None
         if self._saw_done:
             return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="a second [DONE]")]
         self._saw_done = True
@@ -441,6 +495,22 @@ class OpenAIChatAdapter(Adapter):
         if self._saw_done or (self._choices and set(self._choices) <= self._ended):
             return []
         return [StreamFailed(detail="the stream ended without a finish_reason or [DONE]")]
+
+
+def _string_end(payload: bytes, start: int) -> int:
+    """Where the JSON string token at ``payload[start:]`` ends (past its closing quote), or
+    -1: the first quote after which the text so far decodes as a string."""
+    quote = payload.find(b'"', start + 1)
+    for _ in range(_TOKEN_TRIES):
+        if quote < 0:
+            return -1
+        try:
+            if type(orjson.loads(payload[start : quote + 1])) is str:
+                return quote + 1
+        except orjson.JSONDecodeError:
+            pass
+        quote = payload.find(b'"', quote + 1)
+    return -1
 
 
 def extra_block(key: CallKey) -> str:
