@@ -529,3 +529,143 @@ def test_a_sealed_round_stops_reading_so_the_adapter_stops_growing():
     assert [len(events.feed_event(json.loads(call(i)[6:]))) for i in range(7)] == [
         0, 0, 1, 1, 2, 0, 0]
     assert len(events.finish().calls) == 4
+
+
+# -- Bedrock's spelling (JSON Lines, the "p" padding) and near it --------------------------------
+
+
+def _bedrock_delta(index: int, rest: bytes) -> bytes:
+    """A Bedrock fragment line spelled as boto3's event dumps it up to the fragment."""
+    head = b'{"contentBlockDelta":{"contentBlockIndex":%d,"delta":{"toolUse":{"input":'
+    return head % index + rest + b"\n"
+
+
+def _bedrock(event: dict[str, Any]) -> bytes:
+    return jsonl(event)
+
+
+_BEDROCK_TAKEN = [  # the raw route takes these while block 0 (or 1) is an open call
+    _bedrock_delta(0, b'"ab"}},"p":"abc"}}'),
+    _bedrock_delta(0, b'"a\\"b\\\\"}},"p":"Zz09"}}'),  # an escaped quote and backslash
+    _bedrock_delta(0, b'"\\u00e9 \xc3\xa9"}},"p":""}}'),  # no padding at all
+    _bedrock_delta(0, b'""}},"p":"x"}}'),  # empty: a fragment on both routes
+    _bedrock_delta(1, b'"x"}},"p":"q"}}'),
+]
+_BEDROCK_READS = [
+    *_BEDROCK_TAKEN,
+    # near misses: the decoded path decides, as the stages do
+    _bedrock_delta(0, b'"a"}},"p":"a-b"}}'),  # padding that is not letters and digits
+    _bedrock_delta(0, b'"a"}},"p":"x","p":"y"}}'),
+    _bedrock_delta(0, b'"a"}},"p":"x","delta":{"toolUse":{"input":"b"}}}}'),  # a second delta
+    _bedrock_delta(0, b'"a","input":"b"}},"p":"x"}}'),  # a second input
+    _bedrock_delta(0, b'5}},"p":"x"}}'),  # not a string
+    _bedrock_delta(0, b'"a"}},"p":"x"}'),  # unclosed
+    _bedrock_delta(0, b'"a"}},"p":"x"}}}'),
+    _bedrock_delta(0, b'"a"}},"p":5}}'),
+    _bedrock_delta(0, b'"\\ud800"}},"p":"x"}}'),  # a lone surrogate
+    _bedrock_delta(0, b'"\xff"}},"p":"x"}}'),  # not UTF-8
+    _bedrock_delta(2, b'"t"}},"p":"x"}}'),  # block 2: text, or never started
+    # the structure around them
+    _bedrock({"contentBlockStop": {"contentBlockIndex": 0}}),
+    _bedrock({"contentBlockStop": {"contentBlockIndex": 1}}),
+    BEDROCK_OPEN_1 := _bedrock(
+        {
+            "contentBlockStart": {
+                "contentBlockIndex": 1,
+                "start": {"toolUse": {"toolUseId": "tu_2", "name": "write_file"}},
+            }
+        }
+    ),
+    _bedrock({"contentBlockStart": {"contentBlockIndex": 2, "start": {"text": ""}}}),
+    _bedrock({"messageStop": {"stopReason": "tool_use"}}),
+    _bedrock({"throttlingException": {"message": "slow down"}}),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(range(len(_BEDROCK_READS))), max_size=12))
+def test_bedrock_raw_spellings_decide_as_the_stages_do(picks: list[int]) -> None:
+    """Fragments in boto3's spelling and its near misses, before and after their block
+    stops, another call starts, the message stops or an exception arrives."""
+    head = per_event(bedrock_stream([]), "jsonl")[:2]  # messageStart, block 0 (a call)
+    reads = [*head, *(_BEDROCK_READS[i] for i in picks)]
+    same_both_ways("bedrock", "jsonl", reads)
+    same_both_ways("bedrock", "jsonl", [b"".join(reads)])
+
+
+def test_the_bedrock_reads_include_reads_the_raw_shortcut_takes() -> None:
+    head = per_event(bedrock_stream([]), "jsonl")[:2]
+    near = _BEDROCK_READS[len(_BEDROCK_TAKEN) : len(_BEDROCK_TAKEN) + 10]
+    reads = [*head, *_BEDROCK_TAKEN[:4], *near, BEDROCK_OPEN_1, _BEDROCK_TAKEN[4]]
+    # 5 of the near misses are fragments too (for the decoded route): other padding, a
+    # repeated "p", a repeated "delta" or "input" (the last counts), a numeric "p"
+    assert same_both_ways("bedrock", "jsonl", reads) == 5 + 5
+    assert RAW_TAKEN == [5]
+
+
+# -- OpenAI chat's learned spelling and near it -----------------------------------------------
+
+
+def _chat_delta(index: int, token: bytes, tail: bytes = b"", finish: bytes = b"null") -> bytes:
+    """A chat fragment chunk spelled as OpenAI sends it: ``token`` is the arguments' JSON,
+    ``tail`` follows the choices (e.g. the obfuscation padding)."""
+    return (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"choices":'
+        b'[{"index":0,"delta":{"tool_calls":[{"index":%d,"function":{"arguments":%s}}]},'
+        b'"logprobs":null,"finish_reason":%s}]%s}\n\n' % (index, token, finish, tail)
+    )
+
+
+_PAD = b',"usage":null,"obfuscation":"%s"'
+_CHAT_READS = [
+    _chat_delta(0, b'"ab"'),
+    _chat_delta(0, b'"c\\"d\\\\"'),  # an escaped quote and backslash at the end
+    _chat_delta(0, b'"\\"arguments\\":"'),
+    _chat_delta(0, b'"e"', _PAD % b"Xy1"),
+    _chat_delta(0, b'"f"', _PAD % b""),
+    _chat_delta(1, b'"g"'),
+    _chat_delta(0, b'""'),  # empty: the general path, on both routes
+    _chat_delta(0, b"null"),
+    _chat_delta(0, b'"a","arguments":"b"'),  # a repeated key: the last one counts
+    _chat_delta(0, b'"a"', _PAD % b"a-b"),  # padding that is not letters and digits
+    _chat_delta(0, b'"a"', b',"usage":{"total_tokens":1}'),
+    _chat_delta(0, b'"a"', finish=b'"length"'),
+    _chat_delta(0, b'"\\ud800"'),
+    _chat_delta(0, b'"\xff"'),
+    _chat_delta(2, b'"t"'),  # index 2: never opened
+    sse(chat_chunk({}, "tool_calls")),
+    CHAT_OPEN_1 := sse(
+        chat_chunk(
+            {
+                "tool_calls": [
+                    {"index": 1, "id": "call_2", "function": {"name": "f", "arguments": ""}}
+                ]
+            }
+        )
+    ),
+    sse(chat_args(0, "h", usage={"total_tokens": 3})),
+    b"data: [DONE]\n\n",
+    sse({"error": {"message": "busy"}}),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(range(len(_CHAT_READS))), max_size=14))
+def test_chat_raw_spellings_decide_as_the_stages_do(picks: list[int]) -> None:
+    """Chunks in OpenAI's spelling (learned from the first fragment) and near it, before and
+    after another call opens, the choice finishes, [DONE] or an error arrives."""
+    head = per_event(chat_stream([]), "sse")[:1]  # the chunk that opens call 0
+    reads = [*head, *(_CHAT_READS[i] for i in picks)]
+    same_both_ways("openai_chat", "sse", reads)
+    same_both_ways("openai_chat", "sse", [b"".join(reads)])
+
+
+def test_the_chat_reads_include_reads_the_raw_shortcut_takes() -> None:
+    """A spelling is learned from a fragment the decoded route found, then taken raw; a
+    padded spelling takes any letters and digits."""
+    head = per_event(chat_stream([]), "sse")[:1]
+    plain, padded = _CHAT_READS[:3], _CHAT_READS[3:5]
+    reads = [*head, *plain, *padded, padded[0], CHAT_OPEN_1, _CHAT_READS[5], _CHAT_READS[5]]
+    assert same_both_ways("openai_chat", "sse", reads) == 3 + 3 + 2
+    # learned at plain[0], padded[0] and the call 1's first: the others are raw
+    assert RAW_TAKEN == [2 + 2 + 1]
