@@ -8,13 +8,15 @@ round ends ``interrupted`` and every call gets a paired error result.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from ._adapters._base import Adapter
+from ._adapters._base import Adapter, Fragment
 from ._assembler import Assembler, CallUpdate
 from ._errors import StreamDecodeError, UsageError
-from ._events import Anomaly, AnomalyKind, CallKey, Frame, StreamEvent, StreamFailed
+from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
 from ._eventstream import EventStreamDecoder
 from ._gate import Gate, Policy, RunBudget
 from ._limits import Limits
@@ -72,10 +74,10 @@ class StreamParser:
     calls back with each complete event's type and undecoded data as it finds it (no list
     of frames is built, whatever the read's size); the adapter's ``translate`` returns
     either a bare argument fragment of an open call, or the stream events the event
-    implies. Consecutive fragments of one call (up to ``_RUN_FRAGMENTS``) are collected
-    and handed to the assembler's ``feed_fragments`` together, before any other event of
-    the read reaches the assembler and before ``feed`` returns: the assembler sees the same
-    sequence, and counts and appends the run at once. The same
+    implies. Consecutive fragments (up to ``_RUN_FRAGMENTS``) are collected and handed to
+    the assembler before any other event of the read reaches it and before ``feed``
+    returns, each call's stretch of them in one ``feed_fragments``: the assembler sees the
+    same sequence, and counts and appends a stretch at once. The same
     decisions as the stages in turn (``decoder.feed`` -> ``adapter.feed_frame`` ->
     ``assembler.feed``), without building the frame and the ``ArgsDelta`` for the bulk of
     a stream; tests feed every stream both ways and compare. With ``keep_events`` every
@@ -118,10 +120,10 @@ class StreamParser:
         # Bound once: they run once per event, tens of thousands of times a call.
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
+        self._feed_fragment = self.assembler.feed_fragment
         self._feed_fragments = self.assembler.feed_fragments
         self._emit = self._on_event
-        self._run: list[str] = []  # one call's fragments from this read, not handed over yet
-        self._run_key: CallKey | None = None
+        self._run: list[Fragment] = []  # fragments found in this read, not handed over yet
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
@@ -144,8 +146,8 @@ class StreamParser:
             self._flush()
             self._notices += self._framing_failed(exc)
         run = self._run
-        if run:  # (inlined _flush: once per read)
-            found = self._feed_fragments(self._run_key, run)  # type: ignore[arg-type]
+        if run:  # (inlined _flush, once per read: one fragment is the likeliest run)
+            found = self._feed_fragment(*run[0]) if len(run) == 1 else self._hand_over(run)
             run.clear()
             if found:
                 self._notices += found
@@ -157,21 +159,17 @@ class StreamParser:
 
     def _on_event(self, event: str, payload: bytes) -> None:
         """One complete event of the read being fed (see the class docstring): a fragment
-        joins the run of its call's fragments (handed over by ``_flush`` before anything
-        else reaches the assembler), the events go to the assembler."""
+        joins the run of fragments found in this read (handed over by ``_flush`` before
+        anything else reaches the assembler), the events go to the assembler."""
         out = self._translate(event, payload)
-        run = self._run
         # (A fragment is a tuple, the events a list: the class test is the cheapest.)
         if out.__class__ is tuple:
-            if out[0] is self._run_key and len(run) < _RUN_FRAGMENTS:
-                run.append(out[1])
-                return
-            if run:
+            run = self._run
+            run.append(out)
+            if len(run) >= _RUN_FRAGMENTS:
                 self._flush()
-            self._run_key = out[0]
-            run.append(out[1])
             return
-        if run:
+        if self._run:
             self._flush()
         found = self._apply(out)  # type: ignore[arg-type]
         if found:
@@ -181,10 +179,22 @@ class StreamParser:
         """Hand the run of fragments over to the assembler (see :meth:`_on_event`)."""
         run = self._run
         if run:
-            found = self._feed_fragments(self._run_key, run)  # type: ignore[arg-type]
+            found = self._hand_over(run)
             run.clear()
             if found:
                 self._notices += found
+
+    def _hand_over(self, run: list[Fragment]) -> list[CallUpdate]:
+        """The assembler's notices for ``run``: each stretch of one call's fragments in one
+        ``feed_fragments`` (the whole run, as a rule: calls stream one after another)."""
+        key = run[0][0]
+        texts = [text for part, text in run if part is key]
+        if len(texts) == len(run):
+            return self._feed_fragments(key, texts)
+        found: list[CallUpdate] = []
+        for key, stretch in itertools.groupby(run, key=operator.itemgetter(0)):
+            found += self._feed_fragments(key, [text for _, text in stretch])
+        return found
 
     def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """Feed already-decoded frames (the same rules as :meth:`feed`)."""
