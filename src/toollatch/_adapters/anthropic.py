@@ -347,7 +347,7 @@ class AnthropicAdapter(Adapter):
         match block.kind:
             case _Kind.CALL:
                 key = self._open_calls[index] = self._key(index)
-                self._raw = (_DELTA_PREFIX % index, b"}}", None, key)
+                self._raw = (_DELTA_PREFIX % index, b"}}", None, key, None)
                 opened = CallOpened(
                     key=key,
                     call_id=_str_or_none(start.get("id")),

@@ -308,7 +308,7 @@ class BedrockAdapter(Adapter):
                 return []
             self._blocks[index] = _Block(_Kind.CALL, tool_use)
             key = self._open_calls[index] = self._key(index)
-            self._raw = (_DELTA_PREFIX % index, _DELTA_SUFFIX, b'"}}', key)
+            self._raw = (_DELTA_PREFIX % index, _DELTA_SUFFIX, b'"}}', key, None)
             opened = CallOpened(
                 key=key,
                 call_id=_str_or_none(tool_use.get("toolUseId")),

@@ -28,8 +28,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from .._events import (
     Anomaly,
     AnomalyKind,
@@ -47,7 +45,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, Fragment, error_detail, lost_event, round_end
+from ._base import Adapter, Fragment, error_detail, learned_spelling, lost_event, round_end
 
 _ENDINGS: dict[str, RoundEnd] = {
     "tool_calls": RoundEnd.NORMAL,
@@ -61,16 +59,9 @@ _ENDINGS: dict[str, RoundEnd] = {
 }
 """``finish_reason`` -> ending; anything else is untrusted (see ``round_end``)."""
 
-_ARGUMENTS = b'"arguments":'
-_PADDING = b',"obfuscation":"'
-"""OpenAI's padding field, last in every chunk when ``stream_options.include_obfuscation``
-is on (the default): letters and digits that hide the chunk's size (fixture
-openai_chat/long_nested_arguments.sse)."""
 _LEARNED_SPELLINGS = 16
 """Raw spellings an adapter learns at most (see ``_learn_raw``): one per call in an ordinary
 stream; a server whose chunks differ in more than the padding stops paying for it."""
-_TOKEN_TRIES = 64
-"""Quotes tried as the end of the arguments string while learning (one per escaped quote)."""
 
 
 class _Slot:
@@ -183,37 +174,12 @@ class OpenAIChatAdapter(Adapter):
 
     def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
         """The chunks that continue one call differ only in the fragment (and the padding):
-        ``payload`` with its arguments string cut out is their spelling (``_raw``). It is
-        kept only when the same text with another string (and another padding) decodes to
-        ``event`` with just those values changed, which proves that the cut is that string
-        token and nothing else; the raw route then also skips ``calls.last = slot``, which
-        holds already (any other chunk clears ``_raw``)."""
-        at = payload.rfind(_ARGUMENTS)
-        if at < 0 or self._spellings_left <= 0:
-            return
-        self._spellings_left -= 1
-        start = at + len(_ARGUMENTS)
-        end = _string_end(payload, start)
-        if end < 0:
-            return
-        prefix, suffix, close = payload[:start], payload[end:], None
-        pad = suffix.rfind(_PADDING)
-        if pad >= 0 and suffix.endswith(b'"}'):
-            value = suffix[pad + len(_PADDING) : -2]
-            if not value or value.isalnum():
-                suffix, close = suffix[: pad + len(_PADDING)], b'"}'
-        expected = orjson.loads(payload)
-        expected["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = "\x00"
-        probe = prefix + b'"\\u0000"' + suffix
-        if close is not None:
-            expected["obfuscation"] = "Z"
-            probe += b"Z" + close
-        try:
-            same = orjson.loads(probe) == expected
-        except orjson.JSONDecodeError:
-            same = False
-        if same:
-            self._raw = (prefix, suffix, close, hit[0])
+        their spelling is ``payload`` around its arguments string (see
+        ``learned_spelling``). The raw route then also skips ``calls.last = slot``, which
+        holds already: any other chunk clears ``_raw``."""
+        if self._spellings_left > 0:
+            self._spellings_left -= 1
+            self._raw = learned_spelling(payload, hit[0], b'"arguments":', _put_arguments)
 
     def _choices_events(self, choices: object, out: list[StreamEvent]) -> None:
         """Rule "unreadable_is_lost": a member the chunk has but that cannot be read (a
@@ -497,20 +463,9 @@ class OpenAIChatAdapter(Adapter):
         return [StreamFailed(detail="the stream ended without a finish_reason or [DONE]")]
 
 
-def _string_end(payload: bytes, start: int) -> int:
-    """Where the JSON string token at ``payload[start:]`` ends (past its closing quote), or
-    -1: the first quote after which the text so far decodes as a string."""
-    quote = payload.find(b'"', start + 1)
-    for _ in range(_TOKEN_TRIES):
-        if quote < 0:
-            return -1
-        try:
-            if type(orjson.loads(payload[start : quote + 1])) is str:
-                return quote + 1
-        except orjson.JSONDecodeError:
-            pass
-        quote = payload.find(b'"', quote + 1)
-    return -1
+def _put_arguments(event: dict[str, Any], text: str) -> None:
+    """Set the arguments of a continuation chunk (the one shape ``_continuation`` takes)."""
+    event["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = text
 
 
 def extra_block(key: CallKey) -> str:
