@@ -222,10 +222,9 @@ RAW_SPELLED = {
     "anthropic padded": len(FRAGMENTS),
     "anthropic padded inside": len(FRAGMENTS),
     "bedrock padded": len(FRAGMENTS),
-    # chat and Responses learn their spelling from the first fragment (the decoded route)
+    # chat learns its spelling from the first fragment (the decoded route)
     "openai_chat": len(FRAGMENTS) - 1,
     "openai_chat obfuscated": len(FRAGMENTS) - 1,
-    "openai_responses": len(FRAGMENTS) - 1,
 }
 """Fragments of each stream that the raw route takes (the others' spelling is not raw)."""
 

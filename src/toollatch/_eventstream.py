@@ -214,10 +214,11 @@ class EventStreamDecoder:
         self.feed_payloads(data, collect)
         return frames
 
-    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+    def feed_payloads(self, data: bytes, emit: Emit, lone: Emit | None = None) -> None:
         """:meth:`feed`, handing each completed message to ``emit(event, payload)`` as it is
         cut instead of returning frames (``payload``: the frame's data undecoded; see
-        :meth:`SSEDecoder.feed_payloads`). Raises as :meth:`feed` does.
+        :meth:`SSEDecoder.feed_payloads`). Raises as :meth:`feed` does. ``lone`` is accepted
+        for the shape and not used: every message goes to ``emit``.
         """
         if self._closed is not None:
             self._raise_closed()

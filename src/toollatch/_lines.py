@@ -71,9 +71,10 @@ class JSONLinesDecoder:
         self.feed_payloads(data, collect)
         return frames
 
-    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+    def feed_payloads(self, data: bytes, emit: Emit, lone: Emit | None = None) -> None:
         """:meth:`feed`, handing each non-blank line to ``emit("message", line)`` as it is
-        found instead of returning frames (see :meth:`SSEDecoder.feed_payloads`): ``line``
+        found instead of returning frames (see :meth:`SSEDecoder.feed_payloads`, also for
+        ``lone``, which takes a line that is the whole chunk): ``line``
         is the frame's data encoded back (``surrogateescape``), without its line end, the
         whitespace around it and a BOM. Raises as :meth:`feed` does.
         """
@@ -84,7 +85,7 @@ class JSONLinesDecoder:
             # One whole "{...}" line, as most reads are: what the loop below does for it.
             stop = len(data) - 1
             if stop <= self._max and data.find(b"\n", 0, stop) < 0:
-                emit("message", data[:stop])
+                (emit if lone is None else lone)("message", data[:stop])
                 return
         end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
         if not end:

@@ -36,7 +36,12 @@ class _Decoder(Protocol):
     """What the pipeline needs of a frame decoder (all three have it)."""
 
     def feed(self, data: bytes) -> list[Frame]: ...
-    def feed_payloads(self, data: bytes, emit: Callable[[str, bytes], None]) -> None: ...
+    def feed_payloads(
+        self,
+        data: bytes,
+        emit: Callable[[str, bytes], None],
+        lone: Callable[[str, bytes], None] | None = None,
+    ) -> None: ...
     def finish(self) -> list[Frame]: ...
 
 
@@ -123,6 +128,7 @@ class StreamParser:
         self._feed_fragment = self.assembler.feed_fragment
         self._feed_fragments = self.assembler.feed_fragments
         self._emit = self._on_event
+        self._emit_lone = self._on_lone_event
         self._run: list[Fragment] = []  # fragments found in this read, not handed over yet
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
@@ -141,7 +147,7 @@ class StreamParser:
         try:
             if self.events is not None:
                 return self._frames(self._decoder.feed(data))
-            self._feed_payloads(data, self._emit)
+            self._feed_payloads(data, self._emit, self._emit_lone)
         except StreamDecodeError as exc:
             self._flush()
             self._notices += self._framing_failed(exc)
@@ -172,6 +178,15 @@ class StreamParser:
         if self._run:
             self._flush()
         found = self._apply(out)  # type: ignore[arg-type]
+        if found:
+            self._notices += found
+
+    def _on_lone_event(self, event: str, payload: bytes) -> None:
+        """The one event of a read that holds nothing else: no run to collect."""
+        out = self._translate(event, payload)
+        found = (
+            self._feed_fragment(*out) if out.__class__ is tuple else self._apply(out)  # type: ignore[arg-type]
+        )
         if found:
             self._notices += found
 

@@ -175,14 +175,16 @@ class SSEDecoder:
         self.feed_payloads(data, collect)
         return frames
 
-    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+    def feed_payloads(self, data: bytes, emit: Emit, lone: Emit | None = None) -> None:
         """:meth:`feed`, handing each completed event to ``emit(type, data)`` as it completes
         instead of returning frames: ``data`` is the event's data undecoded (UTF-8, maybe
         invalid: decode it with ``surrogateescape``). No list of the chunk's events is built,
-        whatever its size (StreamParser uses this). The id and retry in force are
-        :attr:`last_id` and :attr:`retry` when ``emit`` is called. Raises as :meth:`feed`
-        does, at the same places; an exception from ``emit`` propagates, and the rest of the
-        chunk is lost (the decoder is then not to be used again).
+        whatever its size (StreamParser uses this). An event that is the whole chunk (one
+        event per read, as most reads of a stream are) goes to ``lone`` instead, when given.
+        The id and retry in force are :attr:`last_id` and :attr:`retry` when ``emit`` is
+        called. Raises as :meth:`feed` does, at the same places; an exception from ``emit``
+        propagates, and the rest of the chunk is lost (the decoder is then not to be used
+        again).
         """
         if self._closed is not None:
             self._raise_closed()
@@ -195,11 +197,11 @@ class SSEDecoder:
                 n <= self._fast_max_bytes
                 and not (self._partial or self._at_start or self._skip_lf)
                 and not (self._data or self._event)
-                and data.find(b"\n", len(head), n - 2) < 0
+                and data.find(b"\n", skip := len(head), n - 2) < 0
                 and 13 not in data
             ):
                 self._dispatched += 1
-                emit(self._head_event, data[len(head) : n - 2])
+                (emit if lone is None else lone)(self._head_event, data[skip : n - 2])
                 return
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 import orjson
 
@@ -161,24 +161,44 @@ def round_end(
     ]
 
 
-RawContinuation: TypeAlias = tuple[bytes, bytes, bytes | None, CallKey, bytes | None]
-"""``(prefix, suffix, close, key, middle)``: how the provider spells a bare fragment of the
-open call ``key``, the fragment being one JSON string that follows ``prefix``, or, when
-``middle`` is set, ``prefix``, a counter (a JSON integer of at most 15 digits: Responses'
-``sequence_number``) and ``middle``. After the string, one of two forms:
+class RawContinuation(NamedTuple):
+    """How the provider spells a bare fragment of the open call ``key`` (build it with
+    :func:`raw_continuation`): the fragment is one JSON string right after ``prefix``, then
+    one of two forms:
 
-* ``close`` is None: ``suffix``, maybe with spaces between its bytes when it holds no ``"``
-  (Anthropic pads ``}  }``; the string then ends at the data's last quote).
-* padded: ``suffix``, a padding value of ASCII letters and digits, then ``close`` (Bedrock's
-  ``"p"``, OpenAI's ``"obfuscation"``: fields that only hide the event's size).
+    * ``close`` is None: ``suffix``, maybe with spaces between its bytes when it holds no ``"``
+      (Anthropic pads ``}  }``; the string then ends at the data's last quote).
+    * padded: ``suffix``, a padding value of ASCII letters and digits, then ``close`` (Bedrock's
+      ``"p"``, OpenAI's ``"obfuscation"``: fields that only hide the event's size).
 
-An adapter sets it for its provider's own spelling, only while :meth:`Adapter._continuation`
-would accept every event so spelled with that result (whatever the counter and padding), and
-clears it before it stops holding; :meth:`Adapter.translate` then decodes the string alone
-instead of the whole event. Sound because a JSON string (or integer) token can be replaced
-by any other without changing what the rest of the text means. Any other spelling (another
-key order, spaces inside the prefix) misses and takes the decoded route, as does an empty
-string when ``_raw_empty`` is false."""
+    An adapter sets it for its provider's own spelling, only while :meth:`Adapter._continuation`
+    would accept every event so spelled with that result (whatever the padding), and clears
+    it before it stops holding; :meth:`Adapter.translate` then decodes the string alone
+    instead of the whole event. Sound because a JSON string token can be replaced by any
+    other without changing what the rest of the text means. Any other spelling (another key
+    order, spaces inside the prefix) misses and takes the decoded route, as does an empty
+    string when ``_raw_empty`` is false."""
+
+    prefix: bytes
+    suffix: bytes
+    close: bytes | None
+    key: CallKey
+    start: int
+    """``len(prefix)``: where the string starts."""
+    cut: int
+    """``len(close)`` when padded, else ``len(suffix)``: the bytes after the string (or after
+    the padding) in the spelling without spaces."""
+
+
+def raw_continuation(
+    prefix: bytes, suffix: bytes, key: CallKey, close: bytes | None = None
+) -> RawContinuation:
+    """A :class:`RawContinuation`, its lengths computed once (``translate`` slices with them
+    once per event). Raises ``ValueError`` for an empty ``suffix`` or ``close``."""
+    if not suffix or close == b"":
+        raise ValueError("a raw spelling needs a suffix (and a close, when padded)")
+    cut = len(suffix) if close is None else len(close)
+    return RawContinuation(prefix, suffix, close, key, len(prefix), cut)
 
 
 Fragment: TypeAlias = tuple[CallKey, str]
@@ -186,46 +206,17 @@ Fragment: TypeAlias = tuple[CallKey, str]
 :meth:`Adapter.translate`)."""
 
 _loads = orjson.loads
-_MAX_COUNTER_DIGITS = 15  # (well inside the 64-bit integers orjson reads)
 
 
-def _is_counter(digits: bytes) -> bool:
-    """Whether ``digits`` is a JSON integer >= 0 of at most ``_MAX_COUNTER_DIGITS``."""
-    return (
-        0 < len(digits) <= _MAX_COUNTER_DIGITS
-        and digits.isdigit()  # (bytes: ASCII digits only)
-        and (digits[0] != 0x30 or len(digits) == 1)
-    )
-
-
-def _raw_body(payload: bytes, raw: RawContinuation) -> bytes | None:
-    """The fragment's JSON string in ``payload`` when it is spelled as ``raw`` says, in a way
-    other than ``prefix + string + suffix`` exactly (see ``RawContinuation``), else None."""
-    prefix, suffix, close, _, middle = raw
-    start = len(prefix)
-    if middle is not None:  # (middle starts with the comma that ends the counter)
-        comma = payload.find(b",", start)
-        if comma < 0 or not _is_counter(payload[start:comma]):
-            return None
-        if not payload.startswith(middle, comma):
-            return None
-        start = comma + len(middle)
-    if close is None:
-        if payload.endswith(suffix):
-            return payload[start : len(payload) - len(suffix)]
-        # The suffix has no quote, so the fragment's string ends at the last one.
-        end = payload.rfind(b'"') + 1
-        if payload[end:].replace(b" ", b"") != suffix or b'"' in suffix:
-            return None
-        return payload[start:end]
-    stop = len(payload) - len(close)
-    if not payload.endswith(close):
+def _spaced_body(payload: bytes, raw: RawContinuation) -> bytes | None:
+    """The fragment's JSON string in ``payload`` when it is spelled as ``raw`` (not padded)
+    says, with spaces in the suffix; else None."""
+    # The suffix has no quote, so the fragment's string ends at the last one.
+    end = payload.rfind(b'"') + 1
+    suffix = raw.suffix
+    if raw.close is not None or b'"' in suffix or payload[end:].replace(b" ", b"") != suffix:
         return None
-    at = payload.rfind(suffix, start, stop)
-    pad = payload[at + len(suffix) : stop]
-    if at < 0 or (pad and not pad.isalnum()):  # (bytes.isalnum: ASCII letters and digits)
-        return None
-    return payload[start:at]
+    return payload[raw.start : end]
 
 
 _PADDING = b',"obfuscation":"'
@@ -252,47 +243,31 @@ def string_end(payload: bytes, start: int) -> int:
     return -1
 
 
-def _cut_counter(prefix: bytes, counter: str) -> tuple[bytes, bytes | None]:
-    """``prefix`` cut after the member ``counter``'s name, and the rest after its value (the
-    ``middle`` of a ``RawContinuation``); ``(prefix, None)`` when no such integer is there."""
-    named = b'"%s":' % counter.encode()
-    at = prefix.find(named) + len(named)
-    comma = prefix.find(b",", at)
-    if at < len(named) or comma < 0 or not _is_counter(prefix[at:comma]):
-        return prefix, None
-    return prefix[:at], prefix[comma:]
-
-
 def learned_spelling(
     payload: bytes,
     key: CallKey,
     field: bytes,
     put: Callable[[dict[str, Any], str], None],
-    counter: str | None = None,
 ) -> RawContinuation | None:
     """The ``RawContinuation`` of events spelled like ``payload``, a fragment of ``key`` whose
-    string follows the last ``field`` (e.g. ``b'"arguments":'``); OpenAI's top-level padding
-    after it is a padding value, and the top-level integer ``counter`` before it a counter.
-    None unless the same text with another string, padding and counter decodes to
+    string follows the last ``field`` (e.g. ``b'"arguments":'``), OpenAI's top-level padding
+    after it being a padding value. None unless the same text with another string and padding
+    decodes to
     ``payload``'s event with just those values changed (``put`` sets the fragment in a
     decoded event): proof that the cuts are those tokens and nothing else."""
     at = payload.rfind(field)
     end = string_end(payload, at + len(field)) if at >= 0 else -1
     if end < 0:
         return None
-    prefix, suffix, close, middle = payload[: at + len(field)], payload[end:], None, None
+    prefix, suffix, close = payload[: at + len(field)], payload[end:], None
     pad = suffix.rfind(_PADDING)
     if pad >= 0 and suffix.endswith(b'"}'):
         value = suffix[pad + len(_PADDING) : -2]
         if not value or value.isalnum():
             suffix, close = suffix[: pad + len(_PADDING)], b'"}'
-    if counter is not None:
-        prefix, middle = _cut_counter(prefix, counter)
     expected = _loads(payload)
     put(expected, "\x00")
-    probe = prefix + (b"7" + middle if middle is not None else b"") + b'"\\u0000"' + suffix
-    if counter is not None and middle is not None:
-        expected[counter] = 7
+    probe = prefix + b'"\\u0000"' + suffix
     if close is not None:
         expected["obfuscation"] = "Z"
         probe += b"Z" + close
@@ -300,7 +275,7 @@ def learned_spelling(
         same = _loads(probe) == expected
     except orjson.JSONDecodeError:
         same = False
-    return (prefix, suffix, close, key, middle) if same else None
+    return raw_continuation(prefix, suffix, key, close) if same else None
 
 
 class Adapter(ABC):
@@ -472,11 +447,18 @@ class Adapter(ABC):
             raise self._after_finish("translate")
         raw = self._raw
         if raw is not None and payload.startswith(raw[0]) and event != "error":
-            prefix, suffix, close, key, middle = raw
-            if close is None and middle is None and payload.endswith(suffix):
-                body: bytes | None = payload[len(prefix) : len(payload) - len(suffix)]
+            _, suffix, close, key, start, cut = raw
+            if close is None:
+                if payload.endswith(suffix):
+                    body: bytes | None = payload[start:-cut]
+                else:
+                    body = _spaced_body(payload, raw)
+            elif payload.endswith(close):  # padded (inlined: once per event)
+                at = payload.rfind(suffix, start, -cut)
+                pad = payload[at + len(suffix) : -cut]
+                body = payload[start:at] if at >= 0 and (not pad or pad.isalnum()) else None
             else:
-                body = _raw_body(payload, raw)
+                body = None
             try:
                 fragment = _loads(body) if body else None
             except orjson.JSONDecodeError:

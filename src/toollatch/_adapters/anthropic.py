@@ -57,7 +57,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, lost_event, round_end, short
+from ._base import Adapter, error_detail, lost_event, raw_continuation, round_end, short
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, RoundEnd] = {
@@ -347,7 +347,7 @@ class AnthropicAdapter(Adapter):
         match block.kind:
             case _Kind.CALL:
                 key = self._open_calls[index] = self._key(index)
-                self._raw = (_DELTA_PREFIX % index, b"}}", None, key, None)
+                self._raw = raw_continuation(_DELTA_PREFIX % index, b"}}", key)
                 opened = CallOpened(
                     key=key,
                     call_id=_str_or_none(start.get("id")),

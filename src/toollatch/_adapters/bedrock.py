@@ -58,7 +58,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, lost_event, round_end, short
+from ._base import Adapter, lost_event, raw_continuation, round_end, short
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, RoundEnd] = {
@@ -308,7 +308,7 @@ class BedrockAdapter(Adapter):
                 return []
             self._blocks[index] = _Block(_Kind.CALL, tool_use)
             key = self._open_calls[index] = self._key(index)
-            self._raw = (_DELTA_PREFIX % index, _DELTA_SUFFIX, b'"}}', key, None)
+            self._raw = raw_continuation(_DELTA_PREFIX % index, _DELTA_SUFFIX, key, b'"}}')
             opened = CallOpened(
                 key=key,
                 call_id=_str_or_none(tool_use.get("toolUseId")),

@@ -60,7 +60,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, Fragment, error_detail, learned_spelling, lost_event, short
+from ._base import Adapter, error_detail, lost_event, short
 
 __all__ = ["OpenAIResponsesAdapter"]
 
@@ -80,11 +80,6 @@ _CALL_EVENTS = _ITEM_EVENTS | {
 _CALL_EVENT_PREFIX = "response.function_call"
 
 _ABSENT = object()
-_COUNTER = "sequence_number"
-"""The member that counts a stream's events: a counter in a raw spelling (``learned_spelling``)."""
-_LEARNED_SPELLINGS = 16
-"""Raw spellings an adapter learns at most: one per call in an ordinary stream; a server
-whose deltas differ in more than the counter and the padding stops paying for it."""
 
 _HARMLESS_EVENTS = frozenset(
     {
@@ -159,7 +154,6 @@ class OpenAIResponsesAdapter(Adapter):
         """Closed calls, with the digest of the full text their first ``.done`` carried."""
         self._ended = False
         self._unknown_types: set[str] = set()
-        self._spellings_left = _LEARNED_SPELLINGS
 
     # -- Adapter hooks ----------------------------------------------------------------------
 
@@ -179,26 +173,13 @@ class OpenAIResponsesAdapter(Adapter):
         except KeyError:
             return None
 
-    _learns_raw = True
-    _raw_empty = False  # (``not delta`` above)
-
-    def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
-        """The deltas of one call differ only in the fragment, the ``sequence_number`` and
-        the padding: their spelling is ``payload`` around its delta string (see
-        ``learned_spelling``). Any other event clears ``_raw``."""
-        if self._spellings_left > 0:
-            self._spellings_left -= 1
-            self._raw = learned_spelling(payload, hit[0], b'"delta":', _put_delta, _COUNTER)
-
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An SSE ``event: error`` frame fails the round, also after its terminal event (a
         failing signal always sticks: the assembler keeps the first failure)."""
         self._ended = True
-        self._raw = None
         return super()._stream_error(detail)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
-        self._raw = None  # (any other event may change what a continuation is)
         # The payload's own "type" wins over the SSE event name (they agree in every recording);
         # the name stands in only for a payload without one. A "type" that is not a string
         # cannot be read: the event may have been any call's fragment (a lost event).
@@ -570,11 +551,6 @@ class OpenAIResponsesAdapter(Adapter):
         if type(part) is str:
             self._keys[part] = key
         return key
-
-
-def _put_delta(event: dict[str, Any], text: str) -> None:
-    """Set the fragment of a ``function_call_arguments.delta`` event."""
-    event["delta"] = text
 
 
 def _digest(text: str) -> bytes:
