@@ -263,6 +263,7 @@ def test_limits_previews_and_ends_are_the_stages_own() -> None:
     for provider, (framing, data) in (
         ("openai_chat", STREAMS["openai_chat"]),
         ("anthropic", STREAMS["anthropic"]),
+        ("bedrock", STREAMS["bedrock padded"]),
     ):
         previews = PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=7)
         for reads in shapes(data, framing).values():
@@ -277,6 +278,24 @@ def test_limits_previews_and_ends_are_the_stages_own() -> None:
     ):
         for reads in shapes(data, "sse").values():
             assert same_both_ways(provider, "sse", reads) > 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["openai_chat obfuscated", "anthropic", "bedrock padded"]),
+    st.integers(1, len(ARGS.encode()) + 2),
+    st.integers(1, 120),
+)
+def test_a_run_of_fragments_meets_the_byte_limit_where_the_stages_do(
+    name: str, limit: int, size: int
+) -> None:
+    """The fragments of a read reach the assembler together: the call fails at the same
+    fragment, with the same notices, wherever the limit falls."""
+    framing, data = STREAMS[name]
+    provider = name.split(maxsplit=1)[0]
+    options = {"limits": Limits(max_argument_bytes=limit)}
+    for reads in ([data], fixed(data, size)):
+        assert same_both_ways(provider, framing, reads, **options) == len(FRAGMENTS)
 
 
 # -- reads that look like fragments but are not ------------------------------------------------
