@@ -438,7 +438,8 @@ class Adapter(ABC):
         return as its one ``ArgsDelta``, and it changes the adapter alike. Two routes find
         fragments: the decoded one (one parse of the payload, then :meth:`_continuation`),
         and, when the payload is spelled as ``_raw`` says, the fragment's JSON string decoded
-        alone (see ``RawContinuation``). Anything else goes to :meth:`_feed_other` with the
+        alone (see ``RawContinuation``; an adapter that ``_learns_raw`` sets ``_raw`` from a
+        fragment the decoded route found). Anything else goes to :meth:`_feed_other` with the
         decoded object (no second parse), or to :meth:`feed_frame` when the payload is not a
         JSON object, an ``error`` event or ``[DONE]``. Raises ``UsageError`` after
         :meth:`finish`, like every ``feed``.
