@@ -102,17 +102,25 @@ def json_reply(status: int, body: object, headers: dict[str, str] | None = None)
 
 
 def stream_reply(
-    pieces: Sequence[bytes | Callable[[], Awaitable[object]]], status: int = 200
+    pieces: Sequence[bytes | Callable[[], Awaitable[object]]],
+    status: int = 200,
+    *,
+    ended: asyncio.Event | None = None,
 ) -> Reply:
     """A streamed 200 whose body is ``pieces`` in order; a callable piece is awaited
-    between writes (e.g. an event's ``wait``) instead of written."""
+    between writes (e.g. an event's ``wait``) instead of written. ``ended`` is set when the
+    body generator stops, however (finished, or cancelled when the client went away)."""
 
     async def body():
-        for piece in pieces:
-            if callable(piece):
-                await piece()
-            else:
-                yield piece
+        try:
+            for piece in pieces:
+                if callable(piece):
+                    await piece()
+                else:
+                    yield piece
+        finally:
+            if ended is not None:
+                ended.set()
 
     return StreamingResponse(body(), status, media_type="text/event-stream")
 

@@ -13,7 +13,6 @@ from loopback_http import (
     dropping_reply,
     json_reply,
     loopback,
-    sse,
     stalling_reply,
     stream_reply,
 )
@@ -72,6 +71,11 @@ def client_for(server, provider="openai_chat", *, retry=FAST, limits=None, sleep
     )
     server.clients.append(client)
     return client
+
+
+async def drain(stream, into: list[bytes]) -> None:
+    async for chunk in stream:
+        into.append(chunk)
 
 
 async def body_of(client, history=(), **kw) -> bytes:
@@ -142,7 +146,11 @@ EXPECTED = {
             "stream": True,
             "system": "Be brief.",
             "tools": [
-                {"name": "get_weather", "description": "Weather for a city.", "input_schema": SCHEMA}
+                {
+                    "name": "get_weather",
+                    "description": "Weather for a city.",
+                    "input_schema": SCHEMA,
+                }
             ],
         },
     ),
@@ -174,7 +182,8 @@ EXPECTED = {
 async def test_the_request_is_the_providers_own(server, provider):
     path, query, auth, body = EXPECTED[provider]
     server.replies.append(stream_reply([b"data: {}\n\n"]))
-    client = client_for(server, provider, model="m-1", api_key="k-1", headers={"x-trace": "t"})
+    headers = {"x-trace": "t", "Accept": "text/event-stream"}  # a caller's header replaces ours
+    client = client_for(server, provider, model="m-1", api_key="k-1", headers=headers)
     got = await body_of(
         client, HISTORY[provider], tools=[WEATHER], system="Be brief.", max_tokens=99
     )
@@ -195,12 +204,14 @@ async def test_anthropic_always_sends_max_tokens_and_extra_keys_win(server):
     body = server.seen[0].json()
     assert body["max_tokens"] == 4096
     assert body["temperature"] == 0
-    assert "tools" not in body and "system" not in body
+    assert "tools" not in body
+    assert "system" not in body
 
 
 def test_gemini_gets_parameters_only_inside_its_schema_subset():
     plain = gemini_declaration(WEATHER)
-    assert plain["parameters"] == SCHEMA and "parametersJsonSchema" not in plain
+    assert plain["parameters"] == SCHEMA
+    assert "parametersJsonSchema" not in plain
     strict = ToolSpec(name="t", parameters={**SCHEMA, "additionalProperties": False})
     union = ToolSpec(
         name="u",
@@ -222,9 +233,7 @@ def test_gemini_gets_parameters_only_inside_its_schema_subset():
 
 def test_gemini_model_names_may_carry_the_models_prefix():
     client = model_client("gemini", model="models/gemini-x", base_url="http://127.0.0.1:9")
-    assert client.url == (
-        "http://127.0.0.1:9/v1beta/models/gemini-x:streamGenerateContent?alt=sse"
-    )
+    assert client.url == ("http://127.0.0.1:9/v1beta/models/gemini-x:streamGenerateContent?alt=sse")
 
 
 # -- streaming ------------------------------------------------------------------------------
@@ -240,7 +249,9 @@ async def test_chunks_reach_the_caller_before_the_server_finishes(server):
                 got.append(chunk)
                 first_seen.set()  # the server writes its second piece only after this
     assert got == [b"data: 1\n\n", b"data: 2\n\n"]
-    assert s.status == 200 and s.attempts == 1 and s.bytes_received == 18
+    assert s.status == 200
+    assert s.attempts == 1
+    assert s.bytes_received == 18
 
 
 async def test_the_recorded_stream_served_and_parsed_gives_the_calls(server):
@@ -259,13 +270,36 @@ async def test_the_recorded_stream_served_and_parsed_gives_the_calls(server):
     assert round_.text == "Checking the weather and saving your note."
 
 
+async def test_a_recorded_anthropic_stream_cut_at_max_tokens_stays_truncated(server):
+    data = (EXAMPLES / "anthropic_truncated_at_max_tokens.sse").read_bytes()
+    server.replies.append(stream_reply([data[i : i + 50] for i in range(0, len(data), 50)]))
+    parser = StreamParser("anthropic")
+    async with client_for(server, "anthropic").stream([]) as s:
+        async for chunk in s:
+            parser.feed(chunk)
+    round_ = parser.finish()
+    assert (round_.ended, round_.stop_reason) == ("truncated", "max_tokens")
+    assert [c.error for c in round_.calls] == ["truncated"]
+    assert s.bytes_received == len(data)
+
+
+async def test_leaving_mid_stream_closes_the_connection(server):
+    ended = asyncio.Event()
+    server.replies.append(stream_reply([b"data: 1\n\n", server.release.wait], ended=ended))
+    async with client_for(server).stream([]) as s:
+        async for _ in s:
+            break  # the caller stops reading: the server must see the client go
+    async with asyncio.timeout(5):
+        await ended.wait()  # set by the server before its release event: we disconnected
+    assert not server.release.is_set()
+
+
 async def test_a_dropped_connection_mid_stream_is_interrupted(server):
     server.replies.append(dropping_reply(b"data: {}\n\n"))
     got = []
     async with client_for(server).stream([]) as s:
         with pytest.raises(StreamInterrupted) as caught:
-            async for chunk in s:
-                got.append(chunk)
+            await drain(s, got)
     assert got == [b"data: {}\n\n"]  # what arrived before the break was handed over
     assert caught.value.bytes_received == 10
     assert isinstance(caught.value.cause, httpx.RemoteProtocolError)
@@ -278,8 +312,7 @@ async def test_a_stall_between_chunks_is_an_idle_timeout(server):
     got = []
     async with client_for(server, limits=limits).stream([]) as s:
         with pytest.raises(StreamTimeout) as caught:
-            async for chunk in s:
-                got.append(chunk)
+            await drain(s, got)
         assert [c async for c in s] == []  # a failed stream stays ended
     assert got == [b"data: 1\n\n"]
     assert (caught.value.kind, caught.value.seconds) == ("idle", 0.2)
@@ -309,7 +342,8 @@ async def test_429_with_retry_after_is_retried_after_that_wait(server):
     async with client.stream([]) as s:
         assert [c async for c in s] == [b"data: ok\n\n"]
     assert sleeps.waits == [2.0]
-    assert s.attempts == 2 and len(server.seen) == 2
+    assert s.attempts == 2
+    assert len(server.seen) == 2
     assert server.seen[0].body == server.seen[1].body
 
 
@@ -340,7 +374,30 @@ async def test_retries_stop_at_the_attempt_limit_with_the_last_error(server):
         await body_of(client_for(server, sleeps=sleeps))
     assert (caught.value.status, caught.value.attempts) == (503, 3)
     assert caught.value.message == "busy 2"
-    assert sleeps.waits == [0.5, 1.0] and len(server.seen) == 3
+    assert sleeps.waits == [0.5, 1.0]
+    assert len(server.seen) == 3
+
+
+async def test_the_servers_own_retry_hint_wins(server):
+    server.replies += [
+        json_reply(409, {}, {"x-should-retry": "false"}),
+        json_reply(400, {}, {"x-should-retry": "true"}),
+        stream_reply([b"x"]),
+    ]
+    with pytest.raises(ModelHTTPError) as caught:
+        await body_of(client_for(server))
+    assert caught.value.status == 409
+    assert await body_of(client_for(server)) == b"x"  # the 400 said: retry
+    assert len(server.seen) == 3
+
+
+async def test_a_response_broken_before_its_first_byte_is_retried(server):
+    server.replies += [dropping_reply(b""), stream_reply([b"data: ok\n\n"])]
+    sleeps = Sleeps()
+    async with client_for(server, sleeps=sleeps).stream([]) as s:
+        assert [c async for c in s] == [b"data: ok\n\n"]
+    assert s.attempts == 2
+    assert sleeps.waits == [0.5]
 
 
 async def test_a_wait_past_the_total_budget_is_not_made(server):
@@ -349,7 +406,8 @@ async def test_a_wait_past_the_total_budget_is_not_made(server):
     with pytest.raises(ModelHTTPError) as caught:
         await body_of(client_for(server, sleeps=sleeps))
     assert caught.value.retry_after_s == 31.0
-    assert sleeps.waits == [] and len(server.seen) == 1
+    assert sleeps.waits == []
+    assert len(server.seen) == 1
 
 
 @pytest.mark.parametrize(
@@ -364,7 +422,15 @@ async def test_a_wait_past_the_total_budget_is_not_made(server):
             "bad x (invalid_request_error)",
         ),
         (
-            [{"error": {"code": 400, "message": "API key not valid.", "status": "INVALID_ARGUMENT"}}],
+            [
+                {
+                    "error": {
+                        "code": 400,
+                        "message": "API key not valid.",
+                        "status": "INVALID_ARGUMENT",
+                    }
+                }
+            ],
             "API key not valid. (INVALID_ARGUMENT)",
         ),
     ],
@@ -374,9 +440,11 @@ async def test_400_is_not_retried_and_its_message_is_parsed(server, body, messag
     sleeps = Sleeps()
     with pytest.raises(ModelHTTPError) as caught:
         await body_of(client_for(server, sleeps=sleeps))
-    assert caught.value.status == 400 and caught.value.message == message
+    assert caught.value.status == 400
+    assert caught.value.message == message
     assert str(caught.value) == f"openai_chat: HTTP 400: {message}"
-    assert sleeps.waits == [] and len(server.seen) == 1
+    assert sleeps.waits == []
+    assert len(server.seen) == 1
 
 
 async def test_only_so_much_of_an_error_body_is_read(server):
@@ -405,7 +473,8 @@ async def test_connect_errors_are_retried_then_raised():
     )
     with pytest.raises(ModelConnectError) as caught:
         await body_of(client)
-    assert caught.value.attempts == 2 and sleeps.waits == [0.5]
+    assert caught.value.attempts == 2
+    assert sleeps.waits == [0.5]
     assert isinstance(caught.value.cause, httpx.ConnectError)
     await client.aclose()
 
@@ -520,6 +589,8 @@ def test_bad_request_arguments_raise_before_sending(kwargs):
         client.stream([], **kwargs)
     with pytest.raises(UsageError):
         client.stream("hello")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="not JSON"):
+        client.stream([{"role": "user", "content": object()}])
 
 
 async def test_a_stream_is_entered_once_and_used_only_when_entered(server):

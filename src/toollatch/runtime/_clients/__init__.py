@@ -1,15 +1,7 @@
 """Model clients over httpx, one per provider (internal; public names in
 :mod:`toollatch.runtime`)."""
 
-from ._client import (
-    RETRY_STATUSES,
-    ClientLimits,
-    ModelClient,
-    ModelStream,
-    RetryPolicy,
-    model_client,
-    retry_after_s,
-)
+from ._client import ModelClient, ModelStream, model_client
 from ._errors import (
     ModelConnectError,
     ModelError,
@@ -18,6 +10,7 @@ from ._errors import (
     StreamTimeout,
     error_message,
 )
+from ._policy import RETRY_STATUSES, ClientLimits, RetryPolicy, retry_after_s
 from ._wire import gemini_declaration
 
 __all__ = [

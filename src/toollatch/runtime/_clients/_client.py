@@ -3,8 +3,9 @@
 Theory of operation. :meth:`ModelClient.stream` builds the provider's request (see
 :mod:`._wire`) and returns a :class:`ModelStream`. Entering it sends the request and waits
 for the first body chunk, all under one first-byte deadline; a retryable failure at that
-stage (HTTP 408/409/429/5xx, a transport error) is retried with exponential backoff and
-jitter, honouring ``Retry-After``, within a bounded number of attempts and of total wait.
+stage (HTTP 408/409/429/5xx unless the server says ``x-should-retry: false``, a transport
+error) is retried with exponential backoff and jitter, honouring ``Retry-After``, within a
+bounded number of attempts and of total wait.
 Once entered, iterating yields the body's chunks as httpx reads them (content-decoded, never
 re-split or joined), each under the idle deadline; from the first chunk on nothing is
 retried, because the caller has seen bytes: a new request is a new attempt, the loop's call.
@@ -16,13 +17,10 @@ typed errors of :mod:`._errors`.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -39,71 +37,8 @@ from ._errors import (
     StreamTimeout,
     error_message,
 )
+from ._policy import ClientLimits, RetryPolicy, retry_after_s
 from ._wire import DIALECTS, Dialect, Request
-
-
-def _positive(owner: str, name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{owner}.{name} must be a positive number, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientLimits:
-    """Deadlines and sizes of one request; every value is positive."""
-
-    connect_s: float = 10.0
-    """Connecting (and getting a pooled connection), per attempt: a slow network, not a
-    slow model, so it is short and retried."""
-    first_byte_s: float = 120.0
-    """From sending to the first body chunk, per attempt (connect and headers included):
-    reasoning models may think a long while before their first byte. Not retried."""
-    idle_s: float = 120.0
-    """Longest silence between two body chunks once streaming (reasoning pauses)."""
-    error_body_bytes: int = 64 * 1024
-    """At most this much of an error response is read (for its message)."""
-
-    def __post_init__(self) -> None:
-        for name in ("connect_s", "first_byte_s", "idle_s", "error_body_bytes"):
-            _positive("ClientLimits", name, getattr(self, name))
-
-
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-"""Statuses worth another try: timeout, conflict, rate limit, server errors (529 is
-Anthropic's "overloaded"); the set the official SDKs retry."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    """Retries before the first byte. The n-th retry waits ``Retry-After`` when the provider
-    sent one, else ``min(max_delay_s, initial_delay_s * 2**(n-1))`` less up to ``jitter`` of
-    it at random; a wait that would take the total past ``max_total_wait_s`` is not made and
-    the last error is raised instead."""
-
-    attempts: int = 3
-    """Requests at most, the first included (1 = never retry)."""
-    initial_delay_s: float = 0.5
-    max_delay_s: float = 8.0
-    max_total_wait_s: float = 30.0
-    jitter: float = 0.25
-    """Fraction of a backoff delay removed at random (0 = exact delays; at most 1)."""
-    statuses: frozenset[int] = field(default=RETRY_STATUSES)
-    """HTTP statuses that are retried."""
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.attempts, int) and self.attempts >= 1):
-            raise ConfigError(
-                f"RetryPolicy.attempts must be an integer >= 1, got {self.attempts!r}"
-            )
-        for name in ("initial_delay_s", "max_delay_s", "max_total_wait_s"):
-            _positive("RetryPolicy", name, getattr(self, name))
-        if not (isinstance(self.jitter, int | float) and 0 <= self.jitter <= 1):
-            raise ConfigError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}")
-
-    def backoff_s(self, retry: int, random_unit: float) -> float:
-        """The wait before retry number ``retry`` (1-based) without ``Retry-After``."""
-        delay: float = min(self.max_delay_s, self.initial_delay_s * 2.0 ** (retry - 1))
-        return delay * (1 - self.jitter * random_unit)
-
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -154,13 +89,15 @@ class ModelClient:
         self.retry = retry
         self._owns_http = http is None
         self._http = http if http is not None else httpx.AsyncClient(timeout=None)
-        self._headers = {
-            "accept": "text/event-stream",
-            "content-type": "application/json",
-            **dialect.fixed_headers,
-            **(dialect.auth(api_key) if api_key else {}),
-            **headers,
-        }
+        self._headers = httpx.Headers(
+            {
+                "accept": "text/event-stream",
+                "content-type": "application/json",
+                **dialect.fixed_headers,
+                **(dialect.auth(api_key) if api_key else {}),
+            }
+        )
+        self._headers.update(headers)  # the caller's win, whatever their case
         self._sleep = sleep
         self._random_unit = random_unit
 
@@ -218,7 +155,11 @@ class ModelClient:
         body = self.request_body(
             history, tools=tools, system=system, max_tokens=max_tokens, extra=extra
         )
-        return ModelStream(self, orjson.dumps(body))
+        try:
+            content = orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise UsageError(f"the request is not JSON data ({exc}): pass plain dicts") from None
+        return ModelStream(self, content)
 
     async def aclose(self) -> None:
         """Close the httpx client if this client made it."""
@@ -301,32 +242,11 @@ class ModelClient:
             retry_after_s=wait,
             attempts=attempt,
         )
-        if response.status_code in self.retry.statuses:
+        # OpenAI's and Anthropic's servers may say so themselves (their SDKs obey it)
+        hint = response.headers.get("x-should-retry")
+        if hint == "true" or (hint != "false" and response.status_code in self.retry.statuses):
             return _Retryable(error, wait)
         return error
-
-
-def retry_after_s(headers: Mapping[str, str], now: float) -> float | None:
-    """The wait a response asks for, in seconds: ``retry-after-ms`` (OpenAI, Anthropic) or
-    ``Retry-After`` as delay-seconds or an HTTP-date (RFC 9110 section 10.2.3), relative to
-    ``now`` (a Unix time). None when absent or unreadable; never negative."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = lowered.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) * scale
-        except ValueError:
-            if scale != 1.0:
-                continue
-            try:
-                seconds = parsedate_to_datetime(value).timestamp() - now
-            except (TypeError, ValueError, IndexError):
-                continue
-        if math.isfinite(seconds):
-            return max(0.0, seconds)
-    return None
 
 
 class ModelStream:
@@ -375,6 +295,9 @@ class ModelStream:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._done = True
+        close_chunks = getattr(self._chunks, "aclose", None)
+        if close_chunks is not None:
+            await close_chunks()  # httpx's generator, so that it is not left to the GC
         if self._response is not None:
             await self._response.aclose()
 
