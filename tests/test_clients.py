@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from loopback_http import (
     dropping_reply,
     json_reply,
     loopback,
+    sse,
     stalling_reply,
     stream_reply,
 )
@@ -252,6 +254,23 @@ async def test_chunks_reach_the_caller_before_the_server_finishes(server):
     assert s.status == 200
     assert s.attempts == 1
     assert s.bytes_received == 18
+
+
+async def test_a_compressed_body_arrives_decoded(server):
+    data = sse([{"n": i} for i in range(200)])
+    packed = gzip.compress(data)
+
+    async def gzipped(scope, receive, send):
+        headers = [(b"content-type", b"text/event-stream"), (b"content-encoding", b"gzip")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for i in range(0, len(packed), 100):
+            await send(
+                {"type": "http.response.body", "body": packed[i : i + 100], "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    server.replies.append(gzipped)
+    assert await body_of(client_for(server)) == data
 
 
 async def test_the_recorded_stream_served_and_parsed_gives_the_calls(server):

@@ -12,6 +12,15 @@ retried, because the caller has seen bytes: a new request is a new attempt, the 
 
 Foreign exceptions (httpx, asyncio timeouts) are translated here and only here into the
 typed errors of :mod:`._errors`.
+
+Use, once per round (the caller owns the parser)::
+
+    async with model_client("anthropic", model="claude-x") as client:
+        parser = StreamParser(client.provider, tools=tools)
+        async with client.stream(history, tools=tools, system="...") as s:
+            async for chunk in s:
+                parser.feed(chunk)
+        round_ = parser.finish()
 """
 
 from __future__ import annotations
