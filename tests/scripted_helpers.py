@@ -66,3 +66,22 @@ def next_history(history: list[Any], round_: Round, output: str = '{"ok": true}'
     ]
     results = [*outputs, *error_results(round_)]
     return [*history, *assistant_messages(round_), *tool_results_messages(round_, results)]
+
+
+def assert_error_shape(provider: str, body: Any, status: int) -> None:
+    if provider == "anthropic":
+        assert body["type"] == "error"
+        assert set(body["error"]) == {"type", "message"}
+        if status == 400:
+            assert body["error"]["type"] == "invalid_request_error"
+    elif provider == "gemini":
+        assert set(body["error"]) == {"code", "message", "status"}
+        assert body["error"]["code"] == status
+        if status == 400:
+            assert body["error"]["status"] == "INVALID_ARGUMENT"
+    else:
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        if status == 400:
+            assert body["error"]["type"] == "invalid_request_error"
+    message = body["error"]["message"]
+    assert isinstance(message, str) and message

@@ -15,7 +15,15 @@ from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
 from toollatch.scripted._validate import InvalidRequest, check_request
 
-from scripted_helpers import PROVIDERS, first_history, next_history, post, request, stream_round
+from scripted_helpers import (
+    PROVIDERS,
+    assert_error_shape,
+    first_history,
+    next_history,
+    post,
+    request,
+    stream_round,
+)
 
 
 @pytest.fixture(scope="module")
@@ -167,25 +175,6 @@ def test_broken_histories_are_refused_with_400(
     response = post(http, server, provider, history)
     assert response.status_code == 400
     assert_error_shape(provider, response.json(), 400)
-
-
-def assert_error_shape(provider: str, body: Any, status: int) -> None:
-    if provider == "anthropic":
-        assert body["type"] == "error"
-        assert set(body["error"]) == {"type", "message"}
-        if status == 400:
-            assert body["error"]["type"] == "invalid_request_error"
-    elif provider == "gemini":
-        assert set(body["error"]) == {"code", "message", "status"}
-        assert body["error"]["code"] == status
-        if status == 400:
-            assert body["error"]["status"] == "INVALID_ARGUMENT"
-    else:
-        assert set(body["error"]) == {"message", "type", "param", "code"}
-        if status == 400:
-            assert body["error"]["type"] == "invalid_request_error"
-    message = body["error"]["message"]
-    assert isinstance(message, str) and message
 
 
 def test_the_real_apis_messages_for_unpaired_ids() -> None:
