@@ -111,7 +111,9 @@ def test_dropped_call_fails_as_interrupted(http: httpx.Client) -> None:
     assert call.error is ErrorCode.STREAM_INTERRUPTED
 
 
-def arrival_times(http: httpx.Client, server: ScriptedServer, provider: str, model: str) -> list[tuple[float, bytes]]:
+def arrival_times(
+    http: httpx.Client, server: ScriptedServer, provider: str, model: str
+) -> list[tuple[float, bytes]]:
     path, body = request(provider, first_history(provider), model=model)
     start = time.monotonic()
     times = []
@@ -244,7 +246,9 @@ async def test_async_stop_does_not_wait_for_a_stalled_stream() -> None:
         server = ScriptedServer(scripts={"f": stalled})
         await server.__aenter__()
         path, body = request("openai_chat", first_history("openai_chat"), model="f")
-        response = await stack.enter_async_context(client.stream("POST", server.url + path, json=body))
+        response = await stack.enter_async_context(
+            client.stream("POST", server.url + path, json=body)
+        )
         reader = response.aiter_raw()
         first = await anext(reader)
         assert json.loads(first.split(b"data: ", 1)[1])["object"] == "chat.completion.chunk"

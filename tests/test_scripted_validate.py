@@ -113,7 +113,10 @@ def _responses_cases() -> list[tuple[str, Mutation]]:
         ("an output missing", lambda h: h.pop()),
         ("an output for an unknown call", lambda h: h[-1].update(call_id="call_nope")),
         ("two outputs for one call", lambda h: h[-1].update(call_id=h[-2]["call_id"])),
-        ("a user message before the outputs", lambda h: h.insert(4, {"role": "user", "content": "x"})),
+        (
+            "a user message before the outputs",
+            lambda h: h.insert(4, {"role": "user", "content": "x"}),
+        ),
         ("an output before its call", lambda h: h.insert(1, h.pop())),
         ("a function_call without call_id", lambda h: h[2].pop("call_id")),
         ("an item that is not an object", lambda h: h.append(7)),
@@ -141,7 +144,10 @@ def _gemini_cases() -> list[tuple[str, Mutation]]:
     return [
         ("a response missing", lambda h: h[2]["parts"].pop()),
         ("a response too many", lambda h: h[2]["parts"].append(dict(h[2]["parts"][0]))),
-        ("a response with another name", lambda h: h[2]["parts"][1]["functionResponse"].update(name="x")),
+        (
+            "a response with another name",
+            lambda h: h[2]["parts"][1]["functionResponse"].update(name="x"),
+        ),
         ("responses without a call turn", lambda h: h.insert(1, copy.deepcopy(h[2]))),
         ("a call turn first", lambda h: h.pop(0)),
         ("no responses", lambda h: h.pop()),
@@ -182,26 +188,45 @@ def test_the_real_apis_messages_for_unpaired_ids() -> None:
         "model": "m",
         "messages": [
             {"role": "user", "content": "x"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-            ]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": "{}"},
+                    }
+                ],
+            },
         ],
     }
     with pytest.raises(InvalidRequest, match="did not have response messages: call_1"):
         check_request("openai_chat", chat)
-    responses = {"model": "m", "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]}
-    with pytest.raises(InvalidRequest, match="No tool call found for function call output with call_id c9"):
+    responses = {
+        "model": "m",
+        "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}],
+    }
+    with pytest.raises(
+        InvalidRequest, match="No tool call found for function call output with call_id c9"
+    ):
         check_request("openai_responses", responses)
     anthropic = {
         "model": "m",
         "max_tokens": 5,
         "messages": [
             {"role": "user", "content": "x"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}],
+            },
             {"role": "user", "content": "no results"},
         ],
     }
-    with pytest.raises(InvalidRequest, match="`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"):
+    with pytest.raises(
+        InvalidRequest,
+        match="`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1",
+    ):
         check_request("anthropic", anthropic)
 
 
@@ -212,9 +237,15 @@ def test_the_real_apis_messages_for_unpaired_ids() -> None:
         ("openai_chat", {"model": "m", "messages": []}),
         ("openai_responses", {"model": "m", "input": 5}),
         ("anthropic", {"model": "m", "messages": [{"role": "user", "content": "x"}]}),
-        ("anthropic", {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": 3}]}),
+        (
+            "anthropic",
+            {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": 3}]},
+        ),
         ("gemini", {"contents": "hi"}),
-        ("gemini", {"contents": [{"role": "user", "parts": [{"functionCall": {"name": "f", "args": 1}}]}]}),
+        (
+            "gemini",
+            {"contents": [{"role": "user", "parts": [{"functionCall": {"name": "f", "args": 1}}]}]},
+        ),
         ("openai_chat", ["not", "an", "object"]),
     ],
 )

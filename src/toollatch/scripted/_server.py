@@ -28,11 +28,11 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._errors import UsageError
+from .._errors import ConfigError, UsageError
 from ._errors import error_response, status_response
 from ._script import Script, Turn, demo_script
 from ._validate import InvalidRequest, check_request
@@ -43,8 +43,9 @@ from ._wire_responses import responses_events
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 """The wire formats served (the provider names of :class:`toollatch.StreamParser`)."""
 
-_STOP_TIMEOUT_S = 0.5
-"""How long stopping waits for streams still being sent before it cancels them."""
+_STOP_TIMEOUT_S = 1
+"""How long stopping waits for streams still being sent before it cancels them (uvicorn
+takes whole seconds)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,8 +80,6 @@ class ScriptedServer:
     def __init__(
         self, scripts: Mapping[str, Script] | None = None, *, delay_scale: float = 1.0
     ) -> None:
-        from .._errors import ConfigError
-
         if not delay_scale >= 0:
             raise ConfigError(f"delay_scale must be >= 0, not {delay_scale!r}")
         self.scripts: dict[str, Script] = {"scripted": demo_script(), **(scripts or {})}
@@ -157,7 +156,7 @@ class ScriptedServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Stop the server and join its thread (open streams get half a second)."""
+        """Stop the server and join its thread (open streams get a second)."""
         if self._uvicorn is None or self._thread is None:
             return
         self._uvicorn.should_exit = True
@@ -185,7 +184,7 @@ class ScriptedServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Stop the server and wait for it (open streams get half a second)."""
+        """Stop the server and wait for it (open streams get a second)."""
         if self._uvicorn is None or self._task is None:
             return
         self._uvicorn.should_exit = True
@@ -265,7 +264,9 @@ class ScriptedServer:
         """The response for one request, and the index of the turn it plays (if any)."""
         model = _model(provider, request, body)
         if model is None:
-            return error_response(provider, 404, "Not found: use :streamGenerateContent?alt=sse"), None
+            return error_response(
+                provider, 404, "Not found: use :streamGenerateContent?alt=sse"
+            ), None
         if body is None:
             return error_response(provider, 400, "the request body is not valid JSON"), None
         try:
@@ -280,9 +281,14 @@ class ScriptedServer:
             return error_response(provider, 400, message, param="stream"), None
         turn = script.turn(turns)
         faults = turn.faults
-        if faults.status is not None and self._count_attempt(model, turns) <= faults.status_attempts:
+        if (
+            faults.status is not None
+            and self._count_attempt(model, turns) <= faults.status_attempts
+        ):
             return status_response(provider, faults.status, faults.retry_after_s), turns
-        events = _encode(provider, turn, model=model, body=body, response_id=self._next_id(provider))
+        events = _encode(
+            provider, turn, model=model, body=body, response_id=self._next_id(provider)
+        )
         return _Playback(events, turn, self.delay_scale), turns
 
     def _count_attempt(self, model: str, turn: int) -> int:
@@ -302,15 +308,18 @@ def _model(provider: str, request: Request, body: Any) -> str | None:
     """The model asked for: the body's ``model`` (a missing one is refused by the validator),
     or Gemini's ``{model}:streamGenerateContent`` path segment (``None``: no such method)."""
     if provider != "gemini":
-        value = body.get("model") if isinstance(body, dict) else None
+        value: object = body.get("model") if isinstance(body, dict) else None
         return value if isinstance(value, str) else ""
-    model, _, method = request.path_params["target"].rpartition(":")
+    target: str = request.path_params["target"]
+    model, _, method = target.rpartition(":")
     if method != "streamGenerateContent" or request.query_params.get("alt") != "sse":
         return None
     return model
 
 
-def _encode(provider: str, turn: Turn, *, model: str, body: Any, response_id: str) -> list[WireEvent]:
+def _encode(
+    provider: str, turn: Turn, *, model: str, body: Any, response_id: str
+) -> list[WireEvent]:
     if provider == "openai_chat":
         options = body.get("stream_options")
         usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -341,7 +350,10 @@ class _Playback(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)  # before the first byte
-        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         for n, event in enumerate(self.events):
             if n == self.drop_after:

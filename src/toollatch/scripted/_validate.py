@@ -90,7 +90,9 @@ def _chat(body: Mapping[str, Any]) -> int:
         message = _obj(raw, where)
         role = message.get("role")
         if role not in _CHAT_ROLES:
-            raise InvalidRequest(f"{where}.role: {role!r} is not one of {sorted(_CHAT_ROLES)}", where)
+            raise InvalidRequest(
+                f"{where}.role: {role!r} is not one of {sorted(_CHAT_ROLES)}", where
+            )
         if role == "tool":
             _chat_result(message, where, pending)
             continue
@@ -101,7 +103,9 @@ def _chat(body: Mapping[str, Any]) -> int:
             turns += 1
             pending = _chat_calls(message, where)
             if content is None and not pending:
-                raise InvalidRequest(f"{where}: an assistant message needs content or tool_calls", where)
+                raise InvalidRequest(
+                    f"{where}: an assistant message needs content or tool_calls", where
+                )
         if content is not None and not isinstance(content, str | list):
             raise InvalidRequest(f"{where}.content: expected a string or an array", where)
     _chat_unanswered(pending)
@@ -121,7 +125,9 @@ def _chat_calls(message: Mapping[str, Any], where: str) -> dict[str, bool]:
         if not isinstance(function.get("arguments"), str):
             raise InvalidRequest(f"{where}.tool_calls.[{k}].function.arguments: expected a string")
         if call_id in ids:
-            raise InvalidRequest(f"Duplicate value for 'tool_call_id' of {call_id} in message[{where}]")
+            raise InvalidRequest(
+                f"Duplicate value for 'tool_call_id' of {call_id} in message[{where}]"
+            )
         ids[call_id] = False
     return ids
 
@@ -247,7 +253,7 @@ def _anthropic(body: Mapping[str, Any]) -> int:
         if role not in ("user", "assistant"):
             raise InvalidRequest(f"messages.{n}.role: Input should be 'user' or 'assistant'")
         if n == 0 and role != "user":
-            raise InvalidRequest("messages: first message must use the \"user\" role")
+            raise InvalidRequest('messages: first message must use the "user" role')
         blocks = _anthropic_blocks(message.get("content"), f"messages.{n}")
         if role == "user":
             _anthropic_results(blocks, n, pending)
@@ -263,7 +269,9 @@ def _anthropic(body: Mapping[str, Any]) -> int:
 def _anthropic_blocks(content: object, where: str) -> list[Mapping[str, Any]]:
     if isinstance(content, str):
         return []
-    blocks = [_obj(b, f"{where}.content.{k}") for k, b in enumerate(_list(content, f"{where}.content"))]
+    blocks = [
+        _obj(b, f"{where}.content.{k}") for k, b in enumerate(_list(content, f"{where}.content"))
+    ]
     for k, block in enumerate(blocks):
         if not isinstance(block.get("type"), str):
             raise InvalidRequest(f"{where}.content.{k}.type: Field required")
@@ -335,7 +343,10 @@ def _gemini(body: Mapping[str, Any]) -> int:
         role = content.get("role", "user")
         if role not in ("user", "model"):
             raise InvalidRequest(f"contents[{n}].role: Please use a valid role: user, model.")
-        parts = [_obj(p, f"contents[{n}].parts[{k}]") for k, p in enumerate(_list(content.get("parts"), f"contents[{n}].parts"))]
+        parts = [
+            _obj(p, f"contents[{n}].parts[{k}]")
+            for k, p in enumerate(_list(content.get("parts"), f"contents[{n}].parts"))
+        ]
         calls = _gemini_named(parts, "functionCall", f"contents[{n}]")
         responses = _gemini_named(parts, "functionResponse", f"contents[{n}]")
         if role == "model":
@@ -376,7 +387,7 @@ def _gemini_named(parts: list[Mapping[str, Any]], key: str, where: str) -> list[
             continue
         value = _obj(part[key], f"{where}.parts[{k}].{key}")
         names.append(_text(value.get("name"), f"{where}.parts[{k}].{key}.name"))
-        member, kind = ("args", "args") if key == "functionCall" else ("response", "response")
+        member = "args" if key == "functionCall" else "response"
         if member in value and not isinstance(value[member], Mapping):
-            raise InvalidRequest(f"{where}.parts[{k}].{key}.{kind}: expected an object")
+            raise InvalidRequest(f"{where}.parts[{k}].{key}.{member}: expected an object")
     return names

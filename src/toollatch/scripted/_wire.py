@@ -94,7 +94,9 @@ def usage_counts(turn_items: tuple[Item, ...]) -> tuple[int, int]:
 # --- OpenAI Chat Completions ------------------------------------------------------------------
 
 
-def chat_events(turn: Turn, *, model: str, response_id: str, include_usage: bool) -> list[WireEvent]:
+def chat_events(
+    turn: Turn, *, model: str, response_id: str, include_usage: bool
+) -> list[WireEvent]:
     """The ``chat.completion.chunk`` stream for ``turn`` (see the module docstring)."""
     shown = cut(turn)
 
@@ -105,9 +107,7 @@ def chat_events(turn: Turn, *, model: str, response_id: str, include_usage: bool
             "created": CREATED,
             "model": model,
             "system_fingerprint": "fp_scripted",
-            "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            ],
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
         if include_usage:
             body["usage"] = None
@@ -117,7 +117,9 @@ def chat_events(turn: Turn, *, model: str, response_id: str, include_usage: bool
     index = 0
     for item in shown.items:
         if isinstance(item, Text):
-            out += [WireEvent(sse(chunk({"content": p}))) for p in pieces(item.text, item.chunk_chars)]
+            out += [
+                WireEvent(sse(chunk({"content": p}))) for p in pieces(item.text, item.chunk_chars)
+            ]
         elif isinstance(item, Reasoning):
             out.append(WireEvent(sse(chunk({"reasoning_content": item.text}))))
         else:
@@ -139,7 +141,9 @@ def chat_events(turn: Turn, *, model: str, response_id: str, include_usage: bool
 
 def _chat_call(call: Call, index: int, chunk: Any) -> Iterator[WireEvent]:
     head = {"index": index, "id": call.call_id, "type": "function"}
-    yield WireEvent(sse(chunk({"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]})))
+    yield WireEvent(
+        sse(chunk({"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}))
+    )
     for piece in pieces(call.arguments, call.fragment_chars):
         entry = {"index": index, "function": {"arguments": piece}}
         yield WireEvent(sse(chunk({"tool_calls": [entry]})), in_arguments=True)
@@ -152,7 +156,7 @@ def anthropic_events(turn: Turn, *, model: str, response_id: str) -> list[WireEv
     """The Messages stream for ``turn`` (see the module docstring)."""
     shown = cut(turn)
     prompt, completion = usage_counts(shown.items)
-    message = {
+    message: dict[str, Any] = {
         "id": response_id,
         "type": "message",
         "role": "assistant",
@@ -168,7 +172,10 @@ def anthropic_events(turn: Turn, *, model: str, response_id: str) -> list[WireEv
         out += _anthropic_block(index, item, open_end=item is shown.cut_call)
         has_calls = has_calls or isinstance(item, Call)
     stop = "max_tokens" if shown.truncated else ("tool_use" if has_calls else "end_turn")
-    delta = {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": completion}}
+    delta = {
+        "delta": {"stop_reason": stop, "stop_sequence": None},
+        "usage": {"output_tokens": completion},
+    }
     out += [_anth("message_delta", delta), _anth("message_stop", {})]
     return out
 
@@ -185,7 +192,9 @@ def _anthropic_block(index: int, item: Item, *, open_end: bool) -> list[WireEven
 
     if isinstance(item, Text):
         start: dict[str, Any] = {"type": "text", "text": ""}
-        deltas = [delta({"type": "text_delta", "text": p}) for p in pieces(item.text, item.chunk_chars)]
+        deltas = [
+            delta({"type": "text_delta", "text": p}) for p in pieces(item.text, item.chunk_chars)
+        ]
     elif isinstance(item, Reasoning):
         start = {"type": "thinking", "thinking": "", "signature": ""}
         deltas = [

@@ -90,13 +90,18 @@ def _message(stream: _Stream, index: int, item: Text, response_id: str) -> dict[
     item_id = f"msg_{response_id}_{index}"
     where = {"item_id": item_id, "output_index": index}
     added = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant"}
-    stream.add("response.output_item.added", {"output_index": index, "item": {**added, "content": []}})
+    stream.add(
+        "response.output_item.added", {"output_index": index, "item": {**added, "content": []}}
+    )
     empty = {"type": "output_text", "text": "", "annotations": []}
     stream.add("response.content_part.added", {**where, "content_index": 0, "part": empty})
     for piece in pieces(item.text, item.chunk_chars):
         body = {**where, "content_index": 0, "delta": piece, "logprobs": []}
         stream.add("response.output_text.delta", body)
-    stream.add("response.output_text.done", {**where, "content_index": 0, "text": item.text, "logprobs": []})
+    stream.add(
+        "response.output_text.done",
+        {**where, "content_index": 0, "text": item.text, "logprobs": []},
+    )
     part = {**empty, "text": item.text}
     stream.add("response.content_part.done", {**where, "content_index": 0, "part": part})
     done = {**added, "status": "completed", "content": [part]}
