@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from toollatch import CallState, RoundEnd
-from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
 from toollatch.scripted._validate import InvalidRequest, check_request
 
@@ -62,9 +62,17 @@ FAILING = Script(
     turns=(
         Turn(
             items=(
+                Reasoning(text="Two cities; one call is broken."),
                 Call(call_id="ok_1", name="get_weather", arguments='{"city": "Oslo"}'),
                 Call(call_id="bad_1", name="get_weather", arguments='{"city": '),
             )
+        ),
+        Turn(
+            items=(
+                Text(text="Writing."),
+                Call(call_id="cut_1", name="write_file", arguments='{"path": "a", "content": "b"}'),
+            ),
+            stop="max_tokens",
         ),
         Turn(items=(Text(text="noted"),)),
     )
@@ -72,13 +80,18 @@ FAILING = Script(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_error_results_for_failed_calls_are_accepted(http: httpx.Client, provider: str) -> None:
+def test_reasoning_failed_and_truncated_calls_round_trip(http: httpx.Client, provider: str) -> None:
     with ScriptedServer(scripts={"failing": FAILING}, delay_scale=0) as s:
         history = first_history(provider)
         round_ = stream_round(http, s, provider, history, model="failing")
+        assert len(round_.blocks) == 1
         assert [c.state for c in round_.calls] == [CallState.COMMITTED, CallState.FAILED]
         history = next_history(history, round_)
+        truncated = stream_round(http, s, provider, history, model="failing")
+        assert truncated.ended is RoundEnd.TRUNCATED
+        history = next_history(history, truncated)
         assert stream_round(http, s, provider, history, model="failing").text == "noted"
+        assert [r.status for r in s.requests] == [200, 200, 200]
 
 
 def demo_history(http: httpx.Client, server: ScriptedServer, provider: str) -> list[Any]:
