@@ -33,18 +33,18 @@ def request(provider: str, history: list[Any], model: str = "scripted") -> tuple
 
 def post(
     client: httpx.Client,
-    server: ScriptedServer,
+    server: ScriptedServer | str,
     provider: str,
     history: list[Any],
     model: str = "scripted",
 ) -> httpx.Response:
     path, body = request(provider, history, model)
-    return client.post(server.url + path, json=body)
+    return client.post(_url(server) + path, json=body)
 
 
 def stream_round(
     client: httpx.Client,
-    server: ScriptedServer,
+    server: ScriptedServer | str,
     provider: str,
     history: list[Any],
     model: str = "scripted",
@@ -52,11 +52,16 @@ def stream_round(
     """Stream one request through ``StreamParser``; asserts a 200."""
     path, body = request(provider, history, model)
     parser = StreamParser(provider)
-    with client.stream("POST", server.url + path, json=body) as response:
+    with client.stream("POST", _url(server) + path, json=body) as response:
         assert response.status_code == 200, response.read()
         for chunk in response.iter_raw():
             parser.feed(chunk)
     return parser.finish()
+
+
+def _url(server: ScriptedServer | str) -> str:
+    """A running server's URL (or a URL given as text, e.g. of a child process)."""
+    return server if isinstance(server, str) else server.url
 
 
 def next_history(history: list[Any], round_: Round, output: str = '{"ok": true}') -> list[Any]:

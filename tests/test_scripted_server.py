@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,10 +27,11 @@ from scripted_helpers import (
     stream_round,
 )
 
+import toollatch
 from toollatch import ErrorCode, RoundEnd, StreamParser
 from toollatch.errors import ConfigError, UsageError
 from toollatch.scripted._script import Call, Faults, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted._server import ScriptedServer, _Playback
 
 CALL = Call(call_id="call_w1", name="get_weather", arguments='{"city": "Oslo"}', fragment_chars=3)
 
@@ -131,19 +137,19 @@ def test_stall_pauses_inside_the_arguments(http: httpx.Client) -> None:
     longest, after = max(gaps, key=lambda g: g[0])
     assert longest >= 0.35
     assert b"arguments" in after  # the stall is between two argument fragments
-    with ScriptedServer(scripts={"f": script(faults)}, delay_scale=0) as s:
-        assert arrival_times(http, s, "openai_chat", "f")[-1][0] < 0.3  # scaled away
+    # Scaled away: checked on the playback itself (wall-clock upper bounds flake under load).
+    quiet = _Playback([], script(faults).turns[0], 0.0)
+    assert (quiet.stall_s, quiet.delay_s) == (0.0, 0.0)
 
 
 def test_delays_are_scaled(http: httpx.Client) -> None:
     slow = Script(turns=(Turn(items=(Text(text="abcdefgh", chunk_chars=1),), delay_ms=40),))
     with ScriptedServer(scripts={"f": slow}, delay_scale=1.0) as s:
         slow_total = arrival_times(http, s, "anthropic", "f")[-1][0]
-    with ScriptedServer(scripts={"f": slow}, delay_scale=0.0) as s:
-        fast_total = arrival_times(http, s, "anthropic", "f")[-1][0]
     events = 2 + 3 * 1 + 8 + 2  # message_start, ping, block start/stop, 8 deltas, delta+stop
     assert slow_total >= 0.04 * events * 0.9
-    assert fast_total < slow_total / 3
+    half = _Playback([], slow.turns[0], 0.5)
+    assert half.delay_s == pytest.approx(0.02)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -215,7 +221,7 @@ def test_sync_form_stops_cleanly_and_quickly() -> None:
         port = int(s.url.rsplit(":", 1)[1])
         with httpx.Client() as client:
             assert client.post(s.url + "/v1/messages", json={}).status_code == 400
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 3.0  # ~0.2 s unloaded
     assert threading.active_count() == threads
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
         pass
@@ -254,8 +260,46 @@ async def test_async_stop_does_not_wait_for_a_stalled_stream() -> None:
         assert json.loads(first.split(b"data: ", 1)[1])["object"] == "chat.completion.chunk"
         started = time.monotonic()
         await server.__aexit__(None, None, None)
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 5.0  # ~1.2 s: the 1 s grace, not the 30 s stall
         with pytest.raises(httpx.RemoteProtocolError):
             async for _ in reader:
                 pass
         await asyncio.sleep(0)
+
+
+def _module_env() -> dict[str, str]:
+    src = str(Path(toollatch.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_python_m_serves_until_ctrl_c(http: httpx.Client, tmp_path: Path) -> None:
+    custom = tmp_path / "one.json"
+    custom.write_text(json.dumps({"turns": [{"items": [{"text": "from a file"}]}]}))
+    command = [
+        sys.executable,
+        "-m",
+        "toollatch.scripted",
+        "--delay-scale",
+        "0",
+        "--script",
+        f"one={custom}",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=_module_env()) as child:
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        url = first.rsplit(" ", 1)[1].strip()
+        assert first.startswith("toollatch scripted model server: http://127.0.0.1:")
+
+        round_ = stream_round(http, url, "anthropic", first_history("anthropic"), model="one")
+        assert round_.text == "from a file"
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=10) == 0
+
+
+def test_python_m_refuses_a_bad_script(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"turns": [{"items": [{"text": 1}]}]}')
+    command = [sys.executable, "-m", "toollatch.scripted", "--script", f"x={bad}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=_module_env(), timeout=30)
+    assert done.returncode == 2
+    assert "text must be a string" in done.stderr
