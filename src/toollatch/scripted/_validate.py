@@ -360,23 +360,28 @@ def _gemini(body: Mapping[str, Any]) -> int:
                 )
             pending, previous = (calls or None), "model"
             continue
-        if responses and pending is None:
-            raise InvalidRequest(
-                "Please ensure that function response turn comes immediately after a "
-                "function call turn."
-            )
-        if pending is not None and len(responses) != len(pending):
-            raise InvalidRequest(_FUNCTION_RESPONSE_COUNT)
-        for k, (call, response) in enumerate(zip(pending or [], responses, strict=False)):
-            if call != response:
-                raise InvalidRequest(
-                    f"contents[{n}]: function response {k} is named {response!r} but the "
-                    f"function call it answers is {call!r}."
-                )
+        _gemini_responses(n, pending, responses)
         pending, previous = None, ("response" if responses else "user")
     if pending is not None:
         raise InvalidRequest(_FUNCTION_RESPONSE_COUNT)
     return turns
+
+
+def _gemini_responses(n: int, pending: list[str] | None, responses: list[str]) -> None:
+    """A user turn's ``functionResponse`` names against the calls of the model turn before."""
+    if responses and pending is None:
+        raise InvalidRequest(
+            "Please ensure that function response turn comes immediately after a "
+            "function call turn."
+        )
+    if pending is not None and len(responses) != len(pending):
+        raise InvalidRequest(_FUNCTION_RESPONSE_COUNT)
+    for k, (call, response) in enumerate(zip(pending or [], responses, strict=False)):
+        if call != response:
+            raise InvalidRequest(
+                f"contents[{n}]: function response {k} is named {response!r} but the "
+                f"function call it answers is {call!r}."
+            )
 
 
 def _gemini_named(parts: list[Mapping[str, Any]], key: str, where: str) -> list[str]:

@@ -100,19 +100,7 @@ def chat_events(
     """The ``chat.completion.chunk`` stream for ``turn`` (see the module docstring)."""
     shown = cut(turn)
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": response_id,
-            "object": "chat.completion.chunk",
-            "created": CREATED,
-            "model": model,
-            "system_fingerprint": "fp_scripted",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return body
-
+    chunk = _ChatChunk(model=model, response_id=response_id, include_usage=include_usage)
     out = [WireEvent(sse(chunk({"role": "assistant", "content": ""})))]
     index = 0
     for item in shown.items:
@@ -139,7 +127,30 @@ def chat_events(
     return out
 
 
-def _chat_call(call: Call, index: int, chunk: Any) -> Iterator[WireEvent]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ChatChunk:
+    """Makes the ``chat.completion.chunk`` objects of one response."""
+
+    model: str
+    response_id: str
+    include_usage: bool
+
+    def __call__(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        body: dict[str, Any] = {
+            "id": self.response_id,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": self.model,
+            "system_fingerprint": "fp_scripted",
+            "choices": [choice],
+        }
+        if self.include_usage:
+            body["usage"] = None  # as OpenAI sends it on every chunk but the usage chunk
+        return body
+
+
+def _chat_call(call: Call, index: int, chunk: _ChatChunk) -> Iterator[WireEvent]:
     head = {"index": index, "id": call.call_id, "type": "function"}
     yield WireEvent(
         sse(chunk({"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}))
