@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toollatch import ConfigError, ErrorCode, Round, StreamParser, ToolResult, ToolSpec, UsageError
 from toollatch.messages import tool_results_messages
@@ -150,6 +152,60 @@ async def test_results_are_in_call_order_whatever_the_completion_order(g):
         results = await finishing
     assert [r.content for r in results] == ["done a", "done b", "z"]
     assert_pairs(round_, results)
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.permutations(range(5)), limit=st.integers(1, 5))
+def test_any_completion_order_any_limit_gives_call_order_and_one_run_each(order, limit):
+    async def scenario() -> None:
+        g = Gates()
+        d = Dispatcher(make_tools(g), max_concurrency=limit)
+        keys = [f"k{i}" for i in range(5)]
+        round_ = chat_round(d.specs, [(f"c{i}", "wait", {"key": k}) for i, k in enumerate(keys)])
+        async with d.round() as r:
+            finishing = asyncio.create_task(r.finish(round_))
+            rank = {keys[i]: n for n, i in enumerate(order)}
+            closed = set(keys)
+            while closed:
+                # wait until every call that can run does, then release the one of them
+                # that comes first in ``order``
+                running = {k for k in closed if g.began(k).is_set()}
+                if len(running) < min(limit, len(closed)):
+                    await asyncio.sleep(0)
+                    continue
+                first = min(running, key=rank.__getitem__)
+                closed.discard(first)
+                g.gate(first).set()
+            results = await finishing
+        assert [x.content for x in results] == [f"done {k}" for k in keys]
+        assert sorted(g.runs) == keys
+        assert g.max_running <= limit
+
+    asyncio.run(scenario())
+
+
+async def test_run_is_finish_in_a_round_of_its_own(g):
+    d = Dispatcher(make_tools(g))
+    round_ = chat_round(d.specs, [("c1", "echo", {"text": "a"}), ("c2", "echo", '{"x')])
+    results = await d.run(round_, session="s1")
+    assert [x.code for x in results] == [None, ErrorCode.INVALID_JSON]
+    assert_pairs(round_, results)
+
+
+async def test_an_error_outcome_the_tool_returns_is_a_tool_error_with_its_own_text():
+    @tool
+    def soft() -> ToolOutcome:
+        return ToolOutcome(content="no such city", is_error=True)
+
+    d = Dispatcher([soft])
+    [result] = await d.run(chat_round(d.specs, [("c1", "soft", {})]))
+    assert result == ToolResult(
+        tool_call_id="c1",
+        name="soft",
+        content="no such city",
+        is_error=True,
+        code=ErrorCode.TOOL_ERROR,
+    )
 
 
 async def test_calls_that_did_not_commit_get_their_error_results(g):

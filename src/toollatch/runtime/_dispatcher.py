@@ -127,6 +127,13 @@ class Dispatcher:
             raise UsageError(f"session must be a str, got {session!r:.60}")
         return DispatchRound(self, session)
 
+    async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
+        """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
+        its own. Cancelled, it cancels the calls and raises ``CancelledError``; the results
+        are lost with it, so a loop that must record them uses :meth:`round` and ``abort``."""
+        async with self.round(session) as r:
+            return await r.finish(round_)
+
     # -- shared state (used by DispatchRound) ------------------------------------------------
 
     async def _acquire_session(self, session: str) -> None:
