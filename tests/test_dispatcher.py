@@ -479,10 +479,14 @@ async def test_the_tool_timeout_makes_a_tool_timeout_result():
     async def hang() -> None:
         await asyncio.Event().wait()
 
-    d = Dispatcher([hang], default_timeout_s=60)
+    events: list[Any] = []
+    d = Dispatcher([hang], default_timeout_s=60, on_event=events.append)
     async with d.round() as r:
         [result] = await r.finish(chat_round(d.specs, [("c1", "hang", {})]))
     assert result.code is ErrorCode.TOOL_TIMEOUT
+    assert events[-1] == ToolFinishedEvent(
+        id="c1", name="hang", is_error=True, error="tool_timeout"
+    )
     assert result.content.startswith("tool_timeout: the tool did not finish within 0.05 s")
 
 

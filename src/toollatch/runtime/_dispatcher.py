@@ -7,13 +7,17 @@ manager around an ``asyncio.TaskGroup`` that owns every task the round starts::
 
     d = Dispatcher(tools, on_event=print)
     parser = StreamParser("anthropic", tools=d.specs)
+    round_ = None
     async with d.round(session="s1") as r:
         try:
-            ...                                 # feed the stream; r.start(call) for eager calls
-            results = await r.finish(parser.finish())
+            ...                       # feed the stream; r.start(call) for eager calls
+            round_ = parser.finish()
+            results = await r.finish(round_)
         except asyncio.CancelledError:
-            results = await r.abort(parser.cancel())
+            round_ = round_ or parser.cancel()
+            results = await r.abort(round_)   # record them, then
             raise
+    history += assistant_messages(round_)
     history += tool_results_messages(round_, results)   # always pairs: one result per call
 
 A call's task waits for its session's lock (held from the round's first tool start until the
@@ -28,6 +32,12 @@ arguments it gets ``duplicate_call_id``. Two cases are forgotten so the id may r
 call cancelled before it started, and a call of an ``idempotent`` tool whose outcome is unknown
 (cancelled while running, timed out). The memory keeps the newest ``max_remembered_calls``
 ids; durable, cross-process dedupe is the ledger's job.
+
+Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
+cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
+(with its result discarded) and holds one of the default executor's threads until then. A
+round of a session opened inside another open round of the same session waits for it forever
+(the session rule), so close a round before the next one starts.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ dispatcher's deadline (``asyncio.timeout``) is the one source of ``TimeoutError`
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import re
@@ -151,8 +152,6 @@ class Tool(Generic[P, R]):
 
 
 async def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    import asyncio  # noqa: PLC0415  # the runtime is asyncio; imported here to keep tool() light
-
     if inspect.iscoroutinefunction(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
     value = await asyncio.to_thread(fn, **kwargs)
