@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import ConfigError, ErrorCode, Round, StreamParser, ToolResult, ToolSpec, UsageError
-from toollatch.messages import tool_results_messages
+from toollatch.messages import assistant_messages, tool_results_messages
 from toollatch.runtime import ToolFinishedEvent, ToolStartedEvent
 from toollatch.runtime._dispatcher import Dispatcher
+from toollatch.runtime._examples import example_tools
 from toollatch.runtime._tools import Tool, ToolOutcome, tool
 
 
@@ -675,3 +677,29 @@ async def test_a_closed_round_returns_its_results_and_refuses_new_work(g):
         with pytest.raises(UsageError, match="closed"):
             r.start(other.committed()[0])
     assert g.runs == ["a"]
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+async def test_the_recorded_example_runs_through_the_example_tools(tmp_path):
+    """A recorded stream -> the real parser and gate -> the dispatcher -> a valid history."""
+    d = Dispatcher(example_tools(tmp_path))
+    parser = StreamParser("openai_chat", tools=d.specs)
+    parser.feed((EXAMPLES / "openai_parallel_calls.sse").read_bytes())
+    round_ = parser.finish()
+    assert [c.name for c in round_.committed()] == ["get_weather", "write_file"]
+    async with d.round("demo") as r:
+        for call in round_.committed():
+            if d.may_start_early(call.name):
+                r.start(call)
+        results = await r.finish(round_)
+    weather = json.loads(results[0].content)
+    assert weather["unit"] == "c"
+    assert isinstance(weather["temperature"], int)
+    written = json.loads(results[1].content)
+    assert (tmp_path / written["path"]).read_text() == round_.calls[1].arguments["content"]
+    history = assistant_messages(round_) + tool_results_messages(round_, results)
+    assert len(history) >= 2

@@ -392,7 +392,16 @@ async def test_write_file_writes_inside_the_workspace(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "path", ["/etc/passwd", "../escape.txt", "notes/../../escape.txt", "", ".", "a/\x00b"]
+    "path",
+    [
+        "/etc/passwd",
+        "../escape.txt",
+        "notes/../../escape.txt",
+        "notes/../inside.txt",
+        "",
+        ".",
+        "a/\x00b",
+    ],
 )
 async def test_write_file_refuses_paths_that_leave_the_workspace(tmp_path, path):
     write = _by_name(tmp_path)["write_file"]
@@ -400,6 +409,7 @@ async def test_write_file_refuses_paths_that_leave_the_workspace(tmp_path, path)
     assert outcome.is_error
     assert outcome.code is ErrorCode.TOOL_ERROR
     assert not (tmp_path / "escape.txt").exists()
+    assert not (tmp_path / "ws" / "inside.txt").exists()
 
 
 async def test_write_file_refuses_a_symlink_out_of_the_workspace(tmp_path):
