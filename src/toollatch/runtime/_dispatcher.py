@@ -27,11 +27,12 @@ deadline. Every task records its result on its slot before it ends, cancelled or
 ``finish``/``abort`` always return one result per call of the round, in call order.
 
 Dedupe: a call id runs at most once per dispatcher. A later call with the same id and the same
-name and arguments gets the first run's result (waiting for it if it still runs); with other
-arguments it gets ``duplicate_call_id``. Two cases are forgotten so the id may run later: a
-call cancelled before it started, and a call of an ``idempotent`` tool whose outcome is unknown
-(cancelled while running, timed out). The memory keeps the newest ``max_remembered_calls``
-ids; durable, cross-process dedupe is the ledger's job.
+name and arguments gets the first run's result, whatever it is (waiting for it if it still
+runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
+forgotten so the id may run later: a call cancelled before it started, and a call of an
+``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
+keeps the newest ``max_remembered_calls`` ids; durable, cross-process dedupe is the ledger's
+job.
 
 Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
 cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
@@ -48,11 +49,11 @@ import json
 import logging
 import math
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, TypeAlias
 
-from .._errors import ConfigError, ErrorCode, UsageError
+from .._errors import ConfigError, ErrorCode, InvariantBroken, UsageError
 from .._gate import CommittedCall
 from .._messages import error_result
 from .._round import Round, ToolResult
@@ -213,7 +214,6 @@ class _Slot:
     """``running`` once the tool started; ``joined`` when awaiting another round's run."""
     task: asyncio.Task[None] | None = None
     result: ToolResult | None = None
-    ui: Any = field(default=None)
 
 
 class DispatchRound:
@@ -348,9 +348,9 @@ class DispatchRound:
         if memo.done is not None:
             # shield: this round being cancelled must not cancel the other round's run.
             await asyncio.shield(memo.done)
+        if memo.result is None:  # pragma: no cover - a memo's future is set with its result
+            raise InvariantBroken("a joined call ended without a result")
         slot.result = memo.result
-        if slot.result is None:  # pragma: no cover - a memo's future is set with its result
-            raise AssertionError("a joined call ended without a result")
 
     # -- running -----------------------------------------------------------------------------
 
@@ -449,7 +449,8 @@ class DispatchRound:
         slot = self._slots.get(call.call_id)
         if slot is None:  # committed, never begun (abort before finish)
             return _error(call, ErrorCode.CANCELLED, _NEVER_STARTED)
-        assert slot.result is not None  # every task settled before _close
+        if slot.result is None:  # pragma: no cover - every slot is settled before _close
+            raise InvariantBroken(f"call {call.call_id!r} has no result at close")
         return slot.result
 
     def _closed_results(self, round_: Round) -> list[ToolResult] | None:
