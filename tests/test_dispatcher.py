@@ -11,14 +11,18 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toollatch import ConfigError, ErrorCode, Round, StreamParser, ToolResult, ToolSpec, UsageError
-from toollatch.messages import tool_results_messages
+from toollatch.messages import assistant_messages, tool_results_messages
 from toollatch.runtime import ToolFinishedEvent, ToolStartedEvent
 from toollatch.runtime._dispatcher import Dispatcher
+from toollatch.runtime._examples import example_tools
 from toollatch.runtime._tools import Tool, ToolOutcome, tool
 
 
@@ -150,6 +154,60 @@ async def test_results_are_in_call_order_whatever_the_completion_order(g):
         results = await finishing
     assert [r.content for r in results] == ["done a", "done b", "z"]
     assert_pairs(round_, results)
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.permutations(range(5)), limit=st.integers(1, 5))
+def test_any_completion_order_any_limit_gives_call_order_and_one_run_each(order, limit):
+    async def scenario() -> None:
+        g = Gates()
+        d = Dispatcher(make_tools(g), max_concurrency=limit)
+        keys = [f"k{i}" for i in range(5)]
+        round_ = chat_round(d.specs, [(f"c{i}", "wait", {"key": k}) for i, k in enumerate(keys)])
+        async with d.round() as r:
+            finishing = asyncio.create_task(r.finish(round_))
+            rank = {keys[i]: n for n, i in enumerate(order)}
+            closed = set(keys)
+            while closed:
+                # wait until every call that can run does, then release the one of them
+                # that comes first in ``order``
+                running = {k for k in closed if g.began(k).is_set()}
+                if len(running) < min(limit, len(closed)):
+                    await asyncio.sleep(0)
+                    continue
+                first = min(running, key=rank.__getitem__)
+                closed.discard(first)
+                g.gate(first).set()
+            results = await finishing
+        assert [x.content for x in results] == [f"done {k}" for k in keys]
+        assert sorted(g.runs) == keys
+        assert g.max_running <= limit
+
+    asyncio.run(scenario())
+
+
+async def test_run_is_finish_in_a_round_of_its_own(g):
+    d = Dispatcher(make_tools(g))
+    round_ = chat_round(d.specs, [("c1", "echo", {"text": "a"}), ("c2", "echo", '{"x')])
+    results = await d.run(round_, session="s1")
+    assert [x.code for x in results] == [None, ErrorCode.INVALID_JSON]
+    assert_pairs(round_, results)
+
+
+async def test_an_error_outcome_the_tool_returns_is_a_tool_error_with_its_own_text():
+    @tool
+    def soft() -> ToolOutcome:
+        return ToolOutcome(content="no such city", is_error=True)
+
+    d = Dispatcher([soft])
+    [result] = await d.run(chat_round(d.specs, [("c1", "soft", {})]))
+    assert result == ToolResult(
+        tool_call_id="c1",
+        name="soft",
+        content="no such city",
+        is_error=True,
+        code=ErrorCode.TOOL_ERROR,
+    )
 
 
 async def test_calls_that_did_not_commit_get_their_error_results(g):
@@ -423,10 +481,14 @@ async def test_the_tool_timeout_makes_a_tool_timeout_result():
     async def hang() -> None:
         await asyncio.Event().wait()
 
-    d = Dispatcher([hang], default_timeout_s=60)
+    events: list[Any] = []
+    d = Dispatcher([hang], default_timeout_s=60, on_event=events.append)
     async with d.round() as r:
         [result] = await r.finish(chat_round(d.specs, [("c1", "hang", {})]))
     assert result.code is ErrorCode.TOOL_TIMEOUT
+    assert events[-1] == ToolFinishedEvent(
+        id="c1", name="hang", is_error=True, error="tool_timeout"
+    )
     assert result.content.startswith("tool_timeout: the tool did not finish within 0.05 s")
 
 
@@ -615,3 +677,29 @@ async def test_a_closed_round_returns_its_results_and_refuses_new_work(g):
         with pytest.raises(UsageError, match="closed"):
             r.start(other.committed()[0])
     assert g.runs == ["a"]
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+async def test_the_recorded_example_runs_through_the_example_tools(tmp_path):
+    """A recorded stream -> the real parser and gate -> the dispatcher -> a valid history."""
+    d = Dispatcher(example_tools(tmp_path))
+    parser = StreamParser("openai_chat", tools=d.specs)
+    parser.feed((EXAMPLES / "openai_parallel_calls.sse").read_bytes())
+    round_ = parser.finish()
+    assert [c.name for c in round_.committed()] == ["get_weather", "write_file"]
+    async with d.round("demo") as r:
+        for call in round_.committed():
+            if d.may_start_early(call.name):
+                r.start(call)
+        results = await r.finish(round_)
+    weather = json.loads(results[0].content)
+    assert weather["unit"] == "c"
+    assert isinstance(weather["temperature"], int)
+    written = json.loads(results[1].content)
+    assert (tmp_path / written["path"]).read_text() == round_.calls[1].arguments["content"]
+    history = assistant_messages(round_) + tool_results_messages(round_, results)
+    assert len(history) >= 2

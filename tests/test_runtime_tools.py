@@ -15,7 +15,7 @@ from typing import Any, Literal
 import pydantic
 import pytest
 
-from toollatch import CallState, ConfigError, ErrorCode, StreamParser, ToolSpec
+from toollatch import CallState, ConfigError, ErrorCode, StreamParser, ToolSpec, UsageError
 from toollatch.runtime._examples import example_tools
 from toollatch.runtime._tools import Tool, ToolOutcome, parse_docstring, tool
 
@@ -265,6 +265,46 @@ async def test_invoke_with_bad_arguments_is_a_schema_violation_without_the_value
     assert "Traceback" not in outcome.content
 
 
+async def test_hints_naming_classes_local_to_a_function_resolve():
+    class Size(enum.Enum):  # local: a string annotation only the decorating frame can resolve
+        S = "s"
+        L = "l"
+
+    @tool(side_effects="read")
+    def pick(size: Size) -> str:
+        return size.name
+
+    @tool
+    def pick_bare(size: Size) -> str:
+        return size.name
+
+    for t in (pick, pick_bare):
+        assert t.spec.parameters["properties"]["size"] == {"$ref": "#/$defs/Size"}
+        assert (await t.invoke({"size": "l"})).content == "L"
+
+
+async def test_invoke_needs_a_mapping():
+    with pytest.raises(UsageError, match="mapping"):
+        await locate.invoke(["Oslo"])  # type: ignore[arg-type]
+
+
+async def test_a_validator_of_the_tools_own_type_that_crashes_is_a_tool_error():
+    class Picky(pydantic.BaseModel):
+        v: int
+
+        @pydantic.field_validator("v")
+        @classmethod
+        def crash(cls, v: int) -> int:
+            raise KeyError("validator bug")
+
+    @tool
+    def f(p: Picky) -> None: ...
+
+    outcome = await f.invoke({"p": {"v": 1}})
+    assert outcome.code is ErrorCode.TOOL_ERROR
+    assert outcome.content == "tool_error: KeyError: 'validator bug'"
+
+
 async def test_invoke_turns_an_exception_into_tool_error():
     @tool
     async def boom(a: int) -> None:
@@ -392,7 +432,16 @@ async def test_write_file_writes_inside_the_workspace(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "path", ["/etc/passwd", "../escape.txt", "notes/../../escape.txt", "", ".", "a/\x00b"]
+    "path",
+    [
+        "/etc/passwd",
+        "../escape.txt",
+        "notes/../../escape.txt",
+        "notes/../inside.txt",
+        "",
+        ".",
+        "a/\x00b",
+    ],
 )
 async def test_write_file_refuses_paths_that_leave_the_workspace(tmp_path, path):
     write = _by_name(tmp_path)["write_file"]
@@ -400,6 +449,7 @@ async def test_write_file_refuses_paths_that_leave_the_workspace(tmp_path, path)
     assert outcome.is_error
     assert outcome.code is ErrorCode.TOOL_ERROR
     assert not (tmp_path / "escape.txt").exists()
+    assert not (tmp_path / "ws" / "inside.txt").exists()
 
 
 async def test_write_file_refuses_a_symlink_out_of_the_workspace(tmp_path):

@@ -7,13 +7,17 @@ manager around an ``asyncio.TaskGroup`` that owns every task the round starts::
 
     d = Dispatcher(tools, on_event=print)
     parser = StreamParser("anthropic", tools=d.specs)
+    round_ = None
     async with d.round(session="s1") as r:
         try:
-            ...                                 # feed the stream; r.start(call) for eager calls
-            results = await r.finish(parser.finish())
+            ...                       # feed the stream; r.start(call) for eager calls
+            round_ = parser.finish()
+            results = await r.finish(round_)
         except asyncio.CancelledError:
-            results = await r.abort(parser.cancel())
+            round_ = round_ or parser.cancel()
+            results = await r.abort(round_)   # record them, then
             raise
+    history += assistant_messages(round_)
     history += tool_results_messages(round_, results)   # always pairs: one result per call
 
 A call's task waits for its session's lock (held from the round's first tool start until the
@@ -23,11 +27,18 @@ deadline. Every task records its result on its slot before it ends, cancelled or
 ``finish``/``abort`` always return one result per call of the round, in call order.
 
 Dedupe: a call id runs at most once per dispatcher. A later call with the same id and the same
-name and arguments gets the first run's result (waiting for it if it still runs); with other
-arguments it gets ``duplicate_call_id``. Two cases are forgotten so the id may run later: a
-call cancelled before it started, and a call of an ``idempotent`` tool whose outcome is unknown
-(cancelled while running, timed out). The memory keeps the newest ``max_remembered_calls``
-ids; durable, cross-process dedupe is the ledger's job.
+name and arguments gets the first run's result, whatever it is (waiting for it if it still
+runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
+forgotten so the id may run later: a call cancelled before it started, and a call of an
+``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
+keeps the newest ``max_remembered_calls`` ids; durable, cross-process dedupe is the ledger's
+job.
+
+Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
+cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
+(with its result discarded) and holds one of the default executor's threads until then. A
+round of a session opened inside another open round of the same session waits for it forever
+(the session rule), so close a round before the next one starts.
 """
 
 from __future__ import annotations
@@ -38,11 +49,11 @@ import json
 import logging
 import math
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, TypeAlias
 
-from .._errors import ConfigError, ErrorCode, UsageError
+from .._errors import ConfigError, ErrorCode, InvariantBroken, UsageError
 from .._gate import CommittedCall
 from .._messages import error_result
 from .._round import Round, ToolResult
@@ -127,6 +138,13 @@ class Dispatcher:
             raise UsageError(f"session must be a str, got {session!r:.60}")
         return DispatchRound(self, session)
 
+    async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
+        """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
+        its own. Cancelled, it cancels the calls and raises ``CancelledError``; the results
+        are lost with it, so a loop that must record them uses :meth:`round` and ``abort``."""
+        async with self.round(session) as r:
+            return await r.finish(round_)
+
     # -- shared state (used by DispatchRound) ------------------------------------------------
 
     async def _acquire_session(self, session: str) -> None:
@@ -196,7 +214,6 @@ class _Slot:
     """``running`` once the tool started; ``joined`` when awaiting another round's run."""
     task: asyncio.Task[None] | None = None
     result: ToolResult | None = None
-    ui: Any = field(default=None)
 
 
 class DispatchRound:
@@ -331,9 +348,9 @@ class DispatchRound:
         if memo.done is not None:
             # shield: this round being cancelled must not cancel the other round's run.
             await asyncio.shield(memo.done)
+        if memo.result is None:  # pragma: no cover - a memo's future is set with its result
+            raise InvariantBroken("a joined call ended without a result")
         slot.result = memo.result
-        if slot.result is None:  # pragma: no cover - a memo's future is set with its result
-            raise AssertionError("a joined call ended without a result")
 
     # -- running -----------------------------------------------------------------------------
 
@@ -432,7 +449,8 @@ class DispatchRound:
         slot = self._slots.get(call.call_id)
         if slot is None:  # committed, never begun (abort before finish)
             return _error(call, ErrorCode.CANCELLED, _NEVER_STARTED)
-        assert slot.result is not None  # every task settled before _close
+        if slot.result is None:  # pragma: no cover - every slot is settled before _close
+            raise InvariantBroken(f"call {call.call_id!r} has no result at close")
         return slot.result
 
     def _closed_results(self, round_: Round) -> list[ToolResult] | None:

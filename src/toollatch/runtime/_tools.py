@@ -16,9 +16,11 @@ dispatcher's deadline (``asyncio.timeout``) is the one source of ``TimeoutError`
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import re
+import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ import pydantic
 import pydantic_core
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
-from .._errors import ConfigError, ErrorCode
+from .._errors import ConfigError, ErrorCode, UsageError
 from .._specs import ToolSpec
 
 P = ParamSpec("P")
@@ -136,12 +138,17 @@ class Tool(Generic[P, R]):
         Never raises for the model's or the tool's faults: see the module docstring. A sync
         function runs in a worker thread (``asyncio.to_thread``) so the loop never blocks; a
         worker thread cannot be stopped, so a sync tool cancelled mid-run finishes in the
-        background and its result is discarded.
+        background and its result is discarded. Raises ``UsageError`` when ``arguments`` is
+        not a mapping.
         """
+        if not isinstance(arguments, Mapping):
+            raise UsageError(f"arguments must be a mapping, got {type(arguments).__name__}")
         try:
             bound = self._model.model_validate(dict(arguments))
         except pydantic.ValidationError as exc:
             return _failed(ErrorCode.SCHEMA_VIOLATION, _validation_detail(exc))
+        except Exception as exc:  # a validator of the tool's own types failed: its fault
+            return _failed(ErrorCode.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
         kwargs = {param: getattr(bound, field) for field, param in self._params.items()}
         try:
             value = await _run(self.__wrapped__, kwargs)
@@ -151,8 +158,6 @@ class Tool(Generic[P, R]):
 
 
 async def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    import asyncio  # noqa: PLC0415  # the runtime is asyncio; imported here to keep tool() light
-
     if inspect.iscoroutinefunction(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
     value = await asyncio.to_thread(fn, **kwargs)
@@ -227,8 +232,20 @@ def tool(
     """
     options = _Options(name, description, eager, timeout, side_effects, group, idempotent)
     if fn is None:
-        return lambda f: _make(f, options)
-    return _make(fn, options)
+
+        def decorate(f: Callable[P, R]) -> Tool[P, R]:
+            return _make(f, options, _caller_locals())
+
+        return decorate
+    return _make(fn, options, _caller_locals())
+
+
+def _caller_locals() -> dict[str, Any]:
+    """The locals where ``@tool`` was applied (two frames up), so that hints naming a class
+    defined in a function resolve under ``from __future__ import annotations`` (what
+    pydantic does for models defined in functions)."""
+    frame = sys._getframe(2)
+    return dict(frame.f_locals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +259,7 @@ class _Options:
     idempotent: bool
 
 
-def _make(fn: Callable[P, R], options: _Options) -> Tool[P, R]:
+def _make(fn: Callable[P, R], options: _Options, localns: Mapping[str, Any]) -> Tool[P, R]:
     if not callable(fn):
         raise ConfigError(f"@tool needs a function, got {fn!r:.60}")
     label = getattr(fn, "__qualname__", repr(fn))
@@ -259,7 +276,7 @@ def _make(fn: Callable[P, R], options: _Options) -> Tool[P, R]:
     ):
         raise ConfigError(f"{label}: timeout must be a positive number of seconds")
     summary, param_docs = parse_docstring(inspect.getdoc(fn) or "")
-    model, params = _parameters_model(fn, label, param_docs)
+    model, params = _parameters_model(fn, label, param_docs, localns)
     spec = ToolSpec(
         name=name,
         parameters=_schema(model, label),
@@ -279,7 +296,7 @@ def _make(fn: Callable[P, R], options: _Options) -> Tool[P, R]:
 
 
 def _parameters_model(
-    fn: Callable[..., Any], label: str, docs: Mapping[str, str]
+    fn: Callable[..., Any], label: str, docs: Mapping[str, str], localns: Mapping[str, Any]
 ) -> tuple[type[pydantic.BaseModel], dict[str, str]]:
     """The pydantic model of ``fn``'s parameters, and model field name -> parameter name.
 
@@ -288,7 +305,7 @@ def _parameters_model(
     """
     try:
         signature = inspect.signature(fn)
-        hints = get_type_hints(fn, include_extras=True)
+        hints = get_type_hints(fn, localns=dict(localns), include_extras=True)
     except (TypeError, ValueError, NameError) as exc:
         raise ConfigError(f"{label}: cannot read the signature: {exc}") from None
     fields: dict[str, Any] = {}
