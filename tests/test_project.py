@@ -115,7 +115,19 @@ SURFACES = {
         "Allow", "CallFailed", "CallRecord", "CallState", "CommittedCall", "ConfigError", "Deny",
         "ErrorCode", "Gate", "Limits", "PreviewPolicy", "PreviewUpdated", "Round", "RoundEnd",
         "RunBudget", "StreamParser", "ToolLatchError", "ToolPreview", "ToolResult", "ToolSpec",
-        "UsageError", "load_tools",
+        "UsageError", "load_tools", "tool",
+    ],
+    "toollatch.runtime": [
+        "Agent", "AgentEvent", "AgentRun", "CallCommittedEvent", "CallFailedEvent",
+        "CallOpenedEvent", "ClientLimits", "DispatchRound", "Dispatcher", "ModelClient",
+        "ModelConnectError", "ModelError", "ModelHTTPError", "ModelStream", "RetryPolicy",
+        "RoundEndedEvent", "RunEndedEvent", "RunLimits", "StreamInterrupted", "StreamTimeout",
+        "TextEvent", "Tool", "ToolFinishedEvent", "ToolOutcome", "ToolStartedEvent",
+        "example_tools", "model_client", "tool", "user_message",
+    ],
+    "toollatch.scripted": [
+        "Call", "DONE_TURN", "Faults", "PROVIDERS", "Reasoning", "RecordedRequest", "Script",
+        "ScriptedServer", "Text", "Turn", "demo_script",
     ],
     "toollatch.events": [
         "Anomaly", "AnomalyKind", "ArgsDelta", "ArgsMeasured", "CallClosed", "CallIdentified",
@@ -147,7 +159,7 @@ SURFACES = {
         "split_at", "sse", "summary",
     ],
 }
-ALIASES = {"Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent"}
+ALIASES = {"Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent", "AgentEvent"}
 """Type aliases: documented where they are defined (an alias has no docstring of its own)."""
 
 
@@ -159,16 +171,17 @@ def test_public_surface_is_pinned(module):
 
 
 def test_every_public_module_is_pinned():
+    package = ROOT / "src" / "toollatch"
     found = {
         f"toollatch.{p.stem}"
-        for p in (ROOT / "src" / "toollatch").glob("*.py")
+        for p in package.glob("*.py")
         if not p.stem.startswith("_") and p.stem != "cli"
-    }
+    } | {f"toollatch.{p.parent.name}" for p in package.glob("[!_]*/__init__.py")}
     assert found | {"toollatch"} == set(SURFACES)
 
 
 def test_the_top_level_is_small():
-    assert len(toollatch.__all__) <= 22
+    assert len(toollatch.__all__) <= 23  # (``tool`` is imported lazily: see test below)
 
 
 @pytest.mark.parametrize(
@@ -216,6 +229,14 @@ def test_the_core_is_pure():
                     names = [node.module]
                 bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
     assert bad == []
+
+
+def test_the_tool_decorator_is_at_the_top_level_without_importing_the_runtime():
+    code = (
+        "import sys, toollatch; assert 'pydantic' not in sys.modules;"
+        "from toollatch import tool; import toollatch.runtime as r; assert tool is r.tool"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_core_imports_with_only_required_dependencies():

@@ -260,7 +260,6 @@ class AgentRun:
         # or truncated answer without calls is the end.
         return bool(round_.calls) or round_.ended is RoundEnd.INTERRUPTED
 
-
     async def _stream(self, parser: StreamParser, dispatch: DispatchRound) -> Round | None:
         """Feed the round's stream; None when no stream began (``error`` is set)."""
         agent = self.agent
