@@ -13,10 +13,10 @@ from ._script import DONE_TURN, Call, Faults, Reasoning, Script, Text, Turn, dem
 from ._server import PROVIDERS, RecordedRequest, ScriptedServer
 
 __all__ = [
-    "Call",
     "DONE_TURN",
-    "Faults",
     "PROVIDERS",
+    "Call",
+    "Faults",
     "Reasoning",
     "RecordedRequest",
     "Script",
