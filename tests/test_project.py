@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import importlib
 import json as json_module
 import re
@@ -25,7 +26,7 @@ def shell_blocks() -> list[str]:
 
 def test_readme_starts_with_the_two_quick_start_commands():
     first, second = (b.strip() for b in shell_blocks()[:2])
-    assert first.startswith("pip install . && toollatch replay")
+    assert first == 'pip install ".[run]" && toollatch run'
     assert "pytest" in second and "install" in second
 
 
@@ -92,6 +93,25 @@ def test_readme_three_ways_in_run_against_a_recorded_stream():
         assert [c.name for c in round_.committed()] == ["get_weather", "write_file"]
     assert by_bytes == by_events
     assert callable(ways["from_sdk_stream_helper"])  # needs the SDK's helper: see test_sdk_*
+
+
+def test_readme_run_output_matches():
+    """The call lines the README shows for ``toollatch run`` (the timings left out)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "run"], cwd=ROOT, capture_output=True,
+        text=True, check=True, env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    shown = re.search(r"```\n(Let me check.*?)```", README, re.S).group(1).splitlines()
+    got = out.splitlines()
+    for line in shown:
+        cells = re.split(r"\s{2,}", line.strip())
+        if not line.startswith("call_"):
+            assert line in got, line
+            continue
+        found = next(re.split(r"\s{2,}", g.strip()) for g in got if g.startswith(cells[0] + " "))
+        assert found[:2] == cells[:2], line
+        assert found[2].startswith(cells[2].rstrip("…")), line
+        assert found[3] == cells[3], line
 
 
 def test_readme_first_command_output_matches(tmp_path):
