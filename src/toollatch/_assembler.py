@@ -225,6 +225,8 @@ class Assembler:
 
     def _dispatch(self, event: StreamEvent) -> list[CallUpdate]:
         match event:
+            case ArgsDelta(whole=True):
+                return self._on_whole(event.key, event.fragment)
             case ArgsDelta():
                 return self.feed_fragment(event.key, event.fragment)
             case CallOpened():
@@ -308,6 +310,10 @@ class Assembler:
                     key,
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
+        if buf.whole:
+            return self._violate(
+                buf, AnomalyKind.OBJECT_ARGUMENTS, "a fragment after the whole arguments object"
+            )
         if size < 0:
             size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
         buf.nbytes += size
@@ -332,6 +338,18 @@ class Assembler:
         if tracker.feed(fragment, size):
             return [tracker.release(buf.key, buf.call_id, buf.name)]
         return []
+
+    def _on_whole(self, key: CallKey, text: str) -> list[CallUpdate]:
+        """A call's whole argument text in one piece (``ArgsDelta.whole``)."""
+        buf = self._buffers.get(key)
+        if buf is not None and buf.state is CallState.OPEN and (buf.nbytes or buf.whole):
+            return self._violate(
+                buf, AnomalyKind.OBJECT_ARGUMENTS, "an arguments object after other argument text"
+            )
+        notices = self._on_args(key, text)
+        if buf is not None and buf.state is CallState.OPEN:
+            buf.whole, buf.bound = True, -1  # (-1: every later fragment takes _on_args)
+        return notices
 
     def _on_measured(self, event: ArgsMeasured) -> list[CallUpdate]:
         buf = self._buffers.get(event.key)

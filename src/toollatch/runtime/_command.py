@@ -138,7 +138,7 @@ class _JsonView:
 @dataclass
 class _CallLine:
     name: str
-    state: str = "streaming"
+    status: str = "streaming"
     arguments: str = ""
     opened: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -180,21 +180,21 @@ class _LiveView:
 
     def _on_call_committed(self, data: dict[str, Any]) -> None:
         line = self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
-        line.state, line.early = "committed", data["early"]
+        line.status, line.early = "committed", data["early"]
         line.arguments = orjson.dumps(data["arguments"]).decode()
 
     def _on_call_failed(self, data: dict[str, Any]) -> None:
         line = self.calls.setdefault(data["id"], _CallLine(name=data["name"] or "?"))
-        line.state = f"failed: {data['error']}"
+        line.status = f"failed: {data['error']}"
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
-        line.state, line.started = "running", time.monotonic()
+        line.status, line.started = "running", time.monotonic()
 
     def _on_tool_finished(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
         line.finished = time.monotonic()
-        line.state = f"error: {data['error']}" if data["is_error"] else "done"
+        line.status = f"error: {data['error']}" if data["is_error"] else "done"
 
     def _on_round_ended(self, data: dict[str, Any]) -> None:
         self.rounds = data["round"]
@@ -214,7 +214,7 @@ class _LiveView:
                 Text(call_id),
                 Text(line.name, style="bold"),
                 Text(arguments),
-                Text(line.state + (" (early)" if line.early else ""), style=_style(line.state)),
+                Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
                 Text(_timing(line), style="dim"),
             )
         footer = Text(f"rounds: {self.rounds}", style="dim")
