@@ -5,6 +5,7 @@ stall makes room for an eager tool, the assertion is on event order)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -257,3 +258,33 @@ async def test_the_deadline_cancels_the_round_in_flight(tmp_path):
                                limits=RunLimits(deadline_s=0.3))
     assert [e["ended"] for e in events if e["type"] == "round_ended"] == ["cancelled"]
     assert events[-1]["calls"][0]["error"] == "cancelled"
+
+
+async def test_a_call_whose_arguments_stall_while_pings_go_on_fails_idle_timeout(tmp_path):
+    from loopback_http import loopback, stream_reply
+
+    def event(data: dict) -> bytes:
+        return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+    start = {"type": "message_start", "message": {"id": "m", "type": "message",
+             "role": "assistant", "content": [], "usage": {"input_tokens": 1}}}
+    block = {"type": "content_block_start", "index": 0, "content_block": {
+        "type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}}
+    fragment = {"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": '{"city": '}}
+
+    async def pause() -> None:
+        await asyncio.sleep(0.05)
+
+    pings = [p for _ in range(40) for p in (pause, event({"type": "ping"}))]
+    async with loopback() as server:
+        server.replies.append(stream_reply([event(start), event(block), event(fragment), *pings]))
+        client = model_client("anthropic", model="m", base_url=server.url,
+                              retry=RetryPolicy(attempts=1))
+        async with client:
+            agent = Agent(client, example_tools(tmp_path),
+                          run_limits=RunLimits(max_rounds=1, call_stall_s=0.3))
+            events = [e.to_json() async for e in agent.run("go")]
+    failed = [(e["id"], e["error"]) for e in events if e["type"] == "call_failed"]
+    assert failed == [("t1", "idle_timeout")]
+    assert [e["ended"] for e in events if e["type"] == "round_ended"] == ["interrupted"]

@@ -591,6 +591,13 @@ class Assembler:
             choice = self._choices[index] = _ChoiceState()
         return choice
 
+    def open_argument_bytes(self) -> int | None:
+        """The argument bytes streamed so far into the calls still OPEN, or None when no
+        call is open (a runtime watches it to time out a call whose arguments stall while
+        the stream itself keeps sending, e.g. pings)."""
+        sizes = [b.nbytes for b in self._buffers.values() if b.state is CallState.OPEN]
+        return sum(sizes) if sizes else None
+
     @property
     def sealed(self) -> bool:
         """True once a bound on the round's size was passed: the stream failed, every call

@@ -175,6 +175,11 @@ class StreamParser:
                 self.finish_notices += self._apply(self.adapter.finish())
         return self.assembler.finish()
 
+    def open_argument_bytes(self) -> int | None:
+        """The argument bytes of the calls still streaming, or None when none is open (see
+        ``Assembler.open_argument_bytes``)."""
+        return self.assembler.open_argument_bytes()
+
     def fail(self, code: ErrorCode, detail: str) -> Round:
         """The rim saw the stream fail (a timeout, a dropped connection): every call not
         decided yet fails with ``code`` (``idle_timeout``, ``stream_interrupted``), and the

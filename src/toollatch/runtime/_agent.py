@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,18 +69,41 @@ class RunLimits:
     """Committed calls at most over the run (more fail ``budget_exceeded``)."""
     deadline_s: float | None = None
     """Wall-clock limit of the whole run; the round in flight is cancelled at it."""
+    call_stall_s: float | None = 60.0
+    """Longest time a call may stay open without new argument bytes while the stream keeps
+    sending (pings, other text): then its round fails ``idle_timeout``. A silent stream is
+    the client's ``ClientLimits.idle_s``."""
 
     def __post_init__(self) -> None:
         for name in ("max_rounds", "max_tool_calls"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"RunLimits.{name} must be a positive integer, got {value!r}")
-        if self.deadline_s is not None and not (
-            isinstance(self.deadline_s, int | float)
-            and math.isfinite(self.deadline_s)
-            and self.deadline_s > 0
-        ):
-            raise ConfigError(f"RunLimits.deadline_s must be positive, got {self.deadline_s!r}")
+        for name in ("deadline_s", "call_stall_s"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
+                raise ConfigError(f"RunLimits.{name} must be positive or None, got {value!r}")
+
+
+class _StallWatch:
+    """When the open calls' argument bytes last grew (monotonic clock, read per chunk)."""
+
+    def __init__(self, limit_s: float | None) -> None:
+        self.limit_s = limit_s or 0.0
+        self._seen: int | None = None
+        self._since = 0.0
+
+    def stalled(self, nbytes: int | None) -> bool:
+        if not self.limit_s or nbytes is None:
+            self._seen = None
+            return False
+        now = time.monotonic()
+        if nbytes != self._seen:
+            self._seen, self._since = nbytes, now
+            return False
+        return now - self._since > self.limit_s
 
 
 class Agent:
@@ -271,9 +295,13 @@ class AgentRun:
         )
         try:
             async with stream as chunks:
+                stall = _StallWatch(agent.run_limits.call_stall_s)
                 try:
                     async for chunk in chunks:
                         self._notices(parser.feed(chunk), dispatch)
+                        if stall.stalled(parser.open_argument_bytes()):
+                            detail = f"a call's arguments did not grow for {stall.limit_s:g} s"
+                            return parser.fail(ErrorCode.IDLE_TIMEOUT, detail)
                 except StreamTimeout as exc:
                     return parser.fail(ErrorCode.IDLE_TIMEOUT, str(exc))
                 except StreamInterrupted as exc:
