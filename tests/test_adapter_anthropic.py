@@ -199,7 +199,7 @@ def test_non_empty_start_input_is_the_arguments_sent_as_an_object() -> None:
             detail="tool_use start carries its input as an object; serialized once",
             key=key(0),
         ),
-        ArgsDelta(key=key(0), fragment='{"x":1}'),
+        ArgsDelta(key=key(0), fragment='{"x":1}', whole=True),
     ]
     bad = block_start(0, {"type": "tool_use", "id": "t", "name": "n", "input": [1]})
     assert AnthropicAdapter().feed(bad)[1:] == [

@@ -332,13 +332,14 @@ def test_a_lost_fragment_after_message_stop_fails_every_call():
 
 
 def test_a_start_input_object_and_deltas_do_not_both_commit():
-    # Rule "input in the start": an object there and deltas too is ambiguous; the text made of
-    # both does not parse. The object alone (the non-streamed shape) commits as sent.
+    # Rule "input in the start": an object there is the call's whole text (ArgsDelta.whole),
+    # so deltas after it fail the call at the first one. The object alone (the non-streamed
+    # shape) commits as sent.
     start = {"type": "content_block_start", "index": 0, "content_block": {
         "type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}}}
     both = wire(START, start, *tool(0, "t1", "get_weather", '{"city": "Kyoto"}')[1:], *end())
     calls, _, _ = outcomes(both, tools=TOOLS)
-    assert calls == [("t1", CallState.FAILED, ErrorCode.INVALID_JSON)]
+    assert calls == [("t1", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
     alone = wire(START, start, {"type": "content_block_stop", "index": 0}, *end())
     _, _, r = outcomes(alone, tools=TOOLS)
     assert r.calls[0].arguments == {"city": "Oslo"}

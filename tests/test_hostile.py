@@ -26,7 +26,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from toollatch import StreamParser
+from toollatch import CallState, StreamParser
 from toollatch.testing import summary
 
 
@@ -272,3 +272,51 @@ def test_the_property_reaches_its_asserts_for_every_mutation(provider: str) -> N
         elif how == "unreadable":
             texts[at] = texts[at][:5]
         assert _check(stream, how, at, texts, [7, 100, 1000]) >= 1, how
+
+
+# -- a whole arguments object is the call's whole text (ArgsDelta.whole) ----------------------
+
+
+def _chat(*natives):
+    parser = StreamParser("openai_chat")
+    for native in natives:
+        parser.feed_event(native)
+    return parser.finish()
+
+
+def _entry(**fields):
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **fields}]}}]}
+
+
+_CHAT_HEAD = _entry(id="call_0", type="function", function={"name": "f", "arguments": ""})
+_CHAT_END = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+
+
+@pytest.mark.parametrize(
+    "middle",
+    [
+        [_entry(function={"arguments": '{"a":'}), _entry(function={"arguments": {"b": 1}}),
+         _entry(function={"arguments": "}"})],  # text + object + text would parse
+        [_entry(function={"arguments": {"b": 1}}), _entry(function={"arguments": "x"})],
+        [_entry(function={"arguments": {"b": 1}}), _entry(function={"arguments": {"c": 2}})],
+        [_entry(function={"arguments": '{"'}), _entry(function={"arguments": []}),
+         _entry(function={"arguments": 'a": 1}'})],  # a list is not arguments
+        [_entry(function={"arguments": '{"a": 1'}), _entry(function=None),
+         _entry(function={"arguments": "}"})],  # an entry that carries nothing: lost
+        [_entry(function={"arguments": '{"a": 1'}), {"choices": None},
+         _entry(function={"arguments": "}"})],  # a required member null: lost
+        [_entry(function={"arguments": '{"a": 1'}),
+         {"choices": [{"index": 0, "delta": None}]}, _entry(function={"arguments": "}"})],
+    ],
+    ids=["object-inside-text", "text-after-object", "two-objects", "list", "empty-entry",
+         "choices-null", "delta-null"],
+)
+def test_chat_arguments_that_are_not_one_text_never_commit(middle):
+    round_ = _chat(_CHAT_HEAD, *middle, _CHAT_END)
+    assert round_.committed() == ()
+    assert round_.calls[0].state is CallState.FAILED
+
+
+def test_chat_a_whole_arguments_object_alone_commits_as_sent():
+    round_ = _chat(_CHAT_HEAD, _entry(function={"arguments": {"b": 1}}), _CHAT_END)
+    assert [c.arguments for c in round_.committed()] == [{"b": 1}]

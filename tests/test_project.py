@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import importlib
 import json as json_module
 import re
@@ -25,7 +26,7 @@ def shell_blocks() -> list[str]:
 
 def test_readme_starts_with_the_two_quick_start_commands():
     first, second = (b.strip() for b in shell_blocks()[:2])
-    assert first.startswith("pip install . && toollatch replay")
+    assert first == 'pip install ".[run]" && toollatch run'
     assert "pytest" in second and "install" in second
 
 
@@ -94,6 +95,25 @@ def test_readme_three_ways_in_run_against_a_recorded_stream():
     assert callable(ways["from_sdk_stream_helper"])  # needs the SDK's helper: see test_sdk_*
 
 
+def test_readme_run_output_matches():
+    """The call lines the README shows for ``toollatch run`` (the timings left out)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "run"], cwd=ROOT, capture_output=True,
+        text=True, check=True, env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    shown = re.search(r"```\n(Let me check.*?)```", README, re.S).group(1).splitlines()
+    got = out.splitlines()
+    for line in shown:
+        cells = re.split(r"\s{2,}", line.strip())
+        if not line.startswith("call_"):
+            assert line in got, line
+            continue
+        found = next(re.split(r"\s{2,}", g.strip()) for g in got if g.startswith(cells[0] + " "))
+        assert found[:2] == cells[:2], line
+        assert found[2].startswith(cells[2].rstrip("…")), line
+        assert found[3] == cells[3], line
+
+
 def test_readme_first_command_output_matches(tmp_path):
     from toollatch.cli import main
 
@@ -115,7 +135,19 @@ SURFACES = {
         "Allow", "CallFailed", "CallRecord", "CallState", "CommittedCall", "ConfigError", "Deny",
         "ErrorCode", "Gate", "Limits", "PreviewPolicy", "PreviewUpdated", "Round", "RoundEnd",
         "RunBudget", "StreamParser", "ToolLatchError", "ToolPreview", "ToolResult", "ToolSpec",
-        "UsageError", "load_tools",
+        "UsageError", "load_tools", "tool",
+    ],
+    "toollatch.runtime": [
+        "Agent", "AgentEvent", "AgentRun", "CallCommittedEvent", "CallFailedEvent",
+        "CallOpenedEvent", "ClientLimits", "DispatchRound", "Dispatcher", "ModelClient",
+        "ModelConnectError", "ModelError", "ModelHTTPError", "ModelStream", "RetryPolicy",
+        "RoundEndedEvent", "RunEndedEvent", "RunLimits", "StreamInterrupted", "StreamTimeout",
+        "TextEvent", "Tool", "ToolFinishedEvent", "ToolOutcome", "ToolStartedEvent",
+        "example_tools", "model_client", "tool", "user_message",
+    ],
+    "toollatch.scripted": [
+        "DONE_TURN", "PROVIDERS", "Call", "Faults", "Reasoning", "RecordedRequest", "Script",
+        "ScriptedServer", "Text", "Turn", "demo_script",
     ],
     "toollatch.events": [
         "Anomaly", "AnomalyKind", "ArgsDelta", "ArgsMeasured", "CallClosed", "CallIdentified",
@@ -147,28 +179,28 @@ SURFACES = {
         "split_at", "sse", "summary",
     ],
 }
-ALIASES = {"Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent"}
+ALIASES = {"Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent", "AgentEvent"}
 """Type aliases: documented where they are defined (an alias has no docstring of its own)."""
 
 
 @pytest.mark.parametrize("module", sorted(SURFACES))
 def test_public_surface_is_pinned(module):
     names = importlib.import_module(module).__all__
-    assert names == SURFACES[module]  # exactly these, sorted
-    assert names == sorted(names)
+    assert names == SURFACES[module]  # exactly these (sorted: ruff's RUF022, constants first)
 
 
 def test_every_public_module_is_pinned():
+    package = ROOT / "src" / "toollatch"
     found = {
         f"toollatch.{p.stem}"
-        for p in (ROOT / "src" / "toollatch").glob("*.py")
+        for p in package.glob("*.py")
         if not p.stem.startswith("_") and p.stem != "cli"
-    }
+    } | {f"toollatch.{p.parent.name}" for p in package.glob("[!_]*/__init__.py")}
     assert found | {"toollatch"} == set(SURFACES)
 
 
 def test_the_top_level_is_small():
-    assert len(toollatch.__all__) <= 22
+    assert len(toollatch.__all__) <= 23  # (``tool`` is imported lazily: see test below)
 
 
 @pytest.mark.parametrize(
@@ -216,6 +248,14 @@ def test_the_core_is_pure():
                     names = [node.module]
                 bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
     assert bad == []
+
+
+def test_the_tool_decorator_is_at_the_top_level_without_importing_the_runtime():
+    code = (
+        "import sys, toollatch; assert 'pydantic' not in sys.modules;"
+        "from toollatch import tool; import toollatch.runtime as r; assert tool is r.tool"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_core_imports_with_only_required_dependencies():

@@ -120,10 +120,12 @@ def test_q9_arguments_as_an_object_are_serialized_once():
     assert kinds(r) == [AnomalyKind.OBJECT_ARGUMENTS]
 
 
-def test_q9_object_arguments_mixed_with_text_fail_the_strict_parse():
+def test_q9_object_arguments_mixed_with_text_fail_the_call():
+    # an arguments object is the call's whole text: after other text it fails the call at
+    # once ('{"a": ' + '{"x":1}' + '}' would even parse)
     r = stable(sse(chunk(tc(0, "a", "get_weather", '{"city": ')), chunk(tc(0, args={"x": 1})),
                    chunk(finish="tool_calls")))
-    assert r.calls[0].error is ErrorCode.INVALID_JSON
+    assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION
 
 
 def test_q10_null_or_missing_arguments_for_a_tool_with_required_parameters():

@@ -9,8 +9,11 @@ frames), :mod:`toollatch.adapters` (native events -> stream events, provider det
 :mod:`toollatch.events` (the stream-event vocabulary), :mod:`toollatch.assembly` (the
 assembler and the gate), :mod:`toollatch.previews`, :mod:`toollatch.rounds` (every type of a
 finalized round), :mod:`toollatch.messages` (history builders), :mod:`toollatch.errors` and
-:mod:`toollatch.testing`.
+:mod:`toollatch.testing`. The runtime (``@toollatch.tool``, the dispatcher, the agent loop,
+model clients) is :mod:`toollatch.runtime`; the scripted model server :mod:`toollatch.scripted`.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._assembler import CallFailed
 from ._errors import ConfigError, ErrorCode, ToolLatchError, UsageError
@@ -46,4 +49,18 @@ __all__ = [
     "ToolSpec",
     "UsageError",
     "load_tools",
+    "tool",
 ]
+
+if TYPE_CHECKING:
+    from .runtime import tool
+
+
+def __getattr__(name: str) -> Any:
+    """``toollatch.tool`` (the decorator of :mod:`toollatch.runtime`, which needs the
+    ``[run]`` extra) is imported when first used, so that the core imports without it."""
+    if name == "tool":
+        from .runtime import tool  # noqa: PLC0415 (lazily: pydantic is an extra)
+
+        return tool
+    raise AttributeError(f"module 'toollatch' has no attribute {name!r}")

@@ -225,6 +225,8 @@ class Assembler:
 
     def _dispatch(self, event: StreamEvent) -> list[CallUpdate]:
         match event:
+            case ArgsDelta(whole=True):
+                return self._on_whole(event.key, event.fragment)
             case ArgsDelta():
                 return self.feed_fragment(event.key, event.fragment)
             case CallOpened():
@@ -331,6 +333,10 @@ class Assembler:
                     key,
                 )
             return []  # already failed (e.g. over the size limit): drop quietly
+        if buf.whole:
+            return self._violate(
+                buf, AnomalyKind.OBJECT_ARGUMENTS, "a fragment after the whole arguments object"
+            )
         if size < 0:
             size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
         buf.nbytes += size
@@ -355,6 +361,18 @@ class Assembler:
         if tracker.feed(fragment, size):
             return [tracker.release(buf.key, buf.call_id, buf.name)]
         return []
+
+    def _on_whole(self, key: CallKey, text: str) -> list[CallUpdate]:
+        """A call's whole argument text in one piece (``ArgsDelta.whole``)."""
+        buf = self._buffers.get(key)
+        if buf is not None and buf.state is CallState.OPEN and (buf.nbytes or buf.whole):
+            return self._violate(
+                buf, AnomalyKind.OBJECT_ARGUMENTS, "an arguments object after other argument text"
+            )
+        notices = self._on_args(key, text)
+        if buf is not None and buf.state is CallState.OPEN:
+            buf.whole, buf.bound = True, -1  # (-1: every later fragment takes _on_args)
+        return notices
 
     def _on_measured(self, event: ArgsMeasured) -> list[CallUpdate]:
         buf = self._buffers.get(event.key)
@@ -595,6 +613,13 @@ class Assembler:
                 )
             choice = self._choices[index] = _ChoiceState()
         return choice
+
+    def open_argument_bytes(self) -> int | None:
+        """The argument bytes streamed so far into the calls still OPEN, or None when no
+        call is open (a runtime watches it to time out a call whose arguments stall while
+        the stream itself keeps sending, e.g. pings)."""
+        sizes = [b.nbytes for b in self._buffers.values() if b.state is CallState.OPEN]
+        return sum(sizes) if sizes else None
 
     @property
     def sealed(self) -> bool:

@@ -29,6 +29,7 @@ class CallBuffer:
         "nbytes",
         "position",
         "state",
+        "whole",
     )
 
     def __init__(self, key: CallKey, position: int, call_id: str | None, name: str | None) -> None:
@@ -52,6 +53,10 @@ class CallBuffer:
         self.detail = ""
         self.committed: CommittedCall | None = None
         self.early = False
+        """True once the call was committed before its round ended (eager start)."""
+        self.whole = False
+        """True once the call got its whole argument text in one piece (``ArgsDelta.whole``):
+        no other fragment may follow."""
         """True once the call was committed before its round ended (eager start)."""
 
     def text(self) -> str:

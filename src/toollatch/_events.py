@@ -160,6 +160,9 @@ class ArgsDelta:
     """The call the fragment belongs to."""
     fragment: str
     """Raw text; never parsed until the call is closed and the round allows it."""
+    whole: bool = False
+    """The fragment is the call's entire argument text (a server that sent the arguments as
+    a JSON object, serialized once): any other fragment before or after it fails the call."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

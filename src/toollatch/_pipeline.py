@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ._adapters._base import Adapter, Fragment
 from ._assembler import Assembler, CallUpdate
-from ._errors import StreamDecodeError, UsageError
+from ._errors import ErrorCode, StreamDecodeError, UsageError
 from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
 from ._eventstream import EventStreamDecoder
 from ._gate import Gate, Policy, RunBudget
@@ -235,6 +235,29 @@ class StreamParser:
                 except StreamDecodeError as exc:
                     self.finish_notices += self._framing_failed(exc)
                 self.finish_notices += self._apply(self.adapter.finish())
+        return self.assembler.finish()
+
+    def open_argument_bytes(self) -> int | None:
+        """The argument bytes of the calls still streaming, or None when none is open (see
+        ``Assembler.open_argument_bytes``)."""
+        return self.assembler.open_argument_bytes()
+
+    def fail(self, code: ErrorCode, detail: str) -> Round:
+        """The rim saw the stream fail (a timeout, a dropped connection): every call not
+        decided yet fails with ``code`` (``idle_timeout``, ``stream_interrupted``), and the
+        Round is returned. After :meth:`finish` or :meth:`cancel`, a no-op returning the same
+        Round.
+
+        Raises:
+            UsageError: for a ``code`` that is not a stream failure's.
+        """
+        if code not in (ErrorCode.IDLE_TIMEOUT, ErrorCode.STREAM_INTERRUPTED):
+            raise UsageError(
+                f"StreamParser.fail() takes idle_timeout or stream_interrupted, not {code}"
+            )
+        if self._closed is None:
+            self._closed = "fail()"
+            self.finish_notices += self._apply([StreamFailed(code=code, detail=detail)])
         return self.assembler.finish()
 
     def cancel(self, reason: str = "cancelled by the caller") -> Round:

@@ -1,4 +1,7 @@
-"""``toollatch`` command line: replay recorded streams through the commit gate.
+"""``toollatch`` command line: ``run`` an agent, or ``replay`` recorded streams through the
+commit gate.
+
+``toollatch run`` (see :mod:`toollatch.runtime._command`) is imported only when used.
 
 ``toollatch replay [options] FILE...`` feeds each file (``-`` = standard input) through the same
 decoder, adapter, assembler and gate a live stream goes through and prints what would have been
@@ -115,6 +118,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=256,
         help="release a preview update every N argument bytes (default 256)",
     )
+    run = sub.add_parser(
+        "run",
+        help="run an agent: the model streams, the gate commits, the tools run, repeat",
+        description="Without --base-url: the scripted model server on loopback with the "
+        "built-in example tools (no key, no network).",
+    )
+    run.add_argument("message", nargs="?", help="the user's message (default: a demo question)")
+    run.add_argument(
+        "--provider",
+        default="openai_chat",
+        choices=("openai_chat", "openai_responses", "anthropic", "gemini"),
+    )
+    run.add_argument("--model", help="model name (default with the scripted server: scripted)")
+    run.add_argument("--base-url", help="the provider's base URL (as its official SDK takes it)")
+    run.add_argument(
+        "--tools",
+        action="append",
+        metavar="FILE.py",
+        help="register every @toollatch.tool function of FILE.py (repeatable; replaces the "
+        "examples)",
+    )
+    run.add_argument(
+        "--eager",
+        action="append",
+        metavar="NAME[,NAME...]",
+        help="tools that may start before their round ends (besides eager=True ones)",
+    )
+    run.add_argument("--max-rounds", type=_positive, default=8, metavar="N")
+    run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
+    run.add_argument("--json", action="store_true", help="one JSON agent event per line")
     return parser
 
 
@@ -142,6 +175,8 @@ def _main(argv: Sequence[str] | None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse already printed its line (or the help)
         return exc.code if isinstance(exc.code, int) else 2
+    if args.command == "run":
+        return _run(args)
     try:
         limits = _limits(args)
         tools = load_tools(args.tools) if args.tools else None
@@ -175,6 +210,15 @@ def _main(argv: Sequence[str] | None) -> int:
         except Exception as exc:  # a bug in toollatch: still one line, never a traceback
             return _fail(f"{display_name(name)}: internal error: {_one_line(exc)}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``toollatch run``: the runtime is imported only here (it needs the ``[run]`` extra)."""
+    try:
+        from .runtime._command import run_command  # noqa: PLC0415 (the [run] extra, lazily)
+    except ImportError as exc:
+        return _fail(f"toollatch run needs the [run] extra (pip install 'toollatch[run]'): {exc}")
+    return run_command(args)
 
 
 def _emit(name: str, round_: Round, previews: list[PreviewUpdated] | None, format_: str) -> None:

@@ -331,7 +331,7 @@ class Adapter(ABC):
                 key=key,
             ),
             *self._duplicate_key_anomaly(key),
-            ArgsDelta(key=key, fragment=text),
+            ArgsDelta(key=key, fragment=text, whole=True),
         ]
 
     def _duplicate_key_anomaly(self, key: CallKey) -> list[StreamEvent]:

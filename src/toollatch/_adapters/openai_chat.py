@@ -124,6 +124,8 @@ class OpenAIChatAdapter(Adapter):
         usage = event.get("usage")
         if isinstance(usage, dict) and usage:
             out.append(UsageReported(usage=usage))
+        elif "choices" in event and event["choices"] is None:
+            out.append(lost_event("choices is null"))
         return out
 
     def _continuation(
@@ -185,7 +187,10 @@ class OpenAIChatAdapter(Adapter):
         """Rule "unreadable_is_lost": a member the chunk has but that cannot be read (a
         ``choices`` that is not a list, a choice or tool-call entry that is not an object, an
         index, ``delta``, ``tool_calls`` or ``function`` of the wrong type) may have carried a
-        fragment of any call: a lost event. ``null`` is read as "not sent"."""
+        fragment of any call: a lost event. ``null`` is read as "not sent" where the official
+        SDK's objects dump an unset member as ``None`` (``tool_calls``, ``function``); the
+        chunk's ``choices`` and a choice's ``delta`` are required members, so their ``null``
+        is unreadable (except ``choices`` beside a usage report: a usage-only chunk)."""
         if choices is None:
             return
         if not isinstance(choices, list):
@@ -200,7 +205,9 @@ class OpenAIChatAdapter(Adapter):
     def _choice_events(self, choice: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index = choice.get("index", 0)
         delta = choice.get("delta")
-        if type(index) is not int or not (delta is None or isinstance(delta, dict)):
+        if type(index) is not int or not (
+            isinstance(delta, dict) or (delta is None and "delta" not in choice)
+        ):
             out.append(lost_event("a choice's index or delta cannot be read"))
             return
         calls = self._choices.get(index)
@@ -278,6 +285,12 @@ class OpenAIChatAdapter(Adapter):
             call_id = str(call_id)
         if name is not None and not isinstance(name, str):
             name = None
+        if call_id is None and name is None and function.get("arguments") is None:
+            # An entry that carries nothing (its function or arguments null or missing) is
+            # where a fragment was: a lost event (an SDK dump keeps a real continuation's
+            # arguments string).
+            out.append(lost_event("a tool-call entry carries no id, name or arguments"))
+            return
         slot = self._resolve(index, calls, _index_of(tc_index), call_id, name, out)
         extra = entry.get("extra_content")
         if extra and isinstance(extra, dict) and slot.key not in self._extras:
@@ -373,6 +386,17 @@ class OpenAIChatAdapter(Adapter):
         return slot
 
     def _object_arguments(self, key: CallKey, args: object) -> list[StreamEvent]:
+        """Rule "object_arguments": arguments sent as a JSON object are the call's whole
+        text, serialized once; any other JSON value (a list, a number) cannot be arguments."""
+        if not isinstance(args, dict):
+            return [
+                Anomaly(
+                    kind=AnomalyKind.INVALID_PAYLOAD,
+                    key=key,
+                    detail=f"arguments arrived as a {type(args).__name__}, not a string",
+                    fails_call=True,
+                )
+            ]
         try:
             text = json.dumps(args, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (ValueError, RecursionError):
@@ -387,7 +411,7 @@ class OpenAIChatAdapter(Adapter):
             ]
         events: list[StreamEvent] = [
             *self._duplicate_key_anomaly(key),
-            ArgsDelta(key=key, fragment=text),
+            ArgsDelta(key=key, fragment=text, whole=True),
         ]
         if key not in self._object_args:
             self._object_args.add(key)

@@ -164,14 +164,17 @@ class RunEndedEvent:
     """Every call of the run: ``{"id", "name", "state", "is_error", "error"}``."""
     history: Sequence[Mapping[str, Any]]
     """The final history in the provider's format (valid to send again)."""
+    error: str | None = None
+    """Why the run stopped early: the model could not be reached or answered an error."""
 
     def to_json(self) -> dict[str, Any]:
-        """``{"type": "run_ended", "rounds", "calls", "history"}``."""
+        """``{"type": "run_ended", "rounds", "calls", "history", "error"}``."""
         return {
             "type": self.type,
             "rounds": self.rounds,
             "calls": [dict(c) for c in self.calls],
             "history": [dict(m) for m in self.history],
+            "error": self.error,
         }
 
 

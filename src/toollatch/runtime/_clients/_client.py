@@ -1,0 +1,409 @@
+"""Model clients over httpx: one streaming request per round, raw body bytes out.
+
+Theory of operation. :meth:`ModelClient.stream` builds the provider's request (see
+:mod:`._wire`) and returns a :class:`ModelStream`. Entering it sends the request and waits
+for the first body chunk, all under one first-byte deadline; a retryable failure at that
+stage (HTTP 408/409/429/5xx unless the server says ``x-should-retry: false``, a transport
+error) is retried with exponential backoff and jitter, honouring ``Retry-After``, within a
+bounded number of attempts and of total wait.
+Once entered, iterating yields the body's chunks as httpx reads them (content-decoded, never
+re-split or joined), each under the idle deadline; from the first chunk on nothing is
+retried, because the caller has seen bytes: a new request is a new attempt, the loop's call.
+
+Foreign exceptions (httpx, asyncio timeouts) are translated here and only here into the
+typed errors of :mod:`._errors`.
+
+Use, once per round (the caller owns the parser)::
+
+    async with model_client("anthropic", model="claude-x") as client:
+        parser = StreamParser(client.provider, tools=tools)
+        async with client.stream(history, tools=tools, system="...") as s:
+            async for chunk in s:
+                parser.feed(chunk)
+        round_ = parser.finish()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from ..._errors import ConfigError, UsageError
+from ..._specs import ToolSpec, load_tools
+from ._errors import (
+    ModelConnectError,
+    ModelHTTPError,
+    StreamInterrupted,
+    StreamTimeout,
+    error_message,
+)
+from ._policy import ClientLimits, RetryPolicy, retry_after_s
+from ._wire import DIALECTS, Dialect, Request
+
+Sleep = Callable[[float], Awaitable[None]]
+
+_TRANSPORT = (httpx.TransportError, httpx.DecodingError)
+"""httpx's errors of the connection or of the bytes on it (timeouts included)."""
+
+
+class _Retryable(Exception):  # an internal signal: never escapes this module
+    """An attempt failed in a way worth retrying; ``error`` is raised if it is the last."""
+
+    def __init__(
+        self, error: ModelHTTPError | ModelConnectError, retry_after_s: float | None
+    ) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after_s = retry_after_s
+
+
+class ModelClient:
+    """Streams one provider's responses; one instance per provider/model/base URL.
+
+    Make one with :func:`model_client`. ``async with client.stream(history, tools=...) as s``
+    then ``async for chunk in s`` gives the raw body for a :class:`toollatch.StreamParser`
+    of :attr:`provider`. Use the client itself as an async context manager (or call
+    :meth:`aclose`) to close the httpx client it made; a client passed in is left open.
+    """
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        model: str,
+        base_url: str,
+        api_key: str | None,
+        http: httpx.AsyncClient | None,
+        limits: ClientLimits,
+        retry: RetryPolicy,
+        headers: Mapping[str, str],
+        sleep: Sleep,
+        random_unit: Callable[[], float],
+    ) -> None:
+        self._dialect = dialect
+        self.model = model
+        """The model name sent with each request."""
+        self.base_url = base_url
+        """The base URL requests go under (no trailing slash)."""
+        self.limits = limits
+        self.retry = retry
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.AsyncClient(timeout=None)
+        self._headers = httpx.Headers(
+            {
+                "accept": "text/event-stream",
+                "content-type": "application/json",
+                **dialect.fixed_headers,
+                **(dialect.auth(api_key) if api_key else {}),
+            }
+        )
+        self._headers.update(headers)  # the caller's win, whatever their case
+        self._sleep = sleep
+        self._random_unit = random_unit
+
+    @property
+    def provider(self) -> str:
+        """The toollatch provider name: pass it to :class:`toollatch.StreamParser`."""
+        return self._dialect.provider
+
+    @property
+    def url(self) -> str:
+        """The full URL each request of this client is sent to."""
+        return self.base_url + self._dialect.path(self.model)
+
+    def request_body(
+        self,
+        history: Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolSpec | Mapping[str, Any]] = (),
+        system: str | None = None,
+        max_tokens: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The JSON body :meth:`stream` sends for these arguments (see there)."""
+        if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+            raise UsageError("history must be a list of messages in the provider's format")
+        if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens > 0):
+            raise UsageError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        specs = load_tools(list(tools))
+        request = Request(
+            history=history, tools=specs, system=system, max_tokens=max_tokens, extra=extra or {}
+        )
+        return {**self._dialect.body(self.model, request), **request.extra}
+
+    def stream(
+        self,
+        history: Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolSpec | Mapping[str, Any]] = (),
+        system: str | None = None,
+        max_tokens: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> ModelStream:
+        """One round's streaming request, as an async context manager (nothing is sent
+        until it is entered).
+
+        ``history``: the messages (chat, Anthropic), input items (Responses) or contents
+        (Gemini) so far, in the provider's format. ``tools``: specs or definitions (as
+        :func:`toollatch.load_tools` takes them). ``system``: the provider's system field.
+        ``max_tokens``: the output cap (Anthropic requires one: 4096 when None). ``extra``:
+        top-level body keys merged last. Raises ``UsageError``/``ConfigError`` for bad
+        arguments now; entering raises :class:`ModelHTTPError`, :class:`ModelConnectError`
+        or :class:`StreamTimeout` (``first_byte``); iterating raises :class:`StreamTimeout`
+        (``idle``) or :class:`StreamInterrupted`.
+        """
+        body = self.request_body(
+            history, tools=tools, system=system, max_tokens=max_tokens, extra=extra
+        )
+        try:
+            content = orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise UsageError(f"the request is not JSON data ({exc}): pass plain dicts") from None
+        return ModelStream(self, content)
+
+    async def aclose(self) -> None:
+        """Close the httpx client if this client made it."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _open(
+        self, content: bytes
+    ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes, int]:
+        """Send with retries until a first chunk (b"" for an empty body) is in hand."""
+        waited = 0.0
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return (*await self._attempt(content, attempt), attempt)
+            except _Retryable as failure:
+                delay = failure.retry_after_s
+                if delay is None:
+                    delay = self.retry.backoff_s(attempt, self._random_unit())
+                if attempt == self.retry.attempts or waited + delay > self.retry.max_total_wait_s:
+                    raise failure.error from None
+                await self._sleep(delay)
+                waited += delay
+        raise AssertionError("unreachable: the last attempt raises")  # pragma: no cover
+
+    async def _attempt(
+        self, content: bytes, attempt: int
+    ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
+        provider, limits = self.provider, self.limits
+        timeout = httpx.Timeout(None, connect=limits.connect_s, pool=limits.connect_s)
+        request = self._http.build_request(
+            "POST", self.url, content=content, headers=self._headers, timeout=timeout
+        )
+        try:
+            async with asyncio.timeout(limits.first_byte_s):
+                response = await self._http.send(request, stream=True)
+                try:
+                    if response.status_code >= 400:
+                        raise await self._http_error(response, attempt)
+                    chunks = aiter(response.aiter_bytes())
+                    first = await anext(chunks, b"")
+                except BaseException:
+                    await response.aclose()  # also on cancellation: never leak the connection
+                    raise
+        except TimeoutError:
+            raise StreamTimeout(provider, kind="first_byte", seconds=limits.first_byte_s) from None
+        except _TRANSPORT as exc:
+            # nothing reached the caller yet: a failed connect or a response that broke
+            # before its first byte is as safe to retry as a 503
+            error = ModelConnectError(provider, cause=exc, attempts=attempt)
+            raise _Retryable(error, None) from exc
+        return response, chunks, first
+
+    async def _http_error(self, response: httpx.Response, attempt: int) -> Exception:
+        """The error for an error response (closed here): retryable or final."""
+        body = bytearray()
+        try:
+            async for piece in response.aiter_bytes():
+                body += piece
+                if len(body) >= self.limits.error_body_bytes:
+                    break
+        except httpx.TransportError:
+            pass  # the status is the news; a body cut short still gives what it has
+        finally:
+            await response.aclose()
+        raw = bytes(body[: self.limits.error_body_bytes])
+        wait = retry_after_s(response.headers, time.time())
+        error = ModelHTTPError(
+            self.provider,
+            status=response.status_code,
+            message=error_message(raw),
+            body=raw,
+            retry_after_s=wait,
+            attempts=attempt,
+        )
+        # OpenAI's and Anthropic's servers may say so themselves (their SDKs obey it)
+        hint = response.headers.get("x-should-retry")
+        if hint == "true" or (hint != "false" and response.status_code in self.retry.statuses):
+            return _Retryable(error, wait)
+        return error
+
+
+class ModelStream:
+    """One request's body as it arrives (see :meth:`ModelClient.stream`).
+
+    ``async with`` sends the request and waits for the first chunk; ``async for chunk``
+    yields ``bytes`` chunks exactly as read (after HTTP content decoding), never empty.
+    Leaving the ``async with`` closes the response, also mid-stream. Iterate once.
+    """
+
+    def __init__(self, client: ModelClient, content: bytes) -> None:
+        self._client = client
+        self._content = content
+        self._response: httpx.Response | None = None
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._first = b""
+        self._done = False
+        self.attempts = 0
+        """Requests it took to get the response (1 when nothing was retried)."""
+        self.bytes_received = 0
+        """Body bytes yielded so far."""
+
+    @property
+    def status(self) -> int:
+        """The response's HTTP status (after entering)."""
+        return self._opened().status_code
+
+    @property
+    def headers(self) -> httpx.Headers:
+        """The response's headers (after entering), e.g. a provider's request id."""
+        return self._opened().headers
+
+    def _opened(self) -> httpx.Response:
+        if self._response is None:
+            raise UsageError("enter the stream (async with) before using it")
+        return self._response
+
+    async def __aenter__(self) -> Self:
+        if self._response is not None or self._done:
+            raise UsageError("a ModelStream is entered once; call client.stream() again")
+        self._response, chunks, self._first, self.attempts = await self._client._open(self._content)
+        self._chunks = aiter(chunks)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._done = True
+        close_chunks = getattr(self._chunks, "aclose", None)
+        if close_chunks is not None:
+            await close_chunks()  # httpx's generator, so that it is not left to the GC
+        if self._response is not None:
+            await self._response.aclose()
+
+    def __aiter__(self) -> Self:
+        self._opened()
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done or self._chunks is None:
+            raise StopAsyncIteration
+        if self._first:
+            chunk, self._first = self._first, b""
+        else:
+            chunk = await self._next_chunk(self._chunks)
+        self.bytes_received += len(chunk)
+        return chunk
+
+    async def _next_chunk(self, chunks: AsyncIterator[bytes]) -> bytes:
+        provider, idle_s = self._client.provider, self._client.limits.idle_s
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                self._done = True
+                raise
+            except (TimeoutError, httpx.TimeoutException):
+                self._done = True
+                raise StreamTimeout(provider, kind="idle", seconds=idle_s) from None
+            except _TRANSPORT as exc:
+                self._done = True
+                raise StreamInterrupted(
+                    provider, cause=exc, bytes_received=self.bytes_received
+                ) from exc
+            if chunk:
+                return chunk
+
+
+def model_client(
+    provider: str,
+    *,
+    model: str,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    http: httpx.AsyncClient | None = None,
+    limits: ClientLimits | None = None,
+    retry: RetryPolicy | None = None,
+    headers: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    sleep: Sleep | None = None,
+    random_unit: Callable[[], float] | None = None,
+) -> ModelClient:
+    """A :class:`ModelClient` for ``provider`` (``openai_chat``, ``openai_responses``,
+    ``anthropic``, ``gemini``).
+
+    ``base_url`` defaults to the provider's variable (``OPENAI_BASE_URL``,
+    ``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``), then its official URL;
+    ``api_key`` to ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY`` (or
+    ``GOOGLE_API_KEY``), read from ``env`` (default ``os.environ``). A key is required only
+    when the requests go to the provider's own host: its absence then raises
+    ``ConfigError`` naming the variable. ``http``: an httpx client to share (left open).
+    ``headers`` are added to every request. ``sleep`` and ``random_unit`` (a float in
+    [0, 1)) are for tests. Raises ``UsageError`` for an unknown provider.
+    """
+    dialect = DIALECTS.get(provider)
+    if dialect is None:
+        known = ", ".join(DIALECTS)
+        raise UsageError(f"no model client for provider {provider!r}; known: {known}")
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"{provider}: model must be a non-empty string, got {model!r}")
+    environ = os.environ if env is None else env
+    base = _base_url(dialect, base_url, environ)
+    key = api_key or next((environ[v] for v in dialect.key_variables if environ.get(v)), None)
+    own_host = urlsplit(base).hostname == urlsplit(dialect.default_base_url).hostname
+    if key is None and own_host:
+        raise ConfigError(
+            f"{provider}: no API key for {base}: set {dialect.key_variables[0]} or pass api_key"
+        )
+    return ModelClient(
+        dialect,
+        model=model,
+        base_url=base,
+        api_key=key,
+        http=http,
+        limits=limits or ClientLimits(),
+        retry=retry or RetryPolicy(),
+        headers=dict(headers or {}),
+        sleep=sleep or asyncio.sleep,
+        random_unit=random_unit or random.random,
+    )
+
+
+def _base_url(dialect: Dialect, given: str | None, env: Mapping[str, str]) -> str:
+    variable = dialect.base_url_variable
+    base = given or (env.get(variable) if variable else None) or dialect.default_base_url
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        source = "base_url" if given else (variable or "base_url")
+        raise ConfigError(f"{dialect.provider}: {source} must be an http(s) URL, got {base!r}")
+    return base.rstrip("/")

@@ -1,0 +1,235 @@
+"""``toollatch run``: one agent run from the command line (internal; the parser is in
+:mod:`toollatch.cli`, which imports this module only for ``run``).
+
+Without ``--base-url`` the run talks to the scripted model server (started here, on
+loopback) with the built-in example tools: no key, no network. ``--json`` prints one agent
+event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
+terminal view shows the streaming text and one line per call with its state and timings.
+Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
+be reached or answered an error (one line on standard error), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .._errors import ConfigError, ToolLatchError, UsageError
+from ..scripted._server import ScriptedServer
+from ._agent import Agent, RunLimits
+from ._agent_events import AgentEvent
+from ._clients import ModelError, model_client
+from ._examples import example_tools
+from ._tools import Tool
+
+DEFAULT_MESSAGE = "What is the weather in Oslo and in Zürich? Write it down in notes/weather.md."
+SCRIPTED_MODEL = "scripted"
+
+
+class CommandError(Exception):
+    """A usage error of ``toollatch run`` (exit status 2)."""
+
+
+def load_tool_file(path: str) -> list[Tool[..., Any]]:
+    """Import ``path`` and return every ``@toollatch.runtime.tool`` object it defines, in
+    definition order. Raises :class:`CommandError` when it cannot be imported or has none."""
+    file = Path(path)
+    if not file.is_file():
+        raise CommandError(f"--tools {path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"toollatch_user_tools_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise CommandError(f"--tools {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise CommandError(f"--tools {path}: {type(exc).__name__}: {exc}") from None
+    found = [v for v in vars(module).values() if isinstance(v, Tool)]
+    if not found:
+        raise CommandError(f"--tools {path}: no function decorated with @toollatch.tool")
+    return found
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``toollatch run`` with parsed ``args``; returns the exit status."""
+    try:
+        return asyncio.run(_run(args))
+    except CommandError as exc:
+        return _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(args: argparse.Namespace) -> int:
+    if args.base_url is None:
+        async with ScriptedServer() as server:
+            return await _with_model(
+                args, server.base_url(args.provider), args.model or SCRIPTED_MODEL
+            )
+    if not args.model:
+        raise CommandError("--model is required with --base-url")
+    return await _with_model(args, args.base_url, args.model)
+
+
+async def _with_model(args: argparse.Namespace, base_url: str, model: str) -> int:
+    with contextlib.ExitStack() as stack:
+        tools: list[Tool[..., Any]] = []
+        for path in args.tools or ():
+            tools += load_tool_file(path)
+        if not tools:
+            workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
+            tools = example_tools(Path(workspace))
+        eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
+        try:
+            client = model_client(args.provider, model=model, base_url=base_url)
+            agent = Agent(
+                client, tools, eager=eager, run_limits=RunLimits(max_rounds=args.max_rounds)
+            )
+        except (ConfigError, UsageError) as exc:
+            raise CommandError(str(exc)) from None
+        async with client:
+            view = _JsonView() if args.json else _LiveView()
+            try:
+                error = await view.show(agent.run(args.message or DEFAULT_MESSAGE))
+            except ModelError as exc:
+                error = str(exc)
+            except ToolLatchError as exc:
+                raise CommandError(str(exc)) from None
+    if error:
+        return _fail(f"model: {error}", 1)
+    return 0
+
+
+def _fail(message: str, status: int) -> int:
+    sys.stderr.write(f"toollatch: error: {' '.join(message.split())}\n")
+    return status
+
+
+class _JsonView:
+    """One JSON object per agent event per line."""
+
+    async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
+        error = None
+        out = sys.stdout
+        async for event in events:
+            data = event.to_json()
+            if data["type"] == "run_ended":
+                error = data["error"]
+            out.write(orjson.dumps(data).decode() + "\n")
+            out.flush()
+        return error
+
+
+@dataclass
+class _CallLine:
+    name: str
+    status: str = "streaming"
+    arguments: str = ""
+    opened: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    finished: float | None = None
+    early: bool = False
+
+
+class _LiveView:
+    """Streaming text above, a line per call below, updated in place (rich)."""
+
+    def __init__(self) -> None:
+        self.console = Console(highlight=False)
+        self.text: list[str] = []
+        self.calls: dict[str, _CallLine] = {}
+        self.rounds = 0
+
+    async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
+        error = None
+        with Live(self._render(), console=self.console, refresh_per_second=12) as live:
+            async for event in events:
+                data = event.to_json()
+                handler: Callable[[dict[str, Any]], None] | None = getattr(
+                    self, f"_on_{data['type']}", None
+                )
+                if handler is not None:
+                    handler(data)
+                if data["type"] == "run_ended":
+                    error = data["error"]
+                live.update(self._render())
+        if not self.console.is_terminal:
+            self.console.print()  # (Live leaves the last line open on a pipe)
+        return error
+
+    def _on_text(self, data: dict[str, Any]) -> None:
+        self.text.append(data["text"])
+
+    def _on_call_opened(self, data: dict[str, Any]) -> None:
+        self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
+
+    def _on_call_committed(self, data: dict[str, Any]) -> None:
+        line = self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
+        line.status, line.early = "committed", data["early"]
+        line.arguments = orjson.dumps(data["arguments"]).decode()
+
+    def _on_call_failed(self, data: dict[str, Any]) -> None:
+        line = self.calls.setdefault(data["id"], _CallLine(name=data["name"] or "?"))
+        line.status = f"failed: {data['error']}"
+
+    def _on_tool_started(self, data: dict[str, Any]) -> None:
+        line = self.calls[data["id"]]
+        line.status, line.started = "running", time.monotonic()
+
+    def _on_tool_finished(self, data: dict[str, Any]) -> None:
+        line = self.calls[data["id"]]
+        line.finished = time.monotonic()
+        line.status = f"error: {data['error']}" if data["is_error"] else "done"
+
+    def _on_round_ended(self, data: dict[str, Any]) -> None:
+        self.rounds = data["round"]
+        self.text.append("\n")
+
+    def _render(self) -> Group:
+        table = Table(box=None, show_header=False, pad_edge=False)
+        longest = max((len(line.name) for line in self.calls.values()), default=4)
+        table.add_column("id", no_wrap=True, overflow="ellipsis", max_width=26, style="dim")
+        table.add_column("tool", no_wrap=True, min_width=longest)
+        table.add_column("arguments", no_wrap=True, overflow="ellipsis", ratio=1)
+        table.add_column("state", no_wrap=True, min_width=14)
+        table.add_column("time", no_wrap=True, min_width=26)
+        for call_id, line in self.calls.items():
+            arguments = line.arguments if len(line.arguments) <= 48 else line.arguments[:47] + "…"
+            table.add_row(
+                Text(call_id),
+                Text(line.name, style="bold"),
+                Text(arguments),
+                Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
+                Text(_timing(line), style="dim"),
+            )
+        footer = Text(f"rounds: {self.rounds}", style="dim")
+        return Group(Text("".join(self.text).rstrip()), table, footer)
+
+
+def _style(state: str) -> str:
+    if state.startswith(("failed", "error")):
+        return "red"
+    return {"done": "green", "running": "yellow", "committed": "cyan"}.get(state, "")
+
+
+def _timing(line: _CallLine) -> str:
+    if line.started is None:
+        return ""
+    end = line.finished if line.finished is not None else time.monotonic()
+    waited = (line.started - line.opened) * 1000
+    return f"waited {waited:.0f} ms, ran {(end - line.started) * 1000:.0f} ms"

@@ -1,0 +1,504 @@
+"""The dispatcher: runs committed calls (internal; public names in :mod:`toollatch.runtime`).
+
+Theory of operation. A :class:`Dispatcher` owns the tools and what must hold across rounds:
+the memory of call ids already run (dedupe), one lock per session, one lock per tool group and
+the concurrency semaphore. Each model round is a :class:`DispatchRound`, an async context
+manager around an ``asyncio.TaskGroup`` that owns every task the round starts::
+
+    d = Dispatcher(tools, on_event=print)
+    parser = StreamParser("anthropic", tools=d.specs)
+    round_ = None
+    async with d.round(session="s1") as r:
+        try:
+            ...                       # feed the stream; r.start(call) for eager calls
+            round_ = parser.finish()
+            results = await r.finish(round_)
+        except asyncio.CancelledError:
+            round_ = round_ or parser.cancel()
+            results = await r.abort(round_)   # record them, then
+            raise
+    history += assistant_messages(round_)
+    history += tool_results_messages(round_, results)   # always pairs: one result per call
+
+A call's task waits for its session's lock (held from the round's first tool start until the
+round closes, so two rounds of one session never run tools at once), then its group's lock,
+then a semaphore slot; only then it *starts* (``ToolStartedEvent``) and runs under its
+deadline. Every task records its result on its slot before it ends, cancelled or not, so that
+``finish``/``abort`` always return one result per call of the round, in call order.
+
+Dedupe: a call id runs at most once per dispatcher. A later call with the same id and the same
+name and arguments gets the first run's result, whatever it is (waiting for it if it still
+runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
+forgotten so the id may run later: a call cancelled before it started, and a call of an
+``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
+keeps the newest ``max_remembered_calls`` ids; durable, cross-process dedupe is the ledger's
+job.
+
+Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
+cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
+(with its result discarded) and holds one of the default executor's threads until then. A
+round of a session opened inside another open round of the same session waits for it forever
+(the session rule), so close a round before the next one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import Any, Literal, TypeAlias
+
+from .._errors import ConfigError, ErrorCode, InvariantBroken, UsageError
+from .._gate import CommittedCall
+from .._messages import error_result
+from .._round import Round, ToolResult
+from .._specs import ToolSpec
+from ._agent_events import ToolFinishedEvent, ToolStartedEvent
+from ._tools import Tool
+
+ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
+"""The agent events the dispatcher emits."""
+OnEvent: TypeAlias = Callable[[ToolEvent], None]
+"""A sync callback for :data:`ToolEvent` (exceptions it raises are logged, never propagated:
+an observer must not change what the tools do)."""
+
+_log = logging.getLogger("toollatch.runtime")
+
+_UNKNOWN_OUTCOME = "its outcome is unknown (it may have had its effect)"
+
+
+class Dispatcher:
+    """Runs committed calls of the given tools; see the module docstring.
+
+    ``max_concurrency``: calls running at once across every round and session.
+    ``default_timeout_s``: the run-time limit of a call whose tool sets none (None: no limit).
+    ``eager``: names of tools that may start early besides those declared ``eager=True``.
+    Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool[Any, Any]],
+        *,
+        max_concurrency: int = 8,
+        default_timeout_s: float | None = 30.0,
+        eager: Iterable[str] = (),
+        on_event: OnEvent | None = None,
+        max_remembered_calls: int = 100_000,
+    ) -> None:
+        self._tools: dict[str, Tool[Any, Any]] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
+            if t.name in self._tools:
+                raise ConfigError(f"tool {t.name!r} is given twice")
+            self._tools[t.name] = t
+        self._eager = frozenset(eager)
+        if unknown := sorted(self._eager - self._tools.keys()):
+            raise ConfigError(f"eager names no tool: {unknown}")
+        _check_positive_int("max_concurrency", max_concurrency)
+        _check_positive_int("max_remembered_calls", max_remembered_calls)
+        if default_timeout_s is not None and not (
+            isinstance(default_timeout_s, int | float)
+            and math.isfinite(default_timeout_s)
+            and default_timeout_s > 0
+        ):
+            raise ConfigError("default_timeout_s must be a positive number of seconds or None")
+        self.default_timeout_s = default_timeout_s
+        self._on_event = on_event
+        self._max_remembered = max_remembered_calls
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._groups = {t.group: asyncio.Lock() for t in self._tools.values() if t.group}
+        self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._memo: dict[str, _Memo] = {}
+
+    @property
+    def tools(self) -> Mapping[str, Tool[Any, Any]]:
+        """The tools by name (read-only)."""
+        return MappingProxyType(self._tools)
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """The tools' specs, for ``StreamParser(tools=...)`` or ``Gate``."""
+        return tuple(t.spec for t in self._tools.values())
+
+    def may_start_early(self, name: str) -> bool:
+        """True when a call of ``name`` may be passed to :meth:`DispatchRound.start`."""
+        t = self._tools.get(name)
+        return t is not None and (t.eager or name in self._eager)
+
+    def round(self, session: str = "default") -> DispatchRound:
+        """The tool execution of one model round of ``session`` (an async context manager)."""
+        if not isinstance(session, str):
+            raise UsageError(f"session must be a str, got {session!r:.60}")
+        return DispatchRound(self, session)
+
+    async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
+        """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
+        its own. Cancelled, it cancels the calls and raises ``CancelledError``; the results
+        are lost with it, so a loop that must record them uses :meth:`round` and ``abort``."""
+        async with self.round(session) as r:
+            return await r.finish(round_)
+
+    # -- shared state (used by DispatchRound) ------------------------------------------------
+
+    async def _acquire_session(self, session: str) -> None:
+        lock, users = self._sessions.get(session) or (asyncio.Lock(), 0)
+        self._sessions[session] = (lock, users + 1)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._drop_session_user(session)
+            raise
+
+    def _release_session(self, session: str) -> None:
+        self._sessions[session][0].release()
+        self._drop_session_user(session)
+
+    def _drop_session_user(self, session: str) -> None:
+        # Counted so the table forgets idle sessions: a server has unboundedly many.
+        lock, users = self._sessions[session]
+        if users <= 1:
+            del self._sessions[session]
+        else:
+            self._sessions[session] = (lock, users - 1)
+
+    def _group_lock(self, group: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._groups[group] if group else contextlib.nullcontext()
+
+    def _remember(self, call_id: str, memo: _Memo) -> None:
+        self._memo[call_id] = memo
+        while len(self._memo) > self._max_remembered:
+            oldest = next(iter(self._memo))
+            if self._memo[oldest].result is None:
+                break  # still running: it stays until it is done
+            del self._memo[oldest]
+
+    def _emit(self, event: ToolEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:
+            _log.exception("on_event callback failed for %s", event)
+
+
+def _check_positive_int(what: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
+
+
+@dataclass(slots=True)
+class _Memo:
+    """What the dispatcher remembers of one call id."""
+
+    fingerprint: str
+    done: asyncio.Future[ToolResult] | None = None
+    result: ToolResult | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """One call of one round: its task and, once known, its result."""
+
+    call: CommittedCall
+    tool: Tool[Any, Any] | None = None
+    memo: _Memo | None = None
+    """Set when this slot runs the call (it owns the memo's result)."""
+    phase: Literal["waiting", "running", "joined"] = "waiting"
+    """``running`` once the tool started; ``joined`` when awaiting another round's run."""
+    task: asyncio.Task[None] | None = None
+    result: ToolResult | None = None
+
+
+class DispatchRound:
+    """The tool execution of one model round; made by :meth:`Dispatcher.round`.
+
+    Use it as ``async with``; leaving the block cancels whatever still runs (as :meth:`abort`
+    would) and waits for it, so no task outlives the block.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, session: str) -> None:
+        self._d = dispatcher
+        self._session = session
+        self._group: asyncio.TaskGroup | None = None
+        self._slots: dict[str, _Slot] = {}
+        self._holding = False
+        self._entering = asyncio.Lock()
+        self._closed: tuple[Round, list[ToolResult]] | None = None
+        self._ui: dict[str, Any] = {}
+
+    @property
+    def ui(self) -> Mapping[str, Any]:
+        """UI payloads (``ToolOutcome.ui``) by call id, for calls whose tool returned one."""
+        return MappingProxyType(self._ui)
+
+    async def __aenter__(self) -> DispatchRound:
+        if self._group is not None:
+            raise UsageError("a DispatchRound is entered once")
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        group = self._group
+        if group is None:
+            raise UsageError("DispatchRound exited without being entered")
+        self._cancel_running()
+        try:
+            # The body's own exception is not handed to the TaskGroup, which would wrap it in
+            # an ExceptionGroup; it propagates unchanged when this returns.
+            await group.__aexit__(None, None, None)
+        finally:
+            self._settle_unfinished()
+            self._release()
+
+    def start(self, call: CommittedCall) -> None:
+        """Start ``call`` now (eager start); :meth:`finish` will not start it again.
+
+        Raises ``UsageError`` for anything but a ``CommittedCall``, a call whose tool may not
+        start early (see :meth:`Dispatcher.may_start_early`), or a round not open.
+        """
+        self._check_open()
+        if not isinstance(call, CommittedCall):
+            raise UsageError(f"the dispatcher runs only CommittedCall objects, got {call!r:.60}")
+        if not self._d.may_start_early(call.name):
+            raise UsageError(f"tool {call.name!r} is not allowed to start early")
+        self._begin(call)
+
+    async def finish(self, round_: Round) -> list[ToolResult]:
+        """Start the committed calls of ``round_`` not started yet, wait for every call, and
+        return one result per call of ``round_.calls`` in call order (error results for the
+        calls that did not commit). Calling it again with the same round returns the same
+        results; raises ``UsageError`` for another round or anything but a ``Round``.
+        """
+        if (done := self._closed_results(round_)) is not None:
+            return done
+        self._check_open()
+        for record in round_.calls:
+            if record.committed is not None:
+                self._begin(record.committed)
+        await self._wait_all()
+        return self._close(round_)
+
+    async def abort(self, round_: Round) -> list[ToolResult]:
+        """Cancel every call of this round still waiting or running, wait for them, and
+        return one result per call of ``round_.calls`` in call order: a finished call keeps
+        its result, the others get ``cancelled`` (telling "never started" from "started,
+        outcome unknown"). Safe in ``except CancelledError``; after :meth:`finish` it
+        returns finish's results.
+        """
+        if (done := self._closed_results(round_)) is not None:
+            return done
+        if self._group is None:
+            raise UsageError("abort() needs the round entered (async with)")
+        self._cancel_running()
+        await self._wait_all()
+        self._settle_unfinished()
+        return self._close(round_)
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._group is None:
+            raise UsageError("enter the round first: async with dispatcher.round(...) as r")
+        if self._closed is not None:
+            raise UsageError("this round is closed (finish or abort was called)")
+
+    def _begin(self, call: CommittedCall) -> None:
+        """Make the slot of ``call`` (once per call id per round) and start its task."""
+        if call.call_id in self._slots:
+            return  # started early; a different call with this id cannot commit in one round
+        fingerprint = _fingerprint(call)
+        slot = self._slots[call.call_id] = _Slot(call)
+        memo = self._d._memo.get(call.call_id)
+        if memo is not None and memo.fingerprint != fingerprint:
+            slot.result = _error(call, ErrorCode.DUPLICATE_CALL_ID, _DUPLICATE)
+        elif memo is not None and memo.result is not None:
+            slot.result = memo.result  # ran before: its stored result, not run again
+        elif memo is not None:
+            self._spawn(slot, self._join(slot, memo))
+        elif (tool := self._d._tools.get(call.name)) is None:
+            slot.result = _error(call, ErrorCode.UNKNOWN_TOOL, _UNKNOWN_TOOL)
+        else:
+            slot.tool, slot.memo = (
+                tool,
+                _Memo(fingerprint, asyncio.get_running_loop().create_future()),
+            )
+            self._d._remember(call.call_id, slot.memo)
+            self._spawn(slot, self._execute(slot, tool))
+
+    def _spawn(self, slot: _Slot, work: Coroutine[Any, Any, None]) -> None:
+        assert self._group is not None  # checked by _check_open
+        slot.task = self._group.create_task(work, name=f"toollatch:{slot.call.call_id}")
+
+    async def _join(self, slot: _Slot, memo: _Memo) -> None:
+        """Wait for the result of the same call still running in another round."""
+        slot.phase = "joined"
+        if memo.done is not None:
+            # shield: this round being cancelled must not cancel the other round's run.
+            await asyncio.shield(memo.done)
+        if memo.result is None:  # pragma: no cover - a memo's future is set with its result
+            raise InvariantBroken("a joined call ended without a result")
+        slot.result = memo.result
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def _execute(self, slot: _Slot, tool: Tool[Any, Any]) -> None:
+        try:
+            result = await self._run(slot, tool)
+        except asyncio.CancelledError:
+            self._settle(slot, _cancelled(slot))
+            raise
+        self._settle(slot, result)
+
+    async def _run(self, slot: _Slot, tool: Tool[Any, Any]) -> ToolResult:
+        call = slot.call
+        await self._hold_session()
+        async with self._d._group_lock(tool.group), self._d._semaphore:
+            slot.phase = "running"
+            self._d._emit(ToolStartedEvent(id=call.call_id, name=call.name))
+            limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+            try:
+                async with asyncio.timeout(limit):
+                    outcome = await tool.invoke(call.arguments)
+            except TimeoutError:
+                detail = f"the tool did not finish within {limit:g} s; {_UNKNOWN_OUTCOME}"
+                return _error(call, ErrorCode.TOOL_TIMEOUT, detail)
+        if outcome.ui is not None:
+            self._ui[call.call_id] = outcome.ui
+        code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)
+        return ToolResult(
+            tool_call_id=call.call_id,
+            name=call.name,
+            content=outcome.content,
+            is_error=outcome.is_error,
+            code=code,
+        )
+
+    async def _hold_session(self) -> None:
+        """Take the session's lock for this round, once, on its first tool start."""
+        if self._holding:
+            return
+        async with self._entering:
+            if not self._holding:
+                await self._d._acquire_session(self._session)
+                self._holding = True
+
+    def _settle(self, slot: _Slot, result: ToolResult) -> None:
+        """Record ``slot``'s final result: on the slot, in the memo (or forget the id), and
+        as a ``ToolFinishedEvent`` when the tool had started."""
+        if slot.result is not None:
+            return
+        slot.result = result
+        if slot.phase == "running":
+            error = str(result.code) if result.is_error and result.code else None
+            self._d._emit(
+                ToolFinishedEvent(
+                    id=result.tool_call_id, name=result.name, is_error=result.is_error, error=error
+                )
+            )
+        memo = slot.memo
+        if memo is None:
+            return
+        memo.result = result
+        if memo.done is not None and not memo.done.done():
+            memo.done.set_result(result)
+        if _may_run_again(slot, result) and self._d._memo.get(slot.call.call_id) is memo:
+            del self._d._memo[slot.call.call_id]
+
+    def _cancel_running(self) -> None:
+        for slot in self._slots.values():
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+
+    def _settle_unfinished(self) -> None:
+        # A task cancelled before its first step never ran its own handler.
+        for slot in self._slots.values():
+            if slot.result is None:
+                self._settle(slot, _cancelled(slot))
+
+    async def _wait_all(self) -> None:
+        tasks = [s.task for s in self._slots.values() if s.task is not None]
+        if tasks:
+            # asyncio.wait, not gather: being cancelled here leaves the tasks to abort().
+            await asyncio.wait(tasks)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def _close(self, round_: Round) -> list[ToolResult]:
+        results = [
+            self._result_of(record.committed) if record.committed else error_result(record)
+            for record in round_.calls
+        ]
+        self._closed = (round_, results)
+        self._release()
+        return list(results)
+
+    def _result_of(self, call: CommittedCall) -> ToolResult:
+        slot = self._slots.get(call.call_id)
+        if slot is None:  # committed, never begun (abort before finish)
+            return _error(call, ErrorCode.CANCELLED, _NEVER_STARTED)
+        if slot.result is None:  # pragma: no cover - every slot is settled before _close
+            raise InvariantBroken(f"call {call.call_id!r} has no result at close")
+        return slot.result
+
+    def _closed_results(self, round_: Round) -> list[ToolResult] | None:
+        if not isinstance(round_, Round):
+            raise UsageError(f"expected a toollatch.Round, got {round_!r:.60}")
+        if self._closed is None:
+            return None
+        if self._closed[0] is not round_:
+            raise UsageError("this round was already closed with another Round")
+        return list(self._closed[1])
+
+    def _release(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._d._release_session(self._session)
+
+
+_NEVER_STARTED = "the round was cancelled before the tool started; it was not run"
+_DUPLICATE = "this call id already ran with other arguments; this call was not run"
+_UNKNOWN_TOOL = "no tool of that name is registered with the dispatcher; it was not run"
+
+
+def _cancelled(slot: _Slot) -> ToolResult:
+    if slot.phase == "waiting":
+        return _error(slot.call, ErrorCode.CANCELLED, _NEVER_STARTED)
+    detail = f"the round was cancelled while the tool was running; {_UNKNOWN_OUTCOME}"
+    return _error(slot.call, ErrorCode.CANCELLED, detail)
+
+
+def _may_run_again(slot: _Slot, result: ToolResult) -> bool:
+    """True when the id is forgotten: never started, or an idempotent tool's unknown outcome."""
+    if result.code is ErrorCode.CANCELLED and slot.phase == "waiting":
+        return True
+    unknown = result.code in (ErrorCode.CANCELLED, ErrorCode.TOOL_TIMEOUT)
+    return unknown and slot.tool is not None and slot.tool.idempotent
+
+
+def _error(call: CommittedCall, code: ErrorCode, detail: str) -> ToolResult:
+    return ToolResult(
+        tool_call_id=call.call_id,
+        name=call.name,
+        content=f"{code}: {detail}.",
+        is_error=True,
+        code=code,
+    )
+
+
+def _fingerprint(call: CommittedCall) -> str:
+    """The name and the canonical (sorted keys, compact) JSON of the parsed arguments."""
+    text = json.dumps(call.arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{call.name}\x00{text}"

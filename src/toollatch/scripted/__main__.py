@@ -1,0 +1,54 @@
+"""``python -m toollatch.scripted``: serve the scripted model server until Ctrl-C.
+
+Prints one line ``toollatch scripted model server: http://127.0.0.1:<port>`` (then the base
+URLs per provider) and serves the demo as model ``scripted``, plus any ``--script
+NAME=FILE.json`` given. Exit status 0 on Ctrl-C, 2 for bad arguments or a bad script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+from pathlib import Path
+
+from .._errors import ConfigError
+from ._script import Script
+from ._server import PROVIDERS, ScriptedServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server in the foreground; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m toollatch.scripted")
+    parser.add_argument("--script", action="append", default=[], metavar="NAME=FILE.json")
+    parser.add_argument("--delay-scale", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    try:
+        scripts = dict(_load(spec) for spec in args.script)
+        server = ScriptedServer(scripts=scripts, delay_scale=args.delay_scale)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with server:
+        print(f"toollatch scripted model server: {server.url}", flush=True)
+        for provider in PROVIDERS:
+            print(f"  {provider}: {server.base_url(provider)}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it is stopped
+            threading.Event().wait()
+    return 0
+
+
+def _load(spec: str) -> tuple[str, Script]:
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise ConfigError(f"--script takes NAME=FILE.json, not {spec!r}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read script {path!r}: {exc.strerror}") from None
+    return name, Script.from_json(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""The scripted model server: a Starlette app on uvicorn, on loopback, that plays scripts.
+
+Theory of operation: each request is parsed, checked like the real API would
+(:func:`._validate.check_request`, which also counts the assistant turns of its history),
+and answered with the turn of the script named by its ``model`` that this count picks. The
+wire encoders (pure) give the turn's SSE events; :class:`_Playback` sends them with the
+turn's delays and faults. The one piece of state is a counter per (script, turn) for the
+"answer an HTTP status for the first K attempts" fault; requests are recorded for tests.
+
+``with ScriptedServer() as s`` serves from a thread with its own event loop (so synchronous
+SDK clients can call it); ``async with`` serves on the running loop. Both bind
+``127.0.0.1:0`` and stop within about a second, leaving no thread or socket behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from .._errors import ConfigError, UsageError
+from ._errors import error_response, status_response
+from ._script import Script, Turn, demo_script
+from ._validate import InvalidRequest, check_request
+from ._wire import WireEvent, anthropic_events, chat_events
+from ._wire_gemini import gemini_events
+from ._wire_responses import responses_events
+
+PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
+"""The wire formats served (the provider names of :class:`toollatch.StreamParser`)."""
+
+_STOP_TIMEOUT_S = 1
+"""How long stopping waits for streams still being sent before it cancels them (uvicorn
+takes whole seconds)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedRequest:
+    """One request the server received, and how it answered."""
+
+    provider: str
+    """The wire format of the endpoint called."""
+    path: str
+    """The URL path called."""
+    body: Any
+    """The parsed JSON body (``None`` when it was not JSON)."""
+    headers: Mapping[str, str]
+    """The request headers (lower-case names)."""
+    status: int
+    """The HTTP status answered (200 for a stream, even one later dropped)."""
+    turn: int | None
+    """The index of the script turn played (``None`` when none was)."""
+
+
+class ScriptedServer:
+    """A loopback HTTP server that speaks four providers' streaming wire formats.
+
+    ``scripts`` maps a model name to its :class:`Script`; ``"scripted"`` is the demo
+    (:func:`demo_script`) unless given. ``delay_scale`` multiplies every delay and stall
+    (0 for tests that need no pauses). Endpoints, as the official SDKs call them:
+    ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/messages``,
+    ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse``. Raises ConfigError for a
+    negative ``delay_scale`` or a script that is not a :class:`Script`.
+    """
+
+    def __init__(
+        self, scripts: Mapping[str, Script] | None = None, *, delay_scale: float = 1.0
+    ) -> None:
+        if not delay_scale >= 0:
+            raise ConfigError(f"delay_scale must be >= 0, not {delay_scale!r}")
+        self.scripts: dict[str, Script] = {"scripted": demo_script(), **(scripts or {})}
+        for name, script in self.scripts.items():
+            if not isinstance(script, Script):
+                raise ConfigError(f"script {name!r} is not a Script: {type(script).__name__}")
+        self.delay_scale = delay_scale
+        self.app = Starlette(routes=self._routes())
+        self._lock = threading.Lock()
+        self._requests: list[RecordedRequest] = []
+        self._attempts: dict[tuple[str, int], int] = {}
+        self._port: int | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._socket: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # --- what tests and clients read ----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>`` while running; raises UsageError otherwise."""
+        if self._port is None:
+            raise UsageError("the scripted server is not running (use `with` / `async with`)")
+        return f"http://127.0.0.1:{self._port}"
+
+    def base_url(self, provider: str) -> str:
+        """The base URL as the official SDK for ``provider`` takes it: ``{url}/v1`` for
+        ``openai_chat`` and ``openai_responses``, ``{url}`` for ``anthropic`` and ``gemini``.
+        Raises UsageError for another provider or when not running."""
+        if provider not in PROVIDERS:
+            raise UsageError(f"unknown provider {provider!r}; expected one of {PROVIDERS}")
+        return f"{self.url}/v1" if provider.startswith("openai") else self.url
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A copy of the requests received so far, in arrival order."""
+        with self._lock:
+            return list(self._requests)
+
+    def reset(self) -> None:
+        """Forget the recorded requests and the fault attempt counters."""
+        with self._lock:
+            self._requests.clear()
+            self._attempts.clear()
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def __enter__(self) -> ScriptedServer:
+        """Serve from a background thread; returns once the socket accepts connections."""
+        server, sock = self._prepare()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                asyncio.run(server.serve(sockets=[sock]))
+            except BaseException as exc:  # re-raised by __enter__ below
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="toollatch-scripted", daemon=True)
+        thread.start()
+        while not server.started and thread.is_alive():
+            time.sleep(0.002)
+        if not server.started:
+            thread.join()
+            self._forget()
+            raise failure[0] if failure else UsageError("the scripted server did not start")
+        self._thread = thread
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the server and join its thread (open streams get a second)."""
+        if self._uvicorn is None or self._thread is None:
+            return
+        self._uvicorn.should_exit = True
+        self._thread.join()
+        self._forget()
+
+    async def __aenter__(self) -> ScriptedServer:
+        """Serve on the running event loop, from a task this object owns and awaits on exit;
+        returns once the socket accepts connections. (In the main thread uvicorn holds
+        SIGINT/SIGTERM while it serves: a Ctrl-C stops it, then is raised again.)"""
+        server, sock = self._prepare()
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-scripted")
+        while not server.started and not task.done():
+            await asyncio.sleep(0.002)
+        if not server.started:
+            self._forget()
+            await task  # raises what stopped it
+            raise UsageError("the scripted server did not start")
+        self._task = task
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the server and wait for it (open streams get a second)."""
+        if self._uvicorn is None or self._task is None:
+            return
+        self._uvicorn.should_exit = True
+        try:
+            await self._task
+        finally:
+            self._forget()
+
+    def _prepare(self) -> tuple[uvicorn.Server, socket.socket]:
+        """A bound socket (port 0) and a uvicorn server for it; raises UsageError if running."""
+        if self._uvicorn is not None:
+            raise UsageError("the scripted server is already running")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", 0))
+        except OSError:
+            sock.close()
+            raise
+        config = uvicorn.Config(
+            self.app,
+            http="h11",
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=_STOP_TIMEOUT_S,
+        )
+        _quiet_drops.install()
+        self._uvicorn, self._socket = uvicorn.Server(config), sock
+        self._port = sock.getsockname()[1]
+        return self._uvicorn, sock
+
+    def _forget(self) -> None:
+        if self._socket is not None:
+            self._socket.close()  # uvicorn closed it already; closing twice is harmless
+            _quiet_drops.remove()
+        self._uvicorn = self._socket = self._port = None
+        self._thread = self._task = None
+
+    # --- the endpoints ------------------------------------------------------------------------
+
+    def _routes(self) -> list[Route]:
+        def endpoint(provider: str) -> Any:
+            async def handle(request: Request) -> Response:
+                return await self._handle(provider, request)
+
+            return handle
+
+        return [
+            Route("/v1/chat/completions", endpoint("openai_chat"), methods=["POST"]),
+            Route("/v1/responses", endpoint("openai_responses"), methods=["POST"]),
+            Route("/v1/messages", endpoint("anthropic"), methods=["POST"]),
+            Route("/v1beta/models/{target}", endpoint("gemini"), methods=["POST"]),
+        ]
+
+    async def _handle(self, provider: str, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            body = None
+        response, turn = self._answer(provider, request, body)
+        record = RecordedRequest(
+            provider=provider,
+            path=request.url.path,
+            body=body,
+            headers=dict(request.headers),
+            status=response.status_code,
+            turn=turn,
+        )
+        with self._lock:
+            self._requests.append(record)
+        return response
+
+    def _answer(self, provider: str, request: Request, body: Any) -> tuple[Response, int | None]:
+        """The response for one request, and the index of the turn it plays (if any)."""
+        model = _model(provider, request, body)
+        if model is None:
+            return error_response(
+                provider, 404, "Not found: use :streamGenerateContent?alt=sse"
+            ), None
+        if body is None:
+            return error_response(provider, 400, "the request body is not valid JSON"), None
+        try:
+            turns = check_request(provider, body)
+        except InvalidRequest as exc:
+            return error_response(provider, 400, exc.message, param=exc.param), None
+        script = self.scripts.get(model)
+        if script is None:
+            return error_response(provider, 404, f"The model `{model}` does not exist"), None
+        if provider != "gemini" and body.get("stream") is not True:
+            message = "this scripted server only streams: send `stream: true`"
+            return error_response(provider, 400, message, param="stream"), None
+        turn = script.turn(turns)
+        faults = turn.faults
+        if (
+            faults.status is not None
+            and self._count_attempt(model, turns) <= faults.status_attempts
+        ):
+            return status_response(provider, faults.status, faults.retry_after_s), turns
+        events = _encode(
+            provider, turn, model=model, body=body, response_id=self._next_id(provider)
+        )
+        return _Playback(events, turn, self.delay_scale), turns
+
+    def _count_attempt(self, model: str, turn: int) -> int:
+        with self._lock:
+            count = self._attempts.get((model, turn), 0) + 1
+            self._attempts[(model, turn)] = count
+            return count
+
+    def _next_id(self, provider: str) -> str:
+        prefix = {"openai_chat": "chatcmpl", "openai_responses": "resp", "anthropic": "msg"}
+        with self._lock:
+            n = len(self._requests)
+        return f"{prefix.get(provider, 'gemini')}_scripted_{n}"
+
+
+def _model(provider: str, request: Request, body: Any) -> str | None:
+    """The model asked for: the body's ``model`` (a missing one is refused by the validator),
+    or Gemini's ``{model}:streamGenerateContent`` path segment (``None``: no such method)."""
+    if provider != "gemini":
+        value: object = body.get("model") if isinstance(body, dict) else None
+        return value if isinstance(value, str) else ""
+    target: str = request.path_params["target"]
+    model, _, method = target.rpartition(":")
+    if method != "streamGenerateContent" or request.query_params.get("alt") != "sse":
+        return None
+    return model
+
+
+def _encode(
+    provider: str, turn: Turn, *, model: str, body: Any, response_id: str
+) -> list[WireEvent]:
+    if provider == "openai_chat":
+        options = body.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        return chat_events(turn, model=model, response_id=response_id, include_usage=usage)
+    if provider == "openai_responses":
+        return responses_events(turn, model=model, response_id=response_id)
+    if provider == "anthropic":
+        return anthropic_events(turn, model=model, response_id=response_id)
+    return gemini_events(turn, model=model, response_id=response_id)
+
+
+class _Playback(Response):
+    """Sends a turn's events with its delays; a stall; a drop (the connection closes with no
+    terminal event: the ASGI app returns before the response is complete)."""
+
+    def __init__(self, events: list[WireEvent], turn: Turn, scale: float) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
+        self.events = events
+        self.delay_s = turn.delay_ms * scale / 1000
+        faults = turn.faults
+        self.stall_s = faults.stall_ms * scale / 1000
+        self.stall_at = faults.stall_after_events
+        if self.stall_at is None:
+            first = next((n for n, e in enumerate(events) if e.in_arguments), None)
+            self.stall_at = None if first is None else first + 1
+        self.drop_after = faults.drop_after_events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)  # before the first byte
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for n, event in enumerate(self.events):
+            if n == self.drop_after:
+                return  # uvicorn closes the connection mid-body (see _quiet_drops)
+            if n == self.stall_at and self.stall_s:
+                await asyncio.sleep(self.stall_s)
+            elif n and self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            await send({"type": "http.response.body", "body": event.data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _QuietDrops(logging.Filter):
+    """Hides uvicorn's error line for a deliberately dropped stream (and only that line),
+    while at least one server runs."""
+
+    _MESSAGE = "ASGI callable returned without completing response."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self._MESSAGE
+
+    def install(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users == 1:
+                logging.getLogger("uvicorn.error").addFilter(self)
+
+    def remove(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                logging.getLogger("uvicorn.error").removeFilter(self)
+
+
+_quiet_drops = _QuietDrops()
