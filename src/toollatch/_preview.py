@@ -114,40 +114,85 @@ class PreviewUpdated:
 
 
 class PreviewTracker:
-    """One call's preview state (internal to the assembler)."""
+    """One call's preview state (internal to the assembler).
 
-    __slots__ = ("_every", "_filter", "_last", "_parser", "_pending", "_policy", "_rule", "nbytes")
+    The parser is fed lazily, and an update is released at exactly the fragments where an
+    eager parser would release one. Fragments are held (not parsed) while the parser is inside
+    a string and they hold no ``"``: there, text can only grow the string (or be malformed), so
+    it cannot start or end a value, and no update is due before ``every_bytes``. At a fragment
+    that may change structure, or when an update is due, the held text is fed to the parser in
+    one piece: the deltas are those of the fragments one by one, with adjacent appends merged
+    (:class:`PathDelta`), which :func:`_coalesce` merges anyway. So a release reflects all the
+    text so far and the work per fragment on the quiet path is a few operations; the parser does
+    its linear work in pieces of about ``every_bytes`` or larger.
+    """
+
+    __slots__ = (
+        "_due",
+        "_every",
+        "_filter",
+        "_held",
+        "_on_structure",
+        "_parser",
+        "_pending",
+        "_quiet",
+        "_rule",
+        "nbytes",
+    )
 
     def __init__(self, policy: PreviewPolicy, name: str | None, *, max_depth: int) -> None:
-        self._policy = policy
         self._rule = policy.rule(name)
         self._parser = PartialJSON(max_depth=max_depth) if self._rule.mode != "none" else None
         self._filter = _Filter(self._rule, policy.redactor)
         self._pending: list[PathDelta] = []
+        # Fragments not parsed yet, or None when nothing is parsed (none mode, or failed).
+        self._held: list[str] | None = [] if self._parser is not None else None
+        self._quiet = False  # the parser is inside a string: see the class docstring
+        self._on_structure = policy.on_structure
         self._every = policy.every_bytes
-        self._last = 0
+        self._due = 0  # bytes at which an update is due (the first fragment releases one)
         self.nbytes = 0
 
     def feed(self, fragment: str, size: int) -> bool:
         """Take one fragment of ``size`` bytes; True when an update is due."""
         self.nbytes += size
-        structural = False
-        if self._parser is not None and self._parser.failed is None:
-            for delta in self._filter.apply(self._parser.feed(fragment)):
-                structural = structural or delta.op != "append"
-                self._pending.append(delta)
-        due = self.nbytes - self._last >= self._every
-        return due or (structural and self._policy.on_structure) or self._last == 0
+        held = self._held
+        if held is None:
+            return self.nbytes >= self._due
+        held.append(fragment)
+        if self._quiet and self.nbytes < self._due and '"' not in fragment:
+            return False
+        return self._catch_up(held)
+
+    def _catch_up(self, held: list[str]) -> bool:
+        """Parse the held text; True when an update is due (by bytes, or a value started or
+        ended in the last fragment: the held ones before it were quiet)."""
+        parser = self._parser
+        assert parser is not None  # (text is held only for a parser)
+        text = held[0] if len(held) == 1 else "".join(held)
+        held.clear()
+        shown = self._filter.apply(parser.feed(text))
+        self._pending += shown
+        if parser.failed is not None:
+            self._held = None  # a failed parser takes nothing more
+        # (without on_structure only the byte count releases: every fragment may wait)
+        self._quiet = parser.in_string or not self._on_structure
+        if self.nbytes >= self._due:
+            return True
+        return self._on_structure and any(delta.op != "append" for delta in shown)
 
     def release(
         self, key: CallKey, call_id: str | None, name: str | None, *, final: bool = False
     ) -> PreviewUpdated:
-        """The update carrying everything pending (coalesced)."""
-        if final and self._parser is not None and self._parser.failed is None:
-            self._pending += self._filter.apply(self._parser.finish())
-        self._last = max(self.nbytes, 1)
-        deltas, self._pending = _coalesce(self._pending), []
+        """The update carrying everything pending (coalesced); it reflects all the text fed."""
         parser = self._parser
+        if self._held:
+            self._catch_up(self._held)
+        if final and parser is not None and parser.failed is None:
+            self._pending += self._filter.apply(parser.finish())
+            self._held = None
+        self._due = max(self.nbytes, 1) + self._every
+        deltas, self._pending = _coalesce(self._pending), []
         return PreviewUpdated(
             key=key,
             call_id=call_id,
