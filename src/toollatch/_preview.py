@@ -118,8 +118,9 @@ class PreviewTracker:
 
     The parser is fed lazily, and an update is released at exactly the fragments where an
     eager parser would release one. Fragments are held (not parsed) while the parser is inside
-    a string and they hold no ``"``: there, text can only grow the string (or be malformed), so
-    it cannot start or end a value, and no update is due before ``every_bytes``. At a fragment
+    a string and they hold no ``"`` that may end it (:func:`_escaped_quotes`): there, text can
+    only grow the string (or be malformed), so it cannot start or end a value, and no update is
+    due before ``every_bytes`` (or at all, without ``on_structure``). At a fragment
     that may change structure, or when an update is due, the held text is fed to the parser in
     one piece: the deltas are those of the fragments one by one, with adjacent appends merged
     (:class:`PathDelta`), which :func:`_coalesce` merges anyway. So a release reflects all the
@@ -132,9 +133,12 @@ class PreviewTracker:
         "_every",
         "_filter",
         "_held",
+        "_hold_below",
+        "_moved",
         "_on_structure",
         "_parser",
         "_pending",
+        "_provisional",
         "_quiet",
         "_rule",
         "nbytes",
@@ -147,20 +151,23 @@ class PreviewTracker:
         self._pending: list[PathDelta] = []
         # Fragments not parsed yet, or None when nothing is parsed (none mode, or failed).
         self._held: list[str] | None = [] if self._parser is not None else None
-        self._quiet = False  # the parser is inside a string: see the class docstring
+        self._quiet = False  # held text cannot change structure: see the class docstring
         self._on_structure = policy.on_structure
         self._every = policy.every_bytes
         self._due = 0  # bytes at which an update is due (the first fragment releases one)
+        self._hold_below = -1  # _due while quiet, else -1: the one test of the hot path
+        self._provisional: frozenset[str] = frozenset()  # as last released...
+        self._moved = True  # ...unless a value started or ended since (then recomputed)
         self.nbytes = 0
 
     def feed(self, fragment: str, size: int) -> bool:
         """Take one fragment of ``size`` bytes; True when an update is due."""
-        self.nbytes += size
+        self.nbytes = nbytes = self.nbytes + size
         held = self._held
         if held is None:
-            return self.nbytes >= self._due
+            return nbytes >= self._due
         held.append(fragment)
-        if self._quiet and self.nbytes < self._due and '"' not in fragment:
+        if nbytes < self._hold_below and ('"' not in fragment or _escaped_quotes(fragment)):
             return False
         return self._catch_up(held)
 
@@ -171,12 +178,16 @@ class PreviewTracker:
         assert parser is not None  # (text is held only for a parser)
         text = held[0] if len(held) == 1 else "".join(held)
         held.clear()
-        shown = self._filter.apply(parser.feed(text))
+        deltas = parser.feed(text)
+        if len(deltas) != 1 or deltas[0].op != "append":  # (one append: the common case)
+            self._moved = True
+        shown = self._filter.apply(deltas)
         self._pending += shown
         if parser.failed is not None:
             self._held = None  # a failed parser takes nothing more
         # (without on_structure only the byte count releases: every fragment may wait)
         self._quiet = parser.in_string or not self._on_structure
+        self._hold_below = self._due if self._quiet else -1
         if self.nbytes >= self._due:
             return True
         return self._on_structure and any(delta.op != "append" for delta in shown)
@@ -192,6 +203,7 @@ class PreviewTracker:
             self._pending += self._filter.apply(parser.finish())
             self._held = None
         self._due = max(self.nbytes, 1) + self._every
+        self._hold_below = self._due if self._quiet else -1
         deltas, self._pending = _coalesce(self._pending), []
         return PreviewUpdated(
             key=key,
@@ -199,12 +211,31 @@ class PreviewTracker:
             name=name,
             bytes_so_far=self.nbytes,
             deltas=deltas,
-            provisional=frozenset()
-            if final or parser is None
-            else self._filter.provisional(parser),
+            provisional=frozenset() if final or parser is None else self._shown_edge(parser),
             final=final,
             error=parser.failed if parser is not None else None,
         )
+
+    def _shown_edge(self, parser: PartialJSON) -> frozenset[str]:
+        """The provisional pointers, recomputed only when a value started or ended since the
+        last update (appends to the growing string change nothing there)."""
+        if self._moved:
+            self._provisional = self._filter.provisional(parser)
+            self._moved = False
+        return self._provisional
+
+
+def _escaped_quotes(fragment: str) -> bool:
+    """True if every ``"`` in a fragment of string text is escaped, so it cannot end the
+    string: each follows a backslash that follows neither a backslash nor the fragment's start
+    (whatever the string's state before the fragment, that backslash starts an escape or makes
+    the text malformed). False when not sure (``\\\\"``, a quote in the first two places)."""
+    i = fragment.find('"')
+    while i >= 0:
+        if i < 2 or fragment[i - 1] != "\\" or fragment[i - 2] == "\\":
+            return False
+        i = fragment.find('"', i + 1)
+    return True
 
 
 _SHOW: Final = 0  # an allowed field or inside one (every value in full mode): shown whole
@@ -336,6 +367,8 @@ def _shown_delta(path: str, op: DeltaOp, value: object) -> PathDelta:
 
 def _coalesce(deltas: list[PathDelta]) -> tuple[PathDelta, ...]:
     """Merge runs of appends to the same path, joining each run once (linear)."""
+    if len(deltas) < 2:
+        return tuple(deltas)
     out: list[PathDelta] = []
     run: list[str] = []
     for delta in deltas:
