@@ -118,7 +118,7 @@ class PreviewTracker:
 
     The parser is fed lazily, and an update is released at exactly the fragments where an
     eager parser would release one. Fragments are held (not parsed) while the parser is inside
-    a string and they hold no ``"`` that may end it (:func:`_escaped_quotes`): there, text can
+    a string and they hold no ``"`` that may end it (:func:`_escaped`): there, text can
     only grow the string (or be malformed), so it cannot start or end a value, and no update is
     due before ``every_bytes`` (or at all, without ``on_structure``). At a fragment
     that may change structure, or when an update is due, the held text is fed to the parser in
@@ -129,6 +129,7 @@ class PreviewTracker:
     """
 
     __slots__ = (
+        "_before",
         "_due",
         "_every",
         "_filter",
@@ -151,6 +152,7 @@ class PreviewTracker:
         self._pending: list[PathDelta] = []
         # Fragments not parsed yet, or None when nothing is parsed (none mode, or failed).
         self._held: list[str] | None = [] if self._parser is not None else None
+        self._before = ""  # the last two characters parsed (see _may_end)
         self._quiet = False  # held text cannot change structure: see the class docstring
         self._on_structure = policy.on_structure
         self._every = policy.every_bytes
@@ -167,9 +169,17 @@ class PreviewTracker:
         if held is None:
             return nbytes >= self._due
         held.append(fragment)
-        if nbytes < self._hold_below and ('"' not in fragment or _escaped_quotes(fragment)):
+        if nbytes < self._hold_below and ('"' not in fragment or not self._may_end(held)):
             return False
         return self._catch_up(held)
+
+    def _may_end(self, held: list[str]) -> bool:
+        """Whether a quote in the last held fragment may end the string: unless every quote
+        is escaped, judged with the two characters before the fragment (:func:`_escaped`)."""
+        before = held[-2] if len(held) > 1 else self._before
+        if len(before) < 2 and len(held) > 1:  # (a one-character fragment before it)
+            before = (held[-3] if len(held) > 2 else self._before) + before
+        return not _escaped(before[-2:], held[-1])
 
     def _catch_up(self, held: list[str]) -> bool:
         """Parse the held text; True when an update is due (by bytes, or a value started or
@@ -178,6 +188,7 @@ class PreviewTracker:
         assert parser is not None  # (text is held only for a parser)
         text = held[0] if len(held) == 1 else "".join(held)
         held.clear()
+        self._before = text[-2:] if len(text) > 1 else self._before[-1:] + text
         deltas = parser.feed(text)
         if len(deltas) != 1 or deltas[0].op != "append":  # (one append: the common case)
             self._moved = True
@@ -225,16 +236,21 @@ class PreviewTracker:
         return self._provisional
 
 
-def _escaped_quotes(fragment: str) -> bool:
-    """True if every ``"`` in a fragment of string text is escaped, so it cannot end the
-    string: each follows a backslash that follows neither a backslash nor the fragment's start
-    (whatever the string's state before the fragment, that backslash starts an escape or makes
-    the text malformed). False when not sure (``\\\\"``, a quote in the first two places)."""
-    i = fragment.find('"')
+def _escaped(before: str, fragment: str) -> bool:
+    """True if every ``"`` in ``fragment``, string text that follows ``before`` (the two
+    characters before it, or fewer at the start), is escaped and so cannot end the string.
+
+    A quote is escaped here when the character before it is a backslash and the one before
+    that is known and is not a backslash: that backslash then starts an escape whatever the
+    string's state before it (or the text is malformed, a failure, never a new value). Any
+    other quote (after ``\\\\``, or too near the start to tell) counts as one that may end it.
+    """
+    text = before + fragment
+    i = text.find('"', len(before))
     while i >= 0:
-        if i < 2 or fragment[i - 1] != "\\" or fragment[i - 2] == "\\":
+        if i < 2 or text[i - 1] != "\\" or text[i - 2] == "\\":
             return False
-        i = fragment.find('"', i + 1)
+        i = text.find('"', i + 1)
     return True
 
 
