@@ -2,11 +2,17 @@
 
 Theory of operation: a UI wants "writing notes.md…" while a call's arguments stream, long
 before the call may run. For each open call the assembler keeps a :class:`PreviewTracker`. In
-``none`` mode (the default) it only counts bytes. In ``fields`` and ``full`` modes it feeds each
-fragment to an incremental :class:`PartialJSON` parser (linear time, never re-parses), filters
+``none`` mode (the default) it only counts bytes. In ``fields`` and ``full`` modes it feeds the
+text to an incremental :class:`PartialJSON` parser (linear time, never re-parses), filters
 the resulting path deltas through the tool's redaction rule and a redactor of keys and strings,
 coalesces them, and releases a :class:`PreviewUpdated` every ``every_bytes`` bytes or when a
-shown value starts or ends. Previews are a type of their own: nothing converts one into a
+shown value starts or ends (the contract: :attr:`PreviewPolicy.on_structure`). The parser is
+fed lazily: string text that cannot end its string is held and parsed in one piece when an
+update is due or a fragment may start or end a value, so updates come at exactly the fragments
+where parsing each fragment would release them, with the same content, while the parser runs
+about once per update instead of once per fragment (:class:`PreviewTracker`; providers send
+3-20 characters per event, the default update is every 256 bytes). Previews are a type of
+their own: nothing converts one into a
 :class:`~toollatch.CommittedCall`, and the gate refuses anything but argument text.
 
 What a ``fields`` preview does not show, it does not hint at either: a member outside the
@@ -78,7 +84,15 @@ class PreviewPolicy:
     every_bytes: int = 256
     """Release an update after at least this many argument bytes..."""
     on_structure: bool = True
-    """...or as soon as a value starts or ends (a new key, a finished string)."""
+    """...or as soon as a value starts or ends (a new key, a finished string).
+
+    The contract a UI can rely on: a call's first fragment releases an update; after that, the
+    fragment that brings the bytes since the last update to ``every_bytes``, and (with
+    ``on_structure``) a fragment in which a shown value starts or ends, each release one; the
+    call's close (or failure, or the round's end) releases a ``final`` one. Every update
+    carries all the changes up to and including the fragment that released it, so the latest
+    update always reflects all the text received so far, and between updates nothing is owed.
+    How the text is parsed in between (held and parsed in one piece) is not observable."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.every_bytes, int) or self.every_bytes < 1:
