@@ -15,6 +15,11 @@ case it measures:
   accumulate calls are timed, not building the event objects);
 * peak memory of ours (tracemalloc, a separate run) as a multiple of the argument size.
 
+``--tracker`` instead times the preview path alone (``PreviewTracker`` as the assembler drives
+it, sizes computed beforehand) per mode (``none``, ``full``, ``fields`` showing ``/path``) on
+these arguments at 256 KiB and 1 MiB in fragments of 3-20 characters (the cut of
+``bench_assembly.py``), against the floor, with the growth exponent.
+
 ``--masked`` instead times the whole preview path (``PreviewTracker``: parser, redaction
 filter, throttle, coalescing) on arguments with N and 4N members masked in ``fields`` mode
 (only ``/path`` allowed) against ``full`` mode, with and without a redactor, and reports the
@@ -396,6 +401,92 @@ def masked_report(members: int, fragment: int, runs: int) -> str:
     return "\n".join([*lines, ""])
 
 
+# --------------------------------------------------------------------------- the tracker
+
+
+TRACKER_POLICIES: dict[str, PreviewPolicy] = {
+    "none": PreviewPolicy(),
+    "full": PreviewPolicy(default=ToolPreview(mode="full")),
+    "fields": PreviewPolicy(default=ToolPreview(mode="fields", fields=("/path",))),
+}
+
+
+def split_3_20(text: str, seed: int = 1) -> list[str]:
+    """``text`` in fragments of 3-20 characters, as ``bench_assembly.py`` cuts its streams."""
+    rnd, out, i = random.Random(seed), [], 0
+    while i < len(text):
+        n = rnd.randint(3, 20)
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+def run_floor_sized(pairs: list[tuple[str, int]]) -> object:
+    """The floor with the tracker's input: the fragment and its UTF-8 size per step."""
+    parts = []
+    for fragment, _size in pairs:
+        parts.append(fragment)
+    return json.loads("".join(parts))
+
+
+def run_tracker_sized(policy: PreviewPolicy, pairs: list[tuple[str, int]]) -> int:
+    """:func:`run_tracker` with the sizes computed beforehand (the assembler has them)."""
+    key = CallKey(0, 0, 0)
+    tracker = PreviewTracker(policy, "write_file", max_depth=64)
+    feed, release, updates = tracker.feed, tracker.release, 0
+    for fragment, size in pairs:
+        if feed(fragment, size):
+            release(key, "call_1", "write_file")
+            updates += 1
+    release(key, "call_1", "write_file", final=True)
+    return updates + 1
+
+
+def tracker_report(runs: int) -> str:
+    """The preview path alone (``PreviewTracker``: parser, filter, throttle, coalescing; no
+    decoder, adapter or assembler) per mode at the default ``every_bytes``, in 3-20 character
+    fragments, against the floor; with the growth exponent 256 KiB -> 1 MiB."""
+    sizes = (256 * KIB, 1024 * KIB)
+    pairs = {}
+    for size in sizes:
+        frags = split_3_20(make_arguments(size))
+        pairs[size] = [(f, len(f.encode("utf-8", "surrogatepass"))) for f in frags]
+    lines = [
+        f"# The preview tracker alone (toollatch from {Path(toollatch.__file__).parent})",
+        "",
+        f"Python {platform.python_version()}; 3-20 character fragments"
+        f" ({len(pairs[sizes[1]]):,} at 1 MiB); CPU time, best of {runs} interleaved runs;"
+        " every_bytes 256, on_structure on.",
+        "",
+        "| mode | 256 KiB | 1 MiB | updates (1 MiB) | tracker / floor (1 MiB) | exponent |",
+        "|---|---|---|---|---|---|",
+    ]
+    contenders: dict[str, Callable[[list[tuple[str, int]]], object]] = {
+        "floor": run_floor_sized,
+        **{
+            name: (lambda p, policy=policy: run_tracker_sized(policy, p))
+            for name, policy in TRACKER_POLICIES.items()
+        },
+    }
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(runs):
+        for name, fn in contenders.items():
+            for size in sizes:
+                gc.collect()
+                start = _clock()
+                fn(pairs[size])
+                spent = _clock() - start
+                best[name, size] = min(best.get((name, size), math.inf), spent)
+    for name, fn in contenders.items():
+        small, large = best[name, sizes[0]], best[name, sizes[1]]
+        updates = "-" if name == "floor" else f"{fn(pairs[sizes[1]]):,}"
+        cells = [name, fmt(small), fmt(large), updates, f"{large / best['floor', sizes[1]]:.2f}x"]
+        cells.append(f"{math.log(large / small) / math.log(4):.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return "\n".join([*lines, ""])
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -506,7 +597,16 @@ def main() -> None:
     )
     parser.add_argument("--fragment", type=int, default=8, help="characters per fragment")
     parser.add_argument("--runs", type=int, default=3, help="runs per --masked case (best)")
+    parser.add_argument(
+        "--tracker", action="store_true", help="only the preview tracker alone, per mode"
+    )
     args = parser.parse_args()
+    if args.tracker:
+        text = tracker_report(max(args.runs, 5))
+        print(text)
+        if args.out:
+            args.out.write_text(text, encoding="utf-8")
+        return
     if args.masked:
         text = masked_report(args.members, args.fragment, args.runs)
         if args.out:

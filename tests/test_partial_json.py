@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toollatch._errors import UsageError
-from toollatch._partial_json import _COMPACT_BYTES, PartialJSON, PathDelta, _delta
+from toollatch._partial_json import _COMPACT_BYTES, PartialJSON, PathDelta
 
 # --------------------------------------------------------------------------- reference
 
@@ -750,14 +750,32 @@ def test_finished_parser_refuses_use() -> None:
         PartialJSON(max_depth=0)
 
 
-def test_the_fast_delta_constructor_builds_an_ordinary_frozen_delta() -> None:
-    fast = _delta("/a", "append", "x")
-    slow = PathDelta(path="/a", op="append", value="x")
-    assert fast == slow
-    assert hash(fast) == hash(slow)
-    assert repr(fast) == repr(slow)
-    with pytest.raises(FrozenInstanceError):
-        fast.path = "/b"  # type: ignore[misc]
+def test_deltas_are_ordinary_frozen_values() -> None:
+    """The deltas of every path (cached one-character appends, content, structure) are
+    PathDelta values built through its __init__: equal, hashed and shown as one, and frozen."""
+    parser = PartialJSON()
+    made = [
+        *parser.feed('{"a": "'),
+        *parser.feed("x"),
+        *parser.feed("yz"),
+        *parser.feed('", "b": 1}'),
+    ]
+    expected = [
+        PathDelta(path="", op="set", value={}),
+        PathDelta(path="/a", op="set", value=""),
+        PathDelta(path="/a", op="append", value="x"),
+        PathDelta(path="/a", op="append", value="yz"),
+        PathDelta(path="/a", op="end", value=None),
+        PathDelta(path="/b", op="set", value=1),
+        PathDelta(path="", op="end", value=None),
+    ]
+    assert made == expected
+    assert [hash(d) for d in made[2:]] == [hash(d) for d in expected[2:]]  # ({} is unhashable)
+    assert [repr(d) for d in made] == [repr(d) for d in expected]
+    for delta in made:
+        assert type(delta) is PathDelta
+        with pytest.raises(FrozenInstanceError):
+            delta.path = "/b"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

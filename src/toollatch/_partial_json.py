@@ -110,23 +110,6 @@ class PathDelta:
     """The value set, the text appended, or ``None`` for ``end``."""
 
 
-# Building a frozen dataclass through its __init__ costs object.__setattr__ per field, about
-# four times the price of the parse step itself on the one-character hot path; writing the slots
-# directly gives an equal object (the dataclass has no __post_init__ to skip).
-_NEW_OBJECT: Final = object.__new__
-_SET_PATH: Final = vars(PathDelta)["path"].__set__
-_SET_OP: Final = vars(PathDelta)["op"].__set__
-_SET_VALUE: Final = vars(PathDelta)["value"].__set__
-
-
-def _delta(path: str, op: DeltaOp, value: object) -> PathDelta:
-    delta: PathDelta = _NEW_OBJECT(PathDelta)
-    _SET_PATH(delta, path)
-    _SET_OP(delta, op)
-    _SET_VALUE(delta, value)
-    return delta
-
-
 # Tokenizer states: what the next character may be.
 _VALUE: Final = 0  # a value (top level, after ':' or after ',' in an array)
 _ARRAY_FIRST: Final = 1  # a value or ']' (just after '[')
@@ -336,6 +319,15 @@ class PartialJSON:
         return self._mark - self._room
 
     @property
+    def in_string(self) -> bool:
+        """True while inside a string (a key or a value), an unfinished escape included.
+
+        Until a ``"`` is fed, feeds can then only grow that string (or fail on malformed text):
+        no value starts or ends, so a caller may hold such text and feed it later in one piece.
+        """
+        return _STRING <= self._state <= _UNICODE
+
+    @property
     def provisional(self) -> frozenset[str]:
         """Pointers of the visible values that may still change: the open string and containers.
 
@@ -455,7 +447,7 @@ class PartialJSON:
         if len(self._cache) >= _CACHE_ENTRIES:
             self._cache.clear()
         self._cache[char] = (
-            _delta(self._str_pointer, "append", char),
+            PathDelta(path=self._str_pointer, op="append", value=char),
             1 if char.isascii() else _utf8_length(char),
         )
 
@@ -474,7 +466,7 @@ class PartialJSON:
         if state == _STRING:
             if "\\" not in fragment and '"' not in fragment and fragment.isprintable():
                 self._pieces.append(fragment)  # plain text (the commonest): nothing to decode
-                return [_delta(self._str_pointer, "append", fragment)]
+                return [PathDelta(path=self._str_pointer, op="append", value=fragment)]
             body = fragment
         elif state == _ESCAPE:
             body = "\\" + fragment
@@ -518,7 +510,7 @@ class PartialJSON:
             if not text:
                 return []
         self._pieces.append(text)
-        return [_delta(self._str_pointer, "append", text)]
+        return [PathDelta(path=self._str_pointer, op="append", value=text)]
 
     # ------------------------------------------------------------------ one-character steps
     # Providers stream whole calls one character per event, so a one-character fragment that
@@ -608,7 +600,9 @@ class PartialJSON:
         self._pieces.append(decoded)  # (as _add)
         delta = self._escapes.get(char)
         if delta is None:  # kept for reuse while this string is open, as _cache_plain does
-            delta = self._escapes[char] = _delta(self._str_pointer, "append", decoded)
+            delta = self._escapes[char] = PathDelta(
+                path=self._str_pointer, op="append", value=decoded
+            )
         return [delta]
 
     def _char_number(self, char: str) -> list[PathDelta]:
@@ -664,7 +658,7 @@ class PartialJSON:
                     break
             i = handlers[self._state](self, text, i)
         if self._parts:  # the open string value grew during this call
-            out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
+            out.append(PathDelta(path=self._str_pointer, op="append", value="".join(self._parts)))
         if self._failed is None:
             fast = self._state == _STRING and not self._str_is_key and not self._high
             self._hot = self._cache if fast else _COLD
@@ -924,12 +918,12 @@ class PartialJSON:
             self._complete = True
         out = self._out
         if kind is str:
-            out.append(_delta(pointer, "set", ""))
+            out.append(PathDelta(path=pointer, op="set", value=""))
             if value:
-                out.append(_delta(pointer, "append", value))
-            out.append(_delta(pointer, "end", None))
+                out.append(PathDelta(path=pointer, op="append", value=value))
+            out.append(PathDelta(path=pointer, op="end", value=None))
         else:
-            out.append(_delta(pointer, "set", value))
+            out.append(PathDelta(path=pointer, op="set", value=value))
         return end
 
     def _whole(self, text: str, i: int) -> int:
@@ -1013,31 +1007,31 @@ class PartialJSON:
         """
         kind = type(value)
         if kind is str:
-            out.append(_delta(pointer, "set", ""))
+            out.append(PathDelta(path=pointer, op="set", value=""))
             if value:
-                out.append(_delta(pointer, "append", value))
-            out.append(_delta(pointer, "end", None))
+                out.append(PathDelta(path=pointer, op="append", value=value))
+            out.append(PathDelta(path=pointer, op="end", value=None))
             return value
         if kind is tuple:  # an object, as its (key, value) pairs
             if depth > self._max_depth:
                 raise _TooDeep
-            out.append(_delta(pointer, "set", {}))
+            out.append(PathDelta(path=pointer, op="set", value={}))
             members: dict[str, object] = {}
             for key, item in value:
                 child = f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"
                 members[key] = self._build(child, item, depth + 1, out)
-            out.append(_delta(pointer, "end", None))
+            out.append(PathDelta(path=pointer, op="end", value=None))
             return members
         if kind is list:
             if depth > self._max_depth:
                 raise _TooDeep
-            out.append(_delta(pointer, "set", []))
+            out.append(PathDelta(path=pointer, op="set", value=[]))
             elements: list[object] = []
             for index, item in enumerate(value):
                 elements.append(self._build(f"{pointer}/{index}", item, depth + 1, out))
-            out.append(_delta(pointer, "end", None))
+            out.append(PathDelta(path=pointer, op="end", value=None))
             return elements
-        out.append(_delta(pointer, "set", value))
+        out.append(PathDelta(path=pointer, op="set", value=value))
         return value
 
     # ------------------------------------------------------------------ values
@@ -1071,7 +1065,7 @@ class PartialJSON:
             self._complete = True
 
     def _set_scalar(self, value: object) -> None:
-        self._out.append(_delta(self._place(value), "set", value))
+        self._out.append(PathDelta(path=self._place(value), op="set", value=value))
         self._value_done()
 
     def _end_number(self, text: str, end: int) -> None:
@@ -1095,7 +1089,7 @@ class PartialJSON:
             return self._fail(f"nesting deeper than {self._max_depth}", text, i)
         container: Container = {} if char == "{" else []
         pointer = self._place(container)
-        self._out.append(_delta(pointer, "set", {} if char == "{" else []))
+        self._out.append(PathDelta(path=pointer, op="set", value={} if char == "{" else []))
         self._stack.append(container)
         self._pointers.append(pointer)
         self._state = _OBJECT_FIRST if char == "{" else _ARRAY_FIRST
@@ -1103,7 +1097,7 @@ class PartialJSON:
 
     def _close_container(self, i: int) -> int:
         self._stack.pop()
-        self._out.append(_delta(self._pointers.pop(), "end", None))
+        self._out.append(PathDelta(path=self._pointers.pop(), op="end", value=None))
         self._value_done()
         return i + 1
 
@@ -1118,7 +1112,7 @@ class PartialJSON:
         top = self._stack[-1] if self._stack else None
         self._str_parent = top
         self._str_slot = self._key if isinstance(top, dict) else len(top or ()) - 1
-        self._out.append(_delta(self._str_pointer, "set", ""))
+        self._out.append(PathDelta(path=self._str_pointer, op="set", value=""))
 
     def _add(self, text: str) -> None:
         """Append decoded text to the open string (a waiting high surrogate goes first)."""
@@ -1200,9 +1194,11 @@ class PartialJSON:
         if whole:
             self._parts.append(whole)
         if self._parts:
-            self._out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
+            self._out.append(
+                PathDelta(path=self._str_pointer, op="append", value="".join(self._parts))
+            )
             self._parts = []
-        self._out.append(_delta(self._str_pointer, "end", None))
+        self._out.append(PathDelta(path=self._str_pointer, op="end", value=None))
         self._cache.clear()
         self._escapes.clear()
         self._value_done()

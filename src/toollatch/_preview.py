@@ -2,11 +2,17 @@
 
 Theory of operation: a UI wants "writing notes.md…" while a call's arguments stream, long
 before the call may run. For each open call the assembler keeps a :class:`PreviewTracker`. In
-``none`` mode (the default) it only counts bytes. In ``fields`` and ``full`` modes it feeds each
-fragment to an incremental :class:`PartialJSON` parser (linear time, never re-parses), filters
+``none`` mode (the default) it only counts bytes. In ``fields`` and ``full`` modes it feeds the
+text to an incremental :class:`PartialJSON` parser (linear time, never re-parses), filters
 the resulting path deltas through the tool's redaction rule and a redactor of keys and strings,
 coalesces them, and releases a :class:`PreviewUpdated` every ``every_bytes`` bytes or when a
-shown value starts or ends. Previews are a type of their own: nothing converts one into a
+shown value starts or ends (the contract: :attr:`PreviewPolicy.on_structure`). The parser is
+fed lazily: string text that cannot end its string is held and parsed in one piece when an
+update is due or a fragment may start or end a value, so updates come at exactly the fragments
+where parsing each fragment would release them, with the same content, while the parser runs
+about once per update instead of once per fragment (:class:`PreviewTracker`; providers send
+3-20 characters per event, the default update is every 256 bytes). Previews are a type of
+their own: nothing converts one into a
 :class:`~toollatch.CommittedCall`, and the gate refuses anything but argument text.
 
 What a ``fields`` preview does not show, it does not hint at either: a member outside the
@@ -78,7 +84,15 @@ class PreviewPolicy:
     every_bytes: int = 256
     """Release an update after at least this many argument bytes..."""
     on_structure: bool = True
-    """...or as soon as a value starts or ends (a new key, a finished string)."""
+    """...or as soon as a value starts or ends (a new key, a finished string).
+
+    The contract a UI can rely on: a call's first fragment releases an update; after that, the
+    fragment that brings the bytes since the last update to ``every_bytes``, and (with
+    ``on_structure``) a fragment in which a shown value starts or ends, each release one; the
+    call's close (or failure, or the round's end) releases a ``final`` one. Every update
+    carries all the changes up to and including the fragment that released it, so the latest
+    update always reflects all the text received so far, and between updates nothing is owed.
+    How the text is parsed in between (held and parsed in one piece) is not observable."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.every_bytes, int) or self.every_bytes < 1:
@@ -114,52 +128,144 @@ class PreviewUpdated:
 
 
 class PreviewTracker:
-    """One call's preview state (internal to the assembler)."""
+    """One call's preview state (internal to the assembler).
 
-    __slots__ = ("_every", "_filter", "_last", "_parser", "_pending", "_policy", "_rule", "nbytes")
+    The parser is fed lazily, and an update is released at exactly the fragments where an
+    eager parser would release one. Fragments are held (not parsed) while the parser is inside
+    a string and they hold no ``"`` that may end it (:func:`_escaped`): there, text can
+    only grow the string (or be malformed), so it cannot start or end a value, and no update is
+    due before ``every_bytes`` (or at all, without ``on_structure``). At a fragment
+    that may change structure, or when an update is due, the held text is fed to the parser in
+    one piece: the deltas are those of the fragments one by one, with adjacent appends merged
+    (:class:`PathDelta`), which :func:`_coalesce` merges anyway. So a release reflects all the
+    text so far and the work per fragment on the quiet path is a few operations; the parser does
+    its linear work in pieces of about ``every_bytes`` or larger.
+    """
+
+    __slots__ = (
+        "_before",
+        "_due",
+        "_every",
+        "_filter",
+        "_held",
+        "_hold_below",
+        "_moved",
+        "_on_structure",
+        "_parser",
+        "_pending",
+        "_provisional",
+        "_quiet",
+        "_rule",
+        "nbytes",
+    )
 
     def __init__(self, policy: PreviewPolicy, name: str | None, *, max_depth: int) -> None:
-        self._policy = policy
         self._rule = policy.rule(name)
         self._parser = PartialJSON(max_depth=max_depth) if self._rule.mode != "none" else None
         self._filter = _Filter(self._rule, policy.redactor)
         self._pending: list[PathDelta] = []
+        # Fragments not parsed yet, or None when nothing is parsed (none mode, or failed).
+        self._held: list[str] | None = [] if self._parser is not None else None
+        self._before = ""  # the last two characters parsed (see _may_end)
+        self._quiet = False  # held text cannot change structure: see the class docstring
+        self._on_structure = policy.on_structure
         self._every = policy.every_bytes
-        self._last = 0
+        self._due = 0  # bytes at which an update is due (the first fragment releases one)
+        self._hold_below = -1  # _due while quiet, else -1: the one test of the hot path
+        self._provisional: frozenset[str] = frozenset()  # as last released...
+        self._moved = True  # ...unless a value started or ended since (then recomputed)
         self.nbytes = 0
 
     def feed(self, fragment: str, size: int) -> bool:
         """Take one fragment of ``size`` bytes; True when an update is due."""
-        self.nbytes += size
-        structural = False
-        if self._parser is not None and self._parser.failed is None:
-            for delta in self._filter.apply(self._parser.feed(fragment)):
-                structural = structural or delta.op != "append"
-                self._pending.append(delta)
-        due = self.nbytes - self._last >= self._every
-        return due or (structural and self._policy.on_structure) or self._last == 0
+        self.nbytes = nbytes = self.nbytes + size
+        held = self._held
+        if held is None:
+            return nbytes >= self._due
+        held.append(fragment)
+        if nbytes < self._hold_below and ('"' not in fragment or not self._may_end(held)):
+            return False
+        return self._catch_up(held)
+
+    def _may_end(self, held: list[str]) -> bool:
+        """Whether a quote in the last held fragment may end the string: unless every quote
+        is escaped, judged with the two characters before the fragment (:func:`_escaped`)."""
+        before = held[-2] if len(held) > 1 else self._before
+        if len(before) < 2 and len(held) > 1:  # (a one-character fragment before it)
+            before = (held[-3] if len(held) > 2 else self._before) + before
+        return not _escaped(before[-2:], held[-1])
+
+    def _catch_up(self, held: list[str]) -> bool:
+        """Parse the held text; True when an update is due (by bytes, or a value started or
+        ended in the last fragment: the held ones before it were quiet)."""
+        parser = self._parser
+        assert parser is not None  # (text is held only for a parser)
+        text = held[0] if len(held) == 1 else "".join(held)
+        held.clear()
+        self._before = text[-2:] if len(text) > 1 else self._before[-1:] + text
+        deltas = parser.feed(text)
+        if len(deltas) != 1 or deltas[0].op != "append":  # (one append: the common case)
+            self._moved = True
+        shown = self._filter.apply(deltas)
+        self._pending += shown
+        if parser.failed is not None:
+            self._held = None  # a failed parser takes nothing more
+        # (without on_structure only the byte count releases: every fragment may wait)
+        self._quiet = parser.in_string or not self._on_structure
+        self._hold_below = self._due if self._quiet else -1
+        if self.nbytes >= self._due:
+            return True
+        return self._on_structure and any(delta.op != "append" for delta in shown)
 
     def release(
         self, key: CallKey, call_id: str | None, name: str | None, *, final: bool = False
     ) -> PreviewUpdated:
-        """The update carrying everything pending (coalesced)."""
-        if final and self._parser is not None and self._parser.failed is None:
-            self._pending += self._filter.apply(self._parser.finish())
-        self._last = max(self.nbytes, 1)
-        deltas, self._pending = _coalesce(self._pending), []
+        """The update carrying everything pending (coalesced); it reflects all the text fed."""
         parser = self._parser
+        if self._held:
+            self._catch_up(self._held)
+        if final and parser is not None and parser.failed is None:
+            self._pending += self._filter.apply(parser.finish())
+            self._held = None
+        self._due = max(self.nbytes, 1) + self._every
+        self._hold_below = self._due if self._quiet else -1
+        deltas, self._pending = _coalesce(self._pending), []
         return PreviewUpdated(
             key=key,
             call_id=call_id,
             name=name,
             bytes_so_far=self.nbytes,
             deltas=deltas,
-            provisional=frozenset()
-            if final or parser is None
-            else self._filter.provisional(parser),
+            provisional=frozenset() if final or parser is None else self._shown_edge(parser),
             final=final,
             error=parser.failed if parser is not None else None,
         )
+
+    def _shown_edge(self, parser: PartialJSON) -> frozenset[str]:
+        """The provisional pointers, recomputed only when a value started or ended since the
+        last update (appends to the growing string change nothing there)."""
+        if self._moved:
+            self._provisional = self._filter.provisional(parser)
+            self._moved = False
+        return self._provisional
+
+
+def _escaped(before: str, fragment: str) -> bool:
+    """True if every ``"`` in ``fragment``, string text that follows ``before`` (the two
+    characters before it, or fewer at the start), is escaped and so cannot end the string.
+
+    A quote is escaped here when the character before it is a backslash and the one before
+    that is known and is not a backslash: that backslash then starts an escape whatever the
+    string's state before it (or the text is malformed, a failure, never a new value). Any
+    other quote (after ``\\\\``, or too near the start to tell) counts as one that may end it.
+    """
+    text = before + fragment
+    i = text.find('"', len(before))
+    while i >= 0:
+        if i < 2 or text[i - 1] != "\\" or text[i - 2] == "\\":
+            return False
+        i = text.find('"', i + 1)
+    return True
 
 
 _SHOW: Final = 0  # an allowed field or inside one (every value in full mode): shown whole
@@ -291,6 +397,8 @@ def _shown_delta(path: str, op: DeltaOp, value: object) -> PathDelta:
 
 def _coalesce(deltas: list[PathDelta]) -> tuple[PathDelta, ...]:
     """Merge runs of appends to the same path, joining each run once (linear)."""
+    if len(deltas) < 2:
+        return tuple(deltas)
     out: list[PathDelta] = []
     run: list[str] = []
     for delta in deltas:
