@@ -31,7 +31,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import ConfigError, ErrorCode, UsageError
@@ -162,6 +162,9 @@ class Agent:
         )
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))
+        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
+        specs = self.dispatcher.specs
+        self._specs = specs if eager_start else tuple(replace(s, eager=False) for s in specs)
 
     def run(
         self, message: str | None = None, *, history: Sequence[Mapping[str, Any]] = ()
@@ -268,7 +271,7 @@ class AgentRun:
             observer.on_round_start(agent.client.provider, len(self.rounds) + 1)
         parser = StreamParser(
             agent.client.provider,
-            tools=agent.dispatcher.specs,
+            tools=agent._specs,
             limits=agent.limits,
             budget=self._budget,
             attempt=agent._next_attempt(),

@@ -66,8 +66,9 @@ class AssembleConfig(_Section):
     arguments_must_be_object: Literal[True] = True
     """The gate only commits JSON objects; only true is accepted (stated, not a switch)."""
     on_invalid_json: Literal["error_result", "drop_with_protocol_repair"] = "error_result"
-    """A call whose arguments are not strict JSON: an error result sent to the model, or
-    dropped from the history with its result."""
+    """A call whose arguments are not strict JSON (``invalid_json``) or not an object
+    (``arguments_not_object``): an error result sent to the model, or dropped from the
+    history with its result."""
     on_args_overflow: Literal["error_result", "drop_with_protocol_repair"] = "error_result"
     """The same for a call past ``max_tool_argument_bytes``."""
     finalize_order: Literal["provider_index"] = "provider_index"
@@ -184,7 +185,9 @@ class Config(_Section):
         a = self.agent_stream_assemble
         codes = set()
         if a.on_invalid_json == "drop_with_protocol_repair":
-            codes.add(ErrorCode.INVALID_JSON)
+            # a text that is JSON but no object is invalid under arguments_must_be_object (and
+            # is what Gemini, which sends arguments as objects, makes of broken text)
+            codes |= {ErrorCode.INVALID_JSON, ErrorCode.ARGUMENTS_NOT_OBJECT}
         if a.on_args_overflow == "drop_with_protocol_repair":
             codes.add(ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)
         return frozenset(codes)
