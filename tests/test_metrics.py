@@ -114,8 +114,7 @@ async def test_a_scripted_run_is_counted_and_scraped_over_http(provider):
                     for e in ("true", "false"))
     assert committed == 2
     assert value(s, "tool_close_to_start_seconds_count", early="false", **p) == 1
-    if provider != "gemini":  # Gemini's calls arrive whole, with the finish: none is early
-        assert value(s, "tool_close_to_start_seconds_count", early="true", **p) == 1
+    assert value(s, "tool_close_to_start_seconds_count", early="true", **p) == 1
     assert value(s, "tool_execute_seconds_count", outcome="ok", **p) == 2
     assert value(s, "tool_rounds_total", ended="normal", **p) == 2
 
