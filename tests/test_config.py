@@ -177,7 +177,7 @@ relay: {max_rounds: 3, max_tool_calls: 5, deadline_s: 9.5}
     assert policy is not None and policy.every_bytes == 64
     assert policy.rule("write_file").fields == ("/path",)
     assert policy.rule("other").mode == "none"
-    assert config.dropped_codes() == {ErrorCode.INVALID_JSON}
+    assert config.dropped_codes() == {ErrorCode.INVALID_JSON, ErrorCode.ARGUMENTS_NOT_OBJECT}
     options = config.agent_options()
     assert options["eager"] == ("get_weather",) and options["eager_start"] is False
     assert (options["max_concurrency"], options["default_timeout_s"]) == (2, 5)
