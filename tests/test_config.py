@@ -148,6 +148,8 @@ def test_environment_overrides_win_over_the_file_and_are_validated_the_same(tmp_
         load_config(path, env=bad)
     with pytest.raises(ConfigError, match=r"relay.porrt: unknown key \(TOOLLATCH_RELAY__PORRT\)"):
         load_config(path, env={"TOOLLATCH_RELAY__PORRT": "1"})
+    with pytest.raises(ConfigError, match=r"relayy: unknown key \(TOOLLATCH_RELAYY__PORT\)"):
+        load_config(path, env={"TOOLLATCH_RELAYY__PORT": "1"})
     with pytest.raises(ConfigError, match="TOOLLATCH_<SECTION>__<KEY>"):
         load_config(path, env={"TOOLLATCH_RELAY__PORT__X": "1"})
 

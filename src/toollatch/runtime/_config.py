@@ -300,6 +300,8 @@ def _env_overrides(env: Mapping[str, str], data: dict[str, Any]) -> dict[str, st
             value = yaml.safe_load(env[name])
         except yaml.YAMLError:
             raise ConfigError(f"{name}: not a YAML value: {env[name]!r:.80}") from None
+        if section not in data:
+            applied[section] = name  # a section only the environment names
         target = data.setdefault(section, {})
         if not isinstance(target, dict):
             raise ConfigError(f"{name}: section {section!r} is not a mapping in the file")
