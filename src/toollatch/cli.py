@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("message", nargs="?", help="the user's message (default: a demo question)")
     run.add_argument(
         "--provider",
-        default="openai_chat",
+        default=None,
         choices=("openai_chat", "openai_responses", "anthropic", "gemini"),
+        help="default: the config's model.provider, else openai_chat",
     )
     run.add_argument("--model", help="model name (default with the scripted server: scripted)")
     run.add_argument("--base-url", help="the provider's base URL (as its official SDK takes it)")
@@ -145,9 +146,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[,NAME...]",
         help="tools that may start before their round ends (besides eager=True ones)",
     )
-    run.add_argument("--max-rounds", type=_positive, default=8, metavar="N")
+    run.add_argument("--max-rounds", type=_positive, default=None, metavar="N", help="default 8")
     run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration (see `toollatch config example`); flags win over it",
+    )
+    config = sub.add_parser("config", help="print an example configuration, or check one")
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    config_sub.add_parser("example", help="print a commented example (every key, its default)")
+    check = config_sub.add_parser(
+        "check", help="validate FILE (and TOOLLATCH_... overrides); print the effective config"
+    )
+    check.add_argument("file", metavar="FILE")
     return parser
 
 
@@ -177,6 +190,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     if args.command == "run":
         return _run(args)
+    if args.command == "config":
+        return _config(args)
     try:
         limits = _limits(args)
         tools = load_tools(args.tools) if args.tools else None
@@ -219,6 +234,17 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"toollatch run needs the [run] extra (pip install 'toollatch[run]'): {exc}")
     return run_command(args)
+
+
+def _config(args: argparse.Namespace) -> int:
+    """``toollatch config example|check FILE``: exit 0, or 2 with every problem listed."""
+    try:
+        from .runtime._config import config_command  # noqa: PLC0415 (the [run] extra, lazily)
+    except ImportError as exc:
+        return _fail(
+            f"toollatch config needs the [run] extra (pip install 'toollatch[run]'): {exc}"
+        )
+    return config_command(args)
 
 
 def _emit(name: str, round_: Round, previews: list[PreviewUpdated] | None, format_: str) -> None:

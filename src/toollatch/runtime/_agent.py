@@ -30,15 +30,16 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import ConfigError, ErrorCode, UsageError
 from .._events import CallKey, RoundEnd
-from .._gate import RunBudget
+from .._gate import CommittedCall, RunBudget
 from .._limits import Limits
 from .._messages import assistant_messages, tool_results_messages
+from .._messages._repair import repaired_history
 from .._pipeline import StreamParser
 from .._preview import PreviewPolicy, PreviewUpdated
 from .._round import Round, ToolResult
@@ -56,6 +57,7 @@ from ._agent_events import (
 )
 from ._clients import ModelClient, ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import Dispatcher, DispatchRound
+from ._observer import AgentObserver
 from ._tools import Tool
 
 
@@ -114,6 +116,10 @@ class Agent:
     dispatcher lives as long as the agent: a call id runs at most once across its runs.
     ``system`` and ``max_tokens`` go with every request; ``limits`` and ``previews`` are the
     core's (argument sizes, depth; preview notices are not agent events).
+    ``eager_start=False`` is the master switch off: no call starts before its round ends.
+    ``drop_failed``: error codes whose failed calls are dropped from the history with their
+    results (``drop_with_protocol_repair``; events and ``rounds`` still show them).
+    ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs).
     """
 
     def __init__(
@@ -130,6 +136,9 @@ class Agent:
         max_concurrency: int = 8,
         default_timeout_s: float | None = 30.0,
         previews: PreviewPolicy | None = None,
+        eager_start: bool = True,
+        drop_failed: Collection[ErrorCode] = (),
+        observers: Sequence[AgentObserver] = (),
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -140,6 +149,8 @@ class Agent:
         self.limits = limits or Limits()
         self.session = session
         self.previews = previews
+        self.drop_failed = frozenset(drop_failed)
+        self.observers = tuple(observers)
         self._sink: asyncio.Queue[AgentEvent | None] | None = None
         self._attempts = 0
         self.dispatcher = Dispatcher(
@@ -149,7 +160,11 @@ class Agent:
             default_timeout_s=default_timeout_s,
             on_event=self._tool_event,
         )
-        self._eager = tuple(n for n in self.dispatcher.tools if self.dispatcher.may_start_early(n))
+        may = self.dispatcher.may_start_early
+        self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))
+        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
+        specs = self.dispatcher.specs
+        self._specs = specs if eager_start else tuple(replace(s, eager=False) for s in specs)
 
     def run(
         self, message: str | None = None, *, history: Sequence[Mapping[str, Any]] = ()
@@ -175,6 +190,8 @@ class Agent:
 
     def _tool_event(self, event: ToolStartedEvent | ToolFinishedEvent) -> None:
         if self._sink is not None:
+            for observer in self.observers:
+                observer.on_event(self.client.provider, event)
             self._sink.put_nowait(event)
 
 
@@ -250,9 +267,11 @@ class AgentRun:
     async def _round(self) -> bool:
         """Play one round; True when the model should be asked again."""
         agent = self.agent
+        for observer in agent.observers:
+            observer.on_round_start(agent.client.provider, len(self.rounds) + 1)
         parser = StreamParser(
             agent.client.provider,
-            tools=agent.dispatcher.specs,
+            tools=agent._specs,
             limits=agent.limits,
             budget=self._budget,
             attempt=agent._next_attempt(),
@@ -316,6 +335,8 @@ class AgentRun:
 
     def _notices(self, notices: Sequence[object], dispatch: DispatchRound) -> None:
         for notice in notices:
+            for observer in self.agent.observers:
+                observer.on_notice(self.agent.client.provider, notice)
             if isinstance(notice, TextReceived):
                 if notice.choice == 0:
                     self._emit(TextEvent(text=notice.text))
@@ -330,9 +351,20 @@ class AgentRun:
                         id=call.call_id, name=call.name, arguments=call.arguments, early=True
                     )
                 )
-                dispatch.start(call)
+                self._start(dispatch, call)
             elif isinstance(notice, PreviewUpdated):
                 pass  # previews feed UIs (the relay), not the agent event vocabulary
+
+    def _start(self, dispatch: DispatchRound, call: object) -> None:
+        """Start an eager call; a refusal for not being committed is told to observers
+        (``tool_execute_rejected_not_committed_total``) before it propagates."""
+        try:
+            dispatch.start(call)  # type: ignore[arg-type]  # the dispatcher checks the type
+        except UsageError as exc:
+            if not isinstance(call, CommittedCall):
+                for observer in self.agent.observers:
+                    observer.on_not_committed(self.agent.client.provider, str(exc))
+            raise
 
     def _open(self, key: CallKey, call_id: str, name: str) -> None:
         if key not in self._opened:
@@ -341,6 +373,8 @@ class AgentRun:
 
     def _decided(self, round_: Round) -> None:
         """``call_committed`` / ``call_failed`` for every call not told yet, in call order."""
+        for observer in self.agent.observers:
+            observer.on_round(self.agent.client.provider, round_)
         for call in round_.calls:
             if call.name is not None:
                 self._open(call.key, call.call_id, call.name)
@@ -368,9 +402,12 @@ class AgentRun:
         """Append the round and its results to the history; ``round_ended``."""
         self.rounds.append(round_)
         self.results.append(results)
-        self.history += assistant_messages(round_)
-        if any(c.name for c in round_.calls):
-            self.history += tool_results_messages(round_, results)
+        if self.agent.drop_failed:
+            self.history += repaired_history(round_, results, self.agent.drop_failed)
+        else:
+            self.history += assistant_messages(round_)
+            if any(c.name for c in round_.calls):
+                self.history += tool_results_messages(round_, results)
         self._emit(
             RoundEndedEvent(
                 round=len(self.rounds), ended=str(round_.ended), stop_reason=round_.stop_reason
@@ -397,4 +434,6 @@ class AgentRun:
         )
 
     def _emit(self, event: AgentEvent) -> None:
+        for observer in self.agent.observers:
+            observer.on_event(self.agent.client.provider, event)
         self._events.put_nowait(event)

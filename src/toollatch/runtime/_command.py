@@ -15,11 +15,12 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import os
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ from .._errors import ConfigError, ToolLatchError, UsageError
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
 from ._agent_events import AgentEvent
-from ._clients import ModelError, model_client
+from ._clients import ModelClient, ModelError, model_client
+from ._config import Config, load_config
 from ._examples import example_tools
 from ._tools import Tool
 
@@ -76,17 +78,61 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    if args.base_url is None:
+    config = _load(args)
+    args.provider = args.provider or (config.model.provider if config else "openai_chat")
+    base_url = args.base_url or (config.model.base_url if config else None)
+    model = args.model or (config.model.model if config else None)
+    if base_url is None:
         async with ScriptedServer() as server:
             return await _with_model(
-                args, server.base_url(args.provider), args.model or SCRIPTED_MODEL
+                args, server.base_url(args.provider), model or SCRIPTED_MODEL, config
             )
-    if not args.model:
+    if not model:
         raise CommandError("--model is required with --base-url")
-    return await _with_model(args, args.base_url, args.model)
+    return await _with_model(args, base_url, model, config)
 
 
-async def _with_model(args: argparse.Namespace, base_url: str, model: str) -> int:
+def _load(args: argparse.Namespace) -> Config | None:
+    """The ``--config`` file with its ``TOOLLATCH_...`` overrides; None without the flag
+    (then the run has the library's defaults, eager tools starting early)."""
+    if getattr(args, "config", None) is None:
+        return None
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(f"--config {args.config}: {exc}") from None
+
+
+def _agent(
+    args: argparse.Namespace, client: ModelClient, tools: list[Tool[..., Any]], c: Config | None
+) -> Agent:
+    """The run's agent: flags over the config file over the defaults."""
+    eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
+    if c is None:
+        limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
+        return Agent(client, tools, eager=eager, run_limits=limits)
+    options = c.agent_options()
+    options["eager"] = (*options["eager"], *eager)
+    if eager:  # --eager names tools to start early: the master switch follows the flag
+        options["eager_start"] = True
+    if args.max_rounds is not None:
+        options["run_limits"] = replace(options["run_limits"], max_rounds=args.max_rounds)
+    return Agent(client, tools, **options)
+
+
+def _api_key(config: Config | None) -> str | None:
+    """The key from ``model.api_key_env`` (None: the provider's usual variable)."""
+    name = config.model.api_key_env if config else None
+    if name is None:
+        return None
+    if not os.environ.get(name):
+        raise CommandError(f"model.api_key_env: the variable {name} is not set")
+    return os.environ[name]
+
+
+async def _with_model(
+    args: argparse.Namespace, base_url: str, model: str, config: Config | None
+) -> int:
     with contextlib.ExitStack() as stack:
         tools: list[Tool[..., Any]] = []
         for path in args.tools or ():
@@ -94,12 +140,15 @@ async def _with_model(args: argparse.Namespace, base_url: str, model: str) -> in
         if not tools:
             workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
             tools = example_tools(Path(workspace))
-        eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
         try:
-            client = model_client(args.provider, model=model, base_url=base_url)
-            agent = Agent(
-                client, tools, eager=eager, run_limits=RunLimits(max_rounds=args.max_rounds)
+            client = model_client(
+                args.provider,
+                model=model,
+                base_url=base_url,
+                api_key=_api_key(config),
+                limits=config.client_limits() if config else None,
             )
+            agent = _agent(args, client, tools, config)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
         async with client:

@@ -1,0 +1,379 @@
+"""One validated configuration file (internal; public names in :mod:`toollatch.runtime`).
+
+A YAML file (PyYAML ``safe_load``, duplicate keys refused) plus ``TOOLLATCH_<SECTION>__<KEY>``
+environment overrides (the value is read as one YAML scalar or flow value, so ``false``,
+``60`` and ``[a, b]`` mean what they say), validated by pydantic in strict mode: an unknown
+key, a value of the wrong type or out of range is a :class:`ConfigError` naming the key, the
+value and what was expected, one line per problem. Precedence: command-line flags over the
+environment over the file over the defaults here.
+
+The sections map onto what the library already takes; each ``Config`` method builds one
+of those values, so the file adds no second set of rules:
+
+* ``agent_stream_assemble`` (the seeds' gateway block, names kept): core :class:`Limits`,
+  ``RunLimits.call_stall_s``, the eager master switch, previews on/off, the invalid-call
+  policy (``drop_with_protocol_repair`` drops a failed call and its result from history);
+* ``dispatcher``: :class:`Dispatcher` / :class:`Agent` options;
+* ``previews``: :class:`PreviewPolicy`;
+* ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
+* ``relay``: host, port and the :class:`RunLimits` of each run;
+* ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml  # type: ignore[import-untyped]  # (no types-PyYAML in the venv)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .._errors import ConfigError, ErrorCode
+from .._limits import Limits
+from .._preview import PreviewPolicy, ToolPreview
+from ._agent import RunLimits
+from ._clients import ClientLimits
+
+ENV_PREFIX = "TOOLLATCH_"
+"""Environment overrides are ``TOOLLATCH_<SECTION>__<KEY>`` (two underscores between)."""
+
+_Positive = Annotated[int, Field(ge=1)]
+_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class AssembleConfig(_Section):
+    """The seeds' ``agent_stream_assemble`` block (argument assembly and the gate)."""
+
+    max_tool_argument_bytes: _Positive = 262144
+    """-> ``Limits.max_argument_bytes``."""
+    max_tool_calls_in_flight_assemble: _Positive = 32
+    """-> ``Limits.max_calls_per_round``."""
+    assemble_idle_timeout_s: _Seconds | None = 60.0
+    """-> ``RunLimits.call_stall_s``: a call open without new argument bytes this long fails
+    its round ``idle_timeout`` (null: no limit)."""
+    execute_before_stream_end: bool = False
+    """Eager master switch: when false no call starts before its round ends; when true,
+    tools still need ``eager=True`` or the dispatcher's ``eager`` list."""
+    ui_forward_partial_args: bool = True
+    """Produce previews of calls still streaming (the ``previews`` section says how much)."""
+    arguments_must_be_object: Literal[True] = True
+    """The gate only commits JSON objects; only true is accepted (stated, not a switch)."""
+    on_invalid_json: Literal["error_result", "drop_with_protocol_repair"] = "error_result"
+    """A call whose arguments are not strict JSON (``invalid_json``) or not an object
+    (``arguments_not_object``): an error result sent to the model, or dropped from the
+    history with its result."""
+    on_args_overflow: Literal["error_result", "drop_with_protocol_repair"] = "error_result"
+    """The same for a call past ``max_tool_argument_bytes``."""
+    finalize_order: Literal["provider_index"] = "provider_index"
+    """Results are always written in the provider's call order."""
+
+
+class DispatcherConfig(_Section):
+    """Tool execution (:class:`Dispatcher` options)."""
+
+    max_concurrency: _Positive = 8
+    default_timeout_s: _Seconds | None = 30.0
+    eager: Annotated[tuple[str, ...], Field(strict=False)] = ()
+    """More tool names that may start early (with ``execute_before_stream_end``)."""
+    session: str = "default"
+    """The session lock key: rounds of one session never run tools at once."""
+
+
+class ToolPreviewConfig(_Section):
+    """One tool's preview rule (:class:`ToolPreview`)."""
+
+    mode: Literal["none", "fields", "full"] = "none"
+    fields: Annotated[tuple[Annotated[str, Field(pattern=r"^/")], ...], Field(strict=False)] = ()
+
+
+class PreviewsConfig(_Section):
+    """Previews of calls still streaming (:class:`PreviewPolicy`)."""
+
+    default: ToolPreviewConfig = ToolPreviewConfig()
+    tools: dict[str, ToolPreviewConfig] = {}
+    every_bytes: _Positive = 256
+    """Throttle: an update at most every this many argument bytes."""
+
+
+class ModelConfig(_Section):
+    """The model client (:func:`model_client` and :class:`ClientLimits`)."""
+
+    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini"] = "openai_chat"
+    model: str | None = None
+    """Required with ``base_url``; the scripted server's model otherwise."""
+    base_url: str | None = None
+    """None: the embedded scripted server (``toollatch run``)."""
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    """The environment variable holding the key (None: the provider's usual one). The key
+    itself never goes in the file."""
+    max_tokens: _Positive | None = None
+    connect_s: _Seconds = 10.0
+    first_byte_s: _Seconds = 120.0
+    idle_s: _Seconds = 120.0
+
+
+class RelayConfig(_Section):
+    """The relay server, and the budgets of each run (also used by ``toollatch run``)."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8787
+    max_rounds: _Positive = 8
+    max_tool_calls: _Positive = 64
+    deadline_s: _Seconds | None = None
+
+
+class LoggingConfig(_Section):
+    """Redacted logs: never argument values unless a tool's preview rule shows them."""
+
+    format: Literal["text", "json"] = "text"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class Config(_Section):
+    """The whole configuration; every section is optional (defaults above)."""
+
+    agent_stream_assemble: AssembleConfig = AssembleConfig()
+    dispatcher: DispatcherConfig = DispatcherConfig()
+    previews: PreviewsConfig = PreviewsConfig()
+    model: ModelConfig = ModelConfig()
+    relay: RelayConfig = RelayConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    def limits(self) -> Limits:
+        """The core's limits."""
+        a = self.agent_stream_assemble
+        return Limits(
+            max_argument_bytes=a.max_tool_argument_bytes,
+            max_calls_per_round=a.max_tool_calls_in_flight_assemble,
+        )
+
+    def run_limits(self) -> RunLimits:
+        """The budgets of one run."""
+        r = self.relay
+        return RunLimits(
+            max_rounds=r.max_rounds,
+            max_tool_calls=r.max_tool_calls,
+            deadline_s=r.deadline_s,
+            call_stall_s=self.agent_stream_assemble.assemble_idle_timeout_s,
+        )
+
+    def client_limits(self) -> ClientLimits:
+        """The model client's deadlines."""
+        m = self.model
+        return ClientLimits(connect_s=m.connect_s, first_byte_s=m.first_byte_s, idle_s=m.idle_s)
+
+    def preview_policy(self) -> PreviewPolicy | None:
+        """The preview policy, or None when ``ui_forward_partial_args`` is off."""
+        if not self.agent_stream_assemble.ui_forward_partial_args:
+            return None
+        p = self.previews
+        return PreviewPolicy(
+            default=ToolPreview(mode=p.default.mode, fields=p.default.fields),
+            tools={n: ToolPreview(mode=t.mode, fields=t.fields) for n, t in p.tools.items()},
+            every_bytes=p.every_bytes,
+        )
+
+    def dropped_codes(self) -> frozenset[ErrorCode]:
+        """Error codes whose calls are dropped from history (``drop_with_protocol_repair``)."""
+        a = self.agent_stream_assemble
+        codes = set()
+        if a.on_invalid_json == "drop_with_protocol_repair":
+            # a text that is JSON but no object is invalid under arguments_must_be_object (and
+            # is what Gemini, which sends arguments as objects, makes of broken text)
+            codes |= {ErrorCode.INVALID_JSON, ErrorCode.ARGUMENTS_NOT_OBJECT}
+        if a.on_args_overflow == "drop_with_protocol_repair":
+            codes.add(ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)
+        return frozenset(codes)
+
+    def agent_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`Agent` (besides client and tools)."""
+        d = self.dispatcher
+        return {
+            "eager": d.eager,
+            "eager_start": self.agent_stream_assemble.execute_before_stream_end,
+            "max_tokens": self.model.max_tokens,
+            "run_limits": self.run_limits(),
+            "limits": self.limits(),
+            "session": d.session,
+            "max_concurrency": d.max_concurrency,
+            "default_timeout_s": d.default_timeout_s,
+            "previews": self.preview_policy(),
+            "drop_failed": self.dropped_codes(),
+        }
+
+    def effective(self) -> str:
+        """The effective configuration as YAML (every key, defaults included)."""
+        text: str = yaml.safe_dump(
+            self.model_dump(mode="json"), sort_keys=False, allow_unicode=True
+        )
+        return text
+
+
+def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Config:
+    """The configuration of ``path`` (None: defaults only) with the ``TOOLLATCH_...``
+    overrides of ``env`` (default ``os.environ``). Raises ``ConfigError`` naming every bad
+    key, its value and what was expected."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        data = _read_yaml(Path(path))
+    overridden = _env_overrides(os.environ if env is None else env, data)
+    return validate(data, source=source, env_keys=overridden)
+
+
+def validate(
+    data: Mapping[str, Any], *, source: str = "config", env_keys: Mapping[str, str] | None = None
+) -> Config:
+    """``data`` (plain YAML values) as a :class:`Config`; raises ``ConfigError``."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = [_problem(err, source, env_keys or {}) for err in exc.errors()]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def _problem(err: Mapping[str, Any], source: str, env_keys: Mapping[str, str]) -> str:
+    key = ".".join(str(part) for part in err["loc"])
+    where = env_keys.get(key, source)
+    if err["type"] == "extra_forbidden":
+        return f"{key}: unknown key ({where})"
+    value = err.get("input")
+    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    expected = str(err["msg"]).removeprefix("Input should be ")
+    return f"{key}: got {shown:.80}, expected {expected} ({where})"
+
+
+def _refuse_duplicates(node: Any) -> None:
+    """A key given twice in one mapping is an error (PyYAML would keep the last silently)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"key {key!r} is given twice (line {line})")
+            seen.add(key)
+            _refuse_duplicates(value_node)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicates(item)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    try:
+        _refuse_duplicates(yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.safe_load(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _env_overrides(env: Mapping[str, str], data: dict[str, Any]) -> dict[str, str]:
+    """Apply ``TOOLLATCH_SECTION__KEY=value`` to ``data``; returns ``{key: variable}``."""
+    applied: dict[str, str] = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue  # other TOOLLATCH_ variables are not configuration
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(f"{name}: expected TOOLLATCH_<SECTION>__<KEY>")
+        section, key = parts
+        try:
+            value = yaml.safe_load(env[name])
+        except yaml.YAMLError:
+            raise ConfigError(f"{name}: not a YAML value: {env[name]!r:.80}") from None
+        if section not in data:
+            applied[section] = name  # a section only the environment names
+        target = data.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{name}: section {section!r} is not a mapping in the file")
+        target[key] = value
+        applied[f"{section}.{key}"] = name
+    return applied
+
+
+EXAMPLE = """\
+# toollatch configuration (every key optional; the values shown are the defaults).
+# Environment overrides: TOOLLATCH_<SECTION>__<KEY>=value, e.g.
+#   TOOLLATCH_AGENT_STREAM_ASSEMBLE__MAX_TOOL_ARGUMENT_BYTES=65536
+# Command-line flags win over the environment, the environment over this file.
+
+agent_stream_assemble:
+  max_tool_argument_bytes: 262144       # argument text per call; more fails the call
+  max_tool_calls_in_flight_assemble: 32 # calls per round; more get too_many_tool_calls
+  assemble_idle_timeout_s: 60           # a call without new argument bytes this long: idle_timeout
+  execute_before_stream_end: false      # eager master switch; tools still need eager=True
+  ui_forward_partial_args: true         # previews of calls still streaming (see previews:)
+  arguments_must_be_object: true        # the gate commits JSON objects only (true only)
+  on_invalid_json: error_result         # error_result | drop_with_protocol_repair
+  on_args_overflow: error_result        # error_result | drop_with_protocol_repair
+  finalize_order: provider_index        # results in the provider's call order (only value)
+
+dispatcher:
+  max_concurrency: 8                    # calls running at once
+  default_timeout_s: 30                 # run-time limit of a tool that sets none (null: none)
+  eager: []                             # more tools that may start early (needs the switch)
+  session: default                      # session lock: its rounds never run tools at once
+
+previews:
+  every_bytes: 256                      # throttle: an update every this many argument bytes
+  default:
+    mode: none                          # none (name and bytes) | fields | full
+    fields: []                          # JSON pointers shown in fields mode
+  tools: {}                             # per tool: write_file: {mode: fields, fields: [/path]}
+
+model:
+  provider: openai_chat                 # openai_chat | openai_responses | anthropic | gemini
+  model: null                           # required with base_url
+  base_url: null                        # null: the embedded scripted server (toollatch run)
+  api_key_env: null                     # variable holding the key (null: the provider's usual)
+  max_tokens: null
+  connect_s: 10
+  first_byte_s: 120
+  idle_s: 120                           # longest silence between two chunks
+
+relay:
+  host: 127.0.0.1
+  port: 8787
+  max_rounds: 8                         # run limits (toollatch run uses them too)
+  max_tool_calls: 64
+  deadline_s: null
+
+logging:
+  format: text                          # text | json (no argument values either way)
+  level: INFO
+"""
+"""What ``toollatch config example`` prints: every key, commented, at its default."""
+
+
+def config_command(args: Any) -> int:
+    """``toollatch config example`` / ``check FILE`` with parsed ``args``: the example or
+    the effective configuration on standard output (0); the problems on standard error (2)."""
+    if args.config_command == "example":
+        sys.stdout.write(EXAMPLE)
+        return 0
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        sys.stderr.write(f"toollatch: error: {exc}\n")
+        return 2
+    sys.stdout.write(config.effective())
+    return 0
