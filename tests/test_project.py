@@ -138,12 +138,13 @@ SURFACES = {
         "UsageError", "load_tools", "tool",
     ],
     "toollatch.runtime": [
-        "Agent", "AgentEvent", "AgentRun", "CallCommittedEvent", "CallFailedEvent",
-        "CallOpenedEvent", "ClientLimits", "DispatchRound", "Dispatcher", "ModelClient",
-        "ModelConnectError", "ModelError", "ModelHTTPError", "ModelStream", "RetryPolicy",
-        "RoundEndedEvent", "RunEndedEvent", "RunLimits", "StreamInterrupted", "StreamTimeout",
-        "TextEvent", "Tool", "ToolFinishedEvent", "ToolOutcome", "ToolStartedEvent",
-        "example_tools", "model_client", "tool", "user_message",
+        "CONFIG_EXAMPLE", "Agent", "AgentEvent", "AgentObserver", "AgentRun", "CallCommittedEvent",
+        "CallFailedEvent", "CallOpenedEvent", "ClientLimits", "Config", "DispatchRound",
+        "Dispatcher", "JsonFormatter", "Metrics", "ModelClient", "ModelConnectError", "ModelError",
+        "ModelHTTPError", "ModelStream", "RedactedLog", "RetryPolicy", "RoundEndedEvent",
+        "RunEndedEvent", "RunLimits", "StreamInterrupted", "StreamTimeout", "TextEvent", "Tool",
+        "ToolFinishedEvent", "ToolOutcome", "ToolStartedEvent", "Tracing", "configure_logging",
+        "example_tools", "load_config", "model_client", "tool", "user_message",
     ],
     "toollatch.scripted": [
         "DONE_TURN", "PROVIDERS", "Call", "Faults", "Reasoning", "RecordedRequest", "Script",
@@ -168,7 +169,8 @@ SURFACES = {
         "CallRecord", "Choice", "ContentItem", "Round", "RoundEnd", "TextRun", "ToolResult",
     ],
     "toollatch.messages": [
-        "assistant_messages", "error_result", "error_results", "tool_results_messages",
+        "assistant_messages", "drop_failed_calls", "error_result", "error_results",
+        "repaired_history", "tool_results_messages",
     ],
     "toollatch.errors": [
         "ConfigError", "ErrorCode", "InvariantBroken", "StreamDecodeError", "ToolLatchError",
@@ -179,7 +181,10 @@ SURFACES = {
         "split_at", "sse", "summary",
     ],
 }
-ALIASES = {"Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent", "AgentEvent"}
+ALIASES = {
+    "Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent", "AgentEvent",
+    "CONFIG_EXAMPLE",  # (a string: documented in the module)
+}
 """Type aliases: documented where they are defined (an alias has no docstring of its own)."""
 
 

@@ -17,7 +17,7 @@ from toollatch._preview import PreviewPolicy, ToolPreview
 from toollatch.runtime._agent import Agent, RunLimits
 from toollatch.runtime._clients import RetryPolicy, model_client
 from toollatch.runtime._metrics import Metrics
-from toollatch.runtime._telemetry import JsonFormatter, RedactedLog, Tracing
+from toollatch.runtime import JsonFormatter, RedactedLog, Tracing
 from toollatch.runtime._tools import tool
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer

@@ -4,8 +4,18 @@
 results)``, where ``results`` are the tools' outputs for ``round_.committed()`` plus
 ``error_results(round_)``: every call written to history gets exactly one result. Entries are
 in the round's provider format (for OpenAI Responses: input items for the next ``input``).
+:func:`repaired_history` is the same with some failed calls left out entirely, call and result
+(``on_invalid_json: drop_with_protocol_repair``), still valid for every provider.
 """
 
 from ._messages import assistant_messages, error_result, error_results, tool_results_messages
+from ._messages._repair import drop_failed_calls, repaired_history
 
-__all__ = ["assistant_messages", "error_result", "error_results", "tool_results_messages"]
+__all__ = [
+    "assistant_messages",
+    "drop_failed_calls",
+    "error_result",
+    "error_results",
+    "repaired_history",
+    "tool_results_messages",
+]

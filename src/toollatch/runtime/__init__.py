@@ -8,8 +8,12 @@ returned it as a ``CallReady`` (the provider had moved on from it).
 
 ``Agent(client, tools).run(message)`` is the whole loop: ``async for event in run`` gives
 the agent events (the vocabulary ``toollatch run --json`` prints). The pieces are usable
-alone: :func:`tool` and :class:`Tool`, :class:`Dispatcher`, :func:`model_client`.
+alone: :func:`tool` and :class:`Tool`, :class:`Dispatcher`, :func:`model_client`. One
+validated file configures them (:func:`load_config`); observers (:class:`Metrics`,
+:class:`Tracing`, :class:`RedactedLog`) watch a run.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._agent import Agent, AgentRun, RunLimits, user_message
 from ._agent_events import (
@@ -35,25 +39,35 @@ from ._clients import (
     StreamTimeout,
     model_client,
 )
+from ._config import EXAMPLE as CONFIG_EXAMPLE
+from ._config import Config, load_config
 from ._dispatcher import Dispatcher, DispatchRound
 from ._examples import example_tools
+from ._logs import JsonFormatter, RedactedLog, configure_logging
+from ._observer import AgentObserver
 from ._tools import Tool, ToolOutcome, tool
 
 __all__ = [
+    "CONFIG_EXAMPLE",
     "Agent",
     "AgentEvent",
+    "AgentObserver",
     "AgentRun",
     "CallCommittedEvent",
     "CallFailedEvent",
     "CallOpenedEvent",
     "ClientLimits",
+    "Config",
     "DispatchRound",
     "Dispatcher",
+    "JsonFormatter",
+    "Metrics",
     "ModelClient",
     "ModelConnectError",
     "ModelError",
     "ModelHTTPError",
     "ModelStream",
+    "RedactedLog",
     "RetryPolicy",
     "RoundEndedEvent",
     "RunEndedEvent",
@@ -65,8 +79,29 @@ __all__ = [
     "ToolFinishedEvent",
     "ToolOutcome",
     "ToolStartedEvent",
+    "Tracing",
+    "configure_logging",
     "example_tools",
+    "load_config",
     "model_client",
     "tool",
     "user_message",
 ]
+
+if TYPE_CHECKING:
+    from ._metrics import Metrics
+    from ._telemetry import Tracing
+
+
+def __getattr__(name: str) -> Any:
+    """``Metrics`` (the ``[metrics]`` extra) and ``Tracing`` (the ``[otel]`` extra) are
+    imported when first used, so that the runtime imports without them."""
+    if name == "Metrics":
+        from ._metrics import Metrics  # noqa: PLC0415 (lazily: prometheus-client is an extra)
+
+        return Metrics
+    if name == "Tracing":
+        from ._telemetry import Tracing  # noqa: PLC0415 (lazily: opentelemetry is an extra)
+
+        return Tracing
+    raise AttributeError(f"module 'toollatch.runtime' has no attribute {name!r}")
