@@ -1,0 +1,42 @@
+"""Durable call ledgers: exactly-once tool calls across processes and hosts.
+
+A :class:`Ledger` records, per call id and scope (run or session), who claimed a call, whether
+its tool started, and its final result; the dispatcher claims a call before it runs it (see
+``Dispatcher(ledger=...)``). Backends: :class:`MemoryLedger` (one process),
+:class:`SQLiteLedger` (one host, several processes) and ``RedisLedger`` (several hosts;
+``toollatch.ledger.redis``, needs the ``redis`` extra). :func:`open_ledger` opens one by URL.
+"""
+
+from ._base import Ledger, MemoryLedger
+from ._context import CallContext, current_call
+from ._open import open_ledger
+from ._records import (
+    CallKey,
+    CallRecord,
+    CallState,
+    Claim,
+    Found,
+    LeaseLost,
+    LedgerError,
+    Won,
+    digest_of,
+)
+from ._sqlite import SQLiteLedger
+
+__all__ = [
+    "CallContext",
+    "CallKey",
+    "CallRecord",
+    "CallState",
+    "Claim",
+    "Found",
+    "LeaseLost",
+    "Ledger",
+    "LedgerError",
+    "MemoryLedger",
+    "SQLiteLedger",
+    "Won",
+    "current_call",
+    "digest_of",
+    "open_ledger",
+]
