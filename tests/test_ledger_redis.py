@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,65 @@ def test_a_redis_restart_mid_run_never_runs_a_call_twice(
     # could not, and the call is "outcome unknown"; never a second run.
     assert second["content"] == "charged 1" or "outcome is unknown" in second["content"]
     assert len(effects.read_text().splitlines()) == 1
+
+
+def dispatcher_with_locks(client: aioredis.Redis, log: list[str], **options: float) -> Any:
+    from toollatch.ledger.redis import redis_session_locks
+    from toollatch.runtime._dispatcher import Dispatcher
+    from toollatch.runtime._tools import tool
+
+    @tool
+    async def step(v: str) -> str:
+        """Logs its start and end."""
+        log.append(f"start {v}")
+        await asyncio.sleep(0.05)
+        log.append(f"end {v}")
+        return v
+
+    locks = redis_session_locks(client, poll_s=0.005, **options)
+    return Dispatcher([step], session_locks=locks)
+
+
+async def test_two_workers_never_interleave_one_sessions_tools(client: aioredis.Redis) -> None:
+    from ledger_helpers import chat_round
+
+    log: list[str] = []
+    a, b = dispatcher_with_locks(client, log), dispatcher_with_locks(client, log)
+    round_a = chat_round(a.specs, [("a1", "step", {"v": "a1"}), ("a2", "step", {"v": "a2"})])
+    round_b = chat_round(b.specs, [("b1", "step", {"v": "b1"})])
+    await asyncio.gather(a.run(round_a, session="s"), b.run(round_b, session="s"))
+    owners = [entry.split()[1][0] for entry in log]
+    assert owners in (["a"] * 4 + ["b"] * 2, ["b"] * 2 + ["a"] * 4), log  # one worker at a time
+    log.clear()
+    round_a = chat_round(a.specs, [("a3", "step", {"v": "a3"}), ("a4", "step", {"v": "a4"})])
+    round_b = chat_round(b.specs, [("b2", "step", {"v": "b2"})])
+    await asyncio.gather(a.run(round_a, session="s2"), b.run(round_b, session="t"))
+    assert sorted(log[:3]) == ["start a3", "start a4", "start b2"], log  # other sessions: no wait
+
+
+async def test_a_lost_session_lock_cancels_the_round_and_raises(client: aioredis.Redis) -> None:
+    from ledger_helpers import chat_round
+
+    log: list[str] = []
+    d = dispatcher_with_locks(client, log, lease_s=0.06)
+    round_ = chat_round(d.specs, [("c1", "step", {"v": "c1"})])
+    with pytest.raises(LockLost, match="another worker took it"):
+        async with d.round(session="s") as r:
+            task = asyncio.create_task(r.finish(round_))
+            while not log:
+                await asyncio.sleep(0.001)
+            await client.set("toollatch:lock:{s}", "thief")
+            results = await task
+    assert results[0].code is not None and "outcome is unknown" in results[0].content
+    assert log == ["start c1"]  # cancelled mid-run
+
+
+async def test_an_unavailable_session_lock_means_not_run(client: aioredis.Redis) -> None:
+    from ledger_helpers import chat_round
+
+    log: list[str] = []
+    d = dispatcher_with_locks(client, log, wait_s=0.05)
+    await client.set("toollatch:lock:{s}", "someone else")
+    round_ = chat_round(d.specs, [("c1", "step", {"v": "c1"})])
+    [result] = await d.run(round_, session="s")
+    assert result.is_error and "session lock failed" in result.content and log == []

@@ -16,13 +16,15 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from .._errors import ConfigError, UsageError
-from ._records import LedgerError
+from ._records import LedgerError, LockLost, SessionLocks
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -36,16 +38,15 @@ return 0
 """
 
 
-class LockLost(LedgerError):
-    """The session lock expired or was taken while held: the body was cancelled."""
-
-
 class RedisSessionLock:
     """``async with RedisSessionLock(client, "s1"):`` — two holders never overlap.
 
     ``lease_s``: the lock's expiry, renewed every third of it while held; ``wait_s``: how
     long ``__aenter__`` waits for another holder before ``LedgerError``; ``poll_s``: the
-    retry interval while waiting. One instance is entered once at a time.
+    retry interval while waiting. ``on_lost``: called with the reason when the lock is lost,
+    instead of cancelling the task that entered it (the dispatcher cancels its running
+    calls); either way ``__aexit__`` raises :class:`LockLost`. One instance is entered once
+    at a time.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class RedisSessionLock:
         wait_s: float = 30.0,
         poll_s: float = 0.05,
         prefix: str = "toollatch:",
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         for what, value in (("lease_s", lease_s), ("wait_s", wait_s), ("poll_s", poll_s)):
             if not isinstance(value, int | float) or not 0 < value < 1e6:
@@ -72,6 +74,7 @@ class RedisSessionLock:
         self._value: str | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._lost: str | None = None
+        self._on_lost = on_lost
         self.token: int | None = None
         """The fencing token of the current hold (None when not held)."""
 
@@ -106,7 +109,7 @@ class RedisSessionLock:
             self._renewer = None
         if self._lost is not None:
             task = asyncio.current_task()
-            if exc_type is asyncio.CancelledError and task is not None:
+            if self._on_lost is None and exc_type is asyncio.CancelledError and task:
                 task.uncancel()  # our own cancel (see _keep), turned into LockLost
             raise LockLost(self._lost) from exc
         # A failed release is harmless: the key expires by itself within lease_s.
@@ -130,5 +133,19 @@ class RedisSessionLock:
                     continue
                 reason = "it expired or another worker took it"
             self._lost = f"lost the session lock {self._key!r}: {reason}"
-            owner.cancel()
+            if self._on_lost is not None:
+                self._on_lost(self._lost)
+            else:
+                owner.cancel()
             return
+
+
+def redis_session_locks(client: aioredis.Redis, **options: Any) -> SessionLocks:
+    """A :data:`SessionLocks` of :class:`RedisSessionLock` on ``client`` with ``options``
+    (``lease_s``, ``wait_s``, ``poll_s``, ``prefix``), for ``Dispatcher(session_locks=...)``."""
+    RedisSessionLock(client, "check", **options)  # bad options fail here, not at a call
+
+    def make(session: str, on_lost: Callable[[str], None]) -> RedisSessionLock:
+        return RedisSessionLock(client, session, on_lost=on_lost, **options)
+
+    return make

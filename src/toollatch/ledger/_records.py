@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
@@ -40,6 +42,15 @@ class LedgerError(ToolLatchError):
 class LeaseLost(LedgerError):
     """A write named a fencing token that is no longer the call's: another worker took the
     call over (this worker's lease had expired), or the record is gone."""
+
+
+class LockLost(LedgerError):
+    """A distributed session lock expired or was taken while held."""
+
+
+SessionLocks: TypeAlias = Callable[[str, Callable[[str], None]], AbstractAsyncContextManager[Any]]
+"""Makes the distributed lock of a session (an async context manager), given the callback to
+call with the reason if it is lost: ``Dispatcher(session_locks=redis_session_locks(...))``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

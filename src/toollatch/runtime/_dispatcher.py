@@ -69,7 +69,7 @@ from .._round import Round, ToolResult
 from .._specs import ToolSpec
 from ..ledger._base import Ledger
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..ledger._records import digest_of
+from ..ledger._records import LedgerError, LockLost, SessionLocks, digest_of
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
 from ._tools import Tool
@@ -95,6 +95,10 @@ class Dispatcher:
     ``worker`` (default: host, pid and a random suffix), with claims that live ``lease_s``
     unless renewed (a heartbeat renews them while a call waits or runs), checking a call
     another worker runs every ``poll_s``; ``clock`` gives Unix time (tests pass their own).
+    ``session_locks``: a distributed lock per session (``redis_session_locks``), held like
+    the in-process one from a round's first tool start until its ``async with`` exits; when
+    it is lost the round's running calls are cancelled and leaving the block raises
+    ``LockLost``.
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -112,6 +116,7 @@ class Dispatcher:
         lease_s: float = 30.0,
         poll_s: float = 0.1,
         clock: Clock = default_clock,
+        session_locks: SessionLocks | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
@@ -139,6 +144,9 @@ class Dispatcher:
         self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
         self._memo: dict[str, _Memo] = {}
         self._guard = _guard(ledger, worker, lease_s, poll_s, clock)
+        if session_locks is not None and not callable(session_locks):
+            raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
+        self._session_locks = session_locks
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
@@ -272,6 +280,8 @@ class DispatchRound:
         self._entering = asyncio.Lock()
         self._closed: tuple[Round, list[ToolResult]] | None = None
         self._ui: dict[str, Any] = {}
+        self._far: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._lost: str | None = None
 
     @property
     def ui(self) -> Mapping[str, Any]:
@@ -302,6 +312,7 @@ class DispatchRound:
         finally:
             self._settle_unfinished()
             self._release()
+            await self._release_far(exc_type is None)
 
     def start(self, call: CommittedCall) -> None:
         """Start ``call`` now (eager start); :meth:`finish` will not start it again.
@@ -415,7 +426,10 @@ class DispatchRound:
         self, slot: _Slot, tool: Tool[Any, Any], owned: Owned | None = None
     ) -> ToolResult:
         call = slot.call
-        await self._hold_session()
+        try:
+            await self._hold_session()
+        except LedgerError as exc:
+            return _error(call, ErrorCode.CANCELLED, f"the session lock failed, not run ({exc})")
         async with self._d._group_lock(tool.group), self._d._semaphore:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
@@ -449,13 +463,33 @@ class DispatchRound:
         return CallContext(session=self._session, call_id=call.call_id, idempotency_key=key)
 
     async def _hold_session(self) -> None:
-        """Take the session's lock for this round, once, on its first tool start."""
-        if self._holding:
+        """Take the session's lock for this round, once, on its first tool start (and the
+        distributed one, when the dispatcher has ``session_locks``)."""
+        if self._holding and (self._far is not None or self._d._session_locks is None):
             return
         async with self._entering:
             if not self._holding:
                 await self._d._acquire_session(self._session)
                 self._holding = True
+            if self._far is None and (locks := self._d._session_locks) is not None:
+                far = locks(self._session, self._lose)
+                await far.__aenter__()  # LedgerError: the call gets an error result
+                self._far = far
+
+    def _lose(self, reason: str) -> None:
+        self._lost = reason
+        _log.error("%s; cancelling the round's running calls", reason)
+        self._cancel_running()
+
+    async def _release_far(self, raise_lost: bool) -> None:
+        far, self._far = self._far, None
+        if far is None:
+            return
+        try:
+            await far.__aexit__(None, None, None)
+        except LockLost:
+            if raise_lost:
+                raise
 
     def _settle(self, slot: _Slot, result: ToolResult) -> None:
         """Record ``slot``'s final result: on the slot, in the memo (or forget the id), and
