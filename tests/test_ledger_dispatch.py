@@ -175,3 +175,18 @@ async def test_cancelled_before_start_releases_the_claim() -> None:
 def test_bad_ledger_options_are_config_errors(kw: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         Dispatcher(World().tools(), **kw)
+
+
+async def test_waiting_for_another_workers_run_is_bounded() -> None:
+    ledger, world = MemoryLedger(), World()
+    world.hold.clear()
+    a = dispatcher(world, ledger, worker="a", default_timeout_s=None, lease_s=0.05)
+    b = dispatcher(world, ledger, worker="b", default_timeout_s=0.1, lease_s=0.05)
+    round_ = chat_round(a.specs, [("c1", "charge", {"v": "x"})])
+    first = asyncio.create_task(a.run(round_, session="s"))
+    await world.entered.wait()
+    [waited] = await b.run(round_, session="s")  # 0.1 s + two leases, then it gives up
+    assert waited.code is ErrorCode.TOOL_TIMEOUT and "another worker" in waited.content
+    assert len(world.runs) == 1 and not first.done()
+    world.hold.set()
+    assert (await first)[0].content == "charge x"

@@ -416,6 +416,7 @@ class DispatchRound:
                     idempotent=tool.idempotent,
                     runner=lambda owned: self._run(slot, tool, owned),
                     on_cancel=lambda: _on_cancel(slot),
+                    max_wait_s=self._max_wait_s(tool, guard.lease_s),
                 )
         except asyncio.CancelledError:
             self._settle(slot, _cancelled(slot))
@@ -456,6 +457,12 @@ class DispatchRound:
             is_error=outcome.is_error,
             code=code,
         )
+
+    def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
+        """How long a call waits for another worker's run: that run's own limit (the same
+        tool's) plus two leases for the claim and the write; None when it has no limit."""
+        limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+        return None if limit is None else limit + 2 * lease_s
 
     def _context(self, call: CommittedCall) -> CallContext:
         digest = digest_of(call.name, call.arguments)

@@ -42,6 +42,7 @@ STALE_UNKNOWN = (
     "a worker claimed and started this call, then stopped renewing its claim (it died or "
     "hung); its outcome is unknown (it may have had its effect), so it was not run again"
 )
+WAITED = "it was not run here and its outcome is unknown"
 LEDGER_DOWN = "the call ledger is unavailable, so the call was not run"
 _WRITE_TIMEOUT_S = 5.0
 """Longest wait for the write that records a cancelled call (it runs shielded)."""
@@ -84,14 +85,22 @@ class LedgerGuard:
         idempotent: bool,
         runner: Runner,
         on_cancel: Callable[[], tuple[ToolResult, bool]],
+        max_wait_s: float | None = None,
     ) -> ToolResult:
         """The call's result, run at most once across every worker of the ledger.
 
         ``on_cancel`` gives, when the task is cancelled while owning the claim, the result
-        to record and whether the call may run again (then the claim is released)."""
+        to record and whether the call may run again (then the claim is released).
+        ``max_wait_s``: how long to wait for another live worker's run of the call before
+        giving up with ``tool_timeout`` (None: as long as its lease is renewed)."""
         key = CallKey(scope=session, call_id=call.call_id)
         digest = digest_of(call.name, call.arguments)
+        loop = asyncio.get_running_loop()
+        give_up = None if max_wait_s is None else loop.time() + max_wait_s
         while True:
+            if give_up is not None and loop.time() > give_up:
+                detail = f"another worker has run this call for over {max_wait_s:g} s; {WAITED}"
+                return _error(call, ErrorCode.TOOL_TIMEOUT, detail)
             try:
                 claim = await self.ledger.claim(
                     key, digest=digest, worker=self.worker, now=self.clock(),
