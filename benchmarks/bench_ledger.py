@@ -100,7 +100,7 @@ def main() -> None:
     n = 200 if parser.parse_args().quick else 2000
     folder = tempfile.mkdtemp(prefix="toollatch-bench-")
     redis = start_redis(folder)
-    urls = {"memory": "memory:", "sqlite": f"sqlite://{folder}/ledger.db"}
+    urls = {"memory": "memory:", "sqlite": f"sqlite:///{folder}/ledger.db"}
     if redis is not None:
         urls["redis"] = redis[1]
     print(f"| backend | claim+start+finish per call | calls/s, 4 workers racing on {n} ids |")

@@ -24,6 +24,7 @@ from toollatch.ledger import (
     MemoryLedger,
     SQLiteLedger,
     Won,
+    default_ledger_url,
     digest_of,
     open_ledger,
 )
@@ -184,7 +185,7 @@ def test_digest_is_canonical() -> None:
 
 
 async def test_sqlite_records_survive_reopen(tmp_path: Path) -> None:
-    first = open_ledger(f"sqlite://{tmp_path}/l.db")
+    first = open_ledger(f"sqlite:///{tmp_path}/l.db")
     await first.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30)
     await first.finish(KEY, 1, BAD, now=1.0)
     await first.aclose()
@@ -217,7 +218,8 @@ async def test_redis_down_is_a_ledger_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["mysql://x", "sqlite://", "sqlite:///", "", "redis://h:notaport/0", 5]
+    "url",
+    ["mysql://x", "sqlite://", "sqlite:///", "sqlite://host/x.db", "", "redis://h:notaport/0", 5],
 )
 def test_open_ledger_refuses_bad_urls(url: object) -> None:
     with pytest.raises(ConfigError):
@@ -226,7 +228,19 @@ def test_open_ledger_refuses_bad_urls(url: object) -> None:
 
 def test_open_ledger_kinds(tmp_path: Path) -> None:
     assert isinstance(open_ledger("memory:"), MemoryLedger)
-    sqlite = open_ledger(f"sqlite://{tmp_path}/x.db")
+    sqlite = open_ledger(f"sqlite:///{tmp_path}/x.db")
     assert isinstance(sqlite, SQLiteLedger) and sqlite.path == tmp_path / "x.db"
     assert isinstance(open_ledger("redis://127.0.0.1:1/3"), RedisLedger)
     assert isinstance(open_ledger("memory:"), Ledger)
+    relative = open_ledger("sqlite:///ledger.db")
+    assert isinstance(relative, SQLiteLedger) and relative.path == Path("ledger.db")
+
+
+async def test_the_default_ledger_is_sqlite_in_the_users_data_folder(tmp_path: Path) -> None:
+    url = default_ledger_url({"XDG_DATA_HOME": str(tmp_path / "data")})
+    assert url == f"sqlite:///{tmp_path}/data/toollatch/ledger.db"
+    assert default_ledger_url({"HOME": "/home/u"}) == "sqlite:////home/u/.local/share/toollatch/ledger.db"
+    ledger = open_ledger(url, create_folder=True)
+    assert await ledger.get(KEY) is None
+    assert (tmp_path / "data" / "toollatch" / "ledger.db").is_file()
+    await ledger.aclose()

@@ -40,7 +40,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture(params=["sqlite", "redis"])
 def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/ledger.db"
+        return f"sqlite:///{tmp_path}/ledger.db"
     server: RedisServer = request.getfixturevalue("redis_server")
     # A fresh database number per test would run out; a fresh session per test is enough.
     return server.url

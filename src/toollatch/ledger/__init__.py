@@ -9,7 +9,7 @@ its tool started, and its final result; the dispatcher claims a call before it r
 
 from ._base import Ledger, MemoryLedger
 from ._context import CallContext, current_call
-from ._open import open_ledger
+from ._open import default_ledger_url, open_ledger
 from ._records import (
     CallKey,
     CallRecord,
@@ -41,6 +41,7 @@ __all__ = [
     "SessionLocks",
     "Won",
     "current_call",
+    "default_ledger_url",
     "digest_of",
     "open_ledger",
 ]

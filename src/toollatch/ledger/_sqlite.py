@@ -55,10 +55,13 @@ class SQLiteLedger:
     """A :class:`Ledger` in the SQLite file at ``path`` (created with its table if absent).
 
     ``busy_timeout_s``: how long an operation waits for another process's write lock
-    before it fails with ``LedgerError``. Open it inside the event loop that uses it.
+    before it fails with ``LedgerError``. ``create_folder``: make missing parent folders
+    when the file is first opened. Open it inside the event loop that uses it.
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = 10.0, create_folder: bool = False
+    ) -> None:
         if not isinstance(busy_timeout_s, int | float) or not 0 < busy_timeout_s <= 3600:
             raise ConfigError(f"busy_timeout_s must be in (0, 3600], got {busy_timeout_s!r}")
         self.path = Path(path)
@@ -66,6 +69,7 @@ class SQLiteLedger:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toollatch-ledger")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._create_folder = create_folder
 
     # -- the Ledger methods ------------------------------------------------------------------
 
@@ -192,9 +196,11 @@ class SQLiteLedger:
     def _with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
             if self._conn is None:
+                if self._create_folder:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._conn = _connect(self.path, self._busy_ms)
             return fn(self._conn)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise LedgerError(f"SQLite ledger {self.path}: {exc}") from exc
 
 
