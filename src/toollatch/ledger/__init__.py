@@ -9,6 +9,7 @@ its tool started, and its final result; the dispatcher claims a call before it r
 
 from ._base import Ledger, MemoryLedger
 from ._context import CallContext, current_call
+from ._history import History, HistoryConflict, MemoryHistory, SQLiteHistory
 from ._open import default_ledger_url, open_ledger
 from ._records import (
     CallKey,
@@ -32,11 +33,15 @@ __all__ = [
     "CallState",
     "Claim",
     "Found",
+    "History",
+    "HistoryConflict",
     "LeaseLost",
     "Ledger",
     "LedgerError",
     "LockLost",
+    "MemoryHistory",
     "MemoryLedger",
+    "SQLiteHistory",
     "SQLiteLedger",
     "SessionLocks",
     "Won",
