@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
+
+from ledger_helpers import RedisServer
 
 from toollatch import UsageError
 from toollatch.ledger import History, HistoryConflict, MemoryHistory, SQLiteHistory
+from toollatch.ledger.redis import RedisHistory
 
 USER = {"role": "user", "content": "charge 5"}
 ASSISTANT = {
@@ -21,9 +25,22 @@ ASSISTANT = {
 RESULT = {"role": "tool", "tool_call_id": "c1", "content": "charged 5"}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 async def history(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[History]:
-    made: History = MemoryHistory() if request.param == "memory" else SQLiteHistory(tmp_path / "h.db")
+    if request.param == "redis":
+        client = aioredis.Redis.from_url(request.getfixturevalue("redis_server").url)
+        await client.flushdb()
+        made: History = RedisHistory(client)
+    else:
+        made = MemoryHistory() if request.param == "memory" else SQLiteHistory(tmp_path / "h.db")
     yield made
     await made.aclose()
 

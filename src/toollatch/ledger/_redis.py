@@ -13,6 +13,8 @@ also work on Redis Cluster.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,6 +22,7 @@ import redis.exceptions
 
 from .._errors import ConfigError
 from .._round import ToolResult
+from ._history import HistoryConflict, _encoded
 from ._records import (
     CallKey,
     CallRecord,
@@ -244,3 +247,49 @@ def _record(key: CallKey, fields: Any) -> CallRecord:
         )  # fmt: skip
     except (KeyError, ValueError) as exc:
         raise LedgerError(f"a Redis ledger record of {key.call_id!r} is corrupt: {exc}") from exc
+
+
+_APPEND = """
+local length = redis.call('LLEN', KEYS[1])
+if length ~= tonumber(ARGV[1]) then return redis.error_reply('CONFLICT ' .. length) end
+for i = 2, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+return length + #ARGV - 1
+"""
+
+
+class RedisHistory:
+    """A :class:`History` in Redis lists (one per run), appended by a Lua script that
+    checks the length first, so two writers never interleave one run."""
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "toollatch:") -> None:
+        self._r = client
+        self._prefix = prefix
+        self._append = client.register_script(_APPEND)
+
+    async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
+        """See :meth:`History.append`."""
+        encoded = _encoded(run, messages, at)
+        try:
+            return int(await self._append(keys=[self._key(run)], args=[at, *encoded]))
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).startswith("CONFLICT"):
+                held = str(exc).split()[-1]
+                raise HistoryConflict(f"run {run!r} has {held} messages, not {at}") from None
+            raise LedgerError(f"Redis history: {exc}") from exc
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis history: {type(exc).__name__}: {exc}") from exc
+
+    async def load(self, run: str) -> list[dict[str, Any]]:
+        """See :meth:`History.load`."""
+        try:
+            raw = await self._r.lrange(self._key(run), 0, -1)
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis history: {type(exc).__name__}: {exc}") from exc
+        return [json.loads(m) for m in raw]
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        await self._r.aclose()
+
+    def _key(self, run: str) -> str:
+        return f"{self._prefix}history:{{{run}}}"
