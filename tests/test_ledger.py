@@ -244,3 +244,21 @@ async def test_the_default_ledger_is_sqlite_in_the_users_data_folder(tmp_path: P
     assert await ledger.get(KEY) is None
     assert (tmp_path / "data" / "toollatch" / "ledger.db").is_file()
     await ledger.aclose()
+
+
+async def test_redis_records_expire_after_their_retention(redis_server: RedisServer) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    ledger = RedisLedger(client, retention_s=0.2)
+    await ledger.claim(KEY, digest=D1, worker="w", now=0.0, lease_s=30)
+    assert await ledger.get(KEY) is not None
+    await asyncio.sleep(0.4)
+    assert await ledger.get(KEY) is None  # an abandoned claim does not stay forever
+    await ledger.claim(KEY, digest=D1, worker="w", now=0.0, lease_s=30)
+    await ledger.finish(KEY, 1, OK, now=0.0)
+    await asyncio.sleep(0.4)
+    assert await ledger.get(KEY) is None
+    await ledger.aclose()
+    with pytest.raises(ConfigError):
+        RedisLedger(aioredis.Redis(), retention_s=-1)

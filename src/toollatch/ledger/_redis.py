@@ -38,10 +38,11 @@ from ._records import (
 
 _CLAIM = """
 local h, lk = KEYS[1], KEYS[2]
-local digest, worker, now, lease_until, lease_ms, rerun = unpack(ARGV)
+local digest, worker, now, lease_until, lease_ms, rerun, retention_ms = unpack(ARGV)
 if redis.call('EXISTS', h) == 0 then
   redis.call('HSET', h, 'digest', digest, 'state', 'claimed', 'worker', worker, 'token', 1,
     'claimed_at', now, 'lease_until', lease_until, 'updated_at', now)
+  if tonumber(retention_ms) > 0 then redis.call('PEXPIRE', h, retention_ms) end
   redis.call('SET', lk, 1, 'PX', lease_ms)
   return {'won', '1'}
 end
@@ -114,7 +115,8 @@ class RedisLedger:
     """A :class:`Ledger` on a Redis server, for workers on several hosts.
 
     ``client``: a ``redis.asyncio.Redis`` (this ledger closes it in :meth:`aclose`).
-    ``prefix``: the key prefix; ``retention_s``: how long final records are kept (0: forever).
+    ``prefix``: the key prefix; ``retention_s``: how long a record is kept after its claim
+    and after its result (0: forever); a replay of a call id older than that runs again.
     Connection failures and timeouts raise ``LedgerError``: nothing is assumed, so a call
     whose claim could not be made is not run.
     """
@@ -150,6 +152,7 @@ class RedisLedger:
         """See :meth:`Ledger.claim` (liveness is the lease key's server-side expiry)."""
         check_lease(lease_s)
         args = [digest, worker, repr(now), repr(now + lease_s), _ms(lease_s), "1" * rerun_started]
+        args.append(self._retention_ms)
         reply = await self._run(self._claim, key, args)
         kind, value, *rest = reply
         previous = _record(key, rest[0]) if rest else None
