@@ -190,3 +190,13 @@ async def test_waiting_for_another_workers_run_is_bounded() -> None:
     assert len(world.runs) == 1 and not first.done()
     world.hold.set()
     assert (await first)[0].content == "charge x"
+
+
+async def test_a_redis_ledger_that_is_down_means_not_run() -> None:
+    from ledger_helpers import free_port
+    from toollatch.ledger import open_ledger
+
+    world = World()
+    d = dispatcher(world, open_ledger(f"redis://127.0.0.1:{free_port()}/0"))
+    result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
+    assert result.is_error and "ledger is unavailable" in result.content and world.runs == []
