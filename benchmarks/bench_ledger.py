@@ -64,7 +64,7 @@ def four_workers(url: str, n: int, scope: str) -> tuple[float, list[int]]:
     start_at = time.time() + 1.5
     code = (
         "import asyncio, sys; sys.path.insert(0, sys.argv[1]); import bench_ledger as b;"
-        "print(asyncio.run(b.racer(sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))))"
+        "a = sys.argv; print(asyncio.run(b.racer(a[2], int(a[3]), a[4], float(a[5]))))"
     )
     here = str(Path(__file__).parent)
     args = [sys.executable, "-c", code, here, url, str(n), scope, repr(start_at)]

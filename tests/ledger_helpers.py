@@ -27,7 +27,11 @@ def chat_round(specs: Sequence[ToolSpec], calls: Sequence[tuple[str, str, Any]])
     """A finalized OpenAI chat round of ``calls`` (id, name, arguments object)."""
     parser = StreamParser("openai_chat", tools=specs)
     for i, (call_id, name, args) in enumerate(calls):
-        delta = {"index": i, "id": call_id, "function": {"name": name, "arguments": json.dumps(args)}}
+        delta = {
+            "index": i,
+            "id": call_id,
+            "function": {"name": name, "arguments": json.dumps(args)},
+        }
         parser.feed_event({"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
     parser.feed_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     return parser.finish()
@@ -65,7 +69,8 @@ class RedisServer:
     def start(self) -> None:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "no",
+            "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+            "--protected-mode", "no",
         ]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

@@ -68,7 +68,11 @@ def put(k: str) -> str:
     assert ctx is not None
     append(CONFIG["attempts"], f"{ctx.call_id} {os.getpid()} rerun={ctx.rerun}")
     time.sleep(CONFIG.get("tool_sleep", 0.0))
-    append(CONFIG["effects"], f"{ctx.idempotency_key} {ctx.call_id}", unless_present=ctx.idempotency_key)
+    append(
+        CONFIG["effects"],
+        f"{ctx.idempotency_key} {ctx.call_id}",
+        unless_present=ctx.idempotency_key,
+    )
     die_at("effect", ctx.call_id)
     return f"put {k}"
 

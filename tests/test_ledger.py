@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
-from ledger_helpers import RedisServer
+from ledger_helpers import RedisServer, free_port
 from toollatch import ConfigError, ErrorCode, ToolResult, UsageError
 from toollatch.ledger import (
     CallKey,
@@ -72,7 +73,8 @@ async def test_first_claim_wins_then_others_find_it_live(ledger: Ledger) -> None
     won = await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30)
     assert won == Won(token=1)
     found = await ledger.claim(KEY, digest=D1, worker="w2", now=1.0, lease_s=30)
-    assert isinstance(found, Found) and found.live
+    assert isinstance(found, Found)
+    assert found.live
     assert (found.record.worker, found.record.state, found.record.token) == ("w1", "claimed", 1)
 
 
@@ -81,8 +83,11 @@ async def test_a_finished_call_is_found_with_its_result(ledger: Ledger) -> None:
     await ledger.start(KEY, 1, now=0.1, lease_s=30)
     await ledger.finish(KEY, 1, OK, now=0.2)
     later = await expire(ledger, 0.0)
-    found = await ledger.claim(KEY, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True)
-    assert isinstance(found, Found) and not found.live
+    found = await ledger.claim(
+        KEY, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True
+    )
+    assert isinstance(found, Found)
+    assert not found.live
     assert (found.record.state, found.record.result) == ("completed", OK)
 
 
@@ -90,7 +95,9 @@ async def test_an_error_result_is_failed_and_keeps_its_code(ledger: Ledger) -> N
     await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30)
     await ledger.finish(KEY, 1, BAD, now=0.2)
     record = await ledger.get(KEY)
-    assert record is not None and record.state == "failed" and record.result == BAD
+    assert record is not None
+    assert record.state == "failed"
+    assert record.result == BAD
 
 
 async def test_other_arguments_are_found_with_the_first_digest(ledger: Ledger) -> None:
@@ -98,15 +105,18 @@ async def test_other_arguments_are_found_with_the_first_digest(ledger: Ledger) -
     later = await expire(ledger, 0.05)
     other = digest_of("write", {"a": 2})
     found = await ledger.claim(KEY, digest=other, worker="w2", now=later, lease_s=30)
-    assert isinstance(found, Found) and found.record.digest == D1  # not taken over
+    assert isinstance(found, Found)
+    assert found.record.digest == D1
 
 
 async def test_a_stale_claim_is_taken_over_and_the_old_token_is_fenced(ledger: Ledger) -> None:
     await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=0.05)
     later = await expire(ledger, 0.05)
     won = await ledger.claim(KEY, digest=D1, worker="w2", now=later, lease_s=30)
-    assert isinstance(won, Won) and won.token == 2
-    assert won.previous is not None and won.previous.worker == "w1"
+    assert isinstance(won, Won)
+    assert won.token == 2
+    assert won.previous is not None
+    assert won.previous.worker == "w1"
     for write in (
         ledger.start(KEY, 1, now=later, lease_s=30),
         ledger.renew(KEY, 1, now=later, lease_s=30),
@@ -118,7 +128,9 @@ async def test_a_stale_claim_is_taken_over_and_the_old_token_is_fenced(ledger: L
     with pytest.raises(LeaseLost):  # final: even the holder cannot write again
         await ledger.finish(KEY, 2, BAD, now=later)
     record = await ledger.get(KEY)
-    assert record is not None and record.result == OK and record.worker == "w2"
+    assert record is not None
+    assert record.result == OK
+    assert record.worker == "w2"
 
 
 async def test_a_stale_started_call_is_taken_only_for_a_rerun(ledger: Ledger) -> None:
@@ -126,9 +138,13 @@ async def test_a_stale_started_call_is_taken_only_for_a_rerun(ledger: Ledger) ->
     await ledger.start(KEY, 1, now=0.0, lease_s=0.05)
     later = await expire(ledger, 0.05)
     found = await ledger.claim(KEY, digest=D1, worker="w2", now=later, lease_s=30)
-    assert isinstance(found, Found) and not found.live and found.record.state == "started"
+    assert isinstance(found, Found)
+    assert not found.live
+    assert found.record.state == "started"
     won = await ledger.claim(KEY, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True)
-    assert isinstance(won, Won) and won.token == 2 and won.previous is not None
+    assert isinstance(won, Won)
+    assert won.token == 2
+    assert won.previous is not None
     assert won.previous.state == "started"
 
 
@@ -191,7 +207,9 @@ async def test_sqlite_records_survive_reopen(tmp_path: Path) -> None:
     await first.aclose()
     second = SQLiteLedger(tmp_path / "l.db")
     record = await second.get(KEY)
-    assert record is not None and record.result == BAD and record.result.code is ErrorCode.TOOL_ERROR
+    assert record is not None
+    assert record.result == BAD
+    assert record.result.code is ErrorCode.TOOL_ERROR
     assert await second.purge(finished_before=0.5) == 0
     assert await second.purge(finished_before=2.0) == 1
     await second.aclose()
@@ -207,7 +225,6 @@ async def test_sqlite_unwritable_path_is_a_ledger_error(tmp_path: Path) -> None:
 
 
 async def test_redis_down_is_a_ledger_error() -> None:
-    from ledger_helpers import free_port
 
     ledger = open_ledger(f"redis://127.0.0.1:{free_port()}/0")
     with pytest.raises(LedgerError, match="Redis ledger"):
@@ -229,17 +246,22 @@ def test_open_ledger_refuses_bad_urls(url: object) -> None:
 def test_open_ledger_kinds(tmp_path: Path) -> None:
     assert isinstance(open_ledger("memory:"), MemoryLedger)
     sqlite = open_ledger(f"sqlite:///{tmp_path}/x.db")
-    assert isinstance(sqlite, SQLiteLedger) and sqlite.path == tmp_path / "x.db"
+    assert isinstance(sqlite, SQLiteLedger)
+    assert sqlite.path == tmp_path / "x.db"
     assert isinstance(open_ledger("redis://127.0.0.1:1/3"), RedisLedger)
     assert isinstance(open_ledger("memory:"), Ledger)
     relative = open_ledger("sqlite:///ledger.db")
-    assert isinstance(relative, SQLiteLedger) and relative.path == Path("ledger.db")
+    assert isinstance(relative, SQLiteLedger)
+    assert relative.path == Path("ledger.db")
 
 
 async def test_the_default_ledger_is_sqlite_in_the_users_data_folder(tmp_path: Path) -> None:
     url = default_ledger_url({"XDG_DATA_HOME": str(tmp_path / "data")})
     assert url == f"sqlite:///{tmp_path}/data/toollatch/ledger.db"
-    assert default_ledger_url({"HOME": "/home/u"}) == "sqlite:////home/u/.local/share/toollatch/ledger.db"
+    assert (
+        default_ledger_url({"HOME": "/home/u"})
+        == "sqlite:////home/u/.local/share/toollatch/ledger.db"
+    )
     ledger = open_ledger(url, create_folder=True)
     assert await ledger.get(KEY) is None
     assert (tmp_path / "data" / "toollatch" / "ledger.db").is_file()
@@ -247,7 +269,6 @@ async def test_the_default_ledger_is_sqlite_in_the_users_data_folder(tmp_path: P
 
 
 async def test_redis_records_expire_after_their_retention(redis_server: RedisServer) -> None:
-    import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(redis_server.url)
     ledger = RedisLedger(client, retention_s=0.2)

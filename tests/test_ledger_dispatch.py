@@ -12,9 +12,17 @@ from typing import Any
 
 import pytest
 
-from ledger_helpers import chat_round
+from ledger_helpers import chat_round, free_port
 from toollatch import ConfigError, ErrorCode
-from toollatch.ledger import CallContext, CallKey, MemoryLedger, SQLiteLedger, current_call, digest_of
+from toollatch.ledger import (
+    CallContext,
+    CallKey,
+    MemoryLedger,
+    SQLiteLedger,
+    current_call,
+    digest_of,
+    open_ledger,
+)
 from toollatch.runtime._dispatcher import Dispatcher
 from toollatch.runtime._tools import Tool, tool
 
@@ -58,9 +66,12 @@ async def test_a_stored_result_is_returned_without_running() -> None:
     round_ = chat_round(first.specs, [("c1", "charge", {"v": "x"})])
     one = await first.run(round_, session="s")
     two = await dispatcher(world, ledger, worker="b").run(round_, session="s")
-    assert one == two and one[0].content == "charge x" and len(world.runs) == 1
+    assert one == two
+    assert one[0].content == "charge x"
+    assert len(world.runs) == 1
     other_session = await dispatcher(world, ledger).run(round_, session="t")
-    assert other_session == one and len(world.runs) == 2  # scopes never meet
+    assert other_session == one
+    assert len(world.runs) == 2
 
 
 async def test_other_arguments_are_a_duplicate_call_id() -> None:
@@ -69,7 +80,8 @@ async def test_other_arguments_are_a_duplicate_call_id() -> None:
     await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s")
     again = chat_round(d.specs, [("c1", "charge", {"v": "y"})])
     result = (await dispatcher(world, ledger).run(again, session="s"))[0]
-    assert result.code is ErrorCode.DUPLICATE_CALL_ID and len(world.runs) == 1
+    assert result.code is ErrorCode.DUPLICATE_CALL_ID
+    assert len(world.runs) == 1
 
 
 async def test_a_live_claim_is_awaited_and_its_heartbeat_keeps_it_live() -> None:
@@ -83,7 +95,8 @@ async def test_a_live_claim_is_awaited_and_its_heartbeat_keeps_it_live() -> None
     await asyncio.sleep(0.3)  # five leases: only the heartbeat keeps the claim live
     assert not second.done()
     world.hold.set()
-    assert await first == await second and len(world.runs) == 1
+    assert await first == await second
+    assert len(world.runs) == 1
 
 
 async def stale_started(ledger: MemoryLedger, name: str, v: str, *, now: float = 100.0) -> None:
@@ -98,10 +111,14 @@ async def test_a_stale_started_call_is_outcome_unknown_not_run() -> None:
     await stale_started(ledger, "charge", "x")
     d = dispatcher(world, ledger)
     result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
-    assert result.is_error and result.code is ErrorCode.CANCELLED
-    assert "outcome is unknown" in result.content and world.runs == []
+    assert result.is_error
+    assert result.code is ErrorCode.CANCELLED
+    assert "outcome is unknown" in result.content
+    assert world.runs == []
     record = await ledger.get(CallKey(scope="s", call_id="c1"))
-    assert record is not None and record.state == "failed" and record.result == result
+    assert record is not None
+    assert record.state == "failed"
+    assert record.result == result
 
 
 async def test_a_stale_started_idempotent_call_runs_again_knowing_it() -> None:
@@ -111,7 +128,10 @@ async def test_a_stale_started_idempotent_call_runs_again_knowing_it() -> None:
     result = (await d.run(chat_round(d.specs, [("c1", "put", {"v": "x"})]), session="s"))[0]
     assert result.content == "put x"
     [(_, ctx)] = world.runs
-    assert ctx is not None and ctx.rerun and ctx.token == 2 and ctx.session == "s"
+    assert ctx is not None
+    assert ctx.rerun
+    assert ctx.token == 2
+    assert ctx.session == "s"
 
 
 async def test_the_idempotency_key_is_the_same_on_every_worker() -> None:
@@ -120,18 +140,23 @@ async def test_the_idempotency_key_is_the_same_on_every_worker() -> None:
         d = dispatcher(world, MemoryLedger(), worker=worker)
         await d.run(chat_round(d.specs, [("c1", "put", {"v": "x"})]), session="s")
     keys = {ctx.idempotency_key for _, ctx in world.runs if ctx is not None}
-    assert len(world.runs) == 2 and len(keys) == 1
+    assert len(world.runs) == 2
+    assert len(keys) == 1
     no_ledger = Dispatcher(world.tools())
     await no_ledger.run(chat_round(no_ledger.specs, [("c1", "put", {"v": "x"})]), session="s")
     ctx = world.runs[-1][1]
-    assert ctx is not None and ctx.token is None and ctx.idempotency_key in keys
+    assert ctx is not None
+    assert ctx.token is None
+    assert ctx.idempotency_key in keys
 
 
 async def test_an_unreachable_ledger_means_not_run(tmp_path: Path) -> None:
     world = World()
     d = dispatcher(world, SQLiteLedger(tmp_path / "missing" / "l.db"))
     result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
-    assert result.is_error and "ledger is unavailable" in result.content and world.runs == []
+    assert result.is_error
+    assert "ledger is unavailable" in result.content
+    assert world.runs == []
 
 
 @pytest.mark.parametrize(("name", "state"), [("charge", "failed"), ("put", None)])
@@ -148,7 +173,9 @@ async def test_cancelled_while_running(name: str, state: str | None) -> None:
     if state is None:  # idempotent: released, it may run again
         assert record is None
     else:  # not idempotent: its cancelled, outcome-unknown result is final
-        assert record is not None and record.state == state and record.result is not None
+        assert record is not None
+        assert record.state == state
+        assert record.result is not None
         assert "outcome is unknown" in record.result.content
 
 
@@ -186,17 +213,19 @@ async def test_waiting_for_another_workers_run_is_bounded() -> None:
     first = asyncio.create_task(a.run(round_, session="s"))
     await world.entered.wait()
     [waited] = await b.run(round_, session="s")  # 0.1 s + two leases, then it gives up
-    assert waited.code is ErrorCode.TOOL_TIMEOUT and "another worker" in waited.content
-    assert len(world.runs) == 1 and not first.done()
+    assert waited.code is ErrorCode.TOOL_TIMEOUT
+    assert "another worker" in waited.content
+    assert len(world.runs) == 1
+    assert not first.done()
     world.hold.set()
     assert (await first)[0].content == "charge x"
 
 
 async def test_a_redis_ledger_that_is_down_means_not_run() -> None:
-    from ledger_helpers import free_port
-    from toollatch.ledger import open_ledger
 
     world = World()
     d = dispatcher(world, open_ledger(f"redis://127.0.0.1:{free_port()}/0"))
     result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
-    assert result.is_error and "ledger is unavailable" in result.content and world.runs == []
+    assert result.is_error
+    assert "ledger is unavailable" in result.content
+    assert world.runs == []

@@ -72,8 +72,8 @@ class Scene:
 
     def killed(self, **extra: Any) -> None:
         proc = self.spawn(**extra)
-        proc.communicate(timeout=60)
-        assert proc.returncode == -signal.SIGKILL
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, out
 
     def lines(self, which: Path) -> list[str]:
         return which.read_text().splitlines() if which.exists() else []
@@ -81,17 +81,17 @@ class Scene:
 
 @pytest.mark.parametrize("point", ["claim", "start"])
 @pytest.mark.parametrize("name", ["charge", "put"])
-def test_killed_before_the_tool_ran(
-    tmp_path: Path, ledger_url: str, point: str, name: str
-) -> None:
+def test_killed_before_the_tool_ran(tmp_path: Path, ledger_url: str, point: str, name: str) -> None:
     args = {"n": 5} if name == "charge" else {"k": "x"}
     scene = Scene(tmp_path, ledger_url, [["c1", name, args]])
     scene.killed(kill=point, kill_call="c1")
-    assert scene.lines(scene.effects) == [] and scene.lines(scene.attempts) == []
+    assert scene.lines(scene.effects) == []
+    assert scene.lines(scene.attempts) == []
     second = scene.run()
     if point == "start" and name == "charge":
         # The record says started: the ledger cannot know the tool did nothing.
-        assert second[0]["is_error"] and "outcome is unknown" in second[0]["content"]
+        assert second[0]["is_error"]
+        assert "outcome is unknown" in second[0]["content"]
         assert scene.lines(scene.effects) == []
     else:
         expected = "charged 5" if name == "charge" else "put x"
@@ -110,8 +110,10 @@ def test_killed_after_the_side_effect_non_idempotent_is_unknown(
     started = time.monotonic()
     second = scene.run()
     assert time.monotonic() - started >= LEASE_S * 0.5  # it waited for the dead worker's lease
-    assert second[0]["is_error"] and second[0]["code"] == "cancelled"
-    assert "outcome is unknown" in second[0]["content"] and "not run again" in second[0]["content"]
+    assert second[0]["is_error"]
+    assert second[0]["code"] == "cancelled"
+    assert "outcome is unknown" in second[0]["content"]
+    assert "not run again" in second[0]["content"]
     assert len(scene.lines(scene.effects)) == 1  # never a silent re-run
     assert scene.run() == second
     assert len(scene.lines(scene.effects)) == 1
@@ -123,9 +125,11 @@ def test_killed_after_the_side_effect_idempotent_runs_again_effect_once(
     scene = Scene(tmp_path, ledger_url, [["c1", "put", {"k": "x"}]])
     scene.killed(kill="effect", kill_call="c1")
     second = scene.run()
-    assert second[0]["is_error"] is False and second[0]["content"] == "put x"
+    assert second[0]["is_error"] is False
+    assert second[0]["content"] == "put x"
     attempts = scene.lines(scene.attempts)
-    assert len(attempts) == 2 and attempts[0].endswith("rerun=False")
+    assert len(attempts) == 2
+    assert attempts[0].endswith("rerun=False")
     assert attempts[1].endswith("rerun=True")  # the tool knew the first run may have happened
     assert len(scene.lines(scene.effects)) == 1  # deduped downstream by the idempotency key
     assert scene.run() == second
@@ -137,7 +141,9 @@ def test_racing_workers_run_each_call_once(tmp_path: Path, ledger_url: str, work
     calls = [[f"c{i}", "charge", {"n": i}] for i in range(12)]
     scene = Scene(tmp_path, ledger_url, calls)
     start_at = time.time() + 2.0  # after every interpreter has started
-    procs = [scene.spawn(start_at=start_at, tool_sleep=0.02, worker=f"w{i}") for i in range(workers)]
+    procs = [
+        scene.spawn(start_at=start_at, tool_sleep=0.02, worker=f"w{i}") for i in range(workers)
+    ]
     outputs = []
     for proc in procs:
         out, _ = proc.communicate(timeout=90)

@@ -12,7 +12,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from ledger_helpers import RedisServer
-
 from toollatch import UsageError
 from toollatch.ledger import History, HistoryConflict, MemoryHistory, SQLiteHistory
 from toollatch.ledger.redis import RedisHistory
@@ -20,7 +19,9 @@ from toollatch.ledger.redis import RedisHistory
 USER = {"role": "user", "content": "charge 5"}
 ASSISTANT = {
     "role": "assistant",
-    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "charge", "arguments": "{\"n\":5}"}}],
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "charge", "arguments": '{"n":5}'}}
+    ],
 }  # fmt: skip
 RESULT = {"role": "tool", "tool_call_id": "c1", "content": "charged 5"}
 
@@ -66,7 +67,9 @@ async def test_a_second_writer_at_the_same_length_is_refused(history: History) -
     [("", [USER], 0), ("r", [USER], -1), ("r", ["text"], 0), ("r", [{"x": float("nan")}], 0),
      ("r", [{"x": object()}], 0)],
 )  # fmt: skip
-async def test_bad_input_is_a_usage_error(history: History, run: str, messages: list, at: int) -> None:  # type: ignore[type-arg]
+async def test_bad_input_is_a_usage_error(
+    history: History, run: str, messages: list, at: int
+) -> None:  # type: ignore[type-arg]
     with pytest.raises(UsageError):
         await history.append(run, messages, at=at)
 

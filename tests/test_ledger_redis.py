@@ -11,15 +11,19 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from ledger_helpers import RedisServer
+from ledger_helpers import RedisServer, chat_round
+from toollatch import ConfigError, UsageError
 from toollatch.ledger import LedgerError
 from toollatch.ledger._lock import LockLost, RedisSessionLock
+from toollatch.ledger.redis import redis_session_locks
+from toollatch.runtime._dispatcher import Dispatcher
+from toollatch.runtime._tools import tool
 
 WORKER = Path(__file__).with_name("ledger_worker.py")
 
@@ -55,7 +59,8 @@ async def test_two_holders_never_overlap(client: aioredis.Redis) -> None:
             return lock.token
 
     tokens = await asyncio.gather(*(hold(i) for i in range(5)))
-    assert overlaps == 0 and sorted(tokens) == list(range(1, 6))  # fencing tokens grow
+    assert overlaps == 0
+    assert sorted(tokens) == list(range(1, 6))
 
 
 async def test_renewal_keeps_the_lock_past_its_lease(client: aioredis.Redis) -> None:
@@ -70,17 +75,21 @@ async def test_renewal_keeps_the_lock_past_its_lease(client: aioredis.Redis) -> 
 
 async def test_a_lost_lock_cancels_the_body_with_lock_lost(client: aioredis.Redis) -> None:
     reached_end = False
-    with pytest.raises(LockLost, match="expired or another worker took it"):
+
+    async def body() -> None:
+        nonlocal reached_end
         async with RedisSessionLock(client, "s1", lease_s=0.15):
             await client.set("toollatch:lock:{s1}", "thief")
             await asyncio.sleep(2)
             reached_end = True
+
+    with pytest.raises(LockLost, match="expired or another worker took it"):
+        await body()
     assert not reached_end
     assert await client.get("toollatch:lock:{s1}") == b"thief"  # never deleted the thief's
 
 
 async def test_the_lock_refuses_bad_options(client: aioredis.Redis) -> None:
-    from toollatch import ConfigError, UsageError
 
     with pytest.raises(ConfigError):
         RedisSessionLock(client, "s", lease_s=0)
@@ -119,9 +128,6 @@ def test_a_redis_restart_mid_run_never_runs_a_call_twice(
 
 
 def dispatcher_with_locks(client: aioredis.Redis, log: list[str], **options: float) -> Any:
-    from toollatch.ledger.redis import redis_session_locks
-    from toollatch.runtime._dispatcher import Dispatcher
-    from toollatch.runtime._tools import tool
 
     @tool
     async def step(v: str) -> str:
@@ -136,7 +142,6 @@ def dispatcher_with_locks(client: aioredis.Redis, log: list[str], **options: flo
 
 
 async def test_two_workers_never_interleave_one_sessions_tools(client: aioredis.Redis) -> None:
-    from ledger_helpers import chat_round
 
     log: list[str] = []
     a, b = dispatcher_with_locks(client, log), dispatcher_with_locks(client, log)
@@ -153,28 +158,34 @@ async def test_two_workers_never_interleave_one_sessions_tools(client: aioredis.
 
 
 async def test_a_lost_session_lock_cancels_the_round_and_raises(client: aioredis.Redis) -> None:
-    from ledger_helpers import chat_round
 
     log: list[str] = []
     d = dispatcher_with_locks(client, log, lease_s=0.06)
     round_ = chat_round(d.specs, [("c1", "step", {"v": "c1"})])
-    with pytest.raises(LockLost, match="another worker took it"):
+    results = []
+
+    async def body() -> None:
         async with d.round(session="s") as r:
             task = asyncio.create_task(r.finish(round_))
             while not log:
                 await asyncio.sleep(0.001)
             await client.set("toollatch:lock:{s}", "thief")
-            results = await task
-    assert results[0].code is not None and "outcome is unknown" in results[0].content
+            results.extend(await task)
+
+    with pytest.raises(LockLost, match="another worker took it"):
+        await body()
+    assert results[0].code is not None
+    assert "outcome is unknown" in results[0].content
     assert log == ["start c1"]  # cancelled mid-run
 
 
 async def test_an_unavailable_session_lock_means_not_run(client: aioredis.Redis) -> None:
-    from ledger_helpers import chat_round
 
     log: list[str] = []
     d = dispatcher_with_locks(client, log, wait_s=0.05)
     await client.set("toollatch:lock:{s}", "someone else")
     round_ = chat_round(d.specs, [("c1", "step", {"v": "c1"})])
     [result] = await d.run(round_, session="s")
-    assert result.is_error and "session lock failed" in result.content and log == []
+    assert result.is_error
+    assert "session lock failed" in result.content
+    assert log == []
