@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from toollatch import ToolResult
-from toollatch.ledger import CallKey, Won, open_ledger
+from toollatch.ledger import LedgerKey, Won, open_ledger
 
 
 async def one_by_one(url: str, n: int, scope: str) -> float:
@@ -33,7 +33,7 @@ async def one_by_one(url: str, n: int, scope: str) -> float:
     result = ToolResult(tool_call_id="x", name="t", content="ok")
     started = time.perf_counter()
     for i in range(n):
-        key = CallKey(scope=scope, call_id=f"c{i}")
+        key = LedgerKey(scope=scope, call_id=f"c{i}")
         claim = await ledger.claim(key, digest="d", worker="w", now=time.time(), lease_s=30)
         assert isinstance(claim, Won)
         await ledger.start(key, claim.token, now=time.time(), lease_s=30)
@@ -50,7 +50,7 @@ async def racer(url: str, n: int, scope: str, start_at: float) -> int:
     await asyncio.sleep(max(0.0, start_at - time.time()))
     ran = 0
     for i in range(n):
-        key = CallKey(scope=scope, call_id=f"c{i}")
+        key = LedgerKey(scope=scope, call_id=f"c{i}")
         claim = await ledger.claim(key, digest="d", worker="w", now=time.time(), lease_s=30)
         if isinstance(claim, Won):
             await ledger.start(key, claim.token, now=time.time(), lease_s=30)

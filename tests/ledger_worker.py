@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger_helpers import chat_round
-from toollatch.ledger import CallKey, Claim, Ledger, Won, current_call, open_ledger
+from toollatch.ledger import Claim, Ledger, LedgerKey, Won, current_call, open_ledger
 from toollatch.runtime._dispatcher import Dispatcher
 from toollatch.runtime._tools import tool
 
@@ -86,13 +86,13 @@ class Killing:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def claim(self, key: CallKey, **kw: Any) -> Claim:
+    async def claim(self, key: LedgerKey, **kw: Any) -> Claim:
         claim = await self._inner.claim(key, **kw)
         if isinstance(claim, Won):
             die_at("claim", key.call_id)
         return claim
 
-    async def start(self, key: CallKey, token: int, **kw: Any) -> None:
+    async def start(self, key: LedgerKey, token: int, **kw: Any) -> None:
         await self._inner.start(key, token, **kw)
         die_at("start", key.call_id)
 

@@ -17,11 +17,11 @@ import redis.asyncio as aioredis
 from ledger_helpers import RedisServer, free_port
 from toollatch import ConfigError, ErrorCode, ToolResult, UsageError
 from toollatch.ledger import (
-    CallKey,
     Found,
     LeaseLost,
     Ledger,
     LedgerError,
+    LedgerKey,
     MemoryLedger,
     SQLiteLedger,
     Won,
@@ -31,7 +31,7 @@ from toollatch.ledger import (
 )
 from toollatch.ledger._redis import RedisLedger
 
-KEY = CallKey(scope="run-1", call_id="call_1")
+KEY = LedgerKey(scope="run-1", call_id="call_1")
 D1 = digest_of("write", {"a": 1})
 OK = ToolResult(tool_call_id="call_1", name="write", content="done")
 BAD = ToolResult(
@@ -176,9 +176,9 @@ async def test_release_forgets_only_an_unfinished_claim_of_that_token(ledger: Le
 
 async def test_scopes_never_meet(ledger: Ledger) -> None:
     await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30)
-    other = CallKey(scope="run-2", call_id="call_1")
+    other = LedgerKey(scope="run-2", call_id="call_1")
     assert await ledger.claim(other, digest=D1, worker="w1", now=0.0, lease_s=30) == Won(token=1)
-    tricky = CallKey(scope="run-1}:x", call_id="call_1")  # braces and colons in a scope
+    tricky = LedgerKey(scope="run-1}:x", call_id="call_1")  # braces and colons in a scope
     assert await ledger.claim(tricky, digest=D1, worker="w1", now=0.0, lease_s=30) == Won(token=1)
 
 
@@ -190,9 +190,9 @@ async def test_bad_lease_is_a_usage_error(ledger: Ledger) -> None:
 
 def test_call_key_refuses_empty_or_non_str() -> None:
     with pytest.raises(UsageError):
-        CallKey(scope="", call_id="x")
+        LedgerKey(scope="", call_id="x")
     with pytest.raises(UsageError):
-        CallKey(scope="s", call_id=1)  # type: ignore[arg-type]
+        LedgerKey(scope="s", call_id=1)  # type: ignore[arg-type]
 
 
 def test_digest_is_canonical() -> None:

@@ -16,7 +16,7 @@ from ledger_helpers import chat_round, free_port
 from toollatch import ConfigError, ErrorCode
 from toollatch.ledger import (
     CallContext,
-    CallKey,
+    LedgerKey,
     MemoryLedger,
     SQLiteLedger,
     current_call,
@@ -101,7 +101,7 @@ async def test_a_live_claim_is_awaited_and_its_heartbeat_keeps_it_live() -> None
 
 async def stale_started(ledger: MemoryLedger, name: str, v: str, *, now: float = 100.0) -> None:
     """A record like a worker's that started the call and died (its lease ran out)."""
-    key = CallKey(scope="s", call_id="c1")
+    key = LedgerKey(scope="s", call_id="c1")
     await ledger.claim(key, digest=digest_of(name, {"v": v}), worker="dead", now=0.0, lease_s=1)
     await ledger.start(key, 1, now=0.0, lease_s=1)
 
@@ -115,7 +115,7 @@ async def test_a_stale_started_call_is_outcome_unknown_not_run() -> None:
     assert result.code is ErrorCode.CANCELLED
     assert "outcome is unknown" in result.content
     assert world.runs == []
-    record = await ledger.get(CallKey(scope="s", call_id="c1"))
+    record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
     assert record is not None
     assert record.state == "failed"
     assert record.result == result
@@ -169,7 +169,7 @@ async def test_cancelled_while_running(name: str, state: str | None) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    record = await ledger.get(CallKey(scope="s", call_id="c1"))
+    record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
     if state is None:  # idempotent: released, it may run again
         assert record is None
     else:  # not idempotent: its cancelled, outcome-unknown result is final
@@ -187,11 +187,11 @@ async def test_cancelled_before_start_releases_the_claim() -> None:
     task = asyncio.create_task(d.run(round_, session="s"))
     await world.entered.wait()  # c0 holds the only slot; c1 is claimed and waiting
     await asyncio.sleep(0.02)
-    assert await ledger.get(CallKey(scope="s", call_id="c1")) is not None
+    assert await ledger.get(LedgerKey(scope="s", call_id="c1")) is not None
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await ledger.get(CallKey(scope="s", call_id="c1")) is None
+    assert await ledger.get(LedgerKey(scope="s", call_id="c1")) is None
 
 
 @pytest.mark.parametrize(

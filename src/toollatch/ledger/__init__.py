@@ -12,13 +12,13 @@ from ._context import CallContext, current_call
 from ._history import History, HistoryConflict, MemoryHistory, SQLiteHistory
 from ._open import default_ledger_url, open_ledger
 from ._records import (
-    CallKey,
-    CallRecord,
-    CallState,
     Claim,
     Found,
     LeaseLost,
     LedgerError,
+    LedgerKey,
+    LedgerRecord,
+    LedgerState,
     LockLost,
     SessionLocks,
     Won,
@@ -28,9 +28,6 @@ from ._sqlite import SQLiteLedger
 
 __all__ = [
     "CallContext",
-    "CallKey",
-    "CallRecord",
-    "CallState",
     "Claim",
     "Found",
     "History",
@@ -38,6 +35,9 @@ __all__ = [
     "LeaseLost",
     "Ledger",
     "LedgerError",
+    "LedgerKey",
+    "LedgerRecord",
+    "LedgerState",
     "LockLost",
     "MemoryHistory",
     "MemoryLedger",

@@ -6,9 +6,9 @@ from typing import Protocol, runtime_checkable
 
 from .._round import ToolResult
 from ._records import (
-    CallKey,
-    CallRecord,
     Claim,
+    LedgerKey,
+    LedgerRecord,
     check_lease,
     decide_claim,
     decide_unknown,
@@ -22,7 +22,7 @@ from ._records import (
 
 @runtime_checkable
 class Ledger(Protocol):
-    """A durable record of calls by :class:`CallKey`, shared by every worker that opens it.
+    """A durable record of calls by :class:`LedgerKey`, shared by every worker that opens it.
 
     Times are wall-clock seconds (Unix time) passed in by the caller, so tests can drive
     them; every method is atomic with respect to every other worker of the same ledger.
@@ -32,7 +32,7 @@ class Ledger(Protocol):
 
     async def claim(
         self,
-        key: CallKey,
+        key: LedgerKey,
         *,
         digest: str,
         worker: str,
@@ -45,31 +45,31 @@ class Ledger(Protocol):
         :class:`Found` with the record unchanged (compare its ``digest``)."""
         ...
 
-    async def start(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """Mark the claimed call ``started`` (the tool is about to run); renews the lease."""
         ...
 
-    async def renew(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """Extend the lease of a claimed or started call to ``now + lease_s``."""
         ...
 
-    async def finish(self, key: CallKey, token: int, result: ToolResult, *, now: float) -> None:
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """Store the final result: ``failed`` when ``result.is_error``, else ``completed``."""
         ...
 
-    async def release(self, key: CallKey, token: int) -> None:
+    async def release(self, key: LedgerKey, token: int) -> None:
         """Forget a call this worker holds (it may run again later); no-op when not ours."""
         ...
 
     async def settle_unknown(
-        self, key: CallKey, token: int, result: ToolResult, *, now: float
-    ) -> CallRecord:
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
         """Finish a *stale* record holding ``token`` as ``failed`` with ``result`` (the
         "outcome unknown" verdict) and return it; when the record changed meanwhile (it
         holds another token, finished, or its lease was renewed) return it unchanged."""
         ...
 
-    async def get(self, key: CallKey) -> CallRecord | None:
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """The record of ``key``, or None."""
         ...
 
@@ -83,11 +83,11 @@ class MemoryLedger:
     runs). Every method runs to completion without awaiting, so each is atomic."""
 
     def __init__(self) -> None:
-        self._records: dict[CallKey, CallRecord] = {}
+        self._records: dict[LedgerKey, LedgerRecord] = {}
 
     async def claim(
         self,
-        key: CallKey,
+        key: LedgerKey,
         *,
         digest: str,
         worker: str,
@@ -105,38 +105,38 @@ class MemoryLedger:
             self._records[key] = new
         return outcome
 
-    async def start(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.start`."""
         check_lease(lease_s)
         record = fenced(self._records.get(key), key, token)
         self._records[key] = started(record, now=now, lease_s=lease_s)
 
-    async def renew(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.renew`."""
         check_lease(lease_s)
         record = fenced(self._records.get(key), key, token)
         self._records[key] = renewed(record, now=now, lease_s=lease_s)
 
-    async def finish(self, key: CallKey, token: int, result: ToolResult, *, now: float) -> None:
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """See :meth:`Ledger.finish`."""
         record = fenced(self._records.get(key), key, token)
         self._records[key] = finished(record, result, now=now)
 
-    async def release(self, key: CallKey, token: int) -> None:
+    async def release(self, key: LedgerKey, token: int) -> None:
         """See :meth:`Ledger.release`."""
         if releasable(self._records.get(key), token):
             del self._records[key]
 
     async def settle_unknown(
-        self, key: CallKey, token: int, result: ToolResult, *, now: float
-    ) -> CallRecord:
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
         """See :meth:`Ledger.settle_unknown`."""
         record, changed = decide_unknown(self._records.get(key), key, token, result, now=now)
         if changed:
             self._records[key] = record
         return record
 
-    async def get(self, key: CallKey) -> CallRecord | None:
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
         return self._records.get(key)
 

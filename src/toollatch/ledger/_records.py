@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeAlias
 from .._errors import ErrorCode, ToolLatchError, UsageError
 from .._round import ToolResult
 
-CallState: TypeAlias = Literal["claimed", "started", "completed", "failed"]
+LedgerState: TypeAlias = Literal["claimed", "started", "completed", "failed"]
 """Where a call is in the ledger; ``completed`` and ``failed`` are final."""
 
 FINAL: frozenset[str] = frozenset({"completed", "failed"})
@@ -54,7 +54,7 @@ call with the reason if it is lost: ``Dispatcher(session_locks=redis_session_loc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallKey:
+class LedgerKey:
     """Identifies one call in a ledger: the call id within its scope (run or session id)."""
 
     scope: str
@@ -66,17 +66,17 @@ class CallKey:
         for what in ("scope", "call_id"):
             value = getattr(self, what)
             if not isinstance(value, str) or not value:
-                raise UsageError(f"CallKey.{what} must be a non-empty str, got {value!r:.60}")
+                raise UsageError(f"LedgerKey.{what} must be a non-empty str, got {value!r:.60}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallRecord:
+class LedgerRecord:
     """What a ledger holds for one call."""
 
-    key: CallKey
+    key: LedgerKey
     digest: str
     """SHA-256 of the tool name and canonical arguments the call committed with."""
-    state: CallState
+    state: LedgerState
     worker: str
     """The worker that holds (or last held) the claim."""
     token: int
@@ -96,7 +96,7 @@ class Won:
     """The claim succeeded: this worker owns the call under ``token``."""
 
     token: int
-    previous: CallRecord | None = None
+    previous: LedgerRecord | None = None
     """The stale record taken over (None for a first claim)."""
 
 
@@ -104,7 +104,7 @@ class Won:
 class Found:
     """The claim did not succeed; ``record`` is what the ledger holds."""
 
-    record: CallRecord
+    record: LedgerRecord
     live: bool
     """True while the holder's lease runs (it is presumed alive)."""
 
@@ -126,18 +126,18 @@ def check_lease(lease_s: float) -> None:
 
 
 def decide_claim(
-    record: CallRecord | None,
-    key: CallKey,
+    record: LedgerRecord | None,
+    key: LedgerKey,
     *,
     digest: str,
     worker: str,
     now: float,
     lease_s: float,
     rerun_started: bool,
-) -> tuple[Claim, CallRecord | None]:
+) -> tuple[Claim, LedgerRecord | None]:
     """The claim's outcome and the record to write (None: write nothing)."""
     if record is None:
-        new = CallRecord(
+        new = LedgerRecord(
             key=key, digest=digest, state="claimed", worker=worker, token=1,
             claimed_at=now, lease_until=now + lease_s, updated_at=now,
         )  # fmt: skip
@@ -154,7 +154,7 @@ def decide_claim(
     return Won(token=token, previous=record), new
 
 
-def fenced(record: CallRecord | None, key: CallKey, token: int) -> CallRecord:
+def fenced(record: LedgerRecord | None, key: LedgerKey, token: int) -> LedgerRecord:
     """``record`` when it holds ``token`` and is not final; else ``LeaseLost``."""
     if record is None or record.token != token or record.state in FINAL:
         held = "no record" if record is None else f"token {record.token}, {record.state}"
@@ -162,16 +162,16 @@ def fenced(record: CallRecord | None, key: CallKey, token: int) -> CallRecord:
     return record
 
 
-def started(record: CallRecord, *, now: float, lease_s: float) -> CallRecord:
+def started(record: LedgerRecord, *, now: float, lease_s: float) -> LedgerRecord:
     """``record`` moved to ``started`` with a fresh lease (``claimed`` only)."""
     if record.state != "claimed":
         raise LeaseLost(f"call {record.key.call_id!r} was already started")
     return replace(record, state="started", lease_until=now + lease_s, updated_at=now)
 
 
-def finished(record: CallRecord, result: ToolResult, *, now: float) -> CallRecord:
+def finished(record: LedgerRecord, result: ToolResult, *, now: float) -> LedgerRecord:
     """``record`` in its final state: ``failed`` for an error result, else ``completed``."""
-    state: CallState = "failed" if result.is_error else "completed"
+    state: LedgerState = "failed" if result.is_error else "completed"
     return replace(record, state=state, result=result, updated_at=now)
 
 
@@ -198,19 +198,19 @@ def result_from_json(text: str) -> ToolResult:
         raise LedgerError(f"a stored result is corrupt: {exc}") from exc
 
 
-def renewed(record: CallRecord, *, now: float, lease_s: float) -> CallRecord:
+def renewed(record: LedgerRecord, *, now: float, lease_s: float) -> LedgerRecord:
     """``record`` with its lease extended to ``now + lease_s``."""
     return replace(record, lease_until=now + lease_s, updated_at=now)
 
 
-def releasable(record: CallRecord | None, token: int) -> bool:
+def releasable(record: LedgerRecord | None, token: int) -> bool:
     """True when ``record`` is an unfinished claim holding ``token`` (it may be deleted)."""
     return record is not None and record.token == token and record.state not in FINAL
 
 
 def decide_unknown(
-    record: CallRecord | None, key: CallKey, token: int, result: ToolResult, *, now: float
-) -> tuple[CallRecord, bool]:
+    record: LedgerRecord | None, key: LedgerKey, token: int, result: ToolResult, *, now: float
+) -> tuple[LedgerRecord, bool]:
     """The record after settling a stale claim as ``result``, and whether it changed: only
     an unfinished record still holding ``token`` whose lease has run out is settled."""
     if record is None:

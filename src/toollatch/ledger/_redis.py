@@ -24,12 +24,12 @@ from .._errors import ConfigError
 from .._round import ToolResult
 from ._history import HistoryConflict, _encoded
 from ._records import (
-    CallKey,
-    CallRecord,
     Claim,
     Found,
     LeaseLost,
     LedgerError,
+    LedgerKey,
+    LedgerRecord,
     Won,
     check_lease,
     result_from_json,
@@ -134,14 +134,14 @@ class RedisLedger:
         self._release = client.register_script(_RELEASE)
         self._settle = client.register_script(_SETTLE)
 
-    def _keys(self, key: CallKey) -> list[str]:
+    def _keys(self, key: LedgerKey) -> list[str]:
         # The scope's length first makes the key unambiguous whatever characters it holds.
         h = f"{self._prefix}call:{len(key.scope)}:{{{key.scope}}}:{key.call_id}"
         return [h, h + ":lease"]
 
     async def claim(
         self,
-        key: CallKey,
+        key: LedgerKey,
         *,
         digest: str,
         worker: str,
@@ -161,31 +161,31 @@ class RedisLedger:
         assert previous is not None  # the script returns the record with 'found'
         return Found(record=previous, live=_text(value) == "1")
 
-    async def start(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.start`."""
         await self._write(key, token, "start", now=now, lease_s=lease_s)
 
-    async def renew(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.renew`."""
         await self._write(key, token, "renew", now=now, lease_s=lease_s)
 
-    async def finish(self, key: CallKey, token: int, result: ToolResult, *, now: float) -> None:
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """See :meth:`Ledger.finish`."""
         state = "failed" if result.is_error else "completed"
         await self._write(key, token, "finish", now=now, state=state, result=result)
 
-    async def release(self, key: CallKey, token: int) -> None:
+    async def release(self, key: LedgerKey, token: int) -> None:
         """See :meth:`Ledger.release`."""
         await self._run(self._release, key, [str(token)])
 
     async def settle_unknown(
-        self, key: CallKey, token: int, result: ToolResult, *, now: float
-    ) -> CallRecord:
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
         """See :meth:`Ledger.settle_unknown`."""
         args = [str(token), repr(now), result_to_json(result), self._retention_ms]
         return _record(key, await self._run(self._settle, key, args))
 
-    async def get(self, key: CallKey) -> CallRecord | None:
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
         try:
             fields = await self._r.hgetall(self._keys(key)[0])
@@ -199,7 +199,7 @@ class RedisLedger:
 
     async def _write(
         self,
-        key: CallKey,
+        key: LedgerKey,
         token: int,
         op: str,
         *,
@@ -213,7 +213,7 @@ class RedisLedger:
         args = [str(token), op, repr(now), repr(now + lease_s), _ms(lease_s), state, text]
         await self._run(self._fenced, key, [*args, self._retention_ms])
 
-    async def _run(self, script: Any, key: CallKey, args: list[str]) -> Any:
+    async def _run(self, script: Any, key: LedgerKey, args: list[str]) -> Any:
         try:
             return await script(keys=self._keys(key), args=args)
         except redis.exceptions.ResponseError as exc:
@@ -232,7 +232,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _record(key: CallKey, fields: Any) -> CallRecord:
+def _record(key: LedgerKey, fields: Any) -> LedgerRecord:
     """A record from HGETALL's reply: a flat list from a script, a dict from the client."""
     if isinstance(fields, list):
         fields = dict(zip(fields[::2], fields[1::2], strict=True))
@@ -241,7 +241,7 @@ def _record(key: CallKey, fields: Any) -> CallRecord:
         state = data["state"]
         if state not in ("claimed", "started", "completed", "failed"):
             raise ValueError(f"unknown state {state!r}")
-        return CallRecord(
+        return LedgerRecord(
             key=key, digest=data["digest"], state=state,  # type: ignore[arg-type]
             worker=data["worker"], token=int(data["token"]),
             claimed_at=float(data["claimed_at"]), lease_until=float(data["lease_until"]),

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 from .._errors import ConfigError
 from .._round import ToolResult
 from ._records import (
-    CallKey,
-    CallRecord,
     Claim,
     LedgerError,
+    LedgerKey,
+    LedgerRecord,
     check_lease,
     decide_claim,
     decide_unknown,
@@ -75,7 +75,7 @@ class SQLiteLedger:
 
     async def claim(
         self,
-        key: CallKey,
+        key: LedgerKey,
         *,
         digest: str,
         worker: str,
@@ -86,7 +86,7 @@ class SQLiteLedger:
         """See :meth:`Ledger.claim`."""
         check_lease(lease_s)
 
-        def step(record: CallRecord | None) -> tuple[Claim, CallRecord | None]:
+        def step(record: LedgerRecord | None) -> tuple[Claim, LedgerRecord | None]:
             return decide_claim(
                 record, key, digest=digest, worker=worker, now=now, lease_s=lease_s,
                 rerun_started=rerun_started,
@@ -94,27 +94,27 @@ class SQLiteLedger:
 
         return await self._transaction(key, step)
 
-    async def start(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.start`."""
         check_lease(lease_s)
         await self._transaction(
             key, lambda r: (None, started(fenced(r, key, token), now=now, lease_s=lease_s))
         )
 
-    async def renew(self, key: CallKey, token: int, *, now: float, lease_s: float) -> None:
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.renew`."""
         check_lease(lease_s)
         await self._transaction(
             key, lambda r: (None, renewed(fenced(r, key, token), now=now, lease_s=lease_s))
         )
 
-    async def finish(self, key: CallKey, token: int, result: ToolResult, *, now: float) -> None:
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """See :meth:`Ledger.finish`."""
         await self._transaction(
             key, lambda r: (None, finished(fenced(r, key, token), result, now=now))
         )
 
-    async def release(self, key: CallKey, token: int) -> None:
+    async def release(self, key: LedgerKey, token: int) -> None:
         """See :meth:`Ledger.release`."""
 
         def run(conn: sqlite3.Connection) -> None:
@@ -128,17 +128,17 @@ class SQLiteLedger:
         await self._call(run)
 
     async def settle_unknown(
-        self, key: CallKey, token: int, result: ToolResult, *, now: float
-    ) -> CallRecord:
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
         """See :meth:`Ledger.settle_unknown`."""
 
-        def step(record: CallRecord | None) -> tuple[CallRecord, CallRecord | None]:
+        def step(record: LedgerRecord | None) -> tuple[LedgerRecord, LedgerRecord | None]:
             after, changed = decide_unknown(record, key, token, result, now=now)
             return after, after if changed else None
 
         return await self._transaction(key, step)
 
-    async def get(self, key: CallKey) -> CallRecord | None:
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
         return await self._call(lambda conn: _select(conn, key))
 
@@ -174,7 +174,7 @@ class SQLiteLedger:
     # -- plumbing ----------------------------------------------------------------------------
 
     async def _transaction(
-        self, key: CallKey, step: Callable[[CallRecord | None], tuple[T, CallRecord | None]]
+        self, key: LedgerKey, step: Callable[[LedgerRecord | None], tuple[T, LedgerRecord | None]]
     ) -> T:
         """Read ``key``'s record, apply ``step``, write its new record: one transaction."""
 
@@ -227,7 +227,7 @@ class _immediate:
         self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
-def _select(conn: sqlite3.Connection, key: CallKey) -> CallRecord | None:
+def _select(conn: sqlite3.Connection, key: LedgerKey) -> LedgerRecord | None:
     row = conn.execute(
         f"SELECT {_COLUMNS} FROM toollatch_calls WHERE scope = ? AND call_id = ?",
         (key.scope, key.call_id),
@@ -237,14 +237,14 @@ def _select(conn: sqlite3.Connection, key: CallKey) -> CallRecord | None:
     digest, state, worker, token, claimed_at, lease_until, updated_at, result = row
     if state not in ("claimed", "started", "completed", "failed"):
         raise LedgerError(f"call {key.call_id!r} has an unknown state {state!r}")
-    return CallRecord(
+    return LedgerRecord(
         key=key, digest=digest, state=state, worker=worker, token=int(token),
         claimed_at=claimed_at, lease_until=lease_until, updated_at=updated_at,
         result=result_from_json(result) if result is not None else None,
     )  # fmt: skip
 
 
-def _row(r: CallRecord) -> tuple[Any, ...]:
+def _row(r: LedgerRecord) -> tuple[Any, ...]:
     result = result_to_json(r.result) if r.result is not None else None
     return (
         r.key.scope, r.key.call_id, r.digest, r.state, r.worker, r.token,

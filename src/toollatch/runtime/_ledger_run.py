@@ -31,7 +31,7 @@ from .._gate import CommittedCall
 from .._round import ToolResult
 from ..ledger._base import Ledger
 from ..ledger._context import CallContext, idempotency_key
-from ..ledger._records import FINAL, CallKey, Found, LeaseLost, LedgerError, Won, digest_of
+from ..ledger._records import FINAL, Found, LeaseLost, LedgerError, LedgerKey, Won, digest_of
 
 _log = logging.getLogger("toollatch.ledger")
 
@@ -93,7 +93,7 @@ class LedgerGuard:
         to record and whether the call may run again (then the claim is released).
         ``max_wait_s``: how long to wait for another live worker's run of the call before
         giving up with ``tool_timeout`` (None: as long as its lease is renewed)."""
-        key = CallKey(scope=session, call_id=call.call_id)
+        key = LedgerKey(scope=session, call_id=call.call_id)
         digest = digest_of(call.name, call.arguments)
         loop = asyncio.get_running_loop()
         give_up = None if max_wait_s is None else loop.time() + max_wait_s
@@ -122,7 +122,7 @@ class LedgerGuard:
                 return done
 
     async def _found(
-        self, key: CallKey, call: CommittedCall, digest: str, found: Found
+        self, key: LedgerKey, call: CommittedCall, digest: str, found: Found
     ) -> ToolResult | None:
         """The result for a claim that lost, or None to claim again (after a pause)."""
         record = found.record
@@ -145,7 +145,7 @@ class LedgerGuard:
 
     async def _own(
         self,
-        key: CallKey,
+        key: LedgerKey,
         call: CommittedCall,
         context: CallContext,
         runner: Runner,
@@ -173,13 +173,13 @@ class LedgerGuard:
         await self._store(key, token, result)
         return result
 
-    async def _store(self, key: CallKey, token: int, result: ToolResult) -> None:
+    async def _store(self, key: LedgerKey, token: int, result: ToolResult) -> None:
         try:
             await self.ledger.finish(key, token, result, now=self.clock())
         except LedgerError as exc:  # LeaseLost too: the model still gets the real result
             _log.warning("could not store the result of %r: %s", key.call_id, exc)
 
-    async def _heartbeat(self, key: CallKey, token: int) -> None:
+    async def _heartbeat(self, key: LedgerKey, token: int) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
