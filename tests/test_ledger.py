@@ -162,16 +162,32 @@ async def test_settle_unknown_finishes_only_a_stale_record(ledger: Ledger) -> No
         await ledger.finish(KEY, 1, OK, now=later)  # the dead worker's late write is refused
 
 
-async def test_release_forgets_only_an_unfinished_claim_of_that_token(ledger: Ledger) -> None:
+async def test_release_ends_the_lease_of_an_unfinished_claim_of_that_token(
+    ledger: Ledger,
+) -> None:
     await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30)
-    await ledger.release(KEY, 7)
-    assert await ledger.get(KEY) is not None
+    await ledger.release(KEY, 7)  # not its token: still live
+    found = await ledger.claim(KEY, digest=D1, worker="w2", now=1.0, lease_s=30)
+    assert isinstance(found, Found)
+    assert found.live
     await ledger.release(KEY, 1)
-    assert await ledger.get(KEY) is None
-    assert await ledger.claim(KEY, digest=D1, worker="w2", now=0.0, lease_s=30) == Won(token=1)
-    await ledger.finish(KEY, 1, OK, now=0.0)
-    await ledger.release(KEY, 1)
-    assert (await ledger.get(KEY)) is not None  # a final record is never released
+    won = await ledger.claim(KEY, digest=D1, worker="w2", now=1.0, lease_s=30)
+    assert isinstance(won, Won)
+    assert won.token == 2  # never 1 again: the old holder's token stays fenced off
+    with pytest.raises(LeaseLost):
+        await ledger.start(KEY, 1, now=1.0, lease_s=30)
+    await ledger.start(KEY, 2, now=1.0, lease_s=30)
+    await ledger.release(KEY, 2)  # a started call: taken over only for a re-run
+    found = await ledger.claim(KEY, digest=D1, worker="w3", now=1.0, lease_s=30)
+    assert isinstance(found, Found)
+    assert not found.live
+    rerun = await ledger.claim(KEY, digest=D1, worker="w3", now=1.0, lease_s=30, rerun_started=True)
+    assert rerun == Won(token=3, previous=rerun.previous)  # type: ignore[union-attr]
+    await ledger.finish(KEY, 3, OK, now=1.0)
+    await ledger.release(KEY, 3)
+    record = await ledger.get(KEY)
+    assert record is not None
+    assert record.state == "completed"  # a final record is never released
 
 
 async def test_scopes_never_meet(ledger: Ledger) -> None:

@@ -170,8 +170,10 @@ async def test_cancelled_while_running(name: str, state: str | None) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
-    if state is None:  # idempotent: released, it may run again
-        assert record is None
+    assert record is not None
+    if state is None:  # idempotent: released (lease ended), it may run again
+        assert record.state == "started"
+        assert record.lease_until == 0.0
     else:  # not idempotent: its cancelled, outcome-unknown result is final
         assert record is not None
         assert record.state == state
@@ -191,7 +193,12 @@ async def test_cancelled_before_start_releases_the_claim() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await ledger.get(LedgerKey(scope="s", call_id="c1")) is None
+    record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
+    assert record is not None
+    assert (record.state, record.lease_until) == ("claimed", 0.0)  # released
+    world.hold.set()
+    again = await dispatcher(world, ledger).run(round_, session="s")  # at once: no lease wait
+    assert [r.content for r in again] == ["put w", "charge x"]
 
 
 @pytest.mark.parametrize(

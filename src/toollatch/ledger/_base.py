@@ -14,7 +14,7 @@ from ._records import (
     decide_unknown,
     fenced,
     finished,
-    releasable,
+    released,
     renewed,
     started,
 )
@@ -58,7 +58,8 @@ class Ledger(Protocol):
         ...
 
     async def release(self, key: LedgerKey, token: int) -> None:
-        """Forget a call this worker holds (it may run again later); no-op when not ours."""
+        """Give back a call this worker holds: its lease ends now, so the next claim takes
+        it over (a ``started`` one only with ``rerun_started``); no-op when not ours."""
         ...
 
     async def settle_unknown(
@@ -124,8 +125,8 @@ class MemoryLedger:
 
     async def release(self, key: LedgerKey, token: int) -> None:
         """See :meth:`Ledger.release`."""
-        if releasable(self._records.get(key), token):
-            del self._records[key]
+        if (record := released(self._records.get(key), token)) is not None:
+            self._records[key] = record
 
     async def settle_unknown(
         self, key: LedgerKey, token: int, result: ToolResult, *, now: float

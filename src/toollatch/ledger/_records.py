@@ -4,8 +4,8 @@ Theory of operation. One record per call id per scope (a run or session). Its li
 
     (none) --claim--> claimed --start--> started --finish--> completed | failed
                         |                   |
-                        +-- release --------+--> (none)        the worker gave it back
-    claimed, lease expired --claim--> claimed (new token)     nothing ran: always safe
+                        +-- release --------+--> lease ended   the worker gave it back
+    claimed, lease expired or released --claim--> claimed (new token)   nothing ran: safe
     started, lease expired --claim(rerun_started)--> claimed  idempotent tools only
     started, lease expired --settle_unknown--> failed         "started, outcome unknown"
 
@@ -203,9 +203,14 @@ def renewed(record: LedgerRecord, *, now: float, lease_s: float) -> LedgerRecord
     return replace(record, lease_until=now + lease_s, updated_at=now)
 
 
-def releasable(record: LedgerRecord | None, token: int) -> bool:
-    """True when ``record`` is an unfinished claim holding ``token`` (it may be deleted)."""
-    return record is not None and record.token == token and record.state not in FINAL
+def released(record: LedgerRecord | None, token: int) -> LedgerRecord | None:
+    """``record`` with its lease ended, when it is an unfinished claim holding ``token``
+    (else None: nothing to write). The record is kept, not deleted, so that the next claim
+    takes it over with a *larger* token: a deleted record would restart the tokens at 1 and
+    let a worker still holding an old token 1 write again."""
+    if record is None or record.token != token or record.state in FINAL:
+        return None
+    return replace(record, lease_until=0.0)
 
 
 def decide_unknown(

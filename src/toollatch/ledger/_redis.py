@@ -90,7 +90,8 @@ _RELEASE = """
 local h, lk = KEYS[1], KEYS[2]
 local state = redis.call('HGET', h, 'state')
 if redis.call('HGET', h, 'token') == ARGV[1] and state ~= 'completed' and state ~= 'failed' then
-  redis.call('DEL', h, lk)
+  redis.call('DEL', lk)
+  redis.call('HSET', h, 'lease_until', '0.0')
 end
 return 'ok'
 """

@@ -30,7 +30,7 @@ from ._records import (
     decide_unknown,
     fenced,
     finished,
-    releasable,
+    released,
     renewed,
     result_from_json,
     result_to_json,
@@ -116,16 +116,7 @@ class SQLiteLedger:
 
     async def release(self, key: LedgerKey, token: int) -> None:
         """See :meth:`Ledger.release`."""
-
-        def run(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                if releasable(_select(conn, key), token):
-                    conn.execute(
-                        "DELETE FROM toollatch_calls WHERE scope = ? AND call_id = ?",
-                        (key.scope, key.call_id),
-                    )
-
-        await self._call(run)
+        await self._transaction(key, lambda r: (None, released(r, token)))
 
     async def settle_unknown(
         self, key: LedgerKey, token: int, result: ToolResult, *, now: float

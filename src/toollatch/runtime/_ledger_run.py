@@ -138,10 +138,10 @@ class LedgerGuard:
         try:
             after = await self.ledger.settle_unknown(key, record.token, verdict, now=self.clock())
         except LeaseLost:
-            return None  # the record vanished (released): claim again
+            return None  # the record is gone (expired after its retention): claim again
         except LedgerError as exc:
             return _error(call, ErrorCode.CANCELLED, f"{LEDGER_DOWN} ({exc})")
-        return after.result if after.state in FINAL else None
+        return after.result if after.state in FINAL else None  # else: renewed meanwhile
 
     async def _own(
         self,
