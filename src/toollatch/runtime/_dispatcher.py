@@ -31,8 +31,14 @@ name and arguments gets the first run's result, whatever it is (waiting for it i
 runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
 forgotten so the id may run later: a call cancelled before it started, and a call of an
 ``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
-keeps the newest ``max_remembered_calls`` ids; durable, cross-process dedupe is the ledger's
-job.
+keeps the newest ``max_remembered_calls`` ids.
+
+Durable, cross-process dedupe is the ledger's job: with ``ledger=...`` every call that would
+run is first claimed in the ledger under its session (the scope: use a run id that survives a
+restart), and what happens next (the stored result, waiting for a live worker, "started,
+outcome unknown" for a dead one, a re-run of an idempotent tool) is :mod:`._ledger_run`'s
+policy. A running tool reads its call, idempotency key and fencing token with
+``toollatch.ledger.current_call()``.
 
 Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
 cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
@@ -48,6 +54,9 @@ import contextlib
 import json
 import logging
 import math
+import os
+import secrets
+import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
@@ -58,7 +67,11 @@ from .._gate import CommittedCall
 from .._messages import error_result
 from .._round import Round, ToolResult
 from .._specs import ToolSpec
+from ..ledger._base import Ledger
+from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
+from ..ledger._records import LedgerError, LockLost, SessionLocks, digest_of
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
+from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
 from ._tools import Tool
 
 ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
@@ -78,6 +91,14 @@ class Dispatcher:
     ``max_concurrency``: calls running at once across every round and session.
     ``default_timeout_s``: the run-time limit of a call whose tool sets none (None: no limit).
     ``eager``: names of tools that may start early besides those declared ``eager=True``.
+    ``ledger``: claim every call there before running it (see the module docstring), as
+    ``worker`` (default: host, pid and a random suffix), with claims that live ``lease_s``
+    unless renewed (a heartbeat renews them while a call waits or runs), checking a call
+    another worker runs every ``poll_s``; ``clock`` gives Unix time (tests pass their own).
+    ``session_locks``: a distributed lock per session (``redis_session_locks``), held like
+    the in-process one from a round's first tool start until its ``async with`` exits; when
+    it is lost the round's running calls are cancelled and leaving the block raises
+    ``LockLost``.
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -90,6 +111,12 @@ class Dispatcher:
         eager: Iterable[str] = (),
         on_event: OnEvent | None = None,
         max_remembered_calls: int = 100_000,
+        ledger: Ledger | None = None,
+        worker: str | None = None,
+        lease_s: float = 30.0,
+        poll_s: float = 0.1,
+        clock: Clock = default_clock,
+        session_locks: SessionLocks | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
@@ -116,6 +143,10 @@ class Dispatcher:
         self._groups = {t.group: asyncio.Lock() for t in self._tools.values() if t.group}
         self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
         self._memo: dict[str, _Memo] = {}
+        self._guard = _guard(ledger, worker, lease_s, poll_s, clock)
+        if session_locks is not None and not callable(session_locks):
+            raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
+        self._session_locks = session_locks
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
@@ -188,6 +219,23 @@ class Dispatcher:
             _log.exception("on_event callback failed for %s", event)
 
 
+def _guard(
+    ledger: Ledger | None, worker: str | None, lease_s: float, poll_s: float, clock: Clock
+) -> LedgerGuard | None:
+    if ledger is None:
+        return None
+    if not isinstance(ledger, Ledger):
+        raise ConfigError(f"ledger must be a toollatch.ledger.Ledger, got {ledger!r:.60}")
+    for what, value in (("lease_s", lease_s), ("poll_s", poll_s)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"{what} must be a positive number of seconds, got {value!r}")
+    if worker is None:
+        worker = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    elif not isinstance(worker, str) or not worker:
+        raise ConfigError(f"worker must be a non-empty str, got {worker!r:.60}")
+    return LedgerGuard(ledger, worker=worker, lease_s=lease_s, poll_s=poll_s, clock=clock)
+
+
 def _check_positive_int(what: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{what} must be a positive integer, got {value!r}")
@@ -232,6 +280,8 @@ class DispatchRound:
         self._entering = asyncio.Lock()
         self._closed: tuple[Round, list[ToolResult]] | None = None
         self._ui: dict[str, Any] = {}
+        self._far: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._lost: str | None = None
 
     @property
     def ui(self) -> Mapping[str, Any]:
@@ -262,6 +312,7 @@ class DispatchRound:
         finally:
             self._settle_unfinished()
             self._release()
+            await self._release_far(exc_type is None)
 
     def start(self, call: CommittedCall) -> None:
         """Start ``call`` now (eager start); :meth:`finish` will not start it again.
@@ -356,25 +407,46 @@ class DispatchRound:
 
     async def _execute(self, slot: _Slot, tool: Tool[Any, Any]) -> None:
         try:
-            result = await self._run(slot, tool)
+            if (guard := self._d._guard) is None:
+                result = await self._run(slot, tool)
+            else:
+                result = await guard.run(
+                    slot.call,
+                    self._session,
+                    idempotent=tool.idempotent,
+                    runner=lambda owned: self._run(slot, tool, owned),
+                    on_cancel=lambda: _on_cancel(slot),
+                    max_wait_s=self._max_wait_s(tool, guard.lease_s),
+                )
         except asyncio.CancelledError:
             self._settle(slot, _cancelled(slot))
             raise
         self._settle(slot, result)
 
-    async def _run(self, slot: _Slot, tool: Tool[Any, Any]) -> ToolResult:
+    async def _run(
+        self, slot: _Slot, tool: Tool[Any, Any], owned: Owned | None = None
+    ) -> ToolResult:
         call = slot.call
-        await self._hold_session()
+        try:
+            await self._hold_session()
+        except LedgerError as exc:
+            return _error(call, ErrorCode.CANCELLED, f"the session lock failed, not run ({exc})")
         async with self._d._group_lock(tool.group), self._d._semaphore:
+            if owned is not None:
+                await owned.start()  # recorded before the tool starts, never after
             slot.phase = "running"
             self._d._emit(ToolStartedEvent(id=call.call_id, name=call.name))
             limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+            context = owned.context if owned is not None else self._context(call)
+            reset = set_current(context)
             try:
                 async with asyncio.timeout(limit):
                     outcome = await tool.invoke(call.arguments)
             except TimeoutError:
                 detail = f"the tool did not finish within {limit:g} s; {_UNKNOWN_OUTCOME}"
                 return _error(call, ErrorCode.TOOL_TIMEOUT, detail)
+            finally:
+                reset_current(reset)
         if outcome.ui is not None:
             self._ui[call.call_id] = outcome.ui
         code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)
@@ -386,14 +458,45 @@ class DispatchRound:
             code=code,
         )
 
+    def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
+        """How long a call waits for another worker's run: that run's own limit (the same
+        tool's) plus two leases for the claim and the write; None when it has no limit."""
+        limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+        return None if limit is None else limit + 2 * lease_s
+
+    def _context(self, call: CommittedCall) -> CallContext:
+        digest = digest_of(call.name, call.arguments)
+        key = idempotency_key(self._session, call.call_id, digest)
+        return CallContext(session=self._session, call_id=call.call_id, idempotency_key=key)
+
     async def _hold_session(self) -> None:
-        """Take the session's lock for this round, once, on its first tool start."""
-        if self._holding:
+        """Take the session's lock for this round, once, on its first tool start (and the
+        distributed one, when the dispatcher has ``session_locks``)."""
+        if self._holding and (self._far is not None or self._d._session_locks is None):
             return
         async with self._entering:
             if not self._holding:
                 await self._d._acquire_session(self._session)
                 self._holding = True
+            if self._far is None and (locks := self._d._session_locks) is not None:
+                far = locks(self._session, self._lose)
+                await far.__aenter__()  # LedgerError: the call gets an error result
+                self._far = far
+
+    def _lose(self, reason: str) -> None:
+        self._lost = reason
+        _log.error("%s; cancelling the round's running calls", reason)
+        self._cancel_running()
+
+    async def _release_far(self, raise_lost: bool) -> None:
+        far, self._far = self._far, None
+        if far is None:
+            return
+        try:
+            await far.__aexit__(None, None, None)
+        except LockLost:
+            if raise_lost:
+                raise
 
     def _settle(self, slot: _Slot, result: ToolResult) -> None:
         """Record ``slot``'s final result: on the slot, in the memo (or forget the id), and
@@ -478,6 +581,12 @@ def _cancelled(slot: _Slot) -> ToolResult:
         return _error(slot.call, ErrorCode.CANCELLED, _NEVER_STARTED)
     detail = f"the round was cancelled while the tool was running; {_UNKNOWN_OUTCOME}"
     return _error(slot.call, ErrorCode.CANCELLED, detail)
+
+
+def _on_cancel(slot: _Slot) -> tuple[ToolResult, bool]:
+    """What a ledger records for a call cancelled while it owned the claim."""
+    result = _cancelled(slot)
+    return result, _may_run_again(slot, result)
 
 
 def _may_run_again(slot: _Slot, result: ToolResult) -> bool:

@@ -1,0 +1,125 @@
+"""Ledger overhead: claim+start+finish per call per backend, and calls/s with 4 workers.
+
+    python3 benchmarks/bench_ledger.py            # memory, SQLite, Redis (if redis-server)
+    python3 benchmarks/bench_ledger.py --quick    # fewer calls
+
+*Overhead*: one process, one call at a time, the three writes a dispatcher makes for a call
+that runs (claim, start, finish), timed over N calls. *4 workers*: four processes race over
+the same N call ids (each claims every id; the winner starts and finishes it), the wall time
+from a common start until all four are done; calls/s = N / wall. The SQLite file is on the
+local disk with ``synchronous=FULL`` (one fsync per commit); Redis is a local redis-server
+with ``appendfsync always``, the durable setting a ledger needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from toollatch import ToolResult
+from toollatch.ledger import LedgerKey, Won, open_ledger
+
+
+async def one_by_one(url: str, n: int, scope: str) -> float:
+    """Seconds per call for claim+start+finish, one call at a time."""
+    ledger = open_ledger(url)
+    result = ToolResult(tool_call_id="x", name="t", content="ok")
+    started = time.perf_counter()
+    for i in range(n):
+        key = LedgerKey(scope=scope, call_id=f"c{i}")
+        claim = await ledger.claim(key, digest="d", worker="w", now=time.time(), lease_s=30)
+        assert isinstance(claim, Won)
+        await ledger.start(key, claim.token, now=time.time(), lease_s=30)
+        await ledger.finish(key, claim.token, result, now=time.time())
+    elapsed = time.perf_counter() - started
+    await ledger.aclose()
+    return elapsed / n
+
+
+async def racer(url: str, n: int, scope: str, start_at: float) -> int:
+    """Claim every id; run (start+finish) those won. Returns how many this worker ran."""
+    ledger = open_ledger(url)
+    result = ToolResult(tool_call_id="x", name="t", content="ok")
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    ran = 0
+    for i in range(n):
+        key = LedgerKey(scope=scope, call_id=f"c{i}")
+        claim = await ledger.claim(key, digest="d", worker="w", now=time.time(), lease_s=30)
+        if isinstance(claim, Won):
+            await ledger.start(key, claim.token, now=time.time(), lease_s=30)
+            await ledger.finish(key, claim.token, result, now=time.time())
+            ran += 1
+    await ledger.aclose()
+    return ran
+
+
+def four_workers(url: str, n: int, scope: str) -> tuple[float, list[int]]:
+    start_at = time.time() + 1.5
+    code = (
+        "import asyncio, sys; sys.path.insert(0, sys.argv[1]); import bench_ledger as b;"
+        "a = sys.argv; print(asyncio.run(b.racer(a[2], int(a[3]), a[4], float(a[5]))))"
+    )
+    here = str(Path(__file__).parent)
+    args = [sys.executable, "-c", code, here, url, str(n), scope, repr(start_at)]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    ran = [int(p.communicate()[0]) for p in procs]
+    return time.time() - start_at, ran
+
+
+def start_redis(folder: str) -> tuple[subprocess.Popen[bytes], str] | None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--save", "",
+         "--appendonly", "yes", "--appendfsync", "always"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    n = 200 if parser.parse_args().quick else 2000
+    folder = tempfile.mkdtemp(prefix="toollatch-bench-")
+    redis = start_redis(folder)
+    urls = {"memory": "memory:", "sqlite": f"sqlite:///{folder}/ledger.db"}
+    if redis is not None:
+        urls["redis"] = redis[1]
+    print(f"| backend | claim+start+finish per call | calls/s, 4 workers racing on {n} ids |")
+    print("|---|---|---|")
+    try:
+        for name, url in urls.items():
+            per_call = asyncio.run(one_by_one(url, n, "solo"))
+            if name == "memory":  # in one process only: nothing to race
+                print(f"| {name} | {per_call * 1e6:.0f} us | - |")
+                continue
+            wall, ran = four_workers(url, n, "race")
+            assert sum(ran) == n, ran  # exactly one worker ran each call
+            print(f"| {name} | {per_call * 1e3:.2f} ms | {n / wall:.0f} (runs per worker {ran}) |")
+    finally:
+        if redis is not None:
+            redis[0].terminate()
+            redis[0].wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

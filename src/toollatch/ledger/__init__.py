@@ -1,0 +1,52 @@
+"""Durable call ledgers: exactly-once tool calls across processes and hosts.
+
+A :class:`Ledger` records, per call id and scope (run or session), who claimed a call, whether
+its tool started, and its final result; the dispatcher claims a call before it runs it (see
+``Dispatcher(ledger=...)``). Backends: :class:`MemoryLedger` (one process),
+:class:`SQLiteLedger` (one host, several processes) and ``RedisLedger`` (several hosts;
+``toollatch.ledger.redis``, needs the ``redis`` extra). :func:`open_ledger` opens one by URL.
+"""
+
+from ._base import Ledger, MemoryLedger
+from ._context import CallContext, current_call
+from ._history import History, HistoryConflict, MemoryHistory, SQLiteHistory
+from ._open import default_ledger_url, open_ledger
+from ._records import (
+    Claim,
+    Found,
+    LeaseLost,
+    LedgerError,
+    LedgerKey,
+    LedgerRecord,
+    LedgerState,
+    LockLost,
+    SessionLocks,
+    Won,
+    digest_of,
+)
+from ._sqlite import SQLiteLedger
+
+__all__ = [
+    "CallContext",
+    "Claim",
+    "Found",
+    "History",
+    "HistoryConflict",
+    "LeaseLost",
+    "Ledger",
+    "LedgerError",
+    "LedgerKey",
+    "LedgerRecord",
+    "LedgerState",
+    "LockLost",
+    "MemoryHistory",
+    "MemoryLedger",
+    "SQLiteHistory",
+    "SQLiteLedger",
+    "SessionLocks",
+    "Won",
+    "current_call",
+    "default_ledger_url",
+    "digest_of",
+    "open_ledger",
+]

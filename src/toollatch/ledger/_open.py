@@ -1,0 +1,61 @@
+"""``open_ledger(url)``: a ledger from a ``--ledger`` URL (internal)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from .._errors import ConfigError
+from ._base import Ledger, MemoryLedger
+
+
+def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
+    """The ledger a URL names: ``memory:``, ``sqlite:///PATH`` (SQLAlchemy's convention:
+    ``sqlite:///ledger.db`` is relative to the working folder, ``sqlite:////var/x.db``
+    absolute; https://docs.sqlalchemy.org/en/20/core/engines.html#sqlite) or
+    ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://`` for TLS; needs the ``redis`` extra).
+    ``create_folder``: make a SQLite file's missing folders (for :func:`default_ledger_url`;
+    off by default so that a mistyped path is an error). ``ConfigError`` for any other URL
+    or a missing package."""
+    if not isinstance(url, str):
+        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return MemoryLedger()
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path[1:] if parts.netloc == "" else "")
+        if not path or path.endswith("/"):
+            raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
+        from ._sqlite import SQLiteLedger  # noqa: PLC0415 (keeps the package import light)
+
+        return SQLiteLedger(path, create_folder=create_folder)
+    if parts.scheme in ("redis", "rediss"):
+        return _open_redis(url)
+    raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
+
+
+def _open_redis(url: str) -> Ledger:
+    try:
+        import redis.asyncio as aioredis  # noqa: PLC0415 (the [redis] extra, lazily)
+
+        from ._redis import RedisLedger  # noqa: PLC0415 (it imports redis)
+    except ImportError as exc:  # pragma: no cover - the test environment has the extra
+        hint = "pip install 'toollatch[redis]'"
+        raise ConfigError(f"a redis:// ledger needs the redis package: {hint}") from exc
+    try:
+        # Timeouts so that a Redis down is an error within seconds, never a hang.
+        client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    except ValueError as exc:
+        raise ConfigError(f"bad redis URL {url!r}: {exc}") from exc
+    return RedisLedger(client)
+
+
+def default_ledger_url(environ: Mapping[str, str] | None = None) -> str:
+    """``sqlite:///`` + ``$XDG_DATA_HOME/toollatch/ledger.db`` (default
+    ``~/.local/share``; https://specifications.freedesktop.org/basedir-spec/latest/): the
+    ledger ``serve`` uses without ``--ledger``; open it with ``create_folder=True``."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local/share")
+    return "sqlite:///" + str(Path(base) / "toollatch" / "ledger.db")

@@ -1,0 +1,299 @@
+"""The Redis ledger: many workers on many hosts (internal; needs the ``redis`` package).
+
+Per call, a hash holds the record and a separate *lease key* holds the current fencing
+token with a server-side expiry (``SET ... PX``, https://redis.io/docs/latest/commands/set/),
+so liveness is judged by the Redis server's clock, never by a worker's. Every operation is one
+Lua script (``EVALSHA``), which Redis runs atomically
+(https://redis.io/docs/latest/develop/interact/programmability/eval-intro/): a claim reads and
+writes the hash and the lease key in one step, and a write naming a token that is no longer
+the hash's is refused with ``LEASE_LOST`` (the fencing rule of ``_records``). Final records
+expire after ``retention_s``. Both keys of a call share a hash tag (the scope), so the scripts
+also work on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from .._errors import ConfigError
+from .._round import ToolResult
+from ._history import HistoryConflict, _encoded
+from ._records import (
+    Claim,
+    Found,
+    LeaseLost,
+    LedgerError,
+    LedgerKey,
+    LedgerRecord,
+    Won,
+    check_lease,
+    result_from_json,
+    result_to_json,
+)
+
+_CLAIM = """
+local h, lk = KEYS[1], KEYS[2]
+local digest, worker, now, lease_until, lease_ms, rerun, retention_ms = unpack(ARGV)
+if redis.call('EXISTS', h) == 0 then
+  redis.call('HSET', h, 'digest', digest, 'state', 'claimed', 'worker', worker, 'token', 1,
+    'claimed_at', now, 'lease_until', lease_until, 'updated_at', now)
+  if tonumber(retention_ms) > 0 then redis.call('PEXPIRE', h, retention_ms) end
+  redis.call('SET', lk, 1, 'PX', lease_ms)
+  return {'won', '1'}
+end
+local rec = redis.call('HGETALL', h)
+local state = redis.call('HGET', h, 'state')
+local token = redis.call('HGET', h, 'token')
+local live = redis.call('GET', lk) == token
+local final = state == 'completed' or state == 'failed'
+local takeable = state == 'claimed' or (state == 'started' and rerun == '1')
+if redis.call('HGET', h, 'digest') ~= digest or final or live or not takeable then
+  return {'found', (live and not final) and '1' or '0', rec}
+end
+local t = redis.call('HINCRBY', h, 'token', 1)
+redis.call('HSET', h, 'state', 'claimed', 'worker', worker, 'claimed_at', now,
+  'lease_until', lease_until, 'updated_at', now)
+redis.call('HDEL', h, 'result')
+redis.call('SET', lk, t, 'PX', lease_ms)
+return {'won', tostring(t), rec}
+"""
+
+_FENCED = """
+local h, lk = KEYS[1], KEYS[2]
+local token, op, now, lease_until, lease_ms, state_to, result, retention_ms = unpack(ARGV)
+local held = redis.call('HGET', h, 'token')
+local state = redis.call('HGET', h, 'state')
+if held ~= token or state == 'completed' or state == 'failed' then
+  return redis.error_reply('LEASE_LOST held ' .. tostring(held) .. ' ' .. tostring(state))
+end
+if op == 'start' and state ~= 'claimed' then
+  return redis.error_reply('LEASE_LOST already ' .. state)
+end
+if op == 'finish' then
+  redis.call('HSET', h, 'state', state_to, 'result', result, 'updated_at', now)
+  redis.call('DEL', lk)
+  if tonumber(retention_ms) > 0 then redis.call('PEXPIRE', h, retention_ms) end
+  return 'ok'
+end
+if op == 'start' then redis.call('HSET', h, 'state', 'started') end
+redis.call('HSET', h, 'lease_until', lease_until, 'updated_at', now)
+redis.call('SET', lk, token, 'PX', lease_ms)
+return 'ok'
+"""
+
+_RELEASE = """
+local h, lk = KEYS[1], KEYS[2]
+local state = redis.call('HGET', h, 'state')
+if redis.call('HGET', h, 'token') == ARGV[1] and state ~= 'completed' and state ~= 'failed' then
+  redis.call('DEL', lk)
+  redis.call('HSET', h, 'lease_until', '0.0')
+end
+return 'ok'
+"""
+
+_SETTLE = """
+local h, lk = KEYS[1], KEYS[2]
+local token, now, result, retention_ms = unpack(ARGV)
+local state = redis.call('HGET', h, 'state')
+if not state then return redis.error_reply('LEASE_LOST no record') end
+local held = redis.call('HGET', h, 'token')
+if held == token and state ~= 'completed' and state ~= 'failed'
+    and redis.call('GET', lk) ~= held then
+  redis.call('HSET', h, 'state', 'failed', 'result', result, 'updated_at', now)
+  redis.call('DEL', lk)
+  if tonumber(retention_ms) > 0 then redis.call('PEXPIRE', h, retention_ms) end
+end
+return redis.call('HGETALL', h)
+"""
+
+
+class RedisLedger:
+    """A :class:`Ledger` on a Redis server, for workers on several hosts.
+
+    ``client``: a ``redis.asyncio.Redis`` (this ledger closes it in :meth:`aclose`).
+    ``prefix``: the key prefix; ``retention_s``: how long a record is kept after its claim
+    and after its result (0: forever); a replay of a call id older than that runs again.
+    Connection failures and timeouts raise ``LedgerError``: nothing is assumed, so a call
+    whose claim could not be made is not run.
+    """
+
+    def __init__(
+        self, client: aioredis.Redis, *, prefix: str = "toollatch:", retention_s: float = 7 * 86400
+    ) -> None:
+        if not isinstance(retention_s, int | float) or retention_s < 0:
+            raise ConfigError(f"retention_s must be >= 0 seconds, got {retention_s!r}")
+        self._r = client
+        self._prefix = prefix
+        self._retention_ms = str(int(retention_s * 1000))
+        self._claim = client.register_script(_CLAIM)
+        self._fenced = client.register_script(_FENCED)
+        self._release = client.register_script(_RELEASE)
+        self._settle = client.register_script(_SETTLE)
+
+    def _keys(self, key: LedgerKey) -> list[str]:
+        # The scope's length first makes the key unambiguous whatever characters it holds.
+        h = f"{self._prefix}call:{len(key.scope)}:{{{key.scope}}}:{key.call_id}"
+        return [h, h + ":lease"]
+
+    async def claim(
+        self,
+        key: LedgerKey,
+        *,
+        digest: str,
+        worker: str,
+        now: float,
+        lease_s: float,
+        rerun_started: bool = False,
+    ) -> Claim:
+        """See :meth:`Ledger.claim` (liveness is the lease key's server-side expiry)."""
+        check_lease(lease_s)
+        args = [digest, worker, repr(now), repr(now + lease_s), _ms(lease_s), "1" * rerun_started]
+        args.append(self._retention_ms)
+        reply = await self._run(self._claim, key, args)
+        kind, value, *rest = reply
+        previous = _record(key, rest[0]) if rest else None
+        if _text(kind) == "won":
+            return Won(token=int(value), previous=previous)
+        assert previous is not None  # the script returns the record with 'found'
+        return Found(record=previous, live=_text(value) == "1")
+
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        """See :meth:`Ledger.start`."""
+        await self._write(key, token, "start", now=now, lease_s=lease_s)
+
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        """See :meth:`Ledger.renew`."""
+        await self._write(key, token, "renew", now=now, lease_s=lease_s)
+
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
+        """See :meth:`Ledger.finish`."""
+        state = "failed" if result.is_error else "completed"
+        await self._write(key, token, "finish", now=now, state=state, result=result)
+
+    async def release(self, key: LedgerKey, token: int) -> None:
+        """See :meth:`Ledger.release`."""
+        await self._run(self._release, key, [str(token)])
+
+    async def settle_unknown(
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
+        """See :meth:`Ledger.settle_unknown`."""
+        args = [str(token), repr(now), result_to_json(result), self._retention_ms]
+        return _record(key, await self._run(self._settle, key, args))
+
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
+        """See :meth:`Ledger.get`."""
+        try:
+            fields = await self._r.hgetall(self._keys(key)[0])
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis ledger: {type(exc).__name__}: {exc}") from exc
+        return _record(key, fields) if fields else None
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        await self._r.aclose()
+
+    async def _write(
+        self,
+        key: LedgerKey,
+        token: int,
+        op: str,
+        *,
+        now: float,
+        lease_s: float = 1.0,
+        state: str = "",
+        result: ToolResult | None = None,
+    ) -> None:
+        check_lease(lease_s)
+        text = result_to_json(result) if result is not None else ""
+        args = [str(token), op, repr(now), repr(now + lease_s), _ms(lease_s), state, text]
+        await self._run(self._fenced, key, [*args, self._retention_ms])
+
+    async def _run(self, script: Any, key: LedgerKey, args: list[str]) -> Any:
+        try:
+            return await script(keys=self._keys(key), args=args)
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).startswith("LEASE_LOST"):
+                raise LeaseLost(f"call {key.call_id!r} ({key.scope!r}): {exc}") from None
+            raise LedgerError(f"Redis ledger: {exc}") from exc
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis ledger: {type(exc).__name__}: {exc}") from exc
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, int(seconds * 1000)))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _record(key: LedgerKey, fields: Any) -> LedgerRecord:
+    """A record from HGETALL's reply: a flat list from a script, a dict from the client."""
+    if isinstance(fields, list):
+        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+    data = {_text(k): _text(v) for k, v in fields.items()}
+    try:
+        state = data["state"]
+        if state not in ("claimed", "started", "completed", "failed"):
+            raise ValueError(f"unknown state {state!r}")
+        return LedgerRecord(
+            key=key, digest=data["digest"], state=state,  # type: ignore[arg-type]
+            worker=data["worker"], token=int(data["token"]),
+            claimed_at=float(data["claimed_at"]), lease_until=float(data["lease_until"]),
+            updated_at=float(data["updated_at"]),
+            result=result_from_json(data["result"]) if "result" in data else None,
+        )  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        raise LedgerError(f"a Redis ledger record of {key.call_id!r} is corrupt: {exc}") from exc
+
+
+_APPEND = """
+local length = redis.call('LLEN', KEYS[1])
+if length ~= tonumber(ARGV[1]) then return redis.error_reply('CONFLICT ' .. length) end
+for i = 2, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+return length + #ARGV - 1
+"""
+
+
+class RedisHistory:
+    """A :class:`History` in Redis lists (one per run), appended by a Lua script that
+    checks the length first, so two writers never interleave one run."""
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "toollatch:") -> None:
+        self._r = client
+        self._prefix = prefix
+        self._append = client.register_script(_APPEND)
+
+    async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
+        """See :meth:`History.append`."""
+        encoded = _encoded(run, messages, at)
+        try:
+            return int(await self._append(keys=[self._key(run)], args=[at, *encoded]))
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).startswith("CONFLICT"):
+                held = str(exc).split()[-1]
+                raise HistoryConflict(f"run {run!r} has {held} messages, not {at}") from None
+            raise LedgerError(f"Redis history: {exc}") from exc
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis history: {type(exc).__name__}: {exc}") from exc
+
+    async def load(self, run: str) -> list[dict[str, Any]]:
+        """See :meth:`History.load`."""
+        try:
+            raw = await self._r.lrange(self._key(run), 0, -1)
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis history: {type(exc).__name__}: {exc}") from exc
+        return [json.loads(m) for m in raw]
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        await self._r.aclose()
+
+    def _key(self, run: str) -> str:
+        return f"{self._prefix}history:{{{run}}}"

@@ -1,0 +1,243 @@
+"""The SQLite ledger: one file, safe for several processes on one host (internal).
+
+Each operation is one ``BEGIN IMMEDIATE`` transaction: it takes the database's write lock
+before reading, so two processes claiming one call serialize and the second sees the first's
+record (https://www.sqlite.org/lang_transaction.html). WAL mode lets readers run beside the
+writer (https://www.sqlite.org/wal.html); WAL needs every process on the same host (shared
+memory), which is why Redis is the backend for several hosts. ``synchronous=FULL`` makes each
+commit durable across power loss, not only across a process crash. The blocking ``sqlite3``
+calls run in one worker thread per ledger, which owns the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._errors import ConfigError
+from .._round import ToolResult
+from ._records import (
+    Claim,
+    LedgerError,
+    LedgerKey,
+    LedgerRecord,
+    check_lease,
+    decide_claim,
+    decide_unknown,
+    fenced,
+    finished,
+    released,
+    renewed,
+    result_from_json,
+    result_to_json,
+    started,
+)
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS toollatch_calls (
+    scope TEXT NOT NULL, call_id TEXT NOT NULL, digest TEXT NOT NULL, state TEXT NOT NULL,
+    worker TEXT NOT NULL, token INTEGER NOT NULL, claimed_at REAL NOT NULL,
+    lease_until REAL NOT NULL, updated_at REAL NOT NULL, result TEXT,
+    PRIMARY KEY (scope, call_id)
+) WITHOUT ROWID
+"""
+_COLUMNS = "digest, state, worker, token, claimed_at, lease_until, updated_at, result"
+_UPSERT = f"INSERT OR REPLACE INTO toollatch_calls (scope, call_id, {_COLUMNS}) VALUES ({', '.join('?' * 10)})"  # noqa: E501
+
+
+class SQLiteLedger:
+    """A :class:`Ledger` in the SQLite file at ``path`` (created with its table if absent).
+
+    ``busy_timeout_s``: how long an operation waits for another process's write lock
+    before it fails with ``LedgerError``. ``create_folder``: make missing parent folders
+    when the file is first opened. Open it inside the event loop that uses it.
+    """
+
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = 10.0, create_folder: bool = False
+    ) -> None:
+        if not isinstance(busy_timeout_s, int | float) or not 0 < busy_timeout_s <= 3600:
+            raise ConfigError(f"busy_timeout_s must be in (0, 3600], got {busy_timeout_s!r}")
+        self.path = Path(path)
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toollatch-ledger")
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self._create_folder = create_folder
+
+    # -- the Ledger methods ------------------------------------------------------------------
+
+    async def claim(
+        self,
+        key: LedgerKey,
+        *,
+        digest: str,
+        worker: str,
+        now: float,
+        lease_s: float,
+        rerun_started: bool = False,
+    ) -> Claim:
+        """See :meth:`Ledger.claim`."""
+        check_lease(lease_s)
+
+        def step(record: LedgerRecord | None) -> tuple[Claim, LedgerRecord | None]:
+            return decide_claim(
+                record, key, digest=digest, worker=worker, now=now, lease_s=lease_s,
+                rerun_started=rerun_started,
+            )  # fmt: skip
+
+        return await self._transaction(key, step)
+
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        """See :meth:`Ledger.start`."""
+        check_lease(lease_s)
+        await self._transaction(
+            key, lambda r: (None, started(fenced(r, key, token), now=now, lease_s=lease_s))
+        )
+
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        """See :meth:`Ledger.renew`."""
+        check_lease(lease_s)
+        await self._transaction(
+            key, lambda r: (None, renewed(fenced(r, key, token), now=now, lease_s=lease_s))
+        )
+
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
+        """See :meth:`Ledger.finish`."""
+        await self._transaction(
+            key, lambda r: (None, finished(fenced(r, key, token), result, now=now))
+        )
+
+    async def release(self, key: LedgerKey, token: int) -> None:
+        """See :meth:`Ledger.release`."""
+        await self._transaction(key, lambda r: (None, released(r, token)))
+
+    async def settle_unknown(
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
+        """See :meth:`Ledger.settle_unknown`."""
+
+        def step(record: LedgerRecord | None) -> tuple[LedgerRecord, LedgerRecord | None]:
+            after, changed = decide_unknown(record, key, token, result, now=now)
+            return after, after if changed else None
+
+        return await self._transaction(key, step)
+
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
+        """See :meth:`Ledger.get`."""
+        return await self._call(lambda conn: _select(conn, key))
+
+    async def purge(self, *, finished_before: float) -> int:
+        """Delete final records last written before ``finished_before`` (Unix time); the
+        number deleted. Retention is the caller's policy (a cron, a ``serve`` sweep)."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            with _immediate(conn):
+                cursor = conn.execute(
+                    "DELETE FROM toollatch_calls WHERE state IN ('completed', 'failed') "
+                    "AND updated_at < ?",
+                    (finished_before,),
+                )
+                return cursor.rowcount
+
+        return await self._call(run)
+
+    async def aclose(self) -> None:
+        """Close the connection and its thread; the file stays."""
+        if self._closed:
+            return
+        self._closed = True
+
+        def close(_: sqlite3.Connection | None = None) -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        self._executor.shutdown(wait=False)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def _transaction(
+        self, key: LedgerKey, step: Callable[[LedgerRecord | None], tuple[T, LedgerRecord | None]]
+    ) -> T:
+        """Read ``key``'s record, apply ``step``, write its new record: one transaction."""
+
+        def run(conn: sqlite3.Connection) -> T:
+            with _immediate(conn):
+                outcome, new = step(_select(conn, key))
+                if new is not None:
+                    conn.execute(_UPSERT, _row(new))
+                return outcome
+
+        return await self._call(run)
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise LedgerError(f"the SQLite ledger {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._with_connection, fn)
+
+    def _with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            if self._conn is None:
+                if self._create_folder:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._conn = _connect(self.path, self._busy_ms)
+            return fn(self._conn)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(f"SQLite ledger {self.path}: {exc}") from exc
+
+
+def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
+    # isolation_level=None: transactions are the explicit BEGIN IMMEDIATE of _immediate.
+    conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute(_SCHEMA)
+    return conn
+
+
+class _immediate:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` when the body raises."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _select(conn: sqlite3.Connection, key: LedgerKey) -> LedgerRecord | None:
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM toollatch_calls WHERE scope = ? AND call_id = ?",
+        (key.scope, key.call_id),
+    ).fetchone()
+    if row is None:
+        return None
+    digest, state, worker, token, claimed_at, lease_until, updated_at, result = row
+    if state not in ("claimed", "started", "completed", "failed"):
+        raise LedgerError(f"call {key.call_id!r} has an unknown state {state!r}")
+    return LedgerRecord(
+        key=key, digest=digest, state=state, worker=worker, token=int(token),
+        claimed_at=claimed_at, lease_until=lease_until, updated_at=updated_at,
+        result=result_from_json(result) if result is not None else None,
+    )  # fmt: skip
+
+
+def _row(r: LedgerRecord) -> tuple[Any, ...]:
+    result = result_to_json(r.result) if r.result is not None else None
+    return (
+        r.key.scope, r.key.call_id, r.digest, r.state, r.worker, r.token,
+        r.claimed_at, r.lease_until, r.updated_at, result,
+    )  # fmt: skip

@@ -1,0 +1,217 @@
+"""Running one call under a ledger claim (internal; used by the dispatcher).
+
+Theory of operation. :meth:`LedgerGuard.run` claims the call before anything else, then:
+
+- it won the claim: it keeps the lease alive (a heartbeat every third of ``lease_s``) while
+  the call waits for its locks and while the tool runs, marks the record ``started`` right
+  before the tool starts (so a worker killed while waiting leaves a ``claimed`` record that is
+  safe to run again), and stores the result;
+- the record is final: its stored result, the tool not run;
+- the record holds other arguments: ``duplicate_call_id``;
+- a live worker holds it: it polls until that worker's record is final or its lease runs out;
+- a dead worker had *started* it: "started, outcome unknown", stored as the call's final
+  result, unless the tool is ``idempotent``, whose call is then claimed and run again with
+  :attr:`CallContext.rerun` set (the claim took the stale record over).
+
+A ledger that cannot be reached before the tool starts means the call is not run (an error
+result); after the tool ran, the result still goes to the model and the failed write is
+logged (the record stays ``started`` and other workers will call its outcome unknown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .._errors import ErrorCode
+from .._gate import CommittedCall
+from .._round import ToolResult
+from ..ledger._base import Ledger
+from ..ledger._context import CallContext, idempotency_key
+from ..ledger._records import FINAL, Found, LeaseLost, LedgerError, LedgerKey, Won, digest_of
+
+_log = logging.getLogger("toollatch.ledger")
+
+Clock = Callable[[], float]
+"""Wall-clock seconds (Unix time); ``time.time`` unless a test passes its own."""
+
+STALE_UNKNOWN = (
+    "a worker claimed and started this call, then stopped renewing its claim (it died or "
+    "hung); its outcome is unknown (it may have had its effect), so it was not run again"
+)
+WAITED = "it was not run here and its outcome is unknown"
+LEDGER_DOWN = "the call ledger is unavailable, so the call was not run"
+_WRITE_TIMEOUT_S = 5.0
+"""Longest wait for the write that records a cancelled call (it runs shielded)."""
+
+
+class _Retry(Exception):
+    """Our claim was taken over before the tool started: claim again (and find theirs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Owned:
+    """A won claim, handed to the runner: ``start`` marks the record started (call it right
+    before the tool runs), ``context`` is what the tool reads with ``current_call()``."""
+
+    context: CallContext
+    start: Callable[[], Awaitable[None]]
+
+
+Runner = Callable[[Owned], Awaitable[ToolResult]]
+"""Runs the tool of a won claim (waiting for its locks first) and returns its result."""
+
+
+class LedgerGuard:
+    """The dispatcher's ledger policy; see the module docstring."""
+
+    def __init__(
+        self, ledger: Ledger, *, worker: str, lease_s: float, poll_s: float, clock: Clock
+    ) -> None:
+        self.ledger = ledger
+        self.worker = worker
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.clock = clock
+
+    async def run(
+        self,
+        call: CommittedCall,
+        session: str,
+        *,
+        idempotent: bool,
+        runner: Runner,
+        on_cancel: Callable[[], tuple[ToolResult, bool]],
+        max_wait_s: float | None = None,
+    ) -> ToolResult:
+        """The call's result, run at most once across every worker of the ledger.
+
+        ``on_cancel`` gives, when the task is cancelled while owning the claim, the result
+        to record and whether the call may run again (then the claim is released).
+        ``max_wait_s``: how long to wait for another live worker's run of the call before
+        giving up with ``tool_timeout`` (None: as long as its lease is renewed)."""
+        key = LedgerKey(scope=session, call_id=call.call_id)
+        digest = digest_of(call.name, call.arguments)
+        loop = asyncio.get_running_loop()
+        give_up = None if max_wait_s is None else loop.time() + max_wait_s
+        while True:
+            if give_up is not None and loop.time() > give_up:
+                detail = f"another worker has run this call for over {max_wait_s:g} s; {WAITED}"
+                return _error(call, ErrorCode.TOOL_TIMEOUT, detail)
+            try:
+                claim = await self.ledger.claim(
+                    key, digest=digest, worker=self.worker, now=self.clock(),
+                    lease_s=self.lease_s, rerun_started=idempotent,
+                )  # fmt: skip
+            except LedgerError as exc:
+                return _error(call, ErrorCode.CANCELLED, f"{LEDGER_DOWN} ({exc})")
+            if isinstance(claim, Won):
+                context = CallContext(
+                    session=session, call_id=call.call_id, token=claim.token,
+                    idempotency_key=idempotency_key(session, call.call_id, digest),
+                    rerun=claim.previous is not None and claim.previous.state == "started",
+                )  # fmt: skip
+                try:
+                    return await self._own(key, call, context, runner, on_cancel)
+                except _Retry:
+                    continue
+            if (done := await self._found(key, call, digest, claim)) is not None:
+                return done
+
+    async def _found(
+        self, key: LedgerKey, call: CommittedCall, digest: str, found: Found
+    ) -> ToolResult | None:
+        """The result for a claim that lost, or None to claim again (after a pause)."""
+        record = found.record
+        if record.digest != digest:
+            detail = "this call id already ran with other arguments; this call was not run"
+            return _error(call, ErrorCode.DUPLICATE_CALL_ID, detail)
+        if record.state in FINAL and record.result is not None:
+            return record.result
+        if found.live or record.state == "claimed":
+            await asyncio.sleep(self.poll_s)  # a live worker holds it: wait for its result
+            return None
+        verdict = _error(call, ErrorCode.CANCELLED, STALE_UNKNOWN)
+        try:
+            after = await self.ledger.settle_unknown(key, record.token, verdict, now=self.clock())
+        except LeaseLost:
+            return None  # the record is gone (expired after its retention): claim again
+        except LedgerError as exc:
+            return _error(call, ErrorCode.CANCELLED, f"{LEDGER_DOWN} ({exc})")
+        return after.result if after.state in FINAL else None  # else: renewed meanwhile
+
+    async def _own(
+        self,
+        key: LedgerKey,
+        call: CommittedCall,
+        context: CallContext,
+        runner: Runner,
+        on_cancel: Callable[[], tuple[ToolResult, bool]],
+    ) -> ToolResult:
+        token = context.token
+        assert token is not None  # a won claim always has one
+        heartbeat = asyncio.create_task(self._heartbeat(key, token), name="toollatch:lease")
+
+        async def start() -> None:
+            try:
+                await self.ledger.start(key, token, now=self.clock(), lease_s=self.lease_s)
+            except LeaseLost:
+                raise _Retry from None
+
+        try:
+            result = await runner(Owned(context=context, start=start))
+        except asyncio.CancelledError:
+            result, again = on_cancel()
+            write = self.ledger.release(key, token) if again else self._store(key, token, result)
+            await _shielded(write)
+            raise
+        finally:
+            heartbeat.cancel()
+        await self._store(key, token, result)
+        return result
+
+    async def _store(self, key: LedgerKey, token: int, result: ToolResult) -> None:
+        try:
+            await self.ledger.finish(key, token, result, now=self.clock())
+        except LedgerError as exc:  # LeaseLost too: the model still gets the real result
+            _log.warning("could not store the result of %r: %s", key.call_id, exc)
+
+    async def _heartbeat(self, key: LedgerKey, token: int) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.ledger.renew(key, token, now=self.clock(), lease_s=self.lease_s)
+            except LeaseLost:
+                _log.warning("lost the claim of %r (lease expired, taken over)", key.call_id)
+                return
+            except LedgerError as exc:  # transient: the next beat tries again
+                _log.warning("could not renew the claim of %r: %s", key.call_id, exc)
+
+
+async def _shielded(write: Awaitable[None]) -> None:
+    """Run ``write`` to its end even though the caller is being cancelled (bounded)."""
+    task = asyncio.ensure_future(asyncio.wait_for(write, _WRITE_TIMEOUT_S))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        pass  # cancelled again: the shielded task still finishes the write
+    except Exception as exc:
+        _log.warning("could not record a cancelled call: %s", exc)
+
+
+def _error(call: CommittedCall, code: ErrorCode, detail: str) -> ToolResult:
+    return ToolResult(
+        tool_call_id=call.call_id,
+        name=call.name,
+        content=f"{code}: {detail}.",
+        is_error=True,
+        code=code,
+    )
+
+
+def default_clock() -> float:
+    """``time.time()``: leases are compared across processes, so wall-clock time."""
+    return time.time()
