@@ -133,3 +133,33 @@ def test_max_rounds_ends_the_run_with_a_paired_history():
     tool_messages = [m for m in last["history"] if m.get("role") == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == [
         "call_demo_weather_oslo", "call_demo_weather_zurich"]
+
+
+def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
+    log = tmp_path / "ran.log"
+    tools = tmp_path / "logged_tools.py"
+    tools.write_text(textwrap.dedent(f'''
+        import toollatch
+
+        @toollatch.tool
+        def get_weather(city: str, unit: str = "c") -> str:
+            """Made-up weather, logged."""
+            with open({str(log)!r}, "a") as f:
+                f.write(city + "\\n")
+            return "21 degrees"
+
+        @toollatch.tool
+        def write_file(path: str, content: str) -> str:
+            """Pretend to write."""
+            return "ok"
+    '''))
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = ["run", "--json", "--tools", str(tools), "--ledger", ledger]
+    for _ in range(2):  # the same session twice: a replay of the same stream
+        done = toollatch(*args, "--session", "s1")
+        assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["Oslo", "Zürich"]  # once each, not twice
+    assert toollatch(*args).returncode == 0  # no --session: a new run, a new scope
+    assert log.read_text().splitlines() == ["Oslo", "Zürich", "Oslo", "Zürich"]
+    bad = toollatch("run", "--ledger", "ftp://nowhere")
+    assert bad.returncode == 2 and "--ledger" in bad.stderr

@@ -146,6 +146,12 @@ SURFACES = {
         "ToolFinishedEvent", "ToolOutcome", "ToolStartedEvent", "Tracing", "configure_logging",
         "example_tools", "load_config", "model_client", "tool", "user_message",
     ],
+    "toollatch.ledger": [
+        "CallContext", "Claim", "Found", "History", "HistoryConflict", "LeaseLost", "Ledger",
+        "LedgerError", "LedgerKey", "LedgerRecord", "LedgerState", "LockLost", "MemoryHistory",
+        "MemoryLedger", "SQLiteHistory", "SQLiteLedger", "SessionLocks", "Won", "current_call",
+        "default_ledger_url", "digest_of", "open_ledger",
+    ],
     "toollatch.scripted": [
         "DONE_TURN", "PROVIDERS", "Call", "Faults", "Reasoning", "RecordedRequest", "Script",
         "ScriptedServer", "Text", "Turn", "demo_script",
@@ -184,6 +190,7 @@ SURFACES = {
 ALIASES = {
     "Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent", "AgentEvent",
     "CONFIG_EXAMPLE",  # (a string: documented in the module)
+    "Claim", "LedgerState", "SessionLocks",
 }
 """Type aliases: documented where they are defined (an alias has no docstring of its own)."""
 

@@ -150,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
     run.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="a durable call ledger: sqlite:///PATH or redis://HOST:PORT/DB (a call id runs at "
+        "most once across processes and restarts)",
+    )
+    run.add_argument(
+        "--session",
+        metavar="ID",
+        help="the run's session (the ledger's scope); default: a new id per run with --ledger",
+    )
+    run.add_argument(
         "--config",
         metavar="FILE",
         help="YAML configuration (see `toollatch config example`); flags win over it",

@@ -44,6 +44,7 @@ from .._pipeline import StreamParser
 from .._preview import PreviewPolicy, PreviewUpdated
 from .._round import Round, ToolResult
 from ..assembly import CallAnnounced, CallReady, TextReceived
+from ..ledger import Ledger
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,
@@ -119,7 +120,9 @@ class Agent:
     ``eager_start=False`` is the master switch off: no call starts before its round ends.
     ``drop_failed``: error codes whose failed calls are dropped from the history with their
     results (``drop_with_protocol_repair``; events and ``rounds`` still show them).
-    ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs).
+    ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs). ``ledger``
+    (:mod:`toollatch.ledger`) makes a call id run at most once across processes, scoped by
+    ``session``: give each run its own session id (providers reuse ids such as ``call_1``).
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class Agent:
         eager_start: bool = True,
         drop_failed: Collection[ErrorCode] = (),
         observers: Sequence[AgentObserver] = (),
+        ledger: Ledger | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -148,6 +152,7 @@ class Agent:
         self.run_limits = run_limits or RunLimits()
         self.limits = limits or Limits()
         self.session = session
+        self.ledger = ledger
         self.previews = previews
         self.drop_failed = frozenset(drop_failed)
         self.observers = tuple(observers)
@@ -159,6 +164,7 @@ class Agent:
             max_concurrency=max_concurrency,
             default_timeout_s=default_timeout_s,
             on_event=self._tool_event,
+            ledger=ledger,
         )
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))

@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._errors import ConfigError, ToolLatchError, UsageError
+from ..ledger import open_ledger
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
 from ._agent_events import AgentEvent
@@ -108,16 +110,32 @@ def _agent(
 ) -> Agent:
     """The run's agent: flags over the config file over the defaults."""
     eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
+    durable = _durable(args)
     if c is None:
         limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
-        return Agent(client, tools, eager=eager, run_limits=limits)
-    options = c.agent_options()
+        return Agent(client, tools, eager=eager, run_limits=limits, **durable)
+    options = {**c.agent_options(), **durable}
     options["eager"] = (*options["eager"], *eager)
     if eager:  # --eager names tools to start early: the master switch follows the flag
         options["eager_start"] = True
     if args.max_rounds is not None:
         options["run_limits"] = replace(options["run_limits"], max_rounds=args.max_rounds)
     return Agent(client, tools, **options)
+
+
+def _durable(args: argparse.Namespace) -> dict[str, Any]:
+    """``ledger`` and ``session`` for the Agent from ``--ledger`` / ``--session``: with a
+    ledger, each run is its own session unless one is named (the ledger's scope)."""
+    found: dict[str, Any] = {}
+    if getattr(args, "session", None):
+        found["session"] = args.session
+    if getattr(args, "ledger", None):
+        try:
+            found["ledger"] = open_ledger(args.ledger)
+        except (ConfigError, UsageError) as exc:
+            raise CommandError(f"--ledger {args.ledger}: {exc}") from None
+        found.setdefault("session", f"run-{uuid.uuid4().hex}")
+    return found
 
 
 def _api_key(config: Config | None) -> str | None:
@@ -151,7 +169,9 @@ async def _with_model(
             agent = _agent(args, client, tools, config)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
-        async with client:
+        async with client, contextlib.AsyncExitStack() as closing:
+            if agent.ledger is not None:
+                closing.push_async_callback(agent.ledger.aclose)
             view = _JsonView() if args.json else _LiveView()
             try:
                 error = await view.show(agent.run(args.message or DEFAULT_MESSAGE))
