@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-rounds", type=_positive, default=8, metavar="N")
     run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
+    from .relay._command import add_serve_parser  # noqa: PLC0415 (no [run] import until used)
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -177,6 +180,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     if args.command == "run":
         return _run(args)
+    if args.command == "serve":
+        from .relay._command import serve_command  # noqa: PLC0415 (the [run] extra, lazily)
+
+        return serve_command(args)
     try:
         limits = _limits(args)
         tools = load_tools(args.tools) if args.tools else None

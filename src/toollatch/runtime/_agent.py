@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +113,9 @@ class Agent:
     that may start before their round ends (besides ``eager=True`` tools). The agent's
     dispatcher lives as long as the agent: a call id runs at most once across its runs.
     ``system`` and ``max_tokens`` go with every request; ``limits`` and ``previews`` are the
-    core's (argument sizes, depth; preview notices are not agent events).
+    core's (argument sizes, depth; preview notices are not agent events). ``on_preview`` gets
+    each (redacted) :class:`PreviewUpdated` of ``previews``, called by the run's iterator in
+    stream order with the events (the relay's hook; nothing else goes to it).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class Agent:
         max_concurrency: int = 8,
         default_timeout_s: float | None = 30.0,
         previews: PreviewPolicy | None = None,
+        on_preview: Callable[[PreviewUpdated], None] | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -140,7 +143,8 @@ class Agent:
         self.limits = limits or Limits()
         self.session = session
         self.previews = previews
-        self._sink: asyncio.Queue[AgentEvent | None] | None = None
+        self.on_preview = on_preview
+        self._sink: asyncio.Queue[AgentEvent | PreviewUpdated | None] | None = None
         self._attempts = 0
         self.dispatcher = Dispatcher(
             tools,
@@ -203,7 +207,7 @@ class AgentRun:
         self.rounds: list[Round] = []
         self.results: list[list[ToolResult]] = []
         self.error: str | None = None
-        self._events: asyncio.Queue[AgentEvent | None] = asyncio.Queue()
+        self._events: asyncio.Queue[AgentEvent | PreviewUpdated | None] = asyncio.Queue()
         self._driver: asyncio.Task[None] | None = None
         self._budget = RunBudget(agent.run_limits.max_tool_calls)
         self._opened: set[CallKey] = set()
@@ -222,7 +226,11 @@ class AgentRun:
         self._driver = asyncio.get_running_loop().create_task(self._drive())
         try:
             while (event := await self._events.get()) is not None:
-                yield event
+                if isinstance(event, PreviewUpdated):
+                    if self.agent.on_preview is not None:
+                        self.agent.on_preview(event)  # in order with the events around it
+                else:
+                    yield event
         finally:
             self.agent._sink = None
             if not self._driver.done():
@@ -331,8 +339,8 @@ class AgentRun:
                     )
                 )
                 dispatch.start(call)
-            elif isinstance(notice, PreviewUpdated):
-                pass  # previews feed UIs (the relay), not the agent event vocabulary
+            elif isinstance(notice, PreviewUpdated) and self.agent.on_preview is not None:
+                self._events.put_nowait(notice)  # UIs (the relay), not the agent events
 
     def _open(self, key: CallKey, call_id: str, name: str) -> None:
         if key not in self._opened:
