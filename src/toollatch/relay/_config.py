@@ -22,7 +22,7 @@ from .._preview import REDACTED, PreviewPolicy, ToolPreview
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api[_-]?key|auth|credential|cookie)", re.I)
 _SECRET_TEXT = re.compile(
-    r"(sk|pk|rk|ghp|gho|xox[abpr])[-_][A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{20,}"
+    r"(sk|pk|rk|ghp|gho|xox[abpr])[-_][A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
 )
 
 
@@ -56,7 +56,8 @@ class RelayLimits:
     max_stored_runs: int = 256
     """Runs kept for resume; the oldest finished run is forgotten beyond it."""
     max_run_events: int = 20_000
-    """Events stored per run; a run that reaches it is cancelled (its calls paired)."""
+    """Events stored per run; a run that reaches it is cancelled, and its text, previews and
+    opened calls past it are dropped (the calls' results and ``run_ended`` still come)."""
     max_body_bytes: int = 64 * 1024
     """Largest request body; more gets 413."""
     max_message_chars: int = 16_000

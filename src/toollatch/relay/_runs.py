@@ -30,6 +30,10 @@ from ..runtime._agent import AgentRun
 from ._config import RelayLimits, shown_arguments
 
 
+_DROPPABLE = frozenset({"text", "call_preview", "call_opened"})
+"""What a run past its event limit leaves out (still queued when the cancel was asked)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One stored event: its SSE id and the whole encoded frame."""
@@ -81,6 +85,8 @@ class RelayRun:
     def append(self, data: dict[str, Any]) -> None:
         """Store one event (``data["type"]`` is its SSE name) and wake the readers."""
         n = len(self.frames) + 1
+        if n > self._limits.max_run_events and data["type"] in _DROPPABLE:
+            return  # past the limit only the events that pair calls and end the run are kept
         body = orjson.dumps(data)
         self.frames.append(
             Frame(n, b"id: %d\nevent: %s\ndata: %s\n\n" % (n, data["type"].encode(), body))
