@@ -19,10 +19,18 @@ def slow_script(delay_ms: float = 25.0, city_chars: int = 40) -> Script:
     first = Turn(
         items=(
             Text(text="Checking two cities, slowly.", chunk_chars=4),
-            Call(call_id="call_slow_a", name="get_weather",
-                 arguments=json.dumps({"city": long_city}), fragment_chars=1),
-            Call(call_id="call_slow_b", name="get_weather",
-                 arguments=json.dumps({"city": "Zürich", "unit": "c"}), fragment_chars=1),
+            Call(
+                call_id="call_slow_a",
+                name="get_weather",
+                arguments=json.dumps({"city": long_city}),
+                fragment_chars=1,
+            ),
+            Call(
+                call_id="call_slow_b",
+                name="get_weather",
+                arguments=json.dumps({"city": "Zürich", "unit": "c"}),
+                fragment_chars=1,
+            ),
         ),
         delay_ms=delay_ms,
     )

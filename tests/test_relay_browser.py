@@ -127,8 +127,10 @@ async def test_stop_mid_stream_shows_cancelled_cards(browser, relay):
     await page.locator('.card.preview[data-call-id="call_slow_a"]').wait_for()
     await page.click("#stop")
     await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
-    states = {await c.get_attribute("data-call-id"): await c.get_attribute("data-state")
-              for c in await page.locator(".card").all()}
+    states = {
+        await c.get_attribute("data-call-id"): await c.get_attribute("data-state")
+        for c in await page.locator(".card").all()
+    }
     assert states.get("call_slow_a") == "cancelled"
     assert set(states.values()) <= {"cancelled", "done"}  # nothing left streaming or running
     assert await page.locator(".meta", has_text="cancelled").count() == 1
@@ -147,7 +149,9 @@ async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser, relay)
     ids = [await c.get_attribute("data-call-id") for c in await page.locator(".card").all()]
     assert ids == ["call_slow_a", "call_slow_b"]
     assert [await c.get_attribute("data-state") for c in await page.locator(".card").all()] == [
-        "done", "done"]
+        "done",
+        "done",
+    ]
     assert await page.locator("#gatelog li").count() == 2
     assert await page.locator(".user").count() == 1
 
@@ -165,5 +169,7 @@ async def test_another_session_gets_404(browser, relay):
         run,
     )
     assert statuses == [404, 404]
-    own = await page.evaluate("async (run) => (await fetch(run.cancel_url, {method: 'POST'})).status", run)
+    own = await page.evaluate(
+        "async (run) => (await fetch(run.cancel_url, {method: 'POST'})).status", run
+    )
     assert own == 202

@@ -38,7 +38,9 @@ async def client(relay):
 async def reference_events(tmp_path: Path) -> list[dict]:
     """The demo run's agent events, straight from the Agent (what `toollatch run --json` prints)."""
     async with ScriptedServer(delay_scale=0) as scripted:
-        client = model_client("openai_chat", model="scripted", base_url=scripted.base_url("openai_chat"))
+        client = model_client(
+            "openai_chat", model="scripted", base_url=scripted.base_url("openai_chat")
+        )
         async with client:
             agent = Agent(client, example_tools(tmp_path))
             return [e.to_json() async for e in agent.run("hi")]
@@ -58,14 +60,25 @@ async def test_events_are_the_agent_events_with_ids_in_order(client, tmp_path):
         elif event["type"] == "call_committed" and event["name"] == "write_file":
             event["arguments"] = {"path": event["arguments"]["path"]}  # content left out
     # tools and the stream race (eager calls), so only the order within a kind is fixed
-    for kind in ("text", "call_opened", "call_committed", "tool_started", "tool_finished",
-                 "round_ended", "run_ended"):
+    for kind in (
+        "text",
+        "call_opened",
+        "call_committed",
+        "tool_started",
+        "tool_finished",
+        "round_ended",
+        "run_ended",
+    ):
         assert [e for e in relayed if e["type"] == kind] == [
-            e for e in expected if e["type"] == kind], kind
+            e for e in expected if e["type"] == kind
+        ], kind
     assert len(relayed) == len(expected)
     previews = [f.data for f in frames if f.event == "call_preview"]
     assert {p["id"] for p in previews} == {
-        "call_demo_weather_oslo", "call_demo_weather_zurich", "call_demo_write_notes"}
+        "call_demo_weather_oslo",
+        "call_demo_weather_zurich",
+        "call_demo_write_notes",
+    }
 
 
 async def test_a_finished_run_answers_204_after_its_last_event(client):
@@ -161,8 +174,9 @@ async def test_a_stalled_reader_does_not_stall_the_run(relay, client):
     cookie = client.headers["x-toollatch-session"]
     sock = socket.create_connection(("127.0.0.1", int(relay.url.rsplit(":", 1)[1])))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    request = (f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\n"
-               f"X-Toollatch-Session: {cookie}\r\n\r\n")
+    request = (
+        f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\nX-Toollatch-Session: {cookie}\r\n\r\n"
+    )
     sock.sendall(request.encode())  # and never read: its send buffer fills up
     try:
         started = time.monotonic()
@@ -218,15 +232,31 @@ async def test_runs_in_flight_are_bounded_with_429():
         (b'{"message": ""}', {"content-type": "application/json"}, 422, "invalid_body"),
         (b'{"message": 3}', {"content-type": "application/json"}, 422, "invalid_body"),
         (b'{"message": "hi", "x": 1}', {"content-type": "application/json"}, 422, "invalid_body"),
-        (b'{"message": "hi", "provider": "nope"}', {"content-type": "application/json"}, 422,
-         "invalid_body"),
-        (b'{"message": "hi", "model": ""}', {"content-type": "application/json"}, 422,
-         "invalid_body"),
+        (
+            b'{"message": "hi", "provider": "nope"}',
+            {"content-type": "application/json"},
+            422,
+            "invalid_body",
+        ),
+        (
+            b'{"message": "hi", "model": ""}',
+            {"content-type": "application/json"},
+            422,
+            "invalid_body",
+        ),
         (b'{"message": "hi"}', {"content-type": "text/plain"}, 415, "unsupported_media_type"),
-        (b'{"message": "' + b"a" * 70_000 + b'"}', {"content-type": "application/json"}, 413,
-         "body_too_large"),
-        (b'{"message": "' + b"a" * 20_000 + b'"}', {"content-type": "application/json"}, 422,
-         "message_too_long"),
+        (
+            b'{"message": "' + b"a" * 70_000 + b'"}',
+            {"content-type": "application/json"},
+            413,
+            "body_too_large",
+        ),
+        (
+            b'{"message": "' + b"a" * 20_000 + b'"}',
+            {"content-type": "application/json"},
+            422,
+            "message_too_long",
+        ),
     ],
 )
 async def test_bad_input_is_4xx_with_a_message(client, body, headers, status, code):
@@ -241,7 +271,9 @@ async def test_an_oversize_chunked_body_is_413(client):
         for _ in range(100):
             yield b"a" * 1000
 
-    response = await client.post("/runs", content=chunks(), headers={"content-type": "application/json"})
+    response = await client.post(
+        "/runs", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
 
 
@@ -282,8 +314,13 @@ async def test_the_page_and_its_assets_are_served(client):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_active_runs": 0}, {"heartbeat_s": 0}, {"heartbeat_s": float("nan")},
-     {"max_body_bytes": True}, {"max_active_runs": 5, "max_stored_runs": 2}],
+    [
+        {"max_active_runs": 0},
+        {"heartbeat_s": 0},
+        {"heartbeat_s": float("nan")},
+        {"max_body_bytes": True},
+        {"max_active_runs": 5, "max_stored_runs": 2},
+    ],
 )
 def test_bad_limits_are_config_errors(kwargs):
     with pytest.raises(ConfigError):

@@ -33,16 +33,34 @@ def login(user: str, api_key: str) -> str:
 
 def _script() -> Script:
     calls = (
-        Call(call_id="c_login", name="login", fragment_chars=3,
-             arguments=json.dumps({"user": "ana", "api_key": SECRET})),
-        Call(call_id="c_note", name="write_file", fragment_chars=3,
-             arguments=json.dumps({"path": "n.md", "note": SECRET, "content": CONTENT})[:-1]
-             .replace(', "note": "' + SECRET + '"', "") + "}"),
-        Call(call_id="c_echo", name="login", fragment_chars=3,
-             arguments=json.dumps({"user": f"key {SECRET} inline", "api_key": "x"})),
+        Call(
+            call_id="c_login",
+            name="login",
+            fragment_chars=3,
+            arguments=json.dumps({"user": "ana", "api_key": SECRET}),
+        ),
+        Call(
+            call_id="c_note",
+            name="write_file",
+            fragment_chars=3,
+            arguments=json.dumps({"path": "n.md", "note": SECRET, "content": CONTENT})[:-1].replace(
+                ', "note": "' + SECRET + '"', ""
+            )
+            + "}",
+        ),
+        Call(
+            call_id="c_echo",
+            name="login",
+            fragment_chars=3,
+            arguments=json.dumps({"user": f"key {SECRET} inline", "api_key": "x"}),
+        ),
     )
-    return Script(turns=(Turn(items=(Text(text="ok"), *calls), delay_ms=0.0),
-                         Turn(items=(Text(text="done"),), delay_ms=0.0)))
+    return Script(
+        turns=(
+            Turn(items=(Text(text="ok"), *calls), delay_ms=0.0),
+            Turn(items=(Text(text="done"),), delay_ms=0.0),
+        )
+    )
 
 
 async def _raw_run(tmp_path, previews: PreviewPolicy | None) -> str:
@@ -61,9 +79,11 @@ async def test_secrets_and_hidden_fields_never_reach_the_browser(tmp_path):
     assert SECRET not in raw and CONTENT not in raw
     assert "sk-live" not in raw  # not even a prefix of it, from a half-streamed string
     committed = {f.data["id"]: f.data["arguments"] for f in frames if f.event == "call_committed"}
-    assert committed == {"c_login": {"user": "ana", "api_key": "[redacted]"},
-                         "c_note": {"path": "n.md"}, "c_echo": {"user": "[redacted]",
-                                                               "api_key": "[redacted]"}}
+    assert committed == {
+        "c_login": {"user": "ana", "api_key": "[redacted]"},
+        "c_note": {"path": "n.md"},
+        "c_echo": {"user": "[redacted]", "api_key": "[redacted]"},
+    }
     previews = [f.data for f in frames if f.event == "call_preview" and f.data["id"] == "c_login"]
     shown = [d for p in previews for d in p["deltas"]]
     assert ["/user", "set", "ana"] in shown and ["/api_key", "set", "[redacted]"] in shown
@@ -77,9 +97,14 @@ async def test_the_check_sees_secrets_when_the_policy_lets_them_through(tmp_path
 
 @pytest.mark.parametrize(
     ("pointer", "text", "shown"),
-    [("/api_key", "x", "[redacted]"), ("/password", "hunter2", "[redacted]"),
-     ("/city", "Oslo", "Oslo"), ("/q", "AKIAABCDEFGHIJKLMNOP", "[redacted]"),
-     ("/q", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIx", "[redacted]"), ("", "token", "token")],
+    [
+        ("/api_key", "x", "[redacted]"),
+        ("/password", "hunter2", "[redacted]"),
+        ("/city", "Oslo", "Oslo"),
+        ("/q", "AKIAABCDEFGHIJKLMNOP", "[redacted]"),
+        ("/q", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIx", "[redacted]"),
+        ("", "token", "token"),
+    ],
 )
 def test_the_default_redactor(pointer, text, shown):
     assert redact_secrets(pointer, text) == shown
@@ -92,7 +117,10 @@ def test_shown_arguments_follow_the_tool_rule():
     )
     arguments = {"a": {"b": [1, {"token": "t"}], "z": 2}, "c/d": "v", "e": 3}
     assert shown_arguments(policy, "t", arguments) == {
-        "a": {"b": [1, {"token": "[redacted]"}]}, "c/d": "v"}
+        "a": {"b": [1, {"token": "[redacted]"}]},
+        "c/d": "v",
+    }
     assert shown_arguments(policy, "other", arguments) == {}  # default rule: none
     assert shown_arguments(default_previews(), "write_file", {"path": "p", "content": "c"}) == {
-        "path": "p"}
+        "path": "p"
+    }

@@ -11,8 +11,11 @@ Errors are ``{"error": {"code", "message"}}`` with a 4xx status.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import re
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -61,7 +64,8 @@ class Relay:
     ``base_url_for(provider)`` gives the model's base URL (the scripted server's, or the one
     configured); ``providers`` those a request may pick (the first is the default); ``model``
     the default model name. ``tools``: the tools of every run (``None``: the example tools,
-    writing in ``workspace/<session>``). ``http`` is shared by every run's client (left open).
+    writing in ``workspace/<session>``). ``http``: httpx clients (connection pools) the runs'
+    model clients share, taken in turn (left open).
     Raises ``ConfigError`` for an empty ``providers`` or an unknown one.
     """
 
@@ -72,7 +76,7 @@ class Relay:
         providers: Sequence[str],
         model: str,
         workspace: Path,
-        http: httpx.AsyncClient,
+        http: Sequence[httpx.AsyncClient],
         tools: Sequence[Tool[..., Any]] | None = None,
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
@@ -83,11 +87,15 @@ class Relay:
         self.providers = tuple(providers)
         self.model = model
         self.workspace = workspace
-        self.http = http
+        if not http:
+            raise ConfigError("the relay needs at least one httpx client")
+        self.http = tuple(http)
+        self._turn = itertools.count()
         self.tools = tuple(tools) if tools is not None else None
         self.limits = limits or RelayLimits()
         self.previews = previews or default_previews()
         self.runs = RunRegistry(self.limits)
+        self._session_tools: OrderedDict[str, Sequence[Tool[..., Any]]] = OrderedDict()
         self._static = {
             n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
         }
@@ -181,18 +189,28 @@ class Relay:
     def _start(self, run: RelayRun, provider: str, model: str, message: str) -> None:
         try:
             client = model_client(
-                provider, model=model, base_url=self.base_url_for(provider), http=self.http
+                provider,
+                model=model,
+                base_url=self.base_url_for(provider),
+                http=self.http[next(self._turn) % len(self.http)],
             )
-            tools: Sequence[Tool[..., Any]] = (
-                self.tools
-                if self.tools is not None
-                else example_tools(self.workspace / _digest(run.session))
-            )
+            tools = self.tools if self.tools is not None else self._examples(run.session)
             agent = Agent(client, tools, previews=self.previews, on_preview=run.preview)
         except (ConfigError, UsageError) as exc:
             run.done = True
             raise HTTPError(422, "invalid_run", str(exc)) from None
         run.start(agent.run(message), client.aclose)
+
+    def _examples(self, session: str) -> Sequence[Tool[..., Any]]:
+        """The example tools of a session, writing in its own directory (kept per session,
+        as many as runs are stored: building them costs about 10 ms)."""
+        tools = self._session_tools.pop(session, None)
+        if tools is None:
+            tools = tuple(example_tools(self.workspace / _digest(session)))
+        self._session_tools[session] = tools
+        while len(self._session_tools) > self.limits.max_stored_runs:
+            self._session_tools.popitem(last=False)
+        return tools
 
     async def _events(self, request: Request) -> Response:
         run = self.runs.owned(request.path_params["run_id"], _session(request))
@@ -240,8 +258,6 @@ def _set_cookie(response: Response, token: str) -> None:
 
 def _digest(session: str) -> str:
     """A directory name for a session that does not reveal its token."""
-    import hashlib  # noqa: PLC0415 (only for example-tool workspaces)
-
     return hashlib.sha256(session.encode()).hexdigest()[:24]
 
 

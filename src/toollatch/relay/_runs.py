@@ -29,7 +29,6 @@ from .._preview import PreviewPolicy, PreviewUpdated
 from ..runtime._agent import AgentRun
 from ._config import RelayLimits, shown_arguments
 
-
 _DROPPABLE = frozenset({"text", "call_preview", "call_opened"})
 """What a run past its event limit leaves out (still queued when the cancel was asked)."""
 
