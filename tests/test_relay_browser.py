@@ -136,6 +136,7 @@ async def test_stop_mid_stream_shows_cancelled_cards(browser, relay):
     assert await page.locator(".meta", has_text="cancelled").count() == 1
     assert await page.locator("#gatelog li.failed", has_text="CANCELLED").count() >= 1
     assert await page.locator("#stop").is_disabled()
+    assert (await page.locator("#status").inner_text()).startswith("stopped · 1 round · ")
 
 
 async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser, relay):

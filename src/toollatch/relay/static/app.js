@@ -159,6 +159,7 @@ class RunView {
       else this.setState(card, result.error === "cancelled" ? "cancelled" : "failed", result.error || "error");
       card.foot.textContent = card.ran === null ? card.foot.textContent : `ran ${Math.round(card.ran)} ms`;
     }
+    this.stopped = d.ended === "cancelled";
     this.round.box.append(el("div", "meta", `round ${d.round} · ${d.ended}` + (d.stop_reason ? ` (${d.stop_reason})` : "")));
     this.newRound();
   }
@@ -166,8 +167,10 @@ class RunView {
   on_run_ended(d) {
     this.round.box.remove();
     this.done = true;
+    const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+    const how = this.stopped ? "stopped" : "finished";
     if (d.error) setStatus("error", "model error: " + d.error);
-    else setStatus("finished", `finished · ${d.rounds} rounds · ${d.calls.length} calls`);
+    else setStatus("finished", `${how} · ${plural(d.rounds, "round")} · ${plural(d.calls.length, "call")}`);
     document.body.dataset.run = "ended";
     finish();
   }
