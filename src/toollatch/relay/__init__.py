@@ -12,13 +12,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._app import COOKIE, Relay
+    from ._app import Relay
     from ._config import RelayLimits, default_previews, redact_secrets, shown_arguments
     from ._runs import RelayRun, preview_json
     from ._server import RelayServer
 
 _WHERE = {
-    "COOKIE": "._app",
     "Relay": "._app",
     "RelayLimits": "._config",
     "default_previews": "._config",
@@ -30,7 +29,6 @@ _WHERE = {
 }
 
 __all__ = [
-    "COOKIE",
     "Relay",
     "RelayLimits",
     "RelayRun",
