@@ -38,9 +38,10 @@ def slow_script(delay_ms: float = 25.0, city_chars: int = 40) -> Script:
     return Script(turns=(first, final))
 
 
-def chatty_script(chars: int) -> Script:
-    """One turn of ``chars`` characters of text, one character an event, no pauses."""
-    return Script(turns=(Turn(items=(Text(text="x" * chars, chunk_chars=1),), delay_ms=0.0),))
+def chatty_script(chars: int, chunk_chars: int = 1) -> Script:
+    """One turn of ``chars`` characters of text, ``chunk_chars`` an event, no pauses."""
+    text = Text(text="x" * chars, chunk_chars=chunk_chars)
+    return Script(turns=(Turn(items=(text,), delay_ms=0.0),))
 
 
 @dataclass(frozen=True)
