@@ -13,6 +13,7 @@ import pytest
 
 from relay_helpers import slow_script
 from toollatch.relay._server import RelayServer
+from toollatch.scripted._script import Call, Script, Text, Turn
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -55,7 +56,8 @@ async def browser():
 
 @pytest.fixture
 async def relay():
-    async with RelayServer(scripts={"slow": slow_script(delay_ms=40)}, delay_scale=5) as server:
+    scripts = {"slow": slow_script(delay_ms=40), "broken": _broken()}
+    async with RelayServer(scripts=scripts, delay_scale=5) as server:
         yield server
 
 
@@ -109,14 +111,22 @@ async def test_two_parallel_calls_preview_then_final_cards_in_call_order(browser
     assert (artifacts / "relay_finished.png").stat().st_size > 10_000
 
 
-async def _slow_run(page) -> None:
+def _broken() -> Script:
+    bad = Call(call_id="call_bad", name="get_weather", arguments='{"city": "Oslo"} trailing')
+    good = Call(call_id="call_good", name="add", arguments='{"a": 1, "b": 2}')
+    turn = Turn(items=(Text(text="Two calls, one broken."), bad, good))
+    return Script(turns=(turn, Turn(items=(Text(text="Sorry."),))))
+
+
+async def _slow_run(page, model: str = "slow") -> None:
     await page.evaluate(
-        """async () => {
+        """async (model) => {
             const r = await fetch("/runs", {method: "POST", headers: {"content-type": "application/json"},
-                                            body: JSON.stringify({message: "slowly", model: "slow"})});
+                                            body: JSON.stringify({message: "slowly", model})});
             const body = await r.json();
             sessionStorage.setItem("toollatch.run", JSON.stringify({...body, message: "slowly"}));
-        }"""
+        }""",
+        model,
     )
     await page.reload()  # the page follows the stored run, as after a reload
 
@@ -174,3 +184,17 @@ async def test_another_session_gets_404(browser, relay):
         "async (run) => (await fetch(run.cancel_url, {method: 'POST'})).status", run
     )
     assert own == 202
+
+
+async def test_a_call_that_fails_the_gate_shows_its_error_code_and_reason(browser, relay):
+    page = await _page(browser, relay)
+    await _slow_run(page, "broken")
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    bad = page.locator('.card[data-call-id="call_bad"]')
+    assert await bad.get_attribute("data-state") == "failed"
+    assert await bad.locator(".state").inner_text() == "invalid_json"
+    good = page.locator('.card[data-call-id="call_good"]')
+    assert await good.get_attribute("data-state") == "done"
+    log = page.locator('#gatelog li[data-call-id="call_bad"]')
+    assert (await log.locator(".decision").inner_text()) == "FAILED INVALID_JSON"
+    assert "trailing" in await log.locator(".reason").inner_text()
