@@ -152,6 +152,10 @@ SURFACES = {
         "MemoryLedger", "SQLiteHistory", "SQLiteLedger", "SessionLocks", "Won", "current_call",
         "default_ledger_url", "digest_of", "open_ledger",
     ],
+    "toollatch.relay": [
+        "Relay", "RelayLimits", "RelayRun", "RelayServer", "default_previews", "preview_json",
+        "redact_secrets", "shown_arguments",
+    ],
     "toollatch.scripted": [
         "DONE_TURN", "PROVIDERS", "Call", "Faults", "Reasoning", "RecordedRequest", "Script",
         "ScriptedServer", "Text", "Turn", "demo_script",

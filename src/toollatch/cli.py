@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate FILE (and TOOLLATCH_... overrides); print the effective config"
     )
     check.add_argument("file", metavar="FILE")
+    from .relay._command import add_serve_parser  # noqa: PLC0415 (no [run] import until used)
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -203,6 +206,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run(args)
     if args.command == "config":
         return _config(args)
+    if args.command == "serve":
+        from .relay._command import serve_command  # noqa: PLC0415 (the [run] extra, lazily)
+
+        return serve_command(args)
     try:
         limits = _limits(args)
         tools = load_tools(args.tools) if args.tools else None

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -123,6 +123,8 @@ class Agent:
     ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs). ``ledger``
     (:mod:`toollatch.ledger`) makes a call id run at most once across processes, scoped by
     ``session``: give each run its own session id (providers reuse ids such as ``call_1``).
+    ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
+    run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class Agent:
         drop_failed: Collection[ErrorCode] = (),
         observers: Sequence[AgentObserver] = (),
         ledger: Ledger | None = None,
+        on_preview: Callable[[PreviewUpdated], None] | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -156,7 +159,8 @@ class Agent:
         self.previews = previews
         self.drop_failed = frozenset(drop_failed)
         self.observers = tuple(observers)
-        self._sink: asyncio.Queue[AgentEvent | None] | None = None
+        self._sink: asyncio.Queue[AgentEvent | PreviewUpdated | None] | None = None
+        self.on_preview = on_preview
         self._attempts = 0
         self.dispatcher = Dispatcher(
             tools,
@@ -226,7 +230,7 @@ class AgentRun:
         self.rounds: list[Round] = []
         self.results: list[list[ToolResult]] = []
         self.error: str | None = None
-        self._events: asyncio.Queue[AgentEvent | None] = asyncio.Queue()
+        self._events: asyncio.Queue[AgentEvent | PreviewUpdated | None] = asyncio.Queue()
         self._driver: asyncio.Task[None] | None = None
         self._budget = RunBudget(agent.run_limits.max_tool_calls)
         self._opened: set[CallKey] = set()
@@ -245,7 +249,11 @@ class AgentRun:
         self._driver = asyncio.get_running_loop().create_task(self._drive())
         try:
             while (event := await self._events.get()) is not None:
-                yield event
+                if isinstance(event, PreviewUpdated):
+                    if self.agent.on_preview is not None:
+                        self.agent.on_preview(event)  # in order with the events around it
+                else:
+                    yield event
         finally:
             self.agent._sink = None
             if not self._driver.done():
@@ -358,8 +366,8 @@ class AgentRun:
                     )
                 )
                 self._start(dispatch, call)
-            elif isinstance(notice, PreviewUpdated):
-                pass  # previews feed UIs (the relay), not the agent event vocabulary
+            elif isinstance(notice, PreviewUpdated) and self.agent.on_preview is not None:
+                self._events.put_nowait(notice)  # UIs (the relay), not the agent events
 
     def _start(self, dispatch: DispatchRound, call: object) -> None:
         """Start an eager call; a refusal for not being committed is told to observers

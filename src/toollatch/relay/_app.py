@@ -1,0 +1,285 @@
+"""The relay's HTTP surface: a Starlette app (internal; public names in :mod:`toollatch.relay`).
+
+``GET /`` the page (and a session cookie); ``POST /runs`` ``{"message", "provider"?,
+"model"?}`` -> 201 ``{"id", "events_url", "cancel_url"}``; ``GET /runs/{id}/events`` the
+run's events as SSE (``id:`` per run, ``Last-Event-ID`` or ``?after=N`` to resume, 204 once
+a finished run has nothing more); ``POST /runs/{id}/cancel`` -> 202. A session is the
+``toollatch_session`` cookie or the ``X-Toollatch-Session`` header (the ``session`` answered
+by ``POST /runs``); another session's run is 404, exactly like a run that does not exist.
+Errors are ``{"error": {"code", "message"}}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .._errors import ConfigError, UsageError
+from .._preview import PreviewPolicy
+from ..runtime._agent import Agent
+from ..runtime._clients import model_client
+from ..runtime._examples import example_tools
+from ..runtime._tools import Tool
+from ._config import RelayLimits, default_previews
+from ._runs import RelayRun, RunRegistry
+
+PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
+COOKIE = "toollatch_session"
+HEADER = "x-toollatch-session"
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
+_STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
+_CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+
+
+class HTTPError(Exception):
+    """A 4xx answer with a stable code and a message for people."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def response(self) -> JSONResponse:
+        """``{"error": {"code", "message"}}``."""
+        body = {"error": {"code": self.code, "message": self.message}}
+        return JSONResponse(body, status_code=self.status)
+
+
+class Relay:
+    """The relay app: runs of an :class:`~toollatch.runtime.Agent` per request, relayed as SSE.
+
+    ``base_url_for(provider)`` gives the model's base URL (the scripted server's, or the one
+    configured); ``providers`` those a request may pick (the first is the default); ``model``
+    the default model name. ``tools``: the tools of every run (``None``: the example tools,
+    writing in ``workspace/<session>``). ``http``: httpx clients (connection pools) the runs'
+    model clients share, taken in turn (left open).
+    Raises ``ConfigError`` for an empty ``providers`` or an unknown one.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url_for: Callable[[str], str],
+        providers: Sequence[str],
+        model: str,
+        workspace: Path,
+        http: Sequence[httpx.AsyncClient],
+        tools: Sequence[Tool[..., Any]] | None = None,
+        limits: RelayLimits | None = None,
+        previews: PreviewPolicy | None = None,
+    ) -> None:
+        if not providers or any(p not in PROVIDERS for p in providers):
+            raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
+        self.base_url_for = base_url_for
+        self.providers = tuple(providers)
+        self.model = model
+        self.workspace = workspace
+        if not http:
+            raise ConfigError("the relay needs at least one httpx client")
+        self.http = tuple(http)
+        self._turn = itertools.count()
+        self.tools = tuple(tools) if tools is not None else None
+        self.limits = limits or RelayLimits()
+        self.previews = previews or default_previews()
+        self.runs = RunRegistry(self.limits)
+        self._session_tools: OrderedDict[str, Sequence[Tool[..., Any]]] = OrderedDict()
+        self._static = {
+            n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
+        }
+        self.app = Starlette(
+            routes=[
+                Route("/", self._page, methods=["GET"]),
+                Route("/static/{name}", self._asset, methods=["GET"]),
+                Route("/runs", self._create, methods=["POST"]),
+                Route("/runs/{run_id}/events", self._events, methods=["GET"]),
+                Route("/runs/{run_id}/cancel", self._cancel, methods=["POST"]),
+            ]
+        )
+
+    # -- pages -------------------------------------------------------------------------------
+
+    async def _page(self, request: Request) -> Response:
+        response = Response(self._static["index.html"], media_type="text/html; charset=utf-8")
+        response.headers["content-security-policy"] = _CSP
+        response.headers["cache-control"] = "no-store"
+        if _session(request) is None:
+            _set_cookie(response, secrets.token_urlsafe(32))
+        return response
+
+    async def _asset(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC or name == "index.html":
+            return HTTPError(404, "not_found", "no such file").response()
+        media = f"{_STATIC[name]}; charset=utf-8"
+        return Response(self._static[name], media_type=media, headers={"cache-control": "no-cache"})
+
+    # -- the API -----------------------------------------------------------------------------
+
+    async def _create(self, request: Request) -> Response:
+        try:
+            provider, model, message = await self._parse(request)
+            session = _session(request)
+            new_session = session is None
+            session = session or secrets.token_urlsafe(32)
+            run = RelayRun(session, self.previews, self.limits)
+            if not self.runs.admit(run):
+                raise HTTPError(
+                    429,
+                    "too_many_runs",
+                    f"{self.limits.max_active_runs} runs are in flight; retry later",
+                )
+            self._start(run, provider, model, message)
+        except HTTPError as exc:
+            response = exc.response()
+            if exc.status == 429:
+                response.headers["retry-after"] = "1"
+            return response
+        body = {
+            "id": run.id,
+            "events_url": f"/runs/{run.id}/events",
+            "cancel_url": f"/runs/{run.id}/cancel",
+            "session": session,
+        }
+        response = JSONResponse(body, status_code=201)
+        if new_session:
+            _set_cookie(response, session)
+        return response
+
+    async def _parse(self, request: Request) -> tuple[str, str, str]:
+        """``(provider, model, message)`` of a valid body; raises :class:`HTTPError`."""
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise HTTPError(415, "unsupported_media_type", "the body must be application/json")
+        body = await _read_body(request, self.limits.max_body_bytes)
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise HTTPError(422, "invalid_body", "the body must be a JSON object")
+        unknown = sorted(set(data) - {"message", "provider", "model"})
+        if unknown:
+            raise HTTPError(422, "invalid_body", f"unknown fields: {', '.join(unknown)}")
+        message = data.get("message")
+        if not isinstance(message, str) or not message.strip():
+            raise HTTPError(422, "invalid_body", "message must be a non-empty string")
+        if len(message) > self.limits.max_message_chars:
+            limit = self.limits.max_message_chars
+            raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
+        provider = data.get("provider", self.providers[0])
+        if provider not in self.providers:
+            raise HTTPError(422, "invalid_body", f"provider must be one of {list(self.providers)}")
+        model = data.get("model", self.model)
+        if not isinstance(model, str) or not 0 < len(model) <= 200:
+            raise HTTPError(422, "invalid_body", "model must be a string of 1 to 200 characters")
+        return provider, model, message
+
+    def _start(self, run: RelayRun, provider: str, model: str, message: str) -> None:
+        try:
+            client = model_client(
+                provider,
+                model=model,
+                base_url=self.base_url_for(provider),
+                http=self.http[next(self._turn) % len(self.http)],
+            )
+            tools = self.tools if self.tools is not None else self._examples(run.session)
+            agent = Agent(client, tools, previews=self.previews, on_preview=run.preview)
+        except (ConfigError, UsageError) as exc:
+            run.done = True
+            raise HTTPError(422, "invalid_run", str(exc)) from None
+        run.start(agent.run(message), client.aclose)
+
+    def _examples(self, session: str) -> Sequence[Tool[..., Any]]:
+        """The example tools of a session, writing in its own directory (kept per session,
+        as many as runs are stored: building them costs about 10 ms)."""
+        tools = self._session_tools.pop(session, None)
+        if tools is None:
+            tools = tuple(example_tools(self.workspace / _digest(session)))
+        self._session_tools[session] = tools
+        while len(self._session_tools) > self.limits.max_stored_runs:
+            self._session_tools.popitem(last=False)
+        return tools
+
+    async def _events(self, request: Request) -> Response:
+        run = self.runs.owned(request.path_params["run_id"], _session(request))
+        if run is None:
+            return HTTPError(404, "not_found", "no such run").response()
+        try:
+            start = _resume_point(request, len(run.frames))
+        except HTTPError as exc:
+            return exc.response()
+        if run.done and start >= len(run.frames):
+            return Response(status_code=204)  # tells an EventSource not to reconnect
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        return StreamingResponse(
+            self._sse(run, start), media_type="text/event-stream", headers=headers
+        )
+
+    async def _sse(self, run: RelayRun, cursor: int) -> AsyncIterator[bytes]:
+        yield b"retry: 1000\n\n"
+        batch = self.limits.sse_batch
+        while True:
+            if cursor < len(run.frames):
+                chunk = run.frames[cursor : cursor + batch]
+                cursor += len(chunk)
+                yield b"".join(f.data for f in chunk)
+            elif run.done:
+                return
+            elif not await run.wait(cursor, self.limits.heartbeat_s):
+                yield b": heartbeat\n\n"
+
+    async def _cancel(self, request: Request) -> Response:
+        run = self.runs.owned(request.path_params["run_id"], _session(request))
+        if run is None:
+            return HTTPError(404, "not_found", "no such run").response()
+        return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
+
+
+def _session(request: Request) -> str | None:
+    token = request.headers.get(HEADER) or request.cookies.get(COOKIE)
+    return token if token is not None and _TOKEN.fullmatch(token) else None
+
+
+def _set_cookie(response: Response, token: str) -> None:
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+
+
+def _digest(session: str) -> str:
+    """A directory name for a session that does not reveal its token."""
+    return hashlib.sha256(session.encode()).hexdigest()[:24]
+
+
+def _resume_point(request: Request, stored: int) -> int:
+    """How many frames the reader has: ``Last-Event-ID`` or ``?after=``; 400 if not 0..stored."""
+    raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+    if not raw.isdigit() or len(raw) > 12:
+        raise HTTPError(400, "invalid_last_event_id", f"Last-Event-ID {raw[:20]!r} is not an id")
+    if int(raw) > stored:
+        raise HTTPError(400, "invalid_last_event_id", f"event {raw} was never sent")
+    return int(raw)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
+        parts.append(part)
+    return b"".join(parts)

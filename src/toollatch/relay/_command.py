@@ -1,0 +1,80 @@
+"""``toollatch serve``: the relay on ``--host:--port`` (internal; :mod:`toollatch.cli` wires
+:func:`add_serve_parser` and :func:`serve_command`).
+
+Without ``--base-url`` the runs talk to the scripted model server (started here, on
+loopback) with the example tools. Exit status: 0 after Ctrl-C, 2 for a usage error (a bad
+``--tools`` file, a port that cannot be bound, ``--base-url`` without ``--model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
+# (the parser is built on every `toollatch` invocation: the server's imports wait for `serve`)
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to an ``argparse`` subparsers object; returns its parser."""
+    serve: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="serve the relay: a live page of agent runs (SSE) on the scripted model",
+        description="Serve agent runs to a browser over SSE, with a live page at /.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    serve.add_argument(
+        "--tools",
+        action="append",
+        metavar="FILE.py",
+        help="Python file(s) of @toollatch.tool functions (default: examples)",
+    )
+    serve.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="openai_chat",
+        help="wire format / provider (default openai_chat)",
+    )
+    serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
+    serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
+    return serve
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
+    from .._errors import ConfigError, UsageError  # noqa: PLC0415
+    from ..runtime._command import CommandError, load_tool_file  # noqa: PLC0415
+    from ..runtime._tools import Tool  # noqa: PLC0415
+    from ._server import RelayServer  # noqa: PLC0415
+
+    try:
+        tools: list[Tool[..., Any]] | None = None
+        for path in args.tools or ():
+            tools = (tools or []) + load_tool_file(path)
+        if args.base_url is not None and not args.model:
+            raise CommandError("--model is required with --base-url")
+        server = RelayServer(
+            host=args.host,
+            port=args.port,
+            provider=args.provider,
+            model=args.model,
+            base_url=args.base_url,
+            tools=tools,
+        )
+        return asyncio.run(_serve(server))
+    except (CommandError, ConfigError, UsageError) as exc:
+        sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _serve(server: Any) -> int:
+    async with server:
+        sys.stderr.write(f"toollatch relay on {server.url}/ (Ctrl-C to stop)\n")
+        sys.stderr.flush()
+        await server.serve_forever()
+    return 0

@@ -1,0 +1,132 @@
+"""The relay's limits and its redaction of what reaches the browser (internal; public names
+in :mod:`toollatch.relay`).
+
+Nothing the model wrote as tool arguments reaches the browser unfiltered: previews are
+redacted in the core by the relay's :class:`~toollatch.PreviewPolicy` (a ``fields`` rule
+leaves out every other member, the redactor masks secret-looking strings), and the same rule
+filters ``call_committed.arguments`` (:func:`shown_arguments`). ``run_ended.history`` (which
+repeats every argument and result) is not sent: its key stays, empty, with
+``history_omitted`` telling how many entries were left out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import ConfigError
+from .._preview import REDACTED, PreviewPolicy, ToolPreview
+
+_SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api[_-]?key|auth|credential|cookie)", re.I)
+_SECRET_TEXT = re.compile(
+    r"(sk|pk|rk|ghp|gho|xox[abpr])[-_][A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
+)
+
+
+def redact_secrets(pointer: str, text: str) -> str:
+    """The relay's default redactor: a string under a secret-looking key (``password``,
+    ``token``, ``api_key``...) or that looks like a key itself (``sk-...``, ``AKIA...``, a JWT)
+    shows as ``[redacted]``; keys (``pointer`` of their object) are shown as they are."""
+    last = pointer.rsplit("/", 1)[-1]
+    if _SECRET_KEY.search(last) or _SECRET_TEXT.search(text):
+        return REDACTED
+    return text
+
+
+def default_previews() -> PreviewPolicy:
+    """Every value shown except secrets; ``write_file`` shows its ``path`` only (a file's
+    content may hold anything)."""
+    return PreviewPolicy(
+        default=ToolPreview(mode="full"),
+        tools={"write_file": ToolPreview(mode="fields", fields=("/path",))},
+        redactor=redact_secrets,
+        every_bytes=64,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelayLimits:
+    """The relay's bounds; each is enforced with a clear 4xx or a bounded store."""
+
+    max_active_runs: int = 16
+    """Runs in flight at once over all sessions; more get 429."""
+    max_stored_runs: int = 256
+    """Runs kept for resume; the oldest finished run is forgotten beyond it."""
+    max_run_events: int = 20_000
+    """Events stored per run; a run that reaches it is cancelled, and its text, previews and
+    opened calls past it are dropped (the calls' results and ``run_ended`` still come)."""
+    max_body_bytes: int = 64 * 1024
+    """Largest request body; more gets 413."""
+    max_message_chars: int = 16_000
+    """Longest user message; more gets 422."""
+    heartbeat_s: float = 15.0
+    """An SSE comment after this long without an event (keeps proxies from closing)."""
+    sse_batch: int = 64
+    """Stored events written per send at most (a reader far behind catches up in chunks)."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_active_runs",
+            "max_stored_runs",
+            "max_run_events",
+            "max_body_bytes",
+            "max_message_chars",
+            "sse_batch",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"RelayLimits.{name} must be a positive integer, got {value!r}")
+        beat = self.heartbeat_s
+        if not (isinstance(beat, int | float) and math.isfinite(beat) and beat > 0):
+            raise ConfigError(f"RelayLimits.heartbeat_s must be positive, got {beat!r}")
+        if self.max_stored_runs < self.max_active_runs:
+            raise ConfigError("RelayLimits.max_stored_runs must be >= max_active_runs")
+
+
+def shown_arguments(policy: PreviewPolicy, name: str, arguments: Mapping[str, Any]) -> Any:
+    """``arguments`` as the browser may see them under ``policy``'s rule for ``name``: all
+    (``full``), only the ``fields`` pointers' subtrees, or ``{}`` (``none``); every string
+    passes the redactor."""
+    rule = policy.rule(name)
+    if rule.mode == "none":
+        return {}
+    if rule.mode == "full":
+        return _redacted(policy, "", arguments)
+    picked: dict[str, Any] = {}
+    for pointer in rule.fields:
+        _pick(arguments, picked, [_unescape(t) for t in pointer.split("/")[1:]])
+    return _redacted(policy, "", picked)
+
+
+def _pick(source: Any, target: dict[str, Any], tokens: list[str]) -> None:
+    """Copy ``source``'s subtree at ``tokens`` into ``target`` (objects only, as paths go)."""
+    key, rest = tokens[0], tokens[1:]
+    if not isinstance(source, Mapping) or key not in source:
+        return
+    if not rest:
+        target[key] = source[key]
+    elif isinstance(source[key], Mapping):
+        _pick(source[key], target.setdefault(key, {}), rest)
+
+
+def _redacted(policy: PreviewPolicy, pointer: str, value: Any) -> Any:
+    if policy.redactor is None:
+        return value
+    if isinstance(value, str):
+        return policy.redactor(pointer, value)
+    if isinstance(value, Mapping):
+        return {k: _redacted(policy, f"{pointer}/{_escape(k)}", v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(policy, f"{pointer}/{i}", v) for i, v in enumerate(value)]
+    return value
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")

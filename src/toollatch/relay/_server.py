@@ -1,0 +1,190 @@
+"""Serving the relay with uvicorn (internal; public names in :mod:`toollatch.relay`).
+
+``async with RelayServer() as relay`` starts, on the running loop: the scripted model server
+(unless ``base_url`` is given), one shared httpx client for the runs' model requests, and
+uvicorn on ``host:port`` (port 0: any free one, read back from :attr:`RelayServer.url`). On
+exit every run still going is cancelled (its calls paired) before the servers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import uvicorn
+
+from .._errors import ConfigError, UsageError
+from .._preview import PreviewPolicy
+from ..runtime._tools import Tool
+from ..scripted._script import Script
+from ..scripted._server import ScriptedServer
+from ._app import PROVIDERS, Relay
+from ._config import RelayLimits
+
+SCRIPTED_MODEL = "scripted"
+_POOL_SIZE = 16
+
+
+class RelayServer:
+    """The relay on ``host:port`` over a model: the scripted server (``scripts``, scaled by
+    ``delay_scale``) by default, or ``base_url`` with ``provider`` and ``model``.
+
+    ``tools`` (default: the example tools, in a temporary workspace per session), ``limits``
+    and ``previews`` go to :class:`Relay`. Raises ``ConfigError`` for a bad port, a
+    ``base_url`` without ``model``, or an unknown provider.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        provider: str = "openai_chat",
+        model: str | None = None,
+        base_url: str | None = None,
+        scripts: Mapping[str, Script] | None = None,
+        delay_scale: float = 1.0,
+        tools: Sequence[Tool[..., Any]] | None = None,
+        limits: RelayLimits | None = None,
+        previews: PreviewPolicy | None = None,
+    ) -> None:
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {port!r}")
+        if provider not in PROVIDERS:
+            raise ConfigError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+        if base_url is not None and not model:
+            raise ConfigError("a model name is required with a base URL")
+        self.host, self.port, self.provider, self.model = host, port, provider, model
+        self.base_url = base_url
+        self.tools, self.limits, self.previews = tools, limits, previews
+        self._scripted = (
+            ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
+        )
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.relay: Relay | None = None
+        self._bound: tuple[str, int] | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` while serving; raises UsageError otherwise."""
+        if self._bound is None:
+            raise UsageError("the relay is not running (use `async with`)")
+        host, port = self._bound
+        return f"http://{host}:{port}"
+
+    async def __aenter__(self) -> RelayServer:
+        """Start everything; returns once the relay's socket accepts connections."""
+        if self._stack is not None:
+            raise UsageError("the relay is already running")
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            await self._start(stack)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        base_url_for: Callable[[str], str]
+        if self._scripted is not None:
+            scripted = await stack.enter_async_context(self._scripted)
+            base_url_for = scripted.base_url
+            providers = (self.provider, *(p for p in PROVIDERS if p != self.provider))
+        else:
+            url = self.base_url
+            assert url is not None
+            base_url_for, providers = (lambda _provider: url), (self.provider,)
+        # A connection per run in flight, in pools of _POOL_SIZE: httpcore scans every
+        # connection of a pool per request and per response closed, so one pool of 200 made
+        # the relay's CPU quadratic in the runs (measured: 336 events/s at 200 runs).
+        active = (self.limits or RelayLimits()).max_active_runs
+        size = min(active, _POOL_SIZE)
+        pool = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        http = [
+            await stack.enter_async_context(httpx.AsyncClient(timeout=None, limits=pool))
+            for _ in range(-(-active // size))
+        ]
+        workspace = Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
+        )
+        relay = Relay(
+            base_url_for=base_url_for,
+            providers=providers,
+            model=self.model or SCRIPTED_MODEL,
+            workspace=workspace,
+            http=http,
+            tools=self.tools,
+            limits=self.limits,
+            previews=self.previews,
+        )
+        stack.push_async_callback(relay.runs.close)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        stack.callback(sock.close)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+        config = uvicorn.Config(
+            relay.app,
+            http="h11",
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-relay")
+        while not server.started and not task.done():
+            await asyncio.sleep(0.002)
+        if not server.started:
+            await task
+            raise UsageError("the relay did not start")
+        self._server, self._task, self.relay = server, task, relay
+        self._bound = (self.host, sock.getsockname()[1])
+
+    async def serve_forever(self) -> None:
+        """Wait until the server stops (Ctrl-C or :meth:`stop`)."""
+        if self._task is None:
+            raise UsageError("the relay is not running (use `async with`)")
+        await asyncio.shield(self._task)
+
+    def stop(self) -> None:
+        """Ask the server to stop (it then finishes within about a second)."""
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Cancel the runs, stop uvicorn and the scripted server."""
+        if self._stack is None:
+            return
+        try:
+            if self.relay is not None:
+                await self.relay.runs.close()  # streams end, so uvicorn need not wait on them
+            self.stop()
+            if self._task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:
+            stack, self._stack = self._stack, None
+            self._server = self._task = self.relay = None
+            self._bound = None
+            await stack.aclose()

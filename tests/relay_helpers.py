@@ -1,0 +1,97 @@
+"""Shared pieces of the relay tests: scripts the relay's scripted server plays, and an SSE
+reader over httpx (real HTTP on loopback)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from toollatch.scripted._script import Call, Script, Text, Turn
+
+
+def slow_script(delay_ms: float = 25.0, city_chars: int = 40) -> Script:
+    """Two parallel get_weather calls whose arguments stream one character an event, then a
+    final text: a run that lasts about (text + 2 * args) * delay_ms."""
+    long_city = ("Oslo " * city_chars)[:city_chars].strip()
+    first = Turn(
+        items=(
+            Text(text="Checking two cities, slowly.", chunk_chars=4),
+            Call(
+                call_id="call_slow_a",
+                name="get_weather",
+                arguments=json.dumps({"city": long_city}),
+                fragment_chars=1,
+            ),
+            Call(
+                call_id="call_slow_b",
+                name="get_weather",
+                arguments=json.dumps({"city": "Zürich", "unit": "c"}),
+                fragment_chars=1,
+            ),
+        ),
+        delay_ms=delay_ms,
+    )
+    final = Turn(items=(Text(text="Both done.", chunk_chars=4),), delay_ms=delay_ms)
+    return Script(turns=(first, final))
+
+
+def chatty_script(chars: int, chunk_chars: int = 1) -> Script:
+    """One turn of ``chars`` characters of text, ``chunk_chars`` an event, no pauses."""
+    text = Text(text="x" * chars, chunk_chars=chunk_chars)
+    return Script(turns=(Turn(items=(text,), delay_ms=0.0),))
+
+
+@dataclass(frozen=True)
+class Frame:
+    id: int
+    event: str
+    data: dict[str, Any]
+
+
+def parse_sse(text: str) -> tuple[list[Frame], list[str]]:
+    """Frames (id, event, JSON data) and the comment lines of an SSE body."""
+    frames: list[Frame] = []
+    comments: list[str] = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if line.startswith(":"):
+                comments.append(line)
+            elif ": " in line:
+                key, value = line.split(": ", 1)
+                fields[key] = value
+        if "data" in fields:
+            frames.append(Frame(int(fields["id"]), fields["event"], json.loads(fields["data"])))
+    return frames, comments
+
+
+async def start_run(client: httpx.AsyncClient, message: str = "hi", **extra: Any) -> dict[str, Any]:
+    """POST /runs; the answer's JSON (asserting 201), with the session header kept on the client."""
+    response = await client.post("/runs", json={"message": message, **extra})
+    assert response.status_code == 201, response.text
+    body = response.json()
+    client.headers["x-toollatch-session"] = body["session"]
+    return body
+
+
+async def read_events(
+    client: httpx.AsyncClient, url: str, *, last_id: int | None = None, limit: int | None = None
+) -> list[Frame]:
+    """The frames of one GET (until the run ends, or ``limit`` frames, then disconnect)."""
+    headers = {} if last_id is None else {"last-event-id": str(last_id)}
+    frames: list[Frame] = []
+    buffer = ""
+    async with client.stream("GET", url, headers=headers) as response:
+        assert response.status_code == 200, response.status_code
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for text in response.aiter_text():
+            buffer += text
+            *blocks, buffer = buffer.split("\n\n")
+            for block in blocks:
+                frames += parse_sse(block + "\n\n")[0]
+                if limit is not None and len(frames) >= limit:
+                    return frames[:limit]
+    return frames

@@ -1,0 +1,200 @@
+"""The relay's page in a real browser: Playwright driving Debian's Chromium (headless).
+
+Without /usr/bin/chromium these tests skip with the reason, except under CI=true, where
+they fail: `.ci/run` installs it (apt-get install -y chromium).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from relay_helpers import slow_script
+from toollatch.relay._server import RelayServer
+from toollatch.scripted._script import Call, Script, Text, Turn
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+# Every card's state changes, as the page made them, in order (installed before its scripts).
+RECORDER = """
+window.__transitions = [];
+new MutationObserver((records) => {
+  for (const r of records) {
+    const node = r.target;
+    if (node.classList && node.classList.contains("card")) {
+      window.__transitions.push([node.dataset.callId, node.dataset.state]);
+    }
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ["data-state"]});
+"""
+
+
+def _need_chromium() -> None:
+    if CHROMIUM.is_file():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {CHROMIUM} is missing (apt-get install -y chromium)")
+    pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+
+
+@pytest.fixture
+async def browser():
+    _need_chromium()
+    from playwright.async_api import async_playwright  # noqa: PLC0415
+
+    async with async_playwright() as p:
+        chromium = await p.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+@pytest.fixture
+async def relay():
+    scripts = {"slow": slow_script(delay_ms=40), "broken": _broken()}
+    async with RelayServer(scripts=scripts, delay_scale=5) as server:
+        yield server
+
+
+async def _page(browser, relay):
+    context = await browser.new_context(viewport={"width": 1366, "height": 800})
+    page = await context.new_page()
+    await page.add_init_script(RECORDER)
+    await page.goto(relay.url + "/")
+    return page
+
+
+async def _start(page, message: str) -> None:
+    await page.fill("#message", message)
+    await page.click("#send")
+
+
+async def _states(page) -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = {}
+    for call_id, state in await page.evaluate("window.__transitions"):
+        if not seen.get(call_id) or seen[call_id][-1] != state:
+            seen.setdefault(call_id, []).append(state)
+    return seen
+
+
+async def test_two_parallel_calls_preview_then_final_cards_in_call_order(browser, relay, tmp_path):
+    page = await _page(browser, relay)
+    await _start(page, "What is the weather in Oslo and in Zürich? Write it down.")
+    first = page.locator('.card[data-call-id="call_demo_weather_oslo"]')
+    await first.wait_for()
+    await page.locator('.card.preview[data-call-id="call_demo_weather_zurich"]').wait_for()
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    cards = page.locator(".round").first.locator(".card")
+    ids = [await c.get_attribute("data-call-id") for c in await cards.all()]
+    assert ids == ["call_demo_weather_oslo", "call_demo_weather_zurich"]
+    states = await _states(page)
+    for call_id in ids:  # preview first, then committed, ran, and final only at the join
+        assert states[call_id][0] == "streaming"
+        assert states[call_id][-1] == "done"
+        assert states[call_id].index("committed") < states[call_id].index("done")
+    finals = [c for c, s in await page.evaluate("window.__transitions") if s == "done"]
+    assert finals[:2] == ids  # final cards appear in call order
+    assert await page.locator(".card.final").count() == 3
+    assert await page.locator("#gatelog li.committed").count() == 3
+    assert "Zürich" in await first.locator("xpath=..").inner_text()
+    assert await page.locator("#status").inner_text() == "finished · 3 rounds · 3 calls"
+    text = await page.locator("#transcript").inner_text()
+    assert text.count("Let me check the weather in both cities.") == 1
+    artifacts = Path(os.environ.get("TOOLLATCH_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(artifacts / "relay_finished.png"), full_page=True)
+    assert (artifacts / "relay_finished.png").stat().st_size > 10_000
+
+
+def _broken() -> Script:
+    bad = Call(call_id="call_bad", name="get_weather", arguments='{"city": "Oslo"} trailing')
+    good = Call(call_id="call_good", name="add", arguments='{"a": 1, "b": 2}')
+    turn = Turn(items=(Text(text="Two calls, one broken."), bad, good))
+    return Script(turns=(turn, Turn(items=(Text(text="Sorry."),))))
+
+
+async def _slow_run(page, model: str = "slow") -> None:
+    await page.evaluate(
+        """async (model) => {
+            const r = await fetch("/runs", {method: "POST", headers: {"content-type": "application/json"},
+                                            body: JSON.stringify({message: "slowly", model})});
+            const body = await r.json();
+            sessionStorage.setItem("toollatch.run", JSON.stringify({...body, message: "slowly"}));
+        }""",
+        model,
+    )
+    await page.reload()  # the page follows the stored run, as after a reload
+
+
+async def test_stop_mid_stream_shows_cancelled_cards(browser, relay):
+    page = await _page(browser, relay)
+    await _slow_run(page)
+    await page.locator('.card.preview[data-call-id="call_slow_a"]').wait_for()
+    await page.click("#stop")
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    states = {
+        await c.get_attribute("data-call-id"): await c.get_attribute("data-state")
+        for c in await page.locator(".card").all()
+    }
+    assert states.get("call_slow_a") == "cancelled"
+    assert set(states.values()) <= {"cancelled", "done"}  # nothing left streaming or running
+    assert await page.locator(".meta", has_text="cancelled").count() == 1
+    assert await page.locator("#gatelog li.failed", has_text="CANCELLED").count() >= 1
+    assert await page.locator("#stop").is_disabled()
+    assert (await page.locator("#status").inner_text()).startswith("stopped · 1 round · ")
+
+
+async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser, relay):
+    page = await _page(browser, relay)
+    await _slow_run(page)
+    await page.locator('.card.preview[data-call-id="call_slow_a"]').wait_for()
+    await page.reload()
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    texts = [await t.inner_text() for t in await page.locator(".round .text").all()]
+    assert "".join(texts) == "Checking two cities, slowly.Both done."
+    ids = [await c.get_attribute("data-call-id") for c in await page.locator(".card").all()]
+    assert ids == ["call_slow_a", "call_slow_b"]
+    assert [await c.get_attribute("data-state") for c in await page.locator(".card").all()] == [
+        "done",
+        "done",
+    ]
+    assert await page.locator("#gatelog li").count() == 2
+    assert await page.locator(".user").count() == 1
+
+
+async def test_another_session_gets_404(browser, relay):
+    page = await _page(browser, relay)
+    await _slow_run(page)
+    run = await page.evaluate('JSON.parse(sessionStorage.getItem("toollatch.run"))')
+    other = await _page(browser, relay)  # a new context: its own cookie
+    statuses = await other.evaluate(
+        """async (run) => [
+            (await fetch(run.events_url)).status,
+            (await fetch(run.cancel_url, {method: "POST"})).status,
+        ]""",
+        run,
+    )
+    assert statuses == [404, 404]
+    own = await page.evaluate(
+        "async (run) => (await fetch(run.cancel_url, {method: 'POST'})).status", run
+    )
+    assert own == 202
+
+
+async def test_a_call_that_fails_the_gate_shows_its_error_code_and_reason(browser, relay):
+    page = await _page(browser, relay)
+    await _slow_run(page, "broken")
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    bad = page.locator('.card[data-call-id="call_bad"]')
+    assert await bad.get_attribute("data-state") == "failed"
+    assert await bad.locator(".state").inner_text() == "invalid_json"
+    good = page.locator('.card[data-call-id="call_good"]')
+    assert await good.get_attribute("data-state") == "done"
+    log = page.locator('#gatelog li[data-call-id="call_bad"]')
+    assert (await log.locator(".decision").inner_text()) == "FAILED INVALID_JSON"
+    assert "trailing" in await log.locator(".reason").inner_text()

@@ -1,0 +1,76 @@
+"""``toollatch serve``: serves the page and runs on the scripted model; stops on Ctrl-C with
+status 0; usage errors are status 2 with one line."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from relay_helpers import parse_sse
+
+CLI = [sys.executable, "-c", "import sys; from toollatch.cli import main; sys.exit(main())"]
+
+
+def test_serve_runs_the_demo_and_stops_on_ctrl_c(tmp_path):
+    proc = subprocess.Popen([*CLI, "serve", "--port", "0"], stderr=subprocess.PIPE, text=True)
+    with proc:
+        _demo(proc)
+    assert proc.returncode == 0
+
+
+def _demo(proc: subprocess.Popen[str]) -> None:
+    try:
+        line = proc.stderr.readline()
+        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        assert match, line
+        with httpx.Client(base_url=match.group(0), timeout=20) as client:
+            assert "toollatch" in client.get("/").text
+            run = client.post("/runs", json={"message": "hi"}).json()
+            frames, _ = parse_sse(client.get(run["events_url"]).text)
+            assert frames[-1].event == "run_ended" and frames[-1].data["rounds"] == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_serve_tools_file_is_used(tmp_path):
+    tools = tmp_path / "tools.py"
+    tools.write_text(
+        "import toollatch\n\n@toollatch.tool\ndef ping() -> str:\n"
+        '    """Ping."""\n    return "pong"\n'
+    )
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", "--tools", str(tools)], stderr=subprocess.PIPE, text=True
+    )
+    with proc:
+        _ping(proc)
+    assert proc.returncode == 0
+
+
+def _ping(proc: subprocess.Popen[str]) -> None:
+    try:
+        match = re.search(r"http://127\.0\.0\.1:\d+", proc.stderr.readline())
+        assert match
+        with httpx.Client(base_url=match.group(0), timeout=20) as client:
+            run = client.post("/runs", json={"message": "hi"}).json()
+            frames, _ = parse_sse(client.get(run["events_url"]).text)
+            failed = [f.data for f in frames if f.event == "call_failed"]
+            assert failed and all(f["error"] == "unknown_tool" for f in failed)  # no get_weather
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_serve_usage_errors_are_status_2(tmp_path):
+    for args, needle in (
+        (["--tools", str(tmp_path / "missing.py")], "no such file"),
+        (["--base-url", "http://127.0.0.1:9"], "--model is required"),
+        (["--port", "70000"], "port"),
+    ):
+        done = subprocess.run([*CLI, "serve", *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, (args, done.stderr)
+        assert needle in done.stderr and done.stderr.count("\n") == 1
