@@ -141,8 +141,11 @@ def test_racing_workers_run_each_call_once(tmp_path: Path, ledger_url: str, work
     calls = [[f"c{i}", "charge", {"n": i}] for i in range(12)]
     scene = Scene(tmp_path, ledger_url, calls)
     start_at = time.time() + 2.0  # after every interpreter has started
+    # A lease long enough for a loaded CI machine: this test is about racing claims, not
+    # about expiry (a heartbeat late past a 0.5 s lease would rightly make a call "stale").
     procs = [
-        scene.spawn(start_at=start_at, tool_sleep=0.02, worker=f"w{i}") for i in range(workers)
+        scene.spawn(start_at=start_at, tool_sleep=0.02, worker=f"w{i}", lease_s=10.0)
+        for i in range(workers)
     ]
     outputs = []
     for proc in procs:
