@@ -123,7 +123,7 @@ class RelayConfig(_Section):
     """The relay server, and the budgets of each run (also used by ``toollatch run``)."""
 
     host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8787
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
     max_rounds: _Positive = 8
     max_tool_calls: _Positive = 64
     deadline_s: _Seconds | None = None
@@ -352,7 +352,7 @@ model:
 
 relay:
   host: 127.0.0.1
-  port: 8787
+  port: 8000
   max_rounds: 8                         # run limits (toollatch run uses them too)
   max_tool_calls: 64
   deadline_s: null
