@@ -357,3 +357,16 @@ def test_bad_server_settings_are_config_errors():
     for kwargs in ({"port": 70000}, {"provider": "nope"}, {"base_url": "http://x"}):
         with pytest.raises(ConfigError):
             RelayServer(**kwargs)
+
+
+async def test_metrics_are_served_after_runs(relay, client):
+    run = await start_run(client, "weather?")
+    await read_events(client, run["events_url"])
+    text = (await client.get("/metrics")).text
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines() if line and not line.startswith("#")
+    }
+    assert samples['tool_rounds_total{ended="normal",provider="openai_chat"}'] >= 2
+    assert samples['tool_execute_rejected_not_committed_total{provider="openai_chat"}'] == 0
+    assert any(k.startswith("tool_execute_seconds_count") and v >= 3 for k, v in samples.items())

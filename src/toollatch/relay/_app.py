@@ -58,6 +58,20 @@ class HTTPError(Exception):
         return JSONResponse(body, status_code=self.status)
 
 
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+"""The Prometheus text exposition format's media type."""
+
+
+def _default_metrics() -> Any:
+    """A fresh :class:`toollatch.runtime.Metrics` (its own registry) when prometheus-client is
+    installed, else None: the relay serves ``/metrics`` only with the ``[metrics]`` extra."""
+    try:
+        from ..runtime._metrics import Metrics  # noqa: PLC0415 (an optional extra)
+    except ImportError:
+        return None
+    return Metrics()
+
+
 class Relay:
     """The relay app: runs of an :class:`~toollatch.runtime.Agent` per request, relayed as SSE.
 
@@ -80,6 +94,7 @@ class Relay:
         tools: Sequence[Tool[..., Any]] | None = None,
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
+        metrics: Any = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
@@ -94,6 +109,7 @@ class Relay:
         self.tools = tuple(tools) if tools is not None else None
         self.limits = limits or RelayLimits()
         self.previews = previews or default_previews()
+        self.metrics = metrics if metrics is not None else _default_metrics()
         self.runs = RunRegistry(self.limits)
         self._session_tools: OrderedDict[str, Sequence[Tool[..., Any]]] = OrderedDict()
         self._static = {
@@ -106,10 +122,17 @@ class Relay:
                 Route("/runs", self._create, methods=["POST"]),
                 Route("/runs/{run_id}/events", self._events, methods=["GET"]),
                 Route("/runs/{run_id}/cancel", self._cancel, methods=["POST"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
 
     # -- pages -------------------------------------------------------------------------------
+
+    async def _metrics(self, request: Request) -> Response:
+        """The runs' Prometheus metrics (the ``[metrics]`` extra; 404 without it)."""
+        if self.metrics is None:
+            return HTTPError(404, "not_found", "metrics need the [metrics] extra").response()
+        return Response(self.metrics.exposition(), media_type=_PROMETHEUS_TEXT)
 
     async def _page(self, request: Request) -> Response:
         response = Response(self._static["index.html"], media_type="text/html; charset=utf-8")
@@ -195,7 +218,10 @@ class Relay:
                 http=self.http[next(self._turn) % len(self.http)],
             )
             tools = self.tools if self.tools is not None else self._examples(run.session)
-            agent = Agent(client, tools, previews=self.previews, on_preview=run.preview)
+            observers = [self.metrics] if self.metrics is not None else []
+            agent = Agent(
+                client, tools, previews=self.previews, on_preview=run.preview, observers=observers
+            )
         except (ConfigError, UsageError) as exc:
             run.done = True
             raise HTTPError(422, "invalid_run", str(exc)) from None
