@@ -22,11 +22,12 @@ def test_serve_runs_the_demo_and_stops_on_ctrl_c(tmp_path):
     assert proc.returncode == 0
 
 
-def _demo(proc: subprocess.Popen[str]) -> None:
+def _demo(proc: subprocess.Popen[str], *, not_port: int | None = None) -> None:
     try:
         line = proc.stderr.readline()
-        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
         assert match, line
+        assert int(match.group(1)) != not_port, line
         with httpx.Client(base_url=match.group(0), timeout=20) as client:
             assert "toollatch" in client.get("/").text
             run = client.post("/runs", json={"message": "hi"}).json()
@@ -74,3 +75,18 @@ def test_serve_usage_errors_are_status_2(tmp_path):
         done = subprocess.run([*CLI, "serve", *args], capture_output=True, text=True, timeout=30)
         assert done.returncode == 2, (args, done.stderr)
         assert needle in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_serve_takes_its_port_and_provider_from_a_config_file(tmp_path):
+    config = tmp_path / "toollatch.yaml"
+    config.write_text("relay:\n  port: 0\nmodel:\n  provider: anthropic\n")
+    proc = subprocess.Popen([*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE,
+                            text=True)
+    with proc:
+        _demo(proc, not_port=8000)  # port 0 from the file: a free port, not the default
+    assert proc.returncode == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("relay:\n  prot: 1\n")
+    done = subprocess.run([*CLI, "serve", "--config", str(bad)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "relay.prot" in done.stderr

@@ -24,8 +24,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="serve the relay: a live page of agent runs (SSE) on the scripted model",
         description="Serve agent runs to a browser over SSE, with a live page at /.",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    serve.add_argument("--host", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (8000)")
     serve.add_argument(
         "--tools",
         action="append",
@@ -33,13 +33,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="Python file(s) of @toollatch.tool functions (default: examples)",
     )
     serve.add_argument(
-        "--provider",
-        choices=PROVIDERS,
-        default="openai_chat",
-        help="wire format / provider (default openai_chat)",
+        "--provider", choices=PROVIDERS, help="wire format / provider (default openai_chat)"
     )
     serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
     serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration (relay host and port, model, previews); flags win over it",
+    )
     return serve
 
 
@@ -47,6 +49,7 @@ def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
     from .._errors import ConfigError, UsageError  # noqa: PLC0415
     from ..runtime._command import CommandError, load_tool_file  # noqa: PLC0415
+    from ..runtime._config import load_config  # noqa: PLC0415
     from ..runtime._tools import Tool  # noqa: PLC0415
     from ._server import RelayServer  # noqa: PLC0415
 
@@ -54,15 +57,19 @@ def serve_command(args: argparse.Namespace) -> int:
         tools: list[Tool[..., Any]] | None = None
         for path in args.tools or ():
             tools = (tools or []) + load_tool_file(path)
-        if args.base_url is not None and not args.model:
+        c = load_config(args.config) if args.config else None
+        base_url = args.base_url or (c.model.base_url if c else None)
+        model = args.model or (c.model.model if c else None)
+        if base_url is not None and not model:
             raise CommandError("--model is required with --base-url")
         server = RelayServer(
-            host=args.host,
-            port=args.port,
-            provider=args.provider,
-            model=args.model,
-            base_url=args.base_url,
+            host=args.host or (c.relay.host if c else "127.0.0.1"),
+            port=args.port if args.port is not None else (c.relay.port if c else 8000),
+            provider=args.provider or (c.model.provider if c else "openai_chat"),
+            model=model,
+            base_url=base_url,
             tools=tools,
+            previews=c.preview_policy() if c else None,
         )
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
