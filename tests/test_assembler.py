@@ -321,3 +321,17 @@ def test_choices_past_the_limit_fail_the_stream_and_are_not_kept():
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert r.ended is RoundEnd.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
     assert [a.kind for a in r.anomalies] == [AnomalyKind.TOO_MANY_CHOICES]
+
+
+def test_a_call_record_carries_the_bytes_counted_as_it_streamed():
+    from toollatch import StreamParser
+    from toollatch.testing import sse
+
+    head = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1",
+            "type": "function", "function": {"name": "f", "arguments": '{"t": "Zü'}}]}}]}
+    tail = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+            "function": {"arguments": 'rich ☕"}'}}]}, "finish_reason": "tool_calls"}]}
+    parser = StreamParser("openai_chat")
+    parser.feed(sse(head, tail, done=True))
+    call = parser.finish().calls[0]
+    assert call.argument_bytes == len(call.arguments_text.encode()) == 20

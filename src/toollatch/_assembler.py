@@ -843,5 +843,7 @@ def _record_of(buf: CallBuffer, id_made_up: bool, extras: Mapping[str, Any] | No
         detail=buf.detail,
         committed=committed,
         early=buf.early,
+        # (an expanded multi_tool_use call's text was never counted as it streamed)
+        argument_bytes=buf.nbytes or (_utf8_len(text) if (text := buf.text()) else 0),
         extras=NO_EXTRAS if extras is None else MappingProxyType(dict(extras)),
     )

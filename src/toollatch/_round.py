@@ -59,6 +59,9 @@ class CallRecord:
     early: bool = False
     """True when the call was committed before the round ended (an eager tool the provider
     had moved on from); it stays COMMITTED whatever the round's end."""
+    argument_bytes: int = 0
+    """The UTF-8 size of the argument text as it was counted while it streamed (for an
+    overflowed call: the count at which it failed, its text being gone)."""
     extras: Mapping[str, Any]
     """Provider fields that go back with this call in history, exactly as received (a Gemini
     ``thoughtSignature`` on its ``functionCall`` part, a chat tool call's ``extra_content``)."""

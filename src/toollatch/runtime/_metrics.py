@@ -35,12 +35,6 @@ _BYTES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-def _utf8_len(text: str) -> int:
-    """UTF-8 length: ``isascii`` is O(1) in CPython, so only non-ASCII text is encoded (an
-    encode of 256 KiB costs ~0.4 ms, more than a Gemini round's whole parse)."""
-    return len(text) if text.isascii() else len(text.encode())
-
-
 class Metrics:
     """The tool path's metrics in a registry of their own (see the module docstring).
 
@@ -142,8 +136,8 @@ class Metrics:
             self._child(self.anomalies, provider, str(anomaly.kind)).inc()
         for call in round_.calls:
             if call.error is not ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES:
-                # (an overflowed call keeps no text past the limit: its size is unknown)
-                self._child(self.args_bytes, provider).observe(_utf8_len(call.arguments_text))
+                # (an overflowed call's count stops where it failed: its size is unknown)
+                self._child(self.args_bytes, provider).observe(call.argument_bytes)
             if call.committed is not None:
                 if not call.early:
                     self._commit(provider, call.key, call.call_id, now, early=False)
