@@ -274,9 +274,9 @@ class _LiveView:
         longest = max((len(line.name) for line in self.calls.values()), default=4)
         table.add_column("id", no_wrap=True, overflow="ellipsis", max_width=26, style="dim")
         table.add_column("tool", no_wrap=True, min_width=longest)
-        table.add_column("arguments", no_wrap=True, overflow="ellipsis", ratio=1)
-        table.add_column("state", no_wrap=True, min_width=14)
-        table.add_column("time", no_wrap=True, min_width=26)
+        table.add_column("arguments", no_wrap=True, overflow="ellipsis", max_width=30)
+        table.add_column("state", no_wrap=True, min_width=len("done (early)"))
+        table.add_column("time", no_wrap=True, overflow="ellipsis")
         for call_id, line in self.calls.items():
             arguments = line.arguments if len(line.arguments) <= 48 else line.arguments[:47] + "…"
             table.add_row(

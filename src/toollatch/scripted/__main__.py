@@ -8,7 +8,7 @@ NAME=FILE.json`` given. Exit status 0 on Ctrl-C, 2 for bad arguments or a bad sc
 from __future__ import annotations
 
 import argparse
-import contextlib
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -30,12 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Ctrl-C (or SIGTERM) is how it is stopped: the handlers are in place before the server
+    # starts, so a signal at any point ends the wait and the server stops cleanly (status 0),
+    # never a KeyboardInterrupt raised in the middle of starting or stopping it.
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     with server:
         print(f"toollatch scripted model server: {server.url}", flush=True)
         for provider in PROVIDERS:
             print(f"  {provider}: {server.base_url(provider)}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it is stopped
-            threading.Event().wait()
+        stop.wait()
     return 0
 
 
