@@ -155,9 +155,13 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
     '''))
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     args = ["run", "--json", "--tools", str(tools), "--ledger", ledger]
-    for _ in range(2):  # the same session twice: a replay of the same stream
-        done = toollatch(*args, "--session", "s1")
-        assert done.returncode == 0, done.stderr
+    done = toollatch(*args, "--session", "s1")
+    assert done.returncode == 0, done.stderr
+    again = toollatch(*args, "--session", "s1")  # one session is one run: not started twice
+    assert again.returncode == 2 and "already has a stored history" in again.stderr
+    resumed = toollatch(*args, "--resume", "s1")  # the run goes on from its stored history
+    assert resumed.returncode == 0, resumed.stderr
+    assert events_of(resumed.stdout)[-1]["rounds"] == 1  # the model has nothing more to call
     assert log.read_text().splitlines() == ["Oslo", "Zürich"]  # once each, not twice
     assert toollatch(*args).returncode == 0  # no --session: a new run, a new scope
     assert log.read_text().splitlines() == ["Oslo", "Zürich", "Oslo", "Zürich"]

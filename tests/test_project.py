@@ -150,7 +150,7 @@ SURFACES = {
         "CallContext", "Claim", "Found", "History", "HistoryConflict", "LeaseLost", "Ledger",
         "LedgerError", "LedgerKey", "LedgerRecord", "LedgerState", "LockLost", "MemoryHistory",
         "MemoryLedger", "SQLiteHistory", "SQLiteLedger", "SessionLocks", "Won", "current_call",
-        "default_ledger_url", "digest_of", "open_ledger",
+        "default_ledger_url", "digest_of", "open_history", "open_ledger",
     ],
     "toollatch.relay": [
         "Relay", "RelayLimits", "RelayRun", "RelayServer", "default_previews", "preview_json",

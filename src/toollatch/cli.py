@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's session (the ledger's scope); default: a new id per run with --ledger",
     )
     run.add_argument(
+        "--resume",
+        metavar="ID",
+        help="continue the stored run of session ID (needs --ledger; MESSAGE, if given, is a "
+        "new user turn after it)",
+    )
+    run.add_argument(
         "--config",
         metavar="FILE",
         help="YAML configuration (see `toollatch config example`); flags win over it",

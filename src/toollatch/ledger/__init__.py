@@ -10,7 +10,7 @@ its tool started, and its final result; the dispatcher claims a call before it r
 from ._base import Ledger, MemoryLedger
 from ._context import CallContext, current_call
 from ._history import History, HistoryConflict, MemoryHistory, SQLiteHistory
-from ._open import default_ledger_url, open_ledger
+from ._open import default_ledger_url, open_history, open_ledger
 from ._records import (
     Claim,
     Found,
@@ -48,5 +48,6 @@ __all__ = [
     "current_call",
     "default_ledger_url",
     "digest_of",
+    "open_history",
     "open_ledger",
 ]

@@ -1,14 +1,17 @@
-"""``open_ledger(url)``: a ledger from a ``--ledger`` URL (internal)."""
+"""``open_ledger(url)``, ``open_history(url)``: a ledger and its run-history store from a
+``--ledger`` URL (internal)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import ConfigError
 from ._base import Ledger, MemoryLedger
+from ._history import History, MemoryHistory, SQLiteHistory
 
 
 def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
@@ -36,20 +39,48 @@ def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
     raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
 
 
+def open_history(url: str) -> History:
+    """The run-history store beside the ledger a URL names (see :func:`open_ledger`):
+    ``memory:``, the same SQLite file (its own table), or the same Redis server. ``ConfigError``
+    for any other URL."""
+    if not isinstance(url, str):
+        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return MemoryHistory()
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path[1:] if parts.netloc == "" else "")
+        if not path or path.endswith("/"):
+            raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
+        return SQLiteHistory(path)
+    if parts.scheme in ("redis", "rediss"):
+        client = _redis_client(url)  # (first: it says when the package is missing)
+        from ._redis import RedisHistory  # noqa: PLC0415 (the [redis] extra, lazily)
+
+        return RedisHistory(client)
+    raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
+
+
 def _open_redis(url: str) -> Ledger:
+    client = _redis_client(url)  # (first: it says when the package is missing)
+    from ._redis import RedisLedger  # noqa: PLC0415 (it imports redis)
+
+    return RedisLedger(client)
+
+
+def _redis_client(url: str) -> Any:
+    """A ``redis.asyncio.Redis`` for ``url`` (``ConfigError`` without the package or for a
+    bad URL)."""
     try:
         import redis.asyncio as aioredis  # noqa: PLC0415 (the [redis] extra, lazily)
-
-        from ._redis import RedisLedger  # noqa: PLC0415 (it imports redis)
     except ImportError as exc:  # pragma: no cover - the test environment has the extra
         hint = "pip install 'toollatch[redis]'"
         raise ConfigError(f"a redis:// ledger needs the redis package: {hint}") from exc
     try:
         # Timeouts so that a Redis down is an error within seconds, never a hang.
-        client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        return aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
     except ValueError as exc:
         raise ConfigError(f"bad redis URL {url!r}: {exc}") from exc
-    return RedisLedger(client)
 
 
 def default_ledger_url(environ: Mapping[str, str] | None = None) -> str:

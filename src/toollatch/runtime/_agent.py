@@ -44,7 +44,7 @@ from .._pipeline import StreamParser
 from .._preview import PreviewPolicy, PreviewUpdated
 from .._round import Round, ToolResult
 from ..assembly import CallAnnounced, CallReady, TextReceived
-from ..ledger import Ledger
+from ..ledger import History, Ledger
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,
@@ -59,6 +59,7 @@ from ._agent_events import (
 from ._clients import ModelClient, ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import Dispatcher, DispatchRound
 from ._observer import AgentObserver
+from ._resume import StoredHistory
 from ._tools import Tool
 
 
@@ -145,6 +146,7 @@ class Agent:
         drop_failed: Collection[ErrorCode] = (),
         observers: Sequence[AgentObserver] = (),
         ledger: Ledger | None = None,
+        history_store: History | None = None,
         on_preview: Callable[[PreviewUpdated], None] | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
@@ -156,6 +158,7 @@ class Agent:
         self.limits = limits or Limits()
         self.session = session
         self.ledger = ledger
+        self.history_store = history_store
         self.previews = previews
         self.drop_failed = frozenset(drop_failed)
         self.observers = tuple(observers)
@@ -177,19 +180,28 @@ class Agent:
         self._specs = specs if eager_start else tuple(replace(s, eager=False) for s in specs)
 
     def run(
-        self, message: str | None = None, *, history: Sequence[Mapping[str, Any]] = ()
+        self,
+        message: str | None = None,
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        resume: bool = False,
     ) -> AgentRun:
         """A run from ``history`` (the provider's format) plus ``message`` as a user turn.
 
-        Raises ``UsageError`` when there is neither, or while another run of this agent is
-        being iterated (one session's rounds never interleave).
+        With a ``history_store``, the run's history is stored after every round under the
+        agent's ``session``; ``resume=True`` continues the session's stored run instead
+        (``message``, if given, is a new user turn after it). Raises ``UsageError`` when there
+        is no message, history or resume, for ``resume`` without a store, or (when iterated)
+        while another run of this agent is being iterated.
         """
         entries = [dict(m) for m in history]
         if message is not None:
             entries.append(user_message(self.client.provider, message))
-        if not entries:
+        if resume and self.history_store is None:
+            raise UsageError("resume=True needs the agent's history_store")
+        if not entries and not resume:
             raise UsageError("a run needs a message or a history")
-        return AgentRun(self, entries)
+        return AgentRun(self, entries, resume=resume)
 
     def _next_attempt(self) -> int:
         """A new attempt number for each request of this agent's life: a call id made up for
@@ -224,9 +236,14 @@ class AgentRun:
     did. :meth:`cancel` stops the run: the round in flight is cancelled, every call paired.
     """
 
-    def __init__(self, agent: Agent, history: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, agent: Agent, history: list[dict[str, Any]], *, resume: bool = False
+    ) -> None:
         self.agent = agent
         self.history = history
+        self._resume = resume
+        store = agent.history_store
+        self._stored = StoredHistory(store, agent.session) if store is not None else None
         self.rounds: list[Round] = []
         self.results: list[list[ToolResult]] = []
         self.error: str | None = None
@@ -245,6 +262,8 @@ class AgentRun:
             raise UsageError("an AgentRun can be iterated once")
         if self.agent._sink is not None:
             raise UsageError("this agent is already running; one run at a time")
+        if self._stored is not None:  # (misuse raises here, before any event)
+            self.history = await self._stored.begin(self.history, resume=self._resume)
         self.agent._sink = self._events
         self._driver = asyncio.get_running_loop().create_task(self._drive())
         try:
@@ -311,11 +330,18 @@ class AgentRun:
                     round_ = parser.cancel()
                     self._decided(round_)
                 self._close(round_, await dispatch.abort(round_))
+                await self._persist()
                 raise
             self._close(round_, results)
+        await self._persist()
         # Ask again after tool calls, and after a stream that broke (a new attempt); a normal
         # or truncated answer without calls is the end.
         return bool(round_.calls) or round_.ended is RoundEnd.INTERRUPTED
+
+    async def _persist(self) -> None:
+        """Store the history's new entries (with a ``history_store``)."""
+        if self._stored is not None:
+            await self._stored.persist(self.history)
 
     async def _stream(self, parser: StreamParser, dispatch: DispatchRound) -> Round | None:
         """Feed the round's stream; None when no stream began (``error`` is set)."""

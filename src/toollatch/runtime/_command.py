@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._errors import ConfigError, ToolLatchError, UsageError
-from ..ledger import open_ledger
+from ..ledger import open_history, open_ledger
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
 from ._agent_events import AgentEvent
@@ -127,11 +127,17 @@ def _durable(args: argparse.Namespace) -> dict[str, Any]:
     """``ledger`` and ``session`` for the Agent from ``--ledger`` / ``--session``: with a
     ledger, each run is its own session unless one is named (the ledger's scope)."""
     found: dict[str, Any] = {}
-    if getattr(args, "session", None):
-        found["session"] = args.session
+    resume = getattr(args, "resume", None)
+    if resume and getattr(args, "session", None) and args.session != resume:
+        raise CommandError("--resume names the session: --session must be the same or absent")
+    if resume and not getattr(args, "ledger", None):
+        raise CommandError("--resume needs the --ledger the run was stored in")
+    if resume or getattr(args, "session", None):
+        found["session"] = resume or args.session
     if getattr(args, "ledger", None):
         try:
             found["ledger"] = open_ledger(args.ledger)
+            found["history_store"] = open_history(args.ledger)
         except (ConfigError, UsageError) as exc:
             raise CommandError(f"--ledger {args.ledger}: {exc}") from None
         found.setdefault("session", f"run-{uuid.uuid4().hex}")
@@ -172,9 +178,13 @@ async def _with_model(
         async with client, contextlib.AsyncExitStack() as closing:
             if agent.ledger is not None:
                 closing.push_async_callback(agent.ledger.aclose)
+            if agent.history_store is not None:
+                closing.push_async_callback(agent.history_store.aclose)
             view = _JsonView() if args.json else _LiveView()
             try:
-                error = await view.show(agent.run(args.message or DEFAULT_MESSAGE))
+                resume = bool(getattr(args, "resume", None))
+                message = args.message if resume else args.message or DEFAULT_MESSAGE
+                error = await view.show(agent.run(message, resume=resume))
             except ModelError as exc:
                 error = str(exc)
             except ToolLatchError as exc:
