@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._errors import UsageError
 from ._records import LedgerError
+from ._sqlite import setup_statement
 
 
 class HistoryConflict(LedgerError):
@@ -82,6 +84,12 @@ class MemoryHistory:
         """Nothing to release."""
 
 
+_TABLE = (
+    "CREATE TABLE IF NOT EXISTS toollatch_history (run TEXT NOT NULL, "
+    "seq INTEGER NOT NULL, message TEXT NOT NULL, PRIMARY KEY (run, seq)) WITHOUT ROWID"
+)
+
+
 class SQLiteHistory:
     """A :class:`History` in a SQLite file (may be the ledger's own file)."""
 
@@ -93,13 +101,10 @@ class SQLiteHistory:
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
             conn = sqlite3.connect(self.path, timeout=10, isolation_level=None)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS toollatch_history (run TEXT NOT NULL, "
-                "seq INTEGER NOT NULL, message TEXT NOT NULL, PRIMARY KEY (run, seq)) "
-                "WITHOUT ROWID"
-            )
+            conn.execute("PRAGMA busy_timeout = 10000")
+            deadline = time.monotonic() + 10
+            for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", _TABLE):
+                setup_statement(conn, statement, deadline)  # (waits out a WAL switch's lock)
             self._conn = conn
         return self._conn
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -190,19 +191,55 @@ class SQLiteLedger:
                 if self._create_folder:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._conn = _connect(self.path, self._busy_ms)
-            return fn(self._conn)
+            return _retrying(self._conn, fn, time.monotonic() + self._busy_ms / 1000)
         except (sqlite3.Error, OSError) as exc:
             raise LedgerError(f"SQLite ledger {self.path}: {exc}") from exc
+
+
+def _retrying(
+    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], deadline: float
+) -> T:
+    """``fn(conn)`` (one transaction), again after a "database is locked" that SQLite answered
+    without waiting (in WAL mode it may, e.g. while another process recovers or checkpoints the
+    file; seen with racing workers) until ``deadline``. Safe: the failed transaction was rolled
+    back, so nothing of it was written."""
+    pause = 0.005
+    while True:
+        try:
+            return fn(conn)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+            if conn.in_transaction:  # (a COMMIT that answered busy: it wrote nothing)
+                conn.execute("ROLLBACK")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
     # isolation_level=None: transactions are the explicit BEGIN IMMEDIATE of _immediate.
     conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute(_SCHEMA)
+    deadline = time.monotonic() + busy_ms / 1000
+    for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", _SCHEMA):
+        setup_statement(conn, statement, deadline)
     return conn
+
+
+def setup_statement(conn: sqlite3.Connection, statement: str, deadline: float) -> None:
+    """Run a set-up statement, waiting out another process's lock until ``deadline``:
+    switching to WAL can answer "database is locked" at once, without the busy handler,
+    while another process opens the same new file (seen with 2 workers started together)."""
+    pause = 0.005
+    while True:
+        try:
+            conn.execute(statement)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 class _immediate:
