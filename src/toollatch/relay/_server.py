@@ -24,7 +24,7 @@ from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from ..runtime._tools import Tool
 from ..scripted._script import Script
-from ..scripted._server import ScriptedServer
+from ..scripted._server import ScriptedServer, loopback_server
 from ._app import PROVIDERS, Relay
 from ._config import RelayLimits
 
@@ -136,17 +136,7 @@ class RelayServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
-        config = uvicorn.Config(
-            relay.app,
-            http="h11",
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        server = uvicorn.Server(config)
+        server = loopback_server(relay.app, 1)
         task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-relay")
         while not server.started and not task.done():
             await asyncio.sleep(0.002)

@@ -48,6 +48,23 @@ _STOP_TIMEOUT_S = 1
 takes whole seconds)."""
 
 
+def loopback_server(app: Any, stop_timeout_s: int) -> uvicorn.Server:
+    """A quiet uvicorn server for ``app`` (h11, no websockets, no lifespan, no access log),
+    to be served on a socket its caller bound; open streams get ``stop_timeout_s`` at stop.
+    The one configuration of toollatch's servers (this one and the relay)."""
+    config = uvicorn.Config(
+        app,
+        http="h11",
+        ws="none",
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=stop_timeout_s,
+    )
+    return uvicorn.Server(config)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecordedRequest:
     """One request the server received, and how it answered."""
@@ -203,18 +220,8 @@ class ScriptedServer:
         except OSError:
             sock.close()
             raise
-        config = uvicorn.Config(
-            self.app,
-            http="h11",
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=_STOP_TIMEOUT_S,
-        )
         _quiet_drops.install()
-        self._uvicorn, self._socket = uvicorn.Server(config), sock
+        self._uvicorn, self._socket = loopback_server(self.app, _STOP_TIMEOUT_S), sock
         self._port = sock.getsockname()[1]
         return self._uvicorn, sock
 
