@@ -38,6 +38,11 @@ class ErrorCode(StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     TOOL_ERROR = "tool_error"
     TOOL_TIMEOUT = "tool_timeout"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    """The tool was started (or its request was sent) and no answer came: it may have had
+    its effect. Never re-run unless the tool is idempotent."""
+    LEDGER_UNAVAILABLE = "ledger_unavailable"
+    """The durable call ledger could not be reached, so the call was not run."""
 
 
 class ToolLatchError(Exception):
