@@ -33,6 +33,7 @@ from rich.text import Text
 
 from .._errors import ConfigError, ToolLatchError, UsageError
 from ..ledger import open_history, open_ledger
+from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
 from ._agent_events import AgentEvent
@@ -106,11 +107,17 @@ def _load(args: argparse.Namespace) -> Config | None:
 
 
 def _agent(
-    args: argparse.Namespace, client: ModelClient, tools: list[Tool[..., Any]], c: Config | None
+    args: argparse.Namespace,
+    client: ModelClient,
+    tools: list[Tool[..., Any]],
+    c: Config | None,
+    source: McpToolSource | None = None,
 ) -> Agent:
     """The run's agent: flags over the config file over the defaults."""
     eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
     durable = _durable(args)
+    if source is not None:
+        durable["tool_source"] = source
     if c is None:
         limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
         return Agent(client, tools, eager=eager, run_limits=limits, **durable)
@@ -144,6 +151,18 @@ def _durable(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
+def _mcp_source(
+    args: argparse.Namespace, config: Config | None, tools: list[Tool[..., Any]]
+) -> McpToolSource | None:
+    """The MCP servers of the config's ``mcp`` section and of ``--mcp`` (not connected)."""
+    try:
+        return source_from_config(
+            config, getattr(args, "mcp", None) or (), reserved=[t.name for t in tools]
+        )
+    except ConfigError as exc:
+        raise CommandError(f"--mcp: {exc}") from None
+
+
 def _api_key(config: Config | None) -> str | None:
     """The key from ``model.api_key_env`` (None: the provider's usual variable)."""
     name = config.model.api_key_env if config else None
@@ -161,7 +180,8 @@ async def _with_model(
         tools: list[Tool[..., Any]] = []
         for path in args.tools or ():
             tools += load_tool_file(path)
-        if not tools:
+        source = _mcp_source(args, config, tools)
+        if not tools and source is None:
             workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
             tools = example_tools(Path(workspace))
         try:
@@ -172,10 +192,15 @@ async def _with_model(
                 api_key=_api_key(config),
                 limits=config.client_limits() if config else None,
             )
-            agent = _agent(args, client, tools, config)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
         async with client, contextlib.AsyncExitStack() as closing:
+            try:
+                if source is not None:
+                    await closing.enter_async_context(source)
+                agent = _agent(args, client, tools, config, source)
+            except (ConfigError, UsageError) as exc:
+                raise CommandError(str(exc)) from None
             if agent.ledger is not None:
                 closing.push_async_callback(agent.ledger.aclose)
             if agent.history_store is not None:
