@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -96,5 +95,3 @@ def chat_round(specs: Sequence[ToolSpec], calls: Sequence[tuple[str, str, Any]])
     return parser.finish()
 
 
-def env_with_src() -> dict[str, str]:
-    return dict(os.environ)

@@ -99,7 +99,6 @@ async def test_a_cancelled_call_reaches_the_server_as_a_cancellation(server, tmp
         d = Dispatcher(source.snapshot())
         round_ = chat_round(d.specs, [("c1", "slow", {"seconds": 30})])
         async with d.round() as r:
-            r.start  # (batch start below)
             task = asyncio.ensure_future(r.finish(round_))
             await wait_for_log(tmp_path, name, "slow_started")
             task.cancel()

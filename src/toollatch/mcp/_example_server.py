@@ -5,8 +5,8 @@ Run it with ``python -m toollatch.mcp.example_server`` (stdio) or ``... --http P
 printed on standard error as ``listening on http://127.0.0.1:PORT/mcp``). ``--log PATH`` (or
 the ``TOOLLATCH_MCP_LOG`` variable) appends one JSON line per inbound ``tools/call`` and per
 ``notifications/cancelled`` *as the server receives it*, before any validation: the
-server-side proof tests use that a call did or did not reach it. ``--name`` prefixes nothing;
-it names the server.
+server-side proof tests use that a call did or did not reach it. ``--name`` is the name
+the server gives itself in the handshake.
 
 Tools (side effects observable in tests): ``echo``, ``write_note`` (a file in ``--notes``),
 ``slow`` (sleeps; logs ``slow_cancelled`` when a cancellation interrupts it), ``crash``

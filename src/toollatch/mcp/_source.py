@@ -27,6 +27,7 @@ import fnmatch
 import hashlib
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -200,11 +201,11 @@ def assign_names(
             out[key] = given[key]
             taken.add(given[key])
     fresh = [k for k in keys if k not in out]
-    wanted = [k[1] for k in fresh]
+    wanted = Counter(k[1] for k in keys)  # a name two servers have is nobody's bare name
     for key in fresh:
         server, tool = key
         name = tool if _VALID.match(tool) else ""
-        if not name or wanted.count(tool) > 1 or name in taken:
+        if not name or wanted[tool] > 1 or name in taken:
             name = _fit(f"{_safe(server)}__{_safe(tool)}", key)
         n = 2
         base = name

@@ -248,9 +248,7 @@ class Agent:
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if self._eager_start and may(n))
         specs = self.dispatcher.specs
-        self._specs = (
-            specs if self._eager_start else tuple(replace(s, eager=False) for s in specs)
-        )
+        self._specs = specs if self._eager_start else tuple(replace(s, eager=False) for s in specs)
 
     def _tool_event(self, event: ToolStartedEvent | ToolFinishedEvent) -> None:
         if self._sink is not None:

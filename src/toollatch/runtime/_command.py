@@ -2,7 +2,9 @@
 :mod:`toollatch.cli`, which imports this module only for ``run``).
 
 Without ``--base-url`` the run talks to the scripted model server (started here, on
-loopback) with the built-in example tools: no key, no network. ``--json`` prints one agent
+loopback) with the built-in example tools: no key, no network. ``--mcp`` (and the config's
+``mcp.servers``) adds the tools of MCP servers (:mod:`toollatch.mcp`) instead of the
+examples; they are connected before the run and closed after it. ``--json`` prints one agent
 event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
 terminal view shows the streaming text and one line per call with its state and timings.
 Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
@@ -151,6 +153,21 @@ def _durable(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
+def _tools(
+    args: argparse.Namespace, config: Config | None, stack: contextlib.ExitStack
+) -> tuple[list[Tool[..., Any]], McpToolSource | None]:
+    """The ``--tools`` files' tools and the MCP servers' source; the examples (writing in
+    ``--workspace`` or a temporary directory) when there are neither."""
+    tools: list[Tool[..., Any]] = []
+    for path in args.tools or ():
+        tools += load_tool_file(path)
+    source = _mcp_source(args, config, tools)
+    if not tools and source is None:
+        workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
+        tools = example_tools(Path(workspace))
+    return tools, source
+
+
 def _mcp_source(
     args: argparse.Namespace, config: Config | None, tools: list[Tool[..., Any]]
 ) -> McpToolSource | None:
@@ -177,13 +194,7 @@ async def _with_model(
     args: argparse.Namespace, base_url: str, model: str, config: Config | None
 ) -> int:
     with contextlib.ExitStack() as stack:
-        tools: list[Tool[..., Any]] = []
-        for path in args.tools or ():
-            tools += load_tool_file(path)
-        source = _mcp_source(args, config, tools)
-        if not tools and source is None:
-            workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
-            tools = example_tools(Path(workspace))
+        tools, source = _tools(args, config, stack)
         try:
             client = model_client(
                 args.provider,

@@ -160,8 +160,8 @@ class Dispatcher:
 
     def replace_tools(self, tools: Sequence[Tool[Any, Any]]) -> None:
         """Run ``tools`` from now on (a tool source's list changed; call it between rounds):
-        rounds already open keep the tools their calls started with; the dedupe memory, the
-        locks and ``eager`` names stay (an ``eager`` name no tool has any more is ignored).
+        calls already begun keep the tool they began with; the dedupe memory, the locks and
+        the ``eager`` names stay (an ``eager`` name no tool has any more is ignored).
         Raises ``ConfigError`` as the constructor does, leaving the tools unchanged."""
         by_name: dict[str, Tool[Any, Any]] = {}
         for t in tools:
