@@ -197,3 +197,33 @@ def test_without_the_sdk_connecting_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mcp", None)
     with pytest.raises(ConfigError, match=r'pip install "toollatch\[mcp\]"'):
         require_sdk()
+
+
+@pytest.mark.parametrize(("limit", "overlap"), [(1, False), (4, True)])
+async def test_max_concurrency_bounds_the_calls_running_on_one_server(limit, overlap, tmp_path):
+    async with McpToolSource([stdio_server(tmp_path, "ex", max_concurrency=limit)]) as source:
+        results, _ = await run_calls(
+            source, [("a", "slow", {"seconds": 0.4}), ("b", "slow", {"seconds": 0.4})]
+        )
+    assert [r.content for r in results] == ["slept 0.4 s"] * 2
+    events = [e["event"] for e in log_of(tmp_path, "ex") if e["event"].startswith("slow")]
+    serial = ["slow_started", "slow_done", "slow_started", "slow_done"]
+    assert (events != serial) is overlap, events
+
+
+async def test_a_server_that_never_answers_the_handshake_fails_within_its_connect_timeout(
+    tmp_path,
+):
+    import sys
+    import time
+
+    from toollatch.mcp import McpServer
+
+    mute = McpServer(name="mute", command=(sys.executable, "-c", "import time; time.sleep(60)"),
+                     connect_timeout_s=1)
+    good = stdio_server(tmp_path, "ex")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="'mute': no answer within 1 s"):
+        async with McpToolSource([good, mute]):
+            pass
+    assert time.monotonic() - started < 8

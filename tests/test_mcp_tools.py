@@ -12,7 +12,8 @@ import pytest
 
 from toollatch import ConfigError, ErrorCode
 from toollatch.ledger import open_ledger
-from toollatch.mcp import McpToolSource, outcome_of
+from toollatch.mcp import McpToolSource
+from toollatch.mcp._results import outcome_of
 from toollatch.mcp._source import assign_names
 from toollatch.runtime._dispatcher import Dispatcher
 from toollatch.runtime._tools import schema_tool, tool

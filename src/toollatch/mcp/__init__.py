@@ -12,8 +12,7 @@ without it raises ``ConfigError`` naming the extra.
 """
 
 from ._build import source_from_config
-from ._results import outcome_of
 from ._servers import McpServer, parse_server_spec
 from ._source import McpToolSource
 
-__all__ = ["McpServer", "McpToolSource", "outcome_of", "parse_server_spec", "source_from_config"]
+__all__ = ["McpServer", "McpToolSource", "parse_server_spec", "source_from_config"]

@@ -73,7 +73,7 @@ class Connection:
             async with asyncio.timeout(self.server.connect_timeout_s):
                 await self._ready.wait()
         except TimeoutError:
-            await self.close()
+            await self.close(wait_s=0)
             raise ConfigError(
                 f"MCP server {self.server.name!r}: no answer within "
                 f"{self.server.connect_timeout_s:g} s"
@@ -175,14 +175,15 @@ class Connection:
         why = f": {self._failure}" if self._failure else ""
         return f"MCP server {self.server.name!r} is not connected{why}"
 
-    async def close(self) -> None:
-        """Stop the owner task (the SDK closes the transport and ends a stdio process)."""
+    async def close(self, wait_s: float = 10.0) -> None:
+        """Stop the owner task (the SDK closes the transport and ends a stdio process);
+        after ``wait_s`` (a server that does not let go) the task is cancelled."""
         self._stop.set()
         task = self._task
         if task is None or task.done():
             return
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(wait_s):
                 await asyncio.shield(task)
         except TimeoutError:
             task.cancel()

@@ -80,7 +80,7 @@ class McpToolSource:
             raise UsageError("an McpToolSource is entered once")
         self._entered = True
         try:
-            await asyncio.gather(*(c.open() for c in self._conns.values()))
+            await _open_all(list(self._conns.values()))
             for name, conn in self._conns.items():
                 self._listed[name] = await conn.list_tools()
         except BaseException:
@@ -183,6 +183,20 @@ class McpToolSource:
             _log.warning("MCP server %r: tool %r skipped: %s", key[0], key[1], exc)
             return None
         return made
+
+
+async def _open_all(conns: list[Connection]) -> None:
+    """Open every connection at once; the first failure cancels the others' waits and is
+    raised as itself (not in an ``ExceptionGroup``)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for conn in conns:
+                group.create_task(conn.open())
+    except BaseExceptionGroup as failed:
+        first = failed.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 def _fingerprint(mcp_tool: Any) -> str:
