@@ -68,18 +68,20 @@ async def test_content_blocks_map_to_text_and_errors_to_tool_error(server, tmp_p
                 ("f", "fail", {"reason": "nope"}),
                 ("w", "weather", {"city": "Oslo"}),
                 ("s", "secret", {}),
+                ("b", "big", {"size": 300_000}),
             ],
         )
         async with d.round() as r:
             results = await r.finish(round_)
             ui = dict(r.ui)
-    image, resource, fail, weather, secret = results
+    image, resource, fail, weather, secret, big = results
     assert image.content == "[image image/png, 70 bytes, not shown]" and not image.is_error
     assert ui["i"]["images"][0]["mime_type"] == "image/png"
     assert resource.content == "[resource note://example (text/plain)]\nresource text"
     assert fail.is_error and fail.code is ErrorCode.TOOL_ERROR and "nope" in fail.content
     assert '"temp_c": 4' in weather.content and ui["w"]["structured_content"]["temp_c"] == 4
     assert FAKE_SECRET in secret.content  # (masking is the result path's redaction hook)
+    assert len(big.content) == 300_000 and not big.is_error  # (sizing: the result path's)
 
 
 async def test_a_hanging_server_gives_tool_timeout_and_is_told_to_cancel(server, tmp_path):

@@ -27,6 +27,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import pydantic
+
 from .._errors import ConfigError, ErrorCode
 from ..runtime._tools import ToolOutcome
 from ._results import outcome_of
@@ -198,8 +200,6 @@ def _failed(code: ErrorCode, detail: str) -> ToolOutcome:
 def _answered_badly(exc: Exception) -> bool:
     """A result that failed the tool's output schema (the SDK's ``RuntimeError`` or a
     jsonschema ``ValidationError``) or the protocol's result model (pydantic's)."""
-    import pydantic  # noqa: PLC0415
-
     name = type(exc).__name__
     return isinstance(exc, RuntimeError | pydantic.ValidationError) or name == "ValidationError"
 

@@ -75,9 +75,15 @@ def _middleware(log: _Log) -> Any:
 def build_server(log_path: str | None, notes: str | None, name: str = "example") -> MCPServer:
     """The example server (see the module docstring)."""
     log = _Log(log_path)
-    notes_dir = Path(notes) if notes else None
     server = MCPServer(name, middleware=[_middleware(log)], log_level="WARNING")
-    added: list[str] = []
+    _effect_tools(server, log, Path(notes) if notes else None)
+    _content_tools(server)
+    _change_tools(server)
+    return server
+
+
+def _effect_tools(server: MCPServer, log: _Log, notes_dir: Path | None) -> None:
+    """Tools whose effects tests observe: files written, sleeps, a crash."""
 
     @server.tool()
     def echo(text: str) -> str:
@@ -114,6 +120,10 @@ def build_server(log_path: str | None, notes: str | None, name: str = "example")
         log.write("crashing")
         os._exit(3)
 
+
+def _content_tools(server: MCPServer) -> None:
+    """Tools answering each kind of content."""
+
     @server.tool()
     def big(size: int) -> str:
         """A text of size characters."""
@@ -147,6 +157,11 @@ def build_server(log_path: str | None, notes: str | None, name: str = "example")
         """Structured weather for a city."""
         return {"city": city, "temp_c": 4}
 
+
+def _change_tools(server: MCPServer) -> None:
+    """``add_tool``: the tool list changes, and the server says so."""
+    added: list[str] = []
+
     @server.tool()
     async def add_tool(ctx: Context) -> str:
         """Add a tool extra_N and announce notifications/tools/list_changed."""
@@ -159,8 +174,6 @@ def build_server(log_path: str | None, notes: str | None, name: str = "example")
         server.add_tool(extra, name=tool_name, description="A tool added at run time.")
         await ctx.session.send_tool_list_changed()
         return f"added {tool_name}"
-
-    return server
 
 
 async def _serve_http(server: MCPServer, port: int) -> None:
