@@ -166,3 +166,15 @@ asyncio.run(main())
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert 'pip install "toollatch[mcp]"' in done.stdout
+
+
+def test_a_tool_with_an_unusable_schema_is_left_out_and_logged(caplog, tmp_path):
+    source = McpToolSource([stdio_server(tmp_path, "ex")])  # (not entered: no process)
+    source._listed = {"ex": [
+        SimpleNamespace(name="good", input_schema={"type": "object"}, description="Good."),
+        SimpleNamespace(name="bad", input_schema={"type": 5}, description=None),
+    ]}
+    source._rebuild()
+    assert [t.name for t in source.snapshot()] == ["good"]
+    assert source.snapshot()[0].spec.description == "Good."
+    assert "tool 'bad' skipped" in caplog.text

@@ -17,7 +17,11 @@ name back to ``(server, MCP tool name)``.
 List changes. A server's ``notifications/tools/list_changed`` marks it stale; the next
 :meth:`refresh` (between rounds) lists it again. A tool that stays keeps its :class:`Tool`
 object (and so its name); a listing that fails keeps the previous tools, whose calls then
-fail without being sent when the server is gone.
+fail without being sent when the server is gone. A tool whose ``inputSchema`` is not a
+usable JSON Schema is left out, with a warning on the ``toollatch.mcp`` logger.
+
+One source may serve several agents at once (``toollatch serve``): the connections, and
+each server's ``max_concurrency``, are shared.
 """
 
 from __future__ import annotations
@@ -52,12 +56,12 @@ class McpToolSource:
     server cannot be reached (the others are closed again)."""
 
     def __init__(self, servers: Sequence[McpServer], *, reserved: Iterable[str] = ()) -> None:
-        names = [s.name for s in servers]
-        if dupes := sorted({n for n in names if names.count(n) > 1}):
-            raise ConfigError(f"MCP server names must be unique: {dupes}")
         for s in servers:
             if not isinstance(s, McpServer):
                 raise ConfigError(f"MCP servers must be McpServer objects, got {s!r:.60}")
+        names = [s.name for s in servers]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ConfigError(f"MCP server names must be unique: {dupes}")
         self.servers = tuple(servers)
         self._reserved = frozenset(reserved)
         self._conns = {s.name: Connection(s, self._stale_marker(s.name)) for s in servers}
@@ -86,8 +90,7 @@ class McpToolSource:
         except BaseException:
             await self.aclose()
             raise
-        self._stale.clear()
-        self._rebuild()
+        self._rebuild()  # (a change announced meanwhile is listed again by the first refresh)
         return self
 
     async def __aexit__(
