@@ -15,7 +15,7 @@ from toollatch.runtime._clients import RetryPolicy, model_client
 from toollatch.scripted._script import Call, Faults, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer, _encode
 
-from mcp_helpers import calls_of, log_of, stdio_server
+from mcp_helpers import calls_of, log_of, stdio_server, wait_for_log
 
 DONE = Turn(items=(Text(text="ok"),), delay_ms=0)
 
@@ -150,3 +150,24 @@ async def test_a_server_dying_mid_call_is_outcome_unknown_in_the_next_request(tm
     assert run.results[0][0].code is ErrorCode.OUTCOME_UNKNOWN
     assert sent[0]["content"].startswith("outcome_unknown:")
     assert [e["event"] for e in log_of(tmp_path, "ex")] == ["call", "crashing"]
+
+
+async def test_cancelling_the_run_mid_call_sends_the_server_a_cancellation(tmp_path):
+    items = (call("c1", "slow", {"seconds": 30}),)
+    async with McpToolSource([stdio_server(tmp_path, "ex")]) as source, \
+            ScriptedServer({"s": Script(turns=(Turn(items=items, delay_ms=0), DONE))}) as model:
+        client = model_client("openai_chat", model="s", base_url=model.base_url("openai_chat"),
+                              retry=RetryPolicy(attempts=1))
+        async with client:
+            run = Agent(client, [], tool_source=source).run("go")
+            events = []
+            async for event in run:
+                events.append(event.to_json())
+                if events[-1]["type"] == "tool_started":
+                    run.cancel()
+        cancelled = await wait_for_log(tmp_path, "ex", "cancelled")
+        await wait_for_log(tmp_path, "ex", "slow_cancelled")
+    assert cancelled["reason"] == "caller cancelled"
+    assert events[-1]["type"] == "run_ended"
+    assert [c["error"] for c in events[-1]["calls"]] == ["cancelled"]
+    assert "slow_done" not in [e["event"] for e in log_of(tmp_path, "ex")]
