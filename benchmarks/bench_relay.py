@@ -25,10 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -43,18 +44,40 @@ sys.path.insert(0, str(SRC))
 from toollatch.relay._config import RelayLimits  # noqa: E402
 from toollatch.relay._runs import RelayRun  # noqa: E402
 from toollatch.relay._server import RelayServer  # noqa: E402
+from toollatch.runtime import _agent  # noqa: E402
 
-APPENDED: dict[tuple[str, int], float] = {}
+APPENDED: dict[tuple[str, int], tuple[float, float]] = {}
+"""(run id, SSE id) -> (the agent event's creation, the relay's append), time.monotonic."""
 
 
-def _record_appends() -> None:
-    original = RelayRun.append
+_CREATED = [0.0]
+"""When the agent last created an event: set on entering each of its creation points."""
 
-    def append(self: RelayRun, data: dict[str, Any]) -> None:
-        original(self, data)
-        APPENDED[(self.id, len(self.frames))] = time.monotonic()
 
-    RelayRun.append = append  # type: ignore[method-assign]
+def _record_times() -> None:
+    """Stamp each event's creation and its append to the relay's log. The agent creates its
+    events in ``AgentRun._emit`` (agent events), ``Agent._tool_event`` (tool events) and
+    ``AgentRun._notices`` (previews, from the notices the core just returned); the relay's
+    observer appends each one synchronously from inside those, so the creation stamp taken
+    on entering them is the event's own."""
+
+    def stamped(original: Any) -> Any:
+        def creating(*args: Any, **kwargs: Any) -> Any:
+            _CREATED[0] = time.monotonic()
+            return original(*args, **kwargs)
+
+        return creating
+
+    _agent.AgentRun._emit = stamped(_agent.AgentRun._emit)  # type: ignore[method-assign]
+    _agent.AgentRun._notices = stamped(_agent.AgentRun._notices)  # type: ignore[method-assign]
+    _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
+    append = RelayRun.append
+
+    def stamped_append(self: RelayRun, data: dict[str, Any]) -> None:
+        append(self, data)
+        APPENDED[(self.id, self.last_id)] = (_CREATED[0], time.monotonic())
+
+    RelayRun.append = stamped_append  # type: ignore[method-assign]
 
 
 # -- the clients (child process) --------------------------------------------------------------
@@ -109,14 +132,21 @@ async def _clients(url: str, runs: int) -> None:
         started = time.monotonic()
         done = await asyncio.gather(*(_one(pools[i % len(pools)], seen) for i in range(runs)))
         wall = time.monotonic() - started
-    json.dump({"wall": wall, "runs": done, "seen": seen}, sys.stdout)
+    cpu = time.process_time()
+    json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
 
 
 # -- the relay (this process) -----------------------------------------------------------------
 
 
+def _child_env() -> dict[str, str]:
+    """This checkout's ``src`` first on the children's path, then what the caller had."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def _start(command: list[str], pattern: str) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = _child_env()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     match = re.search(pattern, proc.stdout.readline())
@@ -126,43 +156,89 @@ def _start(command: list[str], pattern: str) -> tuple[subprocess.Popen[str], str
     return proc, match.group(0)
 
 
+async def _serve_and_load(server: RelayServer, runs: int, uvloop: bool) -> dict[str, Any]:
+    async with server:
+        command = [sys.executable, __file__, "--client", server.url, "--runs", str(runs)]
+        command += ["--uvloop"] if uvloop else []
+        env = _child_env()
+        cpu = time.process_time()
+        child = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, env=env
+        )
+        out, _ = await child.communicate()
+        return {**json.loads(out), "relay_cpu": time.process_time() - cpu}
+
+
 async def _relay(args: argparse.Namespace) -> dict[str, Any]:
+    limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
+    if args.model_in_process:  # RelayServer's default: the scripted server on the same loop
+        server = RelayServer(limits=limits, delay_scale=args.delay_scale)
+        return await _serve_and_load(server, args.runs, args.uvloop)
     model, url = _start(
         [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
         r"http://127\.0\.0\.1:\d+",
     )
     try:
-        limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
         server = RelayServer(base_url=url + "/v1", model="scripted", limits=limits)
-        async with server:
-            command = [sys.executable, __file__, "--client", server.url, "--runs", str(args.runs)]
-            env = {**os.environ, "PYTHONPATH": str(SRC)}
-            child = await asyncio.create_subprocess_exec(
-                *command, stdout=asyncio.subprocess.PIPE, env=env
-            )
-            out, _ = await child.communicate()
-            return dict(json.loads(out))
+        result = await _serve_and_load(server, args.runs, args.uvloop)
+        result["model_cpu"] = _cpu_of(model.pid)
+        return result
     finally:
         model.terminate()
         model.wait()
 
 
-def _report(result: dict[str, Any]) -> None:
+def _cpu_of(pid: int) -> float:
+    """User plus system CPU seconds of a live process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, max(0, int(len(values) * q + 0.5) - 1))] * 1000
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dict[str, Any]:
     runs = result["runs"]
-    latencies = sorted(t - APPENDED[(r, n)] for r, n, t in result["seen"])
+    created = sorted(t - APPENDED[(r, n)][0] for r, n, t in result["seen"])
+    appended = sorted(t - APPENDED[(r, n)][1] for r, n, t in result["seen"])
     events = sum(r["events"] for r in runs)
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[max(0, int(len(latencies) * 0.99) - 1)] * 1000
-    paired = all(r["paired"] and r["exact"] for r in runs)
+    row = {
+        "runs": len(runs),
+        "model": "in relay process" if args.model_in_process else "own process",
+        "calls": sum(r["calls"] for r in runs),
+        "paired": all(r["paired"] and r["exact"] for r in runs),
+        "events": events,
+        "events_s": events / result["wall"],
+        "relay_cpu_ms_per_event": cpu * 1000 / events,
+        "relay_cpu_s": cpu,
+        "client_cpu_s": result["client_cpu"],
+        "model_cpu_s": result.get("model_cpu"),
+        "p50": _pct(created, 0.5),
+        "p99": _pct(created, 0.99),
+        "max": created[-1] * 1000,
+        "append_p50": _pct(appended, 0.5),
+        "append_p99": _pct(appended, 0.99),
+    }
     print(
-        f"runs: {len(runs)}, {sum(r['calls'] for r in runs)} calls, every call paired and "
-        f"every id once: {paired}"
+        f"runs: {row['runs']} (model server: {row['model']}), {row['calls']} calls, every "
+        f"call paired and every id once: {row['paired']}"
     )
-    print(f"events: {events} in {result['wall']:.2f} s = {events / result['wall']:.0f} events/s")
     print(
-        f"event latency (append -> client parse): p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-        f"max {latencies[-1] * 1000:.1f} ms"
+        f"events: {events} in {result['wall']:.2f} s = {row['events_s']:.0f} events/s; relay "
+        f"process CPU {cpu:.2f} s = {row['relay_cpu_ms_per_event']:.3f} ms per event"
     )
+    model_cpu = "" if row["model_cpu_s"] is None else f", model server {row['model_cpu_s']:.2f} s"
+    print(f"other processes' CPU: clients {row['client_cpu_s']:.2f} s{model_cpu}")
+    print(
+        f"event latency (agent event created -> client parsed): p50 {row['p50']:.1f} ms, "
+        f"p99 {row['p99']:.1f} ms, max {row['max']:.1f} ms"
+    )
+    print(
+        f"  of which after the relay stored it (append -> client parsed): p50 "
+        f"{row['append_p50']:.1f} ms, p99 {row['append_p99']:.1f} ms"
+    )
+    return row
 
 
 def main() -> None:
@@ -174,13 +250,42 @@ def main() -> None:
         default=1.0,
         help="the scripted model's pacing (1: 3 ms between wire events)",
     )
+    parser.add_argument(
+        "--model-in-process",
+        action="store_true",
+        help="serve the scripted model on the relay's own event loop (RelayServer's default)",
+    )
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run the relay's (and the clients') event loop on uvloop (must be installed)",
+    )
+    parser.add_argument("--profile", metavar="FILE", help="cProfile the relay process to FILE")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    loop_factory = None
+    if args.uvloop:
+        import uvloop  # noqa: PLC0415 (optional)
+
+        loop_factory = uvloop.new_event_loop
     if args.client:
-        asyncio.run(_clients(args.client, args.runs))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_clients(args.client, args.runs))
         return
-    _record_appends()
-    _report(asyncio.run(_relay(args)))
+    _record_times()
+    profile = cProfile.Profile() if args.profile else None
+    if profile is not None:
+        profile.enable()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        result = runner.run(_relay(args))
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
+    row = _report(args, result, result["relay_cpu"])
+    if args.json:
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -176,7 +176,8 @@ BIG = 8 << 20
 
 async def test_a_stalled_reader_does_not_stall_the_run():
     scripts = {"big": chatty_script(BIG, chunk_chars=4096)}
-    async with RelayServer(scripts=scripts, delay_scale=0) as relay:
+    limits = RelayLimits(max_kept_bytes=4 * BIG)  # all kept: nothing may be lost
+    async with RelayServer(scripts=scripts, delay_scale=0, limits=limits) as relay:
         async with httpx.AsyncClient(base_url=relay.url, timeout=60) as client:
             run = await start_run(client, model="big")
             cookie = client.headers["x-toollatch-session"]

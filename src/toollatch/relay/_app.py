@@ -12,10 +12,8 @@ Errors are ``{"error": {"code", "message"}}`` with a 4xx status.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
 import secrets
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -32,10 +30,10 @@ from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from ..runtime._agent import Agent
 from ..runtime._clients import model_client
-from ..runtime._examples import example_tools
 from ..runtime._tools import Tool
 from ._config import RelayLimits, default_previews
 from ._runs import RelayRun, RunRegistry
+from ._tools import SessionTools
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 COOKIE = "toollatch_session"
@@ -105,13 +103,13 @@ class Relay:
         if not http:
             raise ConfigError("the relay needs at least one httpx client")
         self.http = tuple(http)
-        self._turn = itertools.count()
+        self._pool_runs = [0] * len(self.http)  # runs in flight per pool (a new run: the least)
         self.tools = tuple(tools) if tools is not None else None
         self.limits = limits or RelayLimits()
         self.previews = previews or default_previews()
         self.metrics = metrics if metrics is not None else _default_metrics()
         self.runs = RunRegistry(self.limits)
-        self._session_tools: OrderedDict[str, Sequence[Tool[..., Any]]] = OrderedDict()
+        self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
             n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
         }
@@ -210,43 +208,36 @@ class Relay:
         return provider, model, message
 
     def _start(self, run: RelayRun, provider: str, model: str, message: str) -> None:
+        pool = min(range(len(self.http)), key=self._pool_runs.__getitem__)
         try:
             client = model_client(
-                provider,
-                model=model,
-                base_url=self.base_url_for(provider),
-                http=self.http[next(self._turn) % len(self.http)],
+                provider, model=model, base_url=self.base_url_for(provider), http=self.http[pool]
             )
-            tools = self.tools if self.tools is not None else self._examples(run.session)
-            observers = [self.metrics] if self.metrics is not None else []
-            agent = Agent(
-                client, tools, previews=self.previews, on_preview=run.preview, observers=observers
-            )
+            tools = self.tools
+            if tools is None:  # the example tools, writing in the session's own directory
+                tools = self._session_tools.get(_digest(run.session))
+            observers = [run.observer, *([self.metrics] if self.metrics is not None else [])]
+            agent = Agent(client, tools, previews=self.previews, observers=observers)
         except (ConfigError, UsageError) as exc:
             run.done = True
             raise HTTPError(422, "invalid_run", str(exc)) from None
-        run.start(agent.run(message), client.aclose)
+        self._pool_runs[pool] += 1
 
-    def _examples(self, session: str) -> Sequence[Tool[..., Any]]:
-        """The example tools of a session, writing in its own directory (kept per session,
-        as many as runs are stored: building them costs about 10 ms)."""
-        tools = self._session_tools.pop(session, None)
-        if tools is None:
-            tools = tuple(example_tools(self.workspace / _digest(session)))
-        self._session_tools[session] = tools
-        while len(self._session_tools) > self.limits.max_stored_runs:
-            self._session_tools.popitem(last=False)
-        return tools
+        async def closing() -> None:
+            self._pool_runs[pool] -= 1
+            await client.aclose()
+
+        run.start(agent.run(message), closing)
 
     async def _events(self, request: Request) -> Response:
         run = self.runs.owned(request.path_params["run_id"], _session(request))
         if run is None:
             return HTTPError(404, "not_found", "no such run").response()
         try:
-            start = _resume_point(request, len(run.frames))
+            start = _resume_point(request, run.last_id)
         except HTTPError as exc:
             return exc.response()
-        if run.done and start >= len(run.frames):
+        if run.done and start >= run.last_id:
             return Response(status_code=204)  # tells an EventSource not to reconnect
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return StreamingResponse(
@@ -257,10 +248,9 @@ class Relay:
         yield b"retry: 1000\n\n"
         batch = self.limits.sse_batch
         while True:
-            if cursor < len(run.frames):
-                chunk = run.frames[cursor : cursor + batch]
-                cursor += len(chunk)
-                yield b"".join(f.data for f in chunk)
+            if cursor < run.last_id:  # every frame queued for this reader, in one write
+                chunk, cursor = run.log.after(cursor, batch)
+                yield chunk
             elif run.done:
                 return
             elif not await run.wait(cursor, self.limits.heartbeat_s):

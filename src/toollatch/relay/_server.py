@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import certifi
 import httpx
 import uvicorn
 
@@ -29,7 +31,7 @@ from ._app import PROVIDERS, Relay
 from ._config import RelayLimits
 
 SCRIPTED_MODEL = "scripted"
-_POOL_SIZE = 16
+_POOL_SIZE = 4
 
 
 class RelayServer:
@@ -105,14 +107,20 @@ class RelayServer:
             url = self.base_url
             assert url is not None
             base_url_for, providers = (lambda _provider: url), (self.provider,)
-        # A connection per run in flight, in pools of _POOL_SIZE: httpcore scans every
-        # connection of a pool per request and per response closed, so one pool of 200 made
-        # the relay's CPU quadratic in the runs (measured: 336 events/s at 200 runs).
+        # A connection per run in flight, in pools of _POOL_SIZE (a run goes to the pool with
+        # the fewest runs): httpcore scans every connection of a pool, checking each socket,
+        # per request and per response closed, so one pool of 200 made the relay's CPU
+        # quadratic in the runs (measured: 336 events/s at 200 runs), and pools of 16 still
+        # spent 9% of its CPU there. One TLS context for all pools: each new one loads the
+        # CA bundle (about 50 ms).
         active = (self.limits or RelayLimits()).max_active_runs
         size = min(active, _POOL_SIZE)
         pool = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        tls = ssl.create_default_context(cafile=certifi.where())
         http = [
-            await stack.enter_async_context(httpx.AsyncClient(timeout=None, limits=pool))
+            await stack.enter_async_context(
+                httpx.AsyncClient(timeout=None, limits=pool, verify=tls)
+            )
             for _ in range(-(-active // size))
         ]
         workspace = Path(
