@@ -134,8 +134,16 @@ class _Feed:
 class RelayRun:
     """One run of one session: its log, its driver task, its cancel."""
 
-    def __init__(self, session: str, policy: PreviewPolicy, limits: RelayLimits) -> None:
-        self.id = secrets.token_urlsafe(18)
+    def __init__(
+        self,
+        session: str,
+        policy: PreviewPolicy,
+        limits: RelayLimits,
+        *,
+        run_id: str | None = None,
+    ) -> None:
+        self.id = run_id or secrets.token_urlsafe(18)
+        """Unguessable (24 characters); a resumed run keeps the id it was stored under."""
         self.session = session
         self.log = EventLog(limits.max_kept_bytes)
         self.done = False

@@ -24,6 +24,7 @@ import uvicorn
 
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
+from ..ledger import History, Ledger, LedgerError, LedgerKey, open_history, open_ledger
 from ..runtime._tools import Tool
 from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, loopback_server
@@ -39,7 +40,10 @@ class RelayServer:
     ``delay_scale``) by default, or ``base_url`` with ``provider`` and ``model``.
 
     ``tools`` (default: the example tools, in a temporary workspace per session), ``limits``
-    and ``previews`` go to :class:`Relay`. Raises ``ConfigError`` for a bad port, a
+    and ``previews`` go to :class:`Relay`. ``ledger``: a ledger URL (``sqlite:///PATH``,
+    ``redis://HOST:PORT/DB``, ``memory:``; :func:`toollatch.ledger.open_ledger`, a SQLite
+    file's folder created if missing) for the runs' calls and histories (None: none, and no
+    resume). Raises ``ConfigError`` for a bad port, a
     ``base_url`` without ``model``, or an unknown provider.
     """
 
@@ -56,6 +60,7 @@ class RelayServer:
         tools: Sequence[Tool[..., Any]] | None = None,
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
+        ledger: str | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -66,6 +71,7 @@ class RelayServer:
         self.host, self.port, self.provider, self.model = host, port, provider, model
         self.base_url = base_url
         self.tools, self.limits, self.previews = tools, limits, previews
+        self.ledger_url = ledger
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
@@ -126,6 +132,7 @@ class RelayServer:
         workspace = Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
         )
+        ledger, history = await self._open_ledger(stack)
         relay = Relay(
             base_url_for=base_url_for,
             providers=providers,
@@ -135,6 +142,8 @@ class RelayServer:
             tools=self.tools,
             limits=self.limits,
             previews=self.previews,
+            ledger=ledger,
+            history=history,
         )
         stack.push_async_callback(relay.runs.close)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
@@ -153,6 +162,24 @@ class RelayServer:
             raise UsageError("the relay did not start")
         self._server, self._task, self.relay = server, task, relay
         self._bound = (self.host, sock.getsockname()[1])
+
+    async def _open_ledger(
+        self, stack: contextlib.AsyncExitStack
+    ) -> tuple[Ledger | None, History | None]:
+        """The ledger and history store of :attr:`ledger_url`, closed with the server; the
+        ledger is read once here (a SQLite file and its folder are created), so that one
+        that cannot be used is a ``ConfigError`` at start, not an error in every run."""
+        if self.ledger_url is None:
+            return None, None
+        ledger = open_ledger(self.ledger_url, create_folder=True)
+        stack.push_async_callback(ledger.aclose)
+        try:
+            await ledger.get(LedgerKey(scope="toollatch-relay", call_id="start"))
+        except LedgerError as exc:
+            raise ConfigError(f"ledger {self.ledger_url}: {exc}") from None
+        history = open_history(self.ledger_url)
+        stack.push_async_callback(history.aclose)
+        return ledger, history
 
     async def serve_forever(self) -> None:
         """Wait until the server stops (Ctrl-C or :meth:`stop`)."""
