@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import collections
 import cProfile
 import json
 import os
@@ -35,8 +35,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
@@ -54,12 +52,32 @@ _CREATED = [0.0]
 """When the agent last created an event: set on entering each of its creation points."""
 
 
+class _StampedQueue(asyncio.Queue):  # type: ignore[type-arg]
+    """An AgentRun's event queue that remembers when each item was put (the agent puts an
+    event the moment it creates it): for a relay that appends what the queue hands it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps: collections.deque[float] = collections.deque()
+
+    def _put(self, item: Any) -> None:
+        self.stamps.append(time.monotonic())
+        super()._put(item)  # type: ignore[misc]
+
+    def _get(self) -> Any:
+        _CREATED[0] = self.stamps.popleft()
+        return super()._get()  # type: ignore[misc]
+
+
 def _record_times() -> None:
-    """Stamp each event's creation and its append to the relay's log. The agent creates its
-    events in ``AgentRun._emit`` (agent events), ``Agent._tool_event`` (tool events) and
-    ``AgentRun._notices`` (previews, from the notices the core just returned); the relay's
-    observer appends each one synchronously from inside those, so the creation stamp taken
-    on entering them is the event's own."""
+    """Stamp each event's creation and its append to the relay's log.
+
+    This relay appends each event from inside the agent's creation points, synchronously
+    (it is the agent's observer): ``AgentRun._emit`` (agent events), ``Agent._tool_event``
+    (tool events) and ``AgentRun._notices`` (previews, from the notices the core just
+    returned), so the stamp taken on entering them is the event's own. A relay that appends
+    what the AgentRun's queue hands it (before 86a1543, when ``RelayRun.preview`` existed)
+    gets the stamp of its queue's put instead."""
 
     def stamped(original: Any) -> Any:
         def creating(*args: Any, **kwargs: Any) -> Any:
@@ -68,46 +86,81 @@ def _record_times() -> None:
 
         return creating
 
-    _agent.AgentRun._emit = stamped(_agent.AgentRun._emit)  # type: ignore[method-assign]
-    _agent.AgentRun._notices = stamped(_agent.AgentRun._notices)  # type: ignore[method-assign]
-    _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
+    if hasattr(RelayRun, "preview"):  # the queue-fed relay
+        init = _agent.AgentRun.__init__
+
+        def stamped_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self._events = _StampedQueue()
+
+        _agent.AgentRun.__init__ = stamped_init  # type: ignore[method-assign]
+    else:
+        _agent.AgentRun._emit = stamped(_agent.AgentRun._emit)  # type: ignore[method-assign]
+        _agent.AgentRun._notices = stamped(_agent.AgentRun._notices)  # type: ignore[method-assign]
+        _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
     append = RelayRun.append
 
-    def stamped_append(self: RelayRun, data: dict[str, Any]) -> None:
+    def stamped_append(self: Any, data: dict[str, Any]) -> None:
         append(self, data)
-        APPENDED[(self.id, self.last_id)] = (_CREATED[0], time.monotonic())
+        last = self.last_id if hasattr(self, "last_id") else len(self.frames)
+        APPENDED[(self.id, last)] = (_CREATED[0], time.monotonic())
 
     RelayRun.append = stamped_append  # type: ignore[method-assign]
 
 
 # -- the clients (child process) --------------------------------------------------------------
+# Plain HTTP/1.1 over asyncio streams, not httpx: 200 browsers are 200 machines, and the
+# clients share this one with the relay; httpx's per-chunk work in one process made the
+# clients cost about as much CPU as the relay they measure (2.4 s at 200 runs).
 
 
-async def _one(client: httpx.AsyncClient, seen: list[Any]) -> dict[str, Any]:
-    response = await client.post("/runs", json={"message": "weather please"})
-    response.raise_for_status()
-    run = response.json()
-    headers = {"x-toollatch-session": run["session"]}
+async def _request(host: str, port: int, head: str, body: bytes = b"") -> tuple[Any, Any, int]:
+    """Send one request on a new connection; (reader, writer, status) after the headers."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(head.encode() + b"\r\n" + body)
+    status = int((await reader.readline()).split()[1])
+    while (await reader.readline()) != b"\r\n":
+        pass
+    return reader, writer, status
+
+
+async def _chunks(reader: Any) -> Any:
+    """The chunks of a chunked body, as they arrive."""
+    while size := int((await reader.readline()).strip(), 16):
+        yield await reader.readexactly(size)
+        await reader.readexactly(2)
+
+
+async def _one(host: str, port: int, seen: list[Any]) -> dict[str, Any]:
+    body = json.dumps({"message": "weather please"}).encode()
+    head = "POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+    reader, writer, status = await _request(host, port, head, body)
+    assert status == 201, status
+    run = json.loads(await reader.read())
+    writer.close()
+    head = f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\n"
+    head += f"X-Toollatch-Session: {run['session']}\r\n"
+    reader, writer, status = await _request(host, port, head)
+    assert status == 200, status
     ids: list[int] = []
     ended: dict[str, Any] | None = None
     results: set[str] = set()
-    buffer = ""
-    async with client.stream("GET", run["events_url"], headers=headers) as stream:
-        async for text in stream.aiter_text():
-            buffer += text
-            *blocks, buffer = buffer.split("\n\n")
-            now = time.monotonic()
-            for block in blocks:
-                fields = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
-                if "id" not in fields:
-                    continue
-                ids.append(int(fields["id"]))
-                seen.append((run["id"], ids[-1], now))
-                data = json.loads(fields["data"])
-                if data["type"] in ("tool_finished", "call_failed"):
-                    results.add(data["id"])
-                elif data["type"] == "run_ended":
-                    ended = data
+    buffer = b""
+    async for chunk in _chunks(reader):
+        now = time.monotonic()
+        *blocks, buffer = (buffer + chunk).split(b"\n\n")
+        for block in blocks:
+            fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
+            if b"id" not in fields:
+                continue
+            ids.append(int(fields[b"id"]))
+            seen.append((run["id"], ids[-1], now))
+            if fields[b"event"] in (b"tool_finished", b"call_failed"):
+                results.add(json.loads(fields[b"data"])["id"])
+            elif fields[b"event"] == b"run_ended":
+                ended = json.loads(fields[b"data"])
+    writer.close()
     paired = ended is not None and ended["error"] is None
     paired = paired and {c["id"] for c in ended["calls"]} == results
     return {
@@ -120,18 +173,10 @@ async def _one(client: httpx.AsyncClient, seen: list[Any]) -> dict[str, Any]:
 
 async def _clients(url: str, runs: int) -> None:
     seen: list[Any] = []
-    # pools of 16 (httpcore scans a whole pool per request: one pool of 400 is quadratic)
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-    async with contextlib.AsyncExitStack() as stack:
-        pools = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(base_url=url, timeout=120, limits=limits)
-            )
-            for _ in range(-(-runs // 16))
-        ]
-        started = time.monotonic()
-        done = await asyncio.gather(*(_one(pools[i % len(pools)], seen) for i in range(runs)))
-        wall = time.monotonic() - started
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    started = time.monotonic()
+    done = await asyncio.gather(*(_one(host, int(port), seen) for _ in range(runs)))
+    wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
 

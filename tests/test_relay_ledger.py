@@ -139,16 +139,22 @@ def test_serve_ledger_flag_and_config_and_none(tmp_path: Path, data_home: Path) 
     assert not data_home.exists()
 
 
-def test_a_bad_ledger_url_is_a_usage_error() -> None:
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [("postgres://x/y", "unknown ledger URL"), ("sqlite:////proc/no/such/ledger.db", "ledger")],
+)
+def test_a_ledger_that_cannot_be_used_stops_serve_at_start(url: str, needle: str) -> None:
     done = subprocess.run(
-        [*CLI, "serve", "--port", "0", "--ledger", "postgres://x/y"],
+        [*CLI, "serve", "--port", "0", "--ledger", url],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    assert done.returncode == 2
-    assert "unknown ledger URL" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert needle in done.stderr
+    assert done.stderr.startswith("toollatch: error:")
+    assert done.stderr.count("\n") == 1
 
 
 def _cut_script() -> Script:

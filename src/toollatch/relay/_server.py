@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import certifi
 import httpx
 import uvicorn
 
@@ -122,7 +120,7 @@ class RelayServer:
         active = (self.limits or RelayLimits()).max_active_runs
         size = min(active, _POOL_SIZE)
         pool = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-        tls = ssl.create_default_context(cafile=certifi.where())
+        tls = httpx.create_ssl_context()  # (as httpx makes it: certifi, or SSL_CERT_FILE)
         http = [
             await stack.enter_async_context(
                 httpx.AsyncClient(timeout=None, limits=pool, verify=tls)
