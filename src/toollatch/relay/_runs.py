@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
@@ -52,6 +53,15 @@ def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
         "final": preview.final,
         "error": preview.error,
     }
+
+
+def _encoded(data: dict[str, Any]) -> bytes:
+    """``data`` as JSON: orjson, or the stdlib for what orjson refuses (an integer beyond 64
+    bits, which a model may write in arguments); what neither can encode shows as its repr."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return json.dumps(data, ensure_ascii=False, default=repr).encode()
 
 
 def lagged_frame(first_id: int, missed: int) -> bytes:
@@ -173,7 +183,7 @@ class RelayRun:
         if n > self._limits.max_run_events and data["type"] in _DROPPABLE:
             return  # past the limit only the events that pair calls and end the run are kept
         self._ended = self._ended or data["type"] == "run_ended"
-        body = orjson.dumps(data)
+        body = _encoded(data)
         self.log.append(b"id: %d\nevent: %s\ndata: %s\n\n" % (n, data["type"].encode(), body))
         if n == self._limits.max_run_events:
             self.cancel()  # bounded: the cancel adds only the round's closing events

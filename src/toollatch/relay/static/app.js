@@ -167,7 +167,7 @@ class RunView {
   on_lagged(d) {
     // the relay forgot events this page had not read (it keeps a bounded log per run)
     const what = `${d.missed} earlier event${d.missed === 1 ? "" : "s"} no longer kept by the relay`;
-    this.round.box.append(el("div", "meta lagged", what));
+    this.turn.insertBefore(el("div", "meta lagged", what), this.round.box); // (kept at run_ended)
   }
 
   on_run_ended(d) {
