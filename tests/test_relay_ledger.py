@@ -231,3 +231,13 @@ def _resume(url: str, run_id: str, session: str) -> dict[str, Any]:
     assert frames[-1].event == "run_ended"
     data: dict[str, Any] = frames[-1].data
     return data
+
+
+def test_the_config_files_ledger_url_is_checked() -> None:
+    from toollatch._errors import ConfigError  # noqa: PLC0415
+    from toollatch.runtime._config import validate  # noqa: PLC0415
+
+    assert validate({"ledger": {"url": "redis://127.0.0.1:6379/0"}}).ledger.url is not None
+    assert validate({}).ledger.url is None  # serve's default: SQLite in the data folder
+    with pytest.raises(ConfigError, match=r"ledger\.url"):
+        validate({"ledger": {"url": "postgres://x/y"}})
