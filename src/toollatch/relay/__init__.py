@@ -12,14 +12,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._app import Relay, run_scope
+    from ._app import Relay
     from ._config import RelayLimits, default_previews, redact_secrets, shown_arguments
     from ._runs import RelayRun, preview_json
     from ._server import RelayServer
 
 _WHERE = {
     "Relay": "._app",
-    "run_scope": "._app",
     "RelayLimits": "._config",
     "default_previews": "._config",
     "redact_secrets": "._config",
@@ -37,7 +36,6 @@ __all__ = [
     "default_previews",
     "preview_json",
     "redact_secrets",
-    "run_scope",
     "shown_arguments",
 ]
 
