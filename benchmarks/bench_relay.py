@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import collections
+import cProfile
 import json
 import os
+import pstats
 import re
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
@@ -43,48 +42,125 @@ sys.path.insert(0, str(SRC))
 from toollatch.relay._config import RelayLimits  # noqa: E402
 from toollatch.relay._runs import RelayRun  # noqa: E402
 from toollatch.relay._server import RelayServer  # noqa: E402
+from toollatch.runtime import _agent  # noqa: E402
 
-APPENDED: dict[tuple[str, int], float] = {}
+APPENDED: dict[tuple[str, int], tuple[float, float]] = {}
+"""(run id, SSE id) -> (the agent event's creation, the relay's append), time.monotonic."""
 
 
-def _record_appends() -> None:
-    original = RelayRun.append
+_CREATED = [0.0]
+"""When the agent last created an event: set on entering each of its creation points."""
 
-    def append(self: RelayRun, data: dict[str, Any]) -> None:
-        original(self, data)
-        APPENDED[(self.id, len(self.frames))] = time.monotonic()
 
-    RelayRun.append = append  # type: ignore[method-assign]
+class _StampedQueue(asyncio.Queue):  # type: ignore[type-arg]
+    """An AgentRun's event queue that remembers when each item was put (the agent puts an
+    event the moment it creates it): for a relay that appends what the queue hands it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps: collections.deque[float] = collections.deque()
+
+    def _put(self, item: Any) -> None:
+        self.stamps.append(time.monotonic())
+        super()._put(item)  # type: ignore[misc]
+
+    def _get(self) -> Any:
+        _CREATED[0] = self.stamps.popleft()
+        return super()._get()  # type: ignore[misc]
+
+
+def _record_times() -> None:
+    """Stamp each event's creation and its append to the relay's log.
+
+    This relay appends each event from inside the agent's creation points, synchronously
+    (it is the agent's observer): ``AgentRun._emit`` (agent events), ``Agent._tool_event``
+    (tool events) and ``AgentRun._notices`` (previews, from the notices the core just
+    returned), so the stamp taken on entering them is the event's own. A relay that appends
+    what the AgentRun's queue hands it (before 86a1543, when ``RelayRun.preview`` existed)
+    gets the stamp of its queue's put instead."""
+
+    def stamped(original: Any) -> Any:
+        def creating(*args: Any, **kwargs: Any) -> Any:
+            _CREATED[0] = time.monotonic()
+            return original(*args, **kwargs)
+
+        return creating
+
+    if hasattr(RelayRun, "preview"):  # the queue-fed relay
+        init = _agent.AgentRun.__init__
+
+        def stamped_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self._events = _StampedQueue()
+
+        _agent.AgentRun.__init__ = stamped_init  # type: ignore[method-assign]
+    else:
+        _agent.AgentRun._emit = stamped(_agent.AgentRun._emit)  # type: ignore[method-assign]
+        _agent.AgentRun._notices = stamped(_agent.AgentRun._notices)  # type: ignore[method-assign]
+        _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
+    append = RelayRun.append
+
+    def stamped_append(self: Any, data: dict[str, Any]) -> None:
+        append(self, data)
+        last = self.last_id if hasattr(self, "last_id") else len(self.frames)
+        APPENDED[(self.id, last)] = (_CREATED[0], time.monotonic())
+
+    RelayRun.append = stamped_append  # type: ignore[method-assign]
 
 
 # -- the clients (child process) --------------------------------------------------------------
+# Plain HTTP/1.1 over asyncio streams, not httpx: 200 browsers are 200 machines, and the
+# clients share this one with the relay; httpx's per-chunk work in one process made the
+# clients cost about as much CPU as the relay they measure (2.4 s at 200 runs).
 
 
-async def _one(client: httpx.AsyncClient, seen: list[Any]) -> dict[str, Any]:
-    response = await client.post("/runs", json={"message": "weather please"})
-    response.raise_for_status()
-    run = response.json()
-    headers = {"x-toollatch-session": run["session"]}
+async def _request(host: str, port: int, head: str, body: bytes = b"") -> tuple[Any, Any, int]:
+    """Send one request on a new connection; (reader, writer, status) after the headers."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(head.encode() + b"\r\n" + body)
+    status = int((await reader.readline()).split()[1])
+    while (await reader.readline()) != b"\r\n":
+        pass
+    return reader, writer, status
+
+
+async def _chunks(reader: Any) -> Any:
+    """The chunks of a chunked body, as they arrive."""
+    while size := int((await reader.readline()).strip(), 16):
+        yield await reader.readexactly(size)
+        await reader.readexactly(2)
+
+
+async def _one(host: str, port: int, seen: list[Any]) -> dict[str, Any]:
+    body = json.dumps({"message": "weather please"}).encode()
+    head = "POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+    reader, writer, status = await _request(host, port, head, body)
+    assert status == 201, status
+    run = json.loads(await reader.read())
+    writer.close()
+    head = f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\n"
+    head += f"X-Toollatch-Session: {run['session']}\r\n"
+    reader, writer, status = await _request(host, port, head)
+    assert status == 200, status
     ids: list[int] = []
     ended: dict[str, Any] | None = None
     results: set[str] = set()
-    buffer = ""
-    async with client.stream("GET", run["events_url"], headers=headers) as stream:
-        async for text in stream.aiter_text():
-            buffer += text
-            *blocks, buffer = buffer.split("\n\n")
-            now = time.monotonic()
-            for block in blocks:
-                fields = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
-                if "id" not in fields:
-                    continue
-                ids.append(int(fields["id"]))
-                seen.append((run["id"], ids[-1], now))
-                data = json.loads(fields["data"])
-                if data["type"] in ("tool_finished", "call_failed"):
-                    results.add(data["id"])
-                elif data["type"] == "run_ended":
-                    ended = data
+    buffer = b""
+    async for chunk in _chunks(reader):
+        now = time.monotonic()
+        *blocks, buffer = (buffer + chunk).split(b"\n\n")
+        for block in blocks:
+            fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
+            if b"id" not in fields:
+                continue
+            ids.append(int(fields[b"id"]))
+            seen.append((run["id"], ids[-1], now))
+            if fields[b"event"] in (b"tool_finished", b"call_failed"):
+                results.add(json.loads(fields[b"data"])["id"])
+            elif fields[b"event"] == b"run_ended":
+                ended = json.loads(fields[b"data"])
+    writer.close()
     paired = ended is not None and ended["error"] is None
     paired = paired and {c["id"] for c in ended["calls"]} == results
     return {
@@ -97,26 +173,25 @@ async def _one(client: httpx.AsyncClient, seen: list[Any]) -> dict[str, Any]:
 
 async def _clients(url: str, runs: int) -> None:
     seen: list[Any] = []
-    # pools of 16 (httpcore scans a whole pool per request: one pool of 400 is quadratic)
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-    async with contextlib.AsyncExitStack() as stack:
-        pools = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(base_url=url, timeout=120, limits=limits)
-            )
-            for _ in range(-(-runs // 16))
-        ]
-        started = time.monotonic()
-        done = await asyncio.gather(*(_one(pools[i % len(pools)], seen) for i in range(runs)))
-        wall = time.monotonic() - started
-    json.dump({"wall": wall, "runs": done, "seen": seen}, sys.stdout)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    started = time.monotonic()
+    done = await asyncio.gather(*(_one(host, int(port), seen) for _ in range(runs)))
+    wall = time.monotonic() - started
+    cpu = time.process_time()
+    json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
 
 
 # -- the relay (this process) -----------------------------------------------------------------
 
 
+def _child_env() -> dict[str, str]:
+    """This checkout's ``src`` first on the children's path, then what the caller had."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def _start(command: list[str], pattern: str) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = _child_env()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     match = re.search(pattern, proc.stdout.readline())
@@ -126,43 +201,89 @@ def _start(command: list[str], pattern: str) -> tuple[subprocess.Popen[str], str
     return proc, match.group(0)
 
 
+async def _serve_and_load(server: RelayServer, runs: int, uvloop: bool) -> dict[str, Any]:
+    async with server:
+        command = [sys.executable, __file__, "--client", server.url, "--runs", str(runs)]
+        command += ["--uvloop"] if uvloop else []
+        env = _child_env()
+        cpu = time.process_time()
+        child = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, env=env
+        )
+        out, _ = await child.communicate()
+        return {**json.loads(out), "relay_cpu": time.process_time() - cpu}
+
+
 async def _relay(args: argparse.Namespace) -> dict[str, Any]:
+    limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
+    if args.model_in_process:  # RelayServer's default: the scripted server on the same loop
+        server = RelayServer(limits=limits, delay_scale=args.delay_scale)
+        return await _serve_and_load(server, args.runs, args.uvloop)
     model, url = _start(
         [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
         r"http://127\.0\.0\.1:\d+",
     )
     try:
-        limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
         server = RelayServer(base_url=url + "/v1", model="scripted", limits=limits)
-        async with server:
-            command = [sys.executable, __file__, "--client", server.url, "--runs", str(args.runs)]
-            env = {**os.environ, "PYTHONPATH": str(SRC)}
-            child = await asyncio.create_subprocess_exec(
-                *command, stdout=asyncio.subprocess.PIPE, env=env
-            )
-            out, _ = await child.communicate()
-            return dict(json.loads(out))
+        result = await _serve_and_load(server, args.runs, args.uvloop)
+        result["model_cpu"] = _cpu_of(model.pid)
+        return result
     finally:
         model.terminate()
         model.wait()
 
 
-def _report(result: dict[str, Any]) -> None:
+def _cpu_of(pid: int) -> float:
+    """User plus system CPU seconds of a live process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, max(0, int(len(values) * q + 0.5) - 1))] * 1000
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dict[str, Any]:
     runs = result["runs"]
-    latencies = sorted(t - APPENDED[(r, n)] for r, n, t in result["seen"])
+    created = sorted(t - APPENDED[(r, n)][0] for r, n, t in result["seen"])
+    appended = sorted(t - APPENDED[(r, n)][1] for r, n, t in result["seen"])
     events = sum(r["events"] for r in runs)
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[max(0, int(len(latencies) * 0.99) - 1)] * 1000
-    paired = all(r["paired"] and r["exact"] for r in runs)
+    row = {
+        "runs": len(runs),
+        "model": "in relay process" if args.model_in_process else "own process",
+        "calls": sum(r["calls"] for r in runs),
+        "paired": all(r["paired"] and r["exact"] for r in runs),
+        "events": events,
+        "events_s": events / result["wall"],
+        "relay_cpu_ms_per_event": cpu * 1000 / events,
+        "relay_cpu_s": cpu,
+        "client_cpu_s": result["client_cpu"],
+        "model_cpu_s": result.get("model_cpu"),
+        "p50": _pct(created, 0.5),
+        "p99": _pct(created, 0.99),
+        "max": created[-1] * 1000,
+        "append_p50": _pct(appended, 0.5),
+        "append_p99": _pct(appended, 0.99),
+    }
     print(
-        f"runs: {len(runs)}, {sum(r['calls'] for r in runs)} calls, every call paired and "
-        f"every id once: {paired}"
+        f"runs: {row['runs']} (model server: {row['model']}), {row['calls']} calls, every "
+        f"call paired and every id once: {row['paired']}"
     )
-    print(f"events: {events} in {result['wall']:.2f} s = {events / result['wall']:.0f} events/s")
     print(
-        f"event latency (append -> client parse): p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-        f"max {latencies[-1] * 1000:.1f} ms"
+        f"events: {events} in {result['wall']:.2f} s = {row['events_s']:.0f} events/s; relay "
+        f"process CPU {cpu:.2f} s = {row['relay_cpu_ms_per_event']:.3f} ms per event"
     )
+    model_cpu = "" if row["model_cpu_s"] is None else f", model server {row['model_cpu_s']:.2f} s"
+    print(f"other processes' CPU: clients {row['client_cpu_s']:.2f} s{model_cpu}")
+    print(
+        f"event latency (agent event created -> client parsed): p50 {row['p50']:.1f} ms, "
+        f"p99 {row['p99']:.1f} ms, max {row['max']:.1f} ms"
+    )
+    print(
+        f"  of which after the relay stored it (append -> client parsed): p50 "
+        f"{row['append_p50']:.1f} ms, p99 {row['append_p99']:.1f} ms"
+    )
+    return row
 
 
 def main() -> None:
@@ -174,13 +295,42 @@ def main() -> None:
         default=1.0,
         help="the scripted model's pacing (1: 3 ms between wire events)",
     )
+    parser.add_argument(
+        "--model-in-process",
+        action="store_true",
+        help="serve the scripted model on the relay's own event loop (RelayServer's default)",
+    )
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run the relay's (and the clients') event loop on uvloop (must be installed)",
+    )
+    parser.add_argument("--profile", metavar="FILE", help="cProfile the relay process to FILE")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    loop_factory = None
+    if args.uvloop:
+        import uvloop  # noqa: PLC0415 (optional)
+
+        loop_factory = uvloop.new_event_loop
     if args.client:
-        asyncio.run(_clients(args.client, args.runs))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_clients(args.client, args.runs))
         return
-    _record_appends()
-    _report(asyncio.run(_relay(args)))
+    _record_times()
+    profile = cProfile.Profile() if args.profile else None
+    if profile is not None:
+        profile.enable()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        result = runner.run(_relay(args))
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
+    row = _report(args, result, result["relay_cpu"])
+    if args.json:
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

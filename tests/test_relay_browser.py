@@ -6,6 +6,7 @@ they fail: `.ci/run` installs it (apt-get install -y chromium).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -198,3 +199,40 @@ async def test_a_call_that_fails_the_gate_shows_its_error_code_and_reason(browse
     log = page.locator('#gatelog li[data-call-id="call_bad"]')
     assert (await log.locator(".decision").inner_text()) == "FAILED INVALID_JSON"
     assert "trailing" in await log.locator(".reason").inner_text()
+
+
+async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
+    """A page that opens a run whose first events the relay no longer keeps gets
+    ``lagged``, shows how many it missed, then the rest of the run to its end."""
+    from relay_helpers import chatty_script  # noqa: PLC0415
+
+    from toollatch.relay._config import RelayLimits  # noqa: PLC0415
+
+    limits = RelayLimits(max_kept_bytes=16 * 1024)
+    scripts = {"chatty": chatty_script(200_000, chunk_chars=1000)}
+    async with RelayServer(scripts=scripts, delay_scale=0, limits=limits) as server:
+        page = await _page(browser, server)
+        run = await page.evaluate(
+            """async () => {
+                const r = await fetch("/runs", {method: "POST",
+                    headers: {"content-type": "application/json"},
+                    body: JSON.stringify({message: "talk", model: "chatty"})});
+                const body = await r.json();
+                sessionStorage.setItem("toollatch.run", JSON.stringify({...body, message: "talk"}));
+                return body;
+            }"""
+        )
+        stored = server.relay.runs.owned(run["id"], run["session"])
+        while not stored.done:  # the page reads nothing until the run has ended
+            await asyncio.sleep(0.05)
+        assert stored.log.first_id > 1
+        await page.reload()
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        note = page.locator(".meta.lagged")
+        assert await note.count() == 1
+        missed = int((await note.inner_text()).split()[0])
+        assert missed > 100  # of about 200 text events, most were forgotten
+        text = "".join([await t.inner_text() for t in await page.locator(".round .text").all()])
+        assert 0 < len(text) < 200_000
+        assert set(text) == {"x"}
+        assert (await page.locator("#status").inner_text()).startswith("finished")

@@ -9,10 +9,17 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from relay_helpers import parse_sse
 
 CLI = [sys.executable, "-c", "import sys; from toollatch.cli import main; sys.exit(main())"]
+
+
+@pytest.fixture(autouse=True)
+def _data_home(tmp_path, monkeypatch):
+    """serve's default ledger goes in the user's data folder: a temporary one here."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
 
 
 def test_serve_runs_the_demo_and_stops_on_ctrl_c(tmp_path):

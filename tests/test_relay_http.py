@@ -19,6 +19,7 @@ from toollatch.runtime._agent import Agent
 from toollatch.runtime._clients import model_client
 from toollatch.runtime._examples import example_tools
 from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted._script import Call, Script, Text, Turn
 
 SCRIPTS = {"slow": slow_script(), "chatty": chatty_script(3000)}
 
@@ -176,7 +177,8 @@ BIG = 8 << 20
 
 async def test_a_stalled_reader_does_not_stall_the_run():
     scripts = {"big": chatty_script(BIG, chunk_chars=4096)}
-    async with RelayServer(scripts=scripts, delay_scale=0) as relay:
+    limits = RelayLimits(max_kept_bytes=4 * BIG)  # all kept: nothing may be lost
+    async with RelayServer(scripts=scripts, delay_scale=0, limits=limits) as relay:
         async with httpx.AsyncClient(base_url=relay.url, timeout=60) as client:
             run = await start_run(client, model="big")
             cookie = client.headers["x-toollatch-session"]
@@ -370,3 +372,18 @@ async def test_metrics_are_served_after_runs(relay, client):
     assert samples['tool_rounds_total{ended="normal",provider="openai_chat"}'] >= 2
     assert samples['tool_execute_rejected_not_committed_total{provider="openai_chat"}'] == 0
     assert any(k.startswith("tool_execute_seconds_count") and v >= 3 for k, v in samples.items())
+
+
+async def test_arguments_orjson_cannot_encode_still_reach_the_page():
+    big = 123456789012345678901234567890  # valid JSON, beyond 64 bits
+    call = Call(call_id="call_big", name="add", arguments=f'{{"a": {big}, "b": 1}}')
+    script = Script(turns=(Turn(items=(call,)), Turn(items=(Text(text="Sum done."),))))
+    async with RelayServer(scripts={"big": script}, delay_scale=0) as relay:
+        async with httpx.AsyncClient(base_url=relay.url, timeout=20) as client:
+            run = await start_run(client, model="big")
+            frames = await read_events(client, run["events_url"])
+    committed = [f.data for f in frames if f.event == "call_committed"]
+    assert committed[0]["arguments"] == {"a": big, "b": 1}
+    assert frames[-1].event == "run_ended"
+    assert frames[-1].data["error"] is None
+    assert [c["is_error"] for c in frames[-1].data["calls"]] == [False]

@@ -1,7 +1,9 @@
 """The relay's HTTP surface: a Starlette app (internal; public names in :mod:`toollatch.relay`).
 
 ``GET /`` the page (and a session cookie); ``POST /runs`` ``{"message", "provider"?,
-"model"?}`` -> 201 ``{"id", "events_url", "cancel_url"}``; ``GET /runs/{id}/events`` the
+"model"?}`` -> 201 ``{"id", "events_url", "cancel_url", "session"}``, or ``{"resume": id,
+"message"?}`` to continue a run stored in the relay's ledger (404 when this session has no
+such run, 409 while it is running here, 422 without a ledger); ``GET /runs/{id}/events`` the
 run's events as SSE (``id:`` per run, ``Last-Event-ID`` or ``?after=N`` to resume, 204 once
 a finished run has nothing more); ``POST /runs/{id}/cancel`` -> 202. A session is the
 ``toollatch_session`` cookie or the ``X-Toollatch-Session`` header (the ``session`` answered
@@ -12,10 +14,8 @@ Errors are ``{"error": {"code", "message"}}`` with a 4xx status.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
 import secrets
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -30,17 +30,19 @@ from starlette.routing import Route
 
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
+from ..ledger import History, Ledger
 from ..runtime._agent import Agent
 from ..runtime._clients import model_client
-from ..runtime._examples import example_tools
 from ..runtime._tools import Tool
 from ._config import RelayLimits, default_previews
 from ._runs import RelayRun, RunRegistry
+from ._tools import SessionTools
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 COOKIE = "toollatch_session"
 HEADER = "x-toollatch-session"
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
 
@@ -79,7 +81,11 @@ class Relay:
     configured); ``providers`` those a request may pick (the first is the default); ``model``
     the default model name. ``tools``: the tools of every run (``None``: the example tools,
     writing in ``workspace/<session>``). ``http``: httpx clients (connection pools) the runs'
-    model clients share, taken in turn (left open).
+    model clients share, a new run taking the one with the fewest runs (left open).
+    ``ledger`` and ``history`` (:func:`toollatch.ledger.open_ledger` / ``open_history``):
+    every run's calls are claimed in the ledger and its history stored, under
+    :func:`run_scope`, so that ``POST /runs {"resume": id}`` continues a stored run of the
+    same session, in this process or a later one, without running a completed call again.
     Raises ``ConfigError`` for an empty ``providers`` or an unknown one.
     """
 
@@ -95,6 +101,8 @@ class Relay:
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
         metrics: Any = None,
+        ledger: Ledger | None = None,
+        history: History | None = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
@@ -105,13 +113,14 @@ class Relay:
         if not http:
             raise ConfigError("the relay needs at least one httpx client")
         self.http = tuple(http)
-        self._turn = itertools.count()
+        self._pool_runs = [0] * len(self.http)  # runs in flight per pool (a new run: the least)
         self.tools = tuple(tools) if tools is not None else None
         self.limits = limits or RelayLimits()
         self.previews = previews or default_previews()
         self.metrics = metrics if metrics is not None else _default_metrics()
+        self.ledger, self.history = ledger, history
         self.runs = RunRegistry(self.limits)
-        self._session_tools: OrderedDict[str, Sequence[Tool[..., Any]]] = OrderedDict()
+        self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
             n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
         }
@@ -153,18 +162,20 @@ class Relay:
 
     async def _create(self, request: Request) -> Response:
         try:
-            provider, model, message = await self._parse(request)
+            provider, model, message, resume = await self._parse(request)
             session = _session(request)
             new_session = session is None
             session = session or secrets.token_urlsafe(32)
-            run = RelayRun(session, self.previews, self.limits)
+            if resume is not None:
+                await self._check_resumable(resume, session, new_session)
+            run = RelayRun(session, self.previews, self.limits, run_id=resume)
             if not self.runs.admit(run):
                 raise HTTPError(
                     429,
                     "too_many_runs",
                     f"{self.limits.max_active_runs} runs are in flight; retry later",
                 )
-            self._start(run, provider, model, message)
+            self._start(run, provider, model, message, resume=resume is not None)
         except HTTPError as exc:
             response = exc.response()
             if exc.status == 429:
@@ -181,8 +192,20 @@ class Relay:
             _set_cookie(response, session)
         return response
 
-    async def _parse(self, request: Request) -> tuple[str, str, str]:
-        """``(provider, model, message)`` of a valid body; raises :class:`HTTPError`."""
+    async def _check_resumable(self, run_id: str, session: str, new_session: bool) -> None:
+        """Raise :class:`HTTPError` unless this session's run ``run_id`` is stored in the
+        ledger's history and not running here (another session's run is 404, as unknown)."""
+        if self.history is None:
+            raise HTTPError(422, "no_ledger", "resume needs a ledger (toollatch serve --ledger)")
+        live = self.runs.owned(run_id, session)
+        if live is not None and not live.done:
+            raise HTTPError(409, "run_in_flight", "the run is still going; read its events")
+        if new_session or not await self.history.load(run_scope(session, run_id)):
+            raise HTTPError(404, "not_found", "no such run")
+
+    async def _parse(self, request: Request) -> tuple[str, str, str | None, str | None]:
+        """``(provider, model, message, resume)`` of a valid body (``message`` may be left out
+        when resuming); raises :class:`HTTPError`."""
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise HTTPError(415, "unsupported_media_type", "the body must be application/json")
         body = await _read_body(request, self.limits.max_body_bytes)
@@ -192,61 +215,68 @@ class Relay:
             raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise HTTPError(422, "invalid_body", "the body must be a JSON object")
-        unknown = sorted(set(data) - {"message", "provider", "model"})
+        unknown = sorted(set(data) - {"message", "provider", "model", "resume"})
         if unknown:
             raise HTTPError(422, "invalid_body", f"unknown fields: {', '.join(unknown)}")
+        resume = data.get("resume")
+        if resume is not None and not (isinstance(resume, str) and _RUN_ID.fullmatch(resume)):
+            raise HTTPError(422, "invalid_body", "resume must be a run id")
         message = data.get("message")
-        if not isinstance(message, str) or not message.strip():
-            raise HTTPError(422, "invalid_body", "message must be a non-empty string")
-        if len(message) > self.limits.max_message_chars:
-            limit = self.limits.max_message_chars
-            raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
+        if message is not None or resume is None:  # (a resume may go on without a message)
+            if not isinstance(message, str) or not message.strip():
+                raise HTTPError(422, "invalid_body", "message must be a non-empty string")
+            if len(message) > self.limits.max_message_chars:
+                limit = self.limits.max_message_chars
+                raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
         provider = data.get("provider", self.providers[0])
         if provider not in self.providers:
             raise HTTPError(422, "invalid_body", f"provider must be one of {list(self.providers)}")
         model = data.get("model", self.model)
         if not isinstance(model, str) or not 0 < len(model) <= 200:
             raise HTTPError(422, "invalid_body", "model must be a string of 1 to 200 characters")
-        return provider, model, message
+        return provider, model, message, resume
 
-    def _start(self, run: RelayRun, provider: str, model: str, message: str) -> None:
+    def _start(
+        self, run: RelayRun, provider: str, model: str, message: str | None, *, resume: bool
+    ) -> None:
+        pool = min(range(len(self.http)), key=self._pool_runs.__getitem__)
         try:
             client = model_client(
-                provider,
-                model=model,
-                base_url=self.base_url_for(provider),
-                http=self.http[next(self._turn) % len(self.http)],
+                provider, model=model, base_url=self.base_url_for(provider), http=self.http[pool]
             )
-            tools = self.tools if self.tools is not None else self._examples(run.session)
-            observers = [self.metrics] if self.metrics is not None else []
+            tools = self.tools
+            if tools is None:  # the example tools, writing in the session's own directory
+                tools = self._session_tools.get(_digest(run.session))
+            observers = [run.observer, *([self.metrics] if self.metrics is not None else [])]
             agent = Agent(
-                client, tools, previews=self.previews, on_preview=run.preview, observers=observers
+                client,
+                tools,
+                previews=self.previews,
+                observers=observers,
+                ledger=self.ledger,
+                history_store=self.history,
+                session=run_scope(run.session, run.id),
             )
         except (ConfigError, UsageError) as exc:
             run.done = True
             raise HTTPError(422, "invalid_run", str(exc)) from None
-        run.start(agent.run(message), client.aclose)
+        self._pool_runs[pool] += 1
 
-    def _examples(self, session: str) -> Sequence[Tool[..., Any]]:
-        """The example tools of a session, writing in its own directory (kept per session,
-        as many as runs are stored: building them costs about 10 ms)."""
-        tools = self._session_tools.pop(session, None)
-        if tools is None:
-            tools = tuple(example_tools(self.workspace / _digest(session)))
-        self._session_tools[session] = tools
-        while len(self._session_tools) > self.limits.max_stored_runs:
-            self._session_tools.popitem(last=False)
-        return tools
+        async def closing() -> None:
+            self._pool_runs[pool] -= 1
+            await client.aclose()
+
+        run.start(agent.run(message, resume=resume), closing)
 
     async def _events(self, request: Request) -> Response:
         run = self.runs.owned(request.path_params["run_id"], _session(request))
         if run is None:
             return HTTPError(404, "not_found", "no such run").response()
         try:
-            start = _resume_point(request, len(run.frames))
+            start = _resume_point(request, run.last_id)
         except HTTPError as exc:
             return exc.response()
-        if run.done and start >= len(run.frames):
+        if run.done and start >= run.last_id:
             return Response(status_code=204)  # tells an EventSource not to reconnect
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return StreamingResponse(
@@ -257,10 +287,9 @@ class Relay:
         yield b"retry: 1000\n\n"
         batch = self.limits.sse_batch
         while True:
-            if cursor < len(run.frames):
-                chunk = run.frames[cursor : cursor + batch]
-                cursor += len(chunk)
-                yield b"".join(f.data for f in chunk)
+            if cursor < run.last_id:  # every frame queued for this reader, in one write
+                chunk, cursor = run.log.after(cursor, batch)
+                yield chunk
             elif run.done:
                 return
             elif not await run.wait(cursor, self.limits.heartbeat_s):
@@ -280,6 +309,12 @@ def _session(request: Request) -> str | None:
 
 def _set_cookie(response: Response, token: str) -> None:
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+
+
+def run_scope(session: str, run_id: str) -> str:
+    """The ledger scope (the Agent's ``session``) of a session's run: a stored run can be
+    resumed only with the session token that started it, which the scope does not reveal."""
+    return f"relay-{_digest(session)}-{run_id}"
 
 
 def _digest(session: str) -> str:

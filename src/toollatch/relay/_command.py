@@ -2,8 +2,10 @@
 :func:`add_serve_parser` and :func:`serve_command`).
 
 Without ``--base-url`` the runs talk to the scripted model server (started here, on
-loopback) with the example tools. Exit status: 0 after Ctrl-C, 2 for a usage error (a bad
-``--tools`` file, a port that cannot be bound, ``--base-url`` without ``--model``).
+loopback) with the example tools. Every run's calls go through a ledger (``--ledger URL``;
+default: SQLite in the user's data folder; ``--ledger none``: no ledger, and no resume).
+Exit status: 0 after Ctrl-C, 2 for a usage error (a bad ``--tools`` file, a port that cannot
+be bound, ``--base-url`` without ``--model``, a ledger that cannot be opened).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
     serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
     serve.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="call ledger and run histories: sqlite:///PATH, redis://HOST:PORT/DB or none "
+        "(default: sqlite in the user's data folder, $XDG_DATA_HOME/toollatch/ledger.db)",
+    )
+    serve.add_argument(
         "--config",
         metavar="FILE",
         help="YAML configuration (relay host and port, model, previews); flags win over it",
@@ -70,6 +78,7 @@ def serve_command(args: argparse.Namespace) -> int:
             base_url=base_url,
             tools=tools,
             previews=c.preview_policy() if c else None,
+            ledger=_ledger_url(args.ledger or (c.ledger.url if c else None)),
         )
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
@@ -79,9 +88,20 @@ def serve_command(args: argparse.Namespace) -> int:
         return 0
 
 
+def _ledger_url(given: str | None) -> str | None:
+    """``--ledger`` (or the config's ``ledger.url``): ``none`` is no ledger, nothing the
+    default (SQLite in the user's data folder)."""
+    from ..ledger import default_ledger_url  # noqa: PLC0415
+
+    if given is None:
+        return default_ledger_url()
+    return None if given == "none" else given
+
+
 async def _serve(server: Any) -> int:
     async with server:
-        sys.stderr.write(f"toollatch relay on {server.url}/ (Ctrl-C to stop)\n")
+        ledger = server.ledger_url or "none"
+        sys.stderr.write(f"toollatch relay on {server.url}/ (ledger {ledger}; Ctrl-C to stop)\n")
         sys.stderr.flush()
         await server.serve_forever()
     return 0

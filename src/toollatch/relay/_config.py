@@ -58,6 +58,11 @@ class RelayLimits:
     max_run_events: int = 20_000
     """Events stored per run; a run that reaches it is cancelled, and its text, previews and
     opened calls past it are dropped (the calls' results and ``run_ended`` still come)."""
+    max_kept_bytes: int = 1 << 20
+    """Bytes of SSE frames kept per run for readers and resumes (1 MiB, so at most
+    ``max_stored_runs`` MiB in all); past it the oldest
+    are forgotten, and a reader that had not read them gets an ``event: lagged`` naming the
+    first id still kept (see :mod:`._runs`)."""
     max_body_bytes: int = 64 * 1024
     """Largest request body; more gets 413."""
     max_message_chars: int = 16_000
@@ -72,6 +77,7 @@ class RelayLimits:
             "max_active_runs",
             "max_stored_runs",
             "max_run_events",
+            "max_kept_bytes",
             "max_body_bytes",
             "max_message_chars",
             "sse_batch",

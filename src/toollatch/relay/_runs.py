@@ -1,46 +1,43 @@
 """Runs and their event logs (internal; public names in :mod:`toollatch.relay`).
 
-Theory of operation. Each run's driver task iterates its :class:`~toollatch.runtime.AgentRun`
-and appends every event, already encoded as one SSE frame, to the run's log: entry ``n``
-(1-based) is the frame with ``id: n``. Readers never get a buffer of their own: each keeps a
-cursor into the shared log and is woken when it grows, so a reader that stalls (its socket's
-send buffer full) blocks only its own response, never the run, and costs no memory beyond the
-log, which is bounded by :attr:`RelayLimits.max_run_events` (a run reaching it is cancelled).
-Resuming with ``Last-Event-ID: n`` restarts the cursor at ``n``: nothing lost, nothing repeated.
+Theory of operation. Each run's :class:`~toollatch.runtime.Agent` has the run as an
+observer (:class:`_Feed`): observers are called synchronously as each event is created, in
+stream order (previews included), so the event is encoded once (orjson), framed as one SSE
+frame and appended to the run's log at its creation, with no queue or task switch between
+(the run's driver task only iterates the :class:`~toollatch.runtime.AgentRun` to drive it).
+Entry ``n`` (1-based) is the frame with ``id: n``; every reader gets the same bytes. Readers
+never get a buffer of their own: each keeps a cursor into the shared log and is woken when
+it grows, so a reader that stalls (its socket's send buffer full) blocks only its own
+response, never the run. Resuming with ``Last-Event-ID: n`` restarts the cursor at ``n``:
+nothing lost, nothing repeated.
 
-Previews come from the agent's ``on_preview`` hook, which its run's iterator calls in
-stream order with the events, so the log is the stream's order; the page still never lets a
-preview move a call back from a later state.
+Memory is bounded twice: a run reaching :attr:`RelayLimits.max_run_events` is cancelled,
+and the log keeps only its newest :attr:`RelayLimits.max_kept_bytes` of frames (the oldest
+are forgotten first). A reader whose next event was forgotten is told so, never skipped in
+silence: it gets ``event: lagged`` with ``data: {"first_id": F, "missed": M}`` and ``id:
+F-1``, then the events from ``F`` on (the page shows the gap).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from .._preview import PreviewPolicy, PreviewUpdated
+from .._round import Round
 from ..runtime._agent import AgentRun
+from ..runtime._agent_events import AgentEvent
 from ._config import RelayLimits, shown_arguments
 
 _DROPPABLE = frozenset({"text", "call_preview", "call_opened"})
 """What a run past its event limit leaves out (still queued when the cancel was asked)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One stored event: its SSE id and the whole encoded frame."""
-
-    id: int
-    """1-based, increasing per run."""
-    data: bytes
-    """``id: ..\\nevent: ..\\ndata: ..\\n\\n``."""
 
 
 def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
@@ -58,48 +55,146 @@ def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
     }
 
 
+def _encoded(data: dict[str, Any]) -> bytes:
+    """``data`` as JSON: orjson, or the stdlib for what orjson refuses (an integer beyond 64
+    bits, which a model may write in arguments); what neither can encode shows as its repr."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return json.dumps(data, ensure_ascii=False, default=repr).encode()
+
+
+def lagged_frame(first_id: int, missed: int) -> bytes:
+    """The frame telling a reader that ``missed`` events before ``first_id`` are gone."""
+    data = orjson.dumps({"type": "lagged", "first_id": first_id, "missed": missed})
+    return b"id: %d\nevent: lagged\ndata: %s\n\n" % (first_id - 1, data)
+
+
+class EventLog:
+    """A run's SSE frames by id (1-based), the newest ``max_bytes`` of them kept."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._frames: list[bytes] = []
+        self._base = 0  # ids compacted away before _frames[0]
+        self._head = 0  # index in _frames of the oldest kept frame
+        self._bytes = 0  # of the kept frames
+
+    @property
+    def last_id(self) -> int:
+        """The newest event's id (0 before the first)."""
+        return self._base + len(self._frames)
+
+    @property
+    def first_id(self) -> int:
+        """The oldest kept event's id (``last_id + 1`` when none is)."""
+        return self._base + self._head + 1
+
+    def append(self, frame: bytes) -> None:
+        """Store the next frame; forget the oldest while over the bound (never the newest)."""
+        self._frames.append(frame)
+        self._bytes += len(frame)
+        while self._bytes > self._max_bytes and self._head < len(self._frames) - 1:
+            self._bytes -= len(self._frames[self._head])
+            self._frames[self._head] = b""
+            self._head += 1
+        if self._head >= 1024 and self._head * 2 >= len(self._frames):  # amortized O(1)
+            del self._frames[: self._head]
+            self._base += self._head
+            self._head = 0
+
+    def after(self, cursor: int, limit: int) -> tuple[bytes, int]:
+        """The frames after id ``cursor`` (at most ``limit``), joined, and the new cursor;
+        a :func:`lagged_frame` first when the next one was forgotten."""
+        lag = b""
+        if cursor + 1 < self.first_id:
+            lag, cursor = lagged_frame(self.first_id, self.first_id - 1 - cursor), self.first_id - 1
+        start = cursor - self._base
+        chunk = self._frames[start : start + limit]
+        return lag + b"".join(chunk), cursor + len(chunk)
+
+
+class _Feed:
+    """The run as its agent's observer: every event appended at its creation."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: RelayRun) -> None:
+        self._run = run
+
+    def on_round_start(self, provider: str, round_no: int) -> None:
+        """(Nothing: the events tell the page.)"""
+
+    def on_notice(self, provider: str, notice: object) -> None:
+        """A preview becomes a ``call_preview`` event (the other notices have events)."""
+        if isinstance(notice, PreviewUpdated):
+            self._run.append(preview_json(notice))
+
+    def on_round(self, provider: str, round_: Round) -> None:
+        """(Nothing: the events tell the page.)"""
+
+    def on_event(self, provider: str, event: AgentEvent) -> None:
+        """Append the event as the browser may see it."""
+        self._run.append(self._run.shown(event.to_json()))
+
+    def on_not_committed(self, provider: str, detail: str) -> None:
+        """(Nothing: the run's events report the refused call.)"""
+
+
 class RelayRun:
     """One run of one session: its log, its driver task, its cancel."""
 
-    def __init__(self, session: str, policy: PreviewPolicy, limits: RelayLimits) -> None:
-        self.id = secrets.token_urlsafe(18)
+    def __init__(
+        self,
+        session: str,
+        policy: PreviewPolicy,
+        limits: RelayLimits,
+        *,
+        run_id: str | None = None,
+    ) -> None:
+        self.id = run_id or secrets.token_urlsafe(18)
+        """Unguessable (24 characters); a resumed run keeps the id it was stored under."""
         self.session = session
-        self.frames: list[Frame] = []
+        self.log = EventLog(limits.max_kept_bytes)
         self.done = False
+        self.observer = _Feed(self)
+        """Give it to the run's Agent (``observers=[...]``): it feeds the log."""
         self._policy = policy
         self._limits = limits
+        self._ended = False
         self._grew = asyncio.Event()
         self._agent_run: AgentRun | None = None
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def last_id(self) -> int:
+        """The id of the newest stored event (0 before the first)."""
+        return self.log.last_id
+
     def start(self, agent_run: AgentRun, closing: Callable[[], Any]) -> None:
-        """Drive ``agent_run`` in a task; ``closing()`` (awaitable) runs when it ends."""
+        """Drive ``agent_run`` (of an Agent observed by :attr:`observer`) in a task;
+        ``closing()`` (awaitable) runs when it ends."""
         self._agent_run = agent_run
         self._task = asyncio.get_running_loop().create_task(self._drive(closing))
 
-    def preview(self, notice: PreviewUpdated) -> None:
-        """The agent's ``on_preview`` hook."""
-        self.append(preview_json(notice))
-
     def append(self, data: dict[str, Any]) -> None:
         """Store one event (``data["type"]`` is its SSE name) and wake the readers."""
-        n = len(self.frames) + 1
+        n = self.log.last_id + 1
         if n > self._limits.max_run_events and data["type"] in _DROPPABLE:
             return  # past the limit only the events that pair calls and end the run are kept
-        body = orjson.dumps(data)
-        self.frames.append(
-            Frame(n, b"id: %d\nevent: %s\ndata: %s\n\n" % (n, data["type"].encode(), body))
-        )
+        self._ended = self._ended or data["type"] == "run_ended"
+        body = _encoded(data)
+        self.log.append(b"id: %d\nevent: %s\ndata: %s\n\n" % (n, data["type"].encode(), body))
         if n == self._limits.max_run_events:
             self.cancel()  # bounded: the cancel adds only the round's closing events
         self._grew.set()
         self._grew = asyncio.Event()
 
     async def wait(self, seen: int, timeout: float) -> bool:
-        """Wait until the log has more than ``seen`` frames or the run is done; False on
+        """Wait until the log has events after id ``seen`` or the run is done; False on
         ``timeout`` (the caller sends a heartbeat)."""
         grew = self._grew
-        if len(self.frames) > seen or self.done:
+        if self.log.last_id > seen or self.done:
             return True
         try:
             async with asyncio.timeout(timeout):
@@ -124,22 +219,18 @@ class RelayRun:
 
     async def _drive(self, closing: Callable[[], Any]) -> None:
         assert self._agent_run is not None
-        ended = False
         try:
-            async for event in self._agent_run:
-                data = self._shown(event.to_json())
-                ended = ended or data["type"] == "run_ended"
-                self.append(data)
+            async for _event in self._agent_run:
+                pass  # the observer appended it when it was created
         except Exception as exc:  # a broken client or tool file: the page must still end
-            if not ended:
-                error = f"{type(exc).__name__}: {exc}"
+            if not self._ended:
                 self.append(
                     {
                         "type": "run_ended",
                         "rounds": 0,
                         "calls": [],
                         "history": [],
-                        "error": error,
+                        "error": f"{type(exc).__name__}: {exc}",
                         "history_omitted": 0,
                     }
                 )
@@ -148,7 +239,7 @@ class RelayRun:
             self._grew.set()
             await closing()
 
-    def _shown(self, data: dict[str, Any]) -> dict[str, Any]:
+    def shown(self, data: dict[str, Any]) -> dict[str, Any]:
         """The event as the browser may see it (see :mod:`._config`)."""
         if data["type"] == "call_committed":
             data["arguments"] = shown_arguments(self._policy, data["name"], data["arguments"])

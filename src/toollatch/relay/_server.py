@@ -22,6 +22,7 @@ import uvicorn
 
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
+from ..ledger import History, Ledger, LedgerError, LedgerKey, open_history, open_ledger
 from ..runtime._tools import Tool
 from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, loopback_server
@@ -29,7 +30,7 @@ from ._app import PROVIDERS, Relay
 from ._config import RelayLimits
 
 SCRIPTED_MODEL = "scripted"
-_POOL_SIZE = 16
+_POOL_SIZE = 4
 
 
 class RelayServer:
@@ -37,7 +38,10 @@ class RelayServer:
     ``delay_scale``) by default, or ``base_url`` with ``provider`` and ``model``.
 
     ``tools`` (default: the example tools, in a temporary workspace per session), ``limits``
-    and ``previews`` go to :class:`Relay`. Raises ``ConfigError`` for a bad port, a
+    and ``previews`` go to :class:`Relay`. ``ledger``: a ledger URL (``sqlite:///PATH``,
+    ``redis://HOST:PORT/DB``, ``memory:``; :func:`toollatch.ledger.open_ledger`, a SQLite
+    file's folder created if missing) for the runs' calls and histories (None: none, and no
+    resume). Raises ``ConfigError`` for a bad port, a
     ``base_url`` without ``model``, or an unknown provider.
     """
 
@@ -54,6 +58,7 @@ class RelayServer:
         tools: Sequence[Tool[..., Any]] | None = None,
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
+        ledger: str | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -64,6 +69,7 @@ class RelayServer:
         self.host, self.port, self.provider, self.model = host, port, provider, model
         self.base_url = base_url
         self.tools, self.limits, self.previews = tools, limits, previews
+        self.ledger_url = ledger
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
@@ -105,19 +111,26 @@ class RelayServer:
             url = self.base_url
             assert url is not None
             base_url_for, providers = (lambda _provider: url), (self.provider,)
-        # A connection per run in flight, in pools of _POOL_SIZE: httpcore scans every
-        # connection of a pool per request and per response closed, so one pool of 200 made
-        # the relay's CPU quadratic in the runs (measured: 336 events/s at 200 runs).
+        # A connection per run in flight, in pools of _POOL_SIZE (a run goes to the pool with
+        # the fewest runs): httpcore scans every connection of a pool, checking each socket,
+        # per request and per response closed, so one pool of 200 made the relay's CPU
+        # quadratic in the runs (measured: 336 events/s at 200 runs), and pools of 16 still
+        # spent 9% of its CPU there. One TLS context for all pools: each new one loads the
+        # CA bundle (about 50 ms).
         active = (self.limits or RelayLimits()).max_active_runs
         size = min(active, _POOL_SIZE)
         pool = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        tls = httpx.create_ssl_context()  # (as httpx makes it: certifi, or SSL_CERT_FILE)
         http = [
-            await stack.enter_async_context(httpx.AsyncClient(timeout=None, limits=pool))
+            await stack.enter_async_context(
+                httpx.AsyncClient(timeout=None, limits=pool, verify=tls)
+            )
             for _ in range(-(-active // size))
         ]
         workspace = Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
         )
+        ledger, history = await self._open_ledger(stack)
         relay = Relay(
             base_url_for=base_url_for,
             providers=providers,
@@ -127,6 +140,8 @@ class RelayServer:
             tools=self.tools,
             limits=self.limits,
             previews=self.previews,
+            ledger=ledger,
+            history=history,
         )
         stack.push_async_callback(relay.runs.close)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
@@ -145,6 +160,24 @@ class RelayServer:
             raise UsageError("the relay did not start")
         self._server, self._task, self.relay = server, task, relay
         self._bound = (self.host, sock.getsockname()[1])
+
+    async def _open_ledger(
+        self, stack: contextlib.AsyncExitStack
+    ) -> tuple[Ledger | None, History | None]:
+        """The ledger and history store of :attr:`ledger_url`, closed with the server; the
+        ledger is read once here (a SQLite file and its folder are created), so that one
+        that cannot be used is a ``ConfigError`` at start, not an error in every run."""
+        if self.ledger_url is None:
+            return None, None
+        ledger = open_ledger(self.ledger_url, create_folder=True)
+        stack.push_async_callback(ledger.aclose)
+        try:
+            await ledger.get(LedgerKey(scope="toollatch-relay", call_id="start"))
+        except LedgerError as exc:
+            raise ConfigError(f"ledger {self.ledger_url}: {exc}") from None
+        history = open_history(self.ledger_url)
+        stack.push_async_callback(history.aclose)
+        return ledger, history
 
     async def serve_forever(self) -> None:
         """Wait until the server stops (Ctrl-C or :meth:`stop`)."""

@@ -132,6 +132,14 @@ class RelayConfig(_Section):
     deadline_s: _Seconds | None = None
 
 
+class LedgerConfig(_Section):
+    """The call ledger and run histories (:func:`toollatch.ledger.open_ledger`)."""
+
+    url: Annotated[str, Field(pattern=r"^(none|memory:|sqlite:///.+|rediss?://.+)$")] | None = None
+    """``sqlite:///PATH``, ``redis://HOST:PORT/DB`` or ``none``; null: ``serve`` uses SQLite
+    in the user's data folder (:func:`~toollatch.ledger.default_ledger_url`)."""
+
+
 class LoggingConfig(_Section):
     """Redacted logs: never argument values unless a tool's preview rule shows them."""
 
@@ -170,6 +178,7 @@ class Config(_Section):
     previews: PreviewsConfig = PreviewsConfig()
     model: ModelConfig = ModelConfig()
     relay: RelayConfig = RelayConfig()
+    ledger: LedgerConfig = LedgerConfig()
     logging: LoggingConfig = LoggingConfig()
     mcp: McpConfig = McpConfig()
 
@@ -401,6 +410,10 @@ relay:
   max_rounds: 8                         # run limits (toollatch run uses them too)
   max_tool_calls: 64
   deadline_s: null
+
+ledger:
+  url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
+                                        # serve's default, sqlite in ~/.local/share/toollatch)
 
 logging:
   format: text                          # text | json (no argument values either way)

@@ -15,8 +15,10 @@ SDK clients can call it); ``async with`` serves on the running loop. Both bind
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -48,13 +50,24 @@ _STOP_TIMEOUT_S = 1
 takes whole seconds)."""
 
 
+def http_implementation() -> str:
+    """uvicorn's HTTP/1.1 implementation for toollatch's servers: ``httptools`` when it is
+    installed (its C parser, and body writes without h11's per-event state machine: the
+    relay's CPU per SSE event measured lower, see ``benchmarks/README.md``), else ``h11``.
+    ``TOOLLATCH_HTTP=h11`` forces h11."""
+    if os.environ.get("TOOLLATCH_HTTP") == "h11" or importlib.util.find_spec("httptools") is None:
+        return "h11"
+    return "httptools"
+
+
 def loopback_server(app: Any, stop_timeout_s: int) -> uvicorn.Server:
-    """A quiet uvicorn server for ``app`` (h11, no websockets, no lifespan, no access log),
-    to be served on a socket its caller bound; open streams get ``stop_timeout_s`` at stop.
-    The one configuration of toollatch's servers (this one and the relay)."""
+    """A quiet uvicorn server for ``app`` (:func:`http_implementation`, no websockets, no
+    lifespan, no access log), to be served on a socket its caller bound; open streams get
+    ``stop_timeout_s`` at stop. The one configuration of toollatch's servers (this one and
+    the relay)."""
     config = uvicorn.Config(
         app,
-        http="h11",
+        http=http_implementation(),
         ws="none",
         lifespan="off",
         log_config=None,

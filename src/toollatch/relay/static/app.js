@@ -164,6 +164,12 @@ class RunView {
     this.newRound();
   }
 
+  on_lagged(d) {
+    // the relay forgot events this page had not read (it keeps a bounded log per run)
+    const what = `${d.missed} earlier event${d.missed === 1 ? "" : "s"} no longer kept by the relay`;
+    this.turn.insertBefore(el("div", "meta lagged", what), this.round.box); // (kept at run_ended)
+  }
+
   on_run_ended(d) {
     this.round.box.remove();
     this.done = true;
@@ -204,7 +210,7 @@ function follow(run, message) {
   $("stop").disabled = false;
   source = new EventSource(run.events_url);
   const types = ["text", "call_opened", "call_preview", "call_committed", "call_failed",
-                 "tool_started", "tool_finished", "round_ended", "run_ended"];
+                 "tool_started", "tool_finished", "round_ended", "run_ended", "lagged"];
   for (const type of types) {
     source.addEventListener(type, (e) => {
       const id = Number(e.lastEventId);
