@@ -31,7 +31,7 @@ from starlette.routing import Route
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from ..ledger import History, Ledger
-from ..runtime._agent import Agent
+from ..runtime._agent import Agent, ToolSource
 from ..runtime._clients import model_client
 from ..runtime._tools import Tool
 from ._config import RelayLimits, default_previews
@@ -80,8 +80,11 @@ class Relay:
     ``base_url_for(provider)`` gives the model's base URL (the scripted server's, or the one
     configured); ``providers`` those a request may pick (the first is the default); ``model``
     the default model name. ``tools``: the tools of every run (``None``: the example tools,
-    writing in ``workspace/<session>``). ``http``: httpx clients (connection pools) the runs'
-    model clients share, a new run taking the one with the fewest runs (left open).
+    writing in ``workspace/<session>``, unless a ``tool_source`` is given: then only its
+    tools). ``tool_source``: tools that may change between rounds (an entered
+    :class:`toollatch.mcp.McpToolSource`), shared by every run. ``http``: httpx clients
+    (connection pools) the runs' model clients share, a new run taking the one with the
+    fewest runs (left open).
     ``ledger`` and ``history`` (:func:`toollatch.ledger.open_ledger` / ``open_history``):
     every run's calls are claimed in the ledger and its history stored, under
     :func:`run_scope`, so that ``POST /runs {"resume": id}`` continues a stored run of the
@@ -98,6 +101,7 @@ class Relay:
         workspace: Path,
         http: Sequence[httpx.AsyncClient],
         tools: Sequence[Tool[..., Any]] | None = None,
+        tool_source: ToolSource | None = None,
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
         metrics: Any = None,
@@ -115,6 +119,7 @@ class Relay:
         self.http = tuple(http)
         self._pool_runs = [0] * len(self.http)  # runs in flight per pool (a new run: the least)
         self.tools = tuple(tools) if tools is not None else None
+        self.tool_source = tool_source
         self.limits = limits or RelayLimits()
         self.previews = previews or default_previews()
         self.metrics = metrics if metrics is not None else _default_metrics()
@@ -245,7 +250,9 @@ class Relay:
                 provider, model=model, base_url=self.base_url_for(provider), http=self.http[pool]
             )
             tools = self.tools
-            if tools is None:  # the example tools, writing in the session's own directory
+            if tools is None and self.tool_source is not None:
+                tools = ()  # the source's tools replace the examples (as in `toollatch run`)
+            elif tools is None:  # the example tools, writing in the session's own directory
                 tools = self._session_tools.get(_digest(run.session))
             observers = [run.observer, *([self.metrics] if self.metrics is not None else [])]
             agent = Agent(
@@ -253,6 +260,7 @@ class Relay:
                 tools,
                 previews=self.previews,
                 observers=observers,
+                tool_source=self.tool_source,
                 ledger=self.ledger,
                 history_store=self.history,
                 session=run_scope(run.session, run.id),

@@ -40,6 +40,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
     serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
     serve.add_argument(
+        "--mcp",
+        action="append",
+        metavar="SERVER",
+        help="the tools of an MCP server: 'stdio:COMMAND ARGS...' or http://HOST:PORT/PATH "
+        "(repeatable; replaces the examples; needs the [mcp] extra)",
+    )
+    serve.add_argument(
         "--ledger",
         metavar="URL",
         help="call ledger and run histories: sqlite:///PATH, redis://HOST:PORT/DB or none "
@@ -56,6 +63,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
     from .._errors import ConfigError, UsageError  # noqa: PLC0415
+    from ..mcp import source_from_config  # noqa: PLC0415
     from ..runtime._command import CommandError, load_tool_file  # noqa: PLC0415
     from ..runtime._config import load_config  # noqa: PLC0415
     from ..runtime._tools import Tool  # noqa: PLC0415
@@ -70,6 +78,11 @@ def serve_command(args: argparse.Namespace) -> int:
         model = args.model or (c.model.model if c else None)
         if base_url is not None and not model:
             raise CommandError("--model is required with --base-url")
+        try:
+            reserved = [t.name for t in tools or ()]
+            source = source_from_config(c, args.mcp or (), reserved=reserved)
+        except ConfigError as exc:
+            raise CommandError(f"--mcp: {exc}") from None
         server = RelayServer(
             host=args.host or (c.relay.host if c else "127.0.0.1"),
             port=args.port if args.port is not None else (c.relay.port if c else 8000),
@@ -77,6 +90,7 @@ def serve_command(args: argparse.Namespace) -> int:
             model=model,
             base_url=base_url,
             tools=tools,
+            tool_source=source,
             previews=c.preview_policy() if c else None,
             ledger=_ledger_url(args.ledger or (c.ledger.url if c else None)),
         )

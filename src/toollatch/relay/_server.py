@@ -23,6 +23,7 @@ import uvicorn
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from ..ledger import History, Ledger, LedgerError, LedgerKey, open_history, open_ledger
+from ..mcp import McpToolSource
 from ..runtime._tools import Tool
 from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, loopback_server
@@ -37,8 +38,9 @@ class RelayServer:
     """The relay on ``host:port`` over a model: the scripted server (``scripts``, scaled by
     ``delay_scale``) by default, or ``base_url`` with ``provider`` and ``model``.
 
-    ``tools`` (default: the example tools, in a temporary workspace per session), ``limits``
-    and ``previews`` go to :class:`Relay`. ``ledger``: a ledger URL (``sqlite:///PATH``,
+    ``tools`` (default: the example tools, in a temporary workspace per session),
+    ``tool_source`` (MCP tools: entered, so connected, for the server's life), ``limits`` and
+    ``previews`` go to :class:`Relay`. ``ledger``: a ledger URL (``sqlite:///PATH``,
     ``redis://HOST:PORT/DB``, ``memory:``; :func:`toollatch.ledger.open_ledger`, a SQLite
     file's folder created if missing) for the runs' calls and histories (None: none, and no
     resume). Raises ``ConfigError`` for a bad port, a
@@ -56,6 +58,7 @@ class RelayServer:
         scripts: Mapping[str, Script] | None = None,
         delay_scale: float = 1.0,
         tools: Sequence[Tool[..., Any]] | None = None,
+        tool_source: McpToolSource | None = None,
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
         ledger: str | None = None,
@@ -69,6 +72,7 @@ class RelayServer:
         self.host, self.port, self.provider, self.model = host, port, provider, model
         self.base_url = base_url
         self.tools, self.limits, self.previews = tools, limits, previews
+        self.tool_source = tool_source
         self.ledger_url = ledger
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
@@ -131,6 +135,8 @@ class RelayServer:
             stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
         )
         ledger, history = await self._open_ledger(stack)
+        if self.tool_source is not None:  # connected before the first run, closed after the last
+            await stack.enter_async_context(self.tool_source)
         relay = Relay(
             base_url_for=base_url_for,
             providers=providers,
@@ -138,6 +144,7 @@ class RelayServer:
             workspace=workspace,
             http=http,
             tools=self.tools,
+            tool_source=self.tool_source,
             limits=self.limits,
             previews=self.previews,
             ledger=ledger,

@@ -1,0 +1,63 @@
+"""``toollatch serve --mcp ...``: a served run's calls go to the MCP server's tools (which
+replace the examples), once per call, through the same gate as in ``toollatch run``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import httpx
+
+from mcp_helpers import SERVER, calls_of
+from relay_helpers import parse_sse
+from test_relay_ledger import _serve, _stop
+from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.scripted._server import ScriptedServer
+
+
+NOTE = json.dumps({"name": "n", "text": "t"})
+
+
+def _script() -> Script:
+    calls = Turn(
+        items=(
+            Call(call_id="c1", name="python__echo", arguments='{"text": "served"}'),
+            Call(call_id="c2", name="python__echo", arguments='{"text": "cut'),  # never sent
+            Call(call_id="c3", name="python__write_note", arguments=NOTE),
+            Call(call_id="c4", name="cfg__write_note", arguments=NOTE),  # not in its allow list
+        ),
+        delay_ms=0,
+    )
+    return Script(turns=(calls, Turn(items=(Text(text="Done."),), delay_ms=0)))
+
+
+def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path) -> None:
+    spec = "stdio:" + shlex.join([*SERVER, "--log", str(tmp_path / "s.log"), "--notes", str(tmp_path)])
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"mcp": {"servers": [
+        {"name": "cfg", "command": [*SERVER, "--log", str(tmp_path / "cfg.log")], "allow": ["echo"]},
+    ]}}))
+    with ScriptedServer({"m": _script()}) as model:
+        proc, url = _serve("--mcp", spec, "--config", str(config), "--ledger", "none",
+                           "--base-url", model.base_url("openai_chat"), "--model", "m")
+        try:
+            with httpx.Client(base_url=url, timeout=60) as client:
+                run = client.post("/runs", json={"message": "note it"}).json()
+                frames, _ = parse_sse(client.get(run["events_url"]).text)
+        finally:
+            _stop(proc)
+        offered = sorted(t["function"]["name"] for t in model.requests[0].body["tools"])
+    # both servers list the same tools, so each name is namespaced by its server's name (the
+    # flag's server is named after its program)
+    assert "get_weather" not in offered
+    assert {"python__echo", "cfg__echo", "python__write_note", "cfg__write_note"} <= set(offered)
+    ended = frames[-1]
+    assert ended.event == "run_ended"
+    assert ended.data["error"] is None
+    codes = {c["id"]: c["error"] for c in ended.data["calls"]}
+    assert codes == {"c1": None, "c2": "invalid_json", "c3": None, "c4": "policy_denied"}
+    # each committed call reached its server once; nothing the gate refused reached one
+    assert calls_of(tmp_path, "s") == [("echo", {"text": "served"}), ("write_note", {"name": "n", "text": "t"})]
+    assert calls_of(tmp_path, "cfg") == []
+    assert (tmp_path / "n.txt").read_text() == "t\n"
