@@ -99,6 +99,7 @@ def test_killed_before_the_tool_ran(tmp_path: Path, ledger_url: str, point: str,
     if point == "start" and name == "charge":
         # The record says started: the ledger cannot know the tool did nothing.
         assert second[0]["is_error"]
+        assert second[0]["code"] == "outcome_unknown"
         assert "outcome is unknown" in second[0]["content"]
         assert scene.lines(scene.effects) == []
     else:
@@ -119,7 +120,7 @@ def test_killed_after_the_side_effect_non_idempotent_is_unknown(
     second = scene.run()
     assert time.monotonic() - started >= LEASE_S * 0.5  # it waited for the dead worker's lease
     assert second[0]["is_error"]
-    assert second[0]["code"] == "cancelled"
+    assert second[0]["code"] == "outcome_unknown"
     assert "outcome is unknown" in second[0]["content"]
     assert "not run again" in second[0]["content"]
     assert len(scene.lines(scene.effects)) == 1  # never a silent re-run

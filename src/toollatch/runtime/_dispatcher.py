@@ -29,7 +29,8 @@ deadline. Every task records its result on its slot before it ends, cancelled or
 Dedupe: a call id runs at most once per dispatcher. A later call with the same id and the same
 name and arguments gets the first run's result, whatever it is (waiting for it if it still
 runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
-forgotten so the id may run later: a call cancelled before it started, and a call of an
+forgotten so the id may run later: a call that never started here (cancelled before it
+started, ``ledger_unavailable``, a session lock busy past its wait), and a call of an
 ``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
 keeps the newest ``max_remembered_calls`` ids.
 
@@ -69,7 +70,7 @@ from .._round import Round, ToolResult
 from .._specs import ToolSpec
 from ..ledger._base import Ledger
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..ledger._records import LedgerError, LockLost, SessionLocks, digest_of
+from ..ledger._records import LedgerError, LockBusy, LockLost, SessionLocks, digest_of
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
 from ._tools import Tool
@@ -429,8 +430,10 @@ class DispatchRound:
         call = slot.call
         try:
             await self._hold_session()
+        except LockBusy as exc:  # another worker holds the session: a wait that ran out
+            return _error(call, ErrorCode.TOOL_TIMEOUT, f"{_LOCK_BUSY} ({exc})")
         except LedgerError as exc:
-            return _error(call, ErrorCode.CANCELLED, f"the session lock failed, not run ({exc})")
+            return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{_LOCK_DOWN} ({exc})")
         async with self._d._group_lock(tool.group), self._d._semaphore:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
@@ -574,6 +577,8 @@ class DispatchRound:
 _NEVER_STARTED = "the round was cancelled before the tool started; it was not run"
 _DUPLICATE = "this call id already ran with other arguments; this call was not run"
 _UNKNOWN_TOOL = "no tool of that name is registered with the dispatcher; it was not run"
+_LOCK_BUSY = "another worker held the session's lock too long; the call was not run"
+_LOCK_DOWN = "the session lock could not be taken (ledger unavailable); the call was not run"
 
 
 def _cancelled(slot: _Slot) -> ToolResult:
@@ -581,6 +586,12 @@ def _cancelled(slot: _Slot) -> ToolResult:
         return _error(slot.call, ErrorCode.CANCELLED, _NEVER_STARTED)
     detail = f"the round was cancelled while the tool was running; {_UNKNOWN_OUTCOME}"
     return _error(slot.call, ErrorCode.CANCELLED, detail)
+
+
+_NOT_RUN = frozenset({ErrorCode.CANCELLED, ErrorCode.LEDGER_UNAVAILABLE, ErrorCode.TOOL_TIMEOUT})
+"""Codes of a call that never started here: the id may run later (with a ledger, a later
+call asks the ledger again, which knows whether another worker ran it)."""
+_UNKNOWN = frozenset({ErrorCode.CANCELLED, ErrorCode.TOOL_TIMEOUT, ErrorCode.OUTCOME_UNKNOWN})
 
 
 def _on_cancel(slot: _Slot) -> tuple[ToolResult, bool]:
@@ -591,9 +602,9 @@ def _on_cancel(slot: _Slot) -> tuple[ToolResult, bool]:
 
 def _may_run_again(slot: _Slot, result: ToolResult) -> bool:
     """True when the id is forgotten: never started, or an idempotent tool's unknown outcome."""
-    if result.code is ErrorCode.CANCELLED and slot.phase == "waiting":
+    if result.code in _NOT_RUN and slot.phase == "waiting":
         return True
-    unknown = result.code in (ErrorCode.CANCELLED, ErrorCode.TOOL_TIMEOUT)
+    unknown = result.code in _UNKNOWN
     return unknown and slot.tool is not None and slot.tool.idempotent
 
 
