@@ -217,12 +217,13 @@ def _retrying(
         pause = min(pause * 2, 0.2)
 
 
-def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
+def _connect(path: Path, busy_ms: int, schema: tuple[str, ...] = (_SCHEMA,)) -> sqlite3.Connection:
+    """A connection to ``path`` in WAL mode with ``schema`` (its tables) created."""
     # isolation_level=None: transactions are the explicit BEGIN IMMEDIATE of _immediate.
     conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
     deadline = time.monotonic() + busy_ms / 1000
-    for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", _SCHEMA):
+    for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", *schema):
         setup_statement(conn, statement, deadline)
     return conn
 

@@ -17,6 +17,7 @@ of those values, so the file adds no second set of rules:
 * ``previews``: :class:`PreviewPolicy`;
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
+* ``ledger``: the ledger URL and the opt-in audit of uncommitted calls (:class:`AuditPolicy`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`.
 """
 
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .._errors import ConfigError, ErrorCode
 from .._limits import Limits
 from .._preview import PreviewPolicy, ToolPreview
+from ..ledger._audit import AuditPolicy
 from ._agent import RunLimits
 from ._clients import ClientLimits
 
@@ -129,6 +131,23 @@ class RelayConfig(_Section):
     deadline_s: _Seconds | None = None
 
 
+class LedgerConfig(_Section):
+    """The durable call ledger, and its opt-in audit of calls that did not commit."""
+
+    url: Annotated[str, Field(pattern=r"^(memory:|sqlite:///.+|rediss?://.+)$")] | None = None
+    """The ``--ledger`` URL when the command line gives none (null: no ledger)."""
+    audit_uncommitted: bool = False
+    """Keep a record of each call that failed the gate or was cut off (in the ledger's store,
+    apart from its calls), redacted by the ``previews`` rules: with their default (``none``)
+    it holds no argument text, only the name, code and byte count."""
+    audit_max_bytes: Annotated[int, Field(ge=0, le=65536)] = 512
+    """Most bytes of redacted argument text a record keeps."""
+    audit_retention_s: Annotated[float, Field(gt=0, le=3.2e8, allow_inf_nan=False)] = 86400.0
+    """Seconds a record is kept."""
+    audit_max_per_scope: _Positive = 1000
+    """Newest records kept per run or session."""
+
+
 class LoggingConfig(_Section):
     """Redacted logs: never argument values unless a tool's preview rule shows them."""
 
@@ -144,6 +163,7 @@ class Config(_Section):
     previews: PreviewsConfig = PreviewsConfig()
     model: ModelConfig = ModelConfig()
     relay: RelayConfig = RelayConfig()
+    ledger: LedgerConfig = LedgerConfig()
     logging: LoggingConfig = LoggingConfig()
 
     def limits(self) -> Limits:
@@ -178,6 +198,19 @@ class Config(_Section):
             default=ToolPreview(mode=p.default.mode, fields=p.default.fields),
             tools={n: ToolPreview(mode=t.mode, fields=t.fields) for n, t in p.tools.items()},
             every_bytes=p.every_bytes,
+        )
+
+    def audit_policy(self) -> AuditPolicy | None:
+        """The audit of uncommitted calls (redacted as the previews are), or None when
+        ``audit_uncommitted`` is off; ``ArgumentAudit(open_audit(url), policy)``."""
+        g = self.ledger
+        if not g.audit_uncommitted:
+            return None
+        return AuditPolicy(
+            previews=self.preview_policy() or PreviewPolicy(),
+            max_bytes=g.audit_max_bytes,
+            retention_s=g.audit_retention_s,
+            max_per_scope=g.audit_max_per_scope,
         )
 
     def dropped_codes(self) -> frozenset[ErrorCode]:
@@ -356,6 +389,13 @@ relay:
   max_rounds: 8                         # run limits (toollatch run uses them too)
   max_tool_calls: 64
   deadline_s: null
+
+ledger:
+  url: null                             # sqlite:///PATH | redis://HOST:PORT/DB (--ledger wins)
+  audit_uncommitted: false              # record calls that failed the gate or were cut off
+  audit_max_bytes: 512                  # redacted (by the previews rules) argument text kept
+  audit_retention_s: 86400              # seconds a record is kept
+  audit_max_per_scope: 1000             # newest records kept per run
 
 logging:
   format: text                          # text | json (no argument values either way)

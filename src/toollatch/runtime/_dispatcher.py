@@ -68,6 +68,7 @@ from .._gate import CommittedCall
 from .._messages import error_result
 from .._round import Round, ToolResult
 from .._specs import ToolSpec
+from ..ledger._audit import ArgumentAudit
 from ..ledger._base import Ledger
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
 from ..ledger._records import LedgerError, LockBusy, LockLost, SessionLocks, digest_of
@@ -99,7 +100,8 @@ class Dispatcher:
     ``session_locks``: a distributed lock per session (``redis_session_locks``), held like
     the in-process one from a round's first tool start until its ``async with`` exits; when
     it is lost the round's running calls are cancelled and leaving the block raises
-    ``LockLost``.
+    ``LockLost``. ``audit`` (off by default): a redacted, bounded, expiring record of every
+    call of a round that did not commit, written when the round is finished or aborted.
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -118,6 +120,7 @@ class Dispatcher:
         poll_s: float = 0.1,
         clock: Clock = default_clock,
         session_locks: SessionLocks | None = None,
+        audit: ArgumentAudit | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
@@ -148,6 +151,9 @@ class Dispatcher:
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
         self._session_locks = session_locks
+        if audit is not None and not isinstance(audit, ArgumentAudit):
+            raise ConfigError(f"audit must be a toollatch.ledger.ArgumentAudit, got {audit!r:.60}")
+        self._audit = audit
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
@@ -341,7 +347,7 @@ class DispatchRound:
             if record.committed is not None:
                 self._begin(record.committed)
         await self._wait_all()
-        return self._close(round_)
+        return await self._audited(self._close(round_), round_)
 
     async def abort(self, round_: Round) -> list[ToolResult]:
         """Cancel every call of this round still waiting or running, wait for them, and
@@ -357,7 +363,13 @@ class DispatchRound:
         self._cancel_running()
         await self._wait_all()
         self._settle_unfinished()
-        return self._close(round_)
+        return await self._audited(self._close(round_), round_)
+
+    async def _audited(self, results: list[ToolResult], round_: Round) -> list[ToolResult]:
+        """``results``, once the round's uncommitted calls are in the audit (with one)."""
+        if self._d._audit is not None:
+            await self._d._audit.record(self._session, round_)  # never raises for the store
+        return results
 
     # -- starting ----------------------------------------------------------------------------
 
