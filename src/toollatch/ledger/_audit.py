@@ -115,8 +115,9 @@ class AuditStore(Protocol):
     """Where audit records live: apart from the ledger's calls and the histories."""
 
     async def add(self, records: Sequence[AuditRecord], *, max_per_scope: int) -> None:
-        """Store ``records``, then delete every expired record (as of the newest
-        ``recorded_at``) and, per scope written, all but the newest ``max_per_scope``."""
+        """Store ``records``, then delete the expired records (as of the newest
+        ``recorded_at``; on Redis those of the scopes written, the other scopes' keys expiring
+        on the server) and, per scope written, all but the newest ``max_per_scope``."""
         ...
 
     async def records(self, scope: str, *, now: float) -> list[AuditRecord]:
