@@ -260,11 +260,15 @@ class ArgumentAudit:
         raises for the store (a failed write is logged: the audit must not change what the
         tools do) and finishes its write even when the caller is cancelled meanwhile."""
         now = self.clock()
-        records = [
-            audit_record(call, scope=scope, policy=self.policy, now=now)
-            for call in round_.calls
-            if call.committed is None
-        ]
+        try:
+            records = [
+                audit_record(call, scope=scope, policy=self.policy, now=now)
+                for call in round_.calls
+                if call.committed is None
+            ]
+        except Exception:  # (a redactor that raises, say: an observer must not break a run)
+            _log.exception("could not make the audit records of a round of %r", scope)
+            return 0
         if not records:
             return 0
         write = self.store.add(records, max_per_scope=self.policy.max_per_scope)
