@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger_helpers import RedisServer
 from toollatch import ConfigError, ErrorCode, PreviewPolicy, Round, StreamParser, ToolSpec
@@ -342,3 +344,34 @@ async def test_a_redis_scope_key_expires_on_the_server_with_its_newest_record(
     await asyncio.sleep(0.6)
     assert await audit._r.exists("toollatch:audit:{gone}") == 0  # never written again: gone
     await audit.aclose()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=st.dictionaries(st.text(max_size=5), _json, max_size=4), cut=st.integers(0, 400))
+def test_the_full_view_is_the_text_parsed_so_far(doc: dict[str, Any], cut: int) -> None:
+    previews = PreviewPolicy(default=ToolPreview(mode="full"))
+    whole = json.dumps(doc)
+    record = only_call(
+        raw_round([("c1", "write", whole + " garbage")]),
+        policy=AuditPolicy(previews=previews, max_bytes=1 << 20),
+    )
+    assert json.loads(record.shown) == doc  # every complete value, nothing past the error
+    text = whole[:cut]
+    if not text:
+        return
+    cut_record = only_call(
+        raw_round([("c1", "write", text)], finish="length"),
+        policy=AuditPolicy(previews=previews, max_bytes=1 << 20),
+    )
+    if cut_record.shown:
+        json.loads(cut_record.shown)  # always valid JSON, whatever the cut
+        assert len(cut_record.shown) <= len(json.dumps(doc, separators=(",", ":"))) + 2
