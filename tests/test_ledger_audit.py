@@ -375,3 +375,22 @@ def test_the_full_view_is_the_text_parsed_so_far(doc: dict[str, Any], cut: int) 
     if cut_record.shown:
         json.loads(cut_record.shown)  # always valid JSON, whatever the cut
         assert len(cut_record.shown) <= len(json.dumps(doc, separators=(",", ":"))) + 2
+
+
+class Slow(MemoryAudit):
+    async def add(self, records: Sequence[AuditRecord], *, max_per_scope: int) -> None:
+        await asyncio.sleep(0.2)
+        await super().add(records, max_per_scope=max_per_scope)
+
+
+async def test_a_round_torn_down_meanwhile_still_gets_its_records_and_its_cancel() -> None:
+    store = Slow()
+    d = Dispatcher([write, charge], audit=ArgumentAudit(store))
+    round_ = raw_round([("c1", "charge", "{")])
+    task = asyncio.create_task(d.run(round_, session="s"))
+    await asyncio.sleep(0.05)  # the write has begun; the block waits for it
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task  # the cancel is not swallowed
+    await asyncio.sleep(0.3)
+    assert [r.call_id for r in await store.records("s", now=0.0)] == ["c1"]

@@ -37,7 +37,7 @@ from ._records import LedgerError
 _log = logging.getLogger("toollatch.ledger")
 
 _WRITE_TIMEOUT_S = 5.0
-"""Longest wait for an audit write (it runs shielded, so a cancelled round still records)."""
+"""Longest wait for an audit write (shielded: it ends even when its round is torn down)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,11 +254,12 @@ class ArgumentAudit:
         if not isinstance(self.policy, AuditPolicy):
             raise ConfigError(f"policy must be an AuditPolicy, got {policy!r:.60}")
         self.clock = clock
+        self._writing: set[asyncio.Future[int]] = set()
 
     async def record(self, scope: str, round_: Round) -> int:
         """Record every call of ``round_`` that did not commit; the number recorded. Never
-        raises for the store (a failed write is logged: the audit must not change what the
-        tools do) and finishes its write even when the caller is cancelled meanwhile."""
+        raises for the store (a failed or slow write is logged after at most 5 s: the audit
+        must not change what the tools do)."""
         now = self.clock()
         try:
             records = [
@@ -271,12 +272,17 @@ class ArgumentAudit:
             return 0
         if not records:
             return 0
+        # Shielded: a caller cancelled meanwhile (a round torn down) still gets its records
+        # written; the write is bounded, and referenced here until it ends.
+        task = asyncio.ensure_future(self._write(records))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+        return await asyncio.shield(task)
+
+    async def _write(self, records: list[AuditRecord]) -> int:
         write = self.store.add(records, max_per_scope=self.policy.max_per_scope)
-        task = asyncio.ensure_future(asyncio.wait_for(write, _WRITE_TIMEOUT_S))
         try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            pass  # cancelled again (an abort): the shielded write still finishes
+            await asyncio.wait_for(write, _WRITE_TIMEOUT_S)
         except (LedgerError, TimeoutError) as exc:
             _log.warning("could not write %d audit record(s): %s", len(records), exc)
             return 0

@@ -101,7 +101,8 @@ class Dispatcher:
     the in-process one from a round's first tool start until its ``async with`` exits; when
     it is lost the round's running calls are cancelled and leaving the block raises
     ``LockLost``. ``audit`` (off by default): a redacted, bounded, expiring record of every
-    call of a round that did not commit, written when the round is finished or aborted.
+    call of a round that did not commit, written beside the tools once the round's
+    ``finish`` or ``abort`` is called (a task of the round: the block waits for it).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -289,6 +290,7 @@ class DispatchRound:
         self._ui: dict[str, Any] = {}
         self._far: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._lost: str | None = None
+        self._audited = False
 
     @property
     def ui(self) -> Mapping[str, Any]:
@@ -343,11 +345,12 @@ class DispatchRound:
         if (done := self._closed_results(round_)) is not None:
             return done
         self._check_open()
+        self._audit(round_)
         for record in round_.calls:
             if record.committed is not None:
                 self._begin(record.committed)
         await self._wait_all()
-        return await self._audited(self._close(round_), round_)
+        return self._close(round_)
 
     async def abort(self, round_: Round) -> list[ToolResult]:
         """Cancel every call of this round still waiting or running, wait for them, and
@@ -361,15 +364,21 @@ class DispatchRound:
         if self._group is None:
             raise UsageError("abort() needs the round entered (async with)")
         self._cancel_running()
+        self._audit(round_)
         await self._wait_all()
         self._settle_unfinished()
-        return await self._audited(self._close(round_), round_)
+        return self._close(round_)
 
-    async def _audited(self, results: list[ToolResult], round_: Round) -> list[ToolResult]:
-        """``results``, once the round's uncommitted calls are in the audit (with one)."""
-        if self._d._audit is not None:
-            await self._d._audit.record(self._session, round_)  # never raises for the store
-        return results
+    def _audit(self, round_: Round) -> None:
+        """Start writing the audit records of ``round_``'s uncommitted calls (once, with an
+        audit): a task of the round's group, so it runs beside the tools, is not cancelled
+        with them, and ends before the block does. It never raises for the store."""
+        audit, group = self._d._audit, self._group
+        if audit is None or group is None or self._audited:
+            return
+        self._audited = True
+        if any(record.committed is None for record in round_.calls):
+            group.create_task(audit.record(self._session, round_), name="toollatch:audit")
 
     # -- starting ----------------------------------------------------------------------------
 
