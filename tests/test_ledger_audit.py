@@ -275,12 +275,17 @@ async def test_an_aborted_round_records_its_cut_calls() -> None:
 
 
 class Broken(MemoryAudit):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
     async def add(self, records: Sequence[AuditRecord], *, max_per_scope: int) -> None:
-        raise LedgerError("disk full")
+        raise self.error
 
 
-async def test_a_failing_audit_store_changes_nothing_for_the_tools() -> None:
-    d = Dispatcher([write, charge], audit=ArgumentAudit(Broken()))
+@pytest.mark.parametrize("error", [LedgerError("disk full"), TypeError("a bug")])
+async def test_a_failing_audit_store_changes_nothing_for_the_tools(error: Exception) -> None:
+    d = Dispatcher([write, charge], audit=ArgumentAudit(Broken(error)))
     round_ = raw_round([("c1", "write", '{"path": "a"}'), ("c2", "charge", "{")])
     results = await d.run(round_, session="s")
     assert results[0].content == "wrote a"

@@ -286,4 +286,7 @@ class ArgumentAudit:
         except (LedgerError, TimeoutError) as exc:
             _log.warning("could not write %d audit record(s): %s", len(records), exc)
             return 0
+        except Exception:  # a store's bug must not fail the round's task group (its tools)
+            _log.exception("the audit store failed writing %d record(s)", len(records))
+            return 0
         return len(records)
