@@ -351,11 +351,13 @@ async def test_a_redis_scope_key_expires_on_the_server_with_its_newest_record(
     await audit.aclose()
 
 
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
-    ),
+    _nested,
     max_leaves=12,
 )
 
