@@ -25,14 +25,9 @@ import time
 from pathlib import Path
 
 from toollatch import PreviewPolicy, Round, StreamParser, ToolPreview, ToolResult, ToolSpec
-from toollatch.ledger import (
-    ArgumentAudit,
-    AuditPolicy,
-    LedgerKey,
-    Won,
-    open_audit,
-    open_ledger,
-)
+from toollatch.ledger import LedgerKey, Won, open_ledger
+from toollatch.ledger._audit import ArgumentAudit, AuditPolicy  # (until exported)
+from toollatch.ledger._open import open_audit
 
 
 async def one_by_one(url: str, n: int, scope: str) -> float:

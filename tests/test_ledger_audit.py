@@ -20,22 +20,18 @@ from hypothesis import strategies as st
 from ledger_helpers import RedisServer
 from toollatch import ConfigError, ErrorCode, PreviewPolicy, Round, StreamParser, ToolSpec
 from toollatch._preview import ToolPreview
-from toollatch.ledger import (
+from toollatch.ledger import LedgerError, LedgerKey, SQLiteLedger, open_history, open_ledger
+from toollatch.ledger._audit import (  # (exported by the coordinator)
     ArgumentAudit,
     AuditPolicy,
     AuditRecord,
     AuditStore,
-    LedgerError,
-    LedgerKey,
     MemoryAudit,
-    SQLiteAudit,
-    SQLiteLedger,
     audit_record,
-    open_audit,
-    open_history,
-    open_ledger,
 )
-from toollatch.ledger.redis import RedisAudit
+from toollatch.ledger._audit_redis import RedisAudit
+from toollatch.ledger._audit_sqlite import SQLiteAudit
+from toollatch.ledger._open import open_audit
 from toollatch.runtime._config import validate
 from toollatch.runtime._dispatcher import Dispatcher
 from toollatch.runtime._tools import tool

@@ -1,9 +1,8 @@
 """The Redis backends (needs the ``redis`` extra): :class:`RedisLedger`,
-:class:`RedisHistory`, :class:`RedisAudit`, the per-session :class:`RedisSessionLock` and
+:class:`RedisHistory`, the per-session :class:`RedisSessionLock` and
 :func:`redis_session_locks` for ``Dispatcher(session_locks=...)``."""
 
-from ._audit_redis import RedisAudit
 from ._lock import RedisSessionLock, redis_session_locks
 from ._redis import RedisHistory, RedisLedger
 
-__all__ = ["RedisAudit", "RedisHistory", "RedisLedger", "RedisSessionLock", "redis_session_locks"]
+__all__ = ["RedisHistory", "RedisLedger", "RedisSessionLock", "redis_session_locks"]
