@@ -6,9 +6,10 @@
 *Overhead*: one process, one call at a time, the three writes a dispatcher makes for a call
 that runs (claim, start, finish), timed over N calls. *4 workers*: four processes race over
 the same N call ids (each claims every id; the winner starts and finishes it), the wall time
-from a common start until all four are done; calls/s = N / wall. The SQLite file is on the
-local disk with ``synchronous=FULL`` (one fsync per commit); Redis is a local redis-server
-with ``appendfsync always``, the durable setting a ledger needs.
+from a common start until all four are done; calls/s = N / wall. *Audit*: the opt-in record
+of one call that did not commit (its redaction under a ``fields`` rule and one store write).
+The SQLite file is on the local disk with ``synchronous=FULL`` (one fsync per commit); Redis
+is a local redis-server with ``appendfsync always``, the durable setting a ledger needs.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from toollatch import ToolResult
+from toollatch import PreviewPolicy, Round, StreamParser, ToolPreview, ToolResult, ToolSpec
 from toollatch.ledger import LedgerKey, Won, open_ledger
+from toollatch.ledger._audit import ArgumentAudit, AuditPolicy  # (until exported)
+from toollatch.ledger._open import open_audit
 
 
 async def one_by_one(url: str, n: int, scope: str) -> float:
@@ -58,6 +61,29 @@ async def racer(url: str, n: int, scope: str, start_at: float) -> int:
             ran += 1
     await ledger.aclose()
     return ran
+
+
+def failed_round() -> Round:
+    """One OpenAI chat round with one call whose arguments break off mid-string."""
+    parser = StreamParser("openai_chat", tools=[ToolSpec(name="write_file")])
+    text = '{"path": "notes/a.md", "content": "' + "x" * 300 + '", "mode": 0o'
+    delta = {"index": 0, "id": "c1", "function": {"name": "write_file", "arguments": text}}
+    parser.feed_event({"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
+    parser.feed_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return parser.finish()
+
+
+async def audit_per_call(url: str, n: int) -> float:
+    """Seconds per audit record (redaction with a fields rule + one store write)."""
+    previews = PreviewPolicy(tools={"write_file": ToolPreview(mode="fields", fields=("/path",))})
+    audit = ArgumentAudit(open_audit(url), AuditPolicy(previews=previews))
+    round_ = failed_round()
+    started = time.perf_counter()
+    for i in range(n):
+        assert await audit.record(f"scope-{i % 50}", round_) == 1
+    elapsed = time.perf_counter() - started
+    await audit.store.aclose()
+    return elapsed / n
 
 
 def four_workers(url: str, n: int, scope: str) -> tuple[float, list[int]]:
@@ -103,17 +129,22 @@ def main() -> None:
     urls = {"memory": "memory:", "sqlite": f"sqlite:///{folder}/ledger.db"}
     if redis is not None:
         urls["redis"] = redis[1]
-    print(f"| backend | claim+start+finish per call | calls/s, 4 workers racing on {n} ids |")
-    print("|---|---|---|")
+    print(f"| backend | claim+start+finish per call | calls/s, 4 workers racing on {n} ids "
+          "| audit record of an uncommitted call (opt-in) |")  # fmt: skip
+    print("|---|---|---|---|")
     try:
         for name, url in urls.items():
             per_call = asyncio.run(one_by_one(url, n, "solo"))
+            audit = asyncio.run(audit_per_call(url, n // 4))
             if name == "memory":  # in one process only: nothing to race
-                print(f"| {name} | {per_call * 1e6:.0f} us | - |")
+                print(f"| {name} | {per_call * 1e6:.0f} us | - | {audit * 1e6:.0f} us |")
                 continue
             wall, ran = four_workers(url, n, "race")
             assert sum(ran) == n, ran  # exactly one worker ran each call
-            print(f"| {name} | {per_call * 1e3:.2f} ms | {n / wall:.0f} (runs per worker {ran}) |")
+            print(
+                f"| {name} | {per_call * 1e3:.2f} ms | {n / wall:.0f} (runs per worker {ran}) "
+                f"| {audit * 1e3:.2f} ms |"
+            )
     finally:
         if redis is not None:
             redis[0].terminate()

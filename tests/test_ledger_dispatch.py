@@ -16,6 +16,7 @@ from ledger_helpers import chat_round, free_port
 from toollatch import ConfigError, ErrorCode
 from toollatch.ledger import (
     CallContext,
+    LedgerError,
     LedgerKey,
     MemoryLedger,
     SQLiteLedger,
@@ -112,7 +113,7 @@ async def test_a_stale_started_call_is_outcome_unknown_not_run() -> None:
     d = dispatcher(world, ledger)
     result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
     assert result.is_error
-    assert result.code is ErrorCode.CANCELLED
+    assert result.code is ErrorCode.OUTCOME_UNKNOWN
     assert "outcome is unknown" in result.content
     assert world.runs == []
     record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
@@ -155,8 +156,35 @@ async def test_an_unreachable_ledger_means_not_run(tmp_path: Path) -> None:
     d = dispatcher(world, SQLiteLedger(tmp_path / "missing" / "l.db"))
     result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
     assert result.is_error
+    assert result.code is ErrorCode.LEDGER_UNAVAILABLE
     assert "ledger is unavailable" in result.content
     assert world.runs == []
+
+
+class Flaky(MemoryLedger):
+    """A memory ledger whose first ``down`` claims fail as an unreachable backend would."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    async def claim(self, key: LedgerKey, **kw: Any) -> Any:
+        if self.down > 0:
+            self.down -= 1
+            raise LedgerError("connection refused")
+        return await super().claim(key, **kw)
+
+
+async def test_a_call_not_run_for_an_unavailable_ledger_runs_once_it_is_back() -> None:
+    world = World()
+    d = dispatcher(world, Flaky(down=1))
+    round_ = chat_round(d.specs, [("c1", "charge", {"v": "x"})])
+    [down] = await d.run(round_, session="s")
+    assert down.code is ErrorCode.LEDGER_UNAVAILABLE
+    assert world.runs == []
+    [back] = await d.run(round_, session="s")  # the same dispatcher: the id was not kept
+    assert (back.is_error, back.content) == (False, "charge x")
+    assert len(world.runs) == 1
 
 
 @pytest.mark.parametrize(("name", "state"), [("charge", "failed"), ("put", None)])
@@ -178,6 +206,8 @@ async def test_cancelled_while_running(name: str, state: str | None) -> None:
         assert record is not None
         assert record.state == state
         assert record.result is not None
+        # The code names the cause (this process's cancel); the text says what it means.
+        assert record.result.code is ErrorCode.CANCELLED
         assert "outcome is unknown" in record.result.content
 
 
@@ -234,5 +264,6 @@ async def test_a_redis_ledger_that_is_down_means_not_run() -> None:
     d = dispatcher(world, open_ledger(f"redis://127.0.0.1:{free_port()}/0"))
     result = (await d.run(chat_round(d.specs, [("c1", "charge", {"v": "x"})]), session="s"))[0]
     assert result.is_error
+    assert result.code is ErrorCode.LEDGER_UNAVAILABLE
     assert "ledger is unavailable" in result.content
     assert world.runs == []

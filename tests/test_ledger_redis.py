@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from ledger_helpers import RedisServer, chat_round
-from toollatch import ConfigError, UsageError
+from ledger_helpers import RedisServer, chat_round, free_port
+from toollatch import ConfigError, ErrorCode, UsageError
 from toollatch.ledger import LedgerError
 from toollatch.ledger._lock import LockLost, RedisSessionLock
 from toollatch.ledger.redis import redis_session_locks
@@ -123,7 +123,7 @@ def test_a_redis_restart_mid_run_never_runs_a_call_twice(
     [second] = json.loads(out)
     # Either the first worker stored its result after the restart (the same result) or it
     # could not, and the call is "outcome unknown"; never a second run.
-    assert second["content"] == "charged 1" or "outcome is unknown" in second["content"]
+    assert second["content"] == "charged 1" or second["code"] == "outcome_unknown", second
     assert len(effects.read_text().splitlines()) == 1
 
 
@@ -174,7 +174,7 @@ async def test_a_lost_session_lock_cancels_the_round_and_raises(client: aioredis
 
     with pytest.raises(LockLost, match="another worker took it"):
         await body()
-    assert results[0].code is not None
+    assert results[0].code is ErrorCode.CANCELLED  # cancelled here, mid-run
     assert "outcome is unknown" in results[0].content
     assert log == ["start c1"]  # cancelled mid-run
 
@@ -187,5 +187,18 @@ async def test_an_unavailable_session_lock_means_not_run(client: aioredis.Redis)
     round_ = chat_round(d.specs, [("c1", "step", {"v": "c1"})])
     [result] = await d.run(round_, session="s")
     assert result.is_error
-    assert "session lock failed" in result.content
+    assert result.code is ErrorCode.TOOL_TIMEOUT  # busy, not down
+    assert "held the session's lock" in result.content
+    assert log == []
+
+
+async def test_a_session_lock_on_a_redis_that_is_down_is_ledger_unavailable() -> None:
+    log: list[str] = []
+    down = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=2)
+    d = dispatcher_with_locks(down, log)
+    round_ = chat_round(d.specs, [("c1", "step", {"v": "c1"})])
+    [result] = await d.run(round_, session="s")
+    await down.aclose()
+    assert result.code is ErrorCode.LEDGER_UNAVAILABLE
+    assert "session lock could not be taken" in result.content
     assert log == []

@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from .._errors import ConfigError, UsageError
-from ._records import LedgerError, LockLost, SessionLocks
+from ._records import LedgerError, LockBusy, LockLost, SessionLocks
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -42,11 +42,11 @@ class RedisSessionLock:
     """``async with RedisSessionLock(client, "s1"):`` — two holders never overlap.
 
     ``lease_s``: the lock's expiry, renewed every third of it while held; ``wait_s``: how
-    long ``__aenter__`` waits for another holder before ``LedgerError``; ``poll_s``: the
-    retry interval while waiting. ``on_lost``: called with the reason when the lock is lost,
-    instead of cancelling the task that entered it (the dispatcher cancels its running
-    calls); either way ``__aexit__`` raises :class:`LockLost`. One instance is entered once
-    at a time.
+    long ``__aenter__`` waits for another holder before :class:`LockBusy` (``LedgerError``
+    when Redis cannot be reached); ``poll_s``: the retry interval while waiting.
+    ``on_lost``: called with the reason when the lock is lost, instead of cancelling the
+    task that entered it (the dispatcher cancels its running calls); either way
+    ``__aexit__`` raises :class:`LockLost`. One instance is entered once at a time.
     """
 
     def __init__(
@@ -86,7 +86,7 @@ class RedisSessionLock:
         try:
             while not await self._r.set(self._key, value, nx=True, px=self._lease_ms):
                 if time.monotonic() >= deadline:
-                    raise LedgerError(f"session lock {self._key!r} busy for {self.wait_s:g} s")
+                    raise LockBusy(f"session lock {self._key!r} busy for {self.wait_s:g} s")
                 await asyncio.sleep(self.poll_s)
             self.token = int(await self._r.incr(self._key + ":fence"))
         except redis.exceptions.RedisError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import ConfigError
+from ._audit import AuditStore, MemoryAudit
 from ._base import Ledger, MemoryLedger
 from ._history import History, MemoryHistory, SQLiteHistory
 
@@ -58,6 +59,30 @@ def open_history(url: str) -> History:
         from ._redis import RedisHistory  # noqa: PLC0415 (the [redis] extra, lazily)
 
         return RedisHistory(client)
+    raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
+
+
+def open_audit(url: str, *, create_folder: bool = False) -> AuditStore:
+    """The audit store beside the ledger a URL names (see :func:`open_ledger`): ``memory:``,
+    the same SQLite file (its own table) or the same Redis server (its own keys); for
+    ``ArgumentAudit``. ``ConfigError`` for any other URL."""
+    if not isinstance(url, str):
+        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return MemoryAudit()
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path[1:] if parts.netloc == "" else "")
+        if not path or path.endswith("/"):
+            raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
+        from ._audit_sqlite import SQLiteAudit  # noqa: PLC0415 (keeps the package import light)
+
+        return SQLiteAudit(path, create_folder=create_folder)
+    if parts.scheme in ("redis", "rediss"):
+        client = _redis_client(url)  # (first: it says when the package is missing)
+        from ._audit_redis import RedisAudit  # noqa: PLC0415 (the [redis] extra, lazily)
+
+        return RedisAudit(client)
     raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
 
 

@@ -48,6 +48,11 @@ class LockLost(LedgerError):
     """A distributed session lock expired or was taken while held."""
 
 
+class LockBusy(LedgerError):
+    """A distributed session lock stayed held by another worker for longer than the wait
+    allowed (the ledger was reachable: the session is busy, not the ledger down)."""
+
+
 SessionLocks: TypeAlias = Callable[[str, Callable[[str], None]], AbstractAsyncContextManager[Any]]
 """Makes the distributed lock of a session (an async context manager), given the callback to
 call with the reason if it is lost: ``Dispatcher(session_locks=redis_session_locks(...))``."""

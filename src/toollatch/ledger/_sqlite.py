@@ -12,6 +12,7 @@ calls run in one worker thread per ledger, which owns the connection.
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import time
 from collections.abc import Callable
@@ -212,25 +213,36 @@ def _retrying(
                 raise
             if conn.in_transaction:  # (a COMMIT that answered busy: it wrote nothing)
                 conn.execute("ROLLBACK")
-        time.sleep(pause)
+        time.sleep(pause * (0.5 + random.random()))  # (jitter: see setup_statement)
         pause = min(pause * 2, 0.2)
 
 
-def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
+def _connect(path: Path, busy_ms: int, schema: tuple[str, ...] = (_SCHEMA,)) -> sqlite3.Connection:
+    """A connection to ``path`` in WAL mode with ``schema`` (its tables) created."""
     # isolation_level=None: transactions are the explicit BEGIN IMMEDIATE of _immediate.
     conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
     deadline = time.monotonic() + busy_ms / 1000
-    for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", _SCHEMA):
+    for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", *schema):
         setup_statement(conn, statement, deadline)
     return conn
 
 
 def setup_statement(conn: sqlite3.Connection, statement: str, deadline: float) -> None:
-    """Run a set-up statement, waiting out another process's lock until ``deadline``:
-    switching to WAL can answer "database is locked" at once, without the busy handler,
-    while another process opens the same new file (seen with 2 workers started together)."""
-    pause = 0.005
+    """Run a set-up statement, retrying a "database is locked" until ``deadline``.
+
+    Why: on a file not yet in WAL mode (a brand-new one), ``PRAGMA journal_mode = WAL``
+    writes the header's version bytes in ``sqlite3BtreeSetVersion``, which opens a *read*
+    transaction and then upgrades it to an exclusive write. SQLite never calls the busy
+    handler for such an upgrade (it could deadlock: two readers each waiting for the other
+    to let go, https://www.sqlite.org/c3ref/busy_handler.html; the btree retries only with
+    no transaction open), so while another process opens the same new file the switch
+    answers SQLITE_BUSY at once, ``busy_timeout`` or not: 6 of 40 races of 4 processes,
+    measured. Retrying is the remedy SQLite leaves: each collision has a winner (the one
+    holding RESERVED waits for EXCLUSIVE with the busy handler), and once the header says
+    WAL the statement writes nothing, so the losers' retry succeeds. The pause is jittered
+    so that processes started together do not retry in step."""
+    pause = 0.002
     while True:
         try:
             conn.execute(statement)
@@ -238,8 +250,8 @@ def setup_statement(conn: sqlite3.Connection, statement: str, deadline: float) -
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() + pause > deadline:
                 raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
+        time.sleep(pause * (0.5 + random.random()))  # (jitter: see setup_statement)
+        pause = min(pause * 2, 0.1)
 
 
 class _immediate:

@@ -17,6 +17,7 @@ of those values, so the file adds no second set of rules:
 * ``previews``: :class:`PreviewPolicy`;
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
+* ``ledger``: the ledger URL and the opt-in audit of uncommitted calls (:class:`AuditPolicy`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`;
 * ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`).
 """
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .._errors import ConfigError, ErrorCode
 from .._limits import Limits
 from .._preview import PreviewPolicy, ToolPreview
+from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
 from ._agent import RunLimits
 from ._clients import ClientLimits
@@ -133,11 +135,22 @@ class RelayConfig(_Section):
 
 
 class LedgerConfig(_Section):
-    """The call ledger and run histories (:func:`toollatch.ledger.open_ledger`)."""
+    """The durable call ledger, and its opt-in audit of calls that did not commit."""
 
     url: Annotated[str, Field(pattern=r"^(none|memory:|sqlite:///.+|rediss?://.+)$")] | None = None
-    """``sqlite:///PATH``, ``redis://HOST:PORT/DB`` or ``none``; null: ``serve`` uses SQLite
-    in the user's data folder (:func:`~toollatch.ledger.default_ledger_url`)."""
+    """The ledger when the command line gives none: ``sqlite:///PATH``, ``redis://HOST:PORT/DB``
+    or ``none``; null: none for ``run``, SQLite in the user's data folder for ``serve``
+    (:func:`~toollatch.ledger.default_ledger_url`)."""
+    audit_uncommitted: bool = False
+    """Keep a record of each call that failed the gate or was cut off (in the ledger's store,
+    apart from its calls), redacted by the ``previews`` rules: with their default (``none``)
+    it holds no argument text, only the name, code and byte count."""
+    audit_max_bytes: Annotated[int, Field(ge=0, le=65536)] = 512
+    """Most bytes of redacted argument text a record keeps."""
+    audit_retention_s: Annotated[float, Field(gt=0, le=3.2e8, allow_inf_nan=False)] = 86400.0
+    """Seconds a record is kept."""
+    audit_max_per_scope: _Positive = 1000
+    """Newest records kept per run or session."""
 
 
 class LoggingConfig(_Section):
@@ -232,6 +245,19 @@ class Config(_Section):
             default=ToolPreview(mode=p.default.mode, fields=p.default.fields),
             tools={n: ToolPreview(mode=t.mode, fields=t.fields) for n, t in p.tools.items()},
             every_bytes=p.every_bytes,
+        )
+
+    def audit_policy(self) -> AuditPolicy | None:
+        """The audit of uncommitted calls (redacted as the previews are), or None when
+        ``audit_uncommitted`` is off; ``ArgumentAudit(open_audit(url), policy)``."""
+        g = self.ledger
+        if not g.audit_uncommitted:
+            return None
+        return AuditPolicy(
+            previews=self.preview_policy() or PreviewPolicy(),
+            max_bytes=g.audit_max_bytes,
+            retention_s=g.audit_retention_s,
+            max_per_scope=g.audit_max_per_scope,
         )
 
     def dropped_codes(self) -> frozenset[ErrorCode]:
@@ -413,7 +439,11 @@ relay:
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
-                                        # serve's default, sqlite in ~/.local/share/toollatch)
+                                        # none for run; serve: sqlite in ~/.local/share/toollatch)
+  audit_uncommitted: false              # record calls that failed the gate or were cut off
+  audit_max_bytes: 512                  # redacted (by the previews rules) argument text kept
+  audit_retention_s: 86400              # seconds a record is kept
+  audit_max_per_scope: 1000             # newest records kept per run
 
 logging:
   format: text                          # text | json (no argument values either way)

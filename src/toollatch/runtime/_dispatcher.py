@@ -29,7 +29,8 @@ deadline. Every task records its result on its slot before it ends, cancelled or
 Dedupe: a call id runs at most once per dispatcher. A later call with the same id and the same
 name and arguments gets the first run's result, whatever it is (waiting for it if it still
 runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
-forgotten so the id may run later: a call cancelled before it started, and a call of an
+forgotten so the id may run later: a call that never started here (cancelled before it
+started, ``ledger_unavailable``, a session lock busy past its wait), and a call of an
 ``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
 keeps the newest ``max_remembered_calls`` ids.
 
@@ -67,9 +68,10 @@ from .._gate import CommittedCall
 from .._messages import error_result
 from .._round import Round, ToolResult
 from .._specs import ToolSpec
+from ..ledger._audit import ArgumentAudit
 from ..ledger._base import Ledger
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..ledger._records import LedgerError, LockLost, SessionLocks, digest_of
+from ..ledger._records import LedgerError, LockBusy, LockLost, SessionLocks, digest_of
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
 from ._tools import Tool
@@ -98,7 +100,9 @@ class Dispatcher:
     ``session_locks``: a distributed lock per session (``redis_session_locks``), held like
     the in-process one from a round's first tool start until its ``async with`` exits; when
     it is lost the round's running calls are cancelled and leaving the block raises
-    ``LockLost``.
+    ``LockLost``. ``audit`` (off by default): a redacted, bounded, expiring record of every
+    call of a round that did not commit, written beside the tools once the round's
+    ``finish`` or ``abort`` is called (a task of the round: the block waits for it).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -117,6 +121,7 @@ class Dispatcher:
         poll_s: float = 0.1,
         clock: Clock = default_clock,
         session_locks: SessionLocks | None = None,
+        audit: ArgumentAudit | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
@@ -147,6 +152,9 @@ class Dispatcher:
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
         self._session_locks = session_locks
+        if audit is not None and not isinstance(audit, ArgumentAudit):
+            raise ConfigError(f"audit must be a toollatch.ledger.ArgumentAudit, got {audit!r:.60}")
+        self._audit = audit
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
@@ -299,6 +307,7 @@ class DispatchRound:
         self._ui: dict[str, Any] = {}
         self._far: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._lost: str | None = None
+        self._audited = False
 
     @property
     def ui(self) -> Mapping[str, Any]:
@@ -353,6 +362,7 @@ class DispatchRound:
         if (done := self._closed_results(round_)) is not None:
             return done
         self._check_open()
+        self._audit(round_)
         for record in round_.calls:
             if record.committed is not None:
                 self._begin(record.committed)
@@ -371,9 +381,21 @@ class DispatchRound:
         if self._group is None:
             raise UsageError("abort() needs the round entered (async with)")
         self._cancel_running()
+        self._audit(round_)
         await self._wait_all()
         self._settle_unfinished()
         return self._close(round_)
+
+    def _audit(self, round_: Round) -> None:
+        """Start writing the audit records of ``round_``'s uncommitted calls (once, with an
+        audit): a task of the round's group, so it runs beside the tools, is not cancelled
+        with them, and ends before the block does. It never raises for the store."""
+        audit, group = self._d._audit, self._group
+        if audit is None or group is None or self._audited:
+            return
+        self._audited = True
+        if any(record.committed is None for record in round_.calls):
+            group.create_task(audit.record(self._session, round_), name="toollatch:audit")
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -446,8 +468,10 @@ class DispatchRound:
         call = slot.call
         try:
             await self._hold_session()
+        except LockBusy as exc:  # another worker holds the session: a wait that ran out
+            return _error(call, ErrorCode.TOOL_TIMEOUT, f"{_LOCK_BUSY} ({exc})")
         except LedgerError as exc:
-            return _error(call, ErrorCode.CANCELLED, f"the session lock failed, not run ({exc})")
+            return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{_LOCK_DOWN} ({exc})")
         async with self._d._group_lock(tool.group), self._d._semaphore:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
@@ -591,6 +615,8 @@ class DispatchRound:
 _NEVER_STARTED = "the round was cancelled before the tool started; it was not run"
 _DUPLICATE = "this call id already ran with other arguments; this call was not run"
 _UNKNOWN_TOOL = "no tool of that name is registered with the dispatcher; it was not run"
+_LOCK_BUSY = "another worker held the session's lock too long; the call was not run"
+_LOCK_DOWN = "the session lock could not be taken (ledger unavailable); the call was not run"
 
 
 def _cancelled(slot: _Slot) -> ToolResult:
@@ -598,6 +624,12 @@ def _cancelled(slot: _Slot) -> ToolResult:
         return _error(slot.call, ErrorCode.CANCELLED, _NEVER_STARTED)
     detail = f"the round was cancelled while the tool was running; {_UNKNOWN_OUTCOME}"
     return _error(slot.call, ErrorCode.CANCELLED, detail)
+
+
+_NOT_RUN = frozenset({ErrorCode.CANCELLED, ErrorCode.LEDGER_UNAVAILABLE, ErrorCode.TOOL_TIMEOUT})
+"""Codes of a call that never started here: the id may run later (with a ledger, a later
+call asks the ledger again, which knows whether another worker ran it)."""
+_UNKNOWN = frozenset({ErrorCode.CANCELLED, ErrorCode.TOOL_TIMEOUT, ErrorCode.OUTCOME_UNKNOWN})
 
 
 def _on_cancel(slot: _Slot) -> tuple[ToolResult, bool]:
@@ -608,9 +640,9 @@ def _on_cancel(slot: _Slot) -> tuple[ToolResult, bool]:
 
 def _may_run_again(slot: _Slot, result: ToolResult) -> bool:
     """True when the id is forgotten: never started, or an idempotent tool's unknown outcome."""
-    if result.code is ErrorCode.CANCELLED and slot.phase == "waiting":
+    if result.code in _NOT_RUN and slot.phase == "waiting":
         return True
-    unknown = result.code in (ErrorCode.CANCELLED, ErrorCode.TOOL_TIMEOUT)
+    unknown = result.code in _UNKNOWN
     return unknown and slot.tool is not None and slot.tool.idempotent
 
 

@@ -9,13 +9,17 @@ Theory of operation. :meth:`LedgerGuard.run` claims the call before anything els
 - the record is final: its stored result, the tool not run;
 - the record holds other arguments: ``duplicate_call_id``;
 - a live worker holds it: it polls until that worker's record is final or its lease runs out;
-- a dead worker had *started* it: "started, outcome unknown", stored as the call's final
-  result, unless the tool is ``idempotent``, whose call is then claimed and run again with
-  :attr:`CallContext.rerun` set (the claim took the stale record over).
+- a dead worker had *started* it: ``outcome_unknown`` ("started, outcome unknown"), stored
+  as the call's final result, unless the tool is ``idempotent``, whose call is then claimed
+  and run again with :attr:`CallContext.rerun` set (the claim took the stale record over).
 
-A ledger that cannot be reached before the tool starts means the call is not run (an error
-result); after the tool ran, the result still goes to the model and the failed write is
-logged (the record stays ``started`` and other workers will call its outcome unknown).
+A ledger that cannot be reached before the tool starts means the call is not run
+(``ledger_unavailable``); after the tool ran, the result still goes to the model and the
+failed write is logged (the record stays ``started`` and other workers will call its
+outcome unknown). A call cancelled or timed out *in this process* keeps ``cancelled`` /
+``tool_timeout`` (with "its outcome is unknown" in the text when the tool had started): the
+code names the cause, which the caller chose (a cancel, a deadline); ``outcome_unknown`` is
+for the case nobody here chose, a worker that vanished mid-call.
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ class LedgerGuard:
                     lease_s=self.lease_s, rerun_started=idempotent,
                 )  # fmt: skip
             except LedgerError as exc:
-                return _error(call, ErrorCode.CANCELLED, f"{LEDGER_DOWN} ({exc})")
+                return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
             if isinstance(claim, Won):
                 context = CallContext(
                     session=session, call_id=call.call_id, token=claim.token,
@@ -134,13 +138,13 @@ class LedgerGuard:
         if found.live or record.state == "claimed":
             await asyncio.sleep(self.poll_s)  # a live worker holds it: wait for its result
             return None
-        verdict = _error(call, ErrorCode.CANCELLED, STALE_UNKNOWN)
+        verdict = _error(call, ErrorCode.OUTCOME_UNKNOWN, STALE_UNKNOWN)
         try:
             after = await self.ledger.settle_unknown(key, record.token, verdict, now=self.clock())
         except LeaseLost:
             return None  # the record is gone (expired after its retention): claim again
         except LedgerError as exc:
-            return _error(call, ErrorCode.CANCELLED, f"{LEDGER_DOWN} ({exc})")
+            return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
         return after.result if after.state in FINAL else None  # else: renewed meanwhile
 
     async def _own(
