@@ -149,10 +149,12 @@ SURFACES = {
     ],
     "toollatch.mcp": ["McpServer", "McpToolSource", "parse_server_spec", "source_from_config"],
     "toollatch.ledger": [
-        "CallContext", "Claim", "Found", "History", "HistoryConflict", "LeaseLost", "Ledger",
-        "LedgerError", "LedgerKey", "LedgerRecord", "LedgerState", "LockLost", "MemoryHistory",
-        "MemoryLedger", "SQLiteHistory", "SQLiteLedger", "SessionLocks", "Won", "current_call",
-        "default_ledger_url", "digest_of", "open_history", "open_ledger",
+        "ArgumentAudit", "AuditPolicy", "AuditRecord", "AuditStore", "CallContext", "Claim",
+        "Found", "History", "HistoryConflict", "LeaseLost", "Ledger", "LedgerError", "LedgerKey",
+        "LedgerRecord", "LedgerState", "LockBusy", "LockLost", "MemoryAudit", "MemoryHistory",
+        "MemoryLedger", "SQLiteAudit", "SQLiteHistory", "SQLiteLedger", "SessionLocks", "Won",
+        "audit_record", "current_call", "default_ledger_url", "digest_of", "open_audit",
+        "open_history", "open_ledger",
     ],
     "toollatch.relay": [
         "Relay", "RelayLimits", "RelayRun", "RelayServer", "default_previews", "preview_json",

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,11 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
             event = json.loads(line)
             if event["type"] == "tool_started" and event["name"] == "write_file":
                 break
+        # tool_started is sent before the tool's worker thread runs: wait for its first write
+        deadline = time.monotonic() + 30
+        while "write started" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "write_file never started"
+            time.sleep(0.01)
         first.send_signal(signal.SIGKILL)  # mid-tool: round 2 is neither finished nor stored
     done = subprocess.run([*command, "--resume", "r1"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=env, check=False)

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
-from ..ledger import History, Ledger
+from ..ledger import ArgumentAudit, History, Ledger
 from ..runtime._agent import Agent, ToolSource
 from ..runtime._clients import model_client
 from ..runtime._tools import Tool
@@ -88,7 +88,8 @@ class Relay:
     ``ledger`` and ``history`` (:func:`toollatch.ledger.open_ledger` / ``open_history``):
     every run's calls are claimed in the ledger and its history stored, under
     :func:`run_scope`, so that ``POST /runs {"resume": id}`` continues a stored run of the
-    same session, in this process or a later one, without running a completed call again.
+    same session, in this process or a later one, without running a completed call again;
+    ``audit`` (opt-in) records the runs' calls that did not commit.
     Raises ``ConfigError`` for an empty ``providers`` or an unknown one.
     """
 
@@ -107,6 +108,7 @@ class Relay:
         metrics: Any = None,
         ledger: Ledger | None = None,
         history: History | None = None,
+        audit: ArgumentAudit | None = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
@@ -123,7 +125,7 @@ class Relay:
         self.limits = limits or RelayLimits()
         self.previews = previews or default_previews()
         self.metrics = metrics if metrics is not None else _default_metrics()
-        self.ledger, self.history = ledger, history
+        self.ledger, self.history, self.audit = ledger, history, audit
         self.runs = RunRegistry(self.limits)
         self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
@@ -261,6 +263,7 @@ class Relay:
                 previews=self.previews,
                 observers=observers,
                 tool_source=self.tool_source,
+                audit=self.audit,
                 ledger=self.ledger,
                 history_store=self.history,
                 session=run_scope(run.session, run.id),

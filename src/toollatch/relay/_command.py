@@ -93,6 +93,7 @@ def serve_command(args: argparse.Namespace) -> int:
             tool_source=source,
             previews=c.preview_policy() if c else None,
             ledger=_ledger_url(args.ledger or (c.ledger.url if c else None)),
+            audit=c.audit_policy() if c else None,
         )
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:

@@ -22,7 +22,17 @@ import uvicorn
 
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
-from ..ledger import History, Ledger, LedgerError, LedgerKey, open_history, open_ledger
+from ..ledger import (
+    ArgumentAudit,
+    AuditPolicy,
+    History,
+    Ledger,
+    LedgerError,
+    LedgerKey,
+    open_audit,
+    open_history,
+    open_ledger,
+)
 from ..mcp import McpToolSource
 from ..runtime._tools import Tool
 from ..scripted._script import Script
@@ -43,7 +53,9 @@ class RelayServer:
     ``previews`` go to :class:`Relay`. ``ledger``: a ledger URL (``sqlite:///PATH``,
     ``redis://HOST:PORT/DB``, ``memory:``; :func:`toollatch.ledger.open_ledger`, a SQLite
     file's folder created if missing) for the runs' calls and histories (None: none, and no
-    resume). Raises ``ConfigError`` for a bad port, a
+    resume); ``audit`` (opt-in, needs a ledger) keeps a redacted record of each call that did
+    not commit, beside it (:func:`toollatch.ledger.open_audit`). Raises ``ConfigError`` for a
+    bad port, an audit without a ledger, a
     ``base_url`` without ``model``, or an unknown provider.
     """
 
@@ -62,6 +74,7 @@ class RelayServer:
         limits: RelayLimits | None = None,
         previews: PreviewPolicy | None = None,
         ledger: str | None = None,
+        audit: AuditPolicy | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -73,7 +86,9 @@ class RelayServer:
         self.base_url = base_url
         self.tools, self.limits, self.previews = tools, limits, previews
         self.tool_source = tool_source
-        self.ledger_url = ledger
+        if audit is not None and ledger is None:
+            raise ConfigError("the audit of uncommitted calls needs a ledger")
+        self.ledger_url, self.audit = ledger, audit
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
@@ -135,6 +150,11 @@ class RelayServer:
             stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
         )
         ledger, history = await self._open_ledger(stack)
+        audit = None
+        if self.audit is not None and self.ledger_url is not None:
+            store = open_audit(self.ledger_url, create_folder=True)
+            stack.push_async_callback(store.aclose)
+            audit = ArgumentAudit(store, self.audit)
         if self.tool_source is not None:  # connected before the first run, closed after the last
             await stack.enter_async_context(self.tool_source)
         relay = Relay(
@@ -149,6 +169,7 @@ class RelayServer:
             previews=self.previews,
             ledger=ledger,
             history=history,
+            audit=audit,
         )
         stack.push_async_callback(relay.runs.close)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)

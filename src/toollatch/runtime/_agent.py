@@ -44,7 +44,7 @@ from .._pipeline import StreamParser
 from .._preview import PreviewPolicy, PreviewUpdated
 from .._round import Round, ToolResult
 from ..assembly import CallAnnounced, CallReady, TextReceived
-from ..ledger import History, Ledger
+from ..ledger import ArgumentAudit, History, Ledger
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,
@@ -139,7 +139,8 @@ class Agent:
     results (``drop_with_protocol_repair``; events and ``rounds`` still show them).
     ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs). ``ledger``
     (:mod:`toollatch.ledger`) makes a call id run at most once across processes, scoped by
-    ``session``: give each run its own session id (providers reuse ids such as ``call_1``).
+    ``session``: give each run its own session id (providers reuse ids such as ``call_1``);
+    ``audit`` (opt-in) keeps a redacted record of each call that did not commit.
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
     ``tool_source`` adds tools that may change between rounds: before each round the agent
@@ -169,6 +170,7 @@ class Agent:
         on_preview: Callable[[PreviewUpdated], None] | None = None,
         tool_source: ToolSource | None = None,
         policy: Policy | None = None,
+        audit: ArgumentAudit | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -180,6 +182,7 @@ class Agent:
         self.session = session
         self.ledger = ledger
         self.history_store = history_store
+        self.audit = audit
         self.previews = previews
         self.drop_failed = frozenset(drop_failed)
         self.observers = tuple(observers)
@@ -199,6 +202,7 @@ class Agent:
             default_timeout_s=default_timeout_s,
             on_event=self._tool_event,
             ledger=ledger,
+            audit=audit,
         )
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))

@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._errors import ConfigError, ToolLatchError, UsageError
-from ..ledger import open_history, open_ledger
+from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
@@ -117,7 +117,7 @@ def _agent(
 ) -> Agent:
     """The run's agent: flags over the config file over the defaults."""
     eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
-    durable = _durable(args)
+    durable = _durable(args, c)
     if source is not None:
         durable["tool_source"] = source
     if c is None:
@@ -132,23 +132,31 @@ def _agent(
     return Agent(client, tools, **options)
 
 
-def _durable(args: argparse.Namespace) -> dict[str, Any]:
-    """``ledger`` and ``session`` for the Agent from ``--ledger`` / ``--session``: with a
-    ledger, each run is its own session unless one is named (the ledger's scope)."""
+def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any]:
+    """``ledger``, ``audit`` and ``session`` for the Agent from ``--ledger`` (else the
+    config's ``ledger.url``; ``none``: no ledger) and ``--session``: with a ledger, each run
+    is its own session unless one is named (the ledger's scope)."""
     found: dict[str, Any] = {}
+    url = getattr(args, "ledger", None) or (c.ledger.url if c is not None else None)
+    url = None if url == "none" else url
     resume = getattr(args, "resume", None)
     if resume and getattr(args, "session", None) and args.session != resume:
         raise CommandError("--resume names the session: --session must be the same or absent")
-    if resume and not getattr(args, "ledger", None):
+    if resume and not url:
         raise CommandError("--resume needs the --ledger the run was stored in")
     if resume or getattr(args, "session", None):
         found["session"] = resume or args.session
-    if getattr(args, "ledger", None):
+    audit = c.audit_policy() if c is not None else None
+    if audit is not None and not url:
+        raise CommandError("ledger.audit_uncommitted needs a ledger (--ledger or ledger.url)")
+    if url:
         try:
-            found["ledger"] = open_ledger(args.ledger)
-            found["history_store"] = open_history(args.ledger)
+            found["ledger"] = open_ledger(url)
+            found["history_store"] = open_history(url)
+            if audit is not None:
+                found["audit"] = ArgumentAudit(open_audit(url), audit)
         except (ConfigError, UsageError) as exc:
-            raise CommandError(f"--ledger {args.ledger}: {exc}") from None
+            raise CommandError(f"--ledger {url}: {exc}") from None
         found.setdefault("session", f"run-{uuid.uuid4().hex}")
     return found
 
@@ -216,6 +224,8 @@ async def _with_model(
                 closing.push_async_callback(agent.ledger.aclose)
             if agent.history_store is not None:
                 closing.push_async_callback(agent.history_store.aclose)
+            if agent.audit is not None:
+                closing.push_async_callback(agent.audit.store.aclose)
             view = _JsonView() if args.json else _LiveView()
             try:
                 resume = bool(getattr(args, "resume", None))

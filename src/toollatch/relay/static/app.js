@@ -42,6 +42,13 @@ function applyDelta(box, [path, op, value]) {
 }
 
 // -- the view of one run ---------------------------------------------------------------------
+// A failed call's card state: "unknown" when it may have had its effect (a worker or a
+// server vanished mid-call), "cancelled" when it was stopped, "failed" otherwise.
+function errorState(code) {
+  if (code === "outcome_unknown") return "unknown";
+  return code === "cancelled" ? "cancelled" : "failed";
+}
+
 class RunView {
   constructor(run, message) {
     this.run = run;
@@ -127,9 +134,8 @@ class RunView {
   on_call_failed(d) {
     const card = this.card(d.id, d.name);
     card.node.classList.remove("preview");
-    const cancelled = d.error === "cancelled";
     card.result = { is_error: true, error: d.error };
-    this.setState(card, cancelled ? "cancelled" : "failed", d.error);
+    this.setState(card, errorState(d.error), d.error);
     card.foot.textContent = d.detail;
     this.gate(d.id, d.name, "failed " + d.error, d.detail);
   }
@@ -156,7 +162,7 @@ class RunView {
       if (result === null) continue;
       card.node.classList.add("final");
       if (!result.is_error) this.setState(card, "done", "done");
-      else this.setState(card, result.error === "cancelled" ? "cancelled" : "failed", result.error || "error");
+      else this.setState(card, errorState(result.error), result.error || "error");
       card.foot.textContent = card.ran === null ? card.foot.textContent : `ran ${Math.round(card.ran)} ms`;
     }
     this.stopped = d.ended === "cancelled";
