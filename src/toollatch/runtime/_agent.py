@@ -59,6 +59,7 @@ from ._agent_events import (
 from ._clients import ModelClient, ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import Dispatcher, DispatchRound
 from ._observer import AgentObserver
+from ._results import ResultLimits
 from ._resume import StoredHistory
 from ._tools import Tool
 
@@ -126,6 +127,9 @@ class Agent:
     ``session``: give each run its own session id (providers reuse ids such as ``call_1``).
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
+    ``result_limits``: the size budgets of tool results (:class:`ResultLimits`); every tool
+    result also passes the ``redactor`` of ``previews`` (the same policy object) before it is
+    stored, emitted or sent to the model.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class Agent:
         ledger: Ledger | None = None,
         history_store: History | None = None,
         on_preview: Callable[[PreviewUpdated], None] | None = None,
+        result_limits: ResultLimits | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -172,6 +177,8 @@ class Agent:
             default_timeout_s=default_timeout_s,
             on_event=self._tool_event,
             ledger=ledger,
+            result_limits=result_limits,
+            redaction=previews,
         )
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))

@@ -17,6 +17,7 @@ of those values, so the file adds no second set of rules:
 * ``previews``: :class:`PreviewPolicy`;
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
+* ``results``: the size budgets of tool results (:class:`ResultLimits`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`.
 """
 
@@ -36,6 +37,7 @@ from .._limits import Limits
 from .._preview import PreviewPolicy, ToolPreview
 from ._agent import RunLimits
 from ._clients import ClientLimits
+from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
 ENV_PREFIX = "TOOLLATCH_"
 """Environment overrides are ``TOOLLATCH_<SECTION>__<KEY>`` (two underscores between)."""
@@ -129,6 +131,18 @@ class RelayConfig(_Section):
     deadline_s: _Seconds | None = None
 
 
+_ResultBytes = Annotated[int, Field(ge=MIN_RESULT_BYTES)]
+
+
+class ResultsConfig(_Section):
+    """The size budgets of tool results in UTF-8 bytes (:class:`ResultLimits`)."""
+
+    max_bytes: _ResultBytes = DEFAULT_MAX_RESULT_BYTES
+    """A result longer than this is cut, ending with a marker that states both sizes."""
+    tools: dict[str, _ResultBytes] = {}
+    """Per-tool budgets by tool name (over the tool's own ``max_result_bytes``)."""
+
+
 class LoggingConfig(_Section):
     """Redacted logs: never argument values unless a tool's preview rule shows them."""
 
@@ -144,6 +158,7 @@ class Config(_Section):
     previews: PreviewsConfig = PreviewsConfig()
     model: ModelConfig = ModelConfig()
     relay: RelayConfig = RelayConfig()
+    results: ResultsConfig = ResultsConfig()
     logging: LoggingConfig = LoggingConfig()
 
     def limits(self) -> Limits:
@@ -180,6 +195,10 @@ class Config(_Section):
             every_bytes=p.every_bytes,
         )
 
+    def result_limits(self) -> ResultLimits:
+        """The size budgets of tool results."""
+        return ResultLimits(max_bytes=self.results.max_bytes, tools=dict(self.results.tools))
+
     def dropped_codes(self) -> frozenset[ErrorCode]:
         """Error codes whose calls are dropped from history (``drop_with_protocol_repair``)."""
         a = self.agent_stream_assemble
@@ -206,6 +225,7 @@ class Config(_Section):
             "default_timeout_s": d.default_timeout_s,
             "previews": self.preview_policy(),
             "drop_failed": self.dropped_codes(),
+            "result_limits": self.result_limits(),
         }
 
     def effective(self) -> str:
@@ -356,6 +376,10 @@ relay:
   max_rounds: 8                         # run limits (toollatch run uses them too)
   max_tool_calls: 64
   deadline_s: null
+
+results:
+  max_bytes: 65536                      # a tool result's budget in UTF-8 bytes (>= 256); cut beyond
+  tools: {}                             # per tool: read_file: 262144 (over @tool(max_result_bytes))
 
 logging:
   format: text                          # text | json (no argument values either way)

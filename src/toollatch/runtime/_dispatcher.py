@@ -40,6 +40,11 @@ outcome unknown" for a dead one, a re-run of an idempotent tool) is :mod:`._ledg
 policy. A running tool reads its call, idempotency key and fencing token with
 ``toollatch.ledger.current_call()``.
 
+Results: a tool's outcome becomes its ``ToolResult`` through :mod:`._results` (redacted with
+the ``redaction`` policy's redactor, then cut to the call's size budget) before anything stores
+or emits it, so the memo, the ledger, the events and the history only ever hold the shaped
+result. Error results the dispatcher makes itself are cut to the budget, never redacted.
+
 Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
 cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
 (with its result discarded) and holds one of the default executor's threads until then. A
@@ -65,6 +70,7 @@ from typing import Any, Literal, TypeAlias
 from .._errors import ConfigError, ErrorCode, InvariantBroken, UsageError
 from .._gate import CommittedCall
 from .._messages import error_result
+from .._preview import PreviewPolicy
 from .._round import Round, ToolResult
 from .._specs import ToolSpec
 from ..ledger._base import Ledger
@@ -72,6 +78,7 @@ from ..ledger._context import CallContext, idempotency_key, reset_current, set_c
 from ..ledger._records import LedgerError, LockLost, SessionLocks, digest_of
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
+from ._results import ResultLimits, ResultShaper
 from ._tools import Tool
 
 ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
@@ -99,6 +106,9 @@ class Dispatcher:
     the in-process one from a round's first tool start until its ``async with`` exits; when
     it is lost the round's running calls are cancelled and leaving the block raises
     ``LockLost``.
+    ``result_limits``: the size budgets of results (:class:`ResultLimits`; default 64 KiB
+    each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
+    (see :func:`redact_result`; None: no redaction).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -117,6 +127,8 @@ class Dispatcher:
         poll_s: float = 0.1,
         clock: Clock = default_clock,
         session_locks: SessionLocks | None = None,
+        result_limits: ResultLimits | None = None,
+        redaction: PreviewPolicy | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
@@ -147,6 +159,7 @@ class Dispatcher:
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
         self._session_locks = session_locks
+        self._results = ResultShaper(result_limits, redaction)
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
@@ -209,6 +222,15 @@ class Dispatcher:
             if self._memo[oldest].result is None:
                 break  # still running: it stays until it is done
             del self._memo[oldest]
+
+    def _bounded(self, result: ToolResult) -> ToolResult:
+        """``result`` within its call's budget (no redaction: a result toollatch made or one
+        already shaped)."""
+        return self._results.bounded(result, self._budget(result.name))
+
+    def _budget(self, name: str) -> int:
+        t = self._tools.get(name)
+        return self._results.limits.budget(name, t.max_result_bytes if t is not None else None)
 
     def _emit(self, event: ToolEvent) -> None:
         if self._on_event is None:
@@ -450,13 +472,15 @@ class DispatchRound:
         if outcome.ui is not None:
             self._ui[call.call_id] = outcome.ui
         code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)
-        return ToolResult(
+        result = ToolResult(
             tool_call_id=call.call_id,
             name=call.name,
             content=outcome.content,
             is_error=outcome.is_error,
             code=code,
         )
+        # Shaped here, inside the ledger's runner, so the ledger only stores the shaped one.
+        return self._d._results.tool_result(result, self._d._budget(call.name))
 
     def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
         """How long a call waits for another worker's run: that run's own limit (the same
@@ -503,12 +527,16 @@ class DispatchRound:
         as a ``ToolFinishedEvent`` when the tool had started."""
         if slot.result is not None:
             return
-        slot.result = result
+        slot.result = result = self._d._bounded(result)
         if slot.phase == "running":
             error = str(result.code) if result.is_error and result.code else None
             self._d._emit(
                 ToolFinishedEvent(
-                    id=result.tool_call_id, name=result.name, is_error=result.is_error, error=error
+                    id=result.tool_call_id,
+                    name=result.name,
+                    is_error=result.is_error,
+                    error=error,
+                    truncated_from=result.truncated_from,
                 )
             )
         memo = slot.memo
@@ -541,7 +569,9 @@ class DispatchRound:
 
     def _close(self, round_: Round) -> list[ToolResult]:
         results = [
-            self._result_of(record.committed) if record.committed else error_result(record)
+            self._d._bounded(
+                self._result_of(record.committed) if record.committed else error_result(record)
+            )
             for record in round_.calls
         ]
         self._closed = (round_, results)
