@@ -40,7 +40,7 @@ def test_a_result_within_the_budget_is_returned_as_it_is():
 
 
 @pytest.mark.parametrize("char", ["a", "é", "€", "😀"])  # 1, 2, 3 and 4 bytes in UTF-8
-@pytest.mark.parametrize("budget", [256, 257, 258, 259, 300, 1001])
+@pytest.mark.parametrize("budget", [256, 257, 258, 259, 300, 1001, 1100, 1500])
 def test_a_long_result_is_cut_on_a_character_at_the_budget_with_the_marker(char, budget):
     text = char * 2000
     out, original = truncate_result(text, budget)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -175,3 +176,25 @@ def test_bad_budgets_are_config_errors():
         Dispatcher([], result_limits=4096)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="redaction must be a PreviewPolicy"):
         Dispatcher([], redaction=redact_secrets)  # type: ignore[arg-type]
+
+
+async def test_a_large_result_is_redacted_off_the_event_loop_and_still_cut():
+    threads: dict[int, int] = {}  # text length -> the thread that redacted it
+
+    def redactor(pointer: str, text: str) -> str:
+        threads[len(text)] = threading.get_ident()
+        return text.replace(SECRET, "[redacted]")
+
+    @tool
+    def dump(n: int) -> str:
+        """A large text with a secret at its start."""
+        return SECRET + " " + "z" * n
+
+    d = Dispatcher([dump], redaction=PreviewPolicy(redactor=redactor))
+    round_ = chat_round(d.specs, [("c1", "dump", {"n": 200_000}), ("c2", "dump", {"n": 10})])
+    big, small = await d.run(round_, session="s")
+    loop_thread = threading.get_ident()
+    assert threads[200_000 + len(SECRET) + 1] != loop_thread
+    assert threads[10 + len(SECRET) + 1] == loop_thread
+    assert big.content.startswith("[redacted] zzz") and big.truncated_from == 200_011
+    assert SECRET not in big.content + small.content

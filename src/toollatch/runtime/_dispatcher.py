@@ -108,7 +108,8 @@ class Dispatcher:
     ``LockLost``.
     ``result_limits``: the size budgets of results (:class:`ResultLimits`; default 64 KiB
     each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
-    (see :func:`redact_result`; None: no redaction).
+    (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
+    redacted in a worker thread, so the redactor must be thread-safe).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -480,7 +481,10 @@ class DispatchRound:
             code=code,
         )
         # Shaped here, inside the ledger's runner, so the ledger only stores the shaped one.
-        return self._d._results.tool_result(result, self._d._budget(call.name))
+        shaper, budget = self._d._results, self._d._budget(call.name)
+        if shaper.heavy(result):  # a long walk of the redactor: off the event loop
+            return await asyncio.to_thread(shaper.tool_result, result, budget)
+        return shaper.tool_result(result, budget)
 
     def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
         """How long a call waits for another worker's run: that run's own limit (the same
