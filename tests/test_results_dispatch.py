@@ -10,12 +10,12 @@ import threading
 from typing import Any
 
 import pytest
-from ledger_helpers import chat_round
 
+from ledger_helpers import chat_round
 from toollatch import PreviewPolicy
 from toollatch.errors import ConfigError
 from toollatch.ledger import MemoryLedger
-from toollatch.ledger._records import LedgerError
+from toollatch.ledger._records import LedgerError, LedgerKey
 from toollatch.relay._config import redact_secrets
 from toollatch.runtime._dispatcher import Dispatcher
 from toollatch.runtime._results import ResultLimits
@@ -112,8 +112,6 @@ async def test_the_ledger_stores_the_redacted_result():
     d = Dispatcher(make_tools([]), ledger=ledger, redaction=PreviewPolicy(redactor=redact_secrets))
     round_ = chat_round(d.specs, [("c1", "leaky", {"n": 1})])
     await d.run(round_, session="s")
-    from toollatch.ledger._records import LedgerKey
-
     record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
     assert record is not None and record.result is not None
     assert SECRET not in record.result.content and "[redacted]" in record.result.content
@@ -198,3 +196,18 @@ async def test_a_large_result_is_redacted_off_the_event_loop_and_still_cut():
     assert threads[10 + len(SECRET) + 1] == loop_thread
     assert big.content.startswith("[redacted] zzz") and big.truncated_from == 200_011
     assert SECRET not in big.content + small.content
+
+
+async def test_a_tool_exception_quoting_a_secret_is_redacted_like_any_result():
+    @tool
+    def fails(n: int) -> str:
+        """Raises with the secret in its message."""
+        raise ValueError(f"login refused for key {SECRET}")
+
+    def mask(pointer: str, text: str) -> str:
+        return text.replace(SECRET, "[redacted]")
+
+    d = Dispatcher([fails], redaction=PreviewPolicy(redactor=mask))
+    result = (await d.run(chat_round(d.specs, [("c1", "fails", {"n": 1})]), session="s"))[0]
+    assert result.is_error and str(result.code) == "tool_error"
+    assert result.content == "tool_error: ValueError: login refused for key [redacted]"

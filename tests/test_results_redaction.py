@@ -9,6 +9,7 @@ import re
 import pytest
 
 from toollatch import PreviewPolicy, StreamParser, ToolPreview, ToolResult
+from toollatch.errors import ConfigError
 from toollatch.relay._config import redact_secrets
 from toollatch.runtime._results import RedactionFailed, ResultLimits, ResultShaper, redact_result
 
@@ -121,8 +122,6 @@ def test_redaction_runs_before_the_budget_so_a_secret_is_never_half_shown():
 
 
 def test_a_bad_redaction_policy_or_limits_is_a_config_error():
-    from toollatch.errors import ConfigError
-
     with pytest.raises(ConfigError, match="PreviewPolicy"):
         ResultShaper(None, redact_secrets)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="ResultLimits"):
