@@ -126,4 +126,8 @@ def test_a_bad_redaction_policy_or_limits_is_a_config_error():
         ResultShaper(None, redact_secrets)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="ResultLimits"):
         ResultShaper({"max_bytes": 1}, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="the redactor must be callable"):
+        ResultShaper(None, PreviewPolicy(redactor="mask"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="keys are tool names"):
+        ResultLimits(tools={1: 4096})  # type: ignore[dict-item]
     assert json.loads(redact_result('{"a": []}', redact_secrets)) == {"a": []}

@@ -71,6 +71,8 @@ class ResultLimits:
         if not isinstance(self.tools, Mapping):
             raise ConfigError(f"ResultLimits.tools must be a mapping, got {self.tools!r:.60}")
         for name, value in self.tools.items():
+            if not isinstance(name, str):
+                raise ConfigError(f"ResultLimits.tools keys are tool names, got {name!r:.60}")
             check_budget(f"ResultLimits.tools[{name!r}]", value)
         object.__setattr__(self, "tools", MappingProxyType(dict(self.tools)))
 
@@ -104,6 +106,8 @@ class ResultShaper:
             raise ConfigError(f"redaction must be a PreviewPolicy, got {redaction!r:.60}")
         self.limits = limits or ResultLimits()
         self.redactor: Redactor | None = redaction.redactor if redaction else None
+        if self.redactor is not None and not callable(self.redactor):
+            raise ConfigError(f"the redactor must be callable, got {self.redactor!r:.60}")
 
     def heavy(self, result: ToolResult) -> bool:
         """True when shaping ``result`` is worth a worker thread (see :data:`OFFLOAD_CHARS`);
@@ -136,8 +140,8 @@ class ResultShaper:
 
 def _withheld(result: ToolResult, kind: str) -> ToolResult:
     detail = (
-        f"the tool ran, but the result redactor failed ({kind}), so its result was withheld; "
-        "it may have had its effect"
+        f"the tool ran to its end, but the result redactor failed ({kind}), so its result "
+        "was withheld"
     )
     code = ErrorCode.TOOL_ERROR
     return ToolResult(
