@@ -307,8 +307,9 @@ def truncate_result(text: str, max_bytes: int) -> tuple[str, int | None]:
     check_budget("max_bytes", max_bytes)
     if len(text) * 4 <= max_bytes:  # no code point takes more than 4 bytes: surely fits
         return text, None
-    data = text.encode("utf-8", "surrogatepass")
-    original = len(data)
+    # ASCII (known in O(1) in CPython): a character is a byte, nothing to encode.
+    data = None if text.isascii() else text.encode("utf-8", "surrogatepass")
+    original = len(text) if data is None else len(data)
     if original <= max_bytes:
         return text, None
     # The marker's length depends on the digits of the kept size: try the room each number
@@ -323,9 +324,12 @@ def truncate_result(text: str, max_bytes: int) -> tuple[str, int | None]:
     return best[0] + marker(best[1], original), original
 
 
-def _head(text: str, data: bytes, cut: int) -> tuple[str, int]:
-    """The longest safe head of ``text`` within ``cut`` bytes of its UTF-8 ``data``, and its
-    size in bytes."""
+def _head(text: str, data: bytes | None, cut: int) -> tuple[str, int]:
+    """The longest safe head of ``text`` within ``cut`` bytes of its UTF-8 ``data`` (None for
+    ASCII text), and its size in bytes."""
+    if data is None:
+        end = _safe_end(text, cut)
+        return text[:end], end
     while cut > 0 and data[cut] & 0xC0 == 0x80:  # a continuation byte: inside a code point
         cut -= 1
     head = data[:cut].decode("utf-8", "surrogatepass")
