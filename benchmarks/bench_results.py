@@ -6,8 +6,8 @@ Run it from the repository root::
     python benchmarks/bench_results.py --quick    # smoke run (fewer repetitions)
 
 Each case times ``ResultShaper.tool_result`` (what ``Dispatcher`` calls on every result a
-tool returns) on one result, median of repetitions with the collector off. Results: plain
-text (English with some multi-byte characters) and JSON (an array of small objects, the
+tool returns) on one result, median of repetitions with the collector off. Results: ASCII
+log lines, text with some multi-byte characters and JSON (an array of small objects, the
 shape a search or list tool returns, about 30 bytes per string), at 1 KiB and 1 MiB. Cases:
 ``budget`` alone (no redactor: the default), with the result within the budget or cut to
 64 KiB; an identity redactor (the walk's own cost: parsing, pointers, one call per string and
@@ -40,6 +40,11 @@ def plain_text(size: int) -> str:
     line = "2026-12-02T01:02:03Z worker-7 fetched page 12 of the report (durée 0.4 s) ✓\n"
     text = line * (size // len(line.encode()) + 1)
     return text.encode()[:size].decode(errors="ignore")  # size bytes (a whole character less)
+
+
+def ascii_text(size: int) -> str:
+    line = "2026-12-02T01:02:03Z worker-7 fetched page 12 of the report in 0.4 s\n"
+    return (line * (size // len(line) + 1))[:size]
 
 
 def json_text(size: int) -> str:
@@ -96,7 +101,7 @@ def main() -> None:
     }
     print("| result | size | case | us per result |")
     print("|---|---|---|---|")
-    for kind, make in (("text", plain_text), ("json", json_text)):
+    for kind, make in (("ascii", ascii_text), ("text", plain_text), ("json", json_text)):
         for size in (KIB, KIB * KIB):
             text = make(size)
             actual = len(text.encode())

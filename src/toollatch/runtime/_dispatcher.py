@@ -230,8 +230,9 @@ class Dispatcher:
         return self._results.bounded(result, self._budget(result.name))
 
     def _budget(self, name: str) -> int:
-        t = self._tools.get(name)
-        return self._results.limits.budget(name, t.max_result_bytes if t is not None else None)
+        # getattr: a Tool made some other way (an MCP tool's) may not have set the option.
+        declared = getattr(self._tools.get(name), "max_result_bytes", None)
+        return self._results.limits.budget(name, declared)
 
     def _emit(self, event: ToolEvent) -> None:
         if self._on_event is None:
