@@ -143,9 +143,11 @@ SURFACES = {
         "Dispatcher", "JsonFormatter", "Metrics", "ModelClient", "ModelConnectError", "ModelError",
         "ModelHTTPError", "ModelStream", "RedactedLog", "RetryPolicy", "RoundEndedEvent",
         "RunEndedEvent", "RunLimits", "StreamInterrupted", "StreamTimeout", "TextEvent", "Tool",
-        "ToolFinishedEvent", "ToolOutcome", "ToolStartedEvent", "Tracing", "configure_logging",
-        "example_tools", "load_config", "model_client", "tool", "user_message",
+        "ToolFinishedEvent", "ToolOutcome", "ToolSource", "ToolStartedEvent", "Tracing",
+        "configure_logging", "example_tools", "load_config", "model_client", "schema_tool", "tool",
+        "user_message",
     ],
+    "toollatch.mcp": ["McpServer", "McpToolSource", "parse_server_spec", "source_from_config"],
     "toollatch.ledger": [
         "CallContext", "Claim", "Found", "History", "HistoryConflict", "LeaseLost", "Ledger",
         "LedgerError", "LedgerKey", "LedgerRecord", "LedgerState", "LockLost", "MemoryHistory",

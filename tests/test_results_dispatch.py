@@ -19,7 +19,7 @@ from toollatch.ledger._records import LedgerError, LedgerKey
 from toollatch.relay._config import redact_secrets
 from toollatch.runtime._dispatcher import Dispatcher
 from toollatch.runtime._results import ResultLimits
-from toollatch.runtime._tools import tool
+from toollatch.runtime._tools import schema_tool, tool
 
 SECRET = "sk-live-0123456789abcdefXYZ"
 
@@ -211,3 +211,15 @@ async def test_a_tool_exception_quoting_a_secret_is_redacted_like_any_result():
     result = (await d.run(chat_round(d.specs, [("c1", "fails", {"n": 1})]), session="s"))[0]
     assert result.is_error and str(result.code) == "tool_error"
     assert result.content == "tool_error: ValueError: login refused for key [redacted]"
+
+
+async def test_a_schema_tool_carries_its_own_budget():
+    async def long(arguments: dict[str, Any]) -> str:
+        return "é" * 1000
+
+    made = schema_tool("long", {"type": "object"}, long, max_result_bytes=512)
+    d = Dispatcher([made])
+    result = (await d.run(chat_round(d.specs, [("c1", "long", {})]), session="s"))[0]
+    assert result.truncated_from == 2000 and len(result.content.encode()) <= 512
+    with pytest.raises(ConfigError, match="max_result_bytes"):
+        schema_tool("bad", {"type": "object"}, long, max_result_bytes=10)

@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "examples)",
     )
     run.add_argument(
+        "--mcp",
+        action="append",
+        metavar="SERVER",
+        help="the tools of an MCP server: 'stdio:COMMAND ARGS...' or http://HOST:PORT/PATH "
+        "(repeatable; replaces the examples; needs the [mcp] extra)",
+    )
+    run.add_argument(
         "--eager",
         action="append",
         metavar="NAME[,NAME...]",

@@ -15,7 +15,7 @@ validated file configures them (:func:`load_config`); observers (:class:`Metrics
 
 from typing import TYPE_CHECKING, Any
 
-from ._agent import Agent, AgentRun, RunLimits, user_message
+from ._agent import Agent, AgentRun, RunLimits, ToolSource, user_message
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,
@@ -45,7 +45,7 @@ from ._dispatcher import Dispatcher, DispatchRound
 from ._examples import example_tools
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
-from ._tools import Tool, ToolOutcome, tool
+from ._tools import Tool, ToolOutcome, schema_tool, tool
 
 __all__ = [
     "CONFIG_EXAMPLE",
@@ -78,12 +78,14 @@ __all__ = [
     "Tool",
     "ToolFinishedEvent",
     "ToolOutcome",
+    "ToolSource",
     "ToolStartedEvent",
     "Tracing",
     "configure_logging",
     "example_tools",
     "load_config",
     "model_client",
+    "schema_tool",
     "tool",
     "user_message",
 ]

@@ -32,11 +32,11 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from .._errors import ConfigError, ErrorCode, UsageError
 from .._events import CallKey, RoundEnd
-from .._gate import CommittedCall, RunBudget
+from .._gate import CommittedCall, Deny, Policy, PolicyDecision, RunBudget
 from .._limits import Limits
 from .._messages import assistant_messages, tool_results_messages
 from .._messages._repair import repaired_history
@@ -111,6 +111,22 @@ class _StallWatch:
         return now - self._since > self.limit_s
 
 
+class ToolSource(Protocol):
+    """Tools that come from elsewhere and may change between rounds (an MCP tool source)."""
+
+    def snapshot(self) -> Sequence[Tool[Any, Any]]:
+        """The current tools, without I/O."""
+        ...
+
+    async def refresh(self) -> Sequence[Tool[Any, Any]]:
+        """The current tools, after taking in the changes announced since the last call."""
+        ...
+
+    def check(self, name: str, arguments: Mapping[str, Any]) -> PolicyDecision | bool | None:
+        """The gate's policy for the source's own tools (None: not the source's call)."""
+        ...
+
+
 class Agent:
     """Runs conversations of one model client with one set of tools.
 
@@ -130,6 +146,9 @@ class Agent:
     ``result_limits``: the size budgets of tool results (:class:`ResultLimits`); every tool
     result also passes the ``redactor`` of ``previews`` (the same policy object) before it is
     stored, emitted or sent to the model.
+    ``tool_source`` adds tools that may change between rounds: before each round the agent
+    takes its :meth:`ToolSource.refresh` (a name may not repeat one of ``tools``), and its
+    ``check`` runs in the gate before ``policy`` (the gate's hook, ``Gate(policy=...)``).
     """
 
     def __init__(
@@ -153,6 +172,8 @@ class Agent:
         history_store: History | None = None,
         on_preview: Callable[[PreviewUpdated], None] | None = None,
         result_limits: ResultLimits | None = None,
+        tool_source: ToolSource | None = None,
+        policy: Policy | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -170,6 +191,12 @@ class Agent:
         self._sink: asyncio.Queue[AgentEvent | PreviewUpdated | None] | None = None
         self.on_preview = on_preview
         self._attempts = 0
+        self.tool_source = tool_source
+        self.policy = _with_source(tool_source, policy)
+        self._own_tools = tuple(tools)
+        if tool_source is not None:
+            tools = (*self._own_tools, *tool_source.snapshot())
+        self._eager_start = eager_start
         self.dispatcher = Dispatcher(
             tools,
             eager=eager,
@@ -217,11 +244,38 @@ class Agent:
         self._attempts += 1
         return self._attempts
 
+    async def _refresh_tools(self) -> None:
+        """Take the tool source's current tools (between rounds)."""
+        if self.tool_source is None:
+            return
+        current = (*self._own_tools, *await self.tool_source.refresh())
+        if current == tuple(self.dispatcher.tools.values()):
+            return  # (Tool objects compare by identity: a changed tool is a new object)
+        self.dispatcher.replace_tools(current)
+        may = self.dispatcher.may_start_early
+        self._eager = tuple(n for n in self.dispatcher.tools if self._eager_start and may(n))
+        specs = self.dispatcher.specs
+        self._specs = specs if self._eager_start else tuple(replace(s, eager=False) for s in specs)
+
     def _tool_event(self, event: ToolStartedEvent | ToolFinishedEvent) -> None:
         if self._sink is not None:
             for observer in self.observers:
                 observer.on_event(self.client.provider, event)
             self._sink.put_nowait(event)
+
+
+def _with_source(source: ToolSource | None, policy: Policy | None) -> Policy | None:
+    """The gate's policy: the source's check first (a denial stands), then ``policy``."""
+    if source is None:
+        return policy
+
+    def check(name: str, arguments: Mapping[str, Any]) -> PolicyDecision | bool | None:
+        decision = source.check(name, arguments)
+        if isinstance(decision, Deny) or decision is False or policy is None:
+            return decision
+        return policy(name, arguments)
+
+    return check
 
 
 def user_message(provider: str, text: str) -> dict[str, Any]:
@@ -305,6 +359,7 @@ class AgentRun:
     async def _round(self) -> bool:
         """Play one round; True when the model should be asked again."""
         agent = self.agent
+        await agent._refresh_tools()
         for observer in agent.observers:
             observer.on_round_start(agent.client.provider, len(self.rounds) + 1)
         parser = StreamParser(
@@ -316,6 +371,7 @@ class AgentRun:
             eager=agent._eager,
             observe=True,
             previews=agent.previews,
+            policy=agent.policy,
         )
         async with agent.dispatcher.round(agent.session) as dispatch:
             round_: Round | None = None

@@ -2,7 +2,9 @@
 :mod:`toollatch.cli`, which imports this module only for ``run``).
 
 Without ``--base-url`` the run talks to the scripted model server (started here, on
-loopback) with the built-in example tools: no key, no network. ``--json`` prints one agent
+loopback) with the built-in example tools: no key, no network. ``--mcp`` (and the config's
+``mcp.servers``) adds the tools of MCP servers (:mod:`toollatch.mcp`) instead of the
+examples; they are connected before the run and closed after it. ``--json`` prints one agent
 event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
 terminal view shows the streaming text and one line per call with its state and timings.
 Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
@@ -33,6 +35,7 @@ from rich.text import Text
 
 from .._errors import ConfigError, ToolLatchError, UsageError
 from ..ledger import open_history, open_ledger
+from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
 from ._agent_events import AgentEvent
@@ -106,11 +109,17 @@ def _load(args: argparse.Namespace) -> Config | None:
 
 
 def _agent(
-    args: argparse.Namespace, client: ModelClient, tools: list[Tool[..., Any]], c: Config | None
+    args: argparse.Namespace,
+    client: ModelClient,
+    tools: list[Tool[..., Any]],
+    c: Config | None,
+    source: McpToolSource | None = None,
 ) -> Agent:
     """The run's agent: flags over the config file over the defaults."""
     eager = [n.strip() for item in args.eager or () for n in item.split(",") if n.strip()]
     durable = _durable(args)
+    if source is not None:
+        durable["tool_source"] = source
     if c is None:
         limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
         return Agent(client, tools, eager=eager, run_limits=limits, **durable)
@@ -144,6 +153,33 @@ def _durable(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
+def _tools(
+    args: argparse.Namespace, config: Config | None, stack: contextlib.ExitStack
+) -> tuple[list[Tool[..., Any]], McpToolSource | None]:
+    """The ``--tools`` files' tools and the MCP servers' source; the examples (writing in
+    ``--workspace`` or a temporary directory) when there are neither."""
+    tools: list[Tool[..., Any]] = []
+    for path in args.tools or ():
+        tools += load_tool_file(path)
+    source = _mcp_source(args, config, tools)
+    if not tools and source is None:
+        workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
+        tools = example_tools(Path(workspace))
+    return tools, source
+
+
+def _mcp_source(
+    args: argparse.Namespace, config: Config | None, tools: list[Tool[..., Any]]
+) -> McpToolSource | None:
+    """The MCP servers of the config's ``mcp`` section and of ``--mcp`` (not connected)."""
+    try:
+        return source_from_config(
+            config, getattr(args, "mcp", None) or (), reserved=[t.name for t in tools]
+        )
+    except ConfigError as exc:
+        raise CommandError(f"--mcp: {exc}") from None
+
+
 def _api_key(config: Config | None) -> str | None:
     """The key from ``model.api_key_env`` (None: the provider's usual variable)."""
     name = config.model.api_key_env if config else None
@@ -158,12 +194,7 @@ async def _with_model(
     args: argparse.Namespace, base_url: str, model: str, config: Config | None
 ) -> int:
     with contextlib.ExitStack() as stack:
-        tools: list[Tool[..., Any]] = []
-        for path in args.tools or ():
-            tools += load_tool_file(path)
-        if not tools:
-            workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
-            tools = example_tools(Path(workspace))
+        tools, source = _tools(args, config, stack)
         try:
             client = model_client(
                 args.provider,
@@ -172,10 +203,15 @@ async def _with_model(
                 api_key=_api_key(config),
                 limits=config.client_limits() if config else None,
             )
-            agent = _agent(args, client, tools, config)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
         async with client, contextlib.AsyncExitStack() as closing:
+            try:
+                if source is not None:
+                    await closing.enter_async_context(source)
+                agent = _agent(args, client, tools, config, source)
+            except (ConfigError, UsageError) as exc:
+                raise CommandError(str(exc)) from None
             if agent.ledger is not None:
                 closing.push_async_callback(agent.ledger.aclose)
             if agent.history_store is not None:

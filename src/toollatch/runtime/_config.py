@@ -18,12 +18,14 @@ of those values, so the file adds no second set of rules:
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
 * ``results``: the size budgets of tool results (:class:`ResultLimits`);
-* ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`.
+* ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`;
+* ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .._errors import ConfigError, ErrorCode
 from .._limits import Limits
 from .._preview import PreviewPolicy, ToolPreview
+from ..mcp._servers import McpServer, parse_server_spec, unique_names
 from ._agent import RunLimits
 from ._clients import ClientLimits
 from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
@@ -150,6 +153,29 @@ class LoggingConfig(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
+class McpServerConfig(_Section):
+    """One MCP server (:class:`toollatch.mcp.McpServer`): ``command`` (stdio) or ``url``."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")] | None = None
+    """Default: the command's program name or the URL's host and port."""
+    command: Annotated[tuple[str, ...], Field(strict=False, min_length=1)] | None = None
+    url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    env: dict[str, str] = {}
+    inherit_env: bool = True
+    eager: Annotated[tuple[str, ...], Field(strict=False)] = ()
+    timeout_s: _Seconds | None = 30.0
+    max_concurrency: _Positive = 4
+    allow: Annotated[tuple[str, ...], Field(strict=False)] | None = None
+    deny: Annotated[tuple[str, ...], Field(strict=False)] = ()
+    connect_timeout_s: _Seconds = 30.0
+
+
+class McpConfig(_Section):
+    """Tools from MCP servers (``toollatch.mcp``; needs the ``mcp`` extra when non-empty)."""
+
+    servers: Annotated[tuple[McpServerConfig, ...], Field(strict=False)] = ()
+
+
 class Config(_Section):
     """The whole configuration; every section is optional (defaults above)."""
 
@@ -160,6 +186,25 @@ class Config(_Section):
     relay: RelayConfig = RelayConfig()
     results: ResultsConfig = ResultsConfig()
     logging: LoggingConfig = LoggingConfig()
+    mcp: McpConfig = McpConfig()
+
+    def mcp_servers(self) -> list[McpServer]:
+        """The ``mcp.servers`` as :class:`McpServer` values (a name derived from the command
+        or URL when none is given; ``_2``... when a derived one repeats). Raises
+        ``ConfigError`` for a server with both or neither of command and url, or an
+        explicit name given twice."""
+        servers = []
+        for i, c in enumerate(self.mcp.servers):
+            if (c.command is None) == (c.url is None):
+                raise ConfigError(f"mcp.servers.{i}: give exactly one of command and url")
+            spec = c.url if c.url is not None else "stdio:" + shlex.join(c.command or ())
+            name = c.name or parse_server_spec(spec).name
+            options = c.model_dump(exclude={"name", "command", "url"})
+            servers.append(McpServer(name=name, command=c.command, url=c.url, **options))
+        explicit = [c.name for c in self.mcp.servers if c.name]
+        if repeated := sorted({n for n in explicit if explicit.count(n) > 1}):
+            raise ConfigError(f"mcp.servers: names given twice: {repeated}")
+        return unique_names(servers)
 
     def limits(self) -> Limits:
         """The core's limits."""
@@ -384,6 +429,16 @@ results:
 logging:
   format: text                          # text | json (no argument values either way)
   level: INFO
+
+mcp:
+  servers: []                           # MCP servers whose tools the agent may call, e.g.
+  # - name: notes                       #   prefix of its tool names on a collision
+  #   command: [python, -m, toollatch.mcp.example_server]   # stdio; or url: http://HOST/mcp
+  #   eager: []                         #   its tools that may start early (patterns)
+  #   timeout_s: 30                     #   run-time limit of one call
+  #   max_concurrency: 4                #   its calls running at once
+  #   allow: null                       #   patterns the gate lets through (null: all)
+  #   deny: []                          #   patterns the gate refuses
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""
 

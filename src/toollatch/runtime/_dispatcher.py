@@ -172,6 +172,23 @@ class Dispatcher:
         """The tools' specs, for ``StreamParser(tools=...)`` or ``Gate``."""
         return tuple(t.spec for t in self._tools.values())
 
+    def replace_tools(self, tools: Sequence[Tool[Any, Any]]) -> None:
+        """Run ``tools`` from now on (a tool source's list changed; call it between rounds):
+        calls already begun keep the tool they began with; the dedupe memory, the locks and
+        the ``eager`` names stay (an ``eager`` name no tool has any more is ignored).
+        Raises ``ConfigError`` as the constructor does, leaving the tools unchanged."""
+        by_name: dict[str, Tool[Any, Any]] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
+            if t.name in by_name:
+                raise ConfigError(f"tool {t.name!r} is given twice")
+            by_name[t.name] = t
+        for t in by_name.values():
+            if t.group and t.group not in self._groups:
+                self._groups[t.group] = asyncio.Lock()
+        self._tools = by_name
+
     def may_start_early(self, name: str) -> bool:
         """True when a call of ``name`` may be passed to :meth:`DispatchRound.start`."""
         t = self._tools.get(name)

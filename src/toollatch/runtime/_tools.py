@@ -99,7 +99,7 @@ class Tool(Generic[P, R]):
         side_effects: SideEffects,
         group: str | None,
         idempotent: bool,
-        model: type[pydantic.BaseModel],
+        model: type[pydantic.BaseModel] | None,
         params: Mapping[str, str],
         max_result_bytes: int | None = None,
     ) -> None:
@@ -150,6 +150,8 @@ class Tool(Generic[P, R]):
         """
         if not isinstance(arguments, Mapping):
             raise UsageError(f"arguments must be a mapping, got {type(arguments).__name__}")
+        if self._model is None:  # a schema_tool: its function takes the argument mapping
+            return await _call_with_mapping(self.__wrapped__, arguments)
         try:
             bound = self._model.model_validate(dict(arguments))
         except pydantic.ValidationError as exc:
@@ -372,6 +374,61 @@ def _schema(model: type[pydantic.BaseModel], label: str) -> dict[str, Any]:
         if isinstance(prop, dict):
             prop.pop("title", None)  # the parameter's name again: noise for the model
     return schema
+
+
+def schema_tool(
+    name: str,
+    parameters: Mapping[str, Any],
+    fn: Callable[[dict[str, Any]], Awaitable[Any]],
+    *,
+    description: str = "",
+    eager: bool = False,
+    timeout: float | None = None,
+    side_effects: SideEffects = "write",
+    group: str | None = None,
+    idempotent: bool = False,
+    max_result_bytes: int | None = None,
+) -> Tool[..., Any]:
+    """A :class:`Tool` from a name, a JSON Schema of its arguments and an async function
+    taking the argument mapping (the gate has validated it against ``parameters``; no
+    pydantic model is involved): tools from elsewhere, such as an MCP server's. The same
+    options as :func:`tool`; ``invoke`` keeps its contract (an exception ``fn`` raises is a
+    ``tool_error`` outcome). Raises ``ConfigError`` for a bad name, schema or option."""
+    if not _NAME.match(name if isinstance(name, str) else ""):
+        raise ConfigError(f"tool name {name!r} must match {_NAME.pattern}")
+    if not callable(fn):
+        raise ConfigError(f"{name}: fn must be an async function of the arguments")
+    if side_effects not in ("read", "write"):
+        raise ConfigError(f"{name}: side_effects must be 'read' or 'write'")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ConfigError(f"{name}: group must be a non-empty string or None")
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+        raise ConfigError(f"{name}: timeout must be a positive number of seconds")
+    spec = ToolSpec(
+        name=name,
+        parameters=parameters,
+        description=description,
+        eager=bool(eager),
+        timeout_s=None if timeout is None else float(timeout),
+    )
+    return Tool(
+        fn,
+        spec=spec,
+        side_effects=side_effects,
+        group=group,
+        idempotent=bool(idempotent),
+        model=None,
+        params={},
+        max_result_bytes=max_result_bytes,
+    )
+
+
+async def _call_with_mapping(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> ToolOutcome:
+    try:
+        value = await fn(dict(arguments))
+    except Exception as exc:  # the tool's fault, reported to the model (no traceback)
+        return _failed(ErrorCode.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
+    return _as_text(value)
 
 
 # -- docstrings ------------------------------------------------------------------------------
