@@ -81,7 +81,9 @@ async def test_content_blocks_map_to_text_and_errors_to_tool_error(server, tmp_p
     assert fail.is_error and fail.code is ErrorCode.TOOL_ERROR and "nope" in fail.content
     assert '"temp_c": 4' in weather.content and ui["w"]["structured_content"]["temp_c"] == 4
     assert FAKE_SECRET in secret.content  # (masking is the result path's redaction hook)
-    assert len(big.content) == 300_000 and not big.is_error  # (sizing: the result path's)
+    # sizing is the result path's: the dispatcher's default budget (64 KiB) cuts it
+    assert big.truncated_from == 300_000 and len(big.content.encode()) <= 65536
+    assert big.content.startswith("0123456789") and not big.is_error
 
 
 async def test_a_hanging_server_gives_tool_timeout_and_is_told_to_cancel(server, tmp_path):

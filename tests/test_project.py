@@ -138,14 +138,15 @@ SURFACES = {
         "UsageError", "load_tools", "tool",
     ],
     "toollatch.runtime": [
-        "CONFIG_EXAMPLE", "Agent", "AgentEvent", "AgentObserver", "AgentRun", "CallCommittedEvent",
-        "CallFailedEvent", "CallOpenedEvent", "ClientLimits", "Config", "DispatchRound",
-        "Dispatcher", "JsonFormatter", "Metrics", "ModelClient", "ModelConnectError", "ModelError",
-        "ModelHTTPError", "ModelStream", "RedactedLog", "RetryPolicy", "RoundEndedEvent",
+        "CONFIG_EXAMPLE", "DEFAULT_MAX_RESULT_BYTES", "MIN_RESULT_BYTES", "Agent", "AgentEvent",
+        "AgentObserver", "AgentRun", "CallCommittedEvent", "CallFailedEvent", "CallOpenedEvent",
+        "ClientLimits", "Config", "DispatchRound", "Dispatcher", "JsonFormatter", "Metrics",
+        "ModelClient", "ModelConnectError", "ModelError", "ModelHTTPError", "ModelStream",
+        "RedactedLog", "ResultLimits", "RetryPolicy", "RoundEndedEvent",
         "RunEndedEvent", "RunLimits", "StreamInterrupted", "StreamTimeout", "TextEvent", "Tool",
         "ToolFinishedEvent", "ToolOutcome", "ToolSource", "ToolStartedEvent", "Tracing",
-        "configure_logging", "example_tools", "load_config", "model_client", "schema_tool", "tool",
-        "user_message",
+        "configure_logging", "example_tools", "load_config", "model_client", "redact_result",
+        "schema_tool", "tool", "truncate_result", "user_message",
     ],
     "toollatch.mcp": ["McpServer", "McpToolSource", "parse_server_spec", "source_from_config"],
     "toollatch.ledger": [
@@ -197,7 +198,7 @@ SURFACES = {
 }
 ALIASES = {
     "Policy", "PolicyDecision", "CallUpdate", "ContentItem", "StreamEvent", "AgentEvent",
-    "CONFIG_EXAMPLE",  # (a string: documented in the module)
+    "CONFIG_EXAMPLE", "DEFAULT_MAX_RESULT_BYTES", "MIN_RESULT_BYTES",  # (constants: documented in the module)
     "Claim", "LedgerState", "SessionLocks",
 }
 """Type aliases: documented where they are defined (an alias has no docstring of its own)."""

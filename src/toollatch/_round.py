@@ -95,6 +95,9 @@ class ToolResult:
     """True when the tool did not run or failed."""
     code: ErrorCode | None = None
     """Stable code of an error result."""
+    truncated_from: int | None = None
+    """The UTF-8 size of ``content`` before it was cut to a size budget (it then ends with a
+    marker stating both sizes); None when it was not cut."""
 
     def as_dict(self) -> dict[str, Any]:
         """``{"tool_call_id", "name", "is_error", "content"}`` (the replay JSON shape)."""

@@ -184,6 +184,7 @@ def result_to_json(result: ToolResult) -> str:
     """A stored result as JSON text."""
     data = result.as_dict()
     data["code"] = str(result.code) if result.code is not None else None
+    data["truncated_from"] = result.truncated_from
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -198,9 +199,19 @@ def result_from_json(text: str) -> ToolResult:
             content=str(data["content"]),
             is_error=bool(data["is_error"]),
             code=ErrorCode(code) if code is not None else None,
+            truncated_from=_size(data.get("truncated_from")),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerError(f"a stored result is corrupt: {exc}") from exc
+
+
+def _size(value: object) -> int | None:
+    """A stored ``truncated_from``: absent (older records) or a byte count."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"truncated_from must be a byte count, got {value!r:.40}")
+    return value
 
 
 def renewed(record: LedgerRecord, *, now: float, lease_s: float) -> LedgerRecord:

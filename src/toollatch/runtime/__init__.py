@@ -45,10 +45,19 @@ from ._dispatcher import Dispatcher, DispatchRound
 from ._examples import example_tools
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
+from ._results import (
+    DEFAULT_MAX_RESULT_BYTES,
+    MIN_RESULT_BYTES,
+    ResultLimits,
+    redact_result,
+    truncate_result,
+)
 from ._tools import Tool, ToolOutcome, schema_tool, tool
 
 __all__ = [
     "CONFIG_EXAMPLE",
+    "DEFAULT_MAX_RESULT_BYTES",
+    "MIN_RESULT_BYTES",
     "Agent",
     "AgentEvent",
     "AgentObserver",
@@ -68,6 +77,7 @@ __all__ = [
     "ModelHTTPError",
     "ModelStream",
     "RedactedLog",
+    "ResultLimits",
     "RetryPolicy",
     "RoundEndedEvent",
     "RunEndedEvent",
@@ -85,8 +95,10 @@ __all__ = [
     "example_tools",
     "load_config",
     "model_client",
+    "redact_result",
     "schema_tool",
     "tool",
+    "truncate_result",
     "user_message",
 ]
 

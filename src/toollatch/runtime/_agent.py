@@ -59,6 +59,7 @@ from ._agent_events import (
 from ._clients import ModelClient, ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import Dispatcher, DispatchRound
 from ._observer import AgentObserver
+from ._results import ResultLimits
 from ._resume import StoredHistory
 from ._tools import Tool
 
@@ -143,6 +144,9 @@ class Agent:
     ``audit`` (opt-in) keeps a redacted record of each call that did not commit.
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
+    ``result_limits``: the size budgets of tool results (:class:`ResultLimits`); every tool
+    result also passes the ``redactor`` of ``previews`` (the same policy object) before it is
+    stored, emitted or sent to the model.
     ``tool_source`` adds tools that may change between rounds: before each round the agent
     takes its :meth:`ToolSource.refresh` (a name may not repeat one of ``tools``), and its
     ``check`` runs in the gate before ``policy`` (the gate's hook, ``Gate(policy=...)``).
@@ -168,6 +172,7 @@ class Agent:
         ledger: Ledger | None = None,
         history_store: History | None = None,
         on_preview: Callable[[PreviewUpdated], None] | None = None,
+        result_limits: ResultLimits | None = None,
         tool_source: ToolSource | None = None,
         policy: Policy | None = None,
         audit: ArgumentAudit | None = None,
@@ -203,6 +208,8 @@ class Agent:
             on_event=self._tool_event,
             ledger=ledger,
             audit=audit,
+            result_limits=result_limits,
+            redaction=previews,
         )
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))

@@ -119,16 +119,22 @@ class ToolFinishedEvent:
     """True when the result is an error result."""
     error: str | None
     """The error code of an error result (``tool_error``, ``tool_timeout``, ``cancelled``...)."""
+    truncated_from: int | None = None
+    """The result's UTF-8 size before it was cut to its budget; None when it was not cut."""
 
     def to_json(self) -> dict[str, Any]:
-        """``{"type": "tool_finished", "id", "name", "is_error", "error"}``."""
-        return {
+        """``{"type": "tool_finished", "id", "name", "is_error", "error"}``, plus
+        ``"truncated_from"`` (bytes) when the result was cut to its size budget."""
+        data: dict[str, Any] = {
             "type": self.type,
             "id": self.id,
             "name": self.name,
             "is_error": self.is_error,
             "error": self.error,
         }
+        if self.truncated_from is not None:
+            data["truncated_from"] = self.truncated_from
+        return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ of those values, so the file adds no second set of rules:
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
 * ``ledger``: the ledger URL and the opt-in audit of uncommitted calls (:class:`AuditPolicy`);
+* ``results``: the size budgets of tool results (:class:`ResultLimits`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`;
 * ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`).
 """
@@ -41,6 +42,7 @@ from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
 from ._agent import RunLimits
 from ._clients import ClientLimits
+from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
 ENV_PREFIX = "TOOLLATCH_"
 """Environment overrides are ``TOOLLATCH_<SECTION>__<KEY>`` (two underscores between)."""
@@ -153,6 +155,18 @@ class LedgerConfig(_Section):
     """Newest records kept per run or session."""
 
 
+_ResultBytes = Annotated[int, Field(ge=MIN_RESULT_BYTES)]
+
+
+class ResultsConfig(_Section):
+    """The size budgets of tool results in UTF-8 bytes (:class:`ResultLimits`)."""
+
+    max_bytes: _ResultBytes = DEFAULT_MAX_RESULT_BYTES
+    """A result longer than this is cut, ending with a marker that states both sizes."""
+    tools: dict[str, _ResultBytes] = {}
+    """Per-tool budgets by tool name (over the tool's own ``max_result_bytes``)."""
+
+
 class LoggingConfig(_Section):
     """Redacted logs: never argument values unless a tool's preview rule shows them."""
 
@@ -192,6 +206,7 @@ class Config(_Section):
     model: ModelConfig = ModelConfig()
     relay: RelayConfig = RelayConfig()
     ledger: LedgerConfig = LedgerConfig()
+    results: ResultsConfig = ResultsConfig()
     logging: LoggingConfig = LoggingConfig()
     mcp: McpConfig = McpConfig()
 
@@ -260,6 +275,10 @@ class Config(_Section):
             max_per_scope=g.audit_max_per_scope,
         )
 
+    def result_limits(self) -> ResultLimits:
+        """The size budgets of tool results."""
+        return ResultLimits(max_bytes=self.results.max_bytes, tools=dict(self.results.tools))
+
     def dropped_codes(self) -> frozenset[ErrorCode]:
         """Error codes whose calls are dropped from history (``drop_with_protocol_repair``)."""
         a = self.agent_stream_assemble
@@ -286,6 +305,7 @@ class Config(_Section):
             "default_timeout_s": d.default_timeout_s,
             "previews": self.preview_policy(),
             "drop_failed": self.dropped_codes(),
+            "result_limits": self.result_limits(),
         }
 
     def effective(self) -> str:
@@ -444,6 +464,9 @@ ledger:
   audit_max_bytes: 512                  # redacted (by the previews rules) argument text kept
   audit_retention_s: 86400              # seconds a record is kept
   audit_max_per_scope: 1000             # newest records kept per run
+results:
+  max_bytes: 65536                      # a tool result's budget in UTF-8 bytes (>= 256); cut beyond
+  tools: {}                             # per tool: read_file: 262144 (over @tool(max_result_bytes))
 
 logging:
   format: text                          # text | json (no argument values either way)

@@ -41,6 +41,11 @@ outcome unknown" for a dead one, a re-run of an idempotent tool) is :mod:`._ledg
 policy. A running tool reads its call, idempotency key and fencing token with
 ``toollatch.ledger.current_call()``.
 
+Results: a tool's outcome becomes its ``ToolResult`` through :mod:`._results` (redacted with
+the ``redaction`` policy's redactor, then cut to the call's size budget) before anything stores
+or emits it, so the memo, the ledger, the events and the history only ever hold the shaped
+result. Error results the dispatcher makes itself are cut to the budget, never redacted.
+
 Limits of the design: a dispatcher belongs to one event loop (its locks do). A worker thread
 cannot be stopped, so a sync tool that timed out or was cancelled finishes in the background
 (with its result discarded) and holds one of the default executor's threads until then. A
@@ -66,6 +71,7 @@ from typing import Any, Literal, TypeAlias
 from .._errors import ConfigError, ErrorCode, InvariantBroken, UsageError
 from .._gate import CommittedCall
 from .._messages import error_result
+from .._preview import PreviewPolicy
 from .._round import Round, ToolResult
 from .._specs import ToolSpec
 from ..ledger._audit import ArgumentAudit
@@ -74,6 +80,7 @@ from ..ledger._context import CallContext, idempotency_key, reset_current, set_c
 from ..ledger._records import LedgerError, LockBusy, LockLost, SessionLocks, digest_of
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
+from ._results import ResultLimits, ResultShaper
 from ._tools import Tool
 
 ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
@@ -103,6 +110,10 @@ class Dispatcher:
     ``LockLost``. ``audit`` (off by default): a redacted, bounded, expiring record of every
     call of a round that did not commit, written beside the tools once the round's
     ``finish`` or ``abort`` is called (a task of the round: the block waits for it).
+    ``result_limits``: the size budgets of results (:class:`ResultLimits`; default 64 KiB
+    each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
+    (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
+    redacted in a worker thread, so the redactor must be thread-safe).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -122,6 +133,8 @@ class Dispatcher:
         clock: Clock = default_clock,
         session_locks: SessionLocks | None = None,
         audit: ArgumentAudit | None = None,
+        result_limits: ResultLimits | None = None,
+        redaction: PreviewPolicy | None = None,
     ) -> None:
         self._tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
@@ -155,6 +168,7 @@ class Dispatcher:
         if audit is not None and not isinstance(audit, ArgumentAudit):
             raise ConfigError(f"audit must be a toollatch.ledger.ArgumentAudit, got {audit!r:.60}")
         self._audit = audit
+        self._results = ResultShaper(result_limits, redaction)
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
@@ -234,6 +248,16 @@ class Dispatcher:
             if self._memo[oldest].result is None:
                 break  # still running: it stays until it is done
             del self._memo[oldest]
+
+    def _bounded(self, result: ToolResult) -> ToolResult:
+        """``result`` within its call's budget (no redaction: a result toollatch made or one
+        already shaped)."""
+        return self._results.bounded(result, self._budget(result.name))
+
+    def _budget(self, name: str) -> int:
+        # getattr: a Tool made some other way (an MCP tool's) may not have set the option.
+        declared = getattr(self._tools.get(name), "max_result_bytes", None)
+        return self._results.limits.budget(name, declared)
 
     def _emit(self, event: ToolEvent) -> None:
         if self._on_event is None:
@@ -491,13 +515,18 @@ class DispatchRound:
         if outcome.ui is not None:
             self._ui[call.call_id] = outcome.ui
         code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)
-        return ToolResult(
+        result = ToolResult(
             tool_call_id=call.call_id,
             name=call.name,
             content=outcome.content,
             is_error=outcome.is_error,
             code=code,
         )
+        # Shaped here, inside the ledger's runner, so the ledger only stores the shaped one.
+        shaper, budget = self._d._results, self._d._budget(call.name)
+        if shaper.heavy(result):  # a long walk of the redactor: off the event loop
+            return await asyncio.to_thread(shaper.tool_result, result, budget)
+        return shaper.tool_result(result, budget)
 
     def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
         """How long a call waits for another worker's run: that run's own limit (the same
@@ -544,12 +573,16 @@ class DispatchRound:
         as a ``ToolFinishedEvent`` when the tool had started."""
         if slot.result is not None:
             return
-        slot.result = result
+        slot.result = result = self._d._bounded(result)
         if slot.phase == "running":
             error = str(result.code) if result.is_error and result.code else None
             self._d._emit(
                 ToolFinishedEvent(
-                    id=result.tool_call_id, name=result.name, is_error=result.is_error, error=error
+                    id=result.tool_call_id,
+                    name=result.name,
+                    is_error=result.is_error,
+                    error=error,
+                    truncated_from=result.truncated_from,
                 )
             )
         memo = slot.memo
@@ -582,7 +615,9 @@ class DispatchRound:
 
     def _close(self, round_: Round) -> list[ToolResult]:
         results = [
-            self._result_of(record.committed) if record.committed else error_result(record)
+            self._d._bounded(
+                self._result_of(record.committed) if record.committed else error_result(record)
+            )
             for record in round_.calls
         ]
         self._closed = (round_, results)

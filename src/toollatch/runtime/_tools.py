@@ -32,6 +32,7 @@ from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from .._errors import ConfigError, ErrorCode, UsageError
 from .._specs import ToolSpec
+from ._results import check_budget
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -84,6 +85,7 @@ class Tool(Generic[P, R]):
         "_params",
         "group",
         "idempotent",
+        "max_result_bytes",
         "name",
         "side_effects",
         "spec",
@@ -99,6 +101,7 @@ class Tool(Generic[P, R]):
         idempotent: bool,
         model: type[pydantic.BaseModel] | None,
         params: Mapping[str, str],
+        max_result_bytes: int | None = None,
     ) -> None:
         self.__wrapped__ = fn
         self.spec = spec
@@ -112,6 +115,10 @@ class Tool(Generic[P, R]):
         self.idempotent = idempotent
         """True when running a call twice has the effect of running it once, so a call whose
         outcome is unknown (its run was cancelled or timed out) may run again."""
+        if max_result_bytes is not None:
+            check_budget(f"tool {spec.name!r}: max_result_bytes", max_result_bytes)
+        self.max_result_bytes = max_result_bytes
+        """The size budget of this tool's results in UTF-8 bytes (None: the dispatcher's)."""
         self._model = model
         self._params = params  # model field name -> parameter name
 
@@ -211,6 +218,7 @@ def tool(
     side_effects: SideEffects = "write",
     group: str | None = None,
     idempotent: bool = False,
+    max_result_bytes: int | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -225,14 +233,18 @@ def tool(
     side_effects: SideEffects = "write",
     group: str | None = None,
     idempotent: bool = False,
+    max_result_bytes: int | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Make a :class:`Tool` of a sync or async function: ``@tool`` or ``@tool(...)``.
 
     ``name`` and ``description`` default to the function's name and docstring; ``timeout``
-    is in seconds. Raises ``ConfigError`` (naming the function and parameter) for what
-    cannot become a tool; see the module docstring.
+    is in seconds; ``max_result_bytes`` is the size budget of its results (UTF-8 bytes, at
+    least 256; None: the dispatcher's). Raises ``ConfigError`` (naming the function and
+    parameter) for what cannot become a tool; see the module docstring.
     """
-    options = _Options(name, description, eager, timeout, side_effects, group, idempotent)
+    options = _Options(
+        name, description, eager, timeout, side_effects, group, idempotent, max_result_bytes
+    )
     if fn is None:
 
         def decorate(f: Callable[P, R]) -> Tool[P, R]:
@@ -259,6 +271,7 @@ class _Options:
     side_effects: str
     group: str | None
     idempotent: bool
+    max_result_bytes: int | None
 
 
 def _make(fn: Callable[P, R], options: _Options, localns: Mapping[str, Any]) -> Tool[P, R]:
@@ -294,6 +307,7 @@ def _make(fn: Callable[P, R], options: _Options, localns: Mapping[str, Any]) -> 
         idempotent=bool(options.idempotent),
         model=model,
         params=params,
+        max_result_bytes=options.max_result_bytes,
     )
 
 
@@ -373,6 +387,7 @@ def schema_tool(
     side_effects: SideEffects = "write",
     group: str | None = None,
     idempotent: bool = False,
+    max_result_bytes: int | None = None,
 ) -> Tool[..., Any]:
     """A :class:`Tool` from a name, a JSON Schema of its arguments and an async function
     taking the argument mapping (the gate has validated it against ``parameters``; no
@@ -404,6 +419,7 @@ def schema_tool(
         idempotent=bool(idempotent),
         model=None,
         params={},
+        max_result_bytes=max_result_bytes,
     )
 
 
