@@ -236,3 +236,22 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
         assert 0 < len(text) < 200_000
         assert set(text) == {"x"}
         assert (await page.locator("#status").inner_text()).startswith("finished")
+
+
+async def test_a_cut_result_says_so_on_its_card(browser):
+    from toollatch.runtime._tools import tool  # noqa: PLC0415
+
+    @tool
+    def big() -> str:
+        """A result far over the default 64 KiB budget."""
+        return "x" * 100_000
+
+    turn = Turn(items=(Call(call_id="call_big", name="big", arguments="{}"),), delay_ms=0)
+    scripts = {"big": Script(turns=(turn, Turn(items=(Text(text="Done."),), delay_ms=0)))}
+    async with RelayServer(scripts=scripts, delay_scale=0, tools=[big]) as server:
+        page = await _page(browser, server)
+        await _slow_run(page, "big")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        card = page.locator('.card[data-call-id="call_big"]')
+        assert await card.get_attribute("data-state") == "done"
+        assert "result cut from 100000 bytes" in await card.inner_text()

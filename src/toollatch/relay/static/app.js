@@ -149,7 +149,7 @@ class RunView {
   on_tool_finished(d) {
     const card = this.card(d.id, d.name);
     if (card.started !== null) card.ran = performance.now() - card.started;
-    card.result = { is_error: d.is_error, error: d.error };
+    card.result = { is_error: d.is_error, error: d.error, truncated_from: d.truncated_from };
     card.started = null;
     this.setState(card, "finished", "finished");
     card.foot.textContent = "result in, waiting for the round";
@@ -164,6 +164,7 @@ class RunView {
       if (!result.is_error) this.setState(card, "done", "done");
       else this.setState(card, errorState(result.error), result.error || "error");
       card.foot.textContent = card.ran === null ? card.foot.textContent : `ran ${Math.round(card.ran)} ms`;
+      if (result.truncated_from) card.foot.textContent += ` · result cut from ${result.truncated_from} bytes`;
     }
     this.stopped = d.ended === "cancelled";
     this.round.box.append(el("div", "meta", `round ${d.round} · ${d.ended}` + (d.stop_reason ? ` (${d.stop_reason})` : "")));
