@@ -298,6 +298,29 @@ def test_a_run_of_fragments_meets_the_byte_limit_where_the_stages_do(
         assert same_both_ways(provider, framing, reads, **options) == len(FRAGMENTS)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["openai_chat obfuscated", "anthropic", "bedrock padded"]),
+    st.integers(1, len(ARGS.encode()) + 2),
+    st.integers(1, 120),
+    st.integers(1, 40),
+    st.sampled_from(["full", "fields"]),
+)
+def test_previews_of_a_run_are_released_where_the_stages_release_them(
+    name: str, limit: int, size: int, every: int, mode: str
+) -> None:
+    """With previews on, a run of fragments reaching the assembler together releases the
+    same updates after the same fragments, and fails the call at the same one, wherever the
+    byte limit falls."""
+    framing, data = STREAMS[name]
+    provider = name.split(maxsplit=1)[0]
+    rule = ToolPreview(mode=mode, fields=("/path",) if mode == "fields" else ())  # type: ignore[arg-type]
+    previews = PreviewPolicy(default=rule, every_bytes=every)
+    options = {"limits": Limits(max_argument_bytes=limit), "previews": previews}
+    for reads in ([data], fixed(data, size)):
+        assert same_both_ways(provider, framing, reads, **options) == len(FRAGMENTS)
+
+
 # -- reads that look like fragments but are not ------------------------------------------------
 
 _NEAR_MISSES = [
