@@ -1,10 +1,11 @@
 """StreamParser's per-event step decides exactly as the stages do, read by read.
 
 ``StreamParser.feed`` hands each read to the decoder's ``feed_payloads``, which calls back with
-every complete event's undecoded data; the adapter's ``translate`` returns a bare argument
-fragment (decoded route: one parse, then ``_continuation``; raw route: the event spelled as
-``_raw`` says, only the fragment's JSON string decoded), which goes to the assembler
-(with the other fragments of its call from the same read), or the stream events.
+runs of complete events' undecoded data; the adapter's ``translate`` walks a run and returns
+each stretch of bare argument fragments of one call (decoded route: one parse, then
+``_continuation``; raw route: the event spelled as ``_raw`` says, only the fragment's JSON
+string decoded), which goes to the assembler together, then the stream events of the event
+that ended the stretch.
 ``keep_events=True`` takes the stages in turn (``decoder.feed`` -> ``adapter.feed_frame``
 -> ``assembler.feed``), so every test here feeds
 the same reads to both parsers and compares the rounds, the notices and the finish notices,
@@ -79,14 +80,13 @@ def run(
         decoded += hit is not None
         return hit
 
-    def counting(event: str, payload: bytes) -> Any:
+    def counting(event: str, payloads: list[bytes], start: int) -> Any:
         # A fragment that no decoded continuation produced came by the raw route.
         nonlocal taken, raw
         before = decoded
-        out = translate(event, payload)
-        if isinstance(out, tuple):
-            taken += 1
-            raw += decoded == before
+        out = translate(event, payloads, start)
+        taken += len(out[2])
+        raw += len(out[2]) - (decoded - before)
         return out
 
     parser._translate = counting  # type: ignore[method-assign]
@@ -294,6 +294,29 @@ def test_a_run_of_fragments_meets_the_byte_limit_where_the_stages_do(
     framing, data = STREAMS[name]
     provider = name.split(maxsplit=1)[0]
     options = {"limits": Limits(max_argument_bytes=limit)}
+    for reads in ([data], fixed(data, size)):
+        assert same_both_ways(provider, framing, reads, **options) == len(FRAGMENTS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["openai_chat obfuscated", "anthropic", "bedrock padded"]),
+    st.integers(1, len(ARGS.encode()) + 2),
+    st.integers(1, 120),
+    st.integers(1, 40),
+    st.sampled_from(["full", "fields"]),
+)
+def test_previews_of_a_run_are_released_where_the_stages_release_them(
+    name: str, limit: int, size: int, every: int, mode: str
+) -> None:
+    """With previews on, a run of fragments reaching the assembler together releases the
+    same updates after the same fragments, and fails the call at the same one, wherever the
+    byte limit falls."""
+    framing, data = STREAMS[name]
+    provider = name.split(maxsplit=1)[0]
+    rule = ToolPreview(mode=mode, fields=("/path",) if mode == "fields" else ())  # type: ignore[arg-type]
+    previews = PreviewPolicy(default=rule, every_bytes=every)
+    options = {"limits": Limits(max_argument_bytes=limit), "previews": previews}
     for reads in ([data], fixed(data, size)):
         assert same_both_ways(provider, framing, reads, **options) == len(FRAGMENTS)
 

@@ -286,22 +286,40 @@ class Assembler:
     def feed_fragments(self, key: CallKey, fragments: list[str]) -> list[CallUpdate]:
         """:meth:`feed_fragment` for each of ``fragments`` in turn (a run of one call's
         fragments, as StreamParser collects them from one read): the same notices, text and
-        byte count. While the call stays OPEN without previews and under its byte limit (its
-        buffer's bound is set), the run is counted and appended as one string."""
+        byte count. While the call stays OPEN and under its byte limit, the run is counted
+        and appended as one string, then shown to its preview tracker fragment by fragment
+        when it has one (the same updates, released after the same fragments)."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
-        buf = self._buffers.get(key)
-        if buf is not None and buf.bound >= 0:
-            text = "".join(fragments)
-            nbytes = buf.nbytes + (len(text) if text.isascii() else _utf8_len(text))
-            if nbytes <= self._max_argument_bytes:
-                buf.nbytes = nbytes
-                buf.fragments.append(text)
-                if nbytes >= buf.join_at:
-                    buf.compact()
-                    buf.open_bound(self._max_argument_bytes)
-                return []
-        found: list[CallUpdate] = []
+        try:
+            buf: CallBuffer | None = self._buffers[key]
+        except KeyError:
+            buf = None
+        if buf is not None:
+            # (bound >= 0: OPEN without previews; see CallBuffer.bound. A tracker is made
+            # by the call's first fragment, on the general path.)
+            tracker = buf.tracker
+            if buf.bound >= 0 or (
+                tracker is not None and buf.state is CallState.OPEN and not buf.whole
+            ):
+                text = "".join(fragments)
+                ascii_ = text.isascii()
+                nbytes = buf.nbytes + (len(text) if ascii_ else _utf8_len(text))
+                if nbytes <= self._max_argument_bytes:
+                    buf.nbytes = nbytes
+                    buf.fragments.append(text)
+                    if nbytes >= buf.join_at:
+                        buf.compact()
+                        if tracker is None:
+                            buf.open_bound(self._max_argument_bytes)
+                    found: list[CallUpdate] = []
+                    if tracker is None:
+                        return found
+                    for fragment in fragments:  # (inlined: once per fragment, previews on)
+                        if tracker.feed(fragment, len(fragment) if ascii_ else _utf8_len(fragment)):
+                            found.append(tracker.release(buf.key, buf.call_id, buf.name))
+                    return found
+        found = []
         for fragment in fragments:
             found += self.feed_fragment(key, fragment)
         return found
@@ -354,13 +372,19 @@ class Assembler:
         if self._previews is None:
             buf.open_bound(self._max_argument_bytes)
             return []
-        tracker = self._trackers.get(buf.key)
-        if tracker is None:
-            tracker = PreviewTracker(self._previews, buf.name, max_depth=self.limits.max_json_depth)
-            self._trackers[buf.key] = tracker
+        tracker = self._tracker(buf)
         if tracker.feed(fragment, size):
             return [tracker.release(buf.key, buf.call_id, buf.name)]
         return []
+
+    def _tracker(self, buf: CallBuffer) -> PreviewTracker:
+        """The preview tracker of an OPEN call with previews on (made at its first text)."""
+        tracker = self._trackers.get(buf.key)
+        if tracker is None:
+            assert self._previews is not None  # (only called with previews on)
+            tracker = PreviewTracker(self._previews, buf.name, max_depth=self.limits.max_json_depth)
+            self._trackers[buf.key] = buf.tracker = tracker
+        return tracker
 
     def _on_whole(self, key: CallKey, text: str) -> list[CallUpdate]:
         """A call's whole argument text in one piece (``ArgsDelta.whole``)."""
@@ -390,6 +414,7 @@ class Assembler:
     def _preview_final(self, buf: CallBuffer) -> list[CallUpdate]:
         """The last preview of a call that will get no more fragments (if it had previews)."""
         tracker = self._trackers.pop(buf.key, None)
+        buf.tracker = None
         if tracker is None:
             return []
         return [tracker.release(buf.key, buf.call_id, buf.name, final=True)]

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._errors import ErrorCode
 from ._events import CallKey
 from ._gate import CommittedCall
 from ._state import CallState, Trigger, advance
+
+if TYPE_CHECKING:
+    from ._preview import PreviewTracker
 
 JOIN_BYTES = 16 * 1024
 """Argument bytes between two joins of a call's fragments (see :meth:`CallBuffer.compact`)."""
@@ -29,6 +34,7 @@ class CallBuffer:
         "nbytes",
         "position",
         "state",
+        "tracker",
         "whole",
     )
 
@@ -57,6 +63,9 @@ class CallBuffer:
         self.whole = False
         """True once the call got its whole argument text in one piece (``ArgsDelta.whole``):
         no other fragment may follow."""
+        self.tracker: PreviewTracker | None = None
+        """The call's preview tracker while previews are owed (set and cleared by the
+        assembler, which also keeps them by key)."""
         """True once the call was committed before its round ended (eager start)."""
 
     def text(self) -> str:

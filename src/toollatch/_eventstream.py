@@ -141,8 +141,10 @@ def _string_header(headers: dict[str, HeaderValue], name: str) -> str | None:
     raise StreamDecodeError(f"event-stream header {name!r} must be a string")
 
 
-Emit = Callable[[str, bytes], None]
-"""Takes one complete message as a frame's event and its data, undecoded (``feed_payloads``)."""
+Emit = Callable[[str, list[bytes]], None]
+"""Takes a run of complete messages of one event type: the type and their payloads."""
+RUN_EVENTS = 256
+"""Messages handed over in one run at most (see ``SSEDecoder.feed_payloads``)."""
 
 
 def _to_event(headers: dict[str, HeaderValue], payload: bytes) -> tuple[str, bytes]:
@@ -207,24 +209,26 @@ class EventStreamDecoder:
         frames: list[Frame] = []
         append = frames.append
 
-        def collect(event: str, payload: bytes) -> None:
-            # never U+FFFD: see the module docstring
-            append(Frame(event, payload.decode("utf-8", "surrogateescape")))
+        def collect(event: str, payloads: list[bytes]) -> None:
+            for payload in payloads:
+                # never U+FFFD: see the module docstring
+                append(Frame(event, payload.decode("utf-8", "surrogateescape")))
 
         self.feed_payloads(data, collect)
         return frames
 
-    def feed_payloads(self, data: bytes, emit: Emit, lone: Emit | None = None) -> None:
-        """:meth:`feed`, handing each completed message to ``emit(event, payload)`` as it is
-        cut instead of returning frames (``payload``: the frame's data undecoded; see
-        :meth:`SSEDecoder.feed_payloads`). Raises as :meth:`feed` does. ``lone`` is accepted
-        for the shape and not used: every message goes to ``emit``.
+    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+        """:meth:`feed`, handing the completed messages to ``emit(event, payloads)`` as they
+        are cut, in runs of one event type of at most ``RUN_EVENTS``, instead of returning
+        frames (each payload: the frame's data undecoded; see
+        :meth:`SSEDecoder.feed_payloads`). Raises as :meth:`feed` does.
         """
         if self._closed is not None:
             self._raise_closed()
         buf = self._buf
         buf += data  # in place: amortized O(len(data))
         start = sent = 0
+        name, run = "", list[bytes]()  # messages of type ``name`` not handed over yet
         try:
             while len(buf) - start >= _PRELUDE_BYTES:
                 total = self._checked or self._check_prelude(buf, start)
@@ -235,11 +239,17 @@ class EventStreamDecoder:
                 self._checked = 0
                 start += total
                 sent += 1
-                emit(event, payload)
+                if event != name or len(run) == RUN_EVENTS:
+                    if run:
+                        emit(name, run)
+                    name, run = event, []
+                run.append(payload)
         except StreamDecodeError as exc:
             if not sent:
                 raise
             self._pending = exc  # the frames before it first (see the module docstring)
+        if run:
+            emit(name, run)
         del buf[:start]
 
     def finish(self) -> list[Frame]:

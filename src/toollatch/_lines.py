@@ -6,8 +6,9 @@ The pending partial line is a ``bytearray``: a chunk without a LF only extends i
 and a chunk with one is joined to it once and split. So a long line fed in small reads costs
 time linear in its bytes, and the ``max_line_bytes`` bound is still checked on every feed.
 
-Lines are handed over as they are found (:meth:`JSONLinesDecoder.feed_payloads`), so a read
-that holds a whole stream never holds a list of its events; a line that is ``{...}`` exactly
+Lines are handed over as they are found, in runs of at most ``RUN_EVENTS``
+(:meth:`JSONLinesDecoder.feed_payloads`), so a read that holds a whole stream never holds a
+list of its events; a line that is ``{...}`` exactly
 (nearly all) goes over as its bytes, any other is decoded, stripped and encoded back.
 
 Errors do not depend on read boundaries. Lines are taken in order, and a line over the limit
@@ -31,8 +32,11 @@ from ._errors import StreamDecodeError, UsageError
 from ._events import Frame
 from ._limits import Limits
 
-Emit = Callable[[str, bytes], None]
-"""Takes one complete event: its type (always ``message``) and its line, undecoded."""
+Emit = Callable[[str, list[bytes]], None]
+"""Takes a run of complete events: their type (always ``message``) and their lines,
+undecoded."""
+RUN_EVENTS = 256
+"""Lines handed over in one run at most (see ``SSEDecoder.feed_payloads``)."""
 
 
 class JSONLinesDecoder:
@@ -65,27 +69,28 @@ class JSONLinesDecoder:
         frames: list[Frame] = []
         append = frames.append
 
-        def collect(event: str, line: bytes) -> None:
-            append(Frame(event, line.decode("utf-8", "surrogateescape")))
+        def collect(event: str, lines: list[bytes]) -> None:
+            for line in lines:
+                append(Frame(event, line.decode("utf-8", "surrogateescape")))
 
         self.feed_payloads(data, collect)
         return frames
 
-    def feed_payloads(self, data: bytes, emit: Emit, lone: Emit | None = None) -> None:
-        """:meth:`feed`, handing each non-blank line to ``emit("message", line)`` as it is
-        found instead of returning frames (see :meth:`SSEDecoder.feed_payloads`, also for
-        ``lone``, which takes a line that is the whole chunk): ``line``
-        is the frame's data encoded back (``surrogateescape``), without its line end, the
-        whitespace around it and a BOM. Raises as :meth:`feed` does.
+    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+        """:meth:`feed`, handing the non-blank lines to ``emit("message", lines)`` in runs
+        of at most ``RUN_EVENTS`` as they are found, instead of returning frames (see
+        :meth:`SSEDecoder.feed_payloads`): each line is the frame's data encoded back
+        (``surrogateescape``), without its line end, the whitespace around it and a BOM.
+        Raises as :meth:`feed` does.
         """
         if self._closed:
             self._raise_closed("JSONLinesDecoder.feed() after finish() or an error")
         partial = self._partial
         if not partial and data.endswith(b"}\n") and data[0] == self._BARE:
             # One whole "{...}" line, as most reads are: what the loop below does for it.
-            stop = len(data) - 1
-            if stop <= self._max and data.find(b"\n", 0, stop) < 0:
-                (emit if lone is None else lone)("message", data[:stop])
+            line = data[:-1]
+            if 10 not in line and len(line) <= self._max:
+                emit("message", [line])
                 return
         end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
         if not end:
@@ -100,33 +105,41 @@ class JSONLinesDecoder:
             partial.clear()
         pos = sent = 0
         find, limit, bare = data.find, self._max, self._BARE
+        run: list[bytes] = []
+        add = run.append
         try:
             while pos < end:
                 stop = find(b"\n", pos)
                 if stop - pos > limit:
                     self._fail()
                 if data[pos] == bare and data[stop - 1] == 0x7D:  # "{...}": nothing to strip
-                    sent += 1
-                    emit("message", data[pos:stop])
+                    add(data[pos:stop])
                 else:
-                    sent += self._stripped(data[pos:stop], emit)
+                    self._stripped(data[pos:stop], add)
                 pos = stop + 1
+                if len(run) == RUN_EVENTS:
+                    sent += len(run)
+                    emit("message", run)
+                    run = []
+                    add = run.append
             if len(data) - end > limit:
                 self._fail()
         except StreamDecodeError as exc:
-            if not sent:
+            if run:  # the lines before it first (see the module docstring)
+                emit("message", run)
+            elif not sent:
                 raise
-            self._pending = exc  # the frames before it first (see the module docstring)
+            self._pending = exc
             return
+        if run:
+            emit("message", run)
         partial += memoryview(data)[end:]
 
-    def _stripped(self, line: bytes, emit: Emit) -> int:
-        """Hand over ``line`` as :meth:`_frame` reads it, if it is not blank; 1 if it was."""
+    def _stripped(self, line: bytes, add: Callable[[bytes], None]) -> None:
+        """Add ``line`` as :meth:`_frame` reads it to the run, if it is not blank."""
         frame = self._frame(line)
-        if frame is None:
-            return 0
-        emit("message", frame.data.encode("utf-8", "surrogateescape"))
-        return 1
+        if frame is not None:
+            add(frame.data.encode("utf-8", "surrogateescape"))
 
     def finish(self) -> list[Frame]:
         """The frame of a last line without a newline, if any.

@@ -8,12 +8,10 @@ round ends ``interrupted`` and every call gets a paired error result.
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from ._adapters._base import Adapter, Fragment
+from ._adapters._base import Adapter
 from ._assembler import Assembler, CallUpdate
 from ._errors import ErrorCode, StreamDecodeError, UsageError
 from ._events import Anomaly, AnomalyKind, Frame, StreamEvent, StreamFailed
@@ -27,21 +25,12 @@ from ._round import Round
 from ._specs import ToolSpec
 from ._sse import SSEDecoder
 
-_RUN_FRAGMENTS = 256
-"""Fragments of one call collected from a read before they go to the assembler together: few
-enough that a read holding a whole stream holds few of them at a time."""
-
 
 class _Decoder(Protocol):
     """What the pipeline needs of a frame decoder (all three have it)."""
 
     def feed(self, data: bytes) -> list[Frame]: ...
-    def feed_payloads(
-        self,
-        data: bytes,
-        emit: Callable[[str, bytes], None],
-        lone: Callable[[str, bytes], None] | None = None,
-    ) -> None: ...
+    def feed_payloads(self, data: bytes, emit: Callable[[str, list[bytes]], None]) -> None: ...
     def finish(self) -> list[Frame]: ...
 
 
@@ -76,17 +65,17 @@ class StreamParser:
     is not misuse: the round fails there, and later input is ignored until ``finish()``.
 
     The per-event step: ``feed`` hands the bytes to the decoder's ``feed_payloads``, which
-    calls back with each complete event's type and undecoded data as it finds it (no list
-    of frames is built, whatever the read's size); the adapter's ``translate`` returns
-    either a bare argument fragment of an open call, or the stream events the event
-    implies. Consecutive fragments (up to ``_RUN_FRAGMENTS``) are collected and handed to
-    the assembler before any other event of the read reaches it and before ``feed``
-    returns, each call's stretch of them in one ``feed_fragments``: the assembler sees the
-    same sequence, and counts and appends a stretch at once. The same
-    decisions as the stages in turn (``decoder.feed`` -> ``adapter.feed_frame`` ->
-    ``assembler.feed``), without building the frame and the ``ArgsDelta`` for the bulk of
-    a stream; tests feed every stream both ways and compare. With ``keep_events`` every
-    read takes the stages in turn, so that every event can be recorded.
+    calls back with runs of complete events of one type (their undecoded data) as it finds
+    them (no list of a read's frames is built, whatever the read's size); the adapter's
+    ``translate`` walks a run and returns each stretch of it: the bare argument fragments of
+    one open call, then the stream events of the event that ended the stretch, if any. Each
+    stretch's fragments go to the assembler in one ``feed_fragments`` (it counts and appends
+    them at once), its events after them, before the next stretch is translated: the
+    assembler sees the same sequence. The same decisions as the stages in turn
+    (``decoder.feed`` -> ``adapter.feed_frame`` -> ``assembler.feed``), without building the
+    frame and the ``ArgsDelta`` for the bulk of a stream, or a Python call per event; tests
+    feed every stream both ways and compare. With ``keep_events`` every read takes the
+    stages in turn, so that every event can be recorded.
     """
 
     def __init__(
@@ -125,14 +114,14 @@ class StreamParser:
         # Bound once: they run once per event, tens of thousands of times a call.
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
-        self._feed_fragment = self.assembler.feed_fragment
         self._feed_fragments = self.assembler.feed_fragments
-        self._emit = self._on_event
-        self._emit_lone = self._on_lone_event
-        self._run: list[Fragment] = []  # fragments found in this read, not handed over yet
+        self._emit = self._on_run
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
+        # Whether feed takes the per-event step: not closed or broken, no events kept (one
+        # test per read instead of three; cleared wherever one of them changes).
+        self._direct = not keep_events
         self.finish_notices: list[CallUpdate] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
@@ -142,74 +131,37 @@ class StreamParser:
         Raises:
             UsageError: after ``finish()`` or ``cancel()``.
         """
-        if self._closed is not None or self._broken:
-            return self._ignored("feed")
         try:
-            if self.events is not None:
-                return self._frames(self._decoder.feed(data))
-            self._feed_payloads(data, self._emit, self._emit_lone)
+            if not self._direct:
+                if self._closed is not None or self._broken:
+                    return self._ignored("feed")
+                return self._frames(self._decoder.feed(data))  # (keep_events)
+            self._feed_payloads(data, self._emit)
         except StreamDecodeError as exc:
-            self._flush()
             self._notices += self._framing_failed(exc)
-        run = self._run
-        if run:  # (inlined _flush, once per read: one fragment is the likeliest run)
-            found = self._feed_fragment(*run[0]) if len(run) == 1 else self._hand_over(run)
-            run.clear()
-            if found:
-                self._notices += found
         found = self._notices
         if not found:
             return []
         self._notices = []
         return self._sealing(found)
 
-    def _on_event(self, event: str, payload: bytes) -> None:
-        """One complete event of the read being fed (see the class docstring): a fragment
-        joins the run of fragments found in this read (handed over by ``_flush`` before
-        anything else reaches the assembler), the events go to the assembler."""
-        out = self._translate(event, payload)
-        # (A fragment is a tuple, the events a list: the class test is the cheapest.)
-        if out.__class__ is tuple:
-            run = self._run
-            run.append(out)
-            if len(run) >= _RUN_FRAGMENTS:
-                self._flush()
-            return
-        if self._run:
-            self._flush()
-        found = self._apply(out)  # type: ignore[arg-type]
-        if found:
-            self._notices += found
-
-    def _on_lone_event(self, event: str, payload: bytes) -> None:
-        """The one event of a read that holds nothing else: no run to collect."""
-        out = self._translate(event, payload)
-        found = (
-            self._feed_fragment(*out) if out.__class__ is tuple else self._apply(out)  # type: ignore[arg-type]
-        )
-        if found:
-            self._notices += found
-
-    def _flush(self) -> None:
-        """Hand the run of fragments over to the assembler (see :meth:`_on_event`)."""
-        run = self._run
-        if run:
-            found = self._hand_over(run)
-            run.clear()
-            if found:
-                self._notices += found
-
-    def _hand_over(self, run: list[Fragment]) -> list[CallUpdate]:
-        """The assembler's notices for ``run``: each stretch of one call's fragments in one
-        ``feed_fragments`` (the whole run, as a rule: calls stream one after another)."""
-        key = run[0][0]
-        texts = [text for part, text in run if part is key]
-        if len(texts) == len(run):
-            return self._feed_fragments(key, texts)
-        found: list[CallUpdate] = []
-        for key, stretch in itertools.groupby(run, key=operator.itemgetter(0)):
-            found += self._feed_fragments(key, [text for _, text in stretch])
-        return found
+    def _on_run(self, event: str, payloads: list[bytes]) -> None:
+        """A run of complete events of one type from the read being fed (see the class
+        docstring): each stretch the adapter finds goes to the assembler, its fragments in
+        one ``feed_fragments``, then the events of the payload that ended it."""
+        start, end = 0, len(payloads)
+        while True:
+            start, key, texts, events = self._translate(event, payloads, start)
+            if key is not None:
+                found = self._feed_fragments(key, texts)
+                if found:
+                    self._notices += found
+            if events:
+                found = self._apply(events)
+                if found:
+                    self._notices += found
+            if start == end:
+                return
 
     def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """Feed already-decoded frames (the same rules as :meth:`feed`)."""
@@ -228,7 +180,7 @@ class StreamParser:
         """End of input: flush the decoder and the adapter, decide every call. Returns the
         same Round when called again (or after :meth:`cancel`)."""
         if self._closed is None:
-            self._closed = "finish()"
+            self._closed, self._direct = "finish()", False
             if not self._broken:  # (a framing error in the last line still ends the adapter)
                 try:
                     self.finish_notices += self._frames(self._decoder.finish())
@@ -256,7 +208,7 @@ class StreamParser:
                 f"StreamParser.fail() takes idle_timeout or stream_interrupted, not {code}"
             )
         if self._closed is None:
-            self._closed = "fail()"
+            self._closed, self._direct = "fail()", False
             self.finish_notices += self._apply([StreamFailed(code=code, detail=detail)])
         return self.assembler.finish()
 
@@ -264,7 +216,7 @@ class StreamParser:
         """Cancel the attempt: every call not committed yet becomes CANCELLED. After
         :meth:`finish` (or a first cancel) a no-op returning the same Round."""
         if self._closed is None:
-            self._closed = "cancel()"
+            self._closed, self._direct = "cancel()", False
         return self.assembler.cancel(reason)
 
     def _sealing(self, found: list[CallUpdate]) -> list[CallUpdate]:
@@ -273,6 +225,7 @@ class StreamParser:
         adapter's state stops growing too. (It seals only on a feed that returns notices.)"""
         if found:
             self._broken = self._broken or self.assembler.sealed
+            self._direct = self._direct and not self._broken
         return found
 
     def _ignored(self, method: str) -> list[CallUpdate]:
@@ -304,7 +257,7 @@ class StreamParser:
 
     def _framing_failed(self, exc: StreamDecodeError) -> list[CallUpdate]:
         """The one boundary for framing errors: the stream failed; later input is ignored."""
-        self._broken = True
+        self._broken, self._direct = True, False
         return self._apply(
             [
                 Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),

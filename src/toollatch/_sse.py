@@ -20,14 +20,16 @@ to the partial line once, CR and CRLF become LF only when the chunk contains a C
 Gemini), and it is split on LF; the last piece becomes the new partial line.
 
 Events are handed over as they complete: :meth:`SSEDecoder.feed_payloads` calls a function
-with each event's type and undecoded data, in stream order, while it walks the chunk, so a
-read that holds a whole stream never holds a list of its events (``feed`` is the same walk,
-collecting :class:`Frame` values). The walk goes from blank line to blank line (``\n\n``):
-a piece that is one ``data: <value>`` line, maybe after one ``event: <name>`` line (the
-shape of nearly every event: Anthropic, Responses, OpenAI chat), starting with nothing
-pending, is handed over from the chunk's bytes without splitting it into lines (the last
-such head is kept, so Anthropic's repeated ``event: content_block_delta`` line is compared,
-not decoded); any other piece is split into lines and applied by the general rules below.
+with runs of consecutive events of one type (the type and each one's undecoded data, at most
+``RUN_EVENTS`` of them), in stream order, while it walks the chunk, so a read that holds a
+whole stream never holds a list of its events, and the consumer pays its per-call cost once
+per run, not per event (``feed`` is the same walk, collecting :class:`Frame` values). The
+walk goes from blank line to blank line (``\n\n``): a piece that is one ``data: <value>``
+line, maybe after one ``event: <name>`` line (the shape of nearly every event: Anthropic,
+Responses, OpenAI chat), starting with nothing pending, is handed over from the chunk's
+bytes without splitting it into lines (the last such head is kept, so Anthropic's repeated
+``event: content_block_delta`` line is compared, not decoded); any other piece is split into
+lines and applied by the general rules below.
 Both must give the same events; the tests check it.
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
@@ -77,8 +79,12 @@ from ._limits import Limits
 __all__ = ["SSEDecoder"]
 
 _BOM = b"\xef\xbb\xbf"
-Emit = Callable[[str, bytes], None]
-"""Takes one complete event: its type and its data, undecoded (see ``feed_payloads``)."""
+Emit = Callable[[str, list[bytes]], None]
+"""Takes a run of complete events of one type: the type and their data, undecoded (see
+``feed_payloads``)."""
+RUN_EVENTS = 256
+"""Events handed over in one run at most: few enough that a read holding a whole stream
+holds few of them at a time."""
 _MAX_RETRY_DIGITS = 15
 """Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
 which refuses strings over 4300 digits."""
@@ -168,23 +174,24 @@ class SSEDecoder:
         frames: list[Frame] = []
         append = frames.append
 
-        def collect(event: str, value: bytes) -> None:
-            text = value.decode("utf-8", "surrogateescape")  # see the module docstring
-            append(Frame(event, text, self._last_id, self._retry))
+        def collect(event: str, values: list[bytes]) -> None:
+            for value in values:
+                text = value.decode("utf-8", "surrogateescape")  # see the module docstring
+                append(Frame(event, text, self._last_id, self._retry))
 
         self.feed_payloads(data, collect)
         return frames
 
-    def feed_payloads(self, data: bytes, emit: Emit, lone: Emit | None = None) -> None:
-        """:meth:`feed`, handing each completed event to ``emit(type, data)`` as it completes
-        instead of returning frames: ``data`` is the event's data undecoded (UTF-8, maybe
-        invalid: decode it with ``surrogateescape``). No list of the chunk's events is built,
-        whatever its size (StreamParser uses this). An event that is the whole chunk (one
-        event per read, as most reads of a stream are) goes to ``lone`` instead, when given.
-        The id and retry in force are :attr:`last_id` and :attr:`retry` when ``emit`` is
-        called. Raises as :meth:`feed` does, at the same places; an exception from ``emit``
-        propagates, and the rest of the chunk is lost (the decoder is then not to be used
-        again).
+    def feed_payloads(self, data: bytes, emit: Emit) -> None:
+        """:meth:`feed`, handing the completed events to ``emit(type, datas)`` in runs as
+        it walks the chunk, instead of returning frames: consecutive events of one type, at
+        most ``RUN_EVENTS`` of them, each one's data undecoded (UTF-8, maybe invalid: decode
+        it with ``surrogateescape``), in stream order. A run is handed over before anything
+        after it in the chunk is applied, so no list of the chunk's events is built, whatever
+        its size (StreamParser uses this), and the id and retry in force are :attr:`last_id`
+        and :attr:`retry` when ``emit`` is called. Raises as :meth:`feed` does, at the same
+        places; an exception from ``emit`` propagates, and the rest of the chunk is lost (the
+        decoder is then not to be used again).
         """
         if self._closed is not None:
             self._raise_closed()
@@ -192,16 +199,17 @@ class SSEDecoder:
         if data.startswith(head) and data[-1] == 10 and data[-2] == 10:  # (len(head) >= 6)
             # A read that is one event with the kept head, as most reads of a stream are:
             # what _walk does for it, without the walk (nothing pending, no CR, one line).
-            n = len(data)
+            # (The head holds no CR: it was cut from data whose CRs were made LFs.)
+            value = data[len(head) : -2]
             if (
-                n <= self._fast_max_bytes
+                10 not in value
+                and 13 not in value
+                and len(data) <= self._fast_max_bytes
                 and not (self._partial or self._at_start or self._skip_lf)
                 and not (self._data or self._event)
-                and data.find(b"\n", skip := len(head), n - 2) < 0
-                and 13 not in data
             ):
                 self._dispatched += 1
-                (emit if lone is None else lone)(self._head_event, data[skip : n - 2])
+                emit(self._head_event, [value])
                 return
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)
@@ -238,17 +246,21 @@ class SSEDecoder:
 
     def _walk(self, data: bytes, end: int, emit: Emit) -> None:
         """Apply the complete lines ``data[:end]`` in order: a one-line event (the kept head
-        or another, a value without LF, the blank line) starting with nothing pending goes
-        over as it is; anything else is split into lines up to the next blank line."""
+        or another, a value without LF, the blank line) starting with nothing pending joins
+        the run of such events of its type; anything else is split into lines up to the next
+        blank line, after the run so far is handed over."""
         pos, find, starts, limit = 0, data.find, data.startswith, self._fast_max_bytes
         head, name = self._head, self._head_event  # (locals: _one_line changes them)
         clean = not (self._data or self._event)  # nothing pending: a one-line event may start
-        sent = 0  # one-line events handed over, added to _dispatched before anything raises
+        run: list[bytes] = []  # one-line events of type ``name`` not handed over yet
         while pos < end:
             if clean:
                 if starts(head, pos):
                     start = pos + len(head)
                 else:
+                    if run:  # (the head changes: so may the type)
+                        self._hand_over(emit, name, run)
+                        run = []
                     start = self._one_line(data, pos, end)
                     head, name = self._head, self._head_event
                 if start:
@@ -261,12 +273,15 @@ class SSEDecoder:
                         and data[line_end + 1] == 10
                         and line_end + 2 - pos <= limit
                     ):
-                        sent += 1
-                        emit(name, data[start:line_end])
+                        run.append(data[start:line_end])
+                        if len(run) == RUN_EVENTS:
+                            self._hand_over(emit, name, run)
+                            run = []
                         pos = line_end + 2
                         continue
-            self._dispatched += sent
-            sent = 0
+            if run:
+                self._hand_over(emit, name, run)
+                run = []
             stop = find(b"\n\n", pos, end)
             if stop < 0:
                 self._lines(data[pos : end - 1], emit)
@@ -274,7 +289,14 @@ class SSEDecoder:
             self._lines(data[pos : stop + 1], emit)  # ends with a blank line: clean after it
             clean = True
             pos = stop + 2
-        self._dispatched += sent
+        if run:
+            self._hand_over(emit, name, run)
+
+    def _hand_over(self, emit: Emit, name: str, run: list[bytes]) -> None:
+        """Count a run of one-line events as handed over (before anything raises), and hand
+        it over."""
+        self._dispatched += len(run)
+        emit(name, run)
 
     def _one_line(self, data: bytes, pos: int, stop: int) -> int:
         """Where the value starts when ``data[pos:stop]`` starts with a head other than the
@@ -311,9 +333,10 @@ class SSEDecoder:
         self._partial = bytearray()
         frames: list[Frame] = []
 
-        def collect(event: str, value: bytes) -> None:
-            text = value.decode("utf-8", "surrogateescape")  # see the module docstring
-            frames.append(Frame(event, text, self._last_id, self._retry))
+        def collect(event: str, values: list[bytes]) -> None:
+            for value in values:
+                text = value.decode("utf-8", "surrogateescape")  # see the module docstring
+                frames.append(Frame(event, text, self._last_id, self._retry))
 
         self._process(lines, collect)  # one line, not blank: it dispatches nothing itself
         if self._data:
@@ -402,7 +425,7 @@ class SSEDecoder:
         self._data_bytes = 0
         self._event = ""
         self._dispatched += 1
-        emit(event, data[0] if len(data) == 1 else b"\n".join(data))
+        emit(event, [data[0] if len(data) == 1 else b"\n".join(data)])
 
     def _check_line_lengths(self, lines: list[bytes], emit: Emit) -> None:
         """Raise for the first line over the limit, after applying the lines before it."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeAlias
 
 import orjson
 
@@ -161,49 +161,46 @@ def round_end(
     ]
 
 
-class RawContinuation(NamedTuple):
-    """How the provider spells a bare fragment of the open call ``key`` (build it with
-    :func:`raw_continuation`): the fragment is one JSON string right after ``prefix``, then
-    one of two forms:
+RawContinuation: TypeAlias = tuple[bytes, bytes, bytes | None, CallKey, int, int, int]
+"""How the provider spells a bare fragment of the open call ``key``: ``(prefix, suffix,
+close, key, start, cut, suffix_len)`` (build it with :func:`raw_continuation`; a plain
+tuple, as :meth:`Adapter.translate` unpacks it once per event). The fragment is one JSON
+string right after ``prefix``, then one of two forms:
 
-    * ``close`` is None: ``suffix``, maybe with spaces between its bytes when it holds no ``"``
-      (Anthropic pads ``}  }``; the string then ends at the data's last quote).
-    * padded: ``suffix``, a padding value of ASCII letters and digits, then ``close`` (Bedrock's
-      ``"p"``, OpenAI's ``"obfuscation"``: fields that only hide the event's size).
+* ``close`` is None: ``suffix``, maybe with spaces between its bytes when it holds no ``"``
+  (Anthropic pads ``}  }``; the string then ends at the data's last quote).
+* padded: ``suffix``, a padding value of ASCII letters and digits, then ``close`` (Bedrock's
+  ``"p"``, OpenAI's ``"obfuscation"``: fields that only hide the event's size).
 
-    An adapter sets it for its provider's own spelling, only while :meth:`Adapter._continuation`
-    would accept every event so spelled with that result (whatever the padding), and clears
-    it before it stops holding; :meth:`Adapter.translate` then decodes the string alone
-    instead of the whole event. Sound because a JSON string token can be replaced by any
-    other without changing what the rest of the text means. Any other spelling (another key
-    order, spaces inside the prefix) misses and takes the decoded route, as does an empty
-    string when ``_raw_empty`` is false."""
+``start`` is ``len(prefix)`` (where the string starts), ``cut`` is ``len(close)`` when
+padded, else ``len(suffix)`` (the bytes after the string, or after the padding, in the
+spelling without spaces), ``suffix_len`` is ``len(suffix)``.
 
-    prefix: bytes
-    suffix: bytes
-    close: bytes | None
-    key: CallKey
-    start: int
-    """``len(prefix)``: where the string starts."""
-    cut: int
-    """``len(close)`` when padded, else ``len(suffix)``: the bytes after the string (or after
-    the padding) in the spelling without spaces."""
+An adapter sets it for its provider's own spelling, only while :meth:`Adapter._continuation`
+would accept every event so spelled with that result (whatever the padding), and clears it
+before it stops holding; :meth:`Adapter.translate` then decodes the string alone instead of
+the whole event. Sound because a JSON string token can be replaced by any other without
+changing what the rest of the text means. Any other spelling (another key order, spaces
+inside the prefix) misses and takes the decoded route, as does an empty string when
+``_raw_empty`` is false."""
 
 
 def raw_continuation(
     prefix: bytes, suffix: bytes, key: CallKey, close: bytes | None = None
 ) -> RawContinuation:
-    """A :class:`RawContinuation`, its lengths computed once (``translate`` slices with them
+    """A :data:`RawContinuation`, its lengths computed once (``translate`` slices with them
     once per event). Raises ``ValueError`` for an empty ``suffix`` or ``close``."""
     if not suffix or close == b"":
         raise ValueError("a raw spelling needs a suffix (and a close, when padded)")
     cut = len(suffix) if close is None else len(close)
-    return RawContinuation(prefix, suffix, close, key, len(prefix), cut)
+    return (prefix, suffix, close, key, len(prefix), cut, len(suffix))
 
 
 Fragment: TypeAlias = tuple[CallKey, str]
 """``(key, text)``: a bare argument fragment of the open call ``key`` (see
-:meth:`Adapter.translate`)."""
+:meth:`Adapter._continuation`)."""
+Translated: TypeAlias = tuple[int, CallKey | None, list[str], list[StreamEvent] | None]
+"""``(stop, key, texts, events)``: what :meth:`Adapter.translate` found in a stretch of a run."""
 
 _loads = orjson.loads
 
@@ -213,10 +210,10 @@ def _spaced_body(payload: bytes, raw: RawContinuation) -> bytes | None:
     says, with spaces in the suffix; else None."""
     # The suffix has no quote, so the fragment's string ends at the last one.
     end = payload.rfind(b'"') + 1
-    suffix = raw.suffix
-    if raw.close is not None or b'"' in suffix or payload[end:].replace(b" ", b"") != suffix:
+    _, suffix, close, _, start, _, _ = raw
+    if close is not None or b'"' in suffix or payload[end:].replace(b" ", b"") != suffix:
         return None
-    return payload[raw.start : end]
+    return payload[start:end]
 
 
 _PADDING = b',"obfuscation":"'
@@ -426,58 +423,91 @@ class Adapter(ABC):
 
     # -- the pipeline's per-event step (package-internal) -----------------------------------
 
-    def translate(self, event: str, payload: bytes) -> Fragment | list[StreamEvent]:
-        """One event of a byte stream, from its frame's event name and undecoded data:
-        ``(key, fragment)`` when it is a bare argument fragment of the open call ``key``,
-        else the stream events it implies. Package-internal: ``StreamParser`` calls it once
-        per event (the decoders' ``feed_payloads`` hand it over), so that the bulk of a
-        stream goes from bytes to a call's buffer without a frame or an event in between.
+    def translate(self, event: str, payloads: Sequence[bytes], start: int = 0) -> Translated:
+        """The next stretch of a run of events of one type (a byte stream's events, from
+        their frames' event name and undecoded data), from ``payloads[start]``: ``(stop, key,
+        texts, events)``. ``texts`` are the bare argument fragments of the open call ``key``
+        that ``payloads[start:stop]`` hold, one per payload (maybe none: ``key`` is then
+        None); ``events`` (or None) are the stream events of the payload that ended the
+        stretch, ``payloads[stop - 1]``, when it is not such a fragment. A stretch also ends
+        before a fragment of another call (``stop`` is then that payload's). Package-internal:
+        ``StreamParser`` calls it for the runs the decoders' ``feed_payloads`` hand over, in
+        turn until ``stop`` is the run's end, so that the bulk of a stream goes from bytes to
+        a call's buffer without a frame, an event or a Python call per event in between.
 
-        The same decisions as :meth:`feed_frame` for ``Frame(event, data)``, ``data`` being
-        ``payload`` decoded with ``surrogateescape``: a fragment is what ``feed_frame`` would
-        return as its one ``ArgsDelta``, and it changes the adapter alike. Two routes find
-        fragments: the decoded one (one parse of the payload, then :meth:`_continuation`),
-        and, when the payload is spelled as ``_raw`` says, the fragment's JSON string decoded
-        alone (see ``RawContinuation``; an adapter that ``_learns_raw`` sets ``_raw`` from a
-        fragment the decoded route found). Anything else goes to :meth:`_feed_other` with the
-        decoded object (no second parse), or to :meth:`feed_frame` when the payload is not a
-        JSON object, an ``error`` event or ``[DONE]``. Raises ``UsageError`` after
-        :meth:`finish`, like every ``feed``.
+        The same decisions as :meth:`feed_frame` for each ``Frame(event, data)`` in turn,
+        ``data`` being the payload decoded with ``surrogateescape``: a fragment is what
+        ``feed_frame`` would return as its one ``ArgsDelta``, and it changes the adapter alike.
+        Two routes find fragments: the decoded one (one parse of the payload, then
+        :meth:`_continuation`), and, when the payload is spelled as ``_raw`` says, the
+        fragment's JSON string decoded alone (see ``RawContinuation``; an adapter that
+        ``_learns_raw`` sets ``_raw`` from a fragment the decoded route found). Anything else
+        goes to :meth:`_feed_other` with the decoded object (no second parse), or to
+        :meth:`feed_frame` when the payload is not a JSON object, an ``error`` event or
+        ``[DONE]``. Raises ``UsageError`` after :meth:`finish`, like every ``feed``.
         """
         if self._finished:
             raise self._after_finish("translate")
-        raw = self._raw
-        if raw is not None and payload.startswith(raw[0]) and event != "error":
-            _, suffix, close, key, start, cut = raw
-            if close is None:
-                if payload.endswith(suffix):
-                    body: bytes | None = payload[start:-cut]
+        texts: list[str] = []
+        key: CallKey | None = None
+        raw = self._raw if event != "error" else None
+        if raw is not None:
+            prefix, suffix, close, raw_key, at, cut, skip = raw
+        i, end = start, len(payloads)
+        while i < end:
+            payload = payloads[i]
+            # The raw route, inlined: it runs once per event of the bulk of a stream. (Slices
+            # compared, not startswith/endswith: cheaper per call in CPython 3.11.)
+            if raw is not None and payload[:at] == prefix:
+                if close is None:
+                    if payload[-cut:] == suffix:
+                        body: bytes | None = payload[at:-cut]
+                    else:
+                        body = _spaced_body(payload, raw)
+                elif payload[-cut:] == close:  # padded
+                    pad_at = payload.rfind(suffix, at, -cut)
+                    pad = payload[pad_at + skip : -cut]
+                    body = (
+                        payload[at:pad_at] if pad_at >= 0 and (not pad or pad.isalnum()) else None
+                    )
                 else:
-                    body = _spaced_body(payload, raw)
-            elif payload.endswith(close):  # padded (inlined: once per event)
-                at = payload.rfind(suffix, start, -cut)
-                pad = payload[at + len(suffix) : -cut]
-                body = payload[start:at] if at >= 0 and (not pad or pad.isalnum()) else None
-            else:
-                body = None
-            try:
-                fragment = _loads(body) if body else None
-            except orjson.JSONDecodeError:
-                fragment = None  # (not one string: the decoded route says what it is)
-            if fragment.__class__ is str and (fragment or self._raw_empty):
-                return key, fragment
-        if event != "error" and payload[:1] == b"{":
+                    body = None
+                try:
+                    fragment = _loads(body) if body else None
+                except orjson.JSONDecodeError:
+                    fragment = None  # (not one string: the decoded route says what it is)
+                if fragment.__class__ is str and (fragment or self._raw_empty):
+                    if key is not raw_key and key is not None:
+                        return i, key, texts, None  # another call's fragment
+                    key = raw_key
+                    texts.append(fragment)  # (specialized by CPython 3.11: no bound method)
+                    i += 1
+                    continue
+            if event == "error" or payload[:1] != b"{":
+                return i + 1, key, texts, self._undecoded(event, payload)
             try:
                 native = _loads(payload)
             except orjson.JSONDecodeError:
                 native = None  # not UTF-8, or not JSON: feed_frame says what it is
-            if type(native) is dict:
-                hit = self._continuation(native, event)
-                if hit is not None:
-                    if self._learns_raw:
-                        self._learn_raw(payload, native, hit)
-                    return hit
-                return self._feed_other(native, event, payload)
+            if type(native) is not dict:
+                return i + 1, key, texts, self._undecoded(event, payload)
+            hit = self._continuation(native, event)
+            if hit is None:
+                return i + 1, key, texts, self._feed_other(native, event, payload)
+            if key is not None and hit[0] != key:
+                return i, key, texts, None  # another call's (decoded again next time: rare)
+            key, fragment = hit
+            texts.append(fragment)
+            if self._learns_raw:
+                self._learn_raw(payload, native, hit)
+                raw = self._raw
+                if raw is not None:
+                    prefix, suffix, close, raw_key, at, cut, skip = raw
+            i += 1
+        return i, key, texts, None
+
+    def _undecoded(self, event: str, payload: bytes) -> list[StreamEvent]:
+        """:meth:`feed_frame` for a payload :meth:`translate` does not decode itself."""
         return self.feed_frame(Frame(event, payload.decode("utf-8", "surrogateescape")))
 
     def _after_finish(self, method: str) -> UsageError:
