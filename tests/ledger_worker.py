@@ -55,6 +55,8 @@ def charge(n: int) -> str:
     """Charge n (not idempotent)."""
     ctx = current_call()
     assert ctx is not None
+    if "running" in CONFIG:  # tells a test the tool runs (its "started" record is stored)
+        Path(CONFIG["running"]).touch()
     time.sleep(CONFIG.get("tool_sleep", 0.0))
     append(CONFIG["effects"], f"{ctx.call_id} {os.getpid()}")
     die_at("effect", ctx.call_id)

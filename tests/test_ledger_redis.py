@@ -104,7 +104,7 @@ def test_a_redis_restart_mid_run_never_runs_a_call_twice(
     config = {
         "ledger": redis_server.url, "calls": [["c1", "charge", {"n": 1}]],
         "effects": str(effects), "attempts": str(tmp_path / "a.txt"), "lease_s": 0.5,
-        "session": "restart", "tool_sleep": 1.5,
+        "session": "restart", "tool_sleep": 1.5, "running": str(tmp_path / "running"),
     }  # fmt: skip
 
     def worker() -> subprocess.Popen[str]:
@@ -112,7 +112,10 @@ def test_a_redis_restart_mid_run_never_runs_a_call_twice(
         return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
 
     first = worker()
-    time.sleep(1.2)  # the interpreter started and the tool is running (it sleeps 1.5 s)
+    deadline = time.monotonic() + 30  # (a loaded machine may take seconds to start Python)
+    while not (tmp_path / "running").exists():  # the tool is running (it sleeps 1.5 s)
+        assert time.monotonic() < deadline, "the worker's tool never started"
+        time.sleep(0.01)
     redis_server.restart()  # the append-only file keeps the "started" record
     out, _ = first.communicate(timeout=60)
     assert first.returncode == 0

@@ -12,6 +12,7 @@ import httpx
 from mcp_helpers import SERVER, calls_of
 from relay_helpers import parse_sse
 from test_relay_ledger import _serve, _stop
+from toollatch.mcp import parse_server_spec
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
 
@@ -19,12 +20,12 @@ from toollatch.scripted._server import ScriptedServer
 NOTE = json.dumps({"name": "n", "text": "t"})
 
 
-def _script() -> Script:
+def _script(flag: str) -> Script:
     calls = Turn(
         items=(
-            Call(call_id="c1", name="python__echo", arguments='{"text": "served"}'),
-            Call(call_id="c2", name="python__echo", arguments='{"text": "cut'),  # never sent
-            Call(call_id="c3", name="python__write_note", arguments=NOTE),
+            Call(call_id="c1", name=f"{flag}__echo", arguments='{"text": "served"}'),
+            Call(call_id="c2", name=f"{flag}__echo", arguments='{"text": "cut'),  # never sent
+            Call(call_id="c3", name=f"{flag}__write_note", arguments=NOTE),
             Call(call_id="c4", name="cfg__write_note", arguments=NOTE),  # not in its allow list
         ),
         delay_ms=0,
@@ -38,7 +39,8 @@ def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path
     config.write_text(json.dumps({"mcp": {"servers": [
         {"name": "cfg", "command": [*SERVER, "--log", str(tmp_path / "cfg.log")], "allow": ["echo"]},
     ]}}))
-    with ScriptedServer({"m": _script()}) as model:
+    flag = parse_server_spec(spec).name  # named after its program (python, python3...)
+    with ScriptedServer({"m": _script(flag)}) as model:
         proc, url = _serve("--mcp", spec, "--config", str(config), "--ledger", "none",
                            "--base-url", model.base_url("openai_chat"), "--model", "m")
         try:
@@ -51,7 +53,7 @@ def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path
     # both servers list the same tools, so each name is namespaced by its server's name (the
     # flag's server is named after its program)
     assert "get_weather" not in offered
-    assert {"python__echo", "cfg__echo", "python__write_note", "cfg__write_note"} <= set(offered)
+    assert {f"{flag}__echo", "cfg__echo", f"{flag}__write_note", "cfg__write_note"} <= set(offered)
     ended = frames[-1]
     assert ended.event == "run_ended"
     assert ended.data["error"] is None
