@@ -134,13 +134,7 @@ class Dispatcher:
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
     ) -> None:
-        self._tools: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
-            if t.name in self._tools:
-                raise ConfigError(f"tool {t.name!r} is given twice")
-            self._tools[t.name] = t
+        self._tools = _by_name(tools)
         self._eager = frozenset(eager)
         if unknown := sorted(self._eager - self._tools.keys()):
             raise ConfigError(f"eager names no tool: {unknown}")
@@ -183,13 +177,7 @@ class Dispatcher:
         calls already begun keep the tool they began with; the dedupe memory, the locks and
         the ``eager`` names stay (an ``eager`` name no tool has any more is ignored).
         Raises ``ConfigError`` as the constructor does, leaving the tools unchanged."""
-        by_name: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
-            if t.name in by_name:
-                raise ConfigError(f"tool {t.name!r} is given twice")
-            by_name[t.name] = t
+        by_name = _by_name(tools)
         for t in by_name.values():
             if t.group and t.group not in self._groups:
                 self._groups[t.group] = asyncio.Lock()
@@ -281,6 +269,17 @@ def _guard(
     elif not isinstance(worker, str) or not worker:
         raise ConfigError(f"worker must be a non-empty str, got {worker!r:.60}")
     return LedgerGuard(ledger, worker=worker, lease_s=lease_s, poll_s=poll_s, clock=clock)
+
+
+def _by_name(tools: Sequence[Tool[Any, Any]]) -> dict[str, Tool[Any, Any]]:
+    by_name: dict[str, Tool[Any, Any]] = {}
+    for t in tools:
+        if not isinstance(t, Tool):
+            raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
+        if t.name in by_name:
+            raise ConfigError(f"tool {t.name!r} is given twice")
+        by_name[t.name] = t
+    return by_name
 
 
 def _check_positive_int(what: str, value: int) -> None:
