@@ -13,6 +13,7 @@ from typing import Any, Literal
 from .._errors import ErrorCode
 from .._gate import CommittedCall
 from .._round import ToolResult
+from ._results import made_error
 from ._tools import Tool
 
 UNKNOWN_OUTCOME = "its outcome is unknown (it may have had its effect)"
@@ -78,13 +79,7 @@ def may_run_again(slot: Slot, result: ToolResult) -> bool:
 
 def dispatch_error(call: CommittedCall, code: ErrorCode, detail: str) -> ToolResult:
     """An error result the dispatcher makes for ``call``: ``"<code>: <detail>."``."""
-    return ToolResult(
-        tool_call_id=call.call_id,
-        name=call.name,
-        content=f"{code}: {detail}.",
-        is_error=True,
-        code=code,
-    )
+    return made_error(call.call_id, call.name, code, detail)
 
 
 def call_fingerprint(call: CommittedCall) -> str:
