@@ -180,11 +180,7 @@ class Agent:
             result_limits=result_limits,
             redaction=previews,
         )
-        may = self.dispatcher.may_start_early
-        self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))
-        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
-        specs = self.dispatcher.specs
-        self._specs = specs if eager_start else tuple(replace(s, eager=False) for s in specs)
+        self._take_tools()
 
     def run(
         self,
@@ -225,8 +221,13 @@ class Agent:
         if current == tuple(self.dispatcher.tools.values()):
             return  # (Tool objects compare by identity: a changed tool is a new object)
         self.dispatcher.replace_tools(current)
+        self._take_tools()
+
+    def _take_tools(self) -> None:
+        """The eager names and the specs of the dispatcher's current tools."""
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if self._eager_start and may(n))
+        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
         specs = self.dispatcher.specs
         self._specs = specs if self._eager_start else tuple(replace(s, eager=False) for s in specs)
 
