@@ -7,14 +7,10 @@ import json
 import shlex
 from pathlib import Path
 
-import httpx
-
 from mcp_helpers import SERVER, calls_of
-from relay_helpers import parse_sse
-from test_relay_ledger import _serve, _stop
+from relay_helpers import served_run, serving
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
-
 
 NOTE = json.dumps({"name": "n", "text": "t"})
 
@@ -39,14 +35,9 @@ def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path
         {"name": "cfg", "command": [*SERVER, "--log", str(tmp_path / "cfg.log")], "allow": ["echo"]},
     ]}}))
     with ScriptedServer({"m": _script()}) as model:
-        proc, url = _serve("--mcp", spec, "--config", str(config), "--ledger", "none",
-                           "--base-url", model.base_url("openai_chat"), "--model", "m")
-        try:
-            with httpx.Client(base_url=url, timeout=60) as client:
-                run = client.post("/runs", json={"message": "note it"}).json()
-                frames, _ = parse_sse(client.get(run["events_url"]).text)
-        finally:
-            _stop(proc)
+        with serving("--mcp", spec, "--config", str(config), "--ledger", "none",
+                     "--base-url", model.base_url("openai_chat"), "--model", "m") as url:
+            _, frames = served_run(url, "note it")
         offered = sorted(t["function"]["name"] for t in model.requests[0].body["tools"])
     # both servers list the same tools, so each name is namespaced by its server's name (the
     # flag's server is named after its program)
