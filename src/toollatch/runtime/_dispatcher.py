@@ -51,6 +51,10 @@ cannot be stopped, so a sync tool that timed out or was cancelled finishes in th
 (with its result discarded) and holds one of the default executor's threads until then. A
 round of a session opened inside another open round of the same session waits for it forever
 (the session rule), so close a round before the next one starts.
+
+This module holds :class:`Dispatcher` (what lasts across rounds); one round is
+:class:`DispatchRound`'s, in :mod:`._dispatch_round`, and a call's slot, memo and the error
+results the dispatcher makes are in :mod:`._dispatch_calls`.
 """
 
 from __future__ import annotations
