@@ -1,13 +1,16 @@
-"""Shared test configuration: Hypothesis profiles and the recorded-stream corpus locator."""
+"""Shared test configuration: Hypothesis profiles, the recorded-stream corpus locator and a
+redis-server per test module (``redis_server``)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from ledger_helpers import RedisServer
 from toollatch._errors import StreamDecodeError, UsageError
 
 settings.register_profile(
@@ -43,3 +46,12 @@ def decoded_until_error(decoder, chunks):
             decoder.finish()
         return frames, str(exc)
     return frames, None
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server on loopback for one test module (skips without it; see ledger_helpers)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()

@@ -47,6 +47,17 @@ def redis_binary() -> str:
     pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
 
 
+def json_outputs(procs: Sequence[subprocess.Popen[str]], *, timeout: float) -> list[Any]:
+    """Each process's stdout as JSON, in order, once it exited 0 (else the test fails with
+    what it printed)."""
+    outputs = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, out
+        outputs.append(json.loads(out))
+    return outputs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,9 +1,15 @@
-"""Shared pieces of the relay tests: scripts the relay's scripted server plays, and an SSE
-reader over httpx (real HTTP on loopback)."""
+"""Shared pieces of the relay tests: scripts the relay's scripted server plays, an SSE
+reader over httpx (real HTTP on loopback), and ``toollatch serve`` run in a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,3 +101,51 @@ async def read_events(
                 if limit is not None and len(frames) >= limit:
                     return frames[:limit]
     return frames
+
+
+CLI = [sys.executable, "-c", "import sys; from toollatch.cli import main; sys.exit(main())"]
+
+
+def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """``toollatch serve --port 0 *args`` started: the process and the URL it printed."""
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", *args], stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    match = re.search(r"http://127\.0\.0\.1:\d+", line)
+    if match is None:
+        proc.kill()
+        rest = proc.stderr.read()
+        proc.stderr.close()
+        proc.wait()
+        raise AssertionError(f"serve did not start: {line}{rest}")
+    return proc, match.group(0)
+
+
+def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT) -> None:
+    """Ctrl-C (status 0) or ``how`` (SIGKILL: no clean-up at all), then close the pipe."""
+    proc.send_signal(how)
+    status = proc.wait(timeout=15)
+    assert proc.stderr is not None
+    proc.stderr.close()
+    assert status == (0 if how == signal.SIGINT else -how)
+
+
+@contextlib.contextmanager
+def serving(*args: str, how: int = signal.SIGINT) -> Iterator[str]:
+    """A :func:`serve` for the block (its URL), stopped with ``how`` when the block ends."""
+    proc, url = serve(*args)
+    try:
+        yield url
+    finally:
+        stop(proc, how)
+
+
+def served_run(url: str, message: str) -> tuple[dict[str, Any], list[Frame]]:
+    """POST a run of ``message`` to the served relay at ``url``; its answer and every event
+    frame to the end of the run."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        run = client.post("/runs", json={"message": message}).json()
+        frames, _ = parse_sse(client.get(run["events_url"]).text)
+    return run, frames

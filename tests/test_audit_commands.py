@@ -12,10 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
-from relay_helpers import parse_sse
-from test_relay_ledger import _serve, _stop
+from relay_helpers import served_run, serving
 from toollatch.ledger import LedgerKey, SQLiteAudit, SQLiteLedger
 from toollatch.relay._app import run_scope
 from toollatch.scripted._script import Call, Script, Text, Turn
@@ -94,13 +91,12 @@ def test_run_refuses_an_audit_without_a_ledger(tmp_path: Path) -> None:
 def test_serve_audits_the_uncommitted_calls_of_its_runs(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     with ScriptedServer({"m": _script()}) as model:
-        proc, url = _serve("--config", str(_config(tmp_path, db)),
-                           "--base-url", model.base_url("openai_chat"), "--model", "m")
-        try:
-            with httpx.Client(base_url=url, timeout=60) as client:
-                run = client.post("/runs", json={"message": "weather"}).json()
-                frames, _ = parse_sse(client.get(run["events_url"]).text)
-        finally:
-            _stop(proc)
+        with serving("--config", str(_config(tmp_path, db)),
+                     "--base-url", model.base_url("openai_chat"), "--model", "m") as url:
+            run, frames = served_run(url, "weather")
     assert frames[-1].event == "run_ended"
+    ended = frames[-1].data
+    assert {c["id"]: c["error"] for c in ended["calls"]} == {"ok": None, "bad": "invalid_json"}, [
+        (f.event, f.data) for f in frames if f.event not in ("text", "preview")
+    ]
     _check(*asyncio.run(_read(db, run_scope(run["session"], run["id"]))))

@@ -8,7 +8,7 @@ Redis judges liveness by its own clock, so its stale cases use a lease of 50 ms.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -38,14 +38,6 @@ BAD = ToolResult(
     tool_call_id="call_1", name="write", content="tool_error: x", is_error=True,
     code=ErrorCode.TOOL_ERROR,
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])

@@ -17,24 +17,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledger_helpers import RedisServer
+from ledger_helpers import RedisServer, json_outputs
 
 WORKER = Path(__file__).with_name("ledger_worker.py")
 LEASE_S = 0.5
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -150,11 +141,7 @@ def test_racing_workers_run_each_call_once(tmp_path: Path, ledger_url: str, work
         scene.spawn(start_at=start_at, tool_sleep=0.02, worker=f"w{i}", lease_s=10.0)
         for i in range(workers)
     ]
-    outputs = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=90)
-        assert proc.returncode == 0, out
-        outputs.append(json.loads(out))
+    outputs = json_outputs(procs, timeout=90)
     effects = Counter(line.split()[0] for line in scene.lines(scene.effects))
     assert effects == Counter({f"c{i}": 1 for i in range(12)})
     assert len({line.split()[1] for line in scene.lines(scene.effects)}) >= 1

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-from ledger_helpers import RedisServer
 from toollatch import UsageError
 from toollatch.ledger import History, HistoryConflict, MemoryHistory, SQLiteHistory
 from toollatch.ledger.redis import RedisHistory
@@ -24,14 +23,6 @@ ASSISTANT = {
     ],
 }  # fmt: skip
 RESULT = {"role": "tool", "tool_call_id": "c1", "content": "charged 5"}
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])

@@ -10,7 +10,6 @@ WAL mode, and each call must be won by exactly one process.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger_helpers import json_outputs
 from toollatch.ledger import LedgerKey, SQLiteLedger, Won
 
 FILES = 30
@@ -64,11 +64,7 @@ def test_processes_racing_on_brand_new_files_all_succeed(tmp_path: Path) -> None
         )
         for i in range(WORKERS)
     ]
-    outcomes = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out
-        outcomes.append(json.loads(out))
+    outcomes = json_outputs(procs, timeout=120)
     for k in range(FILES):
         per_file = [o[k] for o in outcomes]
         assert not [x for x in per_file if x.startswith("error")], (k, per_file)

@@ -7,15 +7,11 @@ import json
 import shlex
 from pathlib import Path
 
-import httpx
-
 from mcp_helpers import SERVER, calls_of
-from relay_helpers import parse_sse
-from test_relay_ledger import _serve, _stop
+from relay_helpers import served_run, serving
 from toollatch.mcp import parse_server_spec
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
-
 
 NOTE = json.dumps({"name": "n", "text": "t"})
 
@@ -41,14 +37,9 @@ def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path
     ]}}))
     flag = parse_server_spec(spec).name  # named after its program (python, python3...)
     with ScriptedServer({"m": _script(flag)}) as model:
-        proc, url = _serve("--mcp", spec, "--config", str(config), "--ledger", "none",
-                           "--base-url", model.base_url("openai_chat"), "--model", "m")
-        try:
-            with httpx.Client(base_url=url, timeout=60) as client:
-                run = client.post("/runs", json={"message": "note it"}).json()
-                frames, _ = parse_sse(client.get(run["events_url"]).text)
-        finally:
-            _stop(proc)
+        with serving("--mcp", spec, "--config", str(config), "--ledger", "none",
+                     "--base-url", model.base_url("openai_chat"), "--model", "m") as url:
+            _, frames = served_run(url, "note it")
         offered = sorted(t["function"]["name"] for t in model.requests[0].body["tools"])
     # both servers list the same tools, so each name is namespaced by its server's name (the
     # flag's server is named after its program)

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from relay_helpers import parse_sse
+from relay_helpers import CLI, parse_sse, serving
 from toollatch.ledger import LedgerKey, SQLiteLedger
 from toollatch.relay._app import run_scope
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
-
-CLI = [sys.executable, "-c", "import sys; from toollatch.cli import main; sys.exit(main())"]
 
 TOOLS = '''
 import os
@@ -46,29 +42,6 @@ def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def _serve(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([*CLI, "serve", "--port", "0", *args], stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    match = re.search(r"http://127\.0\.0\.1:\d+", line)
-    if match is None:
-        proc.kill()
-        rest = proc.stderr.read()
-        proc.stderr.close()
-        proc.wait()
-        raise AssertionError(f"serve did not start: {line}{rest}")
-    return proc, match.group(0)
-
-
-def _stop(proc: subprocess.Popen[str], how: int = signal.SIGINT) -> None:
-    """Ctrl-C (status 0) or ``how`` (SIGKILL: no clean-up at all), then close the pipe."""
-    proc.send_signal(how)
-    status = proc.wait(timeout=15)
-    assert proc.stderr is not None
-    proc.stderr.close()
-    assert status == (0 if how == signal.SIGINT else -how)
-
-
 def _demo(url: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """Run the demo to its end: (the POST's answer, the session, run_ended's data)."""
     with httpx.Client(base_url=url, timeout=30) as client:
@@ -89,11 +62,8 @@ async def _states(path: Path, scope: str, call_ids: list[str]) -> list[str | Non
 
 
 def test_serve_records_every_call_in_the_default_ledger(data_home: Path) -> None:
-    proc, url = _serve()
-    try:
+    with serving() as url:
         run, session, ended = _demo(url)
-    finally:
-        _stop(proc)
     path = data_home / "toollatch" / "ledger.db"
     assert path.is_file()
     ids = [c["id"] for c in ended["calls"]]
@@ -104,29 +74,22 @@ def test_serve_records_every_call_in_the_default_ledger(data_home: Path) -> None
 
 def test_serve_ledger_flag_and_config_and_none(tmp_path: Path, data_home: Path) -> None:
     chosen = tmp_path / "chosen.db"
-    proc, url = _serve("--ledger", f"sqlite:///{chosen}")
-    try:
+    with serving("--ledger", f"sqlite:///{chosen}") as url:
         run, session, ended = _demo(url)
-    finally:
-        _stop(proc)
     ids = [c["id"] for c in ended["calls"]]
     assert asyncio.run(_states(chosen, run_scope(session, run["id"]), ids)) == ["completed"] * 3
     # the config file's ledger.url; the flag would win over it
     configured = tmp_path / "configured.db"
     config = tmp_path / "toollatch.yaml"
     config.write_text(f"ledger:\n  url: sqlite:///{configured}\n", encoding="utf-8")
-    proc, url = _serve("--config", str(config))
-    try:
+    with serving("--config", str(config)) as url:
         run, session, ended = _demo(url)
-    finally:
-        _stop(proc)
     ids = [c["id"] for c in ended["calls"]]
     assert asyncio.run(_states(configured, run_scope(session, run["id"]), ids)) == [
         "completed"
     ] * 3
     # --ledger none: no ledger anywhere, and resume is refused
-    proc, url = _serve("--ledger", "none")
-    try:
+    with serving("--ledger", "none") as url:
         run, session, _ended = _demo(url)
         with httpx.Client(base_url=url, timeout=30) as client:
             again = client.post(
@@ -134,8 +97,6 @@ def test_serve_ledger_flag_and_config_and_none(tmp_path: Path, data_home: Path) 
             )
         assert again.status_code == 422
         assert again.json()["error"]["code"] == "no_ledger"
-    finally:
-        _stop(proc)
     assert not data_home.exists()
 
 
@@ -183,17 +144,11 @@ def test_a_killed_serve_run_resumes_in_a_second_serve_without_rerunning_calls(
     with ScriptedServer(scripts={"cut": _cut_script()}) as model:
         args = ("--tools", str(tools), "--ledger", ledger, "--model", "cut")
         args += ("--base-url", model.base_url("openai_chat"))
-        first, url = _serve(*args)
-        try:
+        with serving(*args, how=signal.SIGKILL) as url:  # mid-round: b still streaming, never run
             run, session = _run_until_a_ran(url)
-        finally:
-            _stop(first, signal.SIGKILL)  # mid-round: b still streaming, never run
         assert log.read_text().split() == ["a"]
-        second, url = _serve(*args)
-        try:
+        with serving(*args) as url:
             ended = _resume(url, run["id"], session)
-        finally:
-            _stop(second)
     assert ended["error"] is None
     assert [c["id"] for c in ended["calls"]] == ["call_a", "call_b"]
     assert all(not c["is_error"] for c in ended["calls"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._errors import UsageError
 from ._records import LedgerError
-from ._sqlite import setup_statement
+from ._sqlite import _connect
 
 
 class HistoryConflict(LedgerError):
@@ -100,12 +99,7 @@ class SQLiteHistory:
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
-            conn = sqlite3.connect(self.path, timeout=10, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout = 10000")
-            deadline = time.monotonic() + 10
-            for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", _TABLE):
-                setup_statement(conn, statement, deadline)  # (waits out a WAL switch's lock)
-            self._conn = conn
+            self._conn = _connect(self.path, 10_000, (_TABLE,))  # (WAL, as the ledger's)
         return self._conn
 
     def _append(self, run: str, encoded: list[str], at: int) -> int:

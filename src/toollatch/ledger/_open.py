@@ -23,74 +23,76 @@ def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
     ``create_folder``: make a SQLite file's missing folders (for :func:`default_ledger_url`;
     off by default so that a mistyped path is an error). ``ConfigError`` for any other URL
     or a missing package."""
-    if not isinstance(url, str):
-        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
-    parts = urlsplit(url)
-    if parts.scheme == "memory":
+    scheme = _scheme(url)
+    if scheme == "memory":
         return MemoryLedger()
-    if parts.scheme == "sqlite":
-        path = unquote(parts.path[1:] if parts.netloc == "" else "")
-        if not path or path.endswith("/"):
-            raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
+    if scheme == "sqlite":
+        path = _sqlite_path(url)
         from ._sqlite import SQLiteLedger  # noqa: PLC0415 (keeps the package import light)
 
         return SQLiteLedger(path, create_folder=create_folder)
-    if parts.scheme in ("redis", "rediss"):
-        return _open_redis(url)
-    raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
+    if scheme in ("redis", "rediss"):
+        client = _redis_client(url)  # (first: it says when the package is missing)
+        from ._redis import RedisLedger  # noqa: PLC0415 (the [redis] extra, lazily)
+
+        return RedisLedger(client)
+    raise _unknown(url)
 
 
 def open_history(url: str) -> History:
     """The run-history store beside the ledger a URL names (see :func:`open_ledger`):
     ``memory:``, the same SQLite file (its own table), or the same Redis server. ``ConfigError``
     for any other URL."""
-    if not isinstance(url, str):
-        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
-    parts = urlsplit(url)
-    if parts.scheme == "memory":
+    scheme = _scheme(url)
+    if scheme == "memory":
         return MemoryHistory()
-    if parts.scheme == "sqlite":
-        path = unquote(parts.path[1:] if parts.netloc == "" else "")
-        if not path or path.endswith("/"):
-            raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
-        return SQLiteHistory(path)
-    if parts.scheme in ("redis", "rediss"):
+    if scheme == "sqlite":
+        return SQLiteHistory(_sqlite_path(url))
+    if scheme in ("redis", "rediss"):
         client = _redis_client(url)  # (first: it says when the package is missing)
         from ._redis import RedisHistory  # noqa: PLC0415 (the [redis] extra, lazily)
 
         return RedisHistory(client)
-    raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
+    raise _unknown(url)
 
 
 def open_audit(url: str, *, create_folder: bool = False) -> AuditStore:
     """The audit store beside the ledger a URL names (see :func:`open_ledger`): ``memory:``,
     the same SQLite file (its own table) or the same Redis server (its own keys); for
     ``ArgumentAudit``. ``ConfigError`` for any other URL."""
-    if not isinstance(url, str):
-        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
-    parts = urlsplit(url)
-    if parts.scheme == "memory":
+    scheme = _scheme(url)
+    if scheme == "memory":
         return MemoryAudit()
-    if parts.scheme == "sqlite":
-        path = unquote(parts.path[1:] if parts.netloc == "" else "")
-        if not path or path.endswith("/"):
-            raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
+    if scheme == "sqlite":
+        path = _sqlite_path(url)
         from ._audit_sqlite import SQLiteAudit  # noqa: PLC0415 (keeps the package import light)
 
         return SQLiteAudit(path, create_folder=create_folder)
-    if parts.scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss"):
         client = _redis_client(url)  # (first: it says when the package is missing)
         from ._audit_redis import RedisAudit  # noqa: PLC0415 (the [redis] extra, lazily)
 
         return RedisAudit(client)
-    raise ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
+    raise _unknown(url)
 
 
-def _open_redis(url: str) -> Ledger:
-    client = _redis_client(url)  # (first: it says when the package is missing)
-    from ._redis import RedisLedger  # noqa: PLC0415 (it imports redis)
+def _scheme(url: str) -> str:
+    if not isinstance(url, str):
+        raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
+    return urlsplit(url).scheme
 
-    return RedisLedger(client)
+
+def _sqlite_path(url: str) -> str:
+    """The file a ``sqlite:///PATH`` URL names (``ConfigError`` when it names none)."""
+    parts = urlsplit(url)
+    path = unquote(parts.path[1:] if parts.netloc == "" else "")
+    if not path or path.endswith("/"):
+        raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
+    return path
+
+
+def _unknown(url: str) -> ConfigError:
+    return ConfigError(f"unknown ledger URL {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")
 
 
 def _redis_client(url: str) -> Any:

@@ -64,14 +64,15 @@ class SQLiteLedger:
     def __init__(
         self, path: str | Path, *, busy_timeout_s: float = 10.0, create_folder: bool = False
     ) -> None:
-        if not isinstance(busy_timeout_s, int | float) or not 0 < busy_timeout_s <= 3600:
-            raise ConfigError(f"busy_timeout_s must be in (0, 3600], got {busy_timeout_s!r}")
         self.path = Path(path)
-        self._busy_ms = int(busy_timeout_s * 1000)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toollatch-ledger")
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
-        self._create_folder = create_folder
+        self._file = SQLiteFile(
+            self.path,
+            busy_timeout_s,
+            create_folder,
+            (_SCHEMA,),
+            label="SQLite ledger",
+            thread="toollatch-ledger",
+        )
 
     # -- the Ledger methods ------------------------------------------------------------------
 
@@ -133,7 +134,7 @@ class SQLiteLedger:
 
     async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
-        return await self._call(lambda conn: _select(conn, key))
+        return await self._file.call(lambda conn: _select(conn, key))
 
     async def purge(self, *, finished_before: float) -> int:
         """Delete final records last written before ``finished_before`` (Unix time); the
@@ -148,21 +149,11 @@ class SQLiteLedger:
                 )
                 return cursor.rowcount
 
-        return await self._call(run)
+        return await self._file.call(run)
 
     async def aclose(self) -> None:
         """Close the connection and its thread; the file stays."""
-        if self._closed:
-            return
-        self._closed = True
-
-        def close(_: sqlite3.Connection | None = None) -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, close)
-        self._executor.shutdown(wait=False)
+        await self._file.aclose()
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -178,23 +169,7 @@ class SQLiteLedger:
                     conn.execute(_UPSERT, _row(new))
                 return outcome
 
-        return await self._call(run)
-
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._closed:
-            raise LedgerError(f"the SQLite ledger {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._with_connection, fn)
-
-    def _with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            if self._conn is None:
-                if self._create_folder:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._conn = _connect(self.path, self._busy_ms)
-            return _retrying(self._conn, fn, time.monotonic() + self._busy_ms / 1000)
-        except (sqlite3.Error, OSError) as exc:
-            raise LedgerError(f"SQLite ledger {self.path}: {exc}") from exc
+        return await self._file.call(run)
 
 
 def _retrying(
@@ -290,3 +265,63 @@ def _row(r: LedgerRecord) -> tuple[Any, ...]:
         r.key.scope, r.key.call_id, r.digest, r.state, r.worker, r.token,
         r.claimed_at, r.lease_until, r.updated_at, result,
     )  # fmt: skip
+
+
+class SQLiteFile:
+    """One SQLite connection to ``path`` owned by one worker thread: opened on first use in
+    WAL mode with ``schema`` created (and the missing folders when ``create_folder``), each
+    :meth:`call` retried as :func:`_retrying` says; sqlite3 and OS errors are raised as
+    ``LedgerError`` naming ``label`` (what the file holds, e.g. "SQLite ledger"); ``thread``
+    names the worker thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        busy_timeout_s: float,
+        create_folder: bool,
+        schema: tuple[str, ...],
+        *,
+        label: str,
+        thread: str,
+    ) -> None:
+        if not isinstance(busy_timeout_s, int | float) or not 0 < busy_timeout_s <= 3600:
+            raise ConfigError(f"busy_timeout_s must be in (0, 3600], got {busy_timeout_s!r}")
+        self.path = path
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._create_folder = create_folder
+        self._schema = schema
+        self._label = label
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread)
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` in the worker thread (``LedgerError`` once closed)."""
+        if self._closed:
+            raise LedgerError(f"the {self._label} {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._with_connection, fn)
+
+    async def aclose(self) -> None:
+        """Close the connection and its thread (again: nothing); the file stays."""
+        if self._closed:
+            return
+        self._closed = True
+
+        def close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        self._executor.shutdown(wait=False)
+
+    def _with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            if self._conn is None:
+                if self._create_folder:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._conn = _connect(self.path, self._busy_ms, self._schema)
+            return _retrying(self._conn, fn, time.monotonic() + self._busy_ms / 1000)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(f"{self._label} {self.path}: {exc}") from exc

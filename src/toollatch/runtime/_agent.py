@@ -22,46 +22,34 @@ undecided calls with ``idle_timeout`` / ``stream_interrupted``; the next round s
 error results to the model. A request that fails before its stream starts (HTTP error,
 connection refused, no first byte) ends the run with ``run_ended.error`` set. A retried
 request is always a new attempt with new buffers.
+
+This module holds :class:`Agent` (the client, the tools and their dispatcher, the budgets:
+what lasts across runs) and :class:`RunLimits`; one run, its rounds and its events are
+:class:`AgentRun`'s, in :mod:`._agent_run`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._errors import ConfigError, ErrorCode, UsageError
-from .._events import CallKey, RoundEnd
-from .._gate import CommittedCall, Deny, Policy, PolicyDecision, RunBudget
+from .._gate import Deny, Policy, PolicyDecision
 from .._limits import Limits
-from .._messages import assistant_messages, tool_results_messages
-from .._messages._repair import repaired_history
-from .._pipeline import StreamParser
 from .._preview import PreviewPolicy, PreviewUpdated
-from .._round import Round, ToolResult
-from ..assembly import CallAnnounced, CallReady, TextReceived
 from ..ledger import ArgumentAudit, History, Ledger
-from ._agent_events import (
-    AgentEvent,
-    CallCommittedEvent,
-    CallFailedEvent,
-    CallOpenedEvent,
-    RoundEndedEvent,
-    RunEndedEvent,
-    TextEvent,
-    ToolFinishedEvent,
-    ToolStartedEvent,
-)
-from ._clients import ModelClient, ModelError, StreamInterrupted, StreamTimeout
-from ._dispatcher import Dispatcher, DispatchRound
+from ._agent_events import AgentEvent, ToolFinishedEvent, ToolStartedEvent
+from ._agent_run import AgentRun
+from ._clients import ModelClient
+from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
 from ._results import ResultLimits
-from ._resume import StoredHistory
 from ._tools import Tool
+
+__all__ = ["Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,25 +78,6 @@ class RunLimits:
                 isinstance(value, int | float) and math.isfinite(value) and value > 0
             ):
                 raise ConfigError(f"RunLimits.{name} must be positive or None, got {value!r}")
-
-
-class _StallWatch:
-    """When the open calls' argument bytes last grew (monotonic clock, read per chunk)."""
-
-    def __init__(self, limit_s: float | None) -> None:
-        self.limit_s = limit_s or 0.0
-        self._seen: int | None = None
-        self._since = 0.0
-
-    def stalled(self, nbytes: int | None) -> bool:
-        if not self.limit_s or nbytes is None:
-            self._seen = None
-            return False
-        now = time.monotonic()
-        if nbytes != self._seen:
-            self._seen, self._since = nbytes, now
-            return False
-        return now - self._since > self.limit_s
 
 
 class ToolSource(Protocol):
@@ -211,11 +180,7 @@ class Agent:
             result_limits=result_limits,
             redaction=previews,
         )
-        may = self.dispatcher.may_start_early
-        self._eager = tuple(n for n in self.dispatcher.tools if eager_start and may(n))
-        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
-        specs = self.dispatcher.specs
-        self._specs = specs if eager_start else tuple(replace(s, eager=False) for s in specs)
+        self._take_tools()
 
     def run(
         self,
@@ -256,8 +221,13 @@ class Agent:
         if current == tuple(self.dispatcher.tools.values()):
             return  # (Tool objects compare by identity: a changed tool is a new object)
         self.dispatcher.replace_tools(current)
+        self._take_tools()
+
+    def _take_tools(self) -> None:
+        """The eager names and the specs of the dispatcher's current tools."""
         may = self.dispatcher.may_start_early
         self._eager = tuple(n for n in self.dispatcher.tools if self._eager_start and may(n))
+        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
         specs = self.dispatcher.specs
         self._specs = specs if self._eager_start else tuple(replace(s, eager=False) for s in specs)
 
@@ -289,256 +259,3 @@ def user_message(provider: str, text: str) -> dict[str, Any]:
     if provider in ("openai_chat", "openai_responses", "anthropic"):
         return {"role": "user", "content": text}  # (a Responses input item reads the same)
     raise UsageError(f"no user message format for provider {provider!r}")
-
-
-class AgentRun:
-    """One run of an :class:`Agent`: ``async for event in run`` (see the module docstring).
-
-    ``history`` is the provider-format history, valid to send again after every round;
-    ``rounds`` the rounds played; ``error`` why the run stopped early (a model error), if it
-    did. :meth:`cancel` stops the run: the round in flight is cancelled, every call paired.
-    """
-
-    def __init__(
-        self, agent: Agent, history: list[dict[str, Any]], *, resume: bool = False
-    ) -> None:
-        self.agent = agent
-        self.history = history
-        self._resume = resume
-        store = agent.history_store
-        self._stored = StoredHistory(store, agent.session) if store is not None else None
-        self.rounds: list[Round] = []
-        self.results: list[list[ToolResult]] = []
-        self.error: str | None = None
-        self._events: asyncio.Queue[AgentEvent | PreviewUpdated | None] = asyncio.Queue()
-        self._driver: asyncio.Task[None] | None = None
-        self._budget = RunBudget(agent.run_limits.max_tool_calls)
-        self._opened: set[CallKey] = set()
-
-    def cancel(self) -> None:
-        """Stop the run; the events still end with ``round_ended`` and ``run_ended``."""
-        if self._driver is not None:
-            self._driver.cancel()
-
-    async def __aiter__(self) -> AsyncIterator[AgentEvent]:
-        if self._driver is not None:
-            raise UsageError("an AgentRun can be iterated once")
-        if self.agent._sink is not None:
-            raise UsageError("this agent is already running; one run at a time")
-        if self._stored is not None:  # (misuse raises here, before any event)
-            self.history = await self._stored.begin(self.history, resume=self._resume)
-        self.agent._sink = self._events
-        self._driver = asyncio.get_running_loop().create_task(self._drive())
-        try:
-            while (event := await self._events.get()) is not None:
-                if isinstance(event, PreviewUpdated):
-                    if self.agent.on_preview is not None:
-                        self.agent.on_preview(event)  # in order with the events around it
-                else:
-                    yield event
-        finally:
-            self.agent._sink = None
-            if not self._driver.done():
-                self._driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._driver
-
-    # -- the driver ------------------------------------------------------------------------
-
-    async def _drive(self) -> None:
-        limits = self.agent.run_limits
-        try:
-            async with asyncio.timeout(limits.deadline_s):
-                while len(self.rounds) < limits.max_rounds:
-                    if not await self._round():
-                        break
-        except TimeoutError:
-            self.error = None  # the deadline is a budget: the run ended
-        except asyncio.CancelledError:
-            pass  # cancel(): the round in flight was closed by _round
-        finally:
-            self._emit(self._run_ended())
-            self._events.put_nowait(None)
-
-    async def _round(self) -> bool:
-        """Play one round; True when the model should be asked again."""
-        agent = self.agent
-        await agent._refresh_tools()
-        for observer in agent.observers:
-            observer.on_round_start(agent.client.provider, len(self.rounds) + 1)
-        parser = StreamParser(
-            agent.client.provider,
-            tools=agent._specs,
-            limits=agent.limits,
-            budget=self._budget,
-            attempt=agent._next_attempt(),
-            eager=agent._eager,
-            observe=True,
-            previews=agent.previews,
-            policy=agent.policy,
-        )
-        async with agent.dispatcher.round(agent.session) as dispatch:
-            round_: Round | None = None
-            try:
-                round_ = await self._stream(parser, dispatch)
-                if round_ is None:
-                    return False  # the request failed before its stream began
-                self._decided(round_)
-                if round_.ended is RoundEnd.NORMAL:
-                    results = await dispatch.finish(round_)
-                else:
-                    results = await dispatch.abort(round_)
-            except BaseException:
-                # cancel() or the deadline, while streaming or running: the round is
-                # cancelled (a finished parser keeps its Round), every call paired
-                if round_ is None:
-                    round_ = parser.cancel()
-                    self._decided(round_)
-                self._close(round_, await dispatch.abort(round_))
-                await self._persist()
-                raise
-            self._close(round_, results)
-        await self._persist()
-        # Ask again after tool calls, and after a stream that broke (a new attempt); a normal
-        # or truncated answer without calls is the end.
-        return bool(round_.calls) or round_.ended is RoundEnd.INTERRUPTED
-
-    async def _persist(self) -> None:
-        """Store the history's new entries (with a ``history_store``)."""
-        if self._stored is not None:
-            await self._stored.persist(self.history)
-
-    async def _stream(self, parser: StreamParser, dispatch: DispatchRound) -> Round | None:
-        """Feed the round's stream; None when no stream began (``error`` is set)."""
-        agent = self.agent
-        stream = agent.client.stream(
-            self.history,
-            tools=agent.dispatcher.specs,
-            system=agent.system,
-            max_tokens=agent.max_tokens,
-        )
-        try:
-            async with stream as chunks:
-                stall = _StallWatch(agent.run_limits.call_stall_s)
-                try:
-                    async for chunk in chunks:
-                        self._notices(parser.feed(chunk), dispatch)
-                        if stall.stalled(parser.open_argument_bytes()):
-                            detail = f"a call's arguments did not grow for {stall.limit_s:g} s"
-                            return parser.fail(ErrorCode.IDLE_TIMEOUT, detail)
-                except StreamTimeout as exc:
-                    return parser.fail(ErrorCode.IDLE_TIMEOUT, str(exc))
-                except StreamInterrupted as exc:
-                    return parser.fail(ErrorCode.STREAM_INTERRUPTED, str(exc))
-        except ModelError as exc:
-            self.error = str(exc)
-            parser.cancel()
-            return None
-        round_ = parser.finish()
-        self._notices(parser.finish_notices, dispatch)
-        return round_
-
-    def _notices(self, notices: Sequence[object], dispatch: DispatchRound) -> None:
-        for notice in notices:
-            for observer in self.agent.observers:
-                observer.on_notice(self.agent.client.provider, notice)
-            if isinstance(notice, TextReceived):
-                if notice.choice == 0:
-                    self._emit(TextEvent(text=notice.text))
-            elif isinstance(notice, CallAnnounced):
-                if notice.key.choice == 0 and notice.call_id and notice.name:
-                    self._open(notice.key, notice.call_id, notice.name)
-            elif isinstance(notice, CallReady):
-                call = notice.call
-                self._open(call.key, call.call_id, call.name)
-                self._emit(
-                    CallCommittedEvent(
-                        id=call.call_id, name=call.name, arguments=call.arguments, early=True
-                    )
-                )
-                self._start(dispatch, call)
-            elif isinstance(notice, PreviewUpdated) and self.agent.on_preview is not None:
-                self._events.put_nowait(notice)  # UIs (the relay), not the agent events
-
-    def _start(self, dispatch: DispatchRound, call: object) -> None:
-        """Start an eager call; a refusal for not being committed is told to observers
-        (``tool_execute_rejected_not_committed_total``) before it propagates."""
-        try:
-            dispatch.start(call)  # type: ignore[arg-type]  # the dispatcher checks the type
-        except UsageError as exc:
-            if not isinstance(call, CommittedCall):
-                for observer in self.agent.observers:
-                    observer.on_not_committed(self.agent.client.provider, str(exc))
-            raise
-
-    def _open(self, key: CallKey, call_id: str, name: str) -> None:
-        if key not in self._opened:
-            self._opened.add(key)
-            self._emit(CallOpenedEvent(id=call_id, name=name))
-
-    def _decided(self, round_: Round) -> None:
-        """``call_committed`` / ``call_failed`` for every call not told yet, in call order."""
-        for observer in self.agent.observers:
-            observer.on_round(self.agent.client.provider, round_)
-        for call in round_.calls:
-            if call.name is not None:
-                self._open(call.key, call.call_id, call.name)
-            if call.committed is not None:
-                if not call.early:
-                    self._emit(
-                        CallCommittedEvent(
-                            id=call.call_id,
-                            name=call.committed.name,
-                            arguments=call.committed.arguments,
-                            early=False,
-                        )
-                    )
-            else:
-                self._emit(
-                    CallFailedEvent(
-                        id=call.call_id,
-                        name=call.name,
-                        error=str(call.error or ErrorCode.PROTOCOL_VIOLATION),
-                        detail=call.detail,
-                    )
-                )
-
-    def _close(self, round_: Round, results: list[ToolResult]) -> None:
-        """Append the round and its results to the history; ``round_ended``."""
-        self.rounds.append(round_)
-        self.results.append(results)
-        if self.agent.drop_failed:
-            self.history += repaired_history(round_, results, self.agent.drop_failed)
-        else:
-            self.history += assistant_messages(round_)
-            if any(c.name for c in round_.calls):
-                self.history += tool_results_messages(round_, results)
-        self._emit(
-            RoundEndedEvent(
-                round=len(self.rounds), ended=str(round_.ended), stop_reason=round_.stop_reason
-            )
-        )
-
-    def _run_ended(self) -> RunEndedEvent:
-        calls = []
-        for round_, results in zip(self.rounds, self.results, strict=True):
-            by_id = {r.tool_call_id: r for r in results}
-            for call in round_.calls:
-                result = by_id.get(call.call_id)
-                calls.append(
-                    {
-                        "id": call.call_id,
-                        "name": call.name,
-                        "state": str(call.state),
-                        "is_error": result.is_error if result else True,
-                        "error": str(result.code) if result and result.code else None,
-                    }
-                )
-        return RunEndedEvent(
-            rounds=len(self.rounds), calls=calls, history=self.history, error=self.error
-        )
-
-    def _emit(self, event: AgentEvent) -> None:
-        for observer in self.agent.observers:
-            observer.on_event(self.agent.client.provider, event)
-        self._events.put_nowait(event)

@@ -51,37 +51,40 @@ cannot be stopped, so a sync tool that timed out or was cancelled finishes in th
 (with its result discarded) and holds one of the default executor's threads until then. A
 round of a session opened inside another open round of the same session waits for it forever
 (the session rule), so close a round before the next one starts.
+
+This module holds :class:`Dispatcher` (what lasts across rounds); one round is
+:class:`DispatchRound`'s, in :mod:`._dispatch_round`, and a call's slot, memo and the error
+results the dispatcher makes are in :mod:`._dispatch_calls`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
 import secrets
 import socket
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
-from typing import Any, Literal, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, TypeAlias
 
-from .._errors import ConfigError, ErrorCode, InvariantBroken, UsageError
-from .._gate import CommittedCall
-from .._messages import error_result
+from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from .._round import Round, ToolResult
 from .._specs import ToolSpec
 from ..ledger._audit import ArgumentAudit
 from ..ledger._base import Ledger
-from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..ledger._records import LedgerError, LockBusy, LockLost, SessionLocks, digest_of
+from ..ledger._records import SessionLocks
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
-from ._ledger_run import Clock, LedgerGuard, Owned, default_clock
+from ._dispatch_calls import Memo
+from ._dispatch_round import DispatchRound
+from ._ledger_run import Clock, LedgerGuard, default_clock
 from ._results import ResultLimits, ResultShaper
 from ._tools import Tool
+
+__all__ = ["DispatchRound", "Dispatcher", "OnEvent", "ToolEvent"]
 
 ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
 """The agent events the dispatcher emits."""
@@ -89,9 +92,8 @@ OnEvent: TypeAlias = Callable[[ToolEvent], None]
 """A sync callback for :data:`ToolEvent` (exceptions it raises are logged, never propagated:
 an observer must not change what the tools do)."""
 
-_log = logging.getLogger("toollatch.runtime")
 
-_UNKNOWN_OUTCOME = "its outcome is unknown (it may have had its effect)"
+_log = logging.getLogger("toollatch.runtime")
 
 
 class Dispatcher:
@@ -136,13 +138,7 @@ class Dispatcher:
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
     ) -> None:
-        self._tools: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
-            if t.name in self._tools:
-                raise ConfigError(f"tool {t.name!r} is given twice")
-            self._tools[t.name] = t
+        self._tools = _by_name(tools)
         self._eager = frozenset(eager)
         if unknown := sorted(self._eager - self._tools.keys()):
             raise ConfigError(f"eager names no tool: {unknown}")
@@ -160,7 +156,7 @@ class Dispatcher:
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._groups = {t.group: asyncio.Lock() for t in self._tools.values() if t.group}
         self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._memo: dict[str, _Memo] = {}
+        self._memo: dict[str, Memo] = {}
         self._guard = _guard(ledger, worker, lease_s, poll_s, clock)
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
@@ -185,13 +181,7 @@ class Dispatcher:
         calls already begun keep the tool they began with; the dedupe memory, the locks and
         the ``eager`` names stay (an ``eager`` name no tool has any more is ignored).
         Raises ``ConfigError`` as the constructor does, leaving the tools unchanged."""
-        by_name: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
-            if t.name in by_name:
-                raise ConfigError(f"tool {t.name!r} is given twice")
-            by_name[t.name] = t
+        by_name = _by_name(tools)
         for t in by_name.values():
             if t.group and t.group not in self._groups:
                 self._groups[t.group] = asyncio.Lock()
@@ -241,7 +231,7 @@ class Dispatcher:
     def _group_lock(self, group: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._groups[group] if group else contextlib.nullcontext()
 
-    def _remember(self, call_id: str, memo: _Memo) -> None:
+    def _remember(self, call_id: str, memo: Memo) -> None:
         self._memo[call_id] = memo
         while len(self._memo) > self._max_remembered:
             oldest = next(iter(self._memo))
@@ -285,413 +275,17 @@ def _guard(
     return LedgerGuard(ledger, worker=worker, lease_s=lease_s, poll_s=poll_s, clock=clock)
 
 
+def _by_name(tools: Sequence[Tool[Any, Any]]) -> dict[str, Tool[Any, Any]]:
+    by_name: dict[str, Tool[Any, Any]] = {}
+    for t in tools:
+        if not isinstance(t, Tool):
+            raise ConfigError(f"Dispatcher tools must be Tool objects (@tool), got {t!r:.60}")
+        if t.name in by_name:
+            raise ConfigError(f"tool {t.name!r} is given twice")
+        by_name[t.name] = t
+    return by_name
+
+
 def _check_positive_int(what: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{what} must be a positive integer, got {value!r}")
-
-
-@dataclass(slots=True)
-class _Memo:
-    """What the dispatcher remembers of one call id."""
-
-    fingerprint: str
-    done: asyncio.Future[ToolResult] | None = None
-    result: ToolResult | None = None
-
-
-@dataclass(slots=True, eq=False)
-class _Slot:
-    """One call of one round: its task and, once known, its result."""
-
-    call: CommittedCall
-    tool: Tool[Any, Any] | None = None
-    memo: _Memo | None = None
-    """Set when this slot runs the call (it owns the memo's result)."""
-    phase: Literal["waiting", "running", "joined"] = "waiting"
-    """``running`` once the tool started; ``joined`` when awaiting another round's run."""
-    task: asyncio.Task[None] | None = None
-    result: ToolResult | None = None
-
-
-class DispatchRound:
-    """The tool execution of one model round; made by :meth:`Dispatcher.round`.
-
-    Use it as ``async with``; leaving the block cancels whatever still runs (as :meth:`abort`
-    would) and waits for it, so no task outlives the block.
-    """
-
-    def __init__(self, dispatcher: Dispatcher, session: str) -> None:
-        self._d = dispatcher
-        self._session = session
-        self._group: asyncio.TaskGroup | None = None
-        self._slots: dict[str, _Slot] = {}
-        self._holding = False
-        self._entering = asyncio.Lock()
-        self._closed: tuple[Round, list[ToolResult]] | None = None
-        self._ui: dict[str, Any] = {}
-        self._far: contextlib.AbstractAsyncContextManager[Any] | None = None
-        self._lost: str | None = None
-        self._audited = False
-
-    @property
-    def ui(self) -> Mapping[str, Any]:
-        """UI payloads (``ToolOutcome.ui``) by call id, for calls whose tool returned one."""
-        return MappingProxyType(self._ui)
-
-    async def __aenter__(self) -> DispatchRound:
-        if self._group is not None:
-            raise UsageError("a DispatchRound is entered once")
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        group = self._group
-        if group is None:
-            raise UsageError("DispatchRound exited without being entered")
-        self._cancel_running()
-        try:
-            # The body's own exception is not handed to the TaskGroup, which would wrap it in
-            # an ExceptionGroup; it propagates unchanged when this returns.
-            await group.__aexit__(None, None, None)
-        finally:
-            self._settle_unfinished()
-            self._release()
-            await self._release_far(exc_type is None)
-
-    def start(self, call: CommittedCall) -> None:
-        """Start ``call`` now (eager start); :meth:`finish` will not start it again.
-
-        Raises ``UsageError`` for anything but a ``CommittedCall``, a call whose tool may not
-        start early (see :meth:`Dispatcher.may_start_early`), or a round not open.
-        """
-        self._check_open()
-        if not isinstance(call, CommittedCall):
-            raise UsageError(f"the dispatcher runs only CommittedCall objects, got {call!r:.60}")
-        if not self._d.may_start_early(call.name):
-            raise UsageError(f"tool {call.name!r} is not allowed to start early")
-        self._begin(call)
-
-    async def finish(self, round_: Round) -> list[ToolResult]:
-        """Start the committed calls of ``round_`` not started yet, wait for every call, and
-        return one result per call of ``round_.calls`` in call order (error results for the
-        calls that did not commit). Calling it again with the same round returns the same
-        results; raises ``UsageError`` for another round or anything but a ``Round``.
-        """
-        if (done := self._closed_results(round_)) is not None:
-            return done
-        self._check_open()
-        self._audit(round_)
-        for record in round_.calls:
-            if record.committed is not None:
-                self._begin(record.committed)
-        await self._wait_all()
-        return self._close(round_)
-
-    async def abort(self, round_: Round) -> list[ToolResult]:
-        """Cancel every call of this round still waiting or running, wait for them, and
-        return one result per call of ``round_.calls`` in call order: a finished call keeps
-        its result, the others get ``cancelled`` (telling "never started" from "started,
-        outcome unknown"). Safe in ``except CancelledError``; after :meth:`finish` it
-        returns finish's results.
-        """
-        if (done := self._closed_results(round_)) is not None:
-            return done
-        if self._group is None:
-            raise UsageError("abort() needs the round entered (async with)")
-        self._cancel_running()
-        self._audit(round_)
-        await self._wait_all()
-        self._settle_unfinished()
-        return self._close(round_)
-
-    def _audit(self, round_: Round) -> None:
-        """Start writing the audit records of ``round_``'s uncommitted calls (once, with an
-        audit): a task of the round's group, so it runs beside the tools, is not cancelled
-        with them, and ends before the block does. It never raises for the store."""
-        audit, group = self._d._audit, self._group
-        if audit is None or group is None or self._audited:
-            return
-        self._audited = True
-        if any(record.committed is None for record in round_.calls):
-            group.create_task(audit.record(self._session, round_), name="toollatch:audit")
-
-    # -- starting ----------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._group is None:
-            raise UsageError("enter the round first: async with dispatcher.round(...) as r")
-        if self._closed is not None:
-            raise UsageError("this round is closed (finish or abort was called)")
-
-    def _begin(self, call: CommittedCall) -> None:
-        """Make the slot of ``call`` (once per call id per round) and start its task."""
-        if call.call_id in self._slots:
-            return  # started early; a different call with this id cannot commit in one round
-        fingerprint = _fingerprint(call)
-        slot = self._slots[call.call_id] = _Slot(call)
-        memo = self._d._memo.get(call.call_id)
-        if memo is not None and memo.fingerprint != fingerprint:
-            slot.result = _error(call, ErrorCode.DUPLICATE_CALL_ID, _DUPLICATE)
-        elif memo is not None and memo.result is not None:
-            slot.result = memo.result  # ran before: its stored result, not run again
-        elif memo is not None:
-            self._spawn(slot, self._join(slot, memo))
-        elif (tool := self._d._tools.get(call.name)) is None:
-            slot.result = _error(call, ErrorCode.UNKNOWN_TOOL, _UNKNOWN_TOOL)
-        else:
-            slot.tool, slot.memo = (
-                tool,
-                _Memo(fingerprint, asyncio.get_running_loop().create_future()),
-            )
-            self._d._remember(call.call_id, slot.memo)
-            self._spawn(slot, self._execute(slot, tool))
-
-    def _spawn(self, slot: _Slot, work: Coroutine[Any, Any, None]) -> None:
-        assert self._group is not None  # checked by _check_open
-        slot.task = self._group.create_task(work, name=f"toollatch:{slot.call.call_id}")
-
-    async def _join(self, slot: _Slot, memo: _Memo) -> None:
-        """Wait for the result of the same call still running in another round."""
-        slot.phase = "joined"
-        if memo.done is not None:
-            # shield: this round being cancelled must not cancel the other round's run.
-            await asyncio.shield(memo.done)
-        if memo.result is None:  # pragma: no cover - a memo's future is set with its result
-            raise InvariantBroken("a joined call ended without a result")
-        slot.result = memo.result
-
-    # -- running -----------------------------------------------------------------------------
-
-    async def _execute(self, slot: _Slot, tool: Tool[Any, Any]) -> None:
-        try:
-            if (guard := self._d._guard) is None:
-                result = await self._run(slot, tool)
-            else:
-                result = await guard.run(
-                    slot.call,
-                    self._session,
-                    idempotent=tool.idempotent,
-                    runner=lambda owned: self._run(slot, tool, owned),
-                    on_cancel=lambda: _on_cancel(slot),
-                    max_wait_s=self._max_wait_s(tool, guard.lease_s),
-                )
-        except asyncio.CancelledError:
-            self._settle(slot, _cancelled(slot))
-            raise
-        self._settle(slot, result)
-
-    async def _run(
-        self, slot: _Slot, tool: Tool[Any, Any], owned: Owned | None = None
-    ) -> ToolResult:
-        call = slot.call
-        try:
-            await self._hold_session()
-        except LockBusy as exc:  # another worker holds the session: a wait that ran out
-            return _error(call, ErrorCode.TOOL_TIMEOUT, f"{_LOCK_BUSY} ({exc})")
-        except LedgerError as exc:
-            return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{_LOCK_DOWN} ({exc})")
-        async with self._d._group_lock(tool.group), self._d._semaphore:
-            if owned is not None:
-                await owned.start()  # recorded before the tool starts, never after
-            slot.phase = "running"
-            self._d._emit(ToolStartedEvent(id=call.call_id, name=call.name))
-            limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
-            context = owned.context if owned is not None else self._context(call)
-            reset = set_current(context)
-            try:
-                async with asyncio.timeout(limit):
-                    outcome = await tool.invoke(call.arguments)
-            except TimeoutError:
-                detail = f"the tool did not finish within {limit:g} s; {_UNKNOWN_OUTCOME}"
-                return _error(call, ErrorCode.TOOL_TIMEOUT, detail)
-            finally:
-                reset_current(reset)
-        if outcome.ui is not None:
-            self._ui[call.call_id] = outcome.ui
-        code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)
-        result = ToolResult(
-            tool_call_id=call.call_id,
-            name=call.name,
-            content=outcome.content,
-            is_error=outcome.is_error,
-            code=code,
-        )
-        # Shaped here, inside the ledger's runner, so the ledger only stores the shaped one.
-        shaper, budget = self._d._results, self._d._budget(call.name)
-        if shaper.heavy(result):  # a long walk of the redactor: off the event loop
-            return await asyncio.to_thread(shaper.tool_result, result, budget)
-        return shaper.tool_result(result, budget)
-
-    def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
-        """How long a call waits for another worker's run: that run's own limit (the same
-        tool's) plus two leases for the claim and the write; None when it has no limit."""
-        limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
-        return None if limit is None else limit + 2 * lease_s
-
-    def _context(self, call: CommittedCall) -> CallContext:
-        digest = digest_of(call.name, call.arguments)
-        key = idempotency_key(self._session, call.call_id, digest)
-        return CallContext(session=self._session, call_id=call.call_id, idempotency_key=key)
-
-    async def _hold_session(self) -> None:
-        """Take the session's lock for this round, once, on its first tool start (and the
-        distributed one, when the dispatcher has ``session_locks``)."""
-        if self._holding and (self._far is not None or self._d._session_locks is None):
-            return
-        async with self._entering:
-            if not self._holding:
-                await self._d._acquire_session(self._session)
-                self._holding = True
-            if self._far is None and (locks := self._d._session_locks) is not None:
-                far = locks(self._session, self._lose)
-                await far.__aenter__()  # LedgerError: the call gets an error result
-                self._far = far
-
-    def _lose(self, reason: str) -> None:
-        self._lost = reason
-        _log.error("%s; cancelling the round's running calls", reason)
-        self._cancel_running()
-
-    async def _release_far(self, raise_lost: bool) -> None:
-        far, self._far = self._far, None
-        if far is None:
-            return
-        try:
-            await far.__aexit__(None, None, None)
-        except LockLost:
-            if raise_lost:
-                raise
-
-    def _settle(self, slot: _Slot, result: ToolResult) -> None:
-        """Record ``slot``'s final result: on the slot, in the memo (or forget the id), and
-        as a ``ToolFinishedEvent`` when the tool had started."""
-        if slot.result is not None:
-            return
-        slot.result = result = self._d._bounded(result)
-        if slot.phase == "running":
-            error = str(result.code) if result.is_error and result.code else None
-            self._d._emit(
-                ToolFinishedEvent(
-                    id=result.tool_call_id,
-                    name=result.name,
-                    is_error=result.is_error,
-                    error=error,
-                    truncated_from=result.truncated_from,
-                )
-            )
-        memo = slot.memo
-        if memo is None:
-            return
-        memo.result = result
-        if memo.done is not None and not memo.done.done():
-            memo.done.set_result(result)
-        if _may_run_again(slot, result) and self._d._memo.get(slot.call.call_id) is memo:
-            del self._d._memo[slot.call.call_id]
-
-    def _cancel_running(self) -> None:
-        for slot in self._slots.values():
-            if slot.task is not None and not slot.task.done():
-                slot.task.cancel()
-
-    def _settle_unfinished(self) -> None:
-        # A task cancelled before its first step never ran its own handler.
-        for slot in self._slots.values():
-            if slot.result is None:
-                self._settle(slot, _cancelled(slot))
-
-    async def _wait_all(self) -> None:
-        tasks = [s.task for s in self._slots.values() if s.task is not None]
-        if tasks:
-            # asyncio.wait, not gather: being cancelled here leaves the tasks to abort().
-            await asyncio.wait(tasks)
-
-    # -- closing -----------------------------------------------------------------------------
-
-    def _close(self, round_: Round) -> list[ToolResult]:
-        results = [
-            self._d._bounded(
-                self._result_of(record.committed) if record.committed else error_result(record)
-            )
-            for record in round_.calls
-        ]
-        self._closed = (round_, results)
-        self._release()
-        return list(results)
-
-    def _result_of(self, call: CommittedCall) -> ToolResult:
-        slot = self._slots.get(call.call_id)
-        if slot is None:  # committed, never begun (abort before finish)
-            return _error(call, ErrorCode.CANCELLED, _NEVER_STARTED)
-        if slot.result is None:  # pragma: no cover - every slot is settled before _close
-            raise InvariantBroken(f"call {call.call_id!r} has no result at close")
-        return slot.result
-
-    def _closed_results(self, round_: Round) -> list[ToolResult] | None:
-        if not isinstance(round_, Round):
-            raise UsageError(f"expected a toollatch.Round, got {round_!r:.60}")
-        if self._closed is None:
-            return None
-        if self._closed[0] is not round_:
-            raise UsageError("this round was already closed with another Round")
-        return list(self._closed[1])
-
-    def _release(self) -> None:
-        if self._holding:
-            self._holding = False
-            self._d._release_session(self._session)
-
-
-_NEVER_STARTED = "the round was cancelled before the tool started; it was not run"
-_DUPLICATE = "this call id already ran with other arguments; this call was not run"
-_UNKNOWN_TOOL = "no tool of that name is registered with the dispatcher; it was not run"
-_LOCK_BUSY = "another worker held the session's lock too long; the call was not run"
-_LOCK_DOWN = "the session lock could not be taken (ledger unavailable); the call was not run"
-
-
-def _cancelled(slot: _Slot) -> ToolResult:
-    if slot.phase == "waiting":
-        return _error(slot.call, ErrorCode.CANCELLED, _NEVER_STARTED)
-    detail = f"the round was cancelled while the tool was running; {_UNKNOWN_OUTCOME}"
-    return _error(slot.call, ErrorCode.CANCELLED, detail)
-
-
-_NOT_RUN = frozenset({ErrorCode.CANCELLED, ErrorCode.LEDGER_UNAVAILABLE, ErrorCode.TOOL_TIMEOUT})
-"""Codes of a call that never started here: the id may run later (with a ledger, a later
-call asks the ledger again, which knows whether another worker ran it)."""
-_UNKNOWN = frozenset({ErrorCode.CANCELLED, ErrorCode.TOOL_TIMEOUT, ErrorCode.OUTCOME_UNKNOWN})
-
-
-def _on_cancel(slot: _Slot) -> tuple[ToolResult, bool]:
-    """What a ledger records for a call cancelled while it owned the claim."""
-    result = _cancelled(slot)
-    return result, _may_run_again(slot, result)
-
-
-def _may_run_again(slot: _Slot, result: ToolResult) -> bool:
-    """True when the id is forgotten: never started, or an idempotent tool's unknown outcome."""
-    if result.code in _NOT_RUN and slot.phase == "waiting":
-        return True
-    unknown = result.code in _UNKNOWN
-    return unknown and slot.tool is not None and slot.tool.idempotent
-
-
-def _error(call: CommittedCall, code: ErrorCode, detail: str) -> ToolResult:
-    return ToolResult(
-        tool_call_id=call.call_id,
-        name=call.name,
-        content=f"{code}: {detail}.",
-        is_error=True,
-        code=code,
-    )
-
-
-def _fingerprint(call: CommittedCall) -> str:
-    """The name and the canonical (sorted keys, compact) JSON of the parsed arguments."""
-    text = json.dumps(call.arguments, sort_keys=True, separators=(",", ":"), default=str)
-    return f"{call.name}\x00{text}"

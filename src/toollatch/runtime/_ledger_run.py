@@ -36,6 +36,7 @@ from .._round import ToolResult
 from ..ledger._base import Ledger
 from ..ledger._context import CallContext, idempotency_key
 from ..ledger._records import FINAL, Found, LeaseLost, LedgerError, LedgerKey, Won, digest_of
+from ._dispatch_calls import dispatch_error
 
 _log = logging.getLogger("toollatch.ledger")
 
@@ -104,14 +105,14 @@ class LedgerGuard:
         while True:
             if give_up is not None and loop.time() > give_up:
                 detail = f"another worker has run this call for over {max_wait_s:g} s; {WAITED}"
-                return _error(call, ErrorCode.TOOL_TIMEOUT, detail)
+                return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, detail)
             try:
                 claim = await self.ledger.claim(
                     key, digest=digest, worker=self.worker, now=self.clock(),
                     lease_s=self.lease_s, rerun_started=idempotent,
                 )  # fmt: skip
             except LedgerError as exc:
-                return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
+                return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
             if isinstance(claim, Won):
                 context = CallContext(
                     session=session, call_id=call.call_id, token=claim.token,
@@ -132,19 +133,19 @@ class LedgerGuard:
         record = found.record
         if record.digest != digest:
             detail = "this call id already ran with other arguments; this call was not run"
-            return _error(call, ErrorCode.DUPLICATE_CALL_ID, detail)
+            return dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, detail)
         if record.state in FINAL and record.result is not None:
             return record.result
         if found.live or record.state == "claimed":
             await asyncio.sleep(self.poll_s)  # a live worker holds it: wait for its result
             return None
-        verdict = _error(call, ErrorCode.OUTCOME_UNKNOWN, STALE_UNKNOWN)
+        verdict = dispatch_error(call, ErrorCode.OUTCOME_UNKNOWN, STALE_UNKNOWN)
         try:
             after = await self.ledger.settle_unknown(key, record.token, verdict, now=self.clock())
         except LeaseLost:
             return None  # the record is gone (expired after its retention): claim again
         except LedgerError as exc:
-            return _error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
+            return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
         return after.result if after.state in FINAL else None  # else: renewed meanwhile
 
     async def _own(
@@ -204,16 +205,6 @@ async def _shielded(write: Awaitable[None]) -> None:
         pass  # cancelled again: the shielded task still finishes the write
     except Exception as exc:
         _log.warning("could not record a cancelled call: %s", exc)
-
-
-def _error(call: CommittedCall, code: ErrorCode, detail: str) -> ToolResult:
-    return ToolResult(
-        tool_call_id=call.call_id,
-        name=call.name,
-        content=f"{code}: {detail}.",
-        is_error=True,
-        code=code,
-    )
 
 
 def default_clock() -> float:

@@ -143,10 +143,14 @@ def _withheld(result: ToolResult, kind: str) -> ToolResult:
         f"the tool ran to its end, but the result redactor failed ({kind}), so its result "
         "was withheld"
     )
-    code = ErrorCode.TOOL_ERROR
+    return made_error(result.tool_call_id, result.name, ErrorCode.TOOL_ERROR, detail)
+
+
+def made_error(tool_call_id: str, name: str, code: ErrorCode, detail: str) -> ToolResult:
+    """An error result toollatch makes itself (no tool produced it): ``"<code>: <detail>."``."""
     return ToolResult(
-        tool_call_id=result.tool_call_id,
-        name=result.name,
+        tool_call_id=tool_call_id,
+        name=name,
         content=f"{code}: {detail}.",
         is_error=True,
         code=code,

@@ -281,6 +281,15 @@ def _make(fn: Callable[P, R], options: _Options, localns: Mapping[str, Any]) -> 
     name = options.name if options.name is not None else getattr(fn, "__name__", "")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{label}: tool name {name!r} must match {_NAME.pattern}")
+    _check(options, label)
+    summary, param_docs = parse_docstring(inspect.getdoc(fn) or "")
+    model, params = _parameters_model(fn, label, param_docs, localns)
+    description = options.description if options.description is not None else summary
+    return _built(fn, options, name, _schema(model, label), description, model, params)
+
+
+def _check(options: _Options, label: str) -> None:
+    """The option checks ``@tool`` and :func:`schema_tool` share (``ConfigError``)."""
     if options.side_effects not in ("read", "write"):
         raise ConfigError(f"{label}: side_effects must be 'read' or 'write'")
     if options.group is not None and (not isinstance(options.group, str) or not options.group):
@@ -290,12 +299,23 @@ def _make(fn: Callable[P, R], options: _Options, localns: Mapping[str, Any]) -> 
         isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
     ):
         raise ConfigError(f"{label}: timeout must be a positive number of seconds")
-    summary, param_docs = parse_docstring(inspect.getdoc(fn) or "")
-    model, params = _parameters_model(fn, label, param_docs, localns)
+
+
+def _built(
+    fn: Callable[P, R],
+    options: _Options,
+    name: str,
+    parameters: Mapping[str, Any],
+    description: str,
+    model: type[pydantic.BaseModel] | None,
+    params: dict[str, str],
+) -> Tool[P, R]:
+    """The :class:`Tool` of checked options (``@tool``'s and :func:`schema_tool`'s)."""
+    timeout = options.timeout
     spec = ToolSpec(
         name=name,
-        parameters=_schema(model, label),
-        description=options.description if options.description is not None else summary,
+        parameters=parameters,
+        description=description,
         eager=bool(options.eager),
         timeout_s=None if timeout is None else float(timeout),
     )
@@ -398,29 +418,11 @@ def schema_tool(
         raise ConfigError(f"tool name {name!r} must match {_NAME.pattern}")
     if not callable(fn):
         raise ConfigError(f"{name}: fn must be an async function of the arguments")
-    if side_effects not in ("read", "write"):
-        raise ConfigError(f"{name}: side_effects must be 'read' or 'write'")
-    if group is not None and (not isinstance(group, str) or not group):
-        raise ConfigError(f"{name}: group must be a non-empty string or None")
-    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
-        raise ConfigError(f"{name}: timeout must be a positive number of seconds")
-    spec = ToolSpec(
-        name=name,
-        parameters=parameters,
-        description=description,
-        eager=bool(eager),
-        timeout_s=None if timeout is None else float(timeout),
+    options = _Options(
+        name, description, eager, timeout, side_effects, group, idempotent, max_result_bytes
     )
-    return Tool(
-        fn,
-        spec=spec,
-        side_effects=side_effects,
-        group=group,
-        idempotent=bool(idempotent),
-        model=None,
-        params={},
-        max_result_bytes=max_result_bytes,
-    )
+    _check(options, name)
+    return _built(fn, options, name, parameters, description, None, {})
 
 
 async def _call_with_mapping(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> ToolOutcome:

@@ -1,0 +1,377 @@
+"""One model round's tool execution (internal; see :mod:`._dispatcher` for the theory):
+:class:`DispatchRound` owns the round's ``TaskGroup``, the session locks it holds (in-process
+and distributed), and each call's task from its start (eager or at ``finish``) through the
+ledger, the locks and the tool's deadline to its settled, shaped result."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Mapping
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ErrorCode, InvariantBroken, UsageError
+from .._gate import CommittedCall
+from .._messages import error_result
+from .._round import Round, ToolResult
+from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
+from ..ledger._records import LedgerError, LockBusy, LockLost, digest_of
+from ._agent_events import ToolFinishedEvent, ToolStartedEvent
+from ._dispatch_calls import (
+    DUPLICATE,
+    LOCK_BUSY,
+    LOCK_DOWN,
+    NEVER_STARTED,
+    UNKNOWN_OUTCOME,
+    UNKNOWN_TOOL,
+    Memo,
+    Slot,
+    call_fingerprint,
+    cancelled,
+    dispatch_error,
+    may_run_again,
+    on_cancel,
+)
+from ._ledger_run import Owned
+from ._tools import Tool
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+_log = logging.getLogger("toollatch.runtime")
+
+
+class DispatchRound:
+    """The tool execution of one model round; made by :meth:`Dispatcher.round`.
+
+    Use it as ``async with``; leaving the block cancels whatever still runs (as :meth:`abort`
+    would) and waits for it, so no task outlives the block.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, session: str) -> None:
+        self._d = dispatcher
+        self._session = session
+        self._group: asyncio.TaskGroup | None = None
+        self._slots: dict[str, Slot] = {}
+        self._holding = False
+        self._entering = asyncio.Lock()
+        self._closed: tuple[Round, list[ToolResult]] | None = None
+        self._ui: dict[str, Any] = {}
+        self._far: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._lost: str | None = None
+        self._audited = False
+
+    @property
+    def ui(self) -> Mapping[str, Any]:
+        """UI payloads (``ToolOutcome.ui``) by call id, for calls whose tool returned one."""
+        return MappingProxyType(self._ui)
+
+    async def __aenter__(self) -> DispatchRound:
+        if self._group is not None:
+            raise UsageError("a DispatchRound is entered once")
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        group = self._group
+        if group is None:
+            raise UsageError("DispatchRound exited without being entered")
+        self._cancel_running()
+        try:
+            # The body's own exception is not handed to the TaskGroup, which would wrap it in
+            # an ExceptionGroup; it propagates unchanged when this returns.
+            await group.__aexit__(None, None, None)
+        finally:
+            self._settle_unfinished()
+            self._release()
+            await self._release_far(exc_type is None)
+
+    def start(self, call: CommittedCall) -> None:
+        """Start ``call`` now (eager start); :meth:`finish` will not start it again.
+
+        Raises ``UsageError`` for anything but a ``CommittedCall``, a call whose tool may not
+        start early (see :meth:`Dispatcher.may_start_early`), or a round not open.
+        """
+        self._check_open()
+        if not isinstance(call, CommittedCall):
+            raise UsageError(f"the dispatcher runs only CommittedCall objects, got {call!r:.60}")
+        if not self._d.may_start_early(call.name):
+            raise UsageError(f"tool {call.name!r} is not allowed to start early")
+        self._begin(call)
+
+    async def finish(self, round_: Round) -> list[ToolResult]:
+        """Start the committed calls of ``round_`` not started yet, wait for every call, and
+        return one result per call of ``round_.calls`` in call order (error results for the
+        calls that did not commit). Calling it again with the same round returns the same
+        results; raises ``UsageError`` for another round or anything but a ``Round``.
+        """
+        if (done := self._closed_results(round_)) is not None:
+            return done
+        self._check_open()
+        self._audit(round_)
+        for record in round_.calls:
+            if record.committed is not None:
+                self._begin(record.committed)
+        await self._wait_all()
+        return self._close(round_)
+
+    async def abort(self, round_: Round) -> list[ToolResult]:
+        """Cancel every call of this round still waiting or running, wait for them, and
+        return one result per call of ``round_.calls`` in call order: a finished call keeps
+        its result, the others get ``cancelled`` (telling "never started" from "started,
+        outcome unknown"). Safe in ``except CancelledError``; after :meth:`finish` it
+        returns finish's results.
+        """
+        if (done := self._closed_results(round_)) is not None:
+            return done
+        if self._group is None:
+            raise UsageError("abort() needs the round entered (async with)")
+        self._cancel_running()
+        self._audit(round_)
+        await self._wait_all()
+        self._settle_unfinished()
+        return self._close(round_)
+
+    def _audit(self, round_: Round) -> None:
+        """Start writing the audit records of ``round_``'s uncommitted calls (once, with an
+        audit): a task of the round's group, so it runs beside the tools, is not cancelled
+        with them, and ends before the block does. It never raises for the store."""
+        audit, group = self._d._audit, self._group
+        if audit is None or group is None or self._audited:
+            return
+        self._audited = True
+        if any(record.committed is None for record in round_.calls):
+            group.create_task(audit.record(self._session, round_), name="toollatch:audit")
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._group is None:
+            raise UsageError("enter the round first: async with dispatcher.round(...) as r")
+        if self._closed is not None:
+            raise UsageError("this round is closed (finish or abort was called)")
+
+    def _begin(self, call: CommittedCall) -> None:
+        """Make the slot of ``call`` (once per call id per round) and start its task."""
+        if call.call_id in self._slots:
+            return  # started early; a different call with this id cannot commit in one round
+        fingerprint = call_fingerprint(call)
+        slot = self._slots[call.call_id] = Slot(call)
+        memo = self._d._memo.get(call.call_id)
+        if memo is not None and memo.fingerprint != fingerprint:
+            slot.result = dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE)
+        elif memo is not None and memo.result is not None:
+            slot.result = memo.result  # ran before: its stored result, not run again
+        elif memo is not None:
+            self._spawn(slot, self._join(slot, memo))
+        elif (tool := self._d._tools.get(call.name)) is None:
+            slot.result = dispatch_error(call, ErrorCode.UNKNOWN_TOOL, UNKNOWN_TOOL)
+        else:
+            slot.tool, slot.memo = (
+                tool,
+                Memo(fingerprint, asyncio.get_running_loop().create_future()),
+            )
+            self._d._remember(call.call_id, slot.memo)
+            self._spawn(slot, self._execute(slot, tool))
+
+    def _spawn(self, slot: Slot, work: Coroutine[Any, Any, None]) -> None:
+        assert self._group is not None  # checked by _check_open
+        slot.task = self._group.create_task(work, name=f"toollatch:{slot.call.call_id}")
+
+    async def _join(self, slot: Slot, memo: Memo) -> None:
+        """Wait for the result of the same call still running in another round."""
+        slot.phase = "joined"
+        if memo.done is not None:
+            # shield: this round being cancelled must not cancel the other round's run.
+            await asyncio.shield(memo.done)
+        if memo.result is None:  # pragma: no cover - a memo's future is set with its result
+            raise InvariantBroken("a joined call ended without a result")
+        slot.result = memo.result
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def _execute(self, slot: Slot, tool: Tool[Any, Any]) -> None:
+        try:
+            if (guard := self._d._guard) is None:
+                result = await self._run(slot, tool)
+            else:
+                result = await guard.run(
+                    slot.call,
+                    self._session,
+                    idempotent=tool.idempotent,
+                    runner=lambda owned: self._run(slot, tool, owned),
+                    on_cancel=lambda: on_cancel(slot),
+                    max_wait_s=self._max_wait_s(tool, guard.lease_s),
+                )
+        except asyncio.CancelledError:
+            self._settle(slot, cancelled(slot))
+            raise
+        self._settle(slot, result)
+
+    async def _run(
+        self, slot: Slot, tool: Tool[Any, Any], owned: Owned | None = None
+    ) -> ToolResult:
+        call = slot.call
+        try:
+            await self._hold_session()
+        except LockBusy as exc:  # another worker holds the session: a wait that ran out
+            return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
+        except LedgerError as exc:
+            return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
+        async with self._d._group_lock(tool.group), self._d._semaphore:
+            if owned is not None:
+                await owned.start()  # recorded before the tool starts, never after
+            slot.phase = "running"
+            self._d._emit(ToolStartedEvent(id=call.call_id, name=call.name))
+            limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+            context = owned.context if owned is not None else self._context(call)
+            reset = set_current(context)
+            try:
+                async with asyncio.timeout(limit):
+                    outcome = await tool.invoke(call.arguments)
+            except TimeoutError:
+                detail = f"the tool did not finish within {limit:g} s; {UNKNOWN_OUTCOME}"
+                return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, detail)
+            finally:
+                reset_current(reset)
+        if outcome.ui is not None:
+            self._ui[call.call_id] = outcome.ui
+        code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)
+        result = ToolResult(
+            tool_call_id=call.call_id,
+            name=call.name,
+            content=outcome.content,
+            is_error=outcome.is_error,
+            code=code,
+        )
+        # Shaped here, inside the ledger's runner, so the ledger only stores the shaped one.
+        shaper, budget = self._d._results, self._d._budget(call.name)
+        if shaper.heavy(result):  # a long walk of the redactor: off the event loop
+            return await asyncio.to_thread(shaper.tool_result, result, budget)
+        return shaper.tool_result(result, budget)
+
+    def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
+        """How long a call waits for another worker's run: that run's own limit (the same
+        tool's) plus two leases for the claim and the write; None when it has no limit."""
+        limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+        return None if limit is None else limit + 2 * lease_s
+
+    def _context(self, call: CommittedCall) -> CallContext:
+        digest = digest_of(call.name, call.arguments)
+        key = idempotency_key(self._session, call.call_id, digest)
+        return CallContext(session=self._session, call_id=call.call_id, idempotency_key=key)
+
+    async def _hold_session(self) -> None:
+        """Take the session's lock for this round, once, on its first tool start (and the
+        distributed one, when the dispatcher has ``session_locks``)."""
+        if self._holding and (self._far is not None or self._d._session_locks is None):
+            return
+        async with self._entering:
+            if not self._holding:
+                await self._d._acquire_session(self._session)
+                self._holding = True
+            if self._far is None and (locks := self._d._session_locks) is not None:
+                far = locks(self._session, self._lose)
+                await far.__aenter__()  # LedgerError: the call gets an error result
+                self._far = far
+
+    def _lose(self, reason: str) -> None:
+        self._lost = reason
+        _log.error("%s; cancelling the round's running calls", reason)
+        self._cancel_running()
+
+    async def _release_far(self, raise_lost: bool) -> None:
+        far, self._far = self._far, None
+        if far is None:
+            return
+        try:
+            await far.__aexit__(None, None, None)
+        except LockLost:
+            if raise_lost:
+                raise
+
+    def _settle(self, slot: Slot, result: ToolResult) -> None:
+        """Record ``slot``'s final result: on the slot, in the memo (or forget the id), and
+        as a ``ToolFinishedEvent`` when the tool had started."""
+        if slot.result is not None:
+            return
+        slot.result = result = self._d._bounded(result)
+        if slot.phase == "running":
+            error = str(result.code) if result.is_error and result.code else None
+            self._d._emit(
+                ToolFinishedEvent(
+                    id=result.tool_call_id,
+                    name=result.name,
+                    is_error=result.is_error,
+                    error=error,
+                    truncated_from=result.truncated_from,
+                )
+            )
+        memo = slot.memo
+        if memo is None:
+            return
+        memo.result = result
+        if memo.done is not None and not memo.done.done():
+            memo.done.set_result(result)
+        if may_run_again(slot, result) and self._d._memo.get(slot.call.call_id) is memo:
+            del self._d._memo[slot.call.call_id]
+
+    def _cancel_running(self) -> None:
+        for slot in self._slots.values():
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+
+    def _settle_unfinished(self) -> None:
+        # A task cancelled before its first step never ran its own handler.
+        for slot in self._slots.values():
+            if slot.result is None:
+                self._settle(slot, cancelled(slot))
+
+    async def _wait_all(self) -> None:
+        tasks = [s.task for s in self._slots.values() if s.task is not None]
+        if tasks:
+            # asyncio.wait, not gather: being cancelled here leaves the tasks to abort().
+            await asyncio.wait(tasks)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def _close(self, round_: Round) -> list[ToolResult]:
+        results = [
+            self._d._bounded(
+                self._result_of(record.committed) if record.committed else error_result(record)
+            )
+            for record in round_.calls
+        ]
+        self._closed = (round_, results)
+        self._release()
+        return list(results)
+
+    def _result_of(self, call: CommittedCall) -> ToolResult:
+        slot = self._slots.get(call.call_id)
+        if slot is None:  # committed, never begun (abort before finish)
+            return dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED)
+        if slot.result is None:  # pragma: no cover - every slot is settled before _close
+            raise InvariantBroken(f"call {call.call_id!r} has no result at close")
+        return slot.result
+
+    def _closed_results(self, round_: Round) -> list[ToolResult] | None:
+        if not isinstance(round_, Round):
+            raise UsageError(f"expected a toollatch.Round, got {round_!r:.60}")
+        if self._closed is None:
+            return None
+        if self._closed[0] is not round_:
+            raise UsageError("this round was already closed with another Round")
+        return list(self._closed[1])
+
+    def _release(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._d._release_session(self._session)
