@@ -4,6 +4,8 @@ Run it from the repository root::
 
     python benchmarks/bench_relay.py                 # 200 concurrent runs
     python benchmarks/bench_relay.py --runs 50 --delay-scale 0
+    python benchmarks/bench_relay.py --shape staggered  # starts spread over one run's length
+    python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
 
 Theory of operation
 -------------------
@@ -18,6 +20,15 @@ browser's parse, including the SSE write, the socket and the client's own parse,
 three processes sharing this machine's two cores. Also reported: events/s over the wall time,
 and that every call of every run is paired (each run ends with ``run_ended``, every call has
 a result, no id skipped or repeated). Nothing here is a test: timings depend on the machine.
+
+Load shape. One run goes alone first (it warms the relay and measures one run's length L and
+its events E). ``--shape lockstep`` then starts every run at once: with one script and one
+pacing the runs move together, so each model event comes as a burst of one event per run.
+``--shape staggered`` starts them evenly over L, as users arriving independently would. The
+*offered* load is runs x E / L events/s while every run is in flight (lockstep: for all of L;
+staggered: only at the peak, half of it on average); the relay's *capacity* is events per
+second of its own CPU (one event loop: at most one core). ``--matrix`` prints both for each
+case, with the achieved events/s and the latency percentiles.
 """
 
 from __future__ import annotations
@@ -328,7 +339,7 @@ with 30 ms between the model's wire events (about a real model's streaming rate)
 
 def _matrix(repeat: int) -> None:
     """Each case at 20, 100 and 200 runs, each cell a fresh relay (its own process), the
-    median of ``repeat``; prints a Markdown table."""
+    upper median of ``repeat`` per figure (of 2: the worse); prints a Markdown table."""
     head = "case, runs, offered peak/mean ev/s, events/s, CPU/event, capacity ev/s, p50, p99"
     print("| " + " | ".join(head.split(", ")) + " |")
     print("|---|---|---|---|---|---|---|---|")

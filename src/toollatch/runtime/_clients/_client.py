@@ -111,6 +111,10 @@ class ModelClient:
         self._headers.update(headers)  # the caller's win, whatever their case
         self._sleep = sleep
         self._random_unit = random_unit
+        # parsed once (again only if model or base_url is changed): parsing the URL was most
+        # of build_request's cost
+        self._url = (self.url, httpx.URL(self.url))
+        self._timeout = httpx.Timeout(None, connect=limits.connect_s, pool=limits.connect_s)
 
     @property
     def provider(self) -> str:
@@ -207,9 +211,10 @@ class ModelClient:
         self, content: bytes, attempt: int
     ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
         provider, limits = self.provider, self.limits
-        timeout = httpx.Timeout(None, connect=limits.connect_s, pool=limits.connect_s)
+        if self._url[0] != self.url:
+            self._url = (self.url, httpx.URL(self.url))
         request = self._http.build_request(
-            "POST", self.url, content=content, headers=self._headers, timeout=timeout
+            "POST", self._url[1], content=content, headers=self._headers, timeout=self._timeout
         )
         try:
             async with asyncio.timeout(limits.first_byte_s):
