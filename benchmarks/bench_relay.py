@@ -4,6 +4,8 @@ Run it from the repository root::
 
     python benchmarks/bench_relay.py                 # 200 concurrent runs
     python benchmarks/bench_relay.py --runs 50 --delay-scale 0
+    python benchmarks/bench_relay.py --shape staggered  # starts spread over one run's length
+    python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
 
 Theory of operation
 -------------------
@@ -18,6 +20,15 @@ browser's parse, including the SSE write, the socket and the client's own parse,
 three processes sharing this machine's two cores. Also reported: events/s over the wall time,
 and that every call of every run is paired (each run ends with ``run_ended``, every call has
 a result, no id skipped or repeated). Nothing here is a test: timings depend on the machine.
+
+Load shape. One run goes alone first (it warms the relay and measures one run's length L and
+its events E). ``--shape lockstep`` then starts every run at once: with one script and one
+pacing the runs move together, so each model event comes as a burst of one event per run.
+``--shape staggered`` starts them evenly over L, as users arriving independently would. The
+*offered* load is runs x E / L events/s while every run is in flight (lockstep: for all of L;
+staggered: only at the peak, half of it on average); the relay's *capacity* is events per
+second of its own CPU (one event loop: at most one core). ``--matrix`` prints both for each
+case, with the achieved events/s and the latency percentiles.
 """
 
 from __future__ import annotations
@@ -131,7 +142,8 @@ async def _chunks(reader: Any) -> Any:
         await reader.readexactly(2)
 
 
-async def _one(host: str, port: int, seen: list[Any]) -> dict[str, Any]:
+async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[str, Any]:
+    await asyncio.sleep(start_s)  # a staggered start (0: all at once)
     body = json.dumps({"message": "weather please"}).encode()
     head = "POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
@@ -171,11 +183,12 @@ async def _one(host: str, port: int, seen: list[Any]) -> dict[str, Any]:
     }
 
 
-async def _clients(url: str, runs: int) -> None:
+async def _clients(url: str, runs: int, stagger_s: float) -> None:
     seen: list[Any] = []
     host, port = url.removeprefix("http://").rsplit(":", 1)
+    starts = [i * stagger_s / runs for i in range(runs)]  # evenly over the stagger
     started = time.monotonic()
-    done = await asyncio.gather(*(_one(host, int(port), seen) for _ in range(runs)))
+    done = await asyncio.gather(*(_one(host, int(port), seen, s) for s in starts))
     wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
@@ -201,31 +214,41 @@ def _start(command: list[str], pattern: str) -> tuple[subprocess.Popen[str], str
     return proc, match.group(0)
 
 
-async def _serve_and_load(server: RelayServer, runs: int, uvloop: bool) -> dict[str, Any]:
+async def _load(url: str, runs: int, stagger_s: float, uvloop: bool) -> dict[str, Any]:
+    """Run the clients' child process: ``runs`` runs, started evenly over ``stagger_s``."""
+    command = [sys.executable, __file__, "--client", url, "--runs", str(runs)]
+    command += ["--stagger", str(stagger_s)] + (["--uvloop"] if uvloop else [])
+    cpu = time.process_time()
+    child = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, env=_child_env()
+    )
+    out, _ = await child.communicate()
+    return {**json.loads(out), "relay_cpu": time.process_time() - cpu}
+
+
+async def _serve_and_load(server: RelayServer, args: argparse.Namespace) -> dict[str, Any]:
+    """One run alone first (it warms the relay and gives one run's length and events, for
+    the stagger and the offered load), then the load itself."""
     async with server:
-        command = [sys.executable, __file__, "--client", server.url, "--runs", str(runs)]
-        command += ["--uvloop"] if uvloop else []
-        env = _child_env()
-        cpu = time.process_time()
-        child = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, env=env
-        )
-        out, _ = await child.communicate()
-        return {**json.loads(out), "relay_cpu": time.process_time() - cpu}
+        solo = await _load(server.url, 1, 0.0, args.uvloop)
+        solo_s = solo["wall"]
+        stagger = solo_s if args.shape == "staggered" else 0.0
+        result = await _load(server.url, args.runs, stagger, args.uvloop)
+        return {**result, "solo_s": solo_s, "solo_events": solo["runs"][0]["events"]}
 
 
 async def _relay(args: argparse.Namespace) -> dict[str, Any]:
     limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
     if args.model_in_process:  # RelayServer's default: the scripted server on the same loop
         server = RelayServer(limits=limits, delay_scale=args.delay_scale)
-        return await _serve_and_load(server, args.runs, args.uvloop)
+        return await _serve_and_load(server, args)
     model, url = _start(
         [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
         r"http://127\.0\.0\.1:\d+",
     )
     try:
         server = RelayServer(base_url=url + "/v1", model="scripted", limits=limits)
-        result = await _serve_and_load(server, args.runs, args.uvloop)
+        result = await _serve_and_load(server, args)
         result["model_cpu"] = _cpu_of(model.pid)
         return result
     finally:
@@ -248,7 +271,14 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
     created = sorted(t - APPENDED[(r, n)][0] for r, n, t in result["seen"])
     appended = sorted(t - APPENDED[(r, n)][1] for r, n, t in result["seen"])
     events = sum(r["events"] for r in runs)
+    # What the load asks of the relay: all runs in flight at once stream runs x E events
+    # in one run's length L (lockstep: for all of L; staggered evenly over L: only at the
+    # peak, t = L, and half of it on average over the 2 L the load then lasts).
+    peak = len(runs) * result["solo_events"] / result["solo_s"]
+    mean = peak / 2 if args.shape == "staggered" else peak
     row = {
+        "shape": args.shape,
+        "pacing_ms": 3.0 * args.delay_scale,
         "runs": len(runs),
         "model": "in relay process" if args.model_in_process else "own process",
         "calls": sum(r["calls"] for r in runs),
@@ -264,10 +294,21 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
         "max": created[-1] * 1000,
         "append_p50": _pct(appended, 0.5),
         "append_p99": _pct(appended, 0.99),
+        "solo_s": result["solo_s"],
+        "solo_events": result["solo_events"],
+        "offered_peak_s": peak,
+        "offered_mean_s": mean,
+        "capacity_s": events / cpu,
     }
     print(
-        f"runs: {row['runs']} (model server: {row['model']}), {row['calls']} calls, every "
-        f"call paired and every id once: {row['paired']}"
+        f"runs: {row['runs']} {args.shape}, {row['pacing_ms']:g} ms pacing (model server: "
+        f"{row['model']}), {row['calls']} calls, every call paired and every id once: "
+        f"{row['paired']}"
+    )
+    print(
+        f"offered: one run alone {result['solo_events']} events in {result['solo_s']:.2f} s, "
+        f"so {peak:.0f} events/s at the peak, {mean:.0f} on average; the relay's one loop "
+        f"carries {row['capacity_s']:.0f} events/s at this CPU per event"
     )
     print(
         f"events: {events} in {result['wall']:.2f} s = {row['events_s']:.0f} events/s; relay "
@@ -284,6 +325,42 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
         f"{row['append_p50']:.1f} ms, p99 {row['append_p99']:.1f} ms"
     )
     return row
+
+
+CASES = {
+    "lockstep": ("lockstep", 1.0),
+    "staggered": ("staggered", 1.0),
+    "model-paced": ("staggered", 10.0),
+}
+"""The load shapes of ``--matrix``: every run started at once at the demo's 3 ms pacing (the
+worst case: bursts of one event per run); started evenly over one run's length; and that
+with 30 ms between the model's wire events (about a real model's streaming rate)."""
+
+
+def _matrix(repeat: int) -> None:
+    """Each case at 20, 100 and 200 runs, each cell a fresh relay (its own process), the
+    upper median of ``repeat`` per figure (of 2: the worse); prints a Markdown table."""
+    head = "case, runs, offered peak/mean ev/s, events/s, CPU/event, capacity ev/s, p50, p99"
+    print("| " + " | ".join(head.split(", ")) + " |")
+    print("|---|---|---|---|---|---|---|---|")
+    for case, (shape, scale) in CASES.items():
+        for runs in (20, 100, 200):
+            rows = []
+            for _ in range(repeat):
+                command = [sys.executable, __file__, "--json", "--runs", str(runs)]
+                command += ["--shape", shape, "--delay-scale", str(scale)]
+                out = subprocess.run(
+                    command, capture_output=True, text=True, check=True, env=_child_env()
+                )
+                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            m = {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in rows[0] if k != "shape"}
+            assert all(r["paired"] for r in rows), "a run lost an event or a result"
+            print(
+                f"| {case} | {runs} | {m['offered_peak_s']:.0f} / {m['offered_mean_s']:.0f} | "
+                f"{m['events_s']:.0f} | {m['relay_cpu_ms_per_event']:.3f} ms | "
+                f"{m['capacity_s']:.0f} | {m['p50']:.1f} ms | {m['p99']:.1f} ms |",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -305,10 +382,26 @@ def main() -> None:
         action="store_true",
         help="run the relay's (and the clients') event loop on uvloop (must be installed)",
     )
+    parser.add_argument(
+        "--shape",
+        choices=("lockstep", "staggered"),
+        default="lockstep",
+        help="start every run at once, or evenly over one run's length (measured alone first)",
+    )
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="the table: lockstep, staggered and model-paced, at 20, 100 and 200 runs",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="with --matrix: runs per cell")
     parser.add_argument("--profile", metavar="FILE", help="cProfile the relay process to FILE")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--stagger", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.matrix:
+        _matrix(args.repeat)
+        return
     loop_factory = None
     if args.uvloop:
         import uvloop  # noqa: PLC0415 (optional)
@@ -316,7 +409,7 @@ def main() -> None:
         loop_factory = uvloop.new_event_loop
     if args.client:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(_clients(args.client, args.runs))
+            runner.run(_clients(args.client, args.runs, args.stagger))
         return
     _record_times()
     profile = cProfile.Profile() if args.profile else None

@@ -39,8 +39,10 @@ import orjson
 
 from ..._errors import ConfigError, UsageError
 from ..._specs import ToolSpec, load_tools
+from ._deadline import IdleDeadline
 from ._errors import (
     ModelConnectError,
+    ModelError,
     ModelHTTPError,
     StreamInterrupted,
     StreamTimeout,
@@ -109,6 +111,10 @@ class ModelClient:
         self._headers.update(headers)  # the caller's win, whatever their case
         self._sleep = sleep
         self._random_unit = random_unit
+        # parsed once (again only if model or base_url is changed): parsing the URL was most
+        # of build_request's cost
+        self._url = (self.url, httpx.URL(self.url))
+        self._timeout = httpx.Timeout(None, connect=limits.connect_s, pool=limits.connect_s)
 
     @property
     def provider(self) -> str:
@@ -205,9 +211,10 @@ class ModelClient:
         self, content: bytes, attempt: int
     ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
         provider, limits = self.provider, self.limits
-        timeout = httpx.Timeout(None, connect=limits.connect_s, pool=limits.connect_s)
+        if self._url[0] != self.url:
+            self._url = (self.url, httpx.URL(self.url))
         request = self._http.build_request(
-            "POST", self.url, content=content, headers=self._headers, timeout=timeout
+            "POST", self._url[1], content=content, headers=self._headers, timeout=self._timeout
         )
         try:
             async with asyncio.timeout(limits.first_byte_s):
@@ -215,7 +222,7 @@ class ModelClient:
                 try:
                     if response.status_code >= 400:
                         raise await self._http_error(response, attempt)
-                    chunks = aiter(response.aiter_bytes())
+                    chunks = _body(response)
                     first = await anext(chunks, b"")
                 except BaseException:
                     await response.aclose()  # also on cancellation: never leak the connection
@@ -271,6 +278,7 @@ class ModelStream:
         self._content = content
         self._response: httpx.Response | None = None
         self._chunks: AsyncIterator[bytes] | None = None
+        self._idle: IdleDeadline | None = None
         self._first = b""
         self._done = False
         self.attempts = 0
@@ -296,53 +304,83 @@ class ModelStream:
     async def __aenter__(self) -> Self:
         if self._response is not None or self._done:
             raise UsageError("a ModelStream is entered once; call client.stream() again")
-        self._response, chunks, self._first, self.attempts = await self._client._open(self._content)
-        self._chunks = aiter(chunks)
+        self._response, self._chunks, self._first, self.attempts = await self._client._open(
+            self._content
+        )
+        self._idle = IdleDeadline(self._client.limits.idle_s)
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
         self._done = True
+        if self._idle is not None:
+            self._idle.close()
         close_chunks = getattr(self._chunks, "aclose", None)
         if close_chunks is not None:
             await close_chunks()  # httpx's generator, so that it is not left to the GC
         if self._response is not None:
-            await self._response.aclose()
+            await self._response.aclose()  # back to the pool (idempotent)
 
     def __aiter__(self) -> Self:
         self._opened()
         return self
 
     async def __anext__(self) -> bytes:
-        if self._done or self._chunks is None:
+        # The hot path of a round: one call per body chunk, so it does no more than it
+        # must per chunk (the idle deadline moves a float; see _deadline).
+        chunks, idle = self._chunks, self._idle
+        if self._done or chunks is None or idle is None:
             raise StopAsyncIteration
         if self._first:
             chunk, self._first = self._first, b""
-        else:
-            chunk = await self._next_chunk(self._chunks)
-        self.bytes_received += len(chunk)
-        return chunk
-
-    async def _next_chunk(self, chunks: AsyncIterator[bytes]) -> bytes:
-        provider, idle_s = self._client.provider, self._client.limits.idle_s
+            self.bytes_received += len(chunk)
+            return chunk
         while True:
+            idle.reading()
             try:
-                async with asyncio.timeout(idle_s):
-                    chunk = await anext(chunks)
+                chunk = await anext(chunks)
             except StopAsyncIteration:
-                self._done = True
+                await self._close()  # the connection goes back to the pool at once
                 raise
-            except (TimeoutError, httpx.TimeoutException):
-                self._done = True
-                raise StreamTimeout(provider, kind="idle", seconds=idle_s) from None
-            except _TRANSPORT as exc:
-                self._done = True
-                raise StreamInterrupted(
-                    provider, cause=exc, bytes_received=self.bytes_received
-                ) from exc
+            except BaseException as exc:
+                error = self._failed(exc, idle)
+                if error is None:
+                    raise
+                raise error from (exc if isinstance(error, StreamInterrupted) else None)
+            finally:
+                idle.done()
             if chunk:
+                self.bytes_received += len(chunk)
                 return chunk
+
+    def _failed(self, exc: BaseException, idle: IdleDeadline) -> ModelError | None:
+        """The typed error a read's exception becomes; None to re-raise it as it is (a
+        cancellation that is not the idle deadline's, anything unexpected)."""
+        provider, idle_s = self._client.provider, self._client.limits.idle_s
+        if isinstance(exc, asyncio.CancelledError):
+            if not idle.expired_for():
+                return None
+        elif not isinstance(exc, _TRANSPORT):
+            return None
+        self._done = True
+        if isinstance(exc, asyncio.CancelledError | httpx.TimeoutException):
+            return StreamTimeout(provider, kind="idle", seconds=idle_s)
+        return StreamInterrupted(provider, cause=exc, bytes_received=self.bytes_received)
+
+
+def _body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response body's chunks as read. An unencoded body is read from the response's
+    own stream: ``aiter_bytes`` adds two generators and a decoder and a chunker call per
+    chunk, which pass an identity body through unchanged."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    stream = response.stream
+    if encoding == "identity" and isinstance(stream, httpx.AsyncByteStream):
+        return aiter(stream)
+    return aiter(response.aiter_bytes())
 
 
 def model_client(
