@@ -319,7 +319,9 @@ class Adapter(ABC):
 
     # -- the pipeline's per-event step (package-internal) -----------------------------------
 
-    def translate(self, event: str, payloads: Sequence[bytes], start: int = 0) -> Translated:
+    def translate(  # noqa: PLR0915 (the per-event route inlined: a call per event costs more)
+        self, event: str, payloads: Sequence[bytes], start: int = 0
+    ) -> Translated:
         """The next stretch of a run of events of one type (a byte stream's events, from
         their frames' event name and undecoded data), from ``payloads[start]``: ``(stop, key,
         texts, events)``. ``texts`` are the bare argument fragments of the open call ``key``
@@ -359,11 +361,10 @@ class Adapter(ABC):
                 skip,
                 prefix_end,
                 suffix_end,
-                count,
-                count_end,
-                rest,
-                rest_end,
+                counter,
             ) = raw
+            if counter is not None:
+                count, count_end, rest, rest_end = counter
         i, end = start, len(payloads)
         while i < end:
             payload = payloads[i]
@@ -371,7 +372,7 @@ class Adapter(ABC):
             # compared, not startswith/endswith: cheaper per call in CPython 3.11.)
             if raw is not None and payload[:prefix_end] == prefix:
                 if (
-                    count
+                    counter is not None
                     and (
                         not (digits := payload[count:count_end]).isdigit()
                         or digits[0] == 48  # a leading 0: not a JSON integer

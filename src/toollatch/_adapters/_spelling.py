@@ -20,13 +20,16 @@ from .._events import CallKey
 
 __all__ = ["RawContinuation", "learned_spelling", "raw_continuation", "spaced_body", "string_end"]
 
+Counter: TypeAlias = tuple[int, int, bytes, int | None]
+"""Where a spelling's counter is: ``(counter_at, counter_end, counter_rest, rest_end)``."""
 RawContinuation: TypeAlias = tuple[
-    bytes, bytes, bytes | None, CallKey, int, int, int, int, int | None, int, int, bytes, int | None
+    bytes, bytes, bytes | None, CallKey, int, int, int, int, int | None, Counter | None
 ]
 """How the provider spells a bare fragment of the open call ``key`` (build it with
 :func:`raw_continuation`; a plain tuple, as ``Adapter.translate`` unpacks it once per run of
 events): ``(prefix, suffix, close, key, start, cut, suffix_len, prefix_len, suffix_end,
-counter_at, counter_end, counter_rest, rest_end)``. The fragment is one JSON string right
+counter)``, ``counter`` being None or ``(counter_at, counter_end, counter_rest, rest_end)``
+(see below). The fragment is one JSON string right
 after the prefix, then one of two forms:
 
 * ``close`` is None: the suffix, maybe with spaces between its bytes when it holds no ``"``
@@ -42,7 +45,7 @@ padded, else the suffix), of a fixed number of digits. It is checked in place: t
 ``payload[counter_end:rest_end] == counter_rest`` (what follows the counter in its part);
 ``prefix`` (or the suffix or close) then holds only what comes before the counter, compared
 as ``payload[:prefix_len]`` (or ``payload[-cut:suffix_end]``). Without a counter
-``counter_at`` is 0, ``prefix_len`` is ``start`` and ``suffix_end`` None.
+``prefix_len`` is ``start`` and ``suffix_end`` None.
 
 ``start`` is where the string starts, ``cut`` the length of the last part (the bytes after
 the string, or after the padding, in the spelling without spaces), ``suffix_len`` the
@@ -78,7 +81,7 @@ def raw_continuation(
     last = suffix if close is None else close
     start, cut, suffix_len = len(prefix), len(last), len(suffix)
     if counter is None:
-        return (prefix, suffix, close, key, start, cut, suffix_len, start, None, 0, 0, b"", None)
+        return (prefix, suffix, close, key, start, cut, suffix_len, start, None, None)
     at, digits = counter
     if not 0 < digits <= _MAX_COUNTER_DIGITS:
         raise ValueError(f"a counter has 1 to {_MAX_COUNTER_DIGITS} digits")
@@ -94,10 +97,7 @@ def raw_continuation(
             suffix_len,
             at,
             None,
-            at,
-            at + digits,
-            rest,
-            start,
+            (at, at + digits, rest, start),
         )
     if -cut <= at and at + digits < 0:  # in the last part, before its end
         head, rest = last[: cut + at], last[cut + at + digits :]
@@ -112,10 +112,7 @@ def raw_continuation(
             suffix_len,
             start,
             at,
-            at,
-            at + digits,
-            rest,
-            None,
+            (at, at + digits, rest, None),
         )
     raise ValueError("a counter lies in the prefix or in the last part, before its end")
 
@@ -128,8 +125,8 @@ def spaced_body(payload: bytes, raw: RawContinuation) -> bytes | None:
     no counter) says, with spaces in the suffix; else None."""
     # The suffix has no quote, so the fragment's string ends at the last one.
     end = payload.rfind(b'"') + 1
-    suffix, close, start, counter_at = raw[1], raw[2], raw[4], raw[9]
-    if close is not None or counter_at or b'"' in suffix:
+    suffix, close, start, counter = raw[1], raw[2], raw[4], raw[9]
+    if close is not None or counter is not None or b'"' in suffix:
         return None
     if payload[end:].replace(b" ", b"") != suffix:
         return None
