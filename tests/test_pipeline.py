@@ -225,6 +225,9 @@ RAW_SPELLED = {
     # chat learns its spelling from the first fragment (the decoded route)
     "openai_chat": len(FRAGMENTS) - 1,
     "openai_chat obfuscated": len(FRAGMENTS) - 1,
+    # Responses learns it from the first (sequence_number 0), and again when the counter
+    # gains a digit (10)
+    "openai_responses": len(FRAGMENTS) - 2,
 }
 """Fragments of each stream that the raw route takes (the others' spelling is not raw)."""
 

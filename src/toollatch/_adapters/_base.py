@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeAlias
 
 import orjson
@@ -30,6 +30,7 @@ from .._events import (
     StreamFailed,
 )
 from ._sdk_helpers import HELPERS, SKIP
+from ._spelling import RawContinuation, spaced_body
 
 _DETAIL_CHARS = 300
 
@@ -161,41 +162,6 @@ def round_end(
     ]
 
 
-RawContinuation: TypeAlias = tuple[bytes, bytes, bytes | None, CallKey, int, int, int]
-"""How the provider spells a bare fragment of the open call ``key``: ``(prefix, suffix,
-close, key, start, cut, suffix_len)`` (build it with :func:`raw_continuation`; a plain
-tuple, as :meth:`Adapter.translate` unpacks it once per event). The fragment is one JSON
-string right after ``prefix``, then one of two forms:
-
-* ``close`` is None: ``suffix``, maybe with spaces between its bytes when it holds no ``"``
-  (Anthropic pads ``}  }``; the string then ends at the data's last quote).
-* padded: ``suffix``, a padding value of ASCII letters and digits, then ``close`` (Bedrock's
-  ``"p"``, OpenAI's ``"obfuscation"``: fields that only hide the event's size).
-
-``start`` is ``len(prefix)`` (where the string starts), ``cut`` is ``len(close)`` when
-padded, else ``len(suffix)`` (the bytes after the string, or after the padding, in the
-spelling without spaces), ``suffix_len`` is ``len(suffix)``.
-
-An adapter sets it for its provider's own spelling, only while :meth:`Adapter._continuation`
-would accept every event so spelled with that result (whatever the padding), and clears it
-before it stops holding; :meth:`Adapter.translate` then decodes the string alone instead of
-the whole event. Sound because a JSON string token can be replaced by any other without
-changing what the rest of the text means. Any other spelling (another key order, spaces
-inside the prefix) misses and takes the decoded route, as does an empty string when
-``_raw_empty`` is false."""
-
-
-def raw_continuation(
-    prefix: bytes, suffix: bytes, key: CallKey, close: bytes | None = None
-) -> RawContinuation:
-    """A :data:`RawContinuation`, its lengths computed once (``translate`` slices with them
-    once per event). Raises ``ValueError`` for an empty ``suffix`` or ``close``."""
-    if not suffix or close == b"":
-        raise ValueError("a raw spelling needs a suffix (and a close, when padded)")
-    cut = len(suffix) if close is None else len(close)
-    return (prefix, suffix, close, key, len(prefix), cut, len(suffix))
-
-
 Fragment: TypeAlias = tuple[CallKey, str]
 """``(key, text)``: a bare argument fragment of the open call ``key`` (see
 :meth:`Adapter._continuation`)."""
@@ -203,76 +169,6 @@ Translated: TypeAlias = tuple[int, CallKey | None, list[str], list[StreamEvent] 
 """``(stop, key, texts, events)``: what :meth:`Adapter.translate` found in a stretch of a run."""
 
 _loads = orjson.loads
-
-
-def _spaced_body(payload: bytes, raw: RawContinuation) -> bytes | None:
-    """The fragment's JSON string in ``payload`` when it is spelled as ``raw`` (not padded)
-    says, with spaces in the suffix; else None."""
-    # The suffix has no quote, so the fragment's string ends at the last one.
-    end = payload.rfind(b'"') + 1
-    _, suffix, close, _, start, _, _ = raw
-    if close is not None or b'"' in suffix or payload[end:].replace(b" ", b"") != suffix:
-        return None
-    return payload[start:end]
-
-
-_PADDING = b',"obfuscation":"'
-"""OpenAI's padding field, last in every chunk or event when ``include_obfuscation`` is on
-(the default): letters and digits that hide its size (fixtures
-openai_chat/long_nested_arguments.sse, openai_responses/two_function_calls.sse)."""
-_TOKEN_TRIES = 64
-"""Quotes tried as the end of a string token while learning (one per escaped quote)."""
-
-
-def string_end(payload: bytes, start: int) -> int:
-    """Where the JSON string token at ``payload[start:]`` ends (past its closing quote), or
-    -1: the first quote after which the text so far decodes as a string."""
-    quote = payload.find(b'"', start + 1)
-    for _ in range(_TOKEN_TRIES):
-        if quote < 0:
-            return -1
-        try:
-            if type(_loads(payload[start : quote + 1])) is str:
-                return quote + 1
-        except orjson.JSONDecodeError:
-            pass
-        quote = payload.find(b'"', quote + 1)
-    return -1
-
-
-def learned_spelling(
-    payload: bytes,
-    key: CallKey,
-    field: bytes,
-    put: Callable[[dict[str, Any], str], None],
-) -> RawContinuation | None:
-    """The ``RawContinuation`` of events spelled like ``payload``, a fragment of ``key`` whose
-    string follows the last ``field`` (e.g. ``b'"arguments":'``), OpenAI's top-level padding
-    after it being a padding value. None unless the same text with another string and padding
-    decodes to
-    ``payload``'s event with just those values changed (``put`` sets the fragment in a
-    decoded event): proof that the cuts are those tokens and nothing else."""
-    at = payload.rfind(field)
-    end = string_end(payload, at + len(field)) if at >= 0 else -1
-    if end < 0:
-        return None
-    prefix, suffix, close = payload[: at + len(field)], payload[end:], None
-    pad = suffix.rfind(_PADDING)
-    if pad >= 0 and suffix.endswith(b'"}'):
-        value = suffix[pad + len(_PADDING) : -2]
-        if not value or value.isalnum():
-            suffix, close = suffix[: pad + len(_PADDING)], b'"}'
-    expected = _loads(payload)
-    put(expected, "\x00")
-    probe = prefix + b'"\\u0000"' + suffix
-    if close is not None:
-        expected["obfuscation"] = "Z"
-        probe += b"Z" + close
-    try:
-        same = _loads(probe) == expected
-    except orjson.JSONDecodeError:
-        same = False
-    return raw_continuation(prefix, suffix, key, close) if same else None
 
 
 class Adapter(ABC):
@@ -423,14 +319,17 @@ class Adapter(ABC):
 
     # -- the pipeline's per-event step (package-internal) -----------------------------------
 
-    def translate(self, event: str, payloads: Sequence[bytes], start: int = 0) -> Translated:
+    def translate(  # noqa: PLR0915 (the per-event route inlined: a call per event costs more)
+        self, event: str, payloads: Sequence[bytes], start: int = 0
+    ) -> Translated:
         """The next stretch of a run of events of one type (a byte stream's events, from
         their frames' event name and undecoded data), from ``payloads[start]``: ``(stop, key,
         texts, events)``. ``texts`` are the bare argument fragments of the open call ``key``
         that ``payloads[start:stop]`` hold, one per payload (maybe none: ``key`` is then
         None); ``events`` (or None) are the stream events of the payload that ended the
         stretch, ``payloads[stop - 1]``, when it is not such a fragment. A stretch also ends
-        before a fragment of another call (``stop`` is then that payload's). Package-internal:
+        before a fragment of another call (``stop`` is then that payload's), and after one
+        from which the adapter learned a new spelling (the next takes it). Package-internal:
         ``StreamParser`` calls it for the runs the decoders' ``feed_payloads`` hand over, in
         turn until ``stop`` is the run's end, so that the bulk of a stream goes from bytes to
         a call's buffer without a frame, an event or a Python call per event in between.
@@ -452,19 +351,41 @@ class Adapter(ABC):
         key: CallKey | None = None
         raw = self._raw if event != "error" else None
         if raw is not None:
-            prefix, suffix, close, raw_key, at, cut, skip = raw
+            (
+                prefix,
+                suffix,
+                close,
+                raw_key,
+                at,
+                cut,
+                skip,
+                prefix_end,
+                suffix_end,
+                counter,
+            ) = raw
+            if counter is not None:
+                count, count_end, rest, rest_end = counter
         i, end = start, len(payloads)
         while i < end:
             payload = payloads[i]
             # The raw route, inlined: it runs once per event of the bulk of a stream. (Slices
             # compared, not startswith/endswith: cheaper per call in CPython 3.11.)
-            if raw is not None and payload[:at] == prefix:
-                if close is None:
-                    if payload[-cut:] == suffix:
-                        body: bytes | None = payload[at:-cut]
+            if raw is not None and payload[:prefix_end] == prefix:
+                if (
+                    counter is not None
+                    and (
+                        not (digits := payload[count:count_end]).isdigit()
+                        or digits[0] == 48  # a leading 0: not a JSON integer
+                        or payload[count_end:rest_end] != rest
+                    )
+                ):
+                    body: bytes | None = None
+                elif close is None:
+                    if payload[-cut:suffix_end] == suffix:
+                        body = payload[at:-cut]
                     else:
-                        body = _spaced_body(payload, raw)
-                elif payload[-cut:] == close:  # padded
+                        body = spaced_body(payload, raw)
+                elif payload[-cut:suffix_end] == close:  # padded
                     pad_at = payload.rfind(suffix, at, -cut)
                     pad = payload[pad_at + skip : -cut]
                     body = (
@@ -500,9 +421,8 @@ class Adapter(ABC):
             texts.append(fragment)
             if self._learns_raw:
                 self._learn_raw(payload, native, hit)
-                raw = self._raw
-                if raw is not None:
-                    prefix, suffix, close, raw_key, at, cut, skip = raw
+                if self._raw is not raw:
+                    return i + 1, key, texts, None  # (the next stretch takes the new spelling)
             i += 1
         return i, key, texts, None
 

@@ -57,7 +57,8 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, lost_event, raw_continuation, round_end, short
+from ._base import Adapter, error_detail, lost_event, round_end, short
+from ._spelling import raw_continuation
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, RoundEnd] = {

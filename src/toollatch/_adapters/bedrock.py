@@ -58,7 +58,8 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, lost_event, raw_continuation, round_end, short
+from ._base import Adapter, lost_event, round_end, short
+from ._spelling import raw_continuation
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, RoundEnd] = {

@@ -45,7 +45,8 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, Fragment, error_detail, learned_spelling, lost_event, round_end
+from ._base import Adapter, Fragment, error_detail, lost_event, round_end
+from ._spelling import learned_spelling
 
 _ENDINGS: dict[str, RoundEnd] = {
     "tool_calls": RoundEnd.NORMAL,
