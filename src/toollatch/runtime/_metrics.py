@@ -219,11 +219,12 @@ class Metrics:
 
     def on_notice(self, provider: str, notice: object) -> None:
         """Close times (``CallComplete``), eager commits, final previews."""
-        now = self._clock()
+        # (the clock is read only where it is used: most notices are not timed)
         if isinstance(notice, CallComplete):
-            self._closed.setdefault(notice.key, now)
+            self._closed.setdefault(notice.key, self._clock())
         elif isinstance(notice, CallReady) and isinstance(notice.call, CommittedCall):
             self._early.add(notice.call.call_id)
+            now = self._clock()
             self._commit(provider, notice.call.key, notice.call.call_id, now, early=True)
         elif isinstance(notice, PreviewUpdated) and notice.final:
             self._child("tool_preview_bytes", provider).observe(notice.bytes_so_far)
@@ -250,9 +251,8 @@ class Metrics:
 
     def on_event(self, provider: str, event: AgentEvent) -> None:
         """Tool start and run times, rounds."""
-        now = self._clock()
         if isinstance(event, ToolStartedEvent):
-            self._started[event.id] = now
+            self._started[event.id] = now = self._clock()
             closed = self._closed_by_id.get(event.id)
             if closed is not None:
                 early = "true" if event.id in self._early else "false"
@@ -260,9 +260,8 @@ class Metrics:
         elif isinstance(event, ToolFinishedEvent):
             started = self._started.pop(event.id, None)
             if started is not None:
-                outcome = event.error or "ok"
-                labels = (provider, outcome, *self._tool(event.name))
-                self._child("tool_execute_seconds", *labels).observe(now - started)
+                labels = (provider, event.error or "ok", *self._tool(event.name))
+                self._child("tool_execute_seconds", *labels).observe(self._clock() - started)
         elif isinstance(event, RoundEndedEvent):
             self._child("tool_rounds", provider, event.ended).inc()
 
