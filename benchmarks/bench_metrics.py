@@ -15,9 +15,10 @@ call's five agent events to ``Metrics.on_event``: everything the agent loop tell
 metrics for one round. The figures are the best of N samples, interleaved (the order
 rotates every sample) so that machine noise hits every contender alike: ``on/off``, and,
 the stable figure, the metrics' own time per round measured alone (``metrics us``, best of
-7) against the parse time (``cost``); the target is an overhead under 5 %. ``--before``
-loads another version of ``_metrics.py`` (e.g. main's) as a third contender, measured the
-same way in the same process. The machine's load average is printed before and after.
+15 samples of 2,000 rounds: short samples dodge preemption) against the parse time
+(``cost``); the target is an overhead under 5 %. ``--before`` loads another version of
+``_metrics.py`` (e.g. main's) as a third contender, measured the same way in the same
+process. The machine's load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def timed(fn: Callable[[], None]) -> float:
 
 def metrics_cost(provider: str, reads: Sequence[bytes], repeat: int, make: type) -> float:
     """Seconds the metrics take for one round, alone: the same calls on a recorded round's
-    notices and events (best of 7; this is the stable figure on a shared machine)."""
+    notices and events (best of 15; this is the stable figure on a shared machine)."""
     parser = StreamParser(provider, limits=LIMITS, observe=True)
     notices = [n for read in reads for n in parser.feed(read)]
     round_ = parser.finish()
@@ -138,7 +139,7 @@ def metrics_cost(provider: str, reads: Sequence[bytes], repeat: int, make: type)
             for event in events:
                 metrics.on_event(provider, event)
 
-    return min(timed(rounds) for _ in range(7)) / repeat
+    return min(timed(rounds) for _ in range(15)) / repeat
 
 
 def load_before(path: str) -> type:
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             off, *on = best_per_round(provider, reads, contenders, reps, inner)
             row = f"{provider:18} {size:>8} {off * 1e3:9.3f}"
             for b, make in zip(on, makes, strict=True):
-                cost = metrics_cost(provider, reads, 2000 if args.quick else 10000, make)
+                cost = metrics_cost(provider, reads, 500 if args.quick else 2000, make)
                 row += f" {(b / off - 1):14.1%} {cost * 1e6:10.1f} {cost / off:11.1%}"
             print(row, flush=True)
     print(load())
