@@ -175,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--before", metavar="FILE", help="another _metrics.py to compare")
+    parser.add_argument("--provider", action="append", help="only these (repeatable)")
     args = parser.parse_args(argv)
     sizes = (1024, 16384) if args.quick else (1024, 16384, 262144)
     reps = 5 if args.quick else 21
@@ -185,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'provider':18} {'size':>8} {'off ms':>9}{heads}")
     for size in sizes:
         for provider, reads in streams(size).items():
+            if args.provider and provider not in args.provider:
+                continue
             inner = max(1, 200_000 // size)  # small rounds: several per sample
             contenders = [None, *(make() for make in makes)]
             off, *on = best_per_round(provider, reads, contenders, reps, inner)
