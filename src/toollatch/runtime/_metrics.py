@@ -16,12 +16,18 @@ its commit (``CallReady`` for an eager call, the decided Round otherwise) and to
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Collection
+from bisect import bisect_left
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import metrics as _prometheus_metrics
 from prometheus_client.asgi import make_asgi_app
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from .._errors import ErrorCode
 from .._events import CallKey
@@ -33,6 +39,140 @@ from ._agent_events import AgentEvent, RoundEndedEvent, ToolFinishedEvent, ToolS
 
 _BYTES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock")
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One metric family, defined as prometheus-client's ``Counter``/``Histogram`` would be:
+    ``name`` without ``_total``; ``bounds``: a histogram's upper bounds, ``+Inf`` last."""
+
+    name: str
+    help: str
+    kind: str  # "counter" or "histogram"
+    labels: tuple[str, ...]
+    bounds: tuple[float, ...] = ()
+
+    def histogram_le(self) -> tuple[str, ...]:
+        """The ``le`` label of each bucket, spelt as prometheus-client spells it."""
+        return tuple(floatToGoString(b) for b in self.bounds)  # type: ignore[no-untyped-call]
+
+
+def _families(tool: tuple[str, ...]) -> tuple[_Family, ...]:
+    """The exposition's families, in the order ``/metrics`` lists them."""
+    b, s, inf = (*_BYTES, float("inf")), (*_SECONDS, float("inf")), "histogram"
+    return (
+        _Family("tool_assemble_args_bytes",
+                "Argument bytes of each decided call (not overflowed).", inf, ("provider",), b),
+        _Family("tool_assemble_invalid_json", "Calls failed invalid_json.", "counter",
+                ("provider",)),
+        _Family("tool_assemble_overflow", "Calls past the argument size limit.", "counter",
+                ("provider",)),
+        _Family("tool_assemble_to_commit_seconds", "From a call's close to its commit.", inf,
+                ("provider", "early"), s),
+        _Family("tool_execute_rejected_not_committed",
+                "Attempts to run a call that was not committed (must stay 0).", "counter",
+                ("provider",)),
+        _Family("tool_gate_rejections", "Calls that did not commit, by error code.", "counter",
+                ("provider", "code", *tool)),
+        _Family("tool_stream_anomalies", "Provider misbehaviour recorded, by kind.", "counter",
+                ("provider", "kind")),
+        _Family("tool_execute_seconds", "Tool run time, by outcome (ok or the error code).",
+                inf, ("provider", "outcome", *tool), s),
+        _Family("tool_close_to_start_seconds", "From a call's close to its tool start.", inf,
+                ("provider", "early"), s),
+        _Family("tool_preview_bytes", "Argument bytes a call's last preview covered.", inf,
+                ("provider",), b),
+        _Family("tool_rounds", "Model rounds, by how they ended.", "counter",
+                ("provider", "ended")),
+    )  # fmt: skip
+
+
+class _Count:
+    """A counter series in plain Python: the loop is its only writer (observers run inside
+    it), so prometheus-client's lock per increment buys nothing here."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self, family: _Family) -> None:
+        self.value = 0.0
+        self.created = time.time()  # (what prometheus-client exports as ``_created``)
+
+    def inc(self) -> None:
+        """Add one."""
+        self.value += 1.0
+
+
+class _Buckets:
+    """A histogram series in plain Python: one bisect instead of prometheus-client's lock
+    and Python loop over the bounds (counts per bucket, cumulated only when scraped)."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, family: _Family) -> None:
+        self.bounds = family.bounds
+        self.counts = [0.0] * len(family.bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        """Count ``amount`` in the first bucket whose bound is >= it (``le``)."""
+        self.sum += amount
+        self.counts[bisect_left(self.bounds, amount)] += 1.0
+
+
+class _Collector:
+    """Yields the families from the plain series, sample for sample what prometheus-client's
+    own ``Counter``/``Histogram`` would (tests/test_metrics_exposition.py compares the text)."""
+
+    def __init__(self, families: tuple[_Family, ...]) -> None:
+        self.families = families
+        self.series: dict[str, dict[tuple[str, ...], Any]] = {f.name: {} for f in families}
+        self.lock = threading.Lock()  # a scrape from another thread vs a new series
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (the registry checks their names at register)."""
+        for family in self.families:
+            yield Metric(family.name, family.help, family.kind)
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family and its series, in the order they were first touched."""
+        # prometheus-client's switch for _created (PROMETHEUS_DISABLE_CREATED_SERIES,
+        # disable_created_metrics()); read where its own metrics read it.
+        created = getattr(_prometheus_metrics, "_use_created", True)
+        for family in self.families:
+            with self.lock:
+                series = list(self.series[family.name].items())
+            if family.kind == "counter":
+                yield _counter_family(family, series, created)
+            else:
+                yield _histogram_family(family, series, created)
+
+
+def _counter_family(
+    family: _Family, series: list[tuple[tuple[str, ...], Any]], created: bool
+) -> Metric:
+    metric = CounterMetricFamily(family.name, family.help, labels=family.labels)
+    for labels, count in series:
+        metric.add_metric(labels, count.value, count.created if created else None)
+    return metric
+
+
+def _histogram_family(
+    family: _Family, series: list[tuple[tuple[str, ...], Any]], created: bool
+) -> Metric:
+    metric = HistogramMetricFamily(family.name, family.help, labels=family.labels)
+    le = family.histogram_le()
+    for labels, hist in series:
+        cumulative, acc = [], 0.0
+        for bound, count in zip(le, list(hist.counts), strict=True):
+            acc += count
+            cumulative.append((bound, acc))
+        metric.add_metric(labels, cumulative, hist.sum)
+        if created:
+            named = dict(zip(family.labels, labels, strict=True))
+            metric.add_sample(family.name + "_created", named, hist.created)
+    return metric
 
 
 class Metrics:
@@ -42,6 +182,8 @@ class Metrics:
     these names; any other name the model sends is ``other`` (the model picks names, so an
     open label would let it grow the series without bound).
     ``clock``: a monotonic clock in seconds (tests may pass their own).
+    The observer methods are called by the agent loop (one thread); scraping
+    (:meth:`exposition`, :meth:`asgi_app`, the registry) may happen from any thread.
     """
 
     def __init__(
@@ -58,56 +200,13 @@ class Metrics:
         self._closed_by_id: dict[str, float] = {}
         self._started: dict[str, float] = {}
         self._early: set[str] = set()
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._define()
-
-    def _define(self) -> None:
-        r, tool = self.registry, ("tool",) if self.tool_names is not None else ()
-        self.args_bytes = Histogram(
-            "tool_assemble_args_bytes", "Argument bytes of each decided call (not overflowed).",
-            ("provider",), buckets=_BYTES, registry=r,
-        )  # fmt: skip
-        self.invalid_json = Counter(
-            "tool_assemble_invalid_json", "Calls failed invalid_json.", ("provider",), registry=r
-        )
-        self.overflow = Counter(
-            "tool_assemble_overflow", "Calls past the argument size limit.", ("provider",),
-            registry=r,
-        )  # fmt: skip
-        self.to_commit = Histogram(
-            "tool_assemble_to_commit_seconds", "From a call's close to its commit.",
-            ("provider", "early"), buckets=_SECONDS, registry=r,
-        )  # fmt: skip
-        self.not_committed = Counter(
-            "tool_execute_rejected_not_committed",
-            "Attempts to run a call that was not committed (must stay 0).", ("provider",),
-            registry=r,
-        )  # fmt: skip
-        self.rejections = Counter(
-            "tool_gate_rejections", "Calls that did not commit, by error code.",
-            ("provider", "code", *tool), registry=r,
-        )  # fmt: skip
-        self.anomalies = Counter(
-            "tool_stream_anomalies", "Provider misbehaviour recorded, by kind.",
-            ("provider", "kind"), registry=r,
-        )  # fmt: skip
-        self.run_seconds = Histogram(
-            "tool_execute_seconds", "Tool run time, by outcome (ok or the error code).",
-            ("provider", "outcome", *tool), buckets=_SECONDS, registry=r,
-        )  # fmt: skip
-        self.close_to_start = Histogram(
-            "tool_close_to_start_seconds", "From a call's close to its tool start.",
-            ("provider", "early"), buckets=_SECONDS, registry=r,
-        )  # fmt: skip
-        self.preview_bytes = Histogram(
-            "tool_preview_bytes", "Argument bytes a call's last preview covered.",
-            ("provider",), buckets=_BYTES, registry=r,
-        )  # fmt: skip
-        self.rounds = Counter(
-            "tool_rounds", "Model rounds, by how they ended.", ("provider", "ended"), registry=r
-        )
-        for provider in ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"):
-            self.not_committed.labels(provider)  # exported as 0 from the start
+        self._children: dict[tuple[str, ...], Any] = {}
+        families = _families(("tool",) if self.tool_names is not None else ())
+        self._family = {f.name: f for f in families}
+        self._collector = _Collector(families)
+        self.registry.register(self._collector)
+        for provider in _PROVIDERS:
+            self._child("tool_execute_rejected_not_committed", provider)  # exported as 0
 
     # -- AgentObserver ---------------------------------------------------------------------
 
@@ -120,56 +219,60 @@ class Metrics:
 
     def on_notice(self, provider: str, notice: object) -> None:
         """Close times (``CallComplete``), eager commits, final previews."""
-        now = self._clock()
+        # (the clock is read only where it is used: most notices are not timed)
         if isinstance(notice, CallComplete):
-            self._closed.setdefault(notice.key, now)
+            self._closed.setdefault(notice.key, self._clock())
         elif isinstance(notice, CallReady) and isinstance(notice.call, CommittedCall):
             self._early.add(notice.call.call_id)
+            now = self._clock()
             self._commit(provider, notice.call.key, notice.call.call_id, now, early=True)
         elif isinstance(notice, PreviewUpdated) and notice.final:
-            self._child(self.preview_bytes, provider).observe(notice.bytes_so_far)
+            self._child("tool_preview_bytes", provider).observe(notice.bytes_so_far)
 
     def on_round(self, provider: str, round_: Round) -> None:
         """Sizes, gate rejections, anomalies and batch commits of a decided round."""
         now = self._clock()
         for anomaly in round_.anomalies:
-            self._child(self.anomalies, provider, str(anomaly.kind)).inc()
+            key: tuple[str, ...] = ("tool_stream_anomalies", provider, str(anomaly.kind))
+            (self._children.get(key) or self._child(*key)).inc()
         for call in round_.calls:
             if call.error is not ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES:
                 # (an overflowed call's count stops where it failed: its size is unknown)
-                self._child(self.args_bytes, provider).observe(call.argument_bytes)
+                key = ("tool_assemble_args_bytes", provider)
+                (self._children.get(key) or self._child(*key)).observe(call.argument_bytes)
             if call.committed is not None:
                 if not call.early:
                     self._commit(provider, call.key, call.call_id, now, early=False)
                 continue
             code = call.error or ErrorCode.PROTOCOL_VIOLATION
-            self._child(self.rejections, provider, str(code), *self._tool(call.name)).inc()
+            self._child("tool_gate_rejections", provider, str(code), *self._tool(call.name)).inc()
             if code is ErrorCode.INVALID_JSON:
-                self._child(self.invalid_json, provider).inc()
+                self._child("tool_assemble_invalid_json", provider).inc()
             elif code is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES:
-                self._child(self.overflow, provider).inc()
+                self._child("tool_assemble_overflow", provider).inc()
 
     def on_event(self, provider: str, event: AgentEvent) -> None:
         """Tool start and run times, rounds."""
-        now = self._clock()
         if isinstance(event, ToolStartedEvent):
-            self._started[event.id] = now
+            self._started[event.id] = now = self._clock()
             closed = self._closed_by_id.get(event.id)
             if closed is not None:
                 early = "true" if event.id in self._early else "false"
-                self._child(self.close_to_start, provider, early).observe(now - closed)
+                key: tuple[str, ...] = ("tool_close_to_start_seconds", provider, early)
+                (self._children.get(key) or self._child(*key)).observe(now - closed)
         elif isinstance(event, ToolFinishedEvent):
             started = self._started.pop(event.id, None)
             if started is not None:
-                outcome = event.error or "ok"
-                labels = (provider, outcome, *self._tool(event.name))
-                self._child(self.run_seconds, *labels).observe(now - started)
+                labels = (provider, event.error or "ok", *self._tool(event.name))
+                key = ("tool_execute_seconds", *labels)
+                (self._children.get(key) or self._child(*key)).observe(self._clock() - started)
         elif isinstance(event, RoundEndedEvent):
-            self._child(self.rounds, provider, event.ended).inc()
+            key = ("tool_rounds", provider, event.ended)
+            (self._children.get(key) or self._child(*key)).inc()
 
     def on_not_committed(self, provider: str, detail: str) -> None:
         """Count it: this is the number that must stay 0."""
-        self._child(self.not_committed, provider).inc()
+        self._child("tool_execute_rejected_not_committed", provider).inc()
 
     # -- export ----------------------------------------------------------------------------
 
@@ -188,15 +291,27 @@ class Metrics:
         if closed is None:
             closed = now  # a call that arrived whole (no separate close): commit at once
         self._closed_by_id[call_id] = closed
-        self._child(self.to_commit, provider, "true" if early else "false").observe(now - closed)
+        early_label = "true" if early else "false"
+        series = ("tool_assemble_to_commit_seconds", provider, early_label)
+        (self._children.get(series) or self._child(*series)).observe(now - closed)
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, cached: prometheus-client's lookup takes ~7 us, a
-        third of a round's metrics cost (the label sets are few, so the cache is small)."""
-        key = (id(metric), *labels)
+    def _child(self, name: str, *labels: str) -> Any:
+        """The series of family ``name`` with these label values (made at first use).
+
+        The observer methods look ``(name, *labels)`` up in ``_children`` themselves and
+        call this only on a miss: a Python call per series touched is a tenth of a round's
+        metrics cost."""
+        key = (name, *labels)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = metric.labels(*labels)
+            child = self._children[key] = self._new_child(self._family[name], labels)
+        return child
+
+    def _new_child(self, family: _Family, labels: tuple[str, ...]) -> Any:
+        """A new plain series, listed for scrapes (the reference test overrides this)."""
+        child = _Count(family) if family.kind == "counter" else _Buckets(family)
+        with self._collector.lock:
+            self._collector.series[family.name][labels] = child
         return child
 
     def _tool(self, name: str | None) -> tuple[str, ...]:
