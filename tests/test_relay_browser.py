@@ -255,3 +255,22 @@ async def test_a_cut_result_says_so_on_its_card(browser):
         card = page.locator('.card[data-call-id="call_big"]')
         assert await card.get_attribute("data-state") == "done"
         assert "result cut from 100000 bytes" in await card.inner_text()
+
+
+async def test_a_call_whose_server_died_shows_outcome_unknown(browser, tmp_path):
+    """A real MCP server (stdio) that dies mid-call: the card ends in its own 'unknown'
+    state, not 'failed' or 'cancelled' (the call may have had its effect)."""
+    from mcp_helpers import stdio_server  # noqa: PLC0415
+
+    from toollatch.mcp import McpToolSource  # noqa: PLC0415
+
+    turn = Turn(items=(Call(call_id="call_crash", name="crash", arguments="{}"),), delay_ms=0)
+    scripts = {"crash": Script(turns=(turn, Turn(items=(Text(text="Hm."),), delay_ms=0)))}
+    source = McpToolSource([stdio_server(tmp_path)])
+    async with RelayServer(scripts=scripts, delay_scale=0, tool_source=source) as server:
+        page = await _page(browser, server)
+        await _slow_run(page, "crash")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=30_000)
+        card = page.locator('.card[data-call-id="call_crash"]')
+        assert await card.get_attribute("data-state") == "unknown"
+        assert await card.locator(".state").inner_text() == "outcome_unknown"
