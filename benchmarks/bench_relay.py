@@ -17,9 +17,13 @@ httpx pool). The relay records each stored frame's append time and the clients e
 parse time, both on ``time.monotonic`` (CLOCK_MONOTONIC, one clock for every process).
 **Event latency** is the difference: what the relay adds between the agent's event and the
 browser's parse, including the SSE write, the socket and the client's own parse, with the
-three processes sharing this machine's two cores. Also reported: events/s over the wall time,
-and that every call of every run is paired (each run ends with ``run_ended``, every call has
-a result, no id skipped or repeated). Nothing here is a test: timings depend on the machine.
+three processes sharing this machine's two cores. It starts when the relay has read the
+model's bytes, so a relay that reads its model streams late does not show there: the **run
+length** (POST to ``run_ended`` parsed, against one run alone) does. Also reported: events/s
+over the wall time, the relay's garbage collections during the load (each one a pause of the
+loop), and that every call of every run is paired (each run ends with ``run_ended``, every
+call has a result, no id skipped or repeated). Nothing here is a test: timings depend on the
+machine.
 
 Load shape. One run goes alone first (it warms the relay and measures one run's length L and
 its events E). ``--shape lockstep`` then starts every run at once: with one script and one
@@ -37,6 +41,7 @@ import argparse
 import asyncio
 import collections
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -52,7 +57,7 @@ sys.path.insert(0, str(SRC))
 
 from toollatch.relay._config import RelayLimits  # noqa: E402
 from toollatch.relay._runs import RelayRun  # noqa: E402
-from toollatch.relay._server import RelayServer  # noqa: E402
+from toollatch.relay._server import RelayServer, settle_heap  # noqa: E402
 from toollatch.runtime import _agent  # noqa: E402
 
 APPENDED: dict[tuple[str, int], tuple[float, float]] = {}
@@ -144,6 +149,8 @@ async def _chunks(reader: Any) -> Any:
 
 async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[str, Any]:
     await asyncio.sleep(start_s)  # a staggered start (0: all at once)
+    posted = time.monotonic()
+    length = 0.0
     body = json.dumps({"message": "weather please"}).encode()
     head = "POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
@@ -172,11 +179,13 @@ async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[st
                 results.add(json.loads(fields[b"data"])["id"])
             elif fields[b"event"] == b"run_ended":
                 ended = json.loads(fields[b"data"])
+                length = now - posted
     writer.close()
     paired = ended is not None and ended["error"] is None
     paired = paired and {c["id"] for c in ended["calls"]} == results
     return {
         "events": len(ids),
+        "length": length,
         "calls": len(ended["calls"]) if ended else 0,
         "exact": ids == list(range(1, len(ids) + 1)),
         "paired": paired,
@@ -226,14 +235,35 @@ async def _load(url: str, runs: int, stagger_s: float, uvloop: bool) -> dict[str
     return {**json.loads(out), "relay_cpu": time.process_time() - cpu}
 
 
+GC_PAUSES: list[float] = []
+"""The relay process's garbage collections during the load, seconds each."""
+
+
+_GC_STARTED = [0.0]
+
+
+def _time_collections(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _GC_STARTED[0] = time.perf_counter()
+    else:
+        GC_PAUSES.append(time.perf_counter() - _GC_STARTED[0])
+
+
 async def _serve_and_load(server: RelayServer, args: argparse.Namespace) -> dict[str, Any]:
     """One run alone first (it warms the relay and gives one run's length and events, for
-    the stagger and the offered load), then the load itself."""
+    the stagger and the offered load), then the load itself. The heap is settled after the
+    start, as ``toollatch serve`` does; each collection during the load is timed: a pause
+    of the loop that every run in flight waits out."""
     async with server:
+        settle_heap()
         solo = await _load(server.url, 1, 0.0, args.uvloop)
         solo_s = solo["wall"]
         stagger = solo_s if args.shape == "staggered" else 0.0
-        result = await _load(server.url, args.runs, stagger, args.uvloop)
+        gc.callbacks.append(_time_collections)
+        try:
+            result = await _load(server.url, args.runs, stagger, args.uvloop)
+        finally:
+            gc.callbacks.remove(_time_collections)
         return {**result, "solo_s": solo_s, "solo_events": solo["runs"][0]["events"]}
 
 
@@ -269,6 +299,7 @@ def _pct(values: list[float], q: float) -> float:
 def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dict[str, Any]:
     runs = result["runs"]
     created = sorted(t - APPENDED[(r, n)][0] for r, n, t in result["seen"])
+    lengths = sorted(r["length"] for r in runs)
     appended = sorted(t - APPENDED[(r, n)][1] for r, n, t in result["seen"])
     events = sum(r["events"] for r in runs)
     # What the load asks of the relay: all runs in flight at once stream runs x E events
@@ -296,6 +327,11 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
         "append_p99": _pct(appended, 0.99),
         "solo_s": result["solo_s"],
         "solo_events": result["solo_events"],
+        "length_p50_s": _pct(lengths, 0.5) / 1000,
+        "length_p99_s": _pct(lengths, 0.99) / 1000,
+        "gc_count": len(GC_PAUSES),
+        "gc_ms": sum(GC_PAUSES) * 1000,
+        "gc_max_ms": max(GC_PAUSES, default=0.0) * 1000,
         "offered_peak_s": peak,
         "offered_mean_s": mean,
         "capacity_s": events / cpu,
@@ -323,6 +359,15 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
     print(
         f"  of which after the relay stored it (append -> client parsed): p50 "
         f"{row['append_p50']:.1f} ms, p99 {row['append_p99']:.1f} ms"
+    )
+    print(
+        f"run length (POST -> run_ended parsed): alone {row['solo_s']:.2f} s, under load p50 "
+        f"{row['length_p50_s']:.2f} s, p99 {row['length_p99_s']:.2f} s (a relay reading its "
+        "model streams late stretches the runs, which the event latency does not show)"
+    )
+    print(
+        f"garbage collections in the relay during the load: {row['gc_count']}, "
+        f"{row['gc_ms']:.0f} ms in all, the longest {row['gc_max_ms']:.1f} ms"
     )
     return row
 

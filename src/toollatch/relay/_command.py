@@ -114,7 +114,10 @@ def _ledger_url(given: str | None) -> str | None:
 
 
 async def _serve(server: Any) -> int:
+    from ._server import settle_heap  # noqa: PLC0415
+
     async with server:
+        settle_heap()
         ledger = server.ledger_url or "none"
         sys.stderr.write(f"toollatch relay on {server.url}/ (ledger {ledger}; Ctrl-C to stop)\n")
         sys.stderr.flush()

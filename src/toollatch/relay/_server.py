@@ -1,7 +1,8 @@
 """Serving the relay with uvicorn (internal; public names in :mod:`toollatch.relay`).
 
 ``async with RelayServer() as relay`` starts, on the running loop: the scripted model server
-(unless ``base_url`` is given), one shared httpx client for the runs' model requests, and
+(unless ``base_url`` is given), one shared httpx client for the runs' model requests
+(on aiohttp's transport, see :mod:`._http`), and
 uvicorn on ``host:port`` (port 0: any free one, read back from :attr:`RelayServer.url`). On
 exit every run still going is cancelled (its calls paired) before the servers stop.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +19,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
 import uvicorn
 
 from .._errors import ConfigError, UsageError
@@ -39,9 +40,23 @@ from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, loopback_server
 from ._app import PROVIDERS, Relay
 from ._config import RelayLimits
+from ._http import model_http
 
 SCRIPTED_MODEL = "scripted"
-_POOL_SIZE = 4
+
+
+def settle_heap() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze``),
+    for a process that serves the relay, once it has started: ``toollatch serve`` calls it.
+
+    The modules, the app and the tools are never garbage, yet each full collection walked
+    them all: with 200 runs in flight a full collection paused the loop, and so every run,
+    for 46-109 ms; after the freeze, about 22 ms (``benchmarks/bench_relay.py``). Not done by
+    :class:`RelayServer` itself: in a process shared with other code (tests, an app that
+    embeds the relay) objects frozen while still garbage would never be freed.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class RelayServer:
@@ -130,22 +145,8 @@ class RelayServer:
             url = self.base_url
             assert url is not None
             base_url_for, providers = (lambda _provider: url), (self.provider,)
-        # A connection per run in flight, in pools of _POOL_SIZE (a run goes to the pool with
-        # the fewest runs): httpcore scans every connection of a pool, checking each socket,
-        # per request and per response closed, so one pool of 200 made the relay's CPU
-        # quadratic in the runs (measured: 336 events/s at 200 runs), and pools of 16 still
-        # spent 9% of its CPU there. One TLS context for all pools: each new one loads the
-        # CA bundle (about 50 ms).
         active = (self.limits or RelayLimits()).max_active_runs
-        size = min(active, _POOL_SIZE)
-        pool = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-        tls = httpx.create_ssl_context()  # (as httpx makes it: certifi, or SSL_CERT_FILE)
-        http = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(timeout=None, limits=pool, verify=tls)
-            )
-            for _ in range(-(-active // size))
-        ]
+        http = [await stack.enter_async_context(model_http(active))]
         workspace = Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
         )
