@@ -375,19 +375,22 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
 CASES = {
     "lockstep": ("lockstep", 1.0),
     "staggered": ("staggered", 1.0),
+    "fast-model": ("staggered", 10.0 / 3.0),
     "model-paced": ("staggered", 10.0),
 }
 """The load shapes of ``--matrix``: every run started at once at the demo's 3 ms pacing (the
-worst case: bursts of one event per run); started evenly over one run's length; and that
-with 30 ms between the model's wire events (about a real model's streaming rate)."""
+worst case: bursts of one event per run); started evenly over one run's length; that with
+10 ms between the model's wire events (a fast model: 100 chunks a second per stream); and
+with 30 ms (about a typical model's streaming rate)."""
 
 
 def _matrix(repeat: int) -> None:
     """Each case at 20, 100 and 200 runs, each cell a fresh relay (its own process), the
     upper median of ``repeat`` per figure (of 2: the worse); prints a Markdown table."""
     head = "case, runs, offered peak/mean ev/s, events/s, CPU/event, capacity ev/s, p50, p99"
+    head += ", run length p99 / alone, longest GC pause"
     print("| " + " | ".join(head.split(", ")) + " |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case, (shape, scale) in CASES.items():
         for runs in (20, 100, 200):
             rows = []
@@ -403,7 +406,8 @@ def _matrix(repeat: int) -> None:
             print(
                 f"| {case} | {runs} | {m['offered_peak_s']:.0f} / {m['offered_mean_s']:.0f} | "
                 f"{m['events_s']:.0f} | {m['relay_cpu_ms_per_event']:.3f} ms | "
-                f"{m['capacity_s']:.0f} | {m['p50']:.1f} ms | {m['p99']:.1f} ms |",
+                f"{m['capacity_s']:.0f} | {m['p50']:.1f} ms | {m['p99']:.1f} ms | "
+                f"{m['length_p99_s']:.2f} / {m['solo_s']:.2f} s | {m['gc_max_ms']:.1f} ms |",
                 flush=True,
             )
 
@@ -436,7 +440,7 @@ def main() -> None:
     parser.add_argument(
         "--matrix",
         action="store_true",
-        help="the table: lockstep, staggered and model-paced, at 20, 100 and 200 runs",
+        help="the table: lockstep, staggered, fast-model and model-paced, at 20, 100, 200 runs",
     )
     parser.add_argument("--repeat", type=int, default=1, help="with --matrix: runs per cell")
     parser.add_argument("--profile", metavar="FILE", help="cProfile the relay process to FILE")
