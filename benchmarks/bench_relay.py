@@ -130,14 +130,18 @@ def _record_times() -> None:
 # clients cost about as much CPU as the relay they measure (2.4 s at 200 runs).
 
 
-async def _request(host: str, port: int, head: str, body: bytes = b"") -> tuple[Any, Any, int]:
-    """Send one request on a new connection; (reader, writer, status) after the headers."""
+async def _request(host: str, port: int, head: str, body: bytes = b"") -> tuple[Any, Any, int, int]:
+    """Send one request on a new connection; (reader, writer, status, content length or -1)
+    after the headers."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(head.encode() + b"\r\n" + body)
     status = int((await reader.readline()).split()[1])
-    while (await reader.readline()) != b"\r\n":
-        pass
-    return reader, writer, status
+    length = -1
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return reader, writer, status, length
 
 
 async def _chunks(reader: Any) -> Any:
@@ -154,13 +158,14 @@ async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[st
     body = json.dumps({"message": "weather please"}).encode()
     head = "POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-    reader, writer, status = await _request(host, port, head, body)
+    reader, writer, status, length = await _request(host, port, head, body)
     assert status == 201, status
-    run = json.loads(await reader.read())
+    # by its length, as a browser reads it: not until the server closes the connection
+    run = json.loads(await reader.readexactly(length))
     writer.close()
     head = f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\n"
     head += f"X-Toollatch-Session: {run['session']}\r\n"
-    reader, writer, status = await _request(host, port, head)
+    reader, writer, status, _ = await _request(host, port, head)
     assert status == 200, status
     ids: list[int] = []
     ended: dict[str, Any] | None = None
