@@ -97,3 +97,35 @@ def test_serve_takes_its_port_and_provider_from_a_config_file(tmp_path):
     done = subprocess.run([*CLI, "serve", "--config", str(bad)], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 2 and "relay.prot" in done.stderr
+
+
+def test_serve_settles_its_heap_once_started():
+    """``toollatch serve`` freezes what its start made and makes full collections rarer
+    (``settle_heap``); garbage made afterwards is still collected. In a child process: a
+    frozen heap is never given back, so the test process must not freeze its own."""
+    script = """
+import gc, weakref
+from toollatch.relay import _command, _server
+called = []
+_server.settle_heap, real = (lambda: (called.append(1), real())), _server.settle_heap
+class Stub:
+    ledger_url, url = None, "http://x"
+    async def __aenter__(self): return self
+    async def __aexit__(self, *exc): pass
+    async def serve_forever(self): pass
+import asyncio
+assert asyncio.run(_command._serve(Stub())) == 0
+assert called == [1], called
+assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+assert gc.get_threshold()[2] == 100, gc.get_threshold()
+class Node: pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+assert gone() is None
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -43,20 +43,29 @@ from ._config import RelayLimits
 from ._http import model_http
 
 SCRIPTED_MODEL = "scripted"
+_FULL_COLLECTION_EVERY = 100
+"""Middle-generation collections per full one (Python's default: 10); see settle_heap."""
 
 
 def settle_heap() -> None:
-    """Move every object alive now out of the garbage collector's reach (``gc.freeze``),
-    for a process that serves the relay, once it has started: ``toollatch serve`` calls it.
+    """Tune the garbage collector for a process that serves the relay, once it has started
+    (``toollatch serve`` calls it): every object alive now is moved out of its reach
+    (``gc.freeze``), and a full collection waits for 100 collections of the middle
+    generation instead of 10.
 
-    The modules, the app and the tools are never garbage, yet each full collection walked
-    them all: with 200 runs in flight a full collection paused the loop, and so every run,
-    for 46-109 ms; after the freeze, about 22 ms (``benchmarks/bench_relay.py``). Not done by
+    A full collection pauses the loop, so every run in flight, for as long as it walks the
+    heap. The modules, the app and the tools are never garbage, yet each walked them all:
+    with 200 runs in flight the longest pause during a load was 46-109 ms, 20-72 ms after
+    the freeze, and 10-21 ms with full collections ten times rarer as well
+    (``benchmarks/bench_relay.py``, which reports it).
+    Cycles still go in the young collections, which are unchanged. Not done by
     :class:`RelayServer` itself: in a process shared with other code (tests, an app that
     embeds the relay) objects frozen while still garbage would never be freed.
     """
     gc.collect()
     gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, _FULL_COLLECTION_EVERY)
 
 
 class RelayServer:
