@@ -2,10 +2,15 @@
 
 Run it from the repository root::
 
-    python benchmarks/bench_relay.py                 # 200 concurrent runs
+    python benchmarks/bench_relay.py                 # 200 runs at a model's pace (30 ms)
     python benchmarks/bench_relay.py --runs 50 --delay-scale 0
-    python benchmarks/bench_relay.py --shape staggered  # starts spread over one run's length
+    python benchmarks/bench_relay.py --shape lockstep --delay-scale 1  # the worst case
     python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
+
+By default the runs start evenly over one run's length (users arriving independently) and
+the model streams at 30 ms between wire events (``--delay-scale 10``: about a typical
+model's rate); ``--matrix`` adds the demo's 3 ms pacing, in lockstep and staggered, and a
+fast model (10 ms).
 
 Theory of operation
 -------------------
@@ -423,8 +428,8 @@ def main() -> None:
     parser.add_argument(
         "--delay-scale",
         type=float,
-        default=1.0,
-        help="the scripted model's pacing (1: 3 ms between wire events)",
+        default=10.0,
+        help="the scripted model's pacing (1: 3 ms between wire events; default 10: 30 ms)",
     )
     parser.add_argument(
         "--model-in-process",
@@ -439,7 +444,7 @@ def main() -> None:
     parser.add_argument(
         "--shape",
         choices=("lockstep", "staggered"),
-        default="lockstep",
+        default="staggered",
         help="start every run at once, or evenly over one run's length (measured alone first)",
     )
     parser.add_argument(
