@@ -76,7 +76,7 @@ def _inside(root: Path, path: str) -> Path:
 
 
 @tool(eager=True, side_effects="read", idempotent=True)
-def get_weather(city: str, unit: Literal["c", "f"] = "c") -> dict[str, object]:
+async def get_weather(city: str, unit: Literal["c", "f"] = "c") -> dict[str, object]:
     """Current weather for a city (demo data: made up from the city's name, no network).
 
     Args:
@@ -95,7 +95,7 @@ def get_weather(city: str, unit: Literal["c", "f"] = "c") -> dict[str, object]:
 
 
 @tool(eager=True, side_effects="read", idempotent=True)
-def add(a: float, b: float) -> float:
+async def add(a: float, b: float) -> float:
     """Add two numbers.
 
     Args:
