@@ -136,6 +136,8 @@ class StreamParser:
                 if self._closed is not None or self._broken:
                     return self._ignored("feed")
                 return self._frames(self._decoder.feed(data))  # (keep_events)
+            if data.__class__ is not bytes:  # (translate tells a miss by identity: see there)
+                data = bytes(data)
             self._feed_payloads(data, self._emit)
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
