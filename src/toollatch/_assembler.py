@@ -296,29 +296,33 @@ class Assembler:
         except KeyError:
             buf = None
         if buf is not None:
+            text = "".join(fragments)
+            ascii_ = text.isascii()
+            nbytes = buf.nbytes + (len(text) if ascii_ else _utf8_len(text))
+            if nbytes <= buf.bound:  # the hot path: see feed_fragment
+                buf.nbytes = nbytes
+                buf.fragments.append(text)
+                return []
             # (bound >= 0: OPEN without previews; see CallBuffer.bound. A tracker is made
             # by the call's first fragment, on the general path.)
             tracker = buf.tracker
-            if buf.bound >= 0 or (
-                tracker is not None and buf.state is CallState.OPEN and not buf.whole
+            if nbytes <= self._max_argument_bytes and (
+                buf.bound >= 0
+                or (tracker is not None and buf.state is CallState.OPEN and not buf.whole)
             ):
-                text = "".join(fragments)
-                ascii_ = text.isascii()
-                nbytes = buf.nbytes + (len(text) if ascii_ else _utf8_len(text))
-                if nbytes <= self._max_argument_bytes:
-                    buf.nbytes = nbytes
-                    buf.fragments.append(text)
-                    if nbytes >= buf.join_at:
-                        buf.compact()
-                        if tracker is None:
-                            buf.open_bound(self._max_argument_bytes)
-                    found: list[CallUpdate] = []
+                buf.nbytes = nbytes
+                buf.fragments.append(text)
+                if nbytes >= buf.join_at:
+                    buf.compact()
                     if tracker is None:
-                        return found
-                    for fragment in fragments:  # (inlined: once per fragment, previews on)
-                        if tracker.feed(fragment, len(fragment) if ascii_ else _utf8_len(fragment)):
-                            found.append(tracker.release(buf.key, buf.call_id, buf.name))
+                        buf.open_bound(self._max_argument_bytes)
+                found: list[CallUpdate] = []
+                if tracker is None:
                     return found
+                for fragment in fragments:  # (inlined: once per fragment, previews on)
+                    if tracker.feed(fragment, len(fragment) if ascii_ else _utf8_len(fragment)):
+                        found.append(tracker.release(buf.key, buf.call_id, buf.name))
+                return found
         found = []
         for fragment in fragments:
             found += self.feed_fragment(key, fragment)
