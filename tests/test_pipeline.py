@@ -496,6 +496,31 @@ def test_recorded_streams_in_every_read_shape(shape: str) -> None:
     assert taken["anthropic/sse raw"] == taken["anthropic/sse"] == 39, taken
 
 
+class _Chunk(bytes):
+    """A bytes subclass, as a transport library might hand over."""
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("kind", [bytearray, memoryview, _Chunk])
+def test_recorded_streams_as_other_bytes_types(kind: type) -> None:
+    """Reads that are not exact ``bytes`` (a bytearray, a memoryview, a subclass) give what
+    bytes give, cut anywhere: the decoders' one-event checks and the raw route tell a miss
+    by identity (removeprefix returns the same object), which holds only for exact bytes,
+    so feed converts such reads once."""
+    root = corpus_dir()
+    checked = 0
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".sse", ".jsonl"):
+            continue
+        data = path.read_bytes().replace(b"\r\n", b"\n")
+        provider, framing = detect(data[:65536])
+        for reads in (fixed(data, 7), per_event(data, framing)):
+            expected = run(provider, framing, reads, fast=True)
+            assert run(provider, framing, [kind(read) for read in reads], fast=True) == expected
+            checked += 1
+    assert checked > 40
+
+
 # -- misuse is uniform -------------------------------------------------------------------------
 
 _CHAT = STREAMS["openai_chat"][1]

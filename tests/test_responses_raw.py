@@ -114,6 +114,13 @@ def near(form: str) -> list[bytes]:
         delta(form, b'"\\ud800"'),  # a lone surrogate
         delta(form, b'"\xff"'),  # not UTF-8
     ]
+    if form.startswith("prefix"):
+        # The counter followed by the string and what follows it, not by the learned rest
+        # of the prefix (invalid JSON: the string would otherwise be taken as a fragment).
+        full = delta(form, b'"zz"')
+        counter_end = full.index(b'"sequence_number":123') + len(b'"sequence_number":123')
+        string_at = full.index(b'"delta":"zz"') + len(b'"delta":')
+        misses.append(full[:counter_end] + full[string_at:])
     if "padded" in form or form == "close":
         misses.append(delta(form, p=b"a-b"))  # padding that is not letters and digits
         misses.append(delta(form, p=b'a","obfuscation":"b'))

@@ -33,6 +33,7 @@ class CallBuffer:
         "name",
         "nbytes",
         "position",
+        "quiet",
         "state",
         "tracker",
         "whole",
@@ -50,6 +51,11 @@ class CallBuffer:
         the nearer of the byte limit and ``join_at`` for an OPEN call without previews, set
         by the assembler; -1 (no fragment fits) otherwise, and from the moment the call
         leaves OPEN (``_move`` resets it)."""
+        self.quiet = -1
+        """With previews on, the same for a fragment without ``"``, which the fast path also
+        hands to the call's tracker as held text: the nearest of the byte limit, the next join
+        and the last byte count below the tracker's ``quiet_below``, for an OPEN call with a
+        tracker (set by the assembler after each step of the tracker); -1 otherwise."""
         self.join_at = JOIN_BYTES
         """Byte count from which the next fragment joins the recent ones (see ``compact``)."""
         self.chunks = 0
@@ -66,7 +72,6 @@ class CallBuffer:
         self.tracker: PreviewTracker | None = None
         """The call's preview tracker while previews are owed (set and cleared by the
         assembler, which also keeps them by key)."""
-        """True once the call was committed before its round ended (eager start)."""
 
     def text(self) -> str:
         """The argument text so far, joined (and kept joined)."""
@@ -119,5 +124,5 @@ class CallBuffer:
         if state is self.state:
             return False
         self.state = state
-        self.bound = -1
+        self.bound = self.quiet = -1
         return True

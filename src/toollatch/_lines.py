@@ -73,7 +73,7 @@ class JSONLinesDecoder:
             for line in lines:
                 append(Frame(event, line.decode("utf-8", "surrogateescape")))
 
-        self.feed_payloads(data, collect)
+        self.feed_payloads(bytes(data) if data.__class__ is not bytes else data, collect)
         return frames
 
     def feed_payloads(self, data: bytes, emit: Emit) -> None:
@@ -81,17 +81,24 @@ class JSONLinesDecoder:
         of at most ``RUN_EVENTS`` as they are found, instead of returning frames (see
         :meth:`SSEDecoder.feed_payloads`): each line is the frame's data encoded back
         (``surrogateescape``), without its line end, the whitespace around it and a BOM.
-        Raises as :meth:`feed` does.
+        Raises as :meth:`feed` does. ``data`` must be exact ``bytes`` (``feed`` and
+        StreamParser convert anything else once).
         """
         if self._closed:
             self._raise_closed("JSONLinesDecoder.feed() after finish() or an error")
         partial = self._partial
-        if not partial and data.endswith(b"}\n") and data[0] == self._BARE:
+        if (
+            not partial
+            and (line := data.removesuffix(b"\n")) is not data  # (a miss: the same object)
+            and line
+            and line[-1] == 0x7D
+            and line[0] == self._BARE
+            and 10 not in line
+            and len(line) <= self._max
+        ):
             # One whole "{...}" line, as most reads are: what the loop below does for it.
-            line = data[:-1]
-            if 10 not in line and len(line) <= self._max:
-                emit("message", [line])
-                return
+            emit("message", [line])
+            return
         end = data.rfind(b"\n") + 1  # data[:end] is complete lines; the rest stays pending
         if not end:
             # No line end: extend the pending line in place (no copy of what is pending).

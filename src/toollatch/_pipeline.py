@@ -136,6 +136,8 @@ class StreamParser:
                 if self._closed is not None or self._broken:
                     return self._ignored("feed")
                 return self._frames(self._decoder.feed(data))  # (keep_events)
+            if data.__class__ is not bytes:  # (translate tells a miss by identity: see there)
+                data = bytes(data)
             self._feed_payloads(data, self._emit)
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
@@ -149,19 +151,15 @@ class StreamParser:
         """A run of complete events of one type from the read being fed (see the class
         docstring): each stretch the adapter finds goes to the assembler, its fragments in
         one ``feed_fragments``, then the events of the payload that ended it."""
-        start, end = 0, len(payloads)
+        stop, key, texts, events = self._translate(event, payloads, 0)
         while True:
-            start, key, texts, events = self._translate(event, payloads, start)
-            if key is not None:
-                found = self._feed_fragments(key, texts)
-                if found:
-                    self._notices += found
-            if events:
-                found = self._apply(events)
-                if found:
-                    self._notices += found
-            if start == end:
+            if key is not None and (found := self._feed_fragments(key, texts)):
+                self._notices += found
+            if events and (found := self._apply(events)):
+                self._notices += found
+            if stop == len(payloads):
                 return
+            stop, key, texts, events = self._translate(event, payloads, stop)
 
     def feed_frames(self, frames: Iterable[Frame]) -> list[CallUpdate]:
         """Feed already-decoded frames (the same rules as :meth:`feed`)."""

@@ -147,8 +147,6 @@ class PreviewTracker:
         "_due",
         "_every",
         "_filter",
-        "_held",
-        "_hold_below",
         "_moved",
         "_on_structure",
         "_parser",
@@ -156,7 +154,9 @@ class PreviewTracker:
         "_provisional",
         "_quiet",
         "_rule",
+        "held",
         "nbytes",
+        "quiet_below",
     )
 
     def __init__(self, policy: PreviewPolicy, name: str | None, *, max_depth: int) -> None:
@@ -164,26 +164,32 @@ class PreviewTracker:
         self._parser = PartialJSON(max_depth=max_depth) if self._rule.mode != "none" else None
         self._filter = _Filter(self._rule, policy.redactor)
         self._pending: list[PathDelta] = []
-        # Fragments not parsed yet, or None when nothing is parsed (none mode, or failed).
-        self._held: list[str] | None = [] if self._parser is not None else None
+        self.held: list[str] | None = [] if self._parser is not None else None
+        """Text not parsed yet, or None when nothing is parsed (none mode, or failed)."""
         self._before = ""  # the last two characters parsed (see _may_end)
         self._quiet = False  # held text cannot change structure: see the class docstring
         self._on_structure = policy.on_structure
         self._every = policy.every_bytes
         self._due = 0  # bytes at which an update is due (the first fragment releases one)
-        self._hold_below = -1  # _due while quiet, else -1: the one test of the hot path
+        self.quiet_below = -1
+        """While the parser is in a string (or structure does not matter) and text is held:
+        the byte count at which an update is due; else -1. A fragment without ``"`` that
+        leaves ``nbytes`` below it is quiet: it can only grow that string, and ``feed``
+        would just hold it. The assembler then appends it to :attr:`held` and sets
+        :attr:`nbytes` itself, without a call per fragment (the same state as ``feed``)."""
         self._provisional: frozenset[str] = frozenset()  # as last released...
         self._moved = True  # ...unless a value started or ended since (then recomputed)
         self.nbytes = 0
+        """The call's argument bytes so far (the assembler's count)."""
 
     def feed(self, fragment: str, size: int) -> bool:
         """Take one fragment of ``size`` bytes; True when an update is due."""
         self.nbytes = nbytes = self.nbytes + size
-        held = self._held
+        held = self.held
         if held is None:
             return nbytes >= self._due
         held.append(fragment)
-        if nbytes < self._hold_below and ('"' not in fragment or not self._may_end(held)):
+        if nbytes < self.quiet_below and ('"' not in fragment or not self._may_end(held)):
             return False
         return self._catch_up(held)
 
@@ -209,10 +215,10 @@ class PreviewTracker:
         shown = self._filter.apply(deltas)
         self._pending += shown
         if parser.failed is not None:
-            self._held = None  # a failed parser takes nothing more
+            self.held = None  # a failed parser takes nothing more (and holds nothing)
         # (without on_structure only the byte count releases: every fragment may wait)
-        self._quiet = parser.in_string or not self._on_structure
-        self._hold_below = self._due if self._quiet else -1
+        self._quiet = self.held is not None and (parser.in_string or not self._on_structure)
+        self.quiet_below = self._due if self._quiet else -1
         if self.nbytes >= self._due:
             return True
         return self._on_structure and any(delta.op != "append" for delta in shown)
@@ -222,13 +228,13 @@ class PreviewTracker:
     ) -> PreviewUpdated:
         """The update carrying everything pending (coalesced); it reflects all the text fed."""
         parser = self._parser
-        if self._held:
-            self._catch_up(self._held)
+        if self.held:
+            self._catch_up(self.held)
         if final and parser is not None and parser.failed is None:
             self._pending += self._filter.apply(parser.finish())
-            self._held = None
+            self.held = None
         self._due = max(self.nbytes, 1) + self._every
-        self._hold_below = self._due if self._quiet else -1
+        self.quiet_below = self._due if self._quiet else -1
         deltas, self._pending = _coalesce(self._pending), []
         return PreviewUpdated(
             key=key,

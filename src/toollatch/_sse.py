@@ -121,6 +121,7 @@ class SSEDecoder:
         "_dispatched",
         "_event",
         "_event_budget",
+        "_fast",
         "_fast_max_bytes",
         "_head",
         "_head_event",
@@ -150,7 +151,8 @@ class SSEDecoder:
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
         self._head = b"data: "  # the last head of a one-line event (see _one_line)
         self._head_event = "message"
-        self._dispatched = 0  # events handed over so far (tells errors that follow some)
+        self._dispatched = 0  # events the walk handed over (tells errors that follow some)
+        self._fast = False  # nothing pending, no CR or BOM to strip: see feed_payloads
         self._partial = bytearray()
         self._pending: StreamDecodeError | None = None  # raised by the next feed/finish
         self._at_start = True
@@ -179,7 +181,7 @@ class SSEDecoder:
                 text = value.decode("utf-8", "surrogateescape")  # see the module docstring
                 append(Frame(event, text, self._last_id, self._retry))
 
-        self.feed_payloads(data, collect)
+        self.feed_payloads(bytes(data) if data.__class__ is not bytes else data, collect)
         return frames
 
     def feed_payloads(self, data: bytes, emit: Emit) -> None:
@@ -191,26 +193,27 @@ class SSEDecoder:
         its size (StreamParser uses this), and the id and retry in force are :attr:`last_id`
         and :attr:`retry` when ``emit`` is called. Raises as :meth:`feed` does, at the same
         places; an exception from ``emit`` propagates, and the rest of the chunk is lost (the
-        decoder is then not to be used again).
+        decoder is then not to be used again). ``data`` must be exact ``bytes`` (``feed``
+        and StreamParser convert anything else once).
         """
         if self._closed is not None:
             self._raise_closed()
-        head = self._head
-        if data.startswith(head) and data[-1] == 10 and data[-2] == 10:  # (len(head) >= 6)
+        if (
+            self._fast
+            and (rest := data.removeprefix(self._head)) is not data
+            and (value := rest.removesuffix(b"\n\n")) is not rest
+            and 10 not in value
+            and 13 not in value
+            and len(data) <= self._fast_max_bytes
+        ):
             # A read that is one event with the kept head, as most reads of a stream are:
             # what _walk does for it, without the walk (nothing pending, no CR, one line).
-            # (The head holds no CR: it was cut from data whose CRs were made LFs.)
-            value = data[len(head) : -2]
-            if (
-                10 not in value
-                and 13 not in value
-                and len(data) <= self._fast_max_bytes
-                and not (self._partial or self._at_start or self._skip_lf)
-                and not (self._data or self._event)
-            ):
-                self._dispatched += 1
-                emit(self._head_event, [value])
-                return
+            # (The head holds no CR: it was cut from data whose CRs were made LFs. A miss
+            # returns the same object: data is exact bytes, see above.) Nothing here can
+            # raise: not counted.
+            emit(self._head_event, [value])
+            return
+        self._fast = False  # (until this read is walked: see the end)
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)
         if 13 in data:
@@ -243,6 +246,7 @@ class SSEDecoder:
             return
         if end < len(data):
             partial += memoryview(data)[end:]
+        self._fast = not (partial or self._at_start or self._skip_lf or self._data or self._event)
 
     def _walk(self, data: bytes, end: int, emit: Emit) -> None:
         """Apply the complete lines ``data[:end]`` in order: a one-line event (the kept head

@@ -85,7 +85,7 @@ def raw_continuation(
     at, digits = counter
     if not 0 < digits <= _MAX_COUNTER_DIGITS:
         raise ValueError(f"a counter has 1 to {_MAX_COUNTER_DIGITS} digits")
-    if at > 0 and at + digits <= start:  # in the prefix
+    if at > 0 and at + digits < start:  # in the prefix, before its end
         head, rest = prefix[:at], prefix[at + digits :]
         return (
             head,
