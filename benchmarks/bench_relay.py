@@ -280,14 +280,16 @@ async def _serve_and_load(server: RelayServer, args: argparse.Namespace) -> dict
 async def _relay(args: argparse.Namespace) -> dict[str, Any]:
     limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
     if args.model_in_process:  # RelayServer's default: the scripted server on the same loop
-        server = RelayServer(limits=limits, delay_scale=args.delay_scale)
+        server = RelayServer(limits=limits, delay_scale=args.delay_scale, ledger=args.ledger)
         return await _serve_and_load(server, args)
     model, url = _start(
         [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
         r"http://127\.0\.0\.1:\d+",
     )
     try:
-        server = RelayServer(base_url=url + "/v1", model="scripted", limits=limits)
+        server = RelayServer(
+            base_url=url + "/v1", model="scripted", limits=limits, ledger=args.ledger
+        )
         result = await _serve_and_load(server, args)
         result["model_cpu"] = _cpu_of(model.pid)
         return result
@@ -322,6 +324,7 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
         "pacing_ms": 3.0 * args.delay_scale,
         "runs": len(runs),
         "model": "in relay process" if args.model_in_process else "own process",
+        "ledger": args.ledger,
         "calls": sum(r["calls"] for r in runs),
         "paired": all(r["paired"] and r["exact"] for r in runs),
         "events": events,
@@ -454,6 +457,12 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=1, help="with --matrix: runs per cell")
     parser.add_argument("--profile", metavar="FILE", help="cProfile the relay process to FILE")
+    parser.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="the runs' call ledger and histories, as `toollatch serve --ledger` (default: none; "
+        "serve's own default is sqlite:///<data folder>/ledger.db)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--stagger", type=float, default=0.0, help=argparse.SUPPRESS)
