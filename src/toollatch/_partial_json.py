@@ -390,9 +390,13 @@ class PartialJSON:
         """
         # Short path, inlined because it is the hot one: providers stream arguments one
         # character per event, and most characters are plain content of a string value.
+        # Longer text (a preview's held text, parsed in one piece) goes straight on: looking
+        # it up would hash all of it to find it is not a known character.
+        if len(fragment) != 1:
+            return self._feed_other(fragment)
         known = self._hot.get(fragment)  # a one-character fragment seen in this string
         if known is None:
-            if self._hot is not _COLD or len(fragment) != 1:
+            if self._hot is not _COLD:
                 return self._feed_other(fragment)
             # Second short path: one character outside string content, to the step of its
             # state for the characters frequent there (key text, escapes, punctuation...).
