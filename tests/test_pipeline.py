@@ -739,3 +739,14 @@ def test_the_chat_reads_include_reads_the_raw_shortcut_takes() -> None:
     assert same_both_ways("openai_chat", "sse", reads) == 3 + 3 + 2
     # learned at plain[0], padded[0] and the call 1's first: the others are raw
     assert RAW_TAKEN == [2 + 2 + 1]
+
+
+def test_a_run_after_a_string_ends_shows_its_fragments_to_the_tracker() -> None:
+    """In a run, once a fragment ends the string (the tracker is no longer quiet), a later
+    fragment without a quote still reaches the tracker and releases its update where one at
+    a time does (fails when the run keeps the quiet bound read before the tracker's call)."""
+    fragments = ['{"path": ["a', "b", '"', ", 2", "]}"]
+    data = chat_stream(fragments)
+    cut = data.index(b"\n\n", data.index(b'\\"a')) + 2  # the first fragment's read alone
+    previews = PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=1000)
+    assert same_both_ways("openai_chat", "sse", [data[:cut], data[cut:]], previews=previews) > 0

@@ -308,12 +308,11 @@ class Assembler:
                 buf.fragments.append(text)
                 return []
             tracker = buf.tracker
-            if nbytes <= buf.quiet and '"' not in text:  # previews on, quiet: see CallBuffer
+            # (previews on, quiet: see CallBuffer.quiet; quiet >= 0 implies a tracker)
+            if nbytes <= buf.quiet and '"' not in text and tracker is not None:
                 buf.nbytes = nbytes
                 buf.fragments.append(text)
-                assert tracker is not None  # (quiet >= 0: a tracker that holds text)
-                assert tracker.held is not None
-                tracker.held.append(text)  # (the same state as tracker.feed: no call)
+                buf.held.append(text)  # (the same state as tracker.feed: no call)
                 tracker.nbytes = nbytes
                 return []
             # (bound >= 0: OPEN without previews; see CallBuffer.bound. A tracker is made
@@ -343,23 +342,32 @@ class Assembler:
         ``PreviewTracker.quiet_below``)."""
         found: list[CallUpdate] = []
         seen = tracker.nbytes
+        # The tracker's held list and quiet bound, read again after each call of it (only a
+        # call changes them); its byte count is set before each call and at the end.
+        held, below = tracker.held, tracker.quiet_below
         for fragment in fragments:
             # (one isascii per fragment: a run with one non-ASCII fragment is not ASCII)
             size = len(fragment) if ascii_ or fragment.isascii() else _utf8_len(fragment)
             seen += size
-            held = tracker.held
-            if seen < tracker.quiet_below and '"' not in fragment and held is not None:
+            if seen < below and '"' not in fragment and held is not None:
                 held.append(fragment)
-                tracker.nbytes = seen
-            elif tracker.feed(fragment, size):
+                continue
+            tracker.nbytes = seen - size
+            if tracker.feed(fragment, size):
                 found.append(tracker.release(buf.key, buf.call_id, buf.name))
+            held, below = tracker.held, tracker.quiet_below
+        tracker.nbytes = seen
         self._quiet_bound(buf, tracker)
         return found
 
     def _quiet_bound(self, buf: CallBuffer, tracker: PreviewTracker) -> None:
         """Set ``buf.quiet`` after ``tracker`` took a fragment or released an update."""
         if buf.state is _OPEN and not buf.whole and tracker.held is not None:
-            buf.quiet = min(tracker.quiet_below - 1, self._max_argument_bytes, buf.join_at)
+            # (the least of three, compared here: min() costs a call per update)
+            quiet, most, join_at = tracker.quiet_below - 1, self._max_argument_bytes, buf.join_at
+            quiet = quiet if quiet < most else most
+            buf.quiet = quiet if quiet < join_at else join_at
+            buf.held = tracker.held
         else:
             buf.quiet = -1
 

@@ -28,6 +28,7 @@ class CallBuffer:
         "early",
         "error",
         "fragments",
+        "held",
         "join_at",
         "key",
         "name",
@@ -72,6 +73,9 @@ class CallBuffer:
         self.tracker: PreviewTracker | None = None
         """The call's preview tracker while previews are owed (set and cleared by the
         assembler, which also keeps them by key)."""
+        self.held: list[str] = []
+        """While ``quiet`` >= 0: the tracker's :attr:`~PreviewTracker.held` list, where the
+        fast path appends a quiet fragment (set with ``quiet``; unused otherwise)."""
 
     def text(self) -> str:
         """The argument text so far, joined (and kept joined)."""

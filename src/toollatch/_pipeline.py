@@ -145,7 +145,9 @@ class StreamParser:
         if not found:
             return []
         self._notices = []
-        return self._sealing(found)
+        if self.assembler.sealed:  # (_sealing inlined: a feed with notices, as previews make)
+            self._broken, self._direct = True, False  # (_broken already implies not _direct)
+        return found
 
     def _on_run(self, event: str, payloads: list[bytes]) -> None:
         """A run of complete events of one type from the read being fed (see the class
