@@ -17,9 +17,10 @@ Theory of operation
 Three processes, as in a deployment: the scripted model server (``python -m
 toollatch.scripted``, the demo, ``--delay-scale`` of its 3 ms pacing), the relay (this process,
 with the example tools, talking to that model over loopback HTTP), and the clients (a child
-process: each POSTs a run and reads its SSE stream to the end, all ``--runs`` at once over one
-httpx pool). The relay records each stored frame's append time and the clients each frame's
-parse time, both on ``time.monotonic`` (CLOCK_MONOTONIC, one clock for every process).
+process: each POSTs a run and reads its SSE stream to the end, on a connection of its own in
+plain HTTP/1.1 over asyncio streams, as the load shape starts them). The relay records each
+stored frame's append time and the clients each frame's parse time, both on
+``time.monotonic`` (CLOCK_MONOTONIC, one clock for every process).
 **Event latency** is the difference: what the relay adds between the agent's event and the
 browser's parse, including the SSE write, the socket and the client's own parse, with the
 three processes sharing this machine's two cores. It starts when the relay has read the
