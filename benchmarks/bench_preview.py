@@ -360,9 +360,10 @@ def run_tracker(policy: PreviewPolicy, fragments: list[str]) -> int:
     of updates released."""
     key = CallKey(0, 0, 0)
     tracker = PreviewTracker(policy, "write_file", max_depth=64)
-    updates = 0
+    updates = nbytes = 0
     for fragment in fragments:
-        if tracker.feed(fragment, len(fragment.encode())):
+        nbytes += len(fragment.encode())
+        if tracker.feed(fragment, nbytes):
             tracker.release(key, "call_1", "write_file")
             updates += 1
     tracker.release(key, "call_1", "write_file", final=True)
@@ -433,9 +434,10 @@ def run_tracker_sized(policy: PreviewPolicy, pairs: list[tuple[str, int]]) -> in
     """:func:`run_tracker` with the sizes computed beforehand (the assembler has them)."""
     key = CallKey(0, 0, 0)
     tracker = PreviewTracker(policy, "write_file", max_depth=64)
-    feed, release, updates = tracker.feed, tracker.release, 0
+    feed, release, updates, nbytes = tracker.feed, tracker.release, 0, 0
     for fragment, size in pairs:
-        if feed(fragment, size):
+        nbytes += size
+        if feed(fragment, nbytes):
             release(key, "call_1", "write_file")
             updates += 1
     release(key, "call_1", "write_file", final=True)

@@ -443,8 +443,9 @@ def test_no_preview_ever_shows_what_the_redactor_hides(value, cuts, end, mode):
 
 
 def test_cheap_constructors_build_what_the_keyword_constructors_build() -> None:
-    # PreviewUpdated.of and PathDelta.of write each field through its own slot setter: a
-    # field added to either class without its setter would be left unset (or shifted).
+    # PreviewUpdated.of and PathDelta.of fill a plain class with the same slots and assign
+    # its __class__: a field added to either class but not to its maker would be refused
+    # (the layouts differ) or left unset.
     import dataclasses
 
     from toollatch._events import CallKey as _Key
@@ -454,11 +455,14 @@ def test_cheap_constructors_build_what_the_keyword_constructors_build() -> None:
     assert _UPDATE_FIELDS == tuple(f.name for f in dataclasses.fields(_Updated))
     assert tuple(f.name for f in dataclasses.fields(_Delta)) == ("path", "op", "value")
     delta = _Delta.of("/a", "append", "xy")
+    assert type(delta) is _Delta
     assert delta == _Delta(path="/a", op="append", value="xy")
     assert hash(delta) == hash(_Delta(path="/a", op="append", value="xy"))
     args = (_Key(0, 0, 1), "id", "tool", 7, (delta,), frozenset({"/a"}), True, "bad")
     made = _Updated.of(*args)
+    assert type(made) is _Updated
     assert made == _Updated(**dict(zip(_UPDATE_FIELDS, args, strict=True)))
+    assert hash(made) == hash(_Updated(**dict(zip(_UPDATE_FIELDS, args, strict=True))))
     assert tuple(getattr(made, n) for n in _UPDATE_FIELDS) == args
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.bytes_so_far = 8  # type: ignore[misc]

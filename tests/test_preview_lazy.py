@@ -68,8 +68,10 @@ def run_both(pieces: list[str], policy: PreviewPolicy) -> tuple[list[Any], list[
     eager = EagerTracker(policy)
     got: list[Any] = []
     want: list[Any] = []
+    nbytes = 0
     for i, piece in enumerate(pieces):
-        if tracker.feed(piece, len(piece.encode("utf-8", "surrogatepass"))):
+        nbytes += len(piece.encode("utf-8", "surrogatepass"))
+        if tracker.feed(piece, nbytes):
             got.append((i, seen(tracker.release(KEY, "c", "f"))))
         if eager.feed(piece):
             want.append((i, eager.release()))
@@ -143,8 +145,10 @@ def test_every_update_folds_to_the_lenient_parse_of_the_text_so_far(value, cuts,
         PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=every), "f", max_depth=64
     )
     root: list[Any] = [None]
+    nbytes = 0
     for i, piece in enumerate(pieces):
-        if tracker.feed(piece, len(piece.encode())):
+        nbytes += len(piece.encode())
+        if tracker.feed(piece, nbytes):
             fold(root, tracker.release(KEY, "c", "f").deltas)
             once = PartialJSON()
             once.feed("".join(pieces[: i + 1]))
@@ -184,7 +188,8 @@ def test_string_content_is_parsed_in_pieces_not_per_fragment(monkeypatch):
     monkeypatch.setattr(PartialJSON, "feed", counting)
     pieces = ['{"path": "a.md", ', '"content": "', *["text\\n " for _ in range(10_000)], '"}']
     tracker = PreviewTracker(PreviewPolicy(default=ToolPreview(mode="full")), "f", max_depth=64)
-    updates = [tracker.release(KEY, "c", "f") for p in pieces if tracker.feed(p, len(p))]
+    counts = itertools.accumulate(len(p) for p in pieces)  # (ASCII: bytes are characters)
+    updates = [tracker.release(KEY, "c", "f") for p, n in zip(pieces, counts) if tracker.feed(p, n)]
     nbytes = sum(len(p) for p in pieces)
     assert len(updates) >= nbytes // 256
     assert calls <= len(updates) + 4  # the first pieces, the closing quote, the end

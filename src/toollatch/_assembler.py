@@ -307,69 +307,86 @@ class Assembler:
                 buf.nbytes = nbytes
                 buf.fragments.append(text)
                 return []
-            tracker = buf.tracker
             # (previews on, quiet: see CallBuffer.quiet; quiet >= 0 implies a tracker)
-            if nbytes <= buf.quiet and '"' not in text and tracker is not None:
+            if nbytes <= buf.quiet and '"' not in text:
                 buf.nbytes = nbytes
                 buf.fragments.append(text)
                 buf.held.append(text)  # (the same state as tracker.feed: no call)
-                tracker.nbytes = nbytes
                 return []
-            # (bound >= 0: OPEN without previews; see CallBuffer.bound. A tracker is made
-            # by the call's first fragment, on the general path.)
-            if nbytes <= self._max_argument_bytes and (
-                buf.bound >= 0 or (tracker is not None and buf.state is _OPEN and not buf.whole)
-            ):
-                buf.nbytes = nbytes
-                buf.fragments.append(text)
-                if nbytes >= buf.join_at:
-                    buf.compact()
-                    if tracker is None:
+            if nbytes <= self._max_argument_bytes and buf.state is _OPEN and not buf.whole:
+                tracker = buf.tracker
+                if tracker is not None:  # (made by the call's first fragment: _on_args)
+                    before, buf.nbytes = buf.nbytes, nbytes
+                    buf.fragments.append(text)
+                    if nbytes >= buf.join_at:
+                        buf.compact()
+                    if len(fragments) > 1:
+                        return self._preview_run(buf, tracker, fragments, ascii_, before)
+                    found: list[CallUpdate] = []
+                    if tracker.feed(text, nbytes):
+                        found.append(tracker.release(key, buf.call_id, buf.name))
+                    self._quiet_bound(buf, tracker)
+                    return found
+                if buf.bound >= 0:  # (OPEN without previews: see CallBuffer.bound)
+                    buf.nbytes = nbytes
+                    buf.fragments.append(text)
+                    if nbytes >= buf.join_at:
+                        buf.compact()
                         buf.open_bound(self._max_argument_bytes)
-                if tracker is None:
                     return []
-                return self._preview_run(buf, tracker, fragments, ascii_)
         found = []
         for fragment in fragments:
             found += self.feed_fragment(key, fragment)
         return found
 
     def _preview_run(
-        self, buf: CallBuffer, tracker: PreviewTracker, fragments: list[str], ascii_: bool
+        self,
+        buf: CallBuffer,
+        tracker: PreviewTracker,
+        fragments: list[str],
+        ascii_: bool,
+        seen: int,
     ) -> list[CallUpdate]:
-        """Show a run of fragments just appended to ``buf`` to its tracker one by one (the
-        same updates, after the same fragments); a quiet one is held without a call (see
-        ``PreviewTracker.quiet_below``)."""
+        """Show a run of fragments just appended to ``buf`` (``seen``: the byte count before
+        it) to its tracker one by one (the same updates, after the same fragments); a quiet
+        one is held without a call (see ``PreviewTracker.quiet_below``)."""
         found: list[CallUpdate] = []
-        seen = tracker.nbytes
         # The tracker's held list and quiet bound, read again after each call of it (only a
-        # call changes them); its byte count is set before each call and at the end.
+        # call changes them).
         held, below = tracker.held, tracker.quiet_below
         for fragment in fragments:
             # (one isascii per fragment: a run with one non-ASCII fragment is not ASCII)
-            size = len(fragment) if ascii_ or fragment.isascii() else _utf8_len(fragment)
-            seen += size
-            if seen < below and '"' not in fragment and held is not None:
-                held.append(fragment)
-                continue
-            tracker.nbytes = seen - size
-            if tracker.feed(fragment, size):
+            if ascii_ or fragment.isascii():
+                seen += len(fragment)
+            else:
+                seen += len(fragment.encode("utf-8", "surrogatepass"))  # (_utf8_len inlined)
+            if seen < below:
+                if held is None:
+                    continue  # (nothing held: only the count matters)
+                if '"' not in fragment:
+                    held.append(fragment)
+                    continue
+            if tracker.feed(fragment, seen):
                 found.append(tracker.release(buf.key, buf.call_id, buf.name))
             held, below = tracker.held, tracker.quiet_below
-        tracker.nbytes = seen
         self._quiet_bound(buf, tracker)
         return found
 
     def _quiet_bound(self, buf: CallBuffer, tracker: PreviewTracker) -> None:
         """Set ``buf.quiet`` after ``tracker`` took a fragment or released an update."""
-        if buf.state is _OPEN and not buf.whole and tracker.held is not None:
+        below = tracker.quiet_below  # (the call is OPEN and not whole here: see the callers)
+        if below >= 0:
             # (the least of three, compared here: min() costs a call per update)
-            quiet, most, join_at = tracker.quiet_below - 1, self._max_argument_bytes, buf.join_at
+            quiet, most, join_at = below - 1, self._max_argument_bytes, buf.join_at
             quiet = quiet if quiet < most else most
-            buf.quiet = quiet if quiet < join_at else join_at
-            buf.held = tracker.held
+            quiet = quiet if quiet < join_at else join_at
+            held = tracker.held
+            if held is None:  # (nothing held: any fragment below it only counts)
+                buf.bound, buf.quiet = quiet, -1
+            else:
+                buf.bound, buf.quiet, buf.held = -1, quiet, held
         else:
-            buf.quiet = -1
+            buf.bound = buf.quiet = -1
 
     def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[CallUpdate]:
         buf = self._buffers.get(key)
@@ -421,7 +438,7 @@ class Assembler:
             return []
         tracker = self._tracker(buf)
         found: list[CallUpdate] = []
-        if tracker.feed(fragment, size):
+        if tracker.feed(fragment, buf.nbytes):
             found.append(tracker.release(buf.key, buf.call_id, buf.name))
         self._quiet_bound(buf, tracker)
         return found
@@ -463,9 +480,10 @@ class Assembler:
     def _preview_final(self, buf: CallBuffer) -> list[CallUpdate]:
         """The last preview of a call that will get no more fragments (if it had previews)."""
         tracker = self._trackers.pop(buf.key, None)
-        buf.tracker, buf.quiet = None, -1
+        buf.tracker, buf.bound, buf.quiet = None, -1, -1
         if tracker is None:
             return []
+        tracker.nbytes = buf.nbytes  # (fragments below its quiet bound were not shown to it)
         return [tracker.release(buf.key, buf.call_id, buf.name, final=True)]
 
     def _on_open(self, event: CallOpened) -> list[CallUpdate]:

@@ -144,16 +144,7 @@ class PreviewUpdated:
         dataclass costs a keyword dict and an ``object.__setattr__`` lookup per field (about
         2.4 times this in CPython 3.11). Same fields, same equality and hash.
         """
-        self = _new_object(cls)
-        _set_key(self, key)
-        _set_call_id(self, call_id)
-        _set_name(self, name)
-        _set_bytes(self, bytes_so_far)
-        _set_deltas(self, deltas)
-        _set_provisional(self, provisional)
-        _set_final(self, final)
-        _set_error(self, error)
-        return self
+        return _UpdateMaker(key, call_id, name, bytes_so_far, deltas, provisional, final, error)  # type: ignore[return-value]
 
 
 _UPDATE_FIELDS: Final = (
@@ -167,19 +158,34 @@ _UPDATE_FIELDS: Final = (
     "error",
 )
 """PreviewUpdated's fields in the order of :meth:`PreviewUpdated.of` (a test checks them)."""
-_new_object: Final = object.__new__
-# The slot setters of PreviewUpdated's own fields (the class made by slots=True, so looked
-# up after it), for PreviewUpdated.of.
-(
-    _set_key,
-    _set_call_id,
-    _set_name,
-    _set_bytes,
-    _set_deltas,
-    _set_provisional,
-    _set_final,
-    _set_error,
-) = (PreviewUpdated.__dict__[n].__set__ for n in _UPDATE_FIELDS)
+
+
+class _UpdateMaker:
+    """Builds a :class:`PreviewUpdated` for :meth:`PreviewUpdated.of`, as ``_DeltaMaker``
+    does a PathDelta: PreviewUpdated's slots, stored plainly, then ``__class__`` assigned."""
+
+    __slots__ = _UPDATE_FIELDS
+
+    def __init__(
+        self,
+        key: CallKey,
+        call_id: str | None,
+        name: str | None,
+        bytes_so_far: int,
+        deltas: tuple[PathDelta, ...],
+        provisional: frozenset[str],
+        final: bool,
+        error: str | None,
+    ) -> None:
+        self.key = key
+        self.call_id = call_id
+        self.name = name
+        self.bytes_so_far = bytes_so_far
+        self.deltas = deltas
+        self.provisional = provisional
+        self.final = final
+        self.error = error
+        self.__class__ = PreviewUpdated  # type: ignore[assignment]
 
 
 class PreviewTracker:
@@ -224,24 +230,28 @@ class PreviewTracker:
         self.held: list[str] | None = [] if self._parser is not None else None
         """Text not parsed yet, or None when nothing is parsed (none mode, or failed)."""
         self._before = ""  # the last two characters parsed (see _may_end)
-        self._quiet = False  # held text cannot change structure: see the class docstring
+        # Held text cannot change structure (see the class docstring), or nothing is held.
+        self._quiet = self.held is None
         self._on_structure = policy.on_structure
         self._every = policy.every_bytes
         self._due = 0  # bytes at which an update is due (the first fragment releases one)
         self.quiet_below = -1
-        """While the parser is in a string (or structure does not matter) and text is held:
-        the byte count at which an update is due; else -1. A fragment without ``"`` that
-        leaves ``nbytes`` below it is quiet: it can only grow that string, and ``feed``
-        would just hold it. The assembler then appends it to :attr:`held` and sets
-        :attr:`nbytes` itself, without a call per fragment (the same state as ``feed``)."""
+        """The byte count at which an update is due, while fragments below it need no call:
+        with text held, while the parser is in a string (or structure does not matter), for
+        a fragment without ``"`` (it can only grow that string, and ``feed`` would just hold
+        it: the assembler appends it to :attr:`held` itself); with nothing held (``none``
+        mode, or the parser failed), for any fragment (``feed`` would just count it); else
+        -1. The assembler then tells :attr:`nbytes` at the next call (``feed`` takes it, and
+        it sets the attribute before a final ``release``)."""
         self._provisional: frozenset[str] = frozenset()  # as last released...
         self._moved = True  # ...unless a value started or ended since (then recomputed)
         self.nbytes = 0
-        """The call's argument bytes so far (the assembler's count)."""
+        """The call's argument bytes, as of the last :meth:`feed` (the assembler's count)."""
 
-    def feed(self, fragment: str, size: int) -> bool:
-        """Take one fragment of ``size`` bytes; True when an update is due."""
-        self.nbytes = nbytes = self.nbytes + size
+    def feed(self, fragment: str, nbytes: int) -> bool:
+        """Take one fragment, after which the call has ``nbytes`` bytes of argument text;
+        True when an update is due."""
+        self.nbytes = nbytes
         held = self.held
         if held is None:
             return nbytes >= self._due
@@ -271,11 +281,13 @@ class PreviewTracker:
             self._moved = True
         shown = deltas if self._filter.passes else self._filter.apply(deltas)
         self._pending += shown
-        self._error = parser.failed
-        if self._error is not None:
+        self._error = error = parser.failed
+        if error is not None:
             self.held = None  # a failed parser takes nothing more (and holds nothing)
-        # (without on_structure only the byte count releases: every fragment may wait)
-        self._quiet = self.held is not None and (parser.in_string or not self._on_structure)
+            self._quiet = True  # (only the byte count matters now)
+        elif not self._quiet or '"' in text:  # (else still in the string: see in_string)
+            # (without on_structure only the byte count releases: every fragment may wait)
+            self._quiet = parser.in_string or not self._on_structure
         self.quiet_below = self._due if self._quiet else -1
         if self.nbytes >= self._due:
             return True
