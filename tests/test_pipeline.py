@@ -750,3 +750,62 @@ def test_a_run_after_a_string_ends_shows_its_fragments_to_the_tracker() -> None:
     cut = data.index(b"\n\n", data.index(b'\\"a')) + 2  # the first fragment's read alone
     previews = PreviewPolicy(default=ToolPreview(mode="full"), every_bytes=1000)
     assert same_both_ways("openai_chat", "sse", [data[:cut], data[cut:]], previews=previews) > 0
+
+
+_TEXT = st.text(
+    st.sampled_from(['"', "\\", "/", "é", "😀", "日", "a", "b", " ", "\n", "\x01", "'"]),
+    max_size=40,
+)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-99, 99) | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["openai_chat", "anthropic", "openai_responses", "bedrock padded"]),
+    _VALUES,
+    st.lists(st.integers(1, 9), min_size=1, max_size=8),
+    st.integers(1, 300),
+    st.booleans(),
+    st.sampled_from(["full", "fields", "none"]),
+    st.sampled_from([None, 16, 64, 512]),
+    st.integers(0, 3),
+)
+def test_previews_of_any_run_are_released_where_the_stages_release_them(
+    name: str,
+    value: Any,
+    cuts: list[int],
+    every: int,
+    on_structure: bool,
+    mode: str,
+    size: int | None,
+    broken: int,
+) -> None:
+    """The run walk (quiet stretches found by character counts, exact bytes near the bound
+    and at each quote, held as slices) releases the same updates after the same fragments as
+    one fragment at a time, for any argument text (quotes, escapes, non-ASCII, astral
+    characters, text cut anywhere, malformed tails that stop the parser mid-run), any
+    cadence and any read size."""
+    text = json.dumps({"content": value}, ensure_ascii=False)
+    text = text[: len(text) - broken] + "\x01}"[:broken]  # (some tails malformed)
+    fragments, at = [], 0
+    while at < len(text):
+        step = cuts[len(fragments) % len(cuts)]
+        fragments.append(text[at : at + step])
+        at += step
+    provider = name.split(maxsplit=1)[0]
+    builders = {
+        "openai_chat": chat_stream,
+        "anthropic": anthropic_stream,
+        "openai_responses": responses_stream,
+        "bedrock padded": lambda f: bedrock_stream(f, padded=True),
+    }
+    framing = "jsonl" if provider == "bedrock" else "sse"
+    data = builders[name](fragments)
+    rule = ToolPreview(mode=mode, fields=("/content",) if mode == "fields" else ())  # type: ignore[arg-type]
+    previews = PreviewPolicy(default=rule, every_bytes=every, on_structure=on_structure)
+    reads = [data] if size is None else fixed(data, size)
+    assert same_both_ways(provider, framing, reads, previews=previews) == len(fragments)

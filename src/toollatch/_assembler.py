@@ -321,7 +321,8 @@ class Assembler:
                     if nbytes >= buf.join_at:
                         buf.compact()
                     if len(fragments) > 1:
-                        return self._preview_run(buf, tracker, fragments, ascii_, before)
+                        extra = nbytes - before - len(text)  # (bytes past one a character)
+                        return self._preview_run(buf, tracker, fragments, text, before, extra)
                     found: list[CallUpdate] = []
                     if tracker.feed(text, nbytes):
                         found.append(tracker.release(key, buf.call_id, buf.name))
@@ -344,31 +345,55 @@ class Assembler:
         buf: CallBuffer,
         tracker: PreviewTracker,
         fragments: list[str],
-        ascii_: bool,
+        text: str,
         seen: int,
+        extra: int,
     ) -> list[CallUpdate]:
-        """Show a run of fragments just appended to ``buf`` (``seen``: the byte count before
-        it) to its tracker one by one (the same updates, after the same fragments); a quiet
-        one is held without a call (see ``PreviewTracker.quiet_below``)."""
+        """Show a run of fragments just appended to ``buf`` to its tracker: the same updates,
+        after the same fragments, as one ``feed`` per fragment. ``text`` is the run joined,
+        ``seen`` the byte count before it, ``extra`` its UTF-8 bytes past one a character.
+
+        Quiet fragments (see ``PreviewTracker.quiet_below``) take no call, and each stretch
+        of them is held in one piece, a slice of ``text``. The walk counts characters, the
+        cheapest count: a fragment is quiet for sure when it ends before the run's next
+        ``"`` and, even with all of ``extra`` before its end, below the bound. Any other
+        fragment has its bytes counted exactly (each character is encoded once in all) and
+        is fed unless it is quiet after all."""
         found: list[CallUpdate] = []
-        # The tracker's held list and quiet bound, read again after each call of it (only a
-        # call changes them).
         held, below = tracker.held, tracker.quiet_below
+        end = len(text)
+        # The next quote at or after the fragment being walked (none, with nothing held).
+        quote = text.find('"') if held is not None else -1
+        quote = quote if quote >= 0 else end
+        limit = min(quote, below - seen - extra - 1)  # (last character end quiet for sure)
+        chars = counted = counted_bytes = start = 0  # (counted: characters counted exactly)
         for fragment in fragments:
-            # (one isascii per fragment: a run with one non-ASCII fragment is not ASCII)
-            if ascii_ or fragment.isascii():
-                seen += len(fragment)
+            chars += len(fragment)
+            if chars <= limit:
+                continue
+            if extra:
+                counted_bytes += len(text[counted:chars].encode("utf-8", "surrogatepass"))
+                counted = chars
+                nbytes = seen + counted_bytes
             else:
-                seen += len(fragment.encode("utf-8", "surrogatepass"))  # (_utf8_len inlined)
-            if seen < below:
-                if held is None:
-                    continue  # (nothing held: only the count matters)
-                if '"' not in fragment:
-                    held.append(fragment)
-                    continue
-            if tracker.feed(fragment, seen):
+                nbytes = seen + chars
+            if nbytes < below and (held is None or quote >= chars):
+                continue  # (quiet after all: next to the bound, with some bytes to spare)
+            begin = chars - len(fragment)
+            if held is not None and start < begin:
+                held.append(text[start:begin])  # the quiet stretch before this fragment
+            start = chars
+            if tracker.feed(fragment, nbytes):
                 found.append(tracker.release(buf.key, buf.call_id, buf.name))
             held, below = tracker.held, tracker.quiet_below
+            if held is None:
+                quote = end
+            elif quote < chars:
+                quote = text.find('"', chars)
+                quote = quote if quote >= 0 else end
+            limit = min(quote, below - seen - extra - 1)
+        if held is not None and start < end:
+            held.append(text[start:])
         self._quiet_bound(buf, tracker)
         return found
 

@@ -117,7 +117,7 @@ class PathDelta:
         ``object.__setattr__`` call per field (about 2.4 times this in CPython 3.11); the
         parser builds a delta per fragment it reads. Same fields, same equality and hash.
         """
-        return _DeltaMaker(path, op, value)  # type: ignore[return-value]
+        return _delta(path, op, value)
 
 
 class _DeltaMaker:
@@ -134,6 +134,10 @@ class _DeltaMaker:
         self.op = op
         self.value = value
         self.__class__ = PathDelta  # type: ignore[assignment]  # noqa: PLE0237
+
+
+_delta: Final[Callable[[str, DeltaOp, object], PathDelta]] = _DeltaMaker  # type: ignore[assignment]
+"""``PathDelta.of`` without the class method's own call (for the parsers' hot paths)."""
 
 
 # Tokenizer states: what the next character may be.
@@ -396,26 +400,47 @@ class PartialJSON:
         """
         # Short path, inlined because it is the hot one: providers stream arguments one
         # character per event, and most characters are plain content of a string value.
-        # Longer text (a preview's held text, parsed in one piece) goes straight on: looking
-        # it up would hash all of it to find it is not a known character.
-        if len(fragment) != 1:
-            return self._feed_other(fragment)
-        known = self._hot.get(fragment)  # a one-character fragment seen in this string
-        if known is None:
-            if self._hot is not _COLD:
-                return self._feed_other(fragment)
-            # Second short path: one character outside string content, to the step of its
-            # state for the characters frequent there (key text, escapes, punctuation...).
-            self._room -= 1 if fragment.isascii() else _utf8_length(fragment)
+        if len(fragment) == 1:
+            known = self._hot.get(fragment)  # a one-character fragment seen in this string
+            if known is None:
+                if self._hot is not _COLD:
+                    return self._feed_other(fragment)
+                # Second short path: one character outside string content, to the step of
+                # its state for the characters frequent there (key text, escapes...).
+                self._room -= 1 if fragment.isascii() else _utf8_length(fragment)
+                if self._room < 0 and not self._refill():
+                    return []
+                return _CHAR_STEPS[self._state](self, fragment)
+            delta, size = known
+            self._room -= size
             if self._room < 0 and not self._refill():
                 return []
-            return _CHAR_STEPS[self._state](self, fragment)
-        delta, size = known
-        self._room -= size
+            self._pieces.append(fragment)
+            return [delta]
+        # Longer text (a preview's held text, parsed in one piece), also inlined: one call
+        # fewer per piece. (Looking it up as a known character would hash all of it.)
+        hot = self._hot
+        if hot is _STOPPED:
+            if self._finished:
+                raise UsageError("feed() after finish()")
+            return []
+        if not fragment:
+            return []
+        # (_utf8_length inlined: every fragment that is not ASCII would pay a call)
+        self._room -= (
+            len(fragment) if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
+        )
         if self._room < 0 and not self._refill():
             return []
-        self._pieces.append(fragment)
-        return [delta]
+        # (hot: in plain content of a string value; in _ESCAPE or _UNICODE, an escape was
+        # cut by the end of the last text)
+        if hot is not _COLD or (
+            _STRING <= self._state <= _UNICODE and not self._str_is_key and not self._high
+        ):
+            out = self._content(fragment)
+            if out is not None:
+                return out
+        return self._feed_tokens(fragment)
 
     def finish(self) -> list[PathDelta]:
         """Declare the end of the text; return the deltas this causes.
@@ -444,30 +469,18 @@ class PartialJSON:
     # ------------------------------------------------------------------ feeding
 
     def _feed_other(self, fragment: str) -> list[PathDelta]:
-        """:meth:`feed` for the fragments its short paths do not take."""
-        hot = self._hot
-        if hot is _STOPPED:
+        """:meth:`feed` for the one-character fragments its short paths do not take."""
+        if self._hot is _STOPPED:
             if self._finished:
                 raise UsageError("feed() after finish()")
             return []
-        n = len(fragment)
-        if n == 1 and fragment.isprintable() and fragment not in '"\\':  # (content: hot)
+        if fragment.isprintable() and fragment not in '"\\':  # (content: hot)
             self._cache_plain(fragment)  # a character new to this string: keep its delta...
             return self.feed(fragment)  # ...and take the short path
-        if not n:
-            return []
-        # (_utf8_length inlined: every fragment that is not ASCII would pay a call)
-        self._room -= n if fragment.isascii() else len(fragment.encode("utf-8", "surrogatepass"))
+        self._room -= 1 if fragment.isascii() else _utf8_length(fragment)
         if self._room < 0 and not self._refill():
             return []
-        if n == 1:  # a backslash, a quote or a control character in a string value
-            return self._char_string(fragment)
-        fast = hot is not _COLD  # (so in plain content of a string value)
-        if fast or (_STRING <= self._state <= _UNICODE and not self._str_is_key and not self._high):
-            out = self._content(fragment)  # (in _ESCAPE or _UNICODE: an escape cut by the end)
-            if out is not None:
-                return out
-        return self._feed_tokens(fragment)
+        return self._char_string(fragment)  # a backslash, a quote or a control character
 
     def _cache_plain(self, char: str) -> None:
         """Keep the ``append`` of a plain character to the open string, and its UTF-8 size.
@@ -496,7 +509,7 @@ class PartialJSON:
         if state == _STRING:
             if "\\" not in fragment and '"' not in fragment and fragment.isprintable():
                 self._pieces.append(fragment)  # plain text (the commonest): nothing to decode
-                return [PathDelta.of(self._str_pointer, "append", fragment)]
+                return [_delta(self._str_pointer, "append", fragment)]
             body = fragment
         elif state == _ESCAPE:
             body = "\\" + fragment
@@ -540,7 +553,7 @@ class PartialJSON:
             if not text:
                 return []
         self._pieces.append(text)
-        return [PathDelta.of(self._str_pointer, "append", text)]
+        return [_delta(self._str_pointer, "append", text)]
 
     # ------------------------------------------------------------------ one-character steps
     # Providers stream whole calls one character per event, so a one-character fragment that
@@ -688,7 +701,7 @@ class PartialJSON:
                     break
             i = handlers[self._state](self, text, i)
         if self._parts:  # the open string value grew during this call
-            out.append(PathDelta.of(self._str_pointer, "append", "".join(self._parts)))
+            out.append(_delta(self._str_pointer, "append", "".join(self._parts)))
         if self._failed is None:
             fast = self._state == _STRING and not self._str_is_key and not self._high
             self._hot = self._cache if fast else _COLD

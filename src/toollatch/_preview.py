@@ -30,7 +30,7 @@ from typing import Final, Literal, TypeAlias
 
 from ._errors import ConfigError
 from ._events import CallKey
-from ._partial_json import DeltaOp, PartialJSON, PathDelta, _pointer_token
+from ._partial_json import PartialJSON, PathDelta, _delta, _pointer_token
 
 PreviewMode: TypeAlias = Literal["none", "fields", "full"]
 Redactor: TypeAlias = Callable[[str, str], str]
@@ -144,7 +144,7 @@ class PreviewUpdated:
         dataclass costs a keyword dict and an ``object.__setattr__`` lookup per field (about
         2.4 times this in CPython 3.11). Same fields, same equality and hash.
         """
-        return _UpdateMaker(key, call_id, name, bytes_so_far, deltas, provisional, final, error)  # type: ignore[return-value]
+        return _update(key, call_id, name, bytes_so_far, deltas, provisional, final, error)
 
 
 _UPDATE_FIELDS: Final = (
@@ -186,6 +186,10 @@ class _UpdateMaker:
         self.final = final
         self.error = error
         self.__class__ = PreviewUpdated  # type: ignore[assignment]
+
+
+_update: Final[Callable[..., PreviewUpdated]] = _UpdateMaker  # type: ignore[assignment]
+"""``PreviewUpdated.of`` without the class method's own call (for the tracker)."""
 
 
 class PreviewTracker:
@@ -320,9 +324,7 @@ class PreviewTracker:
             provisional = _NO_POINTERS
         else:
             provisional = self._shown_edge(parser) if self._moved else self._provisional
-        return PreviewUpdated.of(
-            key, call_id, name, nbytes, deltas, provisional, final, self._error
-        )
+        return _update(key, call_id, name, nbytes, deltas, provisional, final, self._error)
 
     def _shown_edge(self, parser: PartialJSON) -> frozenset[str]:
         """The provisional pointers, recomputed only when a value started or ended since the
@@ -477,8 +479,7 @@ _ROOT_PARENT: Final = "#"
 """The slot of ``_Filter._open`` for the root's parent: not a pointer (those start with '/')."""
 
 
-def _shown_delta(path: str, op: DeltaOp, value: object) -> PathDelta:
-    return PathDelta.of(path, op, value)
+_shown_delta: Final = _delta
 
 
 def _coalesce(deltas: list[PathDelta]) -> tuple[PathDelta, ...]:
@@ -500,4 +501,4 @@ def _coalesce(deltas: list[PathDelta]) -> tuple[PathDelta, ...]:
 
 def _close_run(out: list[PathDelta], run: list[str]) -> None:
     if len(run) > 1:
-        out[-1] = PathDelta.of(out[-1].path, "append", "".join(run))
+        out[-1] = _delta(out[-1].path, "append", "".join(run))
