@@ -49,9 +49,11 @@ class CallBuffer:
         self.nbytes = 0
         self.bound = -1
         """The assembler's fast path appends a fragment while ``nbytes`` stays within this:
-        the nearer of the byte limit and ``join_at`` for an OPEN call without previews, set
-        by the assembler; -1 (no fragment fits) otherwise, and from the moment the call
-        leaves OPEN (``_move`` resets it)."""
+        the nearer of the byte limit and ``join_at`` for an OPEN call without previews, and
+        also the last byte count before the next update for one whose tracker holds no text
+        (``none`` mode, or its parser failed: it only counts), set by the assembler; -1 (no
+        fragment fits) otherwise, and from the moment the call leaves OPEN (``_move`` resets
+        it)."""
         self.quiet = -1
         """With previews on, the same for a fragment without ``"``, which the fast path also
         hands to the call's tracker as held text: the nearest of the byte limit, the next join
