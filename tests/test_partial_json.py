@@ -412,6 +412,42 @@ def test_arbitrary_text_never_raises_and_fails_the_same_way_in_any_fragmentation
             assert results[0][2] == canon(expected)
 
 
+@st.composite
+def long_string_documents(draw: st.DrawFn) -> str:
+    """A member whose string value passes the compaction size (escapes, surrogates and raw
+    characters mixed, as ``string_literals``), between two short ones."""
+    tokens = draw(st.lists(_string_tokens, min_size=1, max_size=12))
+    body = "".join(tokens) * (_COMPACT_BYTES // max(1, len("".join(tokens))) + 2)
+    return f'{{"a": "x", "content": "{body}", "b": [1, "y"]}}'
+
+
+@_settings
+@given(
+    any_documents | malformed() | long_string_documents(),
+    st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_a_parser_that_keeps_no_values_reports_the_same(text: str, cuts: list[int]) -> None:
+    """``keep_values=False`` (what a preview tracker uses): after every fragment, the same
+    deltas and the same state as a parser that keeps the value; and no snapshot."""
+    keeping, lean = PartialJSON(), PartialJSON(keep_values=False)
+    for fragment in [*split(text, cuts), None]:
+        if fragment is None:
+            assert lean.finish() == keeping.finish()
+        else:
+            assert lean.feed(fragment) == keeping.feed(fragment)
+        state = (lean.failed, lean.provisional, lean.pending, lean.complete, lean.in_string)
+        assert state == (
+            keeping.failed,
+            keeping.provisional,
+            keeping.pending,
+            keeping.complete,
+            keeping.in_string,
+        )
+        assert lean.bytes_fed == keeping.bytes_fed
+    with pytest.raises(UsageError, match="keep_values=False"):
+        lean.snapshot()
+
+
 # --------------------------------------------------------------------------- examples
 
 

@@ -13,13 +13,16 @@ and fragment):
 * a **stack of open containers**: the dicts and lists of the snapshot itself, mutated in place,
   with the RFC 6901 pointer of each (the path stack);
 * the **growing string** at the edge, kept as a list of pieces and joined only when it ends or
-  when :meth:`PartialJSON.snapshot` is asked for.
+  when :meth:`PartialJSON.snapshot` is asked for (a parser made with ``keep_values=False``, for
+  a reader of the deltas alone, drops a value's pieces once reported and has no snapshot).
 
 String content is consumed in C: the json module's own string decoder reads a run of plain
 text and complete escapes (a regular expression first finds where the run ends when an escape
 may be cut by the fragment's end); only an escape cut by a fragment's end is finished character
 by character. A fragment that is all content of a string value, an escape cut by the previous
-fragment included, is one such step and one delta (:meth:`PartialJSON._content`).
+fragment included, is one such step and one delta (:meth:`PartialJSON._content`); when it is
+whole and complete content (the commonest: a preview's held text), orjson checks and decodes it
+in one pass instead, and accepts it only when the json module reads it to the same text.
 One-character fragments of plain string content take a shorter path in
 :meth:`PartialJSON.feed` (no state change, a reused delta, one byte counter) because providers
 really stream arguments one character per event; the other one-character fragments go to a
@@ -66,6 +69,8 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias, cast
+
+import orjson
 
 from ._errors import UsageError
 
@@ -163,6 +168,10 @@ _LOW_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][c-fC-F]")
 # The json module's own string decoder (C), exactly json.loads's rules; typeshed omits it.
 _ScanString: TypeAlias = Callable[[str, int], tuple[str, int]]
 _scanstring: Final[_ScanString] = json.decoder.scanstring  # type: ignore[attr-defined]
+# orjson's parser, for string content in one piece (PartialJSON._content): it checks and
+# decodes in one pass, and accepts a string only when json reads it to the same text.
+_orjson_loads: Final[Callable[[str], Any]] = orjson.loads
+_OrjsonError: Final = orjson.JSONDecodeError
 _NUMBER_RUN: Final = re.compile(r"[0-9eE.+\-]*")  # validated as a whole when it ends
 _NUMBER_SYNTAX: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _HEX_RUN: Final = re.compile(r"[0-9a-fA-F]*")
@@ -262,6 +271,7 @@ class PartialJSON:
         "_hex",
         "_high",
         "_hot",
+        "_keep",
         "_key",
         "_literal",
         "_literal_seen",
@@ -284,17 +294,23 @@ class PartialJSON:
         "_str_slot",
     )
 
-    def __init__(self, *, max_depth: int = 64, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, *, max_depth: int = 64, max_bytes: int | None = None, keep_values: bool = True
+    ) -> None:
         """Start before the first character.
 
         ``max_depth`` bounds the nesting of objects and arrays (``[`` is depth 1), as
         ``Limits.max_json_depth``. ``max_bytes`` bounds the UTF-8 size of all text fed; ``None``
         means no bound here (the assembler already bounds each call's buffer by
-        ``Limits.max_argument_bytes`` before feeding its preview). Invalid values raise
+        ``Limits.max_argument_bytes`` before feeding its preview). ``keep_values=False`` is
+        for a reader of the deltas alone (a preview tracker): the text of a string value is
+        not kept once its deltas are out (keys still are), so a long string costs no second
+        copy, and :meth:`snapshot` raises :class:`UsageError`. Invalid values raise
         :class:`UsageError`.
         """
         if max_depth < 1 or (max_bytes is not None and max_bytes < 0):
             raise UsageError("max_depth must be >= 1 and max_bytes >= 0 (or None)")
+        self._keep = keep_values
         self._max_depth = max_depth
         self._max_bytes = sys.maxsize if max_bytes is None else max_bytes
         self._state = _VALUE
@@ -387,7 +403,12 @@ class PartialJSON:
         The result is the parser's own value, updated in place by later feeds: read it, or
         ``copy.deepcopy`` it to keep a version; do not mutate it. Costs O(1) plus the length
         of the growing string, which is joined here (the deltas are the incremental channel).
+
+        Raises:
+            UsageError: for a parser made with ``keep_values=False``.
         """
+        if not self._keep:
+            raise UsageError("snapshot() of a PartialJSON made with keep_values=False")
         if self._state in (_STRING, _ESCAPE, _UNICODE) and not self._str_is_key:
             self._install(self._joined())
         return self._root
@@ -499,18 +520,30 @@ class PartialJSON:
 
         That is: text and complete escapes, then at most the start of an escape cut by the
         fragment's end; an escape cut by the previous fragment's end is read with it. Then it
-        is one regular-expression match, at most one call of the json module's string decoder
-        (plain text, the commonest, needs neither) and one delta, exactly as the handlers would
-        read it (:meth:`_on_string` and :meth:`_add_body`). Anything else (a closing quote, a
-        control character, an invalid escape) returns ``None`` with nothing changed, for the
-        handlers. Only called with no high surrogate waiting.
+        is one decoding and one delta, exactly as the handlers would read it
+        (:meth:`_on_string` and :meth:`_add_body`). Anything else (a closing quote, a control
+        character, an invalid escape) returns ``None`` with nothing changed, for the handlers.
+        Only called with no high surrogate waiting.
+
+        Content whole and complete, the commonest, is one call of orjson's parser on the text
+        quoted: it reads it as one JSON string only if it is all valid content, and then to
+        the text the json module reads (a test pins both). What it refuses (a quote, a control
+        character, an escape cut by the end, a lone surrogate escape, which json keeps) goes
+        the json module's way: a regular-expression match where an escape may be cut by the
+        end, then its string decoder, which stops at a quote and raises on what is invalid.
         """
         state = self._state
         if state == _STRING:
-            if "\\" not in fragment and '"' not in fragment and fragment.isprintable():
-                self._pieces.append(fragment)  # plain text (the commonest): nothing to decode
-                return [_delta(self._str_pointer, "append", fragment)]
             body = fragment
+            if body[-1] != "\\" and "\\u" not in body[-5:]:  # (else orjson refuses: no call)
+                try:
+                    text = _orjson_loads(f'"{body}"')
+                except _OrjsonError:
+                    pass
+                else:
+                    self._hot = self._cache
+                    self._pieces.append(text)
+                    return [_delta(self._str_pointer, "append", text)]
         elif state == _ESCAPE:
             body = "\\" + fragment
         else:
@@ -1202,7 +1235,10 @@ class PartialJSON:
             self._add(chr(unit))
 
     def _compact(self) -> None:
-        self._blocks.append("".join(self._pieces))
+        # (Without keep_values a value's pieces are dropped: its deltas are out. _on_string may
+        # then read the rest of the string as if whole, which makes the same deltas.)
+        if self._keep or self._str_is_key:
+            self._blocks.append("".join(self._pieces))
         self._pieces.clear()
 
     def _joined(self) -> str:
@@ -1225,7 +1261,7 @@ class PartialJSON:
     def _close_string(self, whole: str | None = None) -> None:
         """The closing quote was read; ``whole`` is the string if it had no pieces yet."""
         if whole is None:
-            value = self._joined()
+            value = self._joined() if self._keep or self._str_is_key else ""
             self._pieces, self._blocks = [], []
         else:
             value = whole
@@ -1233,7 +1269,8 @@ class PartialJSON:
             self._key = value
             self._state = _COLON
             return
-        self._install(value)
+        if self._keep:
+            self._install(value)
         if whole:
             self._parts.append(whole)
         if self._parts:

@@ -227,7 +227,11 @@ class PreviewTracker:
 
     def __init__(self, policy: PreviewPolicy, name: str | None, *, max_depth: int) -> None:
         self._rule = policy.rule(name)
-        self._parser = PartialJSON(max_depth=max_depth) if self._rule.mode != "none" else None
+        self._parser = (
+            PartialJSON(max_depth=max_depth, keep_values=False)
+            if self._rule.mode != "none"
+            else None
+        )
         self._filter = _Filter(self._rule, policy.redactor)
         self._pending: list[PathDelta] = []
         self._error: str | None = None  # the parser's failed, as of its last feed or finish
