@@ -30,6 +30,11 @@ class _Decoder(Protocol):
     """What the pipeline needs of a frame decoder (all three have it)."""
 
     def feed(self, data: bytes) -> list[Frame]: ...
+
+    @property
+    def one_event_type(self) -> str: ...
+
+    def one_event(self, data: bytes) -> list[bytes] | None: ...
     def feed_payloads(self, data: bytes, emit: Callable[[str, list[bytes]], None]) -> None: ...
     def finish(self) -> list[Frame]: ...
 
@@ -64,9 +69,11 @@ class StreamParser:
     ``cancel()`` after either. A framing error (an over-long line, a corrupt binary frame)
     is not misuse: the round fails there, and later input is ignored until ``finish()``.
 
-    The per-event step: ``feed`` hands the bytes to the decoder's ``feed_payloads``, which
-    calls back with runs of complete events of one type (their undecoded data) as it finds
-    them (no list of a read's frames is built, whatever the read's size); the adapter's
+    The per-event step: ``feed`` asks the decoder's ``one_event`` whether the read is one
+    whole event (most reads are), and takes that run of one itself; any other read goes to
+    the decoder's ``feed_payloads``, which calls back with runs of complete events of one type
+    (their undecoded data) as it finds them (no list of a read's frames is built, whatever the
+    read's size). The adapter's
     ``translate`` walks a run and returns each stretch of it: the bare argument fragments of
     one open call, then the stream events of the event that ended the stretch, if any. Each
     stretch's fragments go to the assembler in one ``feed_fragments`` (it counts and appends
@@ -112,6 +119,7 @@ class StreamParser:
         )
         self._decoder = make_decoder(framing, self.limits)
         # Bound once: they run once per event, tens of thousands of times a call.
+        self._one_event = self._decoder.one_event
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
         self._feed_fragments = self.assembler.feed_fragments
@@ -138,7 +146,16 @@ class StreamParser:
                 return self._frames(self._decoder.feed(data))  # (keep_events)
             if data.__class__ is not bytes:  # (translate tells a miss by identity: see there)
                 data = bytes(data)
-            self._feed_payloads(data, self._emit)
+            one = self._one_event(data)
+            if one is None:
+                self._feed_payloads(data, self._emit)
+            else:  # a read that is one event, as most are: _on_run for its run, inlined
+                # (one payload: translate's first stretch ends after it)
+                _, key, texts, events = self._translate(self._decoder.one_event_type, one, 0)
+                if key is not None and (found := self._feed_fragments(key, texts)):
+                    self._notices += found
+                if events and (found := self._apply(events)):
+                    self._notices += found
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
         found = self._notices

@@ -124,13 +124,13 @@ class SSEDecoder:
         "_fast",
         "_fast_max_bytes",
         "_head",
-        "_head_event",
         "_last_id",
         "_max_line",
         "_partial",
         "_pending",
         "_retry",
         "_skip_lf",
+        "one_event_type",
     )
 
     def __init__(
@@ -150,7 +150,8 @@ class SSEDecoder:
         # adds bytes): within this bound, its every line and its value fit.
         self._fast_max_bytes = min(max_line + 2, max_event + 8)
         self._head = b"data: "  # the last head of a one-line event (see _one_line)
-        self._head_event = "message"
+        self.one_event_type = "message"
+        """The type of the run :meth:`one_event` returns: the kept head's (see there)."""
         self._dispatched = 0  # events the walk handed over (tells errors that follow some)
         self._fast = False  # nothing pending, no CR or BOM to strip: see feed_payloads
         self._partial = bytearray()
@@ -184,6 +185,24 @@ class SSEDecoder:
         self.feed_payloads(bytes(data) if data.__class__ is not bytes else data, collect)
         return frames
 
+    def one_event(self, data: bytes) -> list[bytes] | None:
+        """The run :meth:`feed_payloads` hands over for ``data`` (of type
+        :attr:`one_event_type`) when ``data`` is one event with the kept head (the last
+        one-line event's: its type and ``data:`` prefix), one line, no CR and nothing
+        pending, as most reads of a stream are; else None (then :meth:`feed_payloads` walks
+        it). Changes nothing: the caller takes the run instead of feeding ``data`` (such an
+        event moves no id, retry or count). ``data`` must be exact ``bytes``."""
+        if (
+            self._fast  # (False once finished or failed, and while anything is pending)
+            and (rest := data.removeprefix(self._head)) is not data  # (a miss: the same object)
+            and (value := rest.removesuffix(b"\n\n")) is not rest
+            and 10 not in value
+            and 13 not in value  # (the head holds no CR: cut from data whose CRs were LFs)
+            and len(data) <= self._fast_max_bytes
+        ):
+            return [value]  # (what _walk makes of it)
+        return None
+
     def feed_payloads(self, data: bytes, emit: Emit) -> None:
         """:meth:`feed`, handing the completed events to ``emit(type, datas)`` in runs as
         it walks the chunk, instead of returning frames: consecutive events of one type, at
@@ -196,23 +215,11 @@ class SSEDecoder:
         decoder is then not to be used again). ``data`` must be exact ``bytes`` (``feed``
         and StreamParser convert anything else once).
         """
+        if (one := self.one_event(data)) is not None:
+            emit(self.one_event_type, one)
+            return
         if self._closed is not None:
             self._raise_closed()
-        if (
-            self._fast
-            and (rest := data.removeprefix(self._head)) is not data
-            and (value := rest.removesuffix(b"\n\n")) is not rest
-            and 10 not in value
-            and 13 not in value
-            and len(data) <= self._fast_max_bytes
-        ):
-            # A read that is one event with the kept head, as most reads of a stream are:
-            # what _walk does for it, without the walk (nothing pending, no CR, one line).
-            # (The head holds no CR: it was cut from data whose CRs were made LFs. A miss
-            # returns the same object: data is exact bytes, see above.) Nothing here can
-            # raise: not counted.
-            emit(self._head_event, [value])
-            return
         self._fast = False  # (until this read is walked: see the end)
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)
@@ -254,7 +261,7 @@ class SSEDecoder:
         the run of such events of its type; anything else is split into lines up to the next
         blank line, after the run so far is handed over."""
         pos, find, starts, limit = 0, data.find, data.startswith, self._fast_max_bytes
-        head, name = self._head, self._head_event  # (locals: _one_line changes them)
+        head, name = self._head, self.one_event_type  # (locals: _one_line changes them)
         clean = not (self._data or self._event)  # nothing pending: a one-line event may start
         run: list[bytes] = []  # one-line events of type ``name`` not handed over yet
         while pos < end:
@@ -266,7 +273,7 @@ class SSEDecoder:
                         self._hand_over(emit, name, run)
                         run = []
                     start = self._one_line(data, pos, end)
-                    head, name = self._head, self._head_event
+                    head, name = self._head, self.one_event_type
                 if start:
                     # (the head may end past ``end``: its value then starts in the pending
                     # line, and no LF of the complete lines follows it)
@@ -307,14 +314,14 @@ class SSEDecoder:
         kept one: ``data: ``, or one ``event: <name>`` line and ``data: `` (it is kept, with
         its type, as ``_head``); else 0. The caller checks the line and blank line after."""
         if data.startswith(b"data: ", pos):
-            self._head, self._head_event = b"data: ", "message"
+            self._head, self.one_event_type = b"data: ", "message"
             return pos + 6
         if data.startswith(b"event: ", pos):
             line_end = data.find(b"\n", pos, stop)
             if line_end < 0 or not data.startswith(b"data: ", line_end + 1):
                 return 0
             name = data[pos + 7 : line_end].decode("utf-8", "surrogateescape")
-            self._head, self._head_event = data[pos : line_end + 7], name or "message"
+            self._head, self.one_event_type = data[pos : line_end + 7], name or "message"
             return line_end + 7
         return 0
 
@@ -333,6 +340,7 @@ class SSEDecoder:
         if self._closed is not None:
             self._raise_closed()
         self._closed = "SSEDecoder.finish() was already called"
+        self._fast = False  # (see one_event)
         lines = [bytes(self._partial)] if self._partial else []
         self._partial = bytearray()
         frames: list[Frame] = []
@@ -453,6 +461,7 @@ class SSEDecoder:
     def _fail(self, message: str) -> NoReturn:
         """Make the decoder unusable, drop its buffers and raise ``StreamDecodeError``."""
         self._closed = f"SSEDecoder failed earlier: {message}"
+        self._fast = False  # (see one_event)
         self._partial = bytearray()
         self._data = []
         raise StreamDecodeError(message)
