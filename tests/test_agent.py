@@ -120,8 +120,9 @@ async def test_a_replayed_stream_does_not_run_a_call_id_twice(provider):
         client = model_client(provider, model="s", base_url=server.base_url(provider))
         async with client:
             agent = Agent(client, [get_weather], run_limits=RunLimits(max_rounds=1))
-            first = [e.to_json() async for e in agent.run("go")]
-            second = [e.to_json() async for e in agent.run("go")]  # the same stream again
+            # the same stream again, in the same conversation (a replay, not a new chat)
+            first = [e.to_json() async for e in agent.run("go", conversation="chat-1")]
+            second = [e.to_json() async for e in agent.run("go", conversation="chat-1")]
     # Gemini sends no call ids: the ones toollatch makes up differ per attempt, so there is
     # no id to dedupe by and the call runs again; every other provider's id runs once
     assert ran == (["Oslo", "Oslo"] if provider == "gemini" else ["Oslo"])

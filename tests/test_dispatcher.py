@@ -337,11 +337,33 @@ async def test_the_same_call_in_flight_in_two_rounds_runs_once(g):
 
     first = asyncio.create_task(run(one, "s1"))
     await g.began("a").wait()
-    second = asyncio.create_task(run(two, "s2"))
+    second = asyncio.create_task(run(two, "s1"))  # the same session: it joins the first run
     await settle()
     g.gate("a").set()
     assert await first == await second
     assert g.runs == ["a"]
+
+
+async def test_the_same_call_id_in_another_session_is_another_call():
+    # Dedupe is per session (a conversation): servers that number ids per response reuse
+    # call_0 in every conversation, and one conversation must never get another's result.
+    runs = []
+
+    @tool
+    def whoami(user: str) -> str:
+        runs.append(user)
+        return f"hello {user}"
+
+    d = Dispatcher([whoami])
+    alice = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "alice"})]),
+                        session="alice")
+    bob = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "bob"})]),
+                      session="bob")
+    again = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "alice"})]),
+                        session="alice")
+    assert [r.content for r in (*alice, *bob, *again)] == ["hello alice", "hello bob",
+                                                          "hello alice"]
+    assert runs == ["alice", "bob"]  # alice's repeat is answered from alice's memory
 
 
 async def test_aborting_a_round_that_waits_for_another_rounds_run_leaves_that_run_alone(g):
@@ -350,9 +372,9 @@ async def test_aborting_a_round_that_waits_for_another_rounds_run_leaves_that_ru
     async with d.round("s1") as first:
         running = asyncio.create_task(first.finish(round_))
         await g.began("a").wait()
-        async with d.round("s3") as third:
+        async with d.round("s1") as third:
             also_joined = asyncio.create_task(third.finish(round_))
-            async with d.round("s2") as second:
+            async with d.round("s1") as second:
                 joined = asyncio.create_task(second.finish(round_))
                 await settle()
                 joined.cancel()
@@ -544,13 +566,16 @@ async def test_abort_tells_never_started_from_outcome_unknown(g):
     assert results[2].content == "x"
     assert g.running == 0  # the running tool saw its cancellation
     assert g.runs == ["a", "x"]
+    # every committed call's result is told, the one that never started (c2) too
     assert [(e.type, e.id) for e in events] == [
         ("tool_started", "c1"),
         ("tool_started", "c3"),
         ("tool_finished", "c3"),
         ("tool_finished", "c1"),
+        ("tool_finished", "c2"),
     ]
-    assert events[-1] == ToolFinishedEvent(id="c1", name="wait", is_error=True, error="cancelled")
+    assert events[-2] == ToolFinishedEvent(id="c1", name="wait", is_error=True, error="cancelled")
+    assert events[-1] == ToolFinishedEvent(id="c2", name="wait", is_error=True, error="cancelled")
     assert_pairs(round_, results)
 
 

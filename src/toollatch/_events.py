@@ -75,6 +75,12 @@ class AnomalyKind(StrEnum):
     """A different tool name arrived for an open call."""
     DUPLICATE_CALL_ID = "duplicate_call_id"
     """The same call id was used by two different calls of one round."""
+    CALL_ID_RENAMED = "call_id_renamed"
+    """A call repeated an earlier call's id in its round: the history sent back gives it a
+    derived id (``<id>_dup<n>``, named in the detail) in the call and in its result."""
+    DUPLICATE_CALL_DROPPED = "duplicate_call_dropped"
+    """A call repeated an earlier call's id in its round: the history sent back (OpenAI
+    Responses) leaves it and its result out."""
     ARGUMENTS_MISMATCH = "arguments_mismatch"
     """The provider's final argument text differs from the fragments it streamed."""
     OBJECT_ARGUMENTS = "object_arguments"

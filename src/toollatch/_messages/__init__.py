@@ -15,6 +15,7 @@ from typing import Any
 from .._errors import ErrorCode, UsageError
 from .._round import CallRecord, Round, ToolResult
 from . import anthropic, bedrock, gemini, openai_chat, openai_responses
+from ._ids import history_round, pair_results
 
 _Builder = tuple[
     Callable[[Round], list[dict[str, Any]]],
@@ -49,9 +50,11 @@ def assistant_messages(round_: Round) -> list[dict[str, Any]]:
     [blocks]}``; Gemini ``{"role": "model", "parts"}``. OpenAI Responses has no single
     message: the entries are the turn's input items (reasoning, messages, function calls),
     to append to the next request's ``input``. Calls without a name are left out (no provider
-    accepts them). Raises ``UsageError`` for a provider without a builder.
+    accepts them); a later call repeating an earlier call's id is written under a derived
+    id, or left out for OpenAI Responses (see :mod:`._ids`). Raises ``UsageError`` for a
+    provider without a builder.
     """
-    return _builder(round_)[0](round_)
+    return _builder(round_)[0](history_round(round_))
 
 
 def tool_results_messages(round_: Round, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
@@ -61,23 +64,26 @@ def tool_results_messages(round_: Round, results: Sequence[ToolResult]) -> list[
     tools' outputs for ``round_.committed()`` plus :func:`error_results`. Raises
     ``UsageError`` unless every call written by :func:`assistant_messages` has exactly one
     result and every result answers such a call (a result for a nameless call is dropped).
+    Calls that share an id (a model bug) each take one of that id's results (the one that
+    failed ``duplicate_call_id`` its error result), written under the call's history id.
     """
-    by_id: dict[str, ToolResult] = {}
-    for result in results:
-        if result.tool_call_id in by_id:
-            raise UsageError(f"two results for call id {result.tool_call_id!r}")
-        by_id[result.tool_call_id] = result
-    pairs: list[tuple[CallRecord, ToolResult]] = []
-    for call in round_.calls:
-        found = by_id.pop(call.call_id, None)
+    pairs, left = pair_results(round_, results)
+    written = history_round(round_)
+    kept = {c.key: c for c in written.calls}
+    out: list[tuple[CallRecord, ToolResult]] = []
+    for call, found in pairs:
         if not call.name:
             continue  # not in history (see assistant_messages)
         if found is None:
             raise UsageError(f"no result for call {call.call_id!r} ({call.name})")
-        pairs.append((call, found))
-    if by_id:
-        raise UsageError(f"results for unknown call ids: {sorted(by_id)}")
-    return _builder(round_)[1](round_, pairs)
+        if call.key in kept:  # (else a repeated id's call left out of the history)
+            out.append((kept[call.key], found))
+    ids = {c.call_id for c in round_.calls}
+    if twice := sorted(i for i in left if i in ids):
+        raise UsageError(f"two results for call id {twice[0]!r}")
+    if left:
+        raise UsageError(f"results for unknown call ids: {sorted(left)}")
+    return _builder(round_)[1](written, out)
 
 
 def error_results(round_: Round) -> list[ToolResult]:

@@ -20,39 +20,19 @@ Only failed calls are dropped (a committed call has run, or will run, so its res
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 from typing import Any
 
 from .._errors import ErrorCode
-from .._events import ReasoningBlock
-from .._round import CallRecord, ContentItem, Round, ToolResult
+from .._round import Round, ToolResult
 from . import assistant_messages, tool_results_messages
+from ._ids import pair_results, without_calls
 
 
 def drop_failed_calls(round_: Round, codes: Collection[ErrorCode]) -> Round:
     """``round_`` without the calls of choice 0 that failed with one of ``codes`` (see the
     module docstring); ``round_`` itself when none did."""
     dropped = {c.key for c in round_.calls if c.committed is None and c.error in codes}
-    if not dropped:
-        return round_
-    choice = round_.choices[0]
-    kept: list[ContentItem] = []
-    for item in choice.content:
-        if isinstance(item, CallRecord) and item.key in dropped:
-            if (
-                round_.provider == "openai_responses"
-                and kept
-                and isinstance(kept[-1], ReasoningBlock)
-            ):
-                kept.pop()
-            continue
-        kept.append(item)
-    repaired = replace(
-        choice,
-        calls=tuple(c for c in choice.calls if c.key not in dropped),
-        content=tuple(kept),
-    )
-    return replace(round_, choices=(repaired, *round_.choices[1:]))
+    return without_calls(round_, dropped)
 
 
 def repaired_history(
@@ -62,10 +42,12 @@ def repaired_history(
     :func:`tool_results_messages`) with the failed calls of ``codes`` dropped, results
     included; an assistant turn left empty is left out."""
     repaired = drop_failed_calls(round_, codes)
-    ids = {c.call_id for c in repaired.calls}
+    keys = {c.key for c in repaired.calls}
+    pairs, _ = pair_results(round_, results)
+    kept = [r for c, r in pairs if c.key in keys and r is not None]
     entries = [e for e in assistant_messages(repaired) if not _empty_turn(e)]
     if any(c.name for c in repaired.calls):
-        entries += tool_results_messages(repaired, [r for r in results if r.tool_call_id in ids])
+        entries += tool_results_messages(repaired, kept)
     return entries
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -101,7 +102,8 @@ class Agent:
 
     ``tools``: :class:`Tool` objects (``@toollatch.runtime.tool``). ``eager``: more tool names
     that may start before their round ends (besides ``eager=True`` tools). The agent's
-    dispatcher lives as long as the agent: a call id runs at most once across its runs.
+    dispatcher lives as long as the agent; a call id runs at most once per *conversation*
+    (:attr:`AgentRun.conversation`): the same id in another conversation is another call.
     ``system`` and ``max_tokens`` go with every request; ``limits`` and ``previews`` are the
     core's (argument sizes, depth; preview notices are not agent events).
     ``eager_start=False`` is the master switch off: no call starts before its round ends.
@@ -109,7 +111,8 @@ class Agent:
     results (``drop_with_protocol_repair``; events and ``rounds`` still show them).
     ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs). ``ledger``
     (:mod:`toollatch.ledger`) makes a call id run at most once across processes, scoped by
-    ``session``: give each run its own session id (providers reuse ids such as ``call_1``);
+    the conversation: with a ``history_store`` that is ``session`` (one session is one stored
+    run, which ``resume`` continues), so give each run its own session id;
     ``audit`` (opt-in) keeps a redacted record of each call that did not commit.
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
@@ -188,15 +191,26 @@ class Agent:
         *,
         history: Sequence[Mapping[str, Any]] = (),
         resume: bool = False,
+        conversation: str | None = None,
     ) -> AgentRun:
         """A run from ``history`` (the provider's format) plus ``message`` as a user turn.
 
         With a ``history_store``, the run's history is stored after every round under the
         agent's ``session``; ``resume=True`` continues the session's stored run instead
-        (``message``, if given, is a new user turn after it). Raises ``UsageError`` when there
-        is no message, history or resume, for ``resume`` without a store, or (when iterated)
-        while another run of this agent is being iterated.
+        (``message``, if given, is a new user turn after it).
+
+        ``conversation`` names the conversation the run belongs to: call ids are deduped
+        within it (in this process and, with a ``ledger``, as the ledger's scope), never
+        across conversations. Default: the agent's ``session`` when it has a
+        ``history_store`` (the stored run), else a new id for each run, so two runs with
+        their own histories never answer each other's calls (servers that number ids per
+        response reuse ``call_0``); pass the same id to a run that continues another's
+        history. Raises ``UsageError`` when there is no message, history or resume, for
+        ``resume`` without a store, for an empty or non-str ``conversation``, or (when
+        iterated) while another run of this agent is being iterated.
         """
+        if conversation is not None and not (isinstance(conversation, str) and conversation):
+            raise UsageError(f"conversation must be a non-empty str, got {conversation!r:.60}")
         entries = [dict(m) for m in history]
         if message is not None:
             entries.append(user_message(self.client.provider, message))
@@ -204,7 +218,11 @@ class Agent:
             raise UsageError("resume=True needs the agent's history_store")
         if not entries and not resume:
             raise UsageError("a run needs a message or a history")
-        return AgentRun(self, entries, resume=resume)
+        if conversation is None:
+            conversation = self.session
+            if self.history_store is None:
+                conversation = f"{self.session}/{secrets.token_hex(8)}"
+        return AgentRun(self, entries, resume=resume, conversation=conversation)
 
     def _next_attempt(self) -> int:
         """A new attempt number for each request of this agent's life: a call id made up for

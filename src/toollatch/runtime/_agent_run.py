@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ErrorCode, UsageError
 from .._events import CallKey, RoundEnd
 from .._gate import CommittedCall, RunBudget
 from .._messages import assistant_messages, tool_results_messages
+from .._messages._ids import id_repairs, pair_results
 from .._messages._repair import repaired_history
 from .._pipeline import StreamParser
 from .._preview import PreviewUpdated
@@ -42,14 +44,21 @@ class AgentRun:
 
     ``history`` is the provider-format history, valid to send again after every round;
     ``rounds`` the rounds played; ``error`` why the run stopped early (a model error), if it
-    did. :meth:`cancel` stops the run: the round in flight is cancelled, every call paired.
+    did; ``conversation`` the id its call ids are deduped under (see :meth:`Agent.run`).
+    :meth:`cancel` stops the run: the round in flight is cancelled, every call paired.
     """
 
     def __init__(
-        self, agent: Agent, history: list[dict[str, Any]], *, resume: bool = False
+        self,
+        agent: Agent,
+        history: list[dict[str, Any]],
+        *,
+        resume: bool = False,
+        conversation: str | None = None,
     ) -> None:
         self.agent = agent
         self.history = history
+        self.conversation = conversation or agent.session
         self._resume = resume
         store = agent.history_store
         self._stored = StoredHistory(store, agent.session) if store is not None else None
@@ -123,12 +132,13 @@ class AgentRun:
             previews=agent.previews,
             policy=agent.policy,
         )
-        async with agent.dispatcher.round(agent.session) as dispatch:
+        async with agent.dispatcher.round(self.conversation) as dispatch:
             round_: Round | None = None
             try:
                 round_ = await self._stream(parser, dispatch)
                 if round_ is None:
                     return False  # the request failed before its stream began
+                round_ = _with_id_repairs(round_)
                 self._decided(round_)
                 if round_.ended is RoundEnd.NORMAL:
                     results = await dispatch.finish(round_)
@@ -138,7 +148,7 @@ class AgentRun:
                 # cancel() or the deadline, while streaming or running: the round is
                 # cancelled (a finished parser keeps its Round), every call paired
                 if round_ is None:
-                    round_ = parser.cancel()
+                    round_ = _with_id_repairs(parser.cancel())
                     self._decided(round_)
                 self._close(round_, await dispatch.abort(round_))
                 await self._persist()
@@ -268,9 +278,8 @@ class AgentRun:
     def _run_ended(self) -> RunEndedEvent:
         calls = []
         for round_, results in zip(self.rounds, self.results, strict=True):
-            by_id = {r.tool_call_id: r for r in results}
-            for call in round_.calls:
-                result = by_id.get(call.call_id)
+            # paired as the history pairs them (calls may share an id: a model bug)
+            for call, result in pair_results(round_, results)[0]:
                 calls.append(
                     {
                         "id": call.call_id,
@@ -288,6 +297,13 @@ class AgentRun:
         for observer in self.agent.observers:
             observer.on_event(self.agent.client.provider, event)
         self._events.put_nowait(event)
+
+
+def _with_id_repairs(round_: Round) -> Round:
+    """``round_`` with an anomaly for each call whose repeated id the history writes under
+    a derived id or leaves out (:mod:`toollatch._messages._ids`), so observers see it."""
+    repairs = id_repairs(round_)
+    return replace(round_, anomalies=(*round_.anomalies, *repairs)) if repairs else round_
 
 
 class _StallWatch:

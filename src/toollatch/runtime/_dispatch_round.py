@@ -165,21 +165,21 @@ class DispatchRound:
             return  # started early; a different call with this id cannot commit in one round
         fingerprint = call_fingerprint(call)
         slot = self._slots[call.call_id] = Slot(call)
-        memo = self._d._memo.get(call.call_id)
+        memo = self._d._memo.get((self._session, call.call_id))
         if memo is not None and memo.fingerprint != fingerprint:
-            slot.result = dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE)
+            self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
         elif memo is not None and memo.result is not None:
-            slot.result = memo.result  # ran before: its stored result, not run again
+            self._settle(slot, memo.result)  # ran before: its stored result, not run again
         elif memo is not None:
             self._spawn(slot, self._join(slot, memo))
         elif (tool := self._d._tools.get(call.name)) is None:
-            slot.result = dispatch_error(call, ErrorCode.UNKNOWN_TOOL, UNKNOWN_TOOL)
+            self._settle(slot, dispatch_error(call, ErrorCode.UNKNOWN_TOOL, UNKNOWN_TOOL))
         else:
             slot.tool, slot.memo = (
                 tool,
                 Memo(fingerprint, asyncio.get_running_loop().create_future()),
             )
-            self._d._remember(call.call_id, slot.memo)
+            self._d._remember((self._session, call.call_id), slot.memo)
             self._spawn(slot, self._execute(slot, tool))
 
     def _spawn(self, slot: Slot, work: Coroutine[Any, Any, None]) -> None:
@@ -194,7 +194,7 @@ class DispatchRound:
             await asyncio.shield(memo.done)
         if memo.result is None:  # pragma: no cover - a memo's future is set with its result
             raise InvariantBroken("a joined call ended without a result")
-        slot.result = memo.result
+        self._settle(slot, memo.result)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -300,29 +300,34 @@ class DispatchRound:
 
     def _settle(self, slot: Slot, result: ToolResult) -> None:
         """Record ``slot``'s final result: on the slot, in the memo (or forget the id), and
-        as a ``ToolFinishedEvent`` when the tool had started."""
+        as a ``ToolFinishedEvent``, whether the tool ran here or not (a stored result, a
+        ledger's ``outcome_unknown``, a cancel before it started): every committed call's
+        result is told once."""
         if slot.result is not None:
             return
         slot.result = result = self._d._bounded(result)
-        if slot.phase == "running":
-            error = str(result.code) if result.is_error and result.code else None
-            self._d._emit(
-                ToolFinishedEvent(
-                    id=result.tool_call_id,
-                    name=result.name,
-                    is_error=result.is_error,
-                    error=error,
-                    truncated_from=result.truncated_from,
-                )
-            )
+        self._finished(result)
         memo = slot.memo
         if memo is None:
             return
         memo.result = result
         if memo.done is not None and not memo.done.done():
             memo.done.set_result(result)
-        if may_run_again(slot, result) and self._d._memo.get(slot.call.call_id) is memo:
-            del self._d._memo[slot.call.call_id]
+        key = (self._session, slot.call.call_id)
+        if may_run_again(slot, result) and self._d._memo.get(key) is memo:
+            del self._d._memo[key]
+
+    def _finished(self, result: ToolResult) -> None:
+        error = str(result.code) if result.is_error and result.code else None
+        self._d._emit(
+            ToolFinishedEvent(
+                id=result.tool_call_id,
+                name=result.name,
+                is_error=result.is_error,
+                error=error,
+                truncated_from=result.truncated_from,
+            )
+        )
 
     def _cancel_running(self) -> None:
         for slot in self._slots.values():
@@ -357,7 +362,9 @@ class DispatchRound:
     def _result_of(self, call: CommittedCall) -> ToolResult:
         slot = self._slots.get(call.call_id)
         if slot is None:  # committed, never begun (abort before finish)
-            return dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED)
+            result = self._d._bounded(dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED))
+            self._finished(result)
+            return result
         if slot.result is None:  # pragma: no cover - every slot is settled before _close
             raise InvariantBroken(f"call {call.call_id!r} has no result at close")
         return slot.result

@@ -26,9 +26,14 @@ then a semaphore slot; only then it *starts* (``ToolStartedEvent``) and runs und
 deadline. Every task records its result on its slot before it ends, cancelled or not, so that
 ``finish``/``abort`` always return one result per call of the round, in call order.
 
-Dedupe: a call id runs at most once per dispatcher. A later call with the same id and the same
-name and arguments gets the first run's result, whatever it is (waiting for it if it still
-runs in another round); with other arguments it gets ``duplicate_call_id``. Two cases are
+Dedupe: a call id runs at most once per session (the conversation: an :class:`Agent` gives
+each of its conversations a session of its own, since servers that number ids per response
+reuse ``call_0`` in every conversation). A later call of the session with the same id and the
+same name and arguments gets the first run's result, whatever it is (waiting for it if it
+still runs in another round); with other arguments it gets ``duplicate_call_id``. The same id
+in another session is another call. Every committed call's result is told by one
+``ToolFinishedEvent``, also when the tool did not run here (a stored result, a ledger's
+"outcome unknown", a cancel before it started). Two cases are
 forgotten so the id may run later: a call that never started here (cancelled before it
 started, ``ledger_unavailable``, a session lock busy past its wait), and a call of an
 ``idempotent`` tool whose outcome is unknown (cancelled while running, timed out). The memory
@@ -156,7 +161,7 @@ class Dispatcher:
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._groups = {t.group: asyncio.Lock() for t in self._tools.values() if t.group}
         self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._memo: dict[str, Memo] = {}
+        self._memo: dict[tuple[str, str], Memo] = {}  # by (session, call id)
         self._guard = _guard(ledger, worker, lease_s, poll_s, clock)
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
@@ -231,8 +236,8 @@ class Dispatcher:
     def _group_lock(self, group: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._groups[group] if group else contextlib.nullcontext()
 
-    def _remember(self, call_id: str, memo: Memo) -> None:
-        self._memo[call_id] = memo
+    def _remember(self, key: tuple[str, str], memo: Memo) -> None:
+        self._memo[key] = memo
         while len(self._memo) > self._max_remembered:
             oldest = next(iter(self._memo))
             if self._memo[oldest].result is None:

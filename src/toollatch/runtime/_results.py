@@ -4,8 +4,16 @@
 Theory of operation. The dispatcher turns every :class:`ToolOutcome` into a
 :class:`~toollatch.ToolResult` through :meth:`ResultShaper.tool_result`, before the result is
 stored (memo, ledger), emitted (agent events, relay, logs) or written to the history, so none
-of them ever holds more than the budget or a secret the redactor masks. Two steps, in order:
+of them ever holds more than the budget or a secret the redactor masks, or a text that is not
+valid Unicode. Three steps, in order:
 
+0. **Valid Unicode**: a lone surrogate (what ``os.listdir`` and ``os.fsdecode`` make of a
+   file name that is not UTF-8, ``"\\udcff"``; what a JSON ``"\\udcff"`` escape decodes to)
+   cannot be written as UTF-8, so no request body, JSON line or ledger record could hold
+   it. Each one becomes U+FFFD (a surrogate *pair* becomes the character it encodes) and the
+   result ends with a note saying how many were replaced (:func:`valid_unicode`). This is the
+   one place results are made valid: a tool's text, its JSON (nested values and keys) and
+   the message of an exception it raised all pass here.
 1. **Redaction** with the ``redactor`` of a :class:`~toollatch.PreviewPolicy` (the object the
    previews use; its ``mode``/``fields`` rules are not applied: they choose what a UI sees of
    *arguments*, while the model must read a result whole). See :func:`redact_result` for the
@@ -115,8 +123,9 @@ class ResultShaper:
         return self.redactor is not None and len(result.content) > OFFLOAD_CHARS
 
     def tool_result(self, result: ToolResult, budget: int) -> ToolResult:
-        """``result`` (a tool's own text) redacted, then cut to ``budget``; a ``tool_error``
-        result when the redactor fails (fail closed)."""
+        """``result`` (a tool's own text) made valid Unicode, redacted, then cut to
+        ``budget``; a ``tool_error`` result when the redactor fails (fail closed)."""
+        result, note = _valid(result)
         if self.redactor is not None:
             try:
                 text = redact_result(result.content, self.redactor)
@@ -128,14 +137,58 @@ class ResultShaper:
                 return self.bounded(_withheld(result, str(exc)), budget)
             if text is not result.content:
                 result = replace(result, content=text)
-        return self.bounded(result, budget)
+        return _fit(result, budget, note)
 
     def bounded(self, result: ToolResult, budget: int) -> ToolResult:
-        """``result`` cut to ``budget`` (unchanged when within it), no redaction."""
-        text, original = truncate_result(result.content, budget)
-        if original is None:
-            return result
-        return replace(result, content=text, truncated_from=original)
+        """``result`` made valid Unicode and cut to ``budget`` (unchanged when it is both
+        already), no redaction."""
+        result, note = _valid(result)
+        return _fit(result, budget, note)
+
+
+def _valid(result: ToolResult) -> tuple[ToolResult, str]:
+    """``result`` in valid Unicode, and the note to end it with ("" when nothing changed)."""
+    text, replaced = valid_unicode(result.content)
+    if not replaced:
+        return result, ""
+    _log.warning(
+        "the result of call %s (%s) held %d lone surrogate(s); replaced with U+FFFD",
+        result.tool_call_id, result.name, replaced,
+    )  # fmt: skip
+    return replace(result, content=text), unicode_note(replaced)
+
+
+def _fit(result: ToolResult, budget: int, note: str) -> ToolResult:
+    """``result`` cut to ``budget`` with ``note`` (ASCII) kept after the cut."""
+    text, original = _truncated(result.content, budget - len(note))
+    if original is None:
+        return replace(result, content=result.content + note) if note else result
+    return replace(result, content=text + note, truncated_from=original)
+
+
+def valid_unicode(text: str) -> tuple[str, int]:
+    """``text`` with every lone surrogate replaced by U+FFFD and every surrogate pair joined
+    into the character it encodes, and the number replaced (``(text, 0)``: ``text`` itself,
+    already valid)."""
+    if text.isascii():
+        return text, 0
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return text, 0
+    fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return fixed, fixed.count("\ufffd") - text.count("\ufffd")
+
+
+def unicode_note(replaced: int) -> str:
+    """The text (ASCII) that ends a result in which ``replaced`` lone surrogates were
+    replaced: it says so, and why."""
+    return (
+        f"\n[toollatch: {replaced} character(s) that were not valid Unicode (lone "
+        "surrogates, e.g. from a file name that is not UTF-8) were replaced with U+FFFD]"
+    )
 
 
 def _withheld(result: ToolResult, kind: str) -> ToolResult:
@@ -309,6 +362,11 @@ def truncate_result(text: str, max_bytes: int) -> tuple[str, int | None]:
     between their code points.) ``ConfigError`` for a budget under :data:`MIN_RESULT_BYTES`.
     """
     check_budget("max_bytes", max_bytes)
+    return _truncated(text, max_bytes)
+
+
+def _truncated(text: str, max_bytes: int) -> tuple[str, int | None]:
+    """:func:`truncate_result` without the budget check (a budget less a note's room)."""
     if len(text) * 4 <= max_bytes:  # no code point takes more than 4 bytes: surely fits
         return text, None
     # ASCII (known in O(1) in CPython): a character is a byte, nothing to encode.

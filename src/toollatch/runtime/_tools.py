@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import re
 import sys
@@ -182,7 +183,19 @@ def _as_text(value: Any) -> ToolOutcome:
     try:
         text = pydantic_core.to_json(outcome.content).decode()
     except pydantic_core.PydanticSerializationError as exc:
-        return _failed(ErrorCode.TOOL_ERROR, f"the result is not JSON-serializable: {exc}")
+        if "surrogates not allowed" not in str(exc):
+            return _failed(ErrorCode.TOOL_ERROR, f"the result is not JSON-serializable: {exc}")
+        # A str holding a lone surrogate (a file name that is not UTF-8, from os.listdir):
+        # written as text with it; the dispatcher's result boundary replaces it and says so.
+        try:
+            text = json.dumps(
+                outcome.content,
+                ensure_ascii=False,
+                separators=(",", ":"),
+                default=pydantic_core.to_jsonable_python,
+            )
+        except (TypeError, ValueError) as again:
+            return _failed(ErrorCode.TOOL_ERROR, f"the result is not JSON-serializable: {again}")
     return ToolOutcome(content=text, ui=outcome.ui, is_error=outcome.is_error, code=outcome.code)
 
 

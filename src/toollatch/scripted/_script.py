@@ -38,7 +38,8 @@ class Call:
     object as a JSON string instead)."""
 
     call_id: str
-    """The provider's call id (``tool_use`` id, ``call_id``...); unique inside a script."""
+    """The provider's call id (``tool_use`` id, ``call_id``...); unique inside a script
+    unless it sets ``reuse_ids``."""
     name: str
     """The tool name."""
     arguments: str
@@ -125,13 +126,16 @@ class Script:
 
     turns: tuple[Turn, ...]
     """The turns in order."""
+    reuse_ids: bool = False
+    """A deliberately buggy model: call ids may repeat, inside a turn (two calls of one
+    response with one id) or across turns (servers that number ids per response)."""
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
         for turn in self.turns:
             _check_turn(turn)
             for call in turn.calls:
-                if call.call_id in seen:
+                if call.call_id in seen and not self.reuse_ids:
                     raise ConfigError(f"call id {call.call_id!r} is used twice in the script")
                 seen.add(call.call_id)
 
@@ -143,12 +147,17 @@ class Script:
 
     @staticmethod
     def from_dict(data: Mapping[str, Any] | Sequence[Any]) -> Script:
-        """A script from ``{"turns": [...]}`` or a bare list of turns (see
-        :meth:`Turn.from_dict`). Raises ConfigError for anything else."""
+        """A script from ``{"turns": [...], "reuse_ids"?: bool}`` or a bare list of turns
+        (see :meth:`Turn.from_dict`). Raises ConfigError for anything else."""
+        reuse = False
         if isinstance(data, Mapping):
-            _keys(data, {"turns"}, "script")
+            _keys(data, {"turns", "reuse_ids"}, "script")
+            reuse = data.get("reuse_ids", False)
+            if not isinstance(reuse, bool):
+                raise ConfigError(f"script.reuse_ids must be true or false, not {reuse!r}")
             data = data.get("turns", [])
-        return Script(turns=tuple(Turn.from_dict(_map(t, "turn")) for t in _seq(data, "turns")))
+        turns = tuple(Turn.from_dict(_map(t, "turn")) for t in _seq(data, "turns"))
+        return Script(turns=turns, reuse_ids=reuse)
 
     @staticmethod
     def from_json(text: str) -> Script:

@@ -23,6 +23,7 @@ class _Stream:
 
     def __init__(self) -> None:
         self.events: list[WireEvent] = []
+        self.item_ids: set[str] = set()
 
     def add(self, kind: str, body: dict[str, Any], in_arguments: bool = False) -> None:
         payload = {"type": kind, **body, "sequence_number": len(self.events)}
@@ -123,6 +124,9 @@ def _reasoning(stream: _Stream, index: int, item: Reasoning, response_id: str) -
 
 def _function_call(stream: _Stream, index: int, call: Call, *, finished: bool) -> dict[str, Any]:
     item_id = f"fc_{call.call_id}"
+    if item_id in stream.item_ids:  # a script reusing a call id: items keep their own ids
+        item_id = f"{item_id}_{index}"
+    stream.item_ids.add(item_id)
     head = {"id": item_id, "type": "function_call", "call_id": call.call_id, "name": call.name}
     added = {**head, "status": "in_progress", "arguments": ""}
     stream.add("response.output_item.added", {"output_index": index, "item": added})
