@@ -127,6 +127,10 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
     assert log.read_text().splitlines() == ["weather Oslo", "weather Zürich", "write started"]
     write = [c for c in last["calls"] if c["name"] == "write_file"]
     assert [(c["is_error"], c["error"]) for c in write] == [(True, "outcome_unknown")]
+    # the re-sent call's result has its tool_finished, though the tool did not start here
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    finished = [(e["name"], e["error"]) for e in events if e["type"] == "tool_finished"]
+    assert ("write_file", "outcome_unknown") in finished
     assert "its outcome is unknown" in json.dumps(last["history"])
     again = subprocess.run([*command, "--resume", "r2"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60, env=env, check=False)
