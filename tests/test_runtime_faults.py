@@ -200,28 +200,12 @@ def test_run_json_with_a_repeated_id_exits_0_with_the_real_result(provider, tmp_
     ''')
     )
     with ScriptedServer({"dup": twice_one_id()}, delay_scale=0) as server:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "toollatch.cli",
-                "run",
-                "--json",
-                "--provider",
-                provider,
-                "--base-url",
-                server.base_url(provider),
-                "--model",
-                "dup",
-                "--tools",
-                str(tools),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        url = server.base_url(provider)
+        command = [sys.executable, "-m", "toollatch.cli", "run", "--provider", provider,
+                   "--base-url", url, "--model", "dup", "--tools", str(tools)]  # fmt: skip
+        ran: dict[str, Any] = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 120}
+        done = subprocess.run([*command, "--json"], check=False, **ran)
+        shown = subprocess.run(command, check=False, **ran)
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(e["id"], e["error"]) for e in of(events, "tool_finished")] == [("call_0", None)]
@@ -230,6 +214,11 @@ def test_run_json_with_a_repeated_id_exits_0_with_the_real_result(provider, tmp_
         (False, None),
         (True, "duplicate_call_id"),
     ]
+    # the terminal view: the call that ran shows done, the repeat its failure
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert " done " in next(line for line in lines if line.startswith("call_0  "))
+    assert "failed: dup" in next(line for line in lines if line.startswith("call_0 (rep"))
 
 
 # -- R4: results that are not valid Unicode ----------------------------------------------------

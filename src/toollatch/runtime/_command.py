@@ -309,7 +309,10 @@ class _LiveView:
         line.arguments = orjson.dumps(data["arguments"]).decode()
 
     def _on_call_failed(self, data: dict[str, Any]) -> None:
-        line = self.calls.setdefault(data["id"], _CallLine(name=data["name"] or "?"))
+        key = data["id"]
+        if key in self.calls and self.calls[key].status != "streaming":
+            key = f"{key} (repeat)"  # a model bug: another call of the round had this id
+        line = self.calls.setdefault(key, _CallLine(name=data["name"] or "?"))
         line.status = f"failed: {data['error']}"
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
