@@ -18,6 +18,7 @@ import pytest
 from ledger_helpers import chat_round
 from toollatch import ErrorCode, StreamParser, ToolResult, ToolSpec
 from toollatch._messages._ids import derived_id
+from toollatch._messages._repair import repaired_history
 from toollatch.events import AnomalyKind
 from toollatch.ledger import MemoryHistory, MemoryLedger, SQLiteLedger
 from toollatch.ledger._records import LedgerKey, digest_of
@@ -484,4 +485,16 @@ async def test_every_committed_call_has_one_tool_finished_whether_or_not_it_ran(
         ("tool_finished", "a", None),  # answered from memory, not run again
         ("tool_started", "a2", None),
         ("tool_finished", "a2", None),
+    ]
+
+
+def test_drop_with_protocol_repair_drops_a_repeat_and_keeps_the_real_result():
+    round_ = _round("bedrock", BEDROCK_TWICE)
+    ran = ToolResult(tool_call_id="t1", name="f", content="ran")
+    entries = repaired_history(round_, [ran, *error_results(round_)], {ErrorCode.DUPLICATE_CALL_ID})
+    uses = [b["toolUse"]["toolUseId"] for b in entries[0]["content"]]
+    results = [b["toolResult"] for b in entries[1]["content"]]
+    assert uses == ["t1"]
+    assert [(r["toolUseId"], r["content"], r["status"]) for r in results] == [
+        ("t1", [{"text": "ran"}], "success")
     ]
