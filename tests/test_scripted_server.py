@@ -162,26 +162,31 @@ def test_unknown_model_is_a_404_in_the_providers_shape(http: httpx.Client, provi
 
 
 @pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic"])
-def test_only_streaming_requests_are_served(http: httpx.Client, provider: str) -> None:
+def test_a_request_without_stream_is_answered_whole(http: httpx.Client, provider: str) -> None:
     path, body = request(provider, first_history(provider))
     with ScriptedServer(delay_scale=0) as s:
         response = http.post(s.url + path, json={**body, "stream": False})
         bad_json = http.post(s.url + path, content=b"{not json")
-    assert response.status_code == 400 and "stream" in response.json()["error"]["message"]
-    assert_error_shape(provider, response.json(), 400)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
     assert bad_json.status_code == 400
     assert_error_shape(provider, bad_json.json(), 400)
 
 
-def test_gemini_needs_the_sse_stream_method(http: httpx.Client) -> None:
+def test_gemini_methods(http: httpx.Client) -> None:
     body = {"contents": first_history("gemini")}
     with ScriptedServer(delay_scale=0) as s:
         plain = http.post(s.url + "/v1beta/models/scripted:streamGenerateContent", json=body)
-        other = http.post(s.url + "/v1beta/models/scripted:generateContent", json=body)
+        other = http.post(s.url + "/v1beta/models/scripted:countTokens", json=body)
+        whole = http.post(s.url + "/v1beta/models/scripted:generateContent", json=body)
         ok = http.post(s.url + "/v1beta/models/scripted:streamGenerateContent?alt=sse", json=body)
+        stable = http.post(s.url + "/v1/models/scripted:streamGenerateContent?alt=sse", json=body)
     assert plain.status_code == other.status_code == 404
     assert_error_shape("gemini", plain.json(), 404)
-    assert ok.status_code == 200 and ok.headers["content-type"].startswith("text/event-stream")
+    assert whole.status_code == 200 and whole.json()["candidates"][0]["finishReason"] == "STOP"
+    for streamed in (ok, stable):
+        assert streamed.status_code == 200
+        assert streamed.headers["content-type"].startswith("text/event-stream")
 
 
 def test_requests_are_recorded(http: httpx.Client) -> None:

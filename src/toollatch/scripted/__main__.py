@@ -1,8 +1,10 @@
 """``python -m toollatch.scripted``: serve the scripted model server until Ctrl-C.
 
-Prints one line ``toollatch scripted model server: http://127.0.0.1:<port>`` (then the base
+Prints one line ``toollatch scripted model server: http://<host>:<port>`` (then the base
 URLs per provider) and serves the demo as model ``scripted``, plus any ``--script
-NAME=FILE.json`` given. Exit status 0 on Ctrl-C, 2 for bad arguments or a bad script.
+NAME=FILE.json`` given, on ``--host`` (default 127.0.0.1) and ``--port`` (default 0: any free
+port). Exit status 0 on Ctrl-C, 2 for bad arguments, a bad script or an address that cannot
+be bound.
 """
 
 from __future__ import annotations
@@ -23,10 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toollatch.scripted")
     parser.add_argument("--script", action="append", default=[], metavar="NAME=FILE.json")
     parser.add_argument("--delay-scale", type=float, default=1.0)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="port to listen on (default: 0, any free port)"
+    )
     args = parser.parse_args(argv)
     try:
         scripts = dict(_load(spec) for spec in args.script)
-        server = ScriptedServer(scripts=scripts, delay_scale=args.delay_scale)
+        server = ScriptedServer(
+            scripts=scripts, delay_scale=args.delay_scale, host=args.host, port=args.port
+        )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -36,11 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with server:
+    try:
+        server.__enter__()
+    except ConfigError as exc:  # the address is taken or cannot be bound
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         print(f"toollatch scripted model server: {server.url}", flush=True)
         for provider in PROVIDERS:
             print(f"  {provider}: {server.base_url(provider)}", flush=True)
         stop.wait()
+    finally:
+        server.__exit__(None, None, None)
     return 0
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -38,9 +38,10 @@ from .._errors import ConfigError, UsageError
 from ._errors import error_response, status_response
 from ._script import Script, Turn, demo_script
 from ._validate import InvalidRequest, check_request
-from ._wire import WireEvent, anthropic_events, chat_events
+from ._wire import CREATED, WireEvent, anthropic_events, chat_events
 from ._wire_gemini import gemini_events
 from ._wire_responses import responses_events
+from ._wire_whole import NotWhole, whole_body
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 """The wire formats served (the provider names of :class:`toollatch.StreamParser`)."""
@@ -108,10 +109,19 @@ class ScriptedServer:
     """
 
     def __init__(
-        self, scripts: Mapping[str, Script] | None = None, *, delay_scale: float = 1.0
+        self,
+        scripts: Mapping[str, Script] | None = None,
+        *,
+        delay_scale: float = 1.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         if not delay_scale >= 0:
             raise ConfigError(f"delay_scale must be >= 0, not {delay_scale!r}")
+        if not (isinstance(port, int) and 0 <= port <= 65535):
+            raise ConfigError(f"port must be 0 (any free port) to 65535, not {port!r}")
+        self.host = host
+        self.port = port
         self.scripts: dict[str, Script] = {"scripted": demo_script(), **(scripts or {})}
         for name, script in self.scripts.items():
             if not isinstance(script, Script):
@@ -134,7 +144,8 @@ class ScriptedServer:
         """``http://127.0.0.1:<port>`` while running; raises UsageError otherwise."""
         if self._port is None:
             raise UsageError("the scripted server is not running (use `with` / `async with`)")
-        return f"http://127.0.0.1:{self._port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._port}"
 
     def base_url(self, provider: str) -> str:
         """The base URL as the official SDK for ``provider`` takes it: ``{url}/v1`` for
@@ -227,12 +238,14 @@ class ScriptedServer:
         """A bound socket (port 0) and a uvicorn server for it; raises UsageError if running."""
         if self._uvicorn is not None:
             raise UsageError("the scripted server is already running")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
-            sock.bind(("127.0.0.1", 0))
-        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as exc:
             sock.close()
-            raise
+            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
         _quiet_drops.install()
         self._uvicorn, self._socket = loopback_server(self.app, _STOP_TIMEOUT_S), sock
         self._port = sock.getsockname()[1]
@@ -259,7 +272,43 @@ class ScriptedServer:
             Route("/v1/responses", endpoint("openai_responses"), methods=["POST"]),
             Route("/v1/messages", endpoint("anthropic"), methods=["POST"]),
             Route("/v1beta/models/{target}", endpoint("gemini"), methods=["POST"]),
+            # the Gemini API serves its stable methods on /v1 too (google-genai may use it)
+            Route("/v1/models/{target}", endpoint("gemini"), methods=["POST"]),
+            Route("/v1/models", self._list_models, methods=["GET"]),
+            Route("/v1beta/models", self._list_models_gemini, methods=["GET"]),
         ]
+
+    async def _list_models(self, request: Request) -> Response:
+        """``GET /v1/models``: the scripts as models, in a list both the OpenAI and the
+        Anthropic SDKs read (each takes its own fields of one entry and ignores the rest)."""
+        names = sorted(self.scripts)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": CREATED,
+                "owned_by": "toollatch",
+                "type": "model",
+                "display_name": name,
+                "created_at": "2026-01-01T00:00:00Z",
+            }
+            for name in names
+        ]
+        first, last = (names[0], names[-1]) if names else (None, None)
+        body = {"object": "list", "data": data, "has_more": False}
+        return JSONResponse({**body, "first_id": first, "last_id": last})
+
+    async def _list_models_gemini(self, request: Request) -> Response:
+        """``GET /v1beta/models``: the scripts in Gemini's ``ListModelsResponse`` shape."""
+        models = [
+            {
+                "name": f"models/{name}",
+                "displayName": name,
+                "supportedGenerationMethods": ["generateContent", "streamGenerateContent"],
+            }
+            for name in sorted(self.scripts)
+        ]
+        return JSONResponse({"models": models})
 
     async def _handle(self, provider: str, request: Request) -> Response:
         raw = await request.body()
@@ -285,7 +334,7 @@ class ScriptedServer:
         model = _model(provider, request, body)
         if model is None:
             return error_response(
-                provider, 404, "Not found: use :streamGenerateContent?alt=sse"
+                provider, 404, "Not found: use :streamGenerateContent?alt=sse or :generateContent"
             ), None
         if body is None:
             return error_response(provider, 400, "the request body is not valid JSON"), None
@@ -296,9 +345,6 @@ class ScriptedServer:
         script = self.scripts.get(model)
         if script is None:
             return error_response(provider, 404, f"The model `{model}` does not exist"), None
-        if provider != "gemini" and body.get("stream") is not True:
-            message = "this scripted server only streams: send `stream: true`"
-            return error_response(provider, 400, message, param="stream"), None
         turn = script.turn(turns)
         faults = turn.faults
         if (
@@ -306,6 +352,12 @@ class ScriptedServer:
             and self._count_attempt(model, turns) <= faults.status_attempts
         ):
             return status_response(provider, faults.status, faults.retry_after_s), turns
+        if not _streams(provider, request, body):
+            try:
+                whole = whole_body(provider, turn, model=model, response_id=self._next_id(provider))
+            except NotWhole as exc:
+                return error_response(provider, 400, str(exc), param="stream"), turns
+            return JSONResponse(whole), turns
         events = _encode(
             provider, turn, model=model, body=body, response_id=self._next_id(provider)
         )
@@ -332,9 +384,20 @@ def _model(provider: str, request: Request, body: Any) -> str | None:
         return value if isinstance(value, str) else ""
     target: str = request.path_params["target"]
     model, _, method = target.rpartition(":")
+    if method == "generateContent":
+        return model
     if method != "streamGenerateContent" or request.query_params.get("alt") != "sse":
         return None
     return model
+
+
+def _streams(provider: str, request: Request, body: Any) -> bool:
+    """Whether the request asks for a stream: ``stream: true`` in the body, or Gemini's
+    ``:streamGenerateContent`` method (``:generateContent`` answers whole)."""
+    if provider == "gemini":
+        target: str = request.path_params["target"]
+        return target.endswith(":streamGenerateContent")
+    return isinstance(body, dict) and body.get("stream") is True
 
 
 def _encode(

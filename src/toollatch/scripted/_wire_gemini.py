@@ -61,6 +61,15 @@ def _parts(item: Item) -> list[tuple[list[dict[str, Any]], bool]]:
     return [([{"functionCall": {"name": item.name, "args": _args(item)}}], True)]
 
 
+def gemini_parts(item: Item) -> list[dict[str, Any]]:
+    """The parts of one item in a whole answer (text in one part, not in pieces)."""
+    if isinstance(item, Text):
+        return [{"text": item.text}]
+    if isinstance(item, Reasoning):
+        return [{"text": item.text, "thought": True}]
+    return [{"functionCall": {"name": item.name, "args": _args(item)}}]
+
+
 def _args(call: Call) -> Any:
     try:
         value = json.loads(call.arguments)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._script import Call, Reasoning, Text, Turn
+from ._script import Call, Item, Reasoning, Text, Turn
 from ._wire import CREATED, WireEvent, cut, pieces, sse, usage_counts
 
 
@@ -46,7 +46,39 @@ def responses_events(turn: Turn, *, model: str, response_id: str) -> list[WireEv
             _function_call(stream, index, item, finished=False)
         else:
             done_items.append(_function_call(stream, index, item, finished=True))
-    prompt, completion = usage_counts(shown.items)
+    final = _final(shown.truncated, shown.items, response_id, model, done_items)
+    kind = "response.incomplete" if shown.truncated else "response.completed"
+    stream.add(kind, {"response": final})
+    return stream.events
+
+
+def response_object(turn: Turn, *, model: str, response_id: str) -> dict[str, Any]:
+    """The whole ``response`` object for ``turn``, as a request without streaming gets it:
+    the object the stream's last event carries, the cut call included (``incomplete``)."""
+    stream = _Stream()  # the items are built as the stream builds them; its events unused
+    shown = cut(turn)
+    output: list[dict[str, Any]] = []
+    for index, item in enumerate(shown.items):
+        if isinstance(item, Text):
+            output.append(_message(stream, index, item, response_id))
+        elif isinstance(item, Reasoning):
+            output.append(_reasoning(stream, index, item, response_id))
+        else:
+            done = _function_call(stream, index, item, finished=True)
+            if item is shown.cut_call:
+                done["status"] = "incomplete"
+            output.append(done)
+    return _final(shown.truncated, shown.items, response_id, model, output)
+
+
+def _final(
+    truncated: bool,
+    items: tuple[Item, ...],
+    response_id: str,
+    model: str,
+    output: list[dict[str, Any]],
+) -> dict[str, Any]:
+    prompt, completion = usage_counts(items)
     usage = {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": 0},
@@ -54,14 +86,11 @@ def responses_events(turn: Turn, *, model: str, response_id: str) -> list[WireEv
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
     }
-    if shown.truncated:
-        final = _response(response_id, model, "incomplete", done_items, usage)
+    if truncated:
+        final = _response(response_id, model, "incomplete", output, usage)
         final["incomplete_details"] = {"reason": "max_output_tokens"}
-        stream.add("response.incomplete", {"response": final})
-    else:
-        final = _response(response_id, model, "completed", done_items, usage)
-        stream.add("response.completed", {"response": final})
-    return stream.events
+        return final
+    return _response(response_id, model, "completed", output, usage)
 
 
 def _response(
