@@ -1372,8 +1372,13 @@ def many_calls_read(n: int) -> bytes:
             "function": {"name": "get_time", "arguments": "{}"},
         }
         delta = {"tool_calls": [entry]}
-        out += _data({"id": "c", "object": "chat.completion.chunk",
-                      "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        out += _data(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            }
+        )
     end = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
     out += _data({"id": "c", "object": "chat.completion.chunk", "choices": [end]})
     return bytes(out) + b"data: [DONE]\n\n"
