@@ -1355,6 +1355,93 @@ def parse_size(text: str) -> int:
     return int(found.group(1)) * {"": 1, "K": KIB, "M": MIB}[unit]
 
 
+CALL_COUNTS = (200, 2000, 20000)
+"""N complete chat calls in one read (``--calls``): issue 28 R8."""
+CALL_ROUNDS = 5
+
+
+def many_calls_read(n: int) -> bytes:
+    """One read holding ``n`` complete OpenAI chat tool calls (each ``{}`` in the chunk that
+    opens it, as servers that send whole calls do), the finish chunk and ``[DONE]``."""
+    out = bytearray()
+    for i in range(n):
+        entry = {
+            "index": i,
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "get_time", "arguments": "{}"},
+        }
+        delta = {"tool_calls": [entry]}
+        out += _data(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            }
+        )
+    end = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+    out += _data({"id": "c", "object": "chat.completion.chunk", "choices": [end]})
+    return bytes(out) + b"data: [DONE]\n\n"
+
+
+def _calls_run(data: bytes, limits: Limits) -> tuple[float, int, int]:
+    """(seconds, stream events fed to the assembler, calls in the Round) of one parser fed
+    ``data`` in one read, then finished."""
+    parser = StreamParser("openai_chat", limits=limits)
+    count = 0
+    feed = parser.assembler.feed
+
+    def counting(event: Any) -> Any:
+        nonlocal count
+        count += 1
+        return feed(event)
+
+    parser.assembler.feed = counting  # type: ignore[method-assign]
+    gc.collect()
+    start = time.perf_counter()
+    parser.feed(data)
+    round_ = parser.finish()
+    return time.perf_counter() - start, count, len(round_.calls)
+
+
+def calls_report(opts: argparse.Namespace) -> list[str]:
+    """N complete chat calls in one read, at the default limits (past twice
+    ``max_calls_per_round`` the rest is not kept) and with every call kept: best time, time
+    per call, the stream events the assembler was fed, and the tracemalloc peak."""
+    rounds = opts.repeats or CALL_ROUNDS
+    lines = [
+        "### N complete chat calls in one read (issue 28 R8)",
+        "",
+        "| limits | N calls | read KiB | calls kept | events fed | best ms | us / call "
+        "| peak MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, keep in (("default (64 kept)", False), ("max_calls_per_round = N", True)):
+        for n in CALL_COUNTS:
+            data = many_calls_read(n)
+            limits = Limits(max_calls_per_round=n) if keep else Limits()
+            runs = [_calls_run(data, limits) for _ in range(rounds)]
+            best = min(t for t, _, _ in runs)
+            _, events, kept = runs[0]
+            tracemalloc.start()
+            _calls_run(data, limits)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            row = (
+                f"| {label} | {n:,} | {len(data) / KIB:,.0f} | {kept:,} | {events:,} "
+                f"| {best * 1000:.1f} | {best / n * 1e6:.1f} | {peak / MIB:.1f} |"
+            )
+            print(row, file=sys.stderr, flush=True)
+            lines.append(row)
+    lines += [
+        "",
+        f"- best of {rounds} runs each (gc on, collected before each run); *events fed*: "
+        "calls of `Assembler.feed` (fragments go by `feed_fragments` and are not counted)",
+        "",
+    ]
+    return lines
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1395,6 +1482,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "the per-request gateway case (a few minutes; prints, never rewrites the README)",
     )
     parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="only the table of N complete chat calls in one read (200, 2,000, 20,000; "
+        "seconds; prints, never rewrites the README)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also print a cProfile (top 15 by own time) of toollatch at 256 KiB "
@@ -1423,6 +1516,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     load_start = os.getloadavg()
     source = source_state()
+    if opts.calls:
+        print(f"toollatch from {Path(toollatch.__file__).parent}", file=sys.stderr)
+        body = calls_report(opts)
+        print("\n".join([*body, "### Machine", "", *machine_lines(opts, load_start, source)]))
+        return 0
     if opts.reads:
         print(f"toollatch from {Path(toollatch.__file__).parent}", file=sys.stderr)
         warm_up([PROVIDERS[name] for name in opts.providers], opts.seed)

@@ -215,16 +215,35 @@ def test_a_different_name_on_an_open_call_is_a_protocol_violation():
 
 
 def test_oversized_arguments_fail_and_stop_buffering():
+    # the call before the oversized one is still open (chat closes calls at the round's end),
+    # so the round goes on and it commits; the oversized call's text is not kept
+    big = '{"content": "' + "x" * 5000 + '"}'
+    data = sse(chunk(tc(0, "d", "get_time", "{}")), chunk(tc(1, "c", "write_file", "")),
+               *fragments(1, big, 97), chunk(finish="tool_calls"))
+    parser = StreamParser("openai_chat", limits=Limits(max_argument_bytes=1024))
+    notices = parser.feed(data)
+    assert [(n.call_id, n.code) for n in notices] == [("c", ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)]
+    r = parser.finish()
+    assert r.ended is RoundEnd.NORMAL
+    assert r.calls[0].state is CallState.COMMITTED
+    assert states(r)[1][3] is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES
+    assert r.calls[1].arguments_text == ""  # the buffer was released, not kept growing
+
+
+def test_an_oversized_call_with_nothing_else_open_ends_the_round_limited():
+    # nothing else can commit once the only call failed for its size: the round is over
+    # there (RoundOver), and what follows (here a later call) is not read
     big = '{"content": "' + "x" * 5000 + '"}'
     data = sse(chunk(tc(0, "c", "write_file", "")), *fragments(0, big, 97),
                chunk(tc(1, "d", "get_time", "{}")), chunk(finish="tool_calls"))
     parser = StreamParser("openai_chat", limits=Limits(max_argument_bytes=1024))
     notices = parser.feed(data)
-    assert [(n.call_id, n.code) for n in notices] == [("c", ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)]
+    assert [type(n).__name__ for n in notices] == ["CallFailed", "RoundOver"]
+    assert parser.over
     r = parser.finish()
-    assert states(r)[0][3] is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES
-    assert r.calls[0].arguments_text == ""  # the buffer was released, not kept growing
-    assert r.calls[1].state is CallState.COMMITTED
+    assert r.ended is RoundEnd.LIMITED and r.stop_reason is None
+    assert [(c.call_id, c.error) for c in r.calls] == [("c", ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)]
+    assert r.calls[0].arguments_text == ""
 
 
 def test_byte_limit_counts_utf8_bytes_not_characters():

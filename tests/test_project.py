@@ -177,7 +177,7 @@ SURFACES = {
     ],
     "toollatch.assembly": [
         "Assembler", "CallAnnounced", "CallComplete", "CallFailed", "CallReady", "CallUpdate",
-        "Gate", "Policy", "PolicyDecision", "Rejection", "TextReceived",
+        "Gate", "Policy", "PolicyDecision", "Rejection", "RoundOver", "TextReceived",
     ],
     "toollatch.previews": ["PartialJSON", "PathDelta", "PreviewPolicy", "PreviewUpdated", "ToolPreview"],
     "toollatch.rounds": [

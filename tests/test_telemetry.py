@@ -46,10 +46,12 @@ def script() -> Script:
                  arguments=f'{{"user": "ana", "token": "{SECRET}"}}'),
             Call(call_id="c_broken", name="login", arguments=f'{{"token": "{SECRET}"}}}}'),
             Call(call_id="c_schema", name="login", arguments=f'{{"user": 1, "token": "{SECRET}"}}'),
-            Call(call_id="c_big", name="write_file",
-                 arguments=f'{{"path": "a", "content": "{SECRET * 30}"}}', fragment_chars=40),
             Call(call_id="c_file", name="write_file",
                  arguments=f'{{"path": "notes.md", "content": "{SECRET}"}}'),
+            # (the oversized call last: a call after it, with nothing left pending, is not
+            # read, as the round is over at the size limit; issue 28 R1)
+            Call(call_id="c_big", name="write_file",
+                 arguments=f'{{"path": "a", "content": "{SECRET * 30}"}}', fragment_chars=40),
         ), delay_ms=0),
         Turn(items=(Text(text="Done."),), delay_ms=0),
     ))

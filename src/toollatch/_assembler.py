@@ -132,10 +132,32 @@ class CallComplete:
     """Its tool name, if known."""
 
 
-CallUpdate = CallFailed | PreviewUpdated | CallReady | TextReceived | CallAnnounced | CallComplete
-"""What ``Assembler.feed`` can return, in stream order: early failures and eager calls ready
-to start (always), previews (when enabled), text and call announcements and closes (with
-``observe=True``)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundOver:
+    """The round can produce nothing more of use, so it ended here, ``limited``: a size
+    limit dropped output (a call failed ``arguments_exceed_max_bytes``, or the assistant text
+    passed ``max_text_bytes``) and no call of the round can still commit (none is open, none
+    closed and waiting for the round's end). Every choice not ended yet ends
+    ``RoundEnd.LIMITED``; :class:`toollatch.StreamParser` ignores its input from here on (see
+    ``StreamParser.over``), so a reader stops reading, closes the stream and calls
+    ``finish()``: every call already has its outcome, paired with an error result."""
+
+    detail: str
+    """Which limit, e.g. ``arguments exceed 262144 bytes``."""
+
+
+CallUpdate = (
+    CallFailed
+    | PreviewUpdated
+    | CallReady
+    | TextReceived
+    | CallAnnounced
+    | CallComplete
+    | RoundOver
+)
+"""What ``Assembler.feed`` can return, in stream order: early failures, eager calls ready
+to start and the round's end at a limit (always), previews (when enabled), text and call
+announcements and closes (with ``observe=True``)."""
 
 _OPEN = CallState.OPEN
 """(A module global for the per-fragment path: ``CallState.OPEN``, an attribute of an enum
@@ -143,6 +165,7 @@ class, costs about 1,000 instructions per use in CPython 3.11, a global about 14
 
 _ENDING_CODE = {
     RoundEnd.TRUNCATED: ErrorCode.TRUNCATED,
+    RoundEnd.LIMITED: ErrorCode.TRUNCATED,  # (only a call fed after the end can get it)
     RoundEnd.INTERRUPTED: ErrorCode.STREAM_INTERRUPTED,
     RoundEnd.CANCELLED: ErrorCode.CANCELLED,
 }
@@ -212,6 +235,9 @@ class Assembler:
         self._made_up_ids: set[CallKey] = set()  # keys of calls whose id an adapter made up
         self._extras: dict[CallKey, dict[str, Any]] = {}  # history fields of a call
         self._overflow = False  # a bound on the round's size was passed (see _overflowed)
+        self._dropped: str | None = None  # the first size limit that dropped output
+        self._limited: str | None = None  # the round ended there (see RoundOver)
+        self._finishing = False  # (finish() fails calls too: no RoundOver then)
         self._observe = observe
         specs = self.gate.tools or {}
         self._eager = frozenset(eager) | {n for n, spec in specs.items() if spec.eager}
@@ -219,9 +245,12 @@ class Assembler:
     # -- feeding ------------------------------------------------------------------------------
 
     def feed(self, event: StreamEvent) -> list[CallUpdate]:
-        """Apply one stream event; returns notices of calls that failed because of it."""
+        """Apply one stream event; returns notices of calls that failed because of it.
+        After a :class:`RoundOver`, events are ignored (the round ended ``limited``)."""
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
+        if self._limited is not None:
+            return []  # the round ended at a limit (RoundOver): nothing after it is kept
         try:
             return self._dispatch(event)
         except _Overflow as overflow:
@@ -415,8 +444,8 @@ class Assembler:
 
     def _on_args(self, key: CallKey, fragment: str, size: int = -1) -> list[CallUpdate]:
         buf = self._buffers.get(key)
-        if buf is None and self._overflow:
-            return []  # a call not kept (see _overflowed): the stream already failed
+        if buf is None and (self._overflow or self._limited is not None):
+            return []  # a call not kept (see _overflowed, RoundOver): the round is over
         if buf is None:  # it may belong to any call still pending: a lost fragment
             return self._on_anomaly(
                 Anomaly(
@@ -448,13 +477,7 @@ class Assembler:
             size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
         buf.nbytes += size
         if buf.nbytes > self.limits.max_argument_bytes:
-            buf.fragments.clear()
-            return self._fail(
-                buf,
-                ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
-                f"arguments exceed {self.limits.max_argument_bytes} bytes",
-                AnomalyKind.ARGUMENTS_TOO_LARGE,
-            )
+            return self._too_large(buf)
         buf.fragments.append(fragment)
         if buf.nbytes >= buf.join_at:
             buf.compact()
@@ -494,12 +517,16 @@ class Assembler:
         limit = self.limits.max_argument_bytes
         if buf is None or buf.state is not CallState.OPEN or event.nbytes <= limit:
             return []
+        return self._too_large(buf)
+
+    def _too_large(self, buf: CallBuffer) -> list[CallUpdate]:
+        """``buf`` (OPEN) passed ``max_argument_bytes``: it fails, its text is dropped, and
+        the round may be over (see :meth:`_over`)."""
         buf.fragments.clear()
+        detail = f"arguments exceed {self.limits.max_argument_bytes} bytes"
+        self._dropped = self._dropped or detail
         return self._fail(
-            buf,
-            ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES,
-            f"arguments exceed {limit} bytes",
-            AnomalyKind.ARGUMENTS_TOO_LARGE,
+            buf, ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES, detail, AnomalyKind.ARGUMENTS_TOO_LARGE
         )
 
     def _preview_final(self, buf: CallBuffer) -> list[CallUpdate]:
@@ -637,7 +664,12 @@ class Assembler:
 
     def _commit_early(self, buf: CallBuffer) -> list[CallUpdate]:
         """Run the gate now on a closed eager call the provider has moved on from."""
-        if buf.state is not CallState.ARGS_COMPLETE or self._failure or self._cancelled:
+        if (
+            buf.state is not CallState.ARGS_COMPLETE
+            or self._failure
+            or self._cancelled
+            or self._limited
+        ):
             return []
         verdict = self._decide(buf)
         if isinstance(verdict, Rejection):
@@ -650,18 +682,19 @@ class Assembler:
             )
             return [failed]
         buf.early = True
-        return [CallReady(call=verdict)]
+        ready: list[CallUpdate] = [CallReady(call=verdict)]
+        return ready + self._over() if self._dropped is not None else ready
 
     def _on_text(self, event: TextDelta) -> list[CallUpdate]:
         choice = self._choice(event.choice)
         size = len(event.text) if event.text.isascii() else _utf8_len(event.text)
         if choice.text_bytes + size > self.limits.max_text_bytes:
             if choice.text_bytes <= self.limits.max_text_bytes:
-                self._record(
-                    AnomalyKind.TEXT_TOO_LARGE,
-                    f"assistant text exceeds {self.limits.max_text_bytes} bytes; rest dropped",
-                )
+                detail = f"assistant text exceeds {self.limits.max_text_bytes} bytes"
+                self._record(AnomalyKind.TEXT_TOO_LARGE, f"{detail}; rest dropped")
                 choice.text_bytes = self.limits.max_text_bytes + 1
+                self._dropped = self._dropped or detail
+                return self._over()
             return []
         choice.text_bytes += size
         last = choice.content[-1] if choice.content else None
@@ -745,6 +778,12 @@ class Assembler:
         may stop reading (the pipeline does)."""
         return self._overflow
 
+    @property
+    def over(self) -> bool:
+        """True once nothing fed from now on can change the round: :attr:`sealed`, or the
+        round ended at a limit (:class:`RoundOver`). A reader may stop reading."""
+        return self._overflow or self._limited is not None
+
     def _overflowed(self, kind: AnomalyKind, detail: str) -> list[CallUpdate]:
         """A bound on what one round may hold was passed: the stream fails now, with every
         undecided call (``stream_interrupted``, as at the end), and nothing new is kept from
@@ -777,7 +816,36 @@ class Assembler:
         failed = CallFailed(
             key=buf.key, call_id=buf.call_id, name=buf.name, code=code, detail=detail
         )
-        return [*self._preview_final(buf), failed]
+        notices: list[CallUpdate] = [*self._preview_final(buf), failed]
+        if self._dropped is not None:  # (a call no longer pending may leave nothing to wait for)
+            notices += self._over()
+        return notices
+
+    def _over(self) -> list[CallUpdate]:
+        """``[RoundOver]`` when the round ends now at a limit (see :class:`RoundOver`): a size
+        limit dropped output, the stream has not failed or been sealed, and no call can still
+        commit. Every choice not ended yet ends ``LIMITED`` (the first ending sticks).
+        Checked when a limit drops output and when a call stops pending after that, so the
+        scan of the calls runs a few times a round at most."""
+        if (
+            self._dropped is None
+            or self._limited is not None
+            or self._overflow
+            or self._failure is not None
+            or self._cancelled is not None
+            or self._finishing
+        ):
+            return []
+        pending = (CallState.OPEN, CallState.ARGS_COMPLETE)
+        if any(b.state in pending for b in self._buffers.values()):
+            return []
+        ended = [c for c in self._choices.values() if c.ended is None]
+        if not ended:
+            return []  # every choice had its end already: nothing is left to stop
+        self._limited = self._dropped
+        for choice in ended:
+            choice.ended = RoundEnd.LIMITED
+        return [RoundOver(detail=self._limited)]
 
     # -- ending -----------------------------------------------------------------------------
 
@@ -794,6 +862,7 @@ class Assembler:
     def finish(self) -> Round:
         """Decide every call exactly once and return the :class:`Round` (idempotent)."""
         if self._round is None:
+            self._finishing = True
             choices = tuple(self._finish_choice(i, c) for i, c in sorted(self._choices.items()))
             if not choices:
                 choices = (self._finish_choice(0, self._choice(0)),)
@@ -815,6 +884,9 @@ class Assembler:
         ending = choice.ended or RoundEnd.INTERRUPTED
         if ending is RoundEnd.NORMAL:
             return ending, None, ""
+        if ending is RoundEnd.LIMITED:
+            detail = f"the round was ended at a size limit ({self._limited}); the rest unread"
+            return ending, _ENDING_CODE[ending], detail
         reason = choice.stop_reason
         detail = (
             f"the provider stopped the response ({reason})"

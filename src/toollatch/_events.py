@@ -56,6 +56,10 @@ class RoundEnd(StrEnum):
     """The stream failed, was filtered, or stopped without a terminal signal."""
     CANCELLED = "cancelled"
     """The caller cancelled the round; every unfinished call is ``cancelled``."""
+    LIMITED = "limited"
+    """toollatch ended the round at a size limit: a call failed ``arguments_exceed_max_bytes``
+    or the text passed ``max_text_bytes``, and no call could still commit, so the rest of the
+    stream was not read (``RoundOver``). Every call already had its outcome."""
 
 
 class AnomalyKind(StrEnum):

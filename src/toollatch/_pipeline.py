@@ -162,7 +162,7 @@ class StreamParser:
         if not found:
             return []
         self._notices = []
-        if self.assembler.sealed:  # (_sealing inlined: a feed with notices, as previews make)
+        if self.assembler.over:  # (_sealing inlined: a feed with notices, as previews make)
             self._broken, self._direct = True, False  # (_broken already implies not _direct)
         return found
 
@@ -206,6 +206,14 @@ class StreamParser:
                 self.finish_notices += self._apply(self.adapter.finish())
         return self.assembler.finish()
 
+    @property
+    def over(self) -> bool:
+        """True once input is ignored until :meth:`finish`: a framing error, a bound on the
+        round's size passed (the stream failed), or the round ended at a limit
+        (:class:`~toollatch.assembly.RoundOver`). Nothing read from now on can change the
+        Round, so a reader should stop reading, close the stream and call ``finish()``."""
+        return self._broken
+
     def open_argument_bytes(self) -> int | None:
         """The argument bytes of the calls still streaming, or None when none is open (see
         ``Assembler.open_argument_bytes``)."""
@@ -241,7 +249,7 @@ class StreamParser:
         the stream failed and nothing more is kept), input is ignored until finish, so the
         adapter's state stops growing too. (It seals only on a feed that returns notices.)"""
         if found:
-            self._broken = self._broken or self.assembler.sealed
+            self._broken = self._broken or self.assembler.over
             self._direct = self._direct and not self._broken
         return found
 

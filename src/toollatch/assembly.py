@@ -4,9 +4,10 @@
 :data:`CallUpdate` values while the round streams (a :class:`CallFailed`, a
 :class:`CallReady` for an eager call that may start now, a ``PreviewUpdated`` when previews
 are on, and with ``observe=True`` :class:`TextReceived`, :class:`CallAnnounced` and
-:class:`CallComplete`); ``finish()`` decides every call once through the
-:class:`Gate` and returns the ``Round``. ``Gate.check`` returns a ``CommittedCall`` or a
-:class:`Rejection`; a :data:`Policy` returns a :data:`PolicyDecision`.
+:class:`CallComplete`; a :class:`RoundOver` when a size limit ended the round);
+``finish()`` decides every call once through the :class:`Gate` and returns the ``Round``.
+``Gate.check`` returns a ``CommittedCall`` or a :class:`Rejection`; a :data:`Policy`
+returns a :data:`PolicyDecision`.
 """
 
 from ._assembler import (
@@ -16,6 +17,7 @@ from ._assembler import (
     CallFailed,
     CallReady,
     CallUpdate,
+    RoundOver,
     TextReceived,
 )
 from ._gate import Gate, Policy, PolicyDecision, Rejection
@@ -31,5 +33,6 @@ __all__ = [
     "Policy",
     "PolicyDecision",
     "Rejection",
+    "RoundOver",
     "TextReceived",
 ]

@@ -76,6 +76,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A duration in seconds: a finite number >= 0 (0: no limit, where the flag says so)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     parser = _Parser(prog="toollatch", description="Commit-gated streamed tool calls.")
@@ -154,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="tools that may start before their round ends (besides eager=True ones)",
     )
     run.add_argument("--max-rounds", type=_positive, default=None, metavar="N", help="default 8")
+    run.add_argument(
+        "--deadline",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="wall-clock limit of the whole run; at it the round in flight is cancelled, every "
+        "call paired (default: the config's relay.deadline_s, 900; 0: none)",
+    )
     run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
     run.add_argument(

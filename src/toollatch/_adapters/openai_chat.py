@@ -66,19 +66,35 @@ stream; a server whose chunks differ in more than the padding stops paying for i
 
 
 class _Slot:
-    __slots__ = ("call_id", "index", "key", "name")
+    __slots__ = ("call_id", "index", "key", "name", "position", "settled")
 
-    def __init__(self, key: CallKey, index: int | None) -> None:
+    def __init__(self, key: CallKey, index: int | None, position: int) -> None:
         self.key = key
         self.index = index  # the tool-call index it was first seen at, if any
+        self.position = position  # its order in the choice (CallSettled events keep it)
         self.call_id: str | None = None
         self.name: str | None = None
+        # True once a CallSettled went out for it and nothing reached it since (see _open)
+        self.settled = False
+
+
+def _position(slot: _Slot) -> int:
+    return slot.position
 
 
 class _ChoiceCalls:
     """The resolver for one choice (see the module docstring)."""
 
-    __slots__ = ("by_id", "by_index", "count", "last", "parts", "reasoning", "slots")
+    __slots__ = (
+        "by_id",
+        "by_index",
+        "count",
+        "last",
+        "parts",
+        "reasoning",
+        "slots",
+        "unsettled",
+    )
 
     def __init__(self) -> None:
         self.by_index: dict[int, _Slot] = {}
@@ -87,6 +103,8 @@ class _ChoiceCalls:
         self.count = 0
         self.parts: set[int | str] = set()
         self.slots: list[_Slot] = []
+        # the slots not settled since they last changed (opened, or reached by a chunk)
+        self.unsettled: list[_Slot] = []
         self.reasoning: list[str] = []
 
 
@@ -170,6 +188,9 @@ class OpenAIChatAdapter(Adapter):
             return None
         self._raw = None  # (learned again by translate: it stands for calls.last)
         calls.last = slot
+        if slot.settled:  # (the raw route continues calls.last, unsettled by this chunk)
+            slot.settled = False
+            calls.unsettled.append(slot)
         return slot.key, args
 
     _learns_raw = True
@@ -293,6 +314,9 @@ class OpenAIChatAdapter(Adapter):
             out.append(lost_event("a tool-call entry carries no id, name or arguments"))
             return
         slot = self._resolve(index, calls, _index_of(tc_index), call_id, name, out)
+        if slot.settled:  # its text or identity may change: the next opening settles it again
+            slot.settled = False
+            calls.unsettled.append(slot)
         extra = entry.get("extra_content")
         if extra and isinstance(extra, dict) and slot.key not in self._extras:
             # Q20 (open-webui/computer#224): Gemini's OpenAI-compatible endpoint puts the
@@ -370,12 +394,23 @@ class OpenAIChatAdapter(Adapter):
         if part in calls.parts:
             part = f"#{calls.count}"  # Q2: a second call on a reused index gets its own key
         calls.parts.add(part)
-        slot = _Slot(CallKey(self.attempt, index, part), tc_index)
+        slot = _Slot(CallKey(self.attempt, index, part), tc_index, calls.count)
         slot.call_id, slot.name = call_id, name
         # Rule "later_index_settles": chat has no per-call close; a call opening is the
         # provider moving on from the earlier ones (the assembler settles one only if its
-        # text is already one complete strict object; see CallSettled).
-        out.extend(CallSettled(key=earlier.key) for earlier in calls.slots)
+        # text is already one complete strict object; see CallSettled). An earlier call
+        # that was settled by an opening before and that no chunk reached since would be
+        # settled again with the same text and identity, which decides nothing new: only
+        # the calls changed since go out, in call order, so that N calls cost O(N) events
+        # (every earlier call at every opening was N**2 / 2 events: issue 28, R8).
+        earlier = calls.unsettled
+        if earlier:
+            if len(earlier) > 1:
+                earlier.sort(key=_position)
+            for done in earlier:
+                done.settled = True
+                out.append(CallSettled(key=done.key))
+        calls.unsettled = [slot]
         calls.count += 1
         calls.slots.append(slot)
         calls.last = slot

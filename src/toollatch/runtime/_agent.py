@@ -53,6 +53,14 @@ from ._tools import Tool
 __all__ = ["Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
 
 
+DEFAULT_DEADLINE_S = 900.0
+"""15 minutes: well above a normal run (``max_rounds`` 8 rounds of a minute or two of
+generation plus tools that time out at 30 s by default), and a bound on a run that no other
+limit stops: a stream that keeps sending without ending, a tool that ignores cancellation
+between rounds. Long reasoning runs raise it (``RunLimits``, ``relay.deadline_s``,
+``--deadline``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunLimits:
     """Budgets of one run; the run ends (with a valid history) when one is spent."""
@@ -61,8 +69,9 @@ class RunLimits:
     """Model requests at most."""
     max_tool_calls: int = 64
     """Committed calls at most over the run (more fail ``budget_exceeded``)."""
-    deadline_s: float | None = None
-    """Wall-clock limit of the whole run; the round in flight is cancelled at it."""
+    deadline_s: float | None = DEFAULT_DEADLINE_S
+    """Wall-clock limit of the whole run (None: none); the round in flight is cancelled at
+    it, every call paired (``cancelled``), and the run ends without an error."""
     call_stall_s: float | None = 60.0
     """Longest time a call may stay open without new argument bytes while the stream keeps
     sending (pings, other text): then its round fails ``idle_timeout``. A silent stream is

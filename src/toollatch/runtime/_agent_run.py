@@ -156,7 +156,8 @@ class AgentRun:
             self._close(round_, results)
         await self._persist()
         # Ask again after tool calls, and after a stream that broke (a new attempt); a normal
-        # or truncated answer without calls is the end.
+        # or truncated answer without calls is the end, as is one ended at a size limit
+        # (``limited``: its calls' error results go back to the model like any failed call's).
         return bool(round_.calls) or round_.ended is RoundEnd.INTERRUPTED
 
     async def _persist(self) -> None:
@@ -179,6 +180,10 @@ class AgentRun:
                 try:
                     async for chunk in chunks:
                         self._notices(parser.feed(chunk), dispatch)
+                        if parser.over:
+                            # nothing more can change the round (it ended at a size limit,
+                            # or failed): stop reading; leaving the stream closes the response
+                            break
                         if stall.stalled(parser.open_argument_bytes()):
                             detail = f"a call's arguments did not grow for {stall.limit_s:g} s"
                             return parser.fail(ErrorCode.IDLE_TIMEOUT, detail)

@@ -120,8 +120,11 @@ def _agent(
     durable = _durable(args, c)
     if source is not None:
         durable["tool_source"] = source
+    deadline = getattr(args, "deadline", None)  # (--deadline 0: no deadline)
     if c is None:
         limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
+        if deadline is not None:
+            limits = replace(limits, deadline_s=deadline or None)
         return Agent(client, tools, eager=eager, run_limits=limits, **durable)
     options = {**c.agent_options(), **durable}
     options["eager"] = (*options["eager"], *eager)
@@ -129,6 +132,8 @@ def _agent(
         options["eager_start"] = True
     if args.max_rounds is not None:
         options["run_limits"] = replace(options["run_limits"], max_rounds=args.max_rounds)
+    if deadline is not None:
+        options["run_limits"] = replace(options["run_limits"], deadline_s=deadline or None)
     return Agent(client, tools, **options)
 
 

@@ -40,7 +40,7 @@ from .._limits import Limits
 from .._preview import PreviewPolicy, ToolPreview
 from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ._agent import RunLimits
+from ._agent import DEFAULT_DEADLINE_S, RunLimits
 from ._clients import ClientLimits
 from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
@@ -133,7 +133,8 @@ class RelayConfig(_Section):
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     max_rounds: _Positive = 8
     max_tool_calls: _Positive = 64
-    deadline_s: _Seconds | None = None
+    deadline_s: _Seconds | None = DEFAULT_DEADLINE_S
+    """-> ``RunLimits.deadline_s``: wall-clock limit of a whole run (null: none)."""
 
 
 class LedgerConfig(_Section):
@@ -455,7 +456,8 @@ relay:
   port: 8000
   max_rounds: 8                         # run limits (toollatch run uses them too)
   max_tool_calls: 64
-  deadline_s: null
+  deadline_s: 900                       # wall-clock limit of a run (null: none); at it the
+                                        # round in flight is cancelled, every call paired
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
