@@ -8,7 +8,9 @@ examples; they are connected before the run and closed after it. ``--json`` prin
 event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
 terminal view shows the streaming text and one line per call with its state and timings.
 Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
-be reached or answered an error (one line on standard error), 2 for a usage error.
+be reached or answered an error (one line on standard error), 2 for a usage error, 130 / 143
+when SIGINT / SIGTERM cancelled the run (its events still end with ``round_ended`` and
+``run_ended``, every call paired; a second signal exits at once).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from .._errors import ConfigError, ToolLatchError, UsageError
 from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
-from ._agent import Agent, RunLimits
+from ._agent import Agent, AgentRun, RunLimits
 from ._agent_events import AgentEvent
 from ._clients import ModelClient, ModelError, model_client
 from ._config import Config, load_config
@@ -227,17 +230,72 @@ async def _with_model(
             if agent.audit is not None:
                 closing.push_async_callback(agent.audit.store.aclose)
             view = _JsonView() if args.json else _LiveView()
+            signals = _Signals()
             try:
                 resume = bool(getattr(args, "resume", None))
                 message = args.message if resume else args.message or DEFAULT_MESSAGE
-                error = await view.show(agent.run(message, resume=resume))
+                with signals.cancelling(agent.run(message, resume=resume)) as run:
+                    error = await view.show(run)
             except ModelError as exc:
                 error = str(exc)
             except ToolLatchError as exc:
                 raise CommandError(str(exc)) from None
+    if signals.received is not None:
+        return 128 + signals.received
     if error:
         return _fail(f"model: {error}", 1)
     return 0
+
+
+class _Signals:
+    """SIGINT and SIGTERM while the run is shown: the first cancels it as ``run.cancel()``
+    does (every call paired, ``round_ended`` and ``run_ended`` still shown; the exit status
+    is then 128 + the signal's number: 130, 143); a second ends the process at once.
+
+    Installed on the loop (``loop.add_signal_handler``), after the scripted server started
+    (uvicorn's own handlers, set when it starts serving, are replaced while the run is
+    shown). Where the loop cannot take signal handlers (not the main thread, Windows),
+    nothing is installed and a signal keeps its default effect.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        """The first signal's number, once one came."""
+        self._run: AgentRun | None = None
+
+    @contextlib.contextmanager
+    def cancelling(self, run: AgentRun) -> Iterator[AgentRun]:
+        """``run``, cancelled by the first signal while the block runs."""
+        loop = asyncio.get_running_loop()
+        installed = []
+        self._run = run
+        for signum in self.SIGNALS:
+            try:
+                loop.add_signal_handler(signum, self._on_signal, signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(signum)
+        try:
+            yield run
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            sys.stderr.write(f"toollatch: {name} again: exiting now\n")
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(128 + self.received)
+        self.received = signum
+        sys.stderr.write(f"toollatch: {name}: cancelling the run (again to exit at once)\n")
+        sys.stderr.flush()
+        if self._run is not None:
+            self._run.cancel()
 
 
 def _fail(message: str, status: int) -> int:
