@@ -19,7 +19,9 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -299,8 +301,31 @@ class _Signals:
 
 
 def _fail(message: str, status: int) -> int:
-    sys.stderr.write(f"toollatch: error: {' '.join(message.split())}\n")
+    sys.stderr.write(f"toollatch: error: {visible(' '.join(message.split()))}\n")
     return status
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal would act on rather than show: C0 controls (ESC starts CSI and OSC
+sequences: OSC 8 links, OSC 52 clipboard writes, OSC 0 titles; BEL ends an OSC, CR rewrites
+a line), DEL, the C1 controls (U+009B is a one-character CSI, U+009D an OSC) and the
+bidirectional overrides and isolates, which reorder what is shown (CVE-2021-42574)."""
+_UNSAFE_TEXT = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+"""The same for model text, where a newline and a tab are shown as they are."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character a terminal would act on (:data:`_UNSAFE`) shown as its
+    Python escape (ESC as ``\\x1b``, U+202E as ``\\u202e``); with ``lines``, newlines and
+    tabs are kept. For the terminal view and error lines only: ``--json`` is exact."""
+    return (_UNSAFE_TEXT if lines else _UNSAFE).sub(_escape, text)
 
 
 class _JsonView:
@@ -356,19 +381,19 @@ class _LiveView:
         return error
 
     def _on_text(self, data: dict[str, Any]) -> None:
-        self.text.append(data["text"])
+        self.text.append(visible(data["text"], lines=True))
 
     def _on_call_opened(self, data: dict[str, Any]) -> None:
-        self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
+        self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"])))
 
     def _on_call_committed(self, data: dict[str, Any]) -> None:
-        line = self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
+        line = self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"])))
         line.status, line.early = "committed", data["early"]
-        line.arguments = orjson.dumps(data["arguments"]).decode()
+        line.arguments = visible(_arguments_text(data["arguments"]))
 
     def _on_call_failed(self, data: dict[str, Any]) -> None:
-        line = self.calls.setdefault(data["id"], _CallLine(name=data["name"] or "?"))
-        line.status = f"failed: {data['error']}"
+        line = self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"] or "?")))
+        line.status = visible(f"failed: {data['error']}")
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
@@ -377,7 +402,7 @@ class _LiveView:
     def _on_tool_finished(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
         line.finished = time.monotonic()
-        line.status = f"error: {data['error']}" if data["is_error"] else "done"
+        line.status = visible(f"error: {data['error']}") if data["is_error"] else "done"
 
     def _on_round_ended(self, data: dict[str, Any]) -> None:
         self.rounds = data["round"]
@@ -394,7 +419,7 @@ class _LiveView:
         for call_id, line in self.calls.items():
             arguments = line.arguments if len(line.arguments) <= 48 else line.arguments[:47] + "…"
             table.add_row(
-                Text(call_id),
+                Text(visible(call_id)),
                 Text(line.name, style="bold"),
                 Text(arguments),
                 Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
@@ -402,6 +427,14 @@ class _LiveView:
             )
         footer = Text(f"rounds: {self.rounds}", style="dim")
         return Group(Text("".join(self.text).rstrip()), table, footer)
+
+
+def _arguments_text(arguments: Any) -> str:
+    """The committed arguments as compact JSON (the stdlib for what orjson refuses)."""
+    try:
+        return orjson.dumps(arguments).decode()
+    except TypeError:  # an integer beyond 64 bits
+        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), default=repr)
 
 
 def _style(state: str) -> str:
