@@ -289,3 +289,25 @@ async def test_a_call_whose_arguments_stall_while_pings_go_on_fails_idle_timeout
     failed = [(e["id"], e["error"]) for e in events if e["type"] == "call_failed"]
     assert failed == [("t1", "idle_timeout")]
     assert [e["ended"] for e in events if e["type"] == "round_ended"] == ["interrupted"]
+
+
+async def test_cancel_before_the_run_begins_plays_no_round_and_still_ends_it(tmp_path):
+    """A signal may come before the run's driver took its first step (a task cancelled then
+    would never run the code that ends the run): no round is played, ``run_ended`` comes."""
+    async with ScriptedServer(delay_scale=0) as server:
+        client = model_client("openai_chat", model="scripted",
+                              base_url=server.base_url("openai_chat"))
+        async with client:
+            early = Agent(client, example_tools(tmp_path)).run("go")
+            early.cancel()  # before iterating
+            ran = [e.to_json() async for e in early]
+            late = Agent(client, example_tools(tmp_path)).run("go")
+            # queued before the driver's first step, which iterating schedules
+            asyncio.get_running_loop().call_soon(late.cancel)
+            async with asyncio.timeout(10):  # (before the fix: waits forever)
+                ran_late = [e.to_json() async for e in late]
+    for events in (ran, ran_late):
+        assert [e["type"] for e in events] == ["run_ended"]
+        assert events[0]["rounds"] == 0
+        assert events[0]["calls"] == []
+    assert server.requests == []

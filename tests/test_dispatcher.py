@@ -532,6 +532,39 @@ async def test_the_default_timeout_applies_to_a_sync_tool_too():
     assert "0.05 s" in result.content
 
 
+async def test_an_async_tool_that_blocks_the_loop_past_its_timeout_is_warned_about(caplog):
+    """Its timeout cannot fire while it holds the loop: the result stands (documented), and
+    a warning names the tool. A tool that awaits, and a sync one, are never warned about."""
+    import time  # noqa: PLC0415
+
+    @tool(timeout=0.05)
+    async def blocking() -> str:
+        time.sleep(0.3)  # (the fault: a blocking call in an async tool)
+        return "late"
+
+    @tool(timeout=0.05)
+    async def awaiting() -> str:
+        await asyncio.sleep(0.3)
+        return "late"
+
+    @tool(timeout=0.05)
+    def sync_sleep() -> str:
+        time.sleep(0.3)
+        return "late"
+
+    d = Dispatcher([blocking, awaiting, sync_sleep])
+    calls = [("c1", "blocking", {}), ("c2", "awaiting", {}), ("c3", "sync_sleep", {})]
+    with caplog.at_level(logging.WARNING, logger="toollatch.runtime"):
+        async with d.round() as r:
+            results = await r.finish(chat_round(d.specs, calls))
+    assert [r.code for r in results] == [None, ErrorCode.TOOL_TIMEOUT, ErrorCode.TOOL_TIMEOUT]
+    assert results[0].content == "late"
+    warned = [rec.getMessage() for rec in caplog.records if rec.name == "toollatch.runtime"]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("tool 'blocking' (call 'c1') held the event loop for 0.")
+    assert "longer than its timeout of 0.05 s" in warned[0]
+
+
 async def test_a_timeout_error_raised_by_the_tool_is_a_tool_error():
     @tool
     async def own() -> None:

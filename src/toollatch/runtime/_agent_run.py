@@ -69,10 +69,16 @@ class AgentRun:
         self._driver: asyncio.Task[None] | None = None
         self._budget = RunBudget(agent.run_limits.max_tool_calls)
         self._opened: set[CallKey] = set()
+        self._cancelled = False
+        self._started = False
 
     def cancel(self) -> None:
-        """Stop the run; the events still end with ``round_ended`` and ``run_ended``."""
-        if self._driver is not None:
+        """Stop the run; the events still end with ``round_ended`` and ``run_ended``.
+        Asked before the run began (or before its driver's first step), no round is played:
+        the events are just ``run_ended``."""
+        self._cancelled = True
+        if self._driver is not None and self._started:
+            # (a task cancelled before its first step would never run _drive's finally)
             self._driver.cancel()
 
     async def __aiter__(self) -> AsyncIterator[AgentEvent]:
@@ -101,10 +107,11 @@ class AgentRun:
     # -- the driver ------------------------------------------------------------------------
 
     async def _drive(self) -> None:
+        self._started = True
         limits = self.agent.run_limits
         try:
             async with asyncio.timeout(limits.deadline_s):
-                while len(self.rounds) < limits.max_rounds:
+                while not self._cancelled and len(self.rounds) < limits.max_rounds:
                     if not await self._round():
                         break
         except TimeoutError:

@@ -8,7 +8,9 @@ examples; they are connected before the run and closed after it. ``--json`` prin
 event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
 terminal view shows the streaming text and one line per call with its state and timings.
 Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
-be reached or answered an error (one line on standard error), 2 for a usage error.
+be reached or answered an error (one line on standard error), 2 for a usage error, 130 / 143
+when SIGINT / SIGTERM cancelled the run (its events still end with ``round_ended`` and
+``run_ended``, every call paired; a second signal exits at once).
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
+import re
+import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +42,7 @@ from .._errors import ConfigError, ToolLatchError, UsageError
 from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
-from ._agent import Agent, RunLimits
+from ._agent import Agent, AgentRun, RunLimits
 from ._agent_events import AgentEvent
 from ._clients import ModelClient, ModelError, model_client
 from ._config import Config, load_config
@@ -232,22 +237,100 @@ async def _with_model(
             if agent.audit is not None:
                 closing.push_async_callback(agent.audit.store.aclose)
             view = _JsonView() if args.json else _LiveView()
+            signals = _Signals()
             try:
                 resume = bool(getattr(args, "resume", None))
                 message = args.message if resume else args.message or DEFAULT_MESSAGE
-                error = await view.show(agent.run(message, resume=resume))
+                with signals.cancelling(agent.run(message, resume=resume)) as run:
+                    error = await view.show(run)
             except ModelError as exc:
                 error = str(exc)
             except ToolLatchError as exc:
                 raise CommandError(str(exc)) from None
+    if signals.received is not None:
+        return 128 + signals.received
     if error:
         return _fail(f"model: {error}", 1)
     return 0
 
 
+class _Signals:
+    """SIGINT and SIGTERM while the run is shown: the first cancels it as ``run.cancel()``
+    does (every call paired, ``round_ended`` and ``run_ended`` still shown; the exit status
+    is then 128 + the signal's number: 130, 143); a second ends the process at once.
+
+    Installed on the loop (``loop.add_signal_handler``), after the scripted server started
+    (uvicorn's own handlers, set when it starts serving, are replaced while the run is
+    shown). Where the loop cannot take signal handlers (not the main thread, Windows),
+    nothing is installed and a signal keeps its default effect.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        """The first signal's number, once one came."""
+        self._run: AgentRun | None = None
+
+    @contextlib.contextmanager
+    def cancelling(self, run: AgentRun) -> Iterator[AgentRun]:
+        """``run``, cancelled by the first signal while the block runs."""
+        loop = asyncio.get_running_loop()
+        installed = []
+        self._run = run
+        for signum in self.SIGNALS:
+            try:
+                loop.add_signal_handler(signum, self._on_signal, signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(signum)
+        try:
+            yield run
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            sys.stderr.write(f"toollatch: {name} again: exiting now\n")
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(128 + self.received)
+        self.received = signum
+        sys.stderr.write(f"toollatch: {name}: cancelling the run (again to exit at once)\n")
+        sys.stderr.flush()
+        if self._run is not None:
+            self._run.cancel()
+
+
 def _fail(message: str, status: int) -> int:
-    sys.stderr.write(f"toollatch: error: {' '.join(message.split())}\n")
+    sys.stderr.write(f"toollatch: error: {visible(' '.join(message.split()))}\n")
     return status
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal would act on rather than show: C0 controls (ESC starts CSI and OSC
+sequences: OSC 8 links, OSC 52 clipboard writes, OSC 0 titles; BEL ends an OSC, CR rewrites
+a line), DEL, the C1 controls (U+009B is a one-character CSI, U+009D an OSC) and the
+bidirectional overrides and isolates, which reorder what is shown (CVE-2021-42574)."""
+_UNSAFE_TEXT = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+"""The same for model text, where a newline and a tab are shown as they are."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character a terminal would act on (:data:`_UNSAFE`) shown as its
+    Python escape (ESC as ``\\x1b``, U+202E as ``\\u202e``); with ``lines``, newlines and
+    tabs are kept. For the terminal view and error lines only: ``--json`` is exact."""
+    return (_UNSAFE_TEXT if lines else _UNSAFE).sub(_escape, text)
 
 
 class _JsonView:
@@ -303,22 +386,22 @@ class _LiveView:
         return error
 
     def _on_text(self, data: dict[str, Any]) -> None:
-        self.text.append(data["text"])
+        self.text.append(visible(data["text"], lines=True))
 
     def _on_call_opened(self, data: dict[str, Any]) -> None:
-        self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
+        self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"])))
 
     def _on_call_committed(self, data: dict[str, Any]) -> None:
-        line = self.calls.setdefault(data["id"], _CallLine(name=data["name"]))
+        line = self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"])))
         line.status, line.early = "committed", data["early"]
-        line.arguments = orjson.dumps(data["arguments"]).decode()
+        line.arguments = visible(_arguments_text(data["arguments"]))
 
     def _on_call_failed(self, data: dict[str, Any]) -> None:
         key = data["id"]
         if key in self.calls and self.calls[key].status != "streaming":
             key = f"{key} (repeat)"  # a model bug: another call of the round had this id
-        line = self.calls.setdefault(key, _CallLine(name=data["name"] or "?"))
-        line.status = f"failed: {data['error']}"
+        line = self.calls.setdefault(key, _CallLine(name=visible(data["name"] or "?")))
+        line.status = visible(f"failed: {data['error']}")
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
@@ -327,7 +410,7 @@ class _LiveView:
     def _on_tool_finished(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
         line.finished = time.monotonic()
-        line.status = f"error: {data['error']}" if data["is_error"] else "done"
+        line.status = visible(f"error: {data['error']}") if data["is_error"] else "done"
 
     def _on_round_ended(self, data: dict[str, Any]) -> None:
         self.rounds = data["round"]
@@ -344,7 +427,7 @@ class _LiveView:
         for call_id, line in self.calls.items():
             arguments = line.arguments if len(line.arguments) <= 48 else line.arguments[:47] + "…"
             table.add_row(
-                Text(call_id),
+                Text(visible(call_id)),
                 Text(line.name, style="bold"),
                 Text(arguments),
                 Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
@@ -352,6 +435,14 @@ class _LiveView:
             )
         footer = Text(f"rounds: {self.rounds}", style="dim")
         return Group(Text("".join(self.text).rstrip()), table, footer)
+
+
+def _arguments_text(arguments: Any) -> str:
+    """The committed arguments as compact JSON (the stdlib for what orjson refuses)."""
+    try:
+        return orjson.dumps(arguments).decode()
+    except TypeError:  # an integer beyond 64 bits
+        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), default=repr)
 
 
 def _style(state: str) -> str:

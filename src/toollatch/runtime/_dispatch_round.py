@@ -35,12 +35,27 @@ from ._dispatch_calls import (
     on_cancel,
 )
 from ._ledger_run import Owned
+from ._loop_watch import HeldLoop
 from ._tools import Tool
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
 
 _log = logging.getLogger("toollatch.runtime")
+
+
+def _warn_blocked(call: CommittedCall, held_s: float, limit: float) -> None:
+    """Log that ``call``'s tool held the event loop past its timeout (see :mod:`._loop_watch`)."""
+    _log.warning(
+        "tool %r (call %r) held the event loop for %.2f s without awaiting, longer than its "
+        "timeout of %g s: a timeout cannot interrupt an async tool that blocks, and every other "
+        "call and stream waited; make it a sync function (it then runs in a worker thread) or "
+        "await while it works",
+        call.name,
+        call.call_id,
+        held_s,
+        limit,
+    )
 
 
 class DispatchRound:
@@ -234,14 +249,17 @@ class DispatchRound:
             limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
             context = owned.context if owned is not None else self._context(call)
             reset = set_current(context)
+            held = HeldLoop(tool.invoke(call.arguments))
             try:
                 async with asyncio.timeout(limit):
-                    outcome = await tool.invoke(call.arguments)
+                    outcome = await held
             except TimeoutError:
                 detail = f"the tool did not finish within {limit:g} s; {UNKNOWN_OUTCOME}"
                 return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, detail)
             finally:
                 reset_current(reset)
+                if limit is not None and held.longest_s > limit:
+                    _warn_blocked(call, held.longest_s, limit)
         if outcome.ui is not None:
             self._ui[call.call_id] = outcome.ui
         code = outcome.code or (ErrorCode.TOOL_ERROR if outcome.is_error else None)

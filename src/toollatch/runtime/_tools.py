@@ -16,7 +16,6 @@ dispatcher's deadline (``asyncio.timeout``) is the one source of ``TimeoutError`
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import math
@@ -34,6 +33,7 @@ from pydantic.json_schema import PydanticJsonSchemaWarning
 from .._errors import ConfigError, ErrorCode, UsageError
 from .._specs import ToolSpec
 from ._results import check_budget
+from ._threads import in_tool_thread
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -144,10 +144,11 @@ class Tool(Generic[P, R]):
         """Run the tool with ``arguments`` (normally gate-validated) and return its outcome.
 
         Never raises for the model's or the tool's faults: see the module docstring. A sync
-        function runs in a worker thread (``asyncio.to_thread``) so the loop never blocks; a
-        worker thread cannot be stopped, so a sync tool cancelled mid-run finishes in the
-        background and its result is discarded. Raises ``UsageError`` when ``arguments`` is
-        not a mapping.
+        function runs in a worker thread (a daemon thread of ``_threads.TOOL_THREADS``, with
+        the caller's context variables) so the loop never blocks; a worker thread cannot be
+        stopped, so a sync tool cancelled or timed out mid-run finishes in the background and
+        its result is discarded, and a program that ends meanwhile abandons it (never waits).
+        Raises ``UsageError`` when ``arguments`` is not a mapping.
         """
         if not isinstance(arguments, Mapping):
             raise UsageError(f"arguments must be a mapping, got {type(arguments).__name__}")
@@ -170,7 +171,7 @@ class Tool(Generic[P, R]):
 async def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
-    value = await asyncio.to_thread(fn, **kwargs)
+    value = await in_tool_thread(fn, **kwargs)
     if inspect.isawaitable(value):  # a sync wrapper returning a coroutine
         return await value
     return value

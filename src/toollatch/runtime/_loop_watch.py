@@ -1,0 +1,59 @@
+"""How long a tool held the event loop (internal).
+
+A tool's timeout is ``asyncio.timeout``: it can only act when the tool's coroutine gives the
+loop back (an ``await`` that suspends). An ``async def`` tool that blocks (``time.sleep``, a
+blocking socket, a long computation) holds the loop for that whole step: the timeout cannot
+fire during it, every other call and stream of the process stalls with it, and a tool that
+returns without awaiting again keeps its result even though its deadline passed.
+
+:class:`HeldLoop` wraps the tool's coroutine and measures each step (each ``send``/``throw``
+the task makes into it, with ``time.perf_counter``), so the dispatcher can tell, naming the
+tool, that one step held the loop longer than the tool's timeout. The cost is two clock
+reads per step of the tool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class HeldLoop(Generic[T]):
+    """``await HeldLoop(coro)`` is ``await coro``; :attr:`longest_s` is then the longest
+    time one step of ``coro`` ran without giving the loop back."""
+
+    __slots__ = ("_coro", "longest_s")
+
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._coro = coro
+        self.longest_s = 0.0
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        steps = self._coro.__await__()
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            began = time.perf_counter()
+            try:
+                yielded = steps.send(value) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                self._held(began)
+                return stop.value  # type: ignore[no-any-return]
+            except BaseException:
+                self._held(began)
+                raise
+            self._held(began)
+            try:
+                value, error = (yield yielded), None
+            except GeneratorExit:
+                self._coro.close()
+                raise
+            except BaseException as exc:  # (cancellation: passed on to the tool)
+                value, error = None, exc
+
+    def _held(self, began: float) -> None:
+        held = time.perf_counter() - began
+        self.longest_s = max(self.longest_s, held)
