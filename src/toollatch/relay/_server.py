@@ -148,8 +148,11 @@ class RelayServer:
             any_ip_host=not is_loopback(host),
         )
         if models is None and self._scripted is not None:
-            models = (*self._scripted.scripts, *([model] if model else []))
-        self.models = tuple(models) if models is not None else None
+            models = tuple(self._scripted.scripts)
+        default = model or SCRIPTED_MODEL  # (always allowed: a request may leave it out)
+        self.models = (
+            (default, *(m for m in models if m != default)) if models is not None else None
+        )
         self.cap: ConnectionCap | None = None
         """The open connections (while serving)."""
         self._stack: contextlib.AsyncExitStack | None = None
