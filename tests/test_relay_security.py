@@ -308,9 +308,9 @@ def test_the_connection_cap_stays_under_the_open_file_limit(monkeypatch):
     import resource  # noqa: PLC0415
 
     monkeypatch.setattr(resource, "getrlimit", lambda _what: (1024, 1024))
-    assert connection_cap(RelayLimits()) == 1024 - 64 - 4 * 16
+    assert connection_cap(RelayLimits()) == 1024 - 64 - 128 - 4 * 16
     assert connection_cap(RelayLimits(max_connections=100)) == 100
-    monkeypatch.setattr(resource, "getrlimit", lambda _what: (100, 100))
+    monkeypatch.setattr(resource, "getrlimit", lambda _what: (200, 200))
     with pytest.raises(ConfigError, match="ulimit"):
         connection_cap(RelayLimits())
 

@@ -253,10 +253,17 @@ _FD_RESERVE = 64
 """Open files kept free of connections besides four per run (its model stream, tool files,
 MCP pipes), for the ledger, logs and the interpreter's own."""
 
+BACKLOG = 128
+"""The listening socket's backlog, which is also how many connections asyncio accepts in one
+go before any of them is counted (its accept loop runs ``backlog`` times): uvicorn's default
+of 2,048 let a flood of 1,100 connections exhaust 1,024 open files in one loop iteration,
+before the cap saw one. The cap keeps this many files free for it."""
+
 
 def connection_cap(limits: RelayLimits) -> int:
     """``max_connections``, lowered to stay under the process's soft open-file limit minus a
-    reserve (64 + 4 per active run): at 1,024 files and 16 runs, 896. An accept that fails
+    reserve (64, the :data:`BACKLOG` of 128, and 4 per active run): at 1,024 files and 16
+    runs, 768. An accept that fails
     with EMFILE stalls the listening socket for everyone; a cap below it never lets that
     happen. Raises ``ConfigError`` when the limit leaves fewer than 16 connections."""
     try:
@@ -266,7 +273,7 @@ def connection_cap(limits: RelayLimits) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return limits.max_connections
-    room = soft - _FD_RESERVE - 4 * limits.max_active_runs
+    room = soft - _FD_RESERVE - BACKLOG - 4 * limits.max_active_runs
     if room < 16:
         raise ConfigError(
             f"the open-file limit ({soft}) leaves {room} connections; raise it (ulimit -n)"

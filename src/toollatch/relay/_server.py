@@ -41,7 +41,14 @@ from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, http_implementation
 from ._app import PROVIDERS, Relay
 from ._config import RelayLimits
-from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
+from ._guard import (
+    BACKLOG,
+    ConnectionCap,
+    RelayAccess,
+    connection_cap,
+    guarded_protocol,
+    is_loopback,
+)
 from ._http import model_http
 
 SCRIPTED_MODEL = "scripted"
@@ -312,6 +319,7 @@ def _uvicorn(relay: Relay, limits: RelayLimits, cap: ConnectionCap) -> uvicorn.S
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=1,
+        backlog=BACKLOG,  # (also the accepts of one loop iteration, see BACKLOG)
         h11_max_incomplete_event_size=limits.max_header_bytes + 1,  # (the guard answers first)
     )
     return uvicorn.Server(config)
