@@ -413,23 +413,22 @@ async def _serve_and_load(server: RelayServer, args: argparse.Namespace) -> dict
         solo_s = solo["wall"]
         stagger = solo_s if args.shape == "staggered" else 0.0
         flood = await _flooding(server.url, args) if args.flood else None
-        cap = server.cap
-        assert cap is not None
-        held = len(cap)
+        cap = getattr(server, "cap", None)  # (None: a relay from before the cap, for --before)
+        held = len(cap) if cap is not None else -1
         gc.callbacks.append(_time_collections)
         try:
             result = await _load(server.url, args.runs, stagger, args.uvloop)
         finally:
             gc.callbacks.remove(_time_collections)
-        extra: dict[str, Any] = {"cap": cap.limit, "open_at_load": held}
+        extra: dict[str, Any] = {"cap": cap.limit if cap else None, "open_at_load": held}
         if flood is not None:
             assert flood.stdin is not None
             assert flood.stdout is not None
-            extra["open_at_end"] = len(cap)
+            extra["open_at_end"] = len(cap) if cap else -1
             flood.stdin.close()
             extra["flood"] = json.loads((await flood.stdout.read()).splitlines()[-1])
             await flood.wait()
-            extra["evicted"], extra["refused"] = cap.evicted, cap.refused
+            extra["evicted"], extra["refused"] = (cap.evicted, cap.refused) if cap else (0, 0)
         return {**result, **extra, "solo_s": solo_s, "solo_events": solo["runs"][0]["events"]}
 
 
