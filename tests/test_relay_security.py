@@ -441,3 +441,18 @@ async def test_the_browser_may_only_name_allowed_models():
             httpx.AsyncClient(base_url=relay.url, timeout=20) as client,
         ):
             await start_run(client, model="slow")
+
+
+def test_the_relay_section_configures_access_and_limits(monkeypatch):
+    from toollatch.runtime._config import load_config, validate  # noqa: PLC0415
+
+    with pytest.raises(ConfigError, match=r"relay\.token"):
+        validate({"relay": {"token": "short"}})
+    with pytest.raises(ConfigError, match=r"relay\.max_header_bytes"):
+        validate({"relay": {"max_header_bytes": 10}})
+    monkeypatch.setenv("TOOLLATCH_RELAY__TOKEN", TOKEN)
+    monkeypatch.setenv("TOOLLATCH_RELAY__ALLOWED_HOSTS", "[relay.example]")
+    config = load_config()
+    assert config.relay.token == TOKEN
+    assert config.relay.allowed_hosts == ("relay.example",)
+    assert TOKEN not in config.effective()  # `toollatch config check` does not print it
