@@ -46,12 +46,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import cProfile
 import gc
 import json
 import os
 import pstats
 import re
+import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -162,15 +165,17 @@ async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[st
     posted = time.monotonic()
     length = 0.0
     body = json.dumps({"message": "weather please"}).encode()
-    head = "POST /runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    session = secrets.token_urlsafe(32)  # a browser's would be its cookie
+    head = "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += f"X-Toollatch-Session: {session}\r\n"
     head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
     reader, writer, status, length = await _request(host, port, head, body)
     assert status == 201, status
     # by its length, as a browser reads it: not until the server closes the connection
     run = json.loads(await reader.readexactly(length))
     writer.close()
-    head = f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\n"
-    head += f"X-Toollatch-Session: {run['session']}\r\n"
+    head = f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    head += f"X-Toollatch-Session: {session}\r\n"
     reader, writer, status, _ = await _request(host, port, head)
     assert status == 200, status
     ids: list[int] = []
@@ -212,6 +217,143 @@ async def _clients(url: str, runs: int, stagger_s: float) -> None:
     wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
+
+
+# -- the flood (another child process, with --flood) -----------------------------------------
+# What a hostile client can hold open against the relay while the measured runs stream:
+# slowloris connections (a request head sent a byte a second, never finished; reopened when
+# the relay closes one) and idle event readers (readers of the flooder's own runs that never
+# read, with a 4 KiB receive buffer; reopened every second; per session at most
+# max_session_readers are served, the rest get 429).
+
+_FLOOD_SESSIONS = 4
+
+
+async def _slowloris(host: str, port: int, stats: collections.Counter[str], stop: Any) -> None:
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            stats["connect_failed"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        stats["slow_opened"] += 1
+        stats["slow_open"] += 1
+        try:
+            writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            while not stop.is_set():
+                writer.write(b"a")
+                await writer.drain()
+                try:
+                    data = await asyncio.wait_for(reader.read(256), 1.0)
+                except TimeoutError:
+                    continue
+                status = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/") else "none"
+                stats[f"slow_closed_{status}"] += 1
+                break
+        except OSError:
+            stats["slow_closed_reset"] += 1
+        finally:
+            stats["slow_open"] -= 1
+            writer.close()
+        await asyncio.sleep(0.1)
+
+
+async def _post_run(host: str, port: int, session: str) -> str | None:
+    body = json.dumps({"message": "flood"}).encode()
+    head = "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += f"X-Toollatch-Session: {session}\r\nContent-Length: {len(body)}\r\n"
+    head += "Connection: close\r\n"
+    reader, writer, status, length = await _request(host, port, head, body)
+    answer = json.loads(await reader.readexactly(length))
+    writer.close()
+    return answer["events_url"] if status == 201 else None
+
+
+async def _idle_readers(
+    host: str, port: int, readers: int, stats: collections.Counter[str], stop: Any
+) -> None:
+    sessions = [secrets.token_urlsafe(32) for _ in range(_FLOOD_SESSIONS)]
+    urls: dict[str, str] = {}
+    held: list[tuple[float, socket.socket]] = []
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        for session in sessions:
+            try:
+                url = await _post_run(host, port, session)
+            except (OSError, ValueError, IndexError) as exc:
+                stats[f"flood_post_{type(exc).__name__}"] += 1
+                continue
+            stats["flood_runs_started" if url else "flood_runs_429"] += 1
+            urls[session] = url or urls.get(session, "")
+            if not urls[session]:
+                continue
+            for _ in range(readers // _FLOOD_SESSIONS):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                try:
+                    await loop.sock_connect(sock, (host, port))
+                    head = f"GET {urls[session]} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    head += f"X-Toollatch-Session: {session}\r\n\r\n"
+                    await loop.sock_sendall(sock, head.encode())
+                    line = await asyncio.wait_for(loop.sock_recv(sock, 12), 10)
+                except (OSError, TimeoutError):
+                    stats["readers_failed"] += 1
+                    sock.close()
+                    continue
+                status = line[9:12].decode(errors="replace") or "none"
+                stats[f"readers_{status}"] += 1
+                if status == "200":
+                    held.append((time.monotonic(), sock))  # and never read again
+                else:
+                    sock.close()
+        cutoff = time.monotonic() - 20  # at most 20 s of readers held, so the fds are bounded
+        while held and held[0][0] < cutoff:
+            held.pop(0)[1].close()
+        stats["readers_held"] = len(held)
+        await asyncio.sleep(1.0)
+    for _, sock in held:
+        sock.close()
+
+
+async def _flood(url: str, slow: int, readers: int, limit_s: float) -> None:
+    """Hold the flood until standard input closes (or ``limit_s``); print its counts."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stats: collections.Counter[str] = collections.Counter()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(_slowloris(host, int(port), stats, stop)) for _ in range(slow)]
+    if readers:
+        tasks.append(asyncio.create_task(_idle_readers(host, int(port), readers, stats, stop)))
+    deadline = time.monotonic() + 15
+    while stats["slow_open"] < slow * 0.9 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    stats["slow_open_at_start"] = stats["slow_open"]
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(reader.read(), limit_s)
+    stats["slow_open_at_end"] = stats["slow_open"]
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    print(json.dumps(dict(stats)), flush=True)
+
+
+async def _flooding(url: str, args: argparse.Namespace) -> Any:
+    """The flood's child process, started and holding its connections."""
+    command = [sys.executable, __file__, "--flood-client", url, "--flood-slow", str(args.flood)]
+    command += ["--flood-readers", str(args.flood_readers)]
+    child = await asyncio.create_subprocess_exec(
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=_child_env()
+    )
+    assert child.stdout is not None
+    ready = await child.stdout.readline()
+    assert ready.strip() == b"ready", ready
+    return child
 
 
 # -- the relay (this process) -----------------------------------------------------------------
@@ -270,16 +412,29 @@ async def _serve_and_load(server: RelayServer, args: argparse.Namespace) -> dict
         solo = await _load(server.url, 1, 0.0, args.uvloop)
         solo_s = solo["wall"]
         stagger = solo_s if args.shape == "staggered" else 0.0
+        flood = await _flooding(server.url, args) if args.flood else None
+        cap = getattr(server, "cap", None)  # (None: a relay from before the cap, for --before)
+        held = len(cap) if cap is not None else -1
         gc.callbacks.append(_time_collections)
         try:
             result = await _load(server.url, args.runs, stagger, args.uvloop)
         finally:
             gc.callbacks.remove(_time_collections)
-        return {**result, "solo_s": solo_s, "solo_events": solo["runs"][0]["events"]}
+        extra: dict[str, Any] = {"cap": cap.limit if cap else None, "open_at_load": held}
+        if flood is not None:
+            assert flood.stdin is not None
+            assert flood.stdout is not None
+            extra["open_at_end"] = len(cap) if cap else -1
+            flood.stdin.close()
+            extra["flood"] = json.loads((await flood.stdout.read()).splitlines()[-1])
+            await flood.wait()
+            extra["evicted"], extra["refused"] = (cap.evicted, cap.refused) if cap else (0, 0)
+        return {**result, **extra, "solo_s": solo_s, "solo_events": solo["runs"][0]["events"]}
 
 
 async def _relay(args: argparse.Namespace) -> dict[str, Any]:
-    limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 2)
+    active = args.runs + (_FLOOD_SESSIONS if args.flood else 0)  # (the flood's runs, one each)
+    limits = RelayLimits(max_active_runs=active, max_stored_runs=active * 2)
     if args.model_in_process:  # RelayServer's default: the scripted server on the same loop
         server = RelayServer(limits=limits, delay_scale=args.delay_scale, ledger=args.ledger)
         return await _serve_and_load(server, args)
@@ -383,6 +538,23 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
         f"garbage collections in the relay during the load: {row['gc_count']}, "
         f"{row['gc_ms']:.0f} ms in all, the longest {row['gc_max_ms']:.1f} ms"
     )
+    row["cap"], row["open_at_load"] = result["cap"], result["open_at_load"]
+    print(f"connections: cap {result['cap']}, open when the load started {result['open_at_load']}")
+    if "flood" in result:
+        f = result["flood"]
+        row["flood"] = f
+        row["evicted"], row["refused"] = result["evicted"], result["refused"]
+        closed = {k.removeprefix("slow_closed_"): v for k, v in f.items() if "closed" in k}
+        print(
+            f"flood: {args.flood} slowloris connections ({f.get('slow_opened', 0)} opened in "
+            f"all, {f.get('slow_open_at_start', 0)} open at the start, "
+            f"{f.get('slow_open_at_end', 0)} at the end; closed by the relay: {closed}); "
+            f"the relay closed {result['evicted']} idle ones for new clients, refused "
+            f"{result['refused']}; idle readers: {f.get('readers_200', 0)} served, "
+            f"{f.get('readers_429', 0)} refused 429, {f.get('readers_failed', 0)} failed; "
+            f"flood runs {f.get('flood_runs_started', 0)} started, "
+            f"{f.get('flood_runs_429', 0)} refused 429"
+        )
     return row
 
 
@@ -465,6 +637,28 @@ def main() -> None:
         "serve's own default is sqlite:///<data folder>/ledger.db)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument(
+        "--flood",
+        type=int,
+        default=0,
+        metavar="N",
+        help="during the load, N slowloris connections from another process (e.g. 1100)",
+    )
+    parser.add_argument(
+        "--flood-readers",
+        type=int,
+        default=0,
+        metavar="M",
+        help="with --flood: M idle event readers tried each second (over 4 sessions)",
+    )
+    parser.add_argument(
+        "--nofile",
+        type=int,
+        metavar="N",
+        help="the relay process's open-file limit (e.g. 1024, as a default Linux shell's)",
+    )
+    parser.add_argument("--flood-client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--flood-slow", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--stagger", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -480,6 +674,14 @@ def main() -> None:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(_clients(args.client, args.runs, args.stagger))
         return
+    if args.flood_client:
+        asyncio.run(_flood(args.flood_client, args.flood_slow, args.flood_readers, 300.0))
+        return
+    if args.nofile:
+        import resource  # noqa: PLC0415 (Unix)
+
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, hard))
     _record_times()
     profile = cProfile.Profile() if args.profile else None
     if profile is not None:

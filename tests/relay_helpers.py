@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -75,12 +76,19 @@ def parse_sse(text: str) -> tuple[list[Frame], list[str]]:
 
 
 async def start_run(client: httpx.AsyncClient, message: str = "hi", **extra: Any) -> dict[str, Any]:
-    """POST /runs; the answer's JSON (asserting 201), with the session header kept on the client."""
+    """POST /runs; the answer's JSON (asserting 201), in a session the client names by
+    header (a new one, kept on the client, unless it has one): the relay echoes it."""
+    client.headers.setdefault("x-toollatch-session", secrets.token_urlsafe(32))
     response = await client.post("/runs", json={"message": message, **extra})
     assert response.status_code == 201, response.text
     body = response.json()
-    client.headers["x-toollatch-session"] = body["session"]
+    assert body["session"] == client.headers["x-toollatch-session"]
     return body
+
+
+async def cancel(client: httpx.AsyncClient, url: str) -> httpx.Response:
+    """POST a run's cancel_url as the page does (a JSON body)."""
+    return await client.post(url, json={})
 
 
 async def read_events(
@@ -147,5 +155,6 @@ def served_run(url: str, message: str) -> tuple[dict[str, Any], list[Frame]]:
     frame to the end of the run."""
     with httpx.Client(base_url=url, timeout=60) as client:
         run = client.post("/runs", json={"message": message}).json()
+        run["session"] = client.cookies["toollatch_session"]  # (HttpOnly: not in the body)
         frames, _ = parse_sse(client.get(run["events_url"]).text)
     return run, frames

@@ -7,6 +7,7 @@ they fail: `.ci/run` installs it (apt-get install -y chromium).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -47,7 +48,10 @@ async def browser():
 
     async with async_playwright() as p:
         chromium = await p.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+            executable_path=str(CHROMIUM),
+            headless=True,
+            # attacker.example resolves to loopback: a DNS-rebinding page, as the browser sees it
+            args=["--no-sandbox", "--host-resolver-rules=MAP attacker.example 127.0.0.1"],
         )
         try:
             yield chromium
@@ -176,13 +180,16 @@ async def test_another_session_gets_404(browser, relay):
     statuses = await other.evaluate(
         """async (run) => [
             (await fetch(run.events_url)).status,
-            (await fetch(run.cancel_url, {method: "POST"})).status,
+            (await fetch(run.cancel_url, {method: "POST", body: "{}",
+                                          headers: {"content-type": "application/json"}})).status,
         ]""",
         run,
     )
     assert statuses == [404, 404]
     own = await page.evaluate(
-        "async (run) => (await fetch(run.cancel_url, {method: 'POST'})).status", run
+        """async (run) => (await fetch(run.cancel_url, {method: 'POST', body: '{}',
+                                  headers: {'content-type': 'application/json'}})).status""",
+        run,
     )
     assert own == 202
 
@@ -222,7 +229,9 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
                 return body;
             }"""
         )
-        stored = server.relay.runs.owned(run["id"], run["session"])
+        cookies = await page.context.cookies()
+        session = next(c["value"] for c in cookies if c["name"] == "toollatch_session")
+        stored = server.relay.runs.owned(run["id"], session)
         while not stored.done:  # the page reads nothing until the run has ended
             await asyncio.sleep(0.05)
         assert stored.log.first_id > 1
@@ -274,3 +283,115 @@ async def test_a_call_whose_server_died_shows_outcome_unknown(browser, tmp_path)
         card = page.locator('.card[data-call-id="call_crash"]')
         assert await card.get_attribute("data-state") == "unknown"
         assert await card.locator(".state").inner_text() == "outcome_unknown"
+
+
+async def test_a_rebinding_page_gets_nothing_and_another_origin_cannot_drive_the_relay(
+    browser, relay
+):
+    """SEC1/SEC12 in Chromium: a page whose name resolves to the relay (DNS rebinding) gets
+    400 and no session; a page of another origin on the same site (another port of
+    localhost, so the SameSite=Strict cookie goes along) that posts to the relay (no-cors
+    fetches, a form) is refused 403 and starts and cancels nothing."""
+    port = relay.url.rsplit(":", 1)[1]
+    context = await browser.new_context()
+    page = await context.new_page()
+    answer = await page.goto(f"http://attacker.example:{port}/")
+    assert answer.status == 400
+    assert "host_not_allowed" in await page.content()
+    assert await context.cookies() == []
+    home = f"http://localhost:{port}"
+    own = await context.new_page()
+    await own.goto(home + "/")
+    await _slow_run(own)
+    run = await own.evaluate('JSON.parse(sessionStorage.getItem("toollatch.run"))')
+    evil = await context.new_page()  # same browser, same cookies: only the origin differs
+    refused: list[tuple[str, int]] = []
+    evil.on(
+        "response",
+        lambda r: refused.append((r.request.method, r.status)) if r.url.startswith(home) else None,
+    )
+    async with _plain_page() as other:  # a real page on another port (no CSP of ours)
+        await evil.goto(other)
+        await _attack(evil, home, run)
+    assert refused == [("POST", 403)] * 3, refused
+    assert relay.relay.runs.active() == 1  # only the page's own run, still going
+    assert await own.get_attribute("body", "data-run") == "running"  # not cancelled
+    await own.click("#stop")  # its own page may stop it
+    await own.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    assert (await own.locator("#status").inner_text()).startswith("stopped")
+
+
+@contextlib.asynccontextmanager
+async def _plain_page():
+    """A loopback server of one plain page at ``http://localhost:PORT/`` (its URL)."""
+    page = b"<!doctype html><p>another site"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n" % len(page)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(answer + b"\r\n" + page)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://localhost:{server.sockets[0].getsockname()[1]}/"
+    finally:
+        server.close()
+
+
+async def _attack(evil, home: str, run: dict) -> None:
+    """What a page of another origin can send the relay without a CORS preflight."""
+    await evil.evaluate(
+        """async ([home, run]) => {
+            const body = JSON.stringify({message: "rm -rf"});
+            for (const url of [home + "/runs", home + run.cancel_url]) {
+                await fetch(url, {method: "POST", mode: "no-cors", credentials: "include", body,
+                                  headers: {"content-type": "text/plain"}});
+            }
+        }""",
+        [home, run],
+    )
+    await evil.evaluate(
+        """(home) => {
+            const form = document.createElement("form");
+            form.method = "POST"; form.action = home + "/runs"; form.enctype = "text/plain";
+            const field = document.createElement("input");
+            field.name = '{"message": "x", "pad": "'; field.value = '"}';
+            form.append(field); document.body.append(form); form.submit();
+        }""",
+        home,
+    )
+    await evil.wait_for_url(home + "/runs")
+
+
+async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
+    """SEC2/SEC11: the printed URL with ?token= opens the page (the token moves into an
+    HttpOnly cookie and out of the address bar); the page's script sees neither the token
+    nor the session token, and a run works to its end."""
+    token = "browser-token-0123456789"
+    async with RelayServer(scripts={"slow": slow_script(delay_ms=5)}, token=token) as server:
+        context = await browser.new_context()
+        page = await context.new_page()
+        refused = await page.goto(server.url.replace("127.0.0.1", "localhost") + "/")
+        assert refused.status == 401
+        await page.goto(server.token_url.replace("127.0.0.1", "localhost"))
+        assert "token" not in page.url
+        await _start(page, "What is the weather?")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        assert (await page.locator("#status").inner_text()).startswith("finished")
+        assert await page.evaluate("document.cookie") == ""  # both HttpOnly
+        stored = await page.evaluate('sessionStorage.getItem("toollatch.run")')
+        cookies = {c["name"]: c for c in await context.cookies()}
+        session = cookies["toollatch_session"]["value"]
+        assert session not in stored
+        assert token not in stored
+        assert all(c["httpOnly"] and c["sameSite"] == "Strict" for c in cookies.values())
+        await page.reload()  # a reload replays the stored run, cookies only
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        assert await page.locator(".user").count() == 1
+        await page.click("#send")  # a second run, and its Stop, with the checks in place
+        await page.wait_for_selector('body[data-run="running"]', timeout=20_000)
+        await page.click("#stop")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)

@@ -109,7 +109,7 @@ from toollatch.relay import _command, _server
 called = []
 _server.settle_heap, real = (lambda: (called.append(1), real())), _server.settle_heap
 class Stub:
-    ledger_url, url = None, "http://x"
+    ledger_url, url, token_url = None, "http://x", "http://x/"
     async def __aenter__(self): return self
     async def __aexit__(self, *exc): pass
     async def serve_forever(self): pass
@@ -129,3 +129,68 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_serve_beyond_loopback_without_a_token_is_status_2():
+    for args in (["--host", "0.0.0.0"], ["--host", "::"]):  # refused before anything is bound
+        done = subprocess.run(
+            [*CLI, "serve", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 2, done.stderr
+        assert "relay.token" in done.stderr
+        assert "--token" in done.stderr
+        assert done.stderr.count("\n") == 1
+
+
+def test_serve_with_a_generated_token_prints_it_once_and_needs_it():
+    proc = subprocess.Popen([*CLI, "serve", "--port", "0", "--token", "auto"],
+                            stderr=subprocess.PIPE, text=True)
+    with proc:
+        try:
+            line = proc.stderr.readline()
+            match = re.search(r"(http://127\.0\.0\.1:\d+)/\?token=([A-Za-z0-9_-]{43}) ", line)
+            assert match, line
+            base, token = match.groups()
+            with httpx.Client(base_url=base, timeout=20) as anonymous:
+                assert anonymous.get("/").status_code == 401
+                assert anonymous.post("/runs", json={"message": "hi"}).status_code == 401
+            with httpx.Client(base_url=base, timeout=20, follow_redirects=True) as browser:
+                opened = browser.get(f"/?token={token}")  # the printed URL: cookie, then page
+                assert opened.status_code == 200
+                assert "toollatch" in opened.text
+                assert str(opened.url) == base + "/"  # the token left the address bar
+                run = browser.post("/runs", json={"message": "hi"}).json()
+                frames, _ = parse_sse(browser.get(run["events_url"]).text)
+                assert frames[-1].event == "run_ended"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0
+
+
+def test_serve_takes_its_access_settings_from_the_environment_and_flags(monkeypatch):
+    token = "env-token-0123456789abcdef"
+    monkeypatch.setenv("TOOLLATCH_RELAY__TOKEN", token)
+    monkeypatch.setenv("TOOLLATCH_RELAY__MAX_SESSION_RUNS", "1")
+    monkeypatch.setenv("TOOLLATCH_RELAY__ALLOWED_HOSTS", "[relay.example]")
+    proc = subprocess.Popen([*CLI, "serve", "--port", "0", "--allow-model", "other"],
+                            stderr=subprocess.PIPE, text=True)
+    with proc:
+        try:
+            line = proc.stderr.readline()
+            assert f"?token={token} " in line, line
+            base = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
+            headers = {"authorization": f"Bearer {token}"}
+            with httpx.Client(base_url=base, timeout=20, headers=headers) as client:
+                assert client.get("/", headers={"host": "relay.example"}).status_code == 200
+                assert client.get("/", headers={"host": "evil.example"}).status_code == 400
+                nope = client.post("/runs", json={"message": "hi", "model": "gpt-5"})
+                assert nope.json()["error"]["code"] == "model_not_allowed"
+                first = client.post("/runs", json={"message": "hi"})  # the default model
+                assert first.status_code == 201
+                second = client.post("/runs", json={"message": "hi", "model": "other"})
+                assert second.status_code in (201, 429)  # allowed; the quota of 1 may refuse
+                if second.status_code == 429:
+                    assert second.json()["error"]["code"] == "too_many_session_runs"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay_helpers import chatty_script, parse_sse, read_events, slow_script, start_run
+from relay_helpers import cancel, chatty_script, parse_sse, read_events, slow_script, start_run
 from toollatch._errors import ConfigError
 from toollatch.relay._config import RelayLimits
 from toollatch.relay._server import RelayServer
@@ -124,7 +124,7 @@ async def test_another_session_gets_404_for_events_and_cancel(relay, client):
         page = await other.get("/")
         assert page.status_code == 200 and "toollatch_session" in page.cookies
         for method, url in (("GET", run["events_url"]), ("POST", run["cancel_url"])):
-            response = await other.request(method, url)
+            response = await other.request(method, url, json={} if method == "POST" else None)
             assert response.status_code == 404, (method, response.text)
             assert response.json()["error"]["code"] == "not_found"
         anonymous = httpx.AsyncClient(base_url=relay.url)
@@ -142,7 +142,7 @@ async def test_the_cookie_session_owns_the_run(relay):
         await browser.get("/")
         response = await browser.post("/runs", json={"message": "hi"})
         assert response.status_code == 201
-        assert response.json()["session"] == browser.cookies["toollatch_session"]
+        assert "session" not in response.json()  # the cookie's token stays in the cookie
         frames = await read_events(browser, response.json()["events_url"])
         assert frames[-1].event == "run_ended"
 
@@ -151,7 +151,7 @@ async def test_cancel_mid_stream_pairs_every_call(client):
     run = await start_run(client, model="slow")
     head = await read_events(client, run["events_url"], limit=12)
     assert any(f.event == "call_preview" for f in head)
-    response = await client.post(run["cancel_url"])
+    response = await cancel(client, run["cancel_url"])
     assert response.status_code == 202 and response.json()["cancelled"] is True
     frames = await read_events(client, run["events_url"])
     types = [f.event for f in frames]
@@ -166,7 +166,7 @@ async def test_cancel_mid_stream_pairs_every_call(client):
     failed = {f.data["id"] for f in frames if f.event == "call_failed"}
     finished = {f.data["id"] for f in frames if f.event == "tool_finished"}
     assert opened <= failed | finished  # every call the page showed got its result
-    again = await client.post(run["cancel_url"])
+    again = await cancel(client, run["cancel_url"])
     assert again.json()["cancelled"] is False
 
 
@@ -186,7 +186,7 @@ async def test_a_stalled_reader_does_not_stall_the_run():
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", port))
-            head = f"GET {run['events_url']} HTTP/1.1\r\nHost: x\r\nX-Toollatch-Session: {cookie}"
+            head = f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Toollatch-Session: {cookie}"
             sock.sendall(f"{head}\r\n\r\n".encode())  # and read nothing for now
             try:
                 await _stalled_reader_checks(relay, client, run, cookie, sock)
@@ -232,7 +232,7 @@ async def test_heartbeats_while_nothing_happens():
                     if ": heartbeat" in seen:
                         break
             assert parse_sse(seen)[1][0] == ": heartbeat"
-            await client.post(run["cancel_url"])
+            await cancel(client, run["cancel_url"])
 
 
 async def test_runs_in_flight_are_bounded_with_429():
@@ -240,7 +240,8 @@ async def test_runs_in_flight_are_bounded_with_429():
     async with RelayServer(scripts=SCRIPTS, delay_scale=0.2, limits=limits) as relay:
         async with httpx.AsyncClient(base_url=relay.url, timeout=20) as client:
             first = await start_run(client, model="slow")
-            response = await client.post("/runs", json={"message": "again"})
+            other = {"x-toollatch-session": "o" * 43}  # another session: the global bound
+            response = await client.post("/runs", json={"message": "again"}, headers=other)
             assert response.status_code == 429
             assert response.headers["retry-after"] == "1"
             assert response.json()["error"]["code"] == "too_many_runs"
@@ -311,9 +312,12 @@ async def test_another_provider_plays_the_same_run(client):
     assert frames[-1].data["error"] is None and frames[-1].data["rounds"] == 3
 
 
-async def test_a_model_the_server_does_not_know_ends_the_run_with_an_error(client):
-    run = await start_run(client, model="no-such-model")
-    frames = await read_events(client, run["events_url"])
+async def test_a_model_the_server_does_not_know_ends_the_run_with_an_error():
+    models = ("scripted", "no-such-model")  # allowed here, unknown to the model server
+    async with RelayServer(delay_scale=0, models=models) as relay:
+        async with httpx.AsyncClient(base_url=relay.url, timeout=20) as client:
+            run = await start_run(client, model="no-such-model")
+            frames = await read_events(client, run["events_url"])
     assert frames[-1].event == "run_ended" and frames[-1].data["error"]
 
 

@@ -49,7 +49,7 @@ def _demo(url: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
         frames, _ = parse_sse(client.get(run["events_url"]).text)
     assert frames[-1].event == "run_ended"
     assert frames[-1].data["error"] is None
-    return run, run["session"], frames[-1].data
+    return run, client.cookies["toollatch_session"], frames[-1].data
 
 
 async def _states(path: Path, scope: str, call_ids: list[str]) -> list[str | None]:
@@ -166,7 +166,7 @@ def _run_until_a_ran(url: str) -> tuple[dict[str, Any], str]:
                 frames, _ = parse_sse(buffer.rsplit("\n\n", 1)[0] + "\n\n")
                 if any(f.event == "tool_finished" and f.data["id"] == "call_a" for f in frames):
                     assert not any(f.event == "round_ended" for f in frames)
-                    return run, run["session"]
+                    return run, client.cookies["toollatch_session"]
     raise AssertionError("call_a never finished")
 
 

@@ -1,18 +1,24 @@
 """The relay's HTTP surface: a Starlette app (internal; public names in :mod:`toollatch.relay`).
 
 ``GET /`` the page (and a session cookie); ``POST /runs`` ``{"message", "provider"?,
-"model"?}`` -> 201 ``{"id", "events_url", "cancel_url", "session"}``, or ``{"resume": id,
+"model"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"`` echoed when the
+request named it by header), or ``{"resume": id,
 "message"?}`` to continue a run stored in the relay's ledger (404 when this session has no
 such run, 409 while it is running here, 422 without a ledger); ``GET /runs/{id}/events`` the
 run's events as SSE (``id:`` per run, ``Last-Event-ID`` or ``?after=N`` to resume, 204 once
-a finished run has nothing more); ``POST /runs/{id}/cancel`` -> 202. A session is the
-``toollatch_session`` cookie or the ``X-Toollatch-Session`` header (the ``session`` answered
-by ``POST /runs``); another session's run is 404, exactly like a run that does not exist.
-Errors are ``{"error": {"code", "message"}}`` with a 4xx status.
+a finished run has nothing more); ``POST /runs/{id}/cancel`` (``application/json``, ``{}``
+or empty) -> 202. A session is the ``toollatch_session`` cookie (HttpOnly: the page's script
+never sees it) or the ``X-Toollatch-Session`` header (a client that is not a browser picks its
+own token: 43 characters of ``A-Za-z0-9_-``, e.g. ``secrets.token_urlsafe(32)``); another
+session's run is 404, exactly like a run that does not exist. Per session at most
+``max_session_runs`` runs in flight and ``max_session_readers`` event streams (429).
+Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request first passes
+:class:`._guard.Guard` (Host, access token, Origin).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import secrets
@@ -35,6 +41,7 @@ from ..runtime._agent import Agent, ToolSource
 from ..runtime._clients import model_client
 from ..runtime._tools import Tool
 from ._config import RelayLimits, default_previews
+from ._guard import Guard, RelayAccess
 from ._runs import RelayRun, RunRegistry
 from ._tools import SessionTools
 
@@ -43,6 +50,8 @@ COOKIE = "toollatch_session"
 HEADER = "x-toollatch-session"
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
+_EVENT_ID = re.compile(r"[0-9]{1,12}")
+"""An event id: ASCII digits only (``str.isdigit`` takes ``²`` and ``①``, which int() refuses)."""
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
 
@@ -90,6 +99,10 @@ class Relay:
     :func:`run_scope`, so that ``POST /runs {"resume": id}`` continues a stored run of the
     same session, in this process or a later one, without running a completed call again;
     ``audit`` (opt-in) records the runs' calls that did not commit.
+    ``models``: the model names a request may pick (default: ``model`` only; a browser may
+    otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
+    and access token the guard in front of the app accepts (:mod:`._guard`; default:
+    loopback names, same-origin, no token).
     Raises ``ConfigError`` for an empty ``providers`` or an unknown one.
     """
 
@@ -109,12 +122,19 @@ class Relay:
         ledger: Ledger | None = None,
         history: History | None = None,
         audit: ArgumentAudit | None = None,
+        models: Sequence[str] | None = None,
+        access: RelayAccess | None = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
         self.base_url_for = base_url_for
         self.providers = tuple(providers)
         self.model = model
+        self.models = tuple(models) if models is not None else (model,)
+        if not self.models or not all(isinstance(m, str) and m for m in self.models):
+            raise ConfigError(f"models must be non-empty names, got {list(self.models)!r}")
+        self.access = access or RelayAccess()
+        self._readers: dict[str, int] = {}  # event streams open per session
         self.workspace = workspace
         if not http:
             raise ConfigError("the relay needs at least one httpx client")
@@ -131,7 +151,7 @@ class Relay:
         self._static = {
             n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
         }
-        self.app = Starlette(
+        self.routes = Starlette(
             routes=[
                 Route("/", self._page, methods=["GET"]),
                 Route("/static/{name}", self._asset, methods=["GET"]),
@@ -141,6 +161,8 @@ class Relay:
                 Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
+        self.app = Guard(self.routes, self.access)
+        """The ASGI app to serve: the routes behind the guard (Host, token, Origin)."""
 
     # -- pages -------------------------------------------------------------------------------
 
@@ -175,6 +197,11 @@ class Relay:
             session = session or secrets.token_urlsafe(32)
             if resume is not None:
                 await self._check_resumable(resume, session, new_session)
+            quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
+            if not new_session and self.runs.active(session) >= quota:
+                raise HTTPError(
+                    429, "too_many_session_runs", f"this session has {quota} runs in flight"
+                )
             run = RelayRun(session, self.previews, self.limits, run_id=resume)
             if not self.runs.admit(run):
                 raise HTTPError(
@@ -192,8 +219,9 @@ class Relay:
             "id": run.id,
             "events_url": f"/runs/{run.id}/events",
             "cancel_url": f"/runs/{run.id}/cancel",
-            "session": session,
         }
+        if request.headers.get(HEADER):  # (echoed; a cookie's token never reaches the page)
+            body["session"] = session
         response = JSONResponse(body, status_code=201)
         if new_session:
             _set_cookie(response, session)
@@ -213,9 +241,8 @@ class Relay:
     async def _parse(self, request: Request) -> tuple[str, str, str | None, str | None]:
         """``(provider, model, message, resume)`` of a valid body (``message`` may be left out
         when resuming); raises :class:`HTTPError`."""
-        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            raise HTTPError(415, "unsupported_media_type", "the body must be application/json")
-        body = await _read_body(request, self.limits.max_body_bytes)
+        _require_json(request)
+        body = await _read_body(request, self.limits)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -241,6 +268,9 @@ class Relay:
         model = data.get("model", self.model)
         if not isinstance(model, str) or not 0 < len(model) <= 200:
             raise HTTPError(422, "invalid_body", "model must be a string of 1 to 200 characters")
+        if model not in self.models:
+            shown = ", ".join(self.models[:20])
+            raise HTTPError(422, "model_not_allowed", f"model must be one of: {shown}")
         return provider, model, message, resume
 
     def _start(
@@ -289,9 +319,24 @@ class Relay:
             return exc.response()
         if run.done and start >= run.last_id:
             return Response(status_code=204)  # tells an EventSource not to reconnect
+        session = run.session
+        if self._readers.get(session, 0) >= self.limits.max_session_readers:
+            limit = self.limits.max_session_readers
+            response = HTTPError(
+                429, "too_many_readers", f"this session has {limit} event streams open"
+            ).response()
+            response.headers["retry-after"] = "1"
+            return response
+        self._readers[session] = self._readers.get(session, 0) + 1
+
+        def release() -> None:
+            left = self._readers.pop(session) - 1
+            if left:
+                self._readers[session] = left
+
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        return StreamingResponse(
-            self._sse(run, start), media_type="text/event-stream", headers=headers
+        return _CountedStream(
+            self._sse(run, start), release, media_type="text/event-stream", headers=headers
         )
 
     async def _sse(self, run: RelayRun, cursor: int) -> AsyncIterator[bytes]:
@@ -307,10 +352,43 @@ class Relay:
                 yield b": heartbeat\n\n"
 
     async def _cancel(self, request: Request) -> Response:
+        """Like ``POST /runs``: a JSON body (``{}`` or none; 415 otherwise), from the relay's
+        own origin (the guard)."""
+        try:
+            _require_json(request)
+            body = await _read_body(request, self.limits)
+            if body.strip() not in (b"", b"{}"):
+                raise HTTPError(422, "invalid_body", "the body must be {} or empty")
+        except HTTPError as exc:
+            return exc.response()
         run = self.runs.owned(request.path_params["run_id"], _session(request))
         if run is None:
             return HTTPError(404, "not_found", "no such run").response()
         return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
+
+
+class _CountedStream(StreamingResponse):
+    """A stream that calls ``release()`` once it is over, however it ends (the generator's
+    own ``finally`` never runs when the client leaves before its first chunk)."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _require_json(request: Request) -> None:
+    """415 unless the body is declared ``application/json`` (which a cross-site form cannot
+    send without a CORS preflight, which the relay never grants)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise HTTPError(415, "unsupported_media_type", "the body must be application/json")
 
 
 def _session(request: Request) -> str | None:
@@ -336,22 +414,29 @@ def _digest(session: str) -> str:
 def _resume_point(request: Request, stored: int) -> int:
     """How many frames the reader has: ``Last-Event-ID`` or ``?after=``; 400 if not 0..stored."""
     raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not raw.isdigit() or len(raw) > 12:
+    if not _EVENT_ID.fullmatch(raw):
         raise HTTPError(400, "invalid_last_event_id", f"Last-Event-ID {raw[:20]!r} is not an id")
     if int(raw) > stored:
         raise HTTPError(400, "invalid_last_event_id", f"event {raw} was never sent")
     return int(raw)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limits: RelayLimits) -> bytes:
+    """The body: 413 past ``max_body_bytes``, 408 when it takes over ``body_timeout_s``."""
+    limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and _EVENT_ID.fullmatch(declared) and int(declared) > limit:
         raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
-        parts.append(part)
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
+                parts.append(part)
+    except TimeoutError:
+        timeout = limits.body_timeout_s
+        raise HTTPError(408, "body_timeout", f"the body took over {timeout} s") from None
     return b"".join(parts)

@@ -4,8 +4,14 @@
 Without ``--base-url`` the runs talk to the scripted model server (started here, on
 loopback) with the example tools. Every run's calls go through a ledger (``--ledger URL``;
 default: SQLite in the user's data folder; ``--ledger none``: no ledger, and no resume).
+Who may drive it: ``--host`` beyond loopback needs ``--token`` (or ``relay.token``,
+``TOOLLATCH_RELAY__TOKEN``; ``auto`` makes one), printed once with the URL at start;
+``--allow-host`` / ``--allow-origin`` add ``Host`` names and origins (a reverse proxy);
+``--allow-model`` the models the browser may pick. The ``relay:`` section and
+``TOOLLATCH_RELAY__*`` also set the limits (:class:`~toollatch.relay.RelayLimits`).
 Exit status: 0 after Ctrl-C, 2 for a usage error (a bad ``--tools`` file, a port that cannot
-be bound, ``--base-url`` without ``--model``, a ledger that cannot be opened).
+be bound, ``--base-url`` without ``--model``, a ledger that cannot be opened, a host beyond
+loopback without a token).
 """
 
 from __future__ import annotations
@@ -53,6 +59,29 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: sqlite in the user's data folder, $XDG_DATA_HOME/toollatch/ledger.db)",
     )
     serve.add_argument(
+        "--token",
+        help="access token every request must carry (auto: make one; required with a --host "
+        "beyond loopback; better in TOOLLATCH_RELAY__TOKEN, which ps does not show)",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name to accept besides loopback's (NAME, *.SUFFIX or *; repeatable)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin POSTs may come from besides the relay's own (repeatable)",
+    )
+    serve.add_argument(
+        "--allow-model",
+        action="append",
+        metavar="NAME",
+        help="a model the browser may pick (repeatable; default: --model only)",
+    )
+    serve.add_argument(
         "--config",
         metavar="FILE",
         help="YAML configuration (relay host and port, model, previews); flags win over it",
@@ -67,15 +96,29 @@ def serve_command(args: argparse.Namespace) -> int:
     from ..runtime._command import CommandError, load_tool_file  # noqa: PLC0415
     from ..runtime._config import load_config  # noqa: PLC0415
     from ..runtime._tools import Tool  # noqa: PLC0415
+    from ._config import RelayLimits  # noqa: PLC0415
     from ._server import RelayServer  # noqa: PLC0415
 
     try:
         tools: list[Tool[..., Any]] | None = None
         for path in args.tools or ():
             tools = (tools or []) + load_tool_file(path)
-        c = load_config(args.config) if args.config else None
-        base_url = args.base_url or (c.model.base_url if c else None)
-        model = args.model or (c.model.model if c else None)
+        c = load_config(args.config)  # (no file: the defaults and TOOLLATCH_ variables)
+        r = c.relay
+        limits = RelayLimits(
+            max_active_runs=r.max_active_runs,
+            max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
+            max_session_runs=r.max_session_runs,
+            max_session_readers=r.max_session_readers,
+            max_connections=r.max_connections,
+            max_header_bytes=r.max_header_bytes,
+            header_timeout_s=r.header_timeout_s,
+            idle_timeout_s=r.idle_timeout_s,
+            body_timeout_s=r.body_timeout_s,
+        )
+        models = args.allow_model or r.models
+        base_url = args.base_url or c.model.base_url
+        model = args.model or c.model.model
         if base_url is not None and not model:
             raise CommandError("--model is required with --base-url")
         try:
@@ -84,16 +127,21 @@ def serve_command(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise CommandError(f"--mcp: {exc}") from None
         server = RelayServer(
-            host=args.host or (c.relay.host if c else "127.0.0.1"),
-            port=args.port if args.port is not None else (c.relay.port if c else 8000),
-            provider=args.provider or (c.model.provider if c else "openai_chat"),
+            host=args.host or r.host,
+            port=args.port if args.port is not None else r.port,
+            provider=args.provider or c.model.provider,
             model=model,
             base_url=base_url,
             tools=tools,
             tool_source=source,
-            previews=c.preview_policy() if c else None,
-            ledger=_ledger_url(args.ledger or (c.ledger.url if c else None)),
-            audit=c.audit_policy() if c else None,
+            previews=c.preview_policy() if args.config else None,
+            ledger=_ledger_url(args.ledger or c.ledger.url),
+            audit=c.audit_policy(),
+            limits=limits,
+            token=args.token or r.token,
+            allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
+            allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
+            models=models or None,
         )
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
@@ -119,7 +167,8 @@ async def _serve(server: Any) -> int:
     async with server:
         settle_heap()
         ledger = server.ledger_url or "none"
-        sys.stderr.write(f"toollatch relay on {server.url}/ (ledger {ledger}; Ctrl-C to stop)\n")
+        url = server.token_url  # (with the token, once: opening it sets the token's cookie)
+        sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}; Ctrl-C to stop)\n")
         sys.stderr.flush()
         await server.serve_forever()
     return 0

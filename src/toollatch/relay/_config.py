@@ -71,6 +71,27 @@ class RelayLimits:
     """An SSE comment after this long without an event (keeps proxies from closing)."""
     sse_batch: int = 64
     """Stored events written per send at most (a reader far behind catches up in chunks)."""
+    max_session_runs: int = 4
+    """Runs in flight at once per session (under ``max_active_runs``); more get 429, so one
+    session cannot take every slot."""
+    max_session_readers: int = 8
+    """Event streams (``GET /runs/{id}/events``) open at once per session; more get 429."""
+    max_connections: int = 1000
+    """Open connections at once (clamped below the process's open-file limit at start, see
+    :func:`toollatch.relay._guard.connection_cap`). At the cap a new connection takes the
+    place of the oldest one that is idle or still sending its request head; with none, it
+    gets 503 and is closed."""
+    max_header_bytes: int = 64 * 1024
+    """Largest request head (request line and headers); more gets 431 and the connection
+    is closed (checked per socket read: a pipelined request may pass it by one read)."""
+    header_timeout_s: float = 10.0
+    """Seconds a connection may take to send a request's head from its first byte (and a new
+    connection to send its first request); then 408 and closed (slowloris)."""
+    idle_timeout_s: float = 5.0
+    """Seconds an idle keep-alive connection stays open between requests (uvicorn's
+    ``timeout_keep_alive``)."""
+    body_timeout_s: float = 30.0
+    """Seconds a request body (``POST /runs``) may take to arrive; then 408."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -81,13 +102,25 @@ class RelayLimits:
             "max_body_bytes",
             "max_message_chars",
             "sse_batch",
+            "max_session_runs",
+            "max_session_readers",
+            "max_connections",
+            "max_header_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"RelayLimits.{name} must be a positive integer, got {value!r}")
-        beat = self.heartbeat_s
-        if not (isinstance(beat, int | float) and math.isfinite(beat) and beat > 0):
-            raise ConfigError(f"RelayLimits.heartbeat_s must be positive, got {beat!r}")
+        for name in ("heartbeat_s", "header_timeout_s", "idle_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
+                raise ConfigError(f"RelayLimits.{name} must be positive, got {value!r}")
+        if self.max_header_bytes < 1024:
+            raise ConfigError("RelayLimits.max_header_bytes must be at least 1024")
         if self.max_stored_runs < self.max_active_runs:
             raise ConfigError("RelayLimits.max_stored_runs must be >= max_active_runs")
 

@@ -256,9 +256,12 @@ class RunRegistry:
         self.limits = limits
         self._runs: OrderedDict[str, RelayRun] = OrderedDict()
 
-    def active(self) -> int:
-        """Runs not done yet."""
-        return sum(1 for r in self._runs.values() if not r.done)
+    def active(self, session: str | None = None) -> int:
+        """Runs not done yet (of ``session`` only, when given)."""
+        runs = self._runs.values()
+        if session is None:
+            return sum(1 for r in runs if not r.done)
+        return sum(1 for r in runs if not r.done and secrets.compare_digest(r.session, session))
 
     def admit(self, run: RelayRun) -> bool:
         """Store ``run``; False (not stored) when ``max_active_runs`` are in flight."""

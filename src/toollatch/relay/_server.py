@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import secrets
 import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -37,9 +38,17 @@ from ..ledger import (
 from ..mcp import McpToolSource
 from ..runtime._tools import Tool
 from ..scripted._script import Script
-from ..scripted._server import ScriptedServer, loopback_server
+from ..scripted._server import ScriptedServer, http_implementation
 from ._app import PROVIDERS, Relay
 from ._config import RelayLimits
+from ._guard import (
+    BACKLOG,
+    ConnectionCap,
+    RelayAccess,
+    connection_cap,
+    guarded_protocol,
+    is_loopback,
+)
 from ._http import model_http
 
 SCRIPTED_MODEL = "scripted"
@@ -78,9 +87,16 @@ class RelayServer:
     ``redis://HOST:PORT/DB``, ``memory:``; :func:`toollatch.ledger.open_ledger`, a SQLite
     file's folder created if missing) for the runs' calls and histories (None: none, and no
     resume); ``audit`` (opt-in, needs a ledger) keeps a redacted record of each call that did
-    not commit, beside it (:func:`toollatch.ledger.open_audit`). Raises ``ConfigError`` for a
+    not commit, beside it (:func:`toollatch.ledger.open_audit`).
+
+    Who may drive it (:mod:`._guard`): ``token`` (``"auto"``: a new random one, in
+    :attr:`token`; required when ``host`` is not loopback), ``allowed_hosts`` (more ``Host``
+    names than loopback's and the bound address), ``allowed_origins`` (more origins a POST
+    may come from), ``models`` (the model names a request may pick; default: the scripted
+    server's scripts, or ``model``). Raises ``ConfigError`` for a
     bad port, an audit without a ledger, a
-    ``base_url`` without ``model``, or an unknown provider.
+    ``base_url`` without ``model``, an unknown provider, a bad token or host pattern, or a
+    host that is not loopback without a token.
     """
 
     def __init__(
@@ -99,6 +115,10 @@ class RelayServer:
         previews: PreviewPolicy | None = None,
         ledger: str | None = None,
         audit: AuditPolicy | None = None,
+        token: str | None = None,
+        allowed_hosts: Sequence[str] = (),
+        allowed_origins: Sequence[str] = (),
+        models: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -116,11 +136,43 @@ class RelayServer:
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
+        if token == "auto":
+            token = secrets.token_urlsafe(32)
+        if token is None and not is_loopback(host):
+            raise ConfigError(
+                f"listening on {host} (beyond loopback) needs an access token: --token, "
+                "relay.token or TOOLLATCH_RELAY__TOKEN ('auto' makes one and prints it)"
+            )
+        self.token = token
+        """The access token every request must carry (None: none, on loopback only)."""
+        # a bound name is a Host to accept; a bound address is one already (an IP literal)
+        literal = not host or ":" in host or host.replace(".", "").isdigit()
+        bound = [] if literal else [host]
+        self.access = RelayAccess(
+            allowed_hosts=(*bound, *allowed_hosts),
+            allowed_origins=tuple(allowed_origins),
+            token=token,
+            any_ip_host=not is_loopback(host),
+        )
+        if models is None and self._scripted is not None:
+            models = tuple(self._scripted.scripts)
+        default = model or SCRIPTED_MODEL  # (always allowed: a request may leave it out)
+        self.models = (
+            (default, *(m for m in models if m != default)) if models is not None else None
+        )
+        self.cap: ConnectionCap | None = None
+        """The open connections (while serving)."""
         self._stack: contextlib.AsyncExitStack | None = None
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.relay: Relay | None = None
         self._bound: tuple[str, int] | None = None
+
+    @property
+    def token_url(self) -> str:
+        """:attr:`url` with ``/?token=...`` (opening it sets the token's cookie), or ``url/``
+        without a token."""
+        return f"{self.url}/?token={self.token}" if self.token else f"{self.url}/"
 
     @property
     def url(self) -> str:
@@ -154,8 +206,9 @@ class RelayServer:
             url = self.base_url
             assert url is not None
             base_url_for, providers = (lambda _provider: url), (self.provider,)
-        active = (self.limits or RelayLimits()).max_active_runs
-        http = [await stack.enter_async_context(model_http(active))]
+        limits = self.limits or RelayLimits()
+        cap = ConnectionCap(connection_cap(limits))
+        http = [await stack.enter_async_context(model_http(limits.max_active_runs))]
         workspace = Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="toollatch-relay-"))
         )
@@ -180,6 +233,8 @@ class RelayServer:
             ledger=ledger,
             history=history,
             audit=audit,
+            models=self.models,
+            access=self.access,
         )
         stack.push_async_callback(relay.runs.close)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
@@ -189,14 +244,14 @@ class RelayServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
-        server = loopback_server(relay.app, 1)
+        server = _uvicorn(relay, limits, cap)
         task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-relay")
         while not server.started and not task.done():
             await asyncio.sleep(0.002)
         if not server.started:
             await task
             raise UsageError("the relay did not start")
-        self._server, self._task, self.relay = server, task, relay
+        self._server, self._task, self.relay, self.cap = server, task, relay, cap
         self._bound = (self.host, sock.getsockname()[1])
 
     async def _open_ledger(
@@ -249,3 +304,22 @@ class RelayServer:
             self._server = self._task = self.relay = None
             self._bound = None
             await stack.aclose()
+
+
+def _uvicorn(relay: Relay, limits: RelayLimits, cap: ConnectionCap) -> uvicorn.Server:
+    """uvicorn for the relay: as the scripted server's (``loopback_server``), with the
+    guarded protocol (head size and time, the connection cap; :mod:`._guard`)."""
+    implementation = http_implementation()
+    config = uvicorn.Config(
+        relay.app,
+        http=guarded_protocol(implementation, limits, cap),
+        ws="none",
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+        backlog=BACKLOG,  # (also the accepts of one loop iteration, see BACKLOG)
+        h11_max_incomplete_event_size=limits.max_header_bytes + 1,  # (the guard answers first)
+    )
+    return uvicorn.Server(config)

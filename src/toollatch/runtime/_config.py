@@ -126,8 +126,12 @@ class ModelConfig(_Section):
     idle_s: _Seconds = 120.0
 
 
+_Names = Annotated[tuple[Annotated[str, Field(min_length=1)], ...], Field(strict=False)]
+
+
 class RelayConfig(_Section):
-    """The relay server, and the budgets of each run (also used by ``toollatch run``)."""
+    """The relay server, who may drive it, its bounds (:class:`toollatch.relay.RelayLimits`),
+    and the budgets of each run (also used by ``toollatch run``)."""
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
@@ -135,6 +139,25 @@ class RelayConfig(_Section):
     max_tool_calls: _Positive = 64
     deadline_s: _Seconds | None = DEFAULT_DEADLINE_S
     """-> ``RunLimits.deadline_s``: wall-clock limit of a whole run (null: none)."""
+    token: Annotated[str, Field(pattern=r"^(auto|[A-Za-z0-9._~-]{16,256})$")] | None = None
+    """The access token every request must carry (required when ``host`` is not loopback);
+    ``auto``: a new one, printed with the URL at start. Better in TOOLLATCH_RELAY__TOKEN."""
+    allowed_hosts: _Names = ()
+    """``Host`` names accepted besides loopback's and the bound one (``*.example.com``,
+    ``*``: any): behind a reverse proxy."""
+    allowed_origins: _Names = ()
+    """Origins a POST may come from besides the relay's own (``https://relay.example``)."""
+    models: _Names | None = None
+    """Model names the browser may pick (null: the configured model only; with the
+    scripted server, its scripts)."""
+    max_active_runs: _Positive = 16
+    max_session_runs: _Positive = 4
+    max_session_readers: _Positive = 8
+    max_connections: _Positive = 1000
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 65536
+    header_timeout_s: _Seconds = 10.0
+    idle_timeout_s: _Seconds = 5.0
+    body_timeout_s: _Seconds = 30.0
 
 
 class LedgerConfig(_Section):
@@ -310,10 +333,12 @@ class Config(_Section):
         }
 
     def effective(self) -> str:
-        """The effective configuration as YAML (every key, defaults included)."""
-        text: str = yaml.safe_dump(
-            self.model_dump(mode="json"), sort_keys=False, allow_unicode=True
-        )
+        """The effective configuration as YAML (every key, defaults included; an access
+        token shows as ``[set]``)."""
+        data = self.model_dump(mode="json")
+        if data["relay"]["token"] not in (None, "auto"):
+            data["relay"]["token"] = "[set]"
+        text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         return text
 
 
@@ -452,12 +477,25 @@ model:
   idle_s: 120                           # longest silence between two chunks
 
 relay:
-  host: 127.0.0.1
+  host: 127.0.0.1                       # beyond loopback (0.0.0.0) needs a token
   port: 8000
   max_rounds: 8                         # run limits (toollatch run uses them too)
   max_tool_calls: 64
   deadline_s: 900                       # wall-clock limit of a run (null: none); at it the
                                         # round in flight is cancelled, every call paired
+  token: null                           # access token (auto: make one); better in the env:
+                                        # TOOLLATCH_RELAY__TOKEN
+  allowed_hosts: []                     # Host names besides loopback's (*.example.com, *)
+  allowed_origins: []                   # origins a POST may come from besides the relay's
+  models: null                          # models the browser may pick (null: model.model)
+  max_active_runs: 16                   # runs in flight over all sessions (429 beyond)
+  max_session_runs: 4                   # runs in flight per session (429 beyond)
+  max_session_readers: 8                # event streams open per session (429 beyond)
+  max_connections: 1000                 # open connections (kept under ulimit -n)
+  max_header_bytes: 65536               # request line + headers (431 beyond)
+  header_timeout_s: 10                  # a request head must arrive within (408)
+  idle_timeout_s: 5                     # an idle keep-alive connection is closed after
+  body_timeout_s: 30                    # a request body must arrive within (408)
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:

@@ -248,7 +248,9 @@ async function send(event) {
   });
   const body = await response.json();
   if (!response.ok) { setStatus("error", body.error.message); return; }
-  sessionStorage.setItem(STORE, JSON.stringify({ ...body, message }));
+  // the session token stays in its HttpOnly cookie: only the run's URLs are kept here
+  const { id, events_url, cancel_url } = body;
+  sessionStorage.setItem(STORE, JSON.stringify({ id, events_url, cancel_url, message }));
   $("transcript").replaceChildren();
   $("gatelog").replaceChildren();
   follow(body, message);
@@ -258,7 +260,9 @@ async function stop() {
   if (!view) return;
   $("stop").disabled = true;
   setStatus("running", "stopping…");
-  await fetch(view.run.cancel_url, { method: "POST" });
+  await fetch(view.run.cancel_url, {
+    method: "POST", headers: { "content-type": "application/json" }, body: "{}",
+  });
 }
 
 window.addEventListener("DOMContentLoaded", () => {
