@@ -18,7 +18,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from .._preview import PreviewPolicy, ToolPreview
-from .._secrets import redact_secrets  # (re-exported: toollatch.relay.redact_secrets)
+from .._secrets import redact_secrets as redact_secrets  # noqa: PLC0414 (re-exported)
 
 
 def default_previews() -> PreviewPolicy:

@@ -182,13 +182,22 @@ class McpServerConfig(_Section):
     command: Annotated[tuple[str, ...], Field(strict=False, min_length=1)] | None = None
     url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     env: dict[str, str] = {}
-    inherit_env: bool = True
+    """Variables given to a stdio server (e.g. the one key it needs)."""
+    inherit_env: bool = False
+    """False: a stdio server starts with a minimal environment (PATH, HOME, the locale...)
+    plus ``env``; true: toollatch's whole environment (API keys included)."""
     eager: Annotated[tuple[str, ...], Field(strict=False)] = ()
     timeout_s: _Seconds | None = 30.0
     max_concurrency: _Positive = 4
     allow: Annotated[tuple[str, ...], Field(strict=False)] | None = None
     deny: Annotated[tuple[str, ...], Field(strict=False)] = ()
     connect_timeout_s: _Seconds = 30.0
+    max_schema_bytes: _Positive = 65_536
+    """Largest ``inputSchema`` of one tool (compact JSON bytes); a larger tool is left out."""
+    max_schema_depth: _Positive = 32
+    """Deepest nesting in one ``inputSchema``; a deeper tool is left out."""
+    max_description_chars: Annotated[int, Field(ge=0)] = 4096
+    """A longer tool description is cut to this before the model sees it."""
 
 
 class McpConfig(_Section):
@@ -476,11 +485,16 @@ mcp:
   servers: []                           # MCP servers whose tools the agent may call, e.g.
   # - name: notes                       #   prefix of its tool names on a collision
   #   command: [python, -m, toollatch.mcp.example_server]   # stdio; or url: http://HOST/mcp
+  #   env: {}                           #   variables for a stdio server (e.g. its own key)
+  #   inherit_env: false                #   false: PATH, HOME, locale... + env; true: all of ours
   #   eager: []                         #   its tools that may start early (patterns)
   #   timeout_s: 30                     #   run-time limit of one call
   #   max_concurrency: 4                #   its calls running at once
   #   allow: null                       #   patterns the gate lets through (null: all)
   #   deny: []                          #   patterns the gate refuses
+  #   max_schema_bytes: 65536           #   a tool whose inputSchema is larger is left out
+  #   max_schema_depth: 32              #   ... or nested deeper
+  #   max_description_chars: 4096       #   a longer description is cut
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""
 
