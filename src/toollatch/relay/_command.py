@@ -65,7 +65,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from .._errors import ConfigError, UsageError  # noqa: PLC0415
     from ..mcp import source_from_config  # noqa: PLC0415
     from ..runtime._command import CommandError, load_tool_file  # noqa: PLC0415
-    from ..runtime._config import load_config  # noqa: PLC0415
+    from ..runtime._config import configured  # noqa: PLC0415
     from ..runtime._tools import Tool  # noqa: PLC0415
     from ._server import RelayServer  # noqa: PLC0415
 
@@ -73,7 +73,7 @@ def serve_command(args: argparse.Namespace) -> int:
         tools: list[Tool[..., Any]] | None = None
         for path in args.tools or ():
             tools = (tools or []) + load_tool_file(path)
-        c = load_config(args.config) if args.config else None
+        c = configured(args.config)  # (TOOLLATCH_... variables with or without --config)
         base_url = args.base_url or (c.model.base_url if c else None)
         model = args.model or (c.model.model if c else None)
         if base_url is not None and not model:

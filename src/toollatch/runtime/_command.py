@@ -40,7 +40,7 @@ from ..scripted._server import ScriptedServer
 from ._agent import Agent, RunLimits
 from ._agent_events import AgentEvent
 from ._clients import ModelClient, ModelError, model_client
-from ._config import Config, load_config
+from ._config import Config, configured
 from ._examples import example_tools
 from ._tools import Tool
 
@@ -98,14 +98,14 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> Config | None:
-    """The ``--config`` file with its ``TOOLLATCH_...`` overrides; None without the flag
-    (then the run has the library's defaults, eager tools starting early)."""
-    if getattr(args, "config", None) is None:
-        return None
+    """The ``--config`` file with the ``TOOLLATCH_...`` overrides, read with or without the
+    flag; None with neither (then the run has the library's defaults, eager tools starting
+    early)."""
+    path = getattr(args, "config", None)
     try:
-        return load_config(args.config)
+        return configured(path)
     except ConfigError as exc:
-        raise CommandError(f"--config {args.config}: {exc}") from None
+        raise CommandError(f"{f'--config {path}' if path else 'environment'}: {exc}") from None
 
 
 def _agent(

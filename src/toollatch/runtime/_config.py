@@ -5,7 +5,9 @@ environment overrides (the value is read as one YAML scalar or flow value, so ``
 ``60`` and ``[a, b]`` mean what they say), validated by pydantic in strict mode: an unknown
 key, a value of the wrong type or out of range is a :class:`ConfigError` naming the key, the
 value and what was expected, one line per problem. Precedence: command-line flags over the
-environment over the file over the defaults here.
+environment over the file over the defaults here. The environment is read with or without
+a file (:func:`configured`: ``toollatch run`` and ``serve`` without ``--config`` but with a
+``TOOLLATCH_...`` variable run as with an empty file plus the variables).
 
 The sections map onto what the library already takes; each ``Config`` method builds one
 of those values, so the file adds no second set of rules:
@@ -338,6 +340,24 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     return validate(data, source=source, env_keys=overridden)
 
 
+def configured(
+    path: str | Path | None = None, *, env: Mapping[str, str] | None = None
+) -> Config | None:
+    """What the commands run with: :func:`load_config` of ``path`` when there is a file or
+    any ``TOOLLATCH_<SECTION>__<KEY>`` variable in ``env`` (default ``os.environ``), so that
+    the environment is read with or without ``--config``; None when there are neither (the
+    library's own defaults, which differ in places: eager tools start early). Raises
+    ``ConfigError`` as :func:`load_config` does."""
+    environ = os.environ if env is None else env
+    if path is None and not any(_is_override(name) for name in environ):
+        return None
+    return load_config(path, env=environ)
+
+
+def _is_override(name: str) -> bool:
+    return name.startswith(ENV_PREFIX) and "__" in name
+
+
 def validate(
     data: Mapping[str, Any], *, source: str = "config", env_keys: Mapping[str, str] | None = None
 ) -> Config:
@@ -399,7 +419,7 @@ def _env_overrides(env: Mapping[str, str], data: dict[str, Any]) -> dict[str, st
     """Apply ``TOOLLATCH_SECTION__KEY=value`` to ``data``; returns ``{key: variable}``."""
     applied: dict[str, str] = {}
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+        if not _is_override(name):
             continue  # other TOOLLATCH_ variables are not configuration
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         if len(parts) != 2 or not all(parts):
@@ -423,7 +443,8 @@ EXAMPLE = """\
 # toollatch configuration (every key optional; the values shown are the defaults).
 # Environment overrides: TOOLLATCH_<SECTION>__<KEY>=value, e.g.
 #   TOOLLATCH_AGENT_STREAM_ASSEMBLE__MAX_TOOL_ARGUMENT_BYTES=65536
-# Command-line flags win over the environment, the environment over this file.
+# Command-line flags win over the environment, the environment over this file (the
+# variables are read with or without --config).
 
 agent_stream_assemble:
   max_tool_argument_bytes: 262144       # argument text per call; more fails the call
