@@ -10,12 +10,16 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import ConfigError
+from .._preview import Redactor
 from ._audit import AuditStore, MemoryAudit
 from ._base import Ledger, MemoryLedger
 from ._history import History, MemoryHistory, SQLiteHistory
+from ._redacted import RedactedHistory, RedactedLedger
 
 
-def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
+def open_ledger(
+    url: str, *, create_folder: bool = False, redactor: Redactor | None = None
+) -> Ledger:
     """The ledger a URL names: ``memory:``, ``sqlite:///PATH`` (SQLAlchemy's convention:
     ``sqlite:///ledger.db`` is relative to the working folder, ``sqlite:////var/x.db``
     absolute; https://docs.sqlalchemy.org/en/20/core/engines.html#sqlite) or
@@ -24,7 +28,13 @@ def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
     ``-shm`` files; see :func:`~toollatch.ledger._sqlite.create_private`).
     ``create_folder``: make a SQLite file's missing folders (for :func:`default_ledger_url`;
     off by default so that a mistyped path is an error). ``ConfigError`` for any other URL
-    or a missing package."""
+    or a missing package. ``redactor``: every result passes it before it is stored
+    (:class:`~toollatch.ledger._redacted.RedactedLedger`)."""
+    ledger = _ledger(url, create_folder)
+    return ledger if redactor is None else RedactedLedger(ledger, redactor)
+
+
+def _ledger(url: str, create_folder: bool) -> Ledger:
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryLedger()
@@ -41,10 +51,16 @@ def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
     raise _unknown(url)
 
 
-def open_history(url: str) -> History:
+def open_history(url: str, *, redactor: Redactor | None = None) -> History:
     """The run-history store beside the ledger a URL names (see :func:`open_ledger`):
     ``memory:``, the same SQLite file (its own table), or the same Redis server. ``ConfigError``
-    for any other URL."""
+    for any other URL. ``redactor``: every message passes it before it is stored
+    (:class:`~toollatch.ledger._redacted.RedactedHistory`)."""
+    history = _history(url)
+    return history if redactor is None else RedactedHistory(history, redactor)
+
+
+def _history(url: str) -> History:
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryHistory()

@@ -151,8 +151,9 @@ def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any
         raise CommandError("ledger.audit_uncommitted needs a ledger (--ledger or ledger.url)")
     if url:
         try:
-            found["ledger"] = open_ledger(url)
-            found["history_store"] = open_history(url)
+            redactor = c.stored_redactor() if c is not None else None  # (ledger.redact)
+            found["ledger"] = open_ledger(url, redactor=redactor)
+            found["history_store"] = open_history(url, redactor=redactor)
             if audit is not None:
                 found["audit"] = ArgumentAudit(open_audit(url), audit)
         except (ConfigError, UsageError) as exc:

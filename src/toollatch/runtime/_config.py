@@ -39,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._errors import ConfigError, ErrorCode
 from .._limits import Limits
-from .._preview import PreviewPolicy, ToolPreview
+from .._preview import PreviewPolicy, Redactor, ToolPreview
+from .._secrets import redact_secrets
 from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
 from ._agent import RunLimits
@@ -155,6 +156,10 @@ class LedgerConfig(_Section):
     """Seconds a record is kept."""
     audit_max_per_scope: _Positive = 1000
     """Newest records kept per run or session."""
+    redact: bool = False
+    """Store arguments and results through the built-in redactor (``redact_secrets``): the
+    run history's messages and the ledger's results keep ``[redacted]`` where a secret was
+    (a resumed run's model then reads them so, a retried call gets its stored result so)."""
 
 
 _ResultBytes = Annotated[int, Field(ge=MIN_RESULT_BYTES)]
@@ -285,6 +290,10 @@ class Config(_Section):
             retention_s=g.audit_retention_s,
             max_per_scope=g.audit_max_per_scope,
         )
+
+    def stored_redactor(self) -> Redactor | None:
+        """The redactor of what the ledger and its history store (``ledger.redact``)."""
+        return redact_secrets if self.ledger.redact else None
 
     def result_limits(self) -> ResultLimits:
         """The size budgets of tool results."""
@@ -494,6 +503,7 @@ ledger:
   audit_max_bytes: 512                  # redacted (by the previews rules) argument text kept
   audit_retention_s: 86400              # seconds a record is kept
   audit_max_per_scope: 1000             # newest records kept per run
+  redact: false                         # store history and results through the redactor
 results:
   max_bytes: 65536                      # a tool result's budget in UTF-8 bytes (>= 256); cut beyond
   tools: {}                             # per tool: read_file: 262144 (over @tool(max_result_bytes))
