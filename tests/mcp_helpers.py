@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +25,13 @@ SERVER = [sys.executable, "-m", "toollatch.mcp.example_server"]
 def stdio_server(tmp: Path, name: str = "ex", **policy: Any) -> McpServer:
     """The example server over stdio, logging to ``tmp/<name>.log``, notes in ``tmp``."""
     argv = (*SERVER, "--log", str(tmp / f"{name}.log"), "--notes", str(tmp), "--name", name)
-    return McpServer(name=name, command=argv, **policy)
+    return McpServer(name=name, command=argv, **{"env": tree_env(), **policy})
+
+
+def tree_env() -> dict[str, str]:
+    """``PYTHONPATH`` when set (a stdio server gets a minimal environment, so the tests'
+    source tree is passed on explicitly)."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
 
 
 @contextmanager
@@ -93,5 +100,3 @@ def chat_round(specs: Sequence[ToolSpec], calls: Sequence[tuple[str, str, Any]])
         parser.feed_event({"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
     parser.feed_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     return parser.finish()
-
-

@@ -17,7 +17,7 @@ from toollatch._errors import ConfigError, ErrorCode
 from toollatch._limits import Limits
 from toollatch.runtime._agent import RunLimits
 from toollatch.runtime._clients import ClientLimits
-from toollatch.runtime._config import EXAMPLE, Config, load_config, validate
+from toollatch.runtime._config import EXAMPLE, Config, configured, load_config, validate
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -245,3 +245,33 @@ def test_run_with_a_bad_config_is_a_usage_error(tmp_path):
     path = write(tmp_path, "model: {api_key_env: TOOLLATCH_TEST_UNSET_KEY}\n")
     done = cli("run", "--config", str(path))
     assert done.returncode == 2 and "TOOLLATCH_TEST_UNSET_KEY is not set" in done.stderr
+
+
+def test_the_environment_is_read_with_or_without_a_file(tmp_path):
+    assert configured(None, env={"HOME": "/h", "TOOLLATCH_MCP_LOG": "x"}) is None  # (not config)
+    c = configured(None, env={"TOOLLATCH_RELAY__MAX_ROUNDS": "2"})
+    assert c is not None
+    assert c.relay.max_rounds == 2
+    path = write(tmp_path, "relay: {max_rounds: 5}\n")
+    assert configured(path, env={}).relay.max_rounds == 5  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="TOOLLATCH_RELAY__MAX_ROUNDS"):
+        configured(None, env={"TOOLLATCH_RELAY__MAX_ROUNDS": "0"})
+
+
+def test_run_reads_the_environment_without_config_and_flags_win_over_it(tmp_path):
+    # precedence: flag > environment > file > default (the demo conversation has 3 rounds)
+    ws = str(tmp_path / "ws")
+    one = {"TOOLLATCH_RELAY__MAX_ROUNDS": "1"}
+    assert run_json("--workspace", ws, env=one)[-1]["rounds"] == 1  # no --config needed
+    path = write(tmp_path, "relay: {max_rounds: 2}\n")
+    assert run_json("--config", str(path), "--workspace", ws)[-1]["rounds"] == 2
+    assert run_json("--config", str(path), "--workspace", ws, env=one)[-1]["rounds"] == 1
+    flagged = run_json("--config", str(path), "--max-rounds", "3", "--workspace", ws, env=one)
+    assert flagged[-1]["rounds"] == 3
+    db = tmp_path / "env-ledger.db"
+    run_json("--workspace", ws, env={"TOOLLATCH_LEDGER__URL": f"sqlite:///{db}"})
+    assert db.is_file()  # the ledger the environment names, without --config
+    done = cli("run", "--workspace", ws, env={"TOOLLATCH_RELAY__MAX_ROUNDS": "0"})
+    assert done.returncode == 2
+    assert "TOOLLATCH_RELAY__MAX_ROUNDS" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -27,6 +27,8 @@ from toollatch.ledger import (
     Won,
     default_ledger_url,
     digest_of,
+    open_audit,
+    open_history,
     open_ledger,
 )
 from toollatch.ledger._redis import RedisLedger
@@ -260,7 +262,47 @@ def test_open_ledger_kinds(tmp_path: Path) -> None:
     assert isinstance(open_ledger("memory:"), Ledger)
     relative = open_ledger("sqlite:///ledger.db")
     assert isinstance(relative, SQLiteLedger)
-    assert relative.path == Path("ledger.db")
+    assert relative.path == Path.cwd() / "ledger.db"  # (the working folder's, made absolute)
+
+
+async def test_sqlite_urls_follow_sqlalchemys_rule(tmp_path, monkeypatch):
+    # https://docs.sqlalchemy.org/en/20/core/engines.html#sqlite: three slashes and the
+    # path is relative, four and it is absolute
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    cases = {
+        "sqlite:///rel.db": tmp_path / "rel.db",
+        "sqlite:///sub/rel.db": tmp_path / "sub" / "rel.db",
+        f"sqlite:///{tmp_path}/abs.db": tmp_path / "abs.db",  # (tmp_path starts with /)
+        f"sqlite:////{str(tmp_path).lstrip('/')}/abs2.db": tmp_path / "abs2.db",
+        "sqlite:///sp%20ace.db": tmp_path / "sp ace.db",
+    }
+    for url, path in cases.items():
+        assert open_ledger(url).path == path, url  # type: ignore[attr-defined]
+        assert open_history(url).path == path, url  # type: ignore[attr-defined]
+        assert open_audit(url).path == path, url  # type: ignore[attr-defined]
+    # relative to the working folder of the open, not of the first write
+    ledger = open_ledger("sqlite:///rel.db")
+    monkeypatch.chdir(tmp_path / "sub")
+    assert await ledger.get(KEY) is None
+    await ledger.aclose()
+    assert (tmp_path / "rel.db").is_file()
+    assert not (tmp_path / "sub" / "rel.db").exists()
+
+
+@pytest.mark.parametrize("opener", [open_ledger, open_history, open_audit])
+def test_a_relative_path_meant_absolute_is_refused_with_the_url_to_write(
+    opener, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # (no "dev" folder here; / has one)
+    with pytest.raises(ConfigError, match=r"relative path 'dev/null'.*'sqlite:////dev/null'"):
+        opener("sqlite:///dev/null")
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db?mode=ro", "sqlite:///x.db#f", "sqlite:///x.db?"])
+def test_a_sqlite_url_with_options_is_refused(url):
+    with pytest.raises(ConfigError, match=r"no \?options"):
+        open_ledger(url)
 
 
 async def test_the_default_ledger_is_sqlite_in_the_users_data_folder(tmp_path: Path) -> None:

@@ -196,3 +196,15 @@ def test_the_config_files_ledger_url_is_checked() -> None:
     assert validate({}).ledger.url is None  # serve's default: SQLite in the data folder
     with pytest.raises(ConfigError, match=r"ledger\.url"):
         validate({"ledger": {"url": "postgres://x/y"}})
+
+
+def test_serve_reads_the_environment_without_config(
+    tmp_path: Path, data_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen = tmp_path / "from-env.db"
+    monkeypatch.setenv("TOOLLATCH_LEDGER__URL", f"sqlite:///{chosen}")  # (the server inherits it)
+    with serving() as url:
+        run, session, ended = _demo(url)
+    ids = [c["id"] for c in ended["calls"]]
+    assert asyncio.run(_states(chosen, run_scope(session, run["id"]), ids)) == ["completed"] * 3
+    assert not data_home.exists()  # not the default ledger

@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import enum
 import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -461,6 +462,73 @@ async def test_write_file_refuses_a_symlink_out_of_the_workspace(tmp_path):
     assert outcome.is_error
     assert "leaves the workspace" in outcome.content
     assert not (outside / "x.txt").exists()
+
+
+async def test_write_file_refuses_a_hard_link(tmp_path):
+    write = _by_name(tmp_path)["write_file"]
+    outside = tmp_path / "outside.txt"
+    outside.write_text("theirs")
+    os.link(outside, tmp_path / "ws" / "notes.txt")  # a name inside, the file outside
+    outcome = await write.invoke({"path": "notes.txt", "content": "mine"})
+    assert outcome.is_error
+    assert "2 hard links" in outcome.content
+    assert outside.read_text() == "theirs"  # not even truncated
+
+
+async def test_write_file_follows_no_symbolic_link_even_one_inside(tmp_path):
+    write = _by_name(tmp_path)["write_file"]
+    ws = tmp_path / "ws"
+    (ws / "real").mkdir()
+    (ws / "alias").symlink_to(ws / "real")
+    (ws / "file.txt").write_text("old")
+    (ws / "file-link.txt").symlink_to(ws / "file.txt")
+    for path in ("alias/x.txt", "file-link.txt"):
+        outcome = await write.invoke({"path": path, "content": "x"})
+        assert outcome.is_error, path
+        assert "symbolic link" in outcome.content, path
+    assert not (ws / "real" / "x.txt").exists()
+    assert (ws / "file.txt").read_text() == "old"
+
+
+async def test_write_file_a_directory_swapped_for_a_link_after_the_check_is_refused(
+    tmp_path, monkeypatch
+):
+    # The race: the path is checked, then (here: at the first mkdir on the way, the moment
+    # a resolve-then-write implementation has checked and not yet opened) another process
+    # swaps a directory on the path for a symbolic link to outside the workspace.
+    write = _by_name(tmp_path)["write_file"]
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "real").mkdir()
+    outside.mkdir()
+    real_mkdir = os.mkdir
+    swapped: list[bool] = []
+
+    def mkdir_after_a_swap(*args: Any, **kwargs: Any) -> None:
+        if not swapped:
+            swapped.append(True)
+            (ws / "real").rename(tmp_path / "saved")
+            (ws / "real").symlink_to(outside)
+        real_mkdir(*args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_after_a_swap)
+    outcome = await write.invoke({"path": "real/x.txt", "content": "x"})
+    monkeypatch.undo()
+    assert swapped
+    assert outcome.is_error
+    assert "symbolic link" in outcome.content
+    assert list(outside.iterdir()) == []
+
+
+async def test_write_file_replaces_a_plain_file_and_accepts_dot_steps(tmp_path):
+    write = _by_name(tmp_path)["write_file"]
+    target = tmp_path / "ws" / "a" / "b.txt"
+    for content in ("a longer first text", "short"):
+        outcome = await write.invoke({"path": "./a/./b.txt", "content": content})
+        assert not outcome.is_error
+        assert json.loads(outcome.content)["path"] == "a/b.txt"
+    assert target.read_text() == "short"  # cut before written
+    outcome = await write.invoke({"path": "a", "content": "x"})  # a directory
+    assert outcome.is_error
 
 
 async def test_write_file_size_limit(tmp_path):

@@ -10,24 +10,36 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import ConfigError
+from .._preview import Redactor
 from ._audit import AuditStore, MemoryAudit
 from ._base import Ledger, MemoryLedger
 from ._history import History, MemoryHistory, SQLiteHistory
+from ._redacted import RedactedHistory, RedactedLedger
 
 
-def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
+def open_ledger(
+    url: str, *, create_folder: bool = False, redactor: Redactor | None = None
+) -> Ledger:
     """The ledger a URL names: ``memory:``, ``sqlite:///PATH`` (SQLAlchemy's convention:
     ``sqlite:///ledger.db`` is relative to the working folder, ``sqlite:////var/x.db``
     absolute; https://docs.sqlalchemy.org/en/20/core/engines.html#sqlite) or
     ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://`` for TLS; needs the ``redis`` extra).
+    A SQLite file toollatch creates is private (mode 0600, and so are its ``-wal`` and
+    ``-shm`` files; see :func:`~toollatch.ledger._sqlite.create_private`).
     ``create_folder``: make a SQLite file's missing folders (for :func:`default_ledger_url`;
     off by default so that a mistyped path is an error). ``ConfigError`` for any other URL
-    or a missing package."""
+    or a missing package. ``redactor``: every result passes it before it is stored
+    (:class:`~toollatch.ledger._redacted.RedactedLedger`)."""
+    ledger = _ledger(url, create_folder)
+    return ledger if redactor is None else RedactedLedger(ledger, redactor)
+
+
+def _ledger(url: str, create_folder: bool) -> Ledger:
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryLedger()
     if scheme == "sqlite":
-        path = _sqlite_path(url)
+        path = _sqlite_path(url, create_folder=create_folder)
         from ._sqlite import SQLiteLedger  # noqa: PLC0415 (keeps the package import light)
 
         return SQLiteLedger(path, create_folder=create_folder)
@@ -39,10 +51,16 @@ def open_ledger(url: str, *, create_folder: bool = False) -> Ledger:
     raise _unknown(url)
 
 
-def open_history(url: str) -> History:
+def open_history(url: str, *, redactor: Redactor | None = None) -> History:
     """The run-history store beside the ledger a URL names (see :func:`open_ledger`):
     ``memory:``, the same SQLite file (its own table), or the same Redis server. ``ConfigError``
-    for any other URL."""
+    for any other URL. ``redactor``: every message passes it before it is stored
+    (:class:`~toollatch.ledger._redacted.RedactedHistory`)."""
+    history = _history(url)
+    return history if redactor is None else RedactedHistory(history, redactor)
+
+
+def _history(url: str) -> History:
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryHistory()
@@ -64,7 +82,7 @@ def open_audit(url: str, *, create_folder: bool = False) -> AuditStore:
     if scheme == "memory":
         return MemoryAudit()
     if scheme == "sqlite":
-        path = _sqlite_path(url)
+        path = _sqlite_path(url, create_folder=create_folder)
         from ._audit_sqlite import SQLiteAudit  # noqa: PLC0415 (keeps the package import light)
 
         return SQLiteAudit(path, create_folder=create_folder)
@@ -82,13 +100,31 @@ def _scheme(url: str) -> str:
     return urlsplit(url).scheme
 
 
-def _sqlite_path(url: str) -> str:
-    """The file a ``sqlite:///PATH`` URL names (``ConfigError`` when it names none)."""
+def _sqlite_path(url: str, *, create_folder: bool = False) -> str:
+    """The file a ``sqlite:///PATH`` URL names, by SQLAlchemy's rule (the part after
+    ``sqlite:///`` is the path: ``sqlite:///ledger.db`` relative to the working folder,
+    ``sqlite:////var/x.db`` absolute; https://docs.sqlalchemy.org/en/20/core/engines.html#sqlite),
+    made absolute now: a relative file is the working folder's at the time of the open,
+    not of the first write. ``ConfigError`` when it names no file, has a query or fragment
+    (driver options toollatch does not take), or is relative with a folder that does not
+    exist when the absolute reading's does (``sqlite:///dev/null``, written for
+    ``sqlite:////dev/null``): the error says which to write."""
     parts = urlsplit(url)
     path = unquote(parts.path[1:] if parts.netloc == "" else "")
     if not path or path.endswith("/"):
         raise ConfigError(f"a sqlite ledger URL names a file: sqlite:///PATH, got {url!r}")
-    return path
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ConfigError(f"a sqlite ledger URL takes no ?options or #fragment, got {url!r}")
+    if Path(path).is_absolute() or path == ":memory:":  # (SQLite's own name for no file)
+        return path
+    folder = Path(path).parent
+    if not create_folder and not folder.is_dir() and Path("/", path).parent.is_dir():
+        raise ConfigError(
+            f"{url!r} names the relative path {path!r} (three slashes: relative to the working "
+            f"folder, whose {str(folder)!r} does not exist); for the absolute path write "
+            f"'sqlite:////{path}' (four slashes, SQLAlchemy's rule)"
+        )
+    return str(Path.cwd() / path)
 
 
 def _unknown(url: str) -> ConfigError:

@@ -12,8 +12,11 @@ calls run in one worker thread per ledger, which owns the connection.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +43,7 @@ from ._records import (
 )
 
 T = TypeVar("T")
+_log = logging.getLogger("toollatch.ledger")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS toollatch_calls (
@@ -193,7 +197,9 @@ def _retrying(
 
 
 def _connect(path: Path, busy_ms: int, schema: tuple[str, ...] = (_SCHEMA,)) -> sqlite3.Connection:
-    """A connection to ``path`` in WAL mode with ``schema`` (its tables) created."""
+    """A connection to ``path`` in WAL mode with ``schema`` (its tables) created; a new file
+    is created private first (:func:`create_private`)."""
+    create_private(path)
     # isolation_level=None: transactions are the explicit BEGIN IMMEDIATE of _immediate.
     conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
@@ -201,6 +207,53 @@ def _connect(path: Path, busy_ms: int, schema: tuple[str, ...] = (_SCHEMA,)) -> 
     for statement in ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL", *schema):
         setup_statement(conn, statement, deadline)
     return conn
+
+
+PRIVATE_MODE = 0o600
+"""The mode of a SQLite file toollatch creates: it holds tool arguments (the run history)
+and results, which are the user's data and may hold secrets."""
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 when nothing is there, before SQLite opens it.
+
+    Why this way: SQLite creates a missing file with 0644 minus the umask (usually
+    world-readable), and gives its ``-wal`` and ``-shm`` files the mode of the database
+    file (os_unix.c ``findCreateFileMode``, and ``unixOpenSharedMemory`` for ``-shm``), so
+    a database created private keeps all three private. ``O_CREAT | O_EXCL`` creates it or
+    fails when anything (a file, a link, a device) is there, which is then left as it is:
+    no check-then-create window, and no other file's mode is changed. The ``fchmod`` makes
+    the mode independent of the umask (0600 minus a umask of 0o200 would be 0400, a file
+    SQLite could not write), and is never broader than 0600 in between. A file that exists
+    keeps its mode (the user's choice), with a warning when others may read it. A path that
+    cannot be created here (a missing folder) is left to SQLite to report."""
+    if str(path) == ":memory:" or str(path).startswith("file:"):
+        return
+    try:
+        fd = os.open(path, _CREATE, PRIVATE_MODE)
+    except FileExistsError:
+        _warn_if_shared(path)
+        return
+    except OSError:
+        return  # (SQLite's open reports it, as it would have)
+    try:
+        os.fchmod(fd, PRIVATE_MODE)
+    finally:
+        os.close(fd)
+
+
+def _warn_if_shared(path: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) and mode & 0o077:
+        _log.warning(
+            "SQLite file %s is readable by others (mode %o): it holds tool arguments and "
+            "results; chmod 600 it (and its -wal and -shm files)",
+            path, stat.S_IMODE(mode),
+        )  # fmt: skip
 
 
 def setup_statement(conn: sqlite3.Connection, statement: str, deadline: float) -> None:
@@ -320,7 +373,8 @@ class SQLiteFile:
         try:
             if self._conn is None:
                 if self._create_folder:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    # (the last folder private: it holds the ledger and its history)
+                    self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._conn = _connect(self.path, self._busy_ms, self._schema)
             return _retrying(self._conn, fn, time.monotonic() + self._busy_ms / 1000)
         except (sqlite3.Error, OSError) as exc:

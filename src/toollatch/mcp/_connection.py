@@ -108,7 +108,8 @@ class Connection:
         server = self.server
         if server.command is None:
             return server.url
-        env = {**os.environ, **server.env} if server.inherit_env else dict(server.env)
+        env = dict(os.environ) if server.inherit_env else minimal_environment()
+        env.update(server.env)
         return StdioServerParameters(
             command=server.command[0], args=list(server.command[1:]), env=env
         )
@@ -191,6 +192,25 @@ class Connection:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+_LOCALE = ("LANG", "LANGUAGE", "TZ", "TMPDIR")
+
+
+def minimal_environment() -> dict[str, str]:
+    """What a stdio server gets without ``inherit_env``: the SDK's default environment
+    (``mcp.client.stdio.get_default_environment``: ``HOME``, ``LOGNAME``, ``PATH``,
+    ``SHELL``, ``TERM``, ``USER``, or Windows' system variables; the SDK merges the ``env`` it
+    is given over the same list, which we build here too so that the rule does not depend on
+    the SDK's version) plus the locale, ``TZ`` and ``TMPDIR``. A value that starts with
+    ``()`` (an exported shell function) is left out, as the SDK does."""
+    from mcp.client.stdio import get_default_environment  # noqa: PLC0415 (the optional extra)
+
+    env = get_default_environment()
+    for name, value in os.environ.items():
+        if (name in _LOCALE or name.startswith("LC_")) and not value.startswith("()"):
+            env[name] = value
+    return env
 
 
 def _failed(code: ErrorCode, detail: str) -> ToolOutcome:

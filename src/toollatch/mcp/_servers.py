@@ -37,10 +37,14 @@ class McpServer:
     url: str | None = None
     """``http(s)://HOST:PORT/PATH`` (streamable HTTP)."""
     env: Mapping[str, str] = field(default_factory=dict)
-    """Variables set for a stdio server, over the environment it inherits."""
-    inherit_env: bool = True
-    """A stdio server inherits toollatch's environment (as a shell would run the command);
-    False: only the SDK's short safe list (HOME, PATH, ...) plus ``env``."""
+    """Variables set for a stdio server (over the short list it gets, see ``inherit_env``):
+    the way to give one server the key it needs, and only that one."""
+    inherit_env: bool = False
+    """False (the default): a stdio server starts with a minimal environment, the MCP SDK's
+    own default list (``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM``, ``USER``; on
+    Windows its system variables) plus the locale (``LANG``, ``LANGUAGE``, ``LC_*``), ``TZ``
+    and ``TMPDIR``, plus ``env``: never toollatch's API keys or other secrets. True: the
+    whole environment of toollatch, as a shell would run the command (then ``env`` over it)."""
     eager: tuple[str, ...] = ()
     """The server's tool names (``fnmatch`` patterns) that may start before the round ends."""
     timeout_s: float | None = 30.0
@@ -53,6 +57,16 @@ class McpServer:
     """Patterns of the tools the gate refuses (wins over ``allow``)."""
     connect_timeout_s: float = 30.0
     """Longest wait for the connection and the first tool listing."""
+    max_schema_bytes: int = 65_536
+    """Largest ``inputSchema`` of one tool, in bytes of compact JSON; a tool over it is left
+    out with a warning. Every schema goes to the model with every request: real tools' are
+    a few KiB, so 64 KiB leaves room while a 5 MB one cannot ride on each round."""
+    max_schema_depth: int = 32
+    """Deepest nesting of objects and arrays in one ``inputSchema`` (more: left out)."""
+    max_description_chars: int = 4096
+    """Longest tool description passed to the model; a longer one is cut there (with a
+    warning). The text is the server's, read by the model as instructions: see the README's
+    security model."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _SERVER_NAME.match(self.name):
@@ -71,9 +85,15 @@ class McpServer:
                 continue
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"MCP server {self.name!r}: {what} must be positive seconds")
-        limit = self.max_concurrency
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ConfigError(f"MCP server {self.name!r}: max_concurrency must be an integer >= 1")
+        for what in ("max_concurrency", "max_schema_bytes", "max_schema_depth"):
+            limit = getattr(self, what)
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                raise ConfigError(f"MCP server {self.name!r}: {what} must be an integer >= 1")
+        limit = self.max_description_chars
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ConfigError(
+                f"MCP server {self.name!r}: max_description_chars must be an integer >= 0"
+            )
 
     @property
     def transport(self) -> str:

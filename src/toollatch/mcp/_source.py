@@ -18,7 +18,10 @@ List changes. A server's ``notifications/tools/list_changed`` marks it stale; th
 :meth:`refresh` (between rounds) lists it again. A tool that stays keeps its :class:`Tool`
 object (and so its name); a listing that fails keeps the previous tools, whose calls then
 fail without being sent when the server is gone. A tool whose ``inputSchema`` is not a
-usable JSON Schema is left out, with a warning on the ``toollatch.mcp`` logger.
+usable JSON Schema, or is over the server's ``max_schema_bytes`` / ``max_schema_depth``, is
+left out, with a warning on the ``toollatch.mcp`` logger naming the server and the tool; a
+description over ``max_description_chars`` is cut (what a server writes there reaches the
+model as it is, so its length at least is bounded).
 
 One source may serve several agents at once (``toollatch serve``): the connections, and
 each server's ``max_concurrency``, are shared.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import hashlib
+import json
 import logging
 import re
 from collections import Counter
@@ -174,11 +178,12 @@ class McpToolSource:
             return await conn.call(key[1], arguments)
 
         try:
+            schema, description = bounded(server, key[1], mcp_tool)
             made = schema_tool(
                 name,
-                dict(mcp_tool.input_schema or {"type": "object"}),
+                schema,
                 call,
-                description=str(mcp_tool.description or ""),
+                description=description,
                 eager=any(fnmatch.fnmatchcase(key[1], p) for p in server.eager),
                 timeout=server.timeout_s,
             )
@@ -186,6 +191,51 @@ class McpToolSource:
             _log.warning("MCP server %r: tool %r skipped: %s", key[0], key[1], exc)
             return None
         return made
+
+
+def bounded(server: McpServer, tool: str, mcp_tool: Any) -> tuple[dict[str, Any], str]:
+    """The tool's ``inputSchema`` and description within ``server``'s limits: raises
+    ``ConfigError`` naming the server, the tool, the size and the limit for a schema too
+    deep or too large (the tool is then left out); a description over
+    ``max_description_chars`` is cut there, with a warning naming both."""
+    schema = dict(mcp_tool.input_schema or {"type": "object"})
+    where = f"MCP server {server.name!r}: tool {tool!r}"
+    depth = _depth(schema, server.max_schema_depth)
+    if depth > server.max_schema_depth:
+        raise ConfigError(
+            f"its inputSchema nests deeper than max_schema_depth {server.max_schema_depth}"
+        )
+    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > server.max_schema_bytes:
+        raise ConfigError(
+            f"its inputSchema is {size} bytes, over max_schema_bytes {server.max_schema_bytes}"
+        )
+    description = str(mcp_tool.description or "")
+    limit = server.max_description_chars
+    if len(description) > limit:
+        _log.warning(
+            "%s: description of %d characters cut to max_description_chars %d",
+            where, len(description), limit,
+        )  # fmt: skip
+        description = description[:limit]
+    return schema, description
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep objects and arrays nest in ``value`` (a scalar: 0), counted without recursion
+    and no further than ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        deepest = max(deepest, level)
+        if level > limit:
+            break
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 async def _open_all(conns: list[Connection]) -> None:

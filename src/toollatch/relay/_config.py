@@ -12,28 +12,13 @@ repeats every argument and result) is not sent: its key stays, empty, with
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
-from .._preview import REDACTED, PreviewPolicy, ToolPreview
-
-_SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api[_-]?key|auth|credential|cookie)", re.I)
-_SECRET_TEXT = re.compile(
-    r"(sk|pk|rk|ghp|gho|xox[abpr])[-_][A-Za-z0-9_-]{12,}|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
-)
-
-
-def redact_secrets(pointer: str, text: str) -> str:
-    """The relay's default redactor: a string under a secret-looking key (``password``,
-    ``token``, ``api_key``...) or that looks like a key itself (``sk-...``, ``AKIA...``, a JWT)
-    shows as ``[redacted]``; keys (``pointer`` of their object) are shown as they are."""
-    last = pointer.rsplit("/", 1)[-1]
-    if _SECRET_KEY.search(last) or _SECRET_TEXT.search(text):
-        return REDACTED
-    return text
+from .._preview import PreviewPolicy, ToolPreview
+from .._secrets import redact_secrets as redact_secrets  # noqa: PLC0414 (re-exported)
 
 
 def default_previews() -> PreviewPolicy:

@@ -45,7 +45,7 @@ from ..scripted._server import ScriptedServer
 from ._agent import Agent, AgentRun, RunLimits
 from ._agent_events import AgentEvent
 from ._clients import ModelClient, ModelError, model_client
-from ._config import Config, load_config
+from ._config import Config, configured
 from ._examples import example_tools
 from ._tools import Tool
 
@@ -103,14 +103,14 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> Config | None:
-    """The ``--config`` file with its ``TOOLLATCH_...`` overrides; None without the flag
-    (then the run has the library's defaults, eager tools starting early)."""
-    if getattr(args, "config", None) is None:
-        return None
+    """The ``--config`` file with the ``TOOLLATCH_...`` overrides, read with or without the
+    flag; None with neither (then the run has the library's defaults, eager tools starting
+    early)."""
+    path = getattr(args, "config", None)
     try:
-        return load_config(args.config)
+        return configured(path)
     except ConfigError as exc:
-        raise CommandError(f"--config {args.config}: {exc}") from None
+        raise CommandError(f"{f'--config {path}' if path else 'environment'}: {exc}") from None
 
 
 def _agent(
@@ -161,8 +161,9 @@ def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any
         raise CommandError("ledger.audit_uncommitted needs a ledger (--ledger or ledger.url)")
     if url:
         try:
-            found["ledger"] = open_ledger(url)
-            found["history_store"] = open_history(url)
+            redactor = c.stored_redactor() if c is not None else None  # (ledger.redact)
+            found["ledger"] = open_ledger(url, redactor=redactor)
+            found["history_store"] = open_history(url, redactor=redactor)
             if audit is not None:
                 found["audit"] = ArgumentAudit(open_audit(url), audit)
         except (ConfigError, UsageError) as exc:

@@ -5,7 +5,9 @@ environment overrides (the value is read as one YAML scalar or flow value, so ``
 ``60`` and ``[a, b]`` mean what they say), validated by pydantic in strict mode: an unknown
 key, a value of the wrong type or out of range is a :class:`ConfigError` naming the key, the
 value and what was expected, one line per problem. Precedence: command-line flags over the
-environment over the file over the defaults here.
+environment over the file over the defaults here. The environment is read with or without
+a file (:func:`configured`: ``toollatch run`` and ``serve`` without ``--config`` but with a
+``TOOLLATCH_...`` variable run as with an empty file plus the variables).
 
 The sections map onto what the library already takes; each ``Config`` method builds one
 of those values, so the file adds no second set of rules:
@@ -37,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .._errors import ConfigError, ErrorCode
 from .._limits import Limits
-from .._preview import PreviewPolicy, ToolPreview
+from .._preview import PreviewPolicy, Redactor, ToolPreview
+from .._secrets import redact_secrets
 from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
 from ._agent import DEFAULT_DEADLINE_S, RunLimits
@@ -177,6 +180,10 @@ class LedgerConfig(_Section):
     """Seconds a record is kept."""
     audit_max_per_scope: _Positive = 1000
     """Newest records kept per run or session."""
+    redact: bool = False
+    """Store arguments and results through the built-in redactor (``redact_secrets``): the
+    run history's messages and the ledger's results keep ``[redacted]`` where a secret was
+    (a resumed run's model then reads them so, a retried call gets its stored result so)."""
 
 
 _ResultBytes = Annotated[int, Field(ge=MIN_RESULT_BYTES)]
@@ -206,13 +213,22 @@ class McpServerConfig(_Section):
     command: Annotated[tuple[str, ...], Field(strict=False, min_length=1)] | None = None
     url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     env: dict[str, str] = {}
-    inherit_env: bool = True
+    """Variables given to a stdio server (e.g. the one key it needs)."""
+    inherit_env: bool = False
+    """False: a stdio server starts with a minimal environment (PATH, HOME, the locale...)
+    plus ``env``; true: toollatch's whole environment (API keys included)."""
     eager: Annotated[tuple[str, ...], Field(strict=False)] = ()
     timeout_s: _Seconds | None = 30.0
     max_concurrency: _Positive = 4
     allow: Annotated[tuple[str, ...], Field(strict=False)] | None = None
     deny: Annotated[tuple[str, ...], Field(strict=False)] = ()
     connect_timeout_s: _Seconds = 30.0
+    max_schema_bytes: _Positive = 65_536
+    """Largest ``inputSchema`` of one tool (compact JSON bytes); a larger tool is left out."""
+    max_schema_depth: _Positive = 32
+    """Deepest nesting in one ``inputSchema``; a deeper tool is left out."""
+    max_description_chars: Annotated[int, Field(ge=0)] = 4096
+    """A longer tool description is cut to this before the model sees it."""
 
 
 class McpConfig(_Section):
@@ -299,6 +315,10 @@ class Config(_Section):
             max_per_scope=g.audit_max_per_scope,
         )
 
+    def stored_redactor(self) -> Redactor | None:
+        """The redactor of what the ledger and its history store (``ledger.redact``)."""
+        return redact_secrets if self.ledger.redact else None
+
     def result_limits(self) -> ResultLimits:
         """The size budgets of tool results."""
         return ResultLimits(max_bytes=self.results.max_bytes, tools=dict(self.results.tools))
@@ -353,6 +373,24 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
         data = _read_yaml(Path(path))
     overridden = _env_overrides(os.environ if env is None else env, data)
     return validate(data, source=source, env_keys=overridden)
+
+
+def configured(
+    path: str | Path | None = None, *, env: Mapping[str, str] | None = None
+) -> Config | None:
+    """What the commands run with: :func:`load_config` of ``path`` when there is a file or
+    any ``TOOLLATCH_<SECTION>__<KEY>`` variable in ``env`` (default ``os.environ``), so that
+    the environment is read with or without ``--config``; None when there are neither (the
+    library's own defaults, which differ in places: eager tools start early). Raises
+    ``ConfigError`` as :func:`load_config` does."""
+    environ = os.environ if env is None else env
+    if path is None and not any(_is_override(name) for name in environ):
+        return None
+    return load_config(path, env=environ)
+
+
+def _is_override(name: str) -> bool:
+    return name.startswith(ENV_PREFIX) and "__" in name
 
 
 def validate(
@@ -416,7 +454,7 @@ def _env_overrides(env: Mapping[str, str], data: dict[str, Any]) -> dict[str, st
     """Apply ``TOOLLATCH_SECTION__KEY=value`` to ``data``; returns ``{key: variable}``."""
     applied: dict[str, str] = {}
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+        if not _is_override(name):
             continue  # other TOOLLATCH_ variables are not configuration
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         if len(parts) != 2 or not all(parts):
@@ -440,7 +478,8 @@ EXAMPLE = """\
 # toollatch configuration (every key optional; the values shown are the defaults).
 # Environment overrides: TOOLLATCH_<SECTION>__<KEY>=value, e.g.
 #   TOOLLATCH_AGENT_STREAM_ASSEMBLE__MAX_TOOL_ARGUMENT_BYTES=65536
-# Command-line flags win over the environment, the environment over this file.
+# Command-line flags win over the environment, the environment over this file (the
+# variables are read with or without --config).
 
 agent_stream_assemble:
   max_tool_argument_bytes: 262144       # argument text per call; more fails the call
@@ -504,6 +543,7 @@ ledger:
   audit_max_bytes: 512                  # redacted (by the previews rules) argument text kept
   audit_retention_s: 86400              # seconds a record is kept
   audit_max_per_scope: 1000             # newest records kept per run
+  redact: false                         # store history and results through the redactor
 results:
   max_bytes: 65536                      # a tool result's budget in UTF-8 bytes (>= 256); cut beyond
   tools: {}                             # per tool: read_file: 262144 (over @tool(max_result_bytes))
@@ -516,11 +556,16 @@ mcp:
   servers: []                           # MCP servers whose tools the agent may call, e.g.
   # - name: notes                       #   prefix of its tool names on a collision
   #   command: [python, -m, toollatch.mcp.example_server]   # stdio; or url: http://HOST/mcp
+  #   env: {}                           #   variables for a stdio server (e.g. its own key)
+  #   inherit_env: false                #   false: PATH, HOME, locale... + env; true: all of ours
   #   eager: []                         #   its tools that may start early (patterns)
   #   timeout_s: 30                     #   run-time limit of one call
   #   max_concurrency: 4                #   its calls running at once
   #   allow: null                       #   patterns the gate lets through (null: all)
   #   deny: []                          #   patterns the gate refuses
+  #   max_schema_bytes: 65536           #   a tool whose inputSchema is larger is left out
+  #   max_schema_depth: 32              #   ... or nested deeper
+  #   max_description_chars: 4096       #   a longer description is cut
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""
 

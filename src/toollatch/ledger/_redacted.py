@@ -1,0 +1,139 @@
+"""Stores that keep what they are given redacted (internal; ``open_ledger`` / ``open_history``
+with ``redactor=``, the configuration's ``ledger.redact``).
+
+What toollatch stores holds the user's data: the run history keeps every tool call's
+arguments and every result, the ledger every result (to give it again on a retry). With a
+redactor, :class:`RedactedHistory` passes each message through it before it is appended,
+and :class:`RedactedLedger` each result before it is finished, so the file never holds what
+the redactor masks. The walk is the previews' pointer contract: every string of a JSON value
+with the pointer of its place (keys are kept); a string that is itself a JSON object or
+array (OpenAI's ``arguments``, a JSON result) is walked inside, its pointers continuing, and
+written again compact only when something changed.
+
+The price, which is why it is opt-in: what is stored is what comes back. A resumed run's
+model reads the redacted history, and a retried call's stored result is the redacted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .._preview import Redactor
+from .._round import ToolResult
+from ._base import Ledger
+from ._history import History
+from ._records import Claim, LedgerKey, LedgerRecord
+
+
+def redact_json(value: Any, redactor: Redactor, pointer: str = "") -> Any:
+    """``value`` (plain JSON data) with every string passed through ``redactor``."""
+    if isinstance(value, dict):
+        return {
+            k: redact_json(v, redactor, f"{pointer}/{_escape(str(k))}") for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact_json(v, redactor, f"{pointer}/{i}") for i, v in enumerate(value)]
+    if isinstance(value, str):
+        return redact_text(value, redactor, pointer)
+    return value
+
+
+def redact_text(text: str, redactor: Redactor, pointer: str = "") -> str:
+    """``text`` through ``redactor``; a JSON object or array text is walked inside."""
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict | list):
+            shown = redact_json(parsed, redactor, pointer)
+            if shown == parsed:
+                return text
+            return json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
+    return redactor(pointer, text)
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class RedactedHistory:
+    """A :class:`History` whose messages pass ``redactor`` before ``history`` stores them."""
+
+    def __init__(self, history: History, redactor: Redactor) -> None:
+        self.inner = history
+        self.redactor = redactor
+
+    async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
+        """See :meth:`History.append` (the messages stored redacted)."""
+        shown = [redact_json(m, self.redactor) if isinstance(m, dict) else m for m in messages]
+        return await self.inner.append(run, shown, at=at)
+
+    async def load(self, run: str) -> list[dict[str, Any]]:
+        """See :meth:`History.load`."""
+        return await self.inner.load(run)
+
+    async def aclose(self) -> None:
+        """See :meth:`History.aclose`."""
+        await self.inner.aclose()
+
+
+class RedactedLedger:
+    """A :class:`Ledger` whose results pass ``redactor`` before ``ledger`` stores them."""
+
+    def __init__(self, ledger: Ledger, redactor: Redactor) -> None:
+        self.inner = ledger
+        self.redactor = redactor
+
+    def _shown(self, result: ToolResult) -> ToolResult:
+        content = redact_text(result.content, self.redactor)
+        return result if content == result.content else dataclasses.replace(result, content=content)
+
+    async def claim(
+        self,
+        key: LedgerKey,
+        *,
+        digest: str,
+        worker: str,
+        now: float,
+        lease_s: float,
+        rerun_started: bool = False,
+    ) -> Claim:
+        """See :meth:`Ledger.claim`."""
+        return await self.inner.claim(
+            key, digest=digest, worker=worker, now=now, lease_s=lease_s,
+            rerun_started=rerun_started,
+        )  # fmt: skip
+
+    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        """See :meth:`Ledger.start`."""
+        await self.inner.start(key, token, now=now, lease_s=lease_s)
+
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        """See :meth:`Ledger.renew`."""
+        await self.inner.renew(key, token, now=now, lease_s=lease_s)
+
+    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
+        """See :meth:`Ledger.finish` (the result stored redacted)."""
+        await self.inner.finish(key, token, self._shown(result), now=now)
+
+    async def release(self, key: LedgerKey, token: int) -> None:
+        """See :meth:`Ledger.release`."""
+        await self.inner.release(key, token)
+
+    async def settle_unknown(
+        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
+    ) -> LedgerRecord:
+        """See :meth:`Ledger.settle_unknown` (the result stored redacted)."""
+        return await self.inner.settle_unknown(key, token, self._shown(result), now=now)
+
+    async def get(self, key: LedgerKey) -> LedgerRecord | None:
+        """See :meth:`Ledger.get`."""
+        return await self.inner.get(key)
+
+    async def aclose(self) -> None:
+        """See :meth:`Ledger.aclose`."""
+        await self.inner.aclose()

@@ -1,0 +1,110 @@
+"""What the ledger and the run history store passes the redactor when the user asks for it
+(``ledger.redact``, ``open_ledger/open_history(redactor=...)``): the files never hold what
+it masks. Sample secrets are built by concatenation (no literal key-looking string here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from toollatch import ToolResult
+from toollatch.ledger import LedgerKey, digest_of, open_history, open_ledger
+from toollatch.relay import redact_secrets
+
+FAKE_KEY = "s" + "k-" + "live" + "A1b2C3d4E5f6G7h8J9k0L1m2"
+PASSWORD = "hun" + "ter2-correct-horse"
+MESSAGES = [
+    {"role": "user", "content": "log in as ana"},
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "login",
+                    "arguments": json.dumps({"user": "ana", "password": PASSWORD}),
+                },
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": f"session key {FAKE_KEY}"},
+]
+
+
+async def test_the_history_stores_arguments_and_results_redacted(tmp_path):
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    history = open_history(url, redactor=redact_secrets)
+    await history.append("run-1", MESSAGES, at=0)
+    loaded = await history.load("run-1")
+    await history.aclose()
+    arguments = json.loads(loaded[1]["tool_calls"][0]["function"]["arguments"])
+    assert arguments == {"user": "ana", "password": "[redacted]"}
+    assert loaded[2] == {"role": "tool", "tool_call_id": "call_1", "content": "[redacted]"}
+    assert loaded[0] == MESSAGES[0]  # the rest as it was
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert PASSWORD.encode() not in raw
+    assert FAKE_KEY.encode() not in raw
+
+
+async def test_without_a_redactor_the_history_keeps_everything(tmp_path):
+    # (the test above can fail: this is what is stored without the option)
+    history = open_history(f"sqlite:///{tmp_path / 'h.db'}")
+    await history.append("run-1", MESSAGES, at=0)
+    assert await history.load("run-1") == MESSAGES
+    await history.aclose()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert FAKE_KEY.encode() in raw
+
+
+@pytest.mark.parametrize("redacted", [True, False])
+async def test_the_ledger_stores_results_redacted(tmp_path, redacted):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    ledger = open_ledger(url, redactor=redact_secrets if redacted else None)
+    key = LedgerKey(scope="run-1", call_id="call_1")
+    won = await ledger.claim(key, digest=digest_of("t", {}), worker="w", now=0.0, lease_s=30)
+    result = ToolResult(tool_call_id="call_1", name="t", content=json.dumps({"key": FAKE_KEY}))
+    await ledger.finish(key, won.token, result, now=1.0)  # type: ignore[union-attr]
+    record = await ledger.get(key)
+    await ledger.aclose()
+    assert record is not None
+    assert record.result is not None
+    assert (FAKE_KEY in record.result.content) is not redacted
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert (FAKE_KEY.encode() in raw) is not redacted
+
+
+@pytest.mark.parametrize("redact", [True, False])
+def test_run_with_ledger_redact_stores_no_secret(tmp_path, redact):
+    tools = tmp_path / "secret_tools.py"
+    tools.write_text(
+        textwrap.dedent(f'''
+        import toollatch
+
+        @toollatch.tool
+        def get_weather(city: str, unit: str = "c") -> str:
+            """Weather, and a key it should not have printed."""
+            return "21 degrees; key " + {FAKE_KEY[:6]!r} + {FAKE_KEY[6:]!r}
+
+        @toollatch.tool
+        def write_file(path: str, content: str) -> str:
+            """Pretend to write."""
+            return "ok"
+    ''')
+    )
+    db = tmp_path / "ledger.db"
+    config = tmp_path / "toollatch.yaml"
+    config.write_text(f"ledger: {{url: 'sqlite:///{db}', redact: {str(redact).lower()}}}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "run", "--json", "--tools", str(tools),
+         "--config", str(config), "--session", "s1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.db*"))
+    assert b"toollatch_history" in raw or db.stat().st_size > 0
+    assert (FAKE_KEY.encode() in raw) is not redact
