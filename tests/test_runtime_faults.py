@@ -486,11 +486,15 @@ async def test_run_json_a_503_with_an_odd_retry_after_exits_1_promptly(server, t
     assert len(server.seen) == (1 if value == "1e12" else 3)
 
 
-async def test_run_json_a_gzip_bomb_exits_1_bounded(server, tmp_path):
-    bomb = gzip_bomb(1024)  # 1 GiB of zeros from 1 MiB
+async def test_run_json_a_gzip_bomb_exits_1_at_a_bound(server, tmp_path):
+    # 1 GiB of zeros from 1 MiB: the line limit (8 MiB) fails the round, the body bound
+    # (64 MiB) ends the reading; a bomb of valid SSE lines, which only the body bound stops,
+    # is test_a_gzip_bomb_fails_the_round_and_is_asked_again_at_most_twice (a smaller bound)
+    bomb = gzip_bomb(1024)
     head = http_head(200, [("content-type", "text/event-stream"), ("content-encoding", "gzip"),
                            ("content-length", str(len(bomb)))])  # fmt: skip
     server.always = raw_reply(head, bomb)
     code, events, err = await toollatch_run(server, "openai_chat", tmp_path)
     assert_failed_run(code, events, err, "no answer")
-    assert len(server.seen) == 3  # each stopped at a bound (the line limit, the body bound)
+    assert "framing error" in events[-1]["error"]
+    assert len(server.seen) == 3
