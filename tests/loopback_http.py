@@ -263,12 +263,14 @@ def sse_response(events: Sequence[bytes], *, content_type: str = "text/event-str
     return raw_reply(http_head(200, headers), *(chunk(e) for e in events), LAST_CHUNK)
 
 
-def gzip_bomb(mib: int, block: bytes = bytes(1 << 20)) -> bytes:
-    """A gzip body inflating to ``mib`` MiB of ``block`` (1 MiB of zeros by default) from a
-    few KiB per MiB: each block is deflated alone (a full flush), so its bytes repeat. The
-    trailer's CRC is not computed (a client that stops at its bound never reads it)."""
+def gzip_bomb(mib: int, block: bytes = bytes(1 << 20), *, prefix: bytes = b"") -> bytes:
+    """A gzip body inflating to ``prefix`` then ``mib`` times ``block`` (1 MiB of zeros by
+    default), from about 1 KiB per MiB: each block is deflated alone (a full flush resets
+    the history), so its bytes repeat. The trailer's CRC is not computed (a client that
+    stops at its bound never reads it)."""
     deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    start = deflate.compress(prefix) + deflate.flush(zlib.Z_FULL_FLUSH) if prefix else b""
     packed = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
     header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
-    size = (len(block) * mib) & 0xFFFFFFFF
-    return header + packed * mib + deflate.flush() + struct.pack("<II", 0, size)
+    size = (len(prefix) + len(block) * mib) & 0xFFFFFFFF
+    return header + start + packed * mib + deflate.flush() + struct.pack("<II", 0, size)

@@ -27,6 +27,7 @@ from loopback_http import (
     raw_reply,
     sse_response,
 )
+from toollatch import Limits
 from toollatch.runtime._agent import Agent, RunLimits
 from toollatch.runtime._clients import (
     ClientLimits,
@@ -323,23 +324,45 @@ async def test_odd_retry_after_values(server, header, value, waits, requests):
 # -- the agent loop: when it asks again (R7) ------------------------------------------------
 
 
-async def play(server, provider, tmp_path, *, retry=FAST, limits=None, sleeps=None, unit=0.5):
+async def play(
+    server, provider, tmp_path, *, retry=FAST, limits=None, sleeps=None, unit=0.5, line_bytes=None
+):
     client = client_for(
         server, provider, retry=retry, limits=limits, sleeps=sleeps, random_unit=lambda: unit
     )
+    core = Limits(max_line_bytes=line_bytes) if line_bytes else None
     async with client:
-        run = Agent(client, example_tools(tmp_path)).run("go")
+        run = Agent(client, example_tools(tmp_path), limits=core).run("go")
         events = [e.to_json() async for e in run]
     return events, run
+
+
+def result_ids(history: list[dict]) -> list[str]:
+    """The call ids the history's tool results answer (Gemini's: the calls' positions)."""
+    found = []
+    for entry in history:
+        if entry.get("role") == "tool":  # chat
+            found.append(entry["tool_call_id"])
+        if entry.get("type") == "function_call_output":  # Responses
+            found.append(entry["call_id"])
+        content = entry.get("content")
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_result":  # Anthropic
+                found.append(block["tool_use_id"])
+        found += ["gemini" for part in entry.get("parts", ()) if "functionResponse" in part]
+    return found
 
 
 def assert_paired(events: list[dict]) -> None:
     """Every call of the run has one result in the history; no tool ran."""
     history = events[-1]["history"]
-    opened = {e["id"] for e in events if e["type"] == "call_opened"}
-    text = json.dumps(history)
-    for call_id in opened:
-        assert text.count(call_id) >= 2, (call_id, history)  # the call and its result
+    opened = [e["id"] for e in events if e["type"] == "call_opened"]
+    results = result_ids(history)
+    if "gemini" in results or any("functionCall" in json.dumps(e) for e in history):
+        calls = sum("functionCall" in part for e in history for part in e.get("parts", ()))
+        assert results == ["gemini"] * calls, history
+    else:
+        assert sorted(results) == sorted(opened), history
     assert not [e for e in events if e["type"] == "tool_started"]
 
 
@@ -404,17 +427,69 @@ async def test_a_200_json_error_ends_the_run_with_its_message_in_one_request(
     assert QUOTA_MESSAGE in run.error
 
 
-async def test_a_gzip_bomb_fails_the_round_and_is_asked_again_at_most_twice(server, tmp_path):
-    bomb = gzip_bomb(32, b": ping\n\n" * (1 << 17))
+def opening(provider: str) -> list[bytes]:
+    """The events of :func:`broken` before its error event: text and a call opened."""
+    return broken(provider)[:-1]
+
+
+@EVERY_PROVIDER
+async def test_a_gzip_bomb_fails_the_round_and_is_asked_again_at_most_twice(
+    server, provider, tmp_path
+):
+    bomb = gzip_bomb(32, b": ping\n\n" * (1 << 17), prefix=b"".join(opening(provider)))
     head = http_head(200, [("content-type", "text/event-stream"), ("content-encoding", "gzip"),
                            ("content-length", str(len(bomb)))])  # fmt: skip
     server.always = raw_reply(head, bomb)  # valid SSE comments: only the body bound stops it
-    events, run = await play(
-        server, "anthropic", tmp_path, limits=ClientLimits(max_body_bytes=2 << 20)
-    )
+    limits = ClientLimits(max_body_bytes=2 << 20)
+    events, run = await play(server, provider, tmp_path, limits=limits)
     assert len(server.seen) == 3
     assert "max_body_bytes" in run.error
     assert_paired(events)
+    if provider != "gemini":  # (Gemini's call comes whole: not in the opening)
+        assert ("call_1", "stream_interrupted") in [
+            (e["id"], e["error"]) for e in events if e["type"] == "call_failed"
+        ]
+
+
+@EVERY_PROVIDER
+@pytest.mark.parametrize(
+    "ending",
+    [b"", b"zz\r\n", b"ffff\r\ndata: {"],  # a reset, a bad chunk size, EOF inside a chunk
+    ids=["reset", "bad-chunk-size", "eof-in-chunk"],
+)
+async def test_a_connection_broken_mid_stream_is_asked_again_at_most_twice(
+    server, provider, tmp_path, ending
+):
+    parts = [SSE_HEAD, *(chunk(e) for e in opening(provider))]
+    server.always = raw_reply(*parts, *([ending] if ending else []), reset=not ending)
+    events, run = await play(server, provider, tmp_path)
+    assert len(server.seen) == 3
+    assert "stream interrupted" in run.error
+    assert_paired(events)
+
+
+@EVERY_PROVIDER
+async def test_a_huge_line_fails_the_round_at_the_line_limit(server, provider, tmp_path):
+    huge = b"data: " + b"x" * (256 * 1024)  # never a newline
+    server.always = raw_reply(SSE_HEAD, *(chunk(e) for e in opening(provider)), chunk(huge))
+    events, run = await play(server, provider, tmp_path, limits=None, line_bytes=64 * 1024)
+    assert len(server.seen) == 3
+    assert "max_line_bytes" in run.error
+    assert_paired(events)
+
+
+@EVERY_PROVIDER
+async def test_deep_json_arguments_fail_the_call_and_the_run_goes_on(server, provider, tmp_path):
+    deep = '{"path": "never.md", "content": ' + "[" * 200 + "]" * 200 + "}"
+    call = Call(call_id="call_1", name="write_file", arguments=deep, fragment_chars=64)
+    server.replies.append(sse_response(wire(provider, call)))
+    server.always = sse_response(answer(provider))
+    events, run = await play(server, provider, tmp_path)
+    assert run.error is None
+    assert len(server.seen) == 2
+    assert [e["error"] for e in events if e["type"] == "call_failed"] == ["depth_exceeded"]
+    assert_paired(events)
+    assert not (tmp_path / "never.md").exists()
 
 
 # -- toollatch run --json: what a user sees --------------------------------------------------
