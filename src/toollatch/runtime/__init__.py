@@ -33,10 +33,12 @@ from ._clients import (
     ModelConnectError,
     ModelError,
     ModelHTTPError,
+    ModelResponseError,
     ModelStream,
     RetryPolicy,
     StreamInterrupted,
     StreamTimeout,
+    StreamTooLarge,
     model_client,
 )
 from ._config import EXAMPLE as CONFIG_EXAMPLE
@@ -75,6 +77,7 @@ __all__ = [
     "ModelConnectError",
     "ModelError",
     "ModelHTTPError",
+    "ModelResponseError",
     "ModelStream",
     "RedactedLog",
     "ResultLimits",
@@ -84,6 +87,7 @@ __all__ = [
     "RunLimits",
     "StreamInterrupted",
     "StreamTimeout",
+    "StreamTooLarge",
     "TextEvent",
     "Tool",
     "ToolFinishedEvent",

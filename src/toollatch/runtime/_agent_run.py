@@ -71,6 +71,7 @@ class AgentRun:
         self._opened: set[CallKey] = set()
         self._cancelled = False
         self._started = False
+        self._broken = 0  # rounds in a row whose stream broke (see _again)
 
     def cancel(self) -> None:
         """Stop the run; the events still end with ``round_ended`` and ``run_ended``.
@@ -162,10 +163,30 @@ class AgentRun:
                 raise
             self._close(round_, results)
         await self._persist()
-        # Ask again after tool calls, and after a stream that broke (a new attempt); a normal
-        # or truncated answer without calls is the end, as is one ended at a size limit
-        # (``limited``: its calls' error results go back to the model like any failed call's).
-        return bool(round_.calls) or round_.ended is RoundEnd.INTERRUPTED
+        # a round ended at a size limit (``limited``) is asked again when it had calls: their
+        # error results go back to the model like any failed call's
+        return await self._again(round_)
+
+    async def _again(self, round_: Round) -> bool:
+        """Whether to ask the model again after ``round_``: after tool calls; after a stream
+        that broke (an error event, a drop, a stall: a new attempt) at most the client's
+        ``RetryPolicy.stream_retries`` times in a row, each after its backoff. A normal or
+        truncated answer without calls is the end; so is one more broken stream, or one
+        with no round left, and then the run ends with ``error`` set (it got no answer)."""
+        if round_.ended is not RoundEnd.INTERRUPTED:
+            self._broken = 0
+            return bool(round_.calls)
+        self._broken += 1
+        client = self.agent.client
+        if self._broken > client.retry.stream_retries or (
+            len(self.rounds) >= self.agent.run_limits.max_rounds
+        ):
+            times = "once" if self._broken == 1 else f"{self._broken} times in a row"
+            last = round_.error or "the stream ended without its end"
+            self.error = f"{client.provider}: no answer: the stream broke {times}; last: {last}"
+            return False
+        await client.pause_before_retry(self._broken)
+        return True
 
     async def _persist(self) -> None:
         """Store the history's new entries (with a ``history_store``)."""

@@ -6,8 +6,10 @@ from ._errors import (
     ModelConnectError,
     ModelError,
     ModelHTTPError,
+    ModelResponseError,
     StreamInterrupted,
     StreamTimeout,
+    StreamTooLarge,
     error_message,
 )
 from ._policy import RETRY_STATUSES, ClientLimits, RetryPolicy, retry_after_s
@@ -20,10 +22,12 @@ __all__ = [
     "ModelConnectError",
     "ModelError",
     "ModelHTTPError",
+    "ModelResponseError",
     "ModelStream",
     "RetryPolicy",
     "StreamInterrupted",
     "StreamTimeout",
+    "StreamTooLarge",
     "error_message",
     "gemini_declaration",
     "model_client",

@@ -6,9 +6,16 @@ for the first body chunk, all under one first-byte deadline; a retryable failure
 stage (HTTP 408/409/429/5xx unless the server says ``x-should-retry: false``, a transport
 error) is retried with exponential backoff and jitter, honouring ``Retry-After``, within a
 bounded number of attempts and of total wait.
-Once entered, iterating yields the body's chunks as httpx reads them (content-decoded, never
-re-split or joined), each under the idle deadline; from the first chunk on nothing is
-retried, because the caller has seen bytes: a new request is a new attempt, the loop's call.
+A 2xx response must be an event stream: its first bytes are looked at (the content-type
+alone is not trusted either way, see :func:`_is_event_stream`), and a body that is not one
+(a JSON error sent with 200, an HTML page, an empty body) raises :class:`ModelResponseError`
+carrying the provider's message, without a retry.
+Once entered, iterating yields the body's chunks as read (content-decoded; a gzip or deflate
+body is inflated here in bounded pieces, so a small compressed read never becomes a huge
+chunk), each under the idle deadline, all of them under ``ClientLimits.max_body_bytes``
+(:class:`StreamTooLarge`); from the first chunk on nothing is retried, because the caller has
+seen bytes: a new request is a new attempt, the loop's call (after
+:meth:`ModelClient.pause_before_retry`).
 
 Foreign exceptions (httpx, asyncio timeouts) are translated here and only here into the
 typed errors of :mod:`._errors`.
@@ -29,6 +36,7 @@ import asyncio
 import os
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -44,8 +52,10 @@ from ._errors import (
     ModelConnectError,
     ModelError,
     ModelHTTPError,
+    ModelResponseError,
     StreamInterrupted,
     StreamTimeout,
+    StreamTooLarge,
     error_message,
 )
 from ._policy import ClientLimits, RetryPolicy, retry_after_s
@@ -103,6 +113,8 @@ class ModelClient:
         self._headers = httpx.Headers(
             {
                 "accept": "text/event-stream",
+                # only what _body inflates in bounded pieces (httpx would also offer br, zstd)
+                "accept-encoding": "gzip, deflate",
                 "content-type": "application/json",
                 **dialect.fixed_headers,
                 **(dialect.auth(api_key) if api_key else {}),
@@ -176,6 +188,14 @@ class ModelClient:
             raise UsageError(f"the request is not JSON data ({exc}): pass plain dicts") from None
         return ModelStream(self, content)
 
+    async def pause_before_retry(self, retry: int) -> float:
+        """Wait before retry number ``retry`` (1-based) of a request whose stream broke:
+        :meth:`RetryPolicy.backoff_s` with jitter, made with the client's ``sleep``. Returns
+        the wait made, in seconds."""
+        delay = self.retry.backoff_s(retry, self._random_unit())
+        await self._sleep(delay)
+        return delay
+
     async def aclose(self) -> None:
         """Close the httpx client if this client made it."""
         if self._owns_http:
@@ -223,7 +243,7 @@ class ModelClient:
                     if response.status_code >= 400:
                         raise await self._http_error(response, attempt)
                     chunks = _body(response)
-                    first = await anext(chunks, b"")
+                    first = await self._stream_start(response, chunks, attempt)
                 except BaseException:
                     await response.aclose()  # also on cancellation: never leak the connection
                     raise
@@ -236,19 +256,41 @@ class ModelClient:
             raise _Retryable(error, None) from exc
         return response, chunks, first
 
+    async def _stream_start(
+        self, response: httpx.Response, chunks: AsyncIterator[bytes], attempt: int
+    ) -> bytes:
+        """The body's first chunk (a few joined when the first are tiny: enough to judge);
+        raises :class:`ModelResponseError` (the response closed) when it is not an event
+        stream."""
+        content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        head = b""
+        while True:
+            chunk = await anext(chunks, None)
+            ended = chunk is None
+            head += chunk or b""
+            verdict = _is_event_stream(head, ended, content_type)
+            if verdict is None and len(head) >= self.limits.error_body_bytes:
+                verdict = True  # only blank lines so far: the parser and the idle deadline judge
+            if verdict is not None:
+                break
+        if verdict:
+            return head
+        raw = head if ended else await _read_some(chunks, self.limits.error_body_bytes, head)
+        await response.aclose()
+        raise ModelResponseError(
+            self.provider,
+            status=response.status_code,
+            content_type=content_type,
+            body=raw[: self.limits.error_body_bytes],
+            attempts=attempt,
+        )
+
     async def _http_error(self, response: httpx.Response, attempt: int) -> Exception:
         """The error for an error response (closed here): retryable or final."""
-        body = bytearray()
         try:
-            async for piece in response.aiter_bytes():
-                body += piece
-                if len(body) >= self.limits.error_body_bytes:
-                    break
-        except httpx.TransportError:
-            pass  # the status is the news; a body cut short still gives what it has
+            raw = await _read_some(_body(response), self.limits.error_body_bytes)
         finally:
             await response.aclose()
-        raw = bytes(body[: self.limits.error_body_bytes])
         wait = retry_after_s(response.headers, time.time())
         error = ModelHTTPError(
             self.provider,
@@ -281,6 +323,7 @@ class ModelStream:
         self._idle: IdleDeadline | None = None
         self._first = b""
         self._done = False
+        self._max_bytes = client.limits.max_body_bytes
         self.attempts = 0
         """Requests it took to get the response (1 when nothing was retried)."""
         self.bytes_received = 0
@@ -338,6 +381,8 @@ class ModelStream:
         if self._first:
             chunk, self._first = self._first, b""
             self.bytes_received += len(chunk)
+            if self.bytes_received > self._max_bytes:
+                raise self._too_large()
             return chunk
         while True:
             idle.reading()
@@ -355,7 +400,19 @@ class ModelStream:
                 idle.done()
             if chunk:
                 self.bytes_received += len(chunk)
+                if self.bytes_received > self._max_bytes:
+                    raise self._too_large()
                 return chunk
+
+    def _too_large(self) -> StreamTooLarge:
+        self._done = True
+        wire = self._response.num_bytes_downloaded if self._response is not None else 0
+        return StreamTooLarge(
+            self._client.provider,
+            limit=self._max_bytes,
+            bytes_received=self.bytes_received,
+            wire_bytes=wire,
+        )
 
     def _failed(self, exc: BaseException, idle: IdleDeadline) -> ModelError | None:
         """The typed error a read's exception becomes; None to re-raise it as it is (a
@@ -372,15 +429,111 @@ class ModelStream:
         return StreamInterrupted(provider, cause=exc, bytes_received=self.bytes_received)
 
 
+_BLANK = b"\xef\xbb\xbf \t\r\n"  # (a UTF-8 BOM's bytes too: lstrip takes them as a set)
+_SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+_NOT_A_STREAM = (b"{", b"[", b"<")
+_STREAM_TYPES = ("", "text/event-stream")
+
+
+def _is_event_stream(head: bytes, ended: bool, content_type: str) -> bool | None:
+    """Whether a 2xx body starting with ``head`` (``ended``: that is all of it) is an event
+    stream; None when more bytes are needed to tell (blank lines, a field name cut short).
+    Its first bytes decide first: an SSE line (``data:``, ``event:``, ``id:``,
+    ``retry:``, a ``:`` comment) is one whatever the label (some servers send SSE as
+    ``application/json`` or ``text/plain``); a JSON document or markup (``{`` ``[`` ``<``:
+    an error body, an HTML page, Gemini's non-SSE array) or an empty body is not, whatever
+    the label (some proxies send an error page as ``text/event-stream``). Anything else
+    is left to the stream parser when labelled ``text/event-stream`` or not labelled at
+    all, and is not a stream under any other label (``text/plain`` "Internal error")."""
+    text = head.lstrip(_BLANK)
+    if not text:
+        return None if not ended else False
+    if text.startswith(b":"):
+        return True
+    if text.startswith(_NOT_A_STREAM):
+        return False
+    for name in _SSE_FIELDS:
+        if len(text) <= len(name):
+            if name.startswith(text) and not ended:
+                return None
+        elif text.startswith(name) and text[len(name)] in b":\r\n":
+            return True
+    return content_type in _STREAM_TYPES
+
+
+async def _read_some(chunks: AsyncIterator[bytes], limit: int, head: bytes = b"") -> bytes:
+    """At most ``limit`` bytes of what is left of a body, after ``head`` (for an error's
+    message): a body cut short by the connection gives what it has."""
+    body = bytearray(head)
+    try:
+        while len(body) < limit:
+            chunk = await anext(chunks, None)
+            if chunk is None:
+                break
+            body += chunk
+    except _TRANSPORT:
+        pass  # the status is the news; a body cut short still gives what it has
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    return bytes(body[:limit])
+
+
+_PIECE_BYTES = 256 * 1024
+"""The most a compressed read becomes per chunk: zlib makes up to ~1,000x of its input, so a
+64 KiB read of a gzip bomb would otherwise be one 64 MiB chunk."""
+_INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
+
+
 def _body(response: httpx.Response) -> AsyncIterator[bytes]:
     """The response body's chunks as read. An unencoded body is read from the response's
     own stream: ``aiter_bytes`` adds two generators and a decoder and a chunker call per
-    chunk, which pass an identity body through unchanged."""
+    chunk, which pass an identity body through unchanged. A gzip or deflate body is inflated
+    here in pieces of at most ``_PIECE_BYTES`` (httpx's decoder inflates each read whole);
+    another encoding is left to httpx."""
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     stream = response.stream
     if encoding == "identity" and isinstance(stream, httpx.AsyncByteStream):
         return aiter(stream)
+    wbits = _INFLATE_WBITS.get(encoding)
+    if wbits is not None:
+        return _inflated(response.aiter_raw(), wbits)
     return aiter(response.aiter_bytes())
+
+
+async def _inflated(raw: AsyncIterator[bytes], wbits: int) -> AsyncIterator[bytes]:
+    """``raw`` inflated in bounded pieces. ``wbits`` 0 is deflate: the zlib format, or raw
+    deflate when the first bytes are not a zlib header (servers send both, and httpx reads
+    both: httpx/_decoders.py DeflateDecoder). A corrupt body raises ``httpx.DecodingError``
+    (a broken stream, as httpx's own decoders do)."""
+    inflate = zlib.decompressobj(wbits or zlib.MAX_WBITS)
+    started = False
+    try:
+        async for read in raw:
+            data = read
+            while data:
+                try:
+                    piece = inflate.decompress(data, _PIECE_BYTES)
+                except zlib.error as exc:
+                    if wbits or started:
+                        raise httpx.DecodingError(f"cannot inflate the body: {exc}") from None
+                    inflate = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, once
+                    started = True
+                    continue
+                started = True
+                data = inflate.unconsumed_tail
+                if piece:
+                    yield piece
+                # a full piece with all input taken may leave output pending: ask again
+                while not data and len(piece) == _PIECE_BYTES:
+                    piece = inflate.decompress(b"", _PIECE_BYTES)
+                    if piece:
+                        yield piece
+    finally:
+        close = getattr(raw, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def model_client(

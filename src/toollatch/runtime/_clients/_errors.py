@@ -1,13 +1,16 @@
 """What can go wrong talking to a model, as typed exceptions, and how an error body reads.
 
 The agent loop maps them to results: :class:`StreamTimeout` -> ``idle_timeout`` and
-:class:`StreamInterrupted` -> ``stream_interrupted`` for the calls of the round in flight;
-:class:`ModelHTTPError` and :class:`ModelConnectError` come before any byte of a round, so
-no call exists yet and the run stops (or the loop decides on a new attempt).
+:class:`StreamInterrupted` (:class:`StreamTooLarge` included) -> ``stream_interrupted`` for
+the calls of the round in flight; :class:`ModelHTTPError` (:class:`ModelResponseError`: a 200
+whose body is not an event stream), :class:`ModelConnectError` and a first-byte
+:class:`StreamTimeout` come before any byte of a round, so no call exists yet and the run
+stops with the error.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import orjson
@@ -45,7 +48,7 @@ class ModelHTTPError(ModelError):
         retry_after_s: float | None,
         attempts: int,
     ) -> None:
-        super().__init__(provider, f"HTTP {status}: {message}")
+        super().__init__(provider, self._headline(status, message))
         self.status = status
         """The HTTP status code."""
         self.message = message
@@ -56,6 +59,33 @@ class ModelHTTPError(ModelError):
         """The wait the provider asked for (``Retry-After``), in seconds, if any."""
         self.attempts = attempts
         """Requests made, this one included."""
+
+    def _headline(self, status: int, message: str) -> str:
+        return f"HTTP {status}: {message}"
+
+
+class ModelResponseError(ModelHTTPError):
+    """A success status whose body is not an event stream: a JSON error (a quota message
+    sent with 200), an HTML page (a proxy's or a captive portal's), an empty body. Not
+    retried: the answer is the provider's, and asking again gets the same."""
+
+    def __init__(
+        self, provider: str, *, status: int, content_type: str, body: bytes, attempts: int
+    ) -> None:
+        self.content_type = content_type
+        """The response's media type ("" when it sent none)."""
+        super().__init__(
+            provider,
+            status=status,
+            message=error_message(body),
+            body=body,
+            retry_after_s=None,
+            attempts=attempts,
+        )
+
+    def _headline(self, status: int, message: str) -> str:
+        what = self.content_type or "no content-type"
+        return f"HTTP {status} ({what}) is not an event stream: {message}"
 
 
 class ModelConnectError(ModelError):
@@ -95,12 +125,28 @@ class StreamInterrupted(ModelError):
         """Body bytes handed to the caller before the break."""
 
 
+class StreamTooLarge(StreamInterrupted):
+    """The body, as decoded (``Content-Encoding`` undone), passed
+    ``ClientLimits.max_body_bytes``: a decompression bomb or a stream without end."""
+
+    def __init__(self, provider: str, *, limit: int, bytes_received: int, wire_bytes: int) -> None:
+        cause = ValueError(
+            f"the decoded body passed max_body_bytes={limit} ({wire_bytes} bytes on the wire)"
+        )
+        super().__init__(provider, cause=cause, bytes_received=bytes_received)
+        self.limit = limit
+        """The bound that was passed (``ClientLimits.max_body_bytes``)."""
+        self.wire_bytes = wire_bytes
+        """Body bytes read from the connection (before decoding) when it was passed."""
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _MESSAGE_CHARS = 300
+_TITLE = re.compile(r"<title[^>]*>([^<]{1,300})", re.IGNORECASE)
 
 
 def error_message(body: bytes) -> str:
@@ -108,8 +154,8 @@ def error_message(body: bytes) -> str:
 
     Understands the providers' shapes: OpenAI ``{"error": {"message", "type", "code"}}``,
     Anthropic ``{"type": "error", "error": {"type", "message"}}``, Gemini ``{"error":
-    {"code", "message", "status"}}`` (sometimes wrapped in a list). Anything else: the
-    body's first line. Never raises; at most ~300 characters.
+    {"code", "message", "status"}}`` (sometimes wrapped in a list). An HTML page: its
+    ``<title>``. Anything else: the body's text. Never raises; at most ~300 characters.
     """
     try:
         data = orjson.loads(body)
@@ -126,5 +172,8 @@ def error_message(body: bytes) -> str:
         text = error
     else:
         text = body.decode("utf-8", "replace").strip()
+        title = _TITLE.search(text) if text.startswith("<") else None
+        if title is not None and title.group(1).strip():
+            text = title.group(1)  # an HTML page: its title says it (a proxy's "502 Bad Gateway")
     line = " ".join(text.split()) or "(empty body)"
     return line if len(line) <= _MESSAGE_CHARS else line[: _MESSAGE_CHARS - 1] + "…"

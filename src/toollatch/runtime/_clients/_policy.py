@@ -28,10 +28,18 @@ class ClientLimits:
     idle_s: float = 120.0
     """Longest silence between two body chunks once streaming (reasoning pauses)."""
     error_body_bytes: int = 64 * 1024
-    """At most this much of an error response is read (for its message)."""
+    """At most this much of an error response (or of a 200 that is not an event stream) is
+    read, for its message."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """At most this many body bytes per response, counted after ``Content-Encoding`` is
+    undone (a gzip bomb's 1 GiB counts as 1 GiB, and stops here): past it the stream fails
+    (:class:`StreamTooLarge`, the round's calls ``stream_interrupted``). A long answer stays
+    under it: 128k output tokens, one delta event of ~350 bytes each (the Responses API's
+    are the largest), make about 43 MiB. (A stream of tiny SSE lines without end costs its
+    parsing up to here: about 0.2 s of CPU per MiB of 8-byte comment lines, measured.)"""
 
     def __post_init__(self) -> None:
-        for name in ("connect_s", "first_byte_s", "idle_s", "error_body_bytes"):
+        for name in ("connect_s", "first_byte_s", "idle_s", "error_body_bytes", "max_body_bytes"):
             _positive("ClientLimits", name, getattr(self, name))
 
 
@@ -45,7 +53,12 @@ class RetryPolicy:
     """Retries before the first byte. The n-th retry waits ``Retry-After`` when the provider
     sent one, else ``min(max_delay_s, initial_delay_s * 2**(n-1))`` less up to ``jitter`` of
     it at random; a wait that would take the total past ``max_total_wait_s`` is not made and
-    the last error is raised instead."""
+    the last error is raised instead.
+
+    After the first byte nothing is retried by the client; the agent loop asks again after
+    a round whose stream broke (an error event, a dropped connection, a stall), at most
+    ``stream_retries`` times in a row, each after the same backoff (no ``Retry-After``
+    exists mid-stream)."""
 
     attempts: int = 3
     """Requests at most, the first included (1 = never retry)."""
@@ -56,11 +69,19 @@ class RetryPolicy:
     """Fraction of a backoff delay removed at random (0 = exact delays; at most 1)."""
     statuses: frozenset[int] = field(default=RETRY_STATUSES)
     """HTTP statuses that are retried."""
+    stream_retries: int = 2
+    """Rounds whose stream broke that the agent loop asks again for, in a row (0 = never):
+    one more broken stream ends the run with its error."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.attempts, int) and self.attempts >= 1):
             raise ConfigError(
                 f"RetryPolicy.attempts must be an integer >= 1, got {self.attempts!r}"
+            )
+        retries = self.stream_retries
+        if not (isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0):
+            raise ConfigError(
+                f"RetryPolicy.stream_retries must be an integer >= 0, got {retries!r}"
             )
         for name in ("initial_delay_s", "max_delay_s", "max_total_wait_s"):
             _positive("RetryPolicy", name, getattr(self, name))
