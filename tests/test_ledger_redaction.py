@@ -108,3 +108,40 @@ def test_run_with_ledger_redact_stores_no_secret(tmp_path, redact):
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.db*"))
     assert b"toollatch_history" in raw or db.stat().st_size > 0
     assert (FAKE_KEY.encode() in raw) is not redact
+
+
+@pytest.mark.parametrize("redact", [True, False])
+async def test_serve_with_ledger_redact_stores_no_secret(tmp_path, redact):
+    """``toollatch serve`` passes ``ledger.redact`` to the relay's ledger and history too."""
+    import httpx  # noqa: PLC0415
+    from relay_helpers import read_events, start_run  # noqa: PLC0415
+
+    from toollatch.relay._server import RelayServer  # noqa: PLC0415
+    from toollatch.runtime._tools import tool  # noqa: PLC0415
+    from toollatch.scripted._script import Call, Script, Text, Turn  # noqa: PLC0415
+
+    @tool(side_effects="read")
+    def account(user: str, password: str) -> str:
+        """Log in (the relay's result redaction already masks secret-looking results, so the
+        secret here is in the arguments, which the history stores as the model sent them)."""
+        return f"plan pro for {user}"
+
+    arguments = json.dumps({"user": "ana", "password": PASSWORD})
+    call = Call(call_id="c_acc", name="account", arguments=arguments)
+    script = Script(turns=(Turn(items=(Text(text="Looking."), call), delay_ms=0),
+                           Turn(items=(Text(text="Done."),), delay_ms=0)))  # fmt: skip
+    db = tmp_path / "relay.db"
+    async with RelayServer(
+        scripts={"scripted": script},
+        tools=[account],
+        delay_scale=0,
+        ledger=f"sqlite:///{db}",
+        redact_stored=redact,
+    ) as relay:
+        async with httpx.AsyncClient(base_url=relay.url) as client:
+            run = await start_run(client, "who am I?")
+            frames = await read_events(client, run["events_url"])
+    assert [f.event for f in frames][-1] == "run_ended"
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("relay.db*"))
+    assert b"plan pro for ana" in raw
+    assert (PASSWORD.encode() in raw) is not redact

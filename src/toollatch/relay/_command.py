@@ -137,6 +137,7 @@ def serve_command(args: argparse.Namespace) -> int:
             previews=c.preview_policy() if args.config else None,
             ledger=_ledger_url(args.ledger or c.ledger.url),
             audit=c.audit_policy(),
+            redact_stored=c.ledger.redact,
             limits=limits,
             token=args.token or r.token,
             allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],

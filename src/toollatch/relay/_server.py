@@ -40,7 +40,7 @@ from ..runtime._tools import Tool
 from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, http_implementation
 from ._app import PROVIDERS, Relay
-from ._config import RelayLimits
+from ._config import RelayLimits, redact_secrets
 from ._guard import (
     BACKLOG,
     ConnectionCap,
@@ -96,7 +96,8 @@ class RelayServer:
     server's scripts, or ``model``). Raises ``ConfigError`` for a
     bad port, an audit without a ledger, a
     ``base_url`` without ``model``, an unknown provider, a bad token or host pattern, or a
-    host that is not loopback without a token.
+    host that is not loopback without a token. ``redact_stored`` stores results and history
+    through :func:`toollatch.relay.redact_secrets` (``ledger.redact``).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class RelayServer:
         previews: PreviewPolicy | None = None,
         ledger: str | None = None,
         audit: AuditPolicy | None = None,
+        redact_stored: bool = False,
         token: str | None = None,
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
@@ -133,6 +135,7 @@ class RelayServer:
         if audit is not None and ledger is None:
             raise ConfigError("the audit of uncommitted calls needs a ledger")
         self.ledger_url, self.audit = ledger, audit
+        self.redact_stored = redact_stored
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
@@ -262,13 +265,14 @@ class RelayServer:
         that cannot be used is a ``ConfigError`` at start, not an error in every run."""
         if self.ledger_url is None:
             return None, None
-        ledger = open_ledger(self.ledger_url, create_folder=True)
+        redactor = redact_secrets if self.redact_stored else None
+        ledger = open_ledger(self.ledger_url, create_folder=True, redactor=redactor)
         stack.push_async_callback(ledger.aclose)
         try:
             await ledger.get(LedgerKey(scope="toollatch-relay", call_id="start"))
         except LedgerError as exc:
             raise ConfigError(f"ledger {self.ledger_url}: {exc}") from None
-        history = open_history(self.ledger_url)
+        history = open_history(self.ledger_url, redactor=redactor)
         stack.push_async_callback(history.aclose)
         return ledger, history
 
