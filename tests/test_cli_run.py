@@ -167,3 +167,26 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
     assert log.read_text().splitlines() == ["Oslo", "Zürich", "Oslo", "Zürich"]
     bad = toollatch("run", "--ledger", "ftp://nowhere")
     assert bad.returncode == 2 and "--ledger" in bad.stderr
+
+
+def test_the_example_config_runs_exactly_as_no_config(tmp_path):
+    """``toollatch config example`` says its values are the defaults: a run with that file is
+    the run without one (the eager example tool still starts early, and so on)."""
+    from toollatch.runtime._config import load_config  # noqa: PLC0415
+
+    example = toollatch("config", "example")
+    assert example.returncode == 0, example.stderr
+    path = tmp_path / "toollatch.yaml"
+    path.write_text(example.stdout, encoding="utf-8")
+    assert load_config(path) == load_config(None)
+    plain = toollatch("run", "--json", "--workspace", str(tmp_path / "a"))
+    configured = toollatch(
+        "run", "--json", "--workspace", str(tmp_path / "b"), "--config", str(path)
+    )
+    assert plain.returncode == configured.returncode == 0, configured.stderr
+
+    def shape(out: str) -> list[tuple[str, object]]:
+        return [(e["type"], e.get("early")) for e in events_of(out) if e["type"] != "text"]
+
+    assert shape(configured.stdout) == shape(plain.stdout)
+    assert ("call_committed", True) in shape(plain.stdout)

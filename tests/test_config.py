@@ -47,7 +47,11 @@ agent_stream_assemble:
   finalize_order: provider_index
 """)
     config = load_config(path, env={})
-    assert config == Config()
+    # the seeds' block turns eager start off; everything else it says is a default
+    eager_off = Config().agent_stream_assemble.model_copy(
+        update={"execute_before_stream_end": False}
+    )
+    assert config == Config(agent_stream_assemble=eager_off)
     assert config.limits() == Limits()
     assert config.run_limits() == RunLimits(call_stall_s=60)
 
@@ -181,7 +185,7 @@ relay: {max_rounds: 3, max_tool_calls: 5, deadline_s: 9.5}
     assert policy.rule("other").mode == "none"
     assert config.dropped_codes() == {ErrorCode.INVALID_JSON, ErrorCode.ARGUMENTS_NOT_OBJECT}
     options = config.agent_options()
-    assert options["eager"] == ("get_weather",) and options["eager_start"] is False
+    assert options["eager"] == ("get_weather",) and options["eager_start"] is True
     assert (options["max_concurrency"], options["default_timeout_s"]) == (2, 5)
     assert options["session"] == "s1" and options["max_tokens"] == 100
     off = validate({"agent_stream_assemble": {"ui_forward_partial_args": False}})
@@ -216,8 +220,12 @@ def run_json(*args: str, env: dict[str, str] | None = None) -> list[dict]:
 
 
 def test_run_config_file_sets_the_run_and_flags_win_over_it(tmp_path):
-    # The file turns eager start off (the seeds' default) and the run limit to 1 round.
-    path = write(tmp_path, "relay: {max_rounds: 1}\nmodel: {provider: anthropic}\n")
+    # The file turns eager start off (as the seeds' block does) and the run limit to 1 round.
+    path = write(
+        tmp_path,
+        "agent_stream_assemble: {execute_before_stream_end: false}\n"
+        "relay: {max_rounds: 1}\nmodel: {provider: anthropic}\n",
+    )
     events = run_json("--config", str(path), "--workspace", str(tmp_path))
     committed = [e for e in events if e["type"] == "call_committed"]
     assert committed and not any(e["early"] for e in committed)

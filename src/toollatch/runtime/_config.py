@@ -68,9 +68,10 @@ class AssembleConfig(_Section):
     assemble_idle_timeout_s: _Seconds | None = 60.0
     """-> ``RunLimits.call_stall_s``: a call open without new argument bytes this long fails
     its round ``idle_timeout`` (null: no limit)."""
-    execute_before_stream_end: bool = False
-    """Eager master switch: when false no call starts before its round ends; when true,
-    tools still need ``eager=True`` or the dispatcher's ``eager`` list."""
+    execute_before_stream_end: bool = True
+    """Eager master switch (on, as :class:`toollatch.runtime.Agent`'s ``eager_start``): when
+    false no call starts before its round ends; when true, tools still need ``eager=True`` or
+    the dispatcher's ``eager`` list."""
     ui_forward_partial_args: bool = True
     """Produce previews of calls still streaming (the ``previews`` section says how much)."""
     arguments_must_be_object: Literal[True] = True
@@ -485,7 +486,7 @@ agent_stream_assemble:
   max_tool_argument_bytes: 262144       # argument text per call; more fails the call
   max_tool_calls_in_flight_assemble: 32 # calls per round; more get too_many_tool_calls
   assemble_idle_timeout_s: 60           # a call without new argument bytes this long: idle_timeout
-  execute_before_stream_end: false      # eager master switch; tools still need eager=True
+  execute_before_stream_end: true       # eager master switch; tools still need eager=True
   ui_forward_partial_args: true         # previews of calls still streaming (see previews:)
   arguments_must_be_object: true        # the gate commits JSON objects only (true only)
   on_invalid_json: error_result         # error_result | drop_with_protocol_repair
