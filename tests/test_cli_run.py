@@ -190,3 +190,11 @@ def test_the_example_config_runs_exactly_as_no_config(tmp_path):
 
     assert shape(configured.stdout) == shape(plain.stdout)
     assert ("call_committed", True) in shape(plain.stdout)
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version  # noqa: PLC0415
+
+    done = toollatch("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"toollatch {version('toollatch')}"

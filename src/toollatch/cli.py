@@ -87,9 +87,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("toollatch")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     parser = _Parser(prog="toollatch", description="Commit-gated streamed tool calls.")
+    parser.add_argument("--version", action="version", version=f"toollatch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     replay = sub.add_parser(
         "replay", help="replay recorded streams (.sse, .jsonl, .eventstream) through the gate"
