@@ -34,7 +34,7 @@ Provider misbehaviour never raises; misuse by the caller (feeding after ``finish
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, assert_never
@@ -63,7 +63,16 @@ from ._events import (
 from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget, complete_object
 from ._limits import Limits
 from ._preview import PreviewPolicy, PreviewTracker, PreviewUpdated
-from ._round import NO_EXTRAS, CallRecord, Choice, ContentItem, Round, TextRun, made_up_call_id
+from ._round import (
+    NO_EXTRAS,
+    CallRecord,
+    Choice,
+    ContentItem,
+    Round,
+    TextRun,
+    derived_id,
+    made_up_call_id,
+)
 from ._specs import ToolSpec
 from ._state import CallState
 from ._wrapper import PARALLEL_WRAPPER, inner_calls
@@ -209,6 +218,7 @@ class Assembler:
         previews: PreviewPolicy | None = None,
         eager: Iterable[str] = (),
         observe: bool = False,
+        reserved_ids: Collection[str] = (),
     ) -> None:
         """Give either ``gate`` or the pieces to build one (``tools``, ``policy``, ``budget``).
 
@@ -217,6 +227,9 @@ class Assembler:
         the tools named in ``eager``, or whose ``ToolSpec.eager`` is set, are committed as
         soon as the provider has moved on from them (:class:`CallReady`). ``observe`` adds
         :class:`TextReceived`, :class:`CallAnnounced` and :class:`CallComplete` notices.
+        ``reserved_ids``: call ids earlier rounds of the conversation already used; a call
+        reusing one is a new call and gets a derived id, ``<id>_r<n>`` (see
+        :meth:`_reserved`).
         """
         self.provider = provider
         self.attempt = attempt
@@ -239,6 +252,9 @@ class Assembler:
         self._limited: str | None = None  # the round ended there (see RoundOver)
         self._finishing = False  # (finish() fails calls too: no RoundOver then)
         self._observe = observe
+        self._reserved = frozenset(reserved_ids)
+        self._sent_ids: dict[CallKey, str] = {}  # a renamed call's key -> the provider's id
+        self._renamed: dict[tuple[int, str], str] = {}  # (choice, provider's id) -> derived
         specs = self.gate.tools or {}
         self._eager = frozenset(eager) | {n for n, spec in specs.items() if spec.eager}
 
@@ -586,15 +602,42 @@ class Assembler:
                 )
         if call_id:
             if buf.call_id is None:
-                buf.call_id = call_id
-                notices += self._claim_id(buf, call_id)
-            elif buf.call_id != call_id:
+                buf.call_id = self._reserved_id(buf, call_id)
+                notices += self._claim_id(buf, buf.call_id)
+            elif buf.call_id != call_id and self._sent_ids.get(key) != call_id:
                 notices += self._violate(
                     buf, AnomalyKind.ID_CHANGED, "a different call id arrived for an open call"
                 )
         if self._observe and (opening or (buf.call_id, buf.name) != known):
             notices.insert(0, CallAnnounced(key=key, call_id=buf.call_id, name=buf.name))
         return notices
+
+    def _reserved_id(self, buf: CallBuffer, call_id: str) -> str:
+        """``call_id``, or, when an earlier round of the conversation already used it
+        (``reserved_ids``), the derived id this round gives it: ``<id>_r<n>``, the smallest
+        ``n >= 2`` neither reserved nor taken in the round. Servers that number ids per
+        response (vLLM, Ollama, llama.cpp: ``call_0`` in every response) reuse ids across
+        rounds; the derived id is that call's id everywhere (gate, dispatch and its ledger
+        key, events, history), so no provider sees one id twice in a history and the
+        earlier round's result never answers it. Every call of the round sending the same
+        id gets the same derived id (so a repeat inside the round stays a
+        ``duplicate_call_id``), and the same history gives the same id again (a round
+        asked again on resume keys its calls as before)."""
+        if call_id not in self._reserved:
+            return call_id
+        self._sent_ids[buf.key] = call_id
+        renamed = self._renamed.get((buf.key.choice, call_id))
+        if renamed is None:
+            taken = self._reserved | self._choice(buf.key.choice).ids.keys()
+            renamed = derived_id(call_id, taken, tag="r")
+            self._renamed[buf.key.choice, call_id] = renamed
+        self._record(
+            AnomalyKind.CALL_ID_REUSED,
+            f"call id {call_id!r} was already used by an earlier round of the conversation; "
+            f"this new call is {renamed!r}",
+            buf.key,
+        )
+        return renamed
 
     def _claim_id(self, buf: CallBuffer, call_id: str) -> list[CallUpdate]:
         ids = self._choice(buf.key.choice).ids
@@ -942,7 +985,7 @@ class Assembler:
         tools = self.gate.tools
         if tools is not None and PARALLEL_WRAPPER in tools:
             return  # the user really defined a tool of that name
-        taken = {buf.call_id for buf in choice.calls if buf.call_id}
+        taken = {buf.call_id for buf in choice.calls if buf.call_id} | self._reserved
         content: list[tuple[str, Any]] = []
         expanded = False
         for kind, item in choice.content:

@@ -82,6 +82,11 @@ class AnomalyKind(StrEnum):
     CALL_ID_RENAMED = "call_id_renamed"
     """A call repeated an earlier call's id in its round: the history sent back gives it a
     derived id (``<id>_dup<n>``, named in the detail) in the call and in its result."""
+    CALL_ID_REUSED = "call_id_reused"
+    """A call used an id that an earlier round of the conversation had already used (servers
+    that number ids per response send ``call_0`` in every one): it is a new call, under the
+    derived id ``<id>_r<n>`` named in the detail, everywhere (dispatch, ledger, events,
+    history)."""
     DUPLICATE_CALL_DROPPED = "duplicate_call_dropped"
     """A call repeated an earlier call's id in its round: the history sent back (OpenAI
     Responses) leaves it and its result out."""

@@ -8,7 +8,7 @@ round ends ``interrupted`` and every call gets a paired error result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from ._adapters._base import Adapter
@@ -62,7 +62,10 @@ class StreamParser:
     in ``eager``) are committed as soon as the provider has moved on from them, and returned
     as ``CallReady`` notices: they may start before the round ends. Notices
     produced while finishing (e.g. final previews of a stream that just stopped) are kept in
-    ``finish_notices``.
+    ``finish_notices``. ``reserved_ids`` are the call ids earlier rounds of the conversation
+    already used (the agent passes those of the history it sends): a call
+    reusing one (servers that number ids per response send ``call_0`` each time) is a new call
+    under a derived id ``<id>_r<n>``, with a ``call_id_reused`` anomaly.
 
     Misuse raises :class:`UsageError`: any ``feed``, ``feed_frames`` or ``feed_event`` after
     ``finish()`` or ``cancel()``. ``finish()`` again returns the same Round, as does
@@ -100,6 +103,7 @@ class StreamParser:
         previews: PreviewPolicy | None = None,
         eager: Iterable[str] = (),
         observe: bool = False,
+        reserved_ids: Collection[str] = (),
     ) -> None:
         self.limits = limits or (gate.limits if gate else Limits())
         self.adapter = (
@@ -116,6 +120,7 @@ class StreamParser:
             previews=previews,
             eager=eager,
             observe=observe,
+            reserved_ids=reserved_ids,
         )
         self._decoder = make_decoder(framing, self.limits)
         # Bound once: they run once per event, tens of thousands of times a call.

@@ -9,7 +9,7 @@ builds nothing: the history builders are functions of a Round in :mod:`toollatch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -26,6 +26,24 @@ NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
 def made_up_call_id(key: CallKey, position: int) -> str:
     """The stable id of a call the stream gave none: ``toollatch_<attempt>_<choice>_<position>``."""
     return f"toollatch_{key.attempt}_{key.choice}_{position}"
+
+
+MAX_ID_CHARS = 40
+"""A derived id is at most this long (the OpenAI chat limit, the smallest known)."""
+
+
+def derived_id(call_id: str, taken: Collection[str], tag: str = "dup") -> str:
+    """``<call_id>_<tag><n>`` for the smallest ``n >= 2`` not in ``taken``, at most
+    :data:`MAX_ID_CHARS` characters (the head of ``call_id`` is kept). ``dup``: a repeat
+    inside one round (this module); ``r``: an id an earlier round already used
+    (:func:`history_call_ids`)."""
+    n = 2
+    while True:
+        suffix = f"_{tag}{n}"
+        candidate = call_id[: MAX_ID_CHARS - len(suffix)] + suffix
+        if candidate not in taken:
+            return candidate
+        n += 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,15 +26,13 @@ ids (the events show what the model sent); only the history differs.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .._errors import ErrorCode
 from .._events import Anomaly, AnomalyKind, CallKey, ReasoningBlock
-from .._round import CallRecord, ContentItem, Round, ToolResult
-
-MAX_ID_CHARS = 40
-"""A derived id is at most this long (the OpenAI chat limit, the smallest known)."""
+from .._round import CallRecord, ContentItem, Round, ToolResult, derived_id
 
 _DROPS = frozenset({"openai_responses"})
 """Providers whose history leaves a repeated id's later call out rather than renaming it."""
@@ -64,18 +62,6 @@ def _repairs(round_: Round) -> list[_Repair]:
             taken.add(renamed)
         repairs.append(_Repair(call.key, call.call_id, renamed))
     return repairs
-
-
-def derived_id(call_id: str, taken: Collection[str]) -> str:
-    """``<call_id>_dup<n>`` for the smallest ``n >= 2`` not in ``taken``, at most
-    :data:`MAX_ID_CHARS` characters (the head of ``call_id`` is kept)."""
-    n = 2
-    while True:
-        suffix = f"_dup{n}"
-        candidate = call_id[: MAX_ID_CHARS - len(suffix)] + suffix
-        if candidate not in taken:
-            return candidate
-        n += 1
 
 
 def history_round(round_: Round) -> Round:
@@ -173,3 +159,68 @@ def _take(candidates: list[ToolResult] | None, call: CallRecord) -> ToolResult |
         if (result.code is ErrorCode.DUPLICATE_CALL_ID) == duplicate:
             return candidates.pop(i)
     return candidates.pop(0)
+
+
+# -- ids an earlier round already used ---------------------------------------------------------
+
+_ID_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    # provider -> (where a call or result keeps its id: a block/item/part key, the id field)
+    "anthropic": (("tool_use", "id"), ("server_tool_use", "id"), ("tool_result", "tool_use_id")),
+    "bedrock": (("toolUse", "toolUseId"), ("toolResult", "toolUseId")),
+    "gemini": (("functionCall", "id"), ("functionResponse", "id")),
+}
+
+
+def history_call_ids(provider: str, history: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Every call id the entries of ``history`` (the provider's own format, as the builders
+    of this package write it) already use, in a call or in a result.
+
+    Servers that number call ids per response (vLLM, Ollama, llama.cpp: ``call_0``,
+    ``call_1``... in every response) reuse an id an earlier round of the same conversation
+    already used. Such a call is a *new* call: the agent hands these ids to the round's
+    parser (``reserved_ids``), which gives a call reusing one a derived id,
+    ``<id>_r<n>`` (:func:`derived_id`), before anything (dispatch, ledger, events, history)
+    sees it. An id the history does not hold yet (a round cut off by a crash, asked again
+    on resume) is not renamed: the ledger answers it as the call it was. Entries that are
+    not of the expected shape are skipped (the provider judges them).
+    """
+    ids: set[str] = set()
+    for entry in history:
+        if not isinstance(entry, Mapping):
+            continue
+        if provider == "openai_chat":
+            _chat_ids(entry, ids)
+        elif provider == "openai_responses":
+            if entry.get("type") in ("function_call", "function_call_output"):
+                _add(ids, entry.get("call_id"))
+        else:
+            fields = _ID_FIELDS.get(provider, ())
+            blocks = entry.get("parts") if provider == "gemini" else entry.get("content")
+            for block in blocks if isinstance(blocks, list) else ():
+                if isinstance(block, Mapping):
+                    _block_ids(provider, block, fields, ids)
+    return frozenset(ids)
+
+
+def _chat_ids(entry: Mapping[str, Any], ids: set[str]) -> None:
+    _add(ids, entry.get("tool_call_id"))
+    calls = entry.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        if isinstance(call, Mapping):
+            _add(ids, call.get("id"))
+
+
+def _block_ids(
+    provider: str, block: Mapping[str, Any], fields: tuple[tuple[str, str], ...], ids: set[str]
+) -> None:
+    for where, field in fields:
+        if provider == "anthropic":  # {"type": "tool_use", "id"}
+            if block.get("type") == where:
+                _add(ids, block.get(field))
+        elif isinstance(inner := block.get(where), Mapping):  # {"toolUse": {"toolUseId"}}
+            _add(ids, inner.get(field))
+
+
+def _add(ids: set[str], value: object) -> None:
+    if isinstance(value, str) and value:
+        ids.add(value)

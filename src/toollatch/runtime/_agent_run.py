@@ -16,7 +16,7 @@ from .._errors import ErrorCode, UsageError
 from .._events import CallKey, RoundEnd
 from .._gate import CommittedCall, RunBudget
 from .._messages import assistant_messages, tool_results_messages
-from .._messages._ids import id_repairs, pair_results
+from .._messages._ids import history_call_ids, id_repairs, pair_results
 from .._messages._repair import repaired_history
 from .._pipeline import StreamParser
 from .._preview import PreviewUpdated
@@ -139,6 +139,8 @@ class AgentRun:
             observe=True,
             previews=agent.previews,
             policy=agent.policy,
+            # an id the history already holds is a new call (call_0 in every response)
+            reserved_ids=history_call_ids(agent.client.provider, self.history),
         )
         async with agent.dispatcher.round(self.conversation) as dispatch:
             round_: Round | None = None
