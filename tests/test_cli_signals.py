@@ -141,9 +141,13 @@ def test_a_signal_during_a_tool_cancels_the_run_with_every_call_paired(tmp_path,
     kinds = [e["type"] for e in events]
     assert kinds[-2:] == ["round_ended", "run_ended"]
     assert kinds.count("run_ended") == 1
-    # the running call is told finished (cancelled); the waiting one never started
+    # every result has its tool_finished (cancelled): the running call's and the waiting
+    # one's, which never started (the history tells them apart, below)
     finished = [(e["id"], e["error"]) for e in events if e["type"] == "tool_finished"]
-    assert finished == [("call_demo_weather_oslo", "cancelled")]
+    assert finished == [
+        ("call_demo_weather_oslo", "cancelled"),
+        ("call_demo_weather_zurich", "cancelled"),
+    ]
     calls = events[-1]["calls"]
     assert [(c["id"], c["error"]) for c in calls] == [
         ("call_demo_weather_oslo", "cancelled"),
@@ -172,7 +176,9 @@ def test_sigint_in_the_terminal_view_shows_the_cancelled_calls_and_exits_130(tmp
         proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=EXIT_WITHIN_S)
     assert proc.returncode == 130, err
-    assert out.count("error: cancelled") == 1, out  # the running call
+    assert out.count("error: cancelled") == 2, out  # the running call and the waiting one
+    running = next(line for line in out.splitlines() if "call_demo_weather_oslo" in line)
+    assert "ran " in running, out  # only the call that started shows how long it ran
     assert "rounds: 1" in out
 
 
