@@ -155,8 +155,9 @@ def test_final_preview_on_failure_and_truncation_and_malformed_text():
     )
     notices = parser.feed(sse(chunk(tc(0, "c", "f", "")), *fragments(0, big, 100)))
     kinds = [type(n).__name__ for n in notices]
-    assert kinds[-2:] == ["PreviewUpdated", "CallFailed"]
-    assert notices[-2].final
+    # the oversized call was the round's only one: the round is over (limited) after it
+    assert kinds[-3:] == ["PreviewUpdated", "CallFailed", "RoundOver"]
+    assert notices[-3].final
     truncated = previews(sse(chunk(tc(0, "c", "f", '{"a": "b')), chunk(finish="length")), policy)
     assert truncated[-1].final
     assert truncated[-1].call_id == "c"
