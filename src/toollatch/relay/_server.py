@@ -240,7 +240,10 @@ class RelayServer:
             access=self.access,
         )
         stack.push_async_callback(relay.runs.close)
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; without it every
+        # response after the first on a kept-alive connection waited for a delayed ACK
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         stack.callback(sock.close)
         try:
