@@ -453,7 +453,7 @@ async def test_two_rounds_of_one_session_never_run_tools_at_once(g):
     await g.began("b").wait()
     g.gate("b").set()
     await asyncio.gather(b, c)
-    assert d._sessions == {}  # idle sessions are forgotten
+    assert d._state.session_count == 0  # idle sessions are forgotten
 
 
 async def test_calls_of_one_group_never_run_at_once_even_across_sessions(g):

@@ -1,7 +1,8 @@
 """One model round's tool execution (internal; see :mod:`._dispatcher` for the theory):
 :class:`DispatchRound` owns the round's ``TaskGroup``, the session locks it holds (in-process
 and distributed), and each call's task from its start (eager or at ``finish``) through the
-ledger, the locks and the tool's deadline to its settled, shaped result."""
+ledger, the locks and the tool's deadline to its settled, shaped result. What it shares with
+the other rounds of its dispatcher is one :class:`~._dispatch_state.DispatchState`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import ErrorCode, InvariantBroken, UsageError
 from .._gate import CommittedCall
@@ -34,12 +35,10 @@ from ._dispatch_calls import (
     may_run_again,
     on_cancel,
 )
+from ._dispatch_state import DispatchState, OnEvent, ToolEvent
 from ._ledger_run import Owned
 from ._loop_watch import HeldLoop
 from ._tools import Tool
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
 
 _log = logging.getLogger("toollatch.runtime")
 
@@ -62,11 +61,17 @@ class DispatchRound:
     """The tool execution of one model round; made by :meth:`Dispatcher.round`.
 
     Use it as ``async with``; leaving the block cancels whatever still runs (as :meth:`abort`
-    would) and waits for it, so no task outlives the block.
+    would) and waits for it, so no task outlives the block. The round runs the dispatcher's
+    tools as they were when it was made; its tool events go to the dispatcher's ``on_event``
+    and then to its own ``on_event``.
     """
 
-    def __init__(self, dispatcher: Dispatcher, session: str) -> None:
-        self._d = dispatcher
+    def __init__(
+        self, state: DispatchState, session: str, *, on_event: OnEvent | None = None
+    ) -> None:
+        self._shared = state
+        self._tools = state.tools  # (an immutable view: replace_tools makes a new one)
+        self._on_event = on_event
         self._session = session
         self._group: asyncio.TaskGroup | None = None
         self._slots: dict[str, Slot] = {}
@@ -118,7 +123,7 @@ class DispatchRound:
         self._check_open()
         if not isinstance(call, CommittedCall):
             raise UsageError(f"the dispatcher runs only CommittedCall objects, got {call!r:.60}")
-        if not self._d.may_start_early(call.name):
+        if not self._shared.may_start_early(call.name, self._tools):
             raise UsageError(f"tool {call.name!r} is not allowed to start early")
         self._begin(call)
 
@@ -159,7 +164,7 @@ class DispatchRound:
         """Start writing the audit records of ``round_``'s uncommitted calls (once, with an
         audit): a task of the round's group, so it runs beside the tools, is not cancelled
         with them, and ends before the block does. It never raises for the store."""
-        audit, group = self._d._audit, self._group
+        audit, group = self._shared.audit, self._group
         if audit is None or group is None or self._audited:
             return
         self._audited = True
@@ -180,21 +185,21 @@ class DispatchRound:
             return  # started early; a different call with this id cannot commit in one round
         fingerprint = call_fingerprint(call)
         slot = self._slots[call.call_id] = Slot(call)
-        memo = self._d._memo.get((self._session, call.call_id))
+        memo = self._shared.memo(self._session, call.call_id)
         if memo is not None and memo.fingerprint != fingerprint:
             self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
         elif memo is not None and memo.result is not None:
             self._settle(slot, memo.result)  # ran before: its stored result, not run again
         elif memo is not None:
             self._spawn(slot, self._join(slot, memo))
-        elif (tool := self._d._tools.get(call.name)) is None:
+        elif (tool := self._tools.get(call.name)) is None:
             self._settle(slot, dispatch_error(call, ErrorCode.UNKNOWN_TOOL, UNKNOWN_TOOL))
         else:
             slot.tool, slot.memo = (
                 tool,
                 Memo(fingerprint, asyncio.get_running_loop().create_future()),
             )
-            self._d._remember((self._session, call.call_id), slot.memo)
+            self._shared.remember(self._session, call.call_id, slot.memo)
             self._spawn(slot, self._execute(slot, tool))
 
     def _spawn(self, slot: Slot, work: Coroutine[Any, Any, None]) -> None:
@@ -215,7 +220,7 @@ class DispatchRound:
 
     async def _execute(self, slot: Slot, tool: Tool[Any, Any]) -> None:
         try:
-            if (guard := self._d._guard) is None:
+            if (guard := self._shared.guard) is None:
                 result = await self._run(slot, tool)
             else:
                 result = await guard.run(
@@ -241,12 +246,12 @@ class DispatchRound:
             return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
         except LedgerError as exc:
             return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
-        async with self._d._group_lock(tool.group), self._d._semaphore:
+        async with self._shared.group_lock(tool.group), self._shared.semaphore:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
             slot.phase = "running"
-            self._d._emit(ToolStartedEvent(id=call.call_id, name=call.name))
-            limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+            self._emit(ToolStartedEvent(id=call.call_id, name=call.name))
+            limit = self._shared.timeout_s(tool)
             context = owned.context if owned is not None else self._context(call)
             reset = set_current(context)
             held = HeldLoop(tool.invoke(call.arguments))
@@ -271,7 +276,7 @@ class DispatchRound:
             code=code,
         )
         # Shaped here, inside the ledger's runner, so the ledger only stores the shaped one.
-        shaper, budget = self._d._results, self._d._budget(call.name)
+        shaper, budget = self._shared.results, self._shared.budget(call.name, tool)
         if shaper.heavy(result):  # a long walk of the redactor: off the event loop
             return await asyncio.to_thread(shaper.tool_result, result, budget)
         return shaper.tool_result(result, budget)
@@ -279,7 +284,7 @@ class DispatchRound:
     def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
         """How long a call waits for another worker's run: that run's own limit (the same
         tool's) plus two leases for the claim and the write; None when it has no limit."""
-        limit = tool.timeout_s if tool.timeout_s is not None else self._d.default_timeout_s
+        limit = self._shared.timeout_s(tool)
         return None if limit is None else limit + 2 * lease_s
 
     def _context(self, call: CommittedCall) -> CallContext:
@@ -290,13 +295,13 @@ class DispatchRound:
     async def _hold_session(self) -> None:
         """Take the session's lock for this round, once, on its first tool start (and the
         distributed one, when the dispatcher has ``session_locks``)."""
-        if self._holding and (self._far is not None or self._d._session_locks is None):
+        if self._holding and (self._far is not None or self._shared.session_locks is None):
             return
         async with self._entering:
             if not self._holding:
-                await self._d._acquire_session(self._session)
+                await self._shared.acquire_session(self._session)
                 self._holding = True
-            if self._far is None and (locks := self._d._session_locks) is not None:
+            if self._far is None and (locks := self._shared.session_locks) is not None:
                 far = locks(self._session, self._lose)
                 await far.__aenter__()  # LedgerError: the call gets an error result
                 self._far = far
@@ -323,7 +328,7 @@ class DispatchRound:
         result is told once."""
         if slot.result is not None:
             return
-        slot.result = result = self._d._bounded(result)
+        slot.result = result = self._bounded(result)
         self._finished(result)
         memo = slot.memo
         if memo is None:
@@ -331,13 +336,12 @@ class DispatchRound:
         memo.result = result
         if memo.done is not None and not memo.done.done():
             memo.done.set_result(result)
-        key = (self._session, slot.call.call_id)
-        if may_run_again(slot, result) and self._d._memo.get(key) is memo:
-            del self._d._memo[key]
+        if may_run_again(slot, result):
+            self._shared.forget(self._session, slot.call.call_id, memo)
 
     def _finished(self, result: ToolResult) -> None:
         error = str(result.code) if result.is_error and result.code else None
-        self._d._emit(
+        self._emit(
             ToolFinishedEvent(
                 id=result.tool_call_id,
                 name=result.name,
@@ -368,7 +372,7 @@ class DispatchRound:
 
     def _close(self, round_: Round) -> list[ToolResult]:
         results = [
-            self._d._bounded(
+            self._bounded(
                 self._result_of(record.committed) if record.committed else error_result(record)
             )
             for record in round_.calls
@@ -380,7 +384,7 @@ class DispatchRound:
     def _result_of(self, call: CommittedCall) -> ToolResult:
         slot = self._slots.get(call.call_id)
         if slot is None:  # committed, never begun (abort before finish)
-            result = self._d._bounded(dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED))
+            result = self._bounded(dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED))
             self._finished(result)
             return result
         if slot.result is None:  # pragma: no cover - every slot is settled before _close
@@ -399,4 +403,10 @@ class DispatchRound:
     def _release(self) -> None:
         if self._holding:
             self._holding = False
-            self._d._release_session(self._session)
+            self._shared.release_session(self._session)
+
+    def _bounded(self, result: ToolResult) -> ToolResult:
+        return self._shared.bounded(result, self._tools.get(result.name))
+
+    def _emit(self, event: ToolEvent) -> None:
+        self._shared.emit(event, self._on_event)

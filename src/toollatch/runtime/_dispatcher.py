@@ -57,23 +57,21 @@ cannot be stopped, so a sync tool that timed out or was cancelled finishes in th
 round of a session opened inside another open round of the same session waits for it forever
 (the session rule), so close a round before the next one starts.
 
-This module holds :class:`Dispatcher` (what lasts across rounds); one round is
-:class:`DispatchRound`'s, in :mod:`._dispatch_round`, and a call's slot, memo and the error
-results the dispatcher makes are in :mod:`._dispatch_calls`.
+This module holds :class:`Dispatcher` (the options, checked once); what lasts across rounds
+is one :class:`~._dispatch_state.DispatchState` (:mod:`._dispatch_state`), which each round
+gets; one round is :class:`DispatchRound`'s, in :mod:`._dispatch_round`, and a call's slot,
+memo and the error results the dispatcher makes are in :mod:`._dispatch_calls`. Imports point
+one way: this module -> round -> state -> calls.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import math
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import MappingProxyType
-from typing import Any, TypeAlias
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
@@ -82,23 +80,13 @@ from .._specs import ToolSpec
 from ..ledger._audit import ArgumentAudit
 from ..ledger._base import Ledger
 from ..ledger._records import SessionLocks
-from ._agent_events import ToolFinishedEvent, ToolStartedEvent
-from ._dispatch_calls import Memo
 from ._dispatch_round import DispatchRound
+from ._dispatch_state import DispatchState, OnEvent, ToolEvent
 from ._ledger_run import Clock, LedgerGuard, default_clock
 from ._results import ResultLimits, ResultShaper
 from ._tools import Tool
 
 __all__ = ["DispatchRound", "Dispatcher", "OnEvent", "ToolEvent"]
-
-ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
-"""The agent events the dispatcher emits."""
-OnEvent: TypeAlias = Callable[[ToolEvent], None]
-"""A sync callback for :data:`ToolEvent` (exceptions it raises are logged, never propagated:
-an observer must not change what the tools do)."""
-
-
-_log = logging.getLogger("toollatch.runtime")
 
 
 class Dispatcher:
@@ -107,6 +95,8 @@ class Dispatcher:
     ``max_concurrency``: calls running at once across every round and session.
     ``default_timeout_s``: the run-time limit of a call whose tool sets none (None: no limit).
     ``eager``: names of tools that may start early besides those declared ``eager=True``.
+    ``on_event``: told every :data:`ToolEvent` of every round (a round may have its own too:
+    :meth:`round`).
     ``ledger``: claim every call there before running it (see the module docstring), as
     ``worker`` (default: host, pid and a random suffix), with claims that live ``lease_s``
     unless renewed (a heartbeat renews them while a call waits or runs), checking a call
@@ -143,9 +133,9 @@ class Dispatcher:
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
     ) -> None:
-        self._tools = _by_name(tools)
-        self._eager = frozenset(eager)
-        if unknown := sorted(self._eager - self._tools.keys()):
+        by_name = _by_name(tools)
+        eager = frozenset(eager)
+        if unknown := sorted(eager - by_name.keys()):
             raise ConfigError(f"eager names no tool: {unknown}")
         _check_positive_int("max_concurrency", max_concurrency)
         _check_positive_int("max_remembered_calls", max_remembered_calls)
@@ -155,53 +145,59 @@ class Dispatcher:
             and default_timeout_s > 0
         ):
             raise ConfigError("default_timeout_s must be a positive number of seconds or None")
-        self.default_timeout_s = default_timeout_s
-        self._on_event = on_event
-        self._max_remembered = max_remembered_calls
-        self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._groups = {t.group: asyncio.Lock() for t in self._tools.values() if t.group}
-        self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._memo: dict[tuple[str, str], Memo] = {}  # by (session, call id)
-        self._guard = _guard(ledger, worker, lease_s, poll_s, clock)
+        guard = _guard(ledger, worker, lease_s, poll_s, clock)
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
-        self._session_locks = session_locks
         if audit is not None and not isinstance(audit, ArgumentAudit):
             raise ConfigError(f"audit must be a toollatch.ledger.ArgumentAudit, got {audit!r:.60}")
-        self._audit = audit
-        self._results = ResultShaper(result_limits, redaction)
+        self._state = DispatchState(
+            by_name,
+            eager=eager,
+            max_concurrency=max_concurrency,
+            default_timeout_s=default_timeout_s,
+            on_event=on_event,
+            max_remembered_calls=max_remembered_calls,
+            guard=guard,
+            session_locks=session_locks,
+            audit=audit,
+            results=ResultShaper(result_limits, redaction),
+        )
+
+    @property
+    def default_timeout_s(self) -> float | None:
+        """The run-time limit of a call whose tool sets none (None: no limit)."""
+        return self._state.default_timeout_s
 
     @property
     def tools(self) -> Mapping[str, Tool[Any, Any]]:
-        """The tools by name (read-only)."""
-        return MappingProxyType(self._tools)
+        """The tools by name (read-only; a new mapping after :meth:`replace_tools`)."""
+        return self._state.tools
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools' specs, for ``StreamParser(tools=...)`` or ``Gate``."""
-        return tuple(t.spec for t in self._tools.values())
+        return tuple(t.spec for t in self._state.tools.values())
 
     def replace_tools(self, tools: Sequence[Tool[Any, Any]]) -> None:
         """Run ``tools`` from now on (a tool source's list changed; call it between rounds):
-        calls already begun keep the tool they began with; the dedupe memory, the locks and
-        the ``eager`` names stay (an ``eager`` name no tool has any more is ignored).
+        a round already made keeps the tools it was made with (so its calls run the tools
+        its parser's specs came from); the dedupe memory, the locks and the ``eager`` names
+        stay (an ``eager`` name no tool has any more is ignored).
         Raises ``ConfigError`` as the constructor does, leaving the tools unchanged."""
-        by_name = _by_name(tools)
-        for t in by_name.values():
-            if t.group and t.group not in self._groups:
-                self._groups[t.group] = asyncio.Lock()
-        self._tools = by_name
+        self._state.set_tools(_by_name(tools))
 
     def may_start_early(self, name: str) -> bool:
         """True when a call of ``name`` may be passed to :meth:`DispatchRound.start`."""
-        t = self._tools.get(name)
-        return t is not None and (t.eager or name in self._eager)
+        return self._state.may_start_early(name, self._state.tools)
 
-    def round(self, session: str = "default") -> DispatchRound:
-        """The tool execution of one model round of ``session`` (an async context manager)."""
+    def round(self, session: str = "default", *, on_event: OnEvent | None = None) -> DispatchRound:
+        """The tool execution of one model round of ``session`` (an async context manager),
+        with the current tools; ``on_event`` is told this round's :data:`ToolEvent` (after
+        the dispatcher's own ``on_event``): one dispatcher serves concurrent runs, each
+        with its own events."""
         if not isinstance(session, str):
             raise UsageError(f"session must be a str, got {session!r:.60}")
-        return DispatchRound(self, session)
+        return DispatchRound(self._state, session, on_event=on_event)
 
     async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
         """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
@@ -209,58 +205,6 @@ class Dispatcher:
         are lost with it, so a loop that must record them uses :meth:`round` and ``abort``."""
         async with self.round(session) as r:
             return await r.finish(round_)
-
-    # -- shared state (used by DispatchRound) ------------------------------------------------
-
-    async def _acquire_session(self, session: str) -> None:
-        lock, users = self._sessions.get(session) or (asyncio.Lock(), 0)
-        self._sessions[session] = (lock, users + 1)
-        try:
-            await lock.acquire()
-        except BaseException:
-            self._drop_session_user(session)
-            raise
-
-    def _release_session(self, session: str) -> None:
-        self._sessions[session][0].release()
-        self._drop_session_user(session)
-
-    def _drop_session_user(self, session: str) -> None:
-        # Counted so the table forgets idle sessions: a server has unboundedly many.
-        lock, users = self._sessions[session]
-        if users <= 1:
-            del self._sessions[session]
-        else:
-            self._sessions[session] = (lock, users - 1)
-
-    def _group_lock(self, group: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
-        return self._groups[group] if group else contextlib.nullcontext()
-
-    def _remember(self, key: tuple[str, str], memo: Memo) -> None:
-        self._memo[key] = memo
-        while len(self._memo) > self._max_remembered:
-            oldest = next(iter(self._memo))
-            if self._memo[oldest].result is None:
-                break  # still running: it stays until it is done
-            del self._memo[oldest]
-
-    def _bounded(self, result: ToolResult) -> ToolResult:
-        """``result`` within its call's budget (no redaction: a result toollatch made or one
-        already shaped)."""
-        return self._results.bounded(result, self._budget(result.name))
-
-    def _budget(self, name: str) -> int:
-        # getattr: a Tool made some other way (an MCP tool's) may not have set the option.
-        declared = getattr(self._tools.get(name), "max_result_bytes", None)
-        return self._results.limits.budget(name, declared)
-
-    def _emit(self, event: ToolEvent) -> None:
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(event)
-        except Exception:
-            _log.exception("on_event callback failed for %s", event)
 
 
 def _guard(
