@@ -23,96 +23,51 @@ error results to the model. A request that fails before its stream starts (HTTP 
 connection refused, no first byte) ends the run with ``run_ended.error`` set. A retried
 request is always a new attempt with new buffers.
 
-This module holds :class:`Agent` (the client, the tools and their dispatcher, the budgets:
-what lasts across runs) and :class:`RunLimits`; one run, its rounds and its events are
-:class:`AgentRun`'s, in :mod:`._agent_run`.
+Agents are configurations; runs hold run state. This module holds :class:`Agent` (the
+client, the tools and their dispatcher, the budgets: what lasts across runs). Each
+:meth:`Agent.run` takes a frozen :class:`~._run_setup.RunSetup` of it (with
+:class:`RunLimits`, in :mod:`._run_setup`), so any number of runs may share one agent, at
+once, each with its own conversation; one run, its rounds and its events are
+:class:`AgentRun`'s, in :mod:`._agent_run`. Imports point one way: this module ->
+``_agent_run`` -> ``_run_setup``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
+import itertools
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
-from .._errors import ConfigError, ErrorCode, UsageError
+from .._errors import ErrorCode, UsageError
 from .._gate import Deny, Policy, PolicyDecision
 from .._limits import Limits
 from .._preview import PreviewPolicy, PreviewUpdated
 from ..ledger import ArgumentAudit, History, Ledger
-from ._agent_events import AgentEvent, ToolFinishedEvent, ToolStartedEvent
 from ._agent_run import AgentRun
 from ._clients import ModelClient
 from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
 from ._results import ResultLimits
+from ._run_setup import RunLimits, RunSetup, Toolbox, ToolSource
 from ._tools import Tool
 
 __all__ = ["Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
 
 
-DEFAULT_DEADLINE_S = 900.0
-"""15 minutes: well above a normal run (``max_rounds`` 8 rounds of a minute or two of
-generation plus tools that time out at 30 s by default), and a bound on a run that no other
-limit stops: a stream that keeps sending without ending, a tool that ignores cancellation
-between rounds. Long reasoning runs raise it (``RunLimits``, ``relay.deadline_s``,
-``--deadline``)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunLimits:
-    """Budgets of one run; the run ends (with a valid history) when one is spent."""
-
-    max_rounds: int = 8
-    """Model requests at most."""
-    max_tool_calls: int = 64
-    """Committed calls at most over the run (more fail ``budget_exceeded``)."""
-    deadline_s: float | None = DEFAULT_DEADLINE_S
-    """Wall-clock limit of the whole run (None: none); the round in flight is cancelled at
-    it, every call paired (``cancelled``), and the run ends without an error."""
-    call_stall_s: float | None = 60.0
-    """Longest time a call may stay open without new argument bytes while the stream keeps
-    sending (pings, other text): then its round fails ``idle_timeout``. A silent stream is
-    the client's ``ClientLimits.idle_s``."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_rounds", "max_tool_calls"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"RunLimits.{name} must be a positive integer, got {value!r}")
-        for name in ("deadline_s", "call_stall_s"):
-            value = getattr(self, name)
-            if value is not None and not (
-                isinstance(value, int | float) and math.isfinite(value) and value > 0
-            ):
-                raise ConfigError(f"RunLimits.{name} must be positive or None, got {value!r}")
-
-
-class ToolSource(Protocol):
-    """Tools that come from elsewhere and may change between rounds (an MCP tool source)."""
-
-    def snapshot(self) -> Sequence[Tool[Any, Any]]:
-        """The current tools, without I/O."""
-        ...
-
-    async def refresh(self) -> Sequence[Tool[Any, Any]]:
-        """The current tools, after taking in the changes announced since the last call."""
-        ...
-
-    def check(self, name: str, arguments: Mapping[str, Any]) -> PolicyDecision | bool | None:
-        """The gate's policy for the source's own tools (None: not the source's call)."""
-        ...
-
-
 class Agent:
     """Runs conversations of one model client with one set of tools.
 
+    An agent is a configuration: it holds no run's state, so any number of its runs may go
+    on at once (each :meth:`run` takes a snapshot of the agent's settings; changing an
+    attribute later changes later runs only).
     ``tools``: :class:`Tool` objects (``@toollatch.runtime.tool``). ``eager``: more tool names
     that may start before their round ends (besides ``eager=True`` tools). The agent's
-    dispatcher lives as long as the agent; a call id runs at most once per *conversation*
-    (:attr:`AgentRun.conversation`): the same id in another conversation is another call.
+    dispatcher lives as long as the agent and serves all its runs (``max_concurrency`` is
+    over all of them); a call id runs at most once per *conversation*
+    (:attr:`AgentRun.conversation`): the same id in another conversation is another call,
+    and runs sharing a conversation share its dedupe and its session lock (their tools never
+    run at once; a call id one of them ran gets its result in the other).
     ``system`` and ``max_tokens`` go with every request; ``limits`` and ``previews`` are the
     core's (argument sizes, depth; preview notices are not agent events).
     ``eager_start=False`` is the master switch off: no call starts before its round ends.
@@ -172,27 +127,24 @@ class Agent:
         self.previews = previews
         self.drop_failed = frozenset(drop_failed)
         self.observers = tuple(observers)
-        self._sink: asyncio.Queue[AgentEvent | PreviewUpdated | None] | None = None
         self.on_preview = on_preview
-        self._attempts = 0
         self.tool_source = tool_source
         self.policy = _with_source(tool_source, policy)
-        self._own_tools = tuple(tools)
+        own = tuple(tools)
         if tool_source is not None:
-            tools = (*self._own_tools, *tool_source.snapshot())
-        self._eager_start = eager_start
+            tools = (*own, *tool_source.snapshot())
         self.dispatcher = Dispatcher(
             tools,
             eager=eager,
             max_concurrency=max_concurrency,
             default_timeout_s=default_timeout_s,
-            on_event=self._tool_event,
             ledger=ledger,
             audit=audit,
             result_limits=result_limits,
             redaction=previews,
         )
-        self._take_tools()
+        self._tools = Toolbox(self.dispatcher, own, tool_source, eager_start=eager_start)
+        self._attempts = itertools.count(1)
 
     def run(
         self,
@@ -214,9 +166,9 @@ class Agent:
         ``history_store`` (the stored run), else a new id for each run, so two runs with
         their own histories never answer each other's calls (servers that number ids per
         response reuse ``call_0``); pass the same id to a run that continues another's
-        history. Raises ``UsageError`` when there is no message, history or resume, for
-        ``resume`` without a store, for an empty or non-str ``conversation``, or (when
-        iterated) while another run of this agent is being iterated.
+        history. Runs of one agent may go on at once, each with its own history, events and
+        budgets. Raises ``UsageError`` when there is no message, history or resume, for
+        ``resume`` without a store, or for an empty or non-str ``conversation``.
         """
         if conversation is not None and not (isinstance(conversation, str) and conversation):
             raise UsageError(f"conversation must be a non-empty str, got {conversation!r:.60}")
@@ -231,38 +183,27 @@ class Agent:
             conversation = self.session
             if self.history_store is None:
                 conversation = f"{self.session}/{secrets.token_hex(8)}"
-        return AgentRun(self, entries, resume=resume, conversation=conversation)
+        return AgentRun(self._setup(), entries, resume=resume, conversation=conversation)
 
-    def _next_attempt(self) -> int:
-        """A new attempt number for each request of this agent's life: a call id made up for
-        a provider that sends none (Gemini) embeds it, so such ids never repeat across runs
-        (the dispatcher dedupes by call id)."""
-        self._attempts += 1
-        return self._attempts
-
-    async def _refresh_tools(self) -> None:
-        """Take the tool source's current tools (between rounds)."""
-        if self.tool_source is None:
-            return
-        current = (*self._own_tools, *await self.tool_source.refresh())
-        if current == tuple(self.dispatcher.tools.values()):
-            return  # (Tool objects compare by identity: a changed tool is a new object)
-        self.dispatcher.replace_tools(current)
-        self._take_tools()
-
-    def _take_tools(self) -> None:
-        """The eager names and the specs of the dispatcher's current tools."""
-        may = self.dispatcher.may_start_early
-        self._eager = tuple(n for n in self.dispatcher.tools if self._eager_start and may(n))
-        # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
-        specs = self.dispatcher.specs
-        self._specs = specs if self._eager_start else tuple(replace(s, eager=False) for s in specs)
-
-    def _tool_event(self, event: ToolStartedEvent | ToolFinishedEvent) -> None:
-        if self._sink is not None:
-            for observer in self.observers:
-                observer.on_event(self.client.provider, event)
-            self._sink.put_nowait(event)
+    def _setup(self) -> RunSetup:
+        """The snapshot a new run takes of this agent."""
+        return RunSetup(
+            client=self.client,
+            system=self.system,
+            max_tokens=self.max_tokens,
+            run_limits=self.run_limits,
+            limits=self.limits,
+            previews=self.previews,
+            policy=self.policy,
+            drop_failed=frozenset(self.drop_failed),
+            observers=tuple(self.observers),
+            on_preview=self.on_preview,
+            history_store=self.history_store,
+            session=self.session,
+            dispatcher=self.dispatcher,
+            tools=self._tools,
+            next_attempt=self._attempts.__next__,
+        )
 
 
 def _with_source(source: ToolSource | None, policy: Policy | None) -> Policy | None:

@@ -1,7 +1,10 @@
 """One run of an :class:`Agent` (internal; the theory is in :mod:`._agent`): :class:`AgentRun`
 drives the rounds (model request, the stream fed to a fresh parser and a dispatch round, the
 history appended) and turns the parser's notices, the Round and the results into agent
-events, in order, on the run's queue."""
+events, in order, on the run's queue. It reads only its :class:`~._run_setup.RunSetup` (a
+frozen snapshot of the agent) and keeps every piece of run state itself, its tool events
+included (its dispatch rounds tell them to the run), so runs of one agent never share a
+queue, a budget or a flag."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import ErrorCode, UsageError
 from .._events import CallKey, RoundEnd
@@ -21,6 +24,7 @@ from .._messages._repair import repaired_history
 from .._pipeline import StreamParser
 from .._preview import PreviewUpdated
 from .._round import Round, ToolResult
+from .._specs import ToolSpec
 from ..assembly import CallAnnounced, CallReady, TextReceived
 from ._agent_events import (
     AgentEvent,
@@ -32,15 +36,14 @@ from ._agent_events import (
     TextEvent,
 )
 from ._clients import ModelError, StreamInterrupted, StreamTimeout
-from ._dispatcher import DispatchRound
+from ._dispatcher import DispatchRound, ToolEvent
 from ._resume import StoredHistory
-
-if TYPE_CHECKING:
-    from ._agent import Agent
+from ._run_setup import RunSetup
 
 
 class AgentRun:
-    """One run of an :class:`Agent`: ``async for event in run`` (see the module docstring).
+    """One run of an :class:`Agent` (made by :meth:`Agent.run`): ``async for event in run``
+    (see the module docstring).
 
     ``history`` is the provider-format history, valid to send again after every round;
     ``rounds`` the rounds played; ``error`` why the run stopped early (a model error), if it
@@ -50,24 +53,24 @@ class AgentRun:
 
     def __init__(
         self,
-        agent: Agent,
+        setup: RunSetup,
         history: list[dict[str, Any]],
         *,
         resume: bool = False,
         conversation: str | None = None,
     ) -> None:
-        self.agent = agent
+        self._setup = setup
         self.history = history
-        self.conversation = conversation or agent.session
+        self.conversation = conversation or setup.session
         self._resume = resume
-        store = agent.history_store
-        self._stored = StoredHistory(store, agent.session) if store is not None else None
+        store = setup.history_store
+        self._stored = StoredHistory(store, setup.session) if store is not None else None
         self.rounds: list[Round] = []
         self.results: list[list[ToolResult]] = []
         self.error: str | None = None
         self._events: asyncio.Queue[AgentEvent | PreviewUpdated | None] = asyncio.Queue()
         self._driver: asyncio.Task[None] | None = None
-        self._budget = RunBudget(agent.run_limits.max_tool_calls)
+        self._budget = RunBudget(setup.run_limits.max_tool_calls)
         self._opened: set[CallKey] = set()
         self._cancelled = False
         self._started = False
@@ -85,21 +88,18 @@ class AgentRun:
     async def __aiter__(self) -> AsyncIterator[AgentEvent]:
         if self._driver is not None:
             raise UsageError("an AgentRun can be iterated once")
-        if self.agent._sink is not None:
-            raise UsageError("this agent is already running; one run at a time")
         if self._stored is not None:  # (misuse raises here, before any event)
             self.history = await self._stored.begin(self.history, resume=self._resume)
-        self.agent._sink = self._events
+        on_preview = self._setup.on_preview
         self._driver = asyncio.get_running_loop().create_task(self._drive())
         try:
             while (event := await self._events.get()) is not None:
                 if isinstance(event, PreviewUpdated):
-                    if self.agent.on_preview is not None:
-                        self.agent.on_preview(event)  # in order with the events around it
+                    if on_preview is not None:
+                        on_preview(event)  # in order with the events around it
                 else:
                     yield event
         finally:
-            self.agent._sink = None
             if not self._driver.done():
                 self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -109,7 +109,7 @@ class AgentRun:
 
     async def _drive(self) -> None:
         self._started = True
-        limits = self.agent.run_limits
+        limits = self._setup.run_limits
         try:
             async with asyncio.timeout(limits.deadline_s):
                 while not self._cancelled and len(self.rounds) < limits.max_rounds:
@@ -125,27 +125,30 @@ class AgentRun:
 
     async def _round(self) -> bool:
         """Play one round; True when the model should be asked again."""
-        agent = self.agent
-        await agent._refresh_tools()
-        for observer in agent.observers:
-            observer.on_round_start(agent.client.provider, len(self.rounds) + 1)
+        setup = self._setup
+        provider = setup.client.provider
+        tools = await setup.tools.refresh()
+        # no await from here to the dispatch round: it runs the tools the parser checks against
+        for observer in setup.observers:
+            observer.on_round_start(provider, len(self.rounds) + 1)
         parser = StreamParser(
-            agent.client.provider,
-            tools=agent._specs,
-            limits=agent.limits,
+            provider,
+            tools=tools.specs,
+            limits=setup.limits,
             budget=self._budget,
-            attempt=agent._next_attempt(),
-            eager=agent._eager,
+            attempt=setup.next_attempt(),
+            eager=tools.eager,
             observe=True,
-            previews=agent.previews,
-            policy=agent.policy,
+            previews=setup.previews,
+            policy=setup.policy,
             # an id the history already holds is a new call (call_0 in every response)
-            reserved_ids=history_call_ids(agent.client.provider, self.history),
+            reserved_ids=history_call_ids(provider, self.history),
         )
-        async with agent.dispatcher.round(self.conversation) as dispatch:
+        round_scope = setup.dispatcher.round(self.conversation, on_event=self._tool_event)
+        async with round_scope as dispatch:
             round_: Round | None = None
             try:
-                round_ = await self._stream(parser, dispatch)
+                round_ = await self._stream(parser, dispatch, tools.requested)
                 if round_ is None:
                     return False  # the request failed before its stream began
                 round_ = _with_id_repairs(round_)
@@ -179,9 +182,9 @@ class AgentRun:
             self._broken = 0
             return bool(round_.calls)
         self._broken += 1
-        client = self.agent.client
+        client = self._setup.client
         if self._broken > client.retry.stream_retries or (
-            len(self.rounds) >= self.agent.run_limits.max_rounds
+            len(self.rounds) >= self._setup.run_limits.max_rounds
         ):
             times = "once" if self._broken == 1 else f"{self._broken} times in a row"
             last = round_.error or "the stream ended without its end"
@@ -195,18 +198,20 @@ class AgentRun:
         if self._stored is not None:
             await self._stored.persist(self.history)
 
-    async def _stream(self, parser: StreamParser, dispatch: DispatchRound) -> Round | None:
+    async def _stream(
+        self, parser: StreamParser, dispatch: DispatchRound, specs: Sequence[ToolSpec]
+    ) -> Round | None:
         """Feed the round's stream; None when no stream began (``error`` is set)."""
-        agent = self.agent
-        stream = agent.client.stream(
+        setup = self._setup
+        stream = setup.client.stream(
             self.history,
-            tools=agent.dispatcher.specs,
-            system=agent.system,
-            max_tokens=agent.max_tokens,
+            tools=specs,
+            system=setup.system,
+            max_tokens=setup.max_tokens,
         )
         try:
             async with stream as chunks:
-                stall = _StallWatch(agent.run_limits.call_stall_s)
+                stall = _StallWatch(setup.run_limits.call_stall_s)
                 try:
                     async for chunk in chunks:
                         self._notices(parser.feed(chunk), dispatch)
@@ -230,9 +235,10 @@ class AgentRun:
         return round_
 
     def _notices(self, notices: Sequence[object], dispatch: DispatchRound) -> None:
+        observers, provider = self._setup.observers, self._setup.client.provider
         for notice in notices:
-            for observer in self.agent.observers:
-                observer.on_notice(self.agent.client.provider, notice)
+            for observer in observers:
+                observer.on_notice(provider, notice)
             if isinstance(notice, TextReceived):
                 if notice.choice == 0:
                     self._emit(TextEvent(text=notice.text))
@@ -248,7 +254,7 @@ class AgentRun:
                     )
                 )
                 self._start(dispatch, call)
-            elif isinstance(notice, PreviewUpdated) and self.agent.on_preview is not None:
+            elif isinstance(notice, PreviewUpdated) and self._setup.on_preview is not None:
                 self._events.put_nowait(notice)  # UIs (the relay), not the agent events
 
     def _start(self, dispatch: DispatchRound, call: object) -> None:
@@ -258,8 +264,8 @@ class AgentRun:
             dispatch.start(call)  # type: ignore[arg-type]  # the dispatcher checks the type
         except UsageError as exc:
             if not isinstance(call, CommittedCall):
-                for observer in self.agent.observers:
-                    observer.on_not_committed(self.agent.client.provider, str(exc))
+                for observer in self._setup.observers:
+                    observer.on_not_committed(self._setup.client.provider, str(exc))
             raise
 
     def _open(self, key: CallKey, call_id: str, name: str) -> None:
@@ -269,8 +275,8 @@ class AgentRun:
 
     def _decided(self, round_: Round) -> None:
         """``call_committed`` / ``call_failed`` for every call not told yet, in call order."""
-        for observer in self.agent.observers:
-            observer.on_round(self.agent.client.provider, round_)
+        for observer in self._setup.observers:
+            observer.on_round(self._setup.client.provider, round_)
         for call in round_.calls:
             if call.name is not None:
                 self._open(call.key, call.call_id, call.name)
@@ -298,8 +304,8 @@ class AgentRun:
         """Append the round and its results to the history; ``round_ended``."""
         self.rounds.append(round_)
         self.results.append(results)
-        if self.agent.drop_failed:
-            self.history += repaired_history(round_, results, self.agent.drop_failed)
+        if drop := self._setup.drop_failed:
+            self.history += repaired_history(round_, results, drop)
         else:
             self.history += assistant_messages(round_)
             if any(c.name for c in round_.calls):
@@ -329,9 +335,13 @@ class AgentRun:
         )
 
     def _emit(self, event: AgentEvent) -> None:
-        for observer in self.agent.observers:
-            observer.on_event(self.agent.client.provider, event)
+        for observer in self._setup.observers:
+            observer.on_event(self._setup.client.provider, event)
         self._events.put_nowait(event)
+
+    def _tool_event(self, event: ToolEvent) -> None:
+        """A tool event of one of this run's dispatch rounds."""
+        self._emit(event)
 
 
 def _with_id_repairs(round_: Round) -> Round:

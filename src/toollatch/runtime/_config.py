@@ -43,9 +43,9 @@ from .._preview import PreviewPolicy, Redactor, ToolPreview
 from .._secrets import redact_secrets
 from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ._agent import DEFAULT_DEADLINE_S, RunLimits
 from ._clients import ClientLimits
 from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
+from ._run_setup import DEFAULT_DEADLINE_S, RunLimits
 
 ENV_PREFIX = "TOOLLATCH_"
 """Environment overrides are ``TOOLLATCH_<SECTION>__<KEY>`` (two underscores between)."""
