@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from toollatch.ledger import LedgerKey, current_call, open_ledger
+from toollatch.errors import UsageError
+from toollatch.ledger import LedgerKey, MemoryHistory, current_call, open_ledger
 from toollatch.runtime import Agent, AgentRun, RetryPolicy, model_client, tool
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
@@ -187,3 +188,30 @@ async def test_a_run_takes_a_snapshot_of_the_agent(tmp_path):
     systems = [r.body.get("system") for r in server.requests]
     assert systems.count("first system") == 2
     assert systems.count("second system") == 2
+
+
+async def test_runs_of_one_agent_store_and_resume_their_own_sessions(tmp_path):
+    # with a history store, one session is one stored run: concurrent runs of one agent
+    # each name their own (run(session=...)), and one of them is resumed on the same agent
+    store = MemoryHistory()
+    async with ScriptedServer({"two": two_calls()}, delay_scale=0) as server:
+        client = model_client(
+            "anthropic",
+            model="two",
+            base_url=server.base_url("anthropic"),
+            retry=RetryPolicy(attempts=1),
+        )
+        async with client:
+            agent = Agent(client, [echo_tool([])], history_store=store)
+            runs = [agent.run("go", session=f"s{n}") for n in range(3)]
+            every = await asyncio.gather(*(drive(run, f"v{n}") for n, run in enumerate(runs)))
+            assert [run.conversation for run in runs] == ["s0", "s1", "s2"]
+            for n, events in enumerate(every):
+                assert await store.load(f"s{n}") == events[-1]["history"]
+            again = agent.run("and again?", session="s1", resume=True)
+            events = await drive(again, "v1")
+    assert events[-1]["error"] is None
+    assert events[-1]["history"][: len(every[1][-1]["history"])] == every[1][-1]["history"]
+    assert await store.load("s1") == events[-1]["history"]
+    with pytest.raises(UsageError, match="session must be a non-empty str"):
+        agent.run("go", session="")

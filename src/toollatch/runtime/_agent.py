@@ -75,8 +75,9 @@ class Agent:
     results (``drop_with_protocol_repair``; events and ``rounds`` still show them).
     ``observers`` see the run (:class:`AgentObserver`: metrics, spans, logs). ``ledger``
     (:mod:`toollatch.ledger`) makes a call id run at most once across processes, scoped by
-    the conversation: with a ``history_store`` that is ``session`` (one session is one stored
-    run, which ``resume`` continues), so give each run its own session id;
+    the conversation: with a ``history_store`` that is the run's session (``session``, or
+    ``run(session=...)``: one session is one stored run, which ``resume`` continues), so
+    give each run its own session id;
     ``audit`` (opt-in) keeps a redacted record of each call that did not commit.
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
@@ -153,25 +154,31 @@ class Agent:
         history: Sequence[Mapping[str, Any]] = (),
         resume: bool = False,
         conversation: str | None = None,
+        session: str | None = None,
     ) -> AgentRun:
         """A run from ``history`` (the provider's format) plus ``message`` as a user turn.
 
-        With a ``history_store``, the run's history is stored after every round under the
-        agent's ``session``; ``resume=True`` continues the session's stored run instead
-        (``message``, if given, is a new user turn after it).
+        With a ``history_store``, the run's history is stored after every round under
+        ``session`` (default: the agent's ``session``; one session is one stored run, so
+        runs of one agent that go on at once each need their own); ``resume=True``
+        continues the session's stored run instead (``message``, if given, is a new user
+        turn after it).
 
         ``conversation`` names the conversation the run belongs to: call ids are deduped
         within it (in this process and, with a ``ledger``, as the ledger's scope), never
-        across conversations. Default: the agent's ``session`` when it has a
+        across conversations. Default: the run's ``session`` when the agent has a
         ``history_store`` (the stored run), else a new id for each run, so two runs with
         their own histories never answer each other's calls (servers that number ids per
         response reuse ``call_0``); pass the same id to a run that continues another's
         history. Runs of one agent may go on at once, each with its own history, events and
         budgets. Raises ``UsageError`` when there is no message, history or resume, for
-        ``resume`` without a store, or for an empty or non-str ``conversation``.
+        ``resume`` without a store, or for an empty or non-str ``conversation`` or
+        ``session``.
         """
-        if conversation is not None and not (isinstance(conversation, str) and conversation):
-            raise UsageError(f"conversation must be a non-empty str, got {conversation!r:.60}")
+        for what, value in (("conversation", conversation), ("session", session)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise UsageError(f"{what} must be a non-empty str, got {value!r:.60}")
+        session = session or self.session
         entries = [dict(m) for m in history]
         if message is not None:
             entries.append(user_message(self.client.provider, message))
@@ -180,13 +187,14 @@ class Agent:
         if not entries and not resume:
             raise UsageError("a run needs a message or a history")
         if conversation is None:
-            conversation = self.session
+            conversation = session
             if self.history_store is None:
-                conversation = f"{self.session}/{secrets.token_hex(8)}"
-        return AgentRun(self._setup(), entries, resume=resume, conversation=conversation)
+                conversation = f"{session}/{secrets.token_hex(8)}"
+        setup = self._setup(session)
+        return AgentRun(setup, entries, resume=resume, conversation=conversation)
 
-    def _setup(self) -> RunSetup:
-        """The snapshot a new run takes of this agent."""
+    def _setup(self, session: str) -> RunSetup:
+        """The snapshot a new run (of ``session``) takes of this agent."""
         return RunSetup(
             client=self.client,
             system=self.system,
@@ -199,7 +207,7 @@ class Agent:
             observers=tuple(self.observers),
             on_preview=self.on_preview,
             history_store=self.history_store,
-            session=self.session,
+            session=session,
             dispatcher=self.dispatcher,
             tools=self._tools,
             next_attempt=self._attempts.__next__,
