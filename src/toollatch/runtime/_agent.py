@@ -49,10 +49,10 @@ from ._clients import ModelClient
 from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
 from ._results import ResultLimits
-from ._run_setup import RunLimits, RunSetup, Toolbox, ToolSource
+from ._run_setup import DEFAULT_DEADLINE_S, RunLimits, RunSetup, Toolbox, ToolSource
 from ._tools import Tool
 
-__all__ = ["Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
+__all__ = ["DEFAULT_DEADLINE_S", "Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
 
 
 class Agent:
