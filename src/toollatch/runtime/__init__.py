@@ -110,7 +110,7 @@ if TYPE_CHECKING:
     from ._metrics import Metrics
     from ._telemetry import Tracing
 
-_CONFIG_NAMES = {"CONFIG_EXAMPLE": "EXAMPLE", "Config": "Config", "load_config": "load_config"}
+_CONFIG_NAMES = frozenset({"CONFIG_EXAMPLE", "Config", "load_config"})
 """The whole-app configuration (it reads every layer's settings, ``mcp`` and the ledger's
 too), kept importable from here but imported only when used: the runtime imports nothing
 of the layers above it."""
@@ -121,9 +121,9 @@ def __getattr__(name: str) -> Any:
     imported when first used, so that the runtime imports without them; ``Config``,
     ``load_config`` and ``CONFIG_EXAMPLE`` too (the application's configuration)."""
     if name in _CONFIG_NAMES:
-        from . import _config  # noqa: PLC0415 (the application layer's, lazily)
+        from ._config import EXAMPLE, Config, load_config  # noqa: PLC0415 (the app layer's)
 
-        return getattr(_config, _CONFIG_NAMES[name])
+        return {"CONFIG_EXAMPLE": EXAMPLE, "Config": Config, "load_config": load_config}[name]
     if name == "Metrics":
         from ._metrics import Metrics  # noqa: PLC0415 (lazily: prometheus-client is an extra)
 
