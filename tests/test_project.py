@@ -252,7 +252,7 @@ def test_the_history_builders_do_not_import_the_adapters():
 PURE = [
     "_events.py", "_errors.py", "_limits.py", "_specs.py", "_sse.py", "_eventstream.py",
     "_lines.py", "_state.py", "_buffer.py", "_assembler.py", "_gate.py", "_round.py",
-    "_pipeline.py", "_registry.py", "_adapters", "_messages",
+    "_pipeline.py", "_registry.py", "_adapters/", "_messages/",
 ]
 FORBIDDEN = {"asyncio", "time", "random", "logging", "httpx", "socket", "threading", "datetime"}
 
