@@ -37,7 +37,9 @@ from starlette.routing import Route
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from ..ledger import ArgumentAudit, History, Ledger
-from ..runtime import Agent, Tool, ToolSource, model_client
+from ..runtime._agent import Agent, ToolSource
+from ..runtime._clients import model_client
+from ..runtime._tools import Tool
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
 from ._runs import RelayRun, RunRegistry
@@ -75,7 +77,7 @@ def _default_metrics() -> Any:
     """A fresh :class:`toollatch.runtime.Metrics` (its own registry) when prometheus-client is
     installed, else None: the relay serves ``/metrics`` only with the ``[metrics]`` extra."""
     try:
-        from ..runtime import Metrics  # noqa: PLC0415 (an optional extra)
+        from ..runtime._metrics import Metrics  # noqa: PLC0415 (an optional extra)
     except ImportError:
         return None
     return Metrics()
