@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._servers import McpServer, parse_server_spec, unique_names
 from ._source import McpToolSource
 
-if TYPE_CHECKING:
-    from ..runtime._config import Config
+
+class ServersConfig(Protocol):
+    """What :func:`source_from_config` reads of a configuration (``toollatch.runtime.Config``
+    has it): so that ``mcp`` needs nothing from the application layer that owns the config."""
+
+    def mcp_servers(self) -> Sequence[McpServer]:
+        """The configured servers."""
+        ...
 
 
 def source_from_config(
-    config: Config | None, specs: Sequence[str] = (), *, reserved: Iterable[str] = ()
+    config: ServersConfig | None, specs: Sequence[str] = (), *, reserved: Iterable[str] = ()
 ) -> McpToolSource | None:
     """The (not yet entered) source of ``config``'s ``mcp.servers`` followed by the
     command-line ``specs`` (``stdio:COMMAND ARGS...`` or a URL, with the default policy);

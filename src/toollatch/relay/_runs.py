@@ -32,8 +32,7 @@ import orjson
 
 from .._preview import PreviewPolicy, PreviewUpdated
 from .._round import Round
-from ..runtime._agent import AgentRun
-from ..runtime._agent_events import AgentEvent
+from ..runtime import AgentEvent, AgentRun
 from ._config import RelayLimits, shown_arguments
 
 _DROPPABLE = frozenset({"text", "call_preview", "call_opened"})

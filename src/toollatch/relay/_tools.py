@@ -5,7 +5,7 @@ schemas for three tools), on the event loop, for every new session: 200 sessions
 at once blocked the loop for 1.4 s (measured with ``benchmarks/bench_relay.py --profile``).
 :class:`SessionTools` builds them once over the relay's workspace and gives each session a
 copy whose ``write_file`` writes in the session's own directory: the same checks
-(``_inside`` against the session's directory, so an absolute or ``..`` path is refused with
+(``inside`` against the session's directory, so an absolute or ``..`` path is refused with
 the same message), then the shared tool with the path under the session's directory, and
 the answer's ``path`` relative to the session's directory again, as the model wrote it.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ..runtime._examples import _inside, example_tools
+from ..runtime._examples import example_tools, inside
 from ..runtime._tools import Tool, ToolOutcome
 
 
@@ -62,7 +62,7 @@ def _write_in(write: Callable[..., Any], directory: Path, name: str) -> Callable
     """``write_file(path, content)`` confined to ``directory`` (``root/name``)."""
 
     def write_file(path: str, content: str) -> ToolOutcome:
-        _inside(directory, path)  # the example's checks, against the session's directory
+        inside(directory, path)  # the example's checks, against the session's directory
         outcome = write(f"{name}/{path}", content)
         assert isinstance(outcome, ToolOutcome)
         shown = dict(outcome.content)

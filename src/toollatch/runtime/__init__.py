@@ -41,8 +41,6 @@ from ._clients import (
     StreamTooLarge,
     model_client,
 )
-from ._config import EXAMPLE as CONFIG_EXAMPLE
-from ._config import Config, load_config
 from ._dispatcher import Dispatcher, DispatchRound
 from ._examples import example_tools
 from ._logs import JsonFormatter, RedactedLog, configure_logging
@@ -107,13 +105,25 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from ._config import EXAMPLE as CONFIG_EXAMPLE
+    from ._config import Config, load_config
     from ._metrics import Metrics
     from ._telemetry import Tracing
+
+_CONFIG_NAMES = frozenset({"CONFIG_EXAMPLE", "Config", "load_config"})
+"""The whole-app configuration (it reads every layer's settings, ``mcp`` and the ledger's
+too), kept importable from here but imported only when used: the runtime imports nothing
+of the layers above it."""
 
 
 def __getattr__(name: str) -> Any:
     """``Metrics`` (the ``[metrics]`` extra) and ``Tracing`` (the ``[otel]`` extra) are
-    imported when first used, so that the runtime imports without them."""
+    imported when first used, so that the runtime imports without them; ``Config``,
+    ``load_config`` and ``CONFIG_EXAMPLE`` too (the application's configuration)."""
+    if name in _CONFIG_NAMES:
+        from ._config import EXAMPLE, Config, load_config  # noqa: PLC0415 (the app layer's)
+
+        return {"CONFIG_EXAMPLE": EXAMPLE, "Config": Config, "load_config": load_config}[name]
     if name == "Metrics":
         from ._metrics import Metrics  # noqa: PLC0415 (lazily: prometheus-client is an extra)
 

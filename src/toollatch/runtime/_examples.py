@@ -78,7 +78,7 @@ def _parts(path: str) -> tuple[str, ...]:
     return parts
 
 
-def _inside(root: Path, path: str) -> Path:
+def inside(root: Path, path: str) -> Path:
     """``root / path`` after the spelling checks of :func:`_parts` (the relay's per-session
     tools check a path against their own directory with it); the write itself follows no
     link (:func:`_write_inside`)."""
