@@ -116,33 +116,13 @@ class PathDelta:
 
     @classmethod
     def of(cls, path: str, op: DeltaOp, value: object) -> PathDelta:
-        """``PathDelta(path=path, op=op, value=value)``, positionally and cheaper.
-
-        The keyword call of a frozen slotted dataclass costs a keyword dict and one
-        ``object.__setattr__`` call per field (about 2.4 times this in CPython 3.11); the
-        parser builds a delta per fragment it reads. Same fields, same equality and hash.
-        """
-        return _delta(path, op, value)
+        """``PathDelta(path=path, op=op, value=value)``, positionally."""
+        return cls(path=path, op=op, value=value)
 
 
-class _DeltaMaker:
-    """Builds a :class:`PathDelta` for :meth:`PathDelta.of`: a plain class with PathDelta's
-    slots (a test checks them), whose instance becomes a PathDelta once its fields are set.
-    Python allows ``__class__`` assignment between classes with the same ``__slots__``
-    (reference manual, "Notes on using __slots__"); plain slot stores cost less than a
-    frozen instance's ``object.__setattr__`` calls."""
-
-    __slots__ = ("op", "path", "value")  # (the order is free: the names count)
-
-    def __init__(self, path: str, op: DeltaOp, value: object) -> None:
-        self.path = path
-        self.op = op
-        self.value = value
-        self.__class__ = PathDelta  # type: ignore[assignment]  # noqa: PLE0237
-
-
-_delta: Final[Callable[[str, DeltaOp, object], PathDelta]] = _DeltaMaker  # type: ignore[assignment]
-"""``PathDelta.of`` without the class method's own call (for the parsers' hot paths)."""
+def _delta(path: str, op: DeltaOp, value: object) -> PathDelta:
+    """``PathDelta(path=path, op=op, value=value)`` (for the parser's and the filter's use)."""
+    return PathDelta(path=path, op=op, value=value)
 
 
 # Tokenizer states: what the next character may be.
