@@ -353,32 +353,62 @@ class Assembler:
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
         buf = self._buffers.get(key)
-        if buf is not None:
-            # A run that only needs counting and appending, as one fragment would (the fast
-            # path of feed_fragment): one count and one append for all of it.
-            text = "".join(fragments)  # (returns a lone fragment itself)
-            size = len(text) if text.isascii() else _utf8_len(text)
-            nbytes = buf.nbytes + size
-            if nbytes <= buf.bound or (nbytes <= buf.quiet and '"' not in text):
-                buf.nbytes = nbytes
-                buf.fragments.append(text)
-                if buf.quiet >= 0:
-                    buf.held.append(text)
-                return []
-            if len(fragments) == 1 or (
-                self._previews is None
-                and buf.state is _OPEN
-                and not buf.whole
-                and nbytes <= self._max_argument_bytes
-            ):
-                # Without previews, a fragment's place in an OPEN call under its limit
-                # decides nothing: the run is taken as one fragment.
-                return self._on_args(key, text, size)
+        if buf is None:
+            return self._each(key, fragments)
+        if self._previews is not None:
+            return self._run(buf, fragments)
+        # Without previews, where a fragment ends inside an OPEN call under its byte limit
+        # decides nothing: the run is one fragment.
+        text = "".join(fragments)  # (returns a lone fragment itself)
+        size = len(text) if text.isascii() else _utf8_len(text)
+        nbytes = buf.nbytes + size
+        if nbytes <= buf.bound:  # the fast path: see feed_fragment
+            buf.nbytes = nbytes
+            buf.fragments.append(text)
+            return []
+        if len(fragments) == 1 or (
+            buf.state is _OPEN and not buf.whole and nbytes <= self._max_argument_bytes
+        ):
+            return self._on_args(key, text, size)
+        return self._each(key, fragments)
+
+    def _each(self, key: CallKey, fragments: list[str]) -> list[CallUpdate]:
         found: list[CallUpdate] = []
         for fragment in fragments:
-            if found_one := self.feed_fragment(key, fragment):
-                found += found_one
+            if notices := self.feed_fragment(key, fragment):
+                found += notices
         return found
+
+    def _run(self, buf: CallBuffer, fragments: list[str]) -> list[CallUpdate]:
+        """A run of fragments of a call with previews on: each stretch of fragments that
+        takes the fast path (see :meth:`feed_fragment`) is counted, appended and held in one
+        piece; every other fragment takes :meth:`feed_fragment` on its own."""
+        found: list[CallUpdate] = []
+        start = 0  # the first fragment of the stretch not appended yet
+        before = nbytes = buf.nbytes  # bytes before the fragment, and after it
+        bound, quiet = buf.bound, buf.quiet
+        for i, fragment in enumerate(fragments):
+            before = nbytes
+            nbytes += len(fragment) if fragment.isascii() else _utf8_len(fragment)
+            if nbytes <= bound or (nbytes <= quiet and '"' not in fragment):
+                continue
+            if start < i:
+                self._append_run(buf, fragments[start:i], before)
+            if notices := self.feed_fragment(buf.key, fragment):
+                found += notices
+            start, nbytes, bound, quiet = i + 1, buf.nbytes, buf.bound, buf.quiet
+        if start < len(fragments):
+            self._append_run(buf, fragments[start:], nbytes)
+        return found
+
+    @staticmethod
+    def _append_run(buf: CallBuffer, fragments: list[str], nbytes: int) -> None:
+        """Count and append a stretch that takes the fast path (held too, when quiet)."""
+        text = "".join(fragments)
+        buf.nbytes = nbytes
+        buf.fragments.append(text)
+        if buf.quiet >= 0:
+            buf.held.append(text)
 
     def _quiet_bound(self, buf: CallBuffer, tracker: PreviewTracker) -> None:
         """Set ``buf.quiet`` after ``tracker`` took a fragment or released an update."""
