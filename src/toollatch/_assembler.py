@@ -9,9 +9,15 @@ so fragments of parallel or interleaved calls cannot mix. Every call moves throu
 assigns its state.
 
 While the round streams, argument text is opaque: appended in order, counted in UTF-8 bytes on
-every append (``feed_fragment``, the fast path, is one lookup, one count and one append while the
-call stays under its buffer's bound), never parsed here. Whatever makes a call untrustworthy
-fails it at once and returns a :class:`CallFailed` notice:
+every append, never parsed here. Every fragment, whichever entry point brings it (``feed`` with
+an ``ArgsDelta``, ``feed_fragment``, or ``feed_fragments`` for a run of one call's fragments
+from one read), takes one general route, ``_on_args``, except where one fast path decides the
+same with less work: a fragment that keeps its OPEN call within the bounds its buffer holds
+(``CallBuffer.bound``, and ``CallBuffer.quiet`` for text the preview tracker would only hold)
+is counted and appended (and held) in place. A run takes that fast path in stretches
+(``_run``); without previews it is one fragment, since where a fragment ends decides nothing
+inside an OPEN call under its limit. Whatever makes a call untrustworthy fails it at once and
+returns a :class:`CallFailed` notice:
 
 * a limit passed (argument bytes, calls per round, choices: past twice the call limit or the
   choice limit the whole stream fails and nothing new is kept);
@@ -355,20 +361,24 @@ class Assembler:
         buf = self._buffers.get(key)
         if buf is None:
             return self._each(key, fragments)
+        # The fast path of feed_fragment for the whole run at once (most runs are one
+        # fragment: a read is one event): one count and one append (and hold).
+        text = "".join(fragments)  # (returns a lone fragment itself)
+        size = len(text) if text.isascii() else _utf8_len(text)
+        nbytes = buf.nbytes + size
+        if nbytes <= buf.bound or (nbytes <= buf.quiet and '"' not in text):
+            buf.nbytes = nbytes
+            buf.fragments.append(text)
+            if buf.quiet >= 0:
+                buf.held.append(text)
+            return []
+        if len(fragments) == 1:
+            return self._on_args(key, text, size)
         if self._previews is not None:
             return self._run(buf, fragments)
         # Without previews, where a fragment ends inside an OPEN call under its byte limit
         # decides nothing: the run is one fragment.
-        text = "".join(fragments)  # (returns a lone fragment itself)
-        size = len(text) if text.isascii() else _utf8_len(text)
-        nbytes = buf.nbytes + size
-        if nbytes <= buf.bound:  # the fast path: see feed_fragment
-            buf.nbytes = nbytes
-            buf.fragments.append(text)
-            return []
-        if len(fragments) == 1 or (
-            buf.state is _OPEN and not buf.whole and nbytes <= self._max_argument_bytes
-        ):
+        if buf.state is _OPEN and not buf.whole and nbytes <= self._max_argument_bytes:
             return self._on_args(key, text, size)
         return self._each(key, fragments)
 
