@@ -375,7 +375,7 @@ class Assembler:
         if len(fragments) == 1:
             return self._on_args(key, text, size)
         if self._previews is not None:
-            return self._run(buf, fragments)
+            return self._run(buf, fragments, text)
         # Without previews, where a fragment ends inside an OPEN call under its byte limit
         # decides nothing: the run is one fragment.
         if buf.state is _OPEN and not buf.whole and nbytes <= self._max_argument_bytes:
@@ -389,24 +389,31 @@ class Assembler:
                 found += notices
         return found
 
-    def _run(self, buf: CallBuffer, fragments: list[str]) -> list[CallUpdate]:
-        """A run of fragments of a call with previews on: each stretch of fragments that
-        takes the fast path (see :meth:`feed_fragment`) is counted, appended and held in one
-        piece; every other fragment takes :meth:`feed_fragment` on its own."""
+    def _run(self, buf: CallBuffer, fragments: list[str], text: str) -> list[CallUpdate]:
+        """A run of fragments (``text`` joined) of a call with previews on: each stretch of
+        fragments that takes the fast path (see :meth:`feed_fragment`) is counted, appended
+        and held in one piece; every other fragment takes :meth:`feed_fragment` on its own."""
         found: list[CallUpdate] = []
-        start = 0  # the first fragment of the stretch not appended yet
-        before = nbytes = buf.nbytes  # bytes before the fragment, and after it
+        start = chars = 0  # the first fragment not appended yet; characters walked
+        nbytes = buf.nbytes  # bytes after the fragment walked
         bound, quiet = buf.bound, buf.quiet
+        ascii_ = text.isascii()  # (then a fragment's bytes are its characters)
+        quote = text.find('"')  # the first quote at or after the fragment walked
+        quote = quote if quote >= 0 else len(text)
         for i, fragment in enumerate(fragments):
             before = nbytes
-            nbytes += len(fragment) if fragment.isascii() else _utf8_len(fragment)
-            if nbytes <= bound or (nbytes <= quiet and '"' not in fragment):
+            chars += len(fragment)
+            nbytes += len(fragment) if ascii_ or fragment.isascii() else _utf8_len(fragment)
+            if nbytes <= bound or (nbytes <= quiet and quote >= chars):
                 continue
             if start < i:
                 self._append_run(buf, fragments[start:i], before)
             if notices := self.feed_fragment(buf.key, fragment):
                 found += notices
             start, nbytes, bound, quiet = i + 1, buf.nbytes, buf.bound, buf.quiet
+            if quote < chars:
+                quote = text.find('"', chars)
+                quote = quote if quote >= 0 else len(text)
         if start < len(fragments):
             self._append_run(buf, fragments[start:], nbytes)
         return found
