@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -14,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chat_chunks import chunk, fragments, tc
-from toollatch.events import CallKey
 from toollatch import (
     CommittedCall,
     ConfigError,
@@ -25,6 +25,8 @@ from toollatch import (
     ToolPreview,
     UsageError,
 )
+from toollatch.events import CallKey
+from toollatch.previews import PathDelta
 from toollatch.testing import split_at, sse
 
 ARGS = {
@@ -443,17 +445,10 @@ def test_no_preview_ever_shows_what_the_redactor_hides(value, cuts, end, mode):
         assert MARK not in repr(update)
 
 
-def test_cheap_constructors_build_what_the_keyword_constructors_build() -> None:
-    # PreviewUpdated.of and PathDelta.of fill a plain class with the same slots and assign
-    # its __class__: a field added to either class but not to its maker would be refused
-    # (the layouts differ) or left unset.
-    import dataclasses
-
-    from toollatch._events import CallKey as _Key
-    from toollatch._partial_json import PathDelta as _Delta
-    from toollatch._preview import _UPDATE_FIELDS, PreviewUpdated as _Updated
-
-    assert _UPDATE_FIELDS == tuple(f.name for f in dataclasses.fields(_Updated))
+def test_positional_constructors_build_what_the_keyword_constructors_build() -> None:
+    # PreviewUpdated.of and PathDelta.of take the fields positionally, in declaration order.
+    _Key, _Delta, _Updated = CallKey, PathDelta, PreviewUpdated
+    fields = tuple(f.name for f in dataclasses.fields(_Updated))
     assert tuple(f.name for f in dataclasses.fields(_Delta)) == ("path", "op", "value")
     delta = _Delta.of("/a", "append", "xy")
     assert type(delta) is _Delta
@@ -462,8 +457,8 @@ def test_cheap_constructors_build_what_the_keyword_constructors_build() -> None:
     args = (_Key(0, 0, 1), "id", "tool", 7, (delta,), frozenset({"/a"}), True, "bad")
     made = _Updated.of(*args)
     assert type(made) is _Updated
-    assert made == _Updated(**dict(zip(_UPDATE_FIELDS, args, strict=True)))
-    assert hash(made) == hash(_Updated(**dict(zip(_UPDATE_FIELDS, args, strict=True))))
-    assert tuple(getattr(made, n) for n in _UPDATE_FIELDS) == args
+    assert made == _Updated(**dict(zip(fields, args, strict=True)))
+    assert hash(made) == hash(_Updated(**dict(zip(fields, args, strict=True))))
+    assert tuple(getattr(made, n) for n in fields) == args
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.bytes_so_far = 8  # type: ignore[misc]

@@ -9,9 +9,15 @@ so fragments of parallel or interleaved calls cannot mix. Every call moves throu
 assigns its state.
 
 While the round streams, argument text is opaque: appended in order, counted in UTF-8 bytes on
-every append (``feed_fragment``, the fast path, is one lookup, one count and one append while the
-call stays under its buffer's bound), never parsed here. Whatever makes a call untrustworthy
-fails it at once and returns a :class:`CallFailed` notice:
+every append, never parsed here. Every fragment, whichever entry point brings it (``feed`` with
+an ``ArgsDelta``, ``feed_fragment``, or ``feed_fragments`` for a run of one call's fragments
+from one read), takes one general route, ``_on_args``, except where one fast path decides the
+same with less work: a fragment that keeps its OPEN call within the bounds its buffer holds
+(``CallBuffer.bound``, and ``CallBuffer.quiet`` for text the preview tracker would only hold)
+is counted and appended (and held) in place. A run takes that fast path in stretches
+(``_run``); without previews it is one fragment, since where a fragment ends decides nothing
+inside an OPEN call under its limit. Whatever makes a call untrustworthy fails it at once and
+returns a :class:`CallFailed` notice:
 
 * a limit passed (argument bytes, calls per round, choices: past twice the call limit or the
   choice limit the whole stream fails and nothing new is kept);
@@ -314,133 +320,112 @@ class Assembler:
         return []
 
     def feed_fragment(self, key: CallKey, fragment: str) -> list[CallUpdate]:
-        """``feed(ArgsDelta(key=key, fragment=fragment))`` without building the event:
-        StreamParser calls it once per argument fragment (see ``Adapter.translate``)."""
+        """``feed(ArgsDelta(key=key, fragment=fragment))``, without building the event: the
+        same notices, text and byte count.
+
+        Raises:
+            UsageError: after :meth:`finish`.
+        """
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
-        # The hot path (once per fragment), inlined: a fragment that keeps its call within
-        # the buffer's bound (an OPEN call without previews, under the byte limit and the
-        # next join: see CallBuffer.bound) is one lookup, one count and one append.
+        # The fast path (see CallBuffer.bound and .quiet), inlined: a fragment that only
+        # needs counting and appending (and, previews on, holding for the tracker) takes no
+        # call. Anything else takes the general route, _on_args.
         try:
             buf = self._buffers[key]
         except KeyError:
             return self._on_args(key, fragment)
         size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
-        if buf.nbytes + size <= buf.bound:
-            buf.nbytes += size
+        nbytes = buf.nbytes + size
+        if nbytes <= buf.bound:
+            buf.nbytes = nbytes
             buf.fragments.append(fragment)
+            return []
+        if nbytes <= buf.quiet and '"' not in fragment:  # (quiet >= 0 implies a tracker)
+            buf.nbytes = nbytes
+            buf.fragments.append(fragment)
+            buf.held.append(fragment)  # (the same state as tracker.feed: no call)
             return []
         return self._on_args(key, fragment, size)
 
     def feed_fragments(self, key: CallKey, fragments: list[str]) -> list[CallUpdate]:
         """:meth:`feed_fragment` for each of ``fragments`` in turn (a run of one call's
-        fragments, as StreamParser collects them from one read): the same notices, text and
-        byte count. While the call stays OPEN and under its byte limit, the run is counted
-        and appended as one string, then shown to its preview tracker fragment by fragment
-        when it has one (the same updates, released after the same fragments)."""
+        fragments, as StreamParser collects them from one read): the same notices, the same
+        previews after the same fragments, the same text and byte count.
+
+        Raises:
+            UsageError: after :meth:`finish`.
+        """
         if self._round is not None:
             raise UsageError("Assembler.feed() called after finish()")
-        try:
-            buf: CallBuffer | None = self._buffers[key]
-        except KeyError:
-            buf = None
-        if buf is not None:
-            text = "".join(fragments)
-            ascii_ = text.isascii()
-            nbytes = buf.nbytes + (len(text) if ascii_ else _utf8_len(text))
-            if nbytes <= buf.bound:  # the hot path: see feed_fragment
-                buf.nbytes = nbytes
-                buf.fragments.append(text)
-                return []
-            # (previews on, quiet: see CallBuffer.quiet; quiet >= 0 implies a tracker)
-            if nbytes <= buf.quiet and '"' not in text:
-                buf.nbytes = nbytes
-                buf.fragments.append(text)
-                buf.held.append(text)  # (the same state as tracker.feed: no call)
-                return []
-            if nbytes <= self._max_argument_bytes and buf.state is _OPEN and not buf.whole:
-                tracker = buf.tracker
-                if tracker is not None:  # (made by the call's first fragment: _on_args)
-                    before, buf.nbytes = buf.nbytes, nbytes
-                    buf.fragments.append(text)
-                    if nbytes >= buf.join_at:
-                        buf.compact()
-                    if len(fragments) > 1:
-                        extra = nbytes - before - len(text)  # (bytes past one a character)
-                        return self._preview_run(buf, tracker, fragments, text, before, extra)
-                    found: list[CallUpdate] = []
-                    if tracker.feed(text, nbytes):
-                        found.append(tracker.release(key, buf.call_id, buf.name))
-                    self._quiet_bound(buf, tracker)
-                    return found
-                if buf.bound >= 0:  # (OPEN without previews: see CallBuffer.bound)
-                    buf.nbytes = nbytes
-                    buf.fragments.append(text)
-                    if nbytes >= buf.join_at:
-                        buf.compact()
-                        buf.open_bound(self._max_argument_bytes)
-                    return []
-        found = []
-        for fragment in fragments:
-            found += self.feed_fragment(key, fragment)
-        return found
+        buf = self._buffers.get(key)
+        if buf is None:
+            return self._each(key, fragments)
+        # The fast path of feed_fragment for the whole run at once (most runs are one
+        # fragment: a read is one event): one count and one append (and hold).
+        text = "".join(fragments)  # (returns a lone fragment itself)
+        size = len(text) if text.isascii() else _utf8_len(text)
+        nbytes = buf.nbytes + size
+        if nbytes <= buf.bound or (nbytes <= buf.quiet and '"' not in text):
+            buf.nbytes = nbytes
+            buf.fragments.append(text)
+            if buf.quiet >= 0:
+                buf.held.append(text)
+            return []
+        if len(fragments) == 1:
+            return self._on_args(key, text, size)
+        if self._previews is not None:
+            return self._run(buf, fragments, text)
+        # Without previews, where a fragment ends inside an OPEN call under its byte limit
+        # decides nothing: the run is one fragment.
+        if buf.state is _OPEN and not buf.whole and nbytes <= self._max_argument_bytes:
+            return self._on_args(key, text, size)
+        return self._each(key, fragments)
 
-    def _preview_run(
-        self,
-        buf: CallBuffer,
-        tracker: PreviewTracker,
-        fragments: list[str],
-        text: str,
-        seen: int,
-        extra: int,
-    ) -> list[CallUpdate]:
-        """Show a run of fragments just appended to ``buf`` to its tracker: the same updates,
-        after the same fragments, as one ``feed`` per fragment. ``text`` is the run joined,
-        ``seen`` the byte count before it, ``extra`` its UTF-8 bytes past one a character.
-
-        Quiet fragments (see ``PreviewTracker.quiet_below``) take no call, and each stretch
-        of them is held in one piece, a slice of ``text``. The walk counts characters, the
-        cheapest count: a fragment is quiet for sure when it ends before the run's next
-        ``"`` and, even with all of ``extra`` before its end, below the bound. Any other
-        fragment has its bytes counted exactly (each character is encoded once in all) and
-        is fed unless it is quiet after all."""
+    def _each(self, key: CallKey, fragments: list[str]) -> list[CallUpdate]:
         found: list[CallUpdate] = []
-        held, below = tracker.held, tracker.quiet_below
-        end = len(text)
-        # The next quote at or after the fragment being walked (none, with nothing held).
-        quote = text.find('"') if held is not None else -1
-        quote = quote if quote >= 0 else end
-        limit = min(quote, below - seen - extra - 1)  # (last character end quiet for sure)
-        chars = counted = counted_bytes = start = 0  # (counted: characters counted exactly)
         for fragment in fragments:
-            chars += len(fragment)
-            if chars <= limit:
-                continue
-            if extra:
-                counted_bytes += len(text[counted:chars].encode("utf-8", "surrogatepass"))
-                counted = chars
-                nbytes = seen + counted_bytes
-            else:
-                nbytes = seen + chars
-            if nbytes < below and (held is None or quote >= chars):
-                continue  # (quiet after all: next to the bound, with some bytes to spare)
-            begin = chars - len(fragment)
-            if held is not None and start < begin:
-                held.append(text[start:begin])  # the quiet stretch before this fragment
-            start = chars
-            if tracker.feed(fragment, nbytes):
-                found.append(tracker.release(buf.key, buf.call_id, buf.name))
-            held, below = tracker.held, tracker.quiet_below
-            if held is None:
-                quote = end
-            elif quote < chars:
-                quote = text.find('"', chars)
-                quote = quote if quote >= 0 else end
-            limit = min(quote, below - seen - extra - 1)
-        if held is not None and start < end:
-            held.append(text[start:])
-        self._quiet_bound(buf, tracker)
+            if notices := self.feed_fragment(key, fragment):
+                found += notices
         return found
+
+    def _run(self, buf: CallBuffer, fragments: list[str], text: str) -> list[CallUpdate]:
+        """A run of fragments (``text`` joined) of a call with previews on: each stretch of
+        fragments that takes the fast path (see :meth:`feed_fragment`) is counted, appended
+        and held in one piece; every other fragment takes :meth:`feed_fragment` on its own."""
+        found: list[CallUpdate] = []
+        start = chars = 0  # the first fragment not appended yet; characters walked
+        nbytes = buf.nbytes  # bytes after the fragment walked
+        bound, quiet = buf.bound, buf.quiet
+        ascii_ = text.isascii()  # (then a fragment's bytes are its characters)
+        quote = text.find('"')  # the first quote at or after the fragment walked
+        quote = quote if quote >= 0 else len(text)
+        for i, fragment in enumerate(fragments):
+            before = nbytes
+            chars += len(fragment)
+            nbytes += len(fragment) if ascii_ or fragment.isascii() else _utf8_len(fragment)
+            if nbytes <= bound or (nbytes <= quiet and quote >= chars):
+                continue
+            if start < i:
+                self._append_run(buf, fragments[start:i], before)
+            if notices := self.feed_fragment(buf.key, fragment):
+                found += notices
+            start, nbytes, bound, quiet = i + 1, buf.nbytes, buf.bound, buf.quiet
+            if quote < chars:
+                quote = text.find('"', chars)
+                quote = quote if quote >= 0 else len(text)
+        if start < len(fragments):
+            self._append_run(buf, fragments[start:], nbytes)
+        return found
+
+    @staticmethod
+    def _append_run(buf: CallBuffer, fragments: list[str], nbytes: int) -> None:
+        """Count and append a stretch that takes the fast path (held too, when quiet)."""
+        text = "".join(fragments)
+        buf.nbytes = nbytes
+        buf.fragments.append(text)
+        if buf.quiet >= 0:
+            buf.held.append(text)
 
     def _quiet_bound(self, buf: CallBuffer, tracker: PreviewTracker) -> None:
         """Set ``buf.quiet`` after ``tracker`` took a fragment or released an update."""

@@ -23,10 +23,10 @@ by character. A fragment that is all content of a string value, an escape cut by
 fragment included, is one such step and one delta (:meth:`PartialJSON._content`); when it is
 whole and complete content (the commonest: a preview's held text), orjson checks and decodes it
 in one pass instead, and accepts it only when the json module reads it to the same text.
-One-character fragments of plain string content take a shorter path in
-:meth:`PartialJSON.feed` (no state change, a reused delta, one byte counter) because providers
-really stream arguments one character per event; the other one-character fragments go to a
-small step per state for the characters frequent there (``_CHAR_STEPS``).
+One-character fragments of plain string content take the one fast path, in
+:meth:`PartialJSON.feed` (no state change, a reused delta, one byte counter), because
+providers really stream arguments one character per event; every other fragment, of any
+length, takes the general route (:meth:`PartialJSON._content` or the state handlers).
 
 Structure is read in big steps where the fragment allows (:meth:`PartialJSON._structure`): a
 value that ends inside the fragment (a member with its key and colon, an element, or the rest
@@ -116,33 +116,13 @@ class PathDelta:
 
     @classmethod
     def of(cls, path: str, op: DeltaOp, value: object) -> PathDelta:
-        """``PathDelta(path=path, op=op, value=value)``, positionally and cheaper.
-
-        The keyword call of a frozen slotted dataclass costs a keyword dict and one
-        ``object.__setattr__`` call per field (about 2.4 times this in CPython 3.11); the
-        parser builds a delta per fragment it reads. Same fields, same equality and hash.
-        """
-        return _delta(path, op, value)
+        """``PathDelta(path=path, op=op, value=value)``, positionally."""
+        return cls(path=path, op=op, value=value)
 
 
-class _DeltaMaker:
-    """Builds a :class:`PathDelta` for :meth:`PathDelta.of`: a plain class with PathDelta's
-    slots (a test checks them), whose instance becomes a PathDelta once its fields are set.
-    Python allows ``__class__`` assignment between classes with the same ``__slots__``
-    (reference manual, "Notes on using __slots__"); plain slot stores cost less than a
-    frozen instance's ``object.__setattr__`` calls."""
-
-    __slots__ = ("op", "path", "value")  # (the order is free: the names count)
-
-    def __init__(self, path: str, op: DeltaOp, value: object) -> None:
-        self.path = path
-        self.op = op
-        self.value = value
-        self.__class__ = PathDelta  # type: ignore[assignment]  # noqa: PLE0237
-
-
-_delta: Final[Callable[[str, DeltaOp, object], PathDelta]] = _DeltaMaker  # type: ignore[assignment]
-"""``PathDelta.of`` without the class method's own call (for the parsers' hot paths)."""
+def _delta(path: str, op: DeltaOp, value: object) -> PathDelta:
+    """``PathDelta(path=path, op=op, value=value)`` (for the parser's and the filter's use)."""
+    return PathDelta(path=path, op=op, value=value)
 
 
 # Tokenizer states: what the next character may be.
@@ -198,7 +178,6 @@ class _TooDeep(Exception):
 
 
 _NUMBER_START: Final = "-0123456789"
-_NUMBER_CHARS: Final = frozenset("0123456789eE.+-")  # what _NUMBER_RUN matches
 _ESCAPES: Final[dict[str, str]] = {
     '"': '"',
     "\\": "\\",
@@ -265,7 +244,6 @@ class PartialJSON:
         "_blocks",
         "_cache",
         "_complete",
-        "_escapes",
         "_failed",
         "_finished",
         "_hex",
@@ -338,7 +316,6 @@ class PartialJSON:
         self._literal = ""
         self._literal_seen = 0
         self._cache: dict[str, tuple[PathDelta, int]] = {}
-        self._escapes: dict[str, PathDelta] = {}  # as _cache, for \\n and the like
         self._out: list[PathDelta] = []  # deltas of the current call
         self._parts: list[str] = []  # text added to the string value during the current call
         self._reach = 0  # the open containers this deep or less do not end in this fragment
@@ -419,27 +396,22 @@ class PartialJSON:
         Never raises on any text: malformed text sets :attr:`failed` and the deltas up to the
         failure point are returned; after a failure every feed returns ``[]``.
         """
-        # Short path, inlined because it is the hot one: providers stream arguments one
-        # character per event, and most characters are plain content of a string value.
+        # The one fast path, inlined because it is the hot one: providers stream arguments
+        # one character per event, and most characters are plain content of a string value.
+        # Its append delta is made once per string and character (_cache_plain) and reused.
         if len(fragment) == 1:
-            known = self._hot.get(fragment)  # a one-character fragment seen in this string
-            if known is None:
-                if self._hot is not _COLD:
-                    return self._feed_other(fragment)
-                # Second short path: one character outside string content, to the step of
-                # its state for the characters frequent there (key text, escapes...).
-                self._room -= 1 if fragment.isascii() else _utf8_length(fragment)
+            known = self._hot.get(fragment)  # _hot is the open string value's _cache, or empty
+            if known is not None:
+                delta, size = known
+                self._room -= size
                 if self._room < 0 and not self._refill():
                     return []
-                return _CHAR_STEPS[self._state](self, fragment)
-            delta, size = known
-            self._room -= size
-            if self._room < 0 and not self._refill():
-                return []
-            self._pieces.append(fragment)
-            return [delta]
-        # Longer text (a preview's held text, parsed in one piece), also inlined: one call
-        # fewer per piece. (Looking it up as a known character would hash all of it.)
+                self._pieces.append(fragment)
+                return [delta]
+            if self._hot is self._cache and fragment.isprintable() and fragment not in '"\\':
+                self._cache_plain(fragment)  # a character new to this string: keep its delta...
+                return self.feed(fragment)  # ...and take the fast path
+        # The general route, for any other text (a preview's held text, parsed in one piece).
         hot = self._hot
         if hot is _STOPPED:
             if self._finished:
@@ -488,20 +460,6 @@ class PartialJSON:
         return out
 
     # ------------------------------------------------------------------ feeding
-
-    def _feed_other(self, fragment: str) -> list[PathDelta]:
-        """:meth:`feed` for the one-character fragments its short paths do not take."""
-        if self._hot is _STOPPED:
-            if self._finished:
-                raise UsageError("feed() after finish()")
-            return []
-        if fragment.isprintable() and fragment not in '"\\':  # (content: hot)
-            self._cache_plain(fragment)  # a character new to this string: keep its delta...
-            return self.feed(fragment)  # ...and take the short path
-        self._room -= 1 if fragment.isascii() else _utf8_length(fragment)
-        if self._room < 0 and not self._refill():
-            return []
-        return self._char_string(fragment)  # a backslash, a quote or a control character
 
     def _cache_plain(self, char: str) -> None:
         """Keep the ``append`` of a plain character to the open string, and its UTF-8 size.
@@ -587,123 +545,6 @@ class PartialJSON:
                 return []
         self._pieces.append(text)
         return [_delta(self._str_pointer, "append", text)]
-
-    # ------------------------------------------------------------------ one-character steps
-    # Providers stream whole calls one character per event, so a one-character fragment that
-    # is not plain content of a string value goes to the step of its state (_CHAR_STEPS). Each
-    # step does what the handlers would do with the characters frequent there (key text,
-    # escapes, whitespace, colons, commas, number and literal characters, quotes, brackets)
-    # and leaves the rest to them.
-
-    def _char_value(self, char: str) -> list[PathDelta]:
-        if char in _WS:
-            return []
-        if char in _NUMBER_START:
-            self._state = _NUMBER
-            self._num.append(char)
-            return []
-        literal = _LITERALS.get(char)
-        if literal is not None:
-            self._state, self._literal, self._literal_seen = _LITERAL, literal, 1
-            return []
-        if char not in '"{[':
-            return self._feed_tokens(char)
-        out: list[PathDelta] = []
-        self._out = out
-        if char == '"':
-            self._open_string(is_key=False)
-            self._hot = self._cache
-        else:
-            self._open_container(char, 0)
-        return out
-
-    def _char_key(self, char: str) -> list[PathDelta]:
-        if char == '"':  # a key opens (as _open_string)
-            self._state = _STRING
-            self._str_is_key = True
-            return []
-        return [] if char in _WS else self._feed_tokens(char)
-
-    def _char_colon(self, char: str) -> list[PathDelta]:
-        if char == ":":
-            self._state = _VALUE
-            return []
-        return [] if char in _WS else self._feed_tokens(char)
-
-    def _char_after_value(self, char: str) -> list[PathDelta]:
-        in_object = type(self._stack[-1]) is dict
-        if char == ",":
-            self._state = _KEY if in_object else _VALUE
-            return []
-        if char == ("}" if in_object else "]"):
-            out: list[PathDelta] = []
-            self._out = out
-            self._close_container(0)
-            return out
-        return [] if char in _WS else self._feed_tokens(char)
-
-    def _char_end(self, char: str) -> list[PathDelta]:
-        return [] if char in _WS else self._feed_tokens(char)
-
-    def _char_string(self, char: str) -> list[PathDelta]:
-        """(A plain character of a string value takes the short path of :meth:`feed`.)"""
-        if char == "\\":
-            self._state = _ESCAPE
-            self._hot = _COLD
-            return []
-        if char == '"':
-            if self._high:
-                return self._feed_tokens(char)
-            out: list[PathDelta] = []
-            self._out, self._parts = out, []
-            self._close_string()
-            self._hot = _COLD
-            return out
-        if self._str_is_key and char.isprintable():
-            if self._high:
-                self._add(char)
-                return []
-            self._pieces.append(char)  # (as _add: a key's text is not a delta)
-            return []
-        return self._feed_tokens(char)
-
-    def _char_escape(self, char: str) -> list[PathDelta]:
-        decoded = _ESCAPES.get(char)
-        if decoded is None or self._str_is_key or self._high:
-            return self._feed_tokens(char)
-        self._state = _STRING
-        self._hot = self._cache
-        self._pieces.append(decoded)  # (as _add)
-        delta = self._escapes.get(char)
-        if delta is None:  # kept for reuse while this string is open, as _cache_plain does
-            delta = self._escapes[char] = PathDelta(
-                path=self._str_pointer, op="append", value=decoded
-            )
-        return [delta]
-
-    def _char_number(self, char: str) -> list[PathDelta]:
-        if char in _NUMBER_CHARS:
-            self._num.append(char)
-            return []
-        out: list[PathDelta] = []
-        self._out = out
-        self._end_number(char, 0)  # (any other character ends it)
-        if self._failed is not None:
-            return out
-        return out + _CHAR_STEPS[self._state](self, char)
-
-    def _char_literal(self, char: str) -> list[PathDelta]:
-        word, seen = self._literal, self._literal_seen
-        if char != word[seen]:
-            return self._feed_tokens(char)  # (invalid)
-        seen += 1
-        self._literal_seen = seen
-        if seen < len(word):
-            return []
-        out: list[PathDelta] = []
-        self._out = out
-        self._set_scalar(_LITERAL_VALUES[word])
-        return out
 
     def _refill(self) -> bool:
         """The byte count passed ``_mark``: fail if it is over ``max_bytes`` (return False),
@@ -1180,7 +1021,7 @@ class PartialJSON:
     # ------------------------------------------------------------------ strings
 
     def _open_string(self, *, is_key: bool) -> None:
-        self._state = _STRING  # _pieces, _blocks, _cache, _escapes: the last string emptied them
+        self._state = _STRING  # _pieces, _blocks, _cache: the last string emptied them
         self._str_is_key = is_key
         if is_key:
             return
@@ -1280,7 +1121,6 @@ class PartialJSON:
             self._parts = []
         self._out.append(PathDelta(path=self._str_pointer, op="end", value=None))
         self._cache.clear()
-        self._escapes.clear()
         self._value_done()
 
 
@@ -1299,20 +1139,4 @@ _HANDLERS: Final = (
     PartialJSON._on_unicode,
     PartialJSON._on_number,
     PartialJSON._on_literal,
-)
-
-# Indexed by state, as _HANDLERS: the steps of one-character fragments.
-_CHAR_STEPS: Final = (
-    PartialJSON._char_value,  # _VALUE
-    PartialJSON._char_value,  # _ARRAY_FIRST
-    PartialJSON._char_key,  # _OBJECT_FIRST
-    PartialJSON._char_key,  # _KEY
-    PartialJSON._char_colon,
-    PartialJSON._char_after_value,
-    PartialJSON._char_end,
-    PartialJSON._char_string,
-    PartialJSON._char_escape,
-    PartialJSON._feed_tokens,  # _UNICODE
-    PartialJSON._char_number,
-    PartialJSON._char_literal,
 )
