@@ -126,8 +126,9 @@ def _broken() -> Script:
 async def _slow_run(page, model: str = "slow") -> None:
     await page.evaluate(
         """async (model) => {
-            const r = await fetch("/runs", {method: "POST", headers: {"content-type": "application/json"},
-                                            body: JSON.stringify({message: "slowly", model})});
+            const r = await fetch("/runs", {method: "POST",
+                headers: {"content-type": "application/json"},
+                body: JSON.stringify({message: "slowly", model})});
             const body = await r.json();
             sessionStorage.setItem("toollatch.run", JSON.stringify({...body, message: "slowly"}));
         }""",
@@ -212,7 +213,6 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
     """A page that opens a run whose first events the relay no longer keeps gets
     ``lagged``, shows how many it missed, then the rest of the run to its end."""
     from relay_helpers import chatty_script  # noqa: PLC0415
-
     from toollatch.relay._config import RelayLimits  # noqa: PLC0415
 
     limits = RelayLimits(max_kept_bytes=16 * 1024)
@@ -270,7 +270,6 @@ async def test_a_call_whose_server_died_shows_outcome_unknown(browser, tmp_path)
     """A real MCP server (stdio) that dies mid-call: the card ends in its own 'unknown'
     state, not 'failed' or 'cancelled' (the call may have had its effect)."""
     from mcp_helpers import stdio_server  # noqa: PLC0415
-
     from toollatch.mcp import McpToolSource  # noqa: PLC0415
 
     turn = Turn(items=(Call(call_id="call_crash", name="crash", arguments="{}"),), delay_ms=0)
@@ -395,3 +394,38 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
         await page.wait_for_selector('body[data-run="running"]', timeout=20_000)
         await page.click("#stop")
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+
+
+async def test_each_card_shows_its_redacted_result_or_error_message(browser):
+    """Issue 35 item 1: the relay's tool_finished carries a redacted result preview, and
+    each card shows it on one line (an error result: its message, marked as an error)."""
+    from toollatch.runtime._tools import tool  # noqa: PLC0415
+
+    secret = "sk-live-Q8d2F7s9K1m3N5p7"
+
+    @tool
+    def account(user: str) -> dict[str, str]:
+        """An account, with its key."""
+        return {"user": user, "api_key": secret, "plan": "pro"}
+
+    @tool
+    def save(path: str) -> str:
+        """Fails as a read-only disk does."""
+        raise OSError(f"read-only file system: {path}")
+
+    calls = (
+        Call(call_id="call_acc", name="account", arguments='{"user": "ana"}'),
+        Call(call_id="call_save", name="save", arguments='{"path": "/ro/x.md"}'),
+    )
+    turns = (Turn(items=calls, delay_ms=0), Turn(items=(Text(text="Done."),), delay_ms=0))
+    scripts = {"results": Script(turns=turns)}
+    async with RelayServer(scripts=scripts, delay_scale=0, tools=[account, save]) as server:
+        page = await _page(browser, server)
+        await _slow_run(page, "results")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        ok = page.locator('.card[data-call-id="call_acc"] .result')
+        assert await ok.inner_text() == '→ {"user":"ana","api_key":"[redacted]","plan":"pro"}'
+        bad = page.locator('.card[data-call-id="call_save"] .result')
+        assert await bad.inner_text() == "error: OSError: read-only file system: /ro/x.md"
+        assert "error" in (await bad.get_attribute("class") or "")
+        assert secret not in await page.content()

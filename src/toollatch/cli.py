@@ -187,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
     run.add_argument(
+        "--full-results",
+        action="store_true",
+        help="--json's tool_finished carries each whole result (still redacted), not a "
+        "200-character preview",
+    )
+    run.add_argument(
         "--ledger",
         metavar="URL",
         help="a durable call ledger: sqlite:///PATH or redis://HOST:PORT/DB (a call id runs at "

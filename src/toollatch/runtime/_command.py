@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -43,7 +44,7 @@ from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, AgentRun, RunLimits
-from ._agent_events import AgentEvent
+from ._agent_events import AgentEvent, ToolFinishedEvent
 from ._clients import ModelClient, ModelError, model_client
 from ._config import Config, configured
 from ._examples import example_tools
@@ -51,6 +52,9 @@ from ._tools import Tool
 
 DEFAULT_MESSAGE = "What is the weather in Oslo and in Zürich? Write it down in notes/weather.md."
 SCRIPTED_MODEL = "scripted"
+RESULT_CHARS = 160
+"""Most characters of a call's result line in the terminal view (a longer one ends in ``…``;
+so does one wider than the terminal)."""
 
 
 class CommandError(Exception):
@@ -237,7 +241,8 @@ async def _with_model(
                 closing.push_async_callback(agent.history_store.aclose)
             if agent.audit is not None:
                 closing.push_async_callback(agent.audit.store.aclose)
-            view = _JsonView() if args.json else _LiveView()
+            full = getattr(args, "full_results", False)
+            view = _JsonView(full_results=full) if args.json else _LiveView()
             signals = _Signals()
             try:
                 resume = bool(getattr(args, "resume", None))
@@ -335,13 +340,20 @@ def visible(text: str, *, lines: bool = False) -> str:
 
 
 class _JsonView:
-    """One JSON object per agent event per line."""
+    """One JSON object per agent event per line (``tool_finished`` with a result preview,
+    or the whole redacted result with ``full_results``)."""
+
+    def __init__(self, *, full_results: bool = False) -> None:
+        self.full_results = full_results
 
     async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
         error = None
         out = sys.stdout
         async for event in events:
-            data = event.to_json()
+            if isinstance(event, ToolFinishedEvent):
+                data = event.to_json(full_result=self.full_results)
+            else:
+                data = event.to_json()
             if data["type"] == "run_ended":
                 error = data["error"]
             out.write(orjson.dumps(data).decode() + "\n")
@@ -358,13 +370,15 @@ class _CallLine:
     started: float | None = None
     finished: float | None = None
     early: bool = False
+    result: str = ""
+    """What the call gave, on one line: its result's preview, or why it failed."""
 
 
 class _LiveView:
     """Streaming text above, a line per call below, updated in place (rich)."""
 
     def __init__(self) -> None:
-        self.console = Console(highlight=False)
+        self.console = _console()
         self.text: list[str] = []
         self.calls: dict[str, _CallLine] = {}
         self.rounds = 0
@@ -412,12 +426,19 @@ class _LiveView:
         line = self.calls[data["id"]]
         line.finished = time.monotonic()
         line.status = visible(f"error: {data['error']}") if data["is_error"] else "done"
+        text = data.get("result") or ""
+        if data["is_error"] and data["error"] and text.startswith(f"{data['error']}: "):
+            text = text[len(data["error"]) + 2 :]  # (the state names the code already)
+        line.result = one_line(text)
 
     def _on_round_ended(self, data: dict[str, Any]) -> None:
         self.rounds = data["round"]
         self.text.append("\n")
 
     def _render(self) -> Group:
+        """The text, then per call its row (id, tool, arguments, state, timings) and, once
+        known, a line under it with what it gave (the table's rows are one line each: every
+        column is ``no_wrap``), then the rounds."""
         table = Table(box=None, show_header=False, pad_edge=False)
         longest = max((len(line.name) for line in self.calls.values()), default=4)
         table.add_column("id", no_wrap=True, overflow="ellipsis", max_width=26, style="dim")
@@ -434,8 +455,41 @@ class _LiveView:
                 Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
                 Text(_timing(line), style="dim"),
             )
-        footer = Text(f"rounds: {self.rounds}", style="dim")
-        return Group(Text("".join(self.text).rstrip()), table, footer)
+        parts: list[RenderableType] = [Text("".join(self.text).rstrip())]
+        rows = self.console.render_lines(table, self.console.options, pad=False)
+        for row, line in zip(rows, self.calls.values(), strict=False):
+            parts.append(Segments([*row, Segment.line()]))
+            if line.result:
+                shown = (
+                    line.result[: RESULT_CHARS - 1] + "…"
+                    if len(line.result) > RESULT_CHARS
+                    else line.result
+                )
+                style = "red" if _style(line.status) == "red" else "dim"
+                parts.append(Text(f"  ↳ {shown}", style=style, no_wrap=True, overflow="ellipsis"))
+        parts.append(Text(f"rounds: {self.rounds}", style="dim"))
+        return Group(*parts)
+
+
+PIPE_COLUMNS = 4096
+"""The view's width on a pipe or in a file without ``COLUMNS``: wide enough that nothing is
+cut to a terminal's width (rich's default there is 80 columns); the arguments and the result
+lines stay bounded by their own limits."""
+
+
+def _console() -> Console:
+    """The view's console: a terminal's own width, else ``COLUMNS``, else
+    :data:`PIPE_COLUMNS`."""
+    console = Console(highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(highlight=False, width=PIPE_COLUMNS)
+    return console
+
+
+def one_line(text: str) -> str:
+    """``text`` safe for the terminal on one line: whitespace runs (newlines too) as one
+    space, every control character escaped (:func:`visible`)."""
+    return visible(" ".join(text.split()))
 
 
 def _arguments_text(arguments: Any) -> str:

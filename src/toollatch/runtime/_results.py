@@ -44,8 +44,9 @@ from types import MappingProxyType
 from typing import Any
 
 from .._errors import ConfigError, ErrorCode
-from .._preview import PreviewPolicy, Redactor
+from .._preview import REDACTED, PreviewPolicy, Redactor
 from .._round import ToolResult
+from .._secrets import redact_secrets
 
 DEFAULT_MAX_RESULT_BYTES = 65_536
 """The default budget: 64 KiB of UTF-8, about 16k tokens of English, a sizeable but bounded
@@ -197,6 +198,29 @@ def _withheld(result: ToolResult, kind: str) -> ToolResult:
         "was withheld"
     )
     return made_error(result.tool_call_id, result.name, ErrorCode.TOOL_ERROR, detail)
+
+
+PREVIEW_CHARS = 200
+"""Longest result preview (characters) in ``tool_finished`` events and the terminal view."""
+_PREVIEW_SCAN_CHARS = 16_384
+"""The head of a long result that a preview redacts (a cut JSON text is redacted whole, so a
+secret in the head masks the whole preview: fail closed), so a preview costs little however
+large the result's budget is."""
+
+
+def result_preview(text: str, max_chars: int | None = PREVIEW_CHARS) -> str:
+    """``text`` (a shaped result) as a preview may show it: through the built-in secret
+    redactor (:func:`toollatch.relay.redact_secrets`, whatever redactor the run had), and
+    cut to ``max_chars`` characters ending in ``…`` (None: whole, still redacted)."""
+    cut = max_chars is not None and len(text) > _PREVIEW_SCAN_CHARS
+    head = text[:_PREVIEW_SCAN_CHARS] if cut else text
+    try:
+        shown = redact_result(head, redact_secrets)
+    except RedactionFailed:  # pragma: no cover - the built-in redactor returns str
+        return REDACTED
+    if max_chars is not None and (cut or len(shown) > max_chars):
+        shown = shown[: max_chars - 1] + "…"
+    return shown
 
 
 def made_error(tool_call_id: str, name: str, code: ErrorCode, detail: str) -> ToolResult:
