@@ -144,12 +144,28 @@ def serve_command(args: argparse.Namespace) -> int:
             allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
             models=models or None,
         )
+        _console_log()
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:
         return 0
+
+
+def _console_log() -> None:
+    """toollatch's warnings and errors (a run the model failed, a tool file that broke) on
+    standard error, one line each, unless the process configured logging itself."""
+    import logging  # noqa: PLC0415
+
+    logger = logging.getLogger("toollatch")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("toollatch: %(levelname)s: %(name)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))
 
 
 def _ledger_url(given: str | None) -> str | None:
