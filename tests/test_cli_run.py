@@ -42,6 +42,7 @@ def test_run_json_with_no_other_argument_plays_two_rounds_with_two_parallel_call
     done = toollatch("run", "--json", "--provider", provider, "--workspace", str(tmp_path))
     assert done.returncode == 0, done.stderr
     events = events_of(done.stdout)
+    assert "scripted demo" in events[0].pop("notice")  # (the first event says it once)
     for event in events:
         assert set(event) == KEYS[event["type"]], event
     assert events[-1]["type"] == "run_ended"

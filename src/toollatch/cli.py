@@ -184,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="wall-clock limit of the whole run; at it the round in flight is cancelled, every "
         "call paired (default: the config's relay.deadline_s, 900; 0: none)",
     )
-    run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
+    run.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="where the example write_file writes (default: a new temporary folder, kept; "
+        "the run prints its path)",
+    )
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
     run.add_argument(
         "--full-results",

@@ -97,10 +97,10 @@ async def _run(args: argparse.Namespace) -> int:
     base_url = args.base_url or (config.model.base_url if config else None)
     model = args.model or (config.model.model if config else None)
     if base_url is None:
+        model = model or SCRIPTED_MODEL
+        args.demo = model == SCRIPTED_MODEL  # (the demo script, whatever the message)
         async with ScriptedServer() as server:
-            return await _with_model(
-                args, server.base_url(args.provider), model or SCRIPTED_MODEL, config
-            )
+            return await _with_model(args, server.base_url(args.provider), model, config)
     if not model:
         raise CommandError("--model is required with --base-url")
     return await _with_model(args, base_url, model, config)
@@ -179,16 +179,34 @@ def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any
 def _tools(
     args: argparse.Namespace, config: Config | None, stack: contextlib.ExitStack
 ) -> tuple[list[Tool[..., Any]], McpToolSource | None]:
-    """The ``--tools`` files' tools and the MCP servers' source; the examples (writing in
-    ``--workspace`` or a temporary directory) when there are neither."""
+    """The ``--tools`` files' tools and the MCP servers' source; the examples when there are
+    neither, writing in ``--workspace`` or else a new temporary folder that is kept (its
+    path is told: ``args.workspace`` is set to it)."""
     tools: list[Tool[..., Any]] = []
     for path in args.tools or ():
         tools += load_tool_file(path)
     source = _mcp_source(args, config, tools)
     if not tools and source is None:
-        workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
-        tools = example_tools(Path(workspace))
+        if not args.workspace:
+            args.workspace = tempfile.mkdtemp(prefix="toollatch-run-")
+        args.examples = True
+        tools = example_tools(Path(args.workspace))
     return tools, source
+
+
+DEMO_NOTICE = (
+    "the model is toollatch's scripted demo (no --base-url): it plays one weather "
+    "conversation, whatever the message"
+)
+
+
+def notice(args: argparse.Namespace) -> str | None:
+    """What ``run`` says once before the events: that the model is the scripted demo, and
+    where the example tools write; None when neither applies."""
+    said = [DEMO_NOTICE] if getattr(args, "demo", False) else []
+    if getattr(args, "examples", False):
+        said.append(f"the example tools write in {args.workspace} (kept; --workspace DIR)")
+    return "; ".join(said) or None
 
 
 def _mcp_source(
@@ -242,7 +260,8 @@ async def _with_model(
             if agent.audit is not None:
                 closing.push_async_callback(agent.audit.store.aclose)
             full = getattr(args, "full_results", False)
-            view = _JsonView(full_results=full) if args.json else _LiveView()
+            told = notice(args)
+            view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
             signals = _Signals()
             try:
                 resume = bool(getattr(args, "resume", None))
@@ -343,8 +362,10 @@ class _JsonView:
     """One JSON object per agent event per line (``tool_finished`` with a result preview,
     or the whole redacted result with ``full_results``)."""
 
-    def __init__(self, *, full_results: bool = False) -> None:
+    def __init__(self, *, full_results: bool = False, notice: str | None = None) -> None:
         self.full_results = full_results
+        self.notice = notice
+        """Said once, as the ``notice`` key of the first event (see :func:`notice`)."""
 
     async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
         error = None
@@ -354,6 +375,8 @@ class _JsonView:
                 data = event.to_json(full_result=self.full_results)
             else:
                 data = event.to_json()
+            if self.notice is not None:
+                data["notice"], self.notice = self.notice, None
             if data["type"] == "run_ended":
                 error = data["error"]
             out.write(orjson.dumps(data).decode() + "\n")
@@ -377,7 +400,9 @@ class _CallLine:
 class _LiveView:
     """Streaming text above, a line per call below, updated in place (rich)."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: str | None = None) -> None:
+        self.notice = notice
+        """Shown once, dim, above the run (see :func:`notice`)."""
         self.console = _console()
         self.text: list[str] = []
         self.calls: dict[str, _CallLine] = {}
@@ -455,7 +480,10 @@ class _LiveView:
                 Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
                 Text(_timing(line), style="dim"),
             )
-        parts: list[RenderableType] = [Text("".join(self.text).rstrip())]
+        parts: list[RenderableType] = []
+        if self.notice:
+            parts.append(Text(f"toollatch: {visible(self.notice)}", style="dim"))
+        parts.append(Text("".join(self.text).rstrip()))
         rows = self.console.render_lines(table, self.console.options, pad=False)
         for row, line in zip(rows, self.calls.values(), strict=False):
             parts.append(Segments([*row, Segment.line()]))
