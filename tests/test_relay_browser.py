@@ -429,3 +429,17 @@ async def test_each_card_shows_its_redacted_result_or_error_message(browser):
         assert await bad.inner_text() == "error: OSError: read-only file system: /ro/x.md"
         assert "error" in (await bad.get_attribute("class") or "")
         assert secret not in await page.content()
+
+
+async def test_a_refused_calls_preview_is_marked_as_not_what_was_checked(browser, relay):
+    """Issue 35 item 5: an invalid_json call's preview can look valid; its card marks it
+    as not what the gate checked (a committed call's card has no such mark)."""
+    page = await _page(browser, relay)
+    await _slow_run(page, "broken")
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    bad = page.locator('.card[data-call-id="call_bad"]')
+    assert await bad.locator("pre.args.unchecked").count() == 1
+    note = await bad.locator(".unchecked-note").inner_text()
+    assert note == "preview of the streamed arguments, not what the gate checked"
+    good = page.locator('.card[data-call-id="call_good"]')
+    assert await good.locator(".unchecked, .unchecked-note").count() == 0

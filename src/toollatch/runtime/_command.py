@@ -442,6 +442,7 @@ class _LiveView:
             key = f"{key} (repeat)"  # a model bug: another call of the round had this id
         line = self.calls.setdefault(key, _CallLine(name=visible(data["name"] or "?")))
         line.status = visible(f"failed: {data['error']}")
+        line.result = one_line(data["detail"])  # (the gate's reason; never the raw arguments)
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]

@@ -148,6 +148,12 @@ class RunView {
 
   on_call_failed(d) {
     const card = this.card(d.id, d.name);
+    if (card.node.classList.contains("preview")) {
+      // what the preview shows was rebuilt leniently from the stream: the gate checked the
+      // call's complete text, and refused it; the preview may look valid all the same
+      card.body.classList.add("unchecked");
+      card.node.insertBefore(el("div", "unchecked-note", "preview of the streamed arguments, not what the gate checked"), card.body);
+    }
     card.node.classList.remove("preview");
     card.result = { is_error: true, error: d.error };
     this.setState(card, errorState(d.error), d.error);
