@@ -389,7 +389,8 @@ def _schema_detail(error: jsonschema.ValidationError) -> str:
         return f"{where}: missing required {_names(missing)} (required)"
     if keyword == "additionalProperties" and isinstance(error.instance, dict):
         schema = error.schema if isinstance(error.schema, Mapping) else {}
-        known = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+        properties = schema.get("properties")
+        known: Mapping[str, Any] = properties if isinstance(properties, Mapping) else {}
         patterns = schema.get("patternProperties") or {}
         extra = [k for k in error.instance if k not in known and not _matches(patterns, k)]
         allowed = f"; allowed: {_names(list(known), word='')}" if known else ""
