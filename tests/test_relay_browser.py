@@ -443,3 +443,29 @@ async def test_a_refused_calls_preview_is_marked_as_not_what_was_checked(browser
     assert note == "preview of the streamed arguments, not what the gate checked"
     good = page.locator('.card[data-call-id="call_good"]')
     assert await good.locator(".unchecked, .unchecked-note").count() == 0
+
+
+async def test_the_page_has_a_favicon_and_asks_for_no_other(browser, relay):
+    """Issue 35 item 6: an inline SVG icon (the CSP's img-src allows data:), so the browser
+    neither shows a blank tab icon nor asks the relay for /favicon.ico (a 404)."""
+    asked: list[str] = []
+    context = await browser.new_context()
+    page = await context.new_page()
+    page.on("request", lambda r: asked.append(r.url))
+    await page.goto(relay.url + "/")
+    href = await page.locator('link[rel="icon"]').get_attribute("href")
+    assert href is not None
+    assert href.startswith("data:image/svg+xml,")
+    size = await page.evaluate(
+        """(href) => new Promise((done) => {
+            const image = new Image();
+            image.onload = () => done([image.naturalWidth, image.naturalHeight]);
+            image.onerror = () => done(null);
+            image.src = href;
+        })""",
+        href,
+    )
+    assert size is not None
+    assert size[0] > 0
+    await page.wait_for_timeout(300)
+    assert not [url for url in asked if url.endswith("/favicon.ico")]

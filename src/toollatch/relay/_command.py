@@ -168,6 +168,25 @@ def _console_log() -> None:
     logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))
 
 
+def _ledger_shown(url: str | None) -> str:
+    """The ledger as the start line names it: a SQLite file by its absolute path (what a
+    relative ``sqlite:///ledger.db`` resolved to), a Redis URL without its password."""
+    from urllib.parse import urlsplit, urlunsplit  # noqa: PLC0415
+
+    from ..ledger._open import _sqlite_path  # noqa: PLC0415
+
+    if url is None:
+        return "none"
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        return _sqlite_path(url, create_folder=True)
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return urlunsplit((parts.scheme, user + host, parts.path, parts.query, ""))
+    return url
+
+
 def _ledger_url(given: str | None) -> str | None:
     """``--ledger`` (or the config's ``ledger.url``): ``none`` is no ledger, nothing the
     default (SQLite in the user's data folder)."""
@@ -183,7 +202,7 @@ async def _serve(server: Any) -> int:
 
     async with server:
         settle_heap()
-        ledger = server.ledger_url or "none"
+        ledger = _ledger_shown(server.ledger_url)
         url = server.token_url  # (with the token, once: opening it sets the token's cookie)
         sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}; Ctrl-C to stop)\n")
         sys.stderr.flush()

@@ -61,6 +61,10 @@ class CommandError(Exception):
     """A usage error of ``toollatch run`` (exit status 2)."""
 
 
+class _ConfigProblems(CommandError):
+    """Configuration problems: told one per line, as ``toollatch config check`` tells them."""
+
+
 def load_tool_file(path: str) -> list[Tool[..., Any]]:
     """Import ``path`` and return every ``@toollatch.runtime.tool`` object it defines, in
     definition order. Raises :class:`CommandError` when it cannot be imported or has none."""
@@ -86,7 +90,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except CommandError as exc:
-        return _fail(str(exc), 2)
+        return _fail(str(exc), 2, lines=isinstance(exc, _ConfigProblems))
     except KeyboardInterrupt:
         return 130
 
@@ -114,7 +118,8 @@ def _load(args: argparse.Namespace) -> Config | None:
     try:
         return configured(path)
     except ConfigError as exc:
-        raise CommandError(f"{f'--config {path}' if path else 'environment'}: {exc}") from None
+        where = f"--config {path}" if path else "environment"
+        raise _ConfigProblems(f"{where}: {exc}") from None
 
 
 def _agent(
@@ -330,8 +335,15 @@ class _Signals:
             self._run.cancel()
 
 
-def _fail(message: str, status: int) -> int:
-    sys.stderr.write(f"toollatch: error: {visible(' '.join(message.split()))}\n")
+def _fail(message: str, status: int, *, lines: bool = False) -> int:
+    """``toollatch: error: ...`` on standard error: one line, or with ``lines`` one line
+    per line of ``message`` (the later ones indented); ``status``."""
+    if not lines:
+        sys.stderr.write(f"toollatch: error: {visible(' '.join(message.split()))}\n")
+        return status
+    first, *rest = [" ".join(line.split()) for line in message.splitlines() if line.strip()]
+    sys.stderr.write(f"toollatch: error: {visible(first)}\n")
+    sys.stderr.writelines(f"  {visible(line)}\n" for line in rest)
     return status
 
 
