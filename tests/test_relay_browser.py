@@ -455,7 +455,7 @@ async def test_the_page_has_a_favicon_and_asks_for_no_other(browser, relay):
     await page.goto(relay.url + "/")
     href = await page.locator('link[rel="icon"]').get_attribute("href")
     assert href is not None
-    assert href.startswith("data:image/svg+xml,")
+    assert href.startswith("data:image/svg+xml;base64,")
     size = await page.evaluate(
         """(href) => new Promise((done) => {
             const image = new Image();
