@@ -18,7 +18,7 @@ KEYS = {
     "call_committed": {"type", "id", "name", "arguments", "early"},
     "call_failed": {"type", "id", "name", "error", "detail"},
     "tool_started": {"type", "id", "name"},
-    "tool_finished": {"type", "id", "name", "is_error", "error"},
+    "tool_finished": {"type", "id", "name", "is_error", "error", "result"},
     "round_ended": {"type", "round", "ended", "stop_reason"},
     "run_ended": {"type", "rounds", "calls", "history", "error"},
 }
@@ -42,6 +42,7 @@ def test_run_json_with_no_other_argument_plays_two_rounds_with_two_parallel_call
     done = toollatch("run", "--json", "--provider", provider, "--workspace", str(tmp_path))
     assert done.returncode == 0, done.stderr
     events = events_of(done.stdout)
+    assert "scripted demo" in events[0].pop("notice")  # (the first event says it once)
     for event in events:
         assert set(event) == KEYS[event["type"]], event
     assert events[-1]["type"] == "run_ended"
@@ -65,7 +66,8 @@ def test_run_shows_a_terminal_view_and_exits_0():
     done = toollatch("run")
     assert done.returncode == 0, done.stderr
     assert "Let me check the weather in both cities." in done.stdout
-    assert "get_weather" in done.stdout and "write_file" in done.stdout
+    assert "get_weather" in done.stdout
+    assert "write_file" in done.stdout
     assert "rounds: 3" in done.stdout
 
 
@@ -103,7 +105,8 @@ def test_run_with_a_tools_file_registers_its_functions(tmp_path):
 def test_an_unreachable_model_exits_1_with_one_line():
     done = toollatch("run", "--json", "--base-url", "http://127.0.0.1:9/v1", "--model", "m")
     assert done.returncode == 1
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("toollatch: error: model:")
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith("toollatch: error: model:")
     assert "Traceback" not in done.stderr
     assert events_of(done.stdout)[-1]["rounds"] == 0
 
@@ -158,7 +161,8 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
     done = toollatch(*args, "--session", "s1")
     assert done.returncode == 0, done.stderr
     again = toollatch(*args, "--session", "s1")  # one session is one run: not started twice
-    assert again.returncode == 2 and "already has a stored history" in again.stderr
+    assert again.returncode == 2
+    assert "already has a stored history" in again.stderr
     resumed = toollatch(*args, "--resume", "s1")  # the run goes on from its stored history
     assert resumed.returncode == 0, resumed.stderr
     assert events_of(resumed.stdout)[-1]["rounds"] == 1  # the model has nothing more to call
@@ -166,7 +170,8 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
     assert toollatch(*args).returncode == 0  # no --session: a new run, a new scope
     assert log.read_text().splitlines() == ["Oslo", "Zürich", "Oslo", "Zürich"]
     bad = toollatch("run", "--ledger", "ftp://nowhere")
-    assert bad.returncode == 2 and "--ledger" in bad.stderr
+    assert bad.returncode == 2
+    assert "--ledger" in bad.stderr
 
 
 def test_the_example_config_runs_exactly_as_no_config(tmp_path):

@@ -461,7 +461,9 @@ async def test_400_is_not_retried_and_its_message_is_parsed(server, body, messag
         await body_of(client_for(server, sleeps=sleeps))
     assert caught.value.status == 400
     assert caught.value.message == message
-    assert str(caught.value) == f"openai_chat: HTTP 400: {message}"
+    assert caught.value.url is not None
+    assert caught.value.url.endswith("/chat/completions")  # (issue 35: the URL tried)
+    assert str(caught.value) == f"openai_chat: HTTP 400: {message} (from {caught.value.url})"
     assert sleeps.waits == []
     assert len(server.seen) == 1
 

@@ -126,8 +126,9 @@ def _broken() -> Script:
 async def _slow_run(page, model: str = "slow") -> None:
     await page.evaluate(
         """async (model) => {
-            const r = await fetch("/runs", {method: "POST", headers: {"content-type": "application/json"},
-                                            body: JSON.stringify({message: "slowly", model})});
+            const r = await fetch("/runs", {method: "POST",
+                headers: {"content-type": "application/json"},
+                body: JSON.stringify({message: "slowly", model})});
             const body = await r.json();
             sessionStorage.setItem("toollatch.run", JSON.stringify({...body, message: "slowly"}));
         }""",
@@ -212,7 +213,6 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
     """A page that opens a run whose first events the relay no longer keeps gets
     ``lagged``, shows how many it missed, then the rest of the run to its end."""
     from relay_helpers import chatty_script  # noqa: PLC0415
-
     from toollatch.relay._config import RelayLimits  # noqa: PLC0415
 
     limits = RelayLimits(max_kept_bytes=16 * 1024)
@@ -270,7 +270,6 @@ async def test_a_call_whose_server_died_shows_outcome_unknown(browser, tmp_path)
     """A real MCP server (stdio) that dies mid-call: the card ends in its own 'unknown'
     state, not 'failed' or 'cancelled' (the call may have had its effect)."""
     from mcp_helpers import stdio_server  # noqa: PLC0415
-
     from toollatch.mcp import McpToolSource  # noqa: PLC0415
 
     turn = Turn(items=(Call(call_id="call_crash", name="crash", arguments="{}"),), delay_ms=0)
@@ -395,3 +394,78 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
         await page.wait_for_selector('body[data-run="running"]', timeout=20_000)
         await page.click("#stop")
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+
+
+async def test_each_card_shows_its_redacted_result_or_error_message(browser):
+    """Issue 35 item 1: the relay's tool_finished carries a redacted result preview, and
+    each card shows it on one line (an error result: its message, marked as an error)."""
+    from toollatch.runtime._tools import tool  # noqa: PLC0415
+
+    secret = "sk-live-Q8d2F7s9K1m3N5p7"
+
+    @tool
+    def account(user: str) -> dict[str, str]:
+        """An account, with its key."""
+        return {"user": user, "api_key": secret, "plan": "pro"}
+
+    @tool
+    def save(path: str) -> str:
+        """Fails as a read-only disk does."""
+        raise OSError(f"read-only file system: {path}")
+
+    calls = (
+        Call(call_id="call_acc", name="account", arguments='{"user": "ana"}'),
+        Call(call_id="call_save", name="save", arguments='{"path": "/ro/x.md"}'),
+    )
+    turns = (Turn(items=calls, delay_ms=0), Turn(items=(Text(text="Done."),), delay_ms=0))
+    scripts = {"results": Script(turns=turns)}
+    async with RelayServer(scripts=scripts, delay_scale=0, tools=[account, save]) as server:
+        page = await _page(browser, server)
+        await _slow_run(page, "results")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        ok = page.locator('.card[data-call-id="call_acc"] .result')
+        assert await ok.inner_text() == '→ {"user":"ana","api_key":"[redacted]","plan":"pro"}'
+        bad = page.locator('.card[data-call-id="call_save"] .result')
+        assert await bad.inner_text() == "error: OSError: read-only file system: /ro/x.md"
+        assert "error" in (await bad.get_attribute("class") or "")
+        assert secret not in await page.content()
+
+
+async def test_a_refused_calls_preview_is_marked_as_not_what_was_checked(browser, relay):
+    """Issue 35 item 5: an invalid_json call's preview can look valid; its card marks it
+    as not what the gate checked (a committed call's card has no such mark)."""
+    page = await _page(browser, relay)
+    await _slow_run(page, "broken")
+    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+    bad = page.locator('.card[data-call-id="call_bad"]')
+    assert await bad.locator("pre.args.unchecked").count() == 1
+    note = await bad.locator(".unchecked-note").inner_text()
+    assert note == "preview of the streamed arguments, not what the gate checked"
+    good = page.locator('.card[data-call-id="call_good"]')
+    assert await good.locator(".unchecked, .unchecked-note").count() == 0
+
+
+async def test_the_page_has_a_favicon_and_asks_for_no_other(browser, relay):
+    """Issue 35 item 6: an inline SVG icon (the CSP's img-src allows data:), so the browser
+    neither shows a blank tab icon nor asks the relay for /favicon.ico (a 404)."""
+    asked: list[str] = []
+    context = await browser.new_context()
+    page = await context.new_page()
+    page.on("request", lambda r: asked.append(r.url))
+    await page.goto(relay.url + "/")
+    href = await page.locator('link[rel="icon"]').get_attribute("href")
+    assert href is not None
+    assert href.startswith("data:image/svg+xml;base64,")
+    size = await page.evaluate(
+        """(href) => new Promise((done) => {
+            const image = new Image();
+            image.onload = () => done([image.naturalWidth, image.naturalHeight]);
+            image.onerror = () => done(null);
+            image.src = href;
+        })""",
+        href,
+    )
+    assert size is not None
+    assert size[0] > 0
+    await page.wait_for_timeout(300)
+    assert not [url for url in asked if url.endswith("/favicon.ico")]

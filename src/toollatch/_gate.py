@@ -12,6 +12,7 @@ hook, and the run budget. The first failure wins and yields a :class:`Rejection`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
@@ -312,14 +313,15 @@ class Gate:
 
     def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
         try:
-            error = jsonschema.exceptions.best_match(spec.validator().iter_errors(args))
+            errors = list(spec.validator().iter_errors(args))
+            error = jsonschema.exceptions.best_match(errors)
         except Exception as exc:  # the boundary to jsonschema: e.g. a $ref it cannot resolve
             raise _Reject(
                 ErrorCode.SCHEMA_VIOLATION,
                 f"the tool's schema could not be applied ({type(exc).__name__}: {str(exc)[:200]})",
             ) from None
         if error is not None:
-            raise _Reject(ErrorCode.SCHEMA_VIOLATION, _schema_detail(error))
+            raise _Reject(ErrorCode.SCHEMA_VIOLATION, _schema_details(error, errors))
 
     def _authorize(self, name: str, args: Mapping[str, Any]) -> None:
         if self.policy is None:
@@ -348,19 +350,75 @@ def _json_type(value: object) -> str:
     return "an array" if isinstance(value, list) else type(value).__name__
 
 
+_OBJECT_RULES = ("additionalProperties", "required")
+"""The rules about an object's property names, in the order a detail names them: a failed
+call often breaks both at once (a ``town`` sent for a required ``city``), and the detail then
+names both, the unexpected name first (usually the cause), whatever the schema's key order."""
+
+
+def _schema_details(
+    best: jsonschema.ValidationError, errors: list[jsonschema.ValidationError]
+) -> str:
+    """The detail of a schema violation: the best match's; when it breaks a property-name
+    rule, that of each such rule broken at the same place (at most 300 characters)."""
+    if best.validator in _OBJECT_RULES:
+        found = {
+            e.validator: e
+            for e in reversed(errors)
+            if e.absolute_path == best.absolute_path and e.validator in _OBJECT_RULES
+        }
+        found[best.validator] = best
+        parts = [_schema_detail(found[rule]) for rule in _OBJECT_RULES if rule in found]
+        text = "; ".join([parts[0], *(p.split(": ", 1)[1] for p in parts[1:])])
+    else:
+        text = _schema_detail(best)
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
 def _schema_detail(error: jsonschema.ValidationError) -> str:
-    """``/pointer: keyword (schema value)`` — facts from the schema, never the argument value."""
+    """``/pointer: what (the rule)``: the property names involved and facts from the schema,
+    never an argument value."""
     pointer = "".join(
         "/" + str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path
     )
+    where = pointer or "/"
     keyword = str(error.validator)
     expected = error.validator_value
     if keyword == "required" and isinstance(expected, list) and isinstance(error.instance, dict):
         missing = [k for k in expected if k not in error.instance]
-        return f"{pointer or '/'}: missing required properties {missing}"[:300]
+        return f"{where}: missing required {_names(missing)} (required)"
     if keyword == "additionalProperties" and isinstance(error.instance, dict):
-        return f"{pointer or '/'}: unexpected properties are not allowed"
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
+        properties = schema.get("properties")
+        known: Mapping[str, Any] = properties if isinstance(properties, Mapping) else {}
+        patterns = schema.get("patternProperties") or {}
+        extra = [k for k in error.instance if k not in known and not _matches(patterns, k)]
+        allowed = f"; allowed: {_names(list(known), word='')}" if known else ""
+        return f"{where}: unexpected {_names(extra)} (additionalProperties: false{allowed})"
     shown = json.dumps(expected, ensure_ascii=False)
     if len(shown) > 120:
         shown = shown[:119] + "…"
-    return f"{pointer or '/'}: fails schema keyword {keyword!r} ({shown})"
+    return f"{where}: fails schema keyword {keyword!r} ({shown})"
+
+
+def _names(keys: list[Any], *, word: str = "property") -> str:
+    """``property "town"``, ``properties "a", "b"``, at most 5 names of at most 40
+    characters each (JSON-quoted), then how many more."""
+    plural = {"property": "properties"}.get(word, word) if len(keys) != 1 else word
+    shown = [json.dumps(str(k)[:40], ensure_ascii=False) + ("…" if len(str(k)) > 40 else "")
+             for k in keys[:5]]  # fmt: skip
+    more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+    return f"{plural} {', '.join(shown)}{more}".strip()
+
+
+def _matches(patterns: object, key: str) -> bool:
+    """Whether ``key`` matches one of the ``patternProperties`` regexes (a bad regex: no)."""
+    if not isinstance(patterns, Mapping):
+        return False
+    for pattern in patterns:
+        try:
+            if re.search(str(pattern), key):
+                return True
+        except re.error:
+            continue
+    return False

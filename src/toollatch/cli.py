@@ -61,6 +61,23 @@ _FRAMING_BY_SUFFIX: dict[str, Framing] = {
 }
 
 
+RUN_VARIABLES = """\
+environment (read with or without --config; flags win over them):
+  TOOLLATCH_MODEL__BASE_URL, TOOLLATCH_MODEL__MODEL, TOOLLATCH_MODEL__PROVIDER
+                        the model (as --base-url, --model, --provider)
+  TOOLLATCH_MODEL__API_KEY_ENV
+                        the variable holding the key (default: the provider's usual one:
+                        OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY)
+  TOOLLATCH_LEDGER__URL the ledger (as --ledger)
+  TOOLLATCH_DISPATCHER__DEFAULT_TIMEOUT_S
+                        a tool's run-time limit when it sets none (seconds)
+  TOOLLATCH_<SECTION>__<KEY>
+                        any key of `toollatch config example`, e.g.
+                        TOOLLATCH_RESULTS__MAX_BYTES=16384
+"""
+"""The variables ``run --help`` lists (every key has one: see ``toollatch config example``)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(_fail(message))
@@ -145,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run an agent: the model streams, the gate commits, the tools run, repeat",
         description="Without --base-url: the scripted model server on loopback with the "
         "built-in example tools (no key, no network).",
+        epilog=RUN_VARIABLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("message", nargs="?", help="the user's message (default: a demo question)")
     run.add_argument(
@@ -184,8 +203,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="wall-clock limit of the whole run; at it the round in flight is cancelled, every "
         "call paired (default: the config's relay.deadline_s, 900; 0: none)",
     )
-    run.add_argument("--workspace", metavar="DIR", help="where the example write_file writes")
+    run.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="where the example write_file writes (default: a new temporary folder, kept; "
+        "the run prints its path)",
+    )
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
+    run.add_argument(
+        "--full-results",
+        action="store_true",
+        help="--json's tool_finished carries each whole result (still redacted), not a "
+        "200-character preview",
+    )
     run.add_argument(
         "--ledger",
         metavar="URL",

@@ -144,12 +144,47 @@ def serve_command(args: argparse.Namespace) -> int:
             allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
             models=models or None,
         )
+        _console_log()
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:
         return 0
+
+
+def _console_log() -> None:
+    """toollatch's warnings and errors (a run the model failed, a tool file that broke) on
+    standard error, one line each, unless the process configured logging itself."""
+    import logging  # noqa: PLC0415
+
+    logger = logging.getLogger("toollatch")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("toollatch: %(levelname)s: %(name)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))
+
+
+def _ledger_shown(url: str | None) -> str:
+    """The ledger as the start line names it: a SQLite file by its absolute path (what a
+    relative ``sqlite:///ledger.db`` resolved to), a Redis URL without its password."""
+    from urllib.parse import urlsplit, urlunsplit  # noqa: PLC0415
+
+    from ..ledger._open import _sqlite_path  # noqa: PLC0415
+
+    if url is None:
+        return "none"
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        return _sqlite_path(url, create_folder=True)
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return urlunsplit((parts.scheme, user + host, parts.path, parts.query, ""))
+    return url
 
 
 def _ledger_url(given: str | None) -> str | None:
@@ -167,7 +202,7 @@ async def _serve(server: Any) -> int:
 
     async with server:
         settle_heap()
-        ledger = server.ledger_url or "none"
+        ledger = _ledger_shown(server.ledger_url)
         url = server.token_url  # (with the token, once: opening it sets the token's cookie)
         sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}; Ctrl-C to stop)\n")
         sys.stderr.flush()

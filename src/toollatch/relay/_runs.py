@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from .._preview import PreviewPolicy, PreviewUpdated
 from .._round import Round
 from ..runtime import AgentEvent, AgentRun
 from ._config import RelayLimits, shown_arguments
+
+_log = logging.getLogger("toollatch.relay")
 
 _DROPPABLE = frozenset({"text", "call_preview", "call_opened"})
 """What a run past its event limit leaves out (still queued when the cancel was asked)."""
@@ -133,8 +136,12 @@ class _Feed:
         """(Nothing: the events tell the page.)"""
 
     def on_event(self, provider: str, event: AgentEvent) -> None:
-        """Append the event as the browser may see it."""
-        self._run.append(self._run.shown(event.to_json()))
+        """Append the event as the browser may see it; a run the model failed is logged
+        (the relay's console says what the page says)."""
+        data = event.to_json()
+        if data["type"] == "run_ended" and data["error"]:
+            _log.error("run %s…: model %s", self._run.id[:6], data["error"])
+        self._run.append(self._run.shown(data))
 
     def on_not_committed(self, provider: str, detail: str) -> None:
         """(Nothing: the run's events report the refused call.)"""
@@ -222,6 +229,8 @@ class RelayRun:
             async for _event in self._agent_run:
                 pass  # the observer appended it when it was created
         except Exception as exc:  # a broken client or tool file: the page must still end
+            _log.error("run %s… failed: %s: %s", self.id[:6], type(exc).__name__, exc)
+            _log.debug("run %s… failed", self.id[:6], exc_info=True)
             if not self._ended:
                 self.append(
                     {

@@ -9,8 +9,10 @@ only compatibly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
+
+from ._results import PREVIEW_CHARS, result_preview
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,10 +123,21 @@ class ToolFinishedEvent:
     """The error code of an error result (``tool_error``, ``tool_timeout``, ``cancelled``...)."""
     truncated_from: int | None = None
     """The result's UTF-8 size before it was cut to its budget; None when it was not cut."""
+    result: str | None = field(default=None, compare=False)
+    """The result's text as the model reads it (after the run's redaction and size budget;
+    an error result's message), or None when not known. Observers get it whole; the JSON
+    form shows a redacted preview (:func:`~toollatch.runtime._results.result_preview`). Not
+    part of equality (events compared before it existed stay equal)."""
 
-    def to_json(self) -> dict[str, Any]:
-        """``{"type": "tool_finished", "id", "name", "is_error", "error"}``, plus
-        ``"truncated_from"`` (bytes) when the result was cut to its size budget."""
+    def to_json(self, *, full_result: bool = False) -> dict[str, Any]:
+        """``{"type": "tool_finished", "id", "name", "is_error", "error", "result"}``, plus
+        ``"truncated_from"`` (bytes) when the result was cut to its size budget.
+
+        ``result`` is a preview of the result's text (of an error result, its message):
+        through the built-in secret redactor, at most ``PREVIEW_CHARS`` characters ending in
+        ``…`` when cut, and then ``"result_chars"`` gives the whole text's length; with
+        ``full_result`` the whole text (still redacted). None when the text is not known.
+        """
         data: dict[str, Any] = {
             "type": self.type,
             "id": self.id,
@@ -134,6 +147,11 @@ class ToolFinishedEvent:
         }
         if self.truncated_from is not None:
             data["truncated_from"] = self.truncated_from
+        data["result"] = None
+        if self.result is not None:
+            data["result"] = result_preview(self.result, None if full_result else PREVIEW_CHARS)
+            if len(self.result) > PREVIEW_CHARS and not full_result:
+                data["result_chars"] = len(self.result)
         return data
 
 

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -43,7 +44,7 @@ from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
 from ..scripted._server import ScriptedServer
 from ._agent import Agent, AgentRun, RunLimits
-from ._agent_events import AgentEvent
+from ._agent_events import AgentEvent, ToolFinishedEvent
 from ._clients import ModelClient, ModelError, model_client
 from ._config import Config, configured
 from ._examples import example_tools
@@ -51,10 +52,17 @@ from ._tools import Tool
 
 DEFAULT_MESSAGE = "What is the weather in Oslo and in Zürich? Write it down in notes/weather.md."
 SCRIPTED_MODEL = "scripted"
+RESULT_CHARS = 160
+"""Most characters of a call's result line in the terminal view (a longer one ends in ``…``;
+so does one wider than the terminal)."""
 
 
 class CommandError(Exception):
     """A usage error of ``toollatch run`` (exit status 2)."""
+
+
+class _ConfigProblems(CommandError):
+    """Configuration problems: told one per line, as ``toollatch config check`` tells them."""
 
 
 def load_tool_file(path: str) -> list[Tool[..., Any]]:
@@ -82,7 +90,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except CommandError as exc:
-        return _fail(str(exc), 2)
+        return _fail(str(exc), 2, lines=isinstance(exc, _ConfigProblems))
     except KeyboardInterrupt:
         return 130
 
@@ -93,10 +101,10 @@ async def _run(args: argparse.Namespace) -> int:
     base_url = args.base_url or (config.model.base_url if config else None)
     model = args.model or (config.model.model if config else None)
     if base_url is None:
+        model = model or SCRIPTED_MODEL
+        args.demo = model == SCRIPTED_MODEL  # (the demo script, whatever the message)
         async with ScriptedServer() as server:
-            return await _with_model(
-                args, server.base_url(args.provider), model or SCRIPTED_MODEL, config
-            )
+            return await _with_model(args, server.base_url(args.provider), model, config)
     if not model:
         raise CommandError("--model is required with --base-url")
     return await _with_model(args, base_url, model, config)
@@ -110,7 +118,8 @@ def _load(args: argparse.Namespace) -> Config | None:
     try:
         return configured(path)
     except ConfigError as exc:
-        raise CommandError(f"{f'--config {path}' if path else 'environment'}: {exc}") from None
+        where = f"--config {path}" if path else "environment"
+        raise _ConfigProblems(f"{where}: {exc}") from None
 
 
 def _agent(
@@ -175,16 +184,34 @@ def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any
 def _tools(
     args: argparse.Namespace, config: Config | None, stack: contextlib.ExitStack
 ) -> tuple[list[Tool[..., Any]], McpToolSource | None]:
-    """The ``--tools`` files' tools and the MCP servers' source; the examples (writing in
-    ``--workspace`` or a temporary directory) when there are neither."""
+    """The ``--tools`` files' tools and the MCP servers' source; the examples when there are
+    neither, writing in ``--workspace`` or else a new temporary folder that is kept (its
+    path is told: ``args.workspace`` is set to it)."""
     tools: list[Tool[..., Any]] = []
     for path in args.tools or ():
         tools += load_tool_file(path)
     source = _mcp_source(args, config, tools)
     if not tools and source is None:
-        workspace = args.workspace or stack.enter_context(tempfile.TemporaryDirectory())
-        tools = example_tools(Path(workspace))
+        if not args.workspace:
+            args.workspace = tempfile.mkdtemp(prefix="toollatch-run-")
+        args.examples = True
+        tools = example_tools(Path(args.workspace))
     return tools, source
+
+
+DEMO_NOTICE = (
+    "the model is toollatch's scripted demo (no --base-url): it plays one weather "
+    "conversation, whatever the message"
+)
+
+
+def notice(args: argparse.Namespace) -> str | None:
+    """What ``run`` says once before the events: that the model is the scripted demo, and
+    where the example tools write; None when neither applies."""
+    said = [DEMO_NOTICE] if getattr(args, "demo", False) else []
+    if getattr(args, "examples", False):
+        said.append(f"the example tools write in {args.workspace} (kept; --workspace DIR)")
+    return "; ".join(said) or None
 
 
 def _mcp_source(
@@ -237,7 +264,9 @@ async def _with_model(
                 closing.push_async_callback(agent.history_store.aclose)
             if agent.audit is not None:
                 closing.push_async_callback(agent.audit.store.aclose)
-            view = _JsonView() if args.json else _LiveView()
+            full = getattr(args, "full_results", False)
+            told = notice(args)
+            view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
             signals = _Signals()
             try:
                 resume = bool(getattr(args, "resume", None))
@@ -306,8 +335,15 @@ class _Signals:
             self._run.cancel()
 
 
-def _fail(message: str, status: int) -> int:
-    sys.stderr.write(f"toollatch: error: {visible(' '.join(message.split()))}\n")
+def _fail(message: str, status: int, *, lines: bool = False) -> int:
+    """``toollatch: error: ...`` on standard error: one line, or with ``lines`` one line
+    per line of ``message`` (the later ones indented); ``status``."""
+    if not lines:
+        sys.stderr.write(f"toollatch: error: {visible(' '.join(message.split()))}\n")
+        return status
+    first, *rest = [" ".join(line.split()) for line in message.splitlines() if line.strip()]
+    sys.stderr.write(f"toollatch: error: {visible(first)}\n")
+    sys.stderr.writelines(f"  {visible(line)}\n" for line in rest)
     return status
 
 
@@ -335,13 +371,24 @@ def visible(text: str, *, lines: bool = False) -> str:
 
 
 class _JsonView:
-    """One JSON object per agent event per line."""
+    """One JSON object per agent event per line (``tool_finished`` with a result preview,
+    or the whole redacted result with ``full_results``)."""
+
+    def __init__(self, *, full_results: bool = False, notice: str | None = None) -> None:
+        self.full_results = full_results
+        self.notice = notice
+        """Said once, as the ``notice`` key of the first event (see :func:`notice`)."""
 
     async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
         error = None
         out = sys.stdout
         async for event in events:
-            data = event.to_json()
+            if isinstance(event, ToolFinishedEvent):
+                data = event.to_json(full_result=self.full_results)
+            else:
+                data = event.to_json()
+            if self.notice is not None:
+                data["notice"], self.notice = self.notice, None
             if data["type"] == "run_ended":
                 error = data["error"]
             out.write(orjson.dumps(data).decode() + "\n")
@@ -358,13 +405,17 @@ class _CallLine:
     started: float | None = None
     finished: float | None = None
     early: bool = False
+    result: str = ""
+    """What the call gave, on one line: its result's preview, or why it failed."""
 
 
 class _LiveView:
     """Streaming text above, a line per call below, updated in place (rich)."""
 
-    def __init__(self) -> None:
-        self.console = Console(highlight=False)
+    def __init__(self, notice: str | None = None) -> None:
+        self.notice = notice
+        """Shown once, dim, above the run (see :func:`notice`)."""
+        self.console = _console()
         self.text: list[str] = []
         self.calls: dict[str, _CallLine] = {}
         self.rounds = 0
@@ -403,6 +454,7 @@ class _LiveView:
             key = f"{key} (repeat)"  # a model bug: another call of the round had this id
         line = self.calls.setdefault(key, _CallLine(name=visible(data["name"] or "?")))
         line.status = visible(f"failed: {data['error']}")
+        line.result = one_line(data["detail"])  # (the gate's reason; never the raw arguments)
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
@@ -412,12 +464,19 @@ class _LiveView:
         line = self.calls[data["id"]]
         line.finished = time.monotonic()
         line.status = visible(f"error: {data['error']}") if data["is_error"] else "done"
+        text = data.get("result") or ""
+        if data["is_error"] and data["error"] and text.startswith(f"{data['error']}: "):
+            text = text[len(data["error"]) + 2 :]  # (the state names the code already)
+        line.result = one_line(text)
 
     def _on_round_ended(self, data: dict[str, Any]) -> None:
         self.rounds = data["round"]
         self.text.append("\n")
 
     def _render(self) -> Group:
+        """The text, then per call its row (id, tool, arguments, state, timings) and, once
+        known, a line under it with what it gave (the table's rows are one line each: every
+        column is ``no_wrap``), then the rounds."""
         table = Table(box=None, show_header=False, pad_edge=False)
         longest = max((len(line.name) for line in self.calls.values()), default=4)
         table.add_column("id", no_wrap=True, overflow="ellipsis", max_width=26, style="dim")
@@ -434,8 +493,44 @@ class _LiveView:
                 Text(line.status + (" (early)" if line.early else ""), style=_style(line.status)),
                 Text(_timing(line), style="dim"),
             )
-        footer = Text(f"rounds: {self.rounds}", style="dim")
-        return Group(Text("".join(self.text).rstrip()), table, footer)
+        parts: list[RenderableType] = []
+        if self.notice:
+            parts.append(Text(f"toollatch: {visible(self.notice)}", style="dim"))
+        parts.append(Text("".join(self.text).rstrip()))
+        rows = self.console.render_lines(table, self.console.options, pad=False)
+        for row, line in zip(rows, self.calls.values(), strict=False):
+            parts.append(Segments([*row, Segment.line()]))
+            if line.result:
+                shown = (
+                    line.result[: RESULT_CHARS - 1] + "…"
+                    if len(line.result) > RESULT_CHARS
+                    else line.result
+                )
+                style = "red" if _style(line.status) == "red" else "dim"
+                parts.append(Text(f"  ↳ {shown}", style=style, no_wrap=True, overflow="ellipsis"))
+        parts.append(Text(f"rounds: {self.rounds}", style="dim"))
+        return Group(*parts)
+
+
+PIPE_COLUMNS = 4096
+"""The view's width on a pipe or in a file without ``COLUMNS``: wide enough that nothing is
+cut to a terminal's width (rich's default there is 80 columns); the arguments and the result
+lines stay bounded by their own limits."""
+
+
+def _console() -> Console:
+    """The view's console: a terminal's own width, else ``COLUMNS``, else
+    :data:`PIPE_COLUMNS`."""
+    console = Console(highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(highlight=False, width=PIPE_COLUMNS)
+    return console
+
+
+def one_line(text: str) -> str:
+    """``text`` safe for the terminal on one line: whitespace runs (newlines too) as one
+    space, every control character escaped (:func:`visible`)."""
+    return visible(" ".join(text.split()))
 
 
 def _arguments_text(arguments: Any) -> str:

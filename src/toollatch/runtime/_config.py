@@ -443,7 +443,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        told = str(exc).replace('"<unicode string>"', str(path))  # (PyYAML's name for text)
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(told.split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -348,6 +348,7 @@ class DispatchRound:
                 is_error=result.is_error,
                 error=error,
                 truncated_from=result.truncated_from,
+                result=result.content,
             )
         )
 

@@ -44,8 +44,9 @@ from types import MappingProxyType
 from typing import Any
 
 from .._errors import ConfigError, ErrorCode
-from .._preview import PreviewPolicy, Redactor
+from .._preview import REDACTED, PreviewPolicy, Redactor
 from .._round import ToolResult
+from .._secrets import redact_secrets
 
 DEFAULT_MAX_RESULT_BYTES = 65_536
 """The default budget: 64 KiB of UTF-8, about 16k tokens of English, a sizeable but bounded
@@ -197,6 +198,33 @@ def _withheld(result: ToolResult, kind: str) -> ToolResult:
         "was withheld"
     )
     return made_error(result.tool_call_id, result.name, ErrorCode.TOOL_ERROR, detail)
+
+
+PREVIEW_CHARS = 200
+"""Longest result preview (characters) in ``tool_finished`` events and the terminal view."""
+_PREVIEW_SCAN = 2
+"""A preview redacts only the head of a long result, ``_PREVIEW_SCAN`` times its length: the
+built-in redactor costs about 2.4 ms per 400 characters of text (measured; 130 ms for 16 Ki,
+280 ms for a 64 KiB JSON walk), too much for the event loop on every ``tool_finished``. A cut
+head is not JSON, so it is redacted whole: a secret-looking span or a secret key's
+assignment anywhere in it masks the whole preview (fail closed; ``--full-results`` redacts
+the whole result and keeps its structure)."""
+
+
+def result_preview(text: str, max_chars: int | None = PREVIEW_CHARS) -> str:
+    """``text`` (a shaped result) as a preview may show it: through the built-in secret
+    redactor (:func:`toollatch.relay.redact_secrets`, whatever redactor the run had), and
+    cut to ``max_chars`` characters ending in ``…`` (None: whole, still redacted)."""
+    scan = None if max_chars is None else max_chars * _PREVIEW_SCAN
+    cut = scan is not None and len(text) > scan
+    head = text[:scan] if cut else text
+    try:
+        shown = redact_result(head, redact_secrets)
+    except RedactionFailed:  # pragma: no cover - the built-in redactor returns str
+        return REDACTED
+    if max_chars is not None and (cut or len(shown) > max_chars):
+        shown = shown[: max_chars - 1] + "…"
+    return shown
 
 
 def made_error(tool_call_id: str, name: str, code: ErrorCode, detail: str) -> ToolResult:

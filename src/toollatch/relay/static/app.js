@@ -41,6 +41,19 @@ function applyDelta(box, [path, op, value]) {
   else if (op === "append") parent[last] = (parent[last] || "") + value;
 }
 
+// A tool's result (or its error message) on its card: the relay's redacted, bounded preview
+// (one line here, ellipsised by CSS; the whole preview in the tooltip).
+function showResult(card, d) {
+  if (typeof d.result !== "string") return;
+  let text = d.result;
+  if (d.is_error && d.error && text.startsWith(d.error + ": ")) text = text.slice(d.error.length + 2);
+  text = text.replace(/\s+/g, " ").trim();
+  card.output.textContent = (d.is_error ? "error: " : "→ ") + text;
+  card.output.title = text;
+  card.output.classList.toggle("error", Boolean(d.is_error));
+  card.output.hidden = false;
+}
+
 // -- the view of one run ---------------------------------------------------------------------
 // A failed call's card state: "unknown" when it may have had its effect (a worker or a
 // server vanished mid-call), "cancelled" when it was stopped, "failed" otherwise.
@@ -81,8 +94,10 @@ class RunView {
       head.append(title, state);
       const body = el("pre", "args");
       const foot = el("div", "foot");
-      node.append(head, el("div", "id", id), body, foot);
-      card = { node, title, state, body, foot, preview: { root: undefined }, bytes: 0,
+      const output = el("div", "result");
+      output.hidden = true;
+      node.append(head, el("div", "id", id), body, output, foot);
+      card = { node, title, state, body, output, foot, preview: { root: undefined }, bytes: 0,
                started: null, ran: null, result: null, early: false };
       this.cards.set(id, card);
       this.round.calls.push(card);
@@ -133,6 +148,12 @@ class RunView {
 
   on_call_failed(d) {
     const card = this.card(d.id, d.name);
+    if (card.node.classList.contains("preview")) {
+      // what the preview shows was rebuilt leniently from the stream: the gate checked the
+      // call's complete text, and refused it; the preview may look valid all the same
+      card.body.classList.add("unchecked");
+      card.node.insertBefore(el("div", "unchecked-note", "preview of the streamed arguments, not what the gate checked"), card.body);
+    }
     card.node.classList.remove("preview");
     card.result = { is_error: true, error: d.error };
     this.setState(card, errorState(d.error), d.error);
@@ -151,6 +172,7 @@ class RunView {
     if (card.started !== null) card.ran = performance.now() - card.started;
     card.result = { is_error: d.is_error, error: d.error, truncated_from: d.truncated_from };
     card.started = null;
+    showResult(card, d);
     this.setState(card, "finished", "finished");
     card.foot.textContent = "result in, waiting for the round";
   }

@@ -33,6 +33,7 @@ Use, once per round (the caller owns the parser)::
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -56,12 +57,16 @@ from ._errors import (
     StreamInterrupted,
     StreamTimeout,
     StreamTooLarge,
+    endpoint_hint,
     error_message,
+    shown_url,
 )
 from ._policy import ClientLimits, RetryPolicy, retry_after_s
 from ._wire import DIALECTS, Dialect, Request
 
 Sleep = Callable[[float], Awaitable[None]]
+
+_log = logging.getLogger("toollatch.client")
 
 _TRANSPORT = (httpx.TransportError, httpx.DecodingError)
 """httpx's errors of the connection or of the bytes on it (timeouts included)."""
@@ -252,7 +257,10 @@ class ModelClient:
         except _TRANSPORT as exc:
             # nothing reached the caller yet: a failed connect or a response that broke
             # before its first byte is as safe to retry as a 503
-            error = ModelConnectError(provider, cause=exc, attempts=attempt)
+            error = ModelConnectError(
+                provider, cause=exc, attempts=attempt, url=shown_url(self.url)
+            )
+            _log.debug("%s: attempt %d to %s failed: %r", provider, attempt, error.url, exc)
             raise _Retryable(error, None) from exc
         return response, chunks, first
 
@@ -283,6 +291,7 @@ class ModelClient:
             content_type=content_type,
             body=raw[: self.limits.error_body_bytes],
             attempts=attempt,
+            url=shown_url(self.url),
         )
 
     async def _http_error(self, response: httpx.Response, attempt: int) -> Exception:
@@ -299,6 +308,13 @@ class ModelClient:
             body=raw,
             retry_after_s=wait,
             attempts=attempt,
+            url=shown_url(self.url),
+            hint=endpoint_hint(
+                response.status_code,
+                self.base_url,
+                self._dialect.default_base_url,
+                self._dialect.path(self.model),
+            ),
         )
         # OpenAI's and Anthropic's servers may say so themselves (their SDKs obey it)
         hint = response.headers.get("x-should-retry")

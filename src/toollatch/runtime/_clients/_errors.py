@@ -10,8 +10,12 @@ stops with the error.
 
 from __future__ import annotations
 
+import errno
 import re
+import socket
+import ssl
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -47,8 +51,15 @@ class ModelHTTPError(ModelError):
         body: bytes,
         retry_after_s: float | None,
         attempts: int,
+        url: str | None = None,
+        hint: str | None = None,
     ) -> None:
-        super().__init__(provider, self._headline(status, message))
+        self.url = url
+        """The URL the request went to (without its query), when known."""
+        self.hint = hint
+        """What may be wrong with the client's settings (a 404 with a base URL that lacks
+        ``/v1``: "does the base URL need /v1?"), or None."""
+        super().__init__(provider, self._headline(status, message) + self._where())
         self.status = status
         """The HTTP status code."""
         self.message = message
@@ -63,6 +74,11 @@ class ModelHTTPError(ModelError):
     def _headline(self, status: int, message: str) -> str:
         return f"HTTP {status}: {message}"
 
+    def _where(self) -> str:
+        if self.url is None:
+            return f" ({self.hint})" if self.hint else ""
+        return f" (from {self.url}; {self.hint})" if self.hint else f" (from {self.url})"
+
 
 class ModelResponseError(ModelHTTPError):
     """A success status whose body is not an event stream: a JSON error (a quota message
@@ -70,7 +86,14 @@ class ModelResponseError(ModelHTTPError):
     retried: the answer is the provider's, and asking again gets the same."""
 
     def __init__(
-        self, provider: str, *, status: int, content_type: str, body: bytes, attempts: int
+        self,
+        provider: str,
+        *,
+        status: int,
+        content_type: str,
+        body: bytes,
+        attempts: int,
+        url: str | None = None,
     ) -> None:
         self.content_type = content_type
         """The response's media type ("" when it sent none)."""
@@ -81,6 +104,7 @@ class ModelResponseError(ModelHTTPError):
             body=body,
             retry_after_s=None,
             attempts=attempts,
+            url=url,
         )
 
     def _headline(self, status: int, message: str) -> str:
@@ -91,10 +115,16 @@ class ModelResponseError(ModelHTTPError):
 class ModelConnectError(ModelError):
     """No response at all: connecting or sending failed on every attempt."""
 
-    def __init__(self, provider: str, *, cause: BaseException, attempts: int) -> None:
-        super().__init__(provider, f"cannot reach the model ({_describe(cause)})")
+    def __init__(
+        self, provider: str, *, cause: BaseException, attempts: int, url: str | None = None
+    ) -> None:
+        where = f" at {url}" if url else ""
+        super().__init__(provider, f"cannot reach the model{where}: {connect_reason(cause)}")
+        self.url = url
+        """The URL the request went to (without its query), when known."""
         self.cause = cause
-        """The last transport error."""
+        """The last transport error (its text, the HTTP library's, is not in the message:
+        the client logs it at debug level)."""
         self.attempts = attempts
         """Requests tried."""
 
@@ -138,6 +168,74 @@ class StreamTooLarge(StreamInterrupted):
         """The bound that was passed (``ClientLimits.max_body_bytes``)."""
         self.wire_bytes = wire_bytes
         """Body bytes read from the connection (before decoding) when it was passed."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` as an error may name it: no query (a key may ride in one), no user or
+    password."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+
+def endpoint_hint(status: int, base_url: str, default_base_url: str, path: str) -> str | None:
+    """What a 404 says about the base URL, from the provider's official one: the OpenAI
+    APIs' ends in ``/v1`` (the SDKs' default ``https://api.openai.com/v1``; their request path
+    is ``/chat/completions``), Anthropic's and Gemini's do not (the path holds ``/v1/...`` or
+    ``/v1beta/...``). None when nothing fits or the status is not 404."""
+    if status != 404:
+        return None
+    own = urlsplit(default_base_url).path.rstrip("/")  # "/v1" or ""
+    given = urlsplit(base_url).path.rstrip("/")
+    if own and not given.endswith(own):
+        return f"does the base URL need {own}?"
+    first = "/" + path.lstrip("/").split("/", 1)[0]  # "/v1", "/v1beta"
+    if not own and first != "/" and given.endswith(first):
+        return f"the base URL should not end in {first}: the request path starts with it"
+    return None
+
+
+_ERRNO_REASONS = {
+    errno.ECONNREFUSED: "connection refused (is the server running, and on that port?)",
+    errno.ECONNRESET: "the connection was reset",
+    errno.EHOSTUNREACH: "no route to the host",
+    errno.ENETUNREACH: "the network is unreachable",
+    errno.ETIMEDOUT: "connecting timed out",
+}
+
+
+def connect_reason(exc: BaseException) -> str:
+    """Why a connection failed, in words, without the HTTP library's own text (httpx's
+    ``ConnectError``, aiohttp's ``Cannot connect to host ... ssl:default``): from the
+    ``OSError`` somewhere in its chain (``__cause__``, ``__context__``, aiohttp's
+    ``os_error``), else from its kind."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror):
+            return "the host name does not resolve"
+        if isinstance(current, ssl.SSLError):
+            return "the TLS handshake failed (an https URL to a plain http server?)"
+        if isinstance(current, OSError) and current.errno in _ERRNO_REASONS:
+            return _ERRNO_REASONS[current.errno]
+        if isinstance(current, TimeoutError):
+            return "connecting timed out"
+        os_error = getattr(current, "os_error", None)
+        todo += [os_error if isinstance(os_error, BaseException) else None]
+        todo += [current.__cause__, current.__context__]
+    name = type(exc).__name__.lower()
+    if "timeout" in name:
+        return "connecting timed out"
+    if "protocol" in name or "remoteprotocol" in name:
+        return "the server closed the connection without an HTTP answer"
+    return "the connection failed"
 
 
 def _describe(exc: BaseException) -> str:
