@@ -142,21 +142,30 @@ def has_duplicate_keys(data: str | bytes, decoded: object = None) -> bool:
 def _keys_all_kept(data: str | bytes, decoded: object) -> bool:
     """True when ``decoded`` (``data`` decoded) provably kept every member of every object.
 
-    JSON text has a colon after each member's key and nowhere else outside strings, and
-    orjson writes a string's colons as they are. So, when ``data`` holds no ``\\u`` escape
-    (which could spell a colon), its colons number the members it has plus the colons of its
-    strings; those of ``orjson.dumps(decoded)`` number the members kept plus the colons of
-    the strings kept. A repeated key drops a member (with its key, at least one colon
-    fewer): the counts are equal only when nothing was dropped. False (read it strictly)
-    when it cannot be told so.
+    JSON text has a colon after each member's key and nowhere else outside its strings. So,
+    when ``data`` holds no ``\\u003a`` escape (the only other spelling of a colon), its
+    colons number the members it has plus the colons of its strings (keys included); a
+    repeated key drops a member (with its key, at least one colon), so the count of the
+    members and string colons ``decoded`` kept is equal to it only when nothing was dropped.
+    One walk over ``decoded``; False (read it strictly) when it cannot be told so.
     """
-    try:
-        written = orjson.dumps(decoded)
-    except orjson.JSONEncodeError:  # (nested deeper than orjson writes)
-        return False
     if isinstance(data, str):
-        return "\\u" not in data and data.count(":") == written.count(b":")
-    return b"\\u" not in data and data.count(b":") == written.count(b":")
+        data = data.encode("utf-8", "surrogateescape")
+    if b"u003a" in data or b"u003A" in data:
+        return False
+    colons, stack = 0, [decoded]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            colons += len(node)
+            for key, value in node.items():
+                colons += key.count(":")
+                stack.append(value)
+        elif type(node) is list:
+            stack += node
+        elif type(node) is str:
+            colons += node.count(":")
+    return colons == data.count(b":")
 
 
 def round_end(
