@@ -2,10 +2,9 @@
 
 ``StreamParser.feed`` hands each read to the decoder's ``feed_payloads``, which calls back with
 runs of complete events' undecoded data; the adapter's ``translate`` walks a run and returns
-each stretch of bare argument fragments of one call (decoded route: one parse, then
-``_continuation``; raw route: the event spelled as ``_raw`` says, only the fragment's JSON
-string decoded), which goes to the assembler together, then the stream events of the event
-that ended the stretch.
+each stretch of bare argument fragments of one call (one parse per event, then
+``_continuation``), which goes to the assembler together, then the stream events of the
+event that ended the stretch.
 ``keep_events=True`` takes the stages in turn (``decoder.feed`` -> ``adapter.feed_frame``
 -> ``assembler.feed``), so every test here feeds
 the same reads to both parsers and compares the rounds, the notices and the finish notices,
@@ -61,47 +60,31 @@ def shapes(data: bytes, framing: str) -> dict[str, list[bytes]]:
     }
 
 
-RAW_TAKEN: list[int] = []
-"""Fragments the raw route found in the last :func:`run` (one item, replaced on each run)."""
-
-
 def run(
     provider: str, framing: str, reads: list[bytes], *, fast: bool, **options: Any
 ) -> tuple[dict[str, Any], list[str], int]:
-    """(summary, notices as reprs, fragments the per-event step took) for one parser; the
-    raw route's share goes to ``RAW_TAKEN``."""
+    """(summary, notices as reprs, fragments the per-event step took) for one parser."""
     parser = StreamParser(provider, framing=framing, keep_events=not fast, **options)  # type: ignore[arg-type]
-    taken = raw = decoded = 0
-    translate, continuation = parser._translate, parser.adapter._continuation
-
-    def counting_continuation(event: Any, sse_event: Any) -> Any:
-        nonlocal decoded
-        hit = continuation(event, sse_event)
-        decoded += hit is not None
-        return hit
+    taken = 0
+    translate = parser._translate
 
     def counting(event: str, payloads: list[bytes], start: int) -> Any:
-        # A fragment that no decoded continuation produced came by the raw route.
-        nonlocal taken, raw
-        before = decoded
+        nonlocal taken
         out = translate(event, payloads, start)
         taken += len(out[2])
-        raw += len(out[2]) - (decoded - before)
         return out
 
     parser._translate = counting  # type: ignore[method-assign]
-    parser.adapter._continuation = counting_continuation  # type: ignore[method-assign]
     notices: list[str] = []
     for read in reads:
         notices += map(repr, parser.feed(read))
     round_ = parser.finish()
     notices += ["finish", *map(repr, parser.finish_notices)]
-    RAW_TAKEN[:] = [raw]
     return summary(round_), notices, taken
 
 
 def same_both_ways(provider: str, framing: str, reads: list[bytes], **options: Any) -> int:
-    """Fragments the per-event step took (the raw route's share in ``RAW_TAKEN``)."""
+    """Fragments the per-event step took."""
     slow = run(provider, framing, reads, fast=False, **options)
     assert slow[2] == 0  # keep_events really takes the stages in turn
     fast = run(provider, framing, reads, fast=True, **options)
@@ -217,33 +200,18 @@ STREAMS = {
     "bedrock": ("jsonl", bedrock_stream(FRAGMENTS)),
     "bedrock padded": ("jsonl", bedrock_stream(FRAGMENTS, padded=True)),
 }
-RAW_SPELLED = {
-    "anthropic": len(FRAGMENTS),
-    "anthropic padded": len(FRAGMENTS),
-    "anthropic padded inside": len(FRAGMENTS),
-    "bedrock padded": len(FRAGMENTS),
-    # chat learns its spelling from the first fragment (the decoded route)
-    "openai_chat": len(FRAGMENTS) - 1,
-    "openai_chat obfuscated": len(FRAGMENTS) - 1,
-    # Responses learns it from the first (sequence_number 0), and again when the counter
-    # gains a digit (10)
-    "openai_responses": len(FRAGMENTS) - 2,
-}
-"""Fragments of each stream that the raw route takes (the others' spelling is not raw)."""
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 @pytest.mark.parametrize("tools", [None, TOOLS])
 def test_every_fragment_of_every_read_takes_the_step(name: str, tools: Any) -> None:
     """Whatever the reads (one event each, cut anywhere, the whole stream), every fragment
-    event goes from the bytes to the call's buffer; those spelled as a ``RawContinuation``
-    by the raw route."""
+    event goes from the bytes to the call's buffer."""
     framing, data = STREAMS[name]
     provider = name.split(maxsplit=1)[0]
     for shape, reads in shapes(data, framing).items():
         taken = same_both_ways(provider, framing, reads, tools=tools)
         assert taken == len(FRAGMENTS), shape
-        assert [RAW_SPELLED.get(name, 0)] == RAW_TAKEN, shape
         (choice,) = run(provider, framing, reads, fast=True)[0]["choices"]
         assert [c["state"] for c in choice["calls"]] == ["committed"]
         assert choice["calls"][0]["arguments"] == json.loads(ARGS)
@@ -382,17 +350,6 @@ def test_near_misses_decide_as_the_stages_do(picks: list[int], stop: bool) -> No
     same_both_ways("anthropic", "sse", [b"".join(reads)])  # one read: events share it
 
 
-def test_the_near_misses_include_reads_the_shortcut_takes() -> None:
-    """So the property above compares both paths, not the slow path with itself."""
-    reads = per_event(anthropic_stream([]), "sse")
-    # Fragments of the open block: the escaped one, the two sharing a read, the one cut in
-    # two reads, the one after an id and a comment, and the plain one; 6 of them.
-    assert same_both_ways("anthropic", "sse", [*reads[:-3], *_NEAR_MISSES, *reads[-3:]]) == 6
-
-
-# -- reads in the provider's own spelling (the raw shortcut) and near it ------------------------
-
-
 def _delta(index: int, rest: bytes) -> bytes:
     """A fragment read spelled as the API spells it up to the fragment; ``rest`` follows."""
     return (
@@ -406,7 +363,7 @@ def _named(event: dict[str, Any]) -> bytes:
 
 
 _RAW_READS = [
-    # the API's spellings: the raw shortcut takes them while their block is open
+    # the API's spellings, taken as fragments while their block is open
     _delta(0, b'"ab"}}'),
     _delta(0, b'"a\\"b\\\\"}     }'),  # an escaped quote and backslash at the end
     _delta(0, b'"\\u00e9 \xc3\xa9"}}   '),
@@ -470,15 +427,6 @@ def test_no_raw_fragment_once_its_call_cannot_take_one(after: bytes) -> None:
     reads = [*head, _RAW_READS[0], after, _RAW_READS[0]]
     for shape in (reads, [b"".join(reads)]):
         assert same_both_ways("anthropic", "sse", shape) == 1
-        assert RAW_TAKEN == [1]
-
-
-def test_the_raw_reads_include_reads_the_raw_shortcut_takes() -> None:
-    """So the property above compares both paths, not the decoded path with itself."""
-    head = per_event(anthropic_stream([]), "sse")[:2]
-    spelled, near = _RAW_READS[:4], _RAW_READS[5:16]  # for block 0; 4 is for block 1
-    same_both_ways("anthropic", "sse", [*head, *spelled, *near, OPEN_1, _RAW_READS[4]])
-    assert RAW_TAKEN == [5]
 
 
 # -- the recorded corpus -----------------------------------------------------------------------
@@ -499,12 +447,11 @@ def test_recorded_streams_in_every_read_shape(shape: str) -> None:
             data = data.replace(b"\r\n", b"\n")
         reads = shapes(data, framing)[shape] if framing != "eventstream" else fixed(data, 7)
         taken[key] = taken.get(key, 0) + same_both_ways(provider, framing, reads)
-        taken[f"{key} raw"] = taken.get(f"{key} raw", 0) + RAW_TAKEN[0]
     for provider in ("openai_chat/sse", "anthropic/sse", "openai_responses/sse"):
         assert taken.get(provider, 0) > 20, taken
-    # Every client tool fragment of the recorded Anthropic streams is in the API's spelling,
-    # padded or not: 39 in the .sse files, whatever the reads.
-    assert taken["anthropic/sse raw"] == taken["anthropic/sse"] == 39, taken
+    # Every client tool fragment of the recorded Anthropic streams: 39 in the .sse files,
+    # whatever the reads.
+    assert taken["anthropic/sse"] == 39, taken
 
 
 class _Chunk(bytes):
@@ -515,9 +462,7 @@ class _Chunk(bytes):
 @pytest.mark.parametrize("kind", [bytearray, memoryview, _Chunk])
 def test_recorded_streams_as_other_bytes_types(kind: type) -> None:
     """Reads that are not exact ``bytes`` (a bytearray, a memoryview, a subclass) give what
-    bytes give, cut anywhere: the decoders' one-event checks and the raw route tell a miss
-    by identity (removeprefix returns the same object), which holds only for exact bytes,
-    so feed converts such reads once."""
+    bytes give, cut anywhere."""
     root = corpus_dir()
     checked = 0
     for path in sorted(root.rglob("*")):
@@ -589,8 +534,10 @@ def test_a_sealed_round_stops_reading_so_the_adapter_stops_growing():
     # Past twice max_calls_per_round the stream fails and nothing more is kept: the parser
     # ignores further input, so 10,000 more tiny calls leave no state behind.
     def call(i):
-        return (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c%d",'
-                b'"function":{"name":"f","arguments":"{}"}}]}}]}\n\n' % (i, i))
+        return (
+            b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c%d",'
+            b'"function":{"name":"f","arguments":"{}"}}]}}]}\n\n' % (i, i)
+        )
 
     parser = StreamParser("openai_chat", limits=Limits(max_calls_per_round=2))
     fed = [parser.feed(call(i)) for i in range(5)]
@@ -605,10 +552,18 @@ def test_a_sealed_round_stops_reading_so_the_adapter_stops_growing():
         tracemalloc.stop()
     assert grown < 16 * 1024  # (each call kept would cost hundreds of bytes: megabytes)
     round_ = parser.finish()
-    assert len(round_.calls) == 4 and round_.ended.value == "interrupted"
+    assert len(round_.calls) == 4
+    assert round_.ended.value == "interrupted"
     events = StreamParser("openai_chat", limits=Limits(max_calls_per_round=2))
     assert [len(events.feed_event(json.loads(call(i)[6:]))) for i in range(7)] == [
-        0, 0, 1, 1, 2, 0, 0]
+        0,
+        0,
+        1,
+        1,
+        2,
+        0,
+        0,
+    ]
     assert len(events.finish().calls) == 4
 
 
@@ -625,7 +580,7 @@ def _bedrock(event: dict[str, Any]) -> bytes:
     return jsonl(event)
 
 
-_BEDROCK_TAKEN = [  # the raw route takes these while block 0 (or 1) is an open call
+_BEDROCK_TAKEN = [  # fragments while block 0 (or 1) is an open call
     _bedrock_delta(0, b'"ab"}},"p":"abc"}}'),
     _bedrock_delta(0, b'"a\\"b\\\\"}},"p":"Zz09"}}'),  # an escaped quote and backslash
     _bedrock_delta(0, b'"\\u00e9 \xc3\xa9"}},"p":""}}'),  # no padding at all
@@ -672,16 +627,6 @@ def test_bedrock_raw_spellings_decide_as_the_stages_do(picks: list[int]) -> None
     reads = [*head, *(_BEDROCK_READS[i] for i in picks)]
     same_both_ways("bedrock", "jsonl", reads)
     same_both_ways("bedrock", "jsonl", [b"".join(reads)])
-
-
-def test_the_bedrock_reads_include_reads_the_raw_shortcut_takes() -> None:
-    head = per_event(bedrock_stream([]), "jsonl")[:2]
-    near = _BEDROCK_READS[len(_BEDROCK_TAKEN) : len(_BEDROCK_TAKEN) + 10]
-    reads = [*head, *_BEDROCK_TAKEN[:4], *near, BEDROCK_OPEN_1, _BEDROCK_TAKEN[4]]
-    # 5 of the near misses are fragments too (for the decoded route): other padding, a
-    # repeated "p", a repeated "delta" or "input" (the last counts), a numeric "p"
-    assert same_both_ways("bedrock", "jsonl", reads) == 5 + 5
-    assert RAW_TAKEN == [5]
 
 
 # -- OpenAI chat's learned spelling and near it -----------------------------------------------
@@ -739,17 +684,6 @@ def test_chat_raw_spellings_decide_as_the_stages_do(picks: list[int]) -> None:
     reads = [*head, *(_CHAT_READS[i] for i in picks)]
     same_both_ways("openai_chat", "sse", reads)
     same_both_ways("openai_chat", "sse", [b"".join(reads)])
-
-
-def test_the_chat_reads_include_reads_the_raw_shortcut_takes() -> None:
-    """A spelling is learned from a fragment the decoded route found, then taken raw; a
-    padded spelling takes any letters and digits."""
-    head = per_event(chat_stream([]), "sse")[:1]
-    plain, padded = _CHAT_READS[:3], _CHAT_READS[3:5]
-    reads = [*head, *plain, *padded, padded[0], CHAT_OPEN_1, _CHAT_READS[5], _CHAT_READS[5]]
-    assert same_both_ways("openai_chat", "sse", reads) == 3 + 3 + 2
-    # learned at plain[0], padded[0] and the call 1's first: the others are raw
-    assert RAW_TAKEN == [2 + 2 + 1]
 
 
 def test_a_run_after_a_string_ends_shows_its_fragments_to_the_tracker() -> None:

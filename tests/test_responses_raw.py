@@ -1,13 +1,9 @@
-"""OpenAI Responses' learned raw spelling, with its ``sequence_number`` counter, decides as
-the stages do.
+"""OpenAI Responses' delta events in the wire's spellings, with their ``sequence_number``
+counter, and near misses of them, decide as the stages do.
 
-Every delta event of a Responses stream carries a counter that changes from event to event,
-so the adapter learns a spelling with a *counter* (see ``RawContinuation``): the integer's
-digits are checked in place, the rest of the event must be exactly the learned bytes. The
-four spellings below are the wire's (fixtures openai_responses/two_function_calls.sse,
+The four spellings below are the wire's (fixtures openai_responses/two_function_calls.sse,
 function_call_llm_cli.sse, compat_deepseek/responses_api_function_call.sse, and the
-benchmark's); the near misses must all take the decoded route (which decides what they
-are), and a test counts that the others really took the raw one.
+benchmark's).
 """
 
 from __future__ import annotations
@@ -20,9 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus_dir
-from test_pipeline import RAW_TAKEN, same_both_ways
-from toollatch._adapters._spelling import learned_spelling, raw_continuation
-from toollatch._events import CallKey
+from test_pipeline import same_both_ways
 from toollatch.testing import sse
 
 _TYPE = b'"type":"response.function_call_arguments.delta"'
@@ -137,25 +131,19 @@ STRUCTURE = [
 
 
 @pytest.mark.parametrize("form", sorted(SPELLINGS))
-def test_each_wire_spelling_is_learned_and_taken_raw(form: str) -> None:
-    """The spelling is learned from the first delta the decoded route finds, then every
-    event spelled so (any string, padding and 3-digit counter) takes the raw route."""
+def test_each_wire_spelling_is_a_fragment(form: str) -> None:
+    """Every event spelled so (any string, padding and 3-digit counter) is a fragment."""
     reads = [*HEAD, *taken(form), *END]
     for shape in (reads, [b"".join(reads)]):
         assert same_both_ways("openai_responses", "sse", shape) == len(taken(form))
-        assert [len(taken(form)) - 1] == RAW_TAKEN
 
 
 @pytest.mark.parametrize("form", sorted(SPELLINGS))
-def test_near_misses_take_the_decoded_route(form: str) -> None:
-    """After a learned spelling, no near miss is taken raw (each goes to the decoded route,
-    which judges it as the stages do); the raw route takes the good events around them."""
+def test_near_misses_decide_as_the_stages_do(form: str) -> None:
+    """Each near miss between two good events is judged as the stages judge it."""
     for miss in near(form):
         reads = [*HEAD, delta(form), miss, delta(form, n=b"456"), *END]
         assert same_both_ways("openai_responses", "sse", reads) >= 2
-        # the miss is never raw; the event after it is, unless the miss cleared or changed
-        # the spelling (a general event, or a fragment of another width or item)
-        assert RAW_TAKEN[0] <= 1, miss
 
 
 @settings(max_examples=200, deadline=None)
@@ -172,52 +160,14 @@ def test_mixed_reads_decide_as_the_stages_do(form: str, picks: list[int]) -> Non
     same_both_ways("openai_responses", "sse", [b"".join(reads)])
 
 
-def test_counters_of_more_than_18_digits_are_never_learned() -> None:
-    """A 20-digit counter makes no spelling (orjson reads a number past 2**64 as a float, and
-    refuses one past 1e308): every event takes the decoded route, which decides, as the
-    stages do, that a 310-digit counter is not JSON (a lost event)."""
+def test_counters_of_more_than_18_digits_decide_as_the_stages_do() -> None:
+    """orjson reads a number past 2**64 as a float, and refuses one past 1e308: a 310-digit
+    counter is not JSON (a lost event), as the stages decide."""
     big, bigger = b"18446744073709551615", b"1" + b"0" * 310
     reads = [*HEAD, delta("prefix", n=big), delta("prefix", n=big[::-1]), *END]
     assert same_both_ways("openai_responses", "sse", reads) == 2
-    assert RAW_TAKEN == [0]
     reads = [*HEAD, delta("prefix", n=big), delta("prefix", n=bigger), *END]
     assert same_both_ways("openai_responses", "sse", reads) == 1
-    payload = delta("prefix", n=big).split(b"data: ")[1].strip()
-    key, field = CallKey(0, 0, "fc_1"), b'"delta":'
-    assert learned_spelling(payload, key, field, _put, "sequence_number") is None
-    fits = delta("prefix", n=big[:18]).split(b"data: ")[1].strip()
-    assert learned_spelling(fits, key, field, _put, "sequence_number") is not None
-
-
-def _put(event: dict[str, Any], text: str) -> None:
-    event["delta"] = text
-
-
-def test_a_learned_spelling_is_proven_on_the_event_it_came_from() -> None:
-    """Learning refuses what a probe decode does not confirm: the counter must be the
-    top-level field's own digits (not a key that ends like it), in the prefix or last."""
-    key = CallKey(0, 0, "fc_1")
-    fake = b'{"type":"t","sequence_number":5,"a\\"sequence_number":5,"delta":"x"}'
-    assert learned_spelling(fake, key, b'"delta":', _put, "sequence_number") is None
-    middle = b'{"type":"t","delta":"x","sequence_number":5,"obfuscation":"ab"}'
-    assert learned_spelling(middle, key, b'"delta":', _put, "sequence_number") is None
-    good = b'{"type":"t","sequence_number":5,"delta":"x","obfuscation":"ab"}'
-    raw = learned_spelling(good, key, b'"delta":', _put, "sequence_number")
-    assert raw is not None
-    assert raw[0] == b'{"type":"t","sequence_number":'
-    assert orjson.loads(good)["sequence_number"] == 5
-
-
-def test_raw_continuation_refuses_a_counter_outside_its_parts() -> None:
-    key = CallKey(0, 0, "k")
-    with pytest.raises(ValueError, match="counter lies"):
-        raw_continuation(b'{"n":1,"d":', b"}", key, counter=(len(b'{"n":1,"d":'), 1))
-    with pytest.raises(ValueError, match="counter lies"):
-        raw_continuation(b'{"d":', b',"n":1}', key, counter=(-1, 1))  # it ends the event
-    with pytest.raises(ValueError, match="1 to 18 digits"):
-        raw_continuation(b'{"n":1,"d":', b"}", key, counter=(5, 19))
-    with pytest.raises(ValueError, match="needs a suffix"):
-        raw_continuation(b'{"d":', b"", key)
 
 
 _MEMBERS = {"type", "delta", "item_id", "output_index", "sequence_number", "obfuscation"}
@@ -225,7 +175,7 @@ _MEMBERS = {"type", "delta", "item_id", "output_index", "sequence_number", "obfu
 
 def test_the_fixture_spellings_are_the_wire_s() -> None:
     """The spellings above are byte for byte those of the recorded streams' deltas (up to
-    the values), so the raw route is measured on what OpenAI sends."""
+    the values), so the tests above use what OpenAI sends."""
     found = set()
     for path in corpus_dir().rglob("*.sse"):
         for line in path.read_bytes().split(b"\n"):

@@ -21,7 +21,7 @@ from toollatch import CallState, ErrorCode, StreamParser
 from toollatch._errors import ConfigError, StreamDecodeError, UsageError
 from toollatch._events import Frame
 from toollatch._limits import Limits
-from toollatch._sse import Emit, SSEDecoder
+from toollatch._sse import SSEDecoder
 from toollatch.testing import summary
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -216,25 +216,6 @@ def test_fast_path_matches_general_path_state() -> None:
     assert decoder.finish() == []
 
 
-class _GeneralOnly(SSEDecoder):
-    """The decoder with its fast path switched off: every event is split into lines."""
-
-    def _one_line(self, data: bytes, pos: int, stop: int) -> int:
-        return 0
-
-
-class _CountingGeneral(SSEDecoder):
-    """Counts the pieces of chunks that missed the fast path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.general = 0
-
-    def _lines(self, chunk: bytes, emit: Emit) -> None:
-        self.general += 1
-        super()._lines(chunk, emit)
-
-
 def _outcomes(decoder: SSEDecoder, chunks: list[bytes]) -> list[object]:
     """Per-chunk results, then finish(); an error (type and message) ends the list."""
     out: list[object] = []
@@ -272,26 +253,28 @@ _CHUNKS = st.lists(st.tuples(_PREFIXES, _FIELDS, _VALUES, _ENDINGS).map(b"".join
     chunks=_CHUNKS,
     limits=st.sampled_from([{}, {}, {"max_line_bytes": 12}, {"max_event_bytes": 3}]),
 )
-def test_fast_path_agrees_with_general_path(chunks: list[bytes], limits: dict[str, int]) -> None:
-    """Chunk by chunk, the decoder gives what the general path alone gives (frames, errors),
-    for chunks shaped like fast-path events and every near miss (CR, extra lines, other
-    fields, missing blank line, invalid UTF-8, over a limit, a BOM at the start or later)."""
-    fast = _outcomes(SSEDecoder(**limits), chunks)  # type: ignore[arg-type]
-    assert fast == _outcomes(_GeneralOnly(**limits), chunks)  # type: ignore[arg-type]
+def test_read_boundaries_never_change_frames_or_errors(
+    chunks: list[bytes], limits: dict[str, int]
+) -> None:
+    """The frames (and the error, if any) of chunks fed as they are, joined into one read,
+    or byte by byte, are the same: for one-line events and every near miss (CR, extra
+    lines, other fields, missing blank line, invalid UTF-8, over a limit, a BOM at the start
+    or later)."""
+    body = b"".join(chunks)
+    shapes = [chunks, [body], [body[i : i + 1] for i in range(len(body))]]
+    seen = [_flat(_outcomes(SSEDecoder(**limits), shape)) for shape in shapes]  # type: ignore[arg-type]
+    assert seen[0] == seen[1] == seen[2]
 
 
-def test_fast_path_takes_named_and_unnamed_events() -> None:
-    """Anthropic/Responses-shaped chunks (one event line, one data line) skip the general
-    path from the first chunk on (it starts with a field, so it has no BOM to skip), also
-    when the event name changes."""
-    decoder = _CountingGeneral()
-    chunks = [b"event: a\ndata: 0\n\n"] + [
-        b"event: %s\ndata: %d\n\n" % (name, i) for i, name in enumerate([b"a", b"a", b"b", b""])
-    ]
-    chunks.append(b"data: x\n\n")
-    frames = [f for chunk in chunks for f in decoder.feed(chunk)]
-    assert frames == [F("0", "a"), F("0", "a"), F("1", "a"), F("2", "b"), F("3"), F("x")]
-    assert decoder.general == 0
+def _flat(outcomes: list[object]) -> tuple[list[object], object]:
+    """The frames of per-chunk outcomes in one list, and the error that ended them."""
+    frames: list[object] = []
+    for outcome in outcomes:
+        if isinstance(outcome, list):
+            frames += outcome
+        else:
+            return frames, outcome
+    return frames, None
 
 
 def test_dispatched_frames_are_plain_frames() -> None:
@@ -313,7 +296,7 @@ def test_feed_after_finish_raises_usage_error() -> None:
         decoder.finish()
 
 
-def test_fast_path_also_refuses_feed_after_finish() -> None:
+def test_a_one_line_event_after_finish_is_refused() -> None:
     decoder = SSEDecoder()
     decoder.feed(b"data: a\n\n")
     decoder.finish()
@@ -702,8 +685,9 @@ def test_a_stream_that_fails_gives_the_same_round_at_every_chunking() -> None:
         assert _round_summary(reads, limits) == whole
 
 
-_NAMED = (Path(__file__).resolve().parents[1] / "examples"
-          / "anthropic_truncated_at_max_tokens.sse").read_bytes()
+_NAMED = (
+    Path(__file__).resolve().parents[1] / "examples" / "anthropic_truncated_at_max_tokens.sse"
+).read_bytes()
 
 
 def test_every_read_boundary_of_a_named_event_stream_gives_the_frames_of_one_read():

@@ -217,14 +217,6 @@ class EventStreamDecoder:
         self.feed_payloads(data, collect)
         return frames
 
-    one_event_type = "message"
-    """Unused: :meth:`one_event` returns no run (the decoders' protocol has it)."""
-
-    def one_event(self, data: bytes) -> list[bytes] | None:
-        """None: every message, one per read or not, is cut by :meth:`feed_payloads`, which
-        checks its prelude and CRCs (the decoders' per-read step, see ``SSEDecoder``)."""
-        return None
-
     def feed_payloads(self, data: bytes, emit: Emit) -> None:
         """:meth:`feed`, handing the completed messages to ``emit(event, payloads)`` as they
         are cut, in runs of one event type of at most ``RUN_EVENTS``, instead of returning

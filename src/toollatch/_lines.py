@@ -47,9 +47,6 @@ class JSONLinesDecoder:
     :meth:`feed` for when).
     """
 
-    one_event_type: ClassVar[str] = "message"
-    """The type of every run (see :meth:`one_event`)."""
-
     _BARE: ClassVar[int] = 0x7B
     """The first byte (``{``) of a line handed over as its bytes when its last is ``}``: such
     a line has no whitespace or BOM to strip. (Tests set another to take the general rule.)"""
@@ -79,25 +76,6 @@ class JSONLinesDecoder:
         self.feed_payloads(bytes(data) if data.__class__ is not bytes else data, collect)
         return frames
 
-    def one_event(self, data: bytes) -> list[bytes] | None:
-        """The run :meth:`feed_payloads` hands over for ``data`` (of type
-        :attr:`one_event_type`) when ``data`` is one whole ``{...}`` line and nothing is
-        pending, as most reads are; else None (then
-        :meth:`feed_payloads` walks it). Changes nothing: the caller takes the run instead of
-        feeding ``data``. ``data`` must be exact ``bytes``."""
-        if (
-            not self._partial
-            and not self._closed
-            and (line := data.removesuffix(b"\n")) is not data  # (a miss: the same object)
-            and line
-            and line[-1] == 0x7D
-            and line[0] == self._BARE
-            and 10 not in line
-            and len(line) <= self._max
-        ):
-            return [line]  # (what the walk in feed_payloads makes of it)
-        return None
-
     def feed_payloads(self, data: bytes, emit: Emit) -> None:
         """:meth:`feed`, handing the non-blank lines to ``emit("message", lines)`` in runs
         of at most ``RUN_EVENTS`` as they are found, instead of returning frames (see
@@ -106,9 +84,6 @@ class JSONLinesDecoder:
         Raises as :meth:`feed` does. ``data`` must be exact ``bytes`` (``feed`` and
         StreamParser convert anything else once).
         """
-        if (one := self.one_event(data)) is not None:
-            emit("message", one)
-            return
         if self._closed:
             self._raise_closed("JSONLinesDecoder.feed() after finish() or an error")
         partial = self._partial

@@ -30,11 +30,6 @@ class _Decoder(Protocol):
     """What the pipeline needs of a frame decoder (all three have it)."""
 
     def feed(self, data: bytes) -> list[Frame]: ...
-
-    @property
-    def one_event_type(self) -> str: ...
-
-    def one_event(self, data: bytes) -> list[bytes] | None: ...
     def feed_payloads(self, data: bytes, emit: Callable[[str, list[bytes]], None]) -> None: ...
     def finish(self) -> list[Frame]: ...
 
@@ -72,20 +67,18 @@ class StreamParser:
     ``cancel()`` after either. A framing error (an over-long line, a corrupt binary frame)
     is not misuse: the round fails there, and later input is ignored until ``finish()``.
 
-    The per-event step: ``feed`` asks the decoder's ``one_event`` whether the read is one
-    whole event (most reads are), and takes that run of one itself; any other read goes to
-    the decoder's ``feed_payloads``, which calls back with runs of complete events of one type
-    (their undecoded data) as it finds them (no list of a read's frames is built, whatever the
-    read's size). The adapter's
-    ``translate`` walks a run and returns each stretch of it: the bare argument fragments of
-    one open call, then the stream events of the event that ended the stretch, if any. Each
-    stretch's fragments go to the assembler in one ``feed_fragments`` (it counts and appends
-    them at once), its events after them, before the next stretch is translated: the
-    assembler sees the same sequence. The same decisions as the stages in turn
-    (``decoder.feed`` -> ``adapter.feed_frame`` -> ``assembler.feed``), without building the
-    frame and the ``ArgsDelta`` for the bulk of a stream, or a Python call per event; tests
-    feed every stream both ways and compare. With ``keep_events`` every read takes the
-    stages in turn, so that every event can be recorded.
+    The per-event step, the one route from bytes to a call's buffer: ``feed`` hands each read
+    to the decoder's ``feed_payloads``, which calls back with runs of complete events of one
+    type (their undecoded data) as it finds them (no list of a read's frames is built, whatever
+    the read's size). The adapter's ``translate`` decodes each event once and walks the run,
+    returning each stretch of it: the bare argument fragments of one open call, then the
+    stream events of the event that ended the stretch, if any. Each stretch's fragments go to
+    the assembler in one ``feed_fragments`` (it counts and appends them at once), its events
+    after them, before the next stretch is translated: the assembler sees the same sequence
+    as from the stages in turn (``decoder.feed`` -> ``adapter.feed_frame`` ->
+    ``assembler.feed``, which :meth:`feed_frames` takes), without building the frame and the
+    ``ArgsDelta`` for the bulk of a stream; tests feed every stream both ways and compare.
+    With ``keep_events`` every read takes the stages in turn, so that every event is recorded.
     """
 
     def __init__(
@@ -123,8 +116,7 @@ class StreamParser:
             reserved_ids=reserved_ids,
         )
         self._decoder = make_decoder(framing, self.limits)
-        # Bound once: they run once per event, tens of thousands of times a call.
-        self._one_event = self._decoder.one_event
+        # Bound once: they run once per run of events, often once per read.
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
         self._feed_fragments = self.assembler.feed_fragments
@@ -132,9 +124,6 @@ class StreamParser:
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
-        # Whether feed takes the per-event step: not closed or broken, no events kept (one
-        # test per read instead of three; cleared wherever one of them changes).
-        self._direct = not keep_events
         self.finish_notices: list[CallUpdate] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
@@ -144,31 +133,19 @@ class StreamParser:
         Raises:
             UsageError: after ``finish()`` or ``cancel()``.
         """
+        if self._closed is not None or self._broken:
+            return self._ignored("feed")
         try:
-            if not self._direct:
-                if self._closed is not None or self._broken:
-                    return self._ignored("feed")
-                return self._frames(self._decoder.feed(data))  # (keep_events)
-            if data.__class__ is not bytes:  # (translate tells a miss by identity: see there)
-                data = bytes(data)
-            one = self._one_event(data)
-            if one is None:
-                self._feed_payloads(data, self._emit)
-            else:  # a read that is one event, as most are: _on_run for its run, inlined
-                # (one payload: translate's first stretch ends after it)
-                _, key, texts, events = self._translate(self._decoder.one_event_type, one, 0)
-                if key is not None and (found := self._feed_fragments(key, texts)):
-                    self._notices += found
-                if events and (found := self._apply(events)):
-                    self._notices += found
+            if self.events is not None:  # (the stages in turn: every event recorded)
+                return self._sealing(self._frames(self._decoder.feed(data)))
+            self._feed_payloads(bytes(data) if data.__class__ is not bytes else data, self._emit)
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
         found = self._notices
         if not found:
             return []
         self._notices = []
-        if self.assembler.over:  # (_sealing inlined: a feed with notices, as previews make)
-            self._broken, self._direct = True, False  # (_broken already implies not _direct)
+        self._broken = self._broken or self.assembler.over  # (it seals only with notices)
         return found
 
     def _on_run(self, event: str, payloads: list[bytes]) -> None:
@@ -202,7 +179,7 @@ class StreamParser:
         """End of input: flush the decoder and the adapter, decide every call. Returns the
         same Round when called again (or after :meth:`cancel`)."""
         if self._closed is None:
-            self._closed, self._direct = "finish()", False
+            self._closed = "finish()"
             if not self._broken:  # (a framing error in the last line still ends the adapter)
                 try:
                     self.finish_notices += self._frames(self._decoder.finish())
@@ -238,7 +215,7 @@ class StreamParser:
                 f"StreamParser.fail() takes idle_timeout or stream_interrupted, not {code}"
             )
         if self._closed is None:
-            self._closed, self._direct = "fail()", False
+            self._closed = "fail()"
             self.finish_notices += self._apply([StreamFailed(code=code, detail=detail)])
         return self.assembler.finish()
 
@@ -246,7 +223,7 @@ class StreamParser:
         """Cancel the attempt: every call not committed yet becomes CANCELLED. After
         :meth:`finish` (or a first cancel) a no-op returning the same Round."""
         if self._closed is None:
-            self._closed, self._direct = "cancel()", False
+            self._closed = "cancel()"
         return self.assembler.cancel(reason)
 
     def _sealing(self, found: list[CallUpdate]) -> list[CallUpdate]:
@@ -255,7 +232,6 @@ class StreamParser:
         adapter's state stops growing too. (It seals only on a feed that returns notices.)"""
         if found:
             self._broken = self._broken or self.assembler.over
-            self._direct = self._direct and not self._broken
         return found
 
     def _ignored(self, method: str) -> list[CallUpdate]:
@@ -287,7 +263,7 @@ class StreamParser:
 
     def _framing_failed(self, exc: StreamDecodeError) -> list[CallUpdate]:
         """The one boundary for framing errors: the stream failed; later input is ignored."""
-        self._broken, self._direct = True, False
+        self._broken = True
         return self._apply(
             [
                 Anomaly(kind=AnomalyKind.FRAMING_ERROR, detail=str(exc)),

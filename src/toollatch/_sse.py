@@ -23,14 +23,9 @@ Events are handed over as they complete: :meth:`SSEDecoder.feed_payloads` calls 
 with runs of consecutive events of one type (the type and each one's undecoded data, at most
 ``RUN_EVENTS`` of them), in stream order, while it walks the chunk, so a read that holds a
 whole stream never holds a list of its events, and the consumer pays its per-call cost once
-per run, not per event (``feed`` is the same walk, collecting :class:`Frame` values). The
-walk goes from blank line to blank line (``\n\n``): a piece that is one ``data: <value>``
-line, maybe after one ``event: <name>`` line (the shape of nearly every event: Anthropic,
-Responses, OpenAI chat), starting with nothing pending, is handed over from the chunk's
-bytes without splitting it into lines (the last such head is kept, so Anthropic's repeated
-``event: content_block_delta`` line is compared, not decoded); any other piece is split into
-lines and applied by the general rules below.
-Both must give the same events; the tests check it.
+per run, not per event. ``feed`` is that walk, collecting :class:`Frame` values: there is one
+route. The walk goes from blank line to blank line (``\n\n``); each piece is split into lines
+and applied by the rules below.
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
 comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
@@ -121,16 +116,14 @@ class SSEDecoder:
         "_dispatched",
         "_event",
         "_event_budget",
-        "_fast",
-        "_fast_max_bytes",
-        "_head",
         "_last_id",
         "_max_line",
         "_partial",
         "_pending",
         "_retry",
+        "_run",
+        "_run_type",
         "_skip_lf",
-        "one_event_type",
     )
 
     def __init__(
@@ -146,14 +139,9 @@ class SSEDecoder:
         # The running count includes one LF per data line (the spec's buffer), so the joined
         # text is one byte shorter than the count: allow one extra byte.
         self._event_budget = max_event + 1
-        # A one-line event is at least "data: " + value + "\n\n" (an "event:" line only
-        # adds bytes): within this bound, its every line and its value fit.
-        self._fast_max_bytes = min(max_line + 2, max_event + 8)
-        self._head = b"data: "  # the last head of a one-line event (see _one_line)
-        self.one_event_type = "message"
-        """The type of the run :meth:`one_event` returns: the kept head's (see there)."""
         self._dispatched = 0  # events the walk handed over (tells errors that follow some)
-        self._fast = False  # nothing pending, no CR or BOM to strip: see feed_payloads
+        self._run: list[bytes] = []  # dispatched events of ``_run_type`` not handed over yet
+        self._run_type = ""
         self._partial = bytearray()
         self._pending: StreamDecodeError | None = None  # raised by the next feed/finish
         self._at_start = True
@@ -185,24 +173,6 @@ class SSEDecoder:
         self.feed_payloads(bytes(data) if data.__class__ is not bytes else data, collect)
         return frames
 
-    def one_event(self, data: bytes) -> list[bytes] | None:
-        """The run :meth:`feed_payloads` hands over for ``data`` (of type
-        :attr:`one_event_type`) when ``data`` is one event with the kept head (the last
-        one-line event's: its type and ``data:`` prefix), one line, no CR and nothing
-        pending, as most reads of a stream are; else None (then :meth:`feed_payloads` walks
-        it). Changes nothing: the caller takes the run instead of feeding ``data`` (such an
-        event moves no id, retry or count). ``data`` must be exact ``bytes``."""
-        if (
-            self._fast  # (False once finished or failed, and while anything is pending)
-            and (rest := data.removeprefix(self._head)) is not data  # (a miss: the same object)
-            and (value := rest.removesuffix(b"\n\n")) is not rest
-            and 10 not in value
-            and 13 not in value  # (the head holds no CR: cut from data whose CRs were LFs)
-            and len(data) <= self._fast_max_bytes
-        ):
-            return [value]  # (what _walk makes of it)
-        return None
-
     def feed_payloads(self, data: bytes, emit: Emit) -> None:
         """:meth:`feed`, handing the completed events to ``emit(type, datas)`` in runs as
         it walks the chunk, instead of returning frames: consecutive events of one type, at
@@ -215,12 +185,8 @@ class SSEDecoder:
         decoder is then not to be used again). ``data`` must be exact ``bytes`` (``feed``
         and StreamParser convert anything else once).
         """
-        if (one := self.one_event(data)) is not None:
-            emit(self.one_event_type, one)
-            return
         if self._closed is not None:
             self._raise_closed()
-        self._fast = False  # (until this read is walked: see the end)
         if self._at_start or self._skip_lf:
             data = self._strip_prefix(data)
         if 13 in data:
@@ -253,77 +219,28 @@ class SSEDecoder:
             return
         if end < len(data):
             partial += memoryview(data)[end:]
-        self._fast = not (partial or self._at_start or self._skip_lf or self._data or self._event)
 
     def _walk(self, data: bytes, end: int, emit: Emit) -> None:
-        """Apply the complete lines ``data[:end]`` in order: a one-line event (the kept head
-        or another, a value without LF, the blank line) starting with nothing pending joins
-        the run of such events of its type; anything else is split into lines up to the next
-        blank line, after the run so far is handed over."""
-        pos, find, starts, limit = 0, data.find, data.startswith, self._fast_max_bytes
-        head, name = self._head, self.one_event_type  # (locals: _one_line changes them)
-        clean = not (self._data or self._event)  # nothing pending: a one-line event may start
-        run: list[bytes] = []  # one-line events of type ``name`` not handed over yet
-        while pos < end:
-            if clean:
-                if starts(head, pos):
-                    start = pos + len(head)
-                else:
-                    if run:  # (the head changes: so may the type)
-                        self._hand_over(emit, name, run)
-                        run = []
-                    start = self._one_line(data, pos, end)
-                    head, name = self._head, self.one_event_type
-                if start:
-                    # (the head may end past ``end``: its value then starts in the pending
-                    # line, and no LF of the complete lines follows it)
-                    line_end = find(b"\n", start, end)
-                    if (
-                        line_end >= 0
-                        and line_end + 1 < end
-                        and data[line_end + 1] == 10
-                        and line_end + 2 - pos <= limit
-                    ):
-                        run.append(data[start:line_end])
-                        if len(run) == RUN_EVENTS:
-                            self._hand_over(emit, name, run)
-                            run = []
-                        pos = line_end + 2
-                        continue
-            if run:
-                self._hand_over(emit, name, run)
-                run = []
-            stop = find(b"\n\n", pos, end)
-            if stop < 0:
-                self._lines(data[pos : end - 1], emit)
-                return
-            self._lines(data[pos : stop + 1], emit)  # ends with a blank line: clean after it
-            clean = True
-            pos = stop + 2
-        if run:
-            self._hand_over(emit, name, run)
+        """Apply the complete lines ``data[:end]`` in order, from blank line to blank line;
+        the events they dispatch are handed over in runs (see :meth:`_dispatch`), the last
+        run before this returns or raises."""
+        pos, find = 0, data.find
+        try:
+            while pos < end:
+                stop = find(b"\n\n", pos, end)
+                if stop < 0:
+                    self._lines(data[pos : end - 1], emit)
+                    return
+                self._lines(data[pos : stop + 1], emit)  # ends with a blank line
+                pos = stop + 2
+        finally:
+            if self._run:
+                self._hand_over(emit)
 
-    def _hand_over(self, emit: Emit, name: str, run: list[bytes]) -> None:
-        """Count a run of one-line events as handed over (before anything raises), and hand
-        it over."""
-        self._dispatched += len(run)
-        emit(name, run)
-
-    def _one_line(self, data: bytes, pos: int, stop: int) -> int:
-        """Where the value starts when ``data[pos:stop]`` starts with a head other than the
-        kept one: ``data: ``, or one ``event: <name>`` line and ``data: `` (it is kept, with
-        its type, as ``_head``); else 0. The caller checks the line and blank line after."""
-        if data.startswith(b"data: ", pos):
-            self._head, self.one_event_type = b"data: ", "message"
-            return pos + 6
-        if data.startswith(b"event: ", pos):
-            line_end = data.find(b"\n", pos, stop)
-            if line_end < 0 or not data.startswith(b"data: ", line_end + 1):
-                return 0
-            name = data[pos + 7 : line_end].decode("utf-8", "surrogateescape")
-            self._head, self.one_event_type = data[pos : line_end + 7], name or "message"
-            return line_end + 7
-        return 0
+    def _hand_over(self, emit: Emit) -> None:
+        """Hand the run of dispatched events over."""
+        run, self._run = self._run, []
+        emit(self._run_type, run)
 
     def finish(self) -> list[Frame]:
         """Signal the end of the body; return the last event if it lacked its blank line.
@@ -340,7 +257,6 @@ class SSEDecoder:
         if self._closed is not None:
             self._raise_closed()
         self._closed = "SSEDecoder.finish() was already called"
-        self._fast = False  # (see one_event)
         lines = [bytes(self._partial)] if self._partial else []
         self._partial = bytearray()
         frames: list[Frame] = []
@@ -353,6 +269,7 @@ class SSEDecoder:
         self._process(lines, collect)  # one line, not blank: it dispatches nothing itself
         if self._data:
             self._dispatch(collect)
+            self._hand_over(collect)
         return frames
 
     @property
@@ -409,7 +326,7 @@ class SSEDecoder:
             elif line[:7] == b"event: ":  # the other common line, inlined for speed
                 self._event = line[7:].decode("utf-8", "surrogateescape")
             elif line[0] != 0x3A:  # ":" starts a comment (heartbeats)
-                self._field(line)
+                self._field(line, emit)
 
     def _fail_event_size(self) -> NoReturn:
         self._fail(
@@ -417,8 +334,10 @@ class SSEDecoder:
             f"({len(self._data)} data lines so far)"
         )
 
-    def _field(self, line: bytes) -> None:
-        """Apply a field line other than ``data`` and comments; unknown names are ignored."""
+    def _field(self, line: bytes, emit: Emit) -> None:
+        """Apply a field line other than ``data`` and comments; unknown names are ignored.
+        The run so far is handed over before the id or retry in force changes (``emit``
+        reads them: see :meth:`feed_payloads`)."""
         name, colon, value = line.partition(b":")
         if colon and value[:1] == b" ":
             value = value[1:]
@@ -426,18 +345,26 @@ class SSEDecoder:
             self._event = value.decode("utf-8", "surrogateescape")
         elif name == b"id":
             if b"\x00" not in value:
+                if self._run:
+                    self._hand_over(emit)
                 self._last_id = value.decode("utf-8", "surrogateescape")
         elif name == b"retry" and value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
+            if self._run:
+                self._hand_over(emit)
             self._retry = int(value)
 
     def _dispatch(self, emit: Emit) -> None:
-        """Hand over the current event and reset the per-event buffers."""
+        """Add the current event to the run (handing the run over first when the type
+        changes or it is full) and reset the per-event buffers."""
         data, event = self._data, self._event or "message"
         self._data = []
         self._data_bytes = 0
         self._event = ""
+        if self._run and (event != self._run_type or len(self._run) == RUN_EVENTS):
+            self._hand_over(emit)
+        self._run_type = event
         self._dispatched += 1
-        emit(event, [data[0] if len(data) == 1 else b"\n".join(data)])
+        self._run.append(data[0] if len(data) == 1 else b"\n".join(data))
 
     def _check_line_lengths(self, lines: list[bytes], emit: Emit) -> None:
         """Raise for the first line over the limit, after applying the lines before it."""
@@ -461,7 +388,6 @@ class SSEDecoder:
     def _fail(self, message: str) -> NoReturn:
         """Make the decoder unusable, drop its buffers and raise ``StreamDecodeError``."""
         self._closed = f"SSEDecoder failed earlier: {message}"
-        self._fast = False  # (see one_event)
         self._partial = bytearray()
         self._data = []
         raise StreamDecodeError(message)

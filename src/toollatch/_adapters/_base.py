@@ -30,7 +30,6 @@ from .._events import (
     StreamFailed,
 )
 from ._sdk_helpers import HELPERS, SKIP
-from ._spelling import RawContinuation, spaced_body
 
 _DETAIL_CHARS = 300
 
@@ -118,13 +117,19 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def has_duplicate_keys(data: str | bytes) -> bool:
+def has_duplicate_keys(data: str | bytes, decoded: object = None) -> bool:
     """Whether some JSON object in ``data`` (one event's text) repeats a key.
 
     A JSON decoder keeps one of the values (orjson and the stdlib the last), so arguments
     sent as an object (``{"cmd":"ls","cmd":"rm -rf /"}``) lose what the model wrote before
     anything else can see it. Only events that carry arguments as an object are re-read so.
+
+    ``decoded``, when given, is what orjson made of ``data``: a cheap test then rules
+    repeats out for nearly every event (:func:`_keys_all_kept`), and only the others are
+    re-read strictly.
     """
+    if decoded is not None and _keys_all_kept(data, decoded):
+        return False
     try:
         json.loads(data, object_pairs_hook=_refuse_duplicates)
     except _DuplicateKey:
@@ -132,6 +137,35 @@ def has_duplicate_keys(data: str | bytes) -> bool:
     except (ValueError, RecursionError):
         return False  # (not readable at all: the first decode already said so)
     return False
+
+
+def _keys_all_kept(data: str | bytes, decoded: object) -> bool:
+    """True when ``decoded`` (``data`` decoded) provably kept every member of every object.
+
+    JSON text has a colon after each member's key and nowhere else outside its strings. So,
+    when ``data`` holds no ``\\u003a`` escape (the only other spelling of a colon), its
+    colons number the members it has plus the colons of its strings (keys included); a
+    repeated key drops a member (with its key, at least one colon), so the count of the
+    members and string colons ``decoded`` kept is equal to it only when nothing was dropped.
+    One walk over ``decoded``; False (read it strictly) when it cannot be told so.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if b"u003a" in data or b"u003A" in data:
+        return False
+    colons, stack = 0, [decoded]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            colons += len(node)
+            for key, value in node.items():
+                colons += key.count(":")
+                stack.append(value)
+        elif type(node) is list:
+            stack += node
+        elif type(node) is str:
+            colons += node.count(":")
+    return colons == data.count(b":")
 
 
 def round_end(
@@ -177,18 +211,6 @@ class Adapter(ABC):
     provider: ClassVar[str]
     """Stable provider name, as used by ``toollatch replay --provider``."""
 
-    _raw: RawContinuation | None = None
-    """How the likeliest next fragment's event is spelled, for :meth:`translate` (see
-    ``RawContinuation``); the adapter clears it before it stops holding."""
-
-    _raw_empty = True
-    """Whether an empty fragment spelled as ``_raw`` says is a fragment (the decoded route
-    takes one as such; OpenAI chat's sends it down the general path instead)."""
-
-    _learns_raw = False
-    """Whether :meth:`_learn_raw` is called after each fragment found by the decoded route
-    of :meth:`translate` (for a provider whose spelling holds per-stream values)."""
-
     _follows_source = False
     """Whether the last event :meth:`feed` took may be followed by an SDK stream helper's
     derived event (see ``_sdk_helpers``); set on the instance by ``feed``."""
@@ -197,12 +219,13 @@ class Adapter(ABC):
         self.attempt = attempt
         self._finished = False
         self._data: str | bytes | None = None  # the text of the event being translated
+        self._native: object = None  # what it was decoded to
 
     def _duplicate_keys(self) -> bool:
         """Whether the event being translated repeats a key in some object, as far as can be
         known: only when it came with its text (see :meth:`feed_decoded`). For an adapter
         whose provider sends arguments as an object (call it only for such events)."""
-        return self._data is not None and has_duplicate_keys(self._data)
+        return self._data is not None and has_duplicate_keys(self._data, self._native)
 
     def _arguments_object(self, key: CallKey, given: object, where: str) -> list[StreamEvent]:
         """Arguments sent as a JSON object where the provider streams text (``where`` says
@@ -311,123 +334,57 @@ class Adapter(ABC):
         (:meth:`translate` asks it first, and comes here to not ask twice)."""
         if self._finished:
             raise self._after_finish("feed_decoded")
-        self._data = data
+        self._data, self._native = data, event
         try:
             return self._feed(event, sse_event)
         finally:
-            self._data = None
+            self._data = self._native = None
 
     # -- the pipeline's per-event step (package-internal) -----------------------------------
 
-    def translate(  # noqa: PLR0915 (the per-event route inlined: a call per event costs more)
-        self, event: str, payloads: Sequence[bytes], start: int = 0
-    ) -> Translated:
+    def translate(self, event: str, payloads: Sequence[bytes], start: int = 0) -> Translated:
         """The next stretch of a run of events of one type (a byte stream's events, from
         their frames' event name and undecoded data), from ``payloads[start]``: ``(stop, key,
         texts, events)``. ``texts`` are the bare argument fragments of the open call ``key``
         that ``payloads[start:stop]`` hold, one per payload (maybe none: ``key`` is then
         None); ``events`` (or None) are the stream events of the payload that ended the
         stretch, ``payloads[stop - 1]``, when it is not such a fragment. A stretch also ends
-        before a fragment of another call (``stop`` is then that payload's), and after one
-        from which the adapter learned a new spelling (the next takes it). Package-internal:
+        before a fragment of another call (``stop`` is then that payload's). Package-internal:
         ``StreamParser`` calls it for the runs the decoders' ``feed_payloads`` hand over, in
         turn until ``stop`` is the run's end, so that the bulk of a stream goes from bytes to
-        a call's buffer without a frame, an event or a Python call per event in between.
+        a call's buffer without a frame or an event per fragment in between.
 
         The same decisions as :meth:`feed_frame` for each ``Frame(event, data)`` in turn,
-        ``data`` being the payload decoded with ``surrogateescape``: a fragment is what
-        ``feed_frame`` would return as its one ``ArgsDelta``, and it changes the adapter alike.
-        Two routes find fragments: the decoded one (one parse of the payload, then
-        :meth:`_continuation`), and, when the payload is spelled as ``_raw`` says, the
-        fragment's JSON string decoded alone (see ``RawContinuation``; an adapter that
-        ``_learns_raw`` sets ``_raw`` from a fragment the decoded route found). Anything else
-        goes to :meth:`_feed_other` with the decoded object (no second parse), or to
-        :meth:`feed_frame` when the payload is not a JSON object, an ``error`` event or
-        ``[DONE]``. Raises ``UsageError`` after :meth:`finish`, like every ``feed``.
+        ``data`` being the payload decoded with ``surrogateescape``: each payload is decoded
+        once; a fragment (:meth:`_continuation`) is what ``feed_frame`` would return as its one
+        ``ArgsDelta``, and it changes the adapter alike; any other object goes to
+        :meth:`_feed_other` (no second parse), and a payload that is not a JSON object, an
+        ``error`` event or ``[DONE]`` to :meth:`feed_frame`. Raises ``UsageError`` after
+        :meth:`finish`, like every ``feed``.
         """
         if self._finished:
             raise self._after_finish("translate")
         texts: list[str] = []
         key: CallKey | None = None
-        raw = self._raw if event != "error" else None
-        if raw is not None:
-            prefix, suffix, close, raw_key, _, _, _, _, _, counter = raw
-            if counter is not None:
-                count, count_end, count_rest, rest_end = counter
-                count_len = count_end - count
-        i, end = start, len(payloads)
-        while i < end:
+        continuation, loads, end = self._continuation, _loads, len(payloads)
+        for i in range(start, end):
             payload = payloads[i]
-            # The raw route, inlined: it runs once per event of the bulk of a stream. (Parts
-            # cut with removeprefix/removesuffix/partition, one C call each and no slice
-            # object: cheaper than slices compared in CPython 3.11. A miss returns the same
-            # object: payloads are exact bytes, see StreamParser.feed.)
-            if raw is not None and (rest := payload.removeprefix(prefix)) is not payload:
-                if counter is not None and rest_end is None:  # ...<head><digits><rest>
-                    body: bytes | None = None
-                    if (front := rest.removesuffix(count_rest)) is not rest:
-                        last = suffix if close is None else close
-                        front, sep, digits = front.rpartition(last)
-                        if (
-                            sep
-                            and len(digits) == count_len
-                            and digits.isdigit()
-                            and digits[0] != 48  # (a leading 0 is not a JSON integer)
-                        ):
-                            body = front
-                            if close is not None:  # padded: <string><suffix><padding><head>
-                                body, sep, pad = front.rpartition(suffix)
-                                if not sep or (pad and not pad.isalnum()):
-                                    body = None
-                else:
-                    if counter is not None:  # <head><digits><rest><string>...
-                        digits = rest[:count_len]
-                        tail = rest[count_len:]
-                        rest = tail.removeprefix(count_rest)
-                        if rest is tail or not digits.isdigit() or digits[0] == 48:
-                            rest = b""  # (no fragment)
-                    if close is None:
-                        body = rest.removesuffix(suffix)
-                        if body is rest:
-                            body = spaced_body(payload, raw)
-                    elif (inner := rest.removesuffix(close)) is rest:
-                        body = None
-                    else:  # padded: <string><suffix><letters and digits><close>
-                        body, sep, pad = inner.rpartition(suffix)
-                        if not sep or (pad and not pad.isalnum()):
-                            body = None
-                try:
-                    fragment = _loads(body) if body else None
-                except orjson.JSONDecodeError:
-                    fragment = None  # (not one string: the decoded route says what it is)
-                if fragment.__class__ is str and (fragment or self._raw_empty):
-                    if key is not raw_key and key is not None:
-                        return i, key, texts, None  # another call's fragment
-                    key = raw_key
-                    texts.append(fragment)  # (specialized by CPython 3.11: no bound method)
-                    i += 1
-                    continue
             if event == "error" or payload[:1] != b"{":
                 return i + 1, key, texts, self._undecoded(event, payload)
             try:
-                native = _loads(payload)
+                native = loads(payload)
             except orjson.JSONDecodeError:
                 native = None  # not UTF-8, or not JSON: feed_frame says what it is
             if type(native) is not dict:
                 return i + 1, key, texts, self._undecoded(event, payload)
-            hit = self._continuation(native, event)
+            hit = continuation(native, event)
             if hit is None:
                 return i + 1, key, texts, self._feed_other(native, event, payload)
             if key is not None and hit[0] != key:
                 return i, key, texts, None  # another call's (decoded again next time: rare)
-            key, fragment = hit
-            texts.append(fragment)
-            if self._learns_raw:
-                self._learn_raw(payload, native, hit)
-                if self._raw is not raw:
-                    return i + 1, key, texts, None  # (the next stretch takes the new spelling)
-            i += 1
-        return i, key, texts, None
+            key = hit[0]
+            texts.append(hit[1])
+        return end, key, texts, None
 
     def _undecoded(self, event: str, payload: bytes) -> list[StreamEvent]:
         """:meth:`feed_frame` for a payload :meth:`translate` does not decode itself."""
@@ -459,12 +416,6 @@ class Adapter(ABC):
         change nothing else that matters (tests pin this per adapter); ``None`` sends the
         event down the general path."""
         return None
-
-    def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
-        """Set (or clear) ``_raw`` from ``payload``, which the decoded route just read as
-        ``event``, the fragment ``hit`` (only when ``_learns_raw``). The base class learns
-        nothing."""
-        self._raw = None
 
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """The provider reported an error (an SSE ``event: error`` frame, or an error event of

@@ -37,17 +37,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, ClassVar
 
 from .._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
-    CallClosed,
     CallKey,
-    CallOpened,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -57,8 +53,8 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, lost_event, round_end, short
-from ._spelling import raw_continuation
+from ._base import error_detail, lost_event, round_end, short
+from ._blocks import Block, BlockAdapter, Kind, index_of, invalid, lost_block, str_or_none
 
 # How each stop_reason ends the round (https://docs.anthropic.com/en/api/handling-stop-reasons).
 _ENDINGS: dict[str, RoundEnd] = {
@@ -73,13 +69,6 @@ _ENDINGS: dict[str, RoundEnd] = {
     "model_context_window_exceeded": RoundEnd.TRUNCATED,
     "refusal": RoundEnd.INTERRUPTED,  # the model declined mid-stream: nothing it began may run
 }
-
-_DELTA_PREFIX = (
-    b'{"type":"content_block_delta","index":%d,"delta":{"type":"input_json_delta","partial_json":'
-)
-"""How the API spells a call's fragment event up to the fragment; ``}}`` follows it, often
-padded with spaces between the braces (anthropic/max_tokens_truncated_tool_use.sse). See
-``RawContinuation``."""
 
 _KNOWN_EVENTS = frozenset(
     {
@@ -96,75 +85,39 @@ _KNOWN_EVENTS = frozenset(
 # -- content blocks ----------------------------------------------------------------------------
 
 
-class _Kind(Enum):
-    CALL = "call"
-    """Client ``tool_use``: streamed to the assembler as a call."""
-    TEXT = "text"
-    THINKING = "thinking"
-    REDACTED = "redacted_thinking"
-    SERVER_CALL = "server_call"
-    """``server_tool_use`` / ``mcp_tool_use``: run by Anthropic, input streamed like a call
-    (fixtures ``server_web_search_with_citations.sse``, ``thinking_then_mcp_tool_use.sse``)."""
-    SERVER_RESULT = "server_result"
-    """``*_tool_result``: arrives whole in ``content_block_start``
-    (fixture ``server_tool_search_then_tool_use.sse``)."""
-    IGNORED = "ignored"
-    """A block type this adapter does not know: reported once, then dropped."""
-
-
-_DELTA_FIELDS: dict[str, tuple[frozenset[_Kind], str]] = {
-    "text_delta": (frozenset({_Kind.TEXT}), "text"),
-    "input_json_delta": (frozenset({_Kind.CALL, _Kind.SERVER_CALL}), "partial_json"),
-    "thinking_delta": (frozenset({_Kind.THINKING}), "thinking"),
-    "signature_delta": (frozenset({_Kind.THINKING}), "signature"),
+_DELTA_FIELDS: dict[str, tuple[frozenset[Kind], str]] = {
+    "text_delta": (frozenset({Kind.TEXT}), "text"),
+    "input_json_delta": (frozenset({Kind.CALL, Kind.SERVER_CALL}), "partial_json"),
+    "thinking_delta": (frozenset({Kind.THINKING}), "thinking"),
+    "signature_delta": (frozenset({Kind.THINKING}), "signature"),
     # Citations annotate a text block (fixture server_web_search_with_citations.sse). They are
     # not needed to replay the text or to pair results, so they are accepted and not kept.
-    "citations_delta": (frozenset({_Kind.TEXT}), "citation"),
+    "citations_delta": (frozenset({Kind.TEXT}), "citation"),
 }
 """Delta type -> (block kinds it may extend, field carrying its payload)."""
 
 
-_BLOCK_KINDS: dict[str, _Kind] = {
-    "tool_use": _Kind.CALL,
-    "text": _Kind.TEXT,
-    "thinking": _Kind.THINKING,
-    "redacted_thinking": _Kind.REDACTED,
-    "server_tool_use": _Kind.SERVER_CALL,
-    "mcp_tool_use": _Kind.SERVER_CALL,
+_BLOCK_KINDS: dict[str, Kind] = {
+    "tool_use": Kind.CALL,
+    "text": Kind.TEXT,
+    "thinking": Kind.THINKING,
+    "redacted_thinking": Kind.REDACTED,
+    "server_tool_use": Kind.SERVER_CALL,
+    "mcp_tool_use": Kind.SERVER_CALL,
 }
 
 
-def _block_kind(block_type: object) -> _Kind:
+def _block_kind(block_type: object) -> Kind:
     if not isinstance(block_type, str):
-        return _Kind.IGNORED
+        return Kind.IGNORED
     # web_search_tool_result, web_fetch_tool_result, code_execution_tool_result,
     # tool_search_tool_result, mcp_tool_result...: every server result is named like this.
     if block_type.endswith("_tool_result"):
-        return _Kind.SERVER_RESULT
-    return _BLOCK_KINDS.get(block_type, _Kind.IGNORED)
+        return Kind.SERVER_RESULT
+    return _BLOCK_KINDS.get(block_type, Kind.IGNORED)
 
 
-@dataclass(slots=True)
-class _Block:
-    kind: _Kind
-    start: Mapping[str, Any]
-    """The ``content_block`` object of ``content_block_start``, as received."""
-    parts: list[str] = field(default_factory=list)
-    """Thinking text, or a server tool's input JSON text, in stream order."""
-    signature: list[str] = field(default_factory=list)
-    """Thinking ``signature_delta`` fragments."""
-    closed: bool = False
-
-
-def _index(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-class AnthropicAdapter(Adapter):
+class AnthropicAdapter(BlockAdapter):
     """Translates Anthropic Messages stream events (dicts or SDK objects) into stream events.
 
     One instance per attempt. ``message_id`` and ``model`` are filled from ``message_start``
@@ -172,6 +125,7 @@ class AnthropicAdapter(Adapter):
     """
 
     provider: ClassVar[str] = "anthropic"
+    _END = "message end"
 
     def __init__(self, *, attempt: int = 0) -> None:
         super().__init__(attempt=attempt)
@@ -179,13 +133,7 @@ class AnthropicAdapter(Adapter):
         """``message.id`` from ``message_start``, once seen."""
         self.model: str | None = None
         """``message.model`` from ``message_start``, once seen."""
-        self._blocks: dict[int, _Block] = {}
-        self._open_calls: dict[int, CallKey] = {}
-        """Key of every client ``tool_use`` block started and not stopped yet, by index."""
         self._stop_reason: str | None = None
-        self._ended = False
-        """``message_stop`` arrived, or the stream failed: nothing more may change the round."""
-        self._reported: set[str] = set()
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -258,9 +206,9 @@ class AnthropicAdapter(Adapter):
     def _message_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         message = event.get("message")
         if not isinstance(message, dict):
-            return [_invalid("message_start without a message object")]
-        self.message_id = _str_or_none(message.get("id"))
-        self.model = _str_or_none(message.get("model"))
+            return [invalid("message_start without a message object")]
+        self.message_id = str_or_none(message.get("id"))
+        self.model = str_or_none(message.get("model"))
         usage = message.get("usage")
         return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
 
@@ -293,7 +241,7 @@ class AnthropicAdapter(Adapter):
         ]
 
     def _message_stop(self) -> list[StreamEvent]:
-        self._end()
+        self._ended = True
         return round_end(self._stop_reason, _ENDINGS, "stop_reason")
 
     def _after_end(self, kind: str, event: Mapping[str, Any]) -> list[StreamEvent]:
@@ -304,16 +252,9 @@ class AnthropicAdapter(Adapter):
         which keeps a truncating or failing one over a normal one (in either order).
         """
         if kind == "content_block_delta":
-            index = _index(event.get("index"))
-            block = None if index is None else self._blocks.get(index)
-            if index is not None and block is not None and block.kind is _Kind.CALL:
-                return [
-                    self._block_anomaly(
-                        AnomalyKind.EVENT_AFTER_END, index, "delta after the message ended"
-                    )
-                ]
-            if block is None or _may_carry_fragment(event):
-                return [lost_event("content_block_delta after the message ended")]
+            index, fragment = index_of(event.get("index")), _may_carry_fragment(event)
+            if late := self._late_delta(index, fragment, "content_block_delta"):
+                return late
         if kind == "message_delta":
             reason = _reason(event)
             if isinstance(reason, str):
@@ -322,48 +263,36 @@ class AnthropicAdapter(Adapter):
             AnomalyKind.EVENT_AFTER_END, f"after:{kind}", f"{kind} after the message ended"
         )
 
-    def _stream_error(self, detail: str) -> list[StreamEvent]:
-        """An ``error`` event: fails the stream, or is only recorded once the message ended."""
-        if self._ended:
-            return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after message end: {detail}")]
-        self._end()
-        return [StreamFailed(detail=detail)]
-
-    def _end(self) -> None:
-        """Nothing more may change the round: no fragment takes the raw shortcut either."""
-        self._ended = True
-        self._raw = None
-
     # -- content blocks ---------------------------------------------------------------------
 
     def _block_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(event.get("index"))
+        index = index_of(event.get("index"))
         start = event.get("content_block")
         if index is None or not isinstance(start, dict):
             return [lost_event("content_block_start without an integer index and a content_block")]
         if index in self._blocks:  # which block do the next deltas extend? unknown
             return [lost_event(f"content block {index} started twice")]
-        block = _Block(_block_kind(start.get("type")), start)
-        self._blocks[index] = block
+        block = Block(_block_kind(start.get("type")), start)
+        if block.kind is not Kind.CALL:
+            self._blocks[index] = block
         match block.kind:
-            case _Kind.CALL:
-                key = self._open_calls[index] = self._key(index)
-                self._raw = raw_continuation(_DELTA_PREFIX % index, b"}}", key)
-                opened = CallOpened(
-                    key=key,
-                    call_id=_str_or_none(start.get("id")),
-                    name=_str_or_none(start.get("name")),
-                )
-                return [opened, *self._start_input(key, start.get("input"))]
-            case _Kind.TEXT:
+            case Kind.CALL:
+                # Rule "input in the start": streamed, a tool_use start's input is {} and the
+                # arguments are the deltas. A non-empty object (the non-streamed shape) is the
+                # arguments sent as an object: serialized once, with an anomaly, and checked
+                # for repeated keys. Deltas after it are appended, so a call that carries
+                # both does not parse and fails (the SDK would keep only the deltas: ambiguous).
+                id_, name = start.get("id"), start.get("name")
+                return self._open_call(index, start, id_, name, "tool_use start")
+            case Kind.TEXT:
                 text = start.get("text")
                 return [TextDelta(text=text, block=index)] if isinstance(text, str) and text else []
-            case _Kind.THINKING:
+            case Kind.THINKING:
                 # Usually "thinking": "" and "signature": "" (thinking_then_mcp_tool_use.sse).
-                block.parts.append(_str_or_none(start.get("thinking")) or "")
-                block.signature.append(_str_or_none(start.get("signature")) or "")
+                block.parts.append(str_or_none(start.get("thinking")) or "")
+                block.signature.append(str_or_none(start.get("signature")) or "")
                 return []
-            case _Kind.IGNORED:
+            case Kind.IGNORED:
                 kind = short(start.get("type"), 60)
                 return self._once(
                     AnomalyKind.UNKNOWN_EVENT, f"block:{kind}", f"unknown content block {kind!r}"
@@ -372,38 +301,44 @@ class AnthropicAdapter(Adapter):
                 return []
 
     def _block_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(event.get("index"))
+        index = index_of(event.get("index"))
         delta = event.get("delta")
         if index is None or not isinstance(delta, dict):
             return [lost_event("content_block_delta without an integer index and a delta")]
         block = self._blocks.get(index)
         if block is None:
-            return [_lost_block(index, "content_block_delta")]
+            return [lost_block(index, "content_block_delta")]
         if block.closed:
-            return self._refused(index, delta, AnomalyKind.FRAGMENT_AFTER_CLOSE, "delta after stop")
-        if block.kind is _Kind.IGNORED:
+            return self._refused(
+                index, _is_fragment(delta), AnomalyKind.FRAGMENT_AFTER_CLOSE, "delta after stop"
+            )
+        if block.kind is Kind.IGNORED:
             return []
         delta_type = delta.get("type")
         if not isinstance(delta_type, str) or delta_type not in _DELTA_FIELDS:
             dtype = short(delta_type, 60)
-            if block.kind is _Kind.CALL or _may_carry_fragment(event):
-                return self._refused(index, delta, AnomalyKind.UNKNOWN_EVENT, f"delta {dtype!r}")
+            if block.kind is Kind.CALL or _may_carry_fragment(event):
+                return self._refused(
+                    index, _is_fragment(delta), AnomalyKind.UNKNOWN_EVENT, f"delta {dtype!r}"
+                )
             return self._once(
                 AnomalyKind.UNKNOWN_EVENT, f"delta:{dtype}", f"unknown delta {dtype!r}"
             )
         kinds, name = _DELTA_FIELDS[delta_type]
         value = delta.get(name)
         if block.kind not in kinds or (name != "citation" and not isinstance(value, str)):
-            return self._refused(index, delta, AnomalyKind.INVALID_PAYLOAD, f"bad {delta_type}")
+            return self._refused(
+                index, _is_fragment(delta), AnomalyKind.INVALID_PAYLOAD, f"bad {delta_type}"
+            )
         return self._apply_delta(index, block, delta_type, value)
 
     def _apply_delta(
-        self, index: int, block: _Block, delta_type: str, value: Any
+        self, index: int, block: Block, delta_type: str, value: Any
     ) -> list[StreamEvent]:
         match delta_type:
             case "text_delta":
                 return [TextDelta(text=value, block=index)]
-            case "input_json_delta" if block.kind is _Kind.CALL:
+            case "input_json_delta" if block.kind is Kind.CALL:
                 return [ArgsDelta(key=self._open_calls[index], fragment=value)]
             case "signature_delta":
                 block.signature.append(value)
@@ -414,20 +349,11 @@ class AnthropicAdapter(Adapter):
         return []
 
     def _block_stop(self, event: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(event.get("index"))
-        if index is None:
-            return [lost_event("content_block_stop without an integer index")]
-        block = self._blocks.get(index)
-        if block is None:
-            return [_lost_block(index, "content_block_stop")]
-        if block.closed:
-            return [self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "stopped twice")]
-        block.closed = True
+        return self._stop_block(index_of(event.get("index")), "content_block_stop")
+
+    def _stopped_block(self, index: int, block: Block) -> list[StreamEvent]:
         match block.kind:
-            case _Kind.CALL:
-                self._raw = None  # (blocks come one after another: the open one just stopped)
-                return [CallClosed(key=self._open_calls.pop(index))]
-            case _Kind.THINKING:
+            case Kind.THINKING:
                 # Text and signature byte-for-byte: the API rejects an altered thinking block.
                 data = {
                     "type": "thinking",
@@ -435,57 +361,22 @@ class AnthropicAdapter(Adapter):
                     "signature": "".join(block.signature),
                 }
                 return [ReasoningBlock(block=index, data=data)]
-            case _Kind.REDACTED:
+            case Kind.REDACTED:
                 return [ReasoningBlock(block=index, data=block.start)]
-            case _Kind.SERVER_CALL:
+            case Kind.SERVER_CALL:
                 return _server_call_block(index, block)
-            case _Kind.SERVER_RESULT:
+            case Kind.SERVER_RESULT:
                 return [ServerToolBlock(block=index, data=block.start)]
             case _:
                 return []
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _key(self, index: int) -> CallKey:
-        return CallKey(self.attempt, 0, index)
-
-    def _block_anomaly(self, kind: AnomalyKind, index: int, what: str) -> Anomaly:
-        """An anomaly about block ``index``; it fails the call when the block is a call."""
-        block = self._blocks[index]
-        is_call = block.kind is _Kind.CALL
-        return Anomaly(
-            kind=kind,
-            detail=f"content block {index} ({short(block.start.get('type'), 40)}): {what}",
-            key=self._key(index) if is_call else None,
-            fails_call=is_call,
-        )
-
-    def _refused(
-        self, index: int, delta: Mapping[str, Any], kind: AnomalyKind, what: str
-    ) -> list[StreamEvent]:
-        """A delta block ``index`` cannot take: it fails that block's call; on another block
-        it is a lost event when it may be a fragment (of some call), else only recorded."""
-        if self._blocks[index].kind is not _Kind.CALL and _is_fragment(delta):
-            return [lost_event(f"content block {index}: {what}")]
-        return [self._block_anomaly(kind, index, what)]
-
-    def _start_input(self, key: CallKey, given: object) -> list[StreamEvent]:
-        """Rule "input in the start": streamed, a ``tool_use`` start's ``input`` is ``{}``
-        and the arguments are the deltas. A non-empty object (the Messages API's non-streamed
-        shape) is the arguments sent as an object: serialized once, with an anomaly, and
-        checked for repeated keys. Deltas after it are appended, so a call that carries
-        both does not parse and fails (the SDK would keep only the deltas: ambiguous)."""
-        return self._arguments_object(key, given, "tool_use start")
-
-    def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
-        """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
-        if tag in self._reported:
-            return []
-        self._reported.add(tag)
-        return [Anomaly(kind=kind, detail=detail)]
+    def _label(self, block: Block) -> str:
+        return short(block.start.get("type"), 40)
 
 
-def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
+def _server_call_block(index: int, block: Block) -> list[StreamEvent]:
     """A finished ``server_tool_use``/``mcp_tool_use`` in history shape: streamed input parsed.
 
     The input is recorded, never executed, so parsing it here does not cross the gate.
@@ -497,26 +388,12 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
         try:
             data["input"] = json.loads(text)
         except (ValueError, RecursionError):
-            events.append(_invalid(f"content block {index}: server tool input is not JSON"))
+            events.append(invalid(f"content block {index}: server tool input is not JSON"))
             data["input"] = {}
     elif not isinstance(data.get("input"), dict):
         data["input"] = {}
     events.append(ServerToolBlock(block=index, data=data))
     return events
-
-
-def _invalid(detail: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
-
-
-def _lost_block(index: int, event_type: str) -> Anomaly:
-    """An event for a block that never started: its start was lost, and with it which call
-    (if any) the event belongs to."""
-    return Anomaly(
-        kind=AnomalyKind.UNKNOWN_KEY,
-        detail=f"{event_type} for block {index}, never started",
-        fails_pending=True,
-    )
 
 
 _UNREADABLE = object()

@@ -38,17 +38,12 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, ClassVar
 
 from .._events import (
-    Anomaly,
     AnomalyKind,
     ArgsDelta,
-    CallClosed,
     CallKey,
-    CallOpened,
     Frame,
     ReasoningBlock,
     RoundEnd,
@@ -58,8 +53,8 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, lost_event, round_end, short
-from ._spelling import raw_continuation
+from ._base import lost_event, round_end, short
+from ._blocks import Block, BlockAdapter, Kind, index_of, invalid, lost_block, str_or_none
 
 # How each MessageStopEvent.stopReason ends the round (botocore's StopReason enum).
 _ENDINGS: dict[str, RoundEnd] = {
@@ -76,12 +71,6 @@ _ENDINGS: dict[str, RoundEnd] = {
     "malformed_model_output": RoundEnd.INTERRUPTED,
     "malformed_tool_use": RoundEnd.INTERRUPTED,
 }
-
-_DELTA_PREFIX = b'{"contentBlockDelta":{"contentBlockIndex":%d,"delta":{"toolUse":{"input":'
-_DELTA_SUFFIX = b'}},"p":"'
-"""How a call's fragment event is spelled as JSON Lines (boto3's event, dumped): the
-fragment, then the ``"p"`` padding field (letters and digits hiding the event's size) and
-``"}}``; fixture bedrock/nova_text_then_tool_use.jsonl. See ``RawContinuation``."""
 
 _EVENTS = frozenset(
     {
@@ -105,69 +94,25 @@ def _is_exception(name: str) -> bool:
 # -- content blocks ----------------------------------------------------------------------------
 
 
-class _Kind(Enum):
-    CALL = "call"
-    TEXT = "text"
-    """Text blocks get no contentBlockStart: they begin with a delta (nova_text_then_tool_use)."""
-    REASONING = "reasoning"
-    SERVER_CALL = "server_call"
-    """toolUse ``type: server_tool_use`` (fixture nova_server_tool_then_tool_use.jsonl)."""
-    SERVER_RESULT = "server_result"
-    """toolResult of a server tool; content in ``delta.toolResult`` lists (same fixture)."""
-    IGNORED = "ignored"
-    """Image blocks and future members: reported once, then dropped."""
-
-
-_DELTA_KINDS: dict[str, _Kind] = {
-    "text": _Kind.TEXT,
-    "toolUse": _Kind.CALL,
-    "reasoningContent": _Kind.REASONING,
-    "toolResult": _Kind.SERVER_RESULT,
+_DELTA_KINDS: dict[str, Kind] = {
+    "text": Kind.TEXT,
+    "toolUse": Kind.CALL,
+    "reasoningContent": Kind.REASONING,
+    "toolResult": Kind.SERVER_RESULT,
     # Citations annotate the text block they arrive on; not needed to replay text or calls.
-    "citation": _Kind.TEXT,
+    "citation": Kind.TEXT,
 }
 """Delta union member -> the kind of block it extends (or starts, when none started)."""
 
 
-@dataclass(slots=True)
-class _Block:
-    kind: _Kind
-    start: Mapping[str, Any] = field(default_factory=dict)
-    """``start.toolUse`` / ``start.toolResult`` as received ({} for implicit blocks)."""
-    parts: list[str] = field(default_factory=list)
-    """Reasoning text, or a server tool's input JSON text."""
-    signature: list[str] = field(default_factory=list)
-    redacted: list[Any] = field(default_factory=list)
-    """``redactedContent`` pieces: bytes from boto3, base64 text from the raw event stream."""
-    content: list[dict[str, Any]] = field(default_factory=list)
-    """Server tool result content blocks, adjacent text pieces merged."""
-    closed: bool = False
-
-
-def _index(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-class BedrockAdapter(Adapter):
+class BedrockAdapter(BlockAdapter):
     """Translates ConverseStream events (boto3 dicts or event-stream frames) into stream events.
 
     One instance per attempt; see the module docstring for the rules.
     """
 
     provider: ClassVar[str] = "bedrock"
-
-    def __init__(self, *, attempt: int = 0) -> None:
-        super().__init__(attempt=attempt)
-        self._blocks: dict[int, _Block] = {}
-        self._open_calls: dict[int, CallKey] = {}
-        """Key of every client toolUse block started and not stopped yet, by index."""
-        self._stopped = False
-        """``messageStop`` arrived, or the stream failed: no more content may change the round."""
-        self._reported: set[str] = set()
+    _END = "messageStop"
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -193,7 +138,7 @@ class BedrockAdapter(Adapter):
                 payload = event  # a payload that names no event is the one its header names
             else:
                 return None
-            if type(payload) is not dict or self._stopped:
+            if type(payload) is not dict or self._ended:
                 return None
             index, delta = payload["contentBlockIndex"], payload["delta"]
             if type(index) is not int or type(delta) is not dict or len(delta) != 1:
@@ -229,12 +174,12 @@ class BedrockAdapter(Adapter):
             )
         if not isinstance(payload, Mapping):
             if name in ("messageStart", "metadata"):  # (neither carries a fragment or a reason)
-                return [_invalid(f"{name} payload is not an object")]
+                return [invalid(f"{name} payload is not an object")]
             return [lost_event(f"{name} payload is not an object")]
         if name == "metadata":  # comes after messageStop by design; metrics/trace not kept
             usage = payload.get("usage")
             return [UsageReported(usage=usage)] if isinstance(usage, Mapping) else []
-        if self._stopped:
+        if self._ended:
             return self._after_end(name, payload)
         match name:
             case "messageStart":
@@ -249,7 +194,7 @@ class BedrockAdapter(Adapter):
                 return self._message_stop(payload)
 
     def _finish(self) -> list[StreamEvent]:
-        if self._stopped:
+        if self._ended:
             return []
         return [StreamFailed(detail="stream ended without messageStop")]
 
@@ -257,8 +202,8 @@ class BedrockAdapter(Adapter):
 
     def _message_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
         # additionalModelResponseFields (model-specific extras) are not needed for calls.
-        self._stop()
-        return round_end(_str_or_none(payload.get("stopReason")), _ENDINGS, "stopReason")
+        self._ended = True
+        return round_end(str_or_none(payload.get("stopReason")), _ENDINGS, "stopReason")
 
     def _after_end(self, name: str, payload: Mapping[str, Any]) -> list[StreamEvent]:
         """Rule "nothing after the end": an event after ``messageStop`` (or an exception).
@@ -270,33 +215,18 @@ class BedrockAdapter(Adapter):
         if name == "messageStop":
             return self._message_stop(payload)
         if name == "contentBlockDelta":
-            index = _index(payload.get("contentBlockIndex"))
-            block = None if index is None else self._blocks.get(index)
-            if index is not None and block is not None and block.kind is _Kind.CALL:
-                what = "delta after the message ended"
-                return [self._block_anomaly(AnomalyKind.EVENT_AFTER_END, index, what)]
-            if block is None or _may_carry_fragment(payload):
-                return [lost_event("contentBlockDelta after the message ended")]
+            index = index_of(payload.get("contentBlockIndex"))
+            fragment = _may_carry_fragment(payload)
+            if late := self._late_delta(index, fragment, "contentBlockDelta"):
+                return late
         return self._once(
             AnomalyKind.EVENT_AFTER_END, f"after:{name}", f"{name} after the message ended"
         )
 
-    def _stream_error(self, detail: str) -> list[StreamEvent]:
-        """An exception event: fails the stream, or is only recorded after ``messageStop``."""
-        if self._stopped:
-            return [Anomaly(kind=AnomalyKind.STREAM_ERROR, detail=f"after messageStop: {detail}")]
-        self._stop()
-        return [StreamFailed(detail=detail)]
-
-    def _stop(self) -> None:
-        """No more content may change the round: no fragment takes the raw shortcut either."""
-        self._stopped = True
-        self._raw = None
-
     # -- content blocks ---------------------------------------------------------------------
 
     def _block_start(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(payload.get("contentBlockIndex"))
+        index = index_of(payload.get("contentBlockIndex"))
         start = payload.get("start")
         if index is None or not isinstance(start, Mapping):
             return [lost_event("contentBlockStart without an integer index and a start")]
@@ -305,26 +235,24 @@ class BedrockAdapter(Adapter):
         tool_use, tool_result = start.get("toolUse"), start.get("toolResult")
         if isinstance(tool_use, Mapping):
             if tool_use.get("type") == "server_tool_use":
-                self._blocks[index] = _Block(_Kind.SERVER_CALL, tool_use)
+                self._blocks[index] = Block(Kind.SERVER_CALL, tool_use)
                 return []
-            self._blocks[index] = _Block(_Kind.CALL, tool_use)
-            key = self._open_calls[index] = self._key(index)
-            self._raw = raw_continuation(_DELTA_PREFIX % index, _DELTA_SUFFIX, key, b'"}}')
-            opened = CallOpened(
-                key=key,
-                call_id=_str_or_none(tool_use.get("toolUseId")),
-                name=_str_or_none(tool_use.get("name")),
-            )
-            return [opened, *self._start_input(key, tool_use.get("input"))]
+            # Rule "input in the start": ToolUseBlockStart has no input (the arguments are the
+            # deltas' text). One sent anyway, as a non-empty object (the non-streamed
+            # ToolUseBlock shape), is the arguments sent as an object: serialized once, with
+            # an anomaly, and checked for repeated keys; deltas after it make the text
+            # unparseable, so a call carrying both fails. Anything else there fails the call.
+            id_, name = tool_use.get("toolUseId"), tool_use.get("name")
+            return self._open_call(index, tool_use, id_, name, "toolUse start")
         if isinstance(tool_result, Mapping):
-            self._blocks[index] = _Block(_Kind.SERVER_RESULT, tool_result)
+            self._blocks[index] = Block(Kind.SERVER_RESULT, tool_result)
             return []
-        self._blocks[index] = _Block(_Kind.IGNORED)
+        self._blocks[index] = Block(Kind.IGNORED)
         member = short(",".join(map(str, start)), 60)
         return self._once(AnomalyKind.UNKNOWN_EVENT, f"start:{member}", f"block start {member!r}")
 
     def _block_delta(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(payload.get("contentBlockIndex"))
+        index = index_of(payload.get("contentBlockIndex"))
         delta = payload.get("delta")
         members = [m for m in delta if m in _DELTA_KINDS] if isinstance(delta, Mapping) else []
         if index is None or not isinstance(delta, Mapping) or len(members) > 1:
@@ -332,30 +260,32 @@ class BedrockAdapter(Adapter):
         block = self._blocks.get(index)
         if not members:
             names = short(",".join(map(str, delta)), 60)
-            if block is not None and block.kind is _Kind.CALL:
+            if block is not None and block.kind is Kind.CALL:
                 return [self._block_anomaly(AnomalyKind.UNKNOWN_EVENT, index, f"delta {names!r}")]
             return self._once(AnomalyKind.UNKNOWN_EVENT, f"delta:{names}", f"delta {names!r}")
         member = members[0]
         kind = _DELTA_KINDS[member]
         if block is None:
-            if kind is _Kind.CALL:
-                return [_lost_block(index, "toolUse delta")]
-            block = self._blocks[index] = _Block(kind)  # implicit start (text, reasoning)
+            if kind is Kind.CALL:
+                return [lost_block(index, "toolUse delta")]
+            block = self._blocks[index] = Block(kind)  # implicit start (text, reasoning)
         if block.closed:
             return self._refused(
-                index, member, AnomalyKind.FRAGMENT_AFTER_CLOSE, "delta after stop"
+                index, member == "toolUse", AnomalyKind.FRAGMENT_AFTER_CLOSE, "delta after stop"
             )
-        if block.kind is _Kind.IGNORED:
+        if block.kind is Kind.IGNORED:
             return []
-        if kind is not block.kind and {kind, block.kind} != {_Kind.CALL, _Kind.SERVER_CALL}:
-            return self._refused(index, member, AnomalyKind.INVALID_PAYLOAD, f"{member} delta")
+        if kind is not block.kind and {kind, block.kind} != {Kind.CALL, Kind.SERVER_CALL}:
+            return self._refused(
+                index, member == "toolUse", AnomalyKind.INVALID_PAYLOAD, f"{member} delta"
+            )
         return self._apply_delta(index, block, member, delta[member])
 
-    def _apply_delta(self, index: int, block: _Block, member: str, value: Any) -> list[StreamEvent]:
+    def _apply_delta(self, index: int, block: Block, member: str, value: Any) -> list[StreamEvent]:
         match member, value:
             case "text", str():
                 return [TextDelta(text=value, block=index)]
-            case "toolUse", {"input": str(fragment)} if block.kind is _Kind.CALL:
+            case "toolUse", {"input": str(fragment)} if block.kind is Kind.CALL:
                 return [ArgsDelta(key=self._open_calls[index], fragment=fragment)]
             case "toolUse", {"input": str(fragment)}:
                 block.parts.append(fragment)  # a server tool's input, kept for history
@@ -367,70 +297,23 @@ class BedrockAdapter(Adapter):
                 pass
             case _:
                 what = f"malformed {member} delta"
-                return self._refused(index, member, AnomalyKind.INVALID_PAYLOAD, what)
+                return self._refused(index, member == "toolUse", AnomalyKind.INVALID_PAYLOAD, what)
         return []
 
     def _block_stop(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(payload.get("contentBlockIndex"))
-        if index is None:
-            return [lost_event("contentBlockStop without an integer index")]
-        block = self._blocks.get(index)
-        if block is None:
-            return [_lost_block(index, "contentBlockStop")]
-        if block.closed:
-            return [self._block_anomaly(AnomalyKind.FRAGMENT_AFTER_CLOSE, index, "stopped twice")]
-        block.closed = True
+        return self._stop_block(index_of(payload.get("contentBlockIndex")), "contentBlockStop")
+
+    def _stopped_block(self, index: int, block: Block) -> list[StreamEvent]:
         match block.kind:
-            case _Kind.CALL:
-                self._raw = None  # (blocks come one after another: the open one just stopped)
-                return [CallClosed(key=self._open_calls.pop(index))]
-            case _Kind.REASONING:
+            case Kind.REASONING:
                 return [ReasoningBlock(block=index, data=_reasoning_data(block))]
-            case _Kind.SERVER_CALL:
+            case Kind.SERVER_CALL:
                 return _server_call_block(index, block)
-            case _Kind.SERVER_RESULT:
+            case Kind.SERVER_RESULT:
                 result = {**block.start, "content": block.content}
                 return [ServerToolBlock(block=index, data={"toolResult": result})]
             case _:
                 return []
-
-    # -- helpers ----------------------------------------------------------------------------
-
-    def _key(self, index: int) -> CallKey:
-        return CallKey(self.attempt, 0, index)
-
-    def _block_anomaly(self, kind: AnomalyKind, index: int, what: str) -> Anomaly:
-        """An anomaly about block ``index``; it fails the call when the block is a call."""
-        is_call = self._blocks[index].kind is _Kind.CALL
-        return Anomaly(
-            kind=kind,
-            detail=f"content block {index} ({self._blocks[index].kind.value}): {what}",
-            key=self._key(index) if is_call else None,
-            fails_call=is_call,
-        )
-
-    def _refused(self, index: int, member: str, kind: AnomalyKind, what: str) -> list[StreamEvent]:
-        """A delta block ``index`` cannot take: it fails that block's call; on another block
-        a ``toolUse`` delta (a fragment of some call) is a lost event, anything else is only
-        recorded."""
-        if self._blocks[index].kind is not _Kind.CALL and member == "toolUse":
-            return [lost_event(f"content block {index}: {what}")]
-        return [self._block_anomaly(kind, index, what)]
-
-    def _start_input(self, key: CallKey, given: object) -> list[StreamEvent]:
-        """Rule "input in the start": ``ToolUseBlockStart`` has no ``input`` (the arguments
-        are the deltas' text). One sent anyway, as a non-empty object (the non-streamed
-        ``ToolUseBlock`` shape), is the arguments sent as an object: serialized once, with an
-        anomaly, and checked for repeated keys; deltas after it make the text unparseable,
-        so a call carrying both fails. Anything else there fails the call."""
-        return self._arguments_object(key, given, "toolUse start")
-
-    def _once(self, kind: AnomalyKind, tag: str, detail: str) -> list[StreamEvent]:
-        """``Anomaly(kind, detail)`` the first time ``tag`` is seen, then nothing."""
-        if tag in self._reported:
-            return []
-        self._reported.add(tag)
-        return [Anomaly(kind=kind, detail=detail)]
 
 
 def _is_wrapped(event: Mapping[str, Any]) -> bool:
@@ -441,7 +324,7 @@ def _is_wrapped(event: Mapping[str, Any]) -> bool:
     return name in _EVENTS or _is_exception(name)
 
 
-def _add_reasoning(block: _Block, value: Mapping[str, Any]) -> bool:
+def _add_reasoning(block: Block, value: Mapping[str, Any]) -> bool:
     """Append a ReasoningContentBlockDelta (one of text / signature / redactedContent)."""
     text, signature = value.get("text"), value.get("signature")
     if isinstance(text, str):
@@ -455,7 +338,7 @@ def _add_reasoning(block: _Block, value: Mapping[str, Any]) -> bool:
     return True
 
 
-def _add_result(block: _Block, items: list[Any]) -> bool:
+def _add_result(block: Block, items: list[Any]) -> bool:
     """Append ToolResultBlockDelta items (``{"text"}`` pieces of one text, or ``{"json"}``)."""
     for item in items:
         if not isinstance(item, Mapping):
@@ -472,7 +355,7 @@ def _add_result(block: _Block, items: list[Any]) -> bool:
     return True
 
 
-def _reasoning_data(block: _Block) -> dict[str, Any]:
+def _reasoning_data(block: Block) -> dict[str, Any]:
     """The block as a ``ContentBlock.reasoningContent`` for history, byte-for-byte."""
     if block.redacted:
         return {"reasoningContent": {"redactedContent": _join_redacted(block.redacted)}}
@@ -495,7 +378,7 @@ def _join_redacted(pieces: list[Any]) -> Any:
     return base64.b64encode(raw).decode("ascii")
 
 
-def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
+def _server_call_block(index: int, block: Block) -> list[StreamEvent]:
     """A finished server toolUse in history shape, its streamed input parsed.
 
     The input is recorded, never executed, so parsing it here does not cross the gate.
@@ -506,24 +389,10 @@ def _server_call_block(index: int, block: _Block) -> list[StreamEvent]:
     try:
         tool_use["input"] = json.loads(text) if text else {}
     except (ValueError, RecursionError):
-        events.append(_invalid(f"content block {index}: server tool input is not JSON"))
+        events.append(invalid(f"content block {index}: server tool input is not JSON"))
         tool_use["input"] = {}
     events.append(ServerToolBlock(block=index, data={"toolUse": tool_use}))
     return events
-
-
-def _invalid(detail: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
-
-
-def _lost_block(index: int, what: str) -> Anomaly:
-    """A toolUse delta or a stop for a block that never started: its start was lost, and with
-    it which call the event belongs to."""
-    return Anomaly(
-        kind=AnomalyKind.UNKNOWN_KEY,
-        detail=f"{what} for block {index}, never started",
-        fails_pending=True,
-    )
 
 
 def _may_carry_fragment(payload: object) -> bool:

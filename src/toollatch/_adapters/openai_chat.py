@@ -45,8 +45,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, Fragment, error_detail, lost_event, round_end
-from ._spelling import learned_spelling
+from ._base import Adapter, error_detail, lost_event, round_end
 
 _ENDINGS: dict[str, RoundEnd] = {
     "tool_calls": RoundEnd.NORMAL,
@@ -59,10 +58,6 @@ _ENDINGS: dict[str, RoundEnd] = {
     "content_filter": RoundEnd.INTERRUPTED,
 }
 """``finish_reason`` -> ending; anything else is untrusted (see ``round_end``)."""
-
-_LEARNED_SPELLINGS = 16
-"""Raw spellings an adapter learns at most (see ``_learn_raw``): one per call in an ordinary
-stream; a server whose chunks differ in more than the padding stops paying for it."""
 
 
 class _Slot:
@@ -120,12 +115,10 @@ class OpenAIChatAdapter(Adapter):
         self._saw_done = False
         self._object_args: set[CallKey] = set()
         self._extras: set[CallKey] = set()
-        self._spellings_left = _LEARNED_SPELLINGS
 
     # -- chunks -------------------------------------------------------------------------------
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
-        self._raw = None  # (any other chunk may change what a continuation is)
         if self._saw_done:
             # Nothing after [DONE] is trusted; a tool-call delta in it still reaches its call,
             # which it fails (a fragment for a call that can no longer grow: see _after_end).
@@ -186,24 +179,11 @@ class OpenAIChatAdapter(Adapter):
             or delta.get("reasoning")
         ):
             return None
-        self._raw = None  # (learned again by translate: it stands for calls.last)
         calls.last = slot
-        if slot.settled:  # (the raw route continues calls.last, unsettled by this chunk)
+        if slot.settled:
             slot.settled = False
             calls.unsettled.append(slot)
         return slot.key, args
-
-    _learns_raw = True
-    _raw_empty = False  # (``not args`` above)
-
-    def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
-        """The chunks that continue one call differ only in the fragment (and the padding):
-        their spelling is ``payload`` around its arguments string (see
-        ``learned_spelling``). The raw route then also skips ``calls.last = slot``, which
-        holds already: any other chunk clears ``_raw``."""
-        if self._spellings_left > 0:
-            self._spellings_left -= 1
-            self._raw = learned_spelling(payload, hit[0], b'"arguments":', _put_arguments)
 
     def _choices_events(self, choices: object, out: list[StreamEvent]) -> None:
         """Rule "unreadable_is_lost": a member the chunk has but that cannot be read (a
@@ -501,7 +481,6 @@ class OpenAIChatAdapter(Adapter):
         ]
 
     def _done(self) -> list[StreamEvent]:
-        self._raw = None
         if self._saw_done:
             return [Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail="a second [DONE]")]
         self._saw_done = True
@@ -521,11 +500,6 @@ class OpenAIChatAdapter(Adapter):
         if self._saw_done or (self._choices and set(self._choices) <= self._ended):
             return []
         return [StreamFailed(detail="the stream ended without a finish_reason or [DONE]")]
-
-
-def _put_arguments(event: dict[str, Any], text: str) -> None:
-    """Set the arguments of a continuation chunk (the one shape ``_continuation`` takes)."""
-    event["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = text
 
 
 def extra_block(key: CallKey) -> str:

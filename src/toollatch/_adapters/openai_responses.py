@@ -60,8 +60,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, Fragment, error_detail, lost_event, short
-from ._spelling import learned_spelling
+from ._base import Adapter, error_detail, lost_event, short
 
 __all__ = ["OpenAIResponsesAdapter"]
 
@@ -114,11 +113,6 @@ _CLIENT_EXECUTED_ITEMS = frozenset(
 """Items the *client* is expected to run but whose input is not JSON arguments. toollatch
 records them for history and says so with an anomaly; it never runs them."""
 
-_LEARNED_SPELLINGS = 64
-"""Raw spellings an adapter learns at most (see ``_learn_raw``): one per call, and one each
-time its ``sequence_number`` gains a digit, in an ordinary stream; a server whose events
-differ in more than the fragment, the padding and that counter stops paying for it."""
-
 _FILTERED_REASONS = frozenset({"content_filter"})
 """``incomplete_details.reason`` values that mean the output was filtered, not cut short."""
 
@@ -160,7 +154,6 @@ class OpenAIResponsesAdapter(Adapter):
         """Closed calls, with the digest of the full text their first ``.done`` carried."""
         self._ended = False
         self._unknown_types: set[str] = set()
-        self._spellings_left = _LEARNED_SPELLINGS
 
     # -- Adapter hooks ----------------------------------------------------------------------
 
@@ -180,28 +173,13 @@ class OpenAIResponsesAdapter(Adapter):
         except KeyError:
             return None
 
-    _learns_raw = True
-    _raw_empty = False  # (``not delta`` above)
-
-    def _learn_raw(self, payload: bytes, event: dict[str, Any], hit: Fragment) -> None:
-        """The deltas of one call differ only in the fragment, the padding and the
-        ``sequence_number`` counter: their spelling is ``payload`` around its delta string
-        (see ``learned_spelling``). Any other event clears it (``_feed``, ``_stream_error``):
-        it may end the round or announce the call again."""
-        if self._spellings_left > 0:
-            self._spellings_left -= 1
-            self._raw = learned_spelling(
-                payload, hit[0], b'"delta":', _put_delta, counter="sequence_number"
-            )
-
     def _stream_error(self, detail: str) -> list[StreamEvent]:
         """An SSE ``event: error`` frame fails the round, also after its terminal event (a
         failing signal always sticks: the assembler keeps the first failure)."""
-        self._ended, self._raw = True, None
+        self._ended = True
         return super()._stream_error(detail)
 
     def _feed(self, event: Mapping[str, Any], sse_event: str | None = None) -> list[StreamEvent]:
-        self._raw = None  # (any other event may change what a continuation is)
         # The payload's own "type" wins over the SSE event name (they agree in every recording);
         # the name stands in only for a payload without one. A "type" that is not a string
         # cannot be read: the event may have been any call's fragment (a lost event).
@@ -573,11 +551,6 @@ class OpenAIResponsesAdapter(Adapter):
         if type(part) is str:
             self._keys[part] = key
         return key
-
-
-def _put_delta(event: dict[str, Any], text: str) -> None:
-    """Set the fragment of a delta event (the one shape ``_continuation`` takes)."""
-    event["delta"] = text
 
 
 def _digest(text: str) -> bytes:
