@@ -25,7 +25,7 @@ from .._preview import Redactor
 from .._round import ToolResult
 from ._base import Ledger
 from ._history import History
-from ._records import Claim, LedgerKey, LedgerRecord
+from ._records import LedgerKey, LedgerRecord
 
 
 def redact_json(value: Any, redactor: Redactor, pointer: str = "") -> Any:
@@ -87,53 +87,24 @@ class RedactedLedger:
     def __init__(self, ledger: Ledger, redactor: Redactor) -> None:
         self.inner = ledger
         self.redactor = redactor
+        # what it does not change is the inner ledger's own methods (their signatures too)
+        self.claim = ledger.claim
+        self.start = ledger.start
+        self.renew = ledger.renew
+        self.release = ledger.release
+        self.get = ledger.get
+        self.aclose = ledger.aclose
 
     def _shown(self, result: ToolResult) -> ToolResult:
         content = redact_text(result.content, self.redactor)
         return result if content == result.content else dataclasses.replace(result, content=content)
 
-    async def claim(
-        self,
-        key: LedgerKey,
-        *,
-        digest: str,
-        worker: str,
-        now: float,
-        lease_s: float,
-        rerun_started: bool = False,
-    ) -> Claim:
-        """See :meth:`Ledger.claim`."""
-        return await self.inner.claim(
-            key, digest=digest, worker=worker, now=now, lease_s=lease_s,
-            rerun_started=rerun_started,
-        )  # fmt: skip
-
-    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
-        """See :meth:`Ledger.start`."""
-        await self.inner.start(key, token, now=now, lease_s=lease_s)
-
-    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
-        """See :meth:`Ledger.renew`."""
-        await self.inner.renew(key, token, now=now, lease_s=lease_s)
-
     async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """See :meth:`Ledger.finish` (the result stored redacted)."""
         await self.inner.finish(key, token, self._shown(result), now=now)
-
-    async def release(self, key: LedgerKey, token: int) -> None:
-        """See :meth:`Ledger.release`."""
-        await self.inner.release(key, token)
 
     async def settle_unknown(
         self, key: LedgerKey, token: int, result: ToolResult, *, now: float
     ) -> LedgerRecord:
         """See :meth:`Ledger.settle_unknown` (the result stored redacted)."""
         return await self.inner.settle_unknown(key, token, self._shown(result), now=now)
-
-    async def get(self, key: LedgerKey) -> LedgerRecord | None:
-        """See :meth:`Ledger.get`."""
-        return await self.inner.get(key)
-
-    async def aclose(self) -> None:
-        """See :meth:`Ledger.aclose`."""
-        await self.inner.aclose()
