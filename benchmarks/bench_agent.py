@@ -194,10 +194,16 @@ class BareClient:
         request = self.http.build_request("POST", self.url, content=body, headers=self.headers)
         response = await self.http.send(request, stream=True)
         try:
-            pending = b""
+            pending = bytearray()  # (a line that spans reads: gathered, copied out once)
             async for read in response.aiter_raw():
-                lines = (pending + read).split(b"\n") if pending else read.split(b"\n")
-                pending = lines.pop()
+                if pending:
+                    pending += read
+                    if b"\n" not in read:
+                        continue
+                    read = bytes(pending)
+                    pending.clear()
+                lines = read.split(b"\n")
+                pending += lines.pop()
                 for line in lines:
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
