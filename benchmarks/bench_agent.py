@@ -196,13 +196,14 @@ class BareClient:
         try:
             pending = bytearray()  # (a line that spans reads: gathered, copied out once)
             async for read in response.aiter_raw():
+                data = read
                 if pending:
                     pending += read
                     if b"\n" not in read:
                         continue
-                    read = bytes(pending)
+                    data = bytes(pending)
                     pending.clear()
-                lines = read.split(b"\n")
+                lines = data.split(b"\n")
                 pending += lines.pop()
                 for line in lines:
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":

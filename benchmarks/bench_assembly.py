@@ -17,8 +17,9 @@ Every contender goes from those bytes to the parsed arguments of the call:
 
 * **floor** - the least work anyone can do: split the bytes into events (an event that spans
   reads gathered in one buffer, each byte searched and copied once: linear, where re-joining
-  the carry-over with every read was quadratic for events larger than a read), strip ``data: ``, ``orjson.loads`` each event, append the argument fragment to
-  a list, one ``orjson.loads("".join(...))`` at the end. No validation, no state.
+  the carry-over with every read was quadratic for events larger than a read), strip
+  ``data: ``, ``orjson.loads`` each event, append the argument fragment to a list, one
+  ``orjson.loads("".join(...))`` at the end. No validation, no state.
 * **toollatch** - ``StreamParser(provider).feed(read)`` per read, ``finish()``, then the
   committed call's ``arguments``; ``Limits(max_argument_bytes=4 MiB)`` so 1 MiB is allowed.
 * **openai SDK** / **anthropic SDK** - what their ``Stream`` classes do per read (their own
@@ -458,14 +459,15 @@ def make_floor(
         for i, read in enumerate(reads):
             if not i % CLOCK_EVERY and clock() > deadline:
                 return Outcome(None, i)
+            data = read
             if pending:
                 pending += read
                 if pending.find(separator, scan) < 0:
                     scan = max(0, len(pending) - width)
                     continue
-                read = bytes(pending)
+                data = bytes(pending)
                 pending.clear()
-            *events, tail = read.split(separator)
+            *events, tail = data.split(separator)
             if tail:
                 pending += tail
                 scan = max(0, len(pending) - width)
