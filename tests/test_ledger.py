@@ -336,32 +336,34 @@ async def test_redis_records_expire_after_their_retention(redis_server: RedisSer
 
 
 async def test_a_claim_made_started_is_claim_then_start_in_one_write(ledger: Ledger) -> None:
-    won = await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=0.05, start=True)
+    won = await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30, start=True)
     assert won == Won(token=1)
     record = await ledger.get(KEY)
     assert record is not None
-    assert (record.state, record.token, record.lease_until) == ("started", 1, 0.05)
+    assert (record.state, record.token, record.lease_until) == ("started", 1, 30.0)
     with pytest.raises(LeaseLost):  # already started: a second start is refused
         await ledger.start(KEY, 1, now=0.0, lease_s=30)
-    found = await ledger.claim(KEY, digest=D1, worker="w2", now=0.01, lease_s=30)
+    found = await ledger.claim(KEY, digest=D1, worker="w2", now=1.0, lease_s=30)
     assert isinstance(found, Found)
     assert found.live
+    # a stale one: started, so taken over only for a rerun, then (start=True) started again
+    other = LedgerKey(scope="run-1", call_id="call_2")
+    await ledger.claim(other, digest=D1, worker="w1", now=0.0, lease_s=0.05, start=True)
     later = await expire(ledger, 0.05)
-    # started: taken over only for a rerun, and then (start=True) started again at once
-    found = await ledger.claim(KEY, digest=D1, worker="w2", now=later, lease_s=30)
+    found = await ledger.claim(other, digest=D1, worker="w2", now=later, lease_s=30)
     assert isinstance(found, Found)
     assert not found.live
     won = await ledger.claim(
-        KEY, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True, start=True
+        other, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True, start=True
     )
     assert isinstance(won, Won)
     assert won.token == 2
     assert won.previous is not None
     assert won.previous.state == "started"
-    record = await ledger.get(KEY)
+    record = await ledger.get(other)
     assert record is not None
     assert (record.state, record.worker) == ("started", "w2")
-    await ledger.finish(KEY, 2, OK, now=later)
+    await ledger.finish(other, 2, OK, now=later)
 
 
 async def test_sqlite_claims_and_starts_in_one_trip_to_its_thread(tmp_path: Path) -> None:
