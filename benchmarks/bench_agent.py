@@ -28,17 +28,46 @@ Per run, from the agent events' arrival times (``time.perf_counter`` on the cons
 
 The claim is the ratio eager / batch of the round wall time, and that eager's first start
 comes while the stream still runs. Nothing here is a test: timings depend on the machine.
+
+Client CPU per model request (``--cpu``)
+----------------------------------------
+::
+
+    python benchmarks/bench_agent.py --cpu                 # 300 conversations per contender
+    python benchmarks/bench_agent.py --cpu --conversations 100
+
+The scripted server runs in a child process (its CPU is not counted); this process's CPU
+(``time.process_time``, collector on, as in an application) is divided by the model requests
+made. A conversation is two OpenAI Chat requests: a text and one ``lookup`` call of ~120
+argument characters in 8-character fragments, the tool's result, then a text answer. The
+contenders do the same work over the same loopback HTTP, alternating in blocks:
+
+* **agent**: as a user writes it: ``async with model_client(...)`` and ``Agent(...).run()``
+  per conversation;
+* **agent, one client**: one ``model_client`` for every conversation, a new run each;
+* **bare httpx + orjson**: one ``httpx.AsyncClient`` for the process, a pre-built URL and
+  headers, the body encoded with orjson, the body's lines split by hand, each event
+  ``orjson.loads``-ed, the call's argument fragments joined and parsed, the tool awaited and
+  its result sent back: the least a hand-written loop does.
+
+The claim is agent / bare (target: 1.5x or less).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import multiprocessing
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -100,6 +129,168 @@ async def bench(provider: str, repeats: int, calls: int, event_ms: float, tool_m
             "ratio": med[True]["round"] / med[False]["round"]}
 
 
+# --- client CPU per model request (--cpu) ------------------------------------------------------
+
+CPU_MODEL = "cpu"
+
+
+def cpu_script() -> Script:
+    arguments = json.dumps({"query": "question number 0 " + "x" * 90, "limit": 5})
+    first = Turn(items=(Text(text="Let me look that up for you.", chunk_chars=6),
+                        Call(call_id="call_0", name="lookup", arguments=arguments,
+                             fragment_chars=8)), delay_ms=0)
+    answer = Turn(items=(Text(text="Here is what I found: five results.", chunk_chars=6),),
+                  delay_ms=0)
+    return Script(turns=(first, answer))
+
+
+def _serve(conn: Any) -> None:  # the child process: serve until the parent says stop
+    with ScriptedServer({CPU_MODEL: cpu_script()}, delay_scale=0) as server:
+        conn.send(server.base_url("openai_chat"))
+        conn.recv()
+
+
+async def _lookup(query: str, limit: int = 5) -> str:
+    """Look something up."""
+    return f"{limit} results for {query[:20]}"
+
+
+cpu_lookup = tool(name="lookup", side_effects="read")(_lookup)
+
+
+async def agent_conversation(base_url: str, client: Any = None) -> int:
+    """One conversation through the agent loop; returns the model requests made."""
+    if client is None:
+        async with model_client("openai_chat", model=CPU_MODEL, base_url=base_url,
+                                api_key="k", retry=RetryPolicy(attempts=1)) as own:
+            return await agent_conversation(base_url, own)
+    rounds = 0
+    async for event in Agent(client, [cpu_lookup]).run("go"):
+        rounds += event.type == "round_ended"
+    return rounds
+
+
+LOOKUP_DEFINITION = {"type": "function", "function": {
+    "name": "lookup", "description": "Look something up.",
+    "parameters": {"type": "object", "properties": {
+        "query": {"type": "string"}, "limit": {"type": "integer", "default": 5}},
+        "required": ["query"]}}}
+
+
+class BareClient:
+    """A hand-written OpenAI Chat loop over one shared httpx client and orjson."""
+
+    def __init__(self, base_url: str) -> None:
+        self.http = httpx.AsyncClient(timeout=None)
+        self.url = httpx.URL(base_url + "/chat/completions")
+        self.headers = {"authorization": "Bearer k", "content-type": "application/json",
+                        "accept": "text/event-stream"}
+
+    async def request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = orjson.dumps({"model": CPU_MODEL, "messages": messages, "stream": True,
+                             "tools": [LOOKUP_DEFINITION]})
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        request = self.http.build_request("POST", self.url, content=body, headers=self.headers)
+        response = await self.http.send(request, stream=True)
+        try:
+            pending = bytearray()  # (a line that spans reads: gathered, copied out once)
+            async for read in response.aiter_raw():
+                data = read
+                if pending:
+                    pending += read
+                    if b"\n" not in read:
+                        continue
+                    data = bytes(pending)
+                    pending.clear()
+                lines = data.split(b"\n")
+                pending += lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    for choice in orjson.loads(line[6:]).get("choices", ()):
+                        delta = choice.get("delta") or {}
+                        if delta.get("content"):
+                            text.append(delta["content"])
+                        for part in delta.get("tool_calls") or ():
+                            call = calls.setdefault(part["index"], {"fragments": []})
+                            if part.get("id"):
+                                call["id"] = part["id"]
+                            function = part.get("function") or {}
+                            if function.get("name"):
+                                call["name"] = function["name"]
+                            if function.get("arguments"):
+                                call["fragments"].append(function["arguments"])
+        finally:
+            await response.aclose()
+        return {"text": "".join(text), "calls": [calls[i] for i in sorted(calls)]}
+
+    async def conversation(self) -> int:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        requests = 0
+        while True:
+            answer = await self.request(messages)
+            requests += 1
+            if not answer["calls"]:
+                return requests
+            messages.append({"role": "assistant", "content": answer["text"] or None,
+                             "tool_calls": [{"id": c["id"], "type": "function", "function": {
+                                 "name": c["name"], "arguments": "".join(c["fragments"])}}
+                                 for c in answer["calls"]]})
+            for call in answer["calls"]:
+                result = await _lookup(**orjson.loads("".join(call["fragments"])))
+                messages.append({"role": "tool", "tool_call_id": call["id"],
+                                 "content": result})
+
+
+async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, float]:
+    bare = BareClient(base_url)
+    shared = model_client("openai_chat", model=CPU_MODEL, base_url=base_url, api_key="k",
+                          retry=RetryPolicy(attempts=1))
+    contenders = {
+        "agent": lambda: agent_conversation(base_url),
+        "agent, one client": lambda: agent_conversation(base_url, shared),
+        "bare httpx + orjson": bare.conversation,
+    }
+    for run in contenders.values():  # warm up: imports, connections, caches
+        for _ in range(5):
+            await run()
+    cpu = dict.fromkeys(contenders, 0.0)
+    requests = dict.fromkeys(contenders, 0)
+    done = 0
+    while done < conversations:
+        n = min(block, conversations - done)
+        for name, run in contenders.items():
+            gc.collect()
+            start = time.process_time()
+            for _ in range(n):
+                requests[name] += await run()
+            cpu[name] += time.process_time() - start
+        done += n
+    await shared.aclose()
+    await bare.http.aclose()
+    return {name: cpu[name] / requests[name] for name in contenders}
+
+
+def run_cpu(conversations: int, block: int) -> None:
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    server = context.Process(target=_serve, args=(child,), daemon=True)
+    server.start()
+    try:
+        base_url = parent.recv()
+        per_request = asyncio.run(cpu_bench(base_url, conversations, block))
+    finally:
+        parent.send("stop")
+        server.join(10)
+    bare = per_request["bare httpx + orjson"]
+    print(f"client CPU per model request, {conversations} conversations of 2 requests "
+          f"(openai_chat, server in another process)")
+    print(f"{'contender':22} {'CPU/request':>12} {'vs bare':>8}")
+    for name, seconds in per_request.items():
+        print(f"{name:22} {seconds * 1000:9.3f} ms {seconds / bare:7.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--provider", choices=PROVIDERS, action="append")
@@ -107,7 +298,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--event-ms", type=float, default=15.0)
     parser.add_argument("--tool-ms", type=float, default=600.0)
+    parser.add_argument("--cpu", action="store_true",
+                        help="client CPU per model request: agent vs bare httpx + orjson")
+    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--block", type=int, default=25)
     args = parser.parse_args()
+    if args.cpu:
+        run_cpu(args.conversations, args.block)
+        return
     print(f"{args.calls} calls, {args.event_ms:g} ms between events, "
           f"tool n {args.tool_ms:g} ms / (n+1); median of {args.repeats}")
     print(f"{'provider':18} {'open->start eager':>18} {'batch':>8} {'round eager':>12} "

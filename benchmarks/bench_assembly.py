@@ -15,9 +15,11 @@ read: every contender is fed the same ``list[bytes]``, one item at a time.
 
 Every contender goes from those bytes to the parsed arguments of the call:
 
-* **floor** - the least work anyone can do: split the bytes into events (a carry-over buffer
-  across reads), strip ``data: ``, ``orjson.loads`` each event, append the argument fragment to
-  a list, one ``orjson.loads("".join(...))`` at the end. No validation, no state.
+* **floor** - the least work anyone can do: split the bytes into events (an event that spans
+  reads gathered in one buffer, each byte searched and copied once: linear, where re-joining
+  the carry-over with every read was quadratic for events larger than a read), strip
+  ``data: ``, ``orjson.loads`` each event, append the argument fragment to a list, one
+  ``orjson.loads("".join(...))`` at the end. No validation, no state.
 * **toollatch** - ``StreamParser(provider).feed(read)`` per read, ``finish()``, then the
   committed call's ``arguments``; ``Limits(max_argument_bytes=4 MiB)`` so 1 MiB is allowed.
 * **openai SDK** / **anthropic SDK** - what their ``Stream`` classes do per read (their own
@@ -445,12 +447,30 @@ def make_floor(
     event, ``pick`` the fragment, ``finalize`` (one parse of the joined text) at the end."""
     sse = separator == b"\n\n"
 
+    width = len(separator) - 1  # how much of a separator the pending bytes may end with
+
     def run(reads: Sequence[bytes], deadline: float) -> Outcome:
-        loads, clock, frags, carry = orjson.loads, time.perf_counter, [], b""
+        loads, clock, frags = orjson.loads, time.perf_counter, []
+        # Linear in the bytes whatever the reads: an event that spans reads is gathered in
+        # one growing buffer, each read searched once (from where a separator could start),
+        # and copied out once when it is complete; a read that starts with nothing pending
+        # (one event per read) is split as it is, with no copy.
+        pending, scan = bytearray(), 0
         for i, read in enumerate(reads):
             if not i % CLOCK_EVERY and clock() > deadline:
                 return Outcome(None, i)
-            *events, carry = (carry + read if carry else read).split(separator)
+            data = read
+            if pending:
+                pending += read
+                if pending.find(separator, scan) < 0:
+                    scan = max(0, len(pending) - width)
+                    continue
+                data = bytes(pending)
+                pending.clear()
+            *events, tail = data.split(separator)
+            if tail:
+                pending += tail
+                scan = max(0, len(pending) - width)
             for event in events:
                 payload = event
                 if sse:

@@ -10,6 +10,11 @@ from a common start until all four are done; calls/s = N / wall. *Audit*: the op
 of one call that did not commit (its redaction under a ``fields`` rule and one store write).
 The SQLite file is on the local disk with ``synchronous=FULL`` (one fsync per commit); Redis
 is a local redis-server with ``appendfsync always``, the durable setting a ledger needs.
+
+*Hops* (SQLite): the same transactions through the ledger's worker thread and inline on the
+event loop's thread (the ledger with its thread hop removed), claim+start as two writes and
+as one (``claim(start=True)``), then the finish; the ratio thread / inline is the cost of the
+hops.
 """
 
 from __future__ import annotations
@@ -28,6 +33,64 @@ from toollatch import PreviewPolicy, Round, StreamParser, ToolPreview, ToolResul
 from toollatch.ledger import LedgerKey, Won, open_ledger
 from toollatch.ledger._audit import ArgumentAudit, AuditPolicy  # (until exported)
 from toollatch.ledger._open import open_audit
+from toollatch.ledger._sqlite import SQLiteFile, SQLiteLedger
+
+
+class InlineFile(SQLiteFile):
+    """The ledger's SQLite file with the thread hop removed: each transaction runs inline."""
+
+    async def call(self, fn):  # type: ignore[no-untyped-def]
+        return self._with_connection(fn)
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._executor.shutdown(wait=False)
+
+
+async def hops(path: str, n: int, *, inline: bool, merged: bool) -> tuple[float, float]:
+    """Seconds per call of claim+start (two writes, or one when ``merged``) and of the
+    finish after it, through the worker thread or inline."""
+    ledger = SQLiteLedger(path)
+    if inline:
+        old = ledger._file
+        ledger._file = InlineFile(old.path, old._busy_ms / 1000, False, old._schema,
+                                  label="SQLite ledger", thread="inline")
+    result = ToolResult(tool_call_id="x", name="t", content="ok")
+    scope = f"hops-{inline}-{merged}-{time.time()}"
+    to_start = to_finish = 0.0
+    for i in range(n):
+        key = LedgerKey(scope=scope, call_id=f"c{i}")
+        t0 = time.perf_counter()
+        claim = await ledger.claim(key, digest="d", worker="w", now=time.time(), lease_s=30,
+                                   start=merged)
+        assert isinstance(claim, Won)
+        if not merged:
+            await ledger.start(key, claim.token, now=time.time(), lease_s=30)
+        t1 = time.perf_counter()
+        await ledger.finish(key, claim.token, result, now=time.time())
+        to_start += t1 - t0
+        to_finish += time.perf_counter() - t1
+    await ledger.aclose()
+    return to_start / n, to_finish / n
+
+
+async def hops_table(path: str, n: int, repeats: int = 3) -> None:
+    print("\n| SQLite, per call | claim+start | then finish | claim+start: thread / inline |")
+    print("|---|---|---|---|")
+    for merged in (False, True):
+        best: dict[bool, tuple[float, float]] = {}
+        for _ in range(repeats):  # alternate, keep the best of each
+            for inline in (False, True):
+                got = await hops(path, n, inline=inline, merged=merged)
+                if inline not in best or got[0] < best[inline][0]:
+                    best[inline] = got
+        name = "claim(start=True), one write" if merged else "claim, start: two writes"
+        for inline in (False, True):
+            where = "inline" if inline else "thread"
+            ratio = f"{best[False][0] / best[True][0]:.2f}x" if not inline else ""
+            print(f"| {name}, {where} | {best[inline][0] * 1e3:.3f} ms "
+                  f"| {best[inline][1] * 1e3:.3f} ms | {ratio} |")
 
 
 async def one_by_one(url: str, n: int, scope: str) -> float:
@@ -123,7 +186,16 @@ def start_redis(folder: str) -> tuple[subprocess.Popen[bytes], str] | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    n = 200 if parser.parse_args().quick else 2000
+    parser.add_argument("--hops", action="store_true", help="only the SQLite hops table")
+    args = parser.parse_args()
+    n = 200 if args.quick else 2000
+    if args.hops:
+        folder = tempfile.mkdtemp(prefix="toollatch-bench-")
+        try:
+            asyncio.run(hops_table(f"{folder}/hops.db", n // 4))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return
     folder = tempfile.mkdtemp(prefix="toollatch-bench-")
     redis = start_redis(folder)
     urls = {"memory": "memory:", "sqlite": f"sqlite:///{folder}/ledger.db"}

@@ -633,3 +633,24 @@ async def test_a_shared_http_client_is_left_open(server):
         assert not http.is_closed
         async with client_for(server, http=http) as again:
             assert await body_of(again) == b"y"
+
+
+# -- what a conversation costs the client --------------------------------------------------
+
+
+async def test_clients_made_per_conversation_share_one_tls_context(server, monkeypatch):
+    # loading the CA bundle is ~25-50 ms of CPU: once per process, not per model_client()
+    made: list[object] = []
+    real = httpx.create_ssl_context
+
+    def counting(*args: object, **kwargs: object) -> object:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counting)
+    monkeypatch.setattr("toollatch.runtime._clients._client._TLS", [])
+    for _ in range(3):
+        server.replies.append(stream_reply([b"data: {}\n\n"]))
+        async with client_for(server) as client:
+            assert await body_of(client) == b"data: {}\n\n"
+    assert len(made) == 1

@@ -333,3 +333,92 @@ async def test_redis_records_expire_after_their_retention(redis_server: RedisSer
     await ledger.aclose()
     with pytest.raises(ConfigError):
         RedisLedger(aioredis.Redis(), retention_s=-1)
+
+
+async def test_a_claim_made_started_is_claim_then_start_in_one_write(ledger: Ledger) -> None:
+    won = await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30, start=True)
+    assert won == Won(token=1)
+    record = await ledger.get(KEY)
+    assert record is not None
+    assert (record.state, record.token, record.lease_until) == ("started", 1, 30.0)
+    with pytest.raises(LeaseLost):  # already started: a second start is refused
+        await ledger.start(KEY, 1, now=0.0, lease_s=30)
+    found = await ledger.claim(KEY, digest=D1, worker="w2", now=1.0, lease_s=30)
+    assert isinstance(found, Found)
+    assert found.live
+    # a stale one: started, so taken over only for a rerun, then (start=True) started again
+    other = LedgerKey(scope="run-1", call_id="call_2")
+    await ledger.claim(other, digest=D1, worker="w1", now=0.0, lease_s=0.05, start=True)
+    later = await expire(ledger, 0.05)
+    found = await ledger.claim(other, digest=D1, worker="w2", now=later, lease_s=30)
+    assert isinstance(found, Found)
+    assert not found.live
+    won = await ledger.claim(
+        other, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True, start=True
+    )
+    assert isinstance(won, Won)
+    assert won.token == 2
+    assert won.previous is not None
+    assert won.previous.state == "started"
+    record = await ledger.get(other)
+    assert record is not None
+    assert (record.state, record.worker) == ("started", "w2")
+    await ledger.finish(other, 2, OK, now=later)
+
+
+async def test_sqlite_claims_and_starts_in_one_trip_to_its_thread(tmp_path: Path) -> None:
+    ledger = SQLiteLedger(tmp_path / "ledger.db")
+    trips = 0
+    call = ledger._file.call
+
+    async def counted(fn):  # type: ignore[no-untyped-def]
+        nonlocal trips
+        trips += 1
+        return await call(fn)
+
+    ledger._file.call = counted  # type: ignore[method-assign]
+    won = await ledger.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=30, start=True)
+    assert isinstance(won, Won)
+    assert trips == 1
+    record = await ledger.get(KEY)
+    assert record is not None
+    assert record.state == "started"
+    await ledger.aclose()
+
+
+async def test_a_redis_claim_decided_on_a_record_that_changed_is_decided_again(
+    redis_server: RedisServer,
+) -> None:
+    # The holder finishes between the taker's read and its write: the write must not land
+    # (the record is completed), the taker reads again and finds the result.
+    holder = open_ledger(redis_server.url)
+    taker = open_ledger(redis_server.url)
+    assert isinstance(taker, RedisLedger)
+    await holder._r.flushdb()  # type: ignore[attr-defined]
+    await holder.claim(KEY, digest=D1, worker="w1", now=0.0, lease_s=0.05)
+    await holder.start(KEY, 1, now=0.0, lease_s=0.05)
+    later = await expire(taker, 0.05)
+    read = taker._read
+    reads = 0
+
+    async def racing(**kw):  # type: ignore[no-untyped-def]
+        nonlocal reads
+        reads += 1
+        got = await read(**kw)
+        if reads == 1:
+            await holder.finish(KEY, 1, OK, now=later)  # (a late finish still holds token 1)
+        return got
+
+    taker._read = racing  # type: ignore[assignment]
+    claim = await taker.claim(
+        KEY, digest=D1, worker="w2", now=later, lease_s=30, rerun_started=True
+    )
+    assert reads == 2
+    assert isinstance(claim, Found)
+    assert claim.record.state == "completed"
+    assert claim.record.result == OK
+    record = await taker.get(KEY)
+    assert record is not None
+    assert (record.state, record.token, record.worker) == ("completed", 1, "w1")
+    await holder.aclose()
+    await taker.aclose()

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from toollatch import ToolResult
-from toollatch.ledger import LedgerKey, digest_of, open_history, open_ledger
+from toollatch.ledger import LedgerError, LedgerKey, digest_of, open_history, open_ledger
 from toollatch.relay import redact_secrets
 
 FAKE_KEY = "s" + "k-" + "live" + "A1b2C3d4E5f6G7h8J9k0L1m2"
@@ -78,6 +78,73 @@ async def test_the_ledger_stores_results_redacted(tmp_path, redacted):
     assert (FAKE_KEY.encode() in raw) is not redacted
 
 
+# -- the stores redact as tool results are redacted (one walk, toollatch._redact) -----------
+
+
+def mask_sk(pointer: str, text: str) -> str:
+    return "[r]" if text.startswith("s" + "k-") else text
+
+
+async def stored_result(tmp_path, content: str, redactor=mask_sk) -> str:  # type: ignore[no-untyped-def]
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'l.db'}", redactor=redactor)
+    key = LedgerKey(scope="run-1", call_id="call_1")
+    won = await ledger.claim(key, digest=digest_of("t", {}), worker="w", now=0.0, lease_s=30)
+    result = ToolResult(tool_call_id="call_1", name="t", content=content)
+    try:
+        await ledger.finish(key, won.token, result, now=1.0)  # type: ignore[union-attr]
+        record = await ledger.get(key)
+    finally:
+        await ledger.aclose()
+    assert record is not None
+    assert record.result is not None
+    return record.result.content
+
+
+async def test_a_stored_result_keeps_duplicate_keys_and_number_literals(tmp_path):
+    # json.loads would keep only the last "k" (the first secret stored as it was before)
+    # and write 2.50 back as 2.5, 1e400 as Infinity
+    content = '{"k": "' + FAKE_KEY + '", "k": "ok", "price": 2.50, "big": 1e400}'
+    assert await stored_result(tmp_path, content) == (
+        '{"k":"[r]","k":"ok","price":2.50,"big":1e400}'
+    )
+
+
+async def test_a_stored_result_too_deep_for_the_walk_is_redacted_whole(tmp_path):
+    content = "[" * 100_000 + '"' + FAKE_KEY + '"' + "]" * 100_000
+    whole = await stored_result(tmp_path, content, lambda p, t: "[whole]" if p == "" else t)
+    assert whole == "[whole]"
+
+
+async def test_a_stored_result_walks_json_inside_strings(tmp_path):
+    content = json.dumps({"call": {"arguments": json.dumps({"key": FAKE_KEY, "n": 1})}})
+    shown = json.loads(await stored_result(tmp_path, content))
+    assert json.loads(shown["call"]["arguments"]) == {"key": "[r]", "n": 1}
+
+
+async def test_a_redactor_that_fails_stores_nothing(tmp_path):
+    def broken(pointer: str, text: str) -> str:
+        raise ValueError(f"cannot look at {text}")  # (its message quotes the secret)
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'l.db'}", redactor=broken)
+    key = LedgerKey(scope="run-1", call_id="call_1")
+    won = await ledger.claim(key, digest=digest_of("t", {}), worker="w", now=0.0, lease_s=30)
+    result = ToolResult(tool_call_id="call_1", name="t", content=FAKE_KEY)
+    with pytest.raises(LedgerError) as info:
+        await ledger.finish(key, won.token, result, now=1.0)  # type: ignore[union-attr]
+    assert FAKE_KEY not in str(info.value)
+    assert "ValueError" in str(info.value)
+    record = await ledger.get(key)
+    assert record is not None
+    assert record.state == "claimed"  # nothing stored
+    history = open_history(f"sqlite:///{tmp_path / 'h.db'}", redactor=broken)
+    with pytest.raises(LedgerError):
+        await history.append("run-1", MESSAGES, at=0)
+    await history.aclose()
+    await ledger.aclose()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert FAKE_KEY.encode() not in raw
+
+
 @pytest.mark.parametrize("redact", [True, False])
 def test_run_with_ledger_redact_stores_no_secret(tmp_path, redact):
     tools = tmp_path / "secret_tools.py"
@@ -114,8 +181,8 @@ def test_run_with_ledger_redact_stores_no_secret(tmp_path, redact):
 async def test_serve_with_ledger_redact_stores_no_secret(tmp_path, redact):
     """``toollatch serve`` passes ``ledger.redact`` to the relay's ledger and history too."""
     import httpx  # noqa: PLC0415
-    from relay_helpers import read_events, start_run  # noqa: PLC0415
 
+    from relay_helpers import read_events, start_run  # noqa: PLC0415
     from toollatch.relay._server import RelayServer  # noqa: PLC0415
     from toollatch.runtime._tools import tool  # noqa: PLC0415
     from toollatch.scripted._script import Call, Script, Text, Turn  # noqa: PLC0415
@@ -131,16 +198,18 @@ async def test_serve_with_ledger_redact_stores_no_secret(tmp_path, redact):
     script = Script(turns=(Turn(items=(Text(text="Looking."), call), delay_ms=0),
                            Turn(items=(Text(text="Done."),), delay_ms=0)))  # fmt: skip
     db = tmp_path / "relay.db"
-    async with RelayServer(
-        scripts={"scripted": script},
-        tools=[account],
-        delay_scale=0,
-        ledger=f"sqlite:///{db}",
-        redact_stored=redact,
-    ) as relay:
-        async with httpx.AsyncClient(base_url=relay.url) as client:
-            run = await start_run(client, "who am I?")
-            frames = await read_events(client, run["events_url"])
+    async with (
+        RelayServer(
+            scripts={"scripted": script},
+            tools=[account],
+            delay_scale=0,
+            ledger=f"sqlite:///{db}",
+            redact_stored=redact,
+        ) as relay,
+        httpx.AsyncClient(base_url=relay.url) as client,
+    ):
+        run = await start_run(client, "who am I?")
+        frames = await read_events(client, run["events_url"])
     assert [f.event for f in frames][-1] == "run_ended"
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("relay.db*"))
     assert b"plan pro for ana" in raw

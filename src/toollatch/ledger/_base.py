@@ -1,8 +1,17 @@
-"""The :class:`Ledger` protocol and the in-memory backend (internal)."""
+"""The :class:`Ledger` protocol, the backends' shared rules and the in-memory backend
+(internal).
+
+:class:`RecordLedger` is every Ledger method written once over one storage primitive,
+``_apply``: read a call's record, apply a pure rule of :mod:`._records` to it, write what
+the rule returns, all in one atomic step. A backend that can do that (a dict under one event
+loop, a SQLite transaction) only stores; the rules (what a claim returns for each prior
+state, the fencing of every write) are nowhere else.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from .._round import ToolResult
 from ._records import (
@@ -14,10 +23,16 @@ from ._records import (
     decide_unknown,
     fenced,
     finished,
+    lease_live,
     released,
     renewed,
     started,
 )
+
+T = TypeVar("T")
+Step = Callable[["LedgerRecord | None"], "tuple[T, LedgerRecord | None]"]
+"""A rule applied in one atomic step: the record read (None: none) to the step's outcome and
+the record to write (None: write nothing)."""
 
 
 @runtime_checkable
@@ -39,10 +54,13 @@ class Ledger(Protocol):
         now: float,
         lease_s: float,
         rerun_started: bool = False,
+        start: bool = False,
     ) -> Claim:
         """Claim ``key`` for ``worker``: :class:`Won` when there was no record or a stale
         ``claimed`` one (or a stale ``started`` one and ``rerun_started``), else
-        :class:`Found` with the record unchanged (compare its ``digest``)."""
+        :class:`Found` with the record unchanged (compare its ``digest``). ``start``: a won
+        claim is recorded ``started`` at once, as :meth:`start` would (one write for both,
+        for a caller that runs the tool right away)."""
         ...
 
     async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
@@ -79,12 +97,13 @@ class Ledger(Protocol):
         ...
 
 
-class MemoryLedger:
-    """A :class:`Ledger` in a dict: one process, one event loop (for tests and single-shot
-    runs). Every method runs to completion without awaiting, so each is atomic."""
+class RecordLedger:
+    """The :class:`Ledger` methods over ``_apply`` (see the module docstring): a subclass
+    provides ``_apply(key, step)``, which runs ``step`` on ``key``'s record atomically and
+    writes the record it returns, and ``get`` / ``aclose``."""
 
-    def __init__(self) -> None:
-        self._records: dict[LedgerKey, LedgerRecord] = {}
+    async def _apply(self, key: LedgerKey, step: Step[T]) -> T:
+        raise NotImplementedError  # pragma: no cover - every backend has its own
 
     async def claim(
         self,
@@ -95,47 +114,66 @@ class MemoryLedger:
         now: float,
         lease_s: float,
         rerun_started: bool = False,
+        start: bool = False,
     ) -> Claim:
         """See :meth:`Ledger.claim`."""
         check_lease(lease_s)
-        outcome, new = decide_claim(
-            self._records.get(key), key, digest=digest, worker=worker, now=now,
-            lease_s=lease_s, rerun_started=rerun_started,
-        )  # fmt: skip
-        if new is not None:
-            self._records[key] = new
-        return outcome
+
+        def step(record: LedgerRecord | None) -> tuple[Claim, LedgerRecord | None]:
+            live = record is not None and lease_live(record, now)
+            return decide_claim(
+                record, key, live=live, digest=digest, worker=worker, now=now,
+                lease_s=lease_s, rerun_started=rerun_started, start=start,
+            )  # fmt: skip
+
+        return await self._apply(key, step)
 
     async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.start`."""
         check_lease(lease_s)
-        record = fenced(self._records.get(key), key, token)
-        self._records[key] = started(record, now=now, lease_s=lease_s)
+        await self._apply(
+            key, lambda r: (None, started(fenced(r, key, token), now=now, lease_s=lease_s))
+        )
 
     async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.renew`."""
         check_lease(lease_s)
-        record = fenced(self._records.get(key), key, token)
-        self._records[key] = renewed(record, now=now, lease_s=lease_s)
+        await self._apply(
+            key, lambda r: (None, renewed(fenced(r, key, token), now=now, lease_s=lease_s))
+        )
 
     async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """See :meth:`Ledger.finish`."""
-        record = fenced(self._records.get(key), key, token)
-        self._records[key] = finished(record, result, now=now)
+        await self._apply(key, lambda r: (None, finished(fenced(r, key, token), result, now=now)))
 
     async def release(self, key: LedgerKey, token: int) -> None:
         """See :meth:`Ledger.release`."""
-        if (record := released(self._records.get(key), token)) is not None:
-            self._records[key] = record
+        await self._apply(key, lambda r: (None, released(r, token)))
 
     async def settle_unknown(
         self, key: LedgerKey, token: int, result: ToolResult, *, now: float
     ) -> LedgerRecord:
         """See :meth:`Ledger.settle_unknown`."""
-        record, changed = decide_unknown(self._records.get(key), key, token, result, now=now)
-        if changed:
-            self._records[key] = record
-        return record
+
+        def step(record: LedgerRecord | None) -> tuple[LedgerRecord, LedgerRecord | None]:
+            after, changed = decide_unknown(record, key, token, result, now=now)
+            return after, after if changed else None
+
+        return await self._apply(key, step)
+
+
+class MemoryLedger(RecordLedger):
+    """A :class:`Ledger` in a dict: one process, one event loop (for tests and single-shot
+    runs). Every method runs to completion without awaiting, so each is atomic."""
+
+    def __init__(self) -> None:
+        self._records: dict[LedgerKey, LedgerRecord] = {}
+
+    async def _apply(self, key: LedgerKey, step: Step[T]) -> T:
+        outcome, new = step(self._records.get(key))
+        if new is not None:
+            self._records[key] = new
+        return outcome
 
     async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""

@@ -13,8 +13,10 @@ Every claim that wins gets a *fencing token* larger than any before it for that 
 write after the claim names its token and is refused (:class:`LeaseLost`) when the record
 holds another one, so a worker whose claim expired and was taken over can never store a stale
 result. The in-memory and SQLite backends apply the pure functions below inside one atomic
-step (a dict under one event loop; a ``BEGIN IMMEDIATE`` transaction); the Redis backend
-applies the same rules in Lua scripts.
+step (a dict under one event loop; a ``BEGIN IMMEDIATE`` transaction: see
+:class:`._base.RecordLedger`); the Redis backend's claim applies :func:`decide_claim` too,
+between an atomic read and a compare-and-set write, and its fenced writes apply the same
+token rules in Lua scripts.
 """
 
 from __future__ import annotations
@@ -130,30 +132,49 @@ def check_lease(lease_s: float) -> None:
         raise UsageError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
 
 
+def lease_live(record: LedgerRecord, now: float) -> bool:
+    """Whether ``record``'s lease still runs at ``now`` (the in-memory and SQLite backends'
+    liveness; Redis judges it by its lease key's server-side expiry instead)."""
+    return record.lease_until > now
+
+
 def decide_claim(
     record: LedgerRecord | None,
     key: LedgerKey,
     *,
+    live: bool,
     digest: str,
     worker: str,
     now: float,
     lease_s: float,
     rerun_started: bool,
+    start: bool = False,
 ) -> tuple[Claim, LedgerRecord | None]:
-    """The claim's outcome and the record to write (None: write nothing)."""
+    """What a claim returns for the prior ``record`` (None: there is none) and the record to
+    write (None: write nothing); every backend's claim is this decision. ``live``: whether
+    the holder's lease runs (the backend's own judgement, see :func:`lease_live`).
+
+    * no record: won with token 1;
+    * other arguments (``digest``), a final record, a live lease, or a ``started`` record
+      without ``rerun_started``: found, unchanged (``live`` only for an unfinished one);
+    * else (a stale ``claimed`` one, or a stale ``started`` one with ``rerun_started``):
+      won with the next token, the old record as ``previous``.
+
+    ``start``: a won claim is written ``started`` at once (claim and :func:`started` in one
+    write: the caller runs the tool now, with nothing to wait for in between)."""
+    state: LedgerState = "started" if start else "claimed"
     if record is None:
         new = LedgerRecord(
-            key=key, digest=digest, state="claimed", worker=worker, token=1,
+            key=key, digest=digest, state=state, worker=worker, token=1,
             claimed_at=now, lease_until=now + lease_s, updated_at=now,
         )  # fmt: skip
         return Won(token=1), new
-    live = record.lease_until > now
     takeable = record.state == "claimed" or (record.state == "started" and rerun_started)
     if record.digest != digest or record.state in FINAL or live or not takeable:
         return Found(record=record, live=live and record.state not in FINAL), None
     token = record.token + 1
     new = replace(
-        record, state="claimed", worker=worker, token=token, claimed_at=now,
+        record, state=state, worker=worker, token=token, claimed_at=now,
         lease_until=now + lease_s, updated_at=now, result=None,
     )  # fmt: skip
     return Won(token=token, previous=record), new
@@ -236,6 +257,6 @@ def decide_unknown(
     an unfinished record still holding ``token`` whose lease has run out is settled."""
     if record is None:
         raise LeaseLost(f"call {key.call_id!r} ({key.scope!r}) has no record")
-    if record.token == token and record.state not in FINAL and record.lease_until <= now:
+    if record.token == token and record.state not in FINAL and not lease_live(record, now):
         return finished(record, result, now=now), True
     return record, False

@@ -5,10 +5,12 @@ What toollatch stores holds the user's data: the run history keeps every tool ca
 arguments and every result, the ledger every result (to give it again on a retry). With a
 redactor, :class:`RedactedHistory` passes each message through it before it is appended,
 and :class:`RedactedLedger` each result before it is finished, so the file never holds what
-the redactor masks. The walk is the previews' pointer contract: every string of a JSON value
-with the pointer of its place (keys are kept); a string that is itself a JSON object or
-array (OpenAI's ``arguments``, a JSON result) is walked inside, its pointers continuing, and
-written again compact only when something changed.
+the redactor masks. The walk is the one tool results get (:mod:`toollatch._redact`, the
+previews' pointer contract: every string and key of a JSON value with the pointer of its
+place), with ``nested`` on: a string that is itself a JSON object or array (OpenAI's
+``arguments``, a JSON result) is walked inside, its pointers continuing, and written again
+compact only when something changed. A redactor that fails raises ``LedgerError`` and
+nothing is stored (fail closed).
 
 The price, which is why it is opt-in: what is stored is what comes back. A resumed run's
 model reads the redacted history, and a retried call's stored result is the redacted one.
@@ -17,47 +19,20 @@ model reads the redacted history, and a retried call's stored result is the reda
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from .._preview import Redactor
+from .._redact import RedactionFailed, redact_result, redact_value
 from .._round import ToolResult
 from ._base import Ledger
 from ._history import History
-from ._records import Claim, LedgerKey, LedgerRecord
+from ._records import LedgerError, LedgerKey, LedgerRecord
 
 
-def redact_json(value: Any, redactor: Redactor, pointer: str = "") -> Any:
-    """``value`` (plain JSON data) with every string passed through ``redactor``."""
-    if isinstance(value, dict):
-        return {
-            k: redact_json(v, redactor, f"{pointer}/{_escape(str(k))}") for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact_json(v, redactor, f"{pointer}/{i}") for i, v in enumerate(value)]
-    if isinstance(value, str):
-        return redact_text(value, redactor, pointer)
-    return value
-
-
-def redact_text(text: str, redactor: Redactor, pointer: str = "") -> str:
-    """``text`` through ``redactor``; a JSON object or array text is walked inside."""
-    if text.lstrip()[:1] in ("{", "["):
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict | list):
-            shown = redact_json(parsed, redactor, pointer)
-            if shown == parsed:
-                return text
-            return json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
-    return redactor(pointer, text)
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
+def _failed(what: str, exc: RedactionFailed) -> LedgerError:
+    """Fail closed: nothing is stored unredacted (the cause names only a type)."""
+    return LedgerError(f"the redactor failed on {what} ({exc}); it was not stored")
 
 
 class RedactedHistory:
@@ -69,7 +44,10 @@ class RedactedHistory:
 
     async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
         """See :meth:`History.append` (the messages stored redacted)."""
-        shown = [redact_json(m, self.redactor) if isinstance(m, dict) else m for m in messages]
+        try:
+            shown = [redact_value(m, self.redactor) if isinstance(m, dict) else m for m in messages]
+        except RedactionFailed as exc:
+            raise _failed(f"run {run!r}'s messages", exc) from None
         return await self.inner.append(run, shown, at=at)
 
     async def load(self, run: str) -> list[dict[str, Any]]:
@@ -87,53 +65,27 @@ class RedactedLedger:
     def __init__(self, ledger: Ledger, redactor: Redactor) -> None:
         self.inner = ledger
         self.redactor = redactor
+        # what it does not change is the inner ledger's own methods (their signatures too)
+        self.claim = ledger.claim
+        self.start = ledger.start
+        self.renew = ledger.renew
+        self.release = ledger.release
+        self.get = ledger.get
+        self.aclose = ledger.aclose
 
     def _shown(self, result: ToolResult) -> ToolResult:
-        content = redact_text(result.content, self.redactor)
+        try:
+            content = redact_result(result.content, self.redactor, nested=True)
+        except RedactionFailed as exc:
+            raise _failed(f"the result of {result.tool_call_id!r}", exc) from None
         return result if content == result.content else dataclasses.replace(result, content=content)
-
-    async def claim(
-        self,
-        key: LedgerKey,
-        *,
-        digest: str,
-        worker: str,
-        now: float,
-        lease_s: float,
-        rerun_started: bool = False,
-    ) -> Claim:
-        """See :meth:`Ledger.claim`."""
-        return await self.inner.claim(
-            key, digest=digest, worker=worker, now=now, lease_s=lease_s,
-            rerun_started=rerun_started,
-        )  # fmt: skip
-
-    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
-        """See :meth:`Ledger.start`."""
-        await self.inner.start(key, token, now=now, lease_s=lease_s)
-
-    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
-        """See :meth:`Ledger.renew`."""
-        await self.inner.renew(key, token, now=now, lease_s=lease_s)
 
     async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
         """See :meth:`Ledger.finish` (the result stored redacted)."""
         await self.inner.finish(key, token, self._shown(result), now=now)
-
-    async def release(self, key: LedgerKey, token: int) -> None:
-        """See :meth:`Ledger.release`."""
-        await self.inner.release(key, token)
 
     async def settle_unknown(
         self, key: LedgerKey, token: int, result: ToolResult, *, now: float
     ) -> LedgerRecord:
         """See :meth:`Ledger.settle_unknown` (the result stored redacted)."""
         return await self.inner.settle_unknown(key, token, self._shown(result), now=now)
-
-    async def get(self, key: LedgerKey) -> LedgerRecord | None:
-        """See :meth:`Ledger.get`."""
-        return await self.inner.get(key)
-
-    async def aclose(self) -> None:
-        """See :meth:`Ledger.aclose`."""
-        await self.inner.aclose()

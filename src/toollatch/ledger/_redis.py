@@ -2,11 +2,14 @@
 
 Per call, a hash holds the record and a separate *lease key* holds the current fencing
 token with a server-side expiry (``SET ... PX``, https://redis.io/docs/latest/commands/set/),
-so liveness is judged by the Redis server's clock, never by a worker's. Every operation is one
-Lua script (``EVALSHA``), which Redis runs atomically
-(https://redis.io/docs/latest/develop/interact/programmability/eval-intro/): a claim reads and
-writes the hash and the lease key in one step, and a write naming a token that is no longer
-the hash's is refused with ``LEASE_LOST`` (the fencing rule of ``_records``). Final records
+so liveness is judged by the Redis server's clock, never by a worker's. Every operation is Lua
+scripts (``EVALSHA``), which Redis runs atomically
+(https://redis.io/docs/latest/develop/interact/programmability/eval-intro/). A claim is
+decided by :func:`._records.decide_claim`, the rule every backend shares, between two
+scripts: one reads the hash and the lease key (live: it holds the record's token), one
+writes the decision only if both are still as read (a compare-and-set; a race lost means
+read and decide again). A write naming a token that is no longer the hash's is refused
+with ``LEASE_LOST`` (the fencing rule of ``_records``). Final records
 expire after ``retention_s``. Both keys of a call share a hash tag (the scope), so the scripts
 also work on Redis Cluster.
 """
@@ -25,43 +28,38 @@ from .._round import ToolResult
 from ._history import HistoryConflict, _encoded
 from ._records import (
     Claim,
-    Found,
     LeaseLost,
     LedgerError,
     LedgerKey,
     LedgerRecord,
-    Won,
     check_lease,
+    decide_claim,
     result_from_json,
     result_to_json,
 )
 
-_CLAIM = """
-local h, lk = KEYS[1], KEYS[2]
-local digest, worker, now, lease_until, lease_ms, rerun, retention_ms = unpack(ARGV)
-if redis.call('EXISTS', h) == 0 then
-  redis.call('HSET', h, 'digest', digest, 'state', 'claimed', 'worker', worker, 'token', 1,
-    'claimed_at', now, 'lease_until', lease_until, 'updated_at', now)
-  if tonumber(retention_ms) > 0 then redis.call('PEXPIRE', h, retention_ms) end
-  redis.call('SET', lk, 1, 'PX', lease_ms)
-  return {'won', '1'}
-end
-local rec = redis.call('HGETALL', h)
-local state = redis.call('HGET', h, 'state')
-local token = redis.call('HGET', h, 'token')
-local live = redis.call('GET', lk) == token
-local final = state == 'completed' or state == 'failed'
-local takeable = state == 'claimed' or (state == 'started' and rerun == '1')
-if redis.call('HGET', h, 'digest') ~= digest or final or live or not takeable then
-  return {'found', (live and not final) and '1' or '0', rec}
-end
-local t = redis.call('HINCRBY', h, 'token', 1)
-redis.call('HSET', h, 'state', 'claimed', 'worker', worker, 'claimed_at', now,
-  'lease_until', lease_until, 'updated_at', now)
-redis.call('HDEL', h, 'result')
-redis.call('SET', lk, t, 'PX', lease_ms)
-return {'won', tostring(t), rec}
+_READ = """
+local rec = redis.call('HGETALL', KEYS[1])
+return {rec, redis.call('GET', KEYS[2]) or ''}
 """
+# The record and its lease key as one atomic read: what a claim decides on.
+
+_PUT = """
+local h, lk = KEYS[1], KEYS[2]
+local token, state, updated_at, lease, new_token, lease_ms, retention_ms = unpack(ARGV, 1, 7)
+if (redis.call('HGET', h, 'token') or '') ~= token
+    or (redis.call('HGET', h, 'state') or '') ~= state
+    or (redis.call('HGET', h, 'updated_at') or '') ~= updated_at
+    or (redis.call('GET', lk) or '') ~= lease then
+  return 0
+end
+redis.call('HSET', h, unpack(ARGV, 8))
+redis.call('HDEL', h, 'result')
+if tonumber(retention_ms) > 0 then redis.call('PEXPIRE', h, retention_ms) end
+redis.call('SET', lk, new_token, 'PX', lease_ms)
+return 1
+"""
+# A claim's write, only if the record and lease key are still as read (else 0: read again).
 
 _FENCED = """
 local h, lk = KEYS[1], KEYS[2]
@@ -130,7 +128,8 @@ class RedisLedger:
         self._r = client
         self._prefix = prefix
         self._retention_ms = str(int(retention_s * 1000))
-        self._claim = client.register_script(_CLAIM)
+        self._read = client.register_script(_READ)
+        self._put = client.register_script(_PUT)
         self._fenced = client.register_script(_FENCED)
         self._release = client.register_script(_RELEASE)
         self._settle = client.register_script(_SETTLE)
@@ -149,18 +148,26 @@ class RedisLedger:
         now: float,
         lease_s: float,
         rerun_started: bool = False,
+        start: bool = False,
     ) -> Claim:
         """See :meth:`Ledger.claim` (liveness is the lease key's server-side expiry)."""
         check_lease(lease_s)
-        args = [digest, worker, repr(now), repr(now + lease_s), _ms(lease_s), "1" * rerun_started]
-        args.append(self._retention_ms)
-        reply = await self._run(self._claim, key, args)
-        kind, value, *rest = reply
-        previous = _record(key, rest[0]) if rest else None
-        if _text(kind) == "won":
-            return Won(token=int(value), previous=previous)
-        assert previous is not None  # the script returns the record with 'found'
-        return Found(record=previous, live=_text(value) == "1")
+        for _ in range(_CLAIM_RACES):
+            fields, lease = await self._run(self._read, key, [])
+            data = _texts(fields)
+            record = _record(key, data) if data else None
+            live = record is not None and _text(lease) == str(record.token)
+            outcome, new = decide_claim(
+                record, key, live=live, digest=digest, worker=worker, now=now,
+                lease_s=lease_s, rerun_started=rerun_started, start=start,
+            )  # fmt: skip
+            if new is None:
+                return outcome
+            held = [data.get(f, "") for f in ("token", "state", "updated_at")]
+            args = [*held, _text(lease), str(new.token), _ms(lease_s), self._retention_ms]
+            if await self._run(self._put, key, [*args, *_fields(new)]):
+                return outcome
+        raise LedgerError(f"Redis ledger: call {key.call_id!r} changed {_CLAIM_RACES} times")
 
     async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
         """See :meth:`Ledger.start`."""
@@ -225,6 +232,20 @@ class RedisLedger:
             raise LedgerError(f"Redis ledger: {type(exc).__name__}: {exc}") from exc
 
 
+_CLAIM_RACES = 100
+"""Compare-and-set rounds a claim makes before giving up (each lost one means another
+worker's write went through: the ledger makes progress)."""
+
+
+def _fields(r: LedgerRecord) -> list[str]:
+    """The hash fields of a claimed record (a claimed record holds no result)."""
+    return [
+        "digest", r.digest, "state", r.state, "worker", r.worker, "token", str(r.token),
+        "claimed_at", repr(r.claimed_at), "lease_until", repr(r.lease_until),
+        "updated_at", repr(r.updated_at),
+    ]  # fmt: skip
+
+
 def _ms(seconds: float) -> str:
     return str(max(1, int(seconds * 1000)))
 
@@ -233,11 +254,16 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _record(key: LedgerKey, fields: Any) -> LedgerRecord:
-    """A record from HGETALL's reply: a flat list from a script, a dict from the client."""
+def _texts(fields: Any) -> dict[str, str]:
+    """HGETALL's reply (a flat list from a script, a dict from the client) as text."""
     if isinstance(fields, list):
         fields = dict(zip(fields[::2], fields[1::2], strict=True))
-    data = {_text(k): _text(v) for k, v in fields.items()}
+    return {_text(k): _text(v) for k, v in fields.items()}
+
+
+def _record(key: LedgerKey, fields: Any) -> LedgerRecord:
+    """A record from HGETALL's reply: a flat list from a script, a dict from the client."""
+    data = _texts(fields)
     try:
         state = data["state"]
         if state not in ("claimed", "started", "completed", "failed"):

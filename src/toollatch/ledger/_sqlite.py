@@ -24,23 +24,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .._errors import ConfigError
-from .._round import ToolResult
-from ._records import (
-    Claim,
-    LedgerError,
-    LedgerKey,
-    LedgerRecord,
-    check_lease,
-    decide_claim,
-    decide_unknown,
-    fenced,
-    finished,
-    released,
-    renewed,
-    result_from_json,
-    result_to_json,
-    started,
-)
+from ._base import RecordLedger, Step
+from ._records import LedgerError, LedgerKey, LedgerRecord, result_from_json, result_to_json
 
 T = TypeVar("T")
 _log = logging.getLogger("toollatch.ledger")
@@ -57,7 +42,7 @@ _COLUMNS = "digest, state, worker, token, claimed_at, lease_until, updated_at, r
 _UPSERT = f"INSERT OR REPLACE INTO toollatch_calls (scope, call_id, {_COLUMNS}) VALUES ({', '.join('?' * 10)})"  # noqa: E501
 
 
-class SQLiteLedger:
+class SQLiteLedger(RecordLedger):
     """A :class:`Ledger` in the SQLite file at ``path`` (created with its table if absent).
 
     ``busy_timeout_s``: how long an operation waits for another process's write lock
@@ -78,63 +63,7 @@ class SQLiteLedger:
             thread="toollatch-ledger",
         )
 
-    # -- the Ledger methods ------------------------------------------------------------------
-
-    async def claim(
-        self,
-        key: LedgerKey,
-        *,
-        digest: str,
-        worker: str,
-        now: float,
-        lease_s: float,
-        rerun_started: bool = False,
-    ) -> Claim:
-        """See :meth:`Ledger.claim`."""
-        check_lease(lease_s)
-
-        def step(record: LedgerRecord | None) -> tuple[Claim, LedgerRecord | None]:
-            return decide_claim(
-                record, key, digest=digest, worker=worker, now=now, lease_s=lease_s,
-                rerun_started=rerun_started,
-            )  # fmt: skip
-
-        return await self._transaction(key, step)
-
-    async def start(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
-        """See :meth:`Ledger.start`."""
-        check_lease(lease_s)
-        await self._transaction(
-            key, lambda r: (None, started(fenced(r, key, token), now=now, lease_s=lease_s))
-        )
-
-    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
-        """See :meth:`Ledger.renew`."""
-        check_lease(lease_s)
-        await self._transaction(
-            key, lambda r: (None, renewed(fenced(r, key, token), now=now, lease_s=lease_s))
-        )
-
-    async def finish(self, key: LedgerKey, token: int, result: ToolResult, *, now: float) -> None:
-        """See :meth:`Ledger.finish`."""
-        await self._transaction(
-            key, lambda r: (None, finished(fenced(r, key, token), result, now=now))
-        )
-
-    async def release(self, key: LedgerKey, token: int) -> None:
-        """See :meth:`Ledger.release`."""
-        await self._transaction(key, lambda r: (None, released(r, token)))
-
-    async def settle_unknown(
-        self, key: LedgerKey, token: int, result: ToolResult, *, now: float
-    ) -> LedgerRecord:
-        """See :meth:`Ledger.settle_unknown`."""
-
-        def step(record: LedgerRecord | None) -> tuple[LedgerRecord, LedgerRecord | None]:
-            after, changed = decide_unknown(record, key, token, result, now=now)
-            return after, after if changed else None
-
-        return await self._transaction(key, step)
+    # -- the Ledger methods: RecordLedger's, over _apply ------------------------------------
 
     async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
@@ -161,10 +90,9 @@ class SQLiteLedger:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    async def _transaction(
-        self, key: LedgerKey, step: Callable[[LedgerRecord | None], tuple[T, LedgerRecord | None]]
-    ) -> T:
-        """Read ``key``'s record, apply ``step``, write its new record: one transaction."""
+    async def _apply(self, key: LedgerKey, step: Step[T]) -> T:
+        """Read ``key``'s record, apply ``step``, write its new record: one transaction, in
+        one hop to the worker thread."""
 
         def run(conn: sqlite3.Connection) -> T:
             with _immediate(conn):

@@ -15,6 +15,7 @@ validated file configures them (:func:`load_config`); observers (:class:`Metrics
 
 from typing import TYPE_CHECKING, Any
 
+from .._redact import redact_result
 from ._agent import Agent, AgentRun, RunLimits, ToolSource, user_message
 from ._agent_events import (
     AgentEvent,
@@ -45,13 +46,7 @@ from ._dispatcher import Dispatcher, DispatchRound
 from ._examples import example_tools
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
-from ._results import (
-    DEFAULT_MAX_RESULT_BYTES,
-    MIN_RESULT_BYTES,
-    ResultLimits,
-    redact_result,
-    truncate_result,
-)
+from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits, truncate_result
 from ._tools import Tool, ToolOutcome, schema_tool, tool
 
 __all__ = [

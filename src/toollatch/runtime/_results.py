@@ -36,15 +36,14 @@ cut. The cut never splits a code point, a surrogate pair, or a JSON escape (``\\
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
 
 from .._errors import ConfigError, ErrorCode
 from .._preview import REDACTED, PreviewPolicy, Redactor
+from .._redact import RedactionFailed, redact_result
 from .._round import ToolResult
 from .._secrets import redact_secrets
 
@@ -97,10 +96,6 @@ def check_budget(what: str, value: object) -> None:
     """``ConfigError`` unless ``value`` is an int of at least :data:`MIN_RESULT_BYTES`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < MIN_RESULT_BYTES:
         raise ConfigError(f"{what} must be an integer >= {MIN_RESULT_BYTES} bytes, got {value!r}")
-
-
-class RedactionFailed(Exception):
-    """The redactor raised or returned a non-str (internal: the result is withheld)."""
 
 
 class ResultShaper:
@@ -236,138 +231,6 @@ def made_error(tool_call_id: str, name: str, code: ErrorCode, detail: str) -> To
         is_error=True,
         code=code,
     )
-
-
-# -- redaction -------------------------------------------------------------------------------
-
-
-class _Object(list[tuple[str, Any]]):
-    """A parsed JSON object as its pairs in order (duplicate keys kept, each one redacted)."""
-
-
-class _Float(str):
-    """A JSON number with a fraction or exponent, kept as its literal (``2.50`` stays
-    ``2.50`` and ``1e400`` does not become ``Infinity``). Integers are exact as ``int``."""
-
-
-_ENCODER = json.JSONEncoder(ensure_ascii=False)
-
-
-def redact_result(text: str, redactor: Redactor) -> str:
-    """``text`` passed through ``redactor(pointer, text)``, the contract of the previews.
-
-    A text that is a JSON object or array (strict RFC 8259: no ``NaN``) gets the redactor on
-    every string value, with the value's JSON pointer (``redactor("/token", "sk-...")``), and
-    on every object key, with the pointer of the object holding it (``redactor("", "token")``
-    for a top-level key); pointers are the keys as the tool wrote them. When nothing changed the
-    text is returned as it is (the same object); else the JSON is written again, compact, with
-    numbers as they were written. Any other text (plain text, a bare JSON scalar, malformed or
-    too deeply nested JSON) is redacted whole: ``redactor("", text)``. Raises
-    :class:`RedactionFailed` when the redactor raises or returns a non-str.
-    """
-    tree = _parsed(text)
-    try:
-        if tree is None:
-            return _whole(redactor, text)
-        walk = _Walk(redactor)
-        walk.visit(tree, "")
-        return _dump(tree) if walk.changed else text
-    except RecursionError:  # nested deeper than the walk can go: whole-text redaction
-        return _whole(redactor, text)
-    except RedactionFailed:
-        raise
-    except Exception as exc:  # the redactor's: its message may hold the secret
-        raise RedactionFailed(type(exc).__name__) from None
-
-
-def _parsed(text: str) -> Any:
-    if text[:1] not in ("{", "[") and text.lstrip()[:1] not in ("{", "["):
-        return None
-    try:
-        return json.loads(
-            text, object_pairs_hook=_Object, parse_float=_Float, parse_constant=_refuse_constant
-        )
-    except (ValueError, RecursionError):  # (an int past Python's digit limit is one)
-        return None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _whole(redactor: Redactor, text: str) -> str:
-    try:
-        shown = redactor("", text)
-    except Exception as exc:
-        raise RedactionFailed(type(exc).__name__) from None
-    if not isinstance(shown, str):
-        raise RedactionFailed(f"returned {type(shown).__name__}, not str")
-    return shown
-
-
-class _Walk:
-    """Redacts a parsed tree in place (it is ours), noting whether anything changed. Written
-    for speed: one call per container, strings inline, and a redactor that returns its
-    argument costs an identity test."""
-
-    __slots__ = ("changed", "redactor")
-
-    def __init__(self, redactor: Redactor) -> None:
-        self.redactor = redactor
-        self.changed = False
-
-    def checked(self, shown: object, text: str) -> str:
-        """The redactor's answer ``shown`` for ``text``, when it is not ``text`` itself."""
-        if not isinstance(shown, str):
-            raise RedactionFailed(f"returned {type(shown).__name__}, not str")
-        if shown != text:
-            self.changed = True
-        return shown
-
-    def visit(self, node: list[Any], pointer: str) -> None:
-        redactor = self.redactor
-        if type(node) is _Object:
-            for i, (key, value) in enumerate(node):
-                shown_key = redactor(pointer, key)
-                if shown_key is not key:
-                    shown_key = self.checked(shown_key, key)
-                token = key if "~" not in key and "/" not in key else _token(key)
-                kind = type(value)
-                if kind is str:
-                    shown = redactor(f"{pointer}/{token}", value)
-                    if shown is not value:
-                        node[i] = (shown_key, self.checked(shown, value))
-                        continue
-                elif kind is _Object or kind is list:
-                    self.visit(value, f"{pointer}/{token}")
-                if shown_key is not key:
-                    node[i] = (shown_key, value)
-            return
-        for i, value in enumerate(node):
-            kind = type(value)
-            if kind is str:
-                shown = redactor(f"{pointer}/{i}", value)
-                if shown is not value:
-                    node[i] = self.checked(shown, value)
-            elif kind is _Object or kind is list:
-                self.visit(value, f"{pointer}/{i}")
-
-
-def _token(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _dump(node: Any) -> str:
-    kind = type(node)
-    if kind is str:
-        return _ENCODER.encode(node)
-    if kind is _Object:
-        return "{" + ",".join(f"{_ENCODER.encode(k)}:{_dump(v)}" for k, v in node) + "}"
-    if kind is list:
-        return "[" + ",".join([_dump(v) for v in node]) + "]"
-    if kind is _Float:
-        return str.__str__(node)
-    return _ENCODER.encode(node)  # int, True, False, None
 
 
 # -- the size budget -------------------------------------------------------------------------

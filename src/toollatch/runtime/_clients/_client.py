@@ -36,6 +36,7 @@ import asyncio
 import logging
 import os
 import random
+import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -114,7 +115,9 @@ class ModelClient:
         self.limits = limits
         self.retry = retry
         self._owns_http = http is None
-        self._http = http if http is not None else httpx.AsyncClient(timeout=None)
+        self._http = (
+            http if http is not None else httpx.AsyncClient(timeout=None, verify=_default_tls())
+        )
         self._headers = httpx.Headers(
             {
                 "accept": "text/event-stream",
@@ -550,6 +553,21 @@ async def _inflated(raw: AsyncIterator[bytes], wbits: int) -> AsyncIterator[byte
         close = getattr(raw, "aclose", None)
         if close is not None:
             await close()
+
+
+_TLS: list[ssl.SSLContext] = []  # the process's default context, once made
+
+
+def _default_tls() -> ssl.SSLContext:
+    """The TLS context of every httpx client a :class:`ModelClient` makes: httpx's default
+    (certifi's roots, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` as set when first made), made once
+    per process on first use. Making one loads the CA bundle, ~25-50 ms of CPU: per
+    ``model_client()`` that was most of a short conversation's client cost. A context is
+    made to be shared (one per application, as the ``ssl`` docs advise), and httpx takes it
+    as ``verify``; an ``http://`` URL still gets it, for a TLS proxy from the environment."""
+    if not _TLS:
+        _TLS.append(httpx.create_ssl_context())
+    return _TLS[0]
 
 
 def model_client(
