@@ -495,12 +495,14 @@ async def test_deep_json_arguments_fail_the_call_and_the_run_goes_on(server, pro
 # -- toollatch run --json: what a user sees --------------------------------------------------
 
 
-async def toollatch_run(server, provider: str, tmp_path: Path) -> tuple[int, list[dict], str]:
+async def toollatch_run(
+    server, provider: str, tmp_path: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[int, list[dict], str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "toollatch.cli", "run", "--json", "--provider", provider,
-        "--base-url", server.url, "--model", "m", "--workspace", str(tmp_path),
+        "--base-url", server.url, "--model", "m", "--workspace", str(tmp_path), *flags,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
     )  # fmt: skip
     async with asyncio.timeout(120):
         out, err = await process.communicate()
@@ -573,3 +575,18 @@ async def test_run_json_a_gzip_bomb_exits_1_at_a_bound(server, tmp_path):
     assert_failed_run(code, events, err, "no answer")
     assert "framing error" in events[-1]["error"]
     assert len(server.seen) == 3
+
+
+async def test_run_json_takes_stream_retries_and_max_body_bytes_from_the_environment(
+    server, tmp_path
+):
+    # a 200 KiB answer: under the default body bound (64 MiB), over a bound of 64 KiB
+    long_text = wire("openai_chat", Text(text="x" * (200 * 1024), chunk_chars=8192))
+    server.replies.append(sse_response(long_text))
+    code, events, err = await toollatch_run(server, "openai_chat", tmp_path)
+    assert code == 0, err
+    server.always = sse_response(long_text)
+    env = {"TOOLLATCH_MODEL__MAX_BODY_BYTES": "65536", "TOOLLATCH_MODEL__STREAM_RETRIES": "0"}
+    code, events, err = await toollatch_run(server, "openai_chat", tmp_path, env=env)
+    assert_failed_run(code, events, err, "max_body_bytes=65536")
+    assert len(server.seen) == 2  # the first run's request, then this run's only one

@@ -221,6 +221,7 @@ async def _with_model(
                 base_url=base_url,
                 api_key=_api_key(config),
                 limits=config.client_limits() if config else None,
+                retry=config.retry_policy() if config else None,
             )
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
