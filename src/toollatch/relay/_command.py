@@ -143,6 +143,7 @@ def serve_command(args: argparse.Namespace) -> int:
             allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
             allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
             models=models or None,
+            run_limits=c.run_limits(),
         )
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:

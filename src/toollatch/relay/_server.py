@@ -36,6 +36,7 @@ from ..ledger import (
     open_ledger,
 )
 from ..mcp import McpToolSource
+from ..runtime._agent import RunLimits
 from ..runtime._tools import Tool
 from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, http_implementation
@@ -97,7 +98,8 @@ class RelayServer:
     bad port, an audit without a ledger, a
     ``base_url`` without ``model``, an unknown provider, a bad token or host pattern, or a
     host that is not loopback without a token. ``redact_stored`` stores results and history
-    through :func:`toollatch.relay.redact_secrets` (``ledger.redact``).
+    through :func:`toollatch.relay.redact_secrets` (``ledger.redact``). ``run_limits``: each
+    run's budgets (rounds, calls, the deadline; ``toollatch serve``: the ``relay:`` section's).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class RelayServer:
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
         models: Sequence[str] | None = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -132,6 +135,7 @@ class RelayServer:
         self.base_url = base_url
         self.tools, self.limits, self.previews = tools, limits, previews
         self.tool_source = tool_source
+        self.run_limits = run_limits
         if audit is not None and ledger is None:
             raise ConfigError("the audit of uncommitted calls needs a ledger")
         self.ledger_url, self.audit = ledger, audit
@@ -238,6 +242,7 @@ class RelayServer:
             audit=audit,
             models=self.models,
             access=self.access,
+            run_limits=self.run_limits,
         )
         stack.push_async_callback(relay.runs.close)
         # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; without it every

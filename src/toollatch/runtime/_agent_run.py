@@ -44,7 +44,8 @@ class AgentRun:
 
     ``history`` is the provider-format history, valid to send again after every round;
     ``rounds`` the rounds played; ``error`` why the run stopped early (a model error), if it
-    did; ``conversation`` the id its call ids are deduped under (see :meth:`Agent.run`).
+    did (the run deadline included: then ``deadline_passed`` is true); ``conversation`` the
+    id its call ids are deduped under (see :meth:`Agent.run`).
     :meth:`cancel` stops the run: the round in flight is cancelled, every call paired.
     """
 
@@ -72,6 +73,8 @@ class AgentRun:
         self._cancelled = False
         self._started = False
         self._broken = 0  # rounds in a row whose stream broke (see _again)
+        self.deadline_passed = False
+        """Whether ``RunLimits.deadline_s`` ended the run (``error`` then says so)."""
 
     def cancel(self) -> None:
         """Stop the run; the events still end with ``round_ended`` and ``run_ended``.
@@ -110,13 +113,22 @@ class AgentRun:
     async def _drive(self) -> None:
         self._started = True
         limits = self.agent.run_limits
+        deadline = asyncio.timeout(limits.deadline_s)
         try:
-            async with asyncio.timeout(limits.deadline_s):
+            async with deadline:
                 while not self._cancelled and len(self.rounds) < limits.max_rounds:
                     if not await self._round():
                         break
         except TimeoutError:
-            self.error = None  # the deadline is a budget: the run ended
+            if not deadline.expired():
+                raise
+            # the round in flight was cancelled by _round (every call paired); the run did
+            # not end of itself, so it says why (and ``toollatch run`` exits 124)
+            self.deadline_passed = True
+            self.error = (
+                f"the run's deadline passed ({limits.deadline_s:g} s): the round in flight "
+                "was cancelled"
+            )
         except asyncio.CancelledError:
             pass  # cancel(): the round in flight was closed by _round
         finally:

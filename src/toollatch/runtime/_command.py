@@ -8,7 +8,8 @@ examples; they are connected before the run and closed after it. ``--json`` prin
 event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
 terminal view shows the streaming text and one line per call with its state and timings.
 Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
-be reached or answered an error (one line on standard error), 2 for a usage error, 130 / 143
+be reached or answered an error (one line on standard error), 124 when the run's deadline
+passed (``run_ended.error`` says so, every call paired), 2 for a usage error, 130 / 143
 when SIGINT / SIGTERM cancelled the run (its events still end with ``round_ended`` and
 ``run_ended``, every call paired; a second signal exits at once).
 """
@@ -51,6 +52,9 @@ from ._tools import Tool
 
 DEFAULT_MESSAGE = "What is the weather in Oslo and in Zürich? Write it down in notes/weather.md."
 SCRIPTED_MODEL = "scripted"
+DEADLINE_EXIT = 124
+"""The exit status of a run ended by its deadline (``--deadline``, ``relay.deadline_s``): as
+``timeout(1)``'s."""
 
 
 class CommandError(Exception):
@@ -240,17 +244,21 @@ async def _with_model(
                 closing.push_async_callback(agent.audit.store.aclose)
             view = _JsonView() if args.json else _LiveView()
             signals = _Signals()
+            deadline = False
             try:
                 resume = bool(getattr(args, "resume", None))
                 message = args.message if resume else args.message or DEFAULT_MESSAGE
                 with signals.cancelling(agent.run(message, resume=resume)) as run:
                     error = await view.show(run)
+                    deadline = run.deadline_passed
             except ModelError as exc:
                 error = str(exc)
             except ToolLatchError as exc:
                 raise CommandError(str(exc)) from None
     if signals.received is not None:
         return 128 + signals.received
+    if error and deadline:
+        return _fail(error, DEADLINE_EXIT)
     if error:
         return _fail(f"model: {error}", 1)
     return 0
