@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,9 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from relay_helpers import read_events, slow_script, start_run
+from relay_helpers import Frame, parse_sse, read_events, serve, slow_script, start_run
+from toollatch.cli import build_parser
 from toollatch.relay import RelayServer
 from toollatch.runtime._agent import RunLimits
+from toollatch.runtime._config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_WITHIN_S = 60.0
@@ -120,3 +123,58 @@ def test_without_a_deadline_passing_the_run_exits_0(tmp_path, flags):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert _events(done.stdout)[-1]["error"] is None
+
+
+# -- toollatch serve on SIGTERM / SIGINT ---------------------------------------------------
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_serve_on_a_signal_ends_every_run_on_its_open_events_stream_then_exits(
+    tmp_path, signum, status
+):
+    proc, url = serve("--tools", _tools(tmp_path, SLOW), "--ledger", "none")
+    try:
+        with httpx.Client(base_url=url, timeout=EXIT_WITHIN_S) as client:
+            run = client.post("/runs", json={"message": "hi"}).json()
+            frames: list[Frame] = []
+            buffer = ""
+            with client.stream("GET", run["events_url"]) as response:
+                assert response.status_code == 200
+                for text in response.iter_text():
+                    buffer += text
+                    *blocks, buffer = buffer.split("\n\n")
+                    for block in blocks:
+                        frames += parse_sse(block + "\n\n")[0]
+                        if frames and frames[-1].event == "tool_started":
+                            proc.send_signal(signum)  # a tool running, a call waiting
+        status_seen = proc.wait(timeout=EXIT_WITHIN_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        proc.stderr.close()
+        proc.wait()
+    assert status_seen == status, err
+    assert "Traceback" not in err
+    kinds = [f.event for f in frames]
+    assert kinds[-2:] == ["round_ended", "run_ended"], kinds
+    ended = frames[-1].data
+    name = signal.Signals(signum).name
+    assert ended["error"] == f"the relay is shutting down ({name}): the run was cancelled"
+    opened = [f.data["id"] for f in frames if f.event == "call_opened"]
+    assert opened
+    assert [c["id"] for c in ended["calls"]] == opened
+    assert all(c["error"] == "cancelled" for c in ended["calls"])
+    finished = [f.data["id"] for f in frames if f.event == "tool_finished"]
+    assert sorted(finished) == sorted(opened)  # the running call's and the waiting one's
+
+
+def test_serve_takes_its_shutdown_grace_from_flag_config_and_environment(tmp_path):
+    args = build_parser().parse_args(["serve", "--shutdown-grace", "2.5"])
+    assert args.shutdown_grace == 2.5
+    assert load_config(env={"TOOLLATCH_RELAY__SHUTDOWN_GRACE_S": "3"}).relay.shutdown_grace_s == 3
+    assert load_config(env={}).relay.shutdown_grace_s == 10
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--shutdown-grace", "0"])

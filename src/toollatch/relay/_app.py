@@ -207,6 +207,8 @@ class Relay:
                     429, "too_many_session_runs", f"this session has {quota} runs in flight"
                 )
             run = RelayRun(session, self.previews, self.limits, run_id=resume)
+            if self.runs.closing:
+                raise HTTPError(503, "shutting_down", "the relay is shutting down")
             if not self.runs.admit(run):
                 raise HTTPError(
                     429,

@@ -233,11 +233,13 @@ class Agent:
                 conversation = f"{self.session}/{secrets.token_hex(8)}"
         return AgentRun(self, entries, resume=resume, conversation=conversation)
 
-    def _next_attempt(self) -> int:
-        """A new attempt number for each request of this agent's life: a call id made up for
-        a provider that sends none (Gemini) embeds it, so such ids never repeat across runs
-        (the dispatcher dedupes by call id)."""
-        self._attempts += 1
+    def _next_attempt(self, after: int = 0) -> int:
+        """A new attempt number for each request of this agent's life, above ``after`` (the
+        highest one the conversation's history already holds in made-up ids): a call id
+        made up for a provider that sends none (Gemini) embeds it, so such ids never repeat
+        across runs nor in a conversation continued from its history (``resume``, a later
+        process), where the counter starts again (the dispatcher dedupes by call id)."""
+        self._attempts = max(self._attempts, after) + 1
         return self._attempts
 
     async def _refresh_tools(self) -> None:

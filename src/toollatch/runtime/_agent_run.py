@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -76,10 +77,13 @@ class AgentRun:
         self.deadline_passed = False
         """Whether ``RunLimits.deadline_s`` ended the run (``error`` then says so)."""
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str | None = None) -> None:
         """Stop the run; the events still end with ``round_ended`` and ``run_ended``.
         Asked before the run began (or before its driver's first step), no round is played:
-        the events are just ``run_ended``."""
+        the events are just ``run_ended``. ``reason`` (e.g. the server shutting down) becomes
+        ``error`` (``run_ended.error``); without it a cancelled run has no error."""
+        if reason is not None and not self._cancelled:
+            self.error = reason
         self._cancelled = True
         if self._driver is not None and self._started:
             # (a task cancelled before its first step would never run _drive's finally)
@@ -141,18 +145,20 @@ class AgentRun:
         await agent._refresh_tools()
         for observer in agent.observers:
             observer.on_round_start(agent.client.provider, len(self.rounds) + 1)
+        provider = agent.client.provider
+        reserved = history_call_ids(provider, self.history)
         parser = StreamParser(
             agent.client.provider,
             tools=agent._specs,
             limits=agent.limits,
             budget=self._budget,
-            attempt=agent._next_attempt(),
+            attempt=agent._next_attempt(_made_up_attempt(provider, self.history, reserved)),
             eager=agent._eager,
             observe=True,
             previews=agent.previews,
             policy=agent.policy,
             # an id the history already holds is a new call (call_0 in every response)
-            reserved_ids=history_call_ids(agent.client.provider, self.history),
+            reserved_ids=reserved,
         )
         async with agent.dispatcher.round(self.conversation) as dispatch:
             round_: Round | None = None
@@ -344,6 +350,28 @@ class AgentRun:
         for observer in self.agent.observers:
             observer.on_event(self.agent.client.provider, event)
         self._events.put_nowait(event)
+
+
+_MADE_UP_ID = re.compile(r"gemini:([0-9]{1,18}):")
+"""The ids the Gemini adapter makes up for calls without one: ``gemini:<attempt>:...``."""
+
+
+def _made_up_attempt(
+    provider: str, history: Sequence[Mapping[str, Any]], ids: frozenset[str]
+) -> int:
+    """For Gemini, which sends no call ids (the adapter makes up ``gemini:<attempt>:<n>``,
+    and the history sent back does not carry them): the number of model turns in
+    ``history``, or the highest attempt in a made-up id it holds, whichever is more; 0 for
+    the other providers. The next request's attempt is above it, so a conversation
+    continued from its history (``--resume``: a new process, whose attempts start again at
+    1) makes ids it never made before; and a round cut off by a crash and asked again gets
+    the attempt it had (with no broken stream before it), so its calls meet their ledger
+    entries as any provider's do."""
+    if provider != "gemini":
+        return 0
+    turns = sum(1 for m in history if isinstance(m, Mapping) and m.get("role") == "model")
+    found = (int(m.group(1)) for i in ids if (m := _MADE_UP_ID.match(i)))
+    return max([turns, *found])
 
 
 def _with_id_repairs(round_: Round) -> Round:

@@ -168,6 +168,9 @@ class RelayConfig(_Section):
     header_timeout_s: _Seconds = 10.0
     idle_timeout_s: _Seconds = 5.0
     body_timeout_s: _Seconds = 30.0
+    shutdown_grace_s: _Seconds = 10.0
+    """On SIGTERM / SIGINT, how long ``serve`` waits for its cancelled runs to end (their
+    event streams get every result and ``run_ended``) before it exits."""
 
 
 class LedgerConfig(_Section):
@@ -554,6 +557,8 @@ relay:
   header_timeout_s: 10                  # a request head must arrive within (408)
   idle_timeout_s: 5                     # an idle keep-alive connection is closed after
   body_timeout_s: 30                    # a request body must arrive within (408)
+  shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
+                                        # runs to end (streams get run_ended), then exit
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
