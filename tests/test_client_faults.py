@@ -496,17 +496,23 @@ async def test_deep_json_arguments_fail_the_call_and_the_run_goes_on(server, pro
 
 
 async def toollatch_run(
-    server, provider: str, tmp_path: Path, *flags: str, env: dict[str, str] | None = None
+    server,
+    provider: str,
+    tmp_path: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    view: str = "--json",
 ) -> tuple[int, list[dict], str]:
+    """``toollatch run`` (``view="--json"``; ``""``: the terminal view, no events parsed)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "toollatch.cli", "run", "--json", "--provider", provider,
+        sys.executable, "-m", "toollatch.cli", "run", *([view] if view else []), "--provider", provider,
         "--base-url", server.url, "--model", "m", "--workspace", str(tmp_path), *flags,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
     )  # fmt: skip
     async with asyncio.timeout(120):
         out, err = await process.communicate()
-    events = [json.loads(line) for line in out.decode().splitlines()]
+    events = [json.loads(line) for line in out.decode().splitlines()] if view else []
     return process.returncode, events, err.decode()
 
 
@@ -590,3 +596,35 @@ async def test_run_json_takes_stream_retries_and_max_body_bytes_from_the_environ
     code, events, err = await toollatch_run(server, "openai_chat", tmp_path, env=env)
     assert_failed_run(code, events, err, "max_body_bytes=65536")
     assert len(server.seen) == 2  # the first run's request, then this run's only one
+
+
+def _with_lone_surrogates(events: list[bytes]) -> list[bytes]:
+    return [e.replace(b"QQQQ", b"\\ud800") for e in events]
+
+
+@EVERY_PROVIDER
+async def test_run_json_with_lone_surrogates_in_text_ids_and_names_goes_on(
+    server, provider, tmp_path
+):
+    # text, a call id and a tool name holding an escaped lone surrogate ("\ud800" in JSON)
+    call = Call(call_id="call_QQQQ", name="write_QQQQ", arguments='{"path": "a.md"}')
+    weather = Call(call_id="call_w", name="get_weather", arguments='{"city": "OsQQQQlo"}')
+    first = _with_lone_surrogates(wire(provider, Text(text="hi QQQQ there"), call, weather))
+    server.replies.append(sse_response(first))
+    server.always = sse_response(_with_lone_surrogates(wire(provider, Text(text="done QQQQ"))))
+    for view in ("", "--json"):  # the terminal view, then --json
+        server.replies[:] = [sse_response(first)]
+        code, events, err = await toollatch_run(server, provider, tmp_path, view=view)
+        assert code == 0, err
+        assert "Traceback" not in err
+    texts = "".join(e["text"] for e in events if e["type"] == "text")
+    assert "hi \ufffd there" in texts
+    assert "done \ufffd" in texts
+    failed = [e for e in events if e["type"] == "call_failed"]
+    assert [e["error"] for e in failed] == ["unknown_tool"]
+    assert "\ufffd" in failed[0]["name"]
+    committed = [e for e in events if e["type"] == "call_committed"]
+    assert [e["arguments"] for e in committed] == [{"city": "Os\ufffdlo"}]
+    finished = [e["id"] for e in events if e["type"] == "tool_finished"]
+    assert finished == [committed[0]["id"]]  # the tool ran, and said so
+    assert len(events[-1]["calls"]) == 2  # every call paired

@@ -216,7 +216,10 @@ def learned_spelling(
         return None
     prefix = payload[: at + len(field)]
     suffix, close = _padding(payload[end:])
-    expected = _loads(payload)
+    try:
+        expected = _loads(payload)
+    except orjson.JSONDecodeError:  # (read the lenient way: an escaped lone surrogate)
+        return None
     parts = (len(prefix), len(payload) - len(suffix if close is None else close))
     hole = None
     if counter is not None and counter in expected:
