@@ -132,12 +132,13 @@ def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT) -> None:
-    """Ctrl-C (status 0) or ``how`` (SIGKILL: no clean-up at all), then close the pipe."""
+    """Ctrl-C (status 130) or ``how`` (SIGTERM: 143; SIGKILL: no clean-up at all), then
+    close the pipe."""
     proc.send_signal(how)
     status = proc.wait(timeout=15)
     assert proc.stderr is not None
     proc.stderr.close()
-    assert status == (0 if how == signal.SIGINT else -how)
+    assert status == (-how if how == signal.SIGKILL else 128 + how)
 
 
 @contextlib.contextmanager

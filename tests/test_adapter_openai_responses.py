@@ -664,7 +664,7 @@ LOST_EVENTS: list[tuple[str, Native]] = [
     ("type an object", {"type": {"t": _DELTA_TYPE}, "item_id": "fc_a", "delta": "x"}),
     ("type a list", {"type": [_DELTA_TYPE], "item_id": "fc_a", "delta": "x"}),
     ("not JSON", '{"type":"' + _DELTA_TYPE + '","item_id":"fc_a","delta":"x"'),
-    ("lone surrogate", '{"type":"' + _DELTA_TYPE + '","item_id":"fc_a","delta":"\\ud800"}'),
+    # (an escaped lone surrogate, "\\ud800", is no longer lost: read with U+FFFD, issue 28)
     ("JSON array", "[1, 2]"),
     ("unknown call event", {"type": "response.function_call_arguments.append", "delta": "x"}),
     ("added, item a list", {"type": "response.output_item.added", "output_index": 2, "item": []}),

@@ -222,9 +222,6 @@ _LOST_MIDDLES = {
     "unknown event type": _middle(type="content_block_delta_v2"),
     "no type": {k: v for k, v in _middle().items() if k != "type"},
     "not JSON": '{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta",',
-    "lone surrogate in the envelope": (
-        '{"type":"content_block_delta","index":1,"x":"\\ud800","delta":{"type":'
-        '"input_json_delta","partial_json":"/../../etc/passwd"}}'),
     "JSON but not an object": '["/../../etc/passwd"]',
 }
 
@@ -243,6 +240,18 @@ def test_a_lost_fragment_event_fails_every_pending_call(name):
                      ("t_path", CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)]
     assert paired == ["t_ok", "t_path"]
     assert list(r.committed()) == []
+
+
+def test_an_escaped_lone_surrogate_in_the_envelope_is_read_and_nothing_is_lost():
+    # (issue 28: "\ud800" is valid JSON syntax; the event is read, the surrogate made U+FFFD,
+    # so the fragment is kept and the whole path commits, never "/safe" alone)
+    middle = ('{"type":"content_block_delta","index":1,"x":"\\ud800","delta":{"type":'
+              '"input_json_delta","partial_json":"/../../etc/passwd"}}')
+    data = wire(START, *first_call(), *path_call(middle=middle), *end())
+    calls, paired, r = outcomes(data)
+    assert calls == [("t_ok", CallState.COMMITTED, None), ("t_path", CallState.COMMITTED, None)]
+    assert paired == []
+    assert r.calls[1].arguments == {"path": "/safe/../../etc/passwd"}
 
 
 _REFUSED_MIDDLES = {

@@ -495,16 +495,24 @@ async def test_deep_json_arguments_fail_the_call_and_the_run_goes_on(server, pro
 # -- toollatch run --json: what a user sees --------------------------------------------------
 
 
-async def toollatch_run(server, provider: str, tmp_path: Path) -> tuple[int, list[dict], str]:
+async def toollatch_run(
+    server,
+    provider: str,
+    tmp_path: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    view: str = "--json",
+) -> tuple[int, list[dict], str]:
+    """``toollatch run`` (``view="--json"``; ``""``: the terminal view, no events parsed)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "toollatch.cli", "run", "--json", "--provider", provider,
-        "--base-url", server.url, "--model", "m", "--workspace", str(tmp_path),
+        sys.executable, "-m", "toollatch.cli", "run", *([view] if view else []),
+        "--provider", provider, "--base-url", server.url, "--model", "m", "--workspace", str(tmp_path), *flags,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
     )  # fmt: skip
     async with asyncio.timeout(120):
         out, err = await process.communicate()
-    events = [json.loads(line) for line in out.decode().splitlines()]
+    events = [json.loads(line) for line in out.decode().splitlines()] if view else []
     return process.returncode, events, err.decode()
 
 
@@ -573,3 +581,50 @@ async def test_run_json_a_gzip_bomb_exits_1_at_a_bound(server, tmp_path):
     assert_failed_run(code, events, err, "no answer")
     assert "framing error" in events[-1]["error"]
     assert len(server.seen) == 3
+
+
+async def test_run_json_takes_stream_retries_and_max_body_bytes_from_the_environment(
+    server, tmp_path
+):
+    # a 200 KiB answer: under the default body bound (64 MiB), over a bound of 64 KiB
+    long_text = wire("openai_chat", Text(text="x" * (200 * 1024), chunk_chars=8192))
+    server.replies.append(sse_response(long_text))
+    code, events, err = await toollatch_run(server, "openai_chat", tmp_path)
+    assert code == 0, err
+    server.always = sse_response(long_text)
+    env = {"TOOLLATCH_MODEL__MAX_BODY_BYTES": "65536", "TOOLLATCH_MODEL__STREAM_RETRIES": "0"}
+    code, events, err = await toollatch_run(server, "openai_chat", tmp_path, env=env)
+    assert_failed_run(code, events, err, "max_body_bytes=65536")
+    assert len(server.seen) == 2  # the first run's request, then this run's only one
+
+
+def _with_lone_surrogates(events: list[bytes]) -> list[bytes]:
+    return [e.replace(b"QQQQ", b"\\ud800") for e in events]
+
+
+@EVERY_PROVIDER
+async def test_run_json_with_lone_surrogates_in_text_ids_and_names_goes_on(
+    server, provider, tmp_path
+):
+    # text, a call id and a tool name holding an escaped lone surrogate ("\ud800" in JSON)
+    call = Call(call_id="call_QQQQ", name="write_QQQQ", arguments='{"path": "a.md"}')
+    weather = Call(call_id="call_w", name="get_weather", arguments='{"city": "OsQQQQlo"}')
+    first = _with_lone_surrogates(wire(provider, Text(text="hi QQQQ there"), call, weather))
+    server.replies.append(sse_response(first))
+    server.always = sse_response(_with_lone_surrogates(wire(provider, Text(text="done QQQQ"))))
+    for view in ("", "--json"):  # the terminal view, then --json
+        server.replies[:] = [sse_response(first)]
+        code, events, err = await toollatch_run(server, provider, tmp_path, view=view)
+        assert code == 0, err
+        assert "Traceback" not in err
+    texts = "".join(e["text"] for e in events if e["type"] == "text")
+    assert "hi \ufffd there" in texts
+    assert "done \ufffd" in texts
+    failed = [e for e in events if e["type"] == "call_failed"]
+    assert [e["error"] for e in failed] == ["unknown_tool"]
+    assert "\ufffd" in failed[0]["name"]
+    committed = [e for e in events if e["type"] == "call_committed"]
+    assert [e["arguments"] for e in committed] == [{"city": "Os\ufffdlo"}]
+    finished = [e["id"] for e in events if e["type"] == "tool_finished"]
+    assert finished == [committed[0]["id"]]  # the tool ran, and said so
+    assert len(events[-1]["calls"]) == 2  # every call paired

@@ -16,7 +16,7 @@ import yaml
 from toollatch._errors import ConfigError, ErrorCode
 from toollatch._limits import Limits
 from toollatch.runtime._agent import RunLimits
-from toollatch.runtime._clients import ClientLimits
+from toollatch.runtime._clients import ClientLimits, RetryPolicy
 from toollatch.runtime._config import EXAMPLE, Config, configured, load_config, validate
 
 
@@ -170,7 +170,8 @@ dispatcher: {max_concurrency: 2, default_timeout_s: 5, eager: [get_weather], ses
 previews:
   every_bytes: 64
   tools: {write_file: {mode: fields, fields: [/path]}}
-model: {connect_s: 1, first_byte_s: 2, idle_s: 3, max_tokens: 100}
+model: {connect_s: 1, first_byte_s: 2, idle_s: 3, max_tokens: 100, max_body_bytes: 4096,
+        stream_retries: 0}
 relay: {max_rounds: 3, max_tool_calls: 5, deadline_s: 9.5}
 """)
     config = load_config(path, env={})
@@ -178,7 +179,11 @@ relay: {max_rounds: 3, max_tool_calls: 5, deadline_s: 9.5}
     assert config.run_limits() == RunLimits(
         max_rounds=3, max_tool_calls=5, deadline_s=9.5, call_stall_s=None
     )
-    assert config.client_limits() == ClientLimits(connect_s=1, first_byte_s=2, idle_s=3)
+    assert config.client_limits() == ClientLimits(
+        connect_s=1, first_byte_s=2, idle_s=3, max_body_bytes=4096
+    )
+    assert config.retry_policy() == RetryPolicy(stream_retries=0)
+    assert Config().retry_policy() == RetryPolicy()
     policy = config.preview_policy()
     assert policy is not None and policy.every_bytes == 64
     assert policy.rule("write_file").fields == ("/path",)

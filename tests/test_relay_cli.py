@@ -22,11 +22,11 @@ def _data_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
 
 
-def test_serve_runs_the_demo_and_stops_on_ctrl_c(tmp_path):
+def test_serve_runs_the_demo_and_stops_on_ctrl_c_with_130(tmp_path):
     proc = subprocess.Popen([*CLI, "serve", "--port", "0"], stderr=subprocess.PIPE, text=True)
     with proc:
         _demo(proc)
-    assert proc.returncode == 0
+    assert proc.returncode == 130
 
 
 def _demo(proc: subprocess.Popen[str], *, not_port: int | None = None) -> None:
@@ -42,7 +42,7 @@ def _demo(proc: subprocess.Popen[str], *, not_port: int | None = None) -> None:
             assert frames[-1].event == "run_ended" and frames[-1].data["rounds"] == 3
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=10) == 130
 
 
 def test_serve_tools_file_is_used(tmp_path):
@@ -56,7 +56,7 @@ def test_serve_tools_file_is_used(tmp_path):
     )
     with proc:
         _ping(proc)
-    assert proc.returncode == 0
+    assert proc.returncode == 130
 
 
 def _ping(proc: subprocess.Popen[str]) -> None:
@@ -70,7 +70,7 @@ def _ping(proc: subprocess.Popen[str]) -> None:
             assert failed and all(f["error"] == "unknown_tool" for f in failed)  # no get_weather
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=10) == 130
 
 
 def test_serve_usage_errors_are_status_2(tmp_path):
@@ -91,7 +91,7 @@ def test_serve_takes_its_port_and_provider_from_a_config_file(tmp_path):
                             text=True)
     with proc:
         _demo(proc, not_port=8000)  # port 0 from the file: a free port, not the default
-    assert proc.returncode == 0
+    assert proc.returncode == 130
     bad = tmp_path / "bad.yaml"
     bad.write_text("relay:\n  prot: 1\n")
     done = subprocess.run([*CLI, "serve", "--config", str(bad)], capture_output=True, text=True,
@@ -164,7 +164,7 @@ def test_serve_with_a_generated_token_prints_it_once_and_needs_it():
                 assert frames[-1].event == "run_ended"
         finally:
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=10) == 0
+            assert proc.wait(timeout=10) == 130
 
 
 def test_serve_takes_its_access_settings_from_the_environment_and_flags(monkeypatch):
@@ -193,4 +193,4 @@ def test_serve_takes_its_access_settings_from_the_environment_and_flags(monkeypa
                     assert second.json()["error"]["code"] == "too_many_session_runs"
         finally:
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=10) == 0
+            assert proc.wait(timeout=10) == 130

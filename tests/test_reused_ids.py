@@ -211,8 +211,8 @@ def killed_in_round_2_script() -> Script:
     return Script(turns=turns, reuse_ids=True)
 
 
-# (not gemini: its made-up ids restart with the resumed process's attempt count; see report)
-@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic"])
+# (gemini sends no ids: the made-up ones, gemini:<attempt>:<n>, continue after the history's)
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_run_killed_in_round_2_resumes_with_round_2s_call_0_run_once(provider, tmp_path):
     log = tmp_path / "ran.log"
     tools = tmp_path / "tools.py"
@@ -280,4 +280,5 @@ def test_a_run_killed_in_round_2_resumes_with_round_2s_call_0_run_once(provider,
     assert history.count("sunny in Oslo") == 1
     assert history.count("sunny in Lima") == 1
     assert "its outcome is unknown" in history
-    assert [c["id"] for c in last["calls"]] == ["call_0_r2", "call_0_r3"]
+    ids = ["gemini:2:0", "gemini:3:0"] if provider == "gemini" else ["call_0_r2", "call_0_r3"]
+    assert [c["id"] for c in last["calls"]] == ids  # (gemini: the attempts go on from round 1)

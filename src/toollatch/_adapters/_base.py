@@ -11,6 +11,7 @@ they emit ``Anomaly`` / ``StreamFailed``. Feeding after ``finish()`` raises ``Us
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeAlias
@@ -96,6 +97,44 @@ def canonical_json(value: object) -> str | None:
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError, RecursionError):
+        return None
+
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_RAW_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(name)  # NaN, Infinity: orjson refuses them, so does this route
+
+
+def _valid_text(value: object) -> object:
+    """``value`` with each lone surrogate in a string (keys included) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _RAW_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_RAW_SURROGATE.sub("\ufffd", k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
+
+
+def with_lone_surrogates(data: str | bytes) -> object | None:
+    """The JSON ``data`` that orjson refused for an escaped lone surrogate (``"\ud800"``:
+    valid JSON syntax, but no Unicode text), decoded with each one replaced by U+FFFD, as a
+    UTF-8 decoder does with a broken byte; None when that is not why (the caller's own
+    error then stands). Stream text stays readable and writable (``--json``, the terminal
+    view), and a tool name or call id holding one is an ordinary one (an unknown tool). Data
+    that holds a raw surrogate (bytes that were not UTF-8) is left to the caller."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        return None
+    if not _ESCAPED_SURROGATE.search(text) or _RAW_SURROGATE.search(text):
+        return None
+    try:
+        return _valid_text(json.loads(text, parse_constant=_refuse_constant))
+    except (ValueError, RecursionError):
         return None
 
 
@@ -307,7 +346,9 @@ class Adapter(ABC):
         except orjson.JSONDecodeError:
             if not data:
                 return []
-            return [lost_event(f"frame data is not JSON: {short(data, 80)!r}")]
+            native = with_lone_surrogates(data)
+            if native is None:
+                return [lost_event(f"frame data is not JSON: {short(data, 80)!r}")]
         if type(native) is not dict:
             return [lost_event(f"frame data is JSON {type(native).__name__}, not an object")]
         return self.feed_decoded(native, frame.event, data)
@@ -373,8 +414,8 @@ class Adapter(ABC):
                 return i + 1, key, texts, self._undecoded(event, payload)
             try:
                 native = loads(payload)
-            except orjson.JSONDecodeError:
-                native = None  # not UTF-8, or not JSON: feed_frame says what it is
+            except orjson.JSONDecodeError:  # not UTF-8, or not JSON: feed_frame says what it is
+                native = with_lone_surrogates(payload)  # (or an escaped lone surrogate)
             if type(native) is not dict:
                 return i + 1, key, texts, self._undecoded(event, payload)
             hit = continuation(native, event)

@@ -37,7 +37,7 @@ from starlette.routing import Route
 from .._errors import ConfigError, UsageError
 from .._preview import PreviewPolicy
 from ..ledger import ArgumentAudit, History, Ledger
-from ..runtime._agent import Agent, ToolSource
+from ..runtime._agent import Agent, RunLimits, ToolSource
 from ..runtime._clients import model_client
 from ..runtime._tools import Tool
 from ._config import RelayLimits, default_previews
@@ -99,6 +99,7 @@ class Relay:
     :func:`run_scope`, so that ``POST /runs {"resume": id}`` continues a stored run of the
     same session, in this process or a later one, without running a completed call again;
     ``audit`` (opt-in) records the runs' calls that did not commit.
+    ``run_limits``: the budgets of each run (default ``RunLimits()``: 900 s deadline).
     ``models``: the model names a request may pick (default: ``model`` only; a browser may
     otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
     and access token the guard in front of the app accepts (:mod:`._guard`; default:
@@ -124,6 +125,7 @@ class Relay:
         audit: ArgumentAudit | None = None,
         models: Sequence[str] | None = None,
         access: RelayAccess | None = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
@@ -146,6 +148,8 @@ class Relay:
         self.previews = previews or default_previews()
         self.metrics = metrics if metrics is not None else _default_metrics()
         self.ledger, self.history, self.audit = ledger, history, audit
+        self.run_limits = run_limits or RunLimits()
+        """The budgets of every run (``RunLimits``: rounds, calls, the deadline)."""
         self.runs = RunRegistry(self.limits)
         self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
@@ -203,6 +207,8 @@ class Relay:
                     429, "too_many_session_runs", f"this session has {quota} runs in flight"
                 )
             run = RelayRun(session, self.previews, self.limits, run_id=resume)
+            if self.runs.closing:
+                raise HTTPError(503, "shutting_down", "the relay is shutting down")
             if not self.runs.admit(run):
                 raise HTTPError(
                     429,
@@ -297,6 +303,7 @@ class Relay:
                 ledger=self.ledger,
                 history_store=self.history,
                 session=run_scope(run.session, run.id),
+                run_limits=self.run_limits,
             )
         except (ConfigError, UsageError) as exc:
             run.done = True

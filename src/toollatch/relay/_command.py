@@ -9,20 +9,40 @@ Who may drive it: ``--host`` beyond loopback needs ``--token`` (or ``relay.token
 ``--allow-host`` / ``--allow-origin`` add ``Host`` names and origins (a reverse proxy);
 ``--allow-model`` the models the browser may pick. The ``relay:`` section and
 ``TOOLLATCH_RELAY__*`` also set the limits (:class:`~toollatch.relay.RelayLimits`).
-Exit status: 0 after Ctrl-C, 2 for a usage error (a bad ``--tools`` file, a port that cannot
-be bound, ``--base-url`` without ``--model``, a ledger that cannot be opened, a host beyond
-loopback without a token).
+SIGTERM and SIGINT (Ctrl-C) cancel every run as ``POST .../cancel`` does (every call
+paired; ``run_ended.error`` names the shutdown), let each open events stream send that and
+end, then stop, within ``--shutdown-grace`` (``relay.shutdown_grace_s``, 10 s) and about a
+second more; a second signal exits at once.
+Exit status: 143 after SIGTERM, 130 after SIGINT, 2 for a usage error (a bad ``--tools``
+file, a port that cannot be bound, ``--base-url`` without ``--model``, a ledger that cannot
+be opened, a host beyond loopback without a token).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
+import os
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 # (the parser is built on every `toollatch` invocation: the server's imports wait for `serve`)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -80,6 +100,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="a model the browser may pick (repeatable; default: --model only)",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="on SIGTERM / Ctrl-C, wait this long for the cancelled runs to end (every open "
+        "event stream gets their results and run_ended), then exit (default: the config's "
+        "relay.shutdown_grace_s, 10)",
     )
     serve.add_argument(
         "--config",
@@ -143,14 +171,16 @@ def serve_command(args: argparse.Namespace) -> int:
             allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
             allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
             models=models or None,
+            run_limits=c.run_limits(),
+            shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
         )
         _console_log()
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
-    except KeyboardInterrupt:
-        return 0
+    except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
+        return 128 + signal.SIGINT
 
 
 def _console_log() -> None:
@@ -200,11 +230,63 @@ def _ledger_url(given: str | None) -> str | None:
 async def _serve(server: Any) -> int:
     from ._server import settle_heap  # noqa: PLC0415
 
+    stopping = _Stopping(server)
     async with server:
         settle_heap()
         ledger = _ledger_shown(server.ledger_url)
         url = server.token_url  # (with the token, once: opening it sets the token's cookie)
-        sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}; Ctrl-C to stop)\n")
+        with stopping.installed():
+            sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}; Ctrl-C to stop)\n")
+            sys.stderr.flush()
+            await server.serve_forever()
+    return 0 if stopping.received is None else 128 + stopping.received
+
+
+class _Stopping:
+    """SIGTERM and SIGINT while serving: the first stops the relay (:meth:`RelayServer.stop`:
+    every run cancelled, each events stream sent its runs' ends, at most the grace), and the
+    exit status is then 128 + the signal's number (143, 130); a second exits at once.
+
+    Installed on the loop once the relay serves: uvicorn's own handlers (which stop it with
+    the streams cut, and raise the signal again at its end) are replaced for the while. Where
+    the loop cannot take signal handlers (not the main thread, Windows) nothing is installed.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.received: int | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers, for the block."""
+        loop = asyncio.get_running_loop()
+        installed = []
+        for signum in self.SIGNALS:
+            try:
+                loop.add_signal_handler(signum, self._on_signal, signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(signum)
+        try:
+            yield
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            sys.stderr.write(f"toollatch: {name} again: exiting now\n")
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os._exit(128 + self.received)
+        self.received = signum
+        grace = self.server.shutdown_grace_s
+        sys.stderr.write(
+            f"toollatch: {name}: cancelling the runs, stopping within {grace:g} s "
+            "(again to exit at once)\n"
+        )
         sys.stderr.flush()
-        await server.serve_forever()
-    return 0
+        self.server.stop(f"the relay is shutting down ({name}): the run was cancelled")

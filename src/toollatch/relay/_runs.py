@@ -209,11 +209,12 @@ class RelayRun:
             return False
         return True
 
-    def cancel(self) -> bool:
-        """Stop the run (every open call gets its ``cancelled`` result); False when done."""
+    def cancel(self, reason: str | None = None) -> bool:
+        """Stop the run (every open call gets its ``cancelled`` result; ``reason``, if given,
+        is its ``run_ended.error``); False when done."""
         if self.done or self._agent_run is None:
             return False
-        self._agent_run.cancel()
+        self._agent_run.cancel(reason)
         return True
 
     async def stop(self) -> None:
@@ -222,6 +223,11 @@ class RelayRun:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    @property
+    def driver(self) -> asyncio.Task[None] | None:
+        """The task driving the run (None before :meth:`start`)."""
+        return self._task
 
     async def _drive(self, closing: Callable[[], Any]) -> None:
         assert self._agent_run is not None
@@ -263,6 +269,8 @@ class RunRegistry:
     def __init__(self, limits: RelayLimits) -> None:
         self.limits = limits
         self._runs: OrderedDict[str, RelayRun] = OrderedDict()
+        self.closing = False
+        """Set by :meth:`close`: no run is admitted any more (the server is stopping)."""
 
     def active(self, session: str | None = None) -> int:
         """Runs not done yet (of ``session`` only, when given)."""
@@ -273,7 +281,7 @@ class RunRegistry:
 
     def admit(self, run: RelayRun) -> bool:
         """Store ``run``; False (not stored) when ``max_active_runs`` are in flight."""
-        if self.active() >= self.limits.max_active_runs:
+        if self.closing or self.active() >= self.limits.max_active_runs:
             return False
         while len(self._runs) >= self.limits.max_stored_runs:
             oldest = next((k for k, r in self._runs.items() if r.done), None)
@@ -290,6 +298,17 @@ class RunRegistry:
             return None
         return run if secrets.compare_digest(run.session, session) else None
 
-    async def close(self) -> None:
-        """Cancel every run and wait for their drivers."""
-        await asyncio.gather(*(r.stop() for r in list(self._runs.values())))
+    async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
+        """Admit no more runs, cancel every run (``reason``: their ``run_ended.error``) and
+        wait for their drivers, at most ``grace_s`` seconds (None: no bound); True when every
+        run ended. A driver still going after the grace (a tool that ignores its cancel) is
+        left to the caller, never waited for here."""
+        self.closing = True
+        runs = list(self._runs.values())
+        for run in runs:
+            run.cancel(reason)
+        drivers = [r.driver for r in runs if r.driver is not None and not r.driver.done()]
+        if not drivers:
+            return True
+        _done, pending = await asyncio.wait(drivers, timeout=grace_s)
+        return not pending

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import secrets
 import socket
 import tempfile
@@ -36,6 +37,7 @@ from ..ledger import (
     open_ledger,
 )
 from ..mcp import McpToolSource
+from ..runtime._agent import RunLimits
 from ..runtime._tools import Tool
 from ..scripted._script import Script
 from ..scripted._server import ScriptedServer, http_implementation
@@ -50,6 +52,9 @@ from ._guard import (
     is_loopback,
 )
 from ._http import model_http
+
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+"""How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
 
 SCRIPTED_MODEL = "scripted"
 _FULL_COLLECTION_EVERY = 100
@@ -97,7 +102,14 @@ class RelayServer:
     bad port, an audit without a ledger, a
     ``base_url`` without ``model``, an unknown provider, a bad token or host pattern, or a
     host that is not loopback without a token. ``redact_stored`` stores results and history
-    through :func:`toollatch.relay.redact_secrets` (``ledger.redact``).
+    through :func:`toollatch.relay.redact_secrets` (``ledger.redact``). ``run_limits``: each
+    run's budgets (rounds, calls, the deadline; ``toollatch serve``: the ``relay:`` section's).
+
+    Stopping (:meth:`stop`, ``toollatch serve`` on SIGTERM / SIGINT) first cancels every run
+    as ``POST .../cancel`` does, each with ``run_ended.error`` naming the shutdown, and waits
+    for them at most ``shutdown_grace_s`` seconds, so that every open event stream sends its
+    runs' paired results, ``round_ended`` and ``run_ended``, and ends; only then does uvicorn
+    close the connections (a reader that still has not read them gets 1 s more).
     """
 
     def __init__(
@@ -121,6 +133,8 @@ class RelayServer:
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
         models: Sequence[str] | None = None,
+        run_limits: RunLimits | None = None,
+        shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -132,6 +146,16 @@ class RelayServer:
         self.base_url = base_url
         self.tools, self.limits, self.previews = tools, limits, previews
         self.tool_source = tool_source
+        self.run_limits = run_limits
+        if not (
+            isinstance(shutdown_grace_s, int | float)
+            and math.isfinite(shutdown_grace_s)
+            and shutdown_grace_s > 0
+        ):
+            raise ConfigError(f"shutdown_grace_s must be positive, got {shutdown_grace_s!r}")
+        self.shutdown_grace_s = float(shutdown_grace_s)
+        self.stop_reason = "the relay is shutting down"
+        """``run_ended.error`` of the runs a stop cancels (:meth:`stop` sets it)."""
         if audit is not None and ledger is None:
             raise ConfigError("the audit of uncommitted calls needs a ledger")
         self.ledger_url, self.audit = ledger, audit
@@ -238,8 +262,9 @@ class RelayServer:
             audit=audit,
             models=self.models,
             access=self.access,
+            run_limits=self.run_limits,
         )
-        stack.push_async_callback(relay.runs.close)
+        stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; without it every
         # response after the first on a kept-alive connection waited for a delayed ACK
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -250,7 +275,7 @@ class RelayServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
-        server = _uvicorn(relay, limits, cap)
+        server = _uvicorn(relay, limits, cap, self)
         task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-relay")
         while not server.started and not task.done():
             await asyncio.sleep(0.002)
@@ -285,8 +310,12 @@ class RelayServer:
             raise UsageError("the relay is not running (use `async with`)")
         await asyncio.shield(self._task)
 
-    def stop(self) -> None:
-        """Ask the server to stop (it then finishes within about a second)."""
+    def stop(self, reason: str | None = None) -> None:
+        """Ask the server to stop: the runs are cancelled (``reason``: their
+        ``run_ended.error``, default "the relay is shutting down"), their event streams end,
+        then the server; within ``shutdown_grace_s`` plus about a second."""
+        if reason is not None:
+            self.stop_reason = reason
         if self._server is not None:
             self._server.should_exit = True
 
@@ -300,8 +329,8 @@ class RelayServer:
         if self._stack is None:
             return
         try:
-            if self.relay is not None:
-                await self.relay.runs.close()  # streams end, so uvicorn need not wait on them
+            if self.relay is not None:  # streams end, so uvicorn need not wait on them
+                await self.relay.runs.close(self.shutdown_grace_s, reason=self.stop_reason)
             self.stop()
             if self._task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
@@ -313,7 +342,28 @@ class RelayServer:
             await stack.aclose()
 
 
-def _uvicorn(relay: Relay, limits: RelayLimits, cap: ConnectionCap) -> uvicorn.Server:
+class _RelayUvicorn(uvicorn.Server):
+    """uvicorn whose shutdown first ends the relay's runs (bounded by the grace).
+
+    uvicorn's own shutdown waits ``timeout_graceful_shutdown`` for the open responses, then
+    cancels them: an events stream, which ends only with its run, would be cut before its
+    run's end was sent. Here the runs are cancelled first, so the streams send the paired
+    results, ``round_ended`` and ``run_ended`` and end by themselves."""
+
+    def __init__(self, config: uvicorn.Config, relay: Relay, owner: RelayServer) -> None:
+        super().__init__(config)
+        self._relay, self._owner = relay, owner
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """End the runs (at most the owner's grace), then uvicorn's shutdown."""
+        owner = self._owner
+        await self._relay.runs.close(owner.shutdown_grace_s, reason=owner.stop_reason)
+        await super().shutdown(sockets)
+
+
+def _uvicorn(
+    relay: Relay, limits: RelayLimits, cap: ConnectionCap, owner: RelayServer
+) -> uvicorn.Server:
     """uvicorn for the relay: as the scripted server's (``loopback_server``), with the
     guarded protocol (head size and time, the connection cap; :mod:`._guard`)."""
     implementation = http_implementation()
@@ -329,4 +379,4 @@ def _uvicorn(relay: Relay, limits: RelayLimits, cap: ConnectionCap) -> uvicorn.S
         backlog=BACKLOG,  # (also the accepts of one loop iteration, see BACKLOG)
         h11_max_incomplete_event_size=limits.max_header_bytes + 1,  # (the guard answers first)
     )
-    return uvicorn.Server(config)
+    return _RelayUvicorn(config, relay, owner)

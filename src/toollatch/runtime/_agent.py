@@ -34,7 +34,6 @@ once, each with its own conversation; one run, its rounds and its events are
 
 from __future__ import annotations
 
-import itertools
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -145,7 +144,7 @@ class Agent:
             redaction=previews,
         )
         self._tools = Toolbox(self.dispatcher, own, tool_source, eager_start=eager_start)
-        self._attempts = itertools.count(1)
+        self._attempts = 0  # the last attempt number given (see _next_attempt)
 
     def run(
         self,
@@ -210,8 +209,17 @@ class Agent:
             session=session,
             dispatcher=self.dispatcher,
             tools=self._tools,
-            next_attempt=self._attempts.__next__,
+            next_attempt=self._next_attempt,
         )
+
+    def _next_attempt(self, after: int = 0) -> int:
+        """A new attempt number for each request of this agent's life, above ``after`` (the
+        highest one the conversation's history already holds in made-up ids): a call id
+        made up for a provider that sends none (Gemini) embeds it, so such ids never repeat
+        across runs nor in a conversation continued from its history (``resume``, a later
+        process), where the counter starts again (the dispatcher dedupes by call id)."""
+        self._attempts = max(self._attempts, after) + 1
+        return self._attempts
 
 
 def _with_source(source: ToolSource | None, policy: Policy | None) -> Policy | None:

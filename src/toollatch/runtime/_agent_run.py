@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -47,7 +48,8 @@ class AgentRun:
 
     ``history`` is the provider-format history, valid to send again after every round;
     ``rounds`` the rounds played; ``error`` why the run stopped early (a model error), if it
-    did; ``conversation`` the id its call ids are deduped under (see :meth:`Agent.run`).
+    did (the run deadline included: then ``deadline_passed`` is true); ``conversation`` the
+    id its call ids are deduped under (see :meth:`Agent.run`).
     :meth:`cancel` stops the run: the round in flight is cancelled, every call paired.
     """
 
@@ -75,11 +77,16 @@ class AgentRun:
         self._cancelled = False
         self._started = False
         self._broken = 0  # rounds in a row whose stream broke (see _again)
+        self.deadline_passed = False
+        """Whether ``RunLimits.deadline_s`` ended the run (``error`` then says so)."""
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str | None = None) -> None:
         """Stop the run; the events still end with ``round_ended`` and ``run_ended``.
         Asked before the run began (or before its driver's first step), no round is played:
-        the events are just ``run_ended``."""
+        the events are just ``run_ended``. ``reason`` (e.g. the server shutting down) becomes
+        ``error`` (``run_ended.error``); without it a cancelled run has no error."""
+        if reason is not None and not self._cancelled:
+            self.error = reason
         self._cancelled = True
         if self._driver is not None and self._started:
             # (a task cancelled before its first step would never run _drive's finally)
@@ -110,13 +117,22 @@ class AgentRun:
     async def _drive(self) -> None:
         self._started = True
         limits = self._setup.run_limits
+        deadline = asyncio.timeout(limits.deadline_s)
         try:
-            async with asyncio.timeout(limits.deadline_s):
+            async with deadline:
                 while not self._cancelled and len(self.rounds) < limits.max_rounds:
                     if not await self._round():
                         break
         except TimeoutError:
-            self.error = None  # the deadline is a budget: the run ended
+            if not deadline.expired():
+                raise
+            # the round in flight was cancelled by _round (every call paired); the run did
+            # not end of itself, so it says why (and ``toollatch run`` exits 124)
+            self.deadline_passed = True
+            self.error = (
+                f"the run's deadline passed ({limits.deadline_s:g} s): the round in flight "
+                "was cancelled"
+            )
         except asyncio.CancelledError:
             pass  # cancel(): the round in flight was closed by _round
         finally:
@@ -131,18 +147,19 @@ class AgentRun:
         # no await from here to the dispatch round: it runs the tools the parser checks against
         for observer in setup.observers:
             observer.on_round_start(provider, len(self.rounds) + 1)
+        reserved = history_call_ids(provider, self.history)
         parser = StreamParser(
             provider,
             tools=tools.specs,
             limits=setup.limits,
             budget=self._budget,
-            attempt=setup.next_attempt(),
+            attempt=setup.next_attempt(_made_up_attempt(provider, self.history, reserved)),
             eager=tools.eager,
             observe=True,
             previews=setup.previews,
             policy=setup.policy,
             # an id the history already holds is a new call (call_0 in every response)
-            reserved_ids=history_call_ids(provider, self.history),
+            reserved_ids=reserved,
         )
         round_scope = setup.dispatcher.round(self.conversation, on_event=self._tool_event)
         async with round_scope as dispatch:
@@ -342,6 +359,28 @@ class AgentRun:
     def _tool_event(self, event: ToolEvent) -> None:
         """A tool event of one of this run's dispatch rounds."""
         self._emit(event)
+
+
+_MADE_UP_ID = re.compile(r"gemini:([0-9]{1,18}):")
+"""The ids the Gemini adapter makes up for calls without one: ``gemini:<attempt>:...``."""
+
+
+def _made_up_attempt(
+    provider: str, history: Sequence[Mapping[str, Any]], ids: frozenset[str]
+) -> int:
+    """For Gemini, which sends no call ids (the adapter makes up ``gemini:<attempt>:<n>``,
+    and the history sent back does not carry them): the number of model turns in
+    ``history``, or the highest attempt in a made-up id it holds, whichever is more; 0 for
+    the other providers. The next request's attempt is above it, so a conversation
+    continued from its history (``--resume``: a new process, whose attempts start again at
+    1) makes ids it never made before; and a round cut off by a crash and asked again gets
+    the attempt it had (with no broken stream before it), so its calls meet their ledger
+    entries as any provider's do."""
+    if provider != "gemini":
+        return 0
+    turns = sum(1 for m in history if isinstance(m, Mapping) and m.get("role") == "model")
+    found = (int(m.group(1)) for i in ids if (m := _MADE_UP_ID.match(i)))
+    return max([turns, *found])
 
 
 def _with_id_repairs(round_: Round) -> Round:

@@ -8,7 +8,8 @@ examples; they are connected before the run and closed after it. ``--json`` prin
 event per line (the contract in :mod:`toollatch.runtime._agent_events`); otherwise a live
 terminal view shows the streaming text and one line per call with its state and timings.
 Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the model could not
-be reached or answered an error (one line on standard error), 2 for a usage error, 130 / 143
+be reached or answered an error (one line on standard error), 124 when the run's deadline
+passed (``run_ended.error`` says so, every call paired), 2 for a usage error, 130 / 143
 when SIGINT / SIGTERM cancelled the run (its events still end with ``round_ended`` and
 ``run_ended``, every call paired; a second signal exits at once).
 """
@@ -55,6 +56,9 @@ SCRIPTED_MODEL = "scripted"
 RESULT_CHARS = 160
 """Most characters of a call's result line in the terminal view (a longer one ends in ``…``;
 so does one wider than the terminal)."""
+DEADLINE_EXIT = 124
+"""The exit status of a run ended by its deadline (``--deadline``, ``relay.deadline_s``): as
+``timeout(1)``'s."""
 
 
 class CommandError(Exception):
@@ -248,6 +252,7 @@ async def _with_model(
                 base_url=base_url,
                 api_key=_api_key(config),
                 limits=config.client_limits() if config else None,
+                retry=config.retry_policy() if config else None,
             )
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
@@ -268,17 +273,21 @@ async def _with_model(
             told = notice(args)
             view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
             signals = _Signals()
+            deadline = False
             try:
                 resume = bool(getattr(args, "resume", None))
                 message = args.message if resume else args.message or DEFAULT_MESSAGE
                 with signals.cancelling(agent.run(message, resume=resume)) as run:
                     error = await view.show(run)
+                    deadline = run.deadline_passed
             except ModelError as exc:
                 error = str(exc)
             except ToolLatchError as exc:
                 raise CommandError(str(exc)) from None
     if signals.received is not None:
         return 128 + signals.received
+    if error and deadline:
+        return _fail(error, DEADLINE_EXIT)
     if error:
         return _fail(f"model: {error}", 1)
     return 0

@@ -43,7 +43,7 @@ from .._preview import PreviewPolicy, Redactor, ToolPreview
 from .._secrets import redact_secrets
 from ..ledger._audit import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ._clients import ClientLimits
+from ._clients import ClientLimits, RetryPolicy
 from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 from ._run_setup import DEFAULT_DEADLINE_S, RunLimits
 
@@ -128,6 +128,12 @@ class ModelConfig(_Section):
     connect_s: _Seconds = 10.0
     first_byte_s: _Seconds = 120.0
     idle_s: _Seconds = 120.0
+    max_body_bytes: _Positive = 64 * 1024 * 1024
+    """-> ``ClientLimits.max_body_bytes``: body bytes per response, counted decoded (a gzip
+    bomb stops here); past it the round's calls fail ``stream_interrupted``."""
+    stream_retries: Annotated[int, Field(ge=0)] = 2
+    """-> ``RetryPolicy.stream_retries``: rounds whose stream broke that are asked again, in
+    a row (0: never)."""
 
 
 _Names = Annotated[tuple[Annotated[str, Field(min_length=1)], ...], Field(strict=False)]
@@ -162,6 +168,9 @@ class RelayConfig(_Section):
     header_timeout_s: _Seconds = 10.0
     idle_timeout_s: _Seconds = 5.0
     body_timeout_s: _Seconds = 30.0
+    shutdown_grace_s: _Seconds = 10.0
+    """On SIGTERM / SIGINT, how long ``serve`` waits for its cancelled runs to end (their
+    event streams get every result and ``run_ended``) before it exits."""
 
 
 class LedgerConfig(_Section):
@@ -288,9 +297,18 @@ class Config(_Section):
         )
 
     def client_limits(self) -> ClientLimits:
-        """The model client's deadlines."""
+        """The model client's deadlines and body budget."""
         m = self.model
-        return ClientLimits(connect_s=m.connect_s, first_byte_s=m.first_byte_s, idle_s=m.idle_s)
+        return ClientLimits(
+            connect_s=m.connect_s,
+            first_byte_s=m.first_byte_s,
+            idle_s=m.idle_s,
+            max_body_bytes=m.max_body_bytes,
+        )
+
+    def retry_policy(self) -> RetryPolicy:
+        """The model client's retries (the default policy with ``model.stream_retries``)."""
+        return RetryPolicy(stream_retries=self.model.stream_retries)
 
     def preview_policy(self) -> PreviewPolicy | None:
         """The preview policy, or None when ``ui_forward_partial_args`` is off."""
@@ -516,6 +534,9 @@ model:
   connect_s: 10
   first_byte_s: 120
   idle_s: 120                           # longest silence between two chunks
+  max_body_bytes: 67108864              # body bytes per response, decoded (64 MiB; a gzip
+                                        # bomb stops here): stream_interrupted beyond
+  stream_retries: 2                     # broken streams asked again in a row (0: never)
 
 relay:
   host: 127.0.0.1                       # beyond loopback (0.0.0.0) needs a token
@@ -537,6 +558,8 @@ relay:
   header_timeout_s: 10                  # a request head must arrive within (408)
   idle_timeout_s: 5                     # an idle keep-alive connection is closed after
   body_timeout_s: 30                    # a request body must arrive within (408)
+  shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
+                                        # runs to end (streams get run_ended), then exit
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:

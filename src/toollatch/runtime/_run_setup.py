@@ -165,7 +165,7 @@ class RunSetup:
     """Shared by the agent's runs: call ids are deduped per conversation, not per run."""
     tools: Toolbox
     """Shared by the agent's runs."""
-    next_attempt: Callable[[], int]
+    next_attempt: Callable[[int], int]
     """A new attempt number for each request of any run of the agent: a call id made up for
     a provider that sends none (Gemini: ``gemini:<attempt>:<position>``) embeds it, so such
     ids never repeat across the agent's runs, also when runs share a conversation (the
