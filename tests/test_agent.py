@@ -180,7 +180,7 @@ async def test_a_dropped_connection_fails_the_open_calls_and_the_run_goes_on(pro
     async with ScriptedServer({"s": script}) as server:
         events, _ = await play(server, provider, example_tools(tmp_path), model="s")
         assert [r.status for r in server.requests] == [200, 200]
-    assert [e["ended"] for e in events if e["type"] == "round_ended"][0] == "interrupted"
+    assert next(e["ended"] for e in events if e["type"] == "round_ended") == "interrupted"
     assert events[-1]["error"] is None
 
 
@@ -226,8 +226,12 @@ async def test_cancel_mid_tool_pairs_every_call_and_the_history_is_accepted(prov
 
 @EVERY_PROVIDER
 async def test_cancel_mid_stream_pairs_every_call(provider, tmp_path):
-    turn = Turn(items=(Text(text="Checking."), weather_call("c1", "Oslo")), delay_ms=0,
-                faults=Faults(stall_ms=5000, stall_after_events=1))
+    turn = Turn(items=(Text(text="Checking."), weather_call("c1", "Oslo")), delay_ms=0)
+    wire = _encode(provider, turn, model="s", body={}, response_id="r")
+    after_text = next(n for n, e in enumerate(wire) if b"Checking." in e.data) + 1
+    # the stall begins right after the text: the cancel lands in it, and must cut it short
+    turn = Turn(items=turn.items, delay_ms=0,
+                faults=Faults(stall_ms=30_000, stall_after_events=after_text))
     async with ScriptedServer({"s": Script(turns=(turn,))}) as server:
         client = model_client(provider, model="s", base_url=server.base_url(provider))
         async with client:
@@ -240,6 +244,7 @@ async def test_cancel_mid_stream_pairs_every_call(provider, tmp_path):
             async with client.stream(run.history) as again:
                 assert again.status == 200  # the history left behind is valid
     assert [e["ended"] for e in events if e["type"] == "round_ended"] == ["cancelled"]
+    assert "call_opened" not in [e["type"] for e in events]  # the stall was not waited out
     assert events[-1]["type"] == "run_ended"
 
 

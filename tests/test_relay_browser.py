@@ -12,12 +12,17 @@ import os
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from relay_helpers import slow_script
 from toollatch.relay._server import RelayServer
 from toollatch.scripted._script import Call, Script, Text, Turn
 
 CHROMIUM = Path("/usr/bin/chromium")
+
+# One Chromium for the module (its launch was the most part of each test's time), so one event
+# loop for the module; every test still opens its own browser context (own cookies, storage).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # Every card's state changes, as the page made them, in order (installed before its scripts).
 RECORDER = """
@@ -41,10 +46,10 @@ def _need_chromium() -> None:
     pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
 
 
-@pytest.fixture
-async def browser():
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def chromium():
     _need_chromium()
-    from playwright.async_api import async_playwright  # noqa: PLC0415
+    from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         chromium = await p.chromium.launch(
@@ -59,7 +64,15 @@ async def browser():
             await chromium.close()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
+async def browser(chromium):
+    """The module's Chromium; the contexts a test opened are closed after it."""
+    yield chromium
+    for context in chromium.contexts:
+        await context.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
 async def relay():
     scripts = {"slow": slow_script(delay_ms=40), "broken": _broken()}
     async with RelayServer(scripts=scripts, delay_scale=5) as server:
@@ -127,8 +140,8 @@ async def _slow_run(page, model: str = "slow") -> None:
     await page.evaluate(
         """async (model) => {
             const r = await fetch("/runs", {method: "POST",
-                headers: {"content-type": "application/json"},
-                body: JSON.stringify({message: "slowly", model})});
+                                            headers: {"content-type": "application/json"},
+                                            body: JSON.stringify({message: "slowly", model})});
             const body = await r.json();
             sessionStorage.setItem("toollatch.run", JSON.stringify({...body, message: "slowly"}));
         }""",
@@ -212,8 +225,8 @@ async def test_a_call_that_fails_the_gate_shows_its_error_code_and_reason(browse
 async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
     """A page that opens a run whose first events the relay no longer keeps gets
     ``lagged``, shows how many it missed, then the rest of the run to its end."""
-    from relay_helpers import chatty_script  # noqa: PLC0415
-    from toollatch.relay._config import RelayLimits  # noqa: PLC0415
+    from relay_helpers import chatty_script
+    from toollatch.relay._config import RelayLimits
 
     limits = RelayLimits(max_kept_bytes=16 * 1024)
     scripts = {"chatty": chatty_script(200_000, chunk_chars=1000)}
@@ -248,7 +261,7 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
 
 
 async def test_a_cut_result_says_so_on_its_card(browser):
-    from toollatch.runtime._tools import tool  # noqa: PLC0415
+    from toollatch.runtime._tools import tool
 
     @tool
     def big() -> str:
@@ -269,8 +282,8 @@ async def test_a_cut_result_says_so_on_its_card(browser):
 async def test_a_call_whose_server_died_shows_outcome_unknown(browser, tmp_path):
     """A real MCP server (stdio) that dies mid-call: the card ends in its own 'unknown'
     state, not 'failed' or 'cancelled' (the call may have had its effect)."""
-    from mcp_helpers import stdio_server  # noqa: PLC0415
-    from toollatch.mcp import McpToolSource  # noqa: PLC0415
+    from mcp_helpers import stdio_server
+    from toollatch.mcp import McpToolSource
 
     turn = Turn(items=(Call(call_id="call_crash", name="crash", arguments="{}"),), delay_ms=0)
     scripts = {"crash": Script(turns=(turn, Turn(items=(Text(text="Hm."),), delay_ms=0)))}

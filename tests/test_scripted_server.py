@@ -4,6 +4,7 @@ provider's shape, recorded requests, and clean start and stop in both the sync a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+import toollatch
 from scripted_helpers import (
     PROVIDERS,
     assert_error_shape,
@@ -26,8 +29,6 @@ from scripted_helpers import (
     request,
     stream_round,
 )
-
-import toollatch
 from toollatch import ErrorCode, RoundEnd, StreamParser
 from toollatch.errors import ConfigError, UsageError
 from toollatch.scripted._script import Call, Faults, Script, Text, Turn
@@ -49,6 +50,13 @@ def script(faults: Faults, delay_ms: float = 0.0) -> Script:
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=10) as client:
         yield client
+
+
+def read_into(response: httpx.Response, parser: StreamParser, chunks: list[bytes]) -> None:
+    """Feed ``parser`` the body's chunks, kept in ``chunks``, as they arrive."""
+    for chunk in response.iter_raw():
+        chunks.append(chunk)
+        parser.feed(chunk)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -80,13 +88,12 @@ def test_drop_closes_the_connection_without_a_terminal_event(
     with ScriptedServer(scripts={"f": script(Faults(drop_after_events=keep))}, delay_scale=0) as s:
         path, body = request(provider, first_history(provider), model="f")
         parser = StreamParser(provider)
-        received = b""
-        with pytest.raises(httpx.RemoteProtocolError):
-            with http.stream("POST", s.url + path, json=body) as response:
-                assert response.status_code == 200
-                for chunk in response.iter_raw():
-                    received += chunk
-                    parser.feed(chunk)
+        chunks: list[bytes] = []
+        with http.stream("POST", s.url + path, json=body) as response:
+            assert response.status_code == 200
+            with pytest.raises(httpx.RemoteProtocolError):
+                read_into(response, parser, chunks)
+        received = b"".join(chunks)
         round_ = parser.finish()
     assert round_.ended is RoundEnd.INTERRUPTED
     assert round_.committed() == ()
@@ -109,10 +116,11 @@ def test_dropped_call_fails_as_interrupted(http: httpx.Client) -> None:
     with ScriptedServer(scripts={"f": script(Faults(drop_after_events=7))}, delay_scale=0) as s:
         path, body = request("anthropic", first_history("anthropic"), model="f")
         parser = StreamParser("anthropic")
-        with pytest.raises(httpx.RemoteProtocolError):
-            with http.stream("POST", s.url + path, json=body) as response:
-                for chunk in response.iter_raw():
-                    parser.feed(chunk)
+        with (
+            http.stream("POST", s.url + path, json=body) as response,
+            pytest.raises(httpx.RemoteProtocolError),
+        ):
+            read_into(response, parser, [])
         (call,) = parser.finish().calls
     assert call.error is ErrorCode.STREAM_INTERRUPTED
 
@@ -133,7 +141,7 @@ def test_stall_pauses_inside_the_arguments(http: httpx.Client) -> None:
     faults = Faults(stall_ms=400)
     with ScriptedServer(scripts={"f": script(faults)}, delay_scale=1.0) as s:
         times = arrival_times(http, s, "openai_chat", "f")
-    gaps = [(b - a, chunk) for (a, _), (b, chunk) in zip(times, times[1:], strict=False)]
+    gaps = [(b - a, chunk) for (a, _), (b, chunk) in itertools.pairwise(times)]
     longest, after = max(gaps, key=lambda g: g[0])
     assert longest >= 0.35
     assert b"arguments" in after  # the stall is between two argument fragments
@@ -272,6 +280,23 @@ async def test_async_stop_does_not_wait_for_a_stalled_stream() -> None:
         await asyncio.sleep(0)
 
 
+async def test_a_client_that_leaves_during_a_stall_ends_its_stream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stalled stream whose client closed the connection ends then (ASGI http.disconnect):
+    stopping the server has no task left to wait for and cancel (no "timeout graceful
+    shutdown exceeded" after the 1 s grace, as when the stall ran on to its 30 s)."""
+    path, body = request("openai_chat", first_history("openai_chat"), model="f")
+    async with ScriptedServer(scripts={"f": script(Faults(stall_ms=30_000))}) as server:
+        async with (
+            httpx.AsyncClient(timeout=60) as client,
+            client.stream("POST", server.url + path, json=body) as response,
+        ):
+            await anext(response.aiter_raw())  # the first event; then the stall
+        await asyncio.sleep(0.05)  # (the server sees the connection close)
+    assert "graceful shutdown exceeded" not in caplog.text
+
+
 def _module_env() -> dict[str, str]:
     src = str(Path(toollatch.__file__).resolve().parents[1])
     return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -305,6 +330,8 @@ def test_python_m_refuses_a_bad_script(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"turns": [{"items": [{"text": 1}]}]}')
     command = [sys.executable, "-m", "toollatch.scripted", "--script", f"x={bad}"]
-    done = subprocess.run(command, capture_output=True, text=True, env=_module_env(), timeout=30)
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=_module_env(), timeout=30, check=False
+    )
     assert done.returncode == 2
     assert "text must be a string" in done.stderr

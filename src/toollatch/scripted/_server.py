@@ -442,11 +442,28 @@ class _Playback(Response):
             if n == self.drop_after:
                 return  # uvicorn closes the connection mid-body (see _quiet_drops)
             if n == self.stall_at and self.stall_s:
-                await asyncio.sleep(self.stall_s)
+                if await _client_left_within(self.stall_s, receive):
+                    return  # nobody reads the rest; the server must not wait out the stall
             elif n and self.delay_s:
                 await asyncio.sleep(self.delay_s)
             await send({"type": "http.response.body", "body": event.data, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _client_left_within(seconds: float, receive: Receive) -> bool:
+    """Wait ``seconds``, or less if the client closes its connection first (ASGI's
+    ``http.disconnect``; the request body was read already); True if it did."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({watch}, timeout=seconds)
+    finally:
+        watch.cancel()
+    return bool(done)
 
 
 class _QuietDrops(logging.Filter):
