@@ -50,11 +50,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import toollatch
-from toollatch._events import Frame
-from toollatch._eventstream import EventStreamDecoder
-from toollatch._limits import Limits
-from toollatch._lines import JSONLinesDecoder
-from toollatch._sse import SSEDecoder
+from toollatch.core._events import Frame
+from toollatch.core._eventstream import EventStreamDecoder
+from toollatch.core._limits import Limits
+from toollatch.core._lines import JSONLinesDecoder
+from toollatch.core._sse import SSEDecoder
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -89,7 +89,7 @@ def _payload(size: int) -> bytes:
 
 
 def _eventstream_message(payload: bytes) -> bytes:
-    """One AWS event-stream event message (layout: src/toollatch/_eventstream.py docstring)."""
+    """One AWS event-stream event message (layout: src/toollatch/core/_eventstream.py docstring)."""
     name, value = b":event-type", b"contentBlockDelta"
     headers = bytes([len(name)]) + name + b"\x07" + struct.pack(">H", len(value)) + value
     prelude = struct.pack(">II", 16 + len(headers) + len(payload), len(headers))

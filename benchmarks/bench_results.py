@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from toollatch import PreviewPolicy, ToolResult
 from toollatch.relay._config import redact_secrets
-from toollatch.runtime._results import ResultLimits, ResultShaper
+from toollatch.tools._results import ResultLimits, ResultShaper
 
 KIB = 1024
 

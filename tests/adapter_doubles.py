@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from toollatch._adapters._base import Adapter
+from toollatch.core._adapters._base import Adapter
 from toollatch.events import StreamEvent
 
 A = TypeVar("A", bound=Adapter)

@@ -28,7 +28,7 @@ from typing import Any
 from ledger_helpers import chat_round
 from toollatch.ledger import Claim, Ledger, LedgerKey, Won, current_call, open_ledger
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._tools import tool
+from toollatch.tools._tools import tool
 
 CONFIG: dict[str, Any] = json.loads(sys.argv[1])
 

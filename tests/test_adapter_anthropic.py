@@ -12,18 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
-from toollatch._adapters.anthropic import AnthropicAdapter
-from toollatch._errors import UsageError
-from toollatch._events import (
+from toollatch.core._adapters.anthropic import AnthropicAdapter
+from toollatch.core._errors import UsageError
+from toollatch.core._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
-    RoundEnd,
     Frame,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,

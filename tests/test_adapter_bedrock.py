@@ -13,18 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
-from toollatch._adapters.bedrock import BedrockAdapter
-from toollatch._errors import UsageError
-from toollatch._events import (
+from toollatch.core._adapters.bedrock import BedrockAdapter
+from toollatch.core._errors import UsageError
+from toollatch.core._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
-    RoundEnd,
     Frame,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -696,7 +696,7 @@ def test_recorded_stream_matches_expected(name: str, via: str) -> None:
 @pytest.mark.corpus
 def test_recorded_binary_event_stream_gives_the_jsonl_events() -> None:
     # Frames from the raw decoder carry the name in a header and an unwrapped payload.
-    eventstream = pytest.importorskip("toollatch._eventstream")
+    eventstream = pytest.importorskip("toollatch.core._eventstream")
     root = corpus()
     raw = (root / "bedrock" / "nova_text_then_tool_use.eventstream").read_bytes()
     decoder = eventstream.EventStreamDecoder()

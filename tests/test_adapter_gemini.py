@@ -17,18 +17,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import CallState, ErrorCode, Limits, Round, StreamParser
-from toollatch._adapters import gemini
-from toollatch._adapters.gemini import GeminiAdapter, _serialize
-from toollatch._events import (
+from toollatch.core._adapters import gemini
+from toollatch.core._adapters.gemini import GeminiAdapter, _serialize
+from toollatch.core._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
-    RoundEnd,
     Frame,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -36,10 +36,10 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
-from toollatch._sse import SSEDecoder
+from toollatch.core._sse import SSEDecoder
+from toollatch.messages import error_results
 from toollatch.testing import chunkings, sse, summary
 from toollatch.testing import replay as replay_bytes
-from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}

@@ -15,20 +15,20 @@ from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
 from toollatch import CallState, ErrorCode, Round, StreamParser
-from toollatch._adapters.openai_responses import OpenAIResponsesAdapter
-from toollatch._errors import UsageError
-from toollatch._events import (
+from toollatch.core._adapters.openai_responses import OpenAIResponsesAdapter
+from toollatch.core._errors import UsageError
+from toollatch.core._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
     CallClosed,
-    CallSettled,
     CallIdentified,
     CallKey,
     CallOpened,
-    RoundEnd,
+    CallSettled,
     Frame,
     ReasoningBlock,
+    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
@@ -36,7 +36,7 @@ from toollatch._events import (
     TextDelta,
     UsageReported,
 )
-from toollatch._sse import SSEDecoder
+from toollatch.core._sse import SSEDecoder
 from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"

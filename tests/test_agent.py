@@ -12,10 +12,10 @@ import pytest
 
 from toollatch.runtime._agent import Agent, RunLimits
 from toollatch.runtime._clients import ClientLimits, RetryPolicy, model_client
-from toollatch.runtime._examples import example_tools
-from toollatch.runtime._tools import tool
 from toollatch.scripted._script import Call, Faults, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer, _encode
+from toollatch.tools._examples import example_tools
+from toollatch.tools._tools import tool
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)

@@ -6,16 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from toollatch import CallFailed, CallState, ErrorCode, Limits, PreviewPolicy, RoundEnd, UsageError
 from toollatch.assembly import Assembler, RoundOver
-from toollatch.events import CallKey
-from toollatch import CallState, ErrorCode, Limits, PreviewPolicy, RoundEnd, UsageError
-from toollatch._buffer import JOIN_BYTES
+from toollatch.core._buffer import JOIN_BYTES
 from toollatch.events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
     CallClosed,
     CallIdentified,
+    CallKey,
     CallOpened,
     ReasoningBlock,
     RoundEnded,
@@ -23,7 +23,6 @@ from toollatch.events import (
     StreamFailed,
     TextDelta,
 )
-from toollatch import CallFailed
 from toollatch.messages import error_results
 
 K0, K1, K2 = (CallKey(0, 0, i) for i in range(3))

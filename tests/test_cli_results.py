@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from toollatch.runtime._agent_events import ToolFinishedEvent
-from toollatch.runtime._results import PREVIEW_CHARS, result_preview
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
+from toollatch.tools._results import PREVIEW_CHARS, result_preview
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-live-Q8d2F7s9K1m3N5p7"

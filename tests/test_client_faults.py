@@ -39,9 +39,9 @@ from toollatch.runtime._clients import (
     StreamTooLarge,
     model_client,
 )
-from toollatch.runtime._examples import example_tools
 from toollatch.scripted._script import Call, Text, Turn
 from toollatch.scripted._server import _encode
+from toollatch.tools._examples import example_tools
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)

@@ -19,7 +19,7 @@ from loopback_http import (
     stream_reply,
 )
 from toollatch import StreamParser, ToolSpec, load_tools
-from toollatch._errors import ConfigError, UsageError
+from toollatch.core._errors import ConfigError, UsageError
 from toollatch.runtime._clients import (
     ClientLimits,
     ModelConnectError,

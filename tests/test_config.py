@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toollatch._errors import ConfigError, ErrorCode
-from toollatch._limits import Limits
+from toollatch.cli._app_config import EXAMPLE, Config, configured, load_config, validate
+from toollatch.core._errors import ConfigError, ErrorCode
+from toollatch.core._limits import Limits
 from toollatch.runtime._agent import RunLimits
 from toollatch.runtime._clients import ClientLimits, RetryPolicy
-from toollatch.runtime._config import EXAMPLE, Config, configured, load_config, validate
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -14,12 +14,12 @@ import json
 import pytest
 
 from test_eventstream import event as es_event
-from toollatch._eventstream import RUN_EVENTS as ES_RUN
-from toollatch._eventstream import EventStreamDecoder
-from toollatch._lines import RUN_EVENTS as LINES_RUN
-from toollatch._lines import JSONLinesDecoder
-from toollatch._sse import RUN_EVENTS as SSE_RUN
-from toollatch._sse import SSEDecoder
+from toollatch.core._eventstream import RUN_EVENTS as ES_RUN
+from toollatch.core._eventstream import EventStreamDecoder
+from toollatch.core._lines import RUN_EVENTS as LINES_RUN
+from toollatch.core._lines import JSONLinesDecoder
+from toollatch.core._sse import RUN_EVENTS as SSE_RUN
+from toollatch.core._sse import SSEDecoder
 
 Decoder = SSEDecoder | JSONLinesDecoder | EventStreamDecoder
 

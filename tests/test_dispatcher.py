@@ -22,8 +22,8 @@ from toollatch import ConfigError, ErrorCode, Round, StreamParser, ToolResult, T
 from toollatch.messages import assistant_messages, tool_results_messages
 from toollatch.runtime import ToolFinishedEvent, ToolStartedEvent
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._examples import example_tools
-from toollatch.runtime._tools import Tool, ToolOutcome, tool
+from toollatch.tools._examples import example_tools
+from toollatch.tools._tools import Tool, ToolOutcome, tool
 
 
 def chat_round(

@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch._adapters._base import has_duplicate_keys
+from toollatch.core._adapters._base import has_duplicate_keys
 
 _KEYS = st.sampled_from(["a", "b", "a:b", ":", "\u00e9", ""])
 _LEAVES = st.one_of(

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from conftest import corpus_dir, decoded_until_error
 from toollatch import CallState, ErrorCode, StreamParser
-from toollatch._errors import ConfigError, StreamDecodeError, UsageError
-from toollatch._events import Frame
-from toollatch._eventstream import EventStreamDecoder, decode_headers
-from toollatch._limits import Limits
+from toollatch.core._errors import ConfigError, StreamDecodeError, UsageError
+from toollatch.core._events import Frame
+from toollatch.core._eventstream import EventStreamDecoder, decode_headers
+from toollatch.core._limits import Limits
 
 # -- a small encoder (test-only) ----------------------------------------------------------------
 

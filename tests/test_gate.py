@@ -22,9 +22,9 @@ from toollatch import (
     UsageError,
     load_tools,
 )
-from toollatch.events import CallKey
 from toollatch.assembly import Rejection
-from toollatch._gate import _Reject, strict_loads
+from toollatch.core._gate import _Reject, strict_loads
+from toollatch.events import CallKey
 
 KEY = CallKey(0, 0, 0)
 TOOLS = [

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from ledger_helpers import RedisServer
 from toollatch import ConfigError, ErrorCode, PreviewPolicy, Round, StreamParser, ToolSpec
-from toollatch._preview import ToolPreview
+from toollatch.cli._app_config import validate
+from toollatch.core._preview import ToolPreview
 from toollatch.ledger import LedgerError, LedgerKey, SQLiteLedger, open_history, open_ledger
 from toollatch.ledger._audit import (  # (exported by the coordinator)
     ArgumentAudit,
@@ -32,9 +33,8 @@ from toollatch.ledger._audit import (  # (exported by the coordinator)
 from toollatch.ledger._audit_redis import RedisAudit
 from toollatch.ledger._audit_sqlite import SQLiteAudit
 from toollatch.ledger._open import open_audit
-from toollatch.runtime._config import validate
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._tools import tool
+from toollatch.tools._tools import tool
 
 SECRET = "sk-live-0123456789"
 

@@ -25,7 +25,7 @@ from toollatch.ledger import (
     open_ledger,
 )
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._tools import Tool, tool
+from toollatch.tools._tools import Tool, tool
 
 
 class World:

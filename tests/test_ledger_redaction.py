@@ -78,7 +78,7 @@ async def test_the_ledger_stores_results_redacted(tmp_path, redacted):
     assert (FAKE_KEY.encode() in raw) is not redacted
 
 
-# -- the stores redact as tool results are redacted (one walk, toollatch._redact) -----------
+# -- the stores redact as tool results are redacted (one walk, toollatch.core._redact) -----------
 
 
 def mask_sk(pointer: str, text: str) -> str:
@@ -184,8 +184,8 @@ async def test_serve_with_ledger_redact_stores_no_secret(tmp_path, redact):
 
     from relay_helpers import read_events, start_run  # noqa: PLC0415
     from toollatch.relay._server import RelayServer  # noqa: PLC0415
-    from toollatch.runtime._tools import tool  # noqa: PLC0415
     from toollatch.scripted._script import Call, Script, Text, Turn  # noqa: PLC0415
+    from toollatch.tools._tools import tool  # noqa: PLC0415
 
     @tool(side_effects="read")
     def account(user: str, password: str) -> str:

@@ -23,7 +23,7 @@ from toollatch.ledger import LedgerError
 from toollatch.ledger._lock import LockLost, RedisSessionLock
 from toollatch.ledger.redis import redis_session_locks
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._tools import tool
+from toollatch.tools._tools import tool
 
 WORKER = Path(__file__).with_name("ledger_worker.py")
 

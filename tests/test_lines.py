@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import decoded_until_error
-from toollatch._errors import StreamDecodeError, UsageError
-from toollatch._events import Frame
-from toollatch._limits import Limits
-from toollatch._lines import JSONLinesDecoder
+from toollatch.core._errors import StreamDecodeError, UsageError
+from toollatch.core._events import Frame
+from toollatch.core._limits import Limits
+from toollatch.core._lines import JSONLinesDecoder
 
 
 class _GeneralOnly(JSONLinesDecoder):

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from mcp_helpers import SERVER, calls_of, http_server
 from toollatch import ConfigError
+from toollatch.cli._app_config import validate
 from toollatch.mcp import McpServer, parse_server_spec, source_from_config
-from toollatch.runtime._config import validate
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
-
-from mcp_helpers import SERVER, calls_of, http_server
 
 ROOT = Path(__file__).resolve().parents[1]
 

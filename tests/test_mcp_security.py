@@ -13,8 +13,8 @@ import pytest
 
 from mcp_helpers import chat_round
 from toollatch import ConfigError
+from toollatch.cli._app_config import validate
 from toollatch.mcp import McpServer, McpToolSource
-from toollatch.runtime._config import validate
 from toollatch.runtime._dispatcher import Dispatcher
 
 HOSTILE = str(Path(__file__).with_name("mcp_hostile_server.py"))

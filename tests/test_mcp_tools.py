@@ -10,15 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from mcp_helpers import calls_of, chat_round, stdio_server
 from toollatch import ConfigError, ErrorCode
 from toollatch.ledger import open_ledger
 from toollatch.mcp import McpToolSource
 from toollatch.mcp._results import outcome_of
 from toollatch.mcp._source import assign_names
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._tools import schema_tool, tool
-
-from mcp_helpers import calls_of, chat_round, stdio_server
+from toollatch.tools._tools import schema_tool, tool
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
@@ -151,7 +150,7 @@ def test_the_runtime_imports_without_the_sdk_and_connecting_names_the_extra():
     code = """
 import asyncio, sys
 sys.modules["mcp"] = None  # as if the mcp extra were not installed
-import toollatch.runtime, toollatch.runtime._command
+import toollatch.runtime, toollatch.cli._run_command
 from toollatch import ConfigError
 from toollatch.mcp import McpServer, McpToolSource
 async def main():

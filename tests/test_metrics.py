@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from loopback_http import loopback
 from prometheus_client.parser import text_string_to_metric_families
 
+from loopback_http import loopback
 from toollatch import StreamParser
-from toollatch._errors import UsageError
-from toollatch._limits import Limits
 from toollatch.assembly import CallReady
+from toollatch.core._errors import UsageError
+from toollatch.core._limits import Limits
 from toollatch.runtime._agent import Agent, RunLimits
 from toollatch.runtime._clients import RetryPolicy, model_client
 from toollatch.runtime._metrics import Metrics
-from toollatch.runtime._tools import tool
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
+from toollatch.tools._tools import tool
 
 BROKEN_CHAT = (
     b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":'

@@ -20,9 +20,9 @@ from prometheus_client import (
     enable_created_metrics,
     generate_latest,
 )
-from test_metrics import PROVIDERS, get_weather, script, write_file
 
-from toollatch._limits import Limits
+from test_metrics import PROVIDERS, get_weather, script, write_file
+from toollatch.core._limits import Limits
 from toollatch.runtime._agent import Agent, RunLimits
 from toollatch.runtime._clients import RetryPolicy, model_client
 from toollatch.runtime._metrics import Metrics, _Family

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from adapter_doubles import counting, general_only
-from chat_chunks import USAGE, WEATHER_TOOLS, chunk, fragments, tc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toollatch import CallState, RoundEnd, ErrorCode, Limits, StreamParser
-from toollatch._adapters.openai_chat import OpenAIChatAdapter
+from adapter_doubles import counting, general_only
+from chat_chunks import USAGE, WEATHER_TOOLS, chunk, fragments, tc
+from toollatch import CallState, ErrorCode, Limits, RoundEnd, StreamParser
+from toollatch.core._adapters.openai_chat import OpenAIChatAdapter
 from toollatch.decoders import Frame
-from toollatch.testing import chunkings, replay, split_at, sse, summary
 from toollatch.messages import assistant_messages, error_results
+from toollatch.testing import chunkings, replay, split_at, sse, summary
 
 CITY = '{"city": "Paris", "days": 3}'
 

@@ -1,4 +1,4 @@
-"""Tests of the incremental lenient JSON parser behind previews (toollatch._partial_json).
+"""Tests of the incremental lenient JSON parser behind previews (toollatch.core._partial_json).
 
 The oracle is :func:`reference`: a small recursive-descent reading of a *prefix* of a valid
 JSON text, written for obviousness rather than speed (it re-reads the prefix from the start and
@@ -31,8 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toollatch._errors import UsageError
-from toollatch._partial_json import _COMPACT_BYTES, PartialJSON, PathDelta
+from toollatch.core._errors import UsageError
+from toollatch.core._partial_json import _COMPACT_BYTES, PartialJSON, PathDelta
 
 # --------------------------------------------------------------------------- reference
 

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from conftest import corpus_dir
 from toollatch import Limits, PreviewPolicy, ToolPreview
-from toollatch._errors import UsageError
-from toollatch._pipeline import StreamParser
-from toollatch._registry import detect
+from toollatch.core._errors import UsageError
+from toollatch.core._pipeline import StreamParser
+from toollatch.core._registry import detect
 from toollatch.testing import jsonl, sse, summary
 
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -355,7 +355,7 @@ def test_fields_mode_work_is_linear_in_masked_members():
 
         def profile(frame: Any, event: str, arg: object) -> None:
             nonlocal count
-            if event == "call" and frame.f_code.co_filename.endswith("_preview.py"):
+            if event == "call" and frame.f_code.co_filename.endswith("core/_preview.py"):
                 count += 1
 
         sys.setprofile(profile)

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import PreviewPolicy, PreviewUpdated, ToolPreview
-from toollatch._partial_json import PartialJSON, PathDelta
-from toollatch._preview import PreviewTracker, _coalesce, _Filter
+from toollatch.core._partial_json import PartialJSON, PathDelta
+from toollatch.core._preview import PreviewTracker, _coalesce, _Filter
 from toollatch.events import CallKey
 
 KEY = CallKey(0, 0, 0)

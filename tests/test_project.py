@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import os
 import importlib
 import json as json_module
+import os
 import re
 import shutil
 import subprocess
@@ -156,7 +156,7 @@ SURFACES = {
         "LedgerRecord", "LedgerState", "LockBusy", "LockLost", "MemoryAudit", "MemoryHistory",
         "MemoryLedger", "SQLiteAudit", "SQLiteHistory", "SQLiteLedger", "SessionLocks", "Won",
         "audit_record", "current_call", "default_ledger_url", "digest_of", "open_audit",
-        "open_history", "open_ledger",
+        "open_history", "open_ledger", "sqlite_file",
     ],
     "toollatch.relay": [
         "Relay", "RelayLimits", "RelayRun", "RelayServer", "default_previews", "preview_json",
@@ -251,18 +251,18 @@ def test_no_stage_internal_name_reaches_the_top_level():
 
 
 def test_the_history_builders_do_not_import_the_adapters():
-    for path in sorted((ROOT / "src" / "toollatch" / "_messages").glob("*.py")):
+    for path in sorted((ROOT / "src" / "toollatch" / "core/_messages").glob("*.py")):
         tree = ast.parse(path.read_text())
         modules = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [m for m in modules if "_adapters" in m], path.name
-    round_source = (ROOT / "src" / "toollatch" / "_round.py").read_text()
+    round_source = (ROOT / "src" / "toollatch" / "core/_round.py").read_text()
     assert "_messages" not in round_source  # the Round is data: no cycle with its builders
 
 
 PURE = [
-    "_events.py", "_errors.py", "_limits.py", "_specs.py", "_sse.py", "_eventstream.py",
-    "_lines.py", "_state.py", "_buffer.py", "_assembler.py", "_gate.py", "_round.py",
-    "_pipeline.py", "_registry.py", "_adapters/", "_messages/",
+    "core/_events.py", "core/_errors.py", "core/_limits.py", "core/_specs.py", "core/_sse.py", "core/_eventstream.py",
+    "core/_lines.py", "core/_state.py", "core/_buffer.py", "core/_assembler.py", "core/_gate.py", "core/_round.py",
+    "core/_pipeline.py", "core/_registry.py", "core/_adapters/", "core/_messages/",
 ]
 FORBIDDEN = {"asyncio", "time", "random", "logging", "httpx", "socket", "threading", "datetime"}
 

@@ -3,12 +3,12 @@ and only previews, reach the callback, in stream order with the agent events."""
 
 from __future__ import annotations
 
-from toollatch._preview import PreviewUpdated
+from toollatch.core._preview import PreviewUpdated
 from toollatch.relay._config import default_previews
 from toollatch.runtime._agent import Agent
 from toollatch.runtime._clients import model_client
-from toollatch.runtime._examples import example_tools
 from toollatch.scripted._server import ScriptedServer
+from toollatch.tools._examples import example_tools
 
 CALLS = ("call_demo_weather_oslo", "call_demo_weather_zurich", "call_demo_write_notes")
 

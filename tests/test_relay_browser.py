@@ -261,7 +261,7 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
 
 
 async def test_a_cut_result_says_so_on_its_card(browser):
-    from toollatch.runtime._tools import tool
+    from toollatch.tools._tools import tool
 
     @tool
     def big() -> str:
@@ -412,7 +412,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
 async def test_each_card_shows_its_redacted_result_or_error_message(browser):
     """Issue 35 item 1: the relay's tool_finished carries a redacted result preview, and
     each card shows it on one line (an error result: its message, marked as an error)."""
-    from toollatch.runtime._tools import tool  # noqa: PLC0415
+    from toollatch.tools._tools import tool  # noqa: PLC0415
 
     secret = "sk-live-Q8d2F7s9K1m3N5p7"
 

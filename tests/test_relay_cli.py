@@ -105,7 +105,8 @@ def test_serve_settles_its_heap_once_started():
     frozen heap is never given back, so the test process must not freeze its own."""
     script = """
 import gc, weakref
-from toollatch.relay import _command, _server
+from toollatch.relay import _server
+from toollatch.cli import _serve_command as _command
 called = []
 _server.settle_heap, real = (lambda: (called.append(1), real())), _server.settle_heap
 class Stub:

@@ -12,14 +12,14 @@ import httpx
 import pytest
 
 from relay_helpers import cancel, chatty_script, parse_sse, read_events, slow_script, start_run
-from toollatch._errors import ConfigError
+from toollatch.core._errors import ConfigError
 from toollatch.relay._config import RelayLimits
 from toollatch.relay._server import RelayServer
 from toollatch.runtime._agent import Agent
 from toollatch.runtime._clients import model_client
-from toollatch.runtime._examples import example_tools
-from toollatch.scripted._server import ScriptedServer
 from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.scripted._server import ScriptedServer
+from toollatch.tools._examples import example_tools
 
 SCRIPTS = {"slow": slow_script(), "chatty": chatty_script(3000)}
 

@@ -189,8 +189,8 @@ def _resume(url: str, run_id: str, session: str) -> dict[str, Any]:
 
 
 def test_the_config_files_ledger_url_is_checked() -> None:
-    from toollatch._errors import ConfigError  # noqa: PLC0415
-    from toollatch.runtime._config import validate  # noqa: PLC0415
+    from toollatch.cli._app_config import validate  # noqa: PLC0415
+    from toollatch.core._errors import ConfigError  # noqa: PLC0415
 
     assert validate({"ledger": {"url": "redis://127.0.0.1:6379/0"}}).ledger.url is not None
     assert validate({}).ledger.url is None  # serve's default: SQLite in the data folder

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from relay_helpers import cancel, read_events, slow_script, start_run
-from toollatch._errors import ConfigError
+from toollatch.core._errors import ConfigError
 from toollatch.relay._config import RelayLimits
 from toollatch.relay._guard import RelayAccess, connection_cap
 from toollatch.relay._server import RelayServer
@@ -444,7 +444,7 @@ async def test_the_browser_may_only_name_allowed_models():
 
 
 def test_the_relay_section_configures_access_and_limits(monkeypatch):
-    from toollatch.runtime._config import load_config, validate  # noqa: PLC0415
+    from toollatch.cli._app_config import load_config, validate  # noqa: PLC0415
 
     with pytest.raises(ConfigError, match=r"relay\.token"):
         validate({"relay": {"token": "short"}})

@@ -19,10 +19,10 @@ from toollatch.relay._config import redact_secrets
 from toollatch.runtime._agent import Agent, RunLimits
 from toollatch.runtime._clients import RetryPolicy, model_client
 from toollatch.runtime._logs import RedactedLog
-from toollatch.runtime._results import ResultLimits
-from toollatch.runtime._tools import tool
 from toollatch.scripted._script import Call, Script, Text, Turn
 from toollatch.scripted._server import ScriptedServer
+from toollatch.tools._results import ResultLimits
+from toollatch.tools._tools import tool
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 SECRET = "sk-live-Q8d2F7s9K1m3N5p7"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch.errors import ConfigError
-from toollatch.runtime._results import (
+from toollatch.tools._results import (
     DEFAULT_MAX_RESULT_BYTES,
     MIN_RESULT_BYTES,
     ResultLimits,

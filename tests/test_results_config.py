@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from toollatch.cli._app_config import load_config, validate
 from toollatch.errors import ConfigError
-from toollatch.runtime._config import load_config, validate
-from toollatch.runtime._results import ResultLimits
+from toollatch.tools._results import ResultLimits
 
 ROOT = Path(__file__).resolve().parents[1]
 

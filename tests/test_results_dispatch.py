@@ -18,8 +18,8 @@ from toollatch.ledger import MemoryLedger
 from toollatch.ledger._records import LedgerError, LedgerKey
 from toollatch.relay._config import redact_secrets
 from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.runtime._results import ResultLimits
-from toollatch.runtime._tools import schema_tool, tool
+from toollatch.tools._results import ResultLimits
+from toollatch.tools._tools import schema_tool, tool
 
 SECRET = "sk-live-0123456789abcdefXYZ"
 

@@ -11,7 +11,7 @@ import pytest
 from toollatch import PreviewPolicy, StreamParser, ToolPreview, ToolResult
 from toollatch.errors import ConfigError
 from toollatch.relay._config import redact_secrets
-from toollatch.runtime._results import RedactionFailed, ResultLimits, ResultShaper, redact_result
+from toollatch.tools._results import RedactionFailed, ResultLimits, ResultShaper, redact_result
 
 NESTED = {
     "token": "sk-live-0123456789abcdef",

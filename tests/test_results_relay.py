@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 import httpx
-from relay_helpers import read_events, start_run
 
+from relay_helpers import read_events, start_run
 from toollatch.relay._server import RelayServer
-from toollatch.runtime._tools import tool
 from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.tools._tools import tool
 
 SECRET = "sk-live-Q8d2F7s9K1m3N5p7"
 

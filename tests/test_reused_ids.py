@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from toollatch import StreamParser, ToolResult
-from toollatch._messages._ids import history_call_ids
+from toollatch.core._messages._ids import history_call_ids
 from toollatch.events import AnomalyKind
 from toollatch.ledger import MemoryLedger
 from toollatch.ledger._records import LedgerKey

@@ -23,14 +23,13 @@ from hypothesis import strategies as st
 from test_adapter_bedrock import es_message
 from test_hostile import BUILDERS, Stream, _calls
 from toollatch import CallState, Limits, Round, StreamParser
-from toollatch._eventstream import EventStreamDecoder
-from toollatch._lines import JSONLinesDecoder
-from toollatch._sse import SSEDecoder
+from toollatch.core._eventstream import EventStreamDecoder
+from toollatch.core._lines import JSONLinesDecoder
+from toollatch.core._sse import SSEDecoder
 from toollatch.errors import UsageError
-from toollatch.events import AnomalyKind
-from toollatch.events import RoundEnd
-from toollatch.testing import sse
+from toollatch.events import AnomalyKind, RoundEnd
 from toollatch.messages import error_results
+from toollatch.testing import sse
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
 FRAMINGS = ["sse", "jsonl", "eventstream"]

@@ -11,12 +11,12 @@ import pytest
 from toollatch import CallState, ErrorCode, Limits, RoundEnd, StreamParser
 from toollatch.assembly import Assembler, CallFailed, CallReady, RoundOver
 from toollatch.cli import build_parser, main, round_json
+from toollatch.cli._app_config import validate
+from toollatch.cli._run_command import _agent
 from toollatch.events import ArgsDelta, CallClosed, CallKey, CallOpened, RoundEnded, TextDelta
 from toollatch.messages import error_results
 from toollatch.runtime._agent import DEFAULT_DEADLINE_S, RunLimits
 from toollatch.runtime._clients import model_client
-from toollatch.runtime._command import _agent
-from toollatch.runtime._config import validate
 from toollatch.testing import chunkings, sse
 
 LIMIT = 1024

@@ -17,8 +17,8 @@ import pytest
 
 from ledger_helpers import chat_round
 from toollatch import ErrorCode, StreamParser, ToolResult, ToolSpec
-from toollatch._messages._ids import derived_id
-from toollatch._messages._repair import repaired_history
+from toollatch.core._messages._ids import derived_id
+from toollatch.core._messages._repair import repaired_history
 from toollatch.events import AnomalyKind
 from toollatch.ledger import MemoryHistory, MemoryLedger, SQLiteLedger
 from toollatch.ledger._records import LedgerKey, digest_of
@@ -26,9 +26,9 @@ from toollatch.messages import assistant_messages, error_results, tool_results_m
 from toollatch.runtime import Agent, Dispatcher, RunLimits, model_client, tool
 from toollatch.runtime._agent import user_message
 from toollatch.runtime._clients import RetryPolicy
-from toollatch.runtime._results import ResultShaper, valid_unicode
 from toollatch.scripted._script import Call, Script, Turn
 from toollatch.scripted._server import ScriptedServer
+from toollatch.tools._results import ResultShaper, valid_unicode
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]

@@ -17,8 +17,8 @@ import pydantic
 import pytest
 
 from toollatch import CallState, ConfigError, ErrorCode, StreamParser, ToolSpec, UsageError
-from toollatch.runtime._examples import example_tools
-from toollatch.runtime._tools import Tool, ToolOutcome, parse_docstring, tool
+from toollatch.tools._examples import example_tools
+from toollatch.tools._tools import Tool, ToolOutcome, parse_docstring, tool
 
 
 def committed_via_parser(spec: ToolSpec, arguments: str) -> CallState:

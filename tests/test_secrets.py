@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from toollatch.relay import redact_secrets
-from toollatch.runtime._results import redact_result
+from toollatch.tools._results import redact_result
 
 
 def _j(*parts: str) -> str:

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir, decoded_until_error
 from toollatch import CallState, ErrorCode, StreamParser
-from toollatch._errors import ConfigError, StreamDecodeError, UsageError
-from toollatch._events import Frame
-from toollatch._limits import Limits
-from toollatch._sse import SSEDecoder
+from toollatch.core._errors import ConfigError, StreamDecodeError, UsageError
+from toollatch.core._events import Frame
+from toollatch.core._limits import Limits
+from toollatch.core._sse import SSEDecoder
 from toollatch.testing import summary
 
 # -- helpers ----------------------------------------------------------------------------------

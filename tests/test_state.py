@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from toollatch import CallState, ErrorCode
-from toollatch._buffer import CallBuffer
-from toollatch._state import TERMINAL, TRANSITIONS, Trigger, advance
+from toollatch.core._buffer import CallBuffer
+from toollatch.core._state import TERMINAL, TRANSITIONS, Trigger, advance
 from toollatch.errors import InvariantBroken
 from toollatch.events import CallKey
 
@@ -80,7 +80,7 @@ def test_a_decided_call_keeps_its_first_outcome(first, then):
 def test_only_the_state_module_and_the_buffer_assign_a_state():
     offenders = []
     for path in SRC.rglob("*.py"):
-        if path.name in {"_state.py", "_buffer.py"}:
+        if path.name in {"core/_state.py", "core/_buffer.py"}:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from chat_chunks import chunk, tc
 
+from chat_chunks import chunk, tc
 from toollatch.adapters import adapter_class
-from toollatch._adapters.openai_chat import OpenAIChatAdapter
+from toollatch.core._adapters.openai_chat import OpenAIChatAdapter
 from toollatch.events import ArgsDelta, CallKey, RoundEnded
 from toollatch.testing import ConformanceError, byte_chunks, check_adapter, chunkings, split_at
 

@@ -15,16 +15,16 @@ model clients) is :mod:`toollatch.runtime`; the scripted model server :mod:`tool
 
 from typing import TYPE_CHECKING, Any
 
-from ._assembler import CallFailed
-from ._errors import ConfigError, ErrorCode, ToolLatchError, UsageError
-from ._events import RoundEnd
-from ._gate import Allow, CommittedCall, Deny, Gate, RunBudget
-from ._limits import Limits
-from ._pipeline import StreamParser
-from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
-from ._round import CallRecord, Round, ToolResult
-from ._specs import ToolSpec, load_tools
-from ._state import CallState
+from .core._assembler import CallFailed
+from .core._errors import ConfigError, ErrorCode, ToolLatchError, UsageError
+from .core._events import RoundEnd
+from .core._gate import Allow, CommittedCall, Deny, Gate, RunBudget
+from .core._limits import Limits
+from .core._pipeline import StreamParser
+from .core._preview import PreviewPolicy, PreviewUpdated, ToolPreview
+from .core._round import CallRecord, Round, ToolResult
+from .core._specs import ToolSpec, load_tools
+from .core._state import CallState
 
 __all__ = [
     "Allow",

@@ -7,13 +7,13 @@ bytes. Write your own adapter for another server by subclassing :class:`Adapter`
 it with :func:`toollatch.testing.check_adapter`.
 """
 
-from ._adapters._base import Adapter
-from ._adapters.anthropic import AnthropicAdapter
-from ._adapters.bedrock import BedrockAdapter
-from ._adapters.gemini import GeminiAdapter
-from ._adapters.openai_chat import OpenAIChatAdapter
-from ._adapters.openai_responses import OpenAIResponsesAdapter
-from ._registry import adapter_class, detect, providers
+from .core._adapters._base import Adapter
+from .core._adapters.anthropic import AnthropicAdapter
+from .core._adapters.bedrock import BedrockAdapter
+from .core._adapters.gemini import GeminiAdapter
+from .core._adapters.openai_chat import OpenAIChatAdapter
+from .core._adapters.openai_responses import OpenAIResponsesAdapter
+from .core._registry import adapter_class, detect, providers
 
 __all__ = [
     "Adapter",

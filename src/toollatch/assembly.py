@@ -10,7 +10,7 @@ are on, and with ``observe=True`` :class:`TextReceived`, :class:`CallAnnounced` 
 returns a :data:`PolicyDecision`.
 """
 
-from ._assembler import (
+from .core._assembler import (
     Assembler,
     CallAnnounced,
     CallComplete,
@@ -20,7 +20,7 @@ from ._assembler import (
     RoundOver,
     TextReceived,
 )
-from ._gate import Gate, Policy, PolicyDecision, Rejection
+from .core._gate import Gate, Policy, PolicyDecision, Rejection
 
 __all__ = [
     "Assembler",

@@ -5,9 +5,9 @@ the bytes whatever the read sizes, and raises ``toollatch.errors.StreamDecodeErr
 it cannot frame (:class:`~toollatch.StreamParser` turns that into a failed stream).
 """
 
-from ._events import Frame
-from ._eventstream import EventStreamDecoder
-from ._lines import JSONLinesDecoder
-from ._sse import SSEDecoder
+from .core._events import Frame
+from .core._eventstream import EventStreamDecoder
+from .core._lines import JSONLinesDecoder
+from .core._sse import SSEDecoder
 
 __all__ = ["EventStreamDecoder", "Frame", "JSONLinesDecoder", "SSEDecoder"]

@@ -1,6 +1,6 @@
 """Exceptions and stable error codes (public namespace: re-exports only)."""
 
-from ._errors import (
+from .core._errors import (
     ConfigError,
     ErrorCode,
     InvariantBroken,

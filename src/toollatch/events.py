@@ -6,7 +6,7 @@ Use it to write an adapter (see :mod:`toollatch.adapters`) or to drive an
 failures and previews) is in :mod:`toollatch.assembly`; frames are in :mod:`toollatch.decoders`.
 """
 
-from ._events import (
+from .core._events import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,

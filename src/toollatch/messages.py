@@ -8,8 +8,8 @@ in the round's provider format (for OpenAI Responses: input items for the next `
 (``on_invalid_json: drop_with_protocol_repair``), still valid for every provider.
 """
 
-from ._messages import assistant_messages, error_result, error_results, tool_results_messages
-from ._messages._repair import drop_failed_calls, repaired_history
+from .core._messages import assistant_messages, error_result, error_results, tool_results_messages
+from .core._messages._repair import drop_failed_calls, repaired_history
 
 __all__ = [
     "assistant_messages",

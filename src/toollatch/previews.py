@@ -6,7 +6,7 @@ A :class:`PreviewPolicy` (a :class:`ToolPreview` per tool) turns previews on; ea
 incremental parser that does linear work in the argument size.
 """
 
-from ._partial_json import PartialJSON, PathDelta
-from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
+from .core._partial_json import PartialJSON, PathDelta
+from .core._preview import PreviewPolicy, PreviewUpdated, ToolPreview
 
 __all__ = ["PartialJSON", "PathDelta", "PreviewPolicy", "PreviewUpdated", "ToolPreview"]

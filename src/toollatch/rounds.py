@@ -6,7 +6,7 @@ A :class:`Round` has one :class:`Choice` per completion; a choice's ``content`` 
 :class:`ToolResult` answers one call. The history builders are in :mod:`toollatch.messages`.
 """
 
-from ._events import RoundEnd
-from ._round import CallRecord, Choice, ContentItem, Round, TextRun, ToolResult
+from .core._events import RoundEnd
+from .core._round import CallRecord, Choice, ContentItem, Round, TextRun, ToolResult
 
 __all__ = ["CallRecord", "Choice", "ContentItem", "Round", "RoundEnd", "TextRun", "ToolResult"]

@@ -16,19 +16,19 @@ from typing import Any, get_args
 
 import orjson
 
-from ._adapters._base import Adapter
-from ._errors import UsageError
-from ._events import (
+from .core._adapters._base import Adapter
+from .core._errors import UsageError
+from .core._events import (
     Frame,
     RoundEnd,
     RoundEnded,
     StreamEvent,
 )
-from ._limits import Limits
-from ._pipeline import StreamParser
-from ._registry import Framing
-from ._round import Round
-from ._specs import ToolSpec
+from .core._limits import Limits
+from .core._pipeline import StreamParser
+from .core._registry import Framing
+from .core._round import Round
+from .core._specs import ToolSpec
 
 __all__ = [
     "ConformanceError",

@@ -16,7 +16,7 @@ from ._audit_sqlite import SQLiteAudit
 from ._base import Ledger, MemoryLedger
 from ._context import CallContext, current_call
 from ._history import History, HistoryConflict, MemoryHistory, SQLiteHistory
-from ._open import default_ledger_url, open_audit, open_history, open_ledger
+from ._open import default_ledger_url, open_audit, open_history, open_ledger, sqlite_file
 from ._records import (
     Claim,
     Found,
@@ -66,4 +66,5 @@ __all__ = [
     "open_audit",
     "open_history",
     "open_ledger",
+    "sqlite_file",
 ]

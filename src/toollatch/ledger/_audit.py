@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
-from .._errors import ConfigError, ErrorCode
-from .._preview import PreviewPolicy, PreviewTracker
-from .._round import CallRecord, Round
+from ..core._errors import ConfigError, ErrorCode
+from ..core._preview import PreviewPolicy, PreviewTracker
+from ..core._round import CallRecord, Round
 from ._records import LedgerError
 
 _log = logging.getLogger("toollatch.ledger")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
-from .._round import ToolResult
+from ..core._round import ToolResult
 from ._records import (
     Claim,
     LedgerKey,

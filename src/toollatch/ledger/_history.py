@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .._errors import UsageError
+from ..core._errors import UsageError
 from ._records import LedgerError
 from ._sqlite import _connect
 

@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from .._errors import ConfigError, UsageError
+from ..core._errors import ConfigError, UsageError
 from ._records import LedgerError, LockBusy, LockLost, SessionLocks
 
 _RENEW = """

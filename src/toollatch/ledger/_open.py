@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .._errors import ConfigError
-from .._preview import Redactor
+from ..core._errors import ConfigError
+from ..core._preview import Redactor
 from ._audit import AuditStore, MemoryAudit
 from ._base import Ledger, MemoryLedger
 from ._history import History, MemoryHistory, SQLiteHistory
@@ -98,6 +98,12 @@ def _scheme(url: str) -> str:
     if not isinstance(url, str):
         raise ConfigError(f"a ledger URL must be a str, got {url!r:.60}")
     return urlsplit(url).scheme
+
+
+def sqlite_file(url: str) -> str:
+    """The absolute file a ``sqlite:///PATH`` ledger URL names (its folder made if missing),
+    by the rule :func:`open_ledger` follows; ``ConfigError`` when the URL names no file."""
+    return _sqlite_path(url, create_folder=True)
 
 
 def _sqlite_path(url: str, *, create_folder: bool = False) -> str:

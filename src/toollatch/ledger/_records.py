@@ -28,8 +28,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
-from .._errors import ErrorCode, ToolLatchError, UsageError
-from .._round import ToolResult
+from ..core._errors import ErrorCode, ToolLatchError, UsageError
+from ..core._round import ToolResult
 
 LedgerState: TypeAlias = Literal["claimed", "started", "completed", "failed"]
 """Where a call is in the ledger; ``completed`` and ``failed`` are final."""

@@ -5,7 +5,7 @@ What toollatch stores holds the user's data: the run history keeps every tool ca
 arguments and every result, the ledger every result (to give it again on a retry). With a
 redactor, :class:`RedactedHistory` passes each message through it before it is appended,
 and :class:`RedactedLedger` each result before it is finished, so the file never holds what
-the redactor masks. The walk is the one tool results get (:mod:`toollatch._redact`, the
+the redactor masks. The walk is the one tool results get (:mod:`toollatch.core._redact`, the
 previews' pointer contract: every string and key of a JSON value with the pointer of its
 place), with ``nested`` on: a string that is itself a JSON object or array (OpenAI's
 ``arguments``, a JSON result) is walked inside, its pointers continuing, and written again
@@ -22,9 +22,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .._preview import Redactor
-from .._redact import RedactionFailed, redact_result, redact_value
-from .._round import ToolResult
+from ..core._preview import Redactor
+from ..core._redact import RedactionFailed, redact_result, redact_value
+from ..core._round import ToolResult
 from ._base import Ledger
 from ._history import History
 from ._records import LedgerError, LedgerKey, LedgerRecord

@@ -23,8 +23,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from .._errors import ConfigError
-from .._round import ToolResult
+from ..core._errors import ConfigError
+from ..core._round import ToolResult
 from ._history import HistoryConflict, _encoded
 from ._records import (
     Claim,

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._errors import ConfigError
+from ..core._errors import ConfigError
 from ._base import RecordLedger, Step
 from ._records import LedgerError, LedgerKey, LedgerRecord, result_from_json, result_to_json
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import pydantic
 
-from .._errors import ConfigError, ErrorCode
-from ..runtime._tools import ToolOutcome
+from ..core._errors import ConfigError, ErrorCode
+from ..tools._tools import ToolOutcome
 from ._results import outcome_of
 from ._servers import McpServer
 

@@ -19,8 +19,8 @@ import binascii
 import json
 from typing import Any
 
-from .._errors import ErrorCode
-from ..runtime._tools import ToolOutcome
+from ..core._errors import ErrorCode
+from ..tools._tools import ToolOutcome
 
 
 def outcome_of(result: Any) -> ToolOutcome:

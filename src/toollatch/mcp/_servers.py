@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 from urllib.parse import urlsplit
 
-from .._errors import ConfigError
+from ..core._errors import ConfigError
 
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 """A server name prefixes its tools' names on a collision (``name__tool``), so it obeys the

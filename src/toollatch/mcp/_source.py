@@ -40,9 +40,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from .._errors import ConfigError, UsageError
-from .._gate import Allow, Deny
-from ..runtime._tools import Tool, ToolOutcome, schema_tool
+from ..core._errors import ConfigError, UsageError
+from ..core._gate import Allow, Deny
+from ..tools._tools import Tool, ToolOutcome, schema_tool
 from ._connection import Connection
 from ._servers import McpServer
 

@@ -34,12 +34,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .._errors import ConfigError, UsageError
-from .._preview import PreviewPolicy
+from ..core._errors import ConfigError, UsageError
+from ..core._preview import PreviewPolicy
 from ..ledger import ArgumentAudit, History, Ledger
-from ..runtime._agent import Agent, RunLimits, ToolSource
-from ..runtime._clients import model_client
-from ..runtime._tools import Tool
+from ..runtime import Agent, RunLimits, ToolSource, model_client
+from ..tools._tools import Tool
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
 from ._runs import RelayRun, RunRegistry
@@ -77,7 +76,7 @@ def _default_metrics() -> Any:
     """A fresh :class:`toollatch.runtime.Metrics` (its own registry) when prometheus-client is
     installed, else None: the relay serves ``/metrics`` only with the ``[metrics]`` extra."""
     try:
-        from ..runtime._metrics import Metrics  # noqa: PLC0415 (an optional extra)
+        from ..runtime import Metrics  # noqa: PLC0415 (an optional extra)
     except ImportError:
         return None
     return Metrics()

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigError
-from .._preview import PreviewPolicy, ToolPreview
-from .._secrets import redact_secrets as redact_secrets  # noqa: PLC0414 (re-exported)
+from ..core._errors import ConfigError
+from ..core._preview import PreviewPolicy, ToolPreview
+from ..core._secrets import redact_secrets as redact_secrets  # noqa: PLC0414 (re-exported)
 
 
 def default_previews() -> PreviewPolicy:

@@ -54,7 +54,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from .._errors import ConfigError
+from ..core._errors import ConfigError
 from ._config import RelayLimits
 
 Scope = MutableMapping[str, Any]

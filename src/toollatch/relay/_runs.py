@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 
-from .._preview import PreviewPolicy, PreviewUpdated
-from .._round import Round
+from ..core._preview import PreviewPolicy, PreviewUpdated
+from ..core._round import Round
 from ..runtime import AgentEvent, AgentRun
 from ._config import RelayLimits, shown_arguments
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import uvicorn
 
-from .._errors import ConfigError, UsageError
-from .._preview import PreviewPolicy
+from ..core._errors import ConfigError, UsageError
+from ..core._preview import PreviewPolicy
 from ..ledger import (
     ArgumentAudit,
     AuditPolicy,
@@ -37,10 +37,10 @@ from ..ledger import (
     open_ledger,
 )
 from ..mcp import McpToolSource
-from ..runtime._agent import RunLimits
-from ..runtime._tools import Tool
-from ..scripted._script import Script
+from ..runtime import RunLimits
+from ..scripted import Script
 from ..scripted._server import ScriptedServer, http_implementation
+from ..tools._tools import Tool
 from ._app import PROVIDERS, Relay
 from ._config import RelayLimits, redact_secrets
 from ._guard import (

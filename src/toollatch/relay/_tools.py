@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigError
-from ..runtime._examples import example_tools, inside
-from ..runtime._tools import Tool, ToolOutcome
+from ..core._errors import ConfigError
+from ..tools._examples import example_tools, inside
+from ..tools._tools import Tool, ToolOutcome
 
 
 class SessionTools:

@@ -15,7 +15,15 @@ validated file configures them (:func:`load_config`); observers (:class:`Metrics
 
 from typing import TYPE_CHECKING, Any
 
-from .._redact import redact_result
+from ..core._redact import redact_result
+from ..tools._examples import example_tools
+from ..tools._results import (
+    DEFAULT_MAX_RESULT_BYTES,
+    MIN_RESULT_BYTES,
+    ResultLimits,
+    truncate_result,
+)
+from ..tools._tools import Tool, ToolOutcome, schema_tool, tool
 from ._agent import Agent, AgentRun, RunLimits, ToolSource, user_message
 from ._agent_events import (
     AgentEvent,
@@ -43,11 +51,8 @@ from ._clients import (
     model_client,
 )
 from ._dispatcher import Dispatcher, DispatchRound
-from ._examples import example_tools
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
-from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits, truncate_result
-from ._tools import Tool, ToolOutcome, schema_tool, tool
 
 __all__ = [
     "CONFIG_EXAMPLE",
@@ -100,8 +105,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._config import EXAMPLE as CONFIG_EXAMPLE
-    from ._config import Config, load_config
+    from ..cli._app_config import EXAMPLE as CONFIG_EXAMPLE
+    from ..cli._app_config import Config, load_config
     from ._metrics import Metrics
     from ._telemetry import Tracing
 
@@ -116,7 +121,7 @@ def __getattr__(name: str) -> Any:
     imported when first used, so that the runtime imports without them; ``Config``,
     ``load_config`` and ``CONFIG_EXAMPLE`` too (the application's configuration)."""
     if name in _CONFIG_NAMES:
-        from ._config import EXAMPLE, Config, load_config  # noqa: PLC0415 (the app layer's)
+        from ..cli._app_config import EXAMPLE, Config, load_config  # noqa: PLC0415 (the app layer's)
 
         return {"CONFIG_EXAMPLE": EXAMPLE, "Config": Config, "load_config": load_config}[name]
     if name == "Metrics":

@@ -38,18 +38,18 @@ import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from .._errors import ErrorCode, UsageError
-from .._gate import Deny, Policy, PolicyDecision
-from .._limits import Limits
-from .._preview import PreviewPolicy, PreviewUpdated
+from ..core._errors import ErrorCode, UsageError
+from ..core._gate import Deny, Policy, PolicyDecision
+from ..core._limits import Limits
+from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..ledger import ArgumentAudit, History, Ledger
+from ..tools._results import ResultLimits
+from ..tools._tools import Tool
 from ._agent_run import AgentRun
 from ._clients import ModelClient
 from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
-from ._results import ResultLimits
 from ._run_setup import DEFAULT_DEADLINE_S, RunLimits, RunSetup, Toolbox, ToolSource
-from ._tools import Tool
 
 __all__ = ["DEFAULT_DEADLINE_S", "Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
-from ._results import PREVIEW_CHARS, result_preview
+from ..tools._results import PREVIEW_CHARS, result_preview
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,7 +126,7 @@ class ToolFinishedEvent:
     result: str | None = field(default=None, compare=False)
     """The result's text as the model reads it (after the run's redaction and size budget;
     an error result's message), or None when not known. Observers get it whole; the JSON
-    form shows a redacted preview (:func:`~toollatch.runtime._results.result_preview`). Not
+    form shows a redacted preview (:func:`~toollatch.tools._results.result_preview`). Not
     part of equality (events compared before it existed stay equal)."""
 
     def to_json(self, *, full_result: bool = False) -> dict[str, Any]:

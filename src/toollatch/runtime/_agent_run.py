@@ -16,17 +16,17 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._errors import ErrorCode, UsageError
-from .._events import CallKey, RoundEnd
-from .._gate import CommittedCall, RunBudget
-from .._messages import assistant_messages, tool_results_messages
-from .._messages._ids import history_call_ids, id_repairs, pair_results
-from .._messages._repair import repaired_history
-from .._pipeline import StreamParser
-from .._preview import PreviewUpdated
-from .._round import Round, ToolResult
-from .._specs import ToolSpec
 from ..assembly import CallAnnounced, CallReady, TextReceived
+from ..core._errors import ErrorCode, UsageError
+from ..core._events import CallKey, RoundEnd
+from ..core._gate import CommittedCall, RunBudget
+from ..core._messages import assistant_messages, tool_results_messages
+from ..core._messages._ids import history_call_ids, id_repairs, pair_results
+from ..core._messages._repair import repaired_history
+from ..core._pipeline import StreamParser
+from ..core._preview import PreviewUpdated
+from ..core._round import Round, ToolResult
+from ..core._specs import ToolSpec
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,
@@ -385,7 +385,7 @@ def _made_up_attempt(
 
 def _with_id_repairs(round_: Round) -> Round:
     """``round_`` with an anomaly for each call whose repeated id the history writes under
-    a derived id or leaves out (:mod:`toollatch._messages._ids`), so observers see it."""
+    a derived id or leaves out (:mod:`toollatch.core._messages._ids`), so observers see it."""
     repairs = id_repairs(round_)
     return replace(round_, anomalies=(*round_.anomalies, *repairs)) if repairs else round_
 

@@ -10,11 +10,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._errors import ErrorCode
-from .._gate import CommittedCall
-from .._round import ToolResult
-from ._results import made_error
-from ._tools import Tool
+from ..core._errors import ErrorCode
+from ..core._gate import CommittedCall
+from ..core._round import ToolResult
+from ..tools._results import made_error
+from ..tools._tools import Tool
 
 UNKNOWN_OUTCOME = "its outcome is unknown (it may have had its effect)"
 

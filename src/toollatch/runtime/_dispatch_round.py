@@ -13,12 +13,13 @@ from collections.abc import Coroutine, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from .._errors import ErrorCode, InvariantBroken, UsageError
-from .._gate import CommittedCall
-from .._messages import error_result
-from .._round import Round, ToolResult
+from ..core._errors import ErrorCode, InvariantBroken, UsageError
+from ..core._gate import CommittedCall
+from ..core._messages import error_result
+from ..core._round import Round, ToolResult
+from ..ledger import LedgerError, LockBusy, LockLost, digest_of
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..ledger._records import LedgerError, LockBusy, LockLost, digest_of
+from ..tools._tools import Tool
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._dispatch_calls import (
     DUPLICATE,
@@ -38,7 +39,6 @@ from ._dispatch_calls import (
 from ._dispatch_state import DispatchState, OnEvent, ToolEvent
 from ._ledger_run import Owned
 from ._loop_watch import HeldLoop
-from ._tools import Tool
 
 _log = logging.getLogger("toollatch.runtime")
 

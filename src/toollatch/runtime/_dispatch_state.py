@@ -17,14 +17,13 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from .._round import ToolResult
-from ..ledger._audit import ArgumentAudit
-from ..ledger._records import SessionLocks
+from ..core._round import ToolResult
+from ..ledger import ArgumentAudit, SessionLocks
+from ..tools._results import ResultShaper
+from ..tools._tools import Tool
 from ._agent_events import ToolFinishedEvent, ToolStartedEvent
 from ._dispatch_calls import Memo
 from ._ledger_run import LedgerGuard
-from ._results import ResultShaper
-from ._tools import Tool
 
 ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
 """The agent events the dispatcher emits."""

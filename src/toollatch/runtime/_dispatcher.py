@@ -73,18 +73,16 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._errors import ConfigError, UsageError
-from .._preview import PreviewPolicy
-from .._round import Round, ToolResult
-from .._specs import ToolSpec
-from ..ledger._audit import ArgumentAudit
-from ..ledger._base import Ledger
-from ..ledger._records import SessionLocks
+from ..core._errors import ConfigError, UsageError
+from ..core._preview import PreviewPolicy
+from ..core._round import Round, ToolResult
+from ..core._specs import ToolSpec
+from ..ledger import ArgumentAudit, Ledger, SessionLocks
+from ..tools._results import ResultLimits, ResultShaper
+from ..tools._tools import Tool
 from ._dispatch_round import DispatchRound
 from ._dispatch_state import DispatchState, OnEvent, ToolEvent
 from ._ledger_run import Clock, LedgerGuard, default_clock
-from ._results import ResultLimits, ResultShaper
-from ._tools import Tool
 
 __all__ = ["DispatchRound", "Dispatcher", "OnEvent", "ToolEvent"]
 

@@ -30,10 +30,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .._errors import ErrorCode
-from .._gate import CommittedCall
-from .._round import ToolResult
-from ..ledger._base import Ledger
+from ..core._errors import ErrorCode
+from ..core._gate import CommittedCall
+from ..core._round import ToolResult
+from ..ledger import Ledger
 from ..ledger._context import CallContext, idempotency_key
 from ..ledger._records import FINAL, Found, LeaseLost, LedgerError, LedgerKey, Won, digest_of
 from ._dispatch_calls import dispatch_error

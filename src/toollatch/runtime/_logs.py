@@ -12,8 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .._preview import PreviewPolicy
-from .._round import Round
+from ..core._preview import PreviewPolicy
+from ..core._round import Round
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,

@@ -29,12 +29,12 @@ from prometheus_client.asgi import make_asgi_app
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from .._errors import ErrorCode
-from .._events import CallKey
-from .._gate import CommittedCall
-from .._preview import PreviewUpdated
-from .._round import Round
 from ..assembly import CallComplete, CallReady
+from ..core._errors import ErrorCode
+from ..core._events import CallKey
+from ..core._gate import CommittedCall
+from ..core._preview import PreviewUpdated
+from ..core._round import Round
 from ._agent_events import AgentEvent, RoundEndedEvent, ToolFinishedEvent, ToolStartedEvent
 
 _BYTES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .._round import Round
+from ..core._round import Round
 from ._agent_events import AgentEvent
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import UsageError
+from ..core._errors import UsageError
 from ..ledger import History
 
 

@@ -20,16 +20,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .._errors import ConfigError, ErrorCode
-from .._gate import Policy, PolicyDecision
-from .._limits import Limits
-from .._preview import PreviewPolicy, PreviewUpdated
-from .._specs import ToolSpec
+from ..core._errors import ConfigError, ErrorCode
+from ..core._gate import Policy, PolicyDecision
+from ..core._limits import Limits
+from ..core._preview import PreviewPolicy, PreviewUpdated
+from ..core._specs import ToolSpec
 from ..ledger import History
+from ..tools._tools import Tool
 from ._clients import ModelClient
 from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
-from ._tools import Tool
 
 DEFAULT_DEADLINE_S = 900.0
 """15 minutes: well above a normal run (``max_rounds`` 8 rounds of a minute or two of

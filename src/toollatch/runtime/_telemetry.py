@@ -15,7 +15,7 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .._round import Round
+from ..core._round import Round
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,

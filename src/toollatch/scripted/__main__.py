@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .._errors import ConfigError
+from ..core._errors import ConfigError
 from ._script import Script
 from ._server import PROVIDERS, ScriptedServer
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._errors import ConfigError
+from ..core._errors import ConfigError
 
 Stop = Literal["normal", "max_tokens"]
 

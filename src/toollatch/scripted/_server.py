@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._errors import ConfigError, UsageError
+from ..core._errors import ConfigError, UsageError
 from ._errors import error_response, status_response
 from ._script import Script, Turn, demo_script
 from ._validate import InvalidRequest, check_request

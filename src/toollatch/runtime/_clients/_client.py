@@ -47,8 +47,8 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from ..._errors import ConfigError, UsageError
-from ..._specs import ToolSpec, load_tools
+from ...core._errors import ConfigError, UsageError
+from ...core._specs import ToolSpec, load_tools
 from ._deadline import IdleDeadline
 from ._errors import (
     ModelConnectError,

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from ..._errors import ToolLatchError
+from ...core._errors import ToolLatchError
 
 TimeoutKind = Literal["first_byte", "idle"]
 

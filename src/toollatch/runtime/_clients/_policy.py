@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
-from ..._errors import ConfigError
+from ...core._errors import ConfigError
 
 
 def _positive(owner: str, name: str, value: float) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from ..._specs import ToolSpec
+from ...core._specs import ToolSpec
 
 Body = dict[str, Any]
 

@@ -40,16 +40,23 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
-from .._errors import ConfigError, ToolLatchError, UsageError
+from ..core._errors import ConfigError, ToolLatchError, UsageError
 from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
-from ..scripted._server import ScriptedServer
-from ._agent import Agent, AgentRun, RunLimits
-from ._agent_events import AgentEvent, ToolFinishedEvent
-from ._clients import ModelClient, ModelError, model_client
-from ._config import Config, configured
-from ._examples import example_tools
-from ._tools import Tool
+from ..runtime import (
+    Agent,
+    AgentEvent,
+    AgentRun,
+    ModelClient,
+    ModelError,
+    RunLimits,
+    ToolFinishedEvent,
+    model_client,
+)
+from ..scripted import ScriptedServer
+from ..tools._examples import example_tools
+from ..tools._tools import Tool
+from ._app_config import Config, configured
 
 DEFAULT_MESSAGE = "What is the weather in Oslo and in Zürich? Write it down in notes/weather.md."
 SCRIPTED_MODEL = "scripted"

@@ -119,13 +119,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
-    from .._errors import ConfigError, UsageError  # noqa: PLC0415
+    from ..core._errors import ConfigError, UsageError  # noqa: PLC0415
     from ..mcp import source_from_config  # noqa: PLC0415
-    from ..runtime._command import CommandError, load_tool_file  # noqa: PLC0415
-    from ..runtime._config import load_config  # noqa: PLC0415
-    from ..runtime._tools import Tool  # noqa: PLC0415
-    from ._config import RelayLimits  # noqa: PLC0415
-    from ._server import RelayServer  # noqa: PLC0415
+    from ..relay import RelayLimits, RelayServer  # noqa: PLC0415
+    from ..tools._tools import Tool  # noqa: PLC0415
+    from ._app_config import load_config  # noqa: PLC0415
+    from ._run_command import CommandError, load_tool_file  # noqa: PLC0415
 
     try:
         tools: list[Tool[..., Any]] | None = None
@@ -203,13 +202,13 @@ def _ledger_shown(url: str | None) -> str:
     relative ``sqlite:///ledger.db`` resolved to), a Redis URL without its password."""
     from urllib.parse import urlsplit, urlunsplit  # noqa: PLC0415
 
-    from ..ledger._open import _sqlite_path  # noqa: PLC0415
+    from ..ledger import sqlite_file  # noqa: PLC0415
 
     if url is None:
         return "none"
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
-        return _sqlite_path(url, create_folder=True)
+        return sqlite_file(url)
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[1]
         user = f"{parts.username}:***@" if parts.username else ":***@"
@@ -228,7 +227,7 @@ def _ledger_url(given: str | None) -> str | None:
 
 
 async def _serve(server: Any) -> int:
-    from ._server import settle_heap  # noqa: PLC0415
+    from ..relay._server import settle_heap  # noqa: PLC0415
 
     stopping = _Stopping(server)
     async with server:

@@ -132,7 +132,7 @@ class OpenAIResponsesAdapter(Adapter):
     ``TextDelta`` per output text delta, ``ReasoningBlock``/``ServerToolBlock`` for whole
     reasoning and hosted-tool items, and a terminal ``RoundEnded`` or ``StreamFailed`` per
     terminal event (the assembler keeps the worst). Never raises for provider misbehaviour
-    (see :class:`~toollatch._adapters._base.Adapter`).
+    (see :class:`~toollatch.core._adapters._base.Adapter`).
     """
 
     provider: ClassVar[str] = "openai_responses"

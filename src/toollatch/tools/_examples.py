@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any, Literal
 
-from .._errors import ConfigError
+from ..core._errors import ConfigError
 from ._tools import Tool, ToolOutcome, tool
 
 _CONDITIONS = ("sunny", "cloudy", "rain", "snow", "fog", "wind")

@@ -1,5 +1,5 @@
 """Redaction of JSON and text by a :data:`~toollatch.Redactor` (internal): what the
-dispatcher does to every tool result (:mod:`toollatch.runtime._results`) and what the
+dispatcher does to every tool result (:mod:`toollatch.tools._results`) and what the
 redacting stores do to what they keep (:mod:`toollatch.ledger._redacted`), one walk for both.
 
 Theory of operation. A redactor is called as ``redactor(pointer, text)`` for each string and

@@ -5,7 +5,7 @@ Theory of operation
 The assembler is the state machine of one attempt, driven by the adapter's stream events. It
 owns one :class:`CallBuffer` per :class:`CallKey`, created by ``CallOpened`` and never shared,
 so fragments of parallel or interleaved calls cannot mix. Every call moves through the table in
-``_state.py`` (OPEN -> ARGS_COMPLETE -> COMMITTED | FAILED | CANCELLED) and only the buffer
+``core/_state.py`` (OPEN -> ARGS_COMPLETE -> COMMITTED | FAILED | CANCELLED) and only the buffer
 assigns its state.
 
 While the round streams, argument text is opaque: appended in order, counted in UTF-8 bytes on

@@ -37,15 +37,15 @@ from typing import Annotated, Any, Literal
 import yaml  # type: ignore[import-untyped]  # (no types-PyYAML in the venv)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .._errors import ConfigError, ErrorCode
-from .._limits import Limits
-from .._preview import PreviewPolicy, Redactor, ToolPreview
-from .._secrets import redact_secrets
-from ..ledger._audit import AuditPolicy
+from ..core._errors import ConfigError, ErrorCode
+from ..core._limits import Limits
+from ..core._preview import PreviewPolicy, Redactor, ToolPreview
+from ..core._secrets import redact_secrets
+from ..ledger import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ._clients import ClientLimits, RetryPolicy
-from ._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
-from ._run_setup import DEFAULT_DEADLINE_S, RunLimits
+from ..runtime import ClientLimits, RetryPolicy
+from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
+from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
 ENV_PREFIX = "TOOLLATCH_"
 """Environment overrides are ``TOOLLATCH_<SECTION>__<KEY>`` (two underscores between)."""

@@ -390,7 +390,7 @@ class GeminiAdapter(Adapter):
     """Adapter for Gemini / Vertex AI ``streamGenerateContent`` chunks (SSE or JSONL).
 
     Keys are ``CallKey(attempt, candidate index, position)``. Never raises for provider
-    misbehaviour (see :class:`~toollatch._adapters._base.Adapter`): a chunk, candidate, part
+    misbehaviour (see :class:`~toollatch.core._adapters._base.Adapter`): a chunk, candidate, part
     or ``functionCall`` it cannot read fails every pending call (a lost event), a bad update
     of a streamed call fails that call.
     """

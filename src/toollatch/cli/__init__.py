@@ -1,7 +1,7 @@
 """``toollatch`` command line: ``run`` an agent, or ``replay`` recorded streams through the
 commit gate.
 
-``toollatch run`` (see :mod:`toollatch.runtime._command`) is imported only when used.
+``toollatch run`` (see :mod:`toollatch.cli._run_command`) is imported only when used.
 
 ``toollatch replay [options] FILE...`` feeds each file (``-`` = standard input) through the same
 decoder, adapter, assembler and gate a live stream goes through and prints what would have been
@@ -42,15 +42,15 @@ from typing import Any, NoReturn, TextIO
 
 import orjson
 
-from ._errors import ConfigError, ToolLatchError
-from ._events import AnomalyKind, CallKey
-from ._limits import Limits
-from ._messages import error_results
-from ._pipeline import StreamParser
-from ._preview import PreviewPolicy, PreviewUpdated, ToolPreview
-from ._registry import Framing, detect, providers
-from ._round import CallRecord, Round
-from ._specs import ToolSpec, load_tools
+from ..core._errors import ConfigError, ToolLatchError
+from ..core._events import AnomalyKind, CallKey
+from ..core._limits import Limits
+from ..core._messages import error_results
+from ..core._pipeline import StreamParser
+from ..core._preview import PreviewPolicy, PreviewUpdated, ToolPreview
+from ..core._registry import Framing, detect, providers
+from ..core._round import CallRecord, Round
+from ..core._specs import ToolSpec, load_tools
 
 _FRAMING_BY_SUFFIX: dict[str, Framing] = {
     ".sse": "sse",
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate FILE (and TOOLLATCH_... overrides); print the effective config"
     )
     check.add_argument("file", metavar="FILE")
-    from .relay._command import add_serve_parser  # noqa: PLC0415 (no [run] import until used)
+    from ._serve_command import add_serve_parser  # noqa: PLC0415 (no [run] import until used)
 
     add_serve_parser(sub)
     return parser
@@ -280,7 +280,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "config":
         return _config(args)
     if args.command == "serve":
-        from .relay._command import serve_command  # noqa: PLC0415 (the [run] extra, lazily)
+        from ._serve_command import serve_command  # noqa: PLC0415 (the [run] extra, lazily)
 
         return serve_command(args)
     try:
@@ -321,7 +321,7 @@ def _main(argv: Sequence[str] | None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """``toollatch run``: the runtime is imported only here (it needs the ``[run]`` extra)."""
     try:
-        from .runtime._command import run_command  # noqa: PLC0415 (the [run] extra, lazily)
+        from ._run_command import run_command  # noqa: PLC0415 (the [run] extra, lazily)
     except ImportError as exc:
         return _fail(f"toollatch run needs the [run] extra (pip install 'toollatch[run]'): {exc}")
     return run_command(args)
@@ -330,7 +330,7 @@ def _run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     """``toollatch config example|check FILE``: exit 0, or 2 with every problem listed."""
     try:
-        from .runtime._config import config_command  # noqa: PLC0415 (the [run] extra, lazily)
+        from ._app_config import config_command  # noqa: PLC0415 (the [run] extra, lazily)
     except ImportError as exc:
         return _fail(
             f"toollatch config needs the [run] extra (pip install 'toollatch[run]'): {exc}"

@@ -30,8 +30,8 @@ import pydantic
 import pydantic_core
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
-from .._errors import ConfigError, ErrorCode, UsageError
-from .._specs import ToolSpec
+from ..core._errors import ConfigError, ErrorCode, UsageError
+from ..core._specs import ToolSpec
 from ._results import check_budget
 from ._threads import in_tool_thread
 

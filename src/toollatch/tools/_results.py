@@ -41,11 +41,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from .._errors import ConfigError, ErrorCode
-from .._preview import REDACTED, PreviewPolicy, Redactor
-from .._redact import RedactionFailed, redact_result
-from .._round import ToolResult
-from .._secrets import redact_secrets
+from ..core._errors import ConfigError, ErrorCode
+from ..core._preview import REDACTED, PreviewPolicy, Redactor
+from ..core._redact import RedactionFailed, redact_result
+from ..core._round import ToolResult
+from ..core._secrets import redact_secrets
 
 DEFAULT_MAX_RESULT_BYTES = 65_536
 """The default budget: 64 KiB of UTF-8, about 16k tokens of English, a sizeable but bounded

@@ -1,0 +1,5 @@
+"""``python -m toollatch.cli``: the ``toollatch`` command."""
+
+from . import main
+
+raise SystemExit(main())
