@@ -385,7 +385,10 @@ def test_max_tokens_without_message_stop_is_still_truncated() -> None:
     events = run(
         [MESSAGE_START, tool_start(0, "t", "n"), args(0, "{"), message_delta("max_tokens")]
     )
-    assert events[-2:] == [END_USAGE, RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens")]
+    assert events[-2:] == [
+        END_USAGE,
+        RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens"),
+    ]
 
 
 @pytest.mark.parametrize(

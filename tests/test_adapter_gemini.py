@@ -1357,7 +1357,9 @@ def test_the_byte_limit_fails_a_streamed_call_as_its_updates_arrive() -> None:
     # (the text does not exist until then), within 4 KiB of where the limit falls.
     parser = StreamParser("gemini", limits=Limits(max_argument_bytes=10_000))
     assert parser.feed(sse(OPEN_W)) == []
-    piece = sse(chunk(partial({"jsonPath": "$.s", "stringValue": "x" * 1000, "willContinue": True})))
+    piece = sse(
+        chunk(partial({"jsonPath": "$.s", "stringValue": "x" * 1000, "willContinue": True}))
+    )
     failed_at = next(i for i in range(30) if parser.feed(piece))
     assert 10 <= failed_at < 15
     round_ = parser.finish()

@@ -84,7 +84,10 @@ def args_done(item_id: str | None, index: int, text: str) -> dict[str, Any]:
 
 USAGE = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
 COMPLETED = {"type": "response.completed", "response": {"status": "completed", "usage": USAGE}}
-NORMAL_END = [UsageReported(usage=USAGE), RoundEnded(ending=RoundEnd.NORMAL, stop_reason="completed")]
+NORMAL_END = [
+    UsageReported(usage=USAGE),
+    RoundEnded(ending=RoundEnd.NORMAL, stop_reason="completed"),
+]
 
 
 # -- function calls ------------------------------------------------------------------------

@@ -22,14 +22,30 @@ EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)
 
 
 def weather_call(call_id: str, city: str) -> Call:
-    return Call(call_id=call_id, name="get_weather", arguments=f'{{"city": "{city}"}}',
-                fragment_chars=4)
+    return Call(
+        call_id=call_id, name="get_weather", arguments=f'{{"city": "{city}"}}', fragment_chars=4
+    )
 
 
-async def play(server, provider, tools, message="go", *, model="scripted", limits=None,
-               client_limits=None, agent=None, **kw) -> tuple[list[dict[str, Any]], Any]:
-    client = model_client(provider, model=model, base_url=server.base_url(provider),
-                          limits=client_limits, retry=RetryPolicy(attempts=1))
+async def play(
+    server,
+    provider,
+    tools,
+    message="go",
+    *,
+    model="scripted",
+    limits=None,
+    client_limits=None,
+    agent=None,
+    **kw,
+) -> tuple[list[dict[str, Any]], Any]:
+    client = model_client(
+        provider,
+        model=model,
+        base_url=server.base_url(provider),
+        limits=client_limits,
+        retry=RetryPolicy(attempts=1),
+    )
     async with client:
         agent = agent or Agent(client, tools, run_limits=limits, **kw)
         run = agent.run(message)
@@ -72,11 +88,13 @@ async def test_an_eager_tool_starts_while_the_stream_still_runs(provider, tmp_pa
     wire = _encode(provider, plain, model="s", body={}, response_id="r")
     marker = b"Rome" if provider == "gemini" else b'"c2"'
     moved_on = next(n for n, event in enumerate(wire) if marker in event.data)
-    turn = Turn(items=items, delay_ms=0,
-                faults=Faults(stall_ms=400, stall_after_events=moved_on + 1))
+    turn = Turn(
+        items=items, delay_ms=0, faults=Faults(stall_ms=400, stall_after_events=moved_on + 1)
+    )
     async with ScriptedServer({"s": Script(turns=(turn,))}) as server:
-        events, _ = await play(server, provider, example_tools(tmp_path), model="s",
-                               limits=RunLimits(max_rounds=1))
+        events, _ = await play(
+            server, provider, example_tools(tmp_path), model="s", limits=RunLimits(max_rounds=1)
+        )
     committed = [e["early"] for e in events if e["type"] == "call_committed"]
     assert committed[0] is True
     if provider != "gemini":  # (Gemini's second call comes with the finish reason)
@@ -93,8 +111,11 @@ async def test_a_truncated_last_call_never_runs_and_the_next_request_is_valid(pr
         ran.append(city)
         return "sunny"
 
-    turn = Turn(items=(weather_call("c1", "Oslo"), weather_call("c2", "Rome")),
-                stop="max_tokens", delay_ms=0)
+    turn = Turn(
+        items=(weather_call("c1", "Oslo"), weather_call("c2", "Rome")),
+        stop="max_tokens",
+        delay_ms=0,
+    )
     script = Script(turns=(turn, Turn(items=(Text(text="ok"),), delay_ms=0)))
     async with ScriptedServer({"s": script}) as server:
         events, _ = await play(server, provider, [get_weather], model="s")
@@ -143,8 +164,9 @@ async def test_results_are_in_call_order_when_the_first_call_finishes_last():
     calls = tuple(Call(call_id=f"c{n}", name="slow", arguments=f'{{"n": {n}}}') for n in (1, 2))
     script = Script(turns=(Turn(items=calls, delay_ms=0),))
     async with ScriptedServer({"s": script}) as server:
-        events, run = await play(server, "openai_chat", [slow], model="s",
-                                 limits=RunLimits(max_rounds=1))
+        events, run = await play(
+            server, "openai_chat", [slow], model="s", limits=RunLimits(max_rounds=1)
+        )
     finished = [e["id"] for e in events if e["type"] == "tool_finished"]
     assert finished == ["c2", "c1"]
     results = [m["tool_call_id"] for m in run.history if m.get("role") == "tool"]
@@ -154,12 +176,20 @@ async def test_results_are_in_call_order_when_the_first_call_finishes_last():
 @EVERY_PROVIDER
 async def test_a_stalled_stream_fails_its_calls_idle_timeout(provider, tmp_path):
     # (the stall comes after the first argument fragment; Gemini's call arrives whole)
-    turn = Turn(items=(weather_call("c1", "Oslo"), Text(text="and then")), delay_ms=0,
-                faults=Faults(stall_ms=2000))
+    turn = Turn(
+        items=(weather_call("c1", "Oslo"), Text(text="and then")),
+        delay_ms=0,
+        faults=Faults(stall_ms=2000),
+    )
     script = Script(turns=(turn, Turn(items=(Text(text="ok"),), delay_ms=0)))
     async with ScriptedServer({"s": script}) as server:
-        events, _ = await play(server, provider, example_tools(tmp_path), model="s",
-                               client_limits=ClientLimits(idle_s=0.2))
+        events, _ = await play(
+            server,
+            provider,
+            example_tools(tmp_path),
+            model="s",
+            client_limits=ClientLimits(idle_s=0.2),
+        )
         assert [r.status for r in server.requests] == [200, 200]  # the history was valid
     rounds = [e for e in events if e["type"] == "round_ended"]
     assert rounds[0]["ended"] == "interrupted"
@@ -230,8 +260,9 @@ async def test_cancel_mid_stream_pairs_every_call(provider, tmp_path):
     wire = _encode(provider, turn, model="s", body={}, response_id="r")
     after_text = next(n for n, e in enumerate(wire) if b"Checking." in e.data) + 1
     # the stall begins right after the text: the cancel lands in it, and must cut it short
-    turn = Turn(items=turn.items, delay_ms=0,
-                faults=Faults(stall_ms=30_000, stall_after_events=after_text))
+    turn = Turn(
+        items=turn.items, delay_ms=0, faults=Faults(stall_ms=30_000, stall_after_events=after_text)
+    )
     async with ScriptedServer({"s": Script(turns=(turn,))}) as server:
         client = model_client(provider, model="s", base_url=server.base_url(provider))
         async with client:
@@ -257,11 +288,17 @@ def test_run_limits_are_checked():
 
 
 async def test_the_deadline_cancels_the_round_in_flight(tmp_path):
-    turn = Turn(items=(weather_call("c1", "Oslo"),), delay_ms=0,
-                faults=Faults(stall_ms=5000))  # (after the first argument fragment)
+    turn = Turn(
+        items=(weather_call("c1", "Oslo"),), delay_ms=0, faults=Faults(stall_ms=5000)
+    )  # (after the first argument fragment)
     async with ScriptedServer({"s": Script(turns=(turn,))}) as server:
-        events, _ = await play(server, "anthropic", example_tools(tmp_path), model="s",
-                               limits=RunLimits(deadline_s=0.3))
+        events, _ = await play(
+            server,
+            "anthropic",
+            example_tools(tmp_path),
+            model="s",
+            limits=RunLimits(deadline_s=0.3),
+        )
     assert [e["ended"] for e in events if e["type"] == "round_ended"] == ["cancelled"]
     assert events[-1]["calls"][0]["error"] == "cancelled"
 
@@ -272,12 +309,26 @@ async def test_a_call_whose_arguments_stall_while_pings_go_on_fails_idle_timeout
     def event(data: dict) -> bytes:
         return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
 
-    start = {"type": "message_start", "message": {"id": "m", "type": "message",
-             "role": "assistant", "content": [], "usage": {"input_tokens": 1}}}
-    block = {"type": "content_block_start", "index": 0, "content_block": {
-        "type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}}
-    fragment = {"type": "content_block_delta", "index": 0,
-                "delta": {"type": "input_json_delta", "partial_json": '{"city": '}}
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "m",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "usage": {"input_tokens": 1},
+        },
+    }
+    block = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}},
+    }
+    fragment = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "input_json_delta", "partial_json": '{"city": '},
+    }
 
     async def pause() -> None:
         await asyncio.sleep(0.05)
@@ -285,11 +336,15 @@ async def test_a_call_whose_arguments_stall_while_pings_go_on_fails_idle_timeout
     pings = [p for _ in range(40) for p in (pause, event({"type": "ping"}))]
     async with loopback() as server:
         server.replies.append(stream_reply([event(start), event(block), event(fragment), *pings]))
-        client = model_client("anthropic", model="m", base_url=server.url,
-                              retry=RetryPolicy(attempts=1))
+        client = model_client(
+            "anthropic", model="m", base_url=server.url, retry=RetryPolicy(attempts=1)
+        )
         async with client:
-            agent = Agent(client, example_tools(tmp_path),
-                          run_limits=RunLimits(max_rounds=1, call_stall_s=0.3))
+            agent = Agent(
+                client,
+                example_tools(tmp_path),
+                run_limits=RunLimits(max_rounds=1, call_stall_s=0.3),
+            )
             events = [e.to_json() async for e in agent.run("go")]
     failed = [(e["id"], e["error"]) for e in events if e["type"] == "call_failed"]
     assert failed == [("t1", "idle_timeout")]
@@ -300,8 +355,9 @@ async def test_cancel_before_the_run_begins_plays_no_round_and_still_ends_it(tmp
     """A signal may come before the run's driver took its first step (a task cancelled then
     would never run the code that ends the run): no round is played, ``run_ended`` comes."""
     async with ScriptedServer(delay_scale=0) as server:
-        client = model_client("openai_chat", model="scripted",
-                              base_url=server.base_url("openai_chat"))
+        client = model_client(
+            "openai_chat", model="scripted", base_url=server.base_url("openai_chat")
+        )
         async with client:
             early = Agent(client, example_tools(tmp_path)).run("go")
             early.cancel()  # before iterating

@@ -37,8 +37,11 @@ def run(*events, **kwargs):
 
 def test_closed_call_commits_only_at_a_normal_round_end():
     asm = Assembler()
-    for e in (CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-              CallClosed(key=K0)):
+    for e in (
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        CallClosed(key=K0),
+    ):
         assert asm.feed(e) == []
     r = asm.finish()  # no RoundEnded: the stream never said it ended
     assert r.ended is RoundEnd.INTERRUPTED
@@ -46,8 +49,13 @@ def test_closed_call_commits_only_at_a_normal_round_end():
 
 
 def test_fragment_after_close_is_a_protocol_violation():
-    r, notices = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-                     CallClosed(key=K0), ArgsDelta(key=K0, fragment=" "), END)
+    r, notices = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        CallClosed(key=K0),
+        ArgsDelta(key=K0, fragment=" "),
+        END,
+    )
     assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION
     assert [n.code for n in notices] == [ErrorCode.PROTOCOL_VIOLATION]
     assert [a.kind for a in r.anomalies] == [AnomalyKind.FRAGMENT_AFTER_CLOSE]
@@ -55,24 +63,43 @@ def test_fragment_after_close_is_a_protocol_violation():
 
 def test_fragment_for_an_unknown_key_fails_every_pending_call():
     # A fragment that matches no call may have been meant for any of them (a lost event).
-    r, notices = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{"),
-                     CallOpened(key=K2, call_id="c", name="f"), ArgsDelta(key=K2, fragment="{}"),
-                     CallClosed(key=K2), ArgsDelta(key=K1, fragment='"x":1'),
-                     ArgsDelta(key=K0, fragment="}"), CallClosed(key=K0), END)
+    r, notices = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{"),
+        CallOpened(key=K2, call_id="c", name="f"),
+        ArgsDelta(key=K2, fragment="{}"),
+        CallClosed(key=K2),
+        ArgsDelta(key=K1, fragment='"x":1'),
+        ArgsDelta(key=K0, fragment="}"),
+        CallClosed(key=K0),
+        END,
+    )
     assert [(c.state, c.error) for c in r.calls] == [
-        (CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)] * 2
+        (CallState.FAILED, ErrorCode.PROTOCOL_VIOLATION)
+    ] * 2
     assert [n.key for n in notices] == [K0, K2]
     assert [a.kind for a in r.anomalies] == [AnomalyKind.UNKNOWN_KEY]
 
 
 def test_a_lost_event_fails_pending_calls_but_not_decided_ones():
     lost = Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="not JSON", fails_pending=True)
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-               lost, CallClosed(key=K0), END, lost)
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        lost,
+        CallClosed(key=K0),
+        END,
+        lost,
+    )
     assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION
     assert "not JSON" in r.calls[0].detail
-    r, _ = run(lost, CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-               CallClosed(key=K0), END)
+    r, _ = run(
+        lost,
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        CallClosed(key=K0),
+        END,
+    )
     assert r.calls[0].state is CallState.COMMITTED  # nothing was pending when it was lost
 
 
@@ -84,10 +111,20 @@ def test_a_call_never_closed_fails_at_a_normal_end():
 
 
 def test_an_anomaly_with_a_code_fails_its_call_with_that_code():
-    incomplete = Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="status incomplete", key=K0,
-                         fails_call=True, code=ErrorCode.TRUNCATED)
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-               CallClosed(key=K0), incomplete, END)
+    incomplete = Anomaly(
+        kind=AnomalyKind.INVALID_PAYLOAD,
+        detail="status incomplete",
+        key=K0,
+        fails_call=True,
+        code=ErrorCode.TRUNCATED,
+    )
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        CallClosed(key=K0),
+        incomplete,
+        END,
+    )
     assert r.calls[0].error is ErrorCode.TRUNCATED
 
 
@@ -100,22 +137,40 @@ def test_a_different_id_on_an_open_call_fails_it():
 
 def test_identity_may_arrive_after_the_arguments():
     # Q7: gateways that send arguments before the name.
-    r, _ = run(CallOpened(key=K0), ArgsDelta(key=K0, fragment='{"a":1}'),
-               CallIdentified(key=K0, call_id="a"), CallIdentified(key=K0, name="f"),
-               CallClosed(key=K0), END)
-    assert (r.calls[0].call_id, r.calls[0].name, r.calls[0].state) == ("a", "f", CallState.COMMITTED)
+    r, _ = run(
+        CallOpened(key=K0),
+        ArgsDelta(key=K0, fragment='{"a":1}'),
+        CallIdentified(key=K0, call_id="a"),
+        CallIdentified(key=K0, name="f"),
+        CallClosed(key=K0),
+        END,
+    )
+    assert (r.calls[0].call_id, r.calls[0].name, r.calls[0].state) == (
+        "a",
+        "f",
+        CallState.COMMITTED,
+    )
 
 
 def test_call_without_id_or_name_fails_missing_id_or_name():
-    r, _ = run(CallOpened(key=K0, name="f"), CallOpened(key=K1, call_id="b"),
-               CallClosed(key=K0), CallClosed(key=K1), END)
+    r, _ = run(
+        CallOpened(key=K0, name="f"),
+        CallOpened(key=K1, call_id="b"),
+        CallClosed(key=K0),
+        CallClosed(key=K1),
+        END,
+    )
     assert [c.error for c in r.calls] == [ErrorCode.MISSING_ID_OR_NAME] * 2
     assert "id" in r.calls[0].detail and "name" in r.calls[1].detail
 
 
 def test_duplicate_call_id_fails_the_later_call():
-    r, notices = run(CallOpened(key=K0, call_id="same", name="f"),
-                     CallOpened(key=K1, call_id="same", name="f"), CallClosed(key=K0), END)
+    r, notices = run(
+        CallOpened(key=K0, call_id="same", name="f"),
+        CallOpened(key=K1, call_id="same", name="f"),
+        CallClosed(key=K0),
+        END,
+    )
     assert [c.state for c in r.calls] == [CallState.COMMITTED, CallState.FAILED]
     assert r.calls[1].error is ErrorCode.DUPLICATE_CALL_ID
     assert [(n.key, n.code) for n in notices] == [(K1, ErrorCode.DUPLICATE_CALL_ID)]
@@ -123,49 +178,73 @@ def test_duplicate_call_id_fails_the_later_call():
 
 def test_final_text_is_used_when_nothing_streamed_and_compared_otherwise():
     # LM Studio sends only the .done text; a disagreement is a protocol violation.
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), CallClosed(key=K0, arguments='{"x":1}'),
-               CallOpened(key=K1, call_id="b", name="f"), ArgsDelta(key=K1, fragment='{"x":1}'),
-               CallClosed(key=K1, arguments='{"x":2}'), END)
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        CallClosed(key=K0, arguments='{"x":1}'),
+        CallOpened(key=K1, call_id="b", name="f"),
+        ArgsDelta(key=K1, fragment='{"x":1}'),
+        CallClosed(key=K1, arguments='{"x":2}'),
+        END,
+    )
     assert r.calls[0].arguments == {"x": 1}
     assert r.calls[1].error is ErrorCode.PROTOCOL_VIOLATION
     assert [a.kind for a in r.anomalies] == [AnomalyKind.ARGUMENTS_MISMATCH]
 
 
 def test_final_text_over_the_limit_fails():
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"),
-               CallClosed(key=K0, arguments='{"x":"' + "y" * 100 + '"}'), END,
-               limits=Limits(max_argument_bytes=50))
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        CallClosed(key=K0, arguments='{"x":"' + "y" * 100 + '"}'),
+        END,
+        limits=Limits(max_argument_bytes=50),
+    )
     assert r.calls[0].error is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES
 
 
 def test_anomaly_that_fails_a_call():
-    r, notices = run(CallOpened(key=K0, call_id="a", name="f"),
-                     Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="bad path", key=K0,
-                             fails_call=True), END)
+    r, notices = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail="bad path", key=K0, fails_call=True),
+        END,
+    )
     assert r.calls[0].error is ErrorCode.PROTOCOL_VIOLATION and r.calls[0].detail == "bad path"
     assert isinstance(notices[0], CallFailed)
 
 
 def test_stream_failure_code_is_passed_on():
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"),
-               StreamFailed(code=ErrorCode.IDLE_TIMEOUT, detail="no bytes for 30 s"))
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        StreamFailed(code=ErrorCode.IDLE_TIMEOUT, detail="no bytes for 30 s"),
+    )
     assert r.ended is RoundEnd.INTERRUPTED and r.calls[0].error is ErrorCode.IDLE_TIMEOUT
     assert r.error == "no bytes for 30 s"
 
 
 def test_truncation_fails_even_calls_that_were_closed():
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-               CallClosed(key=K0), CallOpened(key=K1, call_id="b", name="f"),
-               ArgsDelta(key=K1, fragment='{"x'), CallClosed(key=K1),
-               RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens"))
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        CallClosed(key=K0),
+        CallOpened(key=K1, call_id="b", name="f"),
+        ArgsDelta(key=K1, fragment='{"x'),
+        CallClosed(key=K1),
+        RoundEnded(ending=RoundEnd.TRUNCATED, stop_reason="max_tokens"),
+    )
     assert [c.error for c in r.calls] == [ErrorCode.TRUNCATED] * 2
 
 
 def test_content_order_and_opaque_blocks_are_kept():
     think = ReasoningBlock(block=0, data={"type": "thinking", "thinking": "t", "signature": "s"})
     server = ServerToolBlock(block=2, data={"type": "server_tool_use", "id": "s1"})
-    r, _ = run(think, TextDelta(text="a", block=1), TextDelta(text="b", block=1), server,
-               TextDelta(text="c", block=3), CallOpened(key=K2, call_id="x", name="f"), END)
+    r, _ = run(
+        think,
+        TextDelta(text="a", block=1),
+        TextDelta(text="b", block=1),
+        server,
+        TextDelta(text="c", block=3),
+        CallOpened(key=K2, call_id="x", name="f"),
+        END,
+    )
     kinds = [type(s).__name__ for s in r.choices[0].content]
     assert kinds == ["ReasoningBlock", "TextRun", "ServerToolBlock", "TextRun", "CallRecord"]
     assert r.text == "abc" and r.blocks == (think, server)
@@ -185,11 +264,16 @@ def test_second_round_end_is_an_anomaly_and_the_first_normal_one_wins():
 
 @pytest.mark.parametrize("bad", [RoundEnd.TRUNCATED, RoundEnd.INTERRUPTED])
 def test_a_truncating_or_failing_reason_sticks_whatever_the_order(bad):
-    call = (CallOpened(key=K0, call_id="a", name="f"), ArgsDelta(key=K0, fragment="{}"),
-            CallClosed(key=K0))
+    call = (
+        CallOpened(key=K0, call_id="a", name="f"),
+        ArgsDelta(key=K0, fragment="{}"),
+        CallClosed(key=K0),
+    )
     stop = RoundEnded(ending=bad, stop_reason="max_tokens")
-    for order, kind in (((stop, END), AnomalyKind.REASON_OVERRIDDEN),
-                        ((END, stop), AnomalyKind.EVENT_AFTER_END)):
+    for order, kind in (
+        ((stop, END), AnomalyKind.REASON_OVERRIDDEN),
+        ((END, stop), AnomalyKind.EVENT_AFTER_END),
+    ):
         r, _ = run(*call, *order)
         assert (r.ended, r.stop_reason) == (bad, "max_tokens")
         assert r.calls[0].state is CallState.FAILED
@@ -222,7 +306,7 @@ def test_cancel_after_commit_keeps_committed_calls():
 def test_buffers_never_mix_whatever_the_interleaving(order, texts):
     keys = [K0, K1, K2]
     events = [CallOpened(key=k, call_id=f"id{i}", name="f") for i, k in enumerate(keys)]
-    expected = {k: "" for k in keys}
+    expected = dict.fromkeys(keys, "")
     for i, t in zip(order, texts, strict=False):
         events.append(ArgsDelta(key=keys[i], fragment=t))
         expected[keys[i]] += t
@@ -298,8 +382,11 @@ def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
     events = []
     for i in range(1000):
         key = CallKey(0, 0, i)
-        events += [CallOpened(key=key, call_id=f"c{i}", name="f"),
-                   ArgsDelta(key=key, fragment="{}"), CallClosed(key=key)]
+        events += [
+            CallOpened(key=key, call_id=f"c{i}", name="f"),
+            ArgsDelta(key=key, fragment="{}"),
+            CallClosed(key=key),
+        ]
     asm = Assembler(provider="anthropic", limits=limits)
     steps = [(e, asm.feed(e), asm.sealed) for e in events]
     sealing = [(e, n) for e, n, sealed in steps if sealed and n]
@@ -309,7 +396,8 @@ def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
     r = asm.finish()
     assert len(r.calls) == 6  # 3 that may run, 3 paired placeholders, then nothing kept
     assert [c.error for c in r.calls] == [ErrorCode.STREAM_INTERRUPTED] * 3 + [
-        ErrorCode.TOO_MANY_TOOL_CALLS] * 3
+        ErrorCode.TOO_MANY_TOOL_CALLS
+    ] * 3
     assert r.ended is RoundEnd.INTERRUPTED
     assert [e.tool_call_id for e in error_results(r)] == [f"c{i}" for i in range(6)]
     assert len(r.anomalies) == 4  # three placeholders, one overflow
@@ -317,8 +405,13 @@ def test_calls_past_twice_the_limit_fail_the_stream_and_are_not_kept():
 
 def test_choices_past_the_limit_fail_the_stream_and_are_not_kept():
     events = [TextDelta(choice=i, text="x") for i in range(50)]
-    r, _ = run(CallOpened(key=K0, call_id="a", name="f"), CallClosed(key=K0), *events, END,
-               limits=Limits(max_choices=4))
+    r, _ = run(
+        CallOpened(key=K0, call_id="a", name="f"),
+        CallClosed(key=K0),
+        *events,
+        END,
+        limits=Limits(max_choices=4),
+    )
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert r.ended is RoundEnd.INTERRUPTED and r.calls[0].error is ErrorCode.STREAM_INTERRUPTED
     assert [a.kind for a in r.anomalies] == [AnomalyKind.TOO_MANY_CHOICES]
@@ -328,10 +421,32 @@ def test_a_call_record_carries_the_bytes_counted_as_it_streamed():
     from toollatch import StreamParser
     from toollatch.testing import sse
 
-    head = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1",
-            "type": "function", "function": {"name": "f", "arguments": '{"t": "Zü'}}]}}]}
-    tail = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
-            "function": {"arguments": 'rich ☕"}'}}]}, "finish_reason": "tool_calls"}]}
+    head = {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": '{"t": "Zü'},
+                        }
+                    ]
+                },
+            }
+        ]
+    }
+    tail = {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'rich ☕"}'}}]},
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
     parser = StreamParser("openai_chat")
     parser.feed(sse(head, tail, done=True))
     call = parser.finish().calls[0]

@@ -37,11 +37,19 @@ def _script() -> Script:
 
 def _config(tmp: Path, db: Path) -> Path:
     config = tmp / "c.yaml"
-    config.write_text(json.dumps({
-        "ledger": {"url": f"sqlite:///{db}", "audit_uncommitted": True, "audit_max_bytes": 64},
-        # the previews show /unit only, and so does the audit
-        "previews": {"default": {"mode": "fields", "fields": ["/unit"]}},
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "ledger": {
+                    "url": f"sqlite:///{db}",
+                    "audit_uncommitted": True,
+                    "audit_max_bytes": 64,
+                },
+                # the previews show /unit only, and so does the audit
+                "previews": {"default": {"mode": "fields", "fields": ["/unit"]}},
+            }
+        )
+    )
     return config
 
 
@@ -68,10 +76,28 @@ def test_run_takes_the_config_ledger_and_audits_the_uncommitted_call(tmp_path: P
     db = tmp_path / "ledger.db"
     with ScriptedServer({"m": _script()}) as model:
         done = subprocess.run(
-            [sys.executable, "-m", "toollatch.cli", "run", "--json", "--session", "s1",
-             "--config", str(_config(tmp_path, db)), "--base-url", model.base_url("openai_chat"),
-             "--model", "m", "--workspace", str(tmp_path)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+            [
+                sys.executable,
+                "-m",
+                "toollatch.cli",
+                "run",
+                "--json",
+                "--session",
+                "s1",
+                "--config",
+                str(_config(tmp_path, db)),
+                "--base-url",
+                model.base_url("openai_chat"),
+                "--model",
+                "m",
+                "--workspace",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     assert done.returncode == 0, done.stderr
     _check(*asyncio.run(_read(db, "s1")))
@@ -82,7 +108,11 @@ def test_run_refuses_an_audit_without_a_ledger(tmp_path: Path) -> None:
     config.write_text(json.dumps({"ledger": {"audit_uncommitted": True}}))
     done = subprocess.run(
         [sys.executable, "-m", "toollatch.cli", "run", "--json", "--config", str(config)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 2
     assert "audit_uncommitted needs a ledger" in done.stderr
@@ -91,8 +121,14 @@ def test_run_refuses_an_audit_without_a_ledger(tmp_path: Path) -> None:
 def test_serve_audits_the_uncommitted_calls_of_its_runs(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     with ScriptedServer({"m": _script()}) as model:
-        with serving("--config", str(_config(tmp_path, db)),
-                     "--base-url", model.base_url("openai_chat"), "--model", "m") as url:
+        with serving(
+            "--config",
+            str(_config(tmp_path, db)),
+            "--base-url",
+            model.base_url("openai_chat"),
+            "--model",
+            "m",
+        ) as url:
             run, frames = served_run(url, "weather")
     assert frames[-1].event == "run_ended"
     ended = frames[-1].data

@@ -25,8 +25,11 @@ KEYS = ["file", "provider", "ended", "stop_reason", "text", "calls", "anomalies"
 
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "toollatch.cli", *args], input=stdin.decode() if stdin else None,
-        capture_output=True, text=True, cwd=ROOT,
+        [sys.executable, "-m", "toollatch.cli", *args],
+        input=stdin.decode() if stdin else None,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
 
 
@@ -56,12 +59,23 @@ def test_json_output_has_exactly_the_contract_keys_one_object_per_file():
 
 
 def test_states_and_codes_of_the_examples():
-    result = run("replay", "--format", "json", "--tools", str(EXAMPLES / "tools.json"),
-                 *(str(EXAMPLES / n) for n in ("openai_parallel_calls.sse",
-                                               "openai_duplicated_arguments.sse",
-                                               "openai_schema_violation.sse",
-                                               "anthropic_truncated_at_max_tokens.sse",
-                                               "anthropic_parallel_calls.jsonl")))
+    result = run(
+        "replay",
+        "--format",
+        "json",
+        "--tools",
+        str(EXAMPLES / "tools.json"),
+        *(
+            str(EXAMPLES / n)
+            for n in (
+                "openai_parallel_calls.sse",
+                "openai_duplicated_arguments.sse",
+                "openai_schema_violation.sse",
+                "anthropic_truncated_at_max_tokens.sse",
+                "anthropic_parallel_calls.jsonl",
+            )
+        ),
+    )
     states = [[(c["state"], c["error"]) for c in o["calls"]] for o in json_lines(result.stdout)]
     assert states == [
         [("committed", None), ("committed", None)],
@@ -73,8 +87,9 @@ def test_states_and_codes_of_the_examples():
 
 
 def test_without_tools_name_and_schema_checks_are_skipped():
-    [obj] = json_lines(run("replay", "--format", "json",
-                           str(EXAMPLES / "openai_schema_violation.sse")).stdout)
+    [obj] = json_lines(
+        run("replay", "--format", "json", str(EXAMPLES / "openai_schema_violation.sse")).stdout
+    )
     assert [c["state"] for c in obj["calls"]] == ["committed", "committed"]
 
 
@@ -97,8 +112,16 @@ def test_limits_flags():
     assert [c["error"] for c in obj["calls"]] == [None, "too_many_tool_calls"]
     [obj] = json_lines(run("replay", "--format", "json", "--max-args-bytes", "40", path).stdout)
     assert [c["error"] for c in obj["calls"]] == [None, "arguments_exceed_max_bytes"]
-    [obj] = json_lines(run("replay", "--format", "json", "--max-depth", "1",
-                           str(EXAMPLES / "anthropic_parallel_calls.jsonl")).stdout)
+    [obj] = json_lines(
+        run(
+            "replay",
+            "--format",
+            "json",
+            "--max-depth",
+            "1",
+            str(EXAMPLES / "anthropic_parallel_calls.jsonl"),
+        ).stdout
+    )
     assert [c["state"] for c in obj["calls"]] == ["committed", "committed"]
 
 
@@ -137,8 +160,17 @@ def test_bad_tools_file_is_a_usage_error(tmp_path):
 
 
 def test_text_format_is_readable(capsys):
-    assert main(["replay", "--tools", str(EXAMPLES / "tools.json"),
-                 str(EXAMPLES / "openai_schema_violation.sse")]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--tools",
+                str(EXAMPLES / "tools.json"),
+                str(EXAMPLES / "openai_schema_violation.sse"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "[0] write_file (call_a) FAILED schema_violation: /: missing required" in out
     assert '[1] search_notes (call_b) COMMITTED {"query":"ana","limit":5}' in out
@@ -151,14 +183,23 @@ def test_previews_json_extends_the_contract_compatibly():
     assert list(with_previews) == [*KEYS, "previews"]
     assert {k: with_previews[k] for k in KEYS} == plain
     previews = with_previews["previews"]
-    assert previews and all(set(p) == {"call", "id", "name", "bytes", "deltas", "provisional",
-                                       "final", "error"} for p in previews)
+    assert previews and all(
+        set(p) == {"call", "id", "name", "bytes", "deltas", "provisional", "final", "error"}
+        for p in previews
+    )
     assert [p["final"] for p in previews if p["id"] == "call_f1"][-1] is True
 
 
 def test_previews_text_timeline():
-    out = run("replay", "--previews", "--preview-mode", "fields", "--preview-fields", "/path",
-              str(EXAMPLES / "openai_parallel_calls.sse")).stdout
+    out = run(
+        "replay",
+        "--previews",
+        "--preview-mode",
+        "fields",
+        "--preview-fields",
+        "/path",
+        str(EXAMPLES / "openai_parallel_calls.sse"),
+    ).stdout
     lines = [line for line in out.splitlines() if line.startswith("  preview write_file")]
     assert lines and any('/path + "notes/' in line for line in lines)
     assert not any("milk" in line for line in lines)
@@ -171,26 +212,52 @@ BIG = 18446744073709551616  # 2**64: orjson refuses it
 
 def anthropic_stream(arguments: str, *, name: str = "f", text: str = "") -> bytes:
     """One Anthropic round (JSON Lines): optional text, one closed tool call, a normal end."""
-    events: list[dict] = [{"type": "message_start", "message": {
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
-        "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}}]
+    events: list[dict] = [
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "m",
+                "content": [],
+                "stop_reason": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            },
+        }
+    ]
     if text:
         events += [
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text",
-                                                                          "text": ""}},
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
-                                                                  "text": text}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": text},
+            },
             {"type": "content_block_stop", "index": 0},
         ]
     index = len(events) // 3
     events += [
-        {"type": "content_block_start", "index": index, "content_block": {
-            "type": "tool_use", "id": "toolu_1", "name": name, "input": {}}},
-        {"type": "content_block_delta", "index": index, "delta": {
-            "type": "input_json_delta", "partial_json": arguments}},
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": name, "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "input_json_delta", "partial_json": arguments},
+        },
         {"type": "content_block_stop", "index": index},
-        {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-         "usage": {"output_tokens": 5}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+            "usage": {"output_tokens": 5},
+        },
         {"type": "message_stop"},
     ]
     return "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in events).encode()
@@ -219,7 +286,7 @@ def assert_documented(status: int, out: str, err: str, *, json_format: bool) -> 
         assert err == ""
     if json_format:
         for line in out.splitlines():
-            assert list(json.loads(line))[:len(KEYS)] == KEYS
+            assert list(json.loads(line))[: len(KEYS)] == KEYS
 
 
 def test_integers_over_64_bits_are_printed_exactly(tmp_path):
@@ -251,8 +318,9 @@ def test_an_integer_over_64_bits_only_in_previews(tmp_path):
 def test_nesting_deeper_than_orjson_allows_is_printed(tmp_path):
     path = tmp_path / "deep.jsonl"
     path.write_bytes(anthropic_stream('{"a": ' + "[" * 600 + "]" * 600 + "}"))
-    status, out, err = run_in_process(["replay", "--format", "json", "--max-depth", "1000",
-                                       str(path)])
+    status, out, err = run_in_process(
+        ["replay", "--format", "json", "--max-depth", "1000", str(path)]
+    )
     assert (status, err) == (0, "")
     value = json_lines(out)[0]["calls"][0]["arguments"]["a"]
     depth = 0
@@ -275,13 +343,17 @@ def non_utf8_file(tmp_path: Path) -> bytes:
 def test_a_file_name_that_is_not_utf8_is_printed_with_escapes(tmp_path):
     raw = non_utf8_file(tmp_path)
     shown = os.fsdecode(os.path.dirname(raw)) + os.sep + "caf\\xe9.jsonl"
-    result = subprocess.run([sys.executable, "-m", "toollatch.cli", "replay", "--format", "json",
-                             raw], capture_output=True, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", raw],
+        capture_output=True,
+        cwd=ROOT,
+    )
     assert (result.returncode, result.stderr) == (0, b"")
     [obj] = json_lines(result.stdout.decode("utf-8"))
     assert obj["file"] == shown and obj["calls"][0]["state"] == "committed"
-    result = subprocess.run([sys.executable, "-m", "toollatch.cli", "replay", raw],
-                            capture_output=True, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", raw], capture_output=True, cwd=ROOT
+    )
     assert (result.returncode, result.stderr) == (0, b"")
     assert result.stdout.decode("utf-8").startswith(f"{shown}: anthropic, ended normal")
     status, out, err = run_in_process(["replay", os.fsdecode(raw)])
@@ -290,8 +362,9 @@ def test_a_file_name_that_is_not_utf8_is_printed_with_escapes(tmp_path):
 
 def test_an_unreadable_file_name_that_is_not_utf8_is_one_error_line(tmp_path):
     missing = os.path.join(os.fsencode(tmp_path), b"caf\xe9.sse")
-    result = subprocess.run([sys.executable, "-m", "toollatch.cli", "replay", missing],
-                            capture_output=True, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", missing], capture_output=True, cwd=ROOT
+    )
     assert result.returncode == 2 and result.stdout == b""
     assert result.stderr.decode("ascii").startswith("toollatch: error: cannot read ")
     assert b"caf\\xe9.sse" in result.stderr and result.stderr.count(b"\n") == 1
@@ -299,8 +372,10 @@ def test_an_unreadable_file_name_that_is_not_utf8_is_one_error_line(tmp_path):
 
 ASCII_STDOUTS = [
     pytest.param({"PYTHONIOENCODING": "ascii"}, id="PYTHONIOENCODING=ascii"),
-    pytest.param({"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
-                  "PYTHONIOENCODING": ""}, id="LC_ALL=C"),
+    pytest.param(
+        {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": ""},
+        id="LC_ALL=C",
+    ),
 ]
 
 
@@ -311,8 +386,12 @@ def test_an_ascii_stdout_gets_escapes_not_a_crash(tmp_path, env):
     full_env = {**os.environ, **env}
 
     def replay(*args: str) -> bytes:
-        result = subprocess.run([sys.executable, "-m", "toollatch.cli", "replay", *args,
-                                 str(path)], capture_output=True, cwd=ROOT, env=full_env)
+        result = subprocess.run(
+            [sys.executable, "-m", "toollatch.cli", "replay", *args, str(path)],
+            capture_output=True,
+            cwd=ROOT,
+            env=full_env,
+        )
         assert (result.returncode, result.stderr) == (0, b""), result.stderr
         assert result.stdout.isascii()
         return result.stdout
@@ -346,8 +425,9 @@ def test_an_explicit_provider_wins_on_stdin(framing):
     if framing == "jsonl":
         data = b"\n" * 70000 + (EXAMPLES / "anthropic_parallel_calls.jsonl").read_bytes()
     provider = "openai_chat" if framing == "sse" else "anthropic"
-    status, out, err = run_in_process(["replay", "--format", "json", "--provider", provider,
-                                       "-"], stdin=data)
+    status, out, err = run_in_process(
+        ["replay", "--format", "json", "--provider", provider, "-"], stdin=data
+    )
     assert (status, err) == (0, "")
     [obj] = json_lines(out)
     assert obj["provider"] == provider and obj["ended"] == "normal"
@@ -356,8 +436,9 @@ def test_an_explicit_provider_wins_on_stdin(framing):
 
 
 def test_an_explicit_provider_wins_in_a_subprocess_too():
-    result = run("replay", "--format", "json", "--provider", "openai_chat", "-",
-                 stdin=padded_chat_stream())
+    result = run(
+        "replay", "--format", "json", "--provider", "openai_chat", "-", stdin=padded_chat_stream()
+    )
     assert result.returncode == 0, result.stderr
     assert json_lines(result.stdout)[0]["text"] == "hi"
 
@@ -367,8 +448,9 @@ def test_an_explicit_provider_is_used_even_when_detection_says_otherwise(tmp_pat
     path = tmp_path / "stream.log"  # a suffix that names no framing
     path.write_bytes(data)
     for source, stdin in (("-", data), (str(path), b"")):
-        status, out, err = run_in_process(["replay", "--format", "json", "--provider",
-                                           "openai_chat", source], stdin=stdin)
+        status, out, err = run_in_process(
+            ["replay", "--format", "json", "--provider", "openai_chat", source], stdin=stdin
+        )
         assert (status, err) == (0, "")
         [obj] = json_lines(out)
         assert obj["provider"] == "openai_chat" and obj["calls"] == []
@@ -378,13 +460,15 @@ HOSTILE_CONTENTS = {
     "empty": b"",
     "nul_bytes": b"\x00" * 64,
     "random": bytes(random.Random(11).randrange(256) for _ in range(4096)),
-    "huge_integer": b'{"choices":[{"index":0,"delta":{"content":"x"}}],"n":' + b"9" * 5000
-    + b"}\n",
+    "huge_integer": b'{"choices":[{"index":0,"delta":{"content":"x"}}],"n":' + b"9" * 5000 + b"}\n",
     "huge_float": b'{"candidates":[{"content":{"parts":[{"functionCall":{"name":"f","args":'
     b'{"n":1e999}}}]},"finishReason":"STOP"}]}\n',
     "deep_arrays": b'{"choices":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
-    "deep_objects": b'data: {"type":"message_start","message":' + b'{"a":' * 5000 + b"1"
-    + b"}" * 5000 + b"}\n\n",
+    "deep_objects": b'data: {"type":"message_start","message":'
+    + b'{"a":' * 5000
+    + b"1"
+    + b"}" * 5000
+    + b"}\n\n",
     "lone_surrogate": b'{"type":"message_start","message":{"id":"\\ud800"}}\n',
     "bad_utf8": b'data: {"choices":[{"index":0,"delta":{"content":"\xff\xfe"}}]}\n\n',
     "bare_carriage_returns": b"data: {}\r\r\r" * 100,
@@ -401,8 +485,15 @@ def test_hostile_file_contents(tmp_path, content):
         path.write_bytes(data)
         for provider in ("auto", "openai_chat", "anthropic", "gemini", "bedrock"):
             for extra in ([], ["--format", "json"], ["--format", "json", "--previews"]):
-                argv = ["replay", "--provider", provider, "--max-depth", "100000", *extra,
-                        str(path)]
+                argv = [
+                    "replay",
+                    "--provider",
+                    provider,
+                    "--max-depth",
+                    "100000",
+                    *extra,
+                    str(path),
+                ]
                 status, out, err = run_in_process(argv)
                 assert_documented(status, out, err, json_format="json" in extra)
     status, out, err = run_in_process(["replay", "--format", "json", "-"], stdin=data)
@@ -467,11 +558,14 @@ def test_hostile_arguments_give_one_error_line(hostile_paths, argv):
 
 def test_a_schema_reference_that_cannot_be_resolved_fails_the_call(hostile_paths):
     status, out, err = run_in_process(
-        ["replay", "--format", "json", "--tools", f"{hostile_paths}/dangling_ref.json", STREAM])
+        ["replay", "--format", "json", "--tools", f"{hostile_paths}/dangling_ref.json", STREAM]
+    )
     assert (status, err) == (0, "")
     calls = {c["name"]: c for c in json.loads(out)["calls"]}
     assert (calls["search_notes"]["state"], calls["search_notes"]["error"]) == (
-        "failed", "schema_violation")
+        "failed",
+        "schema_violation",
+    )
 
 
 def test_a_bug_while_replaying_is_one_error_line_after_the_files_before(monkeypatch, tmp_path):
@@ -539,14 +633,16 @@ hostile_bytes = st.one_of(
 @given(
     data=hostile_bytes,
     suffix=st.sampled_from([".sse", ".jsonl", ".eventstream"]),
-    provider=st.sampled_from(["auto", "openai_chat", "openai_responses", "anthropic", "gemini",
-                              "bedrock"]),
+    provider=st.sampled_from(
+        ["auto", "openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
+    ),
     extra=st.sampled_from([[], ["--previews"], ["--chunk-bytes", "3"]]),
 )
 def test_random_bytes_through_the_cli(tmp_path_factory, data, suffix, provider, extra):
     path = tmp_path_factory.mktemp("fuzz") / f"input{suffix}"
     path.write_bytes(data)
-    status, out, err = run_in_process(["replay", "--format", "json", "--provider", provider,
-                                       *extra, str(path)])
+    status, out, err = run_in_process(
+        ["replay", "--format", "json", "--provider", provider, *extra, str(path)]
+    )
     assert_documented(status, out, err, json_format=True)
     assert len(out.splitlines()) == (1 if status == 0 else 0)

@@ -63,8 +63,8 @@ def test_a_named_workspace_is_the_one_told(tmp_path):
 
 
 def test_a_real_model_and_own_tools_get_no_notice(tmp_path):
-    from toollatch.scripted._script import Script, Text, Turn  # noqa: PLC0415
-    from toollatch.scripted._server import ScriptedServer  # noqa: PLC0415
+    from toollatch.scripted._script import Script, Text, Turn
+    from toollatch.scripted._server import ScriptedServer
 
     tools = tmp_path / "t.py"
     tools.write_text("import toollatch\n\n@toollatch.tool\ndef ping() -> str:\n    return 'pong'\n")

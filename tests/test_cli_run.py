@@ -27,7 +27,11 @@ KEYS = {
 def toollatch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "toollatch.cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -73,7 +77,8 @@ def test_run_shows_a_terminal_view_and_exits_0():
 
 def test_run_with_a_tools_file_registers_its_functions(tmp_path):
     tools = tmp_path / "my_tools.py"
-    tools.write_text(textwrap.dedent('''
+    tools.write_text(
+        textwrap.dedent('''
         import toollatch
 
         @toollatch.tool
@@ -88,7 +93,8 @@ def test_run_with_a_tools_file_registers_its_functions(tmp_path):
 
         def not_a_tool():
             pass
-    '''))
+    ''')
+    )
     done = toollatch("run", "--json", "--tools", str(tools))
     assert done.returncode == 0, done.stderr
     events = events_of(done.stdout)
@@ -97,8 +103,9 @@ def test_run_with_a_tools_file_registers_its_functions(tmp_path):
     assert "pretended to write" in history
     # the file's get_weather is not eager: both calls commit at the round's end
     assert [e["early"] for e in events if e["type"] == "call_committed"][:2] == [False, False]
-    eager = events_of(toollatch("run", "--json", "--tools", str(tools), "--eager",
-                                "get_weather").stdout)
+    eager = events_of(
+        toollatch("run", "--json", "--tools", str(tools), "--eager", "get_weather").stdout
+    )
     assert [e["early"] for e in eager if e["type"] == "call_committed"][:2] == [True, True]
 
 
@@ -135,13 +142,16 @@ def test_max_rounds_ends_the_run_with_a_paired_history():
     assert last["rounds"] == 1
     tool_messages = [m for m in last["history"] if m.get("role") == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == [
-        "call_demo_weather_oslo", "call_demo_weather_zurich"]
+        "call_demo_weather_oslo",
+        "call_demo_weather_zurich",
+    ]
 
 
 def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
     log = tmp_path / "ran.log"
     tools = tmp_path / "logged_tools.py"
-    tools.write_text(textwrap.dedent(f'''
+    tools.write_text(
+        textwrap.dedent(f'''
         import toollatch
 
         @toollatch.tool
@@ -155,7 +165,8 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
         def write_file(path: str, content: str) -> str:
             """Pretend to write."""
             return "ok"
-    '''))
+    ''')
+    )
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     args = ["run", "--json", "--tools", str(tools), "--ledger", ledger]
     done = toollatch(*args, "--session", "s1")
@@ -177,7 +188,7 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
 def test_the_example_config_runs_exactly_as_no_config(tmp_path):
     """``toollatch config example`` says its values are the defaults: a run with that file is
     the run without one (the eager example tool still starts early, and so on)."""
-    from toollatch.cli._app_config import load_config  # noqa: PLC0415
+    from toollatch.cli._app_config import load_config
 
     example = toollatch("config", "example")
     assert example.returncode == 0, example.stderr
@@ -198,7 +209,7 @@ def test_the_example_config_runs_exactly_as_no_config(tmp_path):
 
 
 def test_version_prints_the_installed_version():
-    from importlib.metadata import version  # noqa: PLC0415
+    from importlib.metadata import version
 
     done = toollatch("--version")
     assert done.returncode == 0

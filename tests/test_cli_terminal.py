@@ -80,7 +80,7 @@ def _args(server: ScriptedServer, *flags: str) -> list[str]:
 
 def _under_pty(args: list[str]) -> tuple[int, bytes]:
     """Run ``args`` with a pseudo-terminal as stdout and stderr: (status, every byte)."""
-    import pty  # noqa: PLC0415  (POSIX only)
+    import pty
 
     primary, secondary = pty.openpty()
     env = {**os.environ, "COLUMNS": "220", "LINES": "50", "TERM": "xterm-256color"}
@@ -157,7 +157,7 @@ def test_json_carries_the_same_text_exactly(server):
 
 
 async def test_an_error_line_from_the_model_shows_control_characters_escaped():
-    from loopback_http import json_reply, loopback  # noqa: PLC0415
+    from loopback_http import json_reply, loopback
 
     message = f"bad request {TITLE}{CLIPBOARD}{C1_CSI}"
     async with loopback() as server:

@@ -29,12 +29,17 @@ def write(tmp_path: Path, text: str) -> Path:
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "toollatch.cli", *args],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
 def test_the_seeds_block_is_accepted_as_the_issue_writes_it(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 agent_stream_assemble:
   max_tool_argument_bytes: 262144
   max_tool_calls_in_flight_assemble: 32
@@ -45,7 +50,8 @@ agent_stream_assemble:
   on_invalid_json: error_result         # error_result | drop_with_protocol_repair
   on_args_overflow: error_result
   finalize_order: provider_index
-""")
+""",
+    )
     config = load_config(path, env={})
     # the seeds' block turns eager start off; everything else it says is a default
     eager_off = Config().agent_stream_assemble.model_copy(
@@ -66,22 +72,50 @@ def test_the_example_is_every_default_and_lists_every_key():
 @pytest.mark.parametrize(
     ("text", "key", "value", "expected"),
     [
-        ("agent_stream_assemble: {on_invalid_json: drop}", "agent_stream_assemble.on_invalid_json",
-         "'drop'", "'error_result' or 'drop_with_protocol_repair'"),
-        ("agent_stream_assemble: {max_tool_argument_bytes: '12'}",
-         "agent_stream_assemble.max_tool_argument_bytes", "'12'", "a valid integer"),
-        ("agent_stream_assemble: {max_tool_argument_bytes: 0}",
-         "agent_stream_assemble.max_tool_argument_bytes", "0", "greater than or equal to 1"),
-        ("agent_stream_assemble: {arguments_must_be_object: false}",
-         "agent_stream_assemble.arguments_must_be_object", "False", "True"),
-        ("agent_stream_assemble: {finalize_order: arrival}",
-         "agent_stream_assemble.finalize_order", "'arrival'", "'provider_index'"),
-        ("dispatcher: {default_timeout_s: .nan}", "dispatcher.default_timeout_s", "nan",
-         "a finite number"),
+        (
+            "agent_stream_assemble: {on_invalid_json: drop}",
+            "agent_stream_assemble.on_invalid_json",
+            "'drop'",
+            "'error_result' or 'drop_with_protocol_repair'",
+        ),
+        (
+            "agent_stream_assemble: {max_tool_argument_bytes: '12'}",
+            "agent_stream_assemble.max_tool_argument_bytes",
+            "'12'",
+            "a valid integer",
+        ),
+        (
+            "agent_stream_assemble: {max_tool_argument_bytes: 0}",
+            "agent_stream_assemble.max_tool_argument_bytes",
+            "0",
+            "greater than or equal to 1",
+        ),
+        (
+            "agent_stream_assemble: {arguments_must_be_object: false}",
+            "agent_stream_assemble.arguments_must_be_object",
+            "False",
+            "True",
+        ),
+        (
+            "agent_stream_assemble: {finalize_order: arrival}",
+            "agent_stream_assemble.finalize_order",
+            "'arrival'",
+            "'provider_index'",
+        ),
+        (
+            "dispatcher: {default_timeout_s: .nan}",
+            "dispatcher.default_timeout_s",
+            "nan",
+            "a finite number",
+        ),
         ("dispatcher: {eager: [1]}", "dispatcher.eager.0", "1", "a valid string"),
         ("relay: {port: 70000}", "relay.port", "70000", "less than or equal to 65535"),
-        ("previews: {tools: {w: {fields: [path]}}}", "previews.tools.w.fields.0", "'path'",
-         "match pattern '^/'"),
+        (
+            "previews: {tools: {w: {fields: [path]}}}",
+            "previews.tools.w.fields.0",
+            "'path'",
+            "match pattern '^/'",
+        ),
         ("model: {provider: openai}", "model.provider", "'openai'", "'anthropic'"),
         ("model: {api_key_env: 'sk-123 456'}", "model.api_key_env", "'sk-123 456'", "pattern"),
     ],
@@ -97,9 +131,14 @@ def test_a_bad_value_names_the_key_the_value_and_what_was_expected(
 
 @pytest.mark.parametrize(
     ("text", "key"),
-    [("relay: {prot: 1}", "relay.prot"), ("metrix: {}", "metrix"),
-     ("agent_stream_assemble: {max_tool_argument_byte: 1}",
-      "agent_stream_assemble.max_tool_argument_byte")],
+    [
+        ("relay: {prot: 1}", "relay.prot"),
+        ("metrix: {}", "metrix"),
+        (
+            "agent_stream_assemble: {max_tool_argument_byte: 1}",
+            "agent_stream_assemble.max_tool_argument_byte",
+        ),
+    ],
 )
 def test_an_unknown_key_is_an_error_naming_it(tmp_path, text, key):
     with pytest.raises(ConfigError, match=rf"{key}: unknown key"):
@@ -116,11 +155,13 @@ def test_every_problem_is_reported_not_only_the_first(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("relay: {port: 1}\nrelay: {host: x}\n", "'relay' is given twice"),
-     ("relay:\n  port: 1\n  port: 2\n", "'port' is given twice .line 3"),
-     ("- a\n- b\n", "expected a mapping of sections"),
-     ("relay: [\n", "not valid YAML"),
-     ("relay: 3\n", "relay: got 3")],
+    [
+        ("relay: {port: 1}\nrelay: {host: x}\n", "'relay' is given twice"),
+        ("relay:\n  port: 1\n  port: 2\n", "'port' is given twice .line 3"),
+        ("- a\n- b\n", "expected a mapping of sections"),
+        ("relay: [\n", "not valid YAML"),
+        ("relay: 3\n", "relay: got 3"),
+    ],
 )
 def test_a_malformed_file_is_a_config_error(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
@@ -159,7 +200,9 @@ def test_environment_overrides_win_over_the_file_and_are_validated_the_same(tmp_
 
 
 def test_sections_map_onto_the_library_objects(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 agent_stream_assemble:
   max_tool_argument_bytes: 4096
   max_tool_calls_in_flight_assemble: 4
@@ -173,7 +216,8 @@ previews:
 model: {connect_s: 1, first_byte_s: 2, idle_s: 3, max_tokens: 100, max_body_bytes: 4096,
         stream_retries: 0}
 relay: {max_rounds: 3, max_tool_calls: 5, deadline_s: 9.5}
-""")
+""",
+    )
     config = load_config(path, env={})
     assert config.limits() == Limits(max_argument_bytes=4096, max_calls_per_round=4)
     assert config.run_limits() == RunLimits(
@@ -235,11 +279,23 @@ def test_run_config_file_sets_the_run_and_flags_win_over_it(tmp_path):
     committed = [e for e in events if e["type"] == "call_committed"]
     assert committed and not any(e["early"] for e in committed)
     assert events[-1]["rounds"] == 1
-    assert events[-1]["history"][0] == {"role": "user", "content": events[-1]["history"][0][
-        "content"]}  # anthropic's user turn (gemini's would have parts)
+    assert events[-1]["history"][0] == {
+        "role": "user",
+        "content": events[-1]["history"][0]["content"],
+    }  # anthropic's user turn (gemini's would have parts)
     # flags win: --max-rounds, --eager (turns the switch on), --provider
-    events = run_json("--config", str(path), "--max-rounds", "3", "--eager", "get_weather",
-                      "--provider", "gemini", "--workspace", str(tmp_path))
+    events = run_json(
+        "--config",
+        str(path),
+        "--max-rounds",
+        "3",
+        "--eager",
+        "get_weather",
+        "--provider",
+        "gemini",
+        "--workspace",
+        str(tmp_path),
+    )
     assert events[-1]["rounds"] == 3
     assert "parts" in events[-1]["history"][0]
     assert any(e["early"] for e in events if e["type"] == "call_committed")

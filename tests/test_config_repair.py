@@ -30,29 +30,41 @@ def get_weather(city: str) -> str:
 
 
 def mixed_script() -> Script:
-    return Script(turns=(
-        Turn(items=(Text(text="Checking."), Reasoning(text="two cities"),
+    return Script(
+        turns=(
+            Turn(
+                items=(
+                    Text(text="Checking."),
+                    Reasoning(text="two cities"),
                     Call(call_id="call_bad", name="get_weather", arguments=BROKEN),
                     Reasoning(text="now the good one"),
-                    Call(call_id="call_good", name="get_weather", arguments='{"city": "Rome"}')),
-             delay_ms=0),
-        Turn(items=(Text(text="Rome is sunny."),), delay_ms=0),
-    ))
+                    Call(call_id="call_good", name="get_weather", arguments='{"city": "Rome"}'),
+                ),
+                delay_ms=0,
+            ),
+            Turn(items=(Text(text="Rome is sunny."),), delay_ms=0),
+        )
+    )
 
 
 def only_broken_script() -> Script:
-    return Script(turns=(
-        Turn(items=(Call(call_id="call_only", name="get_weather", arguments=BROKEN),),
-             delay_ms=0),
-    ))
+    return Script(
+        turns=(
+            Turn(
+                items=(Call(call_id="call_only", name="get_weather", arguments=BROKEN),), delay_ms=0
+            ),
+        )
+    )
 
 
 async def play(server, provider, model, *, drop, max_rounds=4):
-    client = model_client(provider, model=model, base_url=server.base_url(provider),
-                          retry=RetryPolicy(attempts=1))
+    client = model_client(
+        provider, model=model, base_url=server.base_url(provider), retry=RetryPolicy(attempts=1)
+    )
     async with client:
-        agent = Agent(client, [get_weather], run_limits=RunLimits(max_rounds=max_rounds),
-                      drop_failed=drop)
+        agent = Agent(
+            client, [get_weather], run_limits=RunLimits(max_rounds=max_rounds), drop_failed=drop
+        )
         run = agent.run("weather?")
         events = [e.to_json() async for e in run]
     return events, run
@@ -114,9 +126,13 @@ def test_the_server_refuses_a_result_whose_call_was_dropped(provider):
             for chunk in response.iter_raw():
                 parser.feed(chunk)
         round_ = parser.finish()
-        results = [*error_results(round_), *(
-            ToolResult(tool_call_id=x.call_id, name=x.name, content="sunny")
-            for x in round_.committed())]
+        results = [
+            *error_results(round_),
+            *(
+                ToolResult(tool_call_id=x.call_id, name=x.name, content="sunny")
+                for x in round_.committed()
+            ),
+        ]
         codes = {ErrorCode.INVALID_JSON, ErrorCode.ARGUMENTS_NOT_OBJECT}
         repaired = drop_failed_calls(round_, codes)
         assert [x.call_id for x in repaired.calls] == [round_.calls[1].call_id]
@@ -128,8 +144,10 @@ def test_the_server_refuses_a_result_whose_call_was_dropped(provider):
 
 def test_only_listed_codes_are_dropped_and_a_round_without_them_is_unchanged():
     parser = StreamParser("openai_chat")
-    parser.feed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"},'
-                b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+    parser.feed(
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"},'
+        b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
     round_ = parser.finish()
     assert drop_failed_calls(round_, {ErrorCode.INVALID_JSON}) is round_
     with ScriptedServer({"mixed": mixed_script()}, delay_scale=0) as server, httpx.Client() as c:

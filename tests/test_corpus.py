@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS, corpus_dir
 
+from conftest import CORPUS, corpus_dir
 from toollatch import CallState, Round
 from toollatch.cli import replay_bytes
 from toollatch.events import AnomalyKind, ServerToolBlock
@@ -67,8 +67,13 @@ def server_calls(round_: Round) -> list[dict[str, Any]]:
             continue
         call_id = use.get("id") or use.get("toolUseId")
         if call_id and "name" in use and ("input" in use or "arguments" in use):
-            found.append({"id": call_id, "name": use["name"],
-                          "arguments": use.get("input", use.get("arguments"))})
+            found.append(
+                {
+                    "id": call_id,
+                    "name": use["name"],
+                    "arguments": use.get("input", use.get("arguments")),
+                }
+            )
     return found
 
 
@@ -111,5 +116,9 @@ def test_auto_detection_finds_the_recorded_provider() -> None:
 @pytest.mark.corpus
 def test_corpus_has_the_documented_size() -> None:
     root = corpus_dir()
-    files = [p for p in root.rglob("*") if p.is_file() and p.suffix != ".md" and p.name != "expected.json"]
+    files = [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix != ".md" and p.name != "expected.json"
+    ]
     assert len(files) == len(EXPECTED) == 57

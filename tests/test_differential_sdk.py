@@ -34,8 +34,8 @@ from toollatch import CallState, Round
 from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode
 from toollatch.events import AnomalyKind, ReasoningBlock, RoundEnd, ServerToolBlock
-from toollatch.testing import replay, sse
 from toollatch.messages import assistant_messages, error_results
+from toollatch.testing import replay, sse
 
 # -- running the SDKs on recorded bytes --------------------------------------------------------
 

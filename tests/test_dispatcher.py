@@ -355,14 +355,18 @@ async def test_the_same_call_id_in_another_session_is_another_call():
         return f"hello {user}"
 
     d = Dispatcher([whoami])
-    alice = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "alice"})]),
-                        session="alice")
-    bob = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "bob"})]),
-                      session="bob")
-    again = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "alice"})]),
-                        session="alice")
-    assert [r.content for r in (*alice, *bob, *again)] == ["hello alice", "hello bob",
-                                                          "hello alice"]
+    alice = await d.run(
+        chat_round(d.specs, [("call_0", "whoami", {"user": "alice"})]), session="alice"
+    )
+    bob = await d.run(chat_round(d.specs, [("call_0", "whoami", {"user": "bob"})]), session="bob")
+    again = await d.run(
+        chat_round(d.specs, [("call_0", "whoami", {"user": "alice"})]), session="alice"
+    )
+    assert [r.content for r in (*alice, *bob, *again)] == [
+        "hello alice",
+        "hello bob",
+        "hello alice",
+    ]
     assert runs == ["alice", "bob"]  # alice's repeat is answered from alice's memory
 
 
@@ -535,7 +539,7 @@ async def test_the_default_timeout_applies_to_a_sync_tool_too():
 async def test_an_async_tool_that_blocks_the_loop_past_its_timeout_is_warned_about(caplog):
     """Its timeout cannot fire while it holds the loop: the result stands (documented), and
     a warning names the tool. A tool that awaits, and a sync one, are never warned about."""
-    import time  # noqa: PLC0415
+    import time
 
     @tool(timeout=0.05)
     async def blocking() -> str:

@@ -173,7 +173,9 @@ def test_run_budget_is_shared_and_spent_only_by_commits():
     gate = Gate(TOOLS, budget=budget)
     assert code(check("{oops", gate)) is ErrorCode.INVALID_JSON
     assert [code(check('{"path": "a.md"}', gate)) for _ in range(3)] == [
-        None, None, ErrorCode.BUDGET_EXCEEDED
+        None,
+        None,
+        ErrorCode.BUDGET_EXCEEDED,
     ]
     assert budget.used == 2
     with pytest.raises(ConfigError):
@@ -182,15 +184,15 @@ def test_run_budget_is_shared_and_spent_only_by_commits():
 
 def test_committed_call_cannot_be_built_outside_the_gate():
     with pytest.raises(UsageError):
-        CommittedCall(call_id="x", name="y", arguments={}, arguments_text="{}", key=KEY,
-                      position=0, spec=None)
+        CommittedCall(
+            call_id="x", name="y", arguments={}, arguments_text="{}", key=KEY, position=0, spec=None
+        )
 
 
 def test_the_gate_sets_every_field_of_a_committed_call():
     """The gate writes CommittedCall's slots directly: a new field must be set there too."""
     gate = Gate(TOOLS)
-    call = gate.check(key=KEY, position=3, call_id="c1", name="write_file",
-                      text='{"path": "a.md"}')
+    call = gate.check(key=KEY, position=3, call_id="c1", name="write_file", text='{"path": "a.md"}')
     assert isinstance(call, CommittedCall)
     got = {f.name: getattr(call, f.name) for f in dataclasses.fields(CommittedCall)}
     assert got == {
@@ -220,10 +222,14 @@ def test_tool_definitions_in_every_shape_and_bad_ones():
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children,
-                                                                       max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -241,12 +247,17 @@ def test_a_schema_whose_dialect_is_not_a_string_is_a_config_error():
             ToolSpec(name="f", parameters={"$schema": dialect})
 
 
-@pytest.mark.parametrize("schema", [{"$ref": "#/nope"}, {"$ref": "https://example.invalid/s"},
-                                    {"properties": {"a": {"$ref": "#/$defs/missing"}}}])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#/nope"},
+        {"$ref": "https://example.invalid/s"},
+        {"properties": {"a": {"$ref": "#/$defs/missing"}}},
+    ],
+)
 def test_a_schema_reference_that_cannot_be_resolved_fails_the_call_not_the_stream(schema):
     gate = Gate([ToolSpec(name="f", parameters=schema)])
-    verdict = gate.check(key=CallKey(0, 0, 0), position=0, call_id="a", name="f",
-                         text='{"a": 1}')
+    verdict = gate.check(key=CallKey(0, 0, 0), position=0, call_id="a", name="f", text='{"a": 1}')
     assert isinstance(verdict, Rejection) and verdict.code is ErrorCode.SCHEMA_VIOLATION
     assert "could not be applied" in verdict.detail
 
@@ -256,12 +267,17 @@ def test_each_distinct_schema_is_checked_once_per_process(monkeypatch):
 
     checked = []
     real = jsonschema.Draft202012Validator.check_schema
-    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema",
-                        classmethod(lambda cls, schema: (checked.append(1), real(schema))[1]))
+    monkeypatch.setattr(
+        jsonschema.Draft202012Validator,
+        "check_schema",
+        classmethod(lambda cls, schema: (checked.append(1), real(schema))[1]),
+    )
     schema = {"type": "object", "properties": {"q": {"type": "string", "minLength": 7919}}}
     for _ in range(50):  # a gateway building its tools anew for every request
-        tools = [{"name": "a", "parameters": json.loads(json.dumps(schema))},
-                 {"name": "b", "parameters": dict(reversed(list(schema.items())))}]
+        tools = [
+            {"name": "a", "parameters": json.loads(json.dumps(schema))},
+            {"name": "b", "parameters": dict(reversed(list(schema.items())))},
+        ]
         gate = Gate(tools)
         ok = gate.check(key=CallKey(0, 0, 0), position=0, call_id="c", name="b", text='{"q": 1}')
         assert isinstance(ok, Rejection) and ok.code is ErrorCode.SCHEMA_VIOLATION

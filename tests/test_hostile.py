@@ -70,8 +70,12 @@ def _openai_chat(calls: Calls) -> Stream:
         return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
     for i, (name, _, pieces) in enumerate(calls):
-        head = {"index": i, "id": f"call_{i}", "type": "function",
-                "function": {"name": name, "arguments": ""}}
+        head = {
+            "index": i,
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }
         s.opens[name] = s.add(chunk({"tool_calls": [head]}))
         for piece in pieces:
             entry = {"index": i, "function": {"arguments": piece}}
@@ -92,8 +96,11 @@ def _anthropic(calls: Calls) -> Stream:
         block = {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": {}}
         s.opens[name] = add({"type": "content_block_start", "index": i, "content_block": block})
         for piece in pieces:
-            native = {"type": "content_block_delta", "index": i,
-                      "delta": {"type": "input_json_delta", "partial_json": piece}}
+            native = {
+                "type": "content_block_delta",
+                "index": i,
+                "delta": {"type": "input_json_delta", "partial_json": piece},
+            }
             s.fragment(name, piece, native, "content_block_delta")
         add({"type": "content_block_stop", "index": i})
     add({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}})
@@ -109,18 +116,38 @@ def _openai_responses(calls: Calls) -> Stream:
 
     add({"type": "response.created", "response": {"id": "r", "status": "in_progress"}})
     for i, (name, text, pieces) in enumerate(calls):
-        item = {"type": "function_call", "id": f"fc_{i}", "call_id": f"call_{i}", "name": name,
-                "arguments": "", "status": "in_progress"}
-        s.opens[name] = add({"type": "response.output_item.added", "output_index": i,
-                             "item": item})
+        item = {
+            "type": "function_call",
+            "id": f"fc_{i}",
+            "call_id": f"call_{i}",
+            "name": name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        s.opens[name] = add({"type": "response.output_item.added", "output_index": i, "item": item})
         for piece in pieces:
-            native = {"type": "response.function_call_arguments.delta", "item_id": f"fc_{i}",
-                      "output_index": i, "delta": piece}
+            native = {
+                "type": "response.function_call_arguments.delta",
+                "item_id": f"fc_{i}",
+                "output_index": i,
+                "delta": piece,
+            }
             s.fragment(name, piece, native, native["type"])
-        add({"type": "response.function_call_arguments.done", "item_id": f"fc_{i}",
-             "output_index": i, "arguments": text})
-        add({"type": "response.output_item.done", "output_index": i,
-             "item": {**item, "arguments": text, "status": "completed"}})
+        add(
+            {
+                "type": "response.function_call_arguments.done",
+                "item_id": f"fc_{i}",
+                "output_index": i,
+                "arguments": text,
+            }
+        )
+        add(
+            {
+                "type": "response.output_item.done",
+                "output_index": i,
+                "item": {**item, "arguments": text, "status": "completed"},
+            }
+        )
     add({"type": "response.completed", "response": {"id": "r", "status": "completed"}})
     return s
 
@@ -160,7 +187,7 @@ BUILDERS: dict[str, Callable[[Calls], Stream]] = {
 }
 
 _keys = st.sampled_from(["path", "cmd", "n", "mode", "tags"])
-_leaves = st.text(alphabet="ab/.é\"\\ ", max_size=6) | st.integers(-99, 999) | st.booleans()
+_leaves = st.text(alphabet='ab/.é"\\ ', max_size=6) | st.integers(-99, 999) | st.booleans()
 _objects = st.dictionaries(_keys, _leaves | st.lists(_leaves, max_size=2), min_size=1, max_size=4)
 
 
@@ -259,8 +286,10 @@ def test_one_bad_event_never_commits_other_arguments(provider: str, data: st.Dat
 def test_the_property_reaches_its_asserts_for_every_mutation(provider: str) -> None:
     # Fixed cases where calls do commit after each mutation, so the asserts above run (the
     # property's own examples are counted by Hypothesis's `event` statistics).
-    calls = [(f"f{i}", f'{{"n": {i}, "path": "a/b"}}', ['{"n": ', f'{i}, "path": "a/b"}}'])
-             for i in range(3)]
+    calls = [
+        (f"f{i}", f'{{"n": {i}, "path": "a/b"}}', ['{"n": ', f'{i}, "path": "a/b"}}'])
+        for i in range(3)
+    ]
     stream = BUILDERS[provider](calls)
     last = stream.opens["f2"]
     for how, at in (("none", 0), ("drop", last - 1), ("duplicate", 0), ("unreadable", 0)):
@@ -295,21 +324,43 @@ _CHAT_END = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"
 @pytest.mark.parametrize(
     "middle",
     [
-        [_entry(function={"arguments": '{"a":'}), _entry(function={"arguments": {"b": 1}}),
-         _entry(function={"arguments": "}"})],  # text + object + text would parse
+        [
+            _entry(function={"arguments": '{"a":'}),
+            _entry(function={"arguments": {"b": 1}}),
+            _entry(function={"arguments": "}"}),
+        ],  # text + object + text would parse
         [_entry(function={"arguments": {"b": 1}}), _entry(function={"arguments": "x"})],
         [_entry(function={"arguments": {"b": 1}}), _entry(function={"arguments": {"c": 2}})],
-        [_entry(function={"arguments": '{"'}), _entry(function={"arguments": []}),
-         _entry(function={"arguments": 'a": 1}'})],  # a list is not arguments
-        [_entry(function={"arguments": '{"a": 1'}), _entry(function=None),
-         _entry(function={"arguments": "}"})],  # an entry that carries nothing: lost
-        [_entry(function={"arguments": '{"a": 1'}), {"choices": None},
-         _entry(function={"arguments": "}"})],  # a required member null: lost
-        [_entry(function={"arguments": '{"a": 1'}),
-         {"choices": [{"index": 0, "delta": None}]}, _entry(function={"arguments": "}"})],
+        [
+            _entry(function={"arguments": '{"'}),
+            _entry(function={"arguments": []}),
+            _entry(function={"arguments": 'a": 1}'}),
+        ],  # a list is not arguments
+        [
+            _entry(function={"arguments": '{"a": 1'}),
+            _entry(function=None),
+            _entry(function={"arguments": "}"}),
+        ],  # an entry that carries nothing: lost
+        [
+            _entry(function={"arguments": '{"a": 1'}),
+            {"choices": None},
+            _entry(function={"arguments": "}"}),
+        ],  # a required member null: lost
+        [
+            _entry(function={"arguments": '{"a": 1'}),
+            {"choices": [{"index": 0, "delta": None}]},
+            _entry(function={"arguments": "}"}),
+        ],
     ],
-    ids=["object-inside-text", "text-after-object", "two-objects", "list", "empty-entry",
-         "choices-null", "delta-null"],
+    ids=[
+        "object-inside-text",
+        "text-after-object",
+        "two-objects",
+        "list",
+        "empty-entry",
+        "choices-null",
+        "delta-null",
+    ],
 )
 def test_chat_arguments_that_are_not_one_text_never_commit(middle):
     round_ = _chat(_CHAT_HEAD, *middle, _CHAT_END)

@@ -97,7 +97,7 @@ async def test_an_existing_file_keeps_its_mode_with_a_warning(tmp_path, caplog):
 
 
 def test_what_is_there_is_left_alone(tmp_path):
-    from toollatch.ledger._sqlite import create_private  # noqa: PLC0415
+    from toollatch.ledger._sqlite import create_private
 
     target = tmp_path / "target"
     target.write_text("x")

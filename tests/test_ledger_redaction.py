@@ -180,12 +180,12 @@ def test_run_with_ledger_redact_stores_no_secret(tmp_path, redact):
 @pytest.mark.parametrize("redact", [True, False])
 async def test_serve_with_ledger_redact_stores_no_secret(tmp_path, redact):
     """``toollatch serve`` passes ``ledger.redact`` to the relay's ledger and history too."""
-    import httpx  # noqa: PLC0415
+    import httpx
 
-    from relay_helpers import read_events, start_run  # noqa: PLC0415
-    from toollatch.relay._server import RelayServer  # noqa: PLC0415
-    from toollatch.scripted._script import Call, Script, Text, Turn  # noqa: PLC0415
-    from toollatch.tools._tools import tool  # noqa: PLC0415
+    from relay_helpers import read_events, start_run
+    from toollatch.relay._server import RelayServer
+    from toollatch.scripted._script import Call, Script, Text, Turn
+    from toollatch.tools._tools import tool
 
     @tool(side_effects="read")
     def account(user: str, password: str) -> str:

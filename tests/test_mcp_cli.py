@@ -22,16 +22,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def toollatch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "toollatch.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def script() -> Script:
     note = json.dumps({"name": "cli", "text": "from the model"})
-    first = Turn(items=(Text(text="Writing it down."),
-                        Call(call_id="c1", name="ex__write_note", arguments=note),
-                        Call(call_id="c2", name="web__echo", arguments='{"text": "hi"}')),
-                 delay_ms=0)
+    first = Turn(
+        items=(
+            Text(text="Writing it down."),
+            Call(call_id="c1", name="ex__write_note", arguments=note),
+            Call(call_id="c2", name="web__echo", arguments='{"text": "hi"}'),
+        ),
+        delay_ms=0,
+    )
     return Script(turns=(first, Turn(items=(Text(text="Done."),), delay_ms=0)))
 
 
@@ -44,12 +54,28 @@ def test_run_with_a_stdio_and_an_http_mcp_server_end_to_end(tmp_path):
     # both servers have echo and write_note: their names are namespaced by server name
     config = tmp_path / "c.yaml"
     with http_server(tmp_path, "web") as url, ScriptedServer({"m": script()}) as model:
-        config.write_text(json.dumps({"mcp": {"servers": [
-            {"name": "ex", "command": shlex.split(stdio_spec(tmp_path, "ex")[6:])},
-            {"name": "web", "url": url, "deny": ["crash"]},
-        ]}}))
-        done = toollatch("run", "--json", "--config", str(config), "--base-url",
-                         model.base_url("openai_chat"), "--model", "m")
+        config.write_text(
+            json.dumps(
+                {
+                    "mcp": {
+                        "servers": [
+                            {"name": "ex", "command": shlex.split(stdio_spec(tmp_path, "ex")[6:])},
+                            {"name": "web", "url": url, "deny": ["crash"]},
+                        ]
+                    }
+                }
+            )
+        )
+        done = toollatch(
+            "run",
+            "--json",
+            "--config",
+            str(config),
+            "--base-url",
+            model.base_url("openai_chat"),
+            "--model",
+            "m",
+        )
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     last = events[-1]
@@ -61,12 +87,20 @@ def test_run_with_a_stdio_and_an_http_mcp_server_end_to_end(tmp_path):
 
 
 def test_run_mcp_flag_replaces_the_examples_and_runs_the_server_tools(tmp_path):
-    turn = Turn(items=(Call(call_id="c1", name="echo", arguments='{"text": "flag"}'),),
-                delay_ms=0)
+    turn = Turn(items=(Call(call_id="c1", name="echo", arguments='{"text": "flag"}'),), delay_ms=0)
     with ScriptedServer({"m": Script(turns=(turn,))}) as model:
-        done = toollatch("run", "--json", "--base-url", model.base_url("anthropic"),
-                         "--provider", "anthropic", "--model", "m",
-                         "--mcp", stdio_spec(tmp_path, "flag"))
+        done = toollatch(
+            "run",
+            "--json",
+            "--base-url",
+            model.base_url("anthropic"),
+            "--provider",
+            "anthropic",
+            "--model",
+            "m",
+            "--mcp",
+            stdio_spec(tmp_path, "flag"),
+        )
         offered = [t["name"] for t in model.requests[0].body["tools"]]
     assert done.returncode == 0, done.stderr
     assert "echo" in offered and "get_weather" not in offered
@@ -83,12 +117,19 @@ def test_run_with_an_unreachable_mcp_server_is_a_usage_error(tmp_path):
 
 def test_specs_and_config_servers_get_names_and_policies():
     assert parse_server_spec("stdio:/usr/bin/my-server --x 'a b'") == McpServer(
-        name="my-server", command=("/usr/bin/my-server", "--x", "a b"))
+        name="my-server", command=("/usr/bin/my-server", "--x", "a b")
+    )
     assert parse_server_spec("http://localhost:8080/mcp").name == "localhost_8080"
-    config = validate({"mcp": {"servers": [
-        {"command": ["srv"], "eager": ["read_*"], "timeout_s": 5, "max_concurrency": 2},
-        {"command": ["srv"], "allow": ["a"]},
-    ]}})
+    config = validate(
+        {
+            "mcp": {
+                "servers": [
+                    {"command": ["srv"], "eager": ["read_*"], "timeout_s": 5, "max_concurrency": 2},
+                    {"command": ["srv"], "allow": ["a"]},
+                ]
+            }
+        }
+    )
     servers = config.mcp_servers()
     assert [s.name for s in servers] == ["srv", "srv_2"]
     assert servers[0].eager == ("read_*",) and servers[0].timeout_s == 5.0
@@ -97,14 +138,17 @@ def test_specs_and_config_servers_get_names_and_policies():
     assert source_from_config(None) is None
 
 
-@pytest.mark.parametrize("bad", [
-    {"servers": [{"name": "x"}]},
-    {"servers": [{"command": ["a"], "url": "http://h/mcp"}]},
-    {"servers": [{"command": ["a"], "max_concurrency": 0}]},
-    {"servers": [{"url": "ftp://h"}]},
-    {"servers": [{"name": "a", "command": ["a"]}, {"name": "a", "command": ["b"]}]},
-    {"servers": [{"command": ["a"], "unknown": 1}]},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"servers": [{"name": "x"}]},
+        {"servers": [{"command": ["a"], "url": "http://h/mcp"}]},
+        {"servers": [{"command": ["a"], "max_concurrency": 0}]},
+        {"servers": [{"url": "ftp://h"}]},
+        {"servers": [{"name": "a", "command": ["a"]}, {"name": "a", "command": ["b"]}]},
+        {"servers": [{"command": ["a"], "unknown": 1}]},
+    ],
+)
 def test_bad_mcp_config_is_a_config_error(bad):
     with pytest.raises(ConfigError):
         validate({"mcp": bad}).mcp_servers()

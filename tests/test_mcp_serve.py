@@ -30,15 +30,39 @@ def _script(flag: str) -> Script:
 
 
 def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path) -> None:
-    spec = "stdio:" + shlex.join([*SERVER, "--log", str(tmp_path / "s.log"), "--notes", str(tmp_path)])
+    spec = "stdio:" + shlex.join(
+        [*SERVER, "--log", str(tmp_path / "s.log"), "--notes", str(tmp_path)]
+    )
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({"mcp": {"servers": [
-        {"name": "cfg", "command": [*SERVER, "--log", str(tmp_path / "cfg.log")], "allow": ["echo"]},
-    ]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "mcp": {
+                    "servers": [
+                        {
+                            "name": "cfg",
+                            "command": [*SERVER, "--log", str(tmp_path / "cfg.log")],
+                            "allow": ["echo"],
+                        },
+                    ]
+                }
+            }
+        )
+    )
     flag = parse_server_spec(spec).name  # named after its program (python, python3...)
     with ScriptedServer({"m": _script(flag)}) as model:
-        with serving("--mcp", spec, "--config", str(config), "--ledger", "none",
-                     "--base-url", model.base_url("openai_chat"), "--model", "m") as url:
+        with serving(
+            "--mcp",
+            spec,
+            "--config",
+            str(config),
+            "--ledger",
+            "none",
+            "--base-url",
+            model.base_url("openai_chat"),
+            "--model",
+            "m",
+        ) as url:
             _, frames = served_run(url, "note it")
         offered = sorted(t["function"]["name"] for t in model.requests[0].body["tools"])
     # both servers list the same tools, so each name is namespaced by its server's name (the
@@ -51,6 +75,9 @@ def test_serve_runs_the_mcp_servers_tools_instead_of_the_examples(tmp_path: Path
     codes = {c["id"]: c["error"] for c in ended.data["calls"]}
     assert codes == {"c1": None, "c2": "invalid_json", "c3": None, "c4": "policy_denied"}
     # each committed call reached its server once; nothing the gate refused reached one
-    assert calls_of(tmp_path, "s") == [("echo", {"text": "served"}), ("write_note", {"name": "n", "text": "t"})]
+    assert calls_of(tmp_path, "s") == [
+        ("echo", {"text": "served"}),
+        ("write_note", {"name": "n", "text": "t"}),
+    ]
     assert calls_of(tmp_path, "cfg") == []
     assert (tmp_path / "n.txt").read_text() == "t\n"

@@ -5,7 +5,6 @@ changes. The server's own log (what it received) is the evidence of what reached
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -137,8 +136,9 @@ async def test_one_call_id_is_one_tools_call_across_rounds(server, tmp_path):
         d = Dispatcher(source.snapshot())
         round_ = chat_round(d.specs, [("c1", "write_note", {"name": "once", "text": "x"})])
         first = await d.run(round_)
-        again = await d.run(chat_round(d.specs, [("c1", "write_note",
-                                                   {"name": "once", "text": "x"})]))
+        again = await d.run(
+            chat_round(d.specs, [("c1", "write_note", {"name": "once", "text": "x"})])
+        )
     assert first == again
     assert calls_of(tmp_path, name) == [("write_note", {"name": "once", "text": "x"})]
     assert (tmp_path / "once.txt").read_text() == "x\n"
@@ -176,7 +176,8 @@ async def test_allow_and_deny_lists_deny_in_the_gate(tmp_path):
     server = stdio_server(tmp_path, "ex", allow=("echo", "w*"), deny=("write_note",))
     async with McpToolSource([server]) as source:
         assert source.check("echo", {}) is not None and not isinstance(
-            source.check("echo", {}), Deny)
+            source.check("echo", {}), Deny
+        )
         assert isinstance(source.check("write_note", {}), Deny)
         assert isinstance(source.check("crash", {}), Deny)
         assert not isinstance(source.check("weather", {}), Deny)
@@ -222,8 +223,11 @@ async def test_a_server_that_never_answers_the_handshake_fails_within_its_connec
 
     from toollatch.mcp import McpServer
 
-    mute = McpServer(name="mute", command=(sys.executable, "-c", "import time; time.sleep(60)"),
-                     connect_timeout_s=1)
+    mute = McpServer(
+        name="mute",
+        command=(sys.executable, "-c", "import time; time.sleep(60)"),
+        connect_timeout_s=1,
+    )
     good = stdio_server(tmp_path, "ex")
     started = time.monotonic()
     with pytest.raises(ConfigError, match="'mute': no answer within 1 s"):

@@ -33,7 +33,11 @@ async def test_a_schema_tool_gets_the_mapping_and_never_raises_for_its_faults():
 
     t = schema_tool("double", SCHEMA, double, description="Twice n.", eager=True, timeout=2)
     assert (t.spec.parameters, t.spec.description, t.eager, t.timeout_s) == (
-        SCHEMA, "Twice n.", True, 2.0)
+        SCHEMA,
+        "Twice n.",
+        True,
+        2.0,
+    )
     assert (await t.invoke({"n": 2})).content == '{"twice":4}'
     failed = await t.invoke({"n": -1})
     assert failed.is_error and failed.code is ErrorCode.TOOL_ERROR
@@ -41,10 +45,18 @@ async def test_a_schema_tool_gets_the_mapping_and_never_raises_for_its_faults():
     assert seen == [{"n": 2}, {"n": -1}]
 
 
-@pytest.mark.parametrize("bad", [
-    {"name": "has space"}, {"name": "x" * 65}, {"parameters": {"type": 5}},
-    {"timeout": 0}, {"side_effects": "delete"}, {"group": ""}, {"fn": "not callable"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"name": "has space"},
+        {"name": "x" * 65},
+        {"parameters": {"type": 5}},
+        {"timeout": 0},
+        {"side_effects": "delete"},
+        {"group": ""},
+        {"fn": "not callable"},
+    ],
+)
 def test_a_bad_schema_tool_is_a_config_error(bad):
     async def fn(arguments):
         return None
@@ -79,8 +91,13 @@ async def test_replace_tools_takes_a_new_set_and_refuses_duplicates_unchanged():
 
 
 def test_names_are_kept_namespaced_on_collision_valid_and_sticky():
-    keys = [("fs", "read"), ("web", "read"), ("web", "files.list"), ("fs", "x" * 80),
-            ("fs", "search")]
+    keys = [
+        ("fs", "read"),
+        ("web", "read"),
+        ("web", "files.list"),
+        ("fs", "x" * 80),
+        ("fs", "search"),
+    ]
     names = assign_names(keys, {}, reserved=["search"])
     assert names[("fs", "read")] == "fs__read" and names[("web", "read")] == "web__read"
     assert names[("web", "files.list")] == "web__files_list"
@@ -108,16 +125,25 @@ def test_every_content_kind_becomes_text_and_bytes_never_reach_the_model():
         SimpleNamespace(type="text", text="hello"),
         SimpleNamespace(type="image", data=png, mime_type="image/png"),
         SimpleNamespace(type="audio", data="AAAA", mime_type="audio/wav"),
-        SimpleNamespace(type="resource", resource=SimpleNamespace(
-            uri="file:///a.txt", mime_type="text/plain", text="inside")),
-        SimpleNamespace(type="resource", resource=SimpleNamespace(
-            uri="file:///b.png", mime_type="image/png", text=None, blob=png)),
+        SimpleNamespace(
+            type="resource",
+            resource=SimpleNamespace(uri="file:///a.txt", mime_type="text/plain", text="inside"),
+        ),
+        SimpleNamespace(
+            type="resource",
+            resource=SimpleNamespace(
+                uri="file:///b.png", mime_type="image/png", text=None, blob=png
+            ),
+        ),
         SimpleNamespace(type="resource_link", uri="file:///c", name="c"),
     ]
     out = outcome_of(SimpleNamespace(content=blocks, structured_content=None, is_error=False))
     assert out.content.splitlines() == [
-        "hello", "[image image/png, 64 bytes, not shown]", "[audio audio/wav, 3 bytes, not shown]",
-        "[resource file:///a.txt (text/plain)]", "inside",
+        "hello",
+        "[image image/png, 64 bytes, not shown]",
+        "[audio audio/wav, 3 bytes, not shown]",
+        "[resource file:///a.txt (text/plain)]",
+        "inside",
         "[resource file:///b.png (image/png), 64 bytes, not shown]",
         "[resource link file:///c (c)]",
     ]
@@ -161,18 +187,21 @@ async def main():
         print(exc)
 asyncio.run(main())
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert 'pip install "toollatch[mcp]"' in done.stdout
 
 
 def test_a_tool_with_an_unusable_schema_is_left_out_and_logged(caplog, tmp_path):
     source = McpToolSource([stdio_server(tmp_path, "ex")])  # (not entered: no process)
-    source._listed = {"ex": [
-        SimpleNamespace(name="good", input_schema={"type": "object"}, description="Good."),
-        SimpleNamespace(name="bad", input_schema={"type": 5}, description=None),
-    ]}
+    source._listed = {
+        "ex": [
+            SimpleNamespace(name="good", input_schema={"type": "object"}, description="Good."),
+            SimpleNamespace(name="bad", input_schema={"type": 5}, description=None),
+        ]
+    }
     source._rebuild()
     assert [t.name for t in source.snapshot()] == ["good"]
     assert source.snapshot()[0].spec.description == "Good."

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir
 from toollatch import CallState, Round, StreamParser, ToolResult
-from toollatch.messages import assistant_messages, error_results, tool_results_messages
-from toollatch.rounds import Choice
 from toollatch.cli import replay_bytes
 from toollatch.errors import ErrorCode, UsageError
 from toollatch.events import AnomalyKind, RoundEnd
+from toollatch.messages import assistant_messages, error_results, tool_results_messages
+from toollatch.rounds import Choice
 from toollatch.testing import chunkings, jsonl, replay, sse
 
 PROVIDERS = ("openai_chat", "anthropic", "openai_responses", "gemini", "bedrock")
@@ -860,9 +860,7 @@ def test_openai_responses_reasoning_and_hosted_items_are_passed_back_verbatim():
         "message",
         "function_call",
     ]
-    assert_paired(
-        "openai_responses", message_of(r), tool_results_messages(r, all_results(r))
-    )
+    assert_paired("openai_responses", message_of(r), tool_results_messages(r, all_results(r)))
 
 
 def test_openai_responses_call_without_item_id_has_no_id():

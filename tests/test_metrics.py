@@ -41,29 +41,47 @@ def write_file(path: str, content: str) -> str:
 
 
 def script() -> Script:
-    return Script(turns=(
-        Turn(items=(
-            Text(text="Working."),
-            Call(call_id="c_weather", name="get_weather", arguments='{"city": "Oslo"}'),
-            Call(call_id="c_broken", name="get_weather", arguments='{"city": "Rome"}}'),
-            Call(call_id="c_file", name="write_file", arguments='{"path": "b", "content": "y"}'),
-            # (the oversized call last: a call after it, with nothing left pending, is not
-            # read, as the round is over at the size limit; issue 28 R1)
-            Call(call_id="c_big", name="write_file",
-                 arguments='{"path": "a", "content": "' + "x" * 400 + '"}', fragment_chars=50),
-        ), delay_ms=0),
-        Turn(items=(Text(text="Done."),), delay_ms=0),
-    ))
+    return Script(
+        turns=(
+            Turn(
+                items=(
+                    Text(text="Working."),
+                    Call(call_id="c_weather", name="get_weather", arguments='{"city": "Oslo"}'),
+                    Call(call_id="c_broken", name="get_weather", arguments='{"city": "Rome"}}'),
+                    Call(
+                        call_id="c_file",
+                        name="write_file",
+                        arguments='{"path": "b", "content": "y"}',
+                    ),
+                    # (the oversized call last: a call after it, with nothing left pending, is not
+                    # read, as the round is over at the size limit; issue 28 R1)
+                    Call(
+                        call_id="c_big",
+                        name="write_file",
+                        arguments='{"path": "a", "content": "' + "x" * 400 + '"}',
+                        fragment_chars=50,
+                    ),
+                ),
+                delay_ms=0,
+            ),
+            Turn(items=(Text(text="Done."),), delay_ms=0),
+        )
+    )
 
 
 async def play(provider: str, metrics: Metrics) -> None:
     async with ScriptedServer({"m": script()}, delay_scale=0) as server:
-        client = model_client(provider, model="m", base_url=server.base_url(provider),
-                              retry=RetryPolicy(attempts=1))
+        client = model_client(
+            provider, model="m", base_url=server.base_url(provider), retry=RetryPolicy(attempts=1)
+        )
         async with client:
-            agent = Agent(client, [get_weather, write_file], observers=[metrics],
-                          limits=Limits(max_argument_bytes=200),
-                          run_limits=RunLimits(max_rounds=3))
+            agent = Agent(
+                client,
+                [get_weather, write_file],
+                observers=[metrics],
+                limits=Limits(max_argument_bytes=200),
+                run_limits=RunLimits(max_rounds=3),
+            )
             run = agent.run("go")
             [e async for e in run]
         assert run.error is None
@@ -76,6 +94,7 @@ async def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...
         async def reply(scope, receive, send):
             async def body():  # (the loopback server has read the request body already)
                 return {"type": "http.request", "body": b"", "more_body": False}
+
             await app(scope, body, send)
 
         server.replies.append(reply)
@@ -111,8 +130,9 @@ async def test_a_scripted_run_is_counted_and_scraped_over_http(provider):
     assert value(s, "tool_assemble_args_bytes_count", **p) == 3  # the overflowed one: unknown
     assert value(s, "tool_assemble_args_bytes_bucket", le="16.0", **p) == 1
     assert value(s, "tool_assemble_args_bytes_bucket", le="64.0", **p) == 3
-    committed = sum(value(s, "tool_assemble_to_commit_seconds_count", early=e, **p)
-                    for e in ("true", "false"))
+    committed = sum(
+        value(s, "tool_assemble_to_commit_seconds_count", early=e, **p) for e in ("true", "false")
+    )
     assert committed == 2
     assert value(s, "tool_close_to_start_seconds_count", early="false", **p) == 1
     assert value(s, "tool_close_to_start_seconds_count", early="true", **p) == 1
@@ -135,8 +155,7 @@ async def test_the_tool_label_only_takes_known_names():
     p = {"provider": "anthropic"}
     assert value(s, "tool_execute_seconds_count", outcome="ok", tool="get_weather", **p) == 1
     assert value(s, "tool_execute_seconds_count", outcome="ok", tool="other", **p) == 1
-    assert value(s, "tool_gate_rejections_total", code="invalid_json", tool="get_weather",
-                 **p) == 1
+    assert value(s, "tool_gate_rejections_total", code="invalid_json", tool="get_weather", **p) == 1
     assert not any(("tool", "write_file") in labels for _, labels in s)
 
 
@@ -144,8 +163,9 @@ async def test_starting_a_call_that_is_not_committed_is_refused_and_counted():
     """The dispatcher's UsageError path: the loop tells the metrics before it propagates."""
     metrics = Metrics()
     async with ScriptedServer(delay_scale=0) as server:
-        client = model_client("openai_chat", model="scripted",
-                              base_url=server.base_url("openai_chat"))
+        client = model_client(
+            "openai_chat", model="scripted", base_url=server.base_url("openai_chat")
+        )
         async with client:
             agent = Agent(client, [get_weather], observers=[metrics])
             run = agent.run("go")

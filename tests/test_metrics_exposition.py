@@ -100,12 +100,17 @@ def masked(text: bytes) -> bytes:
 
 async def play_both(provider: str, observers: list[Metrics]) -> None:
     async with ScriptedServer({"m": script()}, delay_scale=0) as server:
-        client = model_client(provider, model="m", base_url=server.base_url(provider),
-                              retry=RetryPolicy(attempts=1))
+        client = model_client(
+            provider, model="m", base_url=server.base_url(provider), retry=RetryPolicy(attempts=1)
+        )
         async with client:
-            agent = Agent(client, [get_weather, write_file], observers=observers,
-                          limits=Limits(max_argument_bytes=200),
-                          run_limits=RunLimits(max_rounds=3))
+            agent = Agent(
+                client,
+                [get_weather, write_file],
+                observers=observers,
+                limits=Limits(max_argument_bytes=200),
+                run_limits=RunLimits(max_rounds=3),
+            )
             run = agent.run("go")
             [e async for e in run]
         assert run.error is None
@@ -132,9 +137,14 @@ async def test_a_scripted_run_exports_the_same_text_as_prometheus_clients_metric
     await play_both(provider, [plain, reference])
     text = plain.exposition().decode()
     # the run reached the series that matter (a comparison of empty texts proves nothing)
-    for series in ("tool_assemble_args_bytes_bucket", "tool_execute_seconds_sum",
-                   "tool_gate_rejections_total", "tool_assemble_to_commit_seconds_count",
-                   "tool_close_to_start_seconds_bucket", "tool_rounds_total"):
+    for series in (
+        "tool_assemble_args_bytes_bucket",
+        "tool_execute_seconds_sum",
+        "tool_gate_rejections_total",
+        "tool_assemble_to_commit_seconds_count",
+        "tool_close_to_start_seconds_bucket",
+        "tool_rounds_total",
+    ):
         assert series + "{" in text
     assert_same_text(plain, reference)
 

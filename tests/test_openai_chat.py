@@ -154,7 +154,9 @@ def test_tool_calls_and_stop_both_end_normally(reason):
 
 def test_finish_reason_on_the_same_chunk_as_the_last_fragment():
     # Q13 (rust-genai#164, vllm#36944): the delta is applied before the finish reason.
-    data = sse(chunk(tc(0, "c", "get_weather", '{"city":')), chunk(tc(0, args='"Oslo"}'), "tool_calls"))
+    data = sse(
+        chunk(tc(0, "c", "get_weather", '{"city":')), chunk(tc(0, args='"Oslo"}'), "tool_calls")
+    )
     r = replay(data, "openai_chat")
     assert r.calls[0].arguments == {"city": "Oslo"}
 
@@ -183,10 +185,22 @@ def test_done_without_finish_reason_ends_normally_with_an_anomaly():
 
 def test_usage_only_and_empty_object_chunks_are_ignored():
     # Q21: Azure async content filter chunks have an empty "object" and no choices.
-    azure = {"id": "", "object": "", "created": 0, "model": "", "choices": [],
-             "prompt_filter_results": [{"prompt_index": 0}]}
-    data = sse(azure, chunk(tc(0, "c", "get_time", "{}")), {"choices": []}, chunk(finish="stop"),
-               USAGE, done=True)
+    azure = {
+        "id": "",
+        "object": "",
+        "created": 0,
+        "model": "",
+        "choices": [],
+        "prompt_filter_results": [{"prompt_index": 0}],
+    }
+    data = sse(
+        azure,
+        chunk(tc(0, "c", "get_time", "{}")),
+        {"choices": []},
+        chunk(finish="stop"),
+        USAGE,
+        done=True,
+    )
     r = replay(data, "openai_chat")
     assert r.calls[0].state is CallState.COMMITTED and r.anomalies == ()
 
@@ -218,8 +232,12 @@ def test_oversized_arguments_fail_and_stop_buffering():
     # the call before the oversized one is still open (chat closes calls at the round's end),
     # so the round goes on and it commits; the oversized call's text is not kept
     big = '{"content": "' + "x" * 5000 + '"}'
-    data = sse(chunk(tc(0, "d", "get_time", "{}")), chunk(tc(1, "c", "write_file", "")),
-               *fragments(1, big, 97), chunk(finish="tool_calls"))
+    data = sse(
+        chunk(tc(0, "d", "get_time", "{}")),
+        chunk(tc(1, "c", "write_file", "")),
+        *fragments(1, big, 97),
+        chunk(finish="tool_calls"),
+    )
     parser = StreamParser("openai_chat", limits=Limits(max_argument_bytes=1024))
     notices = parser.feed(data)
     assert [(n.call_id, n.code) for n in notices] == [("c", ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)]
@@ -234,8 +252,12 @@ def test_an_oversized_call_with_nothing_else_open_ends_the_round_limited():
     # nothing else can commit once the only call failed for its size: the round is over
     # there (RoundOver), and what follows (here a later call) is not read
     big = '{"content": "' + "x" * 5000 + '"}'
-    data = sse(chunk(tc(0, "c", "write_file", "")), *fragments(0, big, 97),
-               chunk(tc(1, "d", "get_time", "{}")), chunk(finish="tool_calls"))
+    data = sse(
+        chunk(tc(0, "c", "write_file", "")),
+        *fragments(0, big, 97),
+        chunk(tc(1, "d", "get_time", "{}")),
+        chunk(finish="tool_calls"),
+    )
     parser = StreamParser("openai_chat", limits=Limits(max_argument_bytes=1024))
     notices = parser.feed(data)
     assert [type(n).__name__ for n in notices] == ["CallFailed", "RoundOver"]
@@ -257,8 +279,9 @@ def test_byte_limit_counts_utf8_bytes_not_characters():
 
 def test_too_many_calls_get_failed_placeholders_never_dropped():
     calls = [chunk(tc(i, f"c{i}", "get_time", "{}")) for i in range(5)]
-    r = replay(sse(*calls, chunk(finish="tool_calls")), "openai_chat",
-               limits=Limits(max_calls_per_round=3))
+    r = replay(
+        sse(*calls, chunk(finish="tool_calls")), "openai_chat", limits=Limits(max_calls_per_round=3)
+    )
     assert [c.state for c in r.calls] == [CallState.COMMITTED] * 3 + [CallState.FAILED] * 2
     assert {c.error for c in r.calls[3:]} == {ErrorCode.TOO_MANY_TOOL_CALLS}
     assert [res.tool_call_id for res in error_results(r)] == ["c3", "c4"]
@@ -274,14 +297,19 @@ def test_depth_limit():
 
 
 def test_same_call_id_on_two_keys_fails_the_later_call():
-    data = sse(chunk(tc(0, "dup", "get_time", "{}")), chunk(tc(1, "x", "get_time", "{}")),
-               chunk({"tool_calls": [{"index": 2, "id": "dup", "function": {"name": "get_time"}}]}),
-               chunk(finish="tool_calls"))
+    data = sse(
+        chunk(tc(0, "dup", "get_time", "{}")),
+        chunk(tc(1, "x", "get_time", "{}")),
+        chunk({"tool_calls": [{"index": 2, "id": "dup", "function": {"name": "get_time"}}]}),
+        chunk(finish="tool_calls"),
+    )
     r = replay(data, "openai_chat")
     # A present index wins over a known id: index 2 is a second call reusing "dup".
     assert [(c.call_id, c.state, c.error) for c in r.calls] == [
-        ("dup", CallState.COMMITTED, None), ("x", CallState.COMMITTED, None),
-        ("dup", CallState.FAILED, ErrorCode.DUPLICATE_CALL_ID)]
+        ("dup", CallState.COMMITTED, None),
+        ("x", CallState.COMMITTED, None),
+        ("dup", CallState.FAILED, ErrorCode.DUPLICATE_CALL_ID),
+    ]
 
 
 def test_event_error_mid_stream_interrupts():
@@ -295,9 +323,12 @@ def test_event_error_mid_stream_interrupts():
 
 def test_text_content_and_reasoning_are_kept():
     data = sse(
-        chunk({"reasoning_content": "think "}), chunk({"reasoning_content": "more"}),
-        chunk({"content": "Let me "}), chunk({"content": "check."}),
-        chunk(tc(0, "c", "get_time", "{}")), chunk(finish="tool_calls"),
+        chunk({"reasoning_content": "think "}),
+        chunk({"reasoning_content": "more"}),
+        chunk({"content": "Let me "}),
+        chunk({"content": "check."}),
+        chunk(tc(0, "c", "get_time", "{}")),
+        chunk(finish="tool_calls"),
     )
     r = replay(data, "openai_chat")
     assert r.text == "Let me check."

@@ -412,7 +412,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
 async def test_each_card_shows_its_redacted_result_or_error_message(browser):
     """Issue 35 item 1: the relay's tool_finished carries a redacted result preview, and
     each card shows it on one line (an error result: its message, marked as an error)."""
-    from toollatch.tools._tools import tool  # noqa: PLC0415
+    from toollatch.tools._tools import tool
 
     secret = "sk-live-Q8d2F7s9K1m3N5p7"
 

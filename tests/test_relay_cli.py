@@ -87,15 +87,21 @@ def test_serve_usage_errors_are_status_2(tmp_path):
 def test_serve_takes_its_port_and_provider_from_a_config_file(tmp_path):
     config = tmp_path / "toollatch.yaml"
     config.write_text("relay:\n  port: 0\nmodel:\n  provider: anthropic\n")
-    proc = subprocess.Popen([*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE, text=True
+    )
     with proc:
         _demo(proc, not_port=8000)  # port 0 from the file: a free port, not the default
     assert proc.returncode == 130
     bad = tmp_path / "bad.yaml"
     bad.write_text("relay:\n  prot: 1\n")
-    done = subprocess.run([*CLI, "serve", "--config", str(bad)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [*CLI, "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2 and "relay.prot" in done.stderr
 
 
@@ -144,8 +150,9 @@ def test_serve_beyond_loopback_without_a_token_is_status_2():
 
 
 def test_serve_with_a_generated_token_prints_it_once_and_needs_it():
-    proc = subprocess.Popen([*CLI, "serve", "--port", "0", "--token", "auto"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", "--token", "auto"], stderr=subprocess.PIPE, text=True
+    )
     with proc:
         try:
             line = proc.stderr.readline()
@@ -173,8 +180,9 @@ def test_serve_takes_its_access_settings_from_the_environment_and_flags(monkeypa
     monkeypatch.setenv("TOOLLATCH_RELAY__TOKEN", token)
     monkeypatch.setenv("TOOLLATCH_RELAY__MAX_SESSION_RUNS", "1")
     monkeypatch.setenv("TOOLLATCH_RELAY__ALLOWED_HOSTS", "[relay.example]")
-    proc = subprocess.Popen([*CLI, "serve", "--port", "0", "--allow-model", "other"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", "--allow-model", "other"], stderr=subprocess.PIPE, text=True
+    )
     with proc:
         try:
             line = proc.stderr.readline()

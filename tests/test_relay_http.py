@@ -371,7 +371,8 @@ async def test_metrics_are_served_after_runs(relay, client):
     text = (await client.get("/metrics")).text
     samples = {
         line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines() if line and not line.startswith("#")
+        for line in text.splitlines()
+        if line and not line.startswith("#")
     }
     assert samples['tool_rounds_total{ended="normal",provider="openai_chat"}'] >= 2
     assert samples['tool_execute_rejected_not_committed_total{provider="openai_chat"}'] == 0

@@ -85,9 +85,7 @@ def test_serve_ledger_flag_and_config_and_none(tmp_path: Path, data_home: Path) 
     with serving("--config", str(config)) as url:
         run, session, ended = _demo(url)
     ids = [c["id"] for c in ended["calls"]]
-    assert asyncio.run(_states(configured, run_scope(session, run["id"]), ids)) == [
-        "completed"
-    ] * 3
+    assert asyncio.run(_states(configured, run_scope(session, run["id"]), ids)) == ["completed"] * 3
     # --ledger none: no ledger anywhere, and resume is refused
     with serving("--ledger", "none") as url:
         run, session, _ended = _demo(url)
@@ -189,8 +187,8 @@ def _resume(url: str, run_id: str, session: str) -> dict[str, Any]:
 
 
 def test_the_config_files_ledger_url_is_checked() -> None:
-    from toollatch.cli._app_config import validate  # noqa: PLC0415
-    from toollatch.core._errors import ConfigError  # noqa: PLC0415
+    from toollatch.cli._app_config import validate
+    from toollatch.core._errors import ConfigError
 
     assert validate({"ledger": {"url": "redis://127.0.0.1:6379/0"}}).ledger.url is not None
     assert validate({}).ledger.url is None  # serve's default: SQLite in the data folder

@@ -305,7 +305,7 @@ async def test_a_flood_of_idle_connections_does_not_lock_a_new_client_out(implem
 
 
 def test_the_connection_cap_stays_under_the_open_file_limit(monkeypatch):
-    import resource  # noqa: PLC0415
+    import resource
 
     monkeypatch.setattr(resource, "getrlimit", lambda _what: (1024, 1024))
     assert connection_cap(RelayLimits()) == 1024 - 64 - 128 - 4 * 16
@@ -444,7 +444,7 @@ async def test_the_browser_may_only_name_allowed_models():
 
 
 def test_the_relay_section_configures_access_and_limits(monkeypatch):
-    from toollatch.cli._app_config import load_config, validate  # noqa: PLC0415
+    from toollatch.cli._app_config import load_config, validate
 
     with pytest.raises(ConfigError, match=r"relay\.token"):
         validate({"relay": {"token": "short"}})

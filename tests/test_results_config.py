@@ -45,7 +45,8 @@ def test_a_bad_results_value_names_the_key(data, message):
 
 def test_toollatch_run_cuts_a_result_to_the_budget_of_its_config_file(tmp_path):
     tools = tmp_path / "big_tools.py"
-    tools.write_text(textwrap.dedent('''
+    tools.write_text(
+        textwrap.dedent('''
         import toollatch
 
         @toollatch.tool
@@ -57,7 +58,8 @@ def test_toollatch_run_cuts_a_result_to_the_budget_of_its_config_file(tmp_path):
         def write_file(path: str, content: str) -> str:
             """Pretend to write."""
             return "ok"
-    '''))
+    ''')
+    )
     config = tmp_path / "c.yaml"
     config.write_text("results: {max_bytes: 4096, tools: {get_weather: 512}}\n")
     done = subprocess.run(

@@ -228,7 +228,9 @@ async def test_a_schema_tool_carries_its_own_budget():
 def test_a_cut_result_keeps_its_original_size_in_the_ledger_record():
     from toollatch.ledger._records import result_from_json, result_to_json
 
-    cut = ToolResult(tool_call_id="c1", name="big", content="x", is_error=False, truncated_from=9000)
+    cut = ToolResult(
+        tool_call_id="c1", name="big", content="x", is_error=False, truncated_from=9000
+    )
     assert result_from_json(result_to_json(cut)) == cut
     older = '{"tool_call_id":"c1","name":"big","is_error":false,"content":"x","code":null}'
     assert result_from_json(older).truncated_from is None  # records written before the field

@@ -28,9 +28,10 @@ async def test_an_mcp_tool_result_is_redacted_and_cut_before_the_next_request(tm
                  delay_ms=0)  # fmt: skip
     done = Turn(items=(Text(text="ok"),), delay_ms=0)
     with caplog.at_level(logging.DEBUG):
-        async with McpToolSource([stdio_server(tmp_path, "ex")]) as source, ScriptedServer(
-            {"s": Script(turns=(first, done))}
-        ) as model:
+        async with (
+            McpToolSource([stdio_server(tmp_path, "ex")]) as source,
+            ScriptedServer({"s": Script(turns=(first, done))}) as model,
+        ):
             client = model_client("anthropic", model="s", base_url=model.base_url("anthropic"),
                                   retry=RetryPolicy(attempts=1))  # fmt: skip
             async with client:

@@ -106,6 +106,7 @@ def test_a_redactor_that_raises_or_returns_no_str_fails_closed():
 def test_redaction_runs_before_the_budget_so_a_secret_is_never_half_shown():
     secret = "sk-live-" + "0123456789abcdef" * 4
     text = "x" * 200 + secret + " " + "y" * 1000
+
     def mask(pointer: str, text: str) -> str:
         return re.sub(r"sk-[A-Za-z0-9-]{12,}", "[redacted]", text)
 

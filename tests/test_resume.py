@@ -45,16 +45,23 @@ async def test_a_stopped_run_resumes_where_its_stored_history_ends(provider):
     async with ScriptedServer(delay_scale=0) as server:
         url = server.base_url(provider)
         async with model_client(provider, model="scripted", base_url=url) as client:
-            first = Agent(client, counting_tools(ran), ledger=ledger, history_store=store,
-                          session="s1", run_limits=RunLimits(max_rounds=1))
+            first = Agent(
+                client,
+                counting_tools(ran),
+                ledger=ledger,
+                history_store=store,
+                session="s1",
+                run_limits=RunLimits(max_rounds=1),
+            )
             events = [e.to_json() async for e in first.run("weather?")]
             assert events[-1]["rounds"] == 1
             stored = await store.load("s1")
             assert stored == events[-1]["history"]  # what the next request would send
             with pytest.raises(UsageError, match="already has a stored history"):
                 [e async for e in first.run("again")]  # one session is one run
-            again = Agent(client, counting_tools(ran), ledger=ledger, history_store=store,
-                          session="s1")  # a fresh agent, as another process would have
+            again = Agent(
+                client, counting_tools(ran), ledger=ledger, history_store=store, session="s1"
+            )  # a fresh agent, as another process would have
             events = [e.to_json() async for e in again.run(resume=True)]
         assert [r.status for r in server.requests] == [200, 200, 200]  # valid histories
     assert events[-1]["rounds"] == 2
@@ -77,7 +84,8 @@ async def test_resume_needs_a_store_and_something_stored():
 def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
     log = tmp_path / "ran.log"
     tools = tmp_path / "tools.py"
-    tools.write_text(textwrap.dedent(f'''
+    tools.write_text(
+        textwrap.dedent(f'''
         import time
         import toollatch
 
@@ -98,13 +106,24 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
             time.sleep(30)
             note("write finished")
             return "ok"
-    '''))
+    ''')
+    )
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    command = [sys.executable, "-m", "toollatch.cli", "run", "--json", "--tools", str(tools),
-               "--ledger", ledger]
+    command = [
+        sys.executable,
+        "-m",
+        "toollatch.cli",
+        "run",
+        "--json",
+        "--tools",
+        str(tools),
+        "--ledger",
+        ledger,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with subprocess.Popen([*command, "--session", "r1"], cwd=ROOT, stdout=subprocess.PIPE,
-                          text=True, env=env) as first:
+    with subprocess.Popen(
+        [*command, "--session", "r1"], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env
+    ) as first:
         assert first.stdout is not None
         for line in first.stdout:
             event = json.loads(line)
@@ -116,8 +135,15 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
             assert time.monotonic() < deadline, "write_file never started"
             time.sleep(0.01)
         first.send_signal(signal.SIGKILL)  # mid-tool: round 2 is neither finished nor stored
-    done = subprocess.run([*command, "--resume", "r1"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=env, check=False)
+    done = subprocess.run(
+        [*command, "--resume", "r1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     last = json.loads(done.stdout.splitlines()[-1])
     assert last["type"] == "run_ended"
@@ -132,7 +158,14 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
     finished = [(e["name"], e["error"]) for e in events if e["type"] == "tool_finished"]
     assert ("write_file", "outcome_unknown") in finished
     assert "its outcome is unknown" in json.dumps(last["history"])
-    again = subprocess.run([*command, "--resume", "r2"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=60, env=env, check=False)
+    again = subprocess.run(
+        [*command, "--resume", "r2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert again.returncode == 2
     assert "nothing to resume" in again.stderr

@@ -37,13 +37,41 @@ SHAPED = [(p, f) for p in PROVIDERS for f in ("sse", "jsonl")] + [("bedrock", "e
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["type", "index", "id", "name", "delta", "choices", "tool_calls",
-                         "function", "arguments", "finish_reason", "content_block",
-                         "partial_json", "candidates", "content", "parts", "functionCall",
-                         "args", "item", "item_id", "contentBlockDelta", "messageStop",
-                         "stopReason", "stop_reason", "usage"]),
-        inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "index",
+                    "id",
+                    "name",
+                    "delta",
+                    "choices",
+                    "tool_calls",
+                    "function",
+                    "arguments",
+                    "finish_reason",
+                    "content_block",
+                    "partial_json",
+                    "candidates",
+                    "content",
+                    "parts",
+                    "functionCall",
+                    "args",
+                    "item",
+                    "item_id",
+                    "contentBlockDelta",
+                    "messageStop",
+                    "stopReason",
+                    "stop_reason",
+                    "usage",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
     max_leaves=12,
 )
 
@@ -116,8 +144,17 @@ def damaged_bytes(draw: st.DrawFn, provider: str, framing: str) -> dict[str, Any
     elif how == "splice":
         wire = wire[:at] + draw(st.binary(min_size=1, max_size=16)) + wire[at:]
     cuts = draw(st.lists(st.integers(0, len(wire)), max_size=6))
-    return {"provider": provider, "framing": framing, "calls": calls, "stream": stream,
-            "how": how, "at": at, "last": last, "wire": wire, "cuts": cuts}
+    return {
+        "provider": provider,
+        "framing": framing,
+        "calls": calls,
+        "stream": stream,
+        "how": how,
+        "at": at,
+        "last": last,
+        "wire": wire,
+        "cuts": cuts,
+    }
 
 
 def _run_bytes(case: dict[str, Any]) -> Round:
@@ -209,8 +246,7 @@ def retyped_events(draw: st.DrawFn, provider: str) -> dict[str, Any]:
             # (the official SDK's objects dump every unset member of a delta as None).
             value = value.filter(lambda v: v is not None)
         parent[path[-1]] = draw(value)
-    return {"provider": provider, "calls": calls, "stream": stream, "how": how,
-            "natives": natives}
+    return {"provider": provider, "calls": calls, "stream": stream, "how": how, "natives": natives}
 
 
 def _run_retyped(case: dict[str, Any]) -> Round:
@@ -242,7 +278,8 @@ def _object_arguments(case: dict[str, Any], round_: Round) -> set[tuple[str, str
         for choice in native.get("choices") or []
         if isinstance(choice, dict) and isinstance(choice.get("delta"), dict)
         for entry in choice["delta"].get("tool_calls") or []
-        if isinstance(entry, dict) and isinstance(entry.get("function"), dict)
+        if isinstance(entry, dict)
+        and isinstance(entry.get("function"), dict)
         and isinstance(entry["function"].get("arguments"), dict)
     ]
     names = {name for name, _, _ in case["calls"]}
@@ -300,8 +337,14 @@ def test_most_examples_carry_calls(provider, name, make, run):
 # -- OpenAI chat: unreadable members of a chunk are lost events (rule "unreadable_is_lost") ------
 
 _HEAD = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "f", "arguments": ""}}
-_FRAGMENT = {"choices": [{"index": 0, "delta": {"tool_calls": [
-    {"index": 0, "function": {"arguments": '{"path": "a"}'}}]}}]}
+_FRAGMENT = {
+    "choices": [
+        {
+            "index": 0,
+            "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "a"}'}}]},
+        }
+    ]
+}
 _FINISH = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
 
 
@@ -316,8 +359,11 @@ def _chat_round(*natives: dict[str, Any]) -> Round:
 def test_a_call_whose_index_is_unreadable_does_not_commit_without_its_fragments(index):
     # The head's index is junk, so the call is keyed as "no index" (Q1); the fragment at
     # index 0 opens another call (failed: no name) and the first commits {}.
-    round_ = _chat_round({"choices": [{"index": 0, "delta": {"tool_calls": [
-        {**_HEAD, "index": index}]}}]}, _FRAGMENT, _FINISH)
+    round_ = _chat_round(
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{**_HEAD, "index": index}]}}]},
+        _FRAGMENT,
+        _FINISH,
+    )
     assert [c.arguments for c in round_.committed()] in ([], [{"path": "a"}])
 
 
@@ -345,8 +391,10 @@ def test_a_chunk_with_an_unreadable_part_fails_the_pending_call(unreadable):
 
 def test_an_over_long_line_fails_the_stream_with_a_typed_reason():
     parser = StreamParser("openai_chat", limits=Limits(max_line_bytes=1000))
-    parser.feed(b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "a",'
-                b' "function": {"name": "f", "arguments": ""}}]}}]}\n\n')
+    parser.feed(
+        b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "a",'
+        b' "function": {"name": "f", "arguments": ""}}]}}]}\n\n'
+    )
     parser.feed(b"data: " + b"x" * 5000)
     round_ = parser.finish()
     assert round_.ended is RoundEnd.INTERRUPTED
@@ -408,7 +456,8 @@ def test_an_error_payload_nested_too_deep_to_print_is_a_failed_stream(provider):
         deep = [deep]
     parser = StreamParser(provider)
     parser.feed_event({"type": "error", "error": {"type": "overloaded", "message": deep}})
-    parser.feed(b"event: error\ndata: {\"error\": {\"message\": " + b"[" * 5000 + b"]" * 5000
-                + b"}}\n\n")
+    parser.feed(
+        b'event: error\ndata: {"error": {"message": ' + b"[" * 5000 + b"]" * 5000 + b"}}\n\n"
+    )
     round_ = parser.finish()
     assert round_.committed() == ()

@@ -10,11 +10,6 @@ from typing import Any
 import httpx
 import pytest
 
-from toollatch import CallState, RoundEnd
-from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.scripted._validate import InvalidRequest, check_request
-
 from scripted_helpers import (
     PROVIDERS,
     assert_error_shape,
@@ -24,6 +19,10 @@ from scripted_helpers import (
     request,
     stream_round,
 )
+from toollatch import CallState, RoundEnd
+from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
+from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted._validate import InvalidRequest, check_request
 
 
 @pytest.fixture(scope="module")

@@ -152,8 +152,11 @@ def _responses(*calls: tuple[str, str], incomplete: bool = False) -> bytes:
         events.append({"type": "response.output_item.done", "output_index": i, "item": done})
         done_items.append(done)
     if incomplete:
-        response = {**_RESPONSE, "status": "incomplete",
-                    "incomplete_details": {"reason": "max_output_tokens"}}
+        response = {
+            **_RESPONSE,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+        }
         events.append({"type": "response.incomplete", "response": response})
     else:
         response = {**_RESPONSE, "status": "completed", "output": done_items}
@@ -162,8 +165,9 @@ def _responses(*calls: tuple[str, str], incomplete: bool = False) -> bytes:
 
 
 RESPONSES_PARALLEL = _responses(("get_weather", '{"city": "Oslo"}'), ("get_time", '{"tz": "CET"}'))
-RESPONSES_TRUNCATED = _responses(("get_weather", '{"city": "Oslo"}'), ("write_file", '{"p": "a'),
-                                 incomplete=True)
+RESPONSES_TRUNCATED = _responses(
+    ("get_weather", '{"city": "Oslo"}'), ("write_file", '{"p": "a'), incomplete=True
+)
 
 # -- what each SDK yields for those bytes ----------------------------------------------------
 
@@ -174,8 +178,7 @@ def chat_helper(body: bytes) -> list[Any]:
 
 
 def chat_raw(body: bytes) -> list[Any]:
-    return list(client("openai", body).chat.completions.create(model="m", messages=[],
-                                                              stream=True))
+    return list(client("openai", body).chat.completions.create(model="m", messages=[], stream=True))
 
 
 def anthropic_helper(body: bytes) -> list[Any]:
@@ -290,8 +293,13 @@ def test_the_helpers_yield_the_event_types_this_file_is_about():
 @pytest.mark.parametrize(
     ("provider", "body", "helper", "keep", "advice"),
     [
-        ("openai_chat", CHAT_PARALLEL, chat_helper, "tool_calls.function.arguments.delta",
-         "chunk events"),
+        (
+            "openai_chat",
+            CHAT_PARALLEL,
+            chat_helper,
+            "tool_calls.function.arguments.delta",
+            "chunk events",
+        ),
         ("openai_chat", CHAT_PARALLEL, chat_helper, "content.delta", "chunk events"),
         ("anthropic", ANTHROPIC_PARALLEL, anthropic_helper, "input_json", "raw events"),
         ("anthropic", ANTHROPIC_PARALLEL, anthropic_helper, "text", "raw events"),
@@ -408,8 +416,9 @@ def test_a_pydantic_model_is_dumped_by_its_aliases_and_without_unset_fields():
     assert [(c.name, c.arguments) for c in round_.committed()] == [
         ("get_weather", {"city": "Oslo"})
     ]
-    assert round_ == fed("gemini", [response.model_dump(mode="json", by_alias=True,
-                                                        exclude_unset=True)])
+    assert round_ == fed(
+        "gemini", [response.model_dump(mode="json", by_alias=True, exclude_unset=True)]
+    )
 
 
 @pytest.mark.parametrize("junk", [None, 3, "data: {}", b"{}", ["x"], object()])

@@ -62,7 +62,7 @@ def test_each_format_is_masked_whole(name: str) -> None:
 
 
 def _quoted(text: str) -> str:
-    import json  # noqa: PLC0415
+    import json
 
     return json.dumps(text)
 

@@ -18,13 +18,26 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "toollatch"
 
 
 OPEN, DONE_ARGS, COMMITTED, FAILED, CANCELLED = (
-    CallState.OPEN, CallState.ARGS_COMPLETE, CallState.COMMITTED, CallState.FAILED,
-    CallState.CANCELLED)
+    CallState.OPEN,
+    CallState.ARGS_COMPLETE,
+    CallState.COMMITTED,
+    CallState.FAILED,
+    CallState.CANCELLED,
+)
 LIVES = [  # every life a call can have, written out (the spec the table must meet)
     (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.ACCEPT, COMMITTED),
     # an eager call committed early, then the round fails or is cancelled: it may be running
-    (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.ACCEPT, COMMITTED, Trigger.FAIL, COMMITTED,
-     Trigger.CANCEL, COMMITTED),
+    (
+        OPEN,
+        Trigger.CLOSE,
+        DONE_ARGS,
+        Trigger.ACCEPT,
+        COMMITTED,
+        Trigger.FAIL,
+        COMMITTED,
+        Trigger.CANCEL,
+        COMMITTED,
+    ),
     (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.FAIL, FAILED),
     (OPEN, Trigger.CLOSE, DONE_ARGS, Trigger.CANCEL, CANCELLED),
     (OPEN, Trigger.FAIL, FAILED, Trigger.FAIL, FAILED, Trigger.CANCEL, FAILED),

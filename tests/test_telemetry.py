@@ -39,32 +39,56 @@ def write_file(path: str, content: str) -> str:
 
 
 def script() -> Script:
-    return Script(turns=(
-        Turn(items=(
-            Text(text="Logging in."),
-            Call(call_id="c_login", name="login",
-                 arguments=f'{{"user": "ana", "token": "{SECRET}"}}'),
-            Call(call_id="c_broken", name="login", arguments=f'{{"token": "{SECRET}"}}}}'),
-            Call(call_id="c_schema", name="login", arguments=f'{{"user": 1, "token": "{SECRET}"}}'),
-            Call(call_id="c_file", name="write_file",
-                 arguments=f'{{"path": "notes.md", "content": "{SECRET}"}}'),
-            # (the oversized call last: a call after it, with nothing left pending, is not
-            # read, as the round is over at the size limit; issue 28 R1)
-            Call(call_id="c_big", name="write_file",
-                 arguments=f'{{"path": "a", "content": "{SECRET * 30}"}}', fragment_chars=40),
-        ), delay_ms=0),
-        Turn(items=(Text(text="Done."),), delay_ms=0),
-    ))
+    return Script(
+        turns=(
+            Turn(
+                items=(
+                    Text(text="Logging in."),
+                    Call(
+                        call_id="c_login",
+                        name="login",
+                        arguments=f'{{"user": "ana", "token": "{SECRET}"}}',
+                    ),
+                    Call(call_id="c_broken", name="login", arguments=f'{{"token": "{SECRET}"}}}}'),
+                    Call(
+                        call_id="c_schema",
+                        name="login",
+                        arguments=f'{{"user": 1, "token": "{SECRET}"}}',
+                    ),
+                    Call(
+                        call_id="c_file",
+                        name="write_file",
+                        arguments=f'{{"path": "notes.md", "content": "{SECRET}"}}',
+                    ),
+                    # (the oversized call last: a call after it, with nothing left pending, is not
+                    # read, as the round is over at the size limit; issue 28 R1)
+                    Call(
+                        call_id="c_big",
+                        name="write_file",
+                        arguments=f'{{"path": "a", "content": "{SECRET * 30}"}}',
+                        fragment_chars=40,
+                    ),
+                ),
+                delay_ms=0,
+            ),
+            Turn(items=(Text(text="Done."),), delay_ms=0),
+        )
+    )
 
 
 async def play(provider: str, observers: list) -> None:
     async with ScriptedServer({"t": script()}, delay_scale=0) as server:
-        client = model_client(provider, model="t", base_url=server.base_url(provider),
-                              retry=RetryPolicy(attempts=1))
+        client = model_client(
+            provider, model="t", base_url=server.base_url(provider), retry=RetryPolicy(attempts=1)
+        )
         async with client:
-            agent = Agent(client, [login, write_file], observers=observers,
-                          limits=Limits(max_argument_bytes=300),
-                          run_limits=RunLimits(max_rounds=3))
+            agent = Agent(
+                client,
+                [login, write_file],
+                observers=observers,
+                limits=Limits(max_argument_bytes=300),
+                run_limits=RunLimits(max_rounds=3),
+            )
             run = agent.run("go")
             [e async for e in run]
         assert run.error is None
@@ -97,7 +121,9 @@ async def test_one_span_per_run_round_and_call_with_the_gate_decision(provider):
     codes = sorted(c.attributes.get("toollatch.gate.error_code", "") for c in calls.values())
     broken = "arguments_not_object" if provider == "gemini" else "invalid_json"
     assert codes == sorted(["", "", broken, "schema_violation", "arguments_exceed_max_bytes"])
-    committed = [c for c in calls.values() if c.attributes["toollatch.gate.decision"] == "committed"]
+    committed = [
+        c for c in calls.values() if c.attributes["toollatch.gate.decision"] == "committed"
+    ]
     assert all(c.attributes["toollatch.tool.outcome"] == "ok" for c in committed)
     assert all(c.attributes["toollatch.call.argument_bytes"] > 10 for c in committed)
     early = [c.attributes["toollatch.gate.early"] for c in committed]
@@ -144,8 +170,12 @@ async def test_a_secret_in_the_arguments_is_in_no_log_line_metric_or_span(provid
 
 async def test_the_preview_policy_decides_which_argument_values_a_log_shows():
     logger, stream = capture()
-    policy = PreviewPolicy(tools={"write_file": ToolPreview(mode="fields", fields=("/path",)),
-                                  "login": ToolPreview(mode="none")})
+    policy = PreviewPolicy(
+        tools={
+            "write_file": ToolPreview(mode="fields", fields=("/path",)),
+            "login": ToolPreview(mode="none"),
+        }
+    )
     await play("openai_chat", [RedactedLog(logger, previews=policy)])
     committed = [json.loads(x) for x in stream.getvalue().splitlines()]
     shown = {r["id"]: r.get("arguments") for r in committed if r["event"] == "call_committed"}

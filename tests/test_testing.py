@@ -10,54 +10,127 @@ from toollatch.core._adapters.openai_chat import OpenAIChatAdapter
 from toollatch.events import ArgsDelta, CallKey, RoundEnded
 from toollatch.testing import ConformanceError, byte_chunks, check_adapter, chunkings, split_at
 
-OPENAI = [chunk(tc(0, "c1", "get_time", "")), chunk(tc(0, args='{"tz"')),
-          chunk(tc(0, args=': "UTC"}')), chunk(finish="tool_calls"),
-          {"choices": [], "usage": {"total_tokens": 3}}]
+OPENAI = [
+    chunk(tc(0, "c1", "get_time", "")),
+    chunk(tc(0, args='{"tz"')),
+    chunk(tc(0, args=': "UTC"}')),
+    chunk(finish="tool_calls"),
+    {"choices": [], "usage": {"total_tokens": 3}},
+]
 
 
 def anthropic(cid="toolu_1"):
     return [
-        {"type": "message_start", "message": {"id": "m", "role": "assistant", "content": [],
-                                              "usage": {"input_tokens": 1}}},
-        {"type": "content_block_start", "index": 0,
-         "content_block": {"type": "tool_use", "id": cid, "name": "get_time", "input": {}}},
-        {"type": "content_block_delta", "index": 0,
-         "delta": {"type": "input_json_delta", "partial_json": '{"tz": '}},
-        {"type": "content_block_delta", "index": 0,
-         "delta": {"type": "input_json_delta", "partial_json": '"UTC"}'}},
+        {
+            "type": "message_start",
+            "message": {
+                "id": "m",
+                "role": "assistant",
+                "content": [],
+                "usage": {"input_tokens": 1},
+            },
+        },
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": cid, "name": "get_time", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '{"tz": '},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '"UTC"}'},
+        },
         {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use"},
+            "usage": {"output_tokens": 9},
+        },
         {"type": "message_stop"},
     ]
 
 
 RESPONSES = [
-    {"type": "response.output_item.added", "output_index": 0,
-     "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_time",
-              "arguments": ""}},
-    {"type": "response.function_call_arguments.delta", "item_id": "fc_1", "output_index": 0,
-     "delta": '{"tz": "UTC"}'},
-    {"type": "response.function_call_arguments.done", "item_id": "fc_1", "output_index": 0,
-     "arguments": '{"tz": "UTC"}'},
-    {"type": "response.output_item.done", "output_index": 0,
-     "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_time",
-              "arguments": '{"tz": "UTC"}', "status": "completed"}},
+    {
+        "type": "response.output_item.added",
+        "output_index": 0,
+        "item": {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "get_time",
+            "arguments": "",
+        },
+    },
+    {
+        "type": "response.function_call_arguments.delta",
+        "item_id": "fc_1",
+        "output_index": 0,
+        "delta": '{"tz": "UTC"}',
+    },
+    {
+        "type": "response.function_call_arguments.done",
+        "item_id": "fc_1",
+        "output_index": 0,
+        "arguments": '{"tz": "UTC"}',
+    },
+    {
+        "type": "response.output_item.done",
+        "output_index": 0,
+        "item": {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "get_time",
+            "arguments": '{"tz": "UTC"}',
+            "status": "completed",
+        },
+    },
     {"type": "response.completed", "response": {"id": "r", "status": "completed", "usage": {}}},
 ]
 
 GEMINI = [
-    {"candidates": [{"content": {"role": "model", "parts": [
-        {"functionCall": {"name": "get_time", "args": {"tz": "UTC"}}}]}, "index": 0}]},
-    {"candidates": [{"content": {"role": "model", "parts": [{"text": ""}]},
-                     "finishReason": "STOP", "index": 0}]},
+    {
+        "candidates": [
+            {
+                "content": {
+                    "role": "model",
+                    "parts": [{"functionCall": {"name": "get_time", "args": {"tz": "UTC"}}}],
+                },
+                "index": 0,
+            }
+        ]
+    },
+    {
+        "candidates": [
+            {
+                "content": {"role": "model", "parts": [{"text": ""}]},
+                "finishReason": "STOP",
+                "index": 0,
+            }
+        ]
+    },
 ]
 
 BEDROCK = [
     {"messageStart": {"role": "assistant"}},
-    {"contentBlockStart": {"start": {"toolUse": {"toolUseId": "tu_1", "name": "get_time"}},
-                           "contentBlockIndex": 0}},
-    {"contentBlockDelta": {"delta": {"toolUse": {"input": '{"tz": "UTC"}'}},
-                           "contentBlockIndex": 0}},
+    {
+        "contentBlockStart": {
+            "start": {"toolUse": {"toolUseId": "tu_1", "name": "get_time"}},
+            "contentBlockIndex": 0,
+        }
+    },
+    {
+        "contentBlockDelta": {
+            "delta": {"toolUse": {"input": '{"tz": "UTC"}'}},
+            "contentBlockIndex": 0,
+        }
+    },
     {"contentBlockStop": {"contentBlockIndex": 0}},
     {"messageStop": {"stopReason": "tool_use"}},
     {"metadata": {"usage": {"inputTokens": 1, "outputTokens": 2, "totalTokens": 3}}},
@@ -99,9 +172,12 @@ class _KeyAdapter(OpenAIChatAdapter):
     """A broken adapter: its keys ignore the attempt."""
 
     def feed_decoded(self, event, sse_event=None, data=None):
-        return [ArgsDelta(key=CallKey(0, 0, e.key.part), fragment=e.fragment)
-                if isinstance(e, ArgsDelta) else e
-                for e in super().feed_decoded(event, sse_event, data)]
+        return [
+            ArgsDelta(key=CallKey(0, 0, e.key.part), fragment=e.fragment)
+            if isinstance(e, ArgsDelta)
+            else e
+            for e in super().feed_decoded(event, sse_event, data)
+        ]
 
 
 def test_conformance_check_catches_wrong_calls_keys_and_junk():
@@ -121,8 +197,11 @@ def test_conformance_check_catches_wrong_calls_keys_and_junk():
 def test_conformance_check_catches_an_early_end():
     # The eager adapter ends the round on the chunk whose text ends with "}" — before the real
     # finish_reason — so a call could commit from a prefix: the check must say so.
-    transcript = [chunk(tc(0, "c1", "get_time", "{}")), chunk(tc(0, args=" ")),
-                  chunk(finish="tool_calls")]
+    transcript = [
+        chunk(tc(0, "c1", "get_time", "{}")),
+        chunk(tc(0, args=" ")),
+        chunk(finish="tool_calls"),
+    ]
     round_ = check_adapter(OpenAIChatAdapter, transcript, end_index=2)
     assert round_.calls[0].arguments == {}
     with pytest.raises(ConformanceError, match="not at the terminal event 2"):
