@@ -81,8 +81,9 @@ def script(calls: int, event_ms: float) -> Script:
     items: list[Text | Call] = [Text(text="Let me look these up for you.", chunk_chars=6)]
     for n in range(calls):
         arguments = json.dumps({"query": f"question number {n} " + "x" * 90, "limit": 5})
-        items.append(Call(call_id=f"call_{n}", name="lookup", arguments=arguments,
-                          fragment_chars=8))
+        items.append(
+            Call(call_id=f"call_{n}", name="lookup", arguments=arguments, fragment_chars=8)
+        )
     return Script(turns=(Turn(items=tuple(items), delay_ms=event_ms),))
 
 
@@ -98,11 +99,11 @@ def make_tool(eager: bool, tool_ms: float):
 
 
 async def one_run(server: ScriptedServer, provider: str, eager: bool, tool_ms: float) -> dict:
-    client = model_client(provider, model="bench", base_url=server.base_url(provider),
-                          retry=RetryPolicy(attempts=1))
+    client = model_client(
+        provider, model="bench", base_url=server.base_url(provider), retry=RetryPolicy(attempts=1)
+    )
     async with client:
-        agent = Agent(client, [make_tool(eager, tool_ms)],
-                      run_limits=RunLimits(max_rounds=1))
+        agent = Agent(client, [make_tool(eager, tool_ms)], run_limits=RunLimits(max_rounds=1))
         start = time.perf_counter()
         seen: list[tuple[float, dict]] = []
         async for event in agent.run("go"):
@@ -112,8 +113,11 @@ async def one_run(server: ScriptedServer, provider: str, eager: bool, tool_ms: f
     last_commit = max(t for t, e in seen if e["type"] == "call_committed")
     done_before = sum(1 for t, e in seen if e["type"] == "tool_finished" and t < last_commit)
     round_end = next(t for t, e in seen if e["type"] == "round_ended")
-    return {"open_to_start": first_start - first_open, "round": round_end,
-            "done_before_end": done_before}
+    return {
+        "open_to_start": first_start - first_open,
+        "round": round_end,
+        "done_before_end": done_before,
+    }
 
 
 async def bench(provider: str, repeats: int, calls: int, event_ms: float, tool_ms: float) -> dict:
@@ -125,8 +129,11 @@ async def bench(provider: str, repeats: int, calls: int, event_ms: float, tool_m
     med = {
         eager: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for eager, rs in runs.items()
     }
-    return {"eager": med[True], "batch": med[False],
-            "ratio": med[True]["round"] / med[False]["round"]}
+    return {
+        "eager": med[True],
+        "batch": med[False],
+        "ratio": med[True]["round"] / med[False]["round"],
+    }
 
 
 # --- client CPU per model request (--cpu) ------------------------------------------------------
@@ -136,11 +143,16 @@ CPU_MODEL = "cpu"
 
 def cpu_script() -> Script:
     arguments = json.dumps({"query": "question number 0 " + "x" * 90, "limit": 5})
-    first = Turn(items=(Text(text="Let me look that up for you.", chunk_chars=6),
-                        Call(call_id="call_0", name="lookup", arguments=arguments,
-                             fragment_chars=8)), delay_ms=0)
-    answer = Turn(items=(Text(text="Here is what I found: five results.", chunk_chars=6),),
-                  delay_ms=0)
+    first = Turn(
+        items=(
+            Text(text="Let me look that up for you.", chunk_chars=6),
+            Call(call_id="call_0", name="lookup", arguments=arguments, fragment_chars=8),
+        ),
+        delay_ms=0,
+    )
+    answer = Turn(
+        items=(Text(text="Here is what I found: five results.", chunk_chars=6),), delay_ms=0
+    )
     return Script(turns=(first, answer))
 
 
@@ -161,8 +173,13 @@ cpu_lookup = tool(name="lookup", side_effects="read")(_lookup)
 async def agent_conversation(base_url: str, client: Any = None) -> int:
     """One conversation through the agent loop; returns the model requests made."""
     if client is None:
-        async with model_client("openai_chat", model=CPU_MODEL, base_url=base_url,
-                                api_key="k", retry=RetryPolicy(attempts=1)) as own:
+        async with model_client(
+            "openai_chat",
+            model=CPU_MODEL,
+            base_url=base_url,
+            api_key="k",
+            retry=RetryPolicy(attempts=1),
+        ) as own:
             return await agent_conversation(base_url, own)
     rounds = 0
     async for event in Agent(client, [cpu_lookup]).run("go"):
@@ -170,11 +187,18 @@ async def agent_conversation(base_url: str, client: Any = None) -> int:
     return rounds
 
 
-LOOKUP_DEFINITION = {"type": "function", "function": {
-    "name": "lookup", "description": "Look something up.",
-    "parameters": {"type": "object", "properties": {
-        "query": {"type": "string"}, "limit": {"type": "integer", "default": 5}},
-        "required": ["query"]}}}
+LOOKUP_DEFINITION = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look something up.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "default": 5}},
+            "required": ["query"],
+        },
+    },
+}
 
 
 class BareClient:
@@ -183,12 +207,16 @@ class BareClient:
     def __init__(self, base_url: str) -> None:
         self.http = httpx.AsyncClient(timeout=None)
         self.url = httpx.URL(base_url + "/chat/completions")
-        self.headers = {"authorization": "Bearer k", "content-type": "application/json",
-                        "accept": "text/event-stream"}
+        self.headers = {
+            "authorization": "Bearer k",
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+        }
 
     async def request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = orjson.dumps({"model": CPU_MODEL, "messages": messages, "stream": True,
-                             "tools": [LOOKUP_DEFINITION]})
+        body = orjson.dumps(
+            {"model": CPU_MODEL, "messages": messages, "stream": True, "tools": [LOOKUP_DEFINITION]}
+        )
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         request = self.http.build_request("POST", self.url, content=body, headers=self.headers)
@@ -233,20 +261,34 @@ class BareClient:
             requests += 1
             if not answer["calls"]:
                 return requests
-            messages.append({"role": "assistant", "content": answer["text"] or None,
-                             "tool_calls": [{"id": c["id"], "type": "function", "function": {
-                                 "name": c["name"], "arguments": "".join(c["fragments"])}}
-                                 for c in answer["calls"]]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": answer["text"] or None,
+                    "tool_calls": [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": "".join(c["fragments"])},
+                        }
+                        for c in answer["calls"]
+                    ],
+                }
+            )
             for call in answer["calls"]:
                 result = await _lookup(**orjson.loads("".join(call["fragments"])))
-                messages.append({"role": "tool", "tool_call_id": call["id"],
-                                 "content": result})
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
 
 
 async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, float]:
     bare = BareClient(base_url)
-    shared = model_client("openai_chat", model=CPU_MODEL, base_url=base_url, api_key="k",
-                          retry=RetryPolicy(attempts=1))
+    shared = model_client(
+        "openai_chat",
+        model=CPU_MODEL,
+        base_url=base_url,
+        api_key="k",
+        retry=RetryPolicy(attempts=1),
+    )
     contenders = {
         "agent": lambda: agent_conversation(base_url),
         "agent, one client": lambda: agent_conversation(base_url, shared),
@@ -284,8 +326,10 @@ def run_cpu(conversations: int, block: int) -> None:
         parent.send("stop")
         server.join(10)
     bare = per_request["bare httpx + orjson"]
-    print(f"client CPU per model request, {conversations} conversations of 2 requests "
-          f"(openai_chat, server in another process)")
+    print(
+        f"client CPU per model request, {conversations} conversations of 2 requests "
+        f"(openai_chat, server in another process)"
+    )
     print(f"{'contender':22} {'CPU/request':>12} {'vs bare':>8}")
     for name, seconds in per_request.items():
         print(f"{name:22} {seconds * 1000:9.3f} ms {seconds / bare:7.2f}x")
@@ -298,25 +342,34 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--event-ms", type=float, default=15.0)
     parser.add_argument("--tool-ms", type=float, default=600.0)
-    parser.add_argument("--cpu", action="store_true",
-                        help="client CPU per model request: agent vs bare httpx + orjson")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="client CPU per model request: agent vs bare httpx + orjson",
+    )
     parser.add_argument("--conversations", type=int, default=300)
     parser.add_argument("--block", type=int, default=25)
     args = parser.parse_args()
     if args.cpu:
         run_cpu(args.conversations, args.block)
         return
-    print(f"{args.calls} calls, {args.event_ms:g} ms between events, "
-          f"tool n {args.tool_ms:g} ms / (n+1); median of {args.repeats}")
-    print(f"{'provider':18} {'open->start eager':>18} {'batch':>8} {'round eager':>12} "
-          f"{'batch':>8} {'eager/batch':>12} {'done early':>11}")
+    print(
+        f"{args.calls} calls, {args.event_ms:g} ms between events, "
+        f"tool n {args.tool_ms:g} ms / (n+1); median of {args.repeats}"
+    )
+    print(
+        f"{'provider':18} {'open->start eager':>18} {'batch':>8} {'round eager':>12} "
+        f"{'batch':>8} {'eager/batch':>12} {'done early':>11}"
+    )
     for provider in args.provider or PROVIDERS:
         r = asyncio.run(bench(provider, args.repeats, args.calls, args.event_ms, args.tool_ms))
         e, b = r["eager"], r["batch"]
         opened = f"{e['open_to_start'] * 1000:15.0f} ms {b['open_to_start'] * 1000:5.0f} ms"
-        print(f"{provider:18} {opened}"
-              f" {e['round'] * 1000:9.0f} ms {b['round'] * 1000:5.0f} ms {r['ratio']:11.2f}x"
-              f" {e['done_before_end']:11.0f}")
+        print(
+            f"{provider:18} {opened}"
+            f" {e['round'] * 1000:9.0f} ms {b['round'] * 1000:5.0f} ms {r['ratio']:11.2f}x"
+            f" {e['done_before_end']:11.0f}"
+        )
 
 
 if __name__ == "__main__":

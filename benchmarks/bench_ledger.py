@@ -54,16 +54,23 @@ async def hops(path: str, n: int, *, inline: bool, merged: bool) -> tuple[float,
     ledger = SQLiteLedger(path)
     if inline:
         old = ledger._file
-        ledger._file = InlineFile(old.path, old._busy_ms / 1000, False, old._schema,
-                                  label="SQLite ledger", thread="inline")
+        ledger._file = InlineFile(
+            old.path,
+            old._busy_ms / 1000,
+            False,
+            old._schema,
+            label="SQLite ledger",
+            thread="inline",
+        )
     result = ToolResult(tool_call_id="x", name="t", content="ok")
     scope = f"hops-{inline}-{merged}-{time.time()}"
     to_start = to_finish = 0.0
     for i in range(n):
         key = LedgerKey(scope=scope, call_id=f"c{i}")
         t0 = time.perf_counter()
-        claim = await ledger.claim(key, digest="d", worker="w", now=time.time(), lease_s=30,
-                                   start=merged)
+        claim = await ledger.claim(
+            key, digest="d", worker="w", now=time.time(), lease_s=30, start=merged
+        )
         assert isinstance(claim, Won)
         if not merged:
             await ledger.start(key, claim.token, now=time.time(), lease_s=30)
@@ -89,8 +96,10 @@ async def hops_table(path: str, n: int, repeats: int = 3) -> None:
         for inline in (False, True):
             where = "inline" if inline else "thread"
             ratio = f"{best[False][0] / best[True][0]:.2f}x" if not inline else ""
-            print(f"| {name}, {where} | {best[inline][0] * 1e3:.3f} ms "
-                  f"| {best[inline][1] * 1e3:.3f} ms | {ratio} |")
+            print(
+                f"| {name}, {where} | {best[inline][0] * 1e3:.3f} ms "
+                f"| {best[inline][1] * 1e3:.3f} ms | {ratio} |"
+            )
 
 
 async def one_by_one(url: str, n: int, scope: str) -> float:

@@ -962,10 +962,8 @@ def _corrupt(event: dict[str, Any], how: str, value: Any, framing: str) -> Any:
     if how == "no delta" and "delta" in payload:
         return {name: {k: v for k, v in payload.items() if k != "delta"}}
     text = json.dumps(event if framing == "jsonl" else payload)
-    if how == "surrogate":
-        text = text[:-1] + ',"x":"\\ud800"}'
-    else:  # "cut": not JSON
-        text = text[: max(1, len(text) // 2)]
+    # "surrogate": an escaped lone surrogate added; "cut": not JSON
+    text = text[:-1] + ',"x":"\\ud800"}' if how == "surrogate" else text[: max(1, len(text) // 2)]
     return text if framing == "jsonl" else (name, text)
 
 
@@ -995,7 +993,9 @@ def test_one_lost_duplicated_or_corrupted_event_never_commits_other_text(
         raw[at] ^= data.draw(st.integers(1, 255), label="mask")
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=12), label="cuts")
     parser = StreamParser("bedrock", framing=framing, tools=FILE_TOOLS)  # type: ignore[arg-type]
-    pieces = [bytes(raw[a:b]) for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(raw)])]
+    pieces = [
+        bytes(raw[a:b]) for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(raw)], strict=True)
+    ]
     for piece in pieces:
         parser.feed(piece)
     r = parser.finish()

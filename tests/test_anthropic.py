@@ -293,7 +293,7 @@ def path_call(index=1, middle=None):
             "delta": {"type": "input_json_delta", "partial_json": part},
         }
         events.append(middle if i == 1 and middle is not None else plain)
-    return events + [{"type": "content_block_stop", "index": index}]
+    return [*events, {"type": "content_block_stop", "index": index}]
 
 
 def first_call():
@@ -410,7 +410,7 @@ def _ok_results(r):
 def test_the_unmodified_path_stream_commits_what_was_sent():
     """The control for the test above: the same stream, nothing lost, commits the whole path."""
     data = wire(START, *first_call(), *path_call(), *end())
-    calls, paired, r = outcomes(data)
+    _calls, paired, r = outcomes(data)
     assert [c.state for c in r.calls] == [CallState.COMMITTED] * 2 and paired == []
     assert r.calls[1].arguments == {"path": "/safe/../../etc/passwd"}
 

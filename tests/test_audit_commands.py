@@ -120,16 +120,18 @@ def test_run_refuses_an_audit_without_a_ledger(tmp_path: Path) -> None:
 
 def test_serve_audits_the_uncommitted_calls_of_its_runs(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
-    with ScriptedServer({"m": _script()}) as model:
-        with serving(
+    with (
+        ScriptedServer({"m": _script()}) as model,
+        serving(
             "--config",
             str(_config(tmp_path, db)),
             "--base-url",
             model.base_url("openai_chat"),
             "--model",
             "m",
-        ) as url:
-            run, frames = served_run(url, "weather")
+        ) as url,
+    ):
+        run, frames = served_run(url, "weather")
     assert frames[-1].event == "run_ended"
     ended = frames[-1].data
     assert {c["id"]: c["error"] for c in ended["calls"]} == {"ok": None, "bad": "invalid_json"}, [

@@ -506,7 +506,8 @@ async def toollatch_run(
     """``toollatch run`` (``view="--json"``; ``""``: the terminal view, no events parsed)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "toollatch.cli", "run", *([view] if view else []),
-        "--provider", provider, "--base-url", server.url, "--model", "m", "--workspace", str(tmp_path), *flags,
+        "--provider", provider, "--base-url", server.url, "--model", "m",
+        "--workspace", str(tmp_path), *flags,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
     )  # fmt: skip

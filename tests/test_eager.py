@@ -399,7 +399,7 @@ def test_bedrock_a_closed_block_is_ready_when_the_next_block_starts():
     found, _ = fed("bedrock", natives, way="dict")
     assert ready(found) == [(4, "tu_1"), (7, "tu_2")]
     found, _ = fed(
-        "bedrock", natives[:4] + [{"messageStop": {"stopReason": "max_tokens"}}], way="dict"
+        "bedrock", [*natives[:4], {"messageStop": {"stopReason": "max_tokens"}}], way="dict"
     )
     assert ready(found) == []
 

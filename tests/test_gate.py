@@ -209,7 +209,7 @@ def test_the_gate_sets_every_field_of_a_committed_call():
 
 
 def test_tool_definitions_in_every_shape_and_bad_ones():
-    specs = load_tools(TOOLS + [{"name": "bare", "parameters": {"type": "object"}}])
+    specs = load_tools([*TOOLS, {"name": "bare", "parameters": {"type": "object"}}])
     assert [s.name for s in specs] == ["write_file", "noop", "bare"]
     with pytest.raises(ConfigError):
         load_tools([{"name": "x"}, {"name": "x"}])

@@ -83,7 +83,7 @@ async def test_an_interrupted_stream_sends_nothing_to_the_server(tmp_path):
         ScriptedServer({"s": Script(turns=(turn, DONE))}) as model,
     ):
         events, _ = await play(model, source, eager_start=True)
-    assert [e["ended"] for e in events if e["type"] == "round_ended"][0] == "interrupted"
+    assert next(e["ended"] for e in events if e["type"] == "round_ended") == "interrupted"
     assert [e["error"] for e in events if e["type"] == "call_failed"] == ["stream_interrupted"]
     assert calls_of(tmp_path, "ex") == []
 
@@ -154,7 +154,7 @@ async def test_a_tool_the_server_adds_is_offered_and_runs_in_the_next_round(tmp_
         McpToolSource([stdio_server(tmp_path, "ex")]) as source,
         ScriptedServer({"s": script}) as model,
     ):
-        events, run = await play(model, source)
+        _events, run = await play(model, source)
         offered = [[t["function"]["name"] for t in r.body["tools"]] for r in model.requests]
     assert "extra_1" not in offered[0] and "extra_1" in offered[1]
     assert run.results[1][0].content == "extra_1: v" and not run.results[1][0].is_error
@@ -171,7 +171,7 @@ async def test_a_denied_tool_fails_policy_denied_and_never_reaches_the_server(tm
         McpToolSource([server_]) as source,
         ScriptedServer({"s": Script(turns=(Turn(items=items, delay_ms=0), DONE))}) as model,
     ):
-        events, run = await play(model, source)
+        _events, run = await play(model, source)
     assert run.results[0][0].code is ErrorCode.POLICY_DENIED
     assert calls_of(tmp_path, "ex") == [("echo", {"text": "ok"})]
 
@@ -182,7 +182,7 @@ async def test_a_server_dying_mid_call_is_outcome_unknown_in_the_next_request(tm
         McpToolSource([stdio_server(tmp_path, "ex")]) as source,
         ScriptedServer({"s": Script(turns=(Turn(items=items, delay_ms=0), DONE))}) as model,
     ):
-        events, run = await play(model, source, limits=RunLimits(max_rounds=2))
+        _events, run = await play(model, source, limits=RunLimits(max_rounds=2))
         sent = [m for m in model.requests[1].body["messages"] if m["role"] == "tool"]
     assert run.results[0][0].code is ErrorCode.OUTCOME_UNKNOWN
     assert sent[0]["content"].startswith("outcome_unknown:")

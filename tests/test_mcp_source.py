@@ -55,7 +55,7 @@ async def test_tools_are_listed_with_their_input_schema_and_calls_reach_the_serv
 
 
 async def test_content_blocks_map_to_text_and_errors_to_tool_error(server, tmp_path):
-    make, name = server
+    make, _name = server
     async with McpToolSource([make()]) as source:
         d = Dispatcher(source.snapshot())
         round_ = chat_round(
@@ -161,7 +161,7 @@ async def test_colliding_names_are_namespaced_and_each_call_reaches_its_server(t
 
 
 async def test_a_list_change_is_taken_in_by_refresh_and_names_stay(server, tmp_path):
-    make, name = server
+    make, _name = server
     async with McpToolSource([make()]) as source:
         before = {t.name: t for t in source.snapshot()}
         await run_calls(source, [("c1", "add_tool", {})])

@@ -174,11 +174,11 @@ def test_created_is_the_wall_clock_time_of_a_series_first_use():
     middle = time.time()
     metrics._child("tool_rounds", "anthropic", "normal").inc()
     after = time.time()
-    created = dict(
-        (name, float(value))
+    created = {
+        name: float(value)
         for name, value in re.findall(rb"^(\w+_created\{[^}]*\}) (\S+)$",
                                       metrics.exposition(), re.MULTILINE)
-    )  # fmt: skip
+    }  # fmt: skip
     first = created[b'tool_execute_rejected_not_committed_created{provider="gemini"}']
     assert before <= first <= middle
     later = created[b'tool_rounds_created{ended="normal",provider="anthropic"}']

@@ -189,7 +189,11 @@ def test_string_content_is_parsed_in_pieces_not_per_fragment(monkeypatch):
     pieces = ['{"path": "a.md", ', '"content": "', *["text\\n " for _ in range(10_000)], '"}']
     tracker = PreviewTracker(PreviewPolicy(default=ToolPreview(mode="full")), "f", max_depth=64)
     counts = itertools.accumulate(len(p) for p in pieces)  # (ASCII: bytes are characters)
-    updates = [tracker.release(KEY, "c", "f") for p, n in zip(pieces, counts) if tracker.feed(p, n)]
+    updates = [
+        tracker.release(KEY, "c", "f")
+        for p, n in zip(pieces, counts, strict=False)
+        if tracker.feed(p, n)
+    ]
     nbytes = sum(len(p) for p in pieces)
     assert len(updates) >= nbytes // 256
     assert calls <= len(updates) + 4  # the first pieces, the closing quote, the end

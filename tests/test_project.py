@@ -496,7 +496,11 @@ def test_core_imports_with_only_required_dependencies():
 
 @pytest.mark.parametrize(
     "command",
-    [["ruff", "check", "src"], ["ruff", "format", "--check", "src"], ["mypy"]],
+    [
+        ["ruff", "check", "src", "tests", "benchmarks"],
+        ["ruff", "format", "--check", "src", "tests", "benchmarks"],
+        ["mypy"],
+    ],
     ids=["ruff", "ruff-format", "mypy"],
 )
 def test_static_checks(command):

@@ -186,7 +186,10 @@ async def test_a_stalled_reader_does_not_stall_the_run():
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", port))
-            head = f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Toollatch-Session: {cookie}"
+            head = (
+                f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"X-Toollatch-Session: {cookie}"
+            )
             sock.sendall(f"{head}\r\n\r\n".encode())  # and read nothing for now
             try:
                 await _stalled_reader_checks(relay, client, run, cookie, sock)

@@ -103,7 +103,10 @@ async def test_a_stalled_reader_is_told_it_lagged_then_gets_the_rest() -> None:
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", int(relay.url.rsplit(":", 1)[1])))
-            head = f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Toollatch-Session: {session}"
+            head = (
+                f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"X-Toollatch-Session: {session}"
+            )
             sock.sendall(f"{head}\r\n\r\n".encode())  # then read nothing until the run ends
             try:
                 stored = relay.relay.runs.owned(run["id"], session)  # type: ignore[union-attr]
