@@ -120,7 +120,8 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
         "--ledger",
         ledger,
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the killed run's claim lives 3 s unrenewed, not 30: the resume waits that out first
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "3"}
     with subprocess.Popen(
         [*command, "--session", "r1"], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env
     ) as first:

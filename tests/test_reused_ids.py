@@ -240,7 +240,8 @@ def test_a_run_killed_in_round_2_resumes_with_round_2s_call_0_run_once(provider,
             return "ok"
     ''')
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the killed run's claim lives 3 s unrenewed, not 30: the resume waits that out first
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "3"}
     with ScriptedServer({"m": killed_in_round_2_script()}, delay_scale=0) as server:
         command = [
             sys.executable, "-m", "toollatch.cli", "run", "--json", "--tools", str(tools),

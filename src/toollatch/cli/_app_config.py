@@ -180,6 +180,9 @@ class LedgerConfig(_Section):
     """The ledger when the command line gives none: ``sqlite:///PATH``, ``redis://HOST:PORT/DB``
     or ``none``; null: none for ``run``, SQLite in the user's data folder for ``serve``
     (:func:`~toollatch.ledger.default_ledger_url`)."""
+    lease_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] = 30.0
+    """Seconds a claim in the ledger lives unrenewed (``run`` renews it every third while the
+    call runs): a call whose process died is taken over (by ``--resume``) after it."""
     audit_uncommitted: bool = False
     """Keep a record of each call that failed the gate or was cut off (in the ledger's store,
     apart from its calls), redacted by the ``previews`` rules: with their default (``none``)
@@ -564,6 +567,8 @@ relay:
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
                                         # none for run; serve: sqlite in ~/.local/share/toollatch)
+  lease_s: 30                           # a claim lives this long unrenewed (a dead run's
+                                        # call is taken over by --resume after it)
   audit_uncommitted: false              # record calls that failed the gate or were cut off
   audit_max_bytes: 512                  # redacted (by the previews rules) argument text kept
   audit_retention_s: 86400              # seconds a record is kept

@@ -189,6 +189,8 @@ def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any
         except (ConfigError, UsageError) as exc:
             raise CommandError(f"--ledger {url}: {exc}") from None
         found.setdefault("session", f"run-{uuid.uuid4().hex}")
+        if c is not None:
+            found["lease_s"] = c.ledger.lease_s
     return found
 
 

@@ -812,35 +812,6 @@ class Assembler:
         round ended at a limit (:class:`RoundOver`). A reader may stop reading."""
         return self._overflow or self._limited is not None
 
-    @property
-    def dropped(self) -> bool:
-        """True once a size limit dropped output in this round (a call failed
-        ``arguments_exceed_max_bytes``, or text passed ``max_text_bytes``)."""
-        return self._dropped is not None
-
-    def cut_off(self, detail: str) -> list[CallUpdate]:
-        """End a round that already dropped output at a size limit (:attr:`dropped`) now,
-        ``limited``, though a call is still open (the reader's bound on what it reads after
-        the limit: ``StreamParser``'s ``LIMITED_TAIL_FACTOR``): ``[RoundOver]``, or ``[]``
-        when nothing dropped output or the round already ended. The open calls get the
-        limited ending's error result at :meth:`finish`."""
-        if (
-            self._dropped is None
-            or self._limited is not None
-            or self._overflow
-            or self._failure is not None
-            or self._cancelled is not None
-            or self._finishing
-        ):
-            return []
-        ended = [c for c in self._choices.values() if c.ended is None]
-        if not ended:
-            return []
-        self._limited = f"{self._dropped}; {detail}"
-        for choice in ended:
-            choice.ended = RoundEnd.LIMITED
-        return [RoundOver(detail=self._limited)]
-
     def _overflowed(self, kind: AnomalyKind, detail: str) -> list[CallUpdate]:
         """A bound on what one round may hold was passed: the stream fails now, with every
         undecided call (``stream_interrupted``, as at the end), and nothing new is kept from

@@ -45,17 +45,6 @@ def make_decoder(framing: Framing, limits: Limits) -> _Decoder:
     raise UsageError(f"unknown framing {framing!r}")
 
 
-LIMITED_TAIL_FACTOR = 4
-"""Once a size limit has dropped output in a round (a call failed
-``arguments_exceed_max_bytes``, or text passed its cap), the round ends ``limited`` when no
-call can still commit; a call still open then (another index, streaming on, or sending
-empty fragments forever) may keep it going for at most this many times
-``Limits.max_argument_bytes`` more bytes of stream (1 MiB by default), after which the round
-ends ``limited`` all the same: the open call gets the limited ending's error result, and
-the model is asked again as after any failed call. Counted in bytes fed, not time: the
-core has no clock."""
-
-
 class StreamParser:
     """One attempt's stream, from raw bytes (or native events) to a :class:`Round`.
 
@@ -135,7 +124,6 @@ class StreamParser:
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
-        self._tail: int | None = None  # wire bytes left to read once a limit dropped output
         self.finish_notices: list[CallUpdate] = []
         self.events: list[StreamEvent] | None = [] if keep_events else None
 
@@ -147,10 +135,6 @@ class StreamParser:
         """
         if self._closed is not None or self._broken:
             return self._ignored("feed")
-        if self._tail is not None:
-            self._tail -= len(data)
-            if self._tail < 0:  # (see LIMITED_TAIL_FACTOR)
-                return self._cut_off()
         try:
             if self.events is not None:  # (the stages in turn: every event recorded)
                 return self._sealing(self._frames(self._decoder.feed(data)))
@@ -163,17 +147,6 @@ class StreamParser:
         self._notices = []
         if self.assembler.over:  # (it seals only with notices)
             self._broken = True
-        elif self._tail is None and self.assembler.dropped:
-            self._tail = LIMITED_TAIL_FACTOR * self.limits.max_argument_bytes
-        return found
-
-    def _cut_off(self) -> list[CallUpdate]:
-        """The round already dropped output at a size limit and has read its tail's worth
-        of bytes since, with a call still open (a runaway second call): it ends ``limited``
-        now (``Assembler.cut_off``); input is ignored from here on."""
-        tail = LIMITED_TAIL_FACTOR * self.limits.max_argument_bytes
-        found = self.assembler.cut_off(f"{tail} more bytes read after it with a call still open")
-        self._broken = True
         return found
 
     def _on_run(self, event: str, payloads: list[bytes]) -> None:

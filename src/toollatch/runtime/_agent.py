@@ -76,7 +76,9 @@ class Agent:
     (:mod:`toollatch.ledger`) makes a call id run at most once across processes, scoped by
     the conversation: with a ``history_store`` that is the run's session (``session``, or
     ``run(session=...)``: one session is one stored run, which ``resume`` continues), so
-    give each run its own session id;
+    give each run its own session id; ``lease_s`` is how long a ledger claim lives unrenewed
+    (renewed every third of it while the call runs): a dead process's call is taken over after
+    it;
     ``audit`` (opt-in) keeps a redacted record of each call that did not commit.
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
@@ -112,6 +114,7 @@ class Agent:
         tool_source: ToolSource | None = None,
         policy: Policy | None = None,
         audit: ArgumentAudit | None = None,
+        lease_s: float = 30.0,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -139,6 +142,7 @@ class Agent:
             max_concurrency=max_concurrency,
             default_timeout_s=default_timeout_s,
             ledger=ledger,
+            lease_s=lease_s,
             audit=audit,
             result_limits=result_limits,
             redaction=previews,
