@@ -195,7 +195,7 @@ def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any
 
 
 def _tools(
-    args: argparse.Namespace, config: Config | None, stack: contextlib.ExitStack
+    args: argparse.Namespace, config: Config | None
 ) -> tuple[list[Tool[..., Any]], McpToolSource | None]:
     """The ``--tools`` files' tools and the MCP servers' source; the examples when there are
     neither, writing in ``--workspace`` or else a new temporary folder that is kept (its
@@ -252,47 +252,46 @@ def _api_key(config: Config | None) -> str | None:
 async def _with_model(
     args: argparse.Namespace, base_url: str, model: str, config: Config | None
 ) -> int:
-    with contextlib.ExitStack() as stack:
-        tools, source = _tools(args, config, stack)
+    tools, source = _tools(args, config)
+    try:
+        client = model_client(
+            args.provider,
+            model=model,
+            base_url=base_url,
+            api_key=_api_key(config),
+            limits=config.client_limits() if config else None,
+            retry=config.retry_policy() if config else None,
+        )
+    except (ConfigError, UsageError) as exc:
+        raise CommandError(str(exc)) from None
+    async with client, contextlib.AsyncExitStack() as closing:
         try:
-            client = model_client(
-                args.provider,
-                model=model,
-                base_url=base_url,
-                api_key=_api_key(config),
-                limits=config.client_limits() if config else None,
-                retry=config.retry_policy() if config else None,
-            )
+            if source is not None:
+                await closing.enter_async_context(source)
+            agent = _agent(args, client, tools, config, source)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
-        async with client, contextlib.AsyncExitStack() as closing:
-            try:
-                if source is not None:
-                    await closing.enter_async_context(source)
-                agent = _agent(args, client, tools, config, source)
-            except (ConfigError, UsageError) as exc:
-                raise CommandError(str(exc)) from None
-            if agent.ledger is not None:
-                closing.push_async_callback(agent.ledger.aclose)
-            if agent.history_store is not None:
-                closing.push_async_callback(agent.history_store.aclose)
-            if agent.audit is not None:
-                closing.push_async_callback(agent.audit.store.aclose)
-            full = getattr(args, "full_results", False)
-            told = notice(args)
-            view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
-            signals = _Signals()
-            deadline = False
-            try:
-                resume = bool(getattr(args, "resume", None))
-                message = args.message if resume else args.message or DEFAULT_MESSAGE
-                with signals.cancelling(agent.run(message, resume=resume)) as run:
-                    error = await view.show(run)
-                    deadline = run.deadline_passed
-            except ModelError as exc:
-                error = str(exc)
-            except ToolLatchError as exc:
-                raise CommandError(str(exc)) from None
+        if agent.ledger is not None:
+            closing.push_async_callback(agent.ledger.aclose)
+        if agent.history_store is not None:
+            closing.push_async_callback(agent.history_store.aclose)
+        if agent.audit is not None:
+            closing.push_async_callback(agent.audit.store.aclose)
+        full = getattr(args, "full_results", False)
+        told = notice(args)
+        view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
+        signals = _Signals()
+        deadline = False
+        try:
+            resume = bool(getattr(args, "resume", None))
+            message = args.message if resume else args.message or DEFAULT_MESSAGE
+            with signals.cancelling(agent.run(message, resume=resume)) as run:
+                error = await view.show(run)
+                deadline = run.deadline_passed
+        except ModelError as exc:
+            error = str(exc)
+        except ToolLatchError as exc:
+            raise CommandError(str(exc)) from None
     if signals.received is not None:
         return 128 + signals.received
     if error and deadline:

@@ -37,7 +37,7 @@ from ._agent_events import (
     TextEvent,
 )
 from ._clients import ModelError, StreamInterrupted, StreamTimeout
-from ._dispatcher import DispatchRound, ToolEvent
+from ._dispatcher import DispatchRound
 from ._resume import StoredHistory
 from ._run_setup import RunSetup
 
@@ -161,7 +161,7 @@ class AgentRun:
             # an id the history already holds is a new call (call_0 in every response)
             reserved_ids=reserved,
         )
-        round_scope = setup.dispatcher.round(self.conversation, on_event=self._tool_event)
+        round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit)
         async with round_scope as dispatch:
             round_: Round | None = None
             try:
@@ -355,10 +355,6 @@ class AgentRun:
         for observer in self._setup.observers:
             observer.on_event(self._setup.client.provider, event)
         self._events.put_nowait(event)
-
-    def _tool_event(self, event: ToolEvent) -> None:
-        """A tool event of one of this run's dispatch rounds."""
-        self._emit(event)
 
 
 _MADE_UP_ID = re.compile(r"gemini:([0-9]{1,18}):")

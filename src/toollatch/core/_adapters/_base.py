@@ -235,9 +235,6 @@ def round_end(
     ]
 
 
-Fragment: TypeAlias = tuple[CallKey, str]
-"""``(key, text)``: a bare argument fragment of the open call ``key`` (see
-:meth:`Adapter._continuation`)."""
 Translated: TypeAlias = tuple[int, CallKey | None, list[str], list[StreamEvent] | None]
 """``(stop, key, texts, events)``: what :meth:`Adapter.translate` found in a stretch of a run."""
 
