@@ -139,6 +139,7 @@ def test_serve_on_a_signal_ends_every_run_on_its_open_events_stream_then_exits(
             run = client.post("/runs", json={"message": "hi"}).json()
             frames: list[Frame] = []
             buffer = ""
+            signalled = False
             with client.stream("GET", run["events_url"]) as response:
                 assert response.status_code == 200
                 for text in response.iter_text():
@@ -146,8 +147,9 @@ def test_serve_on_a_signal_ends_every_run_on_its_open_events_stream_then_exits(
                     *blocks, buffer = buffer.split("\n\n")
                     for block in blocks:
                         frames += parse_sse(block + "\n\n")[0]
-                        if frames and frames[-1].event == "tool_started":
+                        if not signalled and frames and frames[-1].event == "tool_started":
                             proc.send_signal(signum)  # a tool running, a call waiting
+                            signalled = True  # (once: a second signal means "exit at once")
         status_seen = proc.wait(timeout=EXIT_WITHIN_S)
     finally:
         if proc.poll() is None:
