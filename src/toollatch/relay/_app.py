@@ -12,6 +12,8 @@ never sees it) or the ``X-Toollatch-Session`` header (a client that is not a bro
 own token: 43 characters of ``A-Za-z0-9_-``, e.g. ``secrets.token_urlsafe(32)``); another
 session's run is 404, exactly like a run that does not exist. Per session at most
 ``max_session_runs`` runs in flight and ``max_session_readers`` event streams (429).
+``POST /agui`` takes an AG-UI ``RunAgentInput`` and answers the run's AG-UI event stream
+(:mod:`.protocols._agui`: the same runs, quotas and guard, another encoder of the same log).
 Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request first passes
 :class:`._guard.Guard` (Host, access token, Origin).
 """

@@ -326,9 +326,17 @@ class _Keeper:
     """The run's observer that hands its final history to the thread store (before the
     run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept)."""
 
-    def __init__(self, endpoint: AguiEndpoint, key: tuple[str, str], provider: str) -> None:
+    def __init__(
+        self, endpoint: AguiEndpoint, key: tuple[str, str], provider: str, run: RelayRun
+    ) -> None:
         self._endpoint, self._key, self._provider = endpoint, key, provider
+        self.run = run
         self.ended = False
+
+    @property
+    def busy(self) -> bool:
+        """The run is still going (a driver that failed outside the Agent is done too)."""
+        return not (self.ended or self.run.done)
 
     def on_round_start(self, provider: str, round_no: int) -> None:
         """(Nothing.)"""
@@ -431,7 +439,7 @@ class AguiEndpoint:
         message = self._message(given)
         thread = (session, given.thread_id)
         live = self.live.get(thread)
-        if live is not None and not live.ended:
+        if live is not None and live.busy:
             raise Refusal(409, "thread_busy", "this thread has a run in flight")
         saving = self.saving.get(thread)
         if saving is not None:  # (the previous run's history, still being stored)
@@ -443,7 +451,7 @@ class AguiEndpoint:
                 409, "thread_provider", f"this thread runs on {stored.provider}, not {provider}"
             )
         run = host.admit(session, new_session)
-        keeper = _Keeper(self, thread, provider)
+        keeper = _Keeper(self, thread, provider, run)
         host.start_run(
             run,
             provider,
