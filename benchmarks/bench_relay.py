@@ -598,6 +598,96 @@ def _matrix(repeat: int) -> None:
             )
 
 
+# -- AG-UI beside our own format: the relay's CPU per event of each encoder ------------------
+# The same runs (the demo, 3 rounds, 3 calls) read as ``GET /runs/{id}/events`` (the log's
+# frames as stored) and as ``POST /agui`` (each frame re-encoded by relay/protocols/_agui.py
+# with ag-ui-protocol's models and EventEncoder); the model in its own process, the clients in
+# another, so the relay process's CPU is the relay's. Per event = CPU / the runs' relay events
+# (the log's, the same count for both formats). Loads alternate (own, agui, own, agui...)
+# after one warm-up pair; the figure is each format's median.
+
+
+async def _format_client(url: str, fmt: str, runs: int) -> None:
+    import httpx  # noqa: PLC0415 (the child only)
+
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+
+        async def one(i: int) -> int:
+            headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
+            if fmt == "own":
+                run = await client.post("/runs", json={"message": "weather"}, headers=headers)
+                body = await client.get(run.json()["events_url"], headers=headers)
+                assert "event: run_ended" in body.text
+                return body.text.count("\ndata: ")
+            message = {"id": "u", "role": "user", "content": "weather"}
+            given = {"threadId": f"t{i}", "runId": f"r{i}", "messages": [message]}
+            body = await client.post("/agui", json=given, headers=headers)
+            assert '"RUN_FINISHED"' in body.text, body.text[-300:]
+            return body.text.count("data: ")
+
+        counts = await asyncio.gather(*(one(i) for i in range(runs)))
+    json.dump({"wire_events": sum(counts)}, sys.stdout)
+
+
+async def _format_loads(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    model, url = _start(
+        [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
+        r"http://127\.0\.0\.1:\d+",
+    )
+    limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * 4)
+    loads: dict[str, list[dict[str, float]]] = {"own": [], "agui": []}
+    try:
+        async with RelayServer(base_url=url + "/v1", model="scripted", limits=limits) as server:
+            assert server.relay is not None
+            registry = server.relay.runs
+            for n in range(2 * (args.repeat + 1)):
+                fmt = ("own", "agui")[n % 2]
+                before = set(registry._runs)
+                cpu = time.process_time()
+                command = [sys.executable, __file__, "--format-client", server.url]
+                command += ["--format", fmt, "--runs", str(args.runs)]
+                child = await asyncio.create_subprocess_exec(
+                    *command, stdout=asyncio.subprocess.PIPE, env=_child_env()
+                )
+                out, _ = await child.communicate()
+                cpu = time.process_time() - cpu
+                new = [r for k, r in registry._runs.items() if k not in before]
+                assert len(new) == args.runs, "runs were forgotten before they were counted"
+                events = sum(r.last_id for r in new)
+                if n >= 2:  # (the first pair warms the relay)
+                    wire = json.loads(out)["wire_events"]
+                    loads[fmt].append({"cpu": cpu, "events": events, "wire": wire})
+    finally:
+        model.terminate()
+        model.wait()
+    return loads
+
+
+def agui_row(args: argparse.Namespace) -> dict[str, Any]:
+    """The relay's CPU per event of ``POST /agui`` against ``GET /runs/{id}/events`` (goal:
+    within 1.2x); prints two Markdown rows and returns the figures."""
+    loads = asyncio.run(_format_loads(args))
+    row: dict[str, Any] = {"runs": args.runs, "pacing_ms": 3.0 * args.delay_scale}
+    for fmt, done in loads.items():
+        per_event = sorted(d["cpu"] * 1000 / d["events"] for d in done)
+        row[fmt] = {
+            "relay_cpu_ms_per_event": per_event[len(per_event) // 2],
+            "relay_events": done[0]["events"],
+            "wire_events": done[0]["wire"],
+        }
+    row["ratio"] = row["agui"]["relay_cpu_ms_per_event"] / row["own"]["relay_cpu_ms_per_event"]
+    print("| format | runs | relay events | events on the wire | relay CPU per event | ratio |")
+    print("|---|---|---|---|---|---|")
+    for fmt, name in (("own", "toollatch (GET /runs/{id}/events)"), ("agui", "AG-UI (POST /agui)")):
+        f = row[fmt]
+        ratio = row["ratio"] if fmt == "agui" else 1.0
+        print(
+            f"| {name} | {args.runs} | {f['relay_events']} | {f['wire_events']} | "
+            f"{f['relay_cpu_ms_per_event']:.3f} ms | {ratio:.2f}x |"
+        )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -657,6 +747,13 @@ def main() -> None:
         metavar="N",
         help="the relay process's open-file limit (e.g. 1024, as a default Linux shell's)",
     )
+    parser.add_argument(
+        "--agui",
+        action="store_true",
+        help="the AG-UI row: relay CPU per event of POST /agui against our own event stream",
+    )
+    parser.add_argument("--format-client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--format", default="own", help=argparse.SUPPRESS)
     parser.add_argument("--flood-client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--flood-slow", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
@@ -664,6 +761,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.matrix:
         _matrix(args.repeat)
+        return
+    if args.format_client:
+        asyncio.run(_format_client(args.format_client, args.format, args.runs))
+        return
+    if args.agui:
+        row = agui_row(args)
+        if args.json:
+            print(json.dumps(row))
         return
     loop_factory = None
     if args.uvloop:

@@ -12,6 +12,8 @@ never sees it) or the ``X-Toollatch-Session`` header (a client that is not a bro
 own token: 43 characters of ``A-Za-z0-9_-``, e.g. ``secrets.token_urlsafe(32)``); another
 session's run is 404, exactly like a run that does not exist. Per session at most
 ``max_session_runs`` runs in flight and ``max_session_readers`` event streams (429).
+``POST /agui`` takes an AG-UI ``RunAgentInput`` and answers the run's AG-UI event stream
+(:mod:`.protocols._agui`: the same runs, quotas and guard, another encoder of the same log).
 Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request first passes
 :class:`._guard.Guard` (Host, access token, Origin).
 """
@@ -22,7 +24,7 @@ import asyncio
 import hashlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
 from ._runs import RelayRun, RunRegistry
 from ._tools import SessionTools
+from .protocols._agui import AguiEndpoint, Refusal
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 COOKIE = "toollatch_session"
@@ -65,7 +68,10 @@ class HTTPError(Exception):
     def response(self) -> JSONResponse:
         """``{"error": {"code", "message"}}``."""
         body = {"error": {"code": self.code, "message": self.message}}
-        return JSONResponse(body, status_code=self.status)
+        response = JSONResponse(body, status_code=self.status)
+        if self.status == 429:
+            response.headers["retry-after"] = "1"
+        return response
 
 
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -162,8 +168,11 @@ class Relay:
                 Route("/runs/{run_id}/events", self._events, methods=["GET"]),
                 Route("/runs/{run_id}/cancel", self._cancel, methods=["POST"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
+                Route("/agui", self._agui, methods=["POST"]),
             ]
         )
+        self.agui = AguiEndpoint(self)
+        """``POST /agui``: AG-UI over the same runs (:mod:`.protocols._agui`)."""
         self.app = Guard(self.routes, self.access)
         """The ASGI app to serve: the routes behind the guard (Host, token, Origin)."""
 
@@ -192,6 +201,57 @@ class Relay:
 
     # -- the API -----------------------------------------------------------------------------
 
+    async def _agui(self, request: Request) -> Response:
+        try:
+            return await self.agui.answer(request)
+        except (HTTPError, Refusal) as exc:
+            return HTTPError(exc.status, exc.code, exc.message).response()
+
+    # (what the other protocols' endpoints share with the relay's own)
+    def session_of(self, request: Request) -> str | None:
+        """The request's session token (cookie or header), if it is a well-formed one."""
+        return _session(request)
+
+    def set_session(self, response: Response, token: str) -> None:
+        """Give a new session its (HttpOnly) cookie."""
+        _set_cookie(response, token)
+
+    async def read_json(self, request: Request) -> Any:
+        """The body as JSON: 415 unless ``application/json``, 413 / 408 (the body limits),
+        400 when it is not JSON (:class:`HTTPError`)."""
+        _require_json(request)
+        try:
+            return orjson.loads(await _read_body(request, self.limits))
+        except orjson.JSONDecodeError as exc:
+            raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+
+    def resume_point(self, request: Request, stored: int) -> int:
+        """``Last-Event-ID`` (or ``?after=``) of ``request``: 400 unless 0..``stored``."""
+        return _resume_point(request, stored)
+
+    def start_run(
+        self,
+        run: RelayRun,
+        provider: str,
+        model: str,
+        message: str,
+        *,
+        history: Sequence[Mapping[str, Any]],
+        observers: Sequence[Any],
+        conversation: str,
+    ) -> None:
+        """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`)."""
+        self._start(
+            run,
+            provider,
+            model,
+            message,
+            resume=False,
+            history=history,
+            observers=observers,
+            conversation=conversation,
+        )
+
     async def _create(self, request: Request) -> Response:
         try:
             provider, model, message, resume = await self._parse(request)
@@ -200,26 +260,10 @@ class Relay:
             session = session or secrets.token_urlsafe(32)
             if resume is not None:
                 await self._check_resumable(resume, session, new_session)
-            quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
-            if not new_session and self.runs.active(session) >= quota:
-                raise HTTPError(
-                    429, "too_many_session_runs", f"this session has {quota} runs in flight"
-                )
-            run = RelayRun(session, self.previews, self.limits, run_id=resume)
-            if self.runs.closing:
-                raise HTTPError(503, "shutting_down", "the relay is shutting down")
-            if not self.runs.admit(run):
-                raise HTTPError(
-                    429,
-                    "too_many_runs",
-                    f"{self.limits.max_active_runs} runs are in flight; retry later",
-                )
+            run = self.admit(session, new_session, run_id=resume)
             self._start(run, provider, model, message, resume=resume is not None)
         except HTTPError as exc:
-            response = exc.response()
-            if exc.status == 429:
-                response.headers["retry-after"] = "1"
-            return response
+            return exc.response()
         body = {
             "id": run.id,
             "events_url": f"/runs/{run.id}/events",
@@ -231,6 +275,25 @@ class Relay:
         if new_session:
             _set_cookie(response, session)
         return response
+
+    def admit(self, session: str, new_session: bool, *, run_id: str | None = None) -> RelayRun:
+        """A new run of ``session``, admitted to the registry (every endpoint that starts runs
+        goes through here: the same quotas); raises :class:`HTTPError` (429, 503)."""
+        quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
+        if not new_session and self.runs.active(session) >= quota:
+            raise HTTPError(
+                429, "too_many_session_runs", f"this session has {quota} runs in flight"
+            )
+        run = RelayRun(session, self.previews, self.limits, run_id=run_id)
+        if self.runs.closing:
+            raise HTTPError(503, "shutting_down", "the relay is shutting down")
+        if not self.runs.admit(run):
+            raise HTTPError(
+                429,
+                "too_many_runs",
+                f"{self.limits.max_active_runs} runs are in flight; retry later",
+            )
+        return run
 
     async def _check_resumable(self, run_id: str, session: str, new_session: bool) -> None:
         """Raise :class:`HTTPError` unless this session's run ``run_id`` is stored in the
@@ -279,8 +342,20 @@ class Relay:
         return provider, model, message, resume
 
     def _start(
-        self, run: RelayRun, provider: str, model: str, message: str | None, *, resume: bool
+        self,
+        run: RelayRun,
+        provider: str,
+        model: str,
+        message: str | None,
+        *,
+        resume: bool,
+        history: Sequence[Mapping[str, Any]] = (),
+        observers: Sequence[Any] = (),
+        conversation: str | None = None,
     ) -> None:
+        """Start ``run``'s Agent: ``message`` after ``history`` (the provider's format), or the
+        stored run (``resume``); ``observers`` see its events before the run's log does;
+        ``conversation``: the call-id scope (default: the run's own)."""
         pool = min(range(len(self.http)), key=self._pool_runs.__getitem__)
         try:
             client = model_client(
@@ -291,7 +366,8 @@ class Relay:
                 tools = ()  # the source's tools replace the examples (as in `toollatch run`)
             elif tools is None:  # the example tools, writing in the session's own directory
                 tools = self._session_tools.get(_digest(run.session))
-            observers = [run.observer, *([self.metrics] if self.metrics is not None else [])]
+            metrics = [self.metrics] if self.metrics is not None else []
+            observers = [*observers, run.observer, *metrics]
             agent = Agent(
                 client,
                 tools,
@@ -313,7 +389,9 @@ class Relay:
             self._pool_runs[pool] -= 1
             await client.aclose()
 
-        run.start(agent.run(message, resume=resume), closing)
+        run.start(
+            agent.run(message, resume=resume, history=history, conversation=conversation), closing
+        )
 
     async def _events(self, request: Request) -> Response:
         run = self.runs.owned(request.path_params["run_id"], _session(request))
@@ -325,14 +403,28 @@ class Relay:
             return exc.response()
         if run.done and start >= run.last_id:
             return Response(status_code=204)  # tells an EventSource not to reconnect
+        try:
+            return self.stream(run, start)
+        except HTTPError as exc:
+            return exc.response()
+
+    def stream(
+        self,
+        run: RelayRun,
+        start: int,
+        *,
+        opening: bytes = b"",
+        view: Callable[[bytes], bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """``run``'s log after frame ``start`` as an SSE response, counted against the
+        session's ``max_session_readers`` (429 :class:`HTTPError` past it): the frames as
+        stored, or through ``view`` (another protocol's encoder: stored frames in, its SSE
+        bytes out), after ``opening``."""
         session = run.session
         if self._readers.get(session, 0) >= self.limits.max_session_readers:
             limit = self.limits.max_session_readers
-            response = HTTPError(
-                429, "too_many_readers", f"this session has {limit} event streams open"
-            ).response()
-            response.headers["retry-after"] = "1"
-            return response
+            raise HTTPError(429, "too_many_readers", f"this session has {limit} event streams open")
         self._readers[session] = self._readers.get(session, 0) + 1
 
         def release() -> None:
@@ -340,18 +432,27 @@ class Relay:
             if left:
                 self._readers[session] = left
 
-        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        sent = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
         return _CountedStream(
-            self._sse(run, start), release, media_type="text/event-stream", headers=headers
+            self._sse(run, start, opening, view),
+            release,
+            media_type="text/event-stream",
+            headers=sent,
         )
 
-    async def _sse(self, run: RelayRun, cursor: int) -> AsyncIterator[bytes]:
-        yield b"retry: 1000\n\n"
+    async def _sse(
+        self,
+        run: RelayRun,
+        cursor: int,
+        opening: bytes = b"",
+        view: Callable[[bytes], bytes] | None = None,
+    ) -> AsyncIterator[bytes]:
+        yield b"retry: 1000\n\n" + opening
         batch = self.limits.sse_batch
         while True:
             if cursor < run.last_id:  # every frame queued for this reader, in one write
                 chunk, cursor = run.log.after(cursor, batch)
-                yield chunk
+                yield chunk if view is None else view(chunk)
             elif run.done:
                 return
             elif not await run.wait(cursor, self.limits.heartbeat_s):

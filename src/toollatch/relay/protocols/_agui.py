@@ -1,0 +1,546 @@
+"""AG-UI from the relay: ``POST /agui`` (internal; needs the ``[server]`` extra's
+``ag-ui-protocol``, else 404).
+
+The request is AG-UI's ``RunAgentInput``; the answer is the AG-UI event stream as SSE,
+each event written by the package's ``EventEncoder`` (``data: <json>``). A run is an ordinary
+relay run (the same admission, quotas, Agent, previews policy, metrics and guard as ``POST
+/runs``); :class:`AguiView` is a view over its event log, so every reader of the same run
+gets the same events, and the run goes on when the reader leaves (as ``GET
+/runs/{id}/events``; stop it with ``POST /runs/{id}/cancel``, the id being the response's
+``X-Toollatch-Run`` header).
+
+What a frontend sees, from the relay's events (one producer, this encoder):
+
+* ``RUN_STARTED`` first; per model round a step (``STEP_STARTED``/``STEP_FINISHED``,
+  ``stepName`` ``"round N"``); the round's text as one assistant message
+  (``TEXT_MESSAGE_START/CONTENT/END``, id ``<run>-rN``).
+* A call only **when the gate commits it**: ``TOOL_CALL_START``, ``TOOL_CALL_ARGS`` (the
+  committed arguments as JSON text, filtered by the relay's preview policy as
+  ``call_committed`` is) and ``TOOL_CALL_END`` together, ``parentMessageId`` the round's
+  message. Clients run frontend tools on ``TOOL_CALL_END`` and ``verifyEvents`` rejects a
+  started call that never ends, so a call that did not commit (``max_tokens``, bad JSON,
+  schema...) is never started: it is a ``CUSTOM`` event ``toollatch.call_failed`` with
+  ``{"id", "name", "error", "detail"}`` (``error``: the stable code, e.g. ``truncated``).
+* Live argument previews: ``CUSTOM`` ``toollatch.preview`` with the relay's ``call_preview``
+  fields (already redacted; display only).
+* A committed call's result: ``TOOL_CALL_RESULT`` (``content``: the relay's redacted result
+  preview, an error result's message).
+* The end: ``RUN_FINISHED`` (``outcome`` ``{"type": "cancelled"}`` when the run was
+  cancelled), or ``RUN_ERROR`` (``code`` ``run_failed``) when the model could not be reached
+  or the run stopped for a reason (its message). A reader that fell behind the kept log gets
+  the open message and step closed and a ``CUSTOM`` ``toollatch.lagged`` ``{"first_id",
+  "missed"}``. (The relay's events have no reasoning, so no ``REASONING_*`` is sent.)
+
+Reconnect. ``HttpAgent`` has none (its ``connect()`` is not implemented in 1.0.0), so this is
+the relay's own: every SSE frame that ends the events of relay event ``N`` carries ``id:
+N`` (SSE's field; AG-UI's parser reads only ``data:``). POSTing the same ``threadId`` and
+``runId`` again from the same session reads that run again instead of starting another
+(a retried POST never runs the tools twice), from ``Last-Event-ID`` when given: the stream
+starts with ``RUN_STARTED`` again and re-opens the step and message that were open, so it
+passes ``verifyEvents`` on its own.
+
+Threads. Only the input's last message is used, and it must be the user's: the model gets
+the relay's own history of the thread (keyed by session and ``threadId``: another session's
+thread is another thread) plus that message; assistant and tool messages a client sends are
+never passed on. The history lives behind :attr:`AguiEndpoint.threads` (:class:`ThreadStore`,
+in memory by default). ``forwardedProps.provider`` / ``.model`` pick them as ``POST /runs``'s
+fields do; a thread keeps its provider (history formats differ). The input's ``tools``,
+``context``, ``state`` and ``resume`` are not used: the relay's tools are the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+from pydantic import ValidationError
+
+from ...core._round import Round
+from ...runtime import AgentEvent, RunEndedEvent
+from .._config import RelayLimits
+from .._runs import EventLog, RelayRun, RunRegistry
+
+try:
+    from ag_ui.core import (
+        BaseEvent,
+        CustomEvent,
+        RunAgentInput,
+        RunErrorEvent,
+        RunFinishedCancelledOutcome,
+        RunFinishedEvent,
+        RunStartedEvent,
+        StepFinishedEvent,
+        StepStartedEvent,
+        TextMessageContentEvent,
+        TextMessageEndEvent,
+        TextMessageStartEvent,
+        TextPart,
+        ToolCallArgsEvent,
+        ToolCallEndEvent,
+        ToolCallResultEvent,
+        ToolCallStartEvent,
+        UserMessage,
+    )
+    from ag_ui.encoder import EventEncoder
+
+    AVAILABLE = True
+except ImportError:  # pragma: no cover (the [server] extra is not installed)
+    AVAILABLE = False
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+PREVIEW = "toollatch.preview"
+CALL_FAILED = "toollatch.call_failed"
+LAGGED = "toollatch.lagged"
+RUN_HEADER = "x-toollatch-run"
+"""The response header naming the relay run (for ``POST /runs/{id}/cancel``)."""
+MAX_ID_CHARS = 200
+"""Longest ``threadId`` / ``runId`` accepted."""
+
+
+class Refusal(Exception):
+    """A 4xx answer (the app renders it as every error: ``{"error": {"code", "message"}}``)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+# -- the encoder: relay events -> AG-UI events ----------------------------------------------
+
+
+def log_frames(chunk: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(id, data)`` of each SSE frame of the relay's log in ``chunk`` (whole frames:
+    ``id: N\\nevent: T\\ndata: JSON\\n\\n``; the JSON has no raw newline)."""
+    for frame in chunk.split(b"\n\n"):
+        if frame.startswith(b"id: "):
+            head, _, body = frame.partition(b"\ndata: ")
+            yield int(head[4 : head.index(b"\n")]), orjson.loads(body)
+
+
+class AguiView:
+    """One reader's AG-UI encoding of a relay run's events (the state of what it has open).
+
+    ``thread_id``, ``run_id``: the client's (echoed in ``RUN_STARTED`` / ``RUN_FINISHED``);
+    ``prefix``: the relay run's id, which makes the message ids unique."""
+
+    def __init__(self, thread_id: str, run_id: str, prefix: str) -> None:
+        self.thread_id, self.run_id, self.prefix = thread_id, run_id, prefix
+        self._encoder = EventEncoder()
+        self.rounds = 0
+        """Rounds ended (the next step is ``round {rounds + 1}``)."""
+        self.step: str | None = None
+        self.text: str | None = None
+        """The open text message's id."""
+        self.committed: set[str] = set()
+        """Calls started (committed) in this view: the only ones whose results are sent."""
+        self.cancelled = False
+        self.finished = False
+
+    # the view over the log
+
+    def __call__(self, chunk: bytes) -> bytes:
+        """The AG-UI SSE bytes of a chunk of the relay's log."""
+        out: list[str] = []
+        for event_id, data in log_frames(chunk):
+            events = self.events(data)
+            if events:
+                out += [self._encoder.encode(e) for e in events[:-1]]
+                out.append(f"id: {event_id}\n" + self._encoder.encode(events[-1]))
+        return "".join(out).encode()
+
+    def opening(self) -> bytes:
+        """``RUN_STARTED``, and the step and message open at this point (a resumed read)."""
+        events: list[BaseEvent] = [RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id)]
+        if self.step is not None:
+            events.append(StepStartedEvent(step_name=self.step))
+        if self.text is not None:
+            events.append(TextMessageStartEvent(message_id=self.text, role="assistant"))
+        return "".join(self._encoder.encode(e) for e in events).encode()
+
+    def replay(self, log: EventLog, upto: int) -> None:
+        """Take the state of a reader that has read the events up to id ``upto`` (sending
+        nothing); what was forgotten from the log counts as a lag."""
+        start = 0
+        if log.first_id > 1:
+            self.events({"type": "lagged", "first_id": log.first_id, "missed": 0})
+            start = log.first_id - 1
+        if start < upto:
+            chunk, _ = log.after(start, upto - start)
+            for _id, data in log_frames(chunk):
+                self.events(data)
+
+    # one relay event
+
+    def events(self, data: Mapping[str, Any]) -> list[BaseEvent]:
+        """The AG-UI events for one relay event (none for those AG-UI has no place for:
+        ``call_opened``, ``tool_started``, and anything after the run's end)."""
+        kind = data["type"]
+        if self.finished:
+            return []
+        if kind == "text":
+            if not data["text"]:
+                return []
+            out = self._open_step()
+            if self.text is None:
+                self.text = self._message_id()
+                out.append(TextMessageStartEvent(message_id=self.text, role="assistant"))
+            out.append(TextMessageContentEvent(message_id=self.text, delta=data["text"]))
+            return out
+        if kind == "call_preview":
+            value = {k: v for k, v in data.items() if k != "type"}
+            return [*self._open_step(), CustomEvent(name=PREVIEW, value=value)]
+        if kind == "call_committed":
+            call_id = data["id"]
+            self.committed.add(call_id)
+            arguments = _json_text(data["arguments"])
+            return [
+                *self._open_step(),
+                ToolCallStartEvent(
+                    tool_call_id=call_id,
+                    tool_call_name=data["name"],
+                    parent_message_id=self._message_id(),
+                ),
+                ToolCallArgsEvent(tool_call_id=call_id, delta=arguments),
+                ToolCallEndEvent(tool_call_id=call_id),
+            ]
+        if kind == "call_failed":
+            value = {k: data.get(k) for k in ("id", "name", "error", "detail")}
+            return [*self._open_step(), CustomEvent(name=CALL_FAILED, value=value)]
+        if kind == "tool_finished":
+            call_id = data["id"]
+            if call_id not in self.committed:
+                return []
+            result = ToolCallResultEvent(
+                message_id=f"{self.prefix}-result-{call_id}",
+                tool_call_id=call_id,
+                content=data.get("result") or "",
+                role="tool",
+            )
+            return [*self._open_step(), result]
+        if kind == "round_ended":
+            out = [*self._open_step(), *self._close()]
+            self.rounds = max(self.rounds + 1, int(data["round"]))
+            self.cancelled = self.cancelled or data["ended"] == "cancelled"
+            return out
+        if kind == "run_ended":
+            out = self._close()
+            self.finished = True
+            if data.get("error"):
+                out.append(RunErrorEvent(message=str(data["error"]), code="run_failed"))
+            else:
+                outcome = RunFinishedCancelledOutcome() if self.cancelled else None
+                out.append(
+                    RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome)
+                )
+            return out
+        if kind == "lagged":
+            value = {"first_id": data["first_id"], "missed": data["missed"]}
+            return [*self._close(), CustomEvent(name=LAGGED, value=value)]
+        return []  # call_opened, tool_started (AG-UI holds a call until it commits)
+
+    def _message_id(self) -> str:
+        return f"{self.prefix}-r{self.rounds + 1}"
+
+    def _open_step(self) -> list[BaseEvent]:
+        if self.step is not None:
+            return []
+        self.step = f"round {self.rounds + 1}"
+        return [StepStartedEvent(step_name=self.step)]
+
+    def _close(self) -> list[BaseEvent]:
+        """End the open message and step."""
+        out: list[BaseEvent] = []
+        if self.text is not None:
+            out.append(TextMessageEndEvent(message_id=self.text))
+            self.text = None
+        if self.step is not None:
+            out.append(StepFinishedEvent(step_name=self.step))
+            self.step = None
+        return out
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text (an integer beyond 64 bits through the stdlib, as the log)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        import json  # noqa: PLC0415 (rare)
+
+        return json.dumps(value, ensure_ascii=False, default=repr)
+
+
+# -- threads: the seam for the chat store ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """A thread's history as the server keeps it: the provider's format, valid to send."""
+
+    provider: str
+    history: tuple[Mapping[str, Any], ...]
+
+
+class ThreadStore(Protocol):
+    """Where the threads' histories live, keyed by (session, threadId)."""
+
+    async def load(self, session: str, thread_id: str) -> Thread | None:
+        """The thread's history, None for a new thread."""
+
+    async def save(self, session: str, thread_id: str, thread: Thread) -> None:
+        """Keep the thread's history (after each run)."""
+
+
+class MemoryThreads:
+    """:class:`ThreadStore` in memory: the newest ``keep`` threads (lost on restart)."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._threads: OrderedDict[tuple[str, str], Thread] = OrderedDict()
+
+    async def load(self, session: str, thread_id: str) -> Thread | None:
+        """The thread's history (it becomes the newest)."""
+        thread = self._threads.get((session, thread_id))
+        if thread is not None:
+            self._threads.move_to_end((session, thread_id))
+        return thread
+
+    async def save(self, session: str, thread_id: str, thread: Thread) -> None:
+        """Keep it, forgetting the oldest thread past ``keep``."""
+        self._threads[(session, thread_id)] = thread
+        self._threads.move_to_end((session, thread_id))
+        while len(self._threads) > self._keep:
+            self._threads.popitem(last=False)
+
+
+class _Keeper:
+    """The run's observer that hands its final history to the thread store (before the
+    run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept)."""
+
+    def __init__(
+        self, endpoint: AguiEndpoint, key: tuple[str, str], provider: str, run: RelayRun
+    ) -> None:
+        self._endpoint, self._key, self._provider = endpoint, key, provider
+        self.run = run
+        self.ended = False
+
+    @property
+    def busy(self) -> bool:
+        """The run is still going (a driver that failed outside the Agent is done too)."""
+        return not (self.ended or self.run.done)
+
+    def on_round_start(self, provider: str, round_no: int) -> None:
+        """(Nothing.)"""
+
+    def on_notice(self, provider: str, notice: object) -> None:
+        """(Nothing.)"""
+
+    def on_round(self, provider: str, round_: Round) -> None:
+        """(Nothing.)"""
+
+    def on_not_committed(self, provider: str, detail: str) -> None:
+        """(Nothing.)"""
+
+    def on_event(self, provider: str, event: AgentEvent) -> None:
+        """On ``run_ended``: save the history (a task; the thread's next run awaits it)."""
+        if isinstance(event, RunEndedEvent):
+            self.ended = True
+            endpoint, key = self._endpoint, self._key
+            if endpoint.live.get(key) is self:
+                del endpoint.live[key]
+            thread = Thread(self._provider, tuple(dict(m) for m in event.history))
+            saving = asyncio.ensure_future(endpoint.threads.save(*key, thread))
+            endpoint.saving[key] = saving
+
+            def saved(done: asyncio.Future[None]) -> None:
+                if endpoint.saving.get(key) is done:
+                    del endpoint.saving[key]  # (its error, if any, is the store's to log)
+
+            saving.add_done_callback(saved)
+
+
+# -- the endpoint ----------------------------------------------------------------------------
+
+
+class RelayHost(Protocol):
+    """What the endpoint uses of :class:`toollatch.relay.Relay`."""
+
+    limits: RelayLimits
+    providers: tuple[str, ...]
+    model: str
+    models: tuple[str, ...]
+    runs: RunRegistry
+
+    def session_of(self, request: Request) -> str | None: ...
+    def set_session(self, response: Response, token: str) -> None: ...
+    async def read_json(self, request: Request) -> Any: ...
+    def resume_point(self, request: Request, stored: int) -> int: ...
+    def admit(self, session: str, new_session: bool, *, run_id: str | None = None) -> RelayRun: ...
+    def start_run(
+        self,
+        run: RelayRun,
+        provider: str,
+        model: str,
+        message: str,
+        *,
+        history: Sequence[Mapping[str, Any]],
+        observers: Sequence[Any],
+        conversation: str,
+    ) -> None: ...
+    def stream(
+        self,
+        run: RelayRun,
+        start: int,
+        *,
+        opening: bytes = b"",
+        view: Callable[[bytes], bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response: ...
+
+
+class AguiEndpoint:
+    """``POST /agui`` over a relay (see the module's doc)."""
+
+    def __init__(self, host: RelayHost) -> None:
+        self.host = host
+        self.threads: ThreadStore = MemoryThreads(host.limits.max_stored_runs)
+        """The threads' histories: THE seam for another store (e.g. the ledger's chats)."""
+        self.saving: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._runs: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        """(session, threadId, runId) -> the relay run's id, the newest ``max_stored_runs``."""
+        self.live: dict[tuple[str, str], _Keeper] = {}
+        """The threads with a run in flight (another message on one is 409)."""
+
+    async def answer(self, request: Request) -> Response:
+        """Start the run (or read it again) and stream its AG-UI events."""
+        if not AVAILABLE:
+            raise Refusal(404, "not_found", "AG-UI needs the [server] extra (ag-ui-protocol)")
+        host = self.host
+        data = await host.read_json(request)
+        given = _run_input(data)
+        session = host.session_of(request)
+        new_session = session is None
+        session = session or secrets.token_urlsafe(32)
+        key = (session, given.thread_id, given.run_id)
+        known = self._runs.get(key)
+        run = host.runs.owned(known, session) if known is not None else None
+        if run is not None:
+            return self._read_again(request, run, given)
+        provider, model = self._pick(given.forwarded_props)
+        message = self._message(given)
+        thread = (session, given.thread_id)
+        live = self.live.get(thread)
+        if live is not None and live.busy:
+            raise Refusal(409, "thread_busy", "this thread has a run in flight")
+        saving = self.saving.get(thread)
+        if saving is not None:  # (the previous run's history, still being stored)
+            with contextlib.suppress(Exception):
+                await saving
+        stored = await self.threads.load(*thread)
+        if stored is not None and stored.provider != provider:
+            raise Refusal(
+                409, "thread_provider", f"this thread runs on {stored.provider}, not {provider}"
+            )
+        run = host.admit(session, new_session)
+        keeper = _Keeper(self, thread, provider, run)
+        host.start_run(
+            run,
+            provider,
+            model,
+            message,
+            history=stored.history if stored is not None else (),
+            observers=[keeper],
+            conversation=_thread_scope(session, given.thread_id),
+        )
+        self.live[thread] = keeper
+        self._runs[key] = run.id
+        while len(self._runs) > host.limits.max_stored_runs:
+            self._runs.popitem(last=False)
+        view = AguiView(given.thread_id, given.run_id, run.id)
+        response = host.stream(
+            run, 0, opening=view.opening(), view=view, headers={RUN_HEADER: run.id}
+        )
+        if new_session:
+            host.set_session(response, session)
+        return response
+
+    def _read_again(self, request: Request, run: RelayRun, given: RunAgentInput) -> Response:
+        """The run's events again, after ``Last-Event-ID`` (204 when none are left)."""
+        from starlette.responses import Response  # noqa: PLC0415 (the app's dependency)
+
+        start = self.host.resume_point(request, run.last_id)
+        if run.done and start >= run.last_id:
+            return Response(status_code=204)
+        view = AguiView(given.thread_id, given.run_id, run.id)
+        view.replay(run.log, start)
+        return self.host.stream(
+            run, start, opening=view.opening(), view=view, headers={RUN_HEADER: run.id}
+        )
+
+    def _pick(self, props: Any) -> tuple[str, str]:
+        """``(provider, model)`` from ``forwardedProps`` (defaults: the relay's)."""
+        host = self.host
+        props = props if isinstance(props, Mapping) else {}
+        provider = props.get("provider", host.providers[0])
+        if provider not in host.providers:
+            raise Refusal(
+                422,
+                "invalid_body",
+                f"forwardedProps.provider must be one of {list(host.providers)}",
+            )
+        model = props.get("model", host.model)
+        if not isinstance(model, str) or model not in host.models:
+            shown = ", ".join(host.models[:20])
+            raise Refusal(422, "model_not_allowed", f"model must be one of: {shown}")
+        return provider, model
+
+    def _message(self, given: RunAgentInput) -> str:
+        """The text of the input's last message, which must be the user's."""
+        last = given.messages[-1] if given.messages else None
+        if not isinstance(last, UserMessage):
+            raise Refusal(422, "no_user_message", "the last message must be the user's")
+        content = last.content
+        if isinstance(content, str):
+            text = content
+        elif all(isinstance(p, TextPart) for p in content):
+            text = "\n".join(p.text for p in content if isinstance(p, TextPart))
+        else:
+            raise Refusal(422, "unsupported_content", "only text content is supported")
+        if not text.strip():
+            raise Refusal(422, "invalid_body", "the user's message is empty")
+        limit = self.host.limits.max_message_chars
+        if len(text) > limit:
+            raise Refusal(422, "message_too_long", f"message is over {limit} characters")
+        return text
+
+
+def _run_input(data: Any) -> RunAgentInput:
+    """``data`` as a ``RunAgentInput``; 422 with the first problem when it is not one."""
+    if not isinstance(data, dict):
+        raise Refusal(422, "invalid_body", "the body must be a RunAgentInput object")
+    try:
+        given = RunAgentInput.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise Refusal(422, "invalid_body", f"RunAgentInput.{where}: {first['msg']}") from None
+    for name, value in (("threadId", given.thread_id), ("runId", given.run_id)):
+        if not 0 < len(value) <= MAX_ID_CHARS:
+            raise Refusal(422, "invalid_body", f"{name} must be 1 to {MAX_ID_CHARS} characters")
+    return given
+
+
+def _thread_scope(session: str, thread_id: str) -> str:
+    """The call-id scope (the Agent's ``conversation``) of a session's thread: neither the
+    session token nor the client's thread id shows in it."""
+    digest = hashlib.sha256(f"{session}\0{thread_id}".encode()).hexdigest()[:32]
+    return f"relay-agui-{digest}"
