@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -361,3 +363,90 @@ async def test_recorded_streams_reach_the_sdk_as_the_gate_commits_them(name):
                     pass  # an interrupted recording: an error, after its committed calls only
     assert sdk_calls(chunks) == committed
     assert len(finish_reasons(chunks)) <= len(round_.choices)  # one finish per choice at most
+
+
+# -- proxy --record ------------------------------------------------------------------------
+
+CLIENT_KEY = "sk-client-0123456789abcdefghijklmnop"
+LEAKED = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+
+
+def leaky_stream() -> bytes:
+    """A chat stream whose text and arguments carry credentials: the client's own key (as
+    an upstream that echoes a request might) and a GitHub token inside a call's arguments."""
+    args = json.dumps({"city": "Oslo", "note": f"token {LEAKED} and {CLIENT_KEY}"})
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": f"key {CLIENT_KEY}"}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": args[:20]},
+                            }
+                        ]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": args[20:]}}]},
+                }
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    return (
+        b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    )
+
+
+async def test_record_saves_a_replayable_fixture_without_the_keys(tmp_path):
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object"}},
+    }
+    async with loopback() as lb:
+        lb.replies.append(raw_reply(leaky_stream()))
+        async with ProxyServer(lb.url + "/v1", record=tmp_path / "rec") as p:
+            async with openai.AsyncOpenAI(base_url=p.url, api_key=CLIENT_KEY, max_retries=0) as c:
+                stream = await c.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "x"}],
+                    tools=[tool],
+                    stream=True,
+                )
+                chunks = [chunk async for chunk in stream]
+        assert lb.seen[0].headers["authorization"] == f"Bearer {CLIENT_KEY}"  # forwarded upstream
+    [(_, sent)] = sdk_calls(chunks).items()
+    assert LEAKED in sent["arguments"]  # the client gets the model's arguments unchanged
+    files = sorted((tmp_path / "rec").iterdir())
+    assert sorted(f.name.split(".", 1)[1] for f in files) == ["json", "sse", "tools.json"]
+    for f in files:
+        data = f.read_bytes()
+        assert CLIENT_KEY.encode() not in data, f.name
+        assert LEAKED.encode() not in data, f.name
+        assert b"authorization" not in data.lower(), f.name
+    sse = next(f for f in files if f.suffix == ".sse")
+    meta = json.loads(sse.with_suffix(".json").read_text())
+    assert meta["status"] == 200
+    assert meta["provider"] == "openai_chat"
+    assert meta["masked"] >= 3
+    replayed = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", str(sse),
+         "--tools", str(sse.with_name(sse.stem + ".tools.json"))],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    [call] = json.loads(replayed.stdout)["calls"]
+    assert call["state"] == "committed"  # masked, yet still a JSON object
+    assert call["id"] == "call_1"
+    assert call["arguments"]["city"] == "Oslo"
+    assert call["arguments"]["note"] != json.loads(sent["arguments"])["note"]  # the keys went

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import secrets
 import socket
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +52,7 @@ from ..core._errors import ConfigError, ErrorCode, UsageError
 from ..core._gate import Gate
 from ..core._limits import Limits
 from ..core._pipeline import StreamParser
+from ..core._recording import StreamMasker
 from ..core._round import Round
 from ..core._specs import ToolSpec
 from ._guard import RelayAccess, is_loopback
@@ -132,7 +136,8 @@ class Proxy:
     ``upstream_key``: sent as the upstream's bearer instead of the client's
     ``Authorization``. ``access``: who may drive it (Host, token, Origin). ``limits``: the
     gate's and parser's bounds. ``max_request_bytes`` and ``idle_timeout_s``: see the
-    module's constants.
+    module's constants. ``record``: a folder where each upstream answer is saved
+    (:class:`Recorder`).
     """
 
     def __init__(
@@ -145,8 +150,10 @@ class Proxy:
         limits: Limits | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        record: Path | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.record = record
         self.http, self.upstream_key = http, upstream_key
         self.access = access or RelayAccess()
         self.limits = limits or Limits()
@@ -238,8 +245,20 @@ class Proxy:
             answer = await self.http.send(sent, stream=True)
         except httpx.HTTPError as exc:
             return _unreachable(self.upstream, exc).response()
+        recorder = None
+        if self.record is not None:
+            known = [
+                request.headers.get(h, "").partition(" ")[2] or request.headers.get(h, "")
+                for h in ("authorization", _TOKEN_HEADER)
+            ]
+            recorder = Recorder(self.record, body, known=[*known, self.upstream_key or ""])
+            recorder.begin(answer.status_code, self.upstream)
         if answer.status_code != 200:
-            return await _passed_on(answer)
+            passed = await _passed_on(answer)
+            if recorder is not None:
+                recorder.write(bytes(passed.body))
+                recorder.close()
+            return passed
         parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
         chunks = ChatChunks(
             completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
@@ -248,17 +267,19 @@ class Proxy:
         )
         if not wanted_stream:
             try:
-                async for _ in self._read(answer, parser, chunks):
+                async for _ in self._read(answer, parser, chunks, recorder):
                     pass
             finally:
                 await answer.aclose()
+                if recorder is not None:
+                    recorder.close()
             round_ = parser.finish()
             if interrupted(round_):
                 message = f"the upstream's stream broke: {round_.error or 'no end signal'}"
                 return ProxyError(502, "upstream_interrupted", message, "upstream_error").response()
             return JSONResponse(chunks.completion(round_))
         return StreamingResponse(
-            self._stream(answer, parser, chunks, usage),
+            self._stream(answer, parser, chunks, usage, recorder),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
@@ -285,7 +306,11 @@ class Proxy:
         return body
 
     async def _read(
-        self, answer: httpx.Response, parser: StreamParser, chunks: ChatChunks
+        self,
+        answer: httpx.Response,
+        parser: StreamParser,
+        chunks: ChatChunks,
+        recorder: Recorder | None,
     ) -> AsyncIterator[dict[str, Any]]:
         """The upstream's bytes into ``parser``; yields the text and committed-call chunks
         as they are decided. A broken or silent upstream fails the round (not raised)."""
@@ -302,6 +327,8 @@ class Proxy:
             except httpx.HTTPError as exc:
                 parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
                 return
+            if recorder is not None:
+                recorder.write(data)
             for notice in parser.feed(data):
                 if isinstance(notice, TextReceived):
                     yield chunks.text(notice.choice, notice.text)
@@ -311,13 +338,20 @@ class Proxy:
                     return
 
     async def _stream(
-        self, answer: httpx.Response, parser: StreamParser, chunks: ChatChunks, usage: bool
+        self,
+        answer: httpx.Response,
+        parser: StreamParser,
+        chunks: ChatChunks,
+        usage: bool,
+        recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._read(answer, parser, chunks):
+            async for chunk in self._read(answer, parser, chunks, recorder):
                 yield _sse(chunk)
         finally:
             await answer.aclose()
+            if recorder is not None:
+                recorder.close()
         round_: Round = parser.finish()
         if interrupted(round_):
             detail = round_.error or "the stream ended without its end signal"
@@ -366,16 +400,67 @@ async def _passed_on(answer: httpx.Response) -> Response:
     )
 
 
+_SERIAL = itertools.count(1)
+
+
+class Recorder:
+    """One upstream answer saved under ``folder`` as a fixture ``toollatch replay`` reads:
+    ``<stamp>-<n>.sse`` (the answer's bytes, credentials masked by
+    :class:`~toollatch.core._recording.StreamMasker`: the request's own keys and anything
+    shaped like one), ``<stamp>-<n>.json`` (provider, model, status, upstream, the request's
+    tools, whether the client asked a stream, how many spans were masked) and, when the
+    request had tools, ``<stamp>-<n>.tools.json`` for ``replay --tools``. Headers are never
+    stored. Written as the bytes arrive, so an answer cut by a crash is still on disk."""
+
+    def __init__(self, folder: Path, body: Mapping[str, Any], *, known: Iterable[str]) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        self.stem = folder / f"{stamp}-{next(_SERIAL):04d}"
+        self.masker = StreamMasker(known)
+        self.meta: dict[str, Any] = {
+            "provider": "openai_chat",
+            "model": self.masker.mask_text(str(body.get("model", ""))),
+            "stream": body.get("stream") is True,
+            "tools": body.get("tools") or [],
+        }
+        self._file = open(self.stem.with_suffix(".sse"), "wb")  # noqa: SIM115  (closed in close)
+
+    def begin(self, status: int, upstream: str) -> None:
+        """The answer's status and where it came from (the URL without credentials)."""
+        parts = httpx.URL(upstream)
+        self.meta.update(status=status, upstream=str(parts.copy_with(userinfo=b"", query=None)))
+
+    def write(self, data: bytes) -> None:
+        """Some of the answer's bytes."""
+        self._file.write(self.masker.feed(data))
+
+    def close(self) -> None:
+        """The rest, and the metadata (idempotent)."""
+        if self._file.closed:
+            return
+        self._file.write(self.masker.finish())
+        self._file.close()
+        tools = self.meta["tools"]
+        self.meta["masked"] = self.masker.masked
+        meta = orjson.dumps(self.meta, option=orjson.OPT_INDENT_2)
+        self.stem.with_suffix(".json").write_bytes(
+            self.masker.feed(meta + b"\n") + self.masker.finish()
+        )
+        if tools:
+            self.stem.with_name(self.stem.name + ".tools.json").write_bytes(orjson.dumps(tools))
+
+
 class ProxyServer:
     """``toollatch proxy`` on ``host:port`` (0: any free port, read back from :attr:`url`)
-    in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
+        in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
 
-    ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is
-    not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
-    API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
-    ``limits``, ``max_request_bytes``, ``idle_timeout_s``. ``async with ProxyServer(...) as
-    proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
-    port, mode, URL or token, or a host beyond loopback without a token.
+        ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is
+        not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
+        API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
+        ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
+    answer saved there, see :class:`Recorder`). ``async with ProxyServer(...) as
+        proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
+        port, mode, URL or token, or a host beyond loopback without a token.
     """
 
     def __init__(
@@ -391,6 +476,7 @@ class ProxyServer:
         limits: Limits | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        record: str | Path | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -417,6 +503,7 @@ class ProxyServer:
         self.upstream, self.host, self.port = upstream, host, port
         self.upstream_key, self.calls, self.limits = upstream_key, calls, limits
         self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
+        self.record = None if record is None else Path(record)
         self._stack: contextlib.AsyncExitStack | None = None
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -445,6 +532,7 @@ class ProxyServer:
                 limits=self.limits,
                 max_request_bytes=self.max_request_bytes,
                 idle_timeout_s=self.idle_timeout_s,
+                record=self.record,
             )
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
