@@ -29,6 +29,7 @@ from toollatch import StreamParser
 from toollatch.errors import ConfigError
 from toollatch.relay._proxy import ProxyServer
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
+from toollatch.scripted._quirks import PROFILES, QuirkProfile
 
 WEATHER = {
     "type": "function",
@@ -450,3 +451,68 @@ async def test_record_saves_a_replayable_fixture_without_the_keys(tmp_path):
     assert call["id"] == "call_1"
     assert call["arguments"]["city"] == "Oslo"
     assert call["arguments"]["note"] != json.loads(sent["arguments"])["note"]  # the keys went
+
+
+# -- the scripted server's quirk profiles, behind the proxy --------------------------------
+
+PROFILE_SCRIPTS = {"two": SCRIPTS["two"]}
+
+
+def raw_chunks(url: str) -> list[dict[str, Any]]:
+    body = {"model": "two", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    answer = httpx.post(url + "/chat/completions", json=body, timeout=10)
+    payloads = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+    return [json.loads(p) for p in payloads if p != "[DONE]"]
+
+
+def shows(profile: QuirkProfile, chunks: list[dict[str, Any]]) -> None:
+    """The quirk codes of ``profile`` are really on the wire."""
+    entries = [
+        e for c in chunks for ch in c["choices"] for e in ch["delta"].get("tool_calls") or ()
+    ]
+    finishes = [
+        ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")
+    ]
+    if "Q1" in profile.codes:
+        assert all("index" not in e for e in entries)
+    if "Q2" in profile.codes:
+        assert {e["index"] for e in entries} == {0}
+        assert len({e["id"] for e in entries}) == 2
+    if "Q3" in profile.codes:
+        assert all(e.get("id") for e in entries)
+    if "Q5" in profile.codes:
+        assert all(e["function"].get("name") for e in entries)
+    if "Q6" in profile.codes:
+        assert any(e["function"].get("name") == "" for e in entries)
+    if "Q8" in profile.codes:
+        assert len(entries) == 2  # one entry per call: the whole arguments at once
+    if "Q12" in profile.codes:
+        assert finishes == ["stop"]
+    if "Q13" in profile.codes:
+        last = chunks[-1]["choices"][0]
+        assert last["finish_reason"] and (
+            last["delta"].get("tool_calls") or last["delta"].get("content")
+        )
+    if profile.name == "tgi":
+        assert finishes == []
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+async def test_every_quirk_profile_reaches_the_sdk_as_clean_calls(name):
+    profile = PROFILES[name]
+    async with ScriptedServer(PROFILE_SCRIPTS, delay_scale=0.1, quirks=name) as upstream:
+        base = upstream.base_url("openai_chat")
+        chunks = await asyncio.to_thread(raw_chunks, base)
+        shows(profile, chunks)
+        async with ProxyServer(base) as proxy:
+            seen, calls = await streamed(proxy, "two")
+    assert calls == {
+        0: {"id": "call_oslo", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        1: {"id": "call_lima", "name": "get_weather", "arguments": '{"city": "Lima", "unit": "c"}'},
+    }, name
+    assert finish_reasons(seen) == ["tool_calls"]
+
+
+def test_an_unknown_quirk_profile_is_a_config_error():
+    with pytest.raises(ConfigError, match="ollama"):
+        ScriptedServer(quirks="nonesuch")
