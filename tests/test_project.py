@@ -196,6 +196,7 @@ SURFACES = {
         "ModelHTTPError",
         "ModelResponseError",
         "ModelStream",
+        "Recorder",
         "RedactedLog",
         "ResultLimits",
         "RetryPolicy",
