@@ -4,6 +4,7 @@ profiles, over real loopback HTTP; each profile's quirks are found and nothing e
 from __future__ import annotations
 
 import json
+
 import httpx
 import pytest
 
