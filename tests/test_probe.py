@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from toollatch.cli._probe import BATTERY, QUIRKS, report, run_probe, scan
+from toollatch.cli._probe_battery import BATTERY, QUIRKS, report, run_probe, scan
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._quirks import PROFILES
 
