@@ -1,5 +1,5 @@
-"""``toollatch serve``: the relay on ``--host:--port`` (internal; :mod:`toollatch.cli` wires
-:func:`add_serve_parser` and :func:`serve_command`).
+"""``toollatch serve``: the relay on ``--host:--port`` (internal: the arguments are in
+:mod:`toollatch.cli._serve`, which imports this module only for ``serve``).
 
 Without ``--base-url`` the runs talk to the scripted model server (started here, on
 loopback) with the example tools. Every run's calls go through a ledger (``--ledger URL``;
@@ -23,98 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
-
-PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-# (the parser is built on every `toollatch` invocation: the server's imports wait for `serve`)
-
-
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``serve`` to an ``argparse`` subparsers object; returns its parser."""
-    serve: argparse.ArgumentParser = subparsers.add_parser(
-        "serve",
-        help="serve the relay: a live page of agent runs (SSE) on the scripted model",
-        description="Serve agent runs to a browser over SSE, with a live page at /.",
-    )
-    serve.add_argument("--host", help="address to listen on (127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (8000)")
-    serve.add_argument(
-        "--tools",
-        action="append",
-        metavar="FILE.py",
-        help="Python file(s) of @toollatch.tool functions (default: examples)",
-    )
-    serve.add_argument(
-        "--provider", choices=PROVIDERS, help="wire format / provider (default openai_chat)"
-    )
-    serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
-    serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
-    serve.add_argument(
-        "--mcp",
-        action="append",
-        metavar="SERVER",
-        help="the tools of an MCP server: 'stdio:COMMAND ARGS...' or http://HOST:PORT/PATH "
-        "(repeatable; replaces the examples; needs the [mcp] extra)",
-    )
-    serve.add_argument(
-        "--ledger",
-        metavar="URL",
-        help="call ledger and run histories: sqlite:///PATH, redis://HOST:PORT/DB or none "
-        "(default: sqlite in the user's data folder, $XDG_DATA_HOME/toollatch/ledger.db)",
-    )
-    serve.add_argument(
-        "--token",
-        help="access token every request must carry (auto: make one; required with a --host "
-        "beyond loopback; better in TOOLLATCH_RELAY__TOKEN, which ps does not show)",
-    )
-    serve.add_argument(
-        "--allow-host",
-        action="append",
-        metavar="NAME",
-        help="a Host name to accept besides loopback's (NAME, *.SUFFIX or *; repeatable)",
-    )
-    serve.add_argument(
-        "--allow-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="an origin POSTs may come from besides the relay's own (repeatable)",
-    )
-    serve.add_argument(
-        "--allow-model",
-        action="append",
-        metavar="NAME",
-        help="a model the browser may pick (repeatable; default: --model only)",
-    )
-    serve.add_argument(
-        "--shutdown-grace",
-        type=_seconds,
-        metavar="SECONDS",
-        help="on SIGTERM / Ctrl-C, wait this long for the cancelled runs to end (every open "
-        "event stream gets their results and run_ended), then exit (default: the config's "
-        "relay.shutdown_grace_s, 10)",
-    )
-    serve.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML configuration (relay host and port, model, previews); flags win over it",
-    )
-    return serve
 
 
 def serve_command(args: argparse.Namespace) -> int:
