@@ -1,5 +1,5 @@
-"""``toollatch run``: one agent run from the command line (internal; the parser is in
-:mod:`toollatch.cli`, which imports this module only for ``run``).
+"""``toollatch run``: one agent run from the command line (internal; the arguments are in
+:mod:`toollatch.cli._run`, which imports this module only for ``run``).
 
 Without ``--base-url`` the run talks to the scripted model server (started here, on
 loopback) with the built-in example tools: no key, no network. ``--mcp`` (and the config's
@@ -11,7 +11,8 @@ Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the mod
 be reached or answered an error (one line on standard error), 124 when the run's deadline
 passed (``run_ended.error`` says so, every call paired), 2 for a usage error, 130 / 143
 when SIGINT / SIGTERM cancelled the run (its events still end with ``round_ended`` and
-``run_ended``, every call paired; a second signal exits at once).
+``run_ended``, whose ``error`` names the signal, every call paired; a second signal exits at
+once).
 """
 
 from __future__ import annotations
@@ -301,10 +302,18 @@ async def _with_model(
     return 0
 
 
+def cancelled_by(signum: int) -> str:
+    """``run_ended.error`` of a run a signal cancelled: "interrupted (SIGINT): the run was
+    cancelled", "terminated (SIGTERM): ..." (the relay's shutdown says it its own way)."""
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    return f"{how} ({signal.Signals(signum).name}): the run was cancelled"
+
+
 class _Signals:
     """SIGINT and SIGTERM while the run is shown: the first cancels it as ``run.cancel()``
-    does (every call paired, ``round_ended`` and ``run_ended`` still shown; the exit status
-    is then 128 + the signal's number: 130, 143); a second ends the process at once.
+    does (every call paired, ``round_ended`` and ``run_ended`` still shown, the latter's
+    ``error`` naming the signal: :func:`cancelled_by`; the exit status is then 128 + the
+    signal's number: 130, 143); a second ends the process at once.
 
     Installed on the loop (``loop.add_signal_handler``), after the scripted server started
     (uvicorn's own handlers, set when it starts serving, are replaced while the run is
@@ -349,7 +358,7 @@ class _Signals:
         sys.stderr.write(f"toollatch: {name}: cancelling the run (again to exit at once)\n")
         sys.stderr.flush()
         if self._run is not None:
-            self._run.cancel()
+            self._run.cancel(cancelled_by(signum))
 
 
 def _fail(message: str, status: int, *, lines: bool = False) -> int:
