@@ -272,27 +272,45 @@ async def _with_model(
             agent = _agent(args, client, tools, config, source)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
-        if agent.ledger is not None:
-            closing.push_async_callback(agent.ledger.aclose)
-        if agent.history_store is not None:
-            closing.push_async_callback(agent.history_store.aclose)
-        if agent.audit is not None:
-            closing.push_async_callback(agent.audit.store.aclose)
-        full = getattr(args, "full_results", False)
-        told = notice(args)
-        view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
+        _close_stores(agent, closing)
         signals = _Signals()
-        deadline = False
-        try:
-            resume = bool(getattr(args, "resume", None))
-            message = args.message if resume else args.message or DEFAULT_MESSAGE
-            with signals.cancelling(agent.run(message, resume=resume)) as run:
-                error = await view.show(run)
-                deadline = run.deadline_passed
-        except ModelError as exc:
-            error = str(exc)
-        except ToolLatchError as exc:
-            raise CommandError(str(exc)) from None
+        error, deadline = await _show(args, agent, signals)
+    return _status(signals, error, deadline=deadline)
+
+
+def _close_stores(agent: Agent, closing: contextlib.AsyncExitStack) -> None:
+    """Close the agent's ledger, history store and audit store when ``closing`` closes."""
+    if agent.ledger is not None:
+        closing.push_async_callback(agent.ledger.aclose)
+    if agent.history_store is not None:
+        closing.push_async_callback(agent.history_store.aclose)
+    if agent.audit is not None:
+        closing.push_async_callback(agent.audit.store.aclose)
+
+
+async def _show(
+    args: argparse.Namespace, agent: Agent, signals: _Signals
+) -> tuple[str | None, bool]:
+    """Run ``agent`` and show its events (``--json`` or the terminal view), cancelled by the
+    first signal; (``run_ended.error`` or the model's error, whether the deadline passed)."""
+    told = notice(args)
+    full = getattr(args, "full_results", False)
+    view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
+    resume = bool(getattr(args, "resume", None))
+    message = args.message if resume else args.message or DEFAULT_MESSAGE
+    try:
+        with signals.cancelling(agent.run(message, resume=resume)) as run:
+            error = await view.show(run)
+            return error, run.deadline_passed
+    except ModelError as exc:
+        return str(exc), False
+    except ToolLatchError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _status(signals: _Signals, error: str | None, *, deadline: bool) -> int:
+    """The exit status: 128 + the signal that cancelled the run; 124 when its deadline
+    passed; 1 when the model failed (one error line); else 0."""
     if signals.received is not None:
         return 128 + signals.received
     if error and deadline:

@@ -29,63 +29,18 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..core._errors import ConfigError, UsageError
+from ..mcp import McpToolSource, source_from_config
+from ..relay import RelayLimits, RelayServer
+from ..tools._tools import Tool
+from ._app_config import Config, RelayConfig, load_config
+from ._run_command import CommandError, load_tool_file
+
 
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
-    from ..core._errors import ConfigError, UsageError  # noqa: PLC0415
-    from ..mcp import source_from_config  # noqa: PLC0415
-    from ..relay import RelayLimits, RelayServer  # noqa: PLC0415
-    from ..tools._tools import Tool  # noqa: PLC0415
-    from ._app_config import load_config  # noqa: PLC0415
-    from ._run_command import CommandError, load_tool_file  # noqa: PLC0415
-
     try:
-        tools: list[Tool[..., Any]] | None = None
-        for path in args.tools or ():
-            tools = (tools or []) + load_tool_file(path)
-        c = load_config(args.config)  # (no file: the defaults and TOOLLATCH_ variables)
-        r = c.relay
-        limits = RelayLimits(
-            max_active_runs=r.max_active_runs,
-            max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
-            max_session_runs=r.max_session_runs,
-            max_session_readers=r.max_session_readers,
-            max_connections=r.max_connections,
-            max_header_bytes=r.max_header_bytes,
-            header_timeout_s=r.header_timeout_s,
-            idle_timeout_s=r.idle_timeout_s,
-            body_timeout_s=r.body_timeout_s,
-        )
-        models = args.allow_model or r.models
-        base_url = args.base_url or c.model.base_url
-        model = args.model or c.model.model
-        if base_url is not None and not model:
-            raise CommandError("--model is required with --base-url")
-        try:
-            reserved = [t.name for t in tools or ()]
-            source = source_from_config(c, args.mcp or (), reserved=reserved)
-        except ConfigError as exc:
-            raise CommandError(f"--mcp: {exc}") from None
-        server = RelayServer(
-            host=args.host or r.host,
-            port=args.port if args.port is not None else r.port,
-            provider=args.provider or c.model.provider,
-            model=model,
-            base_url=base_url,
-            tools=tools,
-            tool_source=source,
-            previews=c.preview_policy() if args.config else None,
-            ledger=_ledger_url(args.ledger or c.ledger.url),
-            audit=c.audit_policy(),
-            redact_stored=c.ledger.redact,
-            limits=limits,
-            token=args.token or r.token,
-            allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
-            allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
-            models=models or None,
-            run_limits=c.run_limits(),
-            shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
-        )
+        server = _server(args)
         _console_log()
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
@@ -93,6 +48,68 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
         return 128 + signal.SIGINT
+
+
+def _server(args: argparse.Namespace) -> RelayServer:
+    """The relay of the flags over the config (``--config``, else the defaults and the
+    ``TOOLLATCH_`` variables). Raises CommandError, ConfigError or UsageError."""
+    tools: list[Tool[..., Any]] | None = None
+    for path in args.tools or ():
+        tools = (tools or []) + load_tool_file(path)
+    c = load_config(args.config)  # (no file: the defaults and TOOLLATCH_ variables)
+    r = c.relay
+    limits = _relay_limits(r)
+    models = args.allow_model or r.models
+    base_url = args.base_url or c.model.base_url
+    model = args.model or c.model.model
+    if base_url is not None and not model:
+        raise CommandError("--model is required with --base-url")
+    return RelayServer(
+        host=args.host or r.host,
+        port=args.port if args.port is not None else r.port,
+        provider=args.provider or c.model.provider,
+        model=model,
+        base_url=base_url,
+        tools=tools,
+        tool_source=_mcp_source(args, c, tools),
+        previews=c.preview_policy() if args.config else None,
+        ledger=_ledger_url(args.ledger or c.ledger.url),
+        audit=c.audit_policy(),
+        redact_stored=c.ledger.redact,
+        limits=limits,
+        token=args.token or r.token,
+        allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
+        allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
+        models=models or None,
+        run_limits=c.run_limits(),
+        shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
+    )
+
+
+def _relay_limits(r: RelayConfig) -> RelayLimits:
+    """The config's ``relay:`` limits (at least as many runs stored as may be active)."""
+    return RelayLimits(
+        max_active_runs=r.max_active_runs,
+        max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
+        max_session_runs=r.max_session_runs,
+        max_session_readers=r.max_session_readers,
+        max_connections=r.max_connections,
+        max_header_bytes=r.max_header_bytes,
+        header_timeout_s=r.header_timeout_s,
+        idle_timeout_s=r.idle_timeout_s,
+        body_timeout_s=r.body_timeout_s,
+    )
+
+
+def _mcp_source(
+    args: argparse.Namespace, c: Config, tools: list[Tool[..., Any]] | None
+) -> McpToolSource | None:
+    """The MCP servers of the config and of ``--mcp`` (not connected)."""
+    try:
+        reserved = [t.name for t in tools or ()]
+        return source_from_config(c, args.mcp or (), reserved=reserved)
+    except ConfigError as exc:
+        raise CommandError(f"--mcp: {exc}") from None
 
 
 def _console_log() -> None:
@@ -139,7 +156,7 @@ def _ledger_url(given: str | None) -> str | None:
     return None if given == "none" else given
 
 
-async def _serve(server: Any) -> int:
+async def _serve(server: RelayServer) -> int:
     from ..relay._server import settle_heap  # noqa: PLC0415
 
     stopping = _Stopping(server)
@@ -166,7 +183,7 @@ class _Stopping:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: RelayServer) -> None:
         self.server = server
         self.received: int | None = None
 

@@ -1,13 +1,21 @@
-"""Every subcommand keeps its flags: the option strings and positionals of each parser, and
-the defaults that are not "unset", against a committed list. (The help texts are not pinned:
-their wording may change; a flag, a positional or a default may not, without this list.)"""
+"""The command line's shape. Every subcommand keeps its flags: the option strings and
+positionals of each parser, and the defaults that are not "unset", against a committed list
+(the help texts are not pinned: their wording may change; a flag, a positional or a default
+may not, without this list). One module per subcommand declares them, and no function of
+``toollatch.cli`` is over 40 lines (STYLE.md rule 11)."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+from pathlib import Path
 from typing import Any
 
+import toollatch.cli
 from toollatch.cli import build_parser
+
+CLI = Path(toollatch.cli.__file__).parent
+MAX_FUNCTION_LINES = 40
 
 OPTIONS: dict[str, set[str]] = {
     "": {"-h", "--help", "--version"},
@@ -85,3 +93,22 @@ def test_every_subcommand_keeps_its_defaults():
 def test_the_subcommands_are_listed_in_their_order():
     (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert tuple(action.choices) == SUBCOMMANDS
+
+
+def test_each_subcommand_has_its_module():
+    for name in SUBCOMMANDS:
+        module = getattr(toollatch.cli, f"_{name}")
+        assert name == module.NAME
+        assert callable(module.add_parser)
+        assert callable(module.command)
+
+
+def test_no_function_of_the_command_line_is_over_40_lines():
+    long = []
+    for path in sorted(CLI.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.name}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, long
