@@ -37,6 +37,11 @@ OPTIONS: dict[str, set[str]] = {
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
         "--shutdown-grace", "--config",
     },
+    "proxy": {
+        "-h", "--help", "--upstream", "--host", "--port", "--calls", "--token", "--record",
+        "--idle-timeout", "--max-request-bytes",
+    },
+    "probe": {"-h", "--help", "--base-url", "--model", "--json", "--record", "--timeout"},
 }  # fmt: skip
 """Per subcommand ("" is ``toollatch`` itself): its option strings, and its positionals by
 their metavar (else their name)."""
@@ -49,10 +54,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "--preview-fields": "",
         "--preview-every": 256,
     },
+    "proxy": {
+        "--host": "127.0.0.1",
+        "--port": 8080,
+        "--calls": "hold",
+        "--idle-timeout": 60.0,
+        "--max-request-bytes": 16 * 1024 * 1024,
+    },
+    "probe": {"--timeout": 120.0},
 }
 """The defaults other than None, False and argparse's SUPPRESS (there are none elsewhere)."""
 
-SUBCOMMANDS = ("replay", "run", "config", "serve")
+SUBCOMMANDS = ("replay", "run", "config", "serve", "proxy", "probe")
 """In the order ``toollatch --help`` lists them."""
 
 

@@ -260,6 +260,7 @@ SURFACES = {
         "sqlite_file",
     ],
     "toollatch.relay": [
+        "ProxyServer",
         "Relay",
         "RelayLimits",
         "RelayRun",

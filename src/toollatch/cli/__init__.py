@@ -1,9 +1,11 @@
 """``toollatch`` command line: ``replay`` recorded streams through the commit gate, ``run``
-an agent, check its ``config``, ``serve`` the relay.
+an agent, check its ``config``, ``serve`` the relay, ``proxy`` a model server through the gate,
+``probe`` a model server's quirks.
 
 One module per subcommand declares its arguments (``add_parser(subparsers)``) and holds its
 handler (``command(args)``, the exit status): :mod:`~toollatch.cli._replay`,
-:mod:`~toollatch.cli._run`, :mod:`~toollatch.cli._config`, :mod:`~toollatch.cli._serve`. The
+:mod:`~toollatch.cli._run`, :mod:`~toollatch.cli._config`, :mod:`~toollatch.cli._serve`,
+:mod:`~toollatch.cli._proxy`, :mod:`~toollatch.cli._probe`. The
 heavy parts (the runtime, the relay, the whole-app configuration: the ``[run]`` extra) are
 imported only by the subcommand that runs them (``_run_command``, ``_serve_command``,
 ``_app_config``), so ``toollatch replay`` imports neither asyncio nor httpx.
@@ -21,14 +23,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import _config, _replay, _run, _serve
+from . import _config, _probe, _proxy, _replay, _run, _serve
 from ._args import CliParser, Subcommand
 from ._output import display_name, json_text
 from ._replay import replay_bytes, replay_stream
 from ._replay_output import preview_json, preview_text, round_json, round_text
 from ._run import RUN_VARIABLES
 
-_SUBCOMMANDS: tuple[Subcommand, ...] = (_replay, _run, _config, _serve)
+_SUBCOMMANDS: tuple[Subcommand, ...] = (_replay, _run, _config, _serve, _proxy, _probe)
 """The subcommands' modules, in the order ``toollatch --help`` lists them."""
 
 

@@ -194,57 +194,60 @@ def _entries(chunk: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
 def scan(chunks: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> set[str]:
     """The quirk codes (:data:`QUIRKS`) a chat stream's decoded chunks show."""
     found: set[str] = set()
-    ids_at: dict[tuple[int, Any], set[str]] = {}
-    entries_of: dict[tuple[int, Any], list[Mapping[str, Any]]] = {}
+    calls: dict[tuple[int, Any], list[Mapping[str, Any]]] = {}
     fragments: list[int] = []
-    calls_streamed = False
     for n, chunk in enumerate(chunks):
         if not chunk.get("choices") and ("usage" not in chunk or n != len(chunks) - 1):
             found.add("Q21")  # (the usage chunk, last, is the one allowed)
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            if choice.get("finish_reason") and (delta.get("content") or delta.get("tool_calls")):
-                found.add("Q13")
-            if choice.get("finish_reason") == "stop" and calls_streamed:
-                found.add("Q12")
+        _finishes(chunk, bool(calls), found)
         for choice_index, entry in _entries(chunk):
-            calls_streamed = True
             if "index" not in entry:
                 found.add("Q1")
-            key = (choice_index, entry.get("index", entry.get("id")))
-            if entry.get("id"):
-                ids_at.setdefault(key, set()).add(entry["id"])
-            entries_of.setdefault(key, []).append(entry)
+            calls.setdefault((choice_index, entry.get("index", entry.get("id"))), []).append(entry)
             args = (entry.get("function") or {}).get("arguments")
             if args is not None and not isinstance(args, str):
                 found.add("Q9")
             elif args:
                 fragments.append(len(args))
     required = _required(tools)
-    for key, entries in entries_of.items():
-        if len(ids_at.get(key, ())) > 1:
-            found.add("Q2")
-        if sum(1 for e in entries if e.get("id")) > len(ids_at.get(key, ())):
-            found.add("Q3")
-        names = [(e.get("function") or {}).get("name") for e in entries]
-        distinct = len(ids_at.get(key, ()))
-        if sum(1 for x in names if x) > max(1, distinct):
-            found.add("Q5")
-        if any(x == "" for x in names[1:]):
-            found.add("Q6")
-        first = (entries[0].get("function") or {}).get("arguments")
-        if isinstance(first, str) and first.strip().startswith("{") and _complete(first):
-            found.add("Q8")
-        text = "".join(
-            a for e in entries if isinstance(a := (e.get("function") or {}).get("arguments"), str)
-        )
-        name = next((x for x in names if x), None)
-        if not text.strip() and required.get(name or ""):
-            found.add("Q10")
-        if distinct <= 1 and "}{" in text.replace(" ", "") and not _complete(text):
-            found.add("Q11")
+    for entries in calls.values():
+        found |= _call_quirks(entries, required)
     if len(fragments) >= 20 and sum(fragments) / len(fragments) <= 1.5:
         found.add("Q17")
+    return found
+
+
+def _finishes(chunk: Mapping[str, Any], calls_streamed: bool, found: set[str]) -> None:
+    """Q12 and Q13, from one chunk's finish reasons."""
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("finish_reason") and (delta.get("content") or delta.get("tool_calls")):
+            found.add("Q13")
+        if choice.get("finish_reason") == "stop" and (calls_streamed or delta.get("tool_calls")):
+            found.add("Q12")
+
+
+def _call_quirks(entries: Sequence[Mapping[str, Any]], required: Mapping[str, bool]) -> set[str]:
+    """The quirks of the entries sent under one call's key (index, or id without one)."""
+    found = set()
+    ids = {e["id"] for e in entries if e.get("id")}
+    if len(ids) > 1:
+        found.add("Q2")
+    if sum(1 for e in entries if e.get("id")) > len(ids):
+        found.add("Q3")
+    names = [(e.get("function") or {}).get("name") for e in entries]
+    if sum(1 for x in names if x) > max(1, len(ids)):
+        found.add("Q5")
+    if any(x == "" for x in names[1:]):
+        found.add("Q6")
+    texts = [a for e in entries if isinstance(a := (e.get("function") or {}).get("arguments"), str)]
+    if texts and texts[0].strip().startswith("{") and _complete(texts[0]):
+        found.add("Q8")
+    text = "".join(texts)
+    if not text.strip() and required.get(next((x for x in names if x), "")):
+        found.add("Q10")
+    if len(ids) <= 1 and "}{" in text.replace(" ", "") and not _complete(text):
+        found.add("Q11")
     return found
 
 
@@ -342,19 +345,42 @@ async def _one(
         "stream_options": {"include_usage": True},
         **probe.extra,
     }
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     result = ProbeResult(probe.name)
-    recorder = None
     names = [t["function"]["name"] for t in probe.tools]
     parser = StreamParser("openai_chat", tools=probe.tools, eager=names)
+    recorder = None
+    if record is not None:
+        recorder = Recorder(record, body, known=[api_key or ""], label=probe.name)
+    try:
+        raw = await _send(http, base_url, body, api_key, result, parser, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+    if result.status != 200:
+        text = bytes(raw[:300]).decode("utf-8", "replace")
+        result.error = result.error or f"HTTP {result.status}: {' '.join(text.split())}"
+        return result
+    _judge(result, raw, parser, probe.tools)
+    return result
+
+
+async def _send(
+    http: httpx.AsyncClient,
+    base_url: str,
+    body: Mapping[str, Any],
+    api_key: str | None,
+    result: ProbeResult,
+    parser: StreamParser,
+    recorder: Recorder | None,
+) -> bytes:
+    """The answer's bytes (its status in ``result``, its stream fed to ``parser``)."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     raw = bytearray()
     try:
-        async with http.stream(
-            "POST", f"{base_url}/chat/completions", json=body, headers=headers
-        ) as answer:
+        url = f"{base_url}/chat/completions"
+        async with http.stream("POST", url, json=body, headers=headers) as answer:
             result.status = answer.status_code
-            if record is not None:
-                recorder = Recorder(record, body, known=[api_key or ""], label=probe.name)
+            if recorder is not None:
                 recorder.begin(answer.status_code, base_url)
             async for data in answer.aiter_raw():
                 raw += data
@@ -364,15 +390,7 @@ async def _one(
                     parser.feed(data)
     except httpx.HTTPError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if recorder is not None:
-            recorder.close()
-    if result.status != 200:
-        text = bytes(raw[:300]).decode("utf-8", "replace")
-        result.error = result.error or f"HTTP {result.status}: {' '.join(text.split())}"
-        return result
-    _judge(result, bytes(raw), parser, probe.tools)
-    return result
+    return bytes(raw)
 
 
 def _judge(
