@@ -516,3 +516,81 @@ async def test_every_quirk_profile_reaches_the_sdk_as_clean_calls(name):
 def test_an_unknown_quirk_profile_is_a_config_error():
     with pytest.raises(ConfigError, match="ollama"):
         ScriptedServer(quirks="nonesuch")
+
+
+# -- POST /v1/responses --------------------------------------------------------------------
+
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+@pytest.fixture
+async def responses_proxy(upstream: ScriptedServer) -> AsyncIterator[ProxyServer]:
+    async with ProxyServer(upstream.base_url("openai_responses")) as served:
+        yield served
+
+
+async def responses_of(proxy: ProxyServer, model: str) -> tuple[list[Any], Any]:
+    async with client(proxy) as c:
+        async with c.responses.stream(
+            model=model, input="weather?", tools=[RESPONSES_WEATHER]
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_response()
+    return events, final
+
+
+def function_calls(response: Any) -> list[tuple[str, str]]:
+    return [(i.call_id, i.arguments) for i in response.output if i.type == "function_call"]
+
+
+async def test_responses_stream_gets_committed_calls_only(responses_proxy):
+    events, final = await responses_of(responses_proxy, "two")
+    assert function_calls(final) == [
+        ("call_oslo", '{"city": "Oslo"}'),
+        ("call_lima", '{"city": "Lima", "unit": "c"}'),
+    ]
+    assert final.output_text == "Checking both."
+    assert final.status == "completed"
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) == 2  # one whole delta per call
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(len(numbers)))
+
+
+async def test_responses_refused_and_truncated_calls_never_reach_the_client(responses_proxy):
+    _, bad = await responses_of(responses_proxy, "bad")
+    assert function_calls(bad) == [("call_oslo", '{"city": "Oslo"}')]
+    assert bad.model_extra["toollatch"]["failed"][0]["code"] == "schema_violation"
+    async with client(responses_proxy) as c:  # (the SDK's stream helper wants "completed")
+        stream = await c.responses.create(
+            model="cut1", input="x", tools=[RESPONSES_WEATHER], stream=True
+        )
+        events = [event async for event in stream]
+    assert not [e for e in events if e.type.startswith("response.function_call")]
+    cut = events[-1]
+    assert cut.type == "response.incomplete"
+    assert cut.response.incomplete_details.reason == "max_output_tokens"
+    assert cut.response.model_extra["toollatch"]["failed"][0]["code"] == "truncated"
+
+
+async def test_responses_without_a_stream_and_a_broken_upstream(responses_proxy):
+    async with client(responses_proxy) as c:
+        whole = await c.responses.create(model="two", input="weather?", tools=[RESPONSES_WEATHER])
+        assert [i.call_id for i in whole.output if i.type == "function_call"] == [
+            "call_oslo",
+            "call_lima",
+        ]
+        stream = await c.responses.create(
+            model="dropped", input="x", tools=[RESPONSES_WEATHER], stream=True
+        )
+        seen: list[Any] = []
+
+        async def read_all() -> None:
+            async for event in stream:
+                seen.append(event)
+
+        with pytest.raises(openai.APIError, match="stream broke"):
+            await read_all()
+    assert not [
+        e for e in seen if e.type == "response.output_item.added" and e.item.type == "function_call"
+    ]

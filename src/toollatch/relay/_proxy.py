@@ -55,6 +55,7 @@ from ..core._specs import ToolSpec
 from ..runtime import Recorder
 from ._guard import RelayAccess, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
+from ._proxy_responses import ResponseEvents
 
 CALL_MODES = ("hold",)
 """How calls reach the client: ``hold``, only once committed, complete (the default)."""
@@ -160,6 +161,7 @@ class Proxy:
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/healthz", self._health, methods=["GET"]),
             ]
@@ -282,7 +284,70 @@ class Proxy:
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _responses(self, request: Request) -> Response:
+        """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
+        try:
+            body = await self._body(request, "input")
+            gate, eager = self.gates.get(body)
+        except ProxyError as exc:
+            return exc.response()
+        sent = self.http.build_request(
+            "POST",
+            f"{self.upstream}/responses",
+            content=orjson.dumps({**body, "stream": True}),
+            headers=self._headers(request),
+        )
+        try:
+            answer = await self.http.send(sent, stream=True)
+        except httpx.HTTPError as exc:
+            return _unreachable(self.upstream, exc).response()
+        if answer.status_code != 200:
+            return await _passed_on(answer)
+        parser = StreamParser("openai_responses", gate=gate, eager=eager, observe=True)
+        events = ResponseEvents(
+            response_id=f"resp_{secrets.token_urlsafe(18)}",
+            model=str(body.get("model", "")),
+            created=int(time.time()),
+        )
+        frames = self._response_events(answer, parser, events)
+        if body.get("stream") is True:
+            return StreamingResponse(
+                frames,
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+        last: dict[str, Any] = {}
+        async for frame in frames:
+            last = orjson.loads(frame.split(b"data: ", 1)[1])
+        if last.get("type") == "error":
+            message = str(last.get("message"))
+            return ProxyError(502, "upstream_interrupted", message, "upstream_error").response()
+        return JSONResponse(last["response"])
+
+    async def _response_events(
+        self, answer: httpx.Response, parser: StreamParser, events: ResponseEvents
+    ) -> AsyncIterator[bytes]:
+        for kind, event in events.start():
+            yield _named_sse(kind, event)
+        chunks = ChatChunks(completion_id="", model="", created=0)  # (unused: the reader's)
+        try:
+            async for chunk in self._read(answer, parser, chunks, None, events):
+                for kind, event in chunk:
+                    yield _named_sse(kind, event)
+        finally:
+            await answer.aclose()
+        round_ = parser.finish()
+        if interrupted(round_):
+            detail = round_.error or "the stream ended without its end signal"
+            kind, event = events.error(
+                f"the upstream's stream broke: {detail}", "upstream_interrupted"
+            )
+            yield _named_sse(kind, event)
+            return
+        for kind, event in events.end(round_):
+            yield _named_sse(kind, event)
+
+    async def _body(self, request: Request, needs: str = "messages") -> dict[str, Any]:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ProxyError(415, "unsupported_media_type", "the body must be application/json")
         limit = self.max_request_bytes
@@ -299,8 +364,10 @@ class Proxy:
             raise ProxyError(400, "invalid_json", f"the body is not JSON: {exc}") from None
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_body", "the body must be a JSON object")
-        if not isinstance(body.get("messages"), list):
+        if needs == "messages" and not isinstance(body.get("messages"), list):
             raise ProxyError(400, "invalid_body", "messages must be a list")
+        if needs == "input" and not isinstance(body.get("input"), str | list):
+            raise ProxyError(400, "invalid_body", "input must be a string or a list")
         return body
 
     async def _read(
@@ -309,9 +376,11 @@ class Proxy:
         parser: StreamParser,
         chunks: ChatChunks,
         recorder: Recorder | None,
-    ) -> AsyncIterator[dict[str, Any]]:
+        responses: ResponseEvents | None = None,
+    ) -> AsyncIterator[Any]:
         """The upstream's bytes into ``parser``; yields the text and committed-call chunks
-        as they are decided. A broken or silent upstream fails the round (not raised)."""
+        (or, given ``responses``, their Responses events) as they are decided. A broken or
+        silent upstream fails the round (not raised)."""
         reads = answer.aiter_raw().__aiter__()
         while not parser.over:
             try:
@@ -329,9 +398,17 @@ class Proxy:
                 recorder.write(data)
             for notice in parser.feed(data):
                 if isinstance(notice, TextReceived):
-                    yield chunks.text(notice.choice, notice.text)
+                    yield (
+                        chunks.text(notice.choice, notice.text)
+                        if responses is None
+                        else responses.text(notice.text)
+                    )
                 elif isinstance(notice, CallReady):
-                    yield chunks.call(notice.call)
+                    yield (
+                        chunks.call(notice.call)
+                        if responses is None
+                        else responses.call(notice.call)
+                    )
                 elif isinstance(notice, RoundOver):
                     return
 
@@ -364,6 +441,10 @@ class Proxy:
 
 def _sse(chunk: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _named_sse(kind: str, event: Mapping[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def _unreachable(upstream: str, exc: httpx.HTTPError) -> ProxyError:
