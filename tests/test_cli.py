@@ -571,14 +571,14 @@ def test_a_schema_reference_that_cannot_be_resolved_fails_the_call(hostile_paths
 def test_a_bug_while_replaying_is_one_error_line_after_the_files_before(monkeypatch, tmp_path):
     path = tmp_path / "second.jsonl"
     path.write_bytes(anthropic_stream("{}"))
-    real = toollatch.cli.replay_stream
+    real = toollatch.cli._replay.replay_stream
 
     def broken(data, **kwargs):
         if kwargs["name"] == str(path):
             raise RuntimeError("boom\nsecond line")
         return real(data, **kwargs)
 
-    monkeypatch.setattr(toollatch.cli, "replay_stream", broken)
+    monkeypatch.setattr(toollatch.cli._replay, "replay_stream", broken)
     status, out, err = run_in_process(["replay", "--format", "json", STREAM, str(path), STREAM])
     assert status == 2
     assert [o["file"] for o in json_lines(out)] == [STREAM]
@@ -589,7 +589,7 @@ def test_a_tools_file_the_loader_did_not_foresee_is_one_error_line(monkeypatch, 
     def broken(source):
         raise KeyError("x")
 
-    monkeypatch.setattr(toollatch.cli, "load_tools", broken)
+    monkeypatch.setattr(toollatch.cli._replay, "load_tools", broken)
     status, out, err = run_in_process(["replay", "--tools", "t.json", STREAM])
     assert (status, out) == (2, "")
     assert err == "toollatch: error: t.json: internal error: KeyError: 'x'\n"

@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from toollatch.scripted._script import Call, Faults, Script, Text, Turn
+from toollatch.scripted._server import ScriptedServer
+
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +144,8 @@ def test_a_signal_during_a_tool_cancels_the_run_with_every_call_paired(tmp_path,
     kinds = [e["type"] for e in events]
     assert kinds[-2:] == ["round_ended", "run_ended"]
     assert kinds.count("run_ended") == 1
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert events[-1]["error"] == f"{how} ({signal.Signals(signum).name}): the run was cancelled"
     # every result has its tool_finished (cancelled): the running call's and the waiting
     # one's, which never started (the history tells them apart, below)
     finished = [(e["id"], e["error"]) for e in events if e["type"] == "tool_finished"]
@@ -205,3 +210,83 @@ def test_a_second_signal_exits_at_once_when_the_run_cannot_end(tmp_path):
     _out, err = proc.communicate(timeout=EXIT_WITHIN_S)
     assert proc.returncode == 130
     assert "SIGINT again: exiting now" in err
+
+
+ASYNC_SLOW = '''
+import asyncio
+
+import toollatch
+
+
+@toollatch.tool(timeout=600)
+async def get_weather(city: str, unit: str = "c") -> str:
+    """Takes ten minutes: only the signal ends the run."""
+    await asyncio.sleep(600)
+    return "never"
+'''
+
+
+def _stalled_mid_call() -> Script:
+    """Anthropic: call_a closes and (eager) starts when call_b opens; the stream then stalls
+    inside call_b's arguments (after event 12 of 17: its second fragment) for ten minutes."""
+    calls = (
+        Call(call_id="call_a", name="get_weather", arguments='{"city": "Oslo"}'),
+        Call(call_id="call_b", name="get_weather", arguments='{"city": "Zürich"}'),
+    )
+    stall = Faults(stall_ms=600_000, stall_after_events=12)
+    first = Turn(items=(Text(text="Looking."), *calls), delay_ms=0, faults=stall)
+    return Script(turns=(first, Turn(items=(Text(text="Done."),), delay_ms=0)))
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_stream_says_so_in_run_ended_with_every_call_paired(tmp_path, signum, status):
+    """The signal comes while one call runs (started early) and the next one's arguments are
+    still streaming: run_ended.error names it (it was null), both calls are paired."""
+    with ScriptedServer({"stalled": _stalled_mid_call()}) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toollatch.cli", "run", "--json", "--provider", "anthropic",
+             "--base-url", server.base_url("anthropic"), "--model", "stalled",
+             "--tools", _tools(tmp_path, ASYNC_SLOW), "--eager", "get_weather"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        lines = _read_until(proc, '"tool_started"')
+        assert '"call_opened","id":"call_b"' in "".join(lines), lines  # open when signalled
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=EXIT_WITHIN_S)
+    assert proc.returncode == status, err
+    events = _events("".join(lines) + out)
+    assert [e["type"] for e in events][-2:] == ["round_ended", "run_ended"]
+    ended = events[-1]
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert ended["error"] == f"{how} ({signal.Signals(signum).name}): the run was cancelled"
+    assert [(c["id"], c["state"], c["error"]) for c in ended["calls"]] == [
+        ("call_a", "committed", "cancelled"),  # it ran: its outcome is unknown
+        ("call_b", "cancelled", "cancelled"),  # still streaming: never committed
+    ]
+    paired = {e["id"]: e["type"] for e in events if e["type"] in {"tool_finished", "call_failed"}}
+    assert paired == {"call_a": "tool_finished", "call_b": "call_failed"}
+    results = [
+        block["tool_use_id"]
+        for message in ended["history"]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    ]
+    assert results == ["call_a", "call_b"]  # the history sent next holds one result per call
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
+    """``proc``'s output lines up to the first holding ``marker`` (killed if it never does)."""
+    assert proc.stdout is not None
+    watchdog = threading.Timer(EXIT_WITHIN_S, proc.kill)  # a broken start must not hang
+    watchdog.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                break
+    finally:
+        watchdog.cancel()
+    assert lines and marker in lines[-1], lines
+    return lines

@@ -196,6 +196,7 @@ SURFACES = {
         "ModelHTTPError",
         "ModelResponseError",
         "ModelStream",
+        "Recorder",
         "RedactedLog",
         "ResultLimits",
         "RetryPolicy",
@@ -259,6 +260,7 @@ SURFACES = {
         "sqlite_file",
     ],
     "toollatch.relay": [
+        "ProxyServer",
         "Relay",
         "RelayLimits",
         "RelayRun",

@@ -1,5 +1,5 @@
-"""``toollatch run``: one agent run from the command line (internal; the parser is in
-:mod:`toollatch.cli`, which imports this module only for ``run``).
+"""``toollatch run``: one agent run from the command line (internal; the arguments are in
+:mod:`toollatch.cli._run`, which imports this module only for ``run``).
 
 Without ``--base-url`` the run talks to the scripted model server (started here, on
 loopback) with the built-in example tools: no key, no network. ``--mcp`` (and the config's
@@ -11,7 +11,8 @@ Exit status: 0 when the run ended (whatever its calls' outcomes), 1 when the mod
 be reached or answered an error (one line on standard error), 124 when the run's deadline
 passed (``run_ended.error`` says so, every call paired), 2 for a usage error, 130 / 143
 when SIGINT / SIGTERM cancelled the run (its events still end with ``round_ended`` and
-``run_ended``, every call paired; a second signal exits at once).
+``run_ended``, whose ``error`` names the signal, every call paired; a second signal exits at
+once).
 """
 
 from __future__ import annotations
@@ -271,27 +272,45 @@ async def _with_model(
             agent = _agent(args, client, tools, config, source)
         except (ConfigError, UsageError) as exc:
             raise CommandError(str(exc)) from None
-        if agent.ledger is not None:
-            closing.push_async_callback(agent.ledger.aclose)
-        if agent.history_store is not None:
-            closing.push_async_callback(agent.history_store.aclose)
-        if agent.audit is not None:
-            closing.push_async_callback(agent.audit.store.aclose)
-        full = getattr(args, "full_results", False)
-        told = notice(args)
-        view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
+        _close_stores(agent, closing)
         signals = _Signals()
-        deadline = False
-        try:
-            resume = bool(getattr(args, "resume", None))
-            message = args.message if resume else args.message or DEFAULT_MESSAGE
-            with signals.cancelling(agent.run(message, resume=resume)) as run:
-                error = await view.show(run)
-                deadline = run.deadline_passed
-        except ModelError as exc:
-            error = str(exc)
-        except ToolLatchError as exc:
-            raise CommandError(str(exc)) from None
+        error, deadline = await _show(args, agent, signals)
+    return _status(signals, error, deadline=deadline)
+
+
+def _close_stores(agent: Agent, closing: contextlib.AsyncExitStack) -> None:
+    """Close the agent's ledger, history store and audit store when ``closing`` closes."""
+    if agent.ledger is not None:
+        closing.push_async_callback(agent.ledger.aclose)
+    if agent.history_store is not None:
+        closing.push_async_callback(agent.history_store.aclose)
+    if agent.audit is not None:
+        closing.push_async_callback(agent.audit.store.aclose)
+
+
+async def _show(
+    args: argparse.Namespace, agent: Agent, signals: _Signals
+) -> tuple[str | None, bool]:
+    """Run ``agent`` and show its events (``--json`` or the terminal view), cancelled by the
+    first signal; (``run_ended.error`` or the model's error, whether the deadline passed)."""
+    told = notice(args)
+    full = getattr(args, "full_results", False)
+    view = _JsonView(full_results=full, notice=told) if args.json else _LiveView(told)
+    resume = bool(getattr(args, "resume", None))
+    message = args.message if resume else args.message or DEFAULT_MESSAGE
+    try:
+        with signals.cancelling(agent.run(message, resume=resume)) as run:
+            error = await view.show(run)
+            return error, run.deadline_passed
+    except ModelError as exc:
+        return str(exc), False
+    except ToolLatchError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _status(signals: _Signals, error: str | None, *, deadline: bool) -> int:
+    """The exit status: 128 + the signal that cancelled the run; 124 when its deadline
+    passed; 1 when the model failed (one error line); else 0."""
     if signals.received is not None:
         return 128 + signals.received
     if error and deadline:
@@ -301,10 +320,18 @@ async def _with_model(
     return 0
 
 
+def cancelled_by(signum: int) -> str:
+    """``run_ended.error`` of a run a signal cancelled: "interrupted (SIGINT): the run was
+    cancelled", "terminated (SIGTERM): ..." (the relay's shutdown says it its own way)."""
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    return f"{how} ({signal.Signals(signum).name}): the run was cancelled"
+
+
 class _Signals:
     """SIGINT and SIGTERM while the run is shown: the first cancels it as ``run.cancel()``
-    does (every call paired, ``round_ended`` and ``run_ended`` still shown; the exit status
-    is then 128 + the signal's number: 130, 143); a second ends the process at once.
+    does (every call paired, ``round_ended`` and ``run_ended`` still shown, the latter's
+    ``error`` naming the signal: :func:`cancelled_by`; the exit status is then 128 + the
+    signal's number: 130, 143); a second ends the process at once.
 
     Installed on the loop (``loop.add_signal_handler``), after the scripted server started
     (uvicorn's own handlers, set when it starts serving, are replaced while the run is
@@ -349,7 +376,7 @@ class _Signals:
         sys.stderr.write(f"toollatch: {name}: cancelling the run (again to exit at once)\n")
         sys.stderr.flush()
         if self._run is not None:
-            self._run.cancel()
+            self._run.cancel(cancelled_by(signum))
 
 
 def _fail(message: str, status: int, *, lines: bool = False) -> int:

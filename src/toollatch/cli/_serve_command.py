@@ -1,5 +1,5 @@
-"""``toollatch serve``: the relay on ``--host:--port`` (internal; :mod:`toollatch.cli` wires
-:func:`add_serve_parser` and :func:`serve_command`).
+"""``toollatch serve``: the relay on ``--host:--port`` (internal: the arguments are in
+:mod:`toollatch.cli._serve`, which imports this module only for ``serve``).
 
 Without ``--base-url`` the runs talk to the scripted model server (started here, on
 loopback) with the example tools. Every run's calls go through a ledger (``--ledger URL``;
@@ -23,156 +23,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-# (the parser is built on every `toollatch` invocation: the server's imports wait for `serve`)
-
-
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``serve`` to an ``argparse`` subparsers object; returns its parser."""
-    serve: argparse.ArgumentParser = subparsers.add_parser(
-        "serve",
-        help="serve the relay: a live page of agent runs (SSE) on the scripted model",
-        description="Serve agent runs to a browser over SSE, with a live page at /.",
-    )
-    serve.add_argument("--host", help="address to listen on (127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (8000)")
-    serve.add_argument(
-        "--tools",
-        action="append",
-        metavar="FILE.py",
-        help="Python file(s) of @toollatch.tool functions (default: examples)",
-    )
-    serve.add_argument(
-        "--provider", choices=PROVIDERS, help="wire format / provider (default openai_chat)"
-    )
-    serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
-    serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
-    serve.add_argument(
-        "--mcp",
-        action="append",
-        metavar="SERVER",
-        help="the tools of an MCP server: 'stdio:COMMAND ARGS...' or http://HOST:PORT/PATH "
-        "(repeatable; replaces the examples; needs the [mcp] extra)",
-    )
-    serve.add_argument(
-        "--ledger",
-        metavar="URL",
-        help="call ledger and run histories: sqlite:///PATH, redis://HOST:PORT/DB or none "
-        "(default: sqlite in the user's data folder, $XDG_DATA_HOME/toollatch/ledger.db)",
-    )
-    serve.add_argument(
-        "--token",
-        help="access token every request must carry (auto: make one; required with a --host "
-        "beyond loopback; better in TOOLLATCH_RELAY__TOKEN, which ps does not show)",
-    )
-    serve.add_argument(
-        "--allow-host",
-        action="append",
-        metavar="NAME",
-        help="a Host name to accept besides loopback's (NAME, *.SUFFIX or *; repeatable)",
-    )
-    serve.add_argument(
-        "--allow-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="an origin POSTs may come from besides the relay's own (repeatable)",
-    )
-    serve.add_argument(
-        "--allow-model",
-        action="append",
-        metavar="NAME",
-        help="a model the browser may pick (repeatable; default: --model only)",
-    )
-    serve.add_argument(
-        "--shutdown-grace",
-        type=_seconds,
-        metavar="SECONDS",
-        help="on SIGTERM / Ctrl-C, wait this long for the cancelled runs to end (every open "
-        "event stream gets their results and run_ended), then exit (default: the config's "
-        "relay.shutdown_grace_s, 10)",
-    )
-    serve.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML configuration (relay host and port, model, previews); flags win over it",
-    )
-    return serve
+from ..core._errors import ConfigError, UsageError
+from ..mcp import McpToolSource, source_from_config
+from ..relay import RelayLimits, RelayServer
+from ..tools._tools import Tool
+from ._app_config import Config, RelayConfig, load_config
+from ._run_command import CommandError, load_tool_file
 
 
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
-    from ..core._errors import ConfigError, UsageError  # noqa: PLC0415
-    from ..mcp import source_from_config  # noqa: PLC0415
-    from ..relay import RelayLimits, RelayServer  # noqa: PLC0415
-    from ..tools._tools import Tool  # noqa: PLC0415
-    from ._app_config import load_config  # noqa: PLC0415
-    from ._run_command import CommandError, load_tool_file  # noqa: PLC0415
-
     try:
-        tools: list[Tool[..., Any]] | None = None
-        for path in args.tools or ():
-            tools = (tools or []) + load_tool_file(path)
-        c = load_config(args.config)  # (no file: the defaults and TOOLLATCH_ variables)
-        r = c.relay
-        limits = RelayLimits(
-            max_active_runs=r.max_active_runs,
-            max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
-            max_session_runs=r.max_session_runs,
-            max_session_readers=r.max_session_readers,
-            max_connections=r.max_connections,
-            max_header_bytes=r.max_header_bytes,
-            header_timeout_s=r.header_timeout_s,
-            idle_timeout_s=r.idle_timeout_s,
-            body_timeout_s=r.body_timeout_s,
-        )
-        models = args.allow_model or r.models
-        base_url = args.base_url or c.model.base_url
-        model = args.model or c.model.model
-        if base_url is not None and not model:
-            raise CommandError("--model is required with --base-url")
-        try:
-            reserved = [t.name for t in tools or ()]
-            source = source_from_config(c, args.mcp or (), reserved=reserved)
-        except ConfigError as exc:
-            raise CommandError(f"--mcp: {exc}") from None
-        server = RelayServer(
-            host=args.host or r.host,
-            port=args.port if args.port is not None else r.port,
-            provider=args.provider or c.model.provider,
-            model=model,
-            base_url=base_url,
-            tools=tools,
-            tool_source=source,
-            previews=c.preview_policy() if args.config else None,
-            ledger=_ledger_url(args.ledger or c.ledger.url),
-            audit=c.audit_policy(),
-            redact_stored=c.ledger.redact,
-            limits=limits,
-            token=args.token or r.token,
-            allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
-            allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
-            models=models or None,
-            run_limits=c.run_limits(),
-            shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
-        )
+        server = _server(args)
         _console_log()
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
@@ -180,6 +48,68 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
         return 128 + signal.SIGINT
+
+
+def _server(args: argparse.Namespace) -> RelayServer:
+    """The relay of the flags over the config (``--config``, else the defaults and the
+    ``TOOLLATCH_`` variables). Raises CommandError, ConfigError or UsageError."""
+    tools: list[Tool[..., Any]] | None = None
+    for path in args.tools or ():
+        tools = (tools or []) + load_tool_file(path)
+    c = load_config(args.config)  # (no file: the defaults and TOOLLATCH_ variables)
+    r = c.relay
+    limits = _relay_limits(r)
+    models = args.allow_model or r.models
+    base_url = args.base_url or c.model.base_url
+    model = args.model or c.model.model
+    if base_url is not None and not model:
+        raise CommandError("--model is required with --base-url")
+    return RelayServer(
+        host=args.host or r.host,
+        port=args.port if args.port is not None else r.port,
+        provider=args.provider or c.model.provider,
+        model=model,
+        base_url=base_url,
+        tools=tools,
+        tool_source=_mcp_source(args, c, tools),
+        previews=c.preview_policy() if args.config else None,
+        ledger=_ledger_url(args.ledger or c.ledger.url),
+        audit=c.audit_policy(),
+        redact_stored=c.ledger.redact,
+        limits=limits,
+        token=args.token or r.token,
+        allowed_hosts=[*r.allowed_hosts, *(args.allow_host or ())],
+        allowed_origins=[*r.allowed_origins, *(args.allow_origin or ())],
+        models=models or None,
+        run_limits=c.run_limits(),
+        shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
+    )
+
+
+def _relay_limits(r: RelayConfig) -> RelayLimits:
+    """The config's ``relay:`` limits (at least as many runs stored as may be active)."""
+    return RelayLimits(
+        max_active_runs=r.max_active_runs,
+        max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
+        max_session_runs=r.max_session_runs,
+        max_session_readers=r.max_session_readers,
+        max_connections=r.max_connections,
+        max_header_bytes=r.max_header_bytes,
+        header_timeout_s=r.header_timeout_s,
+        idle_timeout_s=r.idle_timeout_s,
+        body_timeout_s=r.body_timeout_s,
+    )
+
+
+def _mcp_source(
+    args: argparse.Namespace, c: Config, tools: list[Tool[..., Any]] | None
+) -> McpToolSource | None:
+    """The MCP servers of the config and of ``--mcp`` (not connected)."""
+    try:
+        reserved = [t.name for t in tools or ()]
+        return source_from_config(c, args.mcp or (), reserved=reserved)
+    except ConfigError as exc:
+        raise CommandError(f"--mcp: {exc}") from None
 
 
 def _console_log() -> None:
@@ -226,7 +156,7 @@ def _ledger_url(given: str | None) -> str | None:
     return None if given == "none" else given
 
 
-async def _serve(server: Any) -> int:
+async def _serve(server: RelayServer) -> int:
     from ..relay._server import settle_heap  # noqa: PLC0415
 
     stopping = _Stopping(server)
@@ -253,7 +183,7 @@ class _Stopping:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: RelayServer) -> None:
         self.server = server
         self.received: int | None = None
 

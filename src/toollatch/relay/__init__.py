@@ -1,7 +1,8 @@
 """The relay: agent runs streamed to a browser as SSE, with a live page (needs ``[run]``).
 
 ``toollatch serve`` (:func:`serve_command`) or ``async with RelayServer() as relay`` serves
-the page and the API (:class:`Relay`) on the scripted model by default. See :mod:`._app` for
+the page and the API (:class:`Relay`) on the scripted model by default; ``toollatch proxy``
+(:class:`ProxyServer`) serves an OpenAI-compatible endpoint through the gate. See :mod:`._app` for
 the endpoints, :mod:`._runs` for the event log and resume, :mod:`._config` for the limits
 and the redaction of what reaches the browser.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._app import Relay
     from ._config import RelayLimits, default_previews, redact_secrets, shown_arguments
+    from ._proxy import ProxyServer
     from ._runs import RelayRun, preview_json
     from ._server import RelayServer
 
@@ -26,9 +28,11 @@ _WHERE = {
     "RelayRun": "._runs",
     "preview_json": "._runs",
     "RelayServer": "._server",
+    "ProxyServer": "._proxy",
 }
 
 __all__ = [
+    "ProxyServer",
     "Relay",
     "RelayLimits",
     "RelayRun",

@@ -53,6 +53,7 @@ from ._clients import (
 from ._dispatcher import Dispatcher, DispatchRound
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
+from ._recorder import Recorder
 
 __all__ = [
     "CONFIG_EXAMPLE",
@@ -77,6 +78,7 @@ __all__ = [
     "ModelHTTPError",
     "ModelResponseError",
     "ModelStream",
+    "Recorder",
     "RedactedLog",
     "ResultLimits",
     "RetryPolicy",

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from ..core._errors import ConfigError
+from ._quirks import PROFILES
 from ._script import Script
 from ._server import PROVIDERS, ScriptedServer
 
@@ -31,11 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--port", type=int, default=0, help="port to listen on (default: 0, any free port)"
     )
+    parser.add_argument(
+        "--quirks",
+        choices=["none", *PROFILES],
+        default="none",
+        help="send the OpenAI chat stream as a quirky server family does (default: none)",
+    )
     args = parser.parse_args(argv)
     try:
         scripts = dict(_load(spec) for spec in args.script)
         server = ScriptedServer(
-            scripts=scripts, delay_scale=args.delay_scale, host=args.host, port=args.port
+            scripts=scripts,
+            delay_scale=args.delay_scale,
+            host=args.host,
+            port=args.port,
+            quirks=args.quirks,
         )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

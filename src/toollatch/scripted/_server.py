@@ -36,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..core._errors import ConfigError, UsageError
 from ._errors import error_response, status_response
+from ._quirks import profile, rewritten
 from ._script import Script, Turn, demo_script
 from ._validate import InvalidRequest, check_request
 from ._wire import CREATED, WireEvent, anthropic_events, chat_events
@@ -115,6 +116,7 @@ class ScriptedServer:
         delay_scale: float = 1.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        quirks: str | None = None,
     ) -> None:
         if not delay_scale >= 0:
             raise ConfigError(f"delay_scale must be >= 0, not {delay_scale!r}")
@@ -127,6 +129,8 @@ class ScriptedServer:
             if not isinstance(script, Script):
                 raise ConfigError(f"script {name!r} is not a Script: {type(script).__name__}")
         self.delay_scale = delay_scale
+        self.quirks = profile(quirks)
+        """The quirk profile its OpenAI chat streams follow (:mod:`._quirks`; None: none)."""
         self.app = Starlette(routes=self._routes())
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
@@ -361,6 +365,8 @@ class ScriptedServer:
         events = _encode(
             provider, turn, model=model, body=body, response_id=self._next_id(provider)
         )
+        if provider == "openai_chat" and self.quirks is not None:
+            events = rewritten(events, self.quirks)
         return _Playback(events, turn, self.delay_scale), turns
 
     def _count_attempt(self, model: str, turn: int) -> int:

@@ -1,0 +1,100 @@
+"""``toollatch serve``'s arguments, and its handler: the relay itself is started by
+:mod:`toollatch.cli._serve_command`, imported only for ``serve`` (it needs the ``[run]``
+extra)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._args import PROVIDERS, Subparsers, positive_seconds
+
+NAME = "serve"
+
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    """Add ``serve`` and its arguments to ``subparsers``; returns its parser."""
+    serve: argparse.ArgumentParser = subparsers.add_parser(
+        NAME,
+        help="serve the relay: a live page of agent runs (SSE) on the scripted model",
+        description="Serve agent runs to a browser over SSE, with a live page at /.",
+    )
+    serve.add_argument("--host", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (8000)")
+    for add in (_model, _access):
+        add(serve)
+    serve.add_argument(
+        "--shutdown-grace",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="on SIGTERM / Ctrl-C, wait this long for the cancelled runs to end (every open "
+        "event stream gets their results and run_ended), then exit (default: the config's "
+        "relay.shutdown_grace_s, 10)",
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration (relay host and port, model, previews); flags win over it",
+    )
+    return serve
+
+
+def _model(serve: argparse.ArgumentParser) -> None:
+    """The tools, the model and the ledger."""
+    serve.add_argument(
+        "--tools",
+        action="append",
+        metavar="FILE.py",
+        help="Python file(s) of @toollatch.tool functions (default: examples)",
+    )
+    serve.add_argument(
+        "--provider", choices=PROVIDERS, help="wire format / provider (default openai_chat)"
+    )
+    serve.add_argument("--model", help="model name (default with the scripted server: scripted)")
+    serve.add_argument("--base-url", help="the provider's base URL (default: the scripted server)")
+    serve.add_argument(
+        "--mcp",
+        action="append",
+        metavar="SERVER",
+        help="the tools of an MCP server: 'stdio:COMMAND ARGS...' or http://HOST:PORT/PATH "
+        "(repeatable; replaces the examples; needs the [mcp] extra)",
+    )
+    serve.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="call ledger and run histories: sqlite:///PATH, redis://HOST:PORT/DB or none "
+        "(default: sqlite in the user's data folder, $XDG_DATA_HOME/toollatch/ledger.db)",
+    )
+
+
+def _access(serve: argparse.ArgumentParser) -> None:
+    """Who may drive the relay: the token, the hosts, the origins, the models."""
+    serve.add_argument(
+        "--token",
+        help="access token every request must carry (auto: make one; required with a --host "
+        "beyond loopback; better in TOOLLATCH_RELAY__TOKEN, which ps does not show)",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name to accept besides loopback's (NAME, *.SUFFIX or *; repeatable)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin POSTs may come from besides the relay's own (repeatable)",
+    )
+    serve.add_argument(
+        "--allow-model",
+        action="append",
+        metavar="NAME",
+        help="a model the browser may pick (repeatable; default: --model only)",
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """``toollatch serve`` until a signal stops it; the exit status."""
+    from ._serve_command import serve_command  # noqa: PLC0415 (the [run] extra, lazily)
+
+    return serve_command(args)

@@ -1,0 +1,626 @@
+"""``toollatch proxy``: an OpenAI-compatible endpoint in front of a quirky model server
+(internal; public names in :mod:`toollatch.relay`).
+
+Theory of operation. ``POST /v1/chat/completions`` takes an OpenAI request, forwards it to
+the upstream's ``/chat/completions`` (always with ``stream: true``: one reading path for
+both kinds of answer), reads the upstream's stream with a :class:`~toollatch.StreamParser`
+whose gate knows the request's ``tools`` (compiled once per distinct tool set, kept in a
+bounded cache), and answers in OpenAI's own format through :class:`._proxy_chunks.ChatChunks`:
+text as it comes; a tool call only once the gate committed it (``--calls hold``), as one
+delta with its complete arguments, eagerly (as soon as the upstream moved on from it, not at
+the round's end); a call that did not commit is never sent as a call, only reported under
+the chunk's ``toollatch`` key. Whatever quirks the upstream has (no ``index``, reused
+indices, ids repeated, arguments as objects, ``[DONE]`` without a finish reason, calls
+interleaved: the adapters' rules), the client sees one ``index`` per call counting from 0,
+``id``/``type``/``name`` once, one ``finish_reason``. A non-streaming request gets one
+``chat.completion`` with the committed calls only. ``GET /v1/models`` is passed through.
+
+The client's ``Authorization`` is forwarded unless an upstream key is configured; then a
+configured proxy token is the client's ``Bearer`` (so an SDK's ``api_key`` is the token).
+Without an upstream key the token goes in ``X-Toollatch-Token``. ``Host`` must name the
+proxy and a request carrying a foreign ``Origin`` is refused (the relay's rules,
+:class:`._guard.RelayAccess`). Errors are OpenAI's shape, ``{"error": {"message", "type",
+"code"}}``; an upstream's own error status and body are passed through (bounded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..core._assembler import CallReady, RoundOver, TextReceived
+from ..core._errors import ConfigError, ErrorCode, UsageError
+from ..core._gate import Gate
+from ..core._limits import Limits
+from ..core._pipeline import StreamParser
+from ..core._round import Round
+from ..core._specs import ToolSpec
+from ..runtime import Recorder
+from ._guard import RelayAccess, is_loopback
+from ._proxy_chunks import ChatChunks, error_chunk, interrupted
+from ._proxy_responses import ResponseEvents
+
+CALL_MODES = ("hold",)
+"""How calls reach the client: ``hold``, only once committed, complete (the default)."""
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+"""A request body's bound (``proxy.max_request_bytes``): conversations with images are big."""
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+"""How long the upstream may stay silent mid-stream before the round fails ``idle_timeout``."""
+_GATES_KEPT = 64
+"""Distinct tool sets whose compiled gate is kept (least recently used goes first)."""
+_FORWARDED = ("authorization", "openai-organization", "openai-project")
+_ERROR_BODY_BYTES = 64 * 1024
+"""At most this much of an upstream's error body is passed on."""
+_TOKEN_HEADER = "x-toollatch-token"
+
+
+class ProxyError(Exception):
+    """A refused request: status, OpenAI-style error type and code, message."""
+
+    def __init__(
+        self, status: int, code: str, message: str, kind: str = "invalid_request_error"
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.kind = status, code, kind
+
+    def response(self) -> JSONResponse:
+        """The error as OpenAI answers one."""
+        body = {"error": {"message": str(self), "type": self.kind, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def gate_tools(body: Mapping[str, Any]) -> tuple[ToolSpec, ...]:
+    """The gate's tools from an OpenAI request's ``tools`` (function tools only; a request
+    without tools gets none, so any call is refused ``unknown_tool``). Raises ProxyError
+    (400) for a malformed tool or schema."""
+    tools = body.get("tools")
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise ProxyError(400, "invalid_tools", "tools must be a list")
+    specs = []
+    for n, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            continue  # (built-in tools of other kinds are the upstream's business)
+        try:
+            specs.append(ToolSpec.from_definition(tool))
+        except ConfigError as exc:
+            raise ProxyError(400, "invalid_tools", f"tools[{n}]: {exc}") from None
+    return tuple(specs)
+
+
+class GateCache:
+    """Compiled gates by tool set (the canonical JSON of the request's ``tools``)."""
+
+    def __init__(self, limits: Limits, kept: int = _GATES_KEPT) -> None:
+        self.limits, self.kept = limits, kept
+        self._gates: OrderedDict[bytes, tuple[Gate, tuple[str, ...]]] = OrderedDict()
+
+    def get(self, body: Mapping[str, Any]) -> tuple[Gate, tuple[str, ...]]:
+        """The gate for ``body``'s tools and their names (every tool eager)."""
+        key = orjson.dumps(body.get("tools"), option=orjson.OPT_SORT_KEYS)
+        found = self._gates.get(key)
+        if found is not None:
+            self._gates.move_to_end(key)
+            return found
+        specs = gate_tools(body)
+        made = (Gate(tools=specs, limits=self.limits), tuple(s.name for s in specs))
+        self._gates[key] = made
+        while len(self._gates) > self.kept:
+            self._gates.popitem(last=False)
+        return made
+
+
+class Proxy:
+    """The proxy's ASGI app over one upstream (``upstream``: a base URL as the ``openai`` SDK
+    takes it, e.g. ``http://127.0.0.1:8000/v1``), reached through ``http``.
+
+    ``upstream_key``: sent as the upstream's bearer instead of the client's
+    ``Authorization``. ``access``: who may drive it (Host, token, Origin). ``limits``: the
+    gate's and parser's bounds. ``max_request_bytes`` and ``idle_timeout_s``: see the
+    module's constants. ``record``: a folder where each upstream answer is saved
+    (:class:`Recorder`).
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        http: httpx.AsyncClient,
+        *,
+        upstream_key: str | None = None,
+        access: RelayAccess | None = None,
+        limits: Limits | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        record: Path | None = None,
+    ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.record = record
+        self.http, self.upstream_key = http, upstream_key
+        self.access = access or RelayAccess()
+        self.limits = limits or Limits()
+        self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
+        self.gates = GateCache(self.limits)
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/healthz", self._health, methods=["GET"]),
+            ]
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """ASGI: the access checks, then the routes."""
+        if scope["type"] == "http":
+            refusal = self._refusal(Request(scope))
+            if refusal is not None:
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, request: Request) -> ProxyError | None:
+        access, headers = self.access, request.headers
+        host = headers.get("host", "")
+        if not access.host_allowed(host):
+            return ProxyError(400, "host_not_allowed", "the Host header does not name this proxy")
+        origin = headers.get("origin")
+        if origin is not None and not access.origin_allowed(origin, host):
+            return ProxyError(403, "origin_not_allowed", "the request comes from another site")
+        if access.token is not None and not access.token_ok(self._token(request)):
+            where = "Authorization: Bearer" if self.upstream_key else _TOKEN_HEADER
+            return ProxyError(401, "unauthorized", f"this proxy needs its token ({where})")
+        return None
+
+    def _token(self, request: Request) -> str | None:
+        given = request.headers.get(_TOKEN_HEADER)
+        if given is None and self.upstream_key is not None:
+            scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+            given = bearer.strip() if scheme.lower() == "bearer" else None
+        return given
+
+    def _headers(self, request: Request) -> dict[str, str]:
+        """What goes upstream: JSON, and the client's credentials (or the upstream key)."""
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        for name in _FORWARDED:
+            value = request.headers.get(name)
+            if value is not None:
+                headers[name] = value
+        if self.upstream_key is not None:
+            headers["authorization"] = f"Bearer {self.upstream_key}"
+        return headers
+
+    async def _health(self, _request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def _models(self, request: Request) -> Response:
+        headers = self._headers(request)
+        headers.pop("content-type")
+        try:
+            answer = await self.http.get(f"{self.upstream}/models", headers=headers)
+        except httpx.HTTPError as exc:
+            return _unreachable(self.upstream, exc).response()
+        return Response(
+            answer.content[:_ERROR_BODY_BYTES] if answer.status_code >= 400 else answer.content,
+            status_code=answer.status_code,
+            media_type=answer.headers.get("content-type", "application/json"),
+        )
+
+    async def _chat(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            gate, eager = self.gates.get(body)
+        except ProxyError as exc:
+            return exc.response()
+        wanted_stream = body.get("stream") is True
+        options = body.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        upstream_body = {**body, "stream": True}
+        if not wanted_stream:
+            upstream_body.pop("stream_options", None)
+        sent = self.http.build_request(
+            "POST",
+            f"{self.upstream}/chat/completions",
+            content=orjson.dumps(upstream_body),
+            headers=self._headers(request),
+        )
+        try:
+            answer = await self.http.send(sent, stream=True)
+        except httpx.HTTPError as exc:
+            return _unreachable(self.upstream, exc).response()
+        recorder = None
+        if self.record is not None:
+            known = [
+                request.headers.get(h, "").partition(" ")[2] or request.headers.get(h, "")
+                for h in ("authorization", _TOKEN_HEADER)
+            ]
+            recorder = Recorder(self.record, body, known=[*known, self.upstream_key or ""])
+            recorder.begin(answer.status_code, self.upstream)
+        if answer.status_code != 200:
+            passed = await _passed_on(answer)
+            if recorder is not None:
+                recorder.write(bytes(passed.body))
+                recorder.close()
+            return passed
+        parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
+        chunks = ChatChunks(
+            completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
+            model=str(body.get("model", "")),
+            created=int(time.time()),
+        )
+        if not wanted_stream:
+            try:
+                async for _ in self._read(answer, parser, chunks, recorder):
+                    pass
+            finally:
+                await answer.aclose()
+                if recorder is not None:
+                    recorder.close()
+            round_ = parser.finish()
+            if interrupted(round_):
+                message = f"the upstream's stream broke: {round_.error or 'no end signal'}"
+                return ProxyError(502, "upstream_interrupted", message, "upstream_error").response()
+            return JSONResponse(chunks.completion(round_))
+        return StreamingResponse(
+            self._stream(answer, parser, chunks, usage, recorder),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+
+    async def _responses(self, request: Request) -> Response:
+        """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
+        try:
+            body = await self._body(request, "input")
+            gate, eager = self.gates.get(body)
+        except ProxyError as exc:
+            return exc.response()
+        sent = self.http.build_request(
+            "POST",
+            f"{self.upstream}/responses",
+            content=orjson.dumps({**body, "stream": True}),
+            headers=self._headers(request),
+        )
+        try:
+            answer = await self.http.send(sent, stream=True)
+        except httpx.HTTPError as exc:
+            return _unreachable(self.upstream, exc).response()
+        if answer.status_code != 200:
+            return await _passed_on(answer)
+        parser = StreamParser("openai_responses", gate=gate, eager=eager, observe=True)
+        events = ResponseEvents(
+            response_id=f"resp_{secrets.token_urlsafe(18)}",
+            model=str(body.get("model", "")),
+            created=int(time.time()),
+        )
+        frames = self._response_events(answer, parser, events)
+        if body.get("stream") is True:
+            return StreamingResponse(
+                frames,
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+        last: dict[str, Any] = {}
+        async for frame in frames:
+            last = orjson.loads(frame.split(b"data: ", 1)[1])
+        if last.get("type") == "error":
+            message = str(last.get("message"))
+            return ProxyError(502, "upstream_interrupted", message, "upstream_error").response()
+        return JSONResponse(last["response"])
+
+    async def _response_events(
+        self, answer: httpx.Response, parser: StreamParser, events: ResponseEvents
+    ) -> AsyncIterator[bytes]:
+        for kind, event in events.start():
+            yield _named_sse(kind, event)
+        chunks = ChatChunks(completion_id="", model="", created=0)  # (unused: the reader's)
+        try:
+            async for chunk in self._read(answer, parser, chunks, None, events):
+                for kind, event in chunk:
+                    yield _named_sse(kind, event)
+        finally:
+            await answer.aclose()
+        round_ = parser.finish()
+        if interrupted(round_):
+            detail = round_.error or "the stream ended without its end signal"
+            kind, event = events.error(
+                f"the upstream's stream broke: {detail}", "upstream_interrupted"
+            )
+            yield _named_sse(kind, event)
+            return
+        for kind, event in events.end(round_):
+            yield _named_sse(kind, event)
+
+    async def _body(self, request: Request, needs: str = "messages") -> dict[str, Any]:
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise ProxyError(415, "unsupported_media_type", "the body must be application/json")
+        limit = self.max_request_bytes
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise ProxyError(413, "request_too_large", f"the body is over {limit} bytes")
+            parts.append(part)
+        try:
+            body = orjson.loads(b"".join(parts))
+        except orjson.JSONDecodeError as exc:
+            raise ProxyError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ProxyError(400, "invalid_body", "the body must be a JSON object")
+        if needs == "messages" and not isinstance(body.get("messages"), list):
+            raise ProxyError(400, "invalid_body", "messages must be a list")
+        if needs == "input" and not isinstance(body.get("input"), str | list):
+            raise ProxyError(400, "invalid_body", "input must be a string or a list")
+        return body
+
+    async def _read(
+        self,
+        answer: httpx.Response,
+        parser: StreamParser,
+        chunks: ChatChunks,
+        recorder: Recorder | None,
+        responses: ResponseEvents | None = None,
+    ) -> AsyncIterator[Any]:
+        """The upstream's bytes into ``parser``; yields the text and committed-call chunks
+        (or, given ``responses``, their Responses events) as they are decided. A broken or
+        silent upstream fails the round (not raised)."""
+        reads = answer.aiter_raw().__aiter__()
+        while not parser.over:
+            try:
+                async with asyncio.timeout(self.idle_timeout_s):
+                    data = await anext(reads)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                parser.fail(ErrorCode.IDLE_TIMEOUT, f"no bytes for {self.idle_timeout_s:g} s")
+                return
+            except httpx.HTTPError as exc:
+                parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
+                return
+            if recorder is not None:
+                recorder.write(data)
+            for notice in parser.feed(data):
+                if isinstance(notice, TextReceived):
+                    yield (
+                        chunks.text(notice.choice, notice.text)
+                        if responses is None
+                        else responses.text(notice.text)
+                    )
+                elif isinstance(notice, CallReady):
+                    yield (
+                        chunks.call(notice.call)
+                        if responses is None
+                        else responses.call(notice.call)
+                    )
+                elif isinstance(notice, RoundOver):
+                    return
+
+    async def _stream(
+        self,
+        answer: httpx.Response,
+        parser: StreamParser,
+        chunks: ChatChunks,
+        usage: bool,
+        recorder: Recorder | None,
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._read(answer, parser, chunks, recorder):
+                yield _sse(chunk)
+        finally:
+            await answer.aclose()
+            if recorder is not None:
+                recorder.close()
+        round_: Round = parser.finish()
+        if interrupted(round_):
+            detail = round_.error or "the stream ended without its end signal"
+            yield _sse(
+                error_chunk(f"the upstream's stream broke: {detail}", "upstream_interrupted")
+            )
+        else:
+            for chunk in chunks.end(round_, usage=usage):
+                yield _sse(chunk)
+        yield b"data: [DONE]\n\n"
+
+
+def _sse(chunk: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _named_sse(kind: str, event: Mapping[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _unreachable(upstream: str, exc: httpx.HTTPError) -> ProxyError:
+    return ProxyError(
+        502,
+        "upstream_unreachable",
+        f"cannot reach the upstream {upstream}: {exc}",
+        "upstream_error",
+    )
+
+
+async def _passed_on(answer: httpx.Response) -> Response:
+    """An upstream's error answer, passed on (its status, at most 64 KiB of its body)."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for part in answer.aiter_raw():
+            parts.append(part)
+            size += len(part)
+            if size >= _ERROR_BODY_BYTES:
+                break
+    except httpx.HTTPError:
+        pass
+    finally:
+        await answer.aclose()
+    headers = {k: v for k, v in answer.headers.items() if k.lower() == "retry-after"}
+    return Response(
+        b"".join(parts)[:_ERROR_BODY_BYTES],
+        status_code=answer.status_code,
+        media_type=answer.headers.get("content-type", "application/json"),
+        headers=headers,
+    )
+
+
+class ProxyServer:
+    """``toollatch proxy`` on ``host:port`` (0: any free port, read back from :attr:`url`)
+        in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
+
+        ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is
+        not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
+        API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
+        ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
+    answer saved there, see :class:`Recorder`). ``async with ProxyServer(...) as
+        proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
+        port, mode, URL or token, or a host beyond loopback without a token.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+        upstream_key: str | None = None,
+        calls: str = "hold",
+        limits: Limits | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        record: str | Path | None = None,
+    ) -> None:
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {port!r}")
+        if calls not in CALL_MODES:
+            raise ConfigError(f"calls must be one of {CALL_MODES}, got {calls!r}")
+        if not upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"the upstream must be an http(s) URL, got {upstream!r}")
+        if not (isinstance(max_request_bytes, int) and max_request_bytes > 0):
+            raise ConfigError(f"max_request_bytes must be positive, got {max_request_bytes!r}")
+        if not (math.isfinite(idle_timeout_s) and idle_timeout_s > 0):
+            raise ConfigError(f"idle_timeout_s must be positive, got {idle_timeout_s!r}")
+        if token == "auto":
+            token = secrets.token_urlsafe(32)
+        if token is None and not is_loopback(host):
+            raise ConfigError(f"listening on {host} (beyond loopback) needs a token (--token)")
+        literal = not host or ":" in host or host.replace(".", "").isdigit()
+        self.access = RelayAccess(
+            allowed_hosts=(*([] if literal else [host]), *allowed_hosts),
+            token=token,
+            any_ip_host=not is_loopback(host),
+        )
+        self.token = token
+        """The token every request must carry (None: none, on loopback only)."""
+        self.upstream, self.host, self.port = upstream, host, port
+        self.upstream_key, self.calls, self.limits = upstream_key, calls, limits
+        self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
+        self.record = None if record is None else Path(record)
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._bound: tuple[str, int] | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port/v1`` (the base URL an OpenAI client takes) while serving."""
+        if self._bound is None:
+            raise UsageError("the proxy is not running (use `async with`)")
+        return f"http://{self._bound[0]}:{self._bound[1]}/v1"
+
+    async def __aenter__(self) -> ProxyServer:
+        """Start serving; returns once the socket accepts connections."""
+        if self._stack is not None:
+            raise UsageError("the proxy is already running")
+        stack = contextlib.AsyncExitStack()
+        try:
+            timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
+            http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+            proxy = Proxy(
+                self.upstream,
+                http,
+                upstream_key=self.upstream_key,
+                access=self.access,
+                limits=self.limits,
+                max_request_bytes=self.max_request_bytes,
+                idle_timeout_s=self.idle_timeout_s,
+                record=self.record,
+            )
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            stack.callback(sock.close)
+            try:
+                sock.bind((self.host, self.port))
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+            config = uvicorn.Config(
+                proxy,
+                ws="none",
+                lifespan="off",
+                log_config=None,
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=1,
+            )
+            server = uvicorn.Server(config)
+            task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-proxy")
+            while not server.started and not task.done():
+                await asyncio.sleep(0.002)
+            if not server.started:
+                await task
+                raise UsageError("the proxy did not start")
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack, self._server, self._task = stack, server, task
+        self._bound = (self.host, sock.getsockname()[1])
+        return self
+
+    async def serve_forever(self) -> None:
+        """Wait until the server stops (:meth:`stop`, or uvicorn's own signal handling)."""
+        if self._task is None:
+            raise UsageError("the proxy is not running (use `async with`)")
+        await asyncio.shield(self._task)
+
+    def stop(self) -> None:
+        """Ask the server to stop (open streams get about a second)."""
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop serving and close the upstream client."""
+        if self._stack is None:
+            return
+        try:
+            self.stop()
+            if self._task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:
+            stack, self._stack = self._stack, None
+            self._server = self._task = None
+            self._bound = None
+            await stack.aclose()

@@ -1,0 +1,116 @@
+"""`toollatch proxy` and `toollatch probe` as commands: real subprocesses, real HTTP, the
+official `openai` SDK as the proxy's client, the scripted server (with a quirk profile) as
+the upstream."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+
+CLI = [sys.executable, "-m", "toollatch.cli"]
+TWO = Script(
+    turns=(
+        Turn(
+            items=(
+                Text(text="Checking."),
+                Call(call_id="c_osl", name="get_weather", arguments='{"city": "Oslo"}'),
+                Call(call_id="c_lim", name="get_weather", arguments='{"city": "Lima"}'),
+            ),
+            delay_ms=0.5,
+        ),
+    )
+)
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "required": ["city"]}},
+}
+
+
+@pytest.fixture
+def ollama_like():
+    with ScriptedServer({"m": TWO}, delay_scale=0.1, quirks="ollama") as server:
+        yield server
+
+
+def test_proxy_serves_the_sdk_clean_calls_then_stops_on_sigterm(ollama_like, tmp_path):
+    proc = subprocess.Popen(
+        [*CLI, "proxy", "--upstream", ollama_like.base_url("openai_chat"), "--port", "0",
+         "--record", str(tmp_path)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        match = re.search(r"http://127\.0\.0\.1:\d+/v1", line)
+        assert match, line
+        with openai.OpenAI(base_url=match.group(0), api_key="sk-x", max_retries=0) as client:
+            with client.chat.completions.stream(
+                model="m", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER]
+            ) as stream:
+                final = stream.get_final_completion()
+        calls = final.choices[0].message.tool_calls or []
+        assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
+            ("c_osl", "get_weather", '{"city": "Oslo"}'),
+            ("c_lim", "get_weather", '{"city": "Lima"}'),
+        ]  # directly, the SDK's helper fails on this stream (Q1: no index)
+        assert final.choices[0].finish_reason == "tool_calls"  # (the upstream said "stop")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert len(list(tmp_path.glob("*.sse"))) == 1
+
+
+def test_proxy_refuses_a_bad_upstream_and_beyond_loopback_without_a_token():
+    bad = subprocess.run([*CLI, "proxy", "--upstream", "ftp://x"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "toollatch: error:" in bad.stderr and "upstream" in bad.stderr
+    wide = subprocess.run(
+        [*CLI, "proxy", "--upstream", "http://127.0.0.1:9/v1", "--host", "0.0.0.0"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert wide.returncode == 2
+    assert "token" in wide.stderr
+
+
+def test_probe_reports_the_profiles_quirks_as_json_and_as_a_table(ollama_like):
+    base = ollama_like.base_url("openai_chat")
+    env = {**os.environ, "TOOLLATCH_PROBE_API_KEY": "sk-probe-0123456789abcdefghij"}
+    done = subprocess.run(
+        [*CLI, "probe", "--base-url", base, "--model", "m", "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert set(document["quirks"]) == {"Q1", "Q8", "Q12"}
+    assert len(document["probes"]) == 8
+    single = document["probes"][0]
+    assert single["name"] == "single"
+    assert [c["committed"] for c in single["calls"]] == [True, True]
+    table = subprocess.run(
+        [*CLI, "probe", "--base-url", base, "--model", "m"], capture_output=True, text=True
+    )
+    assert table.returncode == 0
+    assert 'Q12: finish_reason "stop" although calls streamed' in table.stdout
+
+
+def test_probe_of_a_server_that_is_not_there_exits_1_with_the_reason():
+    done = subprocess.run(
+        [*CLI, "probe", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "ConnectError" in done.stdout

@@ -1,0 +1,61 @@
+"""`toollatch proxy` with the AI SDK's OpenAI-compatible provider as the client (node, the
+pinned `ai` and `@ai-sdk/openai-compatible`): on every quirk profile of the scripted server it
+gets exactly the committed calls, and never a call the gate refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from node_helpers import node_command, run_node
+from toollatch.relay import ProxyServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+from toollatch.scripted._quirks import PROFILES
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+OSLO = Call(call_id="call_oslo", name="get_weather", arguments='{"city": "Oslo"}')
+LIMA = Call(call_id="call_lima", name="get_weather", arguments='{"city": "Lima", "unit": "c"}')
+BAD = Call(call_id="call_bad", name="get_weather", arguments='{"town": "Rome"}')
+SCRIPTS = {
+    "two": Script(turns=(Turn(items=(Text(text="Checking."), OSLO, LIMA), delay_ms=0.5),)),
+    "bad": Script(turns=(Turn(items=(BAD, OSLO), delay_ms=0.5),)),
+    "cut": Script(turns=(Turn(items=(OSLO,), stop="max_tokens", delay_ms=0.5),)),
+}
+
+
+@pytest.fixture(scope="module")
+def client() -> list[str]:
+    return node_command("openai_compatible_client.mjs", "@ai-sdk/openai-compatible")
+
+
+async def calls_through(client, quirks, model):
+    async with ScriptedServer(SCRIPTS, delay_scale=0.1, quirks=quirks) as upstream:
+        async with ProxyServer(upstream.base_url("openai_chat")) as proxy:
+            config = {"baseURL": proxy.url, "model": model, "tools": {"get_weather": SCHEMA}}
+            return await run_node(client, config)
+
+
+@pytest.mark.parametrize("quirks", [None, *sorted(PROFILES)])
+async def test_the_ai_sdk_gets_the_committed_calls_on_every_profile(client, quirks):
+    seen = await calls_through(client, quirks, "two")
+    assert seen["errors"] == []
+    assert [(c["id"], c["name"], c["input"], c["invalid"]) for c in seen["calls"]] == [
+        ("call_oslo", "get_weather", {"city": "Oslo"}, False),
+        ("call_lima", "get_weather", {"city": "Lima", "unit": "c"}, False),
+    ]
+    assert seen["finishReason"] == "tool-calls"
+
+
+async def test_the_ai_sdk_never_sees_a_refused_or_truncated_call(client):
+    bad = await calls_through(client, "ollama", "bad")
+    assert [c["id"] for c in bad["calls"]] == ["call_oslo"]
+    cut = await calls_through(client, None, "cut")
+    assert cut["calls"] == []
+    assert cut["finishReason"] == "length"
+    assert json.dumps(cut).count("call_oslo") == 0
