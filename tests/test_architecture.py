@@ -58,6 +58,9 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
         "http_implementation: the relay serves on the same quiet uvicorn settings as the "
         "scripted server it embeds"
     ),
+    ("toollatch.relay._proxy", "toollatch.scripted._server"): (
+        "http_implementation: the proxy serves on the relay's uvicorn settings too"
+    ),
     ("toollatch.runtime", "toollatch.cli._app_config"): (
         "the lazy compatibility import of ALLOWED_UPWARD (the config is not a name of the "
         "toollatch.cli package)"

@@ -594,3 +594,35 @@ async def test_responses_without_a_stream_and_a_broken_upstream(responses_proxy)
     assert not [
         e for e in seen if e.type == "response.output_item.added" and e.item.type == "function_call"
     ]
+
+
+async def test_the_relays_connection_bounds_hold_for_the_proxy(upstream):
+    from toollatch.relay import RelayLimits
+
+    bounds = RelayLimits(header_timeout_s=0.3, body_timeout_s=0.3, max_header_bytes=2048)
+    async with ProxyServer(upstream.base_url("openai_chat"), connections=bounds) as p:
+        port = int(p.url.rsplit(":", 1)[1].split("/")[0])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never ends
+        await writer.drain()
+        head = await asyncio.wait_for(reader.read(200), 5)
+        assert head.startswith(b"HTTP/1.1 408"), head
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.read(200), 5)
+        assert head.startswith(b"HTTP/1.1 431"), head
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )  # the body never comes
+        await writer.drain()
+        head = await asyncio.wait_for(reader.read(400), 5)
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert b"body_timeout" in head or b"body" in head
+        writer.close()

@@ -53,7 +53,9 @@ from ..core._pipeline import StreamParser
 from ..core._round import Round
 from ..core._specs import ToolSpec
 from ..runtime import Recorder
-from ._guard import RelayAccess, is_loopback
+from ..scripted._server import http_implementation
+from ._config import RelayLimits
+from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_responses import ResponseEvents
 
@@ -136,7 +138,9 @@ class Proxy:
     ``Authorization``. ``access``: who may drive it (Host, token, Origin). ``limits``: the
     gate's and parser's bounds. ``max_request_bytes`` and ``idle_timeout_s``: see the
     module's constants. ``record``: a folder where each upstream answer is saved
-    (:class:`Recorder`).
+    (:class:`Recorder`). ``connections``: the relay's bounds on connections, request heads
+    and bodies (``max_connections``, ``max_header_bytes``, ``header_timeout_s``,
+    ``body_timeout_s``, ``idle_timeout_s``), enforced as the relay enforces them.
     """
 
     def __init__(
@@ -150,9 +154,11 @@ class Proxy:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: Path | None = None,
+        connections: RelayLimits | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.record = record
+        self.connections = connections or RelayLimits()
         self.http, self.upstream_key = http, upstream_key
         self.access = access or RelayAccess()
         self.limits = limits or Limits()
@@ -350,14 +356,19 @@ class Proxy:
     async def _body(self, request: Request, needs: str = "messages") -> dict[str, Any]:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ProxyError(415, "unsupported_media_type", "the body must be application/json")
-        limit = self.max_request_bytes
+        limit, seconds = self.max_request_bytes, self.connections.body_timeout_s
         parts: list[bytes] = []
         size = 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise ProxyError(413, "request_too_large", f"the body is over {limit} bytes")
-            parts.append(part)
+        try:
+            async with asyncio.timeout(seconds):
+                async for part in request.stream():
+                    size += len(part)
+                    if size > limit:
+                        message = f"the body is over {limit} bytes"
+                        raise ProxyError(413, "request_too_large", message)
+                    parts.append(part)
+        except TimeoutError:
+            raise ProxyError(408, "body_timeout", f"the body took over {seconds:g} s") from None
         try:
             body = orjson.loads(b"".join(parts))
         except orjson.JSONDecodeError as exc:
@@ -506,6 +517,7 @@ class ProxyServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: str | Path | None = None,
+        connections: RelayLimits | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -533,6 +545,7 @@ class ProxyServer:
         self.upstream_key, self.calls, self.limits = upstream_key, calls, limits
         self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
         self.record = None if record is None else Path(record)
+        self.connections = connections
         self._stack: contextlib.AsyncExitStack | None = None
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -562,6 +575,7 @@ class ProxyServer:
                 max_request_bytes=self.max_request_bytes,
                 idle_timeout_s=self.idle_timeout_s,
                 record=self.record,
+                connections=self.connections,
             )
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
@@ -571,8 +585,12 @@ class ProxyServer:
                 sock.bind((self.host, self.port))
             except OSError as exc:
                 raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+            bounds = proxy.connections
+            cap = ConnectionCap(connection_cap(bounds))
             config = uvicorn.Config(
                 proxy,
+                http=guarded_protocol(http_implementation(), bounds, cap),
+                h11_max_incomplete_event_size=bounds.max_header_bytes + 1,
                 ws="none",
                 lifespan="off",
                 log_config=None,
