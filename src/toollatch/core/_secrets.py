@@ -98,35 +98,39 @@ _NEEDLES: dict[str, tuple[int, ...]] = {
     "token": (0,),
     "key": (3, 4, 6, 7, 8),
 }
-_NEEDLE = re.compile("|".join(re.escape(n) for n in sorted(_NEEDLES, key=len, reverse=True)))
 _URL_NEEDLE = "://"
+_NEEDLE = re.compile(
+    "|".join(re.escape(n) for n in sorted([*_NEEDLES, _URL_NEEDLE], key=len, reverse=True))
+)
 _URL = re.compile(_URL_CREDENTIALS, re.IGNORECASE)
 """Credentials in a URL: the match starts 2 to 21 characters before its ``://`` and ends at
 most 514 after it, and holds no anchor, so a search in that window decides."""
-_FOLD = (("\u0130", "i"), ("\u0131", "i"), ("\u017f", "s"))
+_SHORT = 6
+_FOLD = re.compile("[\u0130\u0131\u017f]")
+_FOLD_TABLE = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
 
 
 def holds_secret(text: str) -> bool:
     """Whether ``SECRET_TEXT.search(text)`` finds a match, in time linear in ``text``."""
+    if len(text) < _SHORT:  # (a key, a flag: the judge alone is cheaper than folding)
+        return SECRET_TEXT.search(text) is not None
     folded = text
-    if not text.isascii():
-        for char, ascii_letter in _FOLD:
-            if char in folded:
-                folded = folded.replace(char, ascii_letter)
+    if not text.isascii() and _FOLD.search(text) is not None:
+        folded = text.translate(_FOLD_TABLE)
     folded = folded.lower()
     match = SECRET_TEXT.match
     found = _NEEDLE.search(folded)
     while found is not None:
         at = found.start()
-        for back in _NEEDLES[found.group()]:
-            if back <= at and match(text, at - back):
+        needle = found.group()
+        if needle == _URL_NEEDLE:
+            if _URL.search(text, max(at - 21, 0), at + 517):
                 return True
+        else:
+            for back in _NEEDLES[needle]:
+                if back <= at and match(text, at - back):
+                    return True
         found = _NEEDLE.search(folded, at + 1)
-    at = folded.find(_URL_NEEDLE)
-    while at >= 0:
-        if _URL.search(text, max(at - 21, 0), at + 517):
-            return True
-        at = folded.find(_URL_NEEDLE, at + 1)
     return False
 
 
