@@ -114,7 +114,7 @@ _PIECES = [
 ]  # fmt: skip
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), max_size=8), st.data())
 def test_the_pre_filter_answers_as_the_full_search(pieces: list[str], data: st.DataObject) -> None:
     text = "".join(pieces)
