@@ -201,11 +201,16 @@ LOOKUP_DEFINITION = {
 }
 
 
+_BARE_TLS: list[Any] = []
+
+
 class BareClient:
     """A hand-written OpenAI Chat loop over one shared httpx client and orjson."""
 
     def __init__(self, base_url: str) -> None:
-        self.http = httpx.AsyncClient(timeout=None)
+        if not _BARE_TLS:  # one TLS context per process, as model_client() shares its own
+            _BARE_TLS.append(httpx.create_ssl_context())
+        self.http = httpx.AsyncClient(timeout=None, verify=_BARE_TLS[0])
         self.url = httpx.URL(base_url + "/chat/completions")
         self.headers = {
             "authorization": "Bearer k",
@@ -280,6 +285,15 @@ class BareClient:
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
 
 
+async def bare_conversation(base_url: str) -> int:
+    """The bare client as a user of httpx writes a conversation: its own ``AsyncClient`` (so
+    a new connection), closed at the end: what is left of the per-conversation cost is
+    httpx's own."""
+    bare = BareClient(base_url)
+    async with bare.http:
+        return await bare.conversation()
+
+
 async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, float]:
     bare = BareClient(base_url)
     shared = model_client(
@@ -293,6 +307,7 @@ async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, 
         "agent": lambda: agent_conversation(base_url),
         "agent, one client": lambda: agent_conversation(base_url, shared),
         "bare httpx + orjson": bare.conversation,
+        "bare, client per conv.": lambda: bare_conversation(base_url),
     }
     for run in contenders.values():  # warm up: imports, connections, caches
         for _ in range(5):

@@ -11,7 +11,7 @@ log lines, text with some multi-byte characters and JSON (an array of small obje
 shape a search or list tool returns, about 30 bytes per string), at 1 KiB and 1 MiB. Cases:
 ``budget`` alone (no redactor: the default), with the result within the budget or cut to
 64 KiB; an identity redactor (the walk's own cost: parsing, pointers, one call per string and
-key); the relay's ``redact_secrets`` (two regular expressions per string: a realistic
+key); the relay's ``redact_secrets`` (a key regex and a needle search per string: a realistic
 redactor, whose own time dominates); for comparison, plain ``json.loads`` of the same text.
 """
 

@@ -15,8 +15,9 @@ from toollatch.cli._app_config import validate
 from toollatch.cli._run_command import _agent
 from toollatch.events import ArgsDelta, CallClosed, CallKey, CallOpened, RoundEnded, TextDelta
 from toollatch.messages import error_results
-from toollatch.runtime._agent import DEFAULT_DEADLINE_S, RunLimits
+from toollatch.runtime._agent import RunLimits
 from toollatch.runtime._clients import model_client
+from toollatch.runtime._run_setup import DEFAULT_DEADLINE_S
 from toollatch.testing import chunkings, sse
 
 LIMIT = 1024

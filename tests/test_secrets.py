@@ -7,7 +7,10 @@ length), the facts of gitleaks' and detect-secrets' public rule sets."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from toollatch.core._secrets import _NEEDLES, SECRET_TEXT, holds_secret
 from toollatch.relay import redact_secrets
 from toollatch.tools._results import redact_result
 
@@ -96,3 +99,85 @@ def test_a_value_under_a_secret_key_is_masked_in_any_case(key: str) -> None:
 )
 def test_ordinary_text_is_shown(pointer: str, text: str) -> None:
     assert redact_secrets(pointer, text) == text
+
+
+# The pre-filter (holds_secret) against the judge (SECRET_TEXT.search): the same answer on
+# text built from the formats' pieces, cut and joined anywhere, in any case, with the
+# characters re.IGNORECASE folds to ASCII letters (U+0130, U+0131, U+017F, U+212A).
+_PIECES = [
+    *(text for text in FORMATS.values()),
+    *(t[: len(t) // 2] for t in FORMATS.values()),
+    *(t[len(t) // 3 :] for t in FORMATS.values()),
+    "://", "a:", "@", "=", ": ", '"', "'", " ", "\n", "_", "-", ".", "/", "k", "K",
+    "\u0130", "\u0131", "\u017f", "\u212a", "é", "✓", "pass", "word", "api", "key", "auth",
+    "token", "client", "secret", "x" * 20, _B62, "AKIA", "ASIA", "bearer ", "basic\t",
+]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=8), st.data())
+def test_the_pre_filter_answers_as_the_full_search(pieces: list[str], data: st.DataObject) -> None:
+    text = "".join(pieces)
+    if text:
+        cut = data.draw(st.integers(0, len(text)))
+        text = text[cut:] if data.draw(st.booleans()) else text[:cut]
+        if data.draw(st.booleans()):
+            text = text.swapcase() if data.draw(st.booleans()) else text.upper()
+    assert holds_secret(text) == (SECRET_TEXT.search(text) is not None)
+
+
+_EDGES = [
+    # each needle at each distance from the match's start, and the URL's widest window
+    _j("client_sec", "ret=ab"), _j("clientsec", "ret=ab"), _j("auth-to", "ken: xy"),
+    _j("authto", "ken=xy"), _j("api_k", "ey=xx"), _j("apik", "ey=xx"), _j("access-k", "ey=x1"),
+    _j("accessk", "ey=x1"), _j("private_k", "ey=x1"), _j("privatek", "ey=x1"),
+    _j("pw", "d=ab"), _j("PASS", "WD: ab"), _j("s", "k-", _B62), _j("r", "k_", _B62[:14]),
+    _j("gh", "o-", _B62[:14]), _j("p", "k_test_", _B62[:12]),
+    _j("a", "1" * 20, "://", "u" * 256, ":", "p" * 256, "@"),  # the longest scheme
+    _j("x a" * 10, "b://u:p@h"),  # the scheme's shortest
+    _j("AK\u0130", "AZ3QW7RT2XC5VB8NM"), _j("\u017f", "k-", _B62),
+    _j("p\u212a", "_live_", _B62[:24]),
+    _j("\u017fecret", "=ab"), _j("toKen", "=ab"), _j("A\u0131", "za", _B62, "abc"),
+    _j("gh\u017f", "_", _B62, "abcd"),
+    _j("\u0131", "://u:p@h"), _j("pass", "\u0131", "on=", "ab"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", _EDGES)
+def test_the_pre_filter_at_each_needle_distance(text: str) -> None:
+    expected = SECRET_TEXT.search(text) is not None
+    assert holds_secret(text) == expected
+    assert holds_secret(f"{text} and more") == (SECRET_TEXT.search(f"{text} and more") is not None)
+
+
+def test_the_edges_hold_secrets() -> None:
+    # the cases above are secrets (but the last two): so an agreement is not a vacuous one
+    assert [holds_secret(text) for text in _EDGES] == [True] * (len(_EDGES) - 2) + [False] * 2
+
+
+def test_no_needle_hides_another() -> None:
+    # the needle search finds one needle per position: none may begin another
+    for a in _NEEDLES:
+        for b in _NEEDLES:
+            assert a == b or not b.startswith(a), (a, b)
+
+
+def test_the_judge_is_asked_only_where_a_needle_sits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the linear cost, checked by structure rather than a clock: a long text with no needle
+    # never reaches the full regex, and a secret at its end is found by one anchored match
+    import toollatch.core._secrets as secrets
+
+    starts: list[int] = []
+    judge = SECRET_TEXT
+
+    class Counting:
+        def match(self, text: str, pos: int = 0) -> object:
+            starts.append(pos)
+            return judge.match(text, pos)
+
+    monkeypatch.setattr(secrets, "SECRET_TEXT", Counting())
+    text = "2026-12-02T01:02:03Z worker-7 fetched page 12 of the report in 0.4 s\n" * 4000
+    assert redact_secrets("/log", text) == text
+    assert starts == []
+    assert redact_secrets("/log", text + FORMATS["openai_key"]) == "[redacted]"
+    assert starts == [len(text)]

@@ -49,9 +49,9 @@ from ._agent_run import AgentRun
 from ._clients import ModelClient
 from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
-from ._run_setup import DEFAULT_DEADLINE_S, RunLimits, RunSetup, Toolbox, ToolSource
+from ._run_setup import RunLimits, RunSetup, Toolbox, ToolSource
 
-__all__ = ["DEFAULT_DEADLINE_S", "Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
+__all__ = ["Agent", "AgentRun", "RunLimits", "ToolSource", "user_message"]
 
 
 class Agent:
