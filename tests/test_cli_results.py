@@ -109,7 +109,7 @@ def _result_lines(out: str) -> dict[str, str]:
     return {
         row.split()[1]: below
         for row, below in itertools.pairwise(lines)
-        if row.startswith("cal") and below.startswith("  ↳ ")
+        if row.startswith("c") and below.startswith("  ↳ ")  # (the id column: "call_…" or "ca…")
     }
 
 
