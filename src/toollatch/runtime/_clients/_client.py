@@ -40,6 +40,7 @@ import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -49,6 +50,7 @@ import orjson
 
 from ...core._errors import ConfigError, UsageError
 from ...core._specs import ToolSpec, load_tools
+from .._recorder import Recorder
 from ._deadline import IdleDeadline
 from ._errors import (
     ModelConnectError,
@@ -106,8 +108,13 @@ class ModelClient:
         headers: Mapping[str, str],
         sleep: Sleep,
         random_unit: Callable[[], float],
+        record: Path | None = None,
     ) -> None:
         self._dialect = dialect
+        self.record = record
+        """A folder where each response is saved as a replayable fixture (None: none;
+        :class:`toollatch.runtime.Recorder`: credentials masked, the API key among them)."""
+        self._api_key = api_key
         self.model = model
         """The model name sent with each request."""
         self.base_url = base_url
@@ -343,6 +350,7 @@ class ModelStream:
         self._first = b""
         self._done = False
         self._max_bytes = client.limits.max_body_bytes
+        self._recorder: Recorder | None = None
         self.attempts = 0
         """Requests it took to get the response (1 when nothing was retried)."""
         self.bytes_received = 0
@@ -370,6 +378,12 @@ class ModelStream:
             self._content
         )
         self._idle = IdleDeadline(self._client.limits.idle_s)
+        client = self._client
+        if client.record is not None:
+            body = orjson.loads(self._content)
+            known = [client._api_key or ""]
+            self._recorder = Recorder(client.record, body, known=known, provider=client.provider)
+            self._recorder.begin(self._response.status_code, client.base_url)
         return self
 
     async def __aexit__(
@@ -379,6 +393,8 @@ class ModelStream:
 
     async def _close(self) -> None:
         self._done = True
+        if self._recorder is not None:
+            self._recorder.close()
         if self._idle is not None:
             self._idle.close()
         close_chunks = getattr(self._chunks, "aclose", None)
@@ -402,6 +418,8 @@ class ModelStream:
             self.bytes_received += len(chunk)
             if self.bytes_received > self._max_bytes:
                 raise self._too_large()
+            if self._recorder is not None:
+                self._recorder.write(chunk)
             return chunk
         while True:
             idle.reading()
@@ -421,6 +439,8 @@ class ModelStream:
                 self.bytes_received += len(chunk)
                 if self.bytes_received > self._max_bytes:
                     raise self._too_large()
+                if self._recorder is not None:
+                    self._recorder.write(chunk)
                 return chunk
 
     def _too_large(self) -> StreamTooLarge:
@@ -583,6 +603,7 @@ def model_client(
     env: Mapping[str, str] | None = None,
     sleep: Sleep | None = None,
     random_unit: Callable[[], float] | None = None,
+    record: str | Path | None = None,
 ) -> ModelClient:
     """A :class:`ModelClient` for ``provider`` (``openai_chat``, ``openai_responses``,
     ``anthropic``, ``gemini``).
@@ -593,8 +614,10 @@ def model_client(
     ``GOOGLE_API_KEY``), read from ``env`` (default ``os.environ``). A key is required only
     when the requests go to the provider's own host: its absence then raises
     ``ConfigError`` naming the variable. ``http``: an httpx client to share (left open).
-    ``headers`` are added to every request. ``sleep`` and ``random_unit`` (a float in
-    [0, 1)) are for tests. Raises ``UsageError`` for an unknown provider.
+    ``headers`` are added to every request. ``record``: a folder where each response is
+    saved as a fixture ``toollatch replay`` reads (credentials masked, see
+    :class:`toollatch.runtime.Recorder`). ``sleep`` and ``random_unit`` (a float in [0, 1))
+    are for tests. Raises ``UsageError`` for an unknown provider.
     """
     dialect = DIALECTS.get(provider)
     if dialect is None:
@@ -621,6 +644,7 @@ def model_client(
         headers=dict(headers or {}),
         sleep=sleep or asyncio.sleep,
         random_unit=random_unit or random.random,
+        record=None if record is None else Path(record),
     )
 
 
