@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -42,9 +41,10 @@ from ..core._limits import Limits
 from ..core._preview import PreviewPolicy, Redactor, ToolPreview
 from ..core._secrets import redact_secrets
 from ..ledger import AuditPolicy
-from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ..runtime import ClientLimits, RetryPolicy
-from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
+from ..mcp import McpServer, parse_server_spec
+from ..mcp._servers import unique_names
+from ..runtime import ClientLimits, RetryPolicy, RunLimits
+from ..runtime._run_setup import DEFAULT_DEADLINE_S
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
 ENV_PREFIX = "TOOLLATCH_"
@@ -338,7 +338,7 @@ class Config(_Section):
         )
 
     def stored_redactor(self) -> Redactor | None:
-        """The redactor of what the ledger and its history store (``ledger.redact``)."""
+        """The redactor of what the ledger and its history store keep (``ledger.redact``)."""
         return redact_secrets if self.ledger.redact else None
 
     def result_limits(self) -> ResultLimits:
@@ -598,18 +598,3 @@ mcp:
   #   max_description_chars: 4096       #   a longer description is cut
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""
-
-
-def config_command(args: Any) -> int:
-    """``toollatch config example`` / ``check FILE`` with parsed ``args``: the example or
-    the effective configuration on standard output (0); the problems on standard error (2)."""
-    if args.config_command == "example":
-        sys.stdout.write(EXAMPLE)
-        return 0
-    try:
-        config = load_config(args.file)
-    except ConfigError as exc:
-        sys.stderr.write(f"toollatch: error: {exc}\n")
-        return 2
-    sys.stdout.write(config.effective())
-    return 0

@@ -1,11 +1,13 @@
-"""``toollatch config example|check FILE``'s arguments, and its handler: the configuration
-itself is :mod:`toollatch.cli._app_config`, imported only for ``config`` (it needs the
-``[run]`` extra)."""
+"""``toollatch config example|check FILE``: its arguments and its handler. The configuration
+itself is :mod:`toollatch.cli._app_config`, imported only here (it needs the ``[run]``
+extra)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..core._errors import ConfigError
 from ._args import CliParser, Subparsers
 from ._output import fail
 
@@ -27,9 +29,19 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def command(args: argparse.Namespace) -> int:
-    """``toollatch config example|check FILE``: exit 0, or 2 with every problem listed."""
+    """``toollatch config example`` / ``check FILE``: the example or the effective
+    configuration on standard output (0); every problem on standard error (2)."""
     try:
-        from ._app_config import config_command  # noqa: PLC0415 (the [run] extra, lazily)
+        from ._app_config import EXAMPLE, load_config  # noqa: PLC0415 (the [run] extra, lazily)
     except ImportError as exc:
         return fail(f"toollatch config needs the [run] extra (pip install 'toollatch[run]'): {exc}")
-    return config_command(args)
+    if args.config_command == "example":
+        sys.stdout.write(EXAMPLE)
+        return 0
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:  # (one line per problem: not folded into one as fail() does)
+        sys.stderr.write(f"toollatch: error: {exc}\n")
+        return 2
+    sys.stdout.write(config.effective())
+    return 0
