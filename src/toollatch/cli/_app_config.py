@@ -43,7 +43,7 @@ from ..core._preview import PreviewPolicy, Redactor, ToolPreview
 from ..core._secrets import redact_secrets
 from ..ledger import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ..runtime import ClientLimits, RetryPolicy
+from ..runtime._clients import ClientLimits, RetryPolicy
 from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
