@@ -42,18 +42,14 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core._errors import ConfigError, ToolLatchError, UsageError
-from ..ledger import ArgumentAudit, open_audit, open_history, open_ledger
+from ..ledger import ArgumentAudit
+from ..ledger._open import open_audit, open_history, open_ledger
 from ..mcp import McpToolSource, source_from_config
-from ..runtime import (
-    Agent,
-    AgentEvent,
-    AgentRun,
-    ModelClient,
-    ModelError,
-    RunLimits,
-    ToolFinishedEvent,
-    model_client,
-)
+from ..runtime._agent import Agent
+from ..runtime._agent_events import AgentEvent, ToolFinishedEvent
+from ..runtime._agent_run import AgentRun
+from ..runtime._clients import ModelClient, ModelError, model_client
+from ..runtime._run_setup import RunLimits
 from ..scripted import ScriptedServer
 from ..tools._examples import example_tools
 from ..tools._tools import Tool

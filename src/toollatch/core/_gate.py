@@ -107,6 +107,7 @@ class Deny:
 
 
 PolicyDecision: TypeAlias = Allow | Deny
+"""What a :data:`Policy` returns for a call: :class:`Allow` or :class:`Deny`."""
 Policy: TypeAlias = Callable[[str, Mapping[str, Any]], PolicyDecision | bool | None]
 """``policy(name, arguments)``: ``Allow()``/``True``/``None`` allows, ``Deny(reason)``/``False``
 denies. A policy that raises denies (fail closed)."""

@@ -2,21 +2,24 @@
 
 A :class:`Ledger` records, per call id and scope (run or session), who claimed a call, whether
 its tool started, and its final result; the dispatcher claims a call before it runs it (see
-``Dispatcher(ledger=...)``). Backends: :class:`MemoryLedger` (one process),
-:class:`SQLiteLedger` (one host, several processes) and ``RedisLedger`` (several hosts;
-``toollatch.ledger.redis``, needs the ``redis`` extra). :func:`open_ledger` opens one by URL.
+``Dispatcher(ledger=...)``). A :class:`History` keeps a session's conversation for resume.
+Apart from the calls, an opt-in :class:`ArgumentAudit` (an :class:`AuditStore` and an
+:class:`AuditPolicy`) keeps a bounded, redacted, expiring record of each call that did not
+commit; neither the ledger nor resume ever reads it.
 
-Apart from the calls, an opt-in :class:`ArgumentAudit` keeps a bounded, redacted, expiring
-record of each call that did not commit (:class:`MemoryAudit`, :class:`SQLiteAudit`,
-``RedisAudit``; :func:`open_audit` by URL); neither the ledger nor resume ever reads it.
+Stores are built by URL only, with the openers in :mod:`toollatch`: ``open_ledger(url)``,
+``open_history(url)`` and ``open_audit(url)`` for ``memory:``, ``sqlite:///PATH`` and
+``redis://`` (the ``redis`` extra). Their classes (in-memory, SQLite, Redis) are internal;
+this package holds the protocols they implement, the records they return, their errors, the
+running call's :func:`current_call`, and the URL helpers (:func:`default_ledger_url`,
+:func:`sqlite_file`). :mod:`toollatch.ledger.redis` has the Redis session locks.
 """
 
-from ._audit import ArgumentAudit, AuditPolicy, AuditRecord, AuditStore, MemoryAudit, audit_record
-from ._audit_sqlite import SQLiteAudit
-from ._base import Ledger, MemoryLedger
+from ._audit import ArgumentAudit, AuditPolicy, AuditRecord, AuditStore, audit_record
+from ._base import Ledger
 from ._context import CallContext, current_call
-from ._history import History, HistoryConflict, MemoryHistory, SQLiteHistory
-from ._open import default_ledger_url, open_audit, open_history, open_ledger, sqlite_file
+from ._history import History, HistoryConflict
+from ._open import default_ledger_url, sqlite_file
 from ._records import (
     Claim,
     Found,
@@ -31,7 +34,6 @@ from ._records import (
     Won,
     digest_of,
 )
-from ._sqlite import SQLiteLedger
 
 __all__ = [
     "ArgumentAudit",
@@ -51,20 +53,11 @@ __all__ = [
     "LedgerState",
     "LockBusy",
     "LockLost",
-    "MemoryAudit",
-    "MemoryHistory",
-    "MemoryLedger",
-    "SQLiteAudit",
-    "SQLiteHistory",
-    "SQLiteLedger",
     "SessionLocks",
     "Won",
     "audit_record",
     "current_call",
     "default_ledger_url",
     "digest_of",
-    "open_audit",
-    "open_history",
-    "open_ledger",
     "sqlite_file",
 ]

@@ -117,6 +117,8 @@ class Found:
 
 
 Claim: TypeAlias = Won | Found
+"""The outcome of ``Ledger.claim``: :class:`Won` (this worker runs the call) or
+:class:`Found` (the ledger already holds a record of it)."""
 
 
 def digest_of(name: str, arguments: Any) -> str:

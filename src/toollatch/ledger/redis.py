@@ -1,10 +1,8 @@
-"""The Redis backends (needs the ``redis`` extra): :class:`RedisLedger`,
-:class:`RedisHistory`, the per-session :class:`RedisSessionLock` and
-:func:`redis_session_locks` for ``Dispatcher(session_locks=...)``, and :class:`RedisAudit`
-(the opt-in audit of uncommitted calls)."""
+"""Session locks on Redis (needs the ``redis`` extra): :func:`redis_session_locks` for
+``Dispatcher(session_locks=...)``, so that one session's tools never run at once across
+hosts. The Redis ledger, history and audit are opened by URL (``toollatch.open_ledger
+("redis://...")``, ``open_history``, ``open_audit``)."""
 
-from ._audit_redis import RedisAudit
-from ._lock import RedisSessionLock, redis_session_locks
-from ._redis import RedisHistory, RedisLedger
+from ._lock import redis_session_locks
 
-__all__ = ["RedisAudit", "RedisHistory", "RedisLedger", "RedisSessionLock", "redis_session_locks"]
+__all__ = ["redis_session_locks"]

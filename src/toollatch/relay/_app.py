@@ -39,7 +39,9 @@ from starlette.routing import Route
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
 from ..ledger import ArgumentAudit, History, Ledger
-from ..runtime import Agent, RunLimits, ToolSource, model_client
+from ..runtime._agent import Agent
+from ..runtime._clients import model_client
+from ..runtime._run_setup import RunLimits, ToolSource
 from ..tools._tools import Tool
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess

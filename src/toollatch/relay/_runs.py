@@ -33,7 +33,8 @@ import orjson
 
 from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..core._round import Round
-from ..runtime import AgentEvent, AgentRun
+from ..runtime._agent_events import AgentEvent
+from ..runtime._agent_run import AgentRun
 from ._config import RelayLimits, shown_arguments
 
 _log = logging.getLogger("toollatch.relay")

@@ -32,12 +32,10 @@ from ..ledger import (
     Ledger,
     LedgerError,
     LedgerKey,
-    open_audit,
-    open_history,
-    open_ledger,
 )
+from ..ledger._open import open_audit, open_history, open_ledger
 from ..mcp import McpToolSource
-from ..runtime import RunLimits
+from ..runtime._run_setup import RunLimits
 from ..scripted import Script
 from ..scripted._server import ScriptedServer, http_implementation
 from ..tools._tools import Tool

@@ -1,55 +1,25 @@
-"""The runtime above the pure core: tools from Python functions, the dispatcher that runs
-committed calls, model clients over httpx and the agent loop (asyncio; needs the ``[run]``
-extra).
+"""The runtime's parts for callers who assemble their own loop, and its observers (asyncio;
+needs the ``[run]`` extra).
 
-Nothing here decides whether a call may run: the core's gate does. The dispatcher accepts
-only :class:`toollatch.CommittedCall` objects; an eager call starts early only when the core
-returned it as a ``CallReady`` (the provider had moved on from it).
+The agent loop itself (``Agent``, ``AgentRun``, ``@tool``, ``Tool``, ``model_client``, the
+agent events, the model errors and every ``*Limits``) is in :mod:`toollatch`. Here:
+:class:`Dispatcher` (runs :class:`toollatch.CommittedCall` objects, and an eager call only
+when the core returned it as a ``CallReady``) and one round's :class:`DispatchRound`;
+:class:`ModelStream`, what ``ModelClient.stream`` yields; the observers that watch a run
+(:class:`AgentObserver`, :class:`Metrics`, :class:`Tracing`, :class:`RedactedLog`,
+:class:`JsonFormatter`, :func:`configure_logging`); result shaping (:func:`redact_result`,
+:func:`truncate_result` and their constants); :func:`example_tools`; and the whole-app
+configuration (:class:`Config`, :func:`load_config`, ``CONFIG_EXAMPLE``).
 
-``Agent(client, tools).run(message)`` is the whole loop: ``async for event in run`` gives
-the agent events (the vocabulary ``toollatch run --json`` prints). The pieces are usable
-alone: :func:`tool` and :class:`Tool`, :class:`Dispatcher`, :func:`model_client`. One
-validated file configures them (:func:`load_config`); observers (:class:`Metrics`,
-:class:`Tracing`, :class:`RedactedLog`) watch a run.
+Nothing here decides whether a call may run: the core's gate does.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from ..core._redact import redact_result
 from ..tools._examples import example_tools
-from ..tools._results import (
-    DEFAULT_MAX_RESULT_BYTES,
-    MIN_RESULT_BYTES,
-    ResultLimits,
-    truncate_result,
-)
-from ..tools._tools import Tool, ToolOutcome, schema_tool, tool
-from ._agent import Agent, AgentRun, RunLimits, ToolSource, user_message
-from ._agent_events import (
-    AgentEvent,
-    CallCommittedEvent,
-    CallFailedEvent,
-    CallOpenedEvent,
-    RoundEndedEvent,
-    RunEndedEvent,
-    TextEvent,
-    ToolFinishedEvent,
-    ToolStartedEvent,
-)
-from ._clients import (
-    ClientLimits,
-    ModelClient,
-    ModelConnectError,
-    ModelError,
-    ModelHTTPError,
-    ModelResponseError,
-    ModelStream,
-    RetryPolicy,
-    StreamInterrupted,
-    StreamTimeout,
-    StreamTooLarge,
-    model_client,
-)
+from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, truncate_result
+from ._clients import ModelStream
 from ._dispatcher import Dispatcher, DispatchRound
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
@@ -59,51 +29,21 @@ __all__ = [
     "CONFIG_EXAMPLE",
     "DEFAULT_MAX_RESULT_BYTES",
     "MIN_RESULT_BYTES",
-    "Agent",
-    "AgentEvent",
     "AgentObserver",
-    "AgentRun",
-    "CallCommittedEvent",
-    "CallFailedEvent",
-    "CallOpenedEvent",
-    "ClientLimits",
     "Config",
     "DispatchRound",
     "Dispatcher",
     "JsonFormatter",
     "Metrics",
-    "ModelClient",
-    "ModelConnectError",
-    "ModelError",
-    "ModelHTTPError",
-    "ModelResponseError",
     "ModelStream",
     "Recorder",
     "RedactedLog",
-    "ResultLimits",
-    "RetryPolicy",
-    "RoundEndedEvent",
-    "RunEndedEvent",
-    "RunLimits",
-    "StreamInterrupted",
-    "StreamTimeout",
-    "StreamTooLarge",
-    "TextEvent",
-    "Tool",
-    "ToolFinishedEvent",
-    "ToolOutcome",
-    "ToolSource",
-    "ToolStartedEvent",
     "Tracing",
     "configure_logging",
     "example_tools",
     "load_config",
-    "model_client",
     "redact_result",
-    "schema_tool",
-    "tool",
     "truncate_result",
-    "user_message",
 ]
 
 if TYPE_CHECKING:

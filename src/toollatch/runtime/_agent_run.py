@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..assembly import CallAnnounced, CallReady, TextReceived
+from ..core._assembler import CallAnnounced, CallReady, TextReceived
 from ..core._errors import ErrorCode, UsageError
 from ..core._events import CallKey, RoundEnd
 from ..core._gate import CommittedCall, RunBudget

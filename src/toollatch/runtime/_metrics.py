@@ -29,7 +29,7 @@ from prometheus_client.asgi import make_asgi_app
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..assembly import CallComplete, CallReady
+from ..core._assembler import CallComplete, CallReady
 from ..core._errors import ErrorCode
 from ..core._events import CallKey
 from ..core._gate import CommittedCall
