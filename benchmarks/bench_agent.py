@@ -71,7 +71,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from toollatch.runtime import Agent, RetryPolicy, RunLimits, model_client, tool
+from toollatch import Agent, RetryPolicy, RunLimits, model_client, tool
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]

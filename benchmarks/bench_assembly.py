@@ -81,7 +81,8 @@ except ImportError:  # (optional: the table leaves its columns out; --reads neve
     AIMessageChunk = None
 
 import toollatch
-from toollatch import CallState, Gate, Limits, PreviewPolicy, StreamParser, ToolPreview
+from toollatch import CallState, Limits, PreviewPolicy, StreamParser, ToolPreview
+from toollatch.stages import Gate
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -50,11 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import toollatch
-from toollatch.core._events import Frame
-from toollatch.core._eventstream import EventStreamDecoder
-from toollatch.core._limits import Limits
-from toollatch.core._lines import JSONLinesDecoder
-from toollatch.core._sse import SSEDecoder
+from toollatch import Limits
+from toollatch.stages import EventStreamDecoder, Frame, JSONLinesDecoder, SSEDecoder
 
 KIB = 1024
 MIB = 1024 * KIB

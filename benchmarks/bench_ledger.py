@@ -29,10 +29,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from toollatch import PreviewPolicy, Round, StreamParser, ToolPreview, ToolResult, ToolSpec
-from toollatch.ledger import LedgerKey, Won, open_ledger
-from toollatch.ledger._audit import ArgumentAudit, AuditPolicy  # (until exported)
-from toollatch.ledger._open import open_audit
+from toollatch import (
+    PreviewPolicy,
+    Round,
+    StreamParser,
+    ToolPreview,
+    ToolResult,
+    ToolSpec,
+    open_audit,
+    open_ledger,
+)
+from toollatch.ledger import ArgumentAudit, AuditPolicy, LedgerKey, Won
 from toollatch.ledger._sqlite import SQLiteFile, SQLiteLedger
 
 

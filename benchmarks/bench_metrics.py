@@ -46,15 +46,16 @@ from bench_assembly import (
     stream_openai_responses,
 )
 
-from toollatch import Limits, StreamParser
-from toollatch.runtime._agent_events import (
+from toollatch import (
     CallCommittedEvent,
     CallOpenedEvent,
+    Limits,
     RoundEndedEvent,
+    StreamParser,
     ToolFinishedEvent,
     ToolStartedEvent,
 )
-from toollatch.runtime._metrics import Metrics
+from toollatch.runtime import Metrics
 
 LIMITS = Limits(max_argument_bytes=4 * 1024 * 1024)
 

@@ -54,9 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import toollatch
-from toollatch.core._events import CallKey
-from toollatch.core._partial_json import PartialJSON
-from toollatch.core._preview import PreviewPolicy, PreviewTracker, ToolPreview
+from toollatch import PreviewPolicy, ToolPreview
+from toollatch.core._preview import PreviewTracker
+from toollatch.stages import CallKey, PartialJSON
 
 KIB = 1024
 # CPU time of this process: the machine is shared, and wall time also counts other work.

@@ -64,9 +64,9 @@ from typing import Any
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from toollatch.relay._config import RelayLimits  # noqa: E402
-from toollatch.relay._runs import RelayRun  # noqa: E402
-from toollatch.relay._server import RelayServer, settle_heap  # noqa: E402
+from toollatch import RelayLimits  # noqa: E402
+from toollatch.relay import RelayRun, RelayServer  # noqa: E402
+from toollatch.relay._server import settle_heap  # noqa: E402
 from toollatch.runtime import _agent  # noqa: E402
 
 APPENDED: dict[tuple[str, int], tuple[float, float]] = {}

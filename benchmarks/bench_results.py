@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from toollatch import PreviewPolicy, ToolResult
-from toollatch.relay._config import redact_secrets
-from toollatch.tools._results import ResultLimits, ResultShaper
+from toollatch import PreviewPolicy, ResultLimits, ToolResult
+from toollatch.relay import redact_secrets
+from toollatch.tools._results import ResultShaper
 
 KIB = 1024
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from toollatch.core._adapters._base import Adapter
-from toollatch.events import StreamEvent
+from toollatch.stages import Adapter, StreamEvent
 
 A = TypeVar("A", bound=Adapter)
 

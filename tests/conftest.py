@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from ledger_helpers import RedisServer
-from toollatch.core._errors import StreamDecodeError, UsageError
+from toollatch import StreamDecodeError, UsageError
 
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]

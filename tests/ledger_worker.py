@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ledger_helpers import chat_round
-from toollatch.ledger import Claim, Ledger, LedgerKey, Won, current_call, open_ledger
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._tools import tool
+from toollatch import open_ledger, tool
+from toollatch.ledger import Claim, Ledger, LedgerKey, Won, current_call
+from toollatch.runtime import Dispatcher
 
 CONFIG: dict[str, Any] = json.loads(sys.argv[1])
 

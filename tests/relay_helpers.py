@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.scripted import Call, Script, Text, Turn
 
 
 def slow_script(delay_ms: float = 25.0, city_chars: int = 40) -> Script:

@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 
 from toollatch import Round, StreamParser, ToolResult
-from toollatch.messages import assistant_messages, error_results, tool_results_messages
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import ScriptedServer
+from toollatch.stages import assistant_messages, error_results, tool_results_messages
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 

@@ -12,18 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
-from toollatch.core._adapters.anthropic import AnthropicAdapter
-from toollatch.core._errors import UsageError
-from toollatch.core._events import (
+from toollatch import RoundEnd, UsageError
+from toollatch.stages import (
     Anomaly,
     AnomalyKind,
+    AnthropicAdapter,
     ArgsDelta,
     CallClosed,
     CallKey,
     CallOpened,
     Frame,
     ReasoningBlock,
-    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,

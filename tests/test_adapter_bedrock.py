@@ -13,26 +13,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
-from toollatch.core._adapters.bedrock import BedrockAdapter
-from toollatch.core._errors import UsageError
-from toollatch.core._events import (
+from toollatch import RoundEnd, UsageError
+from toollatch.stages import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
+    BedrockAdapter,
     CallClosed,
     CallKey,
     CallOpened,
     Frame,
     ReasoningBlock,
-    RoundEnd,
     RoundEnded,
     ServerToolBlock,
     StreamEvent,
     StreamFailed,
     TextDelta,
     UsageReported,
+    error_results,
 )
-from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 

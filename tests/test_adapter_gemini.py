@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch import CallState, ErrorCode, Limits, Round, StreamParser
+from toollatch import CallState, ErrorCode, Limits, Round, RoundEnd, StreamParser
 from toollatch.core._adapters import gemini
-from toollatch.core._adapters.gemini import GeminiAdapter, _serialize
-from toollatch.core._events import (
+from toollatch.core._adapters.gemini import _serialize
+from toollatch.stages import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
@@ -27,17 +27,17 @@ from toollatch.core._events import (
     CallKey,
     CallOpened,
     Frame,
+    GeminiAdapter,
     ReasoningBlock,
-    RoundEnd,
     RoundEnded,
     ServerToolBlock,
+    SSEDecoder,
     StreamEvent,
     StreamFailed,
     TextDelta,
     UsageReported,
+    error_results,
 )
-from toollatch.core._sse import SSEDecoder
-from toollatch.messages import error_results
 from toollatch.testing import chunkings, sse, summary
 from toollatch.testing import replay as replay_bytes
 

@@ -14,10 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapter_doubles import counting, general_only
-from toollatch import CallState, ErrorCode, Round, StreamParser
-from toollatch.core._adapters.openai_responses import OpenAIResponsesAdapter
-from toollatch.core._errors import UsageError
-from toollatch.core._events import (
+from toollatch import CallState, ErrorCode, Round, RoundEnd, StreamParser, UsageError
+from toollatch.stages import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
@@ -27,17 +25,17 @@ from toollatch.core._events import (
     CallOpened,
     CallSettled,
     Frame,
+    OpenAIResponsesAdapter,
     ReasoningBlock,
-    RoundEnd,
     RoundEnded,
     ServerToolBlock,
+    SSEDecoder,
     StreamEvent,
     StreamFailed,
     TextDelta,
     UsageReported,
+    error_results,
 )
-from toollatch.core._sse import SSEDecoder
-from toollatch.messages import error_results
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 

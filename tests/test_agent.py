@@ -10,12 +10,10 @@ from typing import Any
 
 import pytest
 
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import ClientLimits, RetryPolicy, model_client
-from toollatch.scripted._script import Call, Faults, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer, _encode
-from toollatch.tools._examples import example_tools
-from toollatch.tools._tools import tool
+from toollatch import Agent, ClientLimits, RetryPolicy, RunLimits, model_client, tool
+from toollatch.runtime import example_tools
+from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
+from toollatch.scripted._server import _encode
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)
@@ -280,7 +278,7 @@ async def test_cancel_mid_stream_pairs_every_call(provider, tmp_path):
 
 
 def test_run_limits_are_checked():
-    from toollatch.errors import ConfigError
+    from toollatch import ConfigError
 
     for bad in ({"max_rounds": 0}, {"max_tool_calls": -1}, {"deadline_s": 0.0}):
         with pytest.raises(ConfigError):

@@ -15,12 +15,10 @@ import pytest
 from starlette.responses import StreamingResponse
 
 from loopback_http import Reply, loopback
-from toollatch import Limits
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.scripted._script import Call, Text, Turn
+from toollatch import Agent, Limits, RetryPolicy, RunLimits, model_client
+from toollatch.runtime import example_tools
+from toollatch.scripted import Call, Text, Turn
 from toollatch.scripted._server import _encode
-from toollatch.tools._examples import example_tools
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 GUARD_S = 30.0

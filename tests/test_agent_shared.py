@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from toollatch.errors import UsageError
-from toollatch.ledger import LedgerKey, MemoryHistory, current_call, open_ledger
-from toollatch.runtime import Agent, AgentRun, RetryPolicy, model_client, tool
+from toollatch import Agent, AgentRun, RetryPolicy, UsageError, model_client, open_ledger, tool
+from toollatch.ledger import LedgerKey, current_call
+from toollatch.ledger._history import MemoryHistory
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 RUNS = 50

@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from relay_helpers import parse_sse
-from toollatch.relay._config import RelayLimits
+from toollatch import RelayLimits
+from toollatch.relay import RelayServer
 from toollatch.relay._runs import EventLog
-from toollatch.relay._server import RelayServer
 from toollatch.relay.protocols._agui import AguiView, log_frames
-from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.scripted import Call, Script, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tests" / "js" / "agui_client.mjs"

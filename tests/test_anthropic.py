@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import CallState, ErrorCode, Limits, RoundEnd, StreamParser
-from toollatch.messages import assistant_messages, error_results, tool_results_messages
+from toollatch.stages import assistant_messages, error_results, tool_results_messages
 from toollatch.testing import chunkings, replay, split_at, sse, summary
 
 TOOLS = [

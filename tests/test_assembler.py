@@ -7,23 +7,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toollatch import CallFailed, CallState, ErrorCode, Limits, PreviewPolicy, RoundEnd, UsageError
-from toollatch.assembly import Assembler, RoundOver
 from toollatch.core._buffer import JOIN_BYTES
-from toollatch.events import (
+from toollatch.stages import (
     Anomaly,
     AnomalyKind,
     ArgsDelta,
+    Assembler,
     CallClosed,
     CallIdentified,
     CallKey,
     CallOpened,
     ReasoningBlock,
     RoundEnded,
+    RoundOver,
     ServerToolBlock,
     StreamFailed,
     TextDelta,
+    error_results,
 )
-from toollatch.messages import error_results
 
 K0, K1, K2 = (CallKey(0, 0, i) for i in range(3))
 END = RoundEnded(ending=RoundEnd.NORMAL, stop_reason="tool_use")

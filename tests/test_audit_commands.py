@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 from relay_helpers import served_run, serving
-from toollatch.ledger import LedgerKey, SQLiteAudit, SQLiteLedger
+from toollatch.ledger import LedgerKey
+from toollatch.ledger._audit_sqlite import SQLiteAudit
+from toollatch.ledger._sqlite import SQLiteLedger
 from toollatch.relay._app import run_scope
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-live-0123456789abcdef"

@@ -63,8 +63,7 @@ def test_a_named_workspace_is_the_one_told(tmp_path):
 
 
 def test_a_real_model_and_own_tools_get_no_notice(tmp_path):
-    from toollatch.scripted._script import Script, Text, Turn
-    from toollatch.scripted._server import ScriptedServer
+    from toollatch.scripted import Script, ScriptedServer, Text, Turn
 
     tools = tmp_path / "t.py"
     tools.write_text("import toollatch\n\n@toollatch.tool\ndef ping() -> str:\n    return 'pong'\n")

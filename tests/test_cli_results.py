@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from toollatch.runtime._agent_events import ToolFinishedEvent
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch import ToolFinishedEvent
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 from toollatch.tools._results import PREVIEW_CHARS, result_preview
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -189,7 +189,7 @@ def test_run_with_a_ledger_runs_a_call_id_once_across_processes(tmp_path):
 def test_the_example_config_runs_exactly_as_no_config(tmp_path):
     """``toollatch config example`` says its values are the defaults: a run with that file is
     the run without one (the eager example tool still starts early, and so on)."""
-    from toollatch.cli._app_config import load_config
+    from toollatch.runtime import load_config
 
     example = toollatch("config", "example")
     assert example.returncode == 0, example.stderr

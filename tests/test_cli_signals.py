@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from toollatch.scripted._script import Call, Faults, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 

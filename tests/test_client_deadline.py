@@ -11,7 +11,7 @@ import time
 import pytest
 
 from loopback_http import loopback, stream_reply
-from toollatch.runtime._clients import ClientLimits, StreamTimeout, model_client
+from toollatch import ClientLimits, StreamTimeout, model_client
 from toollatch.runtime._clients._deadline import IdleDeadline
 
 

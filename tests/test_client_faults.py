@@ -27,21 +27,22 @@ from loopback_http import (
     raw_reply,
     sse_response,
 )
-from toollatch import Limits
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import (
+from toollatch import (
+    Agent,
     ClientLimits,
+    Limits,
     ModelConnectError,
     ModelHTTPError,
     ModelResponseError,
     RetryPolicy,
+    RunLimits,
     StreamInterrupted,
     StreamTooLarge,
     model_client,
 )
-from toollatch.scripted._script import Call, Text, Turn
+from toollatch.runtime import example_tools
+from toollatch.scripted import Call, Text, Turn
 from toollatch.scripted._server import _encode
-from toollatch.tools._examples import example_tools
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)

@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from scripted_helpers import PROVIDERS, first_history
-from toollatch import StreamParser
-from toollatch.runtime import model_client
+from toollatch import StreamParser, model_client
 from toollatch.scripted import ScriptedServer
 
 KEY = "sk-record-0123456789abcdefghijkl"

@@ -18,20 +18,21 @@ from loopback_http import (
     stalling_reply,
     stream_reply,
 )
-from toollatch import StreamParser, ToolSpec, load_tools
-from toollatch.core._errors import ConfigError, UsageError
-from toollatch.runtime._clients import (
+from toollatch import (
     ClientLimits,
+    ConfigError,
     ModelConnectError,
     ModelHTTPError,
     RetryPolicy,
     StreamInterrupted,
+    StreamParser,
     StreamTimeout,
-    error_message,
-    gemini_declaration,
+    ToolSpec,
+    UsageError,
+    load_tools,
     model_client,
-    retry_after_s,
 )
+from toollatch.runtime._clients import error_message, gemini_declaration, retry_after_s
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 WEATHER = ToolSpec(

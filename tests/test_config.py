@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toollatch.cli._app_config import EXAMPLE, Config, configured, load_config, validate
-from toollatch.core._errors import ConfigError, ErrorCode
-from toollatch.core._limits import Limits
-from toollatch.runtime._agent import RunLimits
-from toollatch.runtime._clients import ClientLimits, RetryPolicy
+from toollatch import ClientLimits, ConfigError, ErrorCode, Limits, RetryPolicy, RunLimits
+from toollatch.cli._app_config import EXAMPLE, configured, validate
+from toollatch.runtime import Config, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

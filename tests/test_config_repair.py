@@ -8,16 +8,25 @@ import httpx
 import pytest
 
 from scripted_helpers import PROVIDERS, first_history, post, request
-from toollatch import StreamParser, ToolResult
+from toollatch import (
+    Agent,
+    ErrorCode,
+    RetryPolicy,
+    RunLimits,
+    StreamParser,
+    ToolResult,
+    model_client,
+    tool,
+)
 from toollatch.cli._app_config import validate
-from toollatch.core._errors import ErrorCode
-from toollatch.core._messages import assistant_messages, error_results, tool_results_messages
-from toollatch.core._messages._repair import drop_failed_calls, repaired_history
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._tools import tool
+from toollatch.scripted import Call, Reasoning, Script, ScriptedServer, Text, Turn
+from toollatch.stages import (
+    assistant_messages,
+    drop_failed_calls,
+    error_results,
+    repaired_history,
+    tool_results_messages,
+)
 
 EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)
 BROKEN = '{"city": "Oslo"}}'  # trailing data: invalid_json

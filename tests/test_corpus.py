@@ -16,7 +16,7 @@ import pytest
 from conftest import CORPUS, corpus_dir
 from toollatch import CallState, Round
 from toollatch.cli import replay_bytes
-from toollatch.events import AnomalyKind, ServerToolBlock
+from toollatch.stages import AnomalyKind, ServerToolBlock
 from toollatch.testing import summary
 
 

@@ -15,11 +15,9 @@ import pytest
 
 from test_eventstream import event as es_event
 from toollatch.core._eventstream import RUN_EVENTS as ES_RUN
-from toollatch.core._eventstream import EventStreamDecoder
 from toollatch.core._lines import RUN_EVENTS as LINES_RUN
-from toollatch.core._lines import JSONLinesDecoder
 from toollatch.core._sse import RUN_EVENTS as SSE_RUN
-from toollatch.core._sse import SSEDecoder
+from toollatch.stages import EventStreamDecoder, JSONLinesDecoder, SSEDecoder
 
 Decoder = SSEDecoder | JSONLinesDecoder | EventStreamDecoder
 

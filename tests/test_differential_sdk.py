@@ -30,11 +30,15 @@ import pytest
 
 from conftest import CORPUS, corpus_dir
 from sdk_clients import client
-from toollatch import CallState, Round
+from toollatch import CallState, ErrorCode, Round, RoundEnd
 from toollatch.cli import replay_bytes
-from toollatch.errors import ErrorCode
-from toollatch.events import AnomalyKind, ReasoningBlock, RoundEnd, ServerToolBlock
-from toollatch.messages import assistant_messages, error_results
+from toollatch.stages import (
+    AnomalyKind,
+    ReasoningBlock,
+    ServerToolBlock,
+    assistant_messages,
+    error_results,
+)
 from toollatch.testing import replay, sse
 
 # -- running the SDKs on recorded bytes --------------------------------------------------------

@@ -18,12 +18,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch import ConfigError, ErrorCode, Round, StreamParser, ToolResult, ToolSpec, UsageError
-from toollatch.messages import assistant_messages, tool_results_messages
-from toollatch.runtime import ToolFinishedEvent, ToolStartedEvent
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._examples import example_tools
-from toollatch.tools._tools import Tool, ToolOutcome, tool
+from toollatch import (
+    ConfigError,
+    ErrorCode,
+    Round,
+    StreamParser,
+    Tool,
+    ToolFinishedEvent,
+    ToolOutcome,
+    ToolResult,
+    ToolSpec,
+    ToolStartedEvent,
+    UsageError,
+    tool,
+)
+from toollatch.runtime import Dispatcher, example_tools
+from toollatch.stages import assistant_messages, tool_results_messages
 
 
 def chat_round(

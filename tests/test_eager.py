@@ -14,8 +14,7 @@ import pytest
 
 from chat_chunks import chunk, tc
 from toollatch import CallState, ErrorCode, RunBudget, StreamParser, ToolSpec
-from toollatch.assembly import CallAnnounced, CallComplete, CallReady, TextReceived
-from toollatch.events import AnomalyKind
+from toollatch.stages import AnomalyKind, CallAnnounced, CallComplete, CallReady, TextReceived
 from toollatch.testing import sse
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

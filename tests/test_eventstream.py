@@ -16,11 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus_dir, decoded_until_error
-from toollatch import CallState, ErrorCode, StreamParser
-from toollatch.core._errors import ConfigError, StreamDecodeError, UsageError
-from toollatch.core._events import Frame
-from toollatch.core._eventstream import EventStreamDecoder, decode_headers
-from toollatch.core._limits import Limits
+from toollatch import (
+    CallState,
+    ConfigError,
+    ErrorCode,
+    Limits,
+    StreamDecodeError,
+    StreamParser,
+    UsageError,
+)
+from toollatch.core._eventstream import decode_headers
+from toollatch.stages import EventStreamDecoder, Frame
 
 # -- a small encoder (test-only) ----------------------------------------------------------------
 

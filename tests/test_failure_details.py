@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from toollatch import Gate
-from toollatch.assembly import Rejection
-from toollatch.events import CallKey
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+from toollatch.stages import CallKey, Gate, Rejection
 
 ROOT = Path(__file__).resolve().parents[1]
 WEATHER = {

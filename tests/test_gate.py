@@ -15,16 +15,14 @@ from toollatch import (
     ConfigError,
     Deny,
     ErrorCode,
-    Gate,
     Limits,
     RunBudget,
     ToolSpec,
     UsageError,
     load_tools,
 )
-from toollatch.assembly import Rejection
 from toollatch.core._gate import _Reject, strict_loads
-from toollatch.events import CallKey
+from toollatch.stages import CallKey, Gate, Rejection
 
 KEY = CallKey(0, 0, 0)
 TOOLS = [

@@ -15,23 +15,28 @@ import pytest
 import redis.asyncio as aioredis
 
 from ledger_helpers import RedisServer, free_port
-from toollatch import ConfigError, ErrorCode, ToolResult, UsageError
+from toollatch import (
+    ConfigError,
+    ErrorCode,
+    ToolResult,
+    UsageError,
+    open_audit,
+    open_history,
+    open_ledger,
+)
 from toollatch.ledger import (
     Found,
     LeaseLost,
     Ledger,
     LedgerError,
     LedgerKey,
-    MemoryLedger,
-    SQLiteLedger,
     Won,
     default_ledger_url,
     digest_of,
-    open_audit,
-    open_history,
-    open_ledger,
 )
+from toollatch.ledger._base import MemoryLedger
 from toollatch.ledger._redis import RedisLedger
+from toollatch.ledger._sqlite import SQLiteLedger
 
 KEY = LedgerKey(scope="run-1", call_id="call_1")
 D1 = digest_of("write", {"a": 1})

@@ -18,23 +18,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger_helpers import RedisServer
-from toollatch import ConfigError, ErrorCode, PreviewPolicy, Round, StreamParser, ToolSpec
+from toollatch import (
+    ConfigError,
+    ErrorCode,
+    PreviewPolicy,
+    Round,
+    StreamParser,
+    ToolPreview,
+    ToolSpec,
+    open_audit,
+    open_history,
+    open_ledger,
+    tool,
+)
 from toollatch.cli._app_config import validate
-from toollatch.core._preview import ToolPreview
-from toollatch.ledger import LedgerError, LedgerKey, SQLiteLedger, open_history, open_ledger
-from toollatch.ledger._audit import (  # (exported by the coordinator)
+from toollatch.ledger import (
     ArgumentAudit,
     AuditPolicy,
     AuditRecord,
     AuditStore,
-    MemoryAudit,
+    LedgerError,
+    LedgerKey,
     audit_record,
 )
+from toollatch.ledger._audit import MemoryAudit
 from toollatch.ledger._audit_redis import RedisAudit
 from toollatch.ledger._audit_sqlite import SQLiteAudit
-from toollatch.ledger._open import open_audit
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._tools import tool
+from toollatch.ledger._sqlite import SQLiteLedger
+from toollatch.runtime import Dispatcher
 
 SECRET = "sk-live-0123456789"
 

@@ -13,19 +13,11 @@ from typing import Any
 import pytest
 
 from ledger_helpers import chat_round, free_port
-from toollatch import ConfigError, ErrorCode
-from toollatch.ledger import (
-    CallContext,
-    LedgerError,
-    LedgerKey,
-    MemoryLedger,
-    SQLiteLedger,
-    current_call,
-    digest_of,
-    open_ledger,
-)
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._tools import Tool, tool
+from toollatch import ConfigError, ErrorCode, Tool, open_ledger, tool
+from toollatch.ledger import CallContext, LedgerError, LedgerKey, current_call, digest_of
+from toollatch.ledger._base import MemoryLedger
+from toollatch.ledger._sqlite import SQLiteLedger
+from toollatch.runtime import Dispatcher
 
 
 class World:

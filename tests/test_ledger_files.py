@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from toollatch.ledger import LedgerKey, digest_of, open_audit, open_history, open_ledger
+from toollatch import open_audit, open_history, open_ledger
+from toollatch.ledger import LedgerKey, digest_of
 
 KEY = LedgerKey(scope="run-1", call_id="call_1")
 

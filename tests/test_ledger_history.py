@@ -12,8 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from toollatch import UsageError
-from toollatch.ledger import History, HistoryConflict, MemoryHistory, SQLiteHistory
-from toollatch.ledger.redis import RedisHistory
+from toollatch.ledger import History, HistoryConflict
+from toollatch.ledger._history import MemoryHistory, SQLiteHistory
+from toollatch.ledger._redis import RedisHistory
 
 USER = {"role": "user", "content": "charge 5"}
 ASSISTANT = {

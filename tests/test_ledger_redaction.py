@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from toollatch import ToolResult
-from toollatch.ledger import LedgerError, LedgerKey, digest_of, open_history, open_ledger
+from toollatch import ToolResult, open_history, open_ledger
+from toollatch.ledger import LedgerError, LedgerKey, digest_of
 from toollatch.relay import redact_secrets
 
 FAKE_KEY = "s" + "k-" + "live" + "A1b2C3d4E5f6G7h8J9k0L1m2"
@@ -183,9 +183,9 @@ async def test_serve_with_ledger_redact_stores_no_secret(tmp_path, redact):
     import httpx
 
     from relay_helpers import read_events, start_run
-    from toollatch.relay._server import RelayServer
-    from toollatch.scripted._script import Call, Script, Text, Turn
-    from toollatch.tools._tools import tool
+    from toollatch import tool
+    from toollatch.relay import RelayServer
+    from toollatch.scripted import Call, Script, Text, Turn
 
     @tool(side_effects="read")
     def account(user: str, password: str) -> str:

@@ -18,12 +18,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from ledger_helpers import RedisServer, chat_round, free_port
-from toollatch import ConfigError, ErrorCode, UsageError
-from toollatch.ledger import LedgerError
-from toollatch.ledger._lock import LockLost, RedisSessionLock
+from toollatch import ConfigError, ErrorCode, UsageError, tool
+from toollatch.ledger import LedgerError, LockLost
+from toollatch.ledger._lock import RedisSessionLock
 from toollatch.ledger.redis import redis_session_locks
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._tools import tool
+from toollatch.runtime import Dispatcher
 
 WORKER = Path(__file__).with_name("ledger_worker.py")
 

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import ToolResult
-from toollatch.ledger import LeaseLost, LedgerKey, MemoryLedger, Won, digest_of
+from toollatch.ledger import LeaseLost, LedgerKey, Won, digest_of
+from toollatch.ledger._base import MemoryLedger
 
 KEY = LedgerKey(scope="s", call_id="c")
 DIGEST = digest_of("t", {})

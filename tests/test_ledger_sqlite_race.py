@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from ledger_helpers import json_outputs
-from toollatch.ledger import LedgerKey, SQLiteLedger, Won
+from toollatch.ledger import LedgerKey, Won
+from toollatch.ledger._sqlite import SQLiteLedger
 
 FILES = 30
 WORKERS = 4

@@ -12,10 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import decoded_until_error
-from toollatch.core._errors import StreamDecodeError, UsageError
-from toollatch.core._events import Frame
-from toollatch.core._limits import Limits
-from toollatch.core._lines import JSONLinesDecoder
+from toollatch import Limits, StreamDecodeError, UsageError
+from toollatch.stages import Frame, JSONLinesDecoder
 
 
 class _GeneralOnly(JSONLinesDecoder):

@@ -9,12 +9,10 @@ import json
 import pytest
 
 from mcp_helpers import calls_of, log_of, stdio_server, wait_for_log
-from toollatch import ErrorCode
+from toollatch import Agent, ErrorCode, RetryPolicy, RunLimits, model_client
 from toollatch.mcp import McpToolSource
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.scripted._script import Call, Faults, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer, _encode
+from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
+from toollatch.scripted._server import _encode
 
 DONE = Turn(items=(Text(text="ok"),), delay_ms=0)
 

@@ -15,8 +15,7 @@ from mcp_helpers import SERVER, calls_of, http_server
 from toollatch import ConfigError
 from toollatch.cli._app_config import validate
 from toollatch.mcp import McpServer, parse_server_spec, source_from_config
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 

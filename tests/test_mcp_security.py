@@ -15,7 +15,7 @@ from mcp_helpers import chat_round
 from toollatch import ConfigError
 from toollatch.cli._app_config import validate
 from toollatch.mcp import McpServer, McpToolSource
-from toollatch.runtime._dispatcher import Dispatcher
+from toollatch.runtime import Dispatcher
 
 HOSTILE = str(Path(__file__).with_name("mcp_hostile_server.py"))
 KEY_VAR = "TOOLLATCH_TEST_PROVIDER_KEY"

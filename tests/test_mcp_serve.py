@@ -10,8 +10,7 @@ from pathlib import Path
 from mcp_helpers import SERVER, calls_of
 from relay_helpers import served_run, serving
 from toollatch.mcp import parse_server_spec
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 NOTE = json.dumps({"name": "n", "text": "t"})
 

@@ -9,11 +9,10 @@ import asyncio
 import pytest
 
 from mcp_helpers import calls_of, chat_round, http, http_server, log_of, stdio_server, wait_for_log
-from toollatch import ConfigError, ErrorCode
-from toollatch.core._gate import Deny
+from toollatch import ConfigError, Deny, ErrorCode
 from toollatch.mcp import McpToolSource
 from toollatch.mcp._example_server import FAKE_SECRET
-from toollatch.runtime._dispatcher import Dispatcher
+from toollatch.runtime import Dispatcher
 
 
 @pytest.fixture(params=["stdio", "http"])

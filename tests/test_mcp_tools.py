@@ -11,13 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from mcp_helpers import calls_of, chat_round, stdio_server
-from toollatch import ConfigError, ErrorCode
-from toollatch.ledger import open_ledger
+from toollatch import ConfigError, ErrorCode, open_ledger, schema_tool, tool
 from toollatch.mcp import McpToolSource
 from toollatch.mcp._results import outcome_of
 from toollatch.mcp._source import assign_names
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._tools import schema_tool, tool
+from toollatch.runtime import Dispatcher
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 

@@ -23,12 +23,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir
-from toollatch import CallState, Round, StreamParser, ToolResult
+from toollatch import CallState, ErrorCode, Round, RoundEnd, StreamParser, ToolResult, UsageError
 from toollatch.cli import replay_bytes
-from toollatch.errors import ErrorCode, UsageError
-from toollatch.events import AnomalyKind, RoundEnd
-from toollatch.messages import assistant_messages, error_results, tool_results_messages
-from toollatch.rounds import Choice
+from toollatch.stages import (
+    AnomalyKind,
+    Choice,
+    assistant_messages,
+    error_results,
+    tool_results_messages,
+)
 from toollatch.testing import chunkings, jsonl, replay, sse
 
 PROVIDERS = ("openai_chat", "anthropic", "openai_responses", "gemini", "bedrock")

@@ -9,16 +9,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loopback_http import loopback
-from toollatch import StreamParser
-from toollatch.assembly import CallReady
-from toollatch.core._errors import UsageError
-from toollatch.core._limits import Limits
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.runtime._metrics import Metrics
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._tools import tool
+from toollatch import (
+    Agent,
+    Limits,
+    RetryPolicy,
+    RunLimits,
+    StreamParser,
+    UsageError,
+    model_client,
+    tool,
+)
+from toollatch.runtime import Metrics
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+from toollatch.stages import CallReady
 
 BROKEN_CHAT = (
     b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":'

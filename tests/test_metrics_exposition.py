@@ -22,11 +22,10 @@ from prometheus_client import (
 )
 
 from test_metrics import PROVIDERS, get_weather, script, write_file
-from toollatch.core._limits import Limits
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.runtime._metrics import Metrics, _Family
-from toollatch.scripted._server import ScriptedServer
+from toollatch import Agent, Limits, RetryPolicy, RunLimits, model_client
+from toollatch.runtime import Metrics
+from toollatch.runtime._metrics import _Family
+from toollatch.scripted import ScriptedServer
 
 _BYTES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -11,9 +11,7 @@ from hypothesis import strategies as st
 from adapter_doubles import counting, general_only
 from chat_chunks import USAGE, WEATHER_TOOLS, chunk, fragments, tc
 from toollatch import CallState, ErrorCode, Limits, RoundEnd, StreamParser
-from toollatch.core._adapters.openai_chat import OpenAIChatAdapter
-from toollatch.decoders import Frame
-from toollatch.messages import assistant_messages, error_results
+from toollatch.stages import Frame, OpenAIChatAdapter, assistant_messages, error_results
 from toollatch.testing import chunkings, replay, split_at, sse, summary
 
 CITY = '{"city": "Paris", "days": 3}'

@@ -31,8 +31,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toollatch.core._errors import UsageError
-from toollatch.core._partial_json import _COMPACT_BYTES, PartialJSON, PathDelta
+from toollatch import UsageError
+from toollatch.core._partial_json import _COMPACT_BYTES
+from toollatch.stages import PartialJSON, PathDelta
 
 # --------------------------------------------------------------------------- reference
 

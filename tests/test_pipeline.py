@@ -26,10 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus_dir
-from toollatch import Limits, PreviewPolicy, ToolPreview
-from toollatch.core._errors import UsageError
-from toollatch.core._pipeline import StreamParser
-from toollatch.core._registry import detect
+from toollatch import Limits, PreviewPolicy, StreamParser, ToolPreview, UsageError
+from toollatch.stages import detect
 from toollatch.testing import jsonl, sse, summary
 
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -18,15 +18,13 @@ from chat_chunks import chunk, fragments, tc
 from toollatch import (
     CommittedCall,
     ConfigError,
-    Gate,
     PreviewPolicy,
     PreviewUpdated,
     StreamParser,
     ToolPreview,
     UsageError,
 )
-from toollatch.events import CallKey
-from toollatch.previews import PathDelta
+from toollatch.stages import CallKey, Gate, PathDelta
 from toollatch.testing import split_at, sse
 
 ARGS = {

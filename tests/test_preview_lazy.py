@@ -18,9 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import PreviewPolicy, PreviewUpdated, ToolPreview
-from toollatch.core._partial_json import PartialJSON, PathDelta
 from toollatch.core._preview import PreviewTracker, _coalesce, _Filter
-from toollatch.events import CallKey
+from toollatch.stages import CallKey, PartialJSON, PathDelta
 
 KEY = CallKey(0, 0, 0)
 

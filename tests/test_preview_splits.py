@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import CallState, PreviewPolicy, PreviewUpdated, StreamParser, ToolPreview
-from toollatch.previews import PartialJSON, PathDelta
+from toollatch.stages import PartialJSON, PathDelta
 from toollatch.testing import split_at, sse
 
 _TEXT = st.text(st.sampled_from(['"', "\\", "/", "é", "😀", "a", " ", "\n", "b"]), max_size=30)

@@ -25,9 +25,8 @@ from starlette.responses import StreamingResponse
 
 from conftest import CORPUS, corpus_dir
 from loopback_http import loopback
-from toollatch import StreamParser
-from toollatch.errors import ConfigError
-from toollatch.relay._proxy import ProxyServer
+from toollatch import ConfigError, StreamParser
+from toollatch.relay import ProxyServer
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._quirks import PROFILES, QuirkProfile
 
@@ -597,7 +596,7 @@ async def test_responses_without_a_stream_and_a_broken_upstream(responses_proxy)
 
 
 async def test_the_relays_connection_bounds_hold_for_the_proxy(upstream):
-    from toollatch.relay import RelayLimits
+    from toollatch import RelayLimits
 
     bounds = RelayLimits(header_timeout_s=0.3, body_timeout_s=0.3, max_header_bytes=2048)
     async with ProxyServer(upstream.base_url("openai_chat"), connections=bounds) as p:

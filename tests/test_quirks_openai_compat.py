@@ -11,8 +11,7 @@ import json
 from chat_chunks import WEATHER_TOOLS, chunk, fragments, tc
 from toollatch import CallState, ErrorCode, Limits, Round, RoundEnd
 from toollatch.cli import round_json
-from toollatch.events import AnomalyKind
-from toollatch.messages import assistant_messages, error_results
+from toollatch.stages import AnomalyKind, assistant_messages, error_results
 from toollatch.testing import chunkings, replay, sse, summary
 
 

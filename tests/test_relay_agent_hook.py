@@ -3,12 +3,10 @@ and only previews, reach the callback, in stream order with the agent events."""
 
 from __future__ import annotations
 
-from toollatch.core._preview import PreviewUpdated
-from toollatch.relay._config import default_previews
-from toollatch.runtime._agent import Agent
-from toollatch.runtime._clients import model_client
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._examples import example_tools
+from toollatch import Agent, PreviewUpdated, model_client
+from toollatch.relay import default_previews
+from toollatch.runtime import example_tools
+from toollatch.scripted import ScriptedServer
 
 CALLS = ("call_demo_weather_oslo", "call_demo_weather_zurich", "call_demo_write_notes")
 

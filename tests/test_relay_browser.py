@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 
 from relay_helpers import slow_script
-from toollatch.relay._server import RelayServer
-from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.relay import RelayServer
+from toollatch.scripted import Call, Script, Text, Turn
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -226,7 +226,7 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
     """A page that opens a run whose first events the relay no longer keeps gets
     ``lagged``, shows how many it missed, then the rest of the run to its end."""
     from relay_helpers import chatty_script
-    from toollatch.relay._config import RelayLimits
+    from toollatch import RelayLimits
 
     limits = RelayLimits(max_kept_bytes=16 * 1024)
     scripts = {"chatty": chatty_script(200_000, chunk_chars=1000)}
@@ -261,7 +261,7 @@ async def test_a_page_behind_the_kept_events_shows_the_gap(browser):
 
 
 async def test_a_cut_result_says_so_on_its_card(browser):
-    from toollatch.tools._tools import tool
+    from toollatch import tool
 
     @tool
     def big() -> str:
@@ -412,7 +412,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
 async def test_each_card_shows_its_redacted_result_or_error_message(browser):
     """Issue 35 item 1: the relay's tool_finished carries a redacted result preview, and
     each card shows it on one line (an error result: its message, marked as an error)."""
-    from toollatch.tools._tools import tool
+    from toollatch import tool
 
     secret = "sk-live-Q8d2F7s9K1m3N5p7"
 

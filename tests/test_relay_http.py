@@ -12,14 +12,10 @@ import httpx
 import pytest
 
 from relay_helpers import cancel, chatty_script, parse_sse, read_events, slow_script, start_run
-from toollatch.core._errors import ConfigError
-from toollatch.relay._config import RelayLimits
-from toollatch.relay._server import RelayServer
-from toollatch.runtime._agent import Agent
-from toollatch.runtime._clients import model_client
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._examples import example_tools
+from toollatch import Agent, ConfigError, RelayLimits, model_client
+from toollatch.relay import RelayServer
+from toollatch.runtime import example_tools
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 SCRIPTS = {"slow": slow_script(), "chatty": chatty_script(3000)}
 

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from toollatch.relay._server import RelayServer
+from toollatch.relay import RelayServer
 
 
 async def test_a_kept_alive_request_answers_as_quickly_as_the_first() -> None:

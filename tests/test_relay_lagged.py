@@ -10,9 +10,9 @@ import time
 import httpx
 
 from relay_helpers import Frame, chatty_script, parse_sse, read_events, start_run
-from toollatch.relay._config import RelayLimits
+from toollatch import RelayLimits
+from toollatch.relay import RelayServer
 from toollatch.relay._runs import EventLog
-from toollatch.relay._server import RelayServer
 
 TEXT = 8 << 20
 """A run's text: far more than the log keeps, and than the loopback socket buffers hold

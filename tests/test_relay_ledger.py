@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from relay_helpers import CLI, parse_sse, serving
-from toollatch.ledger import LedgerKey, SQLiteLedger
+from toollatch.ledger import LedgerKey
+from toollatch.ledger._sqlite import SQLiteLedger
 from toollatch.relay._app import run_scope
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 TOOLS = '''
 import os
@@ -187,8 +187,8 @@ def _resume(url: str, run_id: str, session: str) -> dict[str, Any]:
 
 
 def test_the_config_files_ledger_url_is_checked() -> None:
+    from toollatch import ConfigError
     from toollatch.cli._app_config import validate
-    from toollatch.core._errors import ConfigError
 
     assert validate({"ledger": {"url": "redis://127.0.0.1:6379/0"}}).ledger.url is not None
     assert validate({}).ledger.url is None  # serve's default: SQLite in the data folder

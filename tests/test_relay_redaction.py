@@ -9,12 +9,10 @@ import httpx
 import pytest
 
 from relay_helpers import parse_sse, start_run
-from toollatch.core._preview import PreviewPolicy, ToolPreview
-from toollatch.relay._config import default_previews, redact_secrets, shown_arguments
-from toollatch.relay._server import RelayServer
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.tools._examples import example_tools
-from toollatch.tools._tools import tool
+from toollatch import PreviewPolicy, ToolPreview, tool
+from toollatch.relay import RelayServer, default_previews, redact_secrets, shown_arguments
+from toollatch.runtime import example_tools
+from toollatch.scripted import Call, Script, Text, Turn
 
 SECRET = "sk-live-0123456789abcdefghij"
 CONTENT = "TOP-SECRET-FILE-BODY"

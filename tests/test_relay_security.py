@@ -13,10 +13,9 @@ import httpx
 import pytest
 
 from relay_helpers import cancel, read_events, slow_script, start_run
-from toollatch.core._errors import ConfigError
-from toollatch.relay._config import RelayLimits
+from toollatch import ConfigError, RelayLimits
+from toollatch.relay import RelayServer
 from toollatch.relay._guard import RelayAccess, connection_cap
-from toollatch.relay._server import RelayServer
 
 SCRIPTS = {"slow": slow_script()}
 TOKEN = "t0ken-for-the-tests-0123456789"
@@ -444,7 +443,8 @@ async def test_the_browser_may_only_name_allowed_models():
 
 
 def test_the_relay_section_configures_access_and_limits(monkeypatch):
-    from toollatch.cli._app_config import load_config, validate
+    from toollatch.cli._app_config import validate
+    from toollatch.runtime import load_config
 
     with pytest.raises(ConfigError, match=r"relay\.token"):
         validate({"relay": {"token": "short"}})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from toollatch.relay._tools import SessionTools
-from toollatch.tools._examples import example_tools
+from toollatch.runtime import example_tools
 
 
 def _write(tools: tuple[object, ...]) -> object:

@@ -12,17 +12,21 @@ from typing import Any
 
 import pytest
 
-from toollatch import PreviewPolicy
-from toollatch.ledger import open_history, open_ledger
-from toollatch.ledger._records import LedgerKey
-from toollatch.relay._config import redact_secrets
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.runtime._logs import RedactedLog
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._results import ResultLimits
-from toollatch.tools._tools import tool
+from toollatch import (
+    Agent,
+    PreviewPolicy,
+    ResultLimits,
+    RetryPolicy,
+    RunLimits,
+    model_client,
+    open_history,
+    open_ledger,
+    tool,
+)
+from toollatch.ledger import LedgerKey
+from toollatch.relay import redact_secrets
+from toollatch.runtime import RedactedLog
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 SECRET = "sk-live-Q8d2F7s9K1m3N5p7"

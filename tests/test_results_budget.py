@@ -10,14 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toollatch.errors import ConfigError
-from toollatch.tools._results import (
-    DEFAULT_MAX_RESULT_BYTES,
-    MIN_RESULT_BYTES,
-    ResultLimits,
-    marker,
-    truncate_result,
-)
+from toollatch import ConfigError, ResultLimits
+from toollatch.runtime import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, truncate_result
+from toollatch.tools._results import marker
 
 MARKER = re.compile(r"\n\[toollatch: result truncated: the first (\d+) of (\d+) bytes are shown\]$")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from toollatch.cli._app_config import load_config, validate
-from toollatch.errors import ConfigError
-from toollatch.tools._results import ResultLimits
+from toollatch import ConfigError, ResultLimits
+from toollatch.cli._app_config import validate
+from toollatch.runtime import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

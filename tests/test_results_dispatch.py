@@ -12,14 +12,11 @@ from typing import Any
 import pytest
 
 from ledger_helpers import chat_round
-from toollatch import PreviewPolicy, ToolResult
-from toollatch.errors import ConfigError
-from toollatch.ledger import MemoryLedger
-from toollatch.ledger._records import LedgerError, LedgerKey
-from toollatch.relay._config import redact_secrets
-from toollatch.runtime._dispatcher import Dispatcher
-from toollatch.tools._results import ResultLimits
-from toollatch.tools._tools import schema_tool, tool
+from toollatch import ConfigError, PreviewPolicy, ResultLimits, ToolResult, schema_tool, tool
+from toollatch.ledger import LedgerError, LedgerKey
+from toollatch.ledger._base import MemoryLedger
+from toollatch.relay import redact_secrets
+from toollatch.runtime import Dispatcher
 
 SECRET = "sk-live-0123456789abcdefXYZ"
 

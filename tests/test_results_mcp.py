@@ -9,16 +9,12 @@ import json
 import logging
 
 from mcp_helpers import stdio_server
-from toollatch import PreviewPolicy
+from toollatch import Agent, PreviewPolicy, ResultLimits, RetryPolicy, RunLimits, model_client
 from toollatch.mcp import McpToolSource
 from toollatch.mcp._example_server import FAKE_SECRET
-from toollatch.relay._config import redact_secrets
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.runtime._logs import RedactedLog
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._results import ResultLimits
+from toollatch.relay import redact_secrets
+from toollatch.runtime import RedactedLog
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 
 async def test_an_mcp_tool_result_is_redacted_and_cut_before_the_next_request(tmp_path, caplog):

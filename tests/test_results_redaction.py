@@ -8,10 +8,17 @@ import re
 
 import pytest
 
-from toollatch import PreviewPolicy, StreamParser, ToolPreview, ToolResult
-from toollatch.errors import ConfigError
-from toollatch.relay._config import redact_secrets
-from toollatch.tools._results import RedactionFailed, ResultLimits, ResultShaper, redact_result
+from toollatch import (
+    ConfigError,
+    PreviewPolicy,
+    ResultLimits,
+    StreamParser,
+    ToolPreview,
+    ToolResult,
+)
+from toollatch.relay import redact_secrets
+from toollatch.runtime import redact_result
+from toollatch.tools._results import RedactionFailed, ResultShaper
 
 NESTED = {
     "token": "sk-live-0123456789abcdef",

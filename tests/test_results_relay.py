@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 
 from relay_helpers import read_events, start_run
-from toollatch.relay._server import RelayServer
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.tools._tools import tool
+from toollatch import tool
+from toollatch.relay import RelayServer
+from toollatch.scripted import Call, Script, Text, Turn
 
 SECRET = "sk-live-Q8d2F7s9K1m3N5p7"
 

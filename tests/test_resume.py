@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from toollatch.errors import UsageError
-from toollatch.ledger import MemoryHistory, MemoryLedger
-from toollatch.runtime import Agent, RunLimits, model_client, tool
+from toollatch import Agent, RunLimits, UsageError, model_client, tool
+from toollatch.ledger._base import MemoryLedger
+from toollatch.ledger._history import MemoryHistory
 from toollatch.scripted import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]

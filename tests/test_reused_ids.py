@@ -23,16 +23,12 @@ from typing import Any
 
 import pytest
 
-from toollatch import StreamParser, ToolResult
+from toollatch import Agent, RetryPolicy, StreamParser, ToolResult, model_client, tool
 from toollatch.core._messages._ids import history_call_ids
-from toollatch.events import AnomalyKind
-from toollatch.ledger import MemoryLedger
-from toollatch.ledger._records import LedgerKey
-from toollatch.messages import assistant_messages, error_results, tool_results_messages
-from toollatch.runtime import Agent, model_client, tool
-from toollatch.runtime._clients import RetryPolicy
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.ledger import LedgerKey
+from toollatch.ledger._base import MemoryLedger
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+from toollatch.stages import AnomalyKind, assistant_messages, error_results, tool_results_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]

@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 
 from test_adapter_bedrock import es_message
 from test_hostile import BUILDERS, Stream, _calls
-from toollatch import CallState, Limits, Round, StreamParser
-from toollatch.core._eventstream import EventStreamDecoder
-from toollatch.core._lines import JSONLinesDecoder
-from toollatch.core._sse import SSEDecoder
-from toollatch.errors import UsageError
-from toollatch.events import AnomalyKind, RoundEnd
-from toollatch.messages import error_results
+from toollatch import CallState, Limits, Round, RoundEnd, StreamParser, UsageError
+from toollatch.stages import (
+    AnomalyKind,
+    EventStreamDecoder,
+    JSONLinesDecoder,
+    SSEDecoder,
+    error_results,
+)
 from toollatch.testing import sse
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]

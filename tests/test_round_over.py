@@ -8,16 +8,32 @@ from typing import Any
 
 import pytest
 
-from toollatch import CallState, ErrorCode, Limits, RoundEnd, StreamParser
-from toollatch.assembly import Assembler, CallFailed, CallReady, RoundOver
+from toollatch import (
+    CallFailed,
+    CallState,
+    ErrorCode,
+    Limits,
+    RoundEnd,
+    RunLimits,
+    StreamParser,
+    model_client,
+)
 from toollatch.cli import build_parser, main, round_json
 from toollatch.cli._app_config import validate
 from toollatch.cli._run_command import _agent
-from toollatch.events import ArgsDelta, CallClosed, CallKey, CallOpened, RoundEnded, TextDelta
-from toollatch.messages import error_results
-from toollatch.runtime._agent import RunLimits
-from toollatch.runtime._clients import model_client
 from toollatch.runtime._run_setup import DEFAULT_DEADLINE_S
+from toollatch.stages import (
+    ArgsDelta,
+    Assembler,
+    CallClosed,
+    CallKey,
+    CallOpened,
+    CallReady,
+    RoundEnded,
+    RoundOver,
+    TextDelta,
+    error_results,
+)
 from toollatch.testing import chunkings, sse
 
 LIMIT = 1024

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from relay_helpers import Frame, parse_sse, read_events, serve, slow_script, start_run
+from toollatch import RunLimits
 from toollatch.cli import build_parser
-from toollatch.cli._app_config import load_config
 from toollatch.relay import RelayServer
-from toollatch.runtime._agent import RunLimits
+from toollatch.runtime import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_WITHIN_S = 60.0

@@ -16,18 +16,32 @@ from typing import Any
 import pytest
 
 from ledger_helpers import chat_round
-from toollatch import ErrorCode, StreamParser, ToolResult, ToolSpec
+from toollatch import (
+    Agent,
+    ErrorCode,
+    RetryPolicy,
+    RunLimits,
+    StreamParser,
+    ToolResult,
+    ToolSpec,
+    model_client,
+    tool,
+    user_message,
+)
 from toollatch.core._messages._ids import derived_id
-from toollatch.core._messages._repair import repaired_history
-from toollatch.events import AnomalyKind
-from toollatch.ledger import MemoryHistory, MemoryLedger, SQLiteLedger
-from toollatch.ledger._records import LedgerKey, digest_of
-from toollatch.messages import assistant_messages, error_results, tool_results_messages
-from toollatch.runtime import Agent, Dispatcher, RunLimits, model_client, tool
-from toollatch.runtime._agent import user_message
-from toollatch.runtime._clients import RetryPolicy
-from toollatch.scripted._script import Call, Script, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.ledger import LedgerKey, digest_of
+from toollatch.ledger._base import MemoryLedger
+from toollatch.ledger._history import MemoryHistory
+from toollatch.ledger._sqlite import SQLiteLedger
+from toollatch.runtime import Dispatcher
+from toollatch.scripted import Call, Script, ScriptedServer, Turn
+from toollatch.stages import (
+    AnomalyKind,
+    assistant_messages,
+    error_results,
+    repaired_history,
+    tool_results_messages,
+)
 from toollatch.tools._results import ResultShaper, valid_unicode
 
 ROOT = Path(__file__).resolve().parents[1]

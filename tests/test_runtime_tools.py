@@ -16,9 +16,19 @@ from typing import Any, Literal
 import pydantic
 import pytest
 
-from toollatch import CallState, ConfigError, ErrorCode, StreamParser, ToolSpec, UsageError
-from toollatch.tools._examples import example_tools
-from toollatch.tools._tools import Tool, ToolOutcome, parse_docstring, tool
+from toollatch import (
+    CallState,
+    ConfigError,
+    ErrorCode,
+    StreamParser,
+    Tool,
+    ToolOutcome,
+    ToolSpec,
+    UsageError,
+    tool,
+)
+from toollatch.runtime import example_tools
+from toollatch.tools._tools import parse_docstring
 
 
 def committed_via_parser(spec: ToolSpec, arguments: str) -> CallState:

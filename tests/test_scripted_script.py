@@ -7,17 +7,8 @@ from typing import Any
 
 import pytest
 
-from toollatch.errors import ConfigError
-from toollatch.scripted._script import (
-    DONE_TURN,
-    Call,
-    Faults,
-    Reasoning,
-    Script,
-    Text,
-    Turn,
-    demo_script,
-)
+from toollatch import ConfigError
+from toollatch.scripted import DONE_TURN, Call, Faults, Reasoning, Script, Text, Turn, demo_script
 
 SCRIPT = {
     "turns": [

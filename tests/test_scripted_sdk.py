@@ -11,8 +11,7 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 from toollatch import StreamParser
-from toollatch.scripted._script import Faults, Script, demo_script
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Faults, Script, ScriptedServer, demo_script
 
 DEMO_CALLS = [(c.call_id, c.name, json.loads(c.arguments)) for c in demo_script().turns[0].calls]
 USER = [{"role": "user", "content": "Weather in Oslo and Zürich?"}]

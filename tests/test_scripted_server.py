@@ -29,10 +29,9 @@ from scripted_helpers import (
     request,
     stream_round,
 )
-from toollatch import ErrorCode, RoundEnd, StreamParser
-from toollatch.errors import ConfigError, UsageError
-from toollatch.scripted._script import Call, Faults, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer, _Playback
+from toollatch import ConfigError, ErrorCode, RoundEnd, StreamParser, UsageError
+from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
+from toollatch.scripted._server import _Playback
 
 CALL = Call(call_id="call_w1", name="get_weather", arguments='{"city": "Oslo"}', fragment_chars=3)
 

@@ -20,8 +20,7 @@ from scripted_helpers import (
     stream_round,
 )
 from toollatch import CallState, RoundEnd
-from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Reasoning, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._validate import InvalidRequest, check_request
 
 

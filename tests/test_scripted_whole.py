@@ -23,8 +23,7 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 import toollatch
-from toollatch.scripted._script import Call, Script, Text, Turn, demo_script
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn, demo_script
 
 DEMO_CALLS = [(c.call_id, c.name, json.loads(c.arguments)) for c in demo_script().turns[0].calls]
 USER = [{"role": "user", "content": "Weather in Oslo and Zürich?"}]

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toollatch import CallState, ErrorCode, RoundEnd, StreamParser
-from toollatch.scripted._script import Call, Reasoning, Text, Turn, demo_script
+from toollatch.scripted import Call, Reasoning, Text, Turn, demo_script
 from toollatch.scripted._wire import WireEvent, anthropic_events, chat_events
 from toollatch.scripted._wire_gemini import gemini_events
 from toollatch.scripted._wire_responses import responses_events

@@ -22,9 +22,7 @@ import pytest
 
 from chat_chunks import USAGE, chunk, tc
 from sdk_clients import client
-from toollatch import CallState, Round, StreamParser
-from toollatch.errors import ErrorCode, UsageError
-from toollatch.events import RoundEnd
+from toollatch import CallState, ErrorCode, Round, RoundEnd, StreamParser, UsageError
 from toollatch.testing import replay, sse
 
 # -- streams -----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from toollatch.core._secrets import _NEEDLES, SECRET_TEXT, holds_secret
 from toollatch.relay import redact_secrets
-from toollatch.tools._results import redact_result
+from toollatch.runtime import redact_result
 
 
 def _j(*parts: str) -> str:

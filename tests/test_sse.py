@@ -17,11 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CORPUS, corpus_dir, decoded_until_error
-from toollatch import CallState, ErrorCode, StreamParser
-from toollatch.core._errors import ConfigError, StreamDecodeError, UsageError
-from toollatch.core._events import Frame
-from toollatch.core._limits import Limits
-from toollatch.core._sse import SSEDecoder
+from toollatch import (
+    CallState,
+    ConfigError,
+    ErrorCode,
+    Limits,
+    StreamDecodeError,
+    StreamParser,
+    UsageError,
+)
+from toollatch.stages import Frame, SSEDecoder
 from toollatch.testing import summary
 
 # -- helpers ----------------------------------------------------------------------------------

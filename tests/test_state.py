@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from toollatch import CallState, ErrorCode
+from toollatch import CallState, ErrorCode, InvariantBroken
 from toollatch.core._buffer import CallBuffer
 from toollatch.core._state import TERMINAL, TRANSITIONS, Trigger, advance
-from toollatch.errors import InvariantBroken
-from toollatch.events import CallKey
+from toollatch.stages import CallKey
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "toollatch"
 

@@ -12,15 +12,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from toollatch.core._limits import Limits
-from toollatch.core._preview import PreviewPolicy, ToolPreview
-from toollatch.runtime import JsonFormatter, RedactedLog, Tracing
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.runtime._metrics import Metrics
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._tools import tool
+from toollatch import (
+    Agent,
+    Limits,
+    PreviewPolicy,
+    RetryPolicy,
+    RunLimits,
+    ToolPreview,
+    model_client,
+    tool,
+)
+from toollatch.runtime import JsonFormatter, Metrics, RedactedLog, Tracing
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 SECRET = "sk-live-7f3a9c1e5b"

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chat_chunks import chunk, tc
-from toollatch.adapters import adapter_class
-from toollatch.core._adapters.openai_chat import OpenAIChatAdapter
-from toollatch.events import ArgsDelta, CallKey, RoundEnded
+from toollatch.stages import ArgsDelta, CallKey, OpenAIChatAdapter, RoundEnded, adapter_class
 from toollatch.testing import ConformanceError, byte_chunks, check_adapter, chunkings, split_at
 
 OPENAI = [

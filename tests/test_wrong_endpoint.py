@@ -17,7 +17,7 @@ import pytest
 
 from relay_helpers import parse_sse, serve
 from toollatch.runtime._clients._errors import connect_reason, endpoint_hint
-from toollatch.scripted._server import ScriptedServer
+from toollatch.scripted import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERNALS = ("ConnectError", "ssl:default", "Errno", "httpx", "aiohttp", "Connect call failed")

@@ -41,16 +41,9 @@ from ..core._limits import Limits
 from ..core._preview import PreviewPolicy, Redactor, ToolPreview
 from ..core._secrets import redact_secrets
 from ..ledger import AuditPolicy
-<<<<<<< HEAD
-from ..mcp import McpServer, parse_server_spec
-from ..mcp._servers import unique_names
-from ..runtime import ClientLimits, RetryPolicy, RunLimits
-from ..runtime._run_setup import DEFAULT_DEADLINE_S
-=======
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
 from ..runtime._clients import ClientLimits, RetryPolicy
 from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
->>>>>>> fix/api
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
 
 ENV_PREFIX = "TOOLLATCH_"

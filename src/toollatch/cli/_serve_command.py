@@ -31,7 +31,8 @@ from typing import Any
 
 from ..core._errors import ConfigError, UsageError
 from ..mcp import McpToolSource, source_from_config
-from ..relay import RelayLimits, RelayServer
+from ..relay import RelayServer
+from ..relay._config import RelayLimits
 from ..tools._tools import Tool
 from ._app_config import Config, RelayConfig, load_config
 from ._run_command import CommandError, load_tool_file
@@ -39,17 +40,6 @@ from ._run_command import CommandError, load_tool_file
 
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
-<<<<<<< HEAD
-=======
-    from ..core._errors import ConfigError, UsageError  # noqa: PLC0415
-    from ..mcp import source_from_config  # noqa: PLC0415
-    from ..relay import RelayServer  # noqa: PLC0415
-    from ..relay._config import RelayLimits  # noqa: PLC0415
-    from ..tools._tools import Tool  # noqa: PLC0415
-    from ._app_config import load_config  # noqa: PLC0415
-    from ._run_command import CommandError, load_tool_file  # noqa: PLC0415
-
->>>>>>> fix/api
     try:
         server = _server(args)
         _console_log()

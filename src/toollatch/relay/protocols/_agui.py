@@ -63,7 +63,7 @@ import orjson
 from pydantic import ValidationError
 
 from ...core._round import Round
-from ...runtime import AgentEvent, RunEndedEvent
+from ...runtime._agent_events import AgentEvent, RunEndedEvent
 from .._config import RelayLimits
 from .._runs import EventLog, RelayRun, RunRegistry
 
