@@ -18,8 +18,6 @@ Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request f
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,41 +29,34 @@ import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import ArgumentAudit, History, Ledger
+from ..ledger import ArgumentAudit, History, Ledger, MemoryHistory
 from ..runtime import Agent, RunLimits, ToolSource, model_client
 from ..tools._tools import Tool
+from ._chats import CHAT_ID, ChatStore
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
+from ._requests import COOKIE as COOKIE  # noqa: PLC0414 (the names tests know)
+from ._requests import HEADER, HTTPError, run_scope
+from ._requests import CountedStream as _CountedStream
+from ._requests import digest as _digest
+from ._requests import read_body as _read_body
+from ._requests import require_json as _require_json
+from ._requests import resume_point as _resume_point
+from ._requests import session_of as _session
+from ._requests import set_cookie as _set_cookie
 from ._runs import RelayRun, RunRegistry
 from ._tools import SessionTools
+from .protocols import _ui_message
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-COOKIE = "toollatch_session"
-HEADER = "x-toollatch-session"
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
-_EVENT_ID = re.compile(r"[0-9]{1,12}")
-"""An event id: ASCII digits only (``str.isdigit`` takes ``²`` and ``①``, which int() refuses)."""
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
-
-
-class HTTPError(Exception):
-    """A 4xx answer with a stable code and a message for people."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-    def response(self) -> JSONResponse:
-        """``{"error": {"code", "message"}}``."""
-        body = {"error": {"code": self.code, "message": self.message}}
-        return JSONResponse(body, status_code=self.status)
 
 
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -150,6 +141,12 @@ class Relay:
         self.run_limits = run_limits or RunLimits()
         """The budgets of every run (``RunLimits``: rounds, calls, the deadline)."""
         self.runs = RunRegistry(self.limits)
+        self.chats = ChatStore(
+            history if history is not None else MemoryHistory(),
+            max_messages=self.limits.max_chat_messages,
+            keep=self.limits.max_stored_runs,
+        )
+        """The chats (:mod:`._chats`): in the history store, in memory without a ledger."""
         self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
             n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
@@ -162,6 +159,7 @@ class Relay:
                 Route("/runs/{run_id}/events", self._events, methods=["GET"]),
                 Route("/runs/{run_id}/cancel", self._cancel, methods=["POST"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
+                *_ui_message.routes(self),  # POST /api/chat: the AI SDK's UI message stream
             ]
         )
         self.app = Guard(self.routes, self.access)
@@ -194,27 +192,20 @@ class Relay:
 
     async def _create(self, request: Request) -> Response:
         try:
-            provider, model, message, resume = await self._parse(request)
+            provider, model, message, resume, chat_id = await self._parse(request)
             session = _session(request)
             new_session = session is None
             session = session or secrets.token_urlsafe(32)
-            if resume is not None:
-                await self._check_resumable(resume, session, new_session)
-            quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
-            if not new_session and self.runs.active(session) >= quota:
-                raise HTTPError(
-                    429, "too_many_session_runs", f"this session has {quota} runs in flight"
+            if chat_id is not None and message is not None:
+                run = await self.start_chat_run(
+                    session, new_session, chat_id, message, provider=provider, model=model
                 )
-            run = RelayRun(session, self.previews, self.limits, run_id=resume)
-            if self.runs.closing:
-                raise HTTPError(503, "shutting_down", "the relay is shutting down")
-            if not self.runs.admit(run):
-                raise HTTPError(
-                    429,
-                    "too_many_runs",
-                    f"{self.limits.max_active_runs} runs are in flight; retry later",
-                )
-            self._start(run, provider, model, message, resume=resume is not None)
+            else:
+                if resume is not None:
+                    await self._check_resumable(resume, session, new_session)
+                run = self.admit_run(session, new_session, run_id=resume)
+                chosen = provider or self.providers[0]
+                self.start_run(run, chosen, model, message, resume=resume is not None)
         except HTTPError as exc:
             response = exc.response()
             if exc.status == 429:
@@ -225,12 +216,78 @@ class Relay:
             "events_url": f"/runs/{run.id}/events",
             "cancel_url": f"/runs/{run.id}/cancel",
         }
+        if chat_id is not None:
+            body["chat_id"] = chat_id
         if request.headers.get(HEADER):  # (echoed; a cookie's token never reaches the page)
             body["session"] = session
         response = JSONResponse(body, status_code=201)
         if new_session:
             _set_cookie(response, session)
         return response
+
+    def admit_run(self, session: str, new_session: bool, run_id: str | None = None) -> RelayRun:
+        """A new run of ``session``, in the registry (``run_id``: a stored run's id, to
+        resume it); :class:`HTTPError` 429 past the session's or the relay's runs in flight,
+        503 while shutting down. Start it with :meth:`start_run`."""
+        quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
+        if not new_session and self.runs.active(session) >= quota:
+            raise HTTPError(
+                429, "too_many_session_runs", f"this session has {quota} runs in flight"
+            )
+        run = RelayRun(session, self.previews, self.limits, run_id=run_id)
+        if self.runs.closing:
+            raise HTTPError(503, "shutting_down", "the relay is shutting down")
+        if not self.runs.admit(run):
+            raise HTTPError(
+                429,
+                "too_many_runs",
+                f"{self.limits.max_active_runs} runs are in flight; retry later",
+            )
+        return run
+
+    def open_reader(self, session: str) -> Callable[[], None]:
+        """Count one more event stream of ``session`` (429 :class:`HTTPError` at
+        ``max_session_readers``); call the function returned once the stream is over."""
+        if self._readers.get(session, 0) >= self.limits.max_session_readers:
+            limit = self.limits.max_session_readers
+            raise HTTPError(429, "too_many_readers", f"this session has {limit} event streams open")
+        self._readers[session] = self._readers.get(session, 0) + 1
+
+        def release() -> None:
+            left = self._readers.pop(session) - 1
+            if left:
+                self._readers[session] = left
+
+        return release
+
+    async def start_chat_run(
+        self,
+        session: str,
+        new_session: bool,
+        chat_id: str,
+        message: str,
+        *,
+        provider: str | None,
+        model: str,
+    ) -> RelayRun:
+        """Admit and start the run of a chat's next ``message`` (:mod:`._chats`): it continues
+        the chat's stored history (``provider`` None: the chat's own, or the default for a new
+        chat). :class:`HTTPError` 409 ``chat_busy`` while the chat's last message is being
+        answered, ``chat_provider_mismatch``, ``chat_too_long``; the limits of
+        :meth:`admit_run`. The run streams and cancels like any other."""
+        latest = self.chats.latest_run(session, chat_id)
+        live = self.runs.owned(latest, session) if latest is not None else None
+        self.chats.claim(session, chat_id, running=live is not None and not live.done)
+        try:
+            turn = await self.chats.turn(session, chat_id, provider, default=self.providers[0])
+            if turn.provider not in self.providers:
+                raise HTTPError(409, "chat_provider_mismatch", f"{turn.provider} is not served")
+            run = self.admit_run(session, new_session)
+            self.start_run(run, turn.provider, model, message, resume=turn.resume, scope=turn.scope)
+            self.chats.bind(session, chat_id, run.id)
+        finally:
+            self.chats.release(session, chat_id)
+        return run
 
     async def _check_resumable(self, run_id: str, session: str, new_session: bool) -> None:
         """Raise :class:`HTTPError` unless this session's run ``run_id`` is stored in the
@@ -243,9 +300,12 @@ class Relay:
         if new_session or not await self.history.load(run_scope(session, run_id)):
             raise HTTPError(404, "not_found", "no such run")
 
-    async def _parse(self, request: Request) -> tuple[str, str, str | None, str | None]:
-        """``(provider, model, message, resume)`` of a valid body (``message`` may be left out
-        when resuming); raises :class:`HTTPError`."""
+    async def _parse(
+        self, request: Request
+    ) -> tuple[str | None, str, str | None, str | None, str | None]:
+        """``(provider, model, message, resume, chat_id)`` of a valid body (``provider`` None
+        when not named, ``message`` may be left out when resuming); raises
+        :class:`HTTPError`."""
         _require_json(request)
         body = await _read_body(request, self.limits)
         try:
@@ -254,9 +314,14 @@ class Relay:
             raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise HTTPError(422, "invalid_body", "the body must be a JSON object")
-        unknown = sorted(set(data) - {"message", "provider", "model", "resume"})
+        unknown = sorted(set(data) - {"message", "provider", "model", "resume", "chat_id"})
         if unknown:
             raise HTTPError(422, "invalid_body", f"unknown fields: {', '.join(unknown)}")
+        chat_id = data.get("chat_id")
+        if chat_id is not None and not (isinstance(chat_id, str) and CHAT_ID.fullmatch(chat_id)):
+            raise HTTPError(422, "invalid_body", "chat_id must be 1-128 of A-Za-z0-9_-")
+        if chat_id is not None and data.get("resume") is not None:
+            raise HTTPError(422, "invalid_body", "chat_id and resume do not go together")
         resume = data.get("resume")
         if resume is not None and not (isinstance(resume, str) and _RUN_ID.fullmatch(resume)):
             raise HTTPError(422, "invalid_body", "resume must be a run id")
@@ -267,8 +332,8 @@ class Relay:
             if len(message) > self.limits.max_message_chars:
                 limit = self.limits.max_message_chars
                 raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
-        provider = data.get("provider", self.providers[0])
-        if provider not in self.providers:
+        provider = data.get("provider")
+        if provider is not None and provider not in self.providers:
             raise HTTPError(422, "invalid_body", f"provider must be one of {list(self.providers)}")
         model = data.get("model", self.model)
         if not isinstance(model, str) or not 0 < len(model) <= 200:
@@ -276,11 +341,21 @@ class Relay:
         if model not in self.models:
             shown = ", ".join(self.models[:20])
             raise HTTPError(422, "model_not_allowed", f"model must be one of: {shown}")
-        return provider, model, message, resume
+        return provider, model, message, resume, chat_id
 
-    def _start(
-        self, run: RelayRun, provider: str, model: str, message: str | None, *, resume: bool
+    def start_run(
+        self,
+        run: RelayRun,
+        provider: str,
+        model: str,
+        message: str | None,
+        *,
+        resume: bool,
+        scope: str | None = None,
     ) -> None:
+        """Start an admitted run (:meth:`admit_run`): ``message`` after the history stored
+        under ``scope`` (default :func:`run_scope`; ``resume``: continue it); 422
+        :class:`HTTPError` when the agent cannot be made."""
         pool = min(range(len(self.http)), key=self._pool_runs.__getitem__)
         try:
             client = model_client(
@@ -300,8 +375,8 @@ class Relay:
                 tool_source=self.tool_source,
                 audit=self.audit,
                 ledger=self.ledger,
-                history_store=self.history,
-                session=run_scope(run.session, run.id),
+                history_store=self.history if scope is None else self.chats.history,
+                session=scope or run_scope(run.session, run.id),
                 run_limits=self.run_limits,
             )
         except (ConfigError, UsageError) as exc:
@@ -325,20 +400,12 @@ class Relay:
             return exc.response()
         if run.done and start >= run.last_id:
             return Response(status_code=204)  # tells an EventSource not to reconnect
-        session = run.session
-        if self._readers.get(session, 0) >= self.limits.max_session_readers:
-            limit = self.limits.max_session_readers
-            response = HTTPError(
-                429, "too_many_readers", f"this session has {limit} event streams open"
-            ).response()
+        try:
+            release = self.open_reader(run.session)
+        except HTTPError as exc:
+            response = exc.response()
             response.headers["retry-after"] = "1"
             return response
-        self._readers[session] = self._readers.get(session, 0) + 1
-
-        def release() -> None:
-            left = self._readers.pop(session) - 1
-            if left:
-                self._readers[session] = left
 
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return _CountedStream(
@@ -371,78 +438,3 @@ class Relay:
         if run is None:
             return HTTPError(404, "not_found", "no such run").response()
         return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
-
-
-class _CountedStream(StreamingResponse):
-    """A stream that calls ``release()`` once it is over, however it ends (the generator's
-    own ``finally`` never runs when the client leaves before its first chunk)."""
-
-    def __init__(
-        self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._release = release
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
-def _require_json(request: Request) -> None:
-    """415 unless the body is declared ``application/json`` (which a cross-site form cannot
-    send without a CORS preflight, which the relay never grants)."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise HTTPError(415, "unsupported_media_type", "the body must be application/json")
-
-
-def _session(request: Request) -> str | None:
-    token = request.headers.get(HEADER) or request.cookies.get(COOKIE)
-    return token if token is not None and _TOKEN.fullmatch(token) else None
-
-
-def _set_cookie(response: Response, token: str) -> None:
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
-
-
-def run_scope(session: str, run_id: str) -> str:
-    """The ledger scope (the Agent's ``session``) of a session's run: a stored run can be
-    resumed only with the session token that started it, which the scope does not reveal."""
-    return f"relay-{_digest(session)}-{run_id}"
-
-
-def _digest(session: str) -> str:
-    """A directory name for a session that does not reveal its token."""
-    return hashlib.sha256(session.encode()).hexdigest()[:24]
-
-
-def _resume_point(request: Request, stored: int) -> int:
-    """How many frames the reader has: ``Last-Event-ID`` or ``?after=``; 400 if not 0..stored."""
-    raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not _EVENT_ID.fullmatch(raw):
-        raise HTTPError(400, "invalid_last_event_id", f"Last-Event-ID {raw[:20]!r} is not an id")
-    if int(raw) > stored:
-        raise HTTPError(400, "invalid_last_event_id", f"event {raw} was never sent")
-    return int(raw)
-
-
-async def _read_body(request: Request, limits: RelayLimits) -> bytes:
-    """The body: 413 past ``max_body_bytes``, 408 when it takes over ``body_timeout_s``."""
-    limit = limits.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and _EVENT_ID.fullmatch(declared) and int(declared) > limit:
-        raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(limits.body_timeout_s):
-            async for part in request.stream():
-                size += len(part)
-                if size > limit:
-                    raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
-                parts.append(part)
-    except TimeoutError:
-        timeout = limits.body_timeout_s
-        raise HTTPError(408, "body_timeout", f"the body took over {timeout} s") from None
-    return b"".join(parts)

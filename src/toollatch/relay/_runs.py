@@ -115,6 +115,16 @@ class EventLog:
         chunk = self._frames[start : start + limit]
         return lag + b"".join(chunk), cursor + len(chunk)
 
+    def frames(self, cursor: int, limit: int) -> tuple[int, list[bytes], int]:
+        """For a reader that re-encodes them (:mod:`.protocols`): how many frames after id
+        ``cursor`` were forgotten (0: none), the kept ones after it (at most ``limit``), and
+        the new cursor."""
+        missed = max(0, self.first_id - 1 - cursor)
+        cursor += missed
+        start = cursor - self._base
+        chunk = self._frames[start : start + limit]
+        return missed, chunk, cursor + len(chunk)
+
 
 class _Feed:
     """The run as its agent's observer: every event appended at its creation."""
@@ -163,6 +173,9 @@ class RelayRun:
         self.session = session
         self.log = EventLog(limits.max_kept_bytes)
         self.done = False
+        self.cancelled = False
+        """Whether :meth:`cancel` stopped the run (its ``run_ended`` then has ``"cancelled":
+        true``)."""
         self.observer = _Feed(self)
         """Give it to the run's Agent (``observers=[...]``): it feeds the log."""
         self._policy = policy
@@ -214,6 +227,7 @@ class RelayRun:
         is its ``run_ended.error``); False when done."""
         if self.done or self._agent_run is None:
             return False
+        self.cancelled = True
         self._agent_run.cancel(reason)
         return True
 
@@ -260,6 +274,8 @@ class RelayRun:
         elif data["type"] == "run_ended":
             data["history_omitted"] = len(data["history"])
             data["history"] = []
+            if self.cancelled:  # (the key only then: the CLI's run_ended has no such key)
+                data["cancelled"] = True
         return data
 
 
