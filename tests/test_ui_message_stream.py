@@ -18,11 +18,11 @@ import httpx
 import orjson
 import pytest
 
-from relay_helpers import parse_sse, read_events
+from relay_helpers import parse_sse, read_events, serving
 from toollatch.relay._config import RelayLimits
 from toollatch.relay._server import RelayServer
 from toollatch.relay.protocols._ui_message import UIMessageEncoder, _ArgsText
-from toollatch.scripted._script import Call, Script, Text, Turn
+from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tests" / "js" / "ui_message_client.mjs"
@@ -75,7 +75,35 @@ SLOW = Script(
         ),
     )
 )
-SCRIPTS = {"tools": TOOLS, "truncated": TRUNCATED, "slow": SLOW}
+REASONING = Script(
+    turns=(Turn(items=(Reasoning(text="Weighing the options."), Text(text="Take the train."))),)
+)
+SECRET = "sk-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4"  # (secret-looking: the relay's redactor masks it)
+REDACTED = Script(
+    turns=(
+        Turn(
+            items=(
+                Call(
+                    call_id="call_secret",
+                    name="get_weather",
+                    arguments=json.dumps({"city": SECRET}),
+                ),
+                Call(
+                    call_id="call_write",
+                    name="write_file",
+                    arguments=json.dumps({"path": "notes.txt", "content": "PRIVATE BODY"}),
+                ),
+            ),
+        ),
+    )
+)
+SCRIPTS = {
+    "tools": TOOLS,
+    "truncated": TRUNCATED,
+    "slow": SLOW,
+    "reasoning": REASONING,
+    "redacted": REDACTED,
+}
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +249,15 @@ async def test_resume_after_a_dropped_connection_gives_the_same_message(node, re
     events = await own_events(relay, session, chat)  # the drop did not cancel the run
     assert events[-1]["type"] == "run_ended" and "cancelled" not in events[-1]
     assert [e["ended"] for e in events if e["type"] == "round_ended"] == ["normal", "normal"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_reasoning_becomes_a_reasoning_part(node, relay, provider):
+    session = secrets.token_urlsafe(32)
+    got = await ai_client(node, relay.url, session, chat_id(), "how?", "reasoning", provider)
+    parts = [(p["type"], p.get("text")) for p in got["message"]["parts"]]
+    assert ("reasoning", "Weighing the options.") in parts
+    assert ("text", "Take the train.") in parts
 
 
 # -- over plain HTTP (httpx) -----------------------------------------------------------------
@@ -443,3 +480,38 @@ def test_encoding_matches_the_frames_of_the_log():
         "text-start",
         "text-delta",
     ]
+
+
+async def test_the_browser_sees_previews_and_inputs_as_the_policy_shows_them(client):
+    response = await client.post("/api/chat", json=chat_body("red", "go", model="redacted"))
+    assert response.status_code == 200
+    assert SECRET not in response.text and "PRIVATE BODY" not in response.text
+    chunks = [c for c in chunks_of(response.text) if c != "[DONE]"]
+    inputs = {c["toolCallId"]: c["input"] for c in chunks if c["type"] == "tool-input-available"}
+    assert inputs["call_write"] == {"path": "notes.txt"}  # write_file shows its path only
+    assert inputs["call_secret"]["city"] != SECRET
+    assert "redacted" in inputs["call_secret"]["city"]
+
+
+async def test_the_guard_and_the_session_limits_cover_the_chat_endpoints(relay, client):
+    cross = await client.post(
+        "/api/chat", json=chat_body("g", "hi"), headers={"origin": "http://evil.example"}
+    )
+    assert cross.status_code == 403
+    bad_host = await client.post("/api/chat", json=chat_body("g", "hi"), headers={"host": "evil"})
+    assert bad_host.status_code == 400
+    assert (await client.get("/api/chat/g/stream")).status_code == 204
+
+
+async def test_serve_takes_the_chat_bound_from_flag_and_environment(monkeypatch):
+    def second_answer(*args: str) -> int:
+        with serving("--ledger", "none", *args) as url:
+            with httpx.Client(base_url=url, timeout=30) as client:
+                first = client.post("/api/chat", json=chat_body("b", "hi"))
+                assert first.status_code == 200
+                return client.post("/api/chat", json=chat_body("b", "again")).status_code
+
+    assert await asyncio.to_thread(second_answer) == 200
+    assert await asyncio.to_thread(second_answer, "--max-chat-messages", "2") == 409
+    monkeypatch.setenv("TOOLLATCH_RELAY__MAX_CHAT_MESSAGES", "2")
+    assert await asyncio.to_thread(second_answer) == 409

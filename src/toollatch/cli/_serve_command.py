@@ -45,6 +45,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    """A positive integer (argparse type)."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to an ``argparse`` subparsers object; returns its parser."""
     serve: argparse.ArgumentParser = subparsers.add_parser(
@@ -110,6 +117,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "relay.shutdown_grace_s, 10)",
     )
     serve.add_argument(
+        "--max-chat-messages",
+        type=_count,
+        metavar="N",
+        help="history entries a chat keeps on the server (POST /api/chat; a full chat refuses "
+        "more with 409; default: the config's relay.max_chat_messages, 400)",
+    )
+    serve.add_argument(
         "--config",
         metavar="FILE",
         help="YAML configuration (relay host and port, model, previews); flags win over it",
@@ -142,6 +156,7 @@ def serve_command(args: argparse.Namespace) -> int:
             header_timeout_s=r.header_timeout_s,
             idle_timeout_s=r.idle_timeout_s,
             body_timeout_s=r.body_timeout_s,
+            max_chat_messages=args.max_chat_messages or r.max_chat_messages,
         )
         models = args.allow_model or r.models
         base_url = args.base_url or c.model.base_url

@@ -26,11 +26,12 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
+from ..core._events import ReasoningBlock
 from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..core._round import Round
 from ..runtime import AgentEvent, AgentRun
@@ -38,7 +39,7 @@ from ._config import RelayLimits, shown_arguments
 
 _log = logging.getLogger("toollatch.relay")
 
-_DROPPABLE = frozenset({"text", "call_preview", "call_opened"})
+_DROPPABLE = frozenset({"text", "call_preview", "call_opened", "reasoning"})
 """What a run past its event limit leaves out (still queued when the cancel was asked)."""
 
 
@@ -55,6 +56,22 @@ def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
         "final": preview.final,
         "error": preview.error,
     }
+
+
+def reasoning_text(data: Mapping[str, Any]) -> str:
+    """The readable text of a reasoning block in its provider's format ("" when it has none,
+    e.g. Anthropic's ``redacted_thinking``)."""
+    for key in ("thinking", "reasoning_content"):
+        if isinstance(data.get(key), str):
+            return str(data[key])
+    if data.get("thought") is True and isinstance(data.get("text"), str):
+        return str(data["text"])
+    summary = data.get("summary")
+    if isinstance(summary, list):
+        return "\n\n".join(
+            s["text"] for s in summary if isinstance(s, Mapping) and isinstance(s.get("text"), str)
+        )
+    return ""
 
 
 def _encoded(data: dict[str, Any]) -> bytes:
@@ -143,7 +160,15 @@ class _Feed:
             self._run.append(preview_json(notice))
 
     def on_round(self, provider: str, round_: Round) -> None:
-        """(Nothing: the events tell the page.)"""
+        """The round's reasoning, once its stream ended (the core keeps reasoning blocks
+        whole, for the history): a ``reasoning`` event ``{"text"}`` per block with text
+        (Anthropic ``thinking``, a Responses summary, Chat ``reasoning_content``, a Gemini
+        thought), before the round's remaining ``call_committed`` / ``call_failed``."""
+        for block in round_.blocks:
+            if isinstance(block, ReasoningBlock) and block.choice == 0:
+                text = reasoning_text(block.data)
+                if text:
+                    self._run.append({"type": "reasoning", "text": text})
 
     def on_event(self, provider: str, event: AgentEvent) -> None:
         """Append the event as the browser may see it; a run the model failed is logged
