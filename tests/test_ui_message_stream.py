@@ -19,6 +19,8 @@ import orjson
 import pytest
 
 from relay_helpers import parse_sse, read_events, serving
+from toollatch.ledger import HistoryConflict
+from toollatch.relay._chats import BoundedMemoryHistory
 from toollatch.relay._config import RelayLimits
 from toollatch.relay._server import RelayServer
 from toollatch.relay.protocols._ui_message import UIMessageEncoder, _ArgsText
@@ -515,3 +517,31 @@ async def test_serve_takes_the_chat_bound_from_flag_and_environment(monkeypatch)
     assert await asyncio.to_thread(second_answer, "--max-chat-messages", "2") == 409
     monkeypatch.setenv("TOOLLATCH_RELAY__MAX_CHAT_MESSAGES", "2")
     assert await asyncio.to_thread(second_answer) == 409
+
+
+async def test_chats_without_a_ledger_keep_the_newest_histories_only():
+    store = BoundedMemoryHistory(keep=2)
+    for run in ("a", "b", "c"):
+        assert await store.append(run, [{"n": run}], at=0) == 1
+    assert await store.load("a") == []  # the oldest is forgotten
+    assert await store.load("c") == [{"n": "c"}]
+    with pytest.raises(HistoryConflict):
+        await store.append("c", [{"n": 2}], at=0)
+    assert await store.append("b", [{"n": 2}], at=1) == 2  # a write makes it the newest
+    await store.append("d", [{}], at=0)
+    assert await store.load("b") == [{"n": "b"}, {"n": 2}] and await store.load("c") == []
+
+
+def test_an_id_reused_in_a_later_round_is_a_new_part():
+    encoder = UIMessageEncoder("m")
+    chunks: list[Any] = []
+    for _ in range(2):
+        for event in (
+            {"type": "call_opened", "id": "call_0", "name": "get_weather"},
+            {"type": "call_committed", "id": "call_0", "name": "get_weather", "arguments": {}},
+            {"type": "tool_finished", "id": "call_0", "is_error": False, "result": "{}"},
+            {"type": "round_ended", "round": 1, "ended": "normal", "stop_reason": "stop"},
+        ):
+            chunks += chunks_of(encoder.encode(event).decode())
+    types = [c["type"] for c in chunks]
+    assert types.count("tool-input-start") == types.count("tool-output-available") == 2

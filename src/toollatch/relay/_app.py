@@ -1,8 +1,9 @@
 """The relay's HTTP surface: a Starlette app (internal; public names in :mod:`toollatch.relay`).
 
 ``GET /`` the page (and a session cookie); ``POST /runs`` ``{"message", "provider"?,
-"model"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"`` echoed when the
-request named it by header), or ``{"resume": id,
+"model"?, "chat_id"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"``
+echoed when the request named it by header; ``"chat_id"`` with one: the message continues
+that chat's server-side history, :mod:`._chats`), or ``{"resume": id,
 "message"?}`` to continue a run stored in the relay's ledger (404 when this session has no
 such run, 409 while it is running here, 422 without a ledger); ``GET /runs/{id}/events`` the
 run's events as SSE (``id:`` per run, ``Last-Event-ID`` or ``?after=N`` to resume, 204 once
@@ -13,7 +14,8 @@ own token: 43 characters of ``A-Za-z0-9_-``, e.g. ``secrets.token_urlsafe(32)``)
 session's run is 404, exactly like a run that does not exist. Per session at most
 ``max_session_runs`` runs in flight and ``max_session_readers`` event streams (429).
 Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request first passes
-:class:`._guard.Guard` (Host, access token, Origin).
+:class:`._guard.Guard` (Host, access token, Origin). ``POST /api/chat`` (and its ``/stream``
+and ``/cancel``): the Vercel AI SDK's UI message stream, :mod:`.protocols._ui_message`.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import ArgumentAudit, History, Ledger, MemoryHistory
+from ..ledger import ArgumentAudit, History, Ledger
 from ..runtime import Agent, RunLimits, ToolSource, model_client
 from ..tools._tools import Tool
-from ._chats import CHAT_ID, ChatStore
+from ._chats import CHAT_ID, BoundedMemoryHistory, ChatStore
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
 from ._requests import COOKIE as COOKIE  # noqa: PLC0414 (the names tests know)
@@ -141,8 +143,13 @@ class Relay:
         self.run_limits = run_limits or RunLimits()
         """The budgets of every run (``RunLimits``: rounds, calls, the deadline)."""
         self.runs = RunRegistry(self.limits)
+        chat_history = (
+            history
+            if history is not None
+            else BoundedMemoryHistory(2 * self.limits.max_stored_runs)
+        )
         self.chats = ChatStore(
-            history if history is not None else MemoryHistory(),
+            chat_history,
             max_messages=self.limits.max_chat_messages,
             keep=self.limits.max_stored_runs,
         )

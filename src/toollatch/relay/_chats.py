@@ -14,17 +14,22 @@ Bounds: a chat holds at most ``max_messages`` history entries (``relay.max_chat_
 a message to a chat that has reached it is refused (409 ``chat_too_long``; start a new chat),
 so a chat's stored history, and what the model is sent, stay bounded. One message at a time
 per chat (409 ``chat_busy`` while its run is going). The chat -> latest run map is in memory
-(the last ``keep`` chats), which is what resuming a chat's stream needs.
+(the last ``keep`` chats), which is what resuming a chat's stream needs. Without a ledger
+the histories are in memory (:class:`BoundedMemoryHistory`), the newest ``2 * keep`` entries
+(a chat's history and its meta) kept.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core._errors import UsageError
 from ..ledger import History, HistoryConflict
 from ._requests import HTTPError
 
@@ -41,6 +46,37 @@ class ChatTurn:
     scope: str
     resume: bool
     provider: str
+
+
+class BoundedMemoryHistory:
+    """A :class:`~toollatch.ledger.History` in memory that keeps the newest ``keep`` histories
+    (by last write; the oldest are forgotten): the chats of a relay without a ledger."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._runs: OrderedDict[str, list[str]] = OrderedDict()
+
+    async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
+        """See :meth:`History.append` (messages must be JSON objects)."""
+        stored = self._runs.get(run, [])
+        if len(stored) != at:
+            raise HistoryConflict(f"run {run!r} has {len(stored)} messages, not {at}")
+        try:
+            encoded = [json.dumps(m, separators=(",", ":"), allow_nan=False) for m in messages]
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"a history message is not JSON: {exc}") from exc
+        self._runs.pop(run, None)
+        self._runs[run] = [*stored, *encoded]
+        while len(self._runs) > self._keep:
+            self._runs.popitem(last=False)
+        return len(self._runs[run])
+
+    async def load(self, run: str) -> list[dict[str, Any]]:
+        """See :meth:`History.load`."""
+        return [json.loads(m) for m in self._runs.get(run, [])]
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
 
 
 class ChatStore:

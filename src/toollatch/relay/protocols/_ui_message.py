@@ -208,21 +208,9 @@ class UIMessageEncoder:
         elif kind == "tool_finished":
             self._result(data, out)
         elif kind == "reasoning":
-            self._step(out)
-            self._end_text(out)
-            self._texts += 1
-            part = f"reasoning-{self._round}-{self._texts}"
-            out.append(_chunk({"type": "reasoning-start", "id": part}))
-            out.append(_chunk({"type": "reasoning-delta", "id": part, "delta": data["text"]}))
-            out.append(_chunk({"type": "reasoning-end", "id": part}))
+            self._reasoning(data["text"], out)
         elif kind == "round_ended":
-            self._step(out)
-            self._end_text(out)
-            out.append(_chunk({"type": "finish-step"}))
-            self._in_step = False
-            self._round += 1
-            self._texts = 0
-            self._ended = data.get("ended")
+            self._round_ended(data, out)
         elif kind == "run_ended":
             out.append(self._finish(data))
         return b"".join(out)
@@ -244,6 +232,30 @@ class UIMessageEncoder:
         if self._text is not None:
             out.append(_chunk({"type": "text-end", "id": self._text}))
             self._text = None
+
+    def _reasoning(self, text: str, out: list[bytes]) -> None:
+        self._step(out)
+        self._end_text(out)
+        self._texts += 1
+        part = f"reasoning-{self._round}-{self._texts}"
+        out.append(_chunk({"type": "reasoning-start", "id": part}))
+        out.append(_chunk({"type": "reasoning-delta", "id": part, "delta": text}))
+        out.append(_chunk({"type": "reasoning-end", "id": part}))
+
+    def _round_ended(self, data: dict[str, Any], out: list[bytes]) -> None:
+        self._step(out)
+        self._end_text(out)
+        out.append(_chunk({"type": "finish-step"}))
+        self._in_step = False
+        self._round += 1
+        self._texts = 0
+        self._ended = data.get("ended")
+        # every call of the round has its result now: a later round may reuse an id
+        # (servers that number ids per response), which is then a new part
+        self._names.clear()
+        self._args.clear()
+        self._decided.clear()
+        self._failed.clear()
 
     def _open(self, call_id: str, name: str, out: list[bytes]) -> None:
         if call_id in self._names:
