@@ -68,6 +68,7 @@ sys.path.insert(0, str(SRC))
 from toollatch.relay._config import RelayLimits  # noqa: E402
 from toollatch.relay._runs import RelayRun  # noqa: E402
 from toollatch.relay._server import RelayServer, settle_heap  # noqa: E402
+from toollatch.relay.protocols._ui_message import UIMessageEncoder, event_data  # noqa: E402
 from toollatch.runtime import _agent  # noqa: E402
 
 APPENDED: dict[tuple[str, int], tuple[float, float]] = {}
@@ -537,6 +538,15 @@ async def _protocols(args: argparse.Namespace) -> None:
                     result = await _load(server.url, args.runs, solo["wall"], args.uvloop, protocol)
                     assert all(r["paired"] and r["exact"] for r in result["runs"]), protocol
                     cpu[protocol].append(result["relay_cpu"] * 1000 / new_events())
+            # the encoder alone, over every stored run's log (what each UI reader adds)
+            logs = [r.log.frames(0, r.last_id)[1] for r in registry._runs.values()]
+            started = time.process_time()
+            for frames in logs:
+                encoder = UIMessageEncoder("m")
+                for frame in frames:
+                    encoder.encode(event_data(frame))
+            encoded = sum(len(f) for f in logs)
+            encoder_us = (time.process_time() - started) * 1e6 / encoded
     finally:
         model.terminate()
         model.wait()
@@ -548,6 +558,7 @@ async def _protocols(args: argparse.Namespace) -> None:
         f"{ui / own:.2f}x |"
     )
     print(f"(each of {args.repeat}: own {cpu['own']}, ui {cpu['ui']})")
+    print(f"the encoder alone: {encoder_us:.1f} us per event ({encoded} events re-encoded)")
 
 
 def _cpu_of(pid: int) -> float:
