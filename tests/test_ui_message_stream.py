@@ -545,3 +545,20 @@ def test_an_id_reused_in_a_later_round_is_a_new_part():
             chunks += chunks_of(encoder.encode(event).decode())
     types = [c["type"] for c in chunks]
     assert types.count("tool-input-start") == types.count("tool-output-available") == 2
+
+
+async def test_chat_streams_count_against_the_sessions_readers():
+    limits = RelayLimits(max_session_readers=1)
+    async with RelayServer(scripts=SCRIPTS, delay_scale=0.3, limits=limits) as relay:
+        headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
+        async with httpx.AsyncClient(base_url=relay.url, timeout=20, headers=headers) as client:
+            body = chat_body("r1", "hi", model="slow")
+            async with client.stream("POST", "/api/chat", json=body) as first:
+                assert first.status_code == 200
+                second = await client.post("/api/chat", json=chat_body("r2", "hi", model="slow"))
+                assert second.status_code == 429
+                assert second.json()["error"]["code"] == "too_many_readers"
+                assert relay.relay.chats.latest_run(headers["x-toollatch-session"], "r2") is None
+                await first.aread()
+            again = await client.post("/api/chat", json=chat_body("r2", "hi", model="tools"))
+            assert again.status_code == 200  # the slot came back when the stream ended
