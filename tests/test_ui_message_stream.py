@@ -72,7 +72,7 @@ SLOW = Script(
             delay_ms=60.0,
         ),
         Turn(
-            items=(Text(text="It is cold there, bring a coat and a hat.", chunk_chars=2),),
+            items=(Text(text="It is cold there. " * 6, chunk_chars=3),),
             delay_ms=60.0,
         ),
     )
