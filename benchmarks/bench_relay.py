@@ -6,6 +6,7 @@ Run it from the repository root::
     python benchmarks/bench_relay.py --runs 50 --delay-scale 0
     python benchmarks/bench_relay.py --shape lockstep --delay-scale 1  # the worst case
     python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
+    python benchmarks/bench_relay.py --protocols --runs 100 --repeat 3  # own vs UI stream
 
 By default the runs start evenly over one run's length (users arriving independently) and
 the model streams at 30 ms between wire events (``--delay-scale 10``: about a typical
@@ -64,9 +65,10 @@ from typing import Any
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from toollatch import RelayLimits  # noqa: E402
-from toollatch.relay import RelayRun, RelayServer  # noqa: E402
-from toollatch.relay._server import settle_heap  # noqa: E402
+from toollatch.relay._config import RelayLimits  # noqa: E402
+from toollatch.relay._runs import RelayRun  # noqa: E402
+from toollatch.relay._server import RelayServer, settle_heap  # noqa: E402
+from toollatch.relay.protocols._ui_message import UIMessageEncoder, event_data  # noqa: E402
 from toollatch.runtime import _agent  # noqa: E402
 
 APPENDED: dict[tuple[str, int], tuple[float, float]] = {}
@@ -208,12 +210,55 @@ async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[st
     }
 
 
-async def _clients(url: str, runs: int, stagger_s: float) -> None:
+async def _one_ui(host: str, port: int, seen: list[Any], start_s: float) -> dict[str, Any]:
+    """One run over ``POST /api/chat`` (the AI SDK's UI message stream), read to its end."""
+    await asyncio.sleep(start_s)
+    posted = time.monotonic()
+    length = 0.0
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "weather please"}]}
+    chat = {"id": secrets.token_urlsafe(12), "messages": [user], "trigger": "submit-message"}
+    body = json.dumps(chat).encode()
+    head = "POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += f"X-Toollatch-Session: {secrets.token_urlsafe(32)}\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+    reader, writer, status, _ = await _request(host, port, head, body)
+    assert status == 200, status
+    chunks, done, finished = 0, False, False
+    inputs: set[str] = set()
+    outputs: set[str] = set()
+    buffer = b""
+    async for part in _chunks(reader):
+        *blocks, buffer = (buffer + part).split(b"\n\n")
+        for block in blocks:
+            if not block.startswith(b"data: "):
+                continue
+            if block == b"data: [DONE]":
+                done, length = True, time.monotonic() - posted
+                continue
+            chunk = json.loads(block[6:])
+            chunks += 1
+            if chunk["type"] == "tool-input-available":
+                inputs.add(chunk["toolCallId"])
+            elif chunk["type"] in ("tool-output-available", "tool-output-error"):
+                outputs.add(chunk["toolCallId"])
+            finished = finished or chunk["type"] == "finish"
+    writer.close()
+    return {
+        "events": chunks,
+        "length": length,
+        "calls": len(inputs),
+        "exact": done and finished,
+        "paired": inputs == outputs,
+    }
+
+
+async def _clients(url: str, runs: int, stagger_s: float, protocol: str = "own") -> None:
     seen: list[Any] = []
     host, port = url.removeprefix("http://").rsplit(":", 1)
     starts = [i * stagger_s / runs for i in range(runs)]  # evenly over the stagger
     started = time.monotonic()
-    done = await asyncio.gather(*(_one(host, int(port), seen, s) for s in starts))
+    one = _one_ui if protocol == "ui" else _one
+    done = await asyncio.gather(*(one(host, int(port), seen, s) for s in starts))
     wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
@@ -376,10 +421,15 @@ def _start(command: list[str], pattern: str) -> tuple[subprocess.Popen[str], str
     return proc, match.group(0)
 
 
-async def _load(url: str, runs: int, stagger_s: float, uvloop: bool) -> dict[str, Any]:
-    """Run the clients' child process: ``runs`` runs, started evenly over ``stagger_s``."""
+async def _load(
+    url: str, runs: int, stagger_s: float, uvloop: bool, protocol: str = "own"
+) -> dict[str, Any]:
+    """Run the clients' child process: ``runs`` runs, started evenly over ``stagger_s``,
+    read in the relay's own format (``GET /runs/{id}/events``) or, ``protocol="ui"``, as the
+    AI SDK's UI message stream (``POST /api/chat``)."""
     command = [sys.executable, __file__, "--client", url, "--runs", str(runs)]
     command += ["--stagger", str(stagger_s)] + (["--uvloop"] if uvloop else [])
+    command += ["--client-protocol", protocol]
     cpu = time.process_time()
     child = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, env=_child_env()
@@ -452,6 +502,63 @@ async def _relay(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         model.terminate()
         model.wait()
+
+
+async def _protocols(args: argparse.Namespace) -> None:
+    """The relay's CPU per event when its runs are read in its own format and as the AI
+    SDK's UI message stream (``POST /api/chat``, the encoder re-reading each run's log):
+    the same demo runs on one relay (the model in its own process), the two loads
+    alternated ``--repeat`` times (the median of each), each over the relay's own events
+    (the runs' log entries: the same producer either way). Prints a Markdown row."""
+    loads = 2 * args.repeat + 2
+    limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * loads)
+    model, url = _start(
+        [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
+        r"http://127\.0\.0\.1:\d+",
+    )
+    cpu: dict[str, list[float]] = {"own": [], "ui": []}
+    try:
+        server = RelayServer(base_url=url + "/v1", model="scripted", limits=limits)
+        async with server:
+            settle_heap()
+            assert server.relay is not None
+            registry = server.relay.runs
+            counted: set[str] = set()
+
+            def new_events() -> int:
+                runs = [r for r in registry._runs.values() if r.id not in counted]
+                counted.update(r.id for r in runs)
+                return sum(r.last_id for r in runs)
+
+            solo = await _load(server.url, 1, 0.0, args.uvloop)
+            await _load(server.url, 1, 0.0, args.uvloop, "ui")
+            new_events()
+            for _ in range(args.repeat):
+                for protocol in ("own", "ui"):
+                    result = await _load(server.url, args.runs, solo["wall"], args.uvloop, protocol)
+                    assert all(r["paired"] and r["exact"] for r in result["runs"]), protocol
+                    cpu[protocol].append(result["relay_cpu"] * 1000 / new_events())
+            # the encoder alone, over every stored run's log (what each UI reader adds)
+            logs = [r.log.frames(0, r.last_id)[1] for r in registry._runs.values()]
+            started = time.process_time()
+            for frames in logs:
+                encoder = UIMessageEncoder("m")
+                for frame in frames:
+                    encoder.encode(event_data(frame))
+            encoded = sum(len(f) for f in logs)
+            encoder_us = (time.process_time() - started) * 1e6 / encoded
+    finally:
+        model.terminate()
+        model.wait()
+    own, ui = (sorted(v)[len(v) // 2] for v in (cpu["own"], cpu["ui"]))
+    print("| runs, staggered | pacing | relay CPU/event, own format | UI message stream | ratio |")
+    print("|---|---|---|---|---|")
+    print(
+        f"| {args.runs} | {3.0 * args.delay_scale:g} ms | {own:.3f} ms | {ui:.3f} ms | "
+        f"{ui / own:.2f}x |"
+    )
+    print(f"(each of {args.repeat}: own {cpu['own']}, ui {cpu['ui']})")
+    print(f"the encoder alone: {encoder_us:.1f} us per event ({encoded} events re-encoded)")
 
 
 def _cpu_of(pid: int) -> float:
@@ -756,7 +863,13 @@ def main() -> None:
     parser.add_argument("--format", default="own", help=argparse.SUPPRESS)
     parser.add_argument("--flood-client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--flood-slow", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--protocols",
+        action="store_true",
+        help="the relay's CPU per event: its own format vs the AI SDK's UI message stream",
+    )
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--client-protocol", default="own", help=argparse.SUPPRESS)
     parser.add_argument("--stagger", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.matrix:
@@ -777,7 +890,10 @@ def main() -> None:
         loop_factory = uvloop.new_event_loop
     if args.client:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(_clients(args.client, args.runs, args.stagger))
+            runner.run(_clients(args.client, args.runs, args.stagger, args.client_protocol))
+        return
+    if args.protocols:
+        asyncio.run(_protocols(args))
         return
     if args.flood_client:
         asyncio.run(_flood(args.flood_client, args.flood_slow, args.flood_readers, 300.0))

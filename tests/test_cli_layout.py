@@ -35,7 +35,7 @@ OPTIONS: dict[str, set[str]] = {
     "serve": {
         "-h", "--help", "--host", "--port", "--tools", "--provider", "--model", "--base-url",
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
-        "--shutdown-grace", "--config",
+        "--shutdown-grace", "--max-chat-messages", "--config",
     },
     "proxy": {
         "-h", "--help", "--upstream", "--host", "--port", "--calls", "--token", "--record",

@@ -170,6 +170,9 @@ class RelayConfig(_Section):
     shutdown_grace_s: _Seconds = 10.0
     """On SIGTERM / SIGINT, how long ``serve`` waits for its cancelled runs to end (their
     event streams get every result and ``run_ended``) before it exits."""
+    max_chat_messages: _Positive = 400
+    """-> ``RelayLimits.max_chat_messages``: history entries a chat keeps on the server
+    (``POST /api/chat``, ``POST /runs {"chat_id"}``); a full chat refuses more (409)."""
 
 
 class LedgerConfig(_Section):
@@ -562,6 +565,7 @@ relay:
   body_timeout_s: 30                    # a request body must arrive within (408)
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
+  max_chat_messages: 400                # history entries a chat keeps (409 beyond)
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:

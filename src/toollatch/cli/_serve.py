@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import PROVIDERS, Subparsers, positive_seconds
+from ._args import PROVIDERS, Subparsers, positive, positive_seconds
 
 NAME = "serve"
 
@@ -29,6 +29,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help="on SIGTERM / Ctrl-C, wait this long for the cancelled runs to end (every open "
         "event stream gets their results and run_ended), then exit (default: the config's "
         "relay.shutdown_grace_s, 10)",
+    )
+    serve.add_argument(
+        "--max-chat-messages",
+        type=positive,
+        metavar="N",
+        help="history entries a chat keeps on the server (POST /api/chat; a full chat refuses "
+        "more with 409; default: the config's relay.max_chat_messages, 400)",
     )
     serve.add_argument(
         "--config",

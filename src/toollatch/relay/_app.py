@@ -1,8 +1,9 @@
 """The relay's HTTP surface: a Starlette app (internal; public names in :mod:`toollatch.relay`).
 
 ``GET /`` the page (and a session cookie); ``POST /runs`` ``{"message", "provider"?,
-"model"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"`` echoed when the
-request named it by header), or ``{"resume": id,
+"model"?, "chat_id"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"``
+echoed when the request named it by header; ``"chat_id"`` with one: the message continues
+that chat's server-side history, :mod:`._chats`), or ``{"resume": id,
 "message"?}`` to continue a run stored in the relay's ledger (404 when this session has no
 such run, 409 while it is running here, 422 without a ledger); ``GET /runs/{id}/events`` the
 run's events as SSE (``id:`` per run, ``Last-Event-ID`` or ``?after=N`` to resume, 204 once
@@ -15,13 +16,12 @@ session's run is 404, exactly like a run that does not exist. Per session at mos
 ``POST /agui`` takes an AG-UI ``RunAgentInput`` and answers the run's AG-UI event stream
 (:mod:`.protocols._agui`: the same runs, quotas and guard, another encoder of the same log).
 Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request first passes
-:class:`._guard.Guard` (Host, access token, Origin).
+:class:`._guard.Guard` (Host, access token, Origin). ``POST /api/chat`` (and its ``/stream``
+and ``/cancel``): the Vercel AI SDK's UI message stream, :mod:`.protocols._ui_message`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -33,7 +33,7 @@ import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
@@ -43,37 +43,27 @@ from ..runtime._agent import Agent
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits, ToolSource
 from ..tools._tools import Tool
+from ._chats import CHAT_ID, BoundedMemoryHistory, ChatStore
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
+from ._requests import COOKIE as COOKIE  # noqa: PLC0414 (the names tests know)
+from ._requests import HEADER, HTTPError, run_scope
+from ._requests import CountedStream as _CountedStream
+from ._requests import digest as _digest
+from ._requests import read_body as _read_body
+from ._requests import require_json as _require_json
+from ._requests import resume_point as _resume_point
+from ._requests import session_of as _session
+from ._requests import set_cookie as _set_cookie
 from ._runs import RelayRun, RunRegistry
 from ._tools import SessionTools
+from .protocols import _ui_message
 from .protocols._agui import AguiEndpoint, Refusal
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-COOKIE = "toollatch_session"
-HEADER = "x-toollatch-session"
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
-_EVENT_ID = re.compile(r"[0-9]{1,12}")
-"""An event id: ASCII digits only (``str.isdigit`` takes ``²`` and ``①``, which int() refuses)."""
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
-
-
-class HTTPError(Exception):
-    """A 4xx answer with a stable code and a message for people."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-    def response(self) -> JSONResponse:
-        """``{"error": {"code", "message"}}``."""
-        body = {"error": {"code": self.code, "message": self.message}}
-        response = JSONResponse(body, status_code=self.status)
-        if self.status == 429:
-            response.headers["retry-after"] = "1"
-        return response
 
 
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -158,6 +148,17 @@ class Relay:
         self.run_limits = run_limits or RunLimits()
         """The budgets of every run (``RunLimits``: rounds, calls, the deadline)."""
         self.runs = RunRegistry(self.limits)
+        chat_history = (
+            history
+            if history is not None
+            else BoundedMemoryHistory(2 * self.limits.max_stored_runs)
+        )
+        self.chats = ChatStore(
+            chat_history,
+            max_messages=self.limits.max_chat_messages,
+            keep=self.limits.max_stored_runs,
+        )
+        """The chats (:mod:`._chats`): in the history store, in memory without a ledger."""
         self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
             n: resources.files(__package__).joinpath("static", n).read_bytes() for n in _STATIC
@@ -171,6 +172,7 @@ class Relay:
                 Route("/runs/{run_id}/cancel", self._cancel, methods=["POST"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
+                *_ui_message.routes(self),  # POST /api/chat: the AI SDK's UI message stream
             ]
         )
         self.agui = AguiEndpoint(self)
@@ -256,14 +258,20 @@ class Relay:
 
     async def _create(self, request: Request) -> Response:
         try:
-            provider, model, message, resume = await self._parse(request)
+            provider, model, message, resume, chat_id = await self._parse(request)
             session = _session(request)
             new_session = session is None
             session = session or secrets.token_urlsafe(32)
-            if resume is not None:
-                await self._check_resumable(resume, session, new_session)
-            run = self.admit(session, new_session, run_id=resume)
-            self._start(run, provider, model, message, resume=resume is not None)
+            if chat_id is not None and message is not None:
+                run = await self.start_chat_run(
+                    session, new_session, chat_id, message, provider=provider, model=model
+                )
+            else:
+                if resume is not None:
+                    await self._check_resumable(resume, session, new_session)
+                run = self.admit(session, new_session, run_id=resume)
+                chosen = provider or self.providers[0]
+                self._start(run, chosen, model, message, resume=resume is not None)
         except HTTPError as exc:
             return exc.response()
         body = {
@@ -271,6 +279,8 @@ class Relay:
             "events_url": f"/runs/{run.id}/events",
             "cancel_url": f"/runs/{run.id}/cancel",
         }
+        if chat_id is not None:
+            body["chat_id"] = chat_id
         if request.headers.get(HEADER):  # (echoed; a cookie's token never reaches the page)
             body["session"] = session
         response = JSONResponse(body, status_code=201)
@@ -280,7 +290,9 @@ class Relay:
 
     def admit(self, session: str, new_session: bool, *, run_id: str | None = None) -> RelayRun:
         """A new run of ``session``, admitted to the registry (every endpoint that starts runs
-        goes through here: the same quotas); raises :class:`HTTPError` (429, 503)."""
+        goes through here: the same quotas; ``run_id``: a stored run's id, to resume it);
+        :class:`HTTPError` 429 past the session's or the relay's runs in flight, 503 while
+        shutting down. Start it with :meth:`_start` (or :meth:`start_run`)."""
         quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
         if not new_session and self.runs.active(session) >= quota:
             raise HTTPError(
@@ -297,6 +309,50 @@ class Relay:
             )
         return run
 
+    def open_reader(self, session: str) -> Callable[[], None]:
+        """Count one more event stream of ``session`` (429 :class:`HTTPError` at
+        ``max_session_readers``); call the function returned once the stream is over."""
+        if self._readers.get(session, 0) >= self.limits.max_session_readers:
+            limit = self.limits.max_session_readers
+            raise HTTPError(429, "too_many_readers", f"this session has {limit} event streams open")
+        self._readers[session] = self._readers.get(session, 0) + 1
+
+        def release() -> None:
+            left = self._readers.pop(session) - 1
+            if left:
+                self._readers[session] = left
+
+        return release
+
+    async def start_chat_run(
+        self,
+        session: str,
+        new_session: bool,
+        chat_id: str,
+        message: str,
+        *,
+        provider: str | None,
+        model: str,
+    ) -> RelayRun:
+        """Admit and start the run of a chat's next ``message`` (:mod:`._chats`): it continues
+        the chat's stored history (``provider`` None: the chat's own, or the default for a new
+        chat). :class:`HTTPError` 409 ``chat_busy`` while the chat's last message is being
+        answered, ``chat_provider_mismatch``, ``chat_too_long``; the limits of
+        :meth:`admit`. The run streams and cancels like any other."""
+        latest = self.chats.latest_run(session, chat_id)
+        live = self.runs.owned(latest, session) if latest is not None else None
+        self.chats.claim(session, chat_id, running=live is not None and not live.done)
+        try:
+            turn = await self.chats.turn(session, chat_id, provider, default=self.providers[0])
+            if turn.provider not in self.providers:
+                raise HTTPError(409, "chat_provider_mismatch", f"{turn.provider} is not served")
+            run = self.admit(session, new_session)
+            self._start(run, turn.provider, model, message, resume=turn.resume, scope=turn.scope)
+            self.chats.bind(session, chat_id, run.id)
+        finally:
+            self.chats.release(session, chat_id)
+        return run
+
     async def _check_resumable(self, run_id: str, session: str, new_session: bool) -> None:
         """Raise :class:`HTTPError` unless this session's run ``run_id`` is stored in the
         ledger's history and not running here (another session's run is 404, as unknown)."""
@@ -308,9 +364,12 @@ class Relay:
         if new_session or not await self.history.load(run_scope(session, run_id)):
             raise HTTPError(404, "not_found", "no such run")
 
-    async def _parse(self, request: Request) -> tuple[str, str, str | None, str | None]:
-        """``(provider, model, message, resume)`` of a valid body (``message`` may be left out
-        when resuming); raises :class:`HTTPError`."""
+    async def _parse(
+        self, request: Request
+    ) -> tuple[str | None, str, str | None, str | None, str | None]:
+        """``(provider, model, message, resume, chat_id)`` of a valid body (``provider`` None
+        when not named, ``message`` may be left out when resuming); raises
+        :class:`HTTPError`."""
         _require_json(request)
         body = await _read_body(request, self.limits)
         try:
@@ -319,9 +378,14 @@ class Relay:
             raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise HTTPError(422, "invalid_body", "the body must be a JSON object")
-        unknown = sorted(set(data) - {"message", "provider", "model", "resume"})
+        unknown = sorted(set(data) - {"message", "provider", "model", "resume", "chat_id"})
         if unknown:
             raise HTTPError(422, "invalid_body", f"unknown fields: {', '.join(unknown)}")
+        chat_id = data.get("chat_id")
+        if chat_id is not None and not (isinstance(chat_id, str) and CHAT_ID.fullmatch(chat_id)):
+            raise HTTPError(422, "invalid_body", "chat_id must be 1-128 of A-Za-z0-9_-")
+        if chat_id is not None and data.get("resume") is not None:
+            raise HTTPError(422, "invalid_body", "chat_id and resume do not go together")
         resume = data.get("resume")
         if resume is not None and not (isinstance(resume, str) and _RUN_ID.fullmatch(resume)):
             raise HTTPError(422, "invalid_body", "resume must be a run id")
@@ -332,8 +396,8 @@ class Relay:
             if len(message) > self.limits.max_message_chars:
                 limit = self.limits.max_message_chars
                 raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
-        provider = data.get("provider", self.providers[0])
-        if provider not in self.providers:
+        provider = data.get("provider")
+        if provider is not None and provider not in self.providers:
             raise HTTPError(422, "invalid_body", f"provider must be one of {list(self.providers)}")
         model = data.get("model", self.model)
         if not isinstance(model, str) or not 0 < len(model) <= 200:
@@ -341,7 +405,7 @@ class Relay:
         if model not in self.models:
             shown = ", ".join(self.models[:20])
             raise HTTPError(422, "model_not_allowed", f"model must be one of: {shown}")
-        return provider, model, message, resume
+        return provider, model, message, resume, chat_id
 
     def _start(
         self,
@@ -354,10 +418,13 @@ class Relay:
         history: Sequence[Mapping[str, Any]] = (),
         observers: Sequence[Any] = (),
         conversation: str | None = None,
+        scope: str | None = None,
     ) -> None:
-        """Start ``run``'s Agent: ``message`` after ``history`` (the provider's format), or the
-        stored run (``resume``); ``observers`` see its events before the run's log does;
-        ``conversation``: the call-id scope (default: the run's own)."""
+        """Start ``run``'s Agent (admitted by :meth:`admit`): ``message`` after ``history``
+        (the provider's format), or after the history stored under ``scope`` (default
+        :func:`run_scope`; ``resume``: continue it); ``observers`` see its events before the
+        run's log does; ``conversation``: the call-id scope (default: the run's own). 422
+        :class:`HTTPError` when the agent cannot be made."""
         pool = min(range(len(self.http)), key=self._pool_runs.__getitem__)
         try:
             client = model_client(
@@ -378,8 +445,8 @@ class Relay:
                 tool_source=self.tool_source,
                 audit=self.audit,
                 ledger=self.ledger,
-                history_store=self.history,
-                session=run_scope(run.session, run.id),
+                history_store=self.history if scope is None else self.chats.history,
+                session=scope or run_scope(run.session, run.id),
                 run_limits=self.run_limits,
             )
         except (ConfigError, UsageError) as exc:
@@ -420,19 +487,10 @@ class Relay:
         headers: Mapping[str, str] | None = None,
     ) -> Response:
         """``run``'s log after frame ``start`` as an SSE response, counted against the
-        session's ``max_session_readers`` (429 :class:`HTTPError` past it): the frames as
-        stored, or through ``view`` (another protocol's encoder: stored frames in, its SSE
-        bytes out), after ``opening``."""
-        session = run.session
-        if self._readers.get(session, 0) >= self.limits.max_session_readers:
-            limit = self.limits.max_session_readers
-            raise HTTPError(429, "too_many_readers", f"this session has {limit} event streams open")
-        self._readers[session] = self._readers.get(session, 0) + 1
-
-        def release() -> None:
-            left = self._readers.pop(session) - 1
-            if left:
-                self._readers[session] = left
+        session's ``max_session_readers`` (429 :class:`HTTPError` past it, :meth:`open_reader`):
+        the frames as stored, or through ``view`` (another protocol's encoder: stored frames
+        in, its SSE bytes out), after ``opening``."""
+        release = self.open_reader(run.session)
 
         sent = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
         return _CountedStream(
@@ -474,78 +532,3 @@ class Relay:
         if run is None:
             return HTTPError(404, "not_found", "no such run").response()
         return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
-
-
-class _CountedStream(StreamingResponse):
-    """A stream that calls ``release()`` once it is over, however it ends (the generator's
-    own ``finally`` never runs when the client leaves before its first chunk)."""
-
-    def __init__(
-        self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._release = release
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
-def _require_json(request: Request) -> None:
-    """415 unless the body is declared ``application/json`` (which a cross-site form cannot
-    send without a CORS preflight, which the relay never grants)."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise HTTPError(415, "unsupported_media_type", "the body must be application/json")
-
-
-def _session(request: Request) -> str | None:
-    token = request.headers.get(HEADER) or request.cookies.get(COOKIE)
-    return token if token is not None and _TOKEN.fullmatch(token) else None
-
-
-def _set_cookie(response: Response, token: str) -> None:
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
-
-
-def run_scope(session: str, run_id: str) -> str:
-    """The ledger scope (the Agent's ``session``) of a session's run: a stored run can be
-    resumed only with the session token that started it, which the scope does not reveal."""
-    return f"relay-{_digest(session)}-{run_id}"
-
-
-def _digest(session: str) -> str:
-    """A directory name for a session that does not reveal its token."""
-    return hashlib.sha256(session.encode()).hexdigest()[:24]
-
-
-def _resume_point(request: Request, stored: int) -> int:
-    """How many frames the reader has: ``Last-Event-ID`` or ``?after=``; 400 if not 0..stored."""
-    raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not _EVENT_ID.fullmatch(raw):
-        raise HTTPError(400, "invalid_last_event_id", f"Last-Event-ID {raw[:20]!r} is not an id")
-    if int(raw) > stored:
-        raise HTTPError(400, "invalid_last_event_id", f"event {raw} was never sent")
-    return int(raw)
-
-
-async def _read_body(request: Request, limits: RelayLimits) -> bytes:
-    """The body: 413 past ``max_body_bytes``, 408 when it takes over ``body_timeout_s``."""
-    limit = limits.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and _EVENT_ID.fullmatch(declared) and int(declared) > limit:
-        raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(limits.body_timeout_s):
-            async for part in request.stream():
-                size += len(part)
-                if size > limit:
-                    raise HTTPError(413, "body_too_large", f"the body is over {limit} bytes")
-                parts.append(part)
-    except TimeoutError:
-        timeout = limits.body_timeout_s
-        raise HTTPError(408, "body_timeout", f"the body took over {timeout} s") from None
-    return b"".join(parts)

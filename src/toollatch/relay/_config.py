@@ -77,6 +77,12 @@ class RelayLimits:
     ``timeout_keep_alive``)."""
     body_timeout_s: float = 30.0
     """Seconds a request body (``POST /runs``) may take to arrive; then 408."""
+    max_chat_messages: int = 400
+    """History entries a chat keeps (user turns, assistant entries, tool results): a message
+    to a chat that has reached it is refused (409 ``chat_too_long``), see :mod:`._chats`."""
+    max_chat_body_bytes: int = 1 << 20
+    """Largest ``POST /api/chat`` body (1 MiB; ``useChat`` sends the whole conversation each
+    time, of which the relay reads only the last user message); more gets 413."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +97,8 @@ class RelayLimits:
             "max_session_readers",
             "max_connections",
             "max_header_bytes",
+            "max_chat_messages",
+            "max_chat_body_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

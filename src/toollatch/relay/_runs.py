@@ -26,11 +26,12 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
+from ..core._events import ReasoningBlock
 from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..core._round import Round
 from ..runtime._agent_events import AgentEvent
@@ -39,7 +40,7 @@ from ._config import RelayLimits, shown_arguments
 
 _log = logging.getLogger("toollatch.relay")
 
-_DROPPABLE = frozenset({"text", "call_preview", "call_opened"})
+_DROPPABLE = frozenset({"text", "call_preview", "call_opened", "reasoning"})
 """What a run past its event limit leaves out (still queued when the cancel was asked)."""
 
 
@@ -56,6 +57,22 @@ def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
         "final": preview.final,
         "error": preview.error,
     }
+
+
+def reasoning_text(data: Mapping[str, Any]) -> str:
+    """The readable text of a reasoning block in its provider's format ("" when it has none,
+    e.g. Anthropic's ``redacted_thinking``)."""
+    for key in ("thinking", "reasoning_content"):
+        if isinstance(data.get(key), str):
+            return str(data[key])
+    if data.get("thought") is True and isinstance(data.get("text"), str):
+        return str(data["text"])
+    summary = data.get("summary")
+    if isinstance(summary, list):
+        return "\n\n".join(
+            s["text"] for s in summary if isinstance(s, Mapping) and isinstance(s.get("text"), str)
+        )
+    return ""
 
 
 def _encoded(data: dict[str, Any]) -> bytes:
@@ -116,6 +133,16 @@ class EventLog:
         chunk = self._frames[start : start + limit]
         return lag + b"".join(chunk), cursor + len(chunk)
 
+    def frames(self, cursor: int, limit: int) -> tuple[int, list[bytes], int]:
+        """For a reader that re-encodes them (:mod:`.protocols`): how many frames after id
+        ``cursor`` were forgotten (0: none), the kept ones after it (at most ``limit``), and
+        the new cursor."""
+        missed = max(0, self.first_id - 1 - cursor)
+        cursor += missed
+        start = cursor - self._base
+        chunk = self._frames[start : start + limit]
+        return missed, chunk, cursor + len(chunk)
+
 
 class _Feed:
     """The run as its agent's observer: every event appended at its creation."""
@@ -134,7 +161,15 @@ class _Feed:
             self._run.append(preview_json(notice))
 
     def on_round(self, provider: str, round_: Round) -> None:
-        """(Nothing: the events tell the page.)"""
+        """The round's reasoning, once its stream ended (the core keeps reasoning blocks
+        whole, for the history): a ``reasoning`` event ``{"text"}`` per block with text
+        (Anthropic ``thinking``, a Responses summary, Chat ``reasoning_content``, a Gemini
+        thought), before the round's remaining ``call_committed`` / ``call_failed``."""
+        for block in round_.blocks:
+            if isinstance(block, ReasoningBlock) and block.choice == 0:
+                text = reasoning_text(block.data)
+                if text:
+                    self._run.append({"type": "reasoning", "text": text})
 
     def on_event(self, provider: str, event: AgentEvent) -> None:
         """Append the event as the browser may see it; a run the model failed is logged
@@ -164,6 +199,9 @@ class RelayRun:
         self.session = session
         self.log = EventLog(limits.max_kept_bytes)
         self.done = False
+        self.cancelled = False
+        """Whether :meth:`cancel` stopped the run (its ``run_ended`` then has ``"cancelled":
+        true``)."""
         self.observer = _Feed(self)
         """Give it to the run's Agent (``observers=[...]``): it feeds the log."""
         self._policy = policy
@@ -215,6 +253,7 @@ class RelayRun:
         is its ``run_ended.error``); False when done."""
         if self.done or self._agent_run is None:
             return False
+        self.cancelled = True
         self._agent_run.cancel(reason)
         return True
 
@@ -261,6 +300,8 @@ class RelayRun:
         elif data["type"] == "run_ended":
             data["history_omitted"] = len(data["history"])
             data["history"] = []
+            if self.cancelled:  # (the key only then: the CLI's run_ended has no such key)
+                data["cancelled"] = True
         return data
 
 

@@ -1,0 +1,175 @@
+"""Conversations the relay keeps on the server (internal; used by ``POST /api/chat``,
+``POST /runs {"chat_id"}`` and any other endpoint that continues a chat).
+
+A chat is named by the client (``useChat``'s ``id``, an AG-UI ``threadId``, the page's chat
+id) and belongs to one session: its history is stored in the relay's history store (the
+ledger's, so a restart keeps it; in memory without a ledger) under :meth:`ChatStore.scope`,
+which does not reveal the session token. Each message of the chat is one run of the agent that
+continues the stored history (``Agent.run(message, resume=True, session=scope)``): the model
+reads the server's own history, never what a client sends back (a tool result a client made
+up never reaches it). A chat speaks one provider's history format: the first message fixes
+the provider (kept under ``scope + "/meta"``); a later one naming another is 409.
+
+Bounds: a chat holds at most ``max_messages`` history entries (``relay.max_chat_messages``):
+a message to a chat that has reached it is refused (409 ``chat_too_long``; start a new chat),
+so a chat's stored history, and what the model is sent, stay bounded. One message at a time
+per chat (409 ``chat_busy`` while its run is going). The chat -> latest run map is in memory
+(the last ``keep`` chats), which is what resuming a chat's stream needs. Without a ledger
+the histories are in memory (:class:`BoundedMemoryHistory`), the newest ``2 * keep`` entries
+(a chat's history and its meta) kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core._errors import UsageError
+from ..ledger import History, HistoryConflict
+from ._requests import HTTPError
+
+CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""A chat id as a client may pick it (``useChat`` ids are 16 such characters)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """Where the next message of a chat goes: the history ``scope`` (the agent's
+    ``session``), whether there is a stored history to continue (``resume``), the chat's
+    ``provider``."""
+
+    scope: str
+    resume: bool
+    provider: str
+
+
+class BoundedMemoryHistory:
+    """A :class:`~toollatch.ledger.History` in memory that keeps the newest ``keep`` histories
+    (by last write; the oldest are forgotten): the chats of a relay without a ledger."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._runs: OrderedDict[str, list[str]] = OrderedDict()
+
+    async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
+        """See :meth:`History.append` (messages must be JSON objects)."""
+        stored = self._runs.get(run, [])
+        if len(stored) != at:
+            raise HistoryConflict(f"run {run!r} has {len(stored)} messages, not {at}")
+        try:
+            encoded = [json.dumps(m, separators=(",", ":"), allow_nan=False) for m in messages]
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"a history message is not JSON: {exc}") from exc
+        self._runs.pop(run, None)
+        self._runs[run] = [*stored, *encoded]
+        while len(self._runs) > self._keep:
+            self._runs.popitem(last=False)
+        return len(self._runs[run])
+
+    async def load(self, run: str) -> list[dict[str, Any]]:
+        """See :meth:`History.load`."""
+        return [json.loads(m) for m in self._runs.get(run, [])]
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+class ChatStore:
+    """The chats of every session over one history store (see the module docstring).
+
+    How an endpoint continues a chat (what :meth:`Relay.start_chat_run
+    <toollatch.relay.Relay.start_chat_run>` does)::
+
+        store.claim(session, chat_id)            # 409 chat_busy if a message is under way
+        try:
+            turn = await store.turn(session, chat_id, provider, default=...)  # 409s
+            run = ...  # a run of the agent with session=turn.scope, resume=turn.resume
+            store.bind(session, chat_id, run.id)
+        finally:
+            store.release(session, chat_id)
+
+    and reads it back with :meth:`latest_run` (the run to stream or cancel) and
+    :meth:`messages` (the stored history, in the chat's provider's format).
+    """
+
+    def __init__(self, history: History, *, max_messages: int, keep: int) -> None:
+        self.history = history
+        self.max_messages = max_messages
+        self._keep = keep
+        self._runs: OrderedDict[str, str] = OrderedDict()  # scope -> latest run id
+        self._pending: set[str] = set()
+
+    @staticmethod
+    def scope(session: str, chat_id: str) -> str:
+        """The history store key of a session's chat (the session only as a digest)."""
+        digest = hashlib.sha256(session.encode()).hexdigest()[:24]
+        return f"chat-{digest}-{chat_id}"
+
+    def claim(self, session: str, chat_id: str, *, running: bool = False) -> None:
+        """Mark a message of the chat as under way (until :meth:`release`); 409
+        ``chat_busy`` when one is already (or ``running``: the caller sees its run going)."""
+        scope = self.scope(session, chat_id)
+        if running or scope in self._pending:
+            raise HTTPError(409, "chat_busy", "this chat's last message is still being answered")
+        self._pending.add(scope)
+
+    def release(self, session: str, chat_id: str) -> None:
+        """End a :meth:`claim`."""
+        self._pending.discard(self.scope(session, chat_id))
+
+    async def turn(
+        self, session: str, chat_id: str, provider: str | None, *, default: str
+    ) -> ChatTurn:
+        """The next turn of the chat for ``provider`` (None: the chat's own, or ``default``
+        for a new chat). Raises :class:`HTTPError` 409 ``chat_provider_mismatch`` for another
+        provider than the chat's, 409 ``chat_too_long`` at ``max_messages``."""
+        scope = self.scope(session, chat_id)
+        stored = await self.history.load(scope)
+        own = await self.provider(session, chat_id)
+        if own is not None and provider is not None and provider != own:
+            raise HTTPError(
+                409,
+                "chat_provider_mismatch",
+                f"this chat speaks {own}; start a new chat for {provider}",
+            )
+        chosen = own or provider or default
+        if len(stored) >= self.max_messages:
+            raise HTTPError(
+                409,
+                "chat_too_long",
+                f"this chat has {len(stored)} messages (at most {self.max_messages}); "
+                "start a new chat",
+            )
+        if own is None:
+            try:
+                await self.history.append(f"{scope}/meta", [{"provider": chosen}], at=0)
+            except HistoryConflict:  # (another process began the chat at the same moment)
+                raise HTTPError(409, "chat_busy", "this chat was just begun elsewhere") from None
+        return ChatTurn(scope=scope, resume=bool(stored), provider=chosen)
+
+    async def provider(self, session: str, chat_id: str) -> str | None:
+        """The chat's provider (None for a chat never begun)."""
+        meta = await self.history.load(f"{self.scope(session, chat_id)}/meta")
+        name = meta[0].get("provider") if meta else None
+        return name if isinstance(name, str) else None
+
+    async def messages(self, session: str, chat_id: str) -> list[dict[str, Any]]:
+        """The chat's stored history (the provider's format; empty for an unknown chat)."""
+        return await self.history.load(self.scope(session, chat_id))
+
+    def bind(self, session: str, chat_id: str, run_id: str) -> None:
+        """Record ``run_id`` as the chat's latest run (the last ``keep`` chats are kept)."""
+        scope = self.scope(session, chat_id)
+        self._runs.pop(scope, None)
+        self._runs[scope] = run_id
+        while len(self._runs) > self._keep:
+            self._runs.popitem(last=False)
+
+    def latest_run(self, session: str, chat_id: str) -> str | None:
+        """The id of the chat's latest run in this process (None: none)."""
+        return self._runs.get(self.scope(session, chat_id))

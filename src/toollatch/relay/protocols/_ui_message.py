@@ -1,0 +1,498 @@
+"""The Vercel AI SDK's UI message stream over a relay run (internal): what ``useChat`` and its
+``DefaultChatTransport`` read (``ai`` 6.0.326: ``uiMessageChunkSchema``,
+``processUIMessageStream`` in ``node_modules/ai/dist/index.mjs``; ../shared/PROTOCOLS.md §1).
+
+Endpoints (registered by the relay's app, :func:`routes`):
+
+* ``POST /api/chat`` takes what ``DefaultChatTransport`` sends (``id``: the chat id,
+  ``messages``: UI messages, ``trigger``, ``messageId``; optional ``provider`` and ``model``,
+  e.g. from ``useChat``'s ``body``) and answers the run of the chat's next message as a UI
+  message stream. Only the **last** message is read, and only its text parts: the chat's
+  history is the server's own (:mod:`.._chats`), so whatever else a client sends back (a tool
+  result it made up, an edited answer) never reaches the model. ``trigger:
+  "regenerate-message"`` is 422 (a stored history is append-only).
+* ``GET /api/chat/{id}/stream`` replays the chat's run in flight from its start (what
+  ``useChat({resume: true})`` asks for); 204 when none is in flight.
+* ``POST /api/chat/{id}/cancel`` (``{}`` or empty, JSON) cancels it: 202 ``{"id": run id,
+  "cancelled"}``. Closing the stream does **not** cancel the run (so that it can be resumed);
+  ``POST /runs/{run id}/cancel`` works too (the run id is the ``x-toollatch-run-id`` header).
+
+Same session, guard, limits and metrics as ``POST /runs``; errors before the stream starts are
+``{"error": {"code", "message"}}`` with their 4xx status (``DefaultChatTransport`` throws the
+body's text).
+
+The stream, from the run's own events (:class:`UIMessageEncoder`): ``start`` (``messageId``:
+``msg-<run id>``, so a replay builds the same message), ``start-step`` / ``finish-step`` per
+model round, ``text-start/delta/end``, ``reasoning-start/delta/end`` for the round's
+reasoning blocks (the relay's ``reasoning`` events), ``tool-input-start`` when a call opens,
+``tool-input-delta`` from the **preview channel** only (the redacted, policy-filtered preview
+re-serialized as JSON text: display only), ``tool-input-available`` **only when the gate
+commits the call**, with the committed arguments as the browser may see them
+(:func:`~toollatch.relay.shown_arguments`: equal to the committed arguments unless the
+preview policy hides fields or the redactor masks a secret), ``tool-input-error`` with the
+stable error code for a call that did not commit (the client shows it as ``output-error``,
+never ``input-available``), ``tool-output-available`` / ``tool-output-error`` in the
+dispatcher's order (the result as the relay shows it: a redacted preview, parsed when it is
+whole JSON), ``error`` when the run failed or events were forgotten (``lagged``), ``abort`` on
+cancel, ``finish`` with the finish reason, ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Protocol
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .._chats import CHAT_ID, ChatStore
+from .._config import RelayLimits
+from .._requests import (
+    CountedStream,
+    HTTPError,
+    read_body,
+    require_json,
+    session_of,
+    set_cookie,
+)
+from .._runs import RelayRun, RunRegistry
+
+UI_MESSAGE_STREAM_HEADERS = {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "connection": "keep-alive",
+    "x-vercel-ai-ui-message-stream": "v1",
+    "x-accel-buffering": "no",
+}
+"""``ai``'s ``UI_MESSAGE_STREAM_HEADERS`` (the client checks none of them)."""
+
+DONE = b"data: [DONE]\n\n"
+_DATA = b"\ndata: "
+_FINISH_REASONS = {"normal": "stop", "truncated": "length", "interrupted": "error"}
+
+
+def _chunk(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+class _ArgsText:
+    """A call's preview deltas (``[pointer, op, value]``: ``set``, ``append``, ``end``) as
+    the JSON text they spell, appended to as they come (the client partial-parses the
+    concatenation). Deltas come in document order; anything else ends the text (``broken``):
+    the preview is display only, the committed input comes with ``tool-input-available``."""
+
+    __slots__ = ("broken", "sent", "stack")
+
+    def __init__(self) -> None:
+        self.stack: list[list[Any]] = []  # [pointer, kind ("o", "a", "s"), children]
+        self.sent = 0
+        self.broken = False
+
+    def feed(self, deltas: Sequence[Sequence[Any]]) -> str:
+        out: list[str] = []
+        for delta in deltas:
+            if self.broken:
+                return ""
+            try:
+                pointer, op, value = delta
+                self._one(str(pointer), op, value, out)
+            except (ValueError, TypeError, IndexError, orjson.JSONEncodeError):
+                self.broken = True
+                return ""
+        text = "".join(out)
+        self.sent += len(text)
+        return text
+
+    def _one(self, pointer: str, op: str, value: Any, out: list[str]) -> None:
+        stack = self.stack
+        if op == "append":
+            if not stack or stack[-1][0] != pointer or stack[-1][1] != "s":
+                raise ValueError(pointer)
+            out.append(orjson.dumps(value).decode()[1:-1])
+        elif op == "end":
+            if not stack or stack[-1][0] != pointer:
+                raise ValueError(pointer)
+            out.append({"o": "}", "a": "]", "s": '"'}[stack.pop()[1]])
+        elif op == "set":
+            if pointer == "":
+                if stack or self.sent:
+                    raise ValueError(pointer)
+            else:
+                parent, _, key = pointer.rpartition("/")
+                if not stack or stack[-1][0] != parent or stack[-1][1] == "s":
+                    raise ValueError(pointer)
+                top = stack[-1]
+                if top[2]:
+                    out.append(",")
+                top[2] += 1
+                if top[1] == "o":
+                    name = key.replace("~1", "/").replace("~0", "~")
+                    out.append(orjson.dumps(name).decode() + ":")
+            if isinstance(value, dict) and not value:
+                stack.append([pointer, "o", 0])
+                out.append("{")
+            elif isinstance(value, list) and not value:
+                stack.append([pointer, "a", 0])
+                out.append("[")
+            elif isinstance(value, str):
+                stack.append([pointer, "s", 0])
+                out.append(orjson.dumps(value).decode()[:-1])
+            else:
+                out.append(orjson.dumps(value).decode())
+        else:
+            raise ValueError(op)
+
+
+class UIMessageEncoder:
+    """One reader's view of a run's events as UI message chunks: :meth:`start`, then
+    :meth:`encode` for each event of the run's log in order (:meth:`lagged` where the log
+    forgot some), then :meth:`close`. Deterministic: the same events give the same bytes
+    (a replay builds the same message). It sends only what keeps the client's state valid:
+    a delta or a result for a part it never opened is left out."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self._round = 1
+        self._in_step = False
+        self._text: str | None = None  # the open text part's id
+        self._texts = 0
+        self._names: dict[str, str] = {}  # opened call id -> tool name
+        self._args: dict[str, _ArgsText] = {}
+        self._decided: set[str] = set()  # committed or failed
+        self._failed: set[str] = set()
+        self._ended: str | None = None  # the last round's ``ended``
+        self._finished = False
+
+    def start(self) -> bytes:
+        """The ``start`` chunk."""
+        return _chunk({"type": "start", "messageId": self.message_id})
+
+    def lagged(self, missed: int) -> bytes:
+        """``missed`` events were forgotten before the next one (the log's byte bound)."""
+        text = f"lagged: {missed} events of this run were forgotten; the message is incomplete"
+        return _chunk({"type": "error", "errorText": text})
+
+    def encode(self, data: dict[str, Any]) -> bytes:
+        """The chunks (SSE-framed, joined) for one relay event (``data``: its JSON)."""
+        kind = data.get("type")
+        out: list[bytes] = []
+        if kind == "text":
+            self._step(out)
+            if self._text is None:
+                self._texts += 1
+                self._text = f"text-{self._round}-{self._texts}"
+                out.append(_chunk({"type": "text-start", "id": self._text}))
+            out.append(_chunk({"type": "text-delta", "id": self._text, "delta": data["text"]}))
+        elif kind == "call_preview":
+            call_id = data.get("id")
+            if call_id in self._names and call_id not in self._decided:
+                args = self._args.setdefault(call_id, _ArgsText())
+                text = args.feed(data.get("deltas") or ())
+                if text:
+                    delta = {"type": "tool-input-delta", "toolCallId": call_id}
+                    out.append(_chunk({**delta, "inputTextDelta": text}))
+        elif kind == "call_opened":
+            if isinstance(data.get("id"), str) and isinstance(data.get("name"), str):
+                self._open(data["id"], data["name"], out)
+        elif kind == "call_committed":
+            call_id, name = data["id"], data["name"]
+            self._open(call_id, name, out)
+            self._decided.add(call_id)
+            chunk = {"type": "tool-input-available", "toolCallId": call_id, "toolName": name}
+            out.append(_chunk({**chunk, "input": data["arguments"]}))
+        elif kind == "call_failed":
+            self._failed_call(data, out)
+        elif kind == "tool_finished":
+            self._result(data, out)
+        elif kind == "reasoning":
+            self._reasoning(data["text"], out)
+        elif kind == "round_ended":
+            self._round_ended(data, out)
+        elif kind == "run_ended":
+            out.append(self._finish(data))
+        return b"".join(out)
+
+    def close(self) -> bytes:
+        """The end of the stream: ``finish`` if the run's end was never seen, ``[DONE]``."""
+        if self._finished:
+            return DONE
+        return self._finish({"error": "the run ended without its end event"}) + DONE
+
+    # -- the pieces ------------------------------------------------------------------------
+
+    def _step(self, out: list[bytes]) -> None:
+        if not self._in_step:
+            self._in_step = True
+            out.append(_chunk({"type": "start-step"}))
+
+    def _end_text(self, out: list[bytes]) -> None:
+        if self._text is not None:
+            out.append(_chunk({"type": "text-end", "id": self._text}))
+            self._text = None
+
+    def _reasoning(self, text: str, out: list[bytes]) -> None:
+        self._step(out)
+        self._end_text(out)
+        self._texts += 1
+        part = f"reasoning-{self._round}-{self._texts}"
+        out.append(_chunk({"type": "reasoning-start", "id": part}))
+        out.append(_chunk({"type": "reasoning-delta", "id": part, "delta": text}))
+        out.append(_chunk({"type": "reasoning-end", "id": part}))
+
+    def _round_ended(self, data: dict[str, Any], out: list[bytes]) -> None:
+        self._step(out)
+        self._end_text(out)
+        out.append(_chunk({"type": "finish-step"}))
+        self._in_step = False
+        self._round += 1
+        self._texts = 0
+        self._ended = data.get("ended")
+        # every call of the round has its result now: a later round may reuse an id
+        # (servers that number ids per response), which is then a new part
+        self._names.clear()
+        self._args.clear()
+        self._decided.clear()
+        self._failed.clear()
+
+    def _open(self, call_id: str, name: str, out: list[bytes]) -> None:
+        if call_id in self._names:
+            return
+        self._step(out)
+        self._end_text(out)  # (text after the call is a new part, after it)
+        self._names[call_id] = name
+        out.append(_chunk({"type": "tool-input-start", "toolCallId": call_id, "toolName": name}))
+
+    def _failed_call(self, data: dict[str, Any], out: list[bytes]) -> None:
+        call_id = data["id"]
+        name = data.get("name") or self._names.get(call_id) or "unknown"
+        self._open(call_id, name, out)
+        self._decided.add(call_id)
+        self._failed.add(call_id)
+        error_text = f"{data['error']}: {data['detail']}" if data.get("detail") else data["error"]
+        chunk = {"type": "tool-input-error", "toolCallId": call_id, "toolName": name}
+        out.append(_chunk({**chunk, "input": None, "errorText": error_text}))
+
+    def _result(self, data: dict[str, Any], out: list[bytes]) -> None:
+        call_id = data["id"]
+        if call_id not in self._names or call_id in self._failed:
+            return  # (a failed call's error result: the client shows its input error already)
+        result = data.get("result")
+        if data.get("is_error"):
+            code = data.get("error") or "tool_error"
+            text = f"{code}: {result}" if result else code
+            out.append(
+                _chunk({"type": "tool-output-error", "toolCallId": call_id, "errorText": text})
+            )
+            return
+        output: Any = result
+        if isinstance(result, str) and "result_chars" not in data:
+            try:
+                output = orjson.loads(result)
+            except orjson.JSONDecodeError:
+                output = result
+        out.append(
+            _chunk({"type": "tool-output-available", "toolCallId": call_id, "output": output})
+        )
+
+    def _finish(self, data: dict[str, Any]) -> bytes:
+        out: list[bytes] = []
+        if self._in_step:  # (a run's end always follows its round's end; kept valid anyway)
+            self._end_text(out)
+            out.append(_chunk({"type": "finish-step"}))
+            self._in_step = False
+        error = data.get("error")
+        if data.get("cancelled"):
+            out.append(_chunk({"type": "abort", "reason": error or "cancelled"}))
+            reason = "other"
+        elif error:
+            out.append(_chunk({"type": "error", "errorText": str(error)}))
+            reason = "error"
+        else:
+            reason = _FINISH_REASONS.get(self._ended or "", "other")
+        self._finished = True
+        out.append(_chunk({"type": "finish", "finishReason": reason}))
+        return b"".join(out)
+
+
+def event_data(frame: bytes) -> dict[str, Any]:
+    """The JSON of one of the relay's SSE frames (``id:``, ``event:``, ``data:`` lines)."""
+    data: dict[str, Any] = orjson.loads(frame[frame.index(_DATA) + len(_DATA) : -2])
+    return data
+
+
+async def ui_message_stream(run: RelayRun, limits: RelayLimits) -> AsyncIterator[bytes]:
+    """The run's whole UI message stream, from its first event (live until it ends)."""
+    encoder = UIMessageEncoder(f"msg-{run.id}")
+    yield encoder.start()
+    cursor = 0
+    batch = limits.sse_batch
+    while True:
+        if cursor < run.last_id:
+            missed, frames, cursor = run.log.frames(cursor, batch)
+            out = [encoder.lagged(missed)] if missed else []
+            out += [encoder.encode(event_data(f)) for f in frames]
+            yield b"".join(out)
+        elif run.done:
+            yield encoder.close()
+            return
+        elif not await run.wait(cursor, limits.heartbeat_s):
+            yield b": heartbeat\n\n"
+
+
+# -- the endpoints -----------------------------------------------------------------------------
+
+
+class ChatHost(Protocol):
+    """What the endpoints need of the relay (:class:`toollatch.relay.Relay`)."""
+
+    limits: RelayLimits
+    runs: RunRegistry
+    chats: ChatStore
+    providers: tuple[str, ...]
+    models: tuple[str, ...]
+    model: str
+
+    def open_reader(self, session: str) -> Callable[[], None]: ...
+
+    async def start_chat_run(
+        self,
+        session: str,
+        new_session: bool,
+        chat_id: str,
+        message: str,
+        *,
+        provider: str | None,
+        model: str,
+    ) -> RelayRun: ...
+
+
+def routes(host: ChatHost) -> list[Route]:
+    """The UI message stream's endpoints over ``host`` (see the module docstring)."""
+
+    async def chat(request: Request) -> Response:
+        return await _chat(host, request)
+
+    async def resume(request: Request) -> Response:
+        return await _resume(host, request)
+
+    async def cancel(request: Request) -> Response:
+        return await _cancel(host, request)
+
+    return [
+        Route("/api/chat", chat, methods=["POST"]),
+        Route("/api/chat/{chat_id}/stream", resume, methods=["GET"]),
+        Route("/api/chat/{chat_id}/cancel", cancel, methods=["POST"]),
+    ]
+
+
+def _error(exc: HTTPError) -> Response:
+    response = exc.response()
+    if exc.status == 429:
+        response.headers["retry-after"] = "1"
+    return response
+
+
+def _parse_chat(host: ChatHost, body: bytes) -> tuple[str, str, str | None, str]:
+    """``(chat id, message, provider or None, model)`` of a ``DefaultChatTransport`` body."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPError(422, "invalid_body", "the body must be a JSON object")
+    chat_id = data.get("id")
+    if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
+        raise HTTPError(422, "invalid_body", "id must be a chat id (1-128 of A-Za-z0-9_-)")
+    trigger = data.get("trigger", "submit-message")
+    if trigger == "regenerate-message":
+        raise HTTPError(
+            422, "unsupported_trigger", "regenerate is not supported: the chat's history is kept"
+        )
+    if trigger != "submit-message":
+        raise HTTPError(422, "invalid_body", "trigger must be submit-message")
+    messages = data.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        raise HTTPError(422, "invalid_body", "messages must end with the user's message")
+    parts = last.get("parts")
+    if not isinstance(parts, list):
+        raise HTTPError(422, "invalid_body", "the user's message needs its parts")
+    texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    if not all(isinstance(t, str) for t in texts):
+        raise HTTPError(422, "invalid_body", "a text part's text must be a string")
+    message = "\n".join(t for t in texts if isinstance(t, str))
+    if not message.strip():
+        raise HTTPError(422, "invalid_body", "the user's message has no text")
+    if len(message) > host.limits.max_message_chars:
+        limit = host.limits.max_message_chars
+        raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
+    provider = data.get("provider")
+    if provider is not None and provider not in host.providers:
+        raise HTTPError(422, "invalid_body", f"provider must be one of {list(host.providers)}")
+    model = data.get("model", host.model)
+    if model not in host.models:
+        shown = ", ".join(host.models[:20])
+        raise HTTPError(422, "model_not_allowed", f"model must be one of: {shown}")
+    return chat_id, message, provider, model
+
+
+async def _chat(host: ChatHost, request: Request) -> Response:
+    release: Callable[[], None] | None = None
+    try:
+        require_json(request)
+        body = await read_body(request, host.limits, host.limits.max_chat_body_bytes)
+        chat_id, message, provider, model = _parse_chat(host, body)
+        session = session_of(request)
+        new_session = session is None
+        session = session or secrets.token_urlsafe(32)
+        release = host.open_reader(session)
+        run = await host.start_chat_run(
+            session, new_session, chat_id, message, provider=provider, model=model
+        )
+    except HTTPError as exc:
+        if release is not None:
+            release()
+        return _error(exc)
+    headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
+    response = CountedStream(ui_message_stream(run, host.limits), release, headers=headers)
+    if new_session:
+        set_cookie(response, session)
+    return response
+
+
+def _chat_run(host: ChatHost, request: Request) -> RelayRun | None:
+    """The chat's latest run in this process, if this session's chat has one."""
+    session, chat_id = session_of(request), request.path_params["chat_id"]
+    if session is None or not CHAT_ID.fullmatch(chat_id):
+        return None
+    run_id = host.chats.latest_run(session, chat_id)
+    return host.runs.owned(run_id, session) if run_id is not None else None
+
+
+async def _resume(host: ChatHost, request: Request) -> Response:
+    run = _chat_run(host, request)
+    if run is None or run.done:
+        return Response(status_code=204)  # nothing to resume (useChat then does nothing)
+    try:
+        release = host.open_reader(run.session)
+    except HTTPError as exc:
+        return _error(exc)
+    headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
+    return CountedStream(ui_message_stream(run, host.limits), release, headers=headers)
+
+
+async def _cancel(host: ChatHost, request: Request) -> Response:
+    try:
+        require_json(request)
+        body = await read_body(request, host.limits)
+        if body.strip() not in (b"", b"{}"):
+            raise HTTPError(422, "invalid_body", "the body must be {} or empty")
+    except HTTPError as exc:
+        return exc.response()
+    run = _chat_run(host, request)
+    if run is None:
+        return HTTPError(404, "not_found", "no such chat run").response()
+    return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
