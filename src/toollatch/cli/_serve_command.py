@@ -59,7 +59,7 @@ def _server(args: argparse.Namespace) -> RelayServer:
         tools = (tools or []) + load_tool_file(path)
     c = load_config(args.config)  # (no file: the defaults and TOOLLATCH_ variables)
     r = c.relay
-    limits = _relay_limits(r)
+    limits = _relay_limits(r, args)
     models = args.allow_model or r.models
     base_url = args.base_url or c.model.base_url
     model = args.model or c.model.model
@@ -87,8 +87,9 @@ def _server(args: argparse.Namespace) -> RelayServer:
     )
 
 
-def _relay_limits(r: RelayConfig) -> RelayLimits:
-    """The config's ``relay:`` limits (at least as many runs stored as may be active)."""
+def _relay_limits(r: RelayConfig, args: argparse.Namespace) -> RelayLimits:
+    """The config's ``relay:`` limits (at least as many runs stored as may be active), and
+    ``--max-chat-messages``."""
     return RelayLimits(
         max_active_runs=r.max_active_runs,
         max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
@@ -99,6 +100,7 @@ def _relay_limits(r: RelayConfig) -> RelayLimits:
         header_timeout_s=r.header_timeout_s,
         idle_timeout_s=r.idle_timeout_s,
         body_timeout_s=r.body_timeout_s,
+        max_chat_messages=args.max_chat_messages or r.max_chat_messages,
     )
 
 
