@@ -189,7 +189,7 @@ async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser, relay)
 async def test_another_session_gets_404(browser, relay):
     page = await _page(browser, relay)
     await _slow_run(page)
-    run = await page.evaluate('JSON.parse(sessionStorage.getItem("toollatch.run"))')
+    run = await page.evaluate('JSON.parse(sessionStorage.getItem("toollatch.chat")).runs.at(-1)')
     other = await _page(browser, relay)  # a new context: its own cookie
     statuses = await other.evaluate(
         """async (run) => [
@@ -315,7 +315,7 @@ async def test_a_rebinding_page_gets_nothing_and_another_origin_cannot_drive_the
     own = await context.new_page()
     await own.goto(home + "/")
     await _slow_run(own)
-    run = await own.evaluate('JSON.parse(sessionStorage.getItem("toollatch.run"))')
+    run = await own.evaluate('JSON.parse(sessionStorage.getItem("toollatch.chat")).runs.at(-1)')
     evil = await context.new_page()  # same browser, same cookies: only the origin differs
     refused: list[tuple[str, int]] = []
     evil.on(
@@ -394,7 +394,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
         assert (await page.locator("#status").inner_text()).startswith("finished")
         assert await page.evaluate("document.cookie") == ""  # both HttpOnly
-        stored = await page.evaluate('sessionStorage.getItem("toollatch.run")')
+        stored = await page.evaluate('sessionStorage.getItem("toollatch.chat")')
         cookies = {c["name"]: c for c in await context.cookies()}
         session = cookies["toollatch_session"]["value"]
         assert session not in stored
@@ -403,7 +403,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
         await page.reload()  # a reload replays the stored run, cookies only
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
         assert await page.locator(".user").count() == 1
-        await page.click("#send")  # a second run, and its Stop, with the checks in place
+        await _start(page, "Again.")  # a second run, and its Stop, with the checks in place
         await page.wait_for_selector('body[data-run="running"]', timeout=20_000)
         await page.click("#stop")
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)

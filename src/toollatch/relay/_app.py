@@ -1,7 +1,7 @@
 """The relay's HTTP surface: a Starlette app (internal; public names in :mod:`toollatch.relay`).
 
 ``GET /`` the page (and a session cookie); ``POST /runs`` ``{"message", "provider"?,
-"model"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"`` echoed when the
+"model"?, "chat_id"?}`` -> 201 ``{"id", "events_url", "cancel_url"}`` (and ``"session"`` echoed when the
 request named it by header), or ``{"resume": id,
 "message"?}`` to continue a run stored in the relay's ledger (404 when this session has no
 such run, 409 while it is running here, 422 without a ledger); ``GET /runs/{id}/events`` the
@@ -49,6 +49,8 @@ COOKIE = "toollatch_session"
 HEADER = "x-toollatch-session"
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
+_CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A conversation's id as the page makes them (24 characters of base64url)."""
 _EVENT_ID = re.compile(r"[0-9]{1,12}")
 """An event id: ASCII digits only (``str.isdigit`` takes ``²`` and ``①``, which int() refuses)."""
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
@@ -254,9 +256,12 @@ class Relay:
             raise HTTPError(400, "invalid_json", f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise HTTPError(422, "invalid_body", "the body must be a JSON object")
-        unknown = sorted(set(data) - {"message", "provider", "model", "resume"})
+        unknown = sorted(set(data) - {"message", "provider", "model", "resume", "chat_id"})
         if unknown:
             raise HTTPError(422, "invalid_body", f"unknown fields: {', '.join(unknown)}")
+        chat_id = data.get("chat_id")  # (the page's conversation; checked, not used yet)
+        if chat_id is not None and not (isinstance(chat_id, str) and _CHAT_ID.fullmatch(chat_id)):
+            raise HTTPError(422, "invalid_body", "chat_id must be 1 to 64 of A-Za-z0-9_-")
         resume = data.get("resume")
         if resume is not None and not (isinstance(resume, str) and _RUN_ID.fullmatch(resume)):
             raise HTTPError(422, "invalid_body", "resume must be a run id")
