@@ -45,7 +45,6 @@ from ._agent_events import (
 )
 from ._logs import _size
 
-
 EXECUTE_TOOL = "execute_tool"
 """``gen_ai.operation.name`` of a tool's execution (the GenAI semantic conventions)."""
 EXECUTE_TOOL_DURATION = "gen_ai.execute_tool.duration"
