@@ -498,14 +498,16 @@ async def test_the_page_has_a_favicon_and_asks_for_no_other(browser, relay):
 
 
 async def _ended_turns(page, count: int) -> None:
-    await page.wait_for_function(
-        "(n) => document.querySelectorAll('.turn[data-ended]').length === n", arg=count
-    )
+    turns = page.locator(".turn[data-ended]")
+    await turns.nth(count - 1).wait_for(timeout=20_000)
+    assert await turns.count() == count
 
 
 async def test_a_chat_keeps_every_exchange_clears_the_box_and_thinks_until_the_model_answers(
     browser, relay
 ):
+    from playwright.async_api import expect
+
     page = await _page(browser, relay)
     bodies: list[dict] = []
     page.on(
@@ -517,7 +519,7 @@ async def test_a_chat_keeps_every_exchange_clears_the_box_and_thinks_until_the_m
         ),
     )
     await _start(page, "What is the weather in Oslo and in Zürich?")
-    await page.wait_for_function("document.querySelector('#message').value === ''")
+    await expect(page.locator("#message")).to_have_value("")
     await _ended_turns(page, 1)
     # "thinking…" before the first token, and between rounds, gone at the model's answer
     assert (await _states(page))["thinking"] == ["1:on", "1:off", "2:on", "2:off", "3:on", "3:off"]
