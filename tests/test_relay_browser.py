@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,19 @@ window.__transitions = [];
 new MutationObserver((records) => {
   for (const r of records) {
     const node = r.target;
-    if (node.classList && node.classList.contains("card")) {
+    if (r.type === "attributes" && node.classList && node.classList.contains("card")) {
       window.__transitions.push([node.dataset.callId, node.dataset.state]);
     }
+    for (const [nodes, how] of [[r.addedNodes, "on"], [r.removedNodes, "off"]]) {
+      for (const n of nodes || []) {  // the thinking indicator, by round
+        if (n.classList && n.classList.contains("thinking")) {
+          window.__transitions.push(["thinking", `${node.dataset.round}:${how}`]);
+        }
+      }
+    }
   }
-}).observe(document, {subtree: true, attributes: true, attributeFilter: ["data-state"]});
+}).observe(document, {subtree: true, childList: true, attributes: true,
+                      attributeFilter: ["data-state"]});
 """
 
 
@@ -189,7 +199,7 @@ async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser, relay)
 async def test_another_session_gets_404(browser, relay):
     page = await _page(browser, relay)
     await _slow_run(page)
-    run = await page.evaluate('JSON.parse(sessionStorage.getItem("toollatch.run"))')
+    run = await page.evaluate('JSON.parse(sessionStorage.getItem("toollatch.chat")).runs.at(-1)')
     other = await _page(browser, relay)  # a new context: its own cookie
     statuses = await other.evaluate(
         """async (run) => [
@@ -315,7 +325,7 @@ async def test_a_rebinding_page_gets_nothing_and_another_origin_cannot_drive_the
     own = await context.new_page()
     await own.goto(home + "/")
     await _slow_run(own)
-    run = await own.evaluate('JSON.parse(sessionStorage.getItem("toollatch.run"))')
+    run = await own.evaluate('JSON.parse(sessionStorage.getItem("toollatch.chat")).runs.at(-1)')
     evil = await context.new_page()  # same browser, same cookies: only the origin differs
     refused: list[tuple[str, int]] = []
     evil.on(
@@ -394,7 +404,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
         assert (await page.locator("#status").inner_text()).startswith("finished")
         assert await page.evaluate("document.cookie") == ""  # both HttpOnly
-        stored = await page.evaluate('sessionStorage.getItem("toollatch.run")')
+        stored = await page.evaluate('sessionStorage.getItem("toollatch.chat")')
         cookies = {c["name"]: c for c in await context.cookies()}
         session = cookies["toollatch_session"]["value"]
         assert session not in stored
@@ -403,7 +413,7 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
         await page.reload()  # a reload replays the stored run, cookies only
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
         assert await page.locator(".user").count() == 1
-        await page.click("#send")  # a second run, and its Stop, with the checks in place
+        await _start(page, "Again.")  # a second run, and its Stop, with the checks in place
         await page.wait_for_selector('body[data-run="running"]', timeout=20_000)
         await page.click("#stop")
         await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
@@ -482,3 +492,164 @@ async def test_the_page_has_a_favicon_and_asks_for_no_other(browser, relay):
     assert size[0] > 0
     await page.wait_for_timeout(300)
     assert not [url for url in asked if url.endswith("/favicon.ico")]
+
+
+# -- a chat, not a form (issue 31) -------------------------------------------------------------
+
+
+async def _ended_turns(page, count: int) -> None:
+    turns = page.locator(".turn[data-ended]")
+    await turns.nth(count - 1).wait_for(timeout=20_000)
+    assert await turns.count() == count
+
+
+async def test_a_chat_keeps_every_exchange_clears_the_box_and_thinks_until_the_model_answers(
+    browser, relay
+):
+    from playwright.async_api import expect
+
+    page = await _page(browser, relay)
+    bodies: list[dict] = []
+    page.on(
+        "request",
+        lambda r: (
+            bodies.append(json.loads(r.post_data or "{}"))
+            if r.method == "POST" and r.url.endswith("/runs")
+            else None
+        ),
+    )
+    await _start(page, "What is the weather in Oslo and in Zürich?")
+    await expect(page.locator("#message")).to_have_value("")
+    await _ended_turns(page, 1)
+    # "thinking…" before the first token, and between rounds, gone at the model's answer
+    assert (await _states(page))["thinking"] == ["1:on", "1:off", "2:on", "2:off", "3:on", "3:off"]
+    assert await page.locator(".thinking").count() == 0
+    # the write_file tool's UI payload on its card (its path as the model wrote it), and no
+    # model-facing text for it
+    card = page.locator('.card[data-call-id="call_demo_write_notes"]')
+    assert await card.locator(".ui").inner_text() == "wrote notes/weather.md · 84 B"
+    assert await card.locator(".result").is_hidden()
+    await _start(page, "And tomorrow?")
+    await _ended_turns(page, 2)
+    users = [await u.inner_text() for u in await page.locator(".turn .user").all()]
+    assert users == ["What is the weather in Oslo and in Zürich?", "And tomorrow?"]
+    for turn in await page.locator(".turn").all():  # the first exchange stays, whole
+        assert await turn.locator(".card").count() == 3
+        assert await turn.locator(".round .text p").count() >= 1
+    assert await page.input_value("#message") == ""
+    chat_id = await page.evaluate("document.body.dataset.chatId")
+    assert re.fullmatch(r"[A-Za-z0-9_-]{24}", chat_id)
+    assert [b.get("chat_id") for b in bodies] == [chat_id, chat_id]
+    await page.reload()  # the thread is replayed, in order
+    await _ended_turns(page, 2)
+    assert [await u.inner_text() for u in await page.locator(".turn .user").all()] == users
+    await page.click("#newchat")
+    assert await page.locator(".turn").count() == 0
+    assert await page.locator("#gatelog li").count() == 0
+    await _start(page, "Hello again")
+    await _ended_turns(page, 1)
+    assert bodies[-1]["chat_id"] != chat_id
+    assert bodies[-1]["chat_id"] == await page.evaluate("document.body.dataset.chatId")
+
+
+async def test_stop_is_one_stopped_state_during_tools_and_between_rounds(browser):
+    from toollatch.tools._tools import tool
+
+    @tool
+    async def nap(seconds: float) -> str:
+        """Sleep (cancellable)."""
+        await asyncio.sleep(seconds)
+        return "rested"
+
+    @tool
+    def quick() -> str:
+        """At once."""
+        return "ok"
+
+    nap_call = Call(call_id="call_nap", name="nap", arguments='{"seconds": 60}')
+    quick_call = Call(call_id="call_quick", name="quick", arguments="{}")
+    scripts = {
+        "tools": Script(turns=(Turn(items=(nap_call,), delay_ms=0), Turn(items=(Text(text="."),)))),
+        "rounds": Script(
+            turns=(
+                Turn(items=(quick_call,), delay_ms=0),
+                Turn(items=(Text(text="late"),), delay_ms=60_000),  # before its first byte
+            )
+        ),
+    }
+    async with RelayServer(scripts=scripts, delay_scale=1, tools=[nap, quick]) as server:
+        during = await _page(browser, server)
+        await _slow_run(during, "tools")
+        await during.locator('.card[data-call-id="call_nap"][data-state="running"]').wait_for()
+        await during.click("#stop")
+        between = await _page(browser, server)
+        await _slow_run(between, "rounds")
+        await between.locator('.round[data-round="2"] .thinking').wait_for()
+        await between.click("#stop")
+        for page in (during, between):
+            await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+            for _ in range(2):  # as the page saw it, then replayed after a reload
+                status = page.locator("#status")
+                assert await status.get_attribute("data-state") == "stopped"
+                assert (await status.inner_text()).startswith("stopped · ")
+                assert await page.locator(".thinking").count() == 0
+                await page.reload()
+                await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        card = during.locator('.card[data-call-id="call_nap"]')
+        assert await card.get_attribute("data-state") == "cancelled"
+        foot = await card.locator(".foot").inner_text()
+        assert foot == "stopped while running: it may already have had its effect"
+        done = between.locator('.card[data-call-id="call_quick"]')
+        assert await done.get_attribute("data-state") == "done"
+
+
+HOSTILE = """# Weather
+
+It is **cold** in *Oslo*, `4 °C` and snake_case_stays.
+
+- first
+- second, with [a link](https://example.com/x)
+
+1. one
+2. two
+
+```py
+print("<b>hi</b>")
+```
+<img src=x onerror="window.__pwned='img'"><script>window.__pwned='script'</script>
+[click me](javascript:window.__pwned='link') [data](data:text/html,<b>x</b>) [rel](/runs)
+<a href="javascript:window.__pwned='a'">raw</a> <iframe src="javascript:alert(1)"></iframe>
+**<svg onload="window.__pwned='svg'">** _<img src=y onerror="window.__pwned='em'">_"""
+
+
+async def test_markdown_is_rendered_and_hostile_markup_stays_inert(browser):
+    turn = Turn(items=(Text(text=HOSTILE, chunk_chars=7),), delay_ms=1)
+    async with RelayServer(scripts={"md": Script(turns=(turn,))}, delay_scale=1) as server:
+        page = await _page(browser, server)
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: dialogs.append(d.message))
+        await _slow_run(page, "md")
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        text = page.locator(".round .text")
+        assert await text.locator("h3").inner_text() == "Weather"
+        assert await text.locator("strong").first.inner_text() == "cold"
+        assert await text.locator("em").first.inner_text() == "Oslo"
+        assert await text.locator("p code").inner_text() == "4 °C"
+        assert "snake_case_stays" in await text.locator("p").first.inner_text()
+        assert await text.locator("ul > li").count() == 2
+        assert await text.locator("ol > li").count() == 2
+        assert await text.locator("pre > code").inner_text() == 'print("<b>hi</b>")'
+        links = await text.locator("a").all()
+        assert len(links) == 1
+        assert await links[0].get_attribute("href") == "https://example.com/x"
+        assert await links[0].get_attribute("rel") == "noopener noreferrer"
+        assert await links[0].inner_text() == "a link"
+        hostile = "img, script, iframe, svg, b, [onerror], [onload]"
+        assert await page.locator("#transcript").locator(hostile).count() == 0
+        shown = await text.inner_text()
+        assert "<img src=x onerror=" in shown and "<script>" in shown
+        assert "[click me](javascript:window.__pwned='link')" in shown
+        await text.get_by_text("click me", exact=False).click()
+        await page.wait_for_timeout(200)
+        assert await page.evaluate("window.__pwned") is None
+        assert dialogs == []

@@ -7,14 +7,22 @@ leaves out every other member, the redactor masks secret-looking strings), and t
 filters ``call_committed.arguments`` (:func:`shown_arguments`). ``run_ended.history`` (which
 repeats every argument and result) is not sent: its key stays, empty, with
 ``history_omitted`` telling how many entries were left out.
+
+A tool's result reaches the browser as ``tool_finished`` shows it (:func:`shown_result`):
+its UI payload (``ToolOutcome.ui``) through the same redactor, bounded by
+:attr:`RelayLimits.max_ui_bytes`; the short redacted preview of the model-facing text only
+when the tool returned no UI payload or failed (:attr:`RelayLimits.result_text`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import orjson
 
 from ..core._errors import ConfigError
 from ..core._preview import PreviewPolicy, ToolPreview
@@ -83,6 +91,13 @@ class RelayLimits:
     max_chat_body_bytes: int = 1 << 20
     """Largest ``POST /api/chat`` body (1 MiB; ``useChat`` sends the whole conversation each
     time, of which the relay reads only the last user message); more gets 413."""
+    max_ui_bytes: int = 64 * 1024
+    """Largest UI payload (``ToolOutcome.ui``, as JSON, after redaction) sent to the browser
+    in ``tool_finished.ui``; a larger one is left out, ``ui_omitted`` giving its size."""
+    result_text: Literal["summary", "always", "never"] = "summary"
+    """What of a result's model-facing text ``tool_finished.result`` carries (always a
+    redacted preview of at most 200 characters): ``summary`` only when the tool returned no
+    UI payload or the call failed, ``always`` every time, ``never`` not at all."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,6 +114,7 @@ class RelayLimits:
             "max_header_bytes",
             "max_chat_messages",
             "max_chat_body_bytes",
+            "max_ui_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -112,6 +128,11 @@ class RelayLimits:
                 and value > 0
             ):
                 raise ConfigError(f"RelayLimits.{name} must be positive, got {value!r}")
+        if self.result_text not in ("summary", "always", "never"):
+            raise ConfigError(
+                "RelayLimits.result_text must be summary, always or never, "
+                f"got {self.result_text!r}"
+            )
         if self.max_header_bytes < 1024:
             raise ConfigError("RelayLimits.max_header_bytes must be at least 1024")
         if self.max_stored_runs < self.max_active_runs:
@@ -131,6 +152,28 @@ def shown_arguments(policy: PreviewPolicy, name: str, arguments: Mapping[str, An
     for pointer in rule.fields:
         _pick(arguments, picked, [_unescape(t) for t in pointer.split("/")[1:]])
     return _redacted(policy, "", picked)
+
+
+def shown_result(policy: PreviewPolicy, limits: RelayLimits, data: dict[str, Any]) -> None:
+    """Make a ``tool_finished`` event's JSON (``data``, with the tool's raw UI payload under
+    ``"ui"`` when it returned one) what the browser may see, in place: ``ui`` through the
+    policy's redactor, or ``ui_omitted`` (its JSON size) past ``max_ui_bytes``; ``result``
+    (the redacted preview) kept or set to None per ``result_text``."""
+    ui = data.pop("ui", None)
+    if ui is not None:
+        shown = _redacted(policy, "", ui)
+        try:
+            size = len(orjson.dumps(shown))
+        except TypeError:  # (not JSON to orjson: shown as the relay's encoder would)
+            size = len(json.dumps(shown, ensure_ascii=False, default=repr).encode())
+        if size > limits.max_ui_bytes:
+            data["ui_omitted"] = size
+        else:
+            data["ui"] = shown
+    mode = limits.result_text
+    if mode == "never" or (mode == "summary" and ui is not None and not data["is_error"]):
+        data["result"] = None
+        data.pop("result_chars", None)
 
 
 def _pick(source: Any, target: dict[str, Any], tokens: list[str]) -> None:

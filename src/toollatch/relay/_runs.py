@@ -34,9 +34,9 @@ import orjson
 from ..core._events import ReasoningBlock
 from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..core._round import Round
-from ..runtime._agent_events import AgentEvent
+from ..runtime._agent_events import AgentEvent, ToolFinishedEvent
 from ..runtime._agent_run import AgentRun
-from ._config import RelayLimits, shown_arguments
+from ._config import RelayLimits, shown_arguments, shown_result
 
 _log = logging.getLogger("toollatch.relay")
 
@@ -175,6 +175,8 @@ class _Feed:
         """Append the event as the browser may see it; a run the model failed is logged
         (the relay's console says what the page says)."""
         data = event.to_json()
+        if isinstance(event, ToolFinishedEvent) and event.ui is not None:
+            data["ui"] = event.ui  # (redacted and bounded by shown())
         if data["type"] == "run_ended" and data["error"]:
             _log.error("run %s…: model %s", self._run.id[:6], data["error"])
         self._run.append(self._run.shown(data))
@@ -297,6 +299,8 @@ class RelayRun:
         """The event as the browser may see it (see :mod:`._config`)."""
         if data["type"] == "call_committed":
             data["arguments"] = shown_arguments(self._policy, data["name"], data["arguments"])
+        elif data["type"] == "tool_finished":
+            shown_result(self._policy, self._limits, data)
         elif data["type"] == "run_ended":
             data["history_omitted"] = len(data["history"])
             data["history"] = []

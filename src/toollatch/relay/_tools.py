@@ -67,6 +67,11 @@ def _write_in(write: Callable[..., Any], directory: Path, name: str) -> Callable
         assert isinstance(outcome, ToolOutcome)
         shown = dict(outcome.content)
         shown["path"] = str(shown["path"]).removeprefix(f"{name}/")
-        return dataclasses.replace(outcome, content=shown)
+        # the UI payload too: the browser sees the path as the model wrote it, never the
+        # server's directories
+        ui = dict(outcome.ui) if isinstance(outcome.ui, dict) else outcome.ui
+        if isinstance(ui, dict) and "path" in ui:
+            ui["path"] = shown["path"]
+        return dataclasses.replace(outcome, content=shown, ui=ui)
 
     return write_file

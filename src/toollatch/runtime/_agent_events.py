@@ -128,6 +128,10 @@ class ToolFinishedEvent:
     an error result's message), or None when not known. Observers get it whole; the JSON
     form shows a redacted preview (:func:`~toollatch.tools._results.result_preview`). Not
     part of equality (events compared before it existed stay equal)."""
+    ui: Any = field(default=None, compare=False)
+    """The tool's UI payload (``ToolOutcome.ui``) when it returned one, else None; never
+    sent to the model, and not in :meth:`to_json` (a frontend adds it, redacted: the relay
+    does). Not part of equality."""
 
     def to_json(self, *, full_result: bool = False) -> dict[str, Any]:
         """``{"type": "tool_finished", "id", "name", "is_error", "error", "result"}``, plus

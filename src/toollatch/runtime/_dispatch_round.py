@@ -349,6 +349,7 @@ class DispatchRound:
                 error=error,
                 truncated_from=result.truncated_from,
                 result=result.content,
+                ui=self._ui.get(result.tool_call_id),
             )
         )
 

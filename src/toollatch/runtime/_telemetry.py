@@ -8,12 +8,29 @@ The gate's decision is in attributes (``toollatch.gate.decision`` ``committed``/
 ``toollatch.gate.error_code``, ``toollatch.gate.early``), with sizes
 (``toollatch.call.argument_bytes``), never an argument value, a text or an error detail (a
 schema error's detail may quote a value).
+
+The OpenTelemetry GenAI semantic conventions (status Development) are emitted too, so a
+tracing backend groups our tool calls like any agent framework's: each execution of a tool
+(``tool_started`` to ``tool_finished``) is a span ``execute_tool {gen_ai.tool.name}`` (kind
+INTERNAL) under the call's ``toollatch.tool_call`` span, with ``gen_ai.operation.name`` =
+``execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``error.type`` (our stable
+error code: ``tool_error``, ``tool_timeout``, ``cancelled``, ``outcome_unknown``...) on a
+failed one, and our ``toollatch.call.id`` / ``toollatch.tool`` / ``toollatch.tool.outcome``
+as extras; and the histogram ``gen_ai.execute_tool.duration`` (unit ``s``, the span's own
+duration, with ``gen_ai.operation.name``, ``gen_ai.tool.name`` and ``error.type``). A call
+the gate refused, or whose result came without running it here (a stored result, a cancel
+before it started), has no ``execute_tool`` span: it executed nothing.
+Names and units from https://github.com/open-telemetry/semantic-conventions-genai
+(model/gen-ai/spans.yaml, model/gen-ai/metrics.yaml: "the metric value SHOULD be the same
+as the span duration").
 """
 
 from __future__ import annotations
 
-from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+import time
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from ..core._round import Round
 from ._agent_events import (
@@ -28,16 +45,31 @@ from ._agent_events import (
 )
 from ._logs import _size
 
+EXECUTE_TOOL = "execute_tool"
+"""``gen_ai.operation.name`` of a tool's execution (the GenAI semantic conventions)."""
+EXECUTE_TOOL_DURATION = "gen_ai.execute_tool.duration"
+"""The GenAI histogram of tool execution durations, in seconds."""
+
 
 class Tracing:
-    """Spans of runs, rounds and tool calls (see the module docstring); ``tracer_provider``
-    defaults to the global one."""
+    """Spans of runs, rounds and tool calls, and the GenAI ``execute_tool`` spans and
+    duration histogram (see the module docstring); ``tracer_provider`` and
+    ``meter_provider`` default to the global ones."""
 
-    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
         self._tracer = trace.get_tracer("toollatch", tracer_provider=tracer_provider)
+        meter = metrics.get_meter("toollatch", meter_provider=meter_provider)
+        self._duration = meter.create_histogram(
+            EXECUTE_TOOL_DURATION, unit="s", description="The duration of a single tool execution."
+        )
         self._run: Span | None = None
         self._round: Span | None = None
         self._calls: dict[str, Span] = {}
+        self._executions: dict[str, tuple[Span, int, str]] = {}  # id -> span, start ns, tool
 
     def on_round_start(self, provider: str, round_no: int) -> None:
         """Open the run span (first round) and the round's span."""
@@ -77,7 +109,7 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, event.error))
             self._calls.pop(event.id).end()
         elif isinstance(event, ToolStartedEvent):
-            self._call(event.id, event.name).add_event("toollatch.tool.started")
+            self._started(event)
         elif isinstance(event, ToolFinishedEvent):
             self._finished(event)
         elif isinstance(event, RoundEndedEvent):
@@ -105,7 +137,44 @@ class Tracing:
             self._calls[call_id] = span
         return span
 
+    def _started(self, event: ToolStartedEvent) -> None:
+        call = self._call(event.id, event.name)
+        call.add_event("toollatch.tool.started")
+        start = time.time_ns()
+        span = self._tracer.start_span(
+            f"{EXECUTE_TOOL} {event.name}",
+            context=trace.set_span_in_context(call),
+            kind=SpanKind.INTERNAL,
+            start_time=start,
+            attributes={
+                "gen_ai.operation.name": EXECUTE_TOOL,
+                "gen_ai.tool.name": event.name,
+                "gen_ai.tool.call.id": event.id,
+                "toollatch.call.id": event.id,
+                "toollatch.tool": event.name,
+            },
+        )
+        self._executions[event.id] = (span, start, event.name)
+
+    def _executed(self, call_id: str, outcome: str, error: str | None) -> None:
+        """End the call's ``execute_tool`` span (if it ran) and record its duration."""
+        started = self._executions.pop(call_id, None)
+        if started is None:
+            return
+        span, start, name = started
+        span.set_attribute("toollatch.tool.outcome", outcome)
+        attributes = {"gen_ai.operation.name": EXECUTE_TOOL, "gen_ai.tool.name": name}
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR, error))
+            attributes["error.type"] = error
+        end = max(time.time_ns(), start)
+        span.end(end_time=end)
+        self._duration.record((end - start) / 1e9, attributes)
+
     def _finished(self, event: ToolFinishedEvent) -> None:
+        error = (event.error or "tool_error") if event.is_error else None
+        self._executed(event.id, event.error or "ok", error)
         span = self._calls.pop(event.id, None)
         if span is None:
             return
@@ -115,6 +184,8 @@ class Tracing:
         span.end()
 
     def _round_ended(self, event: RoundEndedEvent) -> None:
+        for call_id in list(self._executions):  # (every started call gets its result first)
+            self._executed(call_id, "not_run", "not_run")
         for span in self._calls.values():  # committed calls that never ran (aborted)
             span.set_attribute("toollatch.tool.outcome", "not_run")
             span.end()
