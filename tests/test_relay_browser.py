@@ -553,7 +553,7 @@ async def test_a_chat_keeps_every_exchange_clears_the_box_and_thinks_until_the_m
 
 
 async def test_stop_is_one_stopped_state_during_tools_and_between_rounds(browser):
-    from toollatch.tools._tools import tool
+    from toollatch import tool
 
     @tool
     async def nap(seconds: float) -> str:

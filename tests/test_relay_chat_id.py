@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from relay_helpers import read_events, start_run
-from toollatch.relay._server import RelayServer
+from toollatch.relay import RelayServer
 
 
 async def test_a_run_with_a_chat_id_runs_and_a_bad_chat_id_is_refused():

@@ -11,12 +11,9 @@ import httpx
 import pytest
 
 from relay_helpers import read_events, start_run
-from toollatch.core._errors import ConfigError
-from toollatch.relay._config import RelayLimits
-from toollatch.relay._server import RelayServer
-from toollatch.runtime import ToolOutcome
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.tools._tools import tool
+from toollatch import ConfigError, RelayLimits, ToolOutcome, tool
+from toollatch.relay import RelayServer
+from toollatch.scripted import Call, Script, Text, Turn
 
 SECRET = "sk-live-Q8d2F7s9K1m3N5p7"
 

@@ -13,12 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from toollatch import Agent, RetryPolicy, RunLimits, model_client, tool
 from toollatch.runtime import Tracing
-from toollatch.runtime._agent import Agent, RunLimits
-from toollatch.runtime._clients import RetryPolicy, model_client
-from toollatch.scripted._script import Call, Script, Text, Turn
-from toollatch.scripted._server import ScriptedServer
-from toollatch.tools._tools import tool
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 

@@ -19,12 +19,12 @@ import orjson
 import pytest
 
 from relay_helpers import parse_sse, read_events, serving
+from toollatch import RelayLimits
 from toollatch.ledger import HistoryConflict
+from toollatch.relay import RelayServer
 from toollatch.relay._chats import BoundedMemoryHistory
-from toollatch.relay._config import RelayLimits
-from toollatch.relay._server import RelayServer
 from toollatch.relay.protocols._ui_message import UIMessageEncoder, _ArgsText
-from toollatch.scripted._script import Call, Reasoning, Script, Text, Turn
+from toollatch.scripted import Call, Reasoning, Script, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tests" / "js" / "ui_message_client.mjs"
