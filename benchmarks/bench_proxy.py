@@ -432,7 +432,9 @@ async def bench(args: argparse.Namespace) -> None:
                 text=True,
             )
             procs.append(lite)
-            await wait_ready(f"http://127.0.0.1:{port}/health/liveliness", 180)
+            await wait_ready(
+                f"http://127.0.0.1:{port}/health/liveliness", 600
+            )  # (imports are slow)
             targets.append(("litellm", f"http://127.0.0.1:{port}/v1", lite.pid))
         print(f"# bench_proxy: {load()}; delay {args.delay_ms} ms between upstream events")
         results: dict[int, list[Result]] = {}
