@@ -437,61 +437,63 @@ async def bench(args: argparse.Namespace) -> None:
             )  # (imports are slow)
             targets.append(("litellm", f"http://127.0.0.1:{port}/v1", lite.pid))
         print(f"# bench_proxy: {load()}; delay {args.delay_ms} ms between upstream events")
-        results: dict[int, list[Result]] = {}
+        header()
         for n in args.streams:
             repeat = args.single if n == 1 else 1
-            results[n] = []
+            rows = []
             for name, base, pid in targets:
                 streams, cpu, wall = await run_level(base, pid, n, repeat)
-                results[n].append(Result(name, streams, cpu, wall))
-        report(results, args)
+                rows.append(Result(name, streams, cpu, wall))
+            report(n, rows)  # as each level ends (a long run shows what it has)
         print(f"# at the end: {load()}")
     finally:
         for proc in reversed(procs):
             stop(proc)
 
 
-def report(results: dict[int, list[Result]], args: argparse.Namespace) -> None:
+def header() -> None:
     print(
         "| streams | target | ok / streams | upstream events | call deltas/stream "
         "| CPU µs/event | text added p50 / p99 ms | calls' delay p50 / p99 ms | wall s |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for n, rows in results.items():
-        direct = rows[0]
-        up_events = statistics.median(s.events for s in direct.streams if s.ok())
-        ref_text = reference(direct.streams, "text")
-        ref_calls = reference(direct.streams, "calls")
-        per_event: dict[str, float] = {}
-        p99: dict[str, float] = {}
-        for r in rows:
-            ok = sum(s.ok() for s in r.streams)
-            events = up_events * len(r.streams)
-            cpu_us = r.cpu_s / events * 1e6
-            per_event[r.target] = cpu_us
-            text = added(r.streams, ref_text, "text")
-            calls = added(r.streams, ref_calls, "calls")
-            p99[r.target] = pct(text, 0.99) * 1e3
-            deltas = statistics.mean(s.call_deltas for s in r.streams)
-            print(
-                f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
-                f"| {cpu_us:.0f} | {pct(text, 0.5) * 1e3:.2f} / {pct(text, 0.99) * 1e3:.2f} "
-                f"| {pct(calls, 0.5) * 1e3:.2f} / {pct(calls, 0.99) * 1e3:.2f} | {r.wall_s:.1f} |"
-            )
-            for s in r.streams:
-                if not s.ok():
-                    print(
-                        f"#   {r.target} stream differs: error={s.error!r} "
-                        f"text_ok={s.text == TEXT} "
-                        f"calls={s.assembled()!r} finish={s.finish}"
-                    )
-                    break
-        if per_event.get("litellm"):
-            ratio = per_event["toollatch"] / per_event["litellm"]
-            print(
-                f"|  | toollatch / LiteLLM | | | | {ratio:.2f} "
-                f"| p99 {p99['toollatch'] / p99['litellm']:.2f} | | |"
-            )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+
+
+def report(n: int, rows: list[Result]) -> None:
+    direct = rows[0]
+    up_events = statistics.median(s.events for s in direct.streams if s.ok())
+    ref_text = reference(direct.streams, "text")
+    ref_calls = reference(direct.streams, "calls")
+    per_event: dict[str, float] = {}
+    p99: dict[str, float] = {}
+    for r in rows:
+        ok = sum(s.ok() for s in r.streams)
+        events = up_events * len(r.streams)
+        cpu_us = r.cpu_s / events * 1e6
+        per_event[r.target] = cpu_us
+        text = added(r.streams, ref_text, "text")
+        calls = added(r.streams, ref_calls, "calls")
+        p99[r.target] = pct(text, 0.99) * 1e3
+        deltas = statistics.mean(s.call_deltas for s in r.streams)
+        print(
+            f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
+            f"| {cpu_us:.0f} | {pct(text, 0.5) * 1e3:.2f} / {pct(text, 0.99) * 1e3:.2f} "
+            f"| {pct(calls, 0.5) * 1e3:.2f} / {pct(calls, 0.99) * 1e3:.2f} | {r.wall_s:.1f} |"
+        )
+        for s in r.streams:
+            if not s.ok():
+                print(
+                    f"#   {r.target} stream differs: error={s.error!r} "
+                    f"text_ok={s.text == TEXT} "
+                    f"calls={s.assembled()!r} finish={s.finish}"
+                )
+                break
+    if per_event.get("litellm"):
+        ratio = per_event["toollatch"] / per_event["litellm"]
+        print(
+            f"|  | toollatch / LiteLLM | | | | {ratio:.2f} "
+            f"| p99 {p99['toollatch'] / p99['litellm']:.2f} | | |"
+        )
 
 
 def main() -> None:
@@ -502,6 +504,7 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=10, help="sequential streams at 1")
     parser.add_argument("--quick", action="store_true", help="--single 3, --delay-ms 5")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # rows as they come
     args.streams = [int(x) for x in args.streams.split(",")]
     if args.quick:
         args.single, args.delay_ms = 3, 5.0
