@@ -24,7 +24,7 @@ import pytest
 from starlette.responses import StreamingResponse
 
 from conftest import CORPUS, corpus_dir
-from loopback_http import loopback
+from loopback_http import loopback, sse, stream_reply
 from toollatch import ConfigError, StreamParser
 from toollatch.relay import ProxyServer
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
@@ -625,3 +625,42 @@ async def test_the_relays_connection_bounds_hold_for_the_proxy(upstream):
         assert head.startswith(b"HTTP/1.1 408"), head
         assert b"body_timeout" in head or b"body" in head
         writer.close()
+
+
+# -- many streams at once ------------------------------------------------------------------
+
+
+async def test_more_streams_than_httpxs_default_pool_all_reach_the_upstream_at_once():
+    # httpx's default pool holds 100 connections: stream 101 waited for one, then failed 502
+    # after the pool timeout; the proxy opens one upstream connection per stream in flight
+    many = 110
+    arrived = 0
+    everyone = asyncio.Event()
+
+    async def wait_for_everyone() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == many:
+            everyone.set()
+        await everyone.wait()
+
+    chunk = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+    async with loopback() as lb:
+        lb.replies += [
+            stream_reply([wait_for_everyone, sse([chunk, "[DONE]"])]) for _ in range(many)
+        ]
+        async with ProxyServer(lb.url + "/v1") as p:
+            limits = httpx.Limits(max_connections=None)
+            async with httpx.AsyncClient(limits=limits, timeout=30.0) as c:
+
+                async def one() -> bytes:
+                    body = {"model": "m", "messages": [], "stream": True}
+                    async with c.stream("POST", f"{p.url}/chat/completions", json=body) as r:
+                        return await r.aread()
+
+                try:
+                    async with asyncio.timeout(60):  # (slow only on a loaded machine)
+                        answers = await asyncio.gather(*(one() for _ in range(many)))
+                except TimeoutError:
+                    pytest.fail(f"{arrived} of {many} streams reached the upstream")
+    assert all(b'"content":"ok"' in a and a.endswith(b"data: [DONE]\n\n") for a in answers)

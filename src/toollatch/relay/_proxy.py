@@ -71,6 +71,8 @@ _FORWARDED = ("authorization", "openai-organization", "openai-project")
 _ERROR_BODY_BYTES = 64 * 1024
 """At most this much of an upstream's error body is passed on."""
 _TOKEN_HEADER = "x-toollatch-token"
+_KEEPALIVE = 256
+"""Idle upstream connections kept for reuse (the pool itself is unbounded: one per stream)."""
 
 
 class ProxyError(Exception):
@@ -565,7 +567,12 @@ class ProxyServer:
         stack = contextlib.AsyncExitStack()
         try:
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
-            http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+            # one upstream connection per client stream in flight: httpx's default pool (100)
+            # made stream 101 wait, then fail 502 after the pool timeout (bench_proxy.py, 200)
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(timeout=timeout, limits=limits)
+            )
             proxy = Proxy(
                 self.upstream,
                 http,

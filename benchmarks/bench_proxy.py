@@ -1,0 +1,515 @@
+"""`toollatch proxy` beside LiteLLM's proxy, on the same upstream, in one run.
+
+Run it from the repository root (LiteLLM lives in a venv of its own, never in toollatch's)::
+
+    python benchmarks/bench_proxy.py --litellm /path/to/venv/bin/litellm
+    TOOLLATCH_BENCH_LITELLM=/path/to/venv/bin/litellm python benchmarks/bench_proxy.py --quick
+
+Without LiteLLM (no ``--litellm``, no ``TOOLLATCH_BENCH_LITELLM``, or the path missing) it
+says so and measures the upstream directly and toollatch's proxy only.
+
+Theory of operation
+-------------------
+Processes, as in a deployment: the scripted model server (``python -m toollatch.scripted``,
+one script: text deltas and two tool calls, about 120 wire events per response, ``--delay-ms``
+between events), toollatch's proxy (:class:`toollatch.relay._proxy.ProxyServer` started by
+the small runner below, in a process of its own, stdlib asyncio), LiteLLM's proxy
+(``litellm --config``, model ``openai/bench`` at the scripted server, no network: the local
+cost map, telemetry off), and the clients (this process: ``httpx.AsyncClient``, raw SSE
+split on blank lines and parsed with orjson, no SDK). For each concurrency (1, 50, 200
+streams, all started at once) the same streaming request (``stream: true``, the two tools)
+goes to each target in turn: (a) the upstream directly, (b) toollatch, (c) LiteLLM.
+
+**CPU per event**: the target process tree's utime + stime (``/proc/<pid>/stat``, every
+descendant included) over the streams, divided by the *upstream* events it relayed (the
+same count for both proxies: toollatch sends a committed call as one delta, so counting the
+events it delivers would flatter it).
+
+**Added latency per event**: each stream's arrival offsets (the time a read returned minus
+the time the stream's request was sent, ``time.perf_counter``), taken at each text delta's
+end, i.e. the moment the client holds the first k characters of the text (by character count,
+so a proxy that re-cuts the deltas is still compared fairly); minus the *median over the
+direct streams at the same concurrency* of the same offset. p50/p99 over every (stream, delta)
+pair. The upstream's own jitter is in there too: the ``direct`` row (direct streams against
+their own median) is that noise floor. **Call delay** is the same difference for the moment
+each tool call's arguments are complete at the client: direct, the call's last argument
+fragment; toollatch holds a call until the gate commits it (the upstream moved on from it,
+by design), then sends it whole; LiteLLM passes fragments through.
+
+**Correctness**: every stream through every target must assemble the script's text and its
+two calls (merged by ``index``, ``id`` and ``name`` from the first delta, arguments joined),
+with a finish reason; the table counts streams that did not, and the tool-call deltas per
+stream. Nothing here is a test: timings depend on the machine and its load (printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+# Our proxy in a process of its own: the upstream base URL in, its own base URL printed out,
+# served until SIGTERM (uvicorn's own signal handling stops it).
+RUNNER = """
+import asyncio, sys
+from toollatch.relay._proxy import ProxyServer
+
+async def main():
+    async with ProxyServer(sys.argv[1]) as proxy:
+        print(proxy.url, flush=True)
+        await proxy.serve_forever()
+
+asyncio.run(main())
+"""
+
+MODEL = "bench"
+TEXT = (
+    "Let me look at both cities before I answer. The weather in Oslo is usually cold in "
+    "winter and mild in summer, while Lima stays fairly even all year round; so I will ask "
+    "the weather tool for each of them, in Celsius, and then compare the two forecasts for "
+    "you, city by city, with the wind and the rain."
+)
+CALLS = (
+    ("call_oslo", "get_weather", {"city": "Oslo", "unit": "c", "days": 3, "detail": "hourly"}),
+    ("call_lima", "get_weather", {"city": "Lima", "unit": "c", "days": 3, "detail": "daily"}),
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"enum": ["c", "f"]},
+                    "days": {"type": "integer"},
+                    "detail": {"enum": ["hourly", "daily"]},
+                },
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+CHUNK_CHARS = 4
+FRAGMENT_CHARS = 4
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def script_json(delay_ms: float) -> dict[str, Any]:
+    items: list[dict[str, Any]] = [{"text": TEXT, "chunk_chars": CHUNK_CHARS}]
+    for call_id, name, args in CALLS:
+        items.append(
+            {
+                "call_id": call_id,
+                "name": name,
+                "arguments": json.dumps(args),
+                "fragment_chars": FRAGMENT_CHARS,
+            }
+        )
+    return {"turns": [{"items": items, "delay_ms": delay_ms}]}
+
+
+EXPECTED_CALLS = [(i, n, json.dumps(a)) for i, n, a in CALLS]
+TEXT_ENDS = [*range(CHUNK_CHARS, len(TEXT), CHUNK_CHARS), len(TEXT)]
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def tree_cpu(pid: int) -> float:
+    """utime + stime (seconds) of ``pid`` and every descendant, from /proc."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / TICK
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += times.get(p, 0.0)
+        todo.extend(c for c, parent in parents.items() if parent == p)
+    return total
+
+
+def read_line(proc: subprocess.Popen[str], want: str, timeout: float) -> str:
+    """The first stdout line containing ``want`` (raises after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"process {proc.args!r} ended early")
+        if want in line:
+            return line.strip()
+    raise RuntimeError(f"no {want!r} from {proc.args!r} in {timeout} s")
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.get(url)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"{url} not ready in {timeout} s")
+
+
+# --- one stream -----------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    text: str = ""
+    text_at: list[tuple[int, float]] = field(default_factory=list)  # (chars so far, offset)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    call_deltas: int = 0
+    finish: list[str] = field(default_factory=list)
+    events: int = 0
+    error: str | None = None
+
+    def assembled(self) -> list[tuple[str, str, str]]:
+        return [(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items())]
+
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.text == TEXT
+            and self.assembled() == EXPECTED_CALLS
+            and len(self.finish) == 1
+        )
+
+    def text_offsets(self) -> list[float]:
+        """The offset at which the client held each of TEXT_ENDS characters."""
+        out, k = [], 0
+        for end in TEXT_ENDS:
+            while k < len(self.text_at) and self.text_at[k][0] < end:
+                k += 1
+            out.append(self.text_at[k][1] if k < len(self.text_at) else float("nan"))
+        return out
+
+    def call_offsets(self) -> list[float]:
+        """The offset at which each call's arguments were complete (its last fragment)."""
+        return [c["done"] for _, c in sorted(self.calls.items())]
+
+
+BODY = orjson.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
+        "tools": TOOLS,
+        "stream": True,
+    }
+)
+KEY = f"sk-{secrets.token_hex(32)}"  # LiteLLM's master key (the others ignore it)
+HEADERS = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+
+
+async def one_stream(client: httpx.AsyncClient, base: str) -> Stream:
+    s = Stream()
+    start = time.perf_counter()
+    buf = b""
+    try:
+        async with client.stream(
+            "POST", f"{base}/chat/completions", content=BODY, headers=HEADERS
+        ) as answer:
+            if answer.status_code != 200:
+                s.error = f"HTTP {answer.status_code}: {(await answer.aread())[:200]!r}"
+                return s
+            async for data in answer.aiter_raw():
+                now = time.perf_counter() - start
+                buf += data
+                *frames, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
+                for frame in frames:
+                    for line in frame.split(b"\n"):
+                        if line.startswith(b"data:"):
+                            payload = line[5:].strip()
+                            if payload != b"[DONE]":
+                                s.events += 1
+                                take(s, orjson.loads(payload), now)
+    except httpx.HTTPError as exc:
+        s.error = f"{type(exc).__name__}: {exc}"
+    return s
+
+
+def take(s: Stream, chunk: dict[str, Any], now: float) -> None:
+    if "error" in chunk:
+        s.error = str(chunk["error"])[:200]
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            s.text += delta["content"]
+            s.text_at.append((len(s.text), now))
+        for tc in delta.get("tool_calls") or ():
+            s.call_deltas += 1
+            call = s.calls.setdefault(
+                tc.get("index", 0), {"id": None, "name": None, "arguments": "", "done": now}
+            )
+            call["id"] = call["id"] or tc.get("id")
+            fn = tc.get("function") or {}
+            call["name"] = call["name"] or fn.get("name")
+            if fn.get("arguments"):
+                call["arguments"] += fn["arguments"]
+                call["done"] = now
+        if choice.get("finish_reason"):
+            s.finish.append(choice["finish_reason"])
+
+
+# --- a level --------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    target: str
+    streams: list[Stream]
+    cpu_s: float
+    wall_s: float
+
+
+async def run_level(
+    base: str, pid: int | None, n: int, repeat: int
+) -> tuple[list[Stream], float, float]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=n + 8)
+    timeout = httpx.Timeout(connect=30.0, read=300.0, write=30.0, pool=None)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        await one_stream(client, base)  # warm (and a connection)
+        cpu0 = tree_cpu(pid) if pid else 0.0
+        t0 = time.perf_counter()
+        streams: list[Stream] = []
+        for _ in range(repeat):
+            streams += await asyncio.gather(*(one_stream(client, base) for _ in range(n)))
+        wall = time.perf_counter() - t0
+        cpu = (tree_cpu(pid) - cpu0) if pid else 0.0
+    return streams, cpu, wall
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(v for v in values if v == v)
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def added(streams: list[Stream], ref: list[float], which: str) -> list[float]:
+    out: list[float] = []
+    for s in streams:
+        if s.error is not None:
+            continue
+        got = s.text_offsets() if which == "text" else s.call_offsets()
+        out += [g - r for g, r in zip(got, ref, strict=False)]
+    return out
+
+
+def reference(streams: list[Stream], which: str) -> list[float]:
+    rows = [s.text_offsets() if which == "text" else s.call_offsets() for s in streams if s.ok()]
+    return [statistics.median(col) for col in zip(*rows, strict=False)]
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+async def bench(args: argparse.Namespace) -> None:
+    litellm = args.litellm or os.environ.get("TOOLLATCH_BENCH_LITELLM")
+    if litellm and not Path(litellm).exists():
+        litellm = shutil.which(litellm)
+    if not litellm:
+        print(
+            "LiteLLM not found: pass --litellm PATH/TO/litellm or set TOOLLATCH_BENCH_LITELLM "
+            "(install it in a venv of its own: pip install 'litellm[proxy]'); "
+            "measuring direct and toollatch only"
+        )
+    tmp = Path(tempfile.mkdtemp(prefix="bench_proxy_"))
+    (tmp / "bench.json").write_text(json.dumps(script_json(args.delay_ms)))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        upstream = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "toollatch.scripted",
+                "--script",
+                f"{MODEL}={tmp / 'bench.json'}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(upstream)
+        root = read_line(upstream, "http://", 30).split()[-1]
+        up_url = f"{root}/v1"
+        ours = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, up_url], stdout=subprocess.PIPE, text=True
+        )
+        procs.append(ours)
+        ours_url = read_line(ours, "http://", 30)
+        targets: list[tuple[str, str, int | None]] = [
+            ("direct", up_url, upstream.pid),
+            ("toollatch", ours_url, ours.pid),
+        ]
+        if litellm:
+            port = free_port()
+            (tmp / "cfg.yaml").write_text(
+                "model_list:\n"
+                f"  - model_name: {MODEL}\n"
+                "    litellm_params:\n"
+                f"      model: openai/{MODEL}\n"
+                f"      api_base: {up_url}\n"
+                "      api_key: sk-bench\n"
+                "litellm_settings:\n"
+                "  telemetry: false\n"
+                "general_settings:\n"
+                f"  master_key: {KEY}\n"
+            )
+            env = {
+                **os.environ,
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_TELEMETRY": "False",
+                "LITELLM_LOG": "ERROR",
+            }
+            log = (tmp / "litellm.log").open("w")
+            lite = subprocess.Popen(
+                [
+                    litellm,
+                    "--config",
+                    str(tmp / "cfg.yaml"),
+                    "--port",
+                    str(port),
+                    "--host",
+                    "127.0.0.1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                text=True,
+            )
+            procs.append(lite)
+            await wait_ready(
+                f"http://127.0.0.1:{port}/health/liveliness", 600
+            )  # (imports are slow)
+            targets.append(("litellm", f"http://127.0.0.1:{port}/v1", lite.pid))
+        print(f"# bench_proxy: {load()}; delay {args.delay_ms} ms between upstream events")
+        header()
+        for n in args.streams:
+            repeat = args.single if n == 1 else 1
+            rows = []
+            for name, base, pid in targets:
+                streams, cpu, wall = await run_level(base, pid, n, repeat)
+                rows.append(Result(name, streams, cpu, wall))
+            report(n, rows)  # as each level ends (a long run shows what it has)
+        print(f"# at the end: {load()}")
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def header() -> None:
+    print(
+        "| streams | target | ok / streams | upstream events | call deltas/stream "
+        "| CPU µs/event | text added p50 / p99 ms | calls' delay p50 / p99 ms | wall s |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+
+
+def report(n: int, rows: list[Result]) -> None:
+    direct = rows[0]
+    up_events = statistics.median(s.events for s in direct.streams if s.ok())
+    ref_text = reference(direct.streams, "text")
+    ref_calls = reference(direct.streams, "calls")
+    per_event: dict[str, float] = {}
+    p99: dict[str, float] = {}
+    for r in rows:
+        ok = sum(s.ok() for s in r.streams)
+        events = up_events * len(r.streams)
+        cpu_us = r.cpu_s / events * 1e6
+        per_event[r.target] = cpu_us
+        text = added(r.streams, ref_text, "text")
+        calls = added(r.streams, ref_calls, "calls")
+        p99[r.target] = pct(text, 0.99) * 1e3
+        deltas = statistics.mean(s.call_deltas for s in r.streams)
+        print(
+            f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
+            f"| {cpu_us:.0f} | {pct(text, 0.5) * 1e3:.2f} / {pct(text, 0.99) * 1e3:.2f} "
+            f"| {pct(calls, 0.5) * 1e3:.2f} / {pct(calls, 0.99) * 1e3:.2f} | {r.wall_s:.1f} |"
+        )
+        for s in r.streams:
+            if not s.ok():
+                print(
+                    f"#   {r.target} stream differs: error={s.error!r} "
+                    f"text_ok={s.text == TEXT} "
+                    f"calls={s.assembled()!r} finish={s.finish}"
+                )
+                break
+    if per_event.get("litellm"):
+        ratio = per_event["toollatch"] / per_event["litellm"]
+        print(
+            f"|  | toollatch / LiteLLM | | | | {ratio:.2f} "
+            f"| p99 {p99['toollatch'] / p99['litellm']:.2f} | | |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--litellm", help="the litellm executable (else $TOOLLATCH_BENCH_LITELLM)")
+    parser.add_argument("--streams", default="1,50,200", help="concurrencies (default 1,50,200)")
+    parser.add_argument("--delay-ms", type=float, default=10.0, help="between upstream events")
+    parser.add_argument("--single", type=int, default=10, help="sequential streams at 1")
+    parser.add_argument("--quick", action="store_true", help="--single 3, --delay-ms 5")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # rows as they come
+    args.streams = [int(x) for x in args.streams.split(",")]
+    if args.quick:
+        args.single, args.delay_ms = 3, 5.0
+    asyncio.run(bench(args))
+
+
+if __name__ == "__main__":
+    main()
