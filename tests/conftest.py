@@ -30,7 +30,8 @@ CORPUS = ROOT.parent / "shared" / "fixtures"
 
 # Workers per CPU for ``-n auto``. Many tests wait on subprocesses (a CLI, an MCP server, a
 # browser), on sockets or on scaled timeouts rather than compute, so more workers than cores
-# keep the cores busy: measured on 2 cores, 4 workers beat 2 and 3 (see the commit message).
+# keep the cores busy (but each worker collects every file, ~27 s of CPU: 2 per CPU is a
+# guess, not yet compared with 1 or 3 on an unloaded machine).
 WORKERS_PER_CPU = 2
 
 
