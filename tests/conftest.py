@@ -28,11 +28,11 @@ settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "fixtures"
 
-# Workers per CPU for ``-n auto``. Many tests wait on subprocesses (a CLI, an MCP server, a
-# browser), on sockets or on scaled timeouts rather than compute, so more workers than cores
-# keep the cores busy (but each worker collects every file, ~27 s of CPU: 2 per CPU is a
-# guess, not yet compared with 1 or 3 on an unloaded machine).
-WORKERS_PER_CPU = 2
+# Workers per CPU for ``-n auto``. The suite is mostly CPU-bound (844 s of CPU for 845 s of
+# wall time in one process) and each worker collects every file (~27 s of CPU), so one per CPU:
+# a run with two per CPU on a loaded 2-core machine took 30 % more CPU and failed timing-bound
+# tests (a 30 ms median, a 0.15 s lease) that pass alone.
+WORKERS_PER_CPU = 1
 
 
 @pytest.hookimpl(optionalhook=True)
