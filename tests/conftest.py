@@ -1,10 +1,14 @@
-"""Shared test configuration: Hypothesis profiles, the recorded-stream corpus locator and a
-redis-server per test module (``redis_server``)."""
+"""Shared test configuration: Hypothesis profiles, the recorded-stream corpus locator, a
+redis-server per test module (``redis_server``), one mypy run at a time on a shared cache
+(``mypy_lock``) and, when run with ``-n auto``, the number of pytest-xdist workers."""
 
 from __future__ import annotations
 
+import compileall
+import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,82 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "fixtures"
+
+# Workers per CPU for ``-n auto``. The suite is mostly CPU-bound (844 s of CPU for 845 s of
+# wall time in one process) and each worker collects every file (~27 s of CPU), so one per CPU:
+# a run with two per CPU on a loaded 2-core machine took 30 % more CPU and failed timing-bound
+# tests (a 30 ms median, a 0.15 s lease) that pass alone.
+WORKERS_PER_CPU = 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one in-process run (no workers) for a single test file, else
+    ``WORKERS_PER_CPU`` per CPU, at most one per selected file (``--dist loadfile`` runs a
+    file's tests on one worker). PYTEST_XDIST_AUTO_NUM_WORKERS, when set, wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    files = _selected_test_files(config)
+    if files <= 1:
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(files, WORKERS_PER_CPU * (cpus or 1))
+
+
+# Each test file's seconds in the last runs (pytest's cache, ``.pytest_cache``), so that the
+# workers start on the longest files and no long file is left for the end (a file runs on one
+# worker). Without the cache (a fresh clone) the files go in collection order.
+FILE_SECONDS = "toollatch/file_seconds"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, the files longest first (unknown ones, e.g. new files, first of all);
+    every worker reads the same cache, so all collect the same order, as xdist requires."""
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    if not hasattr(config, "workerinput") or cache is None:
+        return
+    seconds = cache.get(FILE_SECONDS, {})
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], float("inf")))
+
+
+_SECONDS: dict[str, float] = {}  # written by the controlling process (or a run without workers)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    file = report.nodeid.split("::")[0]
+    _SECONDS[file] = _SECONDS.get(file, 0.0) + report.duration
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Byte-compile src/ once, before any worker starts: the suite starts a few hundred Python
+    subprocesses (the CLI, MCP servers, ledger workers), and with PYTHONDONTWRITEBYTECODE set
+    (or a fresh clone) each would compile toollatch's modules again (~0.15 s of CPU apiece).
+    Stale or missing files only are written, into the gitignored __pycache__ folders."""
+    src = ROOT / "src"
+    if not hasattr(session.config, "workerinput") and src.is_dir():
+        compileall.compile_dir(src, quiet=2)  # no output, not even for a read-only tree
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if _SECONDS and cache is not None and not hasattr(session.config, "workerinput"):
+        cache.set(FILE_SECONDS, {**cache.get(FILE_SECONDS, {}), **_SECONDS})
+
+
+def _selected_test_files(config: pytest.Config) -> int:
+    """How many test files the command line selects (a directory counts its test files)."""
+    found: set[Path] = set()
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0])
+        if path.is_dir():
+            found.update(path.rglob("test_*.py"))
+            found.update(path.rglob("*_test.py"))
+        else:
+            found.add(path)
+    return len(found)
 
 
 def corpus_dir() -> Path:
@@ -55,3 +134,23 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def mypy_lock() -> Callable[[], AbstractContextManager[None]]:
+    """A context manager to hold around a mypy run from ROOT (cache: ROOT/.mypy_cache): the
+    runs take turns, across pytest-xdist workers too, so that the second one reuses the cache
+    the first one wrote instead of checking src/toollatch and its dependencies cold again."""
+    cache = ROOT / ".mypy_cache"
+
+    @contextmanager
+    def hold() -> Iterator[None]:
+        cache.mkdir(exist_ok=True)
+        with open(cache / "toollatch-tests.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    return hold

@@ -27,6 +27,8 @@ from toollatch import (
 from toollatch.stages import CallKey, Gate, PathDelta
 from toollatch.testing import split_at, sse
 
+ROOT = Path(__file__).resolve().parents[1]
+
 ARGS = {
     "path": "notes/today.md",
     "content": "line one\nsk-SECRETKEY1234 and more é😀",
@@ -182,8 +184,9 @@ def test_previews_can_never_be_executed():
         gate.check(key=CallKey(0, 0, 0), position=0, call_id="c", name="f", text=update)
 
 
-def test_previews_are_refused_by_type(tmp_path: Path):
+def test_previews_are_refused_by_type(tmp_path: Path, mypy_lock):
     # mypy --strict with warn_unused_ignores: if the ignore were unnecessary, mypy would fail.
+    # From the project root, on the cache the project's own mypy check (test_project) writes.
     snippet = tmp_path / "snippet.py"
     snippet.write_text(
         "from toollatch import CommittedCall, PreviewUpdated\n"
@@ -191,12 +194,14 @@ def test_previews_are_refused_by_type(tmp_path: Path):
         "def ui(update: PreviewUpdated) -> None:\n"
         "    run(update)  # type: ignore[arg-type]\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", str(snippet)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
+    with mypy_lock():
+        result = subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", str(snippet)],
+            cwd=ROOT,
+            check=False,
+            capture_output=True,
+            text=True,
+        )
     assert result.returncode == 0, result.stdout
 
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-from anthropic import Anthropic
-from openai import OpenAI
 
 from toollatch import StreamParser
 from toollatch.scripted import Faults, Script, ScriptedServer, demo_script
+
+# The SDKs are imported in the tests that use them, not at the top: every pytest-xdist worker
+# collects every file, and importing both costs ~10 s of CPU.
+if TYPE_CHECKING:
+    from openai import OpenAI
 
 DEMO_CALLS = [(c.call_id, c.name, json.loads(c.arguments)) for c in demo_script().turns[0].calls]
 USER = [{"role": "user", "content": "Weather in Oslo and Zürich?"}]
@@ -24,6 +28,8 @@ def server() -> Iterator[ScriptedServer]:
 
 
 def openai_client(server: ScriptedServer, **options: object) -> OpenAI:
+    from openai import OpenAI
+
     return OpenAI(base_url=server.base_url("openai_chat"), api_key="x", **options)  # type: ignore[arg-type]
 
 
@@ -81,6 +87,8 @@ def test_openai_responses_stream(server: ScriptedServer) -> None:
 
 
 def test_anthropic_messages_stream(server: ScriptedServer) -> None:
+    from anthropic import Anthropic
+
     with Anthropic(base_url=server.base_url("anthropic"), api_key="x") as client:
         with client.messages.stream(model="scripted", max_tokens=512, messages=USER) as stream:  # type: ignore[arg-type]
             parser = StreamParser("anthropic")
@@ -97,6 +105,7 @@ def test_anthropic_messages_stream(server: ScriptedServer) -> None:
 
 def test_anthropic_sdk_gets_a_400_for_an_unpaired_tool_use(server: ScriptedServer) -> None:
     import anthropic
+    from anthropic import Anthropic
 
     history = [
         *USER,

@@ -16,15 +16,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
-from anthropic import Anthropic
-from openai import OpenAI
 
 import toollatch
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn, demo_script
 
+# The SDKs are imported in the tests that use them, not at the top: every pytest-xdist worker
+# collects every file, and importing both costs ~10 s of CPU.
 DEMO_CALLS = [(c.call_id, c.name, json.loads(c.arguments)) for c in demo_script().turns[0].calls]
 USER = [{"role": "user", "content": "Weather in Oslo and Zürich?"}]
 ARGS = '{"path": "a.md", "content": "' + "x" * 40 + '"}'
@@ -48,6 +47,8 @@ def server() -> Iterator[ScriptedServer]:
 
 
 def test_openai_chat_without_stream(server: ScriptedServer) -> None:
+    from openai import OpenAI
+
     with OpenAI(base_url=server.base_url("openai_chat"), api_key="x") as client:
         done = client.chat.completions.create(model="scripted", messages=USER)  # type: ignore[arg-type]
         cut = client.chat.completions.create(model="cut", messages=USER)  # type: ignore[arg-type]
@@ -65,6 +66,8 @@ def test_openai_chat_without_stream(server: ScriptedServer) -> None:
 
 
 def test_openai_responses_without_stream(server: ScriptedServer) -> None:
+    from openai import OpenAI
+
     with OpenAI(base_url=server.base_url("openai_responses"), api_key="x") as client:
         done = client.responses.create(model="scripted", input=USER)  # type: ignore[arg-type]
         cut = client.responses.create(model="cut", input=USER)  # type: ignore[arg-type]
@@ -85,6 +88,9 @@ def test_openai_responses_without_stream(server: ScriptedServer) -> None:
 
 
 def test_anthropic_without_stream(server: ScriptedServer) -> None:
+    import anthropic
+    from anthropic import Anthropic
+
     with Anthropic(base_url=server.base_url("anthropic"), api_key="x", max_retries=0) as client:
         done = client.messages.create(model="scripted", max_tokens=512, messages=USER)  # type: ignore[arg-type]
         cut = client.messages.create(model="cut", max_tokens=512, messages=USER)  # type: ignore[arg-type]
@@ -117,6 +123,9 @@ def test_gemini_generate_content(server: ScriptedServer, version: str) -> None:
 
 
 def test_models_are_listed_for_each_sdk(server: ScriptedServer) -> None:
+    from anthropic import Anthropic
+    from openai import OpenAI
+
     with OpenAI(base_url=server.base_url("openai_chat"), api_key="x") as client:
         openai_ids = [m.id for m in client.models.list()]
     with Anthropic(base_url=server.base_url("anthropic"), api_key="x") as client:
