@@ -1,4 +1,4 @@
-"""The gate's one-decode route for canonical text, and the adapters' length proof.
+"""The adapters' length proof against dropped duplicate keys, and the gate's refusal of them.
 
 Both rest on one fact about orjson (pinned here for every code point): it writes every value
 at its shortest JSON spelling, so for a float-free tree ``len(dumps(loads(t))) <= len(t)``,
@@ -12,10 +12,7 @@ from collections.abc import Callable
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from toollatch.core import _gate
 from toollatch.core._adapters._base import has_duplicate_keys
 from toollatch.core._gate import _Reject, strict_loads
 
@@ -43,55 +40,6 @@ def _outcome(parse: Callable[[], object]) -> object:
         return ("ok", parse())
     except _Reject as rej:
         return ("rejected", rej.code)
-
-
-def _strict_only(text: str, max_depth: int, monkeypatch: pytest.MonkeyPatch) -> object:
-    with monkeypatch.context() as patch:
-        patch.setattr(_gate, "_canonical_loads", lambda text, depth: _gate._UNDECIDED)
-        return _outcome(lambda: strict_loads(text, max_depth=max_depth))
-
-
-_KEYS = st.sampled_from(["a", "b", ":", "\u00e9", ""])
-_LEAVES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from(["", "x", '"', "\\", "\n", "\x7f", "\u2028", "🙂"]),
-).map(lambda v: json.dumps(v, ensure_ascii=False)) | st.sampled_from(
-    ["1e2", "1E+2", "-0", "0.5e1", '"\\u0041"', '"\\/"', '"\\ud83d\\ude42"', "1e999", '"\\ud800"']
-)
-
-
-def _members(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-    pair = st.tuples(_KEYS, children).map(lambda kv: f"{json.dumps(kv[0])}:{kv[1]}")
-    return st.lists(pair, max_size=4).map(lambda items: "{" + ",".join(items) + "}")
-
-
-_VALUES = st.recursive(
-    _LEAVES,
-    lambda inner: st.one_of(
-        _members(inner), st.lists(inner, max_size=3).map(lambda x: "[" + ",".join(x) + "]")
-    ),
-    max_leaves=10,
-)
-
-
-@settings(max_examples=600, deadline=None)
-@given(text=_VALUES, spaced=st.booleans(), max_depth=st.integers(0, 4))
-def test_the_one_decode_route_decides_as_the_strict_parse(
-    text: str, spaced: bool, max_depth: int
-) -> None:
-    """Same value or same rejection, with or without the orjson route (repeats, floats,
-    big integers, escapes, lone surrogates, overflow and depth included)."""
-    if spaced:
-        text = text.replace(",", ", ")
-    with pytest.MonkeyPatch.context() as patch:
-        expected = _strict_only(text, max_depth, patch)
-    got = _outcome(lambda: strict_loads(text, max_depth=max_depth))
-    assert got == expected
-    if got[0] == "ok":  # same types too (an integer over 64 bits stays an int)
-        assert orjson.dumps(got[1]) == orjson.dumps(expected[1])  # type: ignore[index]
 
 
 def _float_hides_a_repeat() -> str:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
 
 import jsonschema
-import orjson
 
 from ._errors import ConfigError, ErrorCode, UsageError
 from ._events import CallKey
@@ -177,9 +176,6 @@ def strict_loads(text: str, *, max_depth: int) -> object:
     (escaped or raw), and nesting deeper than ``max_depth``: a committed value survives a
     strict JSON round trip.
     """
-    value = _canonical_loads(text, max_depth)
-    if value is not _UNDECIDED:
-        return value
     start = _skip_ws(text, 0) if text[:1] in _WS_CHARS else 0
     try:
         value, end = _scan_once(text, start)  # (what JSONDecoder.raw_decode runs)
@@ -195,61 +191,6 @@ def strict_loads(text: str, *, max_depth: int) -> object:
         raise _Reject(ErrorCode.INVALID_JSON, f"trailing data after the JSON value at offset {end}")
     _check_tree(value, max_depth)
     return value
-
-
-_UNDECIDED: Any = object()
-_orjson_loads: Callable[[str], Any] = orjson.loads
-_orjson_dumps: Callable[[Any], bytes] = orjson.dumps
-
-
-def _canonical_loads(text: str, max_depth: int) -> object:
-    """The value of ``text`` when it is *canonical* JSON (orjson's own compact spelling of
-    the value it reads, as a whole-call adapter writes it), decoded once by orjson; else
-    ``_UNDECIDED``, and the strict parse below reads it and gives the reason.
-
-    Why this is the strict parse's value: orjson refuses NaN/Infinity, numbers that overflow
-    a double, lone surrogates (escaped or raw), control characters, trailing data and every
-    syntax error that json refuses; it reads integers over 64 bits as floats, and a value
-    holding a float or nesting deeper than ``max_depth`` is left to the strict parse. What
-    remains is a duplicate key, which orjson would drop (keeping the last value). orjson
-    writes every code point, integer and literal at its shortest JSON spelling (checked for
-    every code point by tests/test_gate_canonical.py) and no whitespace, so for a float-free
-    value ``len(dumps(loads(t))) <= len(t)``, and every member a duplicate key dropped makes
-    it strictly shorter. Equal byte lengths thus prove that no member was dropped.
-    """
-    try:
-        value = _orjson_loads(text)
-    except orjson.JSONDecodeError:
-        return _UNDECIDED
-    if type(value) is dict or type(value) is list:
-        if not _float_free(value, max_depth):
-            return _UNDECIDED
-    elif type(value) is float:
-        return _UNDECIDED
-    try:
-        size = len(_orjson_dumps(value))
-    except orjson.JSONEncodeError:  # (not reached for a tree orjson read; decided below)
-        return _UNDECIDED
-    # After orjson.loads the text's UTF-8 form is cached (PyUnicode_AsUTF8AndSize): a copy.
-    return value if size == (len(text) if text.isascii() else len(text.encode())) else _UNDECIDED
-
-
-def _float_free(value: dict[str, Any] | list[Any], max_depth: int) -> bool:
-    """Whether the tree ``value`` (from orjson) holds no float and nests at most
-    ``max_depth`` deep (the root container at depth 1, as ``_check_tree`` counts)."""
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            return False
-        items: Iterable[Any] = node.values() if type(node) is dict else node
-        for item in items:
-            kind = type(item)
-            if kind is float:
-                return False
-            if kind is dict or kind is list:
-                stack.append((item, depth + 1))
-    return True
 
 
 def complete_object(text: str, *, max_depth: int) -> bool:
