@@ -393,9 +393,20 @@ class Relay:
         if message is not None or resume is None:  # (a resume may go on without a message)
             if not isinstance(message, str) or not message.strip():
                 raise HTTPError(422, "invalid_body", "message must be a non-empty string")
-            if len(message) > self.limits.max_message_chars:
-                limit = self.limits.max_message_chars
-                raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
+            self.check_message(message)
+        provider, model = self.choice(data)
+        return provider, model, message, resume, chat_id
+
+    def check_message(self, message: str) -> None:
+        """422 :class:`HTTPError` for a message over ``max_message_chars`` (every endpoint's
+        bound on what a user sends)."""
+        if len(message) > self.limits.max_message_chars:
+            limit = self.limits.max_message_chars
+            raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
+
+    def choice(self, data: Mapping[str, Any]) -> tuple[str | None, str]:
+        """A request body's ``provider`` (None when not named) and ``model`` (default: the
+        relay's), checked against what the relay serves: 422 :class:`HTTPError`."""
         provider = data.get("provider")
         if provider is not None and provider not in self.providers:
             raise HTTPError(422, "invalid_body", f"provider must be one of {list(self.providers)}")
@@ -405,7 +416,7 @@ class Relay:
         if model not in self.models:
             shown = ", ".join(self.models[:20])
             raise HTTPError(422, "model_not_allowed", f"model must be one of: {shown}")
-        return provider, model, message, resume, chat_id
+        return provider, model
 
     def _start(
         self,

@@ -40,7 +40,7 @@ cancel, ``finish`` with the finish reason, ``data: [DONE]``.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -357,6 +357,10 @@ class ChatHost(Protocol):
 
     def open_reader(self, session: str) -> Callable[[], None]: ...
 
+    def check_message(self, message: str) -> None: ...
+
+    def choice(self, data: Mapping[str, Any]) -> tuple[str | None, str]: ...
+
     async def start_chat_run(
         self,
         session: str,
@@ -426,16 +430,8 @@ def _parse_chat(host: ChatHost, body: bytes) -> tuple[str, str, str | None, str]
     message = "\n".join(t for t in texts if isinstance(t, str))
     if not message.strip():
         raise HTTPError(422, "invalid_body", "the user's message has no text")
-    if len(message) > host.limits.max_message_chars:
-        limit = host.limits.max_message_chars
-        raise HTTPError(422, "message_too_long", f"message is over {limit} characters")
-    provider = data.get("provider")
-    if provider is not None and provider not in host.providers:
-        raise HTTPError(422, "invalid_body", f"provider must be one of {list(host.providers)}")
-    model = data.get("model", host.model)
-    if model not in host.models:
-        shown = ", ".join(host.models[:20])
-        raise HTTPError(422, "model_not_allowed", f"model must be one of: {shown}")
+    host.check_message(message)
+    provider, model = host.choice(data)
     return chat_id, message, provider, model
 
 
