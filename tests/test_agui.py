@@ -599,3 +599,18 @@ async def test_the_real_client_on_every_provider_wire(node_client, relay, client
         for run in (first, second)
     ]
     assert texts == ["Let me look.Oslo is cloudy.", "Second answer."]
+
+
+async def test_a_thread_survives_a_restart_of_the_relay_with_a_ledger(tmp_path):
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    async with RelayServer(scripts=SCRIPTS, delay_scale=0, ledger=ledger) as first:
+        async with httpx.AsyncClient(base_url=first.url, timeout=30, headers=headers) as c:
+            response, _ = await post_agui(c, agui_body("kept", "r1", model="thread"))
+            assert response.status_code == 200
+    async with RelayServer(scripts=SCRIPTS, delay_scale=0, ledger=ledger) as second:
+        async with httpx.AsyncClient(base_url=second.url, timeout=30, headers=headers) as c:
+            later = {"id": "u2", "role": "user", "content": "And now?"}
+            _, events = await post_agui(c, agui_body("kept", "r2", later, model="thread"))
+    text = "".join(e["delta"] for _, e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "Second answer."  # the new process read the thread's first exchange

@@ -58,7 +58,7 @@ from ._requests import set_cookie as _set_cookie
 from ._runs import RelayRun, RunRegistry
 from ._tools import SessionTools
 from .protocols import _ui_message
-from .protocols._agui import AguiEndpoint, Refusal
+from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
@@ -176,6 +176,9 @@ class Relay:
             ]
         )
         self.agui = AguiEndpoint(self)
+        self.agui.threads = StoredThreads(
+            self.chats.history, max_messages=self.limits.max_chat_messages
+        )
         """``POST /agui``: AG-UI over the same runs (:mod:`.protocols._agui`)."""
         self.app = Guard(self.routes, self.access)
         """The ASGI app to serve: the routes behind the guard (Host, token, Origin)."""

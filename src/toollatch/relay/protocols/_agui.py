@@ -322,6 +322,50 @@ class MemoryThreads:
             self._threads.popitem(last=False)
 
 
+class StoredThreads:
+    """:class:`ThreadStore` over a history store (the relay's chats' one: the ledger's when
+    it has one, so a restart keeps the threads): a thread's messages under the scope
+    ``agui-<session digest>-<threadId>``, its provider beside them (``/meta``), only the new
+    messages appended after each run. ``max_messages`` bounds a thread (409
+    ``thread_too_long`` for a message past it)."""
+
+    def __init__(self, history: Any, *, max_messages: int) -> None:
+        self.history = history
+        self.max_messages = max_messages
+
+    @staticmethod
+    def scope(session: str, thread_id: str) -> str:
+        """The history store key of a session's thread (the session only as a digest)."""
+        return f"agui-{hashlib.sha256(session.encode()).hexdigest()[:24]}-{thread_id}"
+
+    async def load(self, session: str, thread_id: str) -> Thread | None:
+        """The thread's stored history, None for a new thread."""
+        scope = self.scope(session, thread_id)
+        meta = await self.history.load(f"{scope}/meta")
+        provider = meta[0].get("provider") if meta else None
+        if not isinstance(provider, str):
+            return None
+        messages = await self.history.load(scope)
+        if len(messages) >= self.max_messages:
+            raise Refusal(
+                409,
+                "thread_too_long",
+                f"this thread has {len(messages)} messages (at most {self.max_messages}); "
+                "start a new thread",
+            )
+        return Thread(provider=provider, history=tuple(messages))
+
+    async def save(self, session: str, thread_id: str, thread: Thread) -> None:
+        """Append what the run added to the stored history."""
+        scope = self.scope(session, thread_id)
+        if not await self.history.load(f"{scope}/meta"):
+            await self.history.append(f"{scope}/meta", [{"provider": thread.provider}], at=0)
+        stored = await self.history.load(scope)
+        new = [dict(m) for m in thread.history[len(stored) :]]
+        if new:
+            await self.history.append(scope, new, at=len(stored))
+
+
 class _Keeper:
     """The run's observer that hands its final history to the thread store (before the
     run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept)."""
@@ -413,7 +457,8 @@ class AguiEndpoint:
     def __init__(self, host: RelayHost) -> None:
         self.host = host
         self.threads: ThreadStore = MemoryThreads(host.limits.max_stored_runs)
-        """The threads' histories: THE seam for another store (e.g. the ledger's chats)."""
+        """The threads' histories (the relay gives it :class:`StoredThreads` over its chats'
+        history store: the ledger's, so a restart keeps them)."""
         self.saving: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._runs: OrderedDict[tuple[str, str, str], str] = OrderedDict()
         """(session, threadId, runId) -> the relay run's id, the newest ``max_stored_runs``."""
