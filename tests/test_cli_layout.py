@@ -26,8 +26,8 @@ OPTIONS: dict[str, set[str]] = {
     },
     "run": {
         "-h", "--help", "message", "--provider", "--model", "--base-url", "--tools", "--mcp",
-        "--eager", "--max-rounds", "--deadline", "--workspace", "--json", "--full-results",
-        "--ledger", "--session", "--resume", "--config",
+        "--eager", "--max-rounds", "--deadline", "--workspace", "--json", "--record",
+        "--full-results", "--ledger", "--session", "--resume", "--config",
     },
     "config": {"-h", "--help"},
     "config example": {"-h", "--help"},

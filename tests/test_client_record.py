@@ -44,3 +44,22 @@ async def test_each_response_is_a_replayable_fixture_without_the_key(provider, t
     expected = [(r.call_id, r.name) for c in round_.choices for r in c.calls]
     assert [(c["id"], c["name"]) for c in calls] == expected
     assert expected
+
+
+def test_toollatch_run_record_keeps_each_round_of_the_demo(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "run", "--json", "--workspace",
+         str(tmp_path / "ws"), "--record", str(tmp_path / "rec")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rounds = [json.loads(line) for line in done.stdout.splitlines()]
+    ended = rounds[-1]
+    assert ended["type"] == "run_ended"
+    recorded = sorted((tmp_path / "rec").glob("*.sse"))
+    assert len(recorded) == ended["rounds"]  # one fixture per model request
+    first = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", str(recorded[0])],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(first.stdout)["calls"]  # the demo's first round has its calls

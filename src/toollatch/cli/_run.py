@@ -103,6 +103,12 @@ def _output(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--json", action="store_true", help="one JSON agent event per line")
     run.add_argument(
+        "--record",
+        metavar="DIR",
+        help="save each model response there as a fixture `toollatch replay` reads "
+        "(credentials masked; headers never stored)",
+    )
+    run.add_argument(
         "--full-results",
         action="store_true",
         help="--json's tool_finished carries each whole result (still redacted), not a "

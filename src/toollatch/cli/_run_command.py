@@ -258,6 +258,7 @@ async def _with_model(
             api_key=_api_key(config),
             limits=config.client_limits() if config else None,
             retry=config.retry_policy() if config else None,
+            record=args.record,
         )
     except (ConfigError, UsageError) as exc:
         raise CommandError(str(exc)) from None
