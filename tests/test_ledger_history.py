@@ -69,7 +69,7 @@ async def test_bad_input_is_a_usage_error(
 async def test_sqlite_history_is_read_by_another_process(tmp_path: Path) -> None:
     path = tmp_path / "h.db"
     code = (
-        "import asyncio, sys; from toollatch.ledger import SQLiteHistory\n"
+        "import asyncio, sys; from toollatch.ledger._history import SQLiteHistory\n"
         "async def main():\n"
         "    h = SQLiteHistory(sys.argv[1])\n"
         f"    await h.append('run-1', [{USER!r}, {ASSISTANT!r}], at=0)\n"

@@ -31,7 +31,8 @@ GAP_S = 0.2  # between two files' races: long enough for one race on a loaded ma
 RACER = textwrap.dedent(
     """
     import asyncio, json, sys, time
-    from toollatch.ledger import LedgerKey, SQLiteLedger, Won
+    from toollatch.ledger import LedgerKey, Won
+    from toollatch.ledger._sqlite import SQLiteLedger
 
     async def main(folder, start_at, files, gap, worker):
         out = []

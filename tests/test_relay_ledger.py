@@ -22,7 +22,7 @@ from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 TOOLS = '''
 import os
-from toollatch.runtime import tool
+from toollatch import tool
 
 
 @tool(eager=True)
