@@ -664,3 +664,17 @@ async def test_more_streams_than_httpxs_default_pool_all_reach_the_upstream_at_o
                 except TimeoutError:
                     pytest.fail(f"{arrived} of {many} streams reached the upstream")
     assert all(b'"content":"ok"' in a and a.endswith(b"data: [DONE]\n\n") for a in answers)
+
+
+async def test_responses_answers_are_recorded_as_responses_fixtures(upstream, tmp_path):
+    async with ProxyServer(upstream.base_url("openai_responses"), record=tmp_path) as p:
+        _, final = await responses_of(p, "two")
+    assert len(function_calls(final)) == 2
+    [sse] = list(tmp_path.glob("*.sse"))
+    assert json.loads(sse.with_suffix(".json").read_text())["provider"] == "openai_responses"
+    replayed = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", "--provider",
+         "openai_responses", str(sse)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert [c["id"] for c in json.loads(replayed.stdout)["calls"]] == ["call_oslo", "call_lima"]

@@ -32,7 +32,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -243,9 +243,65 @@ class Proxy:
         upstream_body = {**body, "stream": True}
         if not wanted_stream:
             upstream_body.pop("stream_options", None)
+        opened = await self._open(request, "chat/completions", body, upstream_body)
+        if isinstance(opened, Response):
+            return opened
+        answer, recorder = opened
+        parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
+        chunks = ChatChunks(
+            completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
+            model=str(body.get("model", "")),
+            created=int(time.time()),
+        )
+        if not wanted_stream:
+            async for _ in self._read(answer, parser, chunks, recorder):
+                pass
+            round_ = parser.finish()
+            if interrupted(round_):
+                return _broken(round_).response()
+            return JSONResponse(chunks.completion(round_))
+        return _event_stream(self._stream(answer, parser, chunks, usage, recorder))
+
+    async def _responses(self, request: Request) -> Response:
+        """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
+        try:
+            body = await self._body(request, "input")
+            gate, eager = self.gates.get(body)
+        except ProxyError as exc:
+            return exc.response()
+        opened = await self._open(request, "responses", body, {**body, "stream": True})
+        if isinstance(opened, Response):
+            return opened
+        answer, recorder = opened
+        parser = StreamParser("openai_responses", gate=gate, eager=eager, observe=True)
+        events = ResponseEvents(
+            response_id=f"resp_{secrets.token_urlsafe(18)}",
+            model=str(body.get("model", "")),
+            created=int(time.time()),
+        )
+        if body.get("stream") is True:
+            return _event_stream(self._response_events(answer, parser, events, recorder))
+        async for _ in self._read(answer, parser, events, recorder):
+            pass
+        round_ = parser.finish()
+        if interrupted(round_):
+            return _broken(round_).response()
+        _kind, final = events.end(round_)[-1]
+        return JSONResponse(final["response"])
+
+    async def _open(
+        self,
+        request: Request,
+        path: str,
+        body: Mapping[str, Any],
+        upstream_body: Mapping[str, Any],
+    ) -> tuple[httpx.Response, Recorder | None] | Response:
+        """The upstream's answer to ``upstream_body`` at ``path`` (streaming), and its
+        recorder (``record``); or the response to give instead: 502 when the upstream cannot
+        be reached, its own error status and body (recorded too) when it refused."""
         sent = self.http.build_request(
             "POST",
-            f"{self.upstream}/chat/completions",
+            f"{self.upstream}/{path}",
             content=orjson.dumps(upstream_body),
             headers=self._headers(request),
         )
@@ -259,7 +315,10 @@ class Proxy:
                 request.headers.get(h, "").partition(" ")[2] or request.headers.get(h, "")
                 for h in ("authorization", _TOKEN_HEADER)
             ]
-            recorder = Recorder(self.record, body, known=[*known, self.upstream_key or ""])
+            provider = "openai_chat" if path == "chat/completions" else "openai_responses"
+            recorder = Recorder(
+                self.record, body, known=[*known, self.upstream_key or ""], provider=provider
+            )
             recorder.begin(answer.status_code, self.upstream)
         if answer.status_code != 200:
             passed = await _passed_on(answer)
@@ -267,89 +326,24 @@ class Proxy:
                 recorder.write(bytes(passed.body))
                 recorder.close()
             return passed
-        parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
-        chunks = ChatChunks(
-            completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
-            model=str(body.get("model", "")),
-            created=int(time.time()),
-        )
-        if not wanted_stream:
-            try:
-                async for _ in self._read(answer, parser, chunks, recorder):
-                    pass
-            finally:
-                await answer.aclose()
-                if recorder is not None:
-                    recorder.close()
-            round_ = parser.finish()
-            if interrupted(round_):
-                message = f"the upstream's stream broke: {round_.error or 'no end signal'}"
-                return ProxyError(502, "upstream_interrupted", message, "upstream_error").response()
-            return JSONResponse(chunks.completion(round_))
-        return StreamingResponse(
-            self._stream(answer, parser, chunks, usage, recorder),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-        )
-
-    async def _responses(self, request: Request) -> Response:
-        """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
-        try:
-            body = await self._body(request, "input")
-            gate, eager = self.gates.get(body)
-        except ProxyError as exc:
-            return exc.response()
-        sent = self.http.build_request(
-            "POST",
-            f"{self.upstream}/responses",
-            content=orjson.dumps({**body, "stream": True}),
-            headers=self._headers(request),
-        )
-        try:
-            answer = await self.http.send(sent, stream=True)
-        except httpx.HTTPError as exc:
-            return _unreachable(self.upstream, exc).response()
-        if answer.status_code != 200:
-            return await _passed_on(answer)
-        parser = StreamParser("openai_responses", gate=gate, eager=eager, observe=True)
-        events = ResponseEvents(
-            response_id=f"resp_{secrets.token_urlsafe(18)}",
-            model=str(body.get("model", "")),
-            created=int(time.time()),
-        )
-        frames = self._response_events(answer, parser, events)
-        if body.get("stream") is True:
-            return StreamingResponse(
-                frames,
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        last: dict[str, Any] = {}
-        async for frame in frames:
-            last = orjson.loads(frame.split(b"data: ", 1)[1])
-        if last.get("type") == "error":
-            message = str(last.get("message"))
-            return ProxyError(502, "upstream_interrupted", message, "upstream_error").response()
-        return JSONResponse(last["response"])
+        return answer, recorder
 
     async def _response_events(
-        self, answer: httpx.Response, parser: StreamParser, events: ResponseEvents
+        self,
+        answer: httpx.Response,
+        parser: StreamParser,
+        events: ResponseEvents,
+        recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
         for kind, event in events.start():
             yield _named_sse(kind, event)
-        chunks = ChatChunks(completion_id="", model="", created=0)  # (unused: the reader's)
-        try:
-            async for chunk in self._read(answer, parser, chunks, None, events):
-                for kind, event in chunk:
+        async with contextlib.aclosing(self._read(answer, parser, events, recorder)) as reading:
+            async for decided in reading:  # (closed with this generator: the upstream too)
+                for kind, event in decided:
                     yield _named_sse(kind, event)
-        finally:
-            await answer.aclose()
         round_ = parser.finish()
         if interrupted(round_):
-            detail = round_.error or "the stream ended without its end signal"
-            kind, event = events.error(
-                f"the upstream's stream broke: {detail}", "upstream_interrupted"
-            )
+            kind, event = events.error(str(_broken(round_)), "upstream_interrupted")
             yield _named_sse(kind, event)
             return
         for kind, event in events.end(round_):
@@ -387,43 +381,41 @@ class Proxy:
         self,
         answer: httpx.Response,
         parser: StreamParser,
-        chunks: ChatChunks,
+        encoder: ChatChunks | ResponseEvents,
         recorder: Recorder | None,
-        responses: ResponseEvents | None = None,
-    ) -> AsyncIterator[Any]:
-        """The upstream's bytes into ``parser``; yields the text and committed-call chunks
-        (or, given ``responses``, their Responses events) as they are decided. A broken or
-        silent upstream fails the round (not raised)."""
+    ) -> AsyncGenerator[Any, None]:
+        """The upstream's bytes into ``parser`` (and ``recorder``); yields ``encoder``'s
+        output for the text and the committed calls as they are decided. A broken or silent
+        upstream fails the round (not raised). The answer and the recorder are closed at the
+        end, however it comes."""
         reads = answer.aiter_raw().__aiter__()
-        while not parser.over:
-            try:
-                async with asyncio.timeout(self.idle_timeout_s):
-                    data = await anext(reads)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                parser.fail(ErrorCode.IDLE_TIMEOUT, f"no bytes for {self.idle_timeout_s:g} s")
-                return
-            except httpx.HTTPError as exc:
-                parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
-                return
-            if recorder is not None:
-                recorder.write(data)
-            for notice in parser.feed(data):
-                if isinstance(notice, TextReceived):
-                    yield (
-                        chunks.text(notice.choice, notice.text)
-                        if responses is None
-                        else responses.text(notice.text)
-                    )
-                elif isinstance(notice, CallReady):
-                    yield (
-                        chunks.call(notice.call)
-                        if responses is None
-                        else responses.call(notice.call)
-                    )
-                elif isinstance(notice, RoundOver):
+        try:
+            while not parser.over:
+                try:
+                    async with asyncio.timeout(self.idle_timeout_s):
+                        data = await anext(reads)
+                except StopAsyncIteration:
                     return
+                except TimeoutError:
+                    seconds = self.idle_timeout_s
+                    parser.fail(ErrorCode.IDLE_TIMEOUT, f"no bytes for {seconds:g} s")
+                    return
+                except httpx.HTTPError as exc:
+                    parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
+                    return
+                if recorder is not None:
+                    recorder.write(data)
+                for notice in parser.feed(data):
+                    if isinstance(notice, TextReceived):
+                        yield encoder.text(notice.choice, notice.text)
+                    elif isinstance(notice, CallReady):
+                        yield encoder.call(notice.call)
+                    elif isinstance(notice, RoundOver):
+                        return
+        finally:
+            await answer.aclose()
+            if recorder is not None:
+                recorder.close()
 
     async def _stream(
         self,
@@ -433,23 +425,31 @@ class Proxy:
         usage: bool,
         recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._read(answer, parser, chunks, recorder):
+        async with contextlib.aclosing(self._read(answer, parser, chunks, recorder)) as reading:
+            async for chunk in reading:  # (closed with this generator: the upstream too)
                 yield _sse(chunk)
-        finally:
-            await answer.aclose()
-            if recorder is not None:
-                recorder.close()
         round_: Round = parser.finish()
         if interrupted(round_):
-            detail = round_.error or "the stream ended without its end signal"
-            yield _sse(
-                error_chunk(f"the upstream's stream broke: {detail}", "upstream_interrupted")
-            )
+            yield _sse(error_chunk(str(_broken(round_)), "upstream_interrupted"))
         else:
             for chunk in chunks.end(round_, usage=usage):
                 yield _sse(chunk)
         yield b"data: [DONE]\n\n"
+
+
+def _event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(
+        frames,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+def _broken(round_: Round) -> ProxyError:
+    """The 502 of a round whose upstream stream broke (its message: the in-stream error's)."""
+    detail = round_.error or "the stream ended without its end signal"
+    message = f"the upstream's stream broke: {detail}"
+    return ProxyError(502, "upstream_interrupted", message, "upstream_error")
 
 
 def _sse(chunk: Mapping[str, Any]) -> bytes:

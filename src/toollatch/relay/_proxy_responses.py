@@ -68,8 +68,9 @@ class ResponseEvents:
             self._event("response.in_progress", {"response": self.response("in_progress")}),
         ]
 
-    def text(self, text: str) -> list[tuple[str, dict[str, Any]]]:
-        """A text piece (the message item opened first if it is not)."""
+    def text(self, choice: int, text: str) -> list[tuple[str, dict[str, Any]]]:
+        """A text piece (the message item opened first if it is not; Responses has one
+        choice, so ``choice`` is not read)."""
         out = []
         where = self._where()
         if self._text is None:
