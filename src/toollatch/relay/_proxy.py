@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import math
 import secrets
-import socket
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
@@ -58,6 +57,7 @@ from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_responses import ResponseEvents
+from ._serving import listening_socket, started
 
 CALL_MODES = ("hold",)
 """How calls reach the client: ``hold``, only once committed, complete (the default)."""
@@ -584,14 +584,7 @@ class ProxyServer:
                 record=self.record,
                 connections=self.connections,
             )
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            stack.callback(sock.close)
-            try:
-                sock.bind((self.host, self.port))
-            except OSError as exc:
-                raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+            sock = listening_socket(self.host, self.port, stack)
             bounds = proxy.connections
             cap = ConnectionCap(connection_cap(bounds))
             config = uvicorn.Config(
@@ -606,12 +599,7 @@ class ProxyServer:
                 timeout_graceful_shutdown=1,
             )
             server = uvicorn.Server(config)
-            task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-proxy")
-            while not server.started and not task.done():
-                await asyncio.sleep(0.002)
-            if not server.started:
-                await task
-                raise UsageError("the proxy did not start")
+            task = await started(server, sock, "toollatch-proxy")
         except BaseException:
             await stack.aclose()
             raise

@@ -50,6 +50,7 @@ from ._guard import (
     is_loopback,
 )
 from ._http import model_http
+from ._serving import listening_socket, started
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
@@ -263,23 +264,9 @@ class RelayServer:
             run_limits=self.run_limits,
         )
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; without it every
-        # response after the first on a kept-alive connection waited for a delayed ACK
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        stack.callback(sock.close)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+        sock = listening_socket(self.host, self.port, stack)
         server = _uvicorn(relay, limits, cap, self)
-        task = asyncio.create_task(server.serve(sockets=[sock]), name="toollatch-relay")
-        while not server.started and not task.done():
-            await asyncio.sleep(0.002)
-        if not server.started:
-            await task
-            raise UsageError("the relay did not start")
+        task = await started(server, sock, "toollatch-relay")
         self._server, self._task, self.relay, self.cap = server, task, relay, cap
         self._bound = (self.host, sock.getsockname()[1])
 
