@@ -114,3 +114,48 @@ def test_probe_of_a_server_that_is_not_there_exits_1_with_the_reason():
     )  # fmt: skip
     assert done.returncode == 1
     assert "ConnectError" in done.stdout
+
+
+def test_proxy_reads_an_anthropic_upstream_for_an_openai_client():
+    with ScriptedServer({"m": TWO}, delay_scale=0.1) as upstream:
+        proc = subprocess.Popen(
+            [*CLI, "proxy", "--upstream", upstream.base_url("anthropic"),
+             "--upstream-provider", "anthropic", "--port", "0"],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stderr is not None
+            match = re.search(r"http://127\.0\.0\.1:\d+/v1", proc.stderr.readline())
+            assert match
+            with openai.OpenAI(base_url=match.group(0), api_key="sk-x", max_retries=0) as client:
+                whole = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER]
+                )
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+        [seen] = upstream.requests
+    assert seen.path == "/v1/messages" and seen.headers["x-api-key"] == "sk-x"
+    calls = whole.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.arguments) for c in calls] == [
+        ("c_osl", '{"city": "Oslo"}'),
+        ("c_lim", '{"city": "Lima"}'),
+    ]
+
+
+def test_the_flags_providers_are_the_proxys():
+    from toollatch.cli import build_parser
+    from toollatch.relay._proxy_upstreams import UPSTREAM_PROVIDERS
+
+    parser = build_parser()
+    args = parser.parse_args(["proxy", "--upstream", "http://x"])
+    assert args.upstream_provider == "openai_chat"
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    proxy = subparsers.choices["proxy"]  # type: ignore[attr-defined]
+    [flag] = [a for a in proxy._actions if a.dest == "upstream_provider"]
+    assert set(flag.choices) == set(UPSTREAM_PROVIDERS)
