@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_proxy import MODEL, load, read_line, run_level, script_json, stop
+from bench_proxy import MODEL, load, read_line, run_level, scripted_process, stop
 
 RUNNER = """
 import asyncio, sys
@@ -57,22 +56,9 @@ async def wire_events(url: str, path: str, body: dict[str, object]) -> int:
 
 async def bench(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_upstreams_"))
-    (tmp / "bench.json").write_text(json.dumps(script_json(args.delay_ms)))
     procs: list[subprocess.Popen[str]] = []
     try:
-        upstream = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toollatch.scripted",
-                "--script",
-                f"{MODEL}={tmp / 'bench.json'}",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(upstream)
-        root = read_line(upstream, "http://", 30).split()[-1]
+        _upstream, root = scripted_process(tmp, args.delay_ms, procs)
         targets = []
         for provider, base in (("openai_chat", f"{root}/v1"), ("anthropic", root)):
             proc = subprocess.Popen(

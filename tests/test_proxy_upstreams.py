@@ -17,27 +17,13 @@ from typing import Any
 import openai
 import pytest
 
+from test_proxy import BAD, LIMA, OSLO, WEATHER, client, extension, finish_reasons
+from test_proxy import streamed as chat_streamed
 from toollatch import ConfigError
 from toollatch.relay import ProxyServer
-from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
+from toollatch.scripted import Faults, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ("anthropic", "gemini", "openai_responses")
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-OSLO = Call(call_id="call_oslo", name="get_weather", arguments='{"city": "Oslo"}')
-LIMA = Call(call_id="call_lima", name="get_weather", arguments='{"city": "Lima", "unit": "c"}')
-BAD = Call(call_id="call_bad", name="get_weather", arguments='{"town": "Rome"}')
 OSLO_ARGS, LIMA_ARGS = {"city": "Oslo"}, {"city": "Lima", "unit": "c"}
 """As parsed: Gemini sends arguments as objects, so their text is compact JSON."""
 
@@ -78,48 +64,12 @@ async def proxy(request: Any, upstream: ScriptedServer) -> AsyncIterator[ProxySe
         yield served
 
 
-def client(proxy: ProxyServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test-key", max_retries=0)
-
-
 async def streamed(proxy: ProxyServer, model: str, **kw: Any) -> tuple[list[Any], dict[int, Any]]:
-    """Every chunk of a streamed request, and the calls merged by ``index`` (the SDK's rule:
-    openai/lib/streaming/chat/_completions.py, repo openai/openai-python)."""
-    async with client(proxy) as c:
-        stream = await c.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "weather?"}],
-            tools=[WEATHER],
-            stream=True,
-            **kw,
-        )
-        chunks = [chunk async for chunk in stream]
-    calls: dict[int, dict[str, Any]] = {}
-    for chunk in chunks:
-        for choice in chunk.choices:
-            for delta in choice.delta.tool_calls or ():
-                call = calls.setdefault(delta.index, {"id": None, "name": None, "arguments": ""})
-                call["id"] = call["id"] or delta.id
-                if delta.function is not None:
-                    call["name"] = call["name"] or delta.function.name
-                    call["arguments"] += delta.function.arguments or ""
+    """As test_proxy's (calls merged by ``index``), arguments parsed."""
+    chunks, calls = await chat_streamed(proxy, model, **kw)
     for call in calls.values():
         call["arguments"] = json.loads(call["arguments"])  # one whole object per call
     return chunks, calls
-
-
-def finish_reasons(chunks: list[Any]) -> list[str]:
-    return [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason]
-
-
-def extension(chunks: list[Any]) -> dict[str, Any] | None:
-    found = [
-        (ch.model_extra or {})["toollatch"]
-        for ch in chunks
-        if "toollatch" in (ch.model_extra or {})
-    ]
-    assert len(found) <= 1
-    return found[0] if found else None
 
 
 def text_of(chunks: list[Any]) -> str:
