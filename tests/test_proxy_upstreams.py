@@ -11,9 +11,12 @@ ConverseStream over HTTP (see the proxy's doc).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -325,3 +328,41 @@ async def test_the_upstream_key_replaces_the_clients_bearer(upstream):
 def test_an_unknown_upstream_provider_is_a_config_error():
     with pytest.raises(ConfigError, match="upstream_provider"):
         ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock")
+
+
+async def test_record_saves_the_providers_own_stream_replayable(upstream, tmp_path):
+    """``record=`` on a non-chat upstream: the model client's recorder saves the Anthropic
+    stream as it came (provider ``anthropic``), the client's key nowhere in the files."""
+    key = "sk-client-0123456789abcdefghijklmnop"
+    url = upstream.base_url("anthropic")
+    async with ProxyServer(url, upstream_provider="anthropic", record=tmp_path) as p:
+        async with openai.AsyncOpenAI(base_url=p.url, api_key=key, max_retries=0) as c:
+            await c.chat.completions.create(
+                model="two", messages=[{"role": "user", "content": "x"}], tools=[WEATHER]
+            )
+    [sse] = list(tmp_path.glob("*.sse"))
+    assert json.loads(sse.with_suffix(".json").read_text())["provider"] == "anthropic"
+    assert all(key.encode() not in f.read_bytes() for f in tmp_path.iterdir())
+    replayed = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", str(sse),
+         "--tools", str(sse.with_name(sse.stem + ".tools.json"))],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    document = json.loads(replayed.stdout)
+    assert [(c["id"], c["state"]) for c in document["calls"]] == [
+        ("call_oslo", "committed"),
+        ("call_lima", "committed"),
+    ]
+
+
+async def test_no_key_for_the_providers_own_host_is_a_401_before_any_request():
+    # (the model client refuses before sending: nothing leaves loopback)
+    async with ProxyServer("https://api.anthropic.com", upstream_provider="anthropic") as p:
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            body = {"model": "claude-x", "messages": [{"role": "user", "content": "x"}]}
+            answer = await h.post("/chat/completions", json=body)
+            nameless = await h.post("/chat/completions", json={**body, "model": ""})
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == "missing_api_key"
+    assert nameless.status_code == 400
+    assert "model must be a non-empty string" in nameless.json()["error"]["message"]

@@ -397,7 +397,10 @@ class Upstreams:
         except (Untranslatable, UsageError) as exc:
             return openai_error(400, "untranslatable_request", str(exc))
         except ConfigError as exc:  # (no key for the provider's own host, a bad model name)
-            return openai_error(401 if "API key" in str(exc) else 400, "upstream_config", str(exc))
+            if "API key" not in str(exc):
+                return openai_error(400, "invalid_request", str(exc))
+            message = f"{self.base_url} needs an API key: send it as the bearer token"
+            return openai_error(401, "missing_api_key", message, "authentication_error")
         try:
             await stream.__aenter__()
         except ModelError as exc:
