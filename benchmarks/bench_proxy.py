@@ -170,6 +170,21 @@ def read_line(proc: subprocess.Popen[str], want: str, timeout: float) -> str:
     raise RuntimeError(f"no {want!r} from {proc.args!r} in {timeout} s")
 
 
+def scripted_process(
+    tmp: Path, delay_ms: float, procs: list[subprocess.Popen[str]]
+) -> tuple[subprocess.Popen[str], str]:
+    """The scripted server playing the bench script (in ``tmp``) as model MODEL, in a process
+    of its own (appended to ``procs``), and its root URL."""
+    (tmp / "bench.json").write_text(json.dumps(script_json(delay_ms)))
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "toollatch.scripted", "--script", f"{MODEL}={tmp / 'bench.json'}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(upstream)
+    return upstream, read_line(upstream, "http://", 30).split()[-1]
+
+
 def stop(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -369,22 +384,9 @@ async def bench(args: argparse.Namespace) -> None:
             "measuring direct and toollatch only"
         )
     tmp = Path(tempfile.mkdtemp(prefix="bench_proxy_"))
-    (tmp / "bench.json").write_text(json.dumps(script_json(args.delay_ms)))
     procs: list[subprocess.Popen[str]] = []
     try:
-        upstream = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toollatch.scripted",
-                "--script",
-                f"{MODEL}={tmp / 'bench.json'}",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(upstream)
-        root = read_line(upstream, "http://", 30).split()[-1]
+        upstream, root = scripted_process(tmp, args.delay_ms, procs)
         up_url = f"{root}/v1"
         ours = subprocess.Popen(
             [sys.executable, "-c", RUNNER, up_url], stdout=subprocess.PIPE, text=True

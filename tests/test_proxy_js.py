@@ -59,3 +59,23 @@ async def test_the_ai_sdk_never_sees_a_refused_or_truncated_call(client):
     assert cut["calls"] == []
     assert cut["finishReason"] == "length"
     assert json.dumps(cut).count("call_oslo") == 0
+
+
+async def test_the_ai_sdk_through_the_proxy_on_an_anthropic_upstream(client):
+    """`--upstream-provider anthropic`: the AI SDK's chat request translated to Anthropic
+    Messages, the answer given back as OpenAI chat with the committed calls only."""
+    found = {}
+    for model in ("two", "bad"):
+        async with ScriptedServer(SCRIPTS, delay_scale=0.1) as upstream:
+            url = upstream.base_url("anthropic")
+            async with ProxyServer(url, upstream_provider="anthropic") as proxy:
+                config = {"baseURL": proxy.url, "model": model, "tools": {"get_weather": SCHEMA}}
+                found[model] = await run_node(client, config)
+            assert [r.path for r in upstream.requests] == ["/v1/messages"]
+    assert found["two"]["errors"] == []
+    assert [(c["id"], c["input"], c["invalid"]) for c in found["two"]["calls"]] == [
+        ("call_oslo", {"city": "Oslo"}, False),
+        ("call_lima", {"city": "Lima", "unit": "c"}, False),
+    ]
+    assert found["two"]["finishReason"] == "tool-calls"
+    assert [c["id"] for c in found["bad"]["calls"]] == ["call_oslo"]  # never the refused one

@@ -32,6 +32,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     proxy.add_argument(
         "--upstream", required=True, metavar="URL", help="the model server's base URL (…/v1)"
     )
+    _upstream_provider(proxy)
     proxy.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     proxy.add_argument("--port", type=int, default=8080, help="port to listen on (8080; 0: any)")
     _options(proxy)
@@ -40,6 +41,18 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "Authorization is not forwarded)."
     )
     return proxy
+
+
+def _upstream_provider(proxy: argparse.ArgumentParser) -> None:
+    """The upstream's wire (the list is :data:`toollatch.relay._proxy_upstreams`' own)."""
+    proxy.add_argument(
+        "--upstream-provider",
+        choices=["openai_chat", "anthropic", "gemini", "openai_responses"],
+        default="openai_chat",
+        help="the upstream's wire: openai_chat (the default: forwarded as is), or anthropic, "
+        "gemini, openai_responses (the client's chat request translated, the answer given "
+        "back in OpenAI chat's format); URL is then the base URL that provider's SDK takes",
+    )
 
 
 def _options(proxy: argparse.ArgumentParser) -> None:
@@ -97,6 +110,7 @@ def command(args: argparse.Namespace) -> int:
             record=args.record,
             idle_timeout_s=args.idle_timeout,
             max_request_bytes=args.max_request_bytes,
+            upstream_provider=args.upstream_provider,
         )
         return asyncio.run(_serve(server))
     except ConfigError as exc:

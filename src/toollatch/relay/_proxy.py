@@ -52,11 +52,13 @@ from ..core._pipeline import StreamParser
 from ..core._round import Round
 from ..core._specs import ToolSpec
 from ..runtime import Recorder
+from ..runtime._clients._errors import ModelError
 from ..scripted._server import http_implementation
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_responses import ResponseEvents
+from ._proxy_upstreams import UPSTREAM_PROVIDERS, Upstream, Upstreams, openai_error
 from ._serving import listening_socket, started
 
 CALL_MODES = ("hold",)
@@ -157,8 +159,20 @@ class Proxy:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: Path | None = None,
         connections: RelayLimits | None = None,
+        provider: str = "openai_chat",
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.provider = provider
+        self.upstreams = None  # (a chat upstream is forwarded as is)
+        if provider != "openai_chat":
+            self.upstreams = Upstreams(
+                provider=provider,
+                base_url=self.upstream,
+                http=http,
+                upstream_key=upstream_key,
+                idle_timeout_s=idle_timeout_s,
+                record=record,
+            )
         self.record = record
         self.connections = connections or RelayLimits()
         self.http, self.upstream_key = http, upstream_key
@@ -243,11 +257,15 @@ class Proxy:
         upstream_body = {**body, "stream": True}
         if not wanted_stream:
             upstream_body.pop("stream_options", None)
-        opened = await self._open(request, "chat/completions", body, upstream_body)
+        opened: tuple[Upstream, Recorder | None] | Response
+        if self.upstreams is not None:  # another provider's wire (._proxy_upstreams)
+            opened = await self.upstreams.open(request, body, tuple((gate.tools or {}).values()))
+        else:
+            opened = await self._open(request, "chat/completions", body, upstream_body)
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
-        parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
+        parser = StreamParser(self.provider, gate=gate, eager=eager, observe=True)
         chunks = ChatChunks(
             completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
             model=str(body.get("model", "")),
@@ -264,6 +282,9 @@ class Proxy:
 
     async def _responses(self, request: Request) -> Response:
         """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
+        if self.provider not in ("openai_chat", "openai_responses"):
+            message = f"/v1/responses needs an OpenAI upstream, not {self.provider}"
+            return openai_error(404, "not_supported", message)
         try:
             body = await self._body(request, "input")
             gate, eager = self.gates.get(body)
@@ -379,7 +400,7 @@ class Proxy:
 
     async def _read(
         self,
-        answer: httpx.Response,
+        answer: Upstream,
         parser: StreamParser,
         encoder: ChatChunks | ResponseEvents,
         recorder: Recorder | None,
@@ -400,7 +421,7 @@ class Proxy:
                     seconds = self.idle_timeout_s
                     parser.fail(ErrorCode.IDLE_TIMEOUT, f"no bytes for {seconds:g} s")
                     return
-                except httpx.HTTPError as exc:
+                except (httpx.HTTPError, ModelError) as exc:
                     parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
                     return
                 if recorder is not None:
@@ -419,7 +440,7 @@ class Proxy:
 
     async def _stream(
         self,
-        answer: httpx.Response,
+        answer: Upstream,
         parser: StreamParser,
         chunks: ChatChunks,
         usage: bool,
@@ -500,7 +521,9 @@ class ProxyServer:
         not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
         API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
         ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
-    answer saved there, see :class:`Recorder`). ``async with ProxyServer(...) as
+    answer saved there, see :class:`Recorder`), ``upstream_provider`` (the upstream's wire:
+        ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``: the client's chat
+        request translated, the answer in OpenAI chat's format). ``async with ProxyServer(...) as
         proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
         port, mode, URL or token, or a host beyond loopback without a token.
     """
@@ -520,11 +543,19 @@ class ProxyServer:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: str | Path | None = None,
         connections: RelayLimits | None = None,
+        upstream_provider: str = "openai_chat",
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
         if calls not in CALL_MODES:
             raise ConfigError(f"calls must be one of {CALL_MODES}, got {calls!r}")
+        if upstream_provider not in UPSTREAM_PROVIDERS:
+            known = ", ".join(UPSTREAM_PROVIDERS)
+            raise ConfigError(
+                f"upstream_provider must be one of {known}, got {upstream_provider!r}"
+            )
+        self.upstream_provider = upstream_provider
+        """The upstream's wire (``openai_chat``: forwarded as is)."""
         if not upstream.startswith(("http://", "https://")):
             raise ConfigError(f"the upstream must be an http(s) URL, got {upstream!r}")
         if not (isinstance(max_request_bytes, int) and max_request_bytes > 0):
@@ -583,6 +614,7 @@ class ProxyServer:
                 idle_timeout_s=self.idle_timeout_s,
                 record=self.record,
                 connections=self.connections,
+                provider=self.upstream_provider,
             )
             sock = listening_socket(self.host, self.port, stack)
             bounds = proxy.connections
