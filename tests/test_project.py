@@ -219,6 +219,7 @@ SURFACES = {
         "AnthropicAdapter",
         "ArgsDelta",
         "ArgsMeasured",
+        "ArgsReceived",
         "Assembler",
         "BedrockAdapter",
         "CallAnnounced",
