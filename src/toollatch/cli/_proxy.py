@@ -46,9 +46,11 @@ def _options(proxy: argparse.ArgumentParser) -> None:
     """The calls' mode, the token, the recording and the bounds."""
     proxy.add_argument(
         "--calls",
-        choices=["hold"],
+        choices=["hold", "stream"],
         default="hold",
-        help="hold: a call is sent once the gate committed it, whole (the default)",
+        help="hold: a call is sent once the gate committed it, whole (the default); stream: "
+        "its argument text as it streams, for UIs, the verdicts in the last chunk (a client "
+        "may then see part of a call that is refused at the end)",
     )
     proxy.add_argument(
         "--token",

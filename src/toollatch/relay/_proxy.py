@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..core._assembler import CallReady, RoundOver, TextReceived
+from ..core._assembler import RoundOver
 from ..core._errors import ConfigError, ErrorCode, UsageError
 from ..core._gate import Gate
 from ..core._limits import Limits
@@ -56,11 +56,14 @@ from ..scripted._server import http_implementation
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
+from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
 from ._serving import listening_socket, started
 
-CALL_MODES = ("hold",)
-"""How calls reach the client: ``hold``, only once committed, complete (the default)."""
+CALL_MODES = ("hold", "stream")
+"""How calls reach the client: ``hold``, only once committed, complete (the default);
+``stream``, their argument text as it streams, the verdicts at the end (:mod:`._proxy_live`:
+a client may see fragments of a call refused later)."""
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 """A request body's bound (``proxy.max_request_bytes``): conversations with images are big."""
 DEFAULT_IDLE_TIMEOUT_S = 60.0
@@ -142,7 +145,8 @@ class Proxy:
     module's constants. ``record``: a folder where each upstream answer is saved
     (:class:`Recorder`). ``connections``: the relay's bounds on connections, request heads
     and bodies (``max_connections``, ``max_header_bytes``, ``header_timeout_s``,
-    ``body_timeout_s``, ``idle_timeout_s``), enforced as the relay enforces them.
+    ``body_timeout_s``, ``idle_timeout_s``), enforced as the relay enforces them. ``calls``:
+    ``hold`` or ``stream`` (:data:`CALL_MODES`; streaming chat requests only).
     """
 
     def __init__(
@@ -157,8 +161,10 @@ class Proxy:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: Path | None = None,
         connections: RelayLimits | None = None,
+        calls: str = "hold",
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.calls = calls
         self.record = record
         self.connections = connections or RelayLimits()
         self.http, self.upstream_key = http, upstream_key
@@ -247,12 +253,7 @@ class Proxy:
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
-        parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
-        chunks = ChatChunks(
-            completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
-            model=str(body.get("model", "")),
-            created=int(time.time()),
-        )
+        parser, chunks = self._chat_reader(body, gate, eager, live=wanted_stream)
         if not wanted_stream:
             async for _ in self._read(answer, parser, chunks, recorder):
                 pass
@@ -261,6 +262,24 @@ class Proxy:
                 return _broken(round_).response()
             return JSONResponse(chunks.completion(round_))
         return _event_stream(self._stream(answer, parser, chunks, usage, recorder))
+
+    def _chat_reader(
+        self, body: Mapping[str, Any], gate: Gate, eager: tuple[str, ...], *, live: bool
+    ) -> tuple[StreamParser, ChatChunks]:
+        """The parser of a chat answer and its chunks: ``stream`` mode's for a streaming
+        request when the proxy runs with ``calls="stream"``, the hold mode's otherwise."""
+        streams = live and self.calls == "stream"
+        parser = StreamParser(
+            "openai_chat", gate=gate, eager=eager, observe=True, observe_arguments=streams
+        )
+        completion_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
+        model, created = str(body.get("model", "")), int(time.time())
+        if streams:
+            live_chunks = LiveChunks(
+                completion_id=completion_id, model=model, created=created, tools=eager
+            )
+            return parser, live_chunks
+        return parser, ChatChunks(completion_id=completion_id, model=model, created=created)
 
     async def _responses(self, request: Request) -> Response:
         """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
@@ -406,12 +425,10 @@ class Proxy:
                 if recorder is not None:
                     recorder.write(data)
                 for notice in parser.feed(data):
-                    if isinstance(notice, TextReceived):
-                        yield encoder.text(notice.choice, notice.text)
-                    elif isinstance(notice, CallReady):
-                        yield encoder.call(notice.call)
-                    elif isinstance(notice, RoundOver):
+                    if isinstance(notice, RoundOver):
                         return
+                    for out in encoder.notice(notice):
+                        yield out
         finally:
             await answer.aclose()
             if recorder is not None:
@@ -498,7 +515,8 @@ class ProxyServer:
 
         ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is
         not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
-        API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
+        API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``,
+        or ``stream``: see :data:`CALL_MODES`),
         ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
     answer saved there, see :class:`Recorder`). ``async with ProxyServer(...) as
         proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
@@ -583,6 +601,7 @@ class ProxyServer:
                 idle_timeout_s=self.idle_timeout_s,
                 record=self.record,
                 connections=self.connections,
+                calls=self.calls,
             )
             sock = listening_socket(self.host, self.port, stack)
             bounds = proxy.connections
