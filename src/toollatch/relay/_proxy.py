@@ -58,6 +58,7 @@ from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
+from ._proxy_telemetry import ProxyTelemetry, RequestWatch, watch
 from ._serving import listening_socket, started
 
 CALL_MODES = ("hold", "stream")
@@ -147,6 +148,7 @@ class Proxy:
     and bodies (``max_connections``, ``max_header_bytes``, ``header_timeout_s``,
     ``body_timeout_s``, ``idle_timeout_s``), enforced as the relay enforces them. ``calls``:
     ``hold`` or ``stream`` (:data:`CALL_MODES`; streaming chat requests only).
+    ``telemetry``: its metrics (``GET /metrics``) and spans (none: neither).
     """
 
     def __init__(
@@ -162,9 +164,10 @@ class Proxy:
         record: Path | None = None,
         connections: RelayLimits | None = None,
         calls: str = "hold",
+        telemetry: ProxyTelemetry | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
-        self.calls = calls
+        self.calls, self.telemetry = calls, telemetry
         self.record = record
         self.connections = connections or RelayLimits()
         self.http, self.upstream_key = http, upstream_key
@@ -178,17 +181,33 @@ class Proxy:
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/healthz", self._health, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """ASGI: the access checks, then the routes."""
-        if scope["type"] == "http":
-            refusal = self._refusal(Request(scope))
-            if refusal is not None:
-                await refusal.response()(scope, receive, send)
-                return
+        """ASGI: the access checks, then the routes (watched, with telemetry)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif self.telemetry is None:
+            await self._http(scope, receive, send)
+        else:
+            with self.telemetry.request(scope["method"], scope["path"]) as watching:
+                await self._http(scope, receive, _status_of(send, watching))
+
+    async def _http(self, scope: Any, receive: Any, send: Any) -> None:
+        refusal = self._refusal(Request(scope))
+        if refusal is not None:
+            await refusal.response()(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _metrics(self, _request: Request) -> Response:
+        """The proxy's Prometheus metrics (the ``[metrics]`` extra; 404 without it)."""
+        text = None if self.telemetry is None else self.telemetry.exposition()
+        if text is None:
+            return ProxyError(404, "not_found", "metrics need the [metrics] extra").response()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def _refusal(self, request: Request) -> ProxyError | None:
         access, headers = self.access, request.headers
@@ -324,9 +343,14 @@ class Proxy:
             content=orjson.dumps(upstream_body),
             headers=self._headers(request),
         )
+        watching = watch()
+        if watching is not None:
+            watching.upstream(str(body.get("model", "")), path.partition("/")[0])
         try:
             answer = await self.http.send(sent, stream=True)
         except httpx.HTTPError as exc:
+            if watching is not None:
+                watching.upstream_error("unreachable")
             return _unreachable(self.upstream, exc).response()
         recorder = None
         if self.record is not None:
@@ -340,6 +364,8 @@ class Proxy:
             )
             recorder.begin(answer.status_code, self.upstream)
         if answer.status_code != 200:
+            if watching is not None:
+                watching.upstream_error("status")
             passed = await _passed_on(answer)
             if recorder is not None:
                 recorder.write(bytes(passed.body))
@@ -408,6 +434,8 @@ class Proxy:
         upstream fails the round (not raised). The answer and the recorder are closed at the
         end, however it comes."""
         reads = answer.aiter_raw().__aiter__()
+        watching = watch()
+        noted = watching.notice if watching is not None and watching.traced else None
         try:
             while not parser.over:
                 try:
@@ -418,21 +446,27 @@ class Proxy:
                 except TimeoutError:
                     seconds = self.idle_timeout_s
                     parser.fail(ErrorCode.IDLE_TIMEOUT, f"no bytes for {seconds:g} s")
+                    _failed(watching, "idle_timeout")
                     return
                 except httpx.HTTPError as exc:
                     parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
+                    _failed(watching, "stream_interrupted")
                     return
                 if recorder is not None:
                     recorder.write(data)
                 for notice in parser.feed(data):
                     if isinstance(notice, RoundOver):
                         return
+                    if noted is not None:
+                        noted(notice)
                     for out in encoder.notice(notice):
                         yield out
         finally:
             await answer.aclose()
             if recorder is not None:
                 recorder.close()
+            if watching is not None:
+                watching.round(parser.finish())  # (the callers' finish() gets the same Round)
 
     async def _stream(
         self,
@@ -452,6 +486,22 @@ class Proxy:
             for chunk in chunks.end(round_, usage=usage):
                 yield _sse(chunk)
         yield b"data: [DONE]\n\n"
+
+
+def _status_of(send: Any, watching: RequestWatch) -> Any:
+    """``send``, noting the response's status in ``watching``."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            watching.status = message["status"]
+        await send(message)
+
+    return sending
+
+
+def _failed(watching: RequestWatch | None, kind: str) -> None:
+    if watching is not None:
+        watching.upstream_error(kind)
 
 
 def _event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:
@@ -511,16 +561,18 @@ async def _passed_on(answer: httpx.Response) -> Response:
 
 class ProxyServer:
     """``toollatch proxy`` on ``host:port`` (0: any free port, read back from :attr:`url`)
-        in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
+    in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
 
-        ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is
-        not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
-        API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``,
-        or ``stream``: see :data:`CALL_MODES`),
-        ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
-    answer saved there, see :class:`Recorder`). ``async with ProxyServer(...) as
-        proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
-        port, mode, URL or token, or a host beyond loopback without a token.
+    ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is not
+    loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's API
+    key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``, or
+    ``stream``: see :data:`CALL_MODES`), ``limits``, ``max_request_bytes``,
+    ``idle_timeout_s``, ``record`` (a folder: every upstream answer saved there, see
+    :class:`Recorder`), ``connections`` (the relay's bounds), ``telemetry`` (a
+    ``ProxyTelemetry``; by default metrics in a registry of their own, served at
+    ``/metrics``, and spans of the global tracer provider). ``async with ProxyServer(...) as
+    proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
+    port, mode, URL or token, or a host beyond loopback without a token.
     """
 
     def __init__(
@@ -538,6 +590,7 @@ class ProxyServer:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: str | Path | None = None,
         connections: RelayLimits | None = None,
+        telemetry: ProxyTelemetry | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -566,6 +619,9 @@ class ProxyServer:
         self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
         self.record = None if record is None else Path(record)
         self.connections = connections
+        self.telemetry = telemetry if telemetry is not None else ProxyTelemetry(mode=calls)
+        """Its metrics (``GET /metrics``, with the ``[metrics]`` extra) and OpenTelemetry
+        spans (the global tracer provider's, with the ``[otel]`` extra)."""
         self._stack: contextlib.AsyncExitStack | None = None
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -602,6 +658,7 @@ class ProxyServer:
                 record=self.record,
                 connections=self.connections,
                 calls=self.calls,
+                telemetry=self.telemetry,
             )
             sock = listening_socket(self.host, self.port, stack)
             bounds = proxy.connections
