@@ -272,6 +272,7 @@ SURFACES = {
         "Config",
         "DispatchRound",
         "Dispatcher",
+        "IdleDeadline",
         "JsonFormatter",
         "Metrics",
         "ModelStream",
