@@ -12,7 +12,6 @@ first delta) is `openai/lib/streaming/chat/_completions.py`'s (repo openai/opena
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,16 +19,15 @@ import httpx
 import openai
 import pytest
 
-from conftest import corpus_dir
 from loopback_http import loopback
 from test_proxy import (
     SCRIPTS,
     WEATHER,
-    as_sse,
     chat_recordings,
     extension,
     finish_reasons,
     raw_reply,
+    recorded,
     sdk_calls,
 )
 from toollatch import StreamParser
@@ -161,17 +159,7 @@ async def test_a_cut_round_shows_the_cut_call_then_refuses_it(upstream):
 
 @pytest.mark.parametrize("name", chat_recordings())
 async def test_recorded_quirky_streams_reach_the_sdk_as_our_buffers_hold_them(name):
-    corpus = corpus_dir()
-    expected = json.loads((corpus / "expected.json").read_text())[name]
-    names = sorted({c["name"] for c in expected["calls"] if c.get("name")})
-    tools = [
-        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-        for n in names
-    ]
-    body = as_sse(corpus / name)
-    parser = StreamParser("openai_chat", tools=tools, eager=names)
-    parser.feed(body)
-    round_ = parser.finish()
+    body, tools, round_ = recorded(name)
     async with loopback() as lb:
         lb.replies.append(raw_reply(body))
         async with ProxyServer(lb.url + "/v1", calls="stream") as p:
