@@ -69,13 +69,19 @@ async def test_metrics_count_requests_calls_by_code_and_upstream_errors():
     assert "Oslo" not in scraped.text  # never a value
 
 
-async def test_an_unreachable_upstream_is_counted():
-    made, registry, _ = telemetry()
+async def test_an_unreachable_upstream_is_counted_and_unknown_paths_stay_one_series():
+    made, registry, exporter = telemetry()
     async with ProxyServer("http://127.0.0.1:9/v1", telemetry=made) as proxy:
         with pytest.raises(openai.APIStatusError):
             await streamed(proxy, "two")
+        async with httpx.AsyncClient() as http:
+            for n in range(3):
+                await http.get(proxy.url + f"/nonesuch/{n}")
     assert value(registry, "toollatch_proxy_upstream_errors_total", kind="unreachable") == 1
     assert value(registry, "toollatch_proxy_requests_total", route="chat", status="502") == 1
+    assert value(registry, "toollatch_proxy_requests_total", route="other", status="404") == 3
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["GET", "GET", "GET", "POST /v1/chat/completions"]
 
 
 async def test_spans_per_request_and_per_held_call():

@@ -20,7 +20,8 @@ Metrics (labels are closed sets: a route, a status code, a mode, a stable error 
 ``toollatch_proxy_upstream_errors_total{kind}`` (``unreachable``, ``status``,
 ``stream_interrupted``, ``idle_timeout``), ``toollatch_proxy_streams_active``.
 
-Spans: one SERVER span per request, ``{METHOD} {route}`` with ``http.request.method``,
+Spans: one SERVER span per request, ``{METHOD} {route}`` (``{METHOD}`` for a path that is no
+route: the names stay a closed set) with ``http.request.method``,
 ``http.route``, ``http.response.status_code`` and the GenAI attributes of the inference it
 relays (``gen_ai.operation.name`` ``chat``, ``gen_ai.request.model``,
 ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` /
@@ -154,10 +155,11 @@ class RequestWatch:
         self._token: Any = None
         self._failed = False  # an upstream error was reported
         if self.traced:
+            # (a path that is no route of ours names no span: clients choose paths)
+            known = route != "other"
+            attributes = {"http.request.method": method} | ({"http.route": path} if known else {})
             self._span = telemetry.tracer.start_span(
-                f"{method} {path}",
-                kind=_server_kind(),
-                attributes={"http.request.method": method, "http.route": path},
+                f"{method} {path}" if known else method, kind=_server_kind(), attributes=attributes
             )
         if self.metrics is not None:
             self.metrics.active.inc()
