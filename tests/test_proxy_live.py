@@ -12,6 +12,7 @@ first delta) is `openai/lib/streaming/chat/_completions.py`'s (repo openai/opena
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -185,3 +186,42 @@ async def test_recorded_quirky_streams_reach_the_sdk_as_our_buffers_hold_them(na
     for choice, index in sorted(got):
         by_choice.setdefault(choice, []).append(index)
     assert all(v == list(range(len(v))) for v in by_choice.values())
+
+
+def wrapper_stream() -> bytes:
+    """Q19: a hallucinated ``multi_tool_use.parallel`` call (LiteLLM's
+    handle_parallel_tool_calls.py) wrapping a good call and one the schema refuses."""
+    wrapper = json.dumps(
+        {
+            "tool_uses": [
+                {"recipient_name": "functions.get_weather", "parameters": {"city": "Oslo"}},
+                {"recipient_name": "functions.get_weather", "parameters": {"town": "Bergen"}},
+            ]
+        }
+    )
+    head = {"index": 0, "id": "call_W", "type": "function"}
+    head["function"] = {"name": "multi_tool_use.parallel", "arguments": ""}
+    chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [head]}}]}]
+    for n in range(0, len(wrapper), 9):
+        entry = {"index": 0, "function": {"arguments": wrapper[n : n + 9]}}
+        chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [entry]}}]})
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return events + b"data: [DONE]\n\n"
+
+
+async def test_a_parallel_wrapper_is_held_and_its_committed_calls_sent_whole():
+    body = wrapper_stream()
+    parser = StreamParser("openai_chat", tools=[WEATHER])
+    parser.feed(body)
+    [oslo, bergen] = parser.finish().calls
+    async with loopback() as lb:
+        lb.replies.append(raw_reply(body))
+        async with ProxyServer(lb.url + "/v1", calls="stream") as proxy:
+            chunks = await created(proxy, "m")
+    # the wrapper never reaches the client as a call; its committed inner call does, whole
+    assert assembled(chunks) == [("call_W_0", "get_weather", oslo.arguments_text)]
+    assert [(f["id"], f["code"]) for f in extension(chunks)["failed"]] == [
+        (bergen.call_id, "schema_violation")
+    ]
+    assert finish_reasons(chunks) == ["tool_calls"]
