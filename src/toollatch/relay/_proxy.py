@@ -350,7 +350,7 @@ class Proxy:
         )
         watching = watch()
         if watching is not None:
-            watching.upstream(str(body.get("model", "")), path.partition("/")[0])
+            watching.upstream(str(body.get("model", "")))
         try:
             answer = await self.http.send(sent, stream=True)
         except httpx.HTTPError as exc:

@@ -172,10 +172,12 @@ class RequestWatch:
         _CURRENT.reset(self._token)
         self.end()
 
-    def upstream(self, model: str, operation: str) -> None:
-        """The upstream request is going out (``operation``: ``chat``, ``responses``)."""
+    def upstream(self, model: str) -> None:
+        """The upstream request is going out: a ``chat`` operation in the GenAI conventions'
+        words (Chat Completions and Responses alike; their well-known values have no other
+        for either)."""
         if self._span is not None:
-            self._span.set_attribute("gen_ai.operation.name", operation)
+            self._span.set_attribute("gen_ai.operation.name", "chat")
             if model:
                 self._span.set_attribute("gen_ai.request.model", model)
 
