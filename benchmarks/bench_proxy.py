@@ -12,6 +12,8 @@ says so and measures the upstream directly and toollatch's proxy only.
 ``git archive BASE src | tar -x -C /tmp/base``, then ``--baseline base=/tmp/base/src``) as a
 target of its own, ``toollatch@NAME``, measured in the same run, in turn with the others at
 each concurrency, with a ratio row: a change's effect, under the same load.
+``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
+(``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
 
 Theory of operation
 -------------------
@@ -76,7 +78,7 @@ import asyncio, sys
 from toollatch.relay._proxy import ProxyServer
 
 async def main():
-    async with ProxyServer(sys.argv[1]) as proxy:
+    async with ProxyServer(sys.argv[1], calls=sys.argv[2]) as proxy:
         print(proxy.url, flush=True)
         await proxy.serve_forever()
 
@@ -392,7 +394,7 @@ async def bench(args: argparse.Namespace) -> None:
         root = read_line(upstream, "http://", 30).split()[-1]
         up_url = f"{root}/v1"
         ours = subprocess.Popen(
-            [sys.executable, "-c", RUNNER, up_url], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", RUNNER, up_url, "hold"], stdout=subprocess.PIPE, text=True
         )
         procs.append(ours)
         ours_url = read_line(ours, "http://", 30)
@@ -400,10 +402,19 @@ async def bench(args: argparse.Namespace) -> None:
             ("direct", up_url, upstream.pid),
             ("toollatch", ours_url, ours.pid),
         ]
+        if args.calls_stream:
+            live = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, up_url, "stream"], stdout=subprocess.PIPE, text=True
+            )
+            procs.append(live)
+            targets.append(("toollatch@stream", read_line(live, "http://", 30), live.pid))
         for name, src in args.baseline:
             env = {**os.environ, "PYTHONPATH": src}
             base_proc = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, up_url], stdout=subprocess.PIPE, text=True, env=env
+                [sys.executable, "-c", RUNNER, up_url, "hold"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
             )
             procs.append(base_proc)
             base_url = read_line(base_proc, "http://", 30)
@@ -528,6 +539,11 @@ def main() -> None:
         default=[],
         metavar="NAME=SRC",
         help="also toollatch's proxy from the source tree SRC, as toollatch@NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--calls-stream",
+        action="store_true",
+        help="also toollatch's proxy with --calls stream, as toollatch@stream",
     )
     args = parser.parse_args()
     args.baseline = [tuple(b.split("=", 1)) for b in args.baseline]
