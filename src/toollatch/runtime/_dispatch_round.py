@@ -17,10 +17,18 @@ from ..core._errors import ErrorCode, InvariantBroken, UsageError
 from ..core._gate import CommittedCall
 from ..core._messages import error_result
 from ..core._round import Round, ToolResult
-from ..ledger import LedgerError, LockBusy, LockLost, digest_of
+from ..ledger import (
+    LedgerError,
+    LockBusy,
+    LockLost,
+    Question,
+    QuestionKind,
+    StaleArguments,
+    digest_of,
+)
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..tools._tools import Tool
-from ._agent_events import ToolFinishedEvent, ToolStartedEvent
+from ..tools._tools import Tool, ToolOutcome, as_text
+from ._agent_events import ApprovalAnsweredEvent, ToolFinishedEvent, ToolStartedEvent
 from ._dispatch_calls import (
     DUPLICATE,
     LOCK_BUSY,
@@ -55,6 +63,23 @@ def _warn_blocked(call: CommittedCall, held_s: float, limit: float) -> None:
         held_s,
         limit,
     )
+
+
+def _answered_event(q: Question) -> ApprovalAnsweredEvent:
+    waited = max(0.0, (q.answered_at or q.asked_at) - q.asked_at)
+    return ApprovalAnsweredEvent(
+        id=q.key.call_id, name=q.name, decision=str(q.decision), reason=q.reason,
+        waited_s=waited,
+    )  # fmt: skip
+
+
+def result_text(value: Any) -> str:
+    """A client's result as the model reads it: a str as it is, else compact JSON (what a
+    tool's return value becomes); ``UsageError`` for a value with no JSON form."""
+    outcome = as_text(ToolOutcome(content=value))
+    if outcome.is_error:
+        raise UsageError(f"the result has no JSON form: {outcome.content}")
+    return str(outcome.content)
 
 
 class DispatchRound:
@@ -200,7 +225,9 @@ class DispatchRound:
                 Memo(fingerprint, asyncio.get_running_loop().create_future()),
             )
             self._shared.remember(self._session, call.call_id, slot.memo)
-            self._spawn(slot, self._execute(slot, tool))
+            kind = self._shared.approvals.kind_of(tool, call, self._session)
+            work = self._execute(slot, tool) if kind is None else self._answered(slot, tool, kind)
+            self._spawn(slot, work)
 
     def _spawn(self, slot: Slot, work: Coroutine[Any, Any, None]) -> None:
         assert self._group is not None  # checked by _check_open
@@ -215,6 +242,43 @@ class DispatchRound:
         if memo.result is None:  # pragma: no cover - a memo's future is set with its result
             raise InvariantBroken("a joined call ended without a result")
         self._settle(slot, memo.result)
+
+    # -- waiting for a person or a client (see ._approvals) --------------------------------
+
+    async def _answered(self, slot: Slot, tool: Tool[Any, Any], kind: QuestionKind) -> None:
+        """Wait for ``slot``'s answer, then run it (approved) or settle it (any other)."""
+        call = slot.call
+        try:
+            question = await self._shared.approvals.wait(self._session, call, kind, self._emit)
+        except StaleArguments:
+            self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
+            return
+        except LedgerError as exc:
+            detail = f"the question could not be stored ({exc}); the call was not run"
+            self._settle(slot, dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, detail))
+            return
+        except asyncio.CancelledError:
+            self._settle(slot, cancelled(slot))
+            raise
+        self._emit(_answered_event(question))
+        if question.decision == "approved":
+            await self._execute(slot, tool)
+        else:
+            self._settle(slot, self._not_run(call, tool, question))
+
+    def _not_run(self, call: CommittedCall, tool: Tool[Any, Any], q: Question) -> ToolResult:
+        """The result of an answered call that did not run here."""
+        if q.decision == "result":  # a client tool's: shaped like any tool's result
+            result = ToolResult(tool_call_id=call.call_id, name=call.name, content=q.value or "")
+            return self._shared.results.tool_result(result, self._shared.budget(call.name, tool))
+        if q.decision == "denied":
+            detail = f"a person denied this call; it was not run. Reason: {q.reason or 'none'}"
+            return dispatch_error(call, ErrorCode.APPROVAL_DENIED, detail)
+        if q.decision == "expired":
+            what = "its result" if q.kind == "client" else "an approval"
+            detail = f"{what} did not come in time; the call was not run"
+            return dispatch_error(call, ErrorCode.APPROVAL_EXPIRED, detail)
+        return dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED)
 
     # -- running -----------------------------------------------------------------------------
 

@@ -77,10 +77,11 @@ from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
-from ..ledger import ArgumentAudit, Ledger, SessionLocks
+from ..ledger import ArgumentAudit, Ledger, Question, SessionLocks
 from ..tools._results import ResultLimits, ResultShaper
 from ..tools._tools import Tool
-from ._dispatch_round import DispatchRound
+from ._approvals import ApprovalPolicy, Approvals
+from ._dispatch_round import DispatchRound, result_text
 from ._dispatch_state import DispatchState, OnEvent, ToolEvent
 from ._ledger_run import Clock, LedgerGuard, default_clock
 
@@ -109,6 +110,11 @@ class Dispatcher:
     each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
     (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
     redacted in a worker thread, so the redactor must be thread-safe).
+    ``approvals``: which calls wait for a person besides those of ``needs_approval``
+    tools, and for how long (:class:`ApprovalPolicy`); their questions live in ``ledger``
+    when it keeps them (every built-in one does), so a restarted process finds them, and
+    ``clock`` times them. Answer them with :meth:`approve`, :meth:`deny` and
+    :meth:`submit_result` (``AgentRun`` has the same, for its own session).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -130,6 +136,7 @@ class Dispatcher:
         audit: ArgumentAudit | None = None,
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
+        approvals: ApprovalPolicy | None = None,
     ) -> None:
         by_name = _by_name(tools)
         eager = frozenset(eager)
@@ -159,6 +166,7 @@ class Dispatcher:
             session_locks=session_locks,
             audit=audit,
             results=ResultShaper(result_limits, redaction),
+            approvals=Approvals(_approval_policy(approvals), ledger, clock),
         )
 
     @property
@@ -197,6 +205,50 @@ class Dispatcher:
             raise UsageError(f"session must be a str, got {session!r:.60}")
         return DispatchRound(self._state, session, on_event=on_event)
 
+    # -- answering the calls that wait (see ._approvals) --------------------------------------
+
+    async def approve(
+        self, session: str, call_id: str, *, args_sha256: str, always: bool = False
+    ) -> Question:
+        """Approve the waiting call ``call_id`` of ``session`` with the SHA-256 of the
+        arguments it committed with (``approval_requested``'s ``args_sha256``): it runs now.
+        ``always``: also run the tool's later calls in this session without asking
+        (:meth:`revoke` undoes it). Raises an ``ApprovalError``: ``NotAsked``,
+        ``AlreadyAnswered``, ``StaleArguments`` (another digest), ``WrongKind`` (a client
+        tool's call), ``OtherSession``; ``LedgerError`` when the ledger fails."""
+        if not isinstance(args_sha256, str):
+            raise UsageError("args_sha256 must be the hex SHA-256 of the committed arguments")
+        question = await self._state.approvals.answer(
+            session, call_id, kind="approval", decision="approved", digest=args_sha256
+        )
+        if always:
+            self._state.approvals.allow_always(session, question.name)
+        return question
+
+    async def deny(self, session: str, call_id: str, reason: str = "denied") -> Question:
+        """Deny the waiting call: it gets an ``approval_denied`` error result with
+        ``reason`` (the model reads it and goes on). Raises as :meth:`approve`."""
+        if not isinstance(reason, str):
+            raise UsageError("reason must be a str")
+        return await self._state.approvals.answer(
+            session, call_id, kind="approval", decision="denied", reason=reason
+        )
+
+    async def submit_result(self, session: str, call_id: str, value: Any) -> Question:
+        """Give a waiting client tool's call its result: a str as it is, anything else as
+        compact JSON. Raises as :meth:`approve` (``WrongKind`` for a server tool's call)."""
+        return await self._state.approvals.answer(
+            session, call_id, kind="client", decision="result", value=result_text(value)
+        )
+
+    def revoke(self, session: str, name: str) -> None:
+        """Calls of tool ``name`` in ``session`` ask again (undoes ``approve(always=True)``)."""
+        self._state.approvals.revoke(session, name)
+
+    def pending(self, session: str) -> list[Question]:
+        """The questions of ``session`` waiting in this process."""
+        return self._state.approvals.pending(session)
+
     async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
         """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
         its own. Cancelled, it cancels the calls and raises ``CancelledError``; the results
@@ -220,6 +272,14 @@ def _guard(
     elif not isinstance(worker, str) or not worker:
         raise ConfigError(f"worker must be a non-empty str, got {worker!r:.60}")
     return LedgerGuard(ledger, worker=worker, lease_s=lease_s, poll_s=poll_s, clock=clock)
+
+
+def _approval_policy(policy: ApprovalPolicy | None) -> ApprovalPolicy:
+    if policy is None:
+        return ApprovalPolicy()
+    if not isinstance(policy, ApprovalPolicy):
+        raise ConfigError(f"approvals must be an ApprovalPolicy, got {policy!r:.60}")
+    return policy
 
 
 def _by_name(tools: Sequence[Tool[Any, Any]]) -> dict[str, Tool[Any, Any]]:
