@@ -13,19 +13,22 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from ledger_helpers import RedisServer
+from ledger_helpers import RedisServer, chat_round
 from toollatch import (
     Agent,
     AgentRun,
     ApprovalPolicy,
     ConfigError,
+    Deny,
     ErrorCode,
+    Limits,
     model_client,
     schema_tool,
     tool,
 )
 from toollatch.ledger import (
     AlreadyAnswered,
+    EditRejected,
     NotAsked,
     OtherSession,
     Question,
@@ -146,8 +149,11 @@ async def test_needs_approval_may_decide_on_the_committed_arguments():
 
     async def approve(run: AgentRun, event: Any) -> None:
         asked.append(event.arguments["city"])
-        # the round's other call (Zürich) ran while this one waited
-        assert ran == ["Zürich"]
+        # the round's other call (Zürich) runs while this one waits (were it held back
+        # behind the question, this would time out)
+        async with asyncio.timeout(30):
+            while ran != ["Zürich"]:
+                await asyncio.sleep(0.01)
         await run.approve(event.id, args_sha256=event.args_sha256)
 
     write = demo_tools(ran)[1]
@@ -186,25 +192,34 @@ async def test_a_policy_names_tools_without_code_and_ask_covers_every_tool():
 
 async def test_always_allow_is_sticky_for_the_session_and_revocable():
     ran: list[str] = []
-    asked: list[str] = []
+    tools = demo_tools(ran, needs_approval=True)
+    dispatcher = Dispatcher(tools)
+    specs = dispatcher.specs
+    asked: list[tuple[str, str]] = []
 
-    async def approve_always(run: AgentRun, event: Any) -> None:
-        asked.append(event.arguments["city"])
-        await run.approve(event.id, args_sha256=event.args_sha256, always=True)
+    async def play(session: str, call_id: str, *, always: bool = False) -> None:
+        args = {"path": call_id, "content": "x"}
+        round_ = chat_round(specs, [(call_id, "write_file", args)])
 
-    @tool(needs_approval=True)
-    def get_weather(city: str, unit: str = "c") -> str:
-        """Weather."""
-        ran.append(city)
-        return "21 degrees"
+        def on_event(event: Any) -> None:
+            if event.type == "approval_requested":
+                asked.append((session, call_id))
+                answer = dispatcher.approve(
+                    session, call_id, args_sha256=event.args_sha256, always=always
+                )
+                asyncio.get_running_loop().create_task(answer)
 
-    _, run = await answered_run([get_weather, demo_tools(ran)[1]], approve_always)
-    # both calls were asked at once (one round); "always" covers later rounds' calls
-    assert sorted(asked) == ["Oslo", "Zürich"]
-    dispatcher = run._setup.dispatcher
-    assert "get_weather" in {n for s, n in dispatcher._state.approvals._always}
-    run.revoke("get_weather")
-    assert dispatcher._state.approvals._always == set()
+        async with dispatcher.round(session, on_event=on_event) as r:
+            results = await r.finish(round_)
+        assert [x.is_error for x in results] == [False]
+
+    await play("s1", "c1", always=True)
+    await play("s1", "c2")  # not asked: "always" for write_file in s1
+    await play("s2", "c3")  # another session is asked
+    dispatcher.revoke("s1", "write_file")
+    await play("s1", "c4")  # asked again
+    assert asked == [("s1", "c1"), ("s2", "c3"), ("s1", "c4")]
+    assert ran == ["c1", "c2", "c3", "c4"]
 
 
 async def test_a_client_tool_waits_for_the_result_the_client_submits():
@@ -397,3 +412,52 @@ def test_signed_approval_tokens_bind_name_id_and_arguments():
     with pytest.raises(Exception, match="16 bytes"):
         approval_token(b"short", "write_file", "call_1", digest)
     assert ErrorCode.APPROVAL_DENIED == "approval_denied"
+
+
+async def test_an_approval_with_edits_passes_the_gate_again_and_the_model_is_told():
+    ran: list[str] = []
+
+    def no_etc(name: str, arguments: Any) -> Any:
+        return Deny("not under /etc") if str(arguments.get("path", "")).startswith("/etc") else None
+
+    rejected: list[str] = []
+
+    async def edit(run: AgentRun, event: Any) -> None:
+        sha = event.args_sha256
+        for bad, code in (
+            ({"path": 3, "content": "x"}, "schema_violation"),
+            ({"path": "/etc/passwd", "content": "x"}, "policy_denied"),
+            ('{"path": "a", "path": "b", "content": "x"}', "invalid_json"),
+            ({"path": "a", "content": "x" * 300}, "arguments_exceed_max_bytes"),
+        ):
+            with pytest.raises(EditRejected) as caught:
+                await run.approve(event.id, args_sha256=sha, args=bad)
+            rejected.append(caught.value.code)
+            assert caught.value.code == code
+        assert run.pending == [event.id]  # still waiting after every refused edit
+        await run.approve(event.id, args_sha256=sha, args={"path": "notes/x.md", "content": "x"})
+
+    async with ScriptedServer(delay_scale=0) as server:
+        url = server.base_url("openai_chat")
+        async with model_client("openai_chat", model="scripted", base_url=url) as client:
+            agent = Agent(
+                client,
+                demo_tools(ran, needs_approval=True),
+                policy=no_etc,
+                limits=Limits(max_argument_bytes=200),
+            )
+            run = agent.run("weather?")
+            events = []
+            async for event in run:
+                events.append(event.to_json())
+                if event.type == "approval_requested":
+                    await edit(run, event)
+    assert len(rejected) == 4
+    assert ran == ["Oslo", "Zürich", "notes/x.md"]  # it ran with the edited arguments
+    answered = next(e for e in events if e["type"] == "approval_answered")
+    assert answered["edited"] is True
+    history = events[-1]["history"]
+    result = next(
+        m["content"] for m in history if m.get("role") == "tool" and "edited" in m["content"]
+    )
+    assert '"path":"notes/x.md"' in result and result.endswith("written")

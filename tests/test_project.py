@@ -297,6 +297,7 @@ SURFACES = {
         "CallContext",
         "Claim",
         "Decision",
+        "EditRejected",
         "Found",
         "History",
         "HistoryConflict",

@@ -58,6 +58,18 @@ class WrongKind(ApprovalError):
     approval for a client tool's call, which waits for its result."""
 
 
+class EditRejected(ApprovalError):
+    """Edited arguments did not pass the gate (strict parse, size, schema, policy); the call
+    keeps waiting with its own. ``code`` is the gate's stable error code."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        """The gate's error code (``schema_violation``, ``policy_denied``...)."""
+        self.detail = detail
+        """The gate's reason."""
+
+
 class OtherSession(ApprovalError):
     """The call is pending in another session (conversation), not in the one answering."""
 

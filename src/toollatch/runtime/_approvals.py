@@ -26,11 +26,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..core._errors import ConfigError
-from ..core._gate import CommittedCall
+from ..core._errors import ConfigError, ErrorCode
+from ..core._gate import CommittedCall, Gate, Rejection
 from ..ledger import (
     AlreadyAnswered,
     Decision,
+    EditRejected,
     LedgerKey,
     NotAsked,
     OtherSession,
@@ -80,6 +81,7 @@ class ApprovalPolicy:
 class _Waiting:
     question: Question
     call: CommittedCall
+    gate: Gate
     answered: asyncio.Future[Question] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -135,10 +137,12 @@ class Approvals:
         call: CommittedCall,
         kind: QuestionKind,
         emit: Callable[[ApprovalRequestedEvent], None],
+        gate: Gate,
     ) -> Question:
         """Ask ``call``'s question (or find it, asked before a restart) and return it
         answered. Raises ``StaleArguments`` when the id was asked with other arguments,
-        ``LedgerError`` when the store fails; cancelled, it records ``cancelled``."""
+        ``LedgerError`` when the store fails; cancelled, it records ``cancelled``. ``gate``
+        checks edited arguments an approval brings (:meth:`answer`)."""
         key = LedgerKey(scope=session, call_id=call.call_id)
         now = self.clock()
         timeout = self.policy.timeout_s
@@ -149,7 +153,7 @@ class Approvals:
         question = await self.store.ask(asked)
         if not question.pending:
             return question
-        waiting = self._waiting[session, call.call_id] = _Waiting(question, call)
+        waiting = self._waiting[session, call.call_id] = _Waiting(question, call, gate)
         try:
             emit(
                 ApprovalRequestedEvent(
@@ -201,7 +205,9 @@ class Approvals:
         """Answer ``call_id`` of ``session`` (see :class:`~toollatch.ledger.QuestionStore`
         for the refusals, plus ``OtherSession`` and ``WrongKind``); the answered question.
         ``digest`` None: the question's own (a denial or a client's result need not name
-        the arguments)."""
+        the arguments). An approval's ``value`` is edited argument text: checked by the
+        waiting call's gate first (``EditRejected``; the call keeps waiting), and by the
+        gate of the round that runs it again (the call may be resumed elsewhere)."""
         waiting = self._waiting.get((session, call_id))
         key = LedgerKey(scope=session, call_id=call_id)
         question = waiting.question if waiting is not None else await self.store.question(key)
@@ -211,6 +217,10 @@ class Approvals:
             raise NotAsked(f"call {call_id!r} waits for no answer in {session!r}")
         if question.kind != kind:
             raise WrongKind(_wrong_kind(call_id, question))
+        if decision == "approved" and value is not None and waiting is not None:
+            checked = regate(waiting.gate, waiting.call, value)
+            if isinstance(checked, Rejection):
+                raise EditRejected(str(checked.code), checked.detail)
         answered = await self.store.answer(
             key, digest=digest if digest is not None else question.digest,
             decision=decision, now=self.clock(), reason=reason, value=value,
@@ -218,6 +228,19 @@ class Approvals:
         if waiting is not None and not waiting.answered.done():
             waiting.answered.set_result(answered)
         return answered
+
+
+def regate(gate: Gate, call: CommittedCall, text: str) -> CommittedCall | Rejection:
+    """``call`` with the edited argument ``text``, through the whole gate again: its size
+    (``Limits.max_argument_bytes``, which the assembler checks for a model's text), then
+    the strict parse, depth, schema and policy. The run's call budget is not spent again:
+    the edited call replaces the one that spent it."""
+    limit = gate.limits.max_argument_bytes
+    if len(text.encode("utf-8", "surrogatepass")) > limit:
+        return Rejection(ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES, f"more than {limit} bytes")
+    return gate.check(
+        key=call.key, position=call.position, call_id=call.call_id, name=call.name, text=text
+    )
 
 
 def _wrong_kind(call_id: str, question: Question) -> str:

@@ -40,6 +40,8 @@ class Slot:
     """``running`` once the tool started; ``joined`` when awaiting another round's run."""
     task: asyncio.Task[None] | None = None
     result: ToolResult | None = None
+    note: str | None = None
+    """Put before the result's text (what the model must know: its arguments were edited)."""
 
 
 NEVER_STARTED = "the round was cancelled before the tool started; it was not run"

@@ -10,11 +10,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
+from dataclasses import replace
 from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..core._errors import ErrorCode, InvariantBroken, UsageError
-from ..core._gate import CommittedCall
+from ..core._gate import CommittedCall, Gate, Rejection
 from ..core._messages import error_result
 from ..core._round import Round, ToolResult
 from ..ledger import (
@@ -29,6 +30,7 @@ from ..ledger import (
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
 from ..tools._tools import Tool, ToolOutcome, as_text
 from ._agent_events import ApprovalAnsweredEvent, ToolFinishedEvent, ToolStartedEvent
+from ._approvals import regate
 from ._dispatch_calls import (
     DUPLICATE,
     LOCK_BUSY,
@@ -65,11 +67,11 @@ def _warn_blocked(call: CommittedCall, held_s: float, limit: float) -> None:
     )
 
 
-def _answered_event(q: Question) -> ApprovalAnsweredEvent:
+def _answered_event(q: Question, *, edited: bool) -> ApprovalAnsweredEvent:
     waited = max(0.0, (q.answered_at or q.asked_at) - q.asked_at)
     return ApprovalAnsweredEvent(
         id=q.key.call_id, name=q.name, decision=str(q.decision), reason=q.reason,
-        waited_s=waited,
+        waited_s=waited, edited=edited,
     )  # fmt: skip
 
 
@@ -92,10 +94,17 @@ class DispatchRound:
     """
 
     def __init__(
-        self, state: DispatchState, session: str, *, on_event: OnEvent | None = None
+        self,
+        state: DispatchState,
+        session: str,
+        *,
+        on_event: OnEvent | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._shared = state
         self._tools = state.tools  # (an immutable view: replace_tools makes a new one)
+        # what edited arguments of an approval pass (the run's, with its limits and policy)
+        self._gate = gate or Gate([t.spec for t in self._tools.values()])
         self._on_event = on_event
         self._session = session
         self._group: asyncio.TaskGroup | None = None
@@ -249,7 +258,8 @@ class DispatchRound:
         """Wait for ``slot``'s answer, then run it (approved) or settle it (any other)."""
         call = slot.call
         try:
-            question = await self._shared.approvals.wait(self._session, call, kind, self._emit)
+            approvals = self._shared.approvals
+            question = await approvals.wait(self._session, call, kind, self._emit, self._gate)
         except StaleArguments:
             self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
             return
@@ -260,8 +270,20 @@ class DispatchRound:
         except asyncio.CancelledError:
             self._settle(slot, cancelled(slot))
             raise
-        self._emit(_answered_event(question))
-        if question.decision == "approved":
+        edited = question.decision == "approved" and question.value is not None
+        self._emit(_answered_event(question, edited=edited))
+        if question.decision == "approved" and question.value is not None:
+            checked = regate(self._gate, call, question.value)
+            if isinstance(checked, Rejection):
+                self._settle(slot, dispatch_error(call, checked.code, checked.detail))
+                return
+            slot.call = checked
+            slot.note = (
+                "[a person approved this call with edited arguments; it ran with "
+                f"{checked.arguments_text}]\n"
+            )
+            await self._execute(slot, tool)
+        elif question.decision == "approved":
             await self._execute(slot, tool)
         else:
             self._settle(slot, self._not_run(call, tool, question))
@@ -392,6 +414,8 @@ class DispatchRound:
         result is told once."""
         if slot.result is not None:
             return
+        if slot.note is not None:
+            result = replace(result, content=slot.note + result.content)
         slot.result = result = self._bounded(result)
         self._finished(result)
         memo = slot.memo

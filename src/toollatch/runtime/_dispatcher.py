@@ -66,6 +66,7 @@ one way: this module -> round -> state -> calls.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -74,6 +75,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, UsageError
+from ..core._gate import Gate
 from ..core._preview import PreviewPolicy
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
@@ -196,31 +198,48 @@ class Dispatcher:
         """True when a call of ``name`` may be passed to :meth:`DispatchRound.start`."""
         return self._state.may_start_early(name, self._state.tools)
 
-    def round(self, session: str = "default", *, on_event: OnEvent | None = None) -> DispatchRound:
+    def round(
+        self,
+        session: str = "default",
+        *,
+        on_event: OnEvent | None = None,
+        gate: Gate | None = None,
+    ) -> DispatchRound:
         """The tool execution of one model round of ``session`` (an async context manager),
         with the current tools; ``on_event`` is told this round's :data:`ToolEvent` (after
         the dispatcher's own ``on_event``): one dispatcher serves concurrent runs, each
-        with its own events."""
+        with its own events. ``gate`` checks the edited arguments of an approval (default:
+        the tools' schemas with the default limits, no policy: pass the run's)."""
         if not isinstance(session, str):
             raise UsageError(f"session must be a str, got {session!r:.60}")
-        return DispatchRound(self._state, session, on_event=on_event)
+        return DispatchRound(self._state, session, on_event=on_event, gate=gate)
 
     # -- answering the calls that wait (see ._approvals) --------------------------------------
 
     async def approve(
-        self, session: str, call_id: str, *, args_sha256: str, always: bool = False
+        self,
+        session: str,
+        call_id: str,
+        *,
+        args_sha256: str,
+        args: Mapping[str, Any] | str | None = None,
+        always: bool = False,
     ) -> Question:
         """Approve the waiting call ``call_id`` of ``session`` with the SHA-256 of the
         arguments it committed with (``approval_requested``'s ``args_sha256``): it runs now.
-        ``always``: also run the tool's later calls in this session without asking
-        (:meth:`revoke` undoes it). Raises an ``ApprovalError``: ``NotAsked``,
-        ``AlreadyAnswered``, ``StaleArguments`` (another digest), ``WrongKind`` (a client
-        tool's call), ``OtherSession``; ``LedgerError`` when the ledger fails."""
+        ``args``: run it with these arguments instead (an object, or its JSON text), which
+        pass the whole gate again (``EditRejected`` and the call keeps waiting when they
+        do not); its result then tells the model what ran. ``always``: also run the tool's
+        later calls in this session without asking (:meth:`revoke` undoes it). Raises an
+        ``ApprovalError``: ``NotAsked``, ``AlreadyAnswered``, ``StaleArguments`` (another
+        digest), ``WrongKind`` (a client tool's call), ``OtherSession``, ``EditRejected``;
+        ``LedgerError`` when the ledger fails."""
         if not isinstance(args_sha256, str):
             raise UsageError("args_sha256 must be the hex SHA-256 of the committed arguments")
         question = await self._state.approvals.answer(
-            session, call_id, kind="approval", decision="approved", digest=args_sha256
-        )
+            session, call_id, kind="approval", decision="approved", digest=args_sha256,
+            value=None if args is None else _edited_text(args),
+        )  # fmt: skip
         if always:
             self._state.approvals.allow_always(session, question.name)
         return question
@@ -272,6 +291,18 @@ def _guard(
     elif not isinstance(worker, str) or not worker:
         raise ConfigError(f"worker must be a non-empty str, got {worker!r:.60}")
     return LedgerGuard(ledger, worker=worker, lease_s=lease_s, poll_s=poll_s, clock=clock)
+
+
+def _edited_text(args: Mapping[str, Any] | str) -> str:
+    """Edited arguments as the text the gate parses (``UsageError`` for no JSON form)."""
+    if isinstance(args, str):
+        return args
+    if not isinstance(args, Mapping):
+        raise UsageError(f"args must be a mapping or JSON text, got {type(args).__name__}")
+    try:
+        return json.dumps(dict(args), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"args have no JSON form: {exc}") from None
 
 
 def _approval_policy(policy: ApprovalPolicy | None) -> ApprovalPolicy:
