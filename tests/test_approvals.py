@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ledger_helpers import RedisServer, chat_round
 from toollatch import (
@@ -42,7 +45,7 @@ from toollatch.ledger._base import MemoryLedger
 from toollatch.ledger._records import LedgerKey, digest_of
 from toollatch.ledger._redis import RedisLedger
 from toollatch.ledger._sqlite import SQLiteLedger
-from toollatch.runtime import Dispatcher
+from toollatch.runtime import Dispatcher, Metrics, Tracing
 from toollatch.scripted import ScriptedServer
 
 
@@ -299,11 +302,14 @@ async def test_an_unanswered_call_expires_by_the_injected_clock():
     dispatcher = Dispatcher(
         tools, approvals=ApprovalPolicy(timeout_s=60), clock=lambda: next(ticks)
     )
-    seen: list[Any] = []
+    metrics = Metrics()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     async with ScriptedServer(delay_scale=0) as server:
         url = server.base_url("openai_chat")
         async with model_client("openai_chat", model="scripted", base_url=url) as client:
-            agent = Agent(client, tools)
+            agent = Agent(client, tools, observers=[metrics, Tracing(provider)])
             agent.dispatcher = dispatcher  # the one with the test's clock
             agent._tools._dispatcher = dispatcher
             events = [e.to_json() async for e in agent.run("weather?")]
@@ -314,6 +320,17 @@ async def test_an_unanswered_call_expires_by_the_injected_clock():
     finished = [e for e in events if e["type"] == "tool_finished" and e["name"] == "write_file"]
     assert finished[0]["error"] == "approval_expired"
     assert ran == ["Oslo", "Zürich"]
+    # how long it waited for a person: the metric and the call's span
+    text = metrics.exposition().decode()
+    assert (
+        'tool_approval_wait_seconds_sum{decision="expired",provider="openai_chat"} 4000.0' in text
+    )
+    calls = [s for s in exporter.get_finished_spans() if s.name == "toollatch.tool_call"]
+    waited = [s.attributes for s in calls if "toollatch.approval.waited_s" in s.attributes]
+    assert [(a["toollatch.tool"], a["toollatch.approval.waited_s"]) for a in waited] == [
+        ("write_file", 4000.0)
+    ]
+    assert waited[0]["toollatch.approval.decision"] == "expired"
 
 
 async def test_a_run_cancelled_while_waiting_pairs_the_call():
