@@ -173,10 +173,7 @@ class MemoryLedger(RecordLedger, QuestionRules):
         self._questions: dict[LedgerKey, Question] = {}
 
     async def _apply_question(self, key: LedgerKey, step: QuestionStep[T]) -> T:
-        outcome, new = step(self._questions.get(key))
-        if new is not None:
-            self._questions[key] = new
-        return outcome
+        return _stepped(self._questions, key, step)
 
     async def question(self, key: LedgerKey) -> Question | None:
         """See :meth:`QuestionStore.question`."""
@@ -188,10 +185,7 @@ class MemoryLedger(RecordLedger, QuestionRules):
         return sorted(found, key=lambda q: q.asked_at)
 
     async def _apply(self, key: LedgerKey, step: Step[T]) -> T:
-        outcome, new = step(self._records.get(key))
-        if new is not None:
-            self._records[key] = new
-        return outcome
+        return _stepped(self._records, key, step)
 
     async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
@@ -199,3 +193,17 @@ class MemoryLedger(RecordLedger, QuestionRules):
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+V = TypeVar("V")
+
+
+def _stepped(
+    table: dict[LedgerKey, V], key: LedgerKey, step: Callable[[V | None], tuple[T, V | None]]
+) -> T:
+    """Apply ``step`` to ``key``'s entry of ``table`` and write what it returns (no await
+    in between: atomic under one event loop)."""
+    outcome, new = step(table.get(key))
+    if new is not None:
+        table[key] = new
+    return outcome
