@@ -163,6 +163,7 @@ def test_a_terminal_is_asked_with_the_full_arguments_y_approves(tmp_path):
     tools, log = tools_file(tmp_path)
     shown = answer_on_a_terminal(tools, b"y\n")
     assert "write_file" in shown and '"path": "notes/weather.md"' in shown
+    assert "asking" in shown  # the call's line, drawn before the question
     assert writes(log) == ["write notes/weather.md"]
 
 

@@ -501,6 +501,19 @@ class _LiveView:
         line.status = visible(f"failed: {data['error']}")
         line.result = one_line(data["detail"])  # (the gate's reason; never the raw arguments)
 
+    def _on_approval_requested(self, data: dict[str, Any]) -> None:
+        self._waiting(data, "asking")  # (a person: the status column is 12 wide)
+
+    def _on_client_call(self, data: dict[str, Any]) -> None:
+        self._waiting(data, "at client")
+
+    def _on_approval_answered(self, data: dict[str, Any]) -> None:
+        self._waiting(data, visible(data["decision"]))
+
+    def _waiting(self, data: dict[str, Any], status: str) -> None:
+        line = self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"])))
+        line.status = status
+
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
         line.status, line.started = "running", time.monotonic()
@@ -589,6 +602,8 @@ def _arguments_text(arguments: Any) -> str:
 def _style(state: str) -> str:
     if state.startswith(("failed", "error")):
         return "red"
+    if state in ("asking", "at client"):
+        return "magenta"
     return {"done": "green", "running": "yellow", "committed": "cyan"}.get(state, "")
 
 
