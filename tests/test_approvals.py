@@ -478,3 +478,39 @@ async def test_an_approval_with_edits_passes_the_gate_again_and_the_model_is_tol
         m["content"] for m in history if m.get("role") == "tool" and "edited" in m["content"]
     )
     assert '"path":"notes/x.md"' in result and result.endswith("written")
+
+
+async def test_an_answer_given_while_no_process_waits_is_found_by_the_next_round(tmp_path):
+    """A question asked before a crash, answered in the ledger meanwhile (as a restarted
+    relay would), is not asked again: the round that meets the call uses the answer."""
+    ran: list[str] = []
+    tools = demo_tools(ran, needs_approval=True)
+    ledger = SQLiteLedger(tmp_path / "ledger.db")
+    try:
+        args = {"path": "a.md", "content": "x"}
+        digest = digest_of("write_file", args)
+        for call_id, answer in (("c1", "approve"), ("c2", "deny")):
+            key = LedgerKey(scope="s1", call_id=call_id)
+            await ledger.ask(
+                Question(
+                    key=key, kind="approval", name="write_file", digest=digest, asked_at=1.0,
+                    expires_at=None,
+                )
+            )  # fmt: skip
+            dispatcher = Dispatcher(tools, ledger=ledger)  # a new process
+            if answer == "approve":
+                await dispatcher.approve("s1", call_id, args_sha256=digest)
+            else:
+                await dispatcher.deny("s1", call_id, "no")
+            events: list[Any] = []
+            round_ = chat_round(dispatcher.specs, [(call_id, "write_file", args)])
+            async with dispatcher.round("s1", on_event=events.append) as r:
+                (result,) = await r.finish(round_)
+            assert "approval_requested" not in [e.type for e in events]
+            answered = [e.decision for e in events if e.type == "approval_answered"]
+            assert answered == (["approved"] if answer == "approve" else ["denied"])
+            assert result.is_error is (answer == "deny")
+        assert ran == ["a.md"]  # the approved one ran, once; the denied one never
+        assert [q.decision for q in await ledger.questions("s1")] == ["approved", "denied"]
+    finally:
+        await ledger.aclose()

@@ -16,6 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ledger_helpers import RedisServer
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -174,9 +178,16 @@ def test_a_terminal_is_asked_n_denies(tmp_path):
     assert writes(log) == []
 
 
-def test_a_run_killed_while_waiting_resumes_and_the_approved_call_runs_once(tmp_path):
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_run_killed_while_waiting_resumes_and_the_approved_call_runs_once(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+):
     tools, log = tools_file(tmp_path)
-    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    if store == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        ledger = server.url
+    else:
+        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     command = [sys.executable, "-m", "toollatch.cli", "run", "--json", "--tools", str(tools)]
     command += ["--ledger", ledger]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "3"}
