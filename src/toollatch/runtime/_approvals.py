@@ -107,15 +107,14 @@ class Approvals:
         """What ``call`` waits for before it runs (None: nothing, it runs now)."""
         if getattr(tool, "client", False):
             return "client"
-        if (session, call.name) in self._always:
-            return None
+        named = call.name in self.policy.tools or self.policy.default == "ask"
+        decide = getattr(tool, "needs_approval", False)
+        if (decide is False and not named) or (session, call.name) in self._always:
+            return None  # (the common case first: no context is built for it)
+        if named:
+            return "approval"
         context = ApprovalContext(session=session, call_id=call.call_id, name=call.name)
-        asks = getattr(tool, "asks", None)
-        if asks is not None and asks(call.arguments, context):
-            return "approval"
-        if call.name in self.policy.tools or self.policy.default == "ask":
-            return "approval"
-        return None
+        return "approval" if tool.asks(call.arguments, context) else None
 
     def allow_always(self, session: str, name: str) -> None:
         """Calls of ``name`` in ``session`` run without asking from now on."""
