@@ -342,6 +342,7 @@ async def test_a_run_cancelled_while_waiting_pairs_the_call():
     events, _ = await answered_run(demo_tools(ran, needs_approval=True), cancel)
     finished = [e for e in events if e["type"] == "tool_finished" and e["name"] == "write_file"]
     assert [f["error"] for f in finished] == ["cancelled"]
+    assert "waited for its answer" in finished[0]["result"]  # it was awaiting, not running
     history = events[-1]["history"]
     ids = [c["id"] for m in history for c in m.get("tool_calls", [])]
     assert sorted(ids) == sorted(m["tool_call_id"] for m in history if m.get("role") == "tool")

@@ -35,6 +35,7 @@ from ._dispatch_calls import (
     DUPLICATE,
     LOCK_BUSY,
     LOCK_DOWN,
+    NEVER_ANSWERED,
     NEVER_STARTED,
     UNKNOWN_OUTCOME,
     UNKNOWN_TOOL,
@@ -257,6 +258,7 @@ class DispatchRound:
     async def _answered(self, slot: Slot, tool: Tool[Any, Any], kind: QuestionKind) -> None:
         """Wait for ``slot``'s answer, then run it (approved) or settle it (any other)."""
         call = slot.call
+        slot.phase = "awaiting"
         try:
             approvals = self._shared.approvals
             question = await approvals.wait(self._session, call, kind, self._emit, self._gate)
@@ -272,6 +274,7 @@ class DispatchRound:
             raise
         edited = question.decision == "approved" and question.value is not None
         self._emit(_answered_event(question, edited=edited))
+        slot.phase = "waiting"  # (for its locks, if it runs)
         if question.decision == "approved" and question.value is not None:
             checked = regate(self._gate, call, question.value)
             if isinstance(checked, Rejection):
@@ -300,7 +303,7 @@ class DispatchRound:
             what = "its result" if q.kind == "client" else "an approval"
             detail = f"{what} did not come in time; the call was not run"
             return dispatch_error(call, ErrorCode.APPROVAL_EXPIRED, detail)
-        return dispatch_error(call, ErrorCode.CANCELLED, NEVER_STARTED)
+        return dispatch_error(call, ErrorCode.CANCELLED, NEVER_ANSWERED)
 
     # -- running -----------------------------------------------------------------------------
 
