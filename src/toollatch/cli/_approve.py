@@ -45,6 +45,9 @@ class Answerer:
     ) -> None:
         self.mode = mode
         self.pause = pause or contextlib.nullcontext
+        self._reading: asyncio.Future[str] | None = None
+        """The line being read: a prompt abandoned (its call expired) leaves its reader
+        for the next prompt, so no typed line goes to a question that is gone."""
 
     async def events(self, run: AgentRun) -> AsyncIterator[AgentEvent]:
         """``run``'s events, answering each question once it was passed on."""
@@ -74,7 +77,11 @@ class Answerer:
         with self.pause():
             sys.stderr.write(prompt)
             sys.stderr.flush()
-            line = await _line_while(lambda: event.id in run.pending)
+            if self._reading is None:
+                self._reading = _read_line()
+            line = await _line_while(self._reading, lambda: event.id in run.pending)
+            if self._reading.done():
+                self._reading = None
         return line is not None and line.strip().lower() in ("y", "yes")
 
 
@@ -83,9 +90,9 @@ def _settle(got: asyncio.Future[str], line: str) -> None:
         got.set_result(line)
 
 
-async def _line_while(waiting: Callable[[], bool]) -> str | None:
-    """One line of standard input, read in a daemon thread (a process that ends meanwhile
-    does not wait for it); None at end of input or when ``waiting()`` turns false."""
+def _read_line() -> asyncio.Future[str]:
+    """One line of standard input ("" at its end), read in a daemon thread (a process that
+    ends meanwhile does not wait for it)."""
     loop = asyncio.get_running_loop()
     got: asyncio.Future[str] = loop.create_future()
 
@@ -94,9 +101,15 @@ async def _line_while(waiting: Callable[[], bool]) -> str | None:
             line = sys.stdin.readline()
         except (OSError, ValueError):  # closed or not readable: end of input
             line = ""
-        loop.call_soon_threadsafe(_settle, got, line)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody asks
+            loop.call_soon_threadsafe(_settle, got, line)
 
     threading.Thread(target=read, name="toollatch-approve", daemon=True).start()
+    return got
+
+
+async def _line_while(got: asyncio.Future[str], waiting: Callable[[], bool]) -> str | None:
+    """The line ``got`` reads; None at end of input or when ``waiting()`` turns false."""
     while not got.done():
         await asyncio.wait([got], timeout=_CHECK_S)
         if not got.done() and not waiting():
