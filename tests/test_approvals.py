@@ -32,6 +32,7 @@ from toollatch import (
 from toollatch.ledger import (
     AlreadyAnswered,
     EditRejected,
+    LedgerError,
     NotAsked,
     OtherSession,
     Question,
@@ -515,3 +516,31 @@ async def test_an_answer_given_while_no_process_waits_is_found_by_the_next_round
         assert [q.decision for q in await ledger.questions("s1")] == ["approved", "denied"]
     finally:
         await ledger.aclose()
+
+
+class _AnswersFail(MemoryLedger):
+    """A ledger that keeps questions but cannot write an answer (the backend went down)."""
+
+    async def answer(self, key: LedgerKey, **kwargs: Any) -> Question:
+        raise LedgerError("down")
+
+
+async def test_a_cancel_while_waiting_stays_a_cancel_when_the_store_fails():
+    ran: list[str] = []
+
+    async def cancel(run: AgentRun, event: Any) -> None:
+        run.cancel()
+
+    async with ScriptedServer(delay_scale=0) as server:
+        url = server.base_url("openai_chat")
+        async with model_client("openai_chat", model="scripted", base_url=url) as client:
+            agent = Agent(client, demo_tools(ran, needs_approval=True), ledger=_AnswersFail())
+            run = agent.run("weather?")
+            events = []
+            async for event in run:
+                events.append(event.to_json())
+                if event.type == "approval_requested":
+                    await cancel(run, event)
+    finished = [e for e in events if e["type"] == "tool_finished" and e["name"] == "write_file"]
+    assert [f["error"] for f in finished] == ["cancelled"]
+    assert events[-1]["type"] == "run_ended"

@@ -21,6 +21,7 @@ the process was down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ class Approvals:
             )  # fmt: skip
             return await self._answer_of(waiting)
         except asyncio.CancelledError:
-            await self._closing(key, question.digest, "cancelled")
+            # best effort: a store that fails now must not turn the cancel into its error
+            with contextlib.suppress(Exception):
+                await self._closing(key, question.digest, "cancelled")
             raise
         finally:
             del self._waiting[session, call.call_id]

@@ -81,7 +81,7 @@ from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
 from ..ledger import ArgumentAudit, Ledger, Question, SessionLocks
 from ..tools._results import ResultLimits, ResultShaper
-from ..tools._tools import Tool
+from ..tools._tools import MAX_DETAIL_CHARS, Tool
 from ._approvals import ApprovalPolicy, Approvals
 from ._dispatch_round import DispatchRound, result_text
 from ._dispatch_state import DispatchState, OnEvent, ToolEvent
@@ -249,6 +249,8 @@ class Dispatcher:
         ``reason`` (the model reads it and goes on). Raises as :meth:`approve`."""
         if not isinstance(reason, str):
             raise UsageError("reason must be a str")
+        if len(reason) > MAX_DETAIL_CHARS:  # (the model reads it: a reason, not a document)
+            reason = reason[:MAX_DETAIL_CHARS] + "..."
         return await self._state.approvals.answer(
             session, call_id, kind="approval", decision="denied", reason=reason
         )
