@@ -544,3 +544,22 @@ async def test_a_cancel_while_waiting_stays_a_cancel_when_the_store_fails():
     finished = [e for e in events if e["type"] == "tool_finished" and e["name"] == "write_file"]
     assert [f["error"] for f in finished] == ["cancelled"]
     assert events[-1]["type"] == "run_ended"
+
+
+async def test_sqlite_purge_drops_answered_questions_and_keeps_pending_ones(tmp_path):
+    ledger = SQLiteLedger(tmp_path / "ledger.db")
+    try:
+        digest = digest_of("t", {})
+        for call_id in ("old", "pending"):
+            key = LedgerKey(scope="s", call_id=call_id)
+            await ledger.ask(
+                Question(
+                    key=key, kind="approval", name="t", digest=digest, asked_at=1.0, expires_at=None
+                )  # fmt: skip
+            )
+        await ledger.answer(LedgerKey(scope="s", call_id="old"), digest=digest,
+                            decision="denied", now=5.0)  # fmt: skip
+        await ledger.purge(finished_before=10.0)
+        assert [q.key.call_id for q in await ledger.questions("s")] == ["pending"]
+    finally:
+        await ledger.aclose()

@@ -41,8 +41,8 @@ CREATE TABLE IF NOT EXISTS toollatch_calls (
 """
 _QUESTIONS = """
 CREATE TABLE IF NOT EXISTS toollatch_questions (
-    scope TEXT NOT NULL, call_id TEXT NOT NULL, asked_at REAL NOT NULL, data TEXT NOT NULL,
-    PRIMARY KEY (scope, call_id)
+    scope TEXT NOT NULL, call_id TEXT NOT NULL, asked_at REAL NOT NULL, answered_at REAL,
+    data TEXT NOT NULL, PRIMARY KEY (scope, call_id)
 ) WITHOUT ROWID
 """
 _COLUMNS = "digest, state, worker, token, claimed_at, lease_until, updated_at, result"
@@ -77,8 +77,9 @@ class SQLiteLedger(RecordLedger, QuestionRules):
         return await self._file.call(lambda conn: _select(conn, key))
 
     async def purge(self, *, finished_before: float) -> int:
-        """Delete final records last written before ``finished_before`` (Unix time); the
-        number deleted. Retention is the caller's policy (a cron, a ``serve`` sweep)."""
+        """Delete final records last written before ``finished_before`` (Unix time), and
+        the questions answered before it; the number of records deleted. Retention is the
+        caller's policy (a cron, a ``serve`` sweep)."""
 
         def run(conn: sqlite3.Connection) -> int:
             with _immediate(conn):
@@ -86,6 +87,9 @@ class SQLiteLedger(RecordLedger, QuestionRules):
                     "DELETE FROM toollatch_calls WHERE state IN ('completed', 'failed') "
                     "AND updated_at < ?",
                     (finished_before,),
+                )
+                conn.execute(
+                    "DELETE FROM toollatch_questions WHERE answered_at < ?", (finished_before,)
                 )
                 return cursor.rowcount
 
@@ -119,9 +123,10 @@ class SQLiteLedger(RecordLedger, QuestionRules):
             with _immediate(conn):
                 outcome, new = step(_question(conn, key))
                 if new is not None:
+                    row = (key.scope, key.call_id, new.asked_at, new.answered_at)
                     conn.execute(
-                        "INSERT OR REPLACE INTO toollatch_questions VALUES (?, ?, ?, ?)",
-                        (key.scope, key.call_id, new.asked_at, question_to_json(new)),
+                        "INSERT OR REPLACE INTO toollatch_questions VALUES (?, ?, ?, ?, ?)",
+                        (*row, question_to_json(new)),
                     )
                 return outcome
 
