@@ -552,13 +552,12 @@ async def test_sqlite_purge_drops_answered_questions_and_keeps_pending_ones(tmp_
         digest = digest_of("t", {})
         for call_id in ("old", "pending"):
             key = LedgerKey(scope="s", call_id=call_id)
-            await ledger.ask(
-                Question(
-                    key=key, kind="approval", name="t", digest=digest, asked_at=1.0, expires_at=None
-                )  # fmt: skip
+            asked = Question(
+                key=key, kind="approval", name="t", digest=digest, asked_at=1.0, expires_at=None
             )
-        await ledger.answer(LedgerKey(scope="s", call_id="old"), digest=digest,
-                            decision="denied", now=5.0)  # fmt: skip
+            await ledger.ask(asked)
+        old = LedgerKey(scope="s", call_id="old")
+        await ledger.answer(old, digest=digest, decision="denied", now=5.0)
         await ledger.purge(finished_before=10.0)
         assert [q.key.call_id for q in await ledger.questions("s")] == ["pending"]
     finally:
