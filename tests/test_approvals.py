@@ -321,6 +321,9 @@ async def test_an_unanswered_call_expires_by_the_injected_clock():
     finished = [e for e in events if e["type"] == "tool_finished" and e["name"] == "write_file"]
     assert finished[0]["error"] == "approval_expired"
     assert ran == ["Oslo", "Zürich"]
+    history = events[-1]["history"]  # every call id paired with one result
+    ids = [c["id"] for m in history for c in m.get("tool_calls", [])]
+    assert sorted(ids) == sorted(m["tool_call_id"] for m in history if m.get("role") == "tool")
     # how long it waited for a person: the metric and the call's span
     text = metrics.exposition().decode()
     assert (
