@@ -46,7 +46,7 @@ from toollatch.ledger._base import MemoryLedger
 from toollatch.ledger._records import LedgerKey, digest_of
 from toollatch.ledger._redis import RedisLedger
 from toollatch.ledger._sqlite import SQLiteLedger
-from toollatch.runtime import Dispatcher, Metrics, Tracing
+from toollatch.runtime import ApprovalContext, Dispatcher, Metrics, Tracing
 from toollatch.scripted import ScriptedServer
 
 
@@ -503,6 +503,7 @@ async def test_an_answer_given_while_no_process_waits_is_found_by_the_next_round
                 )
             )  # fmt: skip
             dispatcher = Dispatcher(tools, ledger=ledger)  # a new process
+            assert (await dispatcher.questions("s1"))[-1].pending  # it lists what was left
             if answer == "approve":
                 await dispatcher.approve("s1", call_id, args_sha256=digest)
             else:
@@ -565,3 +566,17 @@ async def test_sqlite_purge_drops_answered_questions_and_keeps_pending_ones(tmp_
         assert [q.key.call_id for q in await ledger.questions("s")] == ["pending"]
     finally:
         await ledger.aclose()
+
+
+def test_a_needs_approval_function_that_raises_asks():
+    def broken(args: Any, context: Any) -> bool:
+        raise RuntimeError("bug")
+
+    @tool(needs_approval=broken)
+    def write_file(path: str) -> str:
+        """Write."""
+        return "ok"
+
+    context = ApprovalContext(session="s", call_id="c", name="write_file")
+    assert write_file.asks({"path": "a"}, context)  # a doubt asks
+    assert not demo_tools([])[1].asks({"path": "a"}, context)

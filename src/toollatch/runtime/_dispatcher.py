@@ -270,6 +270,12 @@ class Dispatcher:
         """The questions of ``session`` waiting in this process."""
         return self._state.approvals.pending(session)
 
+    async def questions(self, session: str) -> list[Question]:
+        """Every question of ``session`` the store keeps, pending or answered, oldest first:
+        with a ledger, those a process that exited left too (a restarted server lists them,
+        and may answer them before the run is resumed). ``LedgerError`` when it fails."""
+        return await self._state.approvals.store.questions(session)
+
     async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
         """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
         its own. Cancelled, it cancels the calls and raises ``CancelledError``; the results
