@@ -580,3 +580,38 @@ def test_a_needs_approval_function_that_raises_asks():
     context = ApprovalContext(session="s", call_id="c", name="write_file")
     assert write_file.asks({"path": "a"}, context)  # a doubt asks
     assert not demo_tools([])[1].asks({"path": "a"}, context)
+
+
+async def test_an_answer_another_process_writes_reaches_the_waiting_call(tmp_path):
+    """Two dispatchers on one SQLite ledger (two workers of a server): the call waits in
+    one, the person's answer arrives at the other; the waiting one reads it and runs."""
+    ran: list[str] = []
+    here = SQLiteLedger(tmp_path / "ledger.db")
+    there = SQLiteLedger(tmp_path / "ledger.db")
+    try:
+        waiting = Dispatcher(demo_tools(ran, needs_approval=True), ledger=here)
+        waiting._state.approvals.poll_s = 0.05  # (1 s by default)
+        other = Dispatcher(demo_tools(ran, needs_approval=True), ledger=there)
+        args = {"path": "a.md", "content": "x"}
+        round_ = chat_round(waiting.specs, [("c1", "write_file", args)])
+        asked = asyncio.Event()
+
+        async def answer_elsewhere() -> None:
+            await asyncio.wait_for(asked.wait(), 30)
+            with pytest.raises(NotAsked):
+                await other.approve("s2", "c1", args_sha256=digest_of("write_file", args))
+            await other.approve("s1", "c1", args_sha256=digest_of("write_file", args))
+
+        def on_event(event: Any) -> None:
+            if event.type == "approval_requested":
+                asked.set()
+
+        answering = asyncio.create_task(answer_elsewhere())
+        async with waiting.round("s1", on_event=on_event) as r:
+            async with asyncio.timeout(30):
+                (result,) = await r.finish(round_)
+        await answering
+        assert not result.is_error and ran == ["a.md"]
+    finally:
+        await here.aclose()
+        await there.aclose()

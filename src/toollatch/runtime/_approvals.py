@@ -33,6 +33,7 @@ from ..ledger import (
     AlreadyAnswered,
     Decision,
     EditRejected,
+    LedgerError,
     LedgerKey,
     NotAsked,
     OtherSession,
@@ -91,11 +92,16 @@ class _Waiting:
 class Approvals:
     """The questions of one dispatcher; see the module docstring."""
 
-    def __init__(self, policy: ApprovalPolicy, store: object, clock: Clock) -> None:
+    def __init__(
+        self, policy: ApprovalPolicy, store: object, clock: Clock, *, poll_s: float = 1.0
+    ) -> None:
         self.policy = policy
-        self.store: QuestionStore = (
-            store if isinstance(store, QuestionStore) else _memory_questions()
-        )
+        self.store: QuestionStore = _memory_questions()
+        self.poll_s: float | None = None
+        """How often a waiting call reads its question from the ledger (an answer another
+        process wrote); None (no ledger): only answers given in this process count."""
+        if isinstance(store, QuestionStore):
+            self.store, self.poll_s = store, poll_s
         self.clock = clock
         self._waiting: dict[tuple[str, str], _Waiting] = {}
         self._always: set[tuple[str, str]] = set()
@@ -172,14 +178,27 @@ class Approvals:
             del self._waiting[session, call.call_id]
 
     async def _answer_of(self, waiting: _Waiting) -> Question:
+        """The answer: given here (the future), or written to the store by another process
+        (read every ``poll_s``), or ``expired`` at the question's expiry."""
         expires = waiting.question.expires_at
-        left = None if expires is None else max(0.0, expires - self.clock())
-        try:
-            async with asyncio.timeout(left):
-                return await asyncio.shield(waiting.answered)
-        except TimeoutError:
-            question = waiting.question
-            return await self._closing(question.key, question.digest, "expired")
+        while True:
+            left = None if expires is None else max(0.0, expires - self.clock())
+            step = self.poll_s if left is None else left
+            if self.poll_s is not None and left is not None:
+                step = min(left, self.poll_s)
+            try:
+                async with asyncio.timeout(step):
+                    return await asyncio.shield(waiting.answered)
+            except TimeoutError:
+                if left is not None and step is not None and step >= left:
+                    question = waiting.question
+                    return await self._closing(question.key, question.digest, "expired")
+            try:
+                found = await self.store.question(waiting.question.key)
+            except LedgerError:  # a read that failed now: the call keeps waiting
+                continue
+            if found is not None and not found.pending:
+                return found
 
     async def _closing(self, key: LedgerKey, digest: str, decision: Decision) -> Question:
         """Answer ``decision`` ourselves (expired, cancelled), or the answer that won."""
