@@ -11,8 +11,9 @@ so a restarted process finds it; else in memory), tells an ``approval_requested`
 ``client_call`` event, and waits for the answer or the question's expiry. The answer
 methods (:meth:`Approvals.answer`) write the answer to the store, where the first answer
 wins atomically, then wake the waiting call; with a ledger, a waiting call also reads its
-question every ``poll_s`` (1 s), so an answer another worker wrote reaches it. A call's arguments never change while it
-waits: an approval names their SHA-256, which must be the committed one.
+question every ``poll_s`` (1 s), so an answer another worker wrote reaches it. A call's
+arguments never change while it waits: an approval names their SHA-256, which must be the
+committed one.
 
 Time: ``expires_at`` is the injected ``clock`` (Unix time) plus ``timeout_s``; the wait
 itself is an ``asyncio.timeout`` until then, so an expiry after a restart counts the time
