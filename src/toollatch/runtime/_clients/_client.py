@@ -365,6 +365,7 @@ class ModelStream:
         self._idle: IdleDeadline | None = None
         self._first = b""
         self._done = False
+        self._closed = False
         self._max_bytes = client.limits.max_body_bytes
         self._recorder: Recorder | None = None
         self.attempts = 0
@@ -409,6 +410,8 @@ class ModelStream:
 
     async def _close(self) -> None:
         self._done = True
+        if self._closed:  # at the body's end, then again on leaving the block
+            return
         if self._recorder is not None:
             self._recorder.close()
         if self._idle is not None:
@@ -418,6 +421,7 @@ class ModelStream:
             await close_chunks()  # httpx's generator, so that it is not left to the GC
         if self._response is not None:
             await self._response.aclose()  # back to the pool (idempotent)
+        self._closed = True  # (only once all is closed: a cancelled close is done again)
 
     def __aiter__(self) -> Self:
         self._opened()
