@@ -47,7 +47,7 @@ policy. A running tool reads its call, idempotency key and fencing token with
 ``toollatch.ledger.current_call()``.
 
 Results: a tool's outcome becomes its ``ToolResult`` through :mod:`._results` (redacted with
-the ``redaction`` policy's redactor, then cut to the call's size budget) before anything stores
+the ``redactor``, then cut to the call's size budget) before anything stores
 or emits it, so the memo, the ledger, the events and the history only ever hold the shaped
 result. Error results the dispatcher makes itself are cut to the budget, never redacted.
 
@@ -74,7 +74,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, UsageError
-from ..core._preview import PreviewPolicy
+from ..core._preview import PreviewPolicy, Redactor
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
 from ..ledger import ArgumentAudit, Ledger, SessionLocks
@@ -106,9 +106,11 @@ class Dispatcher:
     call of a round that did not commit, written beside the tools once the round's
     ``finish`` or ``abort`` is called (a task of the round: the block waits for it).
     ``result_limits``: the size budgets of results (:class:`ResultLimits`; default 64 KiB
-    each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
-    (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
-    redacted in a worker thread, so the redactor must be thread-safe).
+    each); ``redactor``: ``redactor(pointer, text) -> text``, which every tool's result
+    passes (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
+    redacted in a worker thread, so it must be thread-safe); ``redaction``: a
+    ``PreviewPolicy`` whose ``redactor`` is taken (its preview settings do not apply to
+    results), for one redactor shared with the previews; not with ``redactor``.
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -130,6 +132,7 @@ class Dispatcher:
         audit: ArgumentAudit | None = None,
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         by_name = _by_name(tools)
         eager = frozenset(eager)
@@ -158,7 +161,7 @@ class Dispatcher:
             guard=guard,
             session_locks=session_locks,
             audit=audit,
-            results=ResultShaper(result_limits, redaction),
+            results=ResultShaper(result_limits, redaction, redactor),
         )
 
     @property
