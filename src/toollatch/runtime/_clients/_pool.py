@@ -16,7 +16,9 @@ garbage collector with sockets open (a ``ResourceWarning``):
   its pooled connections would be dropped anyway), the keeper closes it and the loop
   forgets it; a later request makes a new one;
 - when the loop shuts down (``asyncio.run``, ``asyncio.Runner`` and pytest-asyncio cancel
-  every task left before closing the loop), the keeper's cancellation closes it.
+  every task left before closing the loop), the keeper's cancellation closes it. A loop
+  closed by hand without cancelling its tasks first (``run_until_complete`` then
+  ``close``) gives the keeper no chance: pass your own ``http=`` client there, and close it.
 
 A model client used in another loop later (a second ``asyncio.run``) takes that loop's.
 """
