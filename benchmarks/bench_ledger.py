@@ -297,17 +297,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     n = 200 if args.quick else 2000
-    if args.dispatch:
+    only = dispatch_table if args.dispatch else hops_table if args.hops else None
+    if only is not None:  # one SQLite table, in a file of its own
         folder = tempfile.mkdtemp(prefix="toollatch-bench-")
         try:
-            asyncio.run(dispatch_table(f"{folder}/dispatch.db", n // 4))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return
-    if args.hops:
-        folder = tempfile.mkdtemp(prefix="toollatch-bench-")
-        try:
-            asyncio.run(hops_table(f"{folder}/hops.db", n // 4))
+            asyncio.run(only(f"{folder}/table.db", n // 4))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return
