@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import replace
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -319,6 +319,7 @@ class DispatchRound:
                     runner=lambda owned: self._run(slot, tool, owned),
                     on_cancel=lambda: on_cancel(slot),
                     max_wait_s=self._max_wait_s(tool, guard.lease_s),
+                    ready=lambda: self._ready(tool),
                 )
         except asyncio.CancelledError:
             self._settle(slot, cancelled(slot))
@@ -329,13 +330,16 @@ class DispatchRound:
         self, slot: Slot, tool: Tool[Any, Any], owned: Owned | None = None
     ) -> ToolResult:
         call = slot.call
-        try:
-            await self._hold_session()
-        except LockBusy as exc:  # another worker holds the session: a wait that ran out
-            return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
-        except LedgerError as exc:
-            return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
-        async with self._shared.group_lock(tool.group), self._shared.semaphore:
+        taken = owned.held if owned is not None else None
+        if taken is None:
+            try:
+                await self._hold_session()
+            except LockBusy as exc:  # another worker holds the session: a wait that ran out
+                return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
+            except LedgerError as exc:
+                return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
+            taken = self._slot(tool)
+        async with taken:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
             slot.phase = "running"
@@ -369,6 +373,37 @@ class DispatchRound:
         if shaper.heavy(result):  # a long walk of the redactor: off the event loop
             return await asyncio.to_thread(shaper.tool_result, result, budget)
         return shaper.tool_result(result, budget)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, tool: Tool[Any, Any]) -> AsyncIterator[None]:
+        """The tool's group lock and a concurrency slot, held while it runs."""
+        async with self._shared.group_lock(tool.group), self._shared.semaphore:
+            yield
+
+    async def _ready(
+        self, tool: Tool[Any, Any]
+    ) -> contextlib.AbstractAsyncContextManager[Any] | None:
+        """Everything a call of ``tool`` waits for before it starts (the session's locks,
+        its group's lock, a concurrency slot), taken when all are free now, so that the
+        ledger claims and starts the call in one write; None, with nothing taken, when one
+        of them may have to be waited for (the call is then claimed, waits, and is started
+        after). Free now means taken without a suspension, so no other task comes between
+        the look and the taking."""
+        shared = self._shared
+        session_held = self._holding and (self._far is not None or shared.session_locks is None)
+        if not session_held and (
+            shared.session_locks is not None  # the distributed lock is a trip to its store
+            or self._entering.locked()
+            or not shared.session_free(self._session)
+        ):
+            return None
+        group = shared.group_lock(tool.group)
+        if (isinstance(group, asyncio.Lock) and group.locked()) or shared.semaphore.locked():
+            return None
+        await self._hold_session()
+        taken = contextlib.AsyncExitStack()  # (entered: leaving it releases the slot)
+        await taken.enter_async_context(self._slot(tool))
+        return taken
 
     def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
         """How long a call waits for another worker's run: that run's own limit (the same

@@ -111,6 +111,10 @@ class DispatchState:
             self._drop_session_user(session)
             raise
 
+    def session_free(self, session: str) -> bool:
+        """True when no round holds ``session``'s in-process lock or waits for it."""
+        return session not in self._sessions
+
     def release_session(self, session: str) -> None:
         """Release what :meth:`acquire_session` took."""
         self._sessions[session][0].release()

@@ -47,7 +47,7 @@ policy. A running tool reads its call, idempotency key and fencing token with
 ``toollatch.ledger.current_call()``.
 
 Results: a tool's outcome becomes its ``ToolResult`` through :mod:`._results` (redacted with
-the ``redaction`` policy's redactor, then cut to the call's size budget) before anything stores
+the ``redactor``, then cut to the call's size budget) before anything stores
 or emits it, so the memo, the ledger, the events and the history only ever hold the shaped
 result. Error results the dispatcher makes itself are cut to the budget, never redacted.
 
@@ -76,7 +76,7 @@ from typing import Any
 
 from ..core._errors import ConfigError, UsageError
 from ..core._gate import Gate
-from ..core._preview import PreviewPolicy
+from ..core._preview import PreviewPolicy, Redactor
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
 from ..ledger import ArgumentAudit, Ledger, Question, SessionLocks
@@ -109,9 +109,11 @@ class Dispatcher:
     call of a round that did not commit, written beside the tools once the round's
     ``finish`` or ``abort`` is called (a task of the round: the block waits for it).
     ``result_limits``: the size budgets of results (:class:`ResultLimits`; default 64 KiB
-    each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
-    (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
-    redacted in a worker thread, so the redactor must be thread-safe).
+    each); ``redactor``: ``redactor(pointer, text) -> text``, which every tool's result
+    passes (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
+    redacted in a worker thread, so it must be thread-safe); ``redaction``: a
+    ``PreviewPolicy`` whose ``redactor`` is taken (its preview settings do not apply to
+    results), for one redactor shared with the previews; not with ``redactor``.
     ``approvals``: which calls wait for a person besides those of ``needs_approval``
     tools, and for how long (:class:`ApprovalPolicy`); their questions live in ``ledger``
     when it keeps them (every built-in one does), so a restarted process finds them, and
@@ -139,6 +141,7 @@ class Dispatcher:
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
         approvals: ApprovalPolicy | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         by_name = _by_name(tools)
         eager = frozenset(eager)
@@ -167,7 +170,7 @@ class Dispatcher:
             guard=guard,
             session_locks=session_locks,
             audit=audit,
-            results=ResultShaper(result_limits, redaction),
+            results=ResultShaper(result_limits, redaction, redactor),
             approvals=Approvals(_approval_policy(approvals), ledger, clock),
         )
 

@@ -36,7 +36,6 @@ import asyncio
 import logging
 import os
 import random
-import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -65,6 +64,7 @@ from ._errors import (
     shown_url,
 )
 from ._policy import ClientLimits, RetryPolicy, retry_after_s
+from ._pool import SharedHTTP, shared_http
 from ._wire import DIALECTS, Dialect, Request
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -91,8 +91,10 @@ class ModelClient:
 
     Make one with :func:`model_client`. ``async with client.stream(history, tools=...) as s``
     then ``async for chunk in s`` gives the raw body for a :class:`toollatch.StreamParser`
-    of :attr:`provider`. Use the client itself as an async context manager (or call
-    :meth:`aclose`) to close the httpx client it made; a client passed in is left open.
+    of :attr:`provider`. Without an httpx client passed in, requests go out on the running
+    event loop's shared connections (:mod:`._pool`: kept alive across the model clients of
+    a loop, closed when the loop shuts down); use the client itself as an async context
+    manager (or call :meth:`aclose`) to give them back. A client passed in is left open.
     """
 
     def __init__(
@@ -121,10 +123,8 @@ class ModelClient:
         """The base URL requests go under (no trailing slash)."""
         self.limits = limits
         self.retry = retry
-        self._owns_http = http is None
-        self._http = (
-            http if http is not None else httpx.AsyncClient(timeout=None, verify=_default_tls())
-        )
+        self._given_http = http
+        self._shared: SharedHTTP | None = None  # the loop's, while this client holds it
         self._headers = httpx.Headers(
             {
                 "accept": "text/event-stream",
@@ -212,9 +212,24 @@ class ModelClient:
         return delay
 
     async def aclose(self) -> None:
-        """Close the httpx client if this client made it."""
-        if self._owns_http:
-            await self._http.aclose()
+        """Give back the loop's shared connections (a client passed in is left open).
+        Idempotent; a request made after it takes them again."""
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
+
+    def _http(self) -> httpx.AsyncClient:
+        """The httpx client a request goes out on: the one passed in, or the running
+        loop's shared one (:mod:`._pool`), taken on first use."""
+        if self._given_http is not None:
+            return self._given_http
+        shared = self._shared
+        if shared is None or shared.loop is not asyncio.get_running_loop():
+            if shared is not None:  # used in a loop before this one
+                shared.release()
+            shared = self._shared = shared_http()
+            shared.acquire()
+        return shared.client
 
     async def __aenter__(self) -> Self:
         return self
@@ -248,12 +263,13 @@ class ModelClient:
         provider, limits = self.provider, self.limits
         if self._url[0] != self.url:
             self._url = (self.url, httpx.URL(self.url))
-        request = self._http.build_request(
+        http = self._http()
+        request = http.build_request(
             "POST", self._url[1], content=content, headers=self._headers, timeout=self._timeout
         )
         try:
             async with asyncio.timeout(limits.first_byte_s):
-                response = await self._http.send(request, stream=True)
+                response = await http.send(request, stream=True)
                 try:
                     if response.status_code >= 400:
                         raise await self._http_error(response, attempt)
@@ -349,6 +365,7 @@ class ModelStream:
         self._idle: IdleDeadline | None = None
         self._first = b""
         self._done = False
+        self._closed = False
         self._max_bytes = client.limits.max_body_bytes
         self._recorder: Recorder | None = None
         self.attempts = 0
@@ -393,6 +410,8 @@ class ModelStream:
 
     async def _close(self) -> None:
         self._done = True
+        if self._closed:  # at the body's end, then again on leaving the block
+            return
         if self._recorder is not None:
             self._recorder.close()
         if self._idle is not None:
@@ -402,6 +421,7 @@ class ModelStream:
             await close_chunks()  # httpx's generator, so that it is not left to the GC
         if self._response is not None:
             await self._response.aclose()  # back to the pool (idempotent)
+        self._closed = True  # (only once all is closed: a cancelled close is done again)
 
     def __aiter__(self) -> Self:
         self._opened()
@@ -575,21 +595,6 @@ async def _inflated(raw: AsyncIterator[bytes], wbits: int) -> AsyncIterator[byte
             await close()
 
 
-_TLS: list[ssl.SSLContext] = []  # the process's default context, once made
-
-
-def _default_tls() -> ssl.SSLContext:
-    """The TLS context of every httpx client a :class:`ModelClient` makes: httpx's default
-    (certifi's roots, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` as set when first made), made once
-    per process on first use. Making one loads the CA bundle, ~25-50 ms of CPU: per
-    ``model_client()`` that was most of a short conversation's client cost. A context is
-    made to be shared (one per application, as the ``ssl`` docs advise), and httpx takes it
-    as ``verify``; an ``http://`` URL still gets it, for a TLS proxy from the environment."""
-    if not _TLS:
-        _TLS.append(httpx.create_ssl_context())
-    return _TLS[0]
-
-
 def model_client(
     provider: str,
     *,
@@ -613,7 +618,8 @@ def model_client(
     ``api_key`` to ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY`` (or
     ``GOOGLE_API_KEY``), read from ``env`` (default ``os.environ``). A key is required only
     when the requests go to the provider's own host: its absence then raises
-    ``ConfigError`` naming the variable. ``http``: an httpx client to share (left open).
+    ``ConfigError`` naming the variable. ``http``: an httpx client to use (left open; default: the
+    running loop's shared one, see :class:`ModelClient`).
     ``headers`` are added to every request. ``record``: a folder where each response is
     saved as a fixture ``toollatch replay`` reads (credentials masked, see
     :class:`toollatch.runtime.Recorder`). ``sleep`` and ``random_unit`` (a float in [0, 1))
