@@ -38,6 +38,27 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "more with 409; default: the config's relay.max_chat_messages, 400)",
     )
     serve.add_argument(
+        "--max-chat-body-bytes",
+        type=positive,
+        metavar="N",
+        help="largest POST /api/chat body (413 beyond; default: the config's "
+        "relay.max_chat_body_bytes, 1048576)",
+    )
+    serve.add_argument(
+        "--max-ui-bytes",
+        type=positive,
+        metavar="N",
+        help="largest tool UI payload (ToolOutcome.ui, as JSON) sent to the browser; a larger "
+        "one is left out (default: the config's relay.max_ui_bytes, 65536)",
+    )
+    serve.add_argument(
+        "--result-text",
+        choices=("summary", "always", "never"),
+        help="when the browser gets a redacted preview of a result's text: summary (no UI "
+        "payload, or a failed call), always, never (default: the config's relay.result_text, "
+        "summary)",
+    )
+    serve.add_argument(
         "--config",
         metavar="FILE",
         help="YAML configuration (relay host and port, model, previews); flags win over it",
