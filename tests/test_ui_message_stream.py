@@ -565,6 +565,49 @@ def test_encoding_matches_the_frames_of_the_log():
     ]
 
 
+def test_a_failed_run_a_gap_and_a_cancel_end_as_the_client_expects():
+    """``error`` when the run failed or the log forgot events, ``abort`` on cancel, each
+    before ``finish`` (with ``error`` / ``other``), then ``[DONE]``."""
+    failed = UIMessageEncoder("m")
+    out = failed.encode({"type": "text", "text": "hi"})
+    out += failed.lagged(3)
+    out += failed.encode({"type": "run_ended", "error": "model_error: 500"}) + failed.close()
+    chunks = chunks_of(out.decode())
+    assert [c if c == "[DONE]" else c["type"] for c in chunks] == [
+        "start-step", "text-start", "text-delta", "error",
+        "text-end", "finish-step", "error", "finish", "[DONE]",
+    ]  # fmt: skip
+    assert chunks[3]["errorText"].startswith("lagged: 3 events")
+    assert chunks[6]["errorText"] == "model_error: 500"
+    assert chunks[7]["finishReason"] == "error"
+    cancelled = UIMessageEncoder("m")
+    out = cancelled.encode({"type": "run_ended", "error": "cancelled", "cancelled": True})
+    chunks = chunks_of((out + cancelled.close()).decode())
+    assert [c if c == "[DONE]" else c["type"] for c in chunks] == ["abort", "finish", "[DONE]"]
+    assert chunks[1]["finishReason"] == "other"
+    cut = UIMessageEncoder("m")  # a stream that never saw the run's end still finishes
+    chunks = chunks_of(cut.close().decode())
+    assert [c if c == "[DONE]" else c["type"] for c in chunks] == ["error", "finish", "[DONE]"]
+
+
+async def test_chat_and_agui_runs_count_in_the_relays_metrics(client):
+    for _ in range(2):
+        assert (await client.post("/api/chat", json=chat_body(chat_id(), "hi"))).status_code == 200
+    message = {"id": "u1", "role": "user", "content": "hi"}
+    given = {"threadId": "t1", "runId": "r1", "messages": [message], "tools": [], "context": []}
+    agui = await client.post("/agui", json=given)
+    assert agui.status_code == 200 and '"RUN_FINISHED"' in agui.text
+    text = (await client.get("/metrics")).text
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    # the demo: 3 rounds per run, each ended normally
+    assert samples['tool_rounds_total{ended="normal",provider="openai_chat"}'] == 9
+    assert any(k.startswith("tool_execute_seconds_count") and v == 9 for k, v in samples.items())
+
+
 async def test_the_browser_sees_previews_and_inputs_as_the_policy_shows_them(client):
     response = await client.post("/api/chat", json=chat_body("red", "go", model="redacted"))
     assert response.status_code == 200
