@@ -20,7 +20,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (8000)")
-    for add in (_model, _access):
+    for add in (_model, _access, _browser):
         add(serve)
     serve.add_argument(
         "--shutdown-grace",
@@ -30,6 +30,16 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "event stream gets their results and run_ended), then exit (default: the config's "
         "relay.shutdown_grace_s, 10)",
     )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration (relay host and port, model, previews); flags win over it",
+    )
+    return serve
+
+
+def _browser(serve: argparse.ArgumentParser) -> None:
+    """What the chats keep and what reaches the browser."""
     serve.add_argument(
         "--max-chat-messages",
         type=positive,
@@ -58,12 +68,6 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "payload, or a failed call), always, never (default: the config's relay.result_text, "
         "summary)",
     )
-    serve.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML configuration (relay host and port, model, previews); flags win over it",
-    )
-    return serve
 
 
 def _model(serve: argparse.ArgumentParser) -> None:
