@@ -6,7 +6,7 @@ Run it from the repository root::
     python benchmarks/bench_relay.py --runs 50 --delay-scale 0
     python benchmarks/bench_relay.py --shape lockstep --delay-scale 1  # the worst case
     python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
-    python benchmarks/bench_relay.py --protocols --runs 100 --repeat 3  # own vs UI vs AG-UI
+    python benchmarks/bench_relay.py --protocols --runs 100 --repeat 5  # own vs UI vs AG-UI
     python benchmarks/bench_relay.py --vs-ai-sdk --repeat 3  # beside the AI SDK's node relay
 
 By default the runs start evenly over one run's length (users arriving independently) and
@@ -165,11 +165,18 @@ async def _chunks(reader: Any) -> Any:
         await reader.readexactly(2)
 
 
-async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[str, Any]:
+async def _one(
+    host: str, port: int, seen: list[Any], start_s: float, chat: bool = False
+) -> dict[str, Any]:
+    """One run over ``POST /runs`` + ``GET /runs/{id}/events``; ``chat``: in a chat of its
+    own (``chat_id``, as the page sends: its history kept on the server)."""
     await asyncio.sleep(start_s)  # a staggered start (0: all at once)
     posted = time.monotonic()
     length = 0.0
-    body = json.dumps({"message": "weather please"}).encode()
+    asked: dict[str, Any] = {"message": "weather please"}
+    if chat:
+        asked["chat_id"] = secrets.token_urlsafe(12)
+    body = json.dumps(asked).encode()
     session = secrets.token_urlsafe(32)  # a browser's would be its cookie
     head = "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     head += f"X-Toollatch-Session: {session}\r\n"
@@ -304,7 +311,8 @@ async def _clients(url: str, runs: int, stagger_s: float, protocol: str = "own")
     starts = [i * stagger_s / runs for i in range(runs)]  # evenly over the stagger
     started = time.monotonic()
     one = {"ui": _one_ui, "agui": _one_agui}.get(protocol, _one)
-    done = await asyncio.gather(*(one(host, int(port), seen, s) for s in starts))
+    extra = (True,) if protocol == "chat" else ()  # (our own format, in chats)
+    done = await asyncio.gather(*(one(host, int(port), seen, s, *extra) for s in starts))
     wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
@@ -557,7 +565,7 @@ async def _protocols(args: argparse.Namespace) -> None:
     process, the clients in another, each on raw asyncio streams), the three loads
     alternated ``--repeat`` times (the median of each), each over the relay's own events
     (the runs' log entries: the same producer either way). Prints a Markdown table."""
-    formats = ("own", "ui", "agui")
+    formats = ("own", "chat", "ui", "agui")
     loads = len(formats) * (args.repeat + 1)
     limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * loads)
     model, url = _start(
@@ -606,15 +614,20 @@ async def _protocols(args: argparse.Namespace) -> None:
     load_avg = max(load_avg, os.getloadavg()[0])
     median = {f: sorted(v)[len(v) // 2] for f, v in cpu.items()}
     names = {
-        "own": "toollatch (GET /runs/{id}/events)",
+        "own": "toollatch (GET /runs/{id}/events), no history kept",
+        "chat": "toollatch, in chats (POST /runs with chat_id, as the page)",
         "ui": "UI message stream (POST /api/chat)",
         "agui": "AG-UI (POST /agui)",
     }
     print(f"{args.runs} runs staggered, {3.0 * args.delay_scale:g} ms pacing, load {load_avg:.1f}")
-    print("| format | events on the wire per run | relay CPU per relay event | ratio |")
-    print("|---|---|---|---|")
+    print(
+        "| format | events on the wire per run | relay CPU per relay event | ratio to own "
+        "| to chats |"
+    )
+    print("|---|---|---|---|---|")
     for f in formats:
-        print(f"| {names[f]} | {wire[f]} | {median[f]:.3f} ms | {median[f] / median['own']:.2f}x |")
+        own, chat = median[f] / median["own"], median[f] / median["chat"]
+        print(f"| {names[f]} | {wire[f]} | {median[f]:.3f} ms | {own:.2f}x | {chat:.2f}x |")
     print(f"(each of {args.repeat}: {cpu})")
     print(f"the UI encoder alone: {encoder_us:.1f} us per event ({encoded} events re-encoded)")
 
