@@ -183,12 +183,12 @@ async def test_the_ai_sdk_client_assembles_the_committed_calls(node, relay, prov
     session, chat = secrets.token_urlsafe(32), chat_id()
     got = await ai_client(node, relay.url, session, chat, "weather?", "tools", provider)
     message, types = got["message"], [c["type"] for c in got["chunks"]]
-    committed = {
-        e["id"]: e["arguments"]
-        for e in await own_events(relay, session, chat)
-        if e["type"] == "call_committed"
-    }
+    own = await own_events(relay, session, chat)
+    committed = {e["id"]: e["arguments"] for e in own if e["type"] == "call_committed"}
     assert len(committed) == 2
+    # the results in the dispatcher's order (the relay's tool_finished events)
+    outputs = [c["toolCallId"] for c in got["chunks"] if c["type"].startswith("tool-output-")]
+    assert outputs == [e["id"] for e in own if e["type"] == "tool_finished"]
     assert sorted(committed.values(), key=str) == sorted([OSLO, ZURICH], key=str)
     parts = tool_parts(message)
     assert set(parts) == set(committed)
