@@ -36,7 +36,8 @@ OPTIONS: dict[str, set[str]] = {
     "serve": {
         "-h", "--help", "--host", "--port", "--tools", "--provider", "--model", "--base-url",
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
-        "--shutdown-grace", "--max-chat-messages", "--config",
+        "--shutdown-grace", "--max-chat-messages", "--max-chat-body-bytes", "--max-ui-bytes",
+        "--result-text", "--config",
     },
     "proxy": {
         "-h", "--help", "--upstream", "--upstream-provider", "--host", "--port", "--calls",

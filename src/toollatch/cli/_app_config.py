@@ -176,6 +176,15 @@ class RelayConfig(_Section):
     max_chat_messages: _Positive = 400
     """-> ``RelayLimits.max_chat_messages``: history entries a chat keeps on the server
     (``POST /api/chat``, ``POST /runs {"chat_id"}``); a full chat refuses more (409)."""
+    max_chat_body_bytes: _Positive = 1 << 20
+    """-> ``RelayLimits.max_chat_body_bytes``: largest ``POST /api/chat`` body (413 beyond;
+    ``useChat`` sends the whole conversation each time)."""
+    max_ui_bytes: _Positive = 65536
+    """-> ``RelayLimits.max_ui_bytes``: largest UI payload (``ToolOutcome.ui``, as JSON,
+    redacted) sent to the browser; a larger one is left out (``ui_omitted``)."""
+    result_text: Literal["summary", "always", "never"] = "summary"
+    """-> ``RelayLimits.result_text``: when the browser gets a redacted preview of a result's
+    model-facing text: ``summary`` (no UI payload or a failed call), ``always``, ``never``."""
 
 
 _ProxyBytes = Annotated[int, Field(ge=1)]
@@ -635,6 +644,11 @@ relay:
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
   max_chat_messages: 400                # history entries a chat keeps (409 beyond)
+  max_chat_body_bytes: 1048576          # largest POST /api/chat body (413 beyond)
+  max_ui_bytes: 65536                   # largest tool UI payload sent to the browser (left
+                                        # out beyond: ui_omitted)
+  result_text: summary                  # a result's text preview to the browser: summary
+                                        # (no UI payload or failed) | always | never
 
 proxy:                                  # toollatch proxy (its flags win over these)
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1
