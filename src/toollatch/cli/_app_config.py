@@ -115,7 +115,10 @@ class PreviewsConfig(_Section):
 class ModelConfig(_Section):
     """The model client (:func:`model_client` and :class:`ClientLimits`)."""
 
-    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini"] = "openai_chat"
+    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"] = (
+        "openai_chat"
+    )
+    """The wire; ``bedrock`` for ``toollatch run`` only (the relay serves the other four)."""
     model: str | None = None
     """Required with ``base_url``; the scripted server's model otherwise."""
     base_url: str | None = None
@@ -532,6 +535,7 @@ previews:
 
 model:
   provider: openai_chat                 # openai_chat | openai_responses | anthropic | gemini
+                                        # | bedrock (run only)
   model: null                           # required with base_url
   base_url: null                        # null: the embedded scripted server (toollatch run)
   api_key_env: null                     # variable holding the key (null: the provider's usual)
