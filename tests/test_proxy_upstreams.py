@@ -1,11 +1,9 @@
 """`toollatch proxy --upstream-provider` (relay/_proxy_upstreams.py): the official `openai`
 SDK through the proxy, over real loopback HTTP, against the scripted server speaking
-Anthropic Messages, Gemini or OpenAI Responses; the client's chat request is translated (the
-scripted server validates it as the real API does and records it) and the answer is OpenAI
-chat's, with exactly the calls the gate commits.
-
-Bedrock is not here: neither the runtime's model clients nor the scripted server speak
-ConverseStream over HTTP (see the proxy's doc).
+Anthropic Messages, Gemini, OpenAI Responses or Bedrock ConverseStream (binary AWS event
+stream); the client's chat request is translated (the scripted server validates it as the
+real API does and records it) and the answer is OpenAI chat's, with exactly the calls the
+gate commits.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from toollatch import ConfigError
 from toollatch.relay import ProxyServer
 from toollatch.scripted import Faults, Script, ScriptedServer, Text, Turn
 
-PROVIDERS = ("anthropic", "gemini", "openai_responses")
+PROVIDERS = ("anthropic", "gemini", "openai_responses", "bedrock")
 OSLO_ARGS, LIMA_ARGS = {"city": "Oslo"}, {"city": "Lima", "unit": "c"}
 """As parsed: Gemini sends arguments as objects, so their text is compact JSON."""
 
@@ -105,6 +103,9 @@ async def test_parallel_calls_reach_the_sdk_whole_and_the_key_goes_in_its_header
         assert "authorization" not in seen.headers
     if provider == "anthropic":
         assert seen.headers["anthropic-version"] == "2023-06-01"
+    if provider == "bedrock":  # a Bedrock API key, as AWS documents it; the model in the path
+        assert seen.path == "/model/two/converse-stream"
+        assert seen.headers["accept"] == "application/vnd.amazon.eventstream"
 
 
 async def test_a_truncated_round_never_yields_a_call_and_finishes_length(proxy):
@@ -277,7 +278,35 @@ def _responses(first: Any, second: Any) -> None:
     ]
 
 
-TRANSLATED = {"anthropic": _anthropic, "gemini": _gemini, "openai_responses": _responses}
+def _bedrock(first: Any, second: Any) -> None:
+    assert first["system"] == [{"text": "Be brief."}]
+    assert first["toolConfig"]["toolChoice"] == {"any": {}}
+    [spec] = first["toolConfig"]["tools"]
+    assert spec["toolSpec"]["name"] == "get_weather"
+    assert spec["toolSpec"]["inputSchema"] == {"json": WEATHER["function"]["parameters"]}  # type: ignore[index]
+    assert "inferenceConfig" not in first
+    assert second["inferenceConfig"] == {"maxTokens": 300}
+    assert second["toolConfig"]["toolChoice"] == {"tool": {"name": "get_weather"}}
+    assert second["toolConfig"]["tools"] == first["toolConfig"]["tools"]  # kept beside it
+    messages = second["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[0]["content"] == [{"text": "Weather in Oslo and Lima?"}]
+    assert messages[1]["content"] == [
+        {"toolUse": {"toolUseId": "call_oslo", "name": "get_weather", "input": OSLO_ARGS}},
+        {"toolUse": {"toolUseId": "call_lima", "name": "get_weather", "input": LIMA_ARGS}},
+    ]
+    assert messages[2]["content"] == [
+        {"toolResult": {"toolUseId": "call_oslo", "content": [{"text": "-3 C"}]}},
+        {"toolResult": {"toolUseId": "call_lima", "content": [{"text": "19 C"}]}},
+    ]
+
+
+TRANSLATED = {
+    "anthropic": _anthropic,
+    "gemini": _gemini,
+    "openai_responses": _responses,
+    "bedrock": _bedrock,
+}
 
 
 async def test_an_upstream_error_status_is_passed_on_openai_shaped(proxy):
@@ -325,9 +354,11 @@ async def test_the_upstream_key_replaces_the_clients_bearer(upstream):
     assert seen.headers["x-api-key"] == "sk-up"
 
 
-def test_an_unknown_upstream_provider_is_a_config_error():
+def test_an_unknown_upstream_provider_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="upstream_provider"):
-        ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock")
+        ProxyServer("http://127.0.0.1:1", upstream_provider="vertex")
+    with pytest.raises(ConfigError, match="record is not supported with a bedrock"):
+        ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock", record=tmp_path)
 
 
 async def test_record_saves_the_providers_own_stream_replayable(upstream, tmp_path):

@@ -265,7 +265,8 @@ class Proxy:
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
-        parser = StreamParser(self.provider, gate=gate, eager=eager, observe=True)
+        framing = "eventstream" if self.provider == "bedrock" else "sse"
+        parser = StreamParser(self.provider, framing=framing, gate=gate, eager=eager, observe=True)
         chunks = ChatChunks(
             completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
             model=str(body.get("model", "")),
@@ -522,8 +523,9 @@ class ProxyServer:
         API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
         ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
     answer saved there, see :class:`Recorder`), ``upstream_provider`` (the upstream's wire:
-        ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``: the client's chat
-        request translated, the answer in OpenAI chat's format). ``async with ProxyServer(...) as
+        ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``, ``bedrock``: the
+        client's chat request translated, the answer in OpenAI chat's format; ``bedrock``
+        without ``record``). ``async with ProxyServer(...) as
         proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
         port, mode, URL or token, or a host beyond loopback without a token.
     """
@@ -554,6 +556,8 @@ class ProxyServer:
             raise ConfigError(
                 f"upstream_provider must be one of {known}, got {upstream_provider!r}"
             )
+        if upstream_provider == "bedrock" and record is not None:
+            raise ConfigError("record is not supported with a bedrock upstream (binary frames)")
         self.upstream_provider = upstream_provider
         """The upstream's wire (``openai_chat``: forwarded as is)."""
         if not upstream.startswith(("http://", "https://")):

@@ -1,6 +1,6 @@
 """``toollatch proxy --upstream-provider``: an OpenAI chat request sent to a non-chat upstream
-(Anthropic Messages, Gemini, OpenAI Responses) and its stream read back (internal; the
-server is :mod:`._proxy`).
+(Anthropic Messages, Gemini, OpenAI Responses, Bedrock ConverseStream) and its stream read
+back (internal; the server is :mod:`._proxy`).
 
 Theory of operation. The client's Chat Completions body is translated into the chosen
 provider's *history* (:func:`translate`: pure, one function per provider) plus the parts
@@ -8,8 +8,9 @@ the runtime's model client places itself (system prompt, tools, ``max_tokens``) 
 top-level extras it merges last (``tool_choice``, sampling settings). The request is then
 built and sent by the runtime's own :func:`toollatch.model_client` (its dialects know each
 provider's path, body, fixed headers and key header: ``x-api-key`` + ``anthropic-version``,
-``x-goog-api-key``, ``Authorization: Bearer``), one client per request (the key is the
-request's), on the proxy's shared httpx client, without retries (the proxy's client
+``x-goog-api-key``, ``Authorization: Bearer``; Bedrock: the bearer is a Bedrock API key,
+else the proxy's own ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` sign each request
+with SigV4), one client per request (the key is the request's), on the proxy's shared httpx client, without retries (the proxy's client
 retries itself). Its :class:`~toollatch.runtime.ModelStream` is what the proxy's reader
 reads (:class:`ModelAnswer`), with the upstream provider's adapter, so the answer is the
 same OpenAI chat answer as from a chat upstream. An upstream's error status comes back as
@@ -18,6 +19,7 @@ an OpenAI-shaped error with that status (and ``Retry-After``).
 What does not cross: content other than text (images, audio) is refused (400), reasoning
 blocks and Gemini thought signatures of earlier turns are not in an OpenAI history, and
 Gemini's made-up call ids (``gemini:...``: Gemini sends none) are not sent back to it.
+Bedrock has no ``tool_choice: none`` (a 400 here) and its answers are not recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import os
 
 import httpx
 import orjson
@@ -44,7 +48,7 @@ from ..runtime._clients._errors import (
 )
 from ..runtime._clients._policy import ClientLimits, RetryPolicy
 
-UPSTREAM_PROVIDERS = ("openai_chat", "anthropic", "gemini", "openai_responses")
+UPSTREAM_PROVIDERS = ("openai_chat", "anthropic", "gemini", "openai_responses", "bedrock")
 """The upstream wires the proxy reads (``openai_chat``: passed through, the default)."""
 _PASSED = ("temperature", "top_p")
 """Sampling settings every target takes under its own name (Gemini: in generationConfig)."""
@@ -331,8 +335,61 @@ class _Responses:
         return extra
 
 
+# --- Bedrock Converse: https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html
+
+
+class _Bedrock:
+    """``toolUse`` blocks in the assistant's content; results as ``toolResult`` blocks in
+    the next user message (several results: one message; roles must alternate, so a user
+    text after results joins them); ``toolConfig.toolChoice`` auto / any / tool
+    (https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ToolChoice.html:
+    there is no "none"); sampling and stop sequences in ``inferenceConfig``."""
+
+    @staticmethod
+    def _add(history: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+        if history and history[-1]["role"] == role:
+            history[-1]["content"].extend(blocks)
+        elif blocks:
+            history.append({"role": role, "content": blocks})
+
+    @staticmethod
+    def user(history: list[dict[str, Any]], text: str) -> None:
+        _Bedrock._add(history, "user", [{"text": text}] if text else [])
+
+    @staticmethod
+    def assistant(
+        history: list[dict[str, Any]], text: str, calls: list[tuple[str, str, dict[str, Any]]]
+    ) -> None:
+        blocks: list[dict[str, Any]] = [{"text": text}] if text else []
+        blocks += [{"toolUse": {"toolUseId": i, "name": n, "input": a}} for i, n, a in calls]
+        _Bedrock._add(history, "assistant", blocks)
+
+    @staticmethod
+    def result(history: list[dict[str, Any]], call_id: str, _name: str, text: str) -> None:
+        block = {"toolResult": {"toolUseId": call_id, "content": [{"text": text}]}}
+        _Bedrock._add(history, "user", [block])
+
+    @staticmethod
+    def extra(body: Mapping[str, Any]) -> dict[str, Any]:
+        config: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
+        config = {"topP" if k == "top_p" else k: v for k, v in config.items()}
+        stop = body.get("stop")
+        if stop is not None:
+            config["stopSequences"] = [stop] if isinstance(stop, str) else stop
+        extra: dict[str, Any] = {"inferenceConfig": config} if config else {}
+        choice = _choice(body)
+        if choice is not None:
+            mode, name = choice
+            if mode == "none":
+                raise Untranslatable("tool_choice none has no Bedrock equivalent: send no tools")
+            kind = {"tool": {"name": name}} if name else {mode.replace("required", "any"): {}}
+            extra["toolConfig"] = {"toolChoice": kind}
+        return extra
+
+
 _BUILDERS: dict[str, Any] = {
     "anthropic": _Anthropic,
+    "bedrock": _Bedrock,
     "gemini": _Gemini,
     "openai_responses": _Responses,
 }
@@ -384,7 +441,7 @@ class Upstreams:
                 http=self.http,
                 limits=ClientLimits(idle_s=self.idle_timeout_s * 2 + 1),
                 retry=RetryPolicy(attempts=1, stream_retries=0),
-                env={},
+                env=_aws_environment() if self.provider == "bedrock" else {},
                 record=self.record,
             )
             stream = client.stream(
@@ -397,7 +454,7 @@ class Upstreams:
         except (Untranslatable, UsageError) as exc:
             return openai_error(400, "untranslatable_request", str(exc))
         except ConfigError as exc:  # (no key for the provider's own host, a bad model name)
-            if "API key" not in str(exc):
+            if "API key" not in str(exc) and "no credentials" not in str(exc):
                 return openai_error(400, "invalid_request", str(exc))
             message = f"{self.base_url} needs an API key: send it as the bearer token"
             return openai_error(401, "missing_api_key", message, "authentication_error")
@@ -406,6 +463,21 @@ class Upstreams:
         except ModelError as exc:
             return _refused(exc)
         return ModelAnswer(stream), None  # (the model client records, when asked)
+
+
+_AWS_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+
+
+def _aws_environment() -> dict[str, str]:
+    """The proxy's own AWS keys and region (SigV4 for a Bedrock upstream when the request
+    brings no bearer); never its ``AWS_BEARER_TOKEN_BEDROCK``: the key is the request's."""
+    return {name: os.environ[name] for name in _AWS_VARIABLES if os.environ.get(name)}
 
 
 def _bearer(request: Request) -> str | None:

@@ -181,7 +181,14 @@ class ModelClient:
         request = Request(
             history=history, tools=specs, system=system, max_tokens=max_tokens, extra=extra or {}
         )
-        return {**self._dialect.body(self.model, request), **request.extra}
+        body = self._dialect.body(self.model, request)
+        for key, value in request.extra.items():
+            built = body.get(key)
+            if key in self._dialect.extended and isinstance(built, dict) and isinstance(value, dict):
+                body[key] = {**built, **value}
+            else:
+                body[key] = value
+        return body
 
     def stream(
         self,

@@ -58,6 +58,9 @@ class Dialect:
     """Headers every request carries (e.g. ``anthropic-version``)."""
     framing: Framing = "sse"
     """How the answer's body is framed (Bedrock: the AWS binary ``eventstream``)."""
+    extended: tuple[str, ...] = ()
+    """Body objects that an ``extra`` object of the same name extends (one level deep)
+    instead of replacing (Bedrock: ``toolConfig`` keeps its tools beside a ``toolChoice``)."""
 
 
 def _chat_body(model: str, request: Request) -> Body:
@@ -245,6 +248,7 @@ DIALECTS: dict[str, Dialect] = {
         body=_bedrock_body,
         fixed_headers={"accept": "application/vnd.amazon.eventstream"},
         framing="eventstream",
+        extended=("toolConfig", "inferenceConfig"),
     ),
 }
 """Every provider a model client speaks, by toollatch provider name."""
