@@ -49,6 +49,7 @@ from ..core._errors import ConfigError, ErrorCode, UsageError
 from ..core._gate import Gate
 from ..core._limits import Limits
 from ..core._pipeline import StreamParser
+from ..core._registry import Framing
 from ..core._round import Round
 from ..core._specs import ToolSpec
 from ..runtime import Recorder
@@ -265,7 +266,7 @@ class Proxy:
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
-        framing = "eventstream" if self.provider == "bedrock" else "sse"
+        framing: Framing = "eventstream" if self.provider == "bedrock" else "sse"
         parser = StreamParser(self.provider, framing=framing, gate=gate, eager=eager, observe=True)
         chunks = ChatChunks(
             completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",

@@ -2,19 +2,19 @@
 (Anthropic Messages, Gemini, OpenAI Responses, Bedrock ConverseStream) and its stream read
 back (internal; the server is :mod:`._proxy`).
 
-Theory of operation. The client's Chat Completions body is translated into the chosen
-provider's *history* (:func:`translate`: pure, one function per provider) plus the parts
-the runtime's model client places itself (system prompt, tools, ``max_tokens``) and the
-top-level extras it merges last (``tool_choice``, sampling settings). The request is then
-built and sent by the runtime's own :func:`toollatch.model_client` (its dialects know each
-provider's path, body, fixed headers and key header: ``x-api-key`` + ``anthropic-version``,
-``x-goog-api-key``, ``Authorization: Bearer``; Bedrock: the bearer is a Bedrock API key,
-else the proxy's own ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` sign each request
-with SigV4), one client per request (the key is the request's), on the proxy's shared httpx client, without retries (the proxy's client
-retries itself). Its :class:`~toollatch.runtime.ModelStream` is what the proxy's reader
-reads (:class:`ModelAnswer`), with the upstream provider's adapter, so the answer is the
-same OpenAI chat answer as from a chat upstream. An upstream's error status comes back as
-an OpenAI-shaped error with that status (and ``Retry-After``).
+Theory of operation. The client's Chat Completions body is translated into the chosen provider's
+*history* (:func:`translate`: pure, one function per provider) plus the parts the runtime's
+model client places itself (system prompt, tools, ``max_tokens``) and the top-level extras it
+merges last (``tool_choice``, sampling settings). The request is then built and sent by the
+runtime's own :func:`toollatch.model_client` (its dialects know each provider's path, body,
+fixed headers and key header: ``x-api-key`` + ``anthropic-version``, ``x-goog-api-key``,
+``Authorization: Bearer``; Bedrock: the bearer is a Bedrock API key, else the proxy's own
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` sign each request with SigV4), one client per
+request (the key is the request's), on the proxy's shared httpx client, without retries (the
+proxy's client retries itself). Its :class:`~toollatch.runtime.ModelStream` is what the proxy's
+reader reads (:class:`ModelAnswer`), with the upstream provider's adapter, so the answer is the
+same OpenAI chat answer as from a chat upstream. An upstream's error status comes back as an
+OpenAI-shaped error with that status (and ``Retry-After``).
 
 What does not cross: content other than text (images, audio) is refused (400), reasoning
 blocks and Gemini thought signatures of earlier turns are not in an OpenAI history, and
@@ -24,12 +24,11 @@ Bedrock has no ``tool_choice: none`` (a 400 here) and its answers are not record
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-import os
 
 import httpx
 import orjson

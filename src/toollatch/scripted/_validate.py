@@ -439,8 +439,8 @@ def _bedrock(body: Mapping[str, Any]) -> int:
             f"Ids: {', '.join(pending)}"
         )
     if blocks_used and not isinstance(body.get("toolConfig"), Mapping):
-        message = "The toolConfig field must be defined when using toolUse and toolResult"
-        raise InvalidRequest(f"{message} content blocks.")
+        needs = "The toolConfig field must be defined when using toolUse and toolResult"
+        raise InvalidRequest(f"{needs} content blocks.")
     return turns
 
 

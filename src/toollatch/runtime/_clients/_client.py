@@ -184,7 +184,8 @@ class ModelClient:
         body = self._dialect.body(self.model, request)
         for key, value in request.extra.items():
             built = body.get(key)
-            if key in self._dialect.extended and isinstance(built, dict) and isinstance(value, dict):
+            extends = key in self._dialect.extended and isinstance(value, dict)
+            if extends and isinstance(built, dict):
                 body[key] = {**built, **value}
             else:
                 body[key] = value

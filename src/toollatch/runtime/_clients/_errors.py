@@ -252,8 +252,9 @@ def error_message(body: bytes) -> str:
 
     Understands the providers' shapes: OpenAI ``{"error": {"message", "type", "code"}}``,
     Anthropic ``{"type": "error", "error": {"type", "message"}}``, Gemini ``{"error":
-    {"code", "message", "status"}}`` (sometimes wrapped in a list), AWS's ``{"message"}``. An HTML page: its
-    ``<title>``. Anything else: the body's text. Never raises; at most ~300 characters.
+    {"code", "message", "status"}}`` (sometimes wrapped in a list), AWS's ``{"message"}``.
+    An HTML page: its ``<title>``. Anything else: the body's text. Never raises; at most
+    ~300 characters.
     """
     try:
         data = orjson.loads(body)
