@@ -123,7 +123,7 @@ def test_an_unreachable_model_exits_1_with_one_line():
 @pytest.mark.parametrize(
     "args",
     [
-        ["--provider", "bedrock"],
+        ["--provider", "vertex"],
         ["--max-rounds", "0"],
         ["--base-url", "http://127.0.0.1:9/v1"],  # no --model
         ["--tools", "no/such/file.py"],

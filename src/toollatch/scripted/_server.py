@@ -378,8 +378,9 @@ class ScriptedServer:
         )
         if provider == "openai_chat" and self.quirks is not None:
             events = rewritten(events, self.quirks)
-        media = EVENTSTREAM if provider == "bedrock" else "text/event-stream; charset=utf-8"
-        return _Playback(events, turn, self.delay_scale, media), turns
+        if provider == "bedrock":
+            return _Playback(events, turn, self.delay_scale, EVENTSTREAM), turns
+        return _Playback(events, turn, self.delay_scale), turns
 
     def _count_attempt(self, model: str, turn: int) -> int:
         with self._lock:
@@ -445,7 +446,13 @@ class _Playback(Response):
     """Sends a turn's events with its delays; a stall; a drop (the connection closes with no
     terminal event: the ASGI app returns before the response is complete)."""
 
-    def __init__(self, events: list[WireEvent], turn: Turn, scale: float, media: str) -> None:
+    def __init__(
+        self,
+        events: list[WireEvent],
+        turn: Turn,
+        scale: float,
+        media: str = "text/event-stream; charset=utf-8",
+    ) -> None:
         super().__init__(status_code=200, media_type=media)
         self.content_type = media
         self.events = events
