@@ -397,3 +397,58 @@ async def test_no_key_for_the_providers_own_host_is_a_401_before_any_request():
     assert answer.json()["error"]["code"] == "missing_api_key"
     assert nameless.status_code == 400
     assert "model must be a non-empty string" in nameless.json()["error"]["message"]
+
+
+async def test_bedrock_without_a_bearer_signs_with_the_proxys_aws_keys(upstream, monkeypatch):
+    """No bearer from the client: the proxy's own AWS keys sign the ConverseStream request
+    (SigV4 by botocore; the scripted server checks the header's shape and scope only)."""
+    pytest.importorskip("botocore")
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "AKIDPROXY",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_REGION": "us-west-2",
+        "AWS_BEARER_TOKEN_BEDROCK": "not-the-proxys-to-send",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    async with ProxyServer(upstream.base_url("bedrock"), upstream_provider="bedrock") as p:
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            body = {"model": "text", "messages": [{"role": "user", "content": "x"}]}
+            answer = await h.post("/chat/completions", json=body)
+            none = await h.post("/chat/completions", json={**body, "tool_choice": "none"})
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["message"]["content"] == "Hello there, no tools needed."
+    [seen] = upstream.requests
+    authorization = seen.headers["authorization"]
+    assert authorization.startswith(
+        "AWS4-HMAC-SHA256 Credential=AKIDPROXY/" + seen.headers["x-amz-date"][:8]
+    )
+    assert "/us-west-2/bedrock/aws4_request, SignedHeaders=" in authorization
+    assert none.status_code == 400  # Bedrock has no "none": refused before sending
+    assert "no Bedrock equivalent" in none.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "gemini"])
+async def test_the_model_list_is_translated_to_openais_shape(upstream, provider):
+    """``GET /v1/models`` on an Anthropic or Gemini upstream: the provider's own list
+    (``/v1/models`` with ``x-api-key``, ``/v1beta/models`` with ``x-goog-api-key``) read and
+    answered as OpenAI's, which the SDK's ``models.list()`` reads."""
+    async with ProxyServer(upstream.base_url(provider), upstream_provider=provider) as p:
+        async with client(p) as c:
+            listed = [m async for m in c.models.list()]
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            raw = (await h.get("/models")).json()
+    assert sorted(m.id for m in listed) == sorted([*SCRIPTS, "scripted"])
+    owner = {"anthropic": "anthropic", "gemini": "google"}[provider]
+    assert {(m.object, m.owned_by) for m in listed} == {("model", owner)}
+    if provider == "anthropic":  # its created_at, as Unix seconds
+        assert {m.created for m in listed} == {1767225600}
+    assert set(raw) == {"object", "data"} and raw["object"] == "list"
+
+
+async def test_a_bedrock_upstream_lists_no_models():
+    async with ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock") as p:
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            answer = await h.get("/models")
+    assert answer.status_code == 404
+    assert "bedrock-runtime lists none" in answer.json()["error"]["message"]

@@ -59,7 +59,13 @@ from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_responses import ResponseEvents
-from ._proxy_upstreams import UPSTREAM_PROVIDERS, Upstream, Upstreams, openai_error
+from ._proxy_upstreams import (
+    UPSTREAM_PROVIDERS,
+    Upstream,
+    Upstreams,
+    list_models,
+    openai_error,
+)
 from ._serving import listening_socket, started
 
 CALL_MODES = ("hold",)
@@ -234,6 +240,10 @@ class Proxy:
         return JSONResponse({"ok": True})
 
     async def _models(self, request: Request) -> Response:
+        if self.upstreams is not None:  # another provider's list, in OpenAI's shape
+            listed = await list_models(self.upstreams, request)
+            if listed is not None:
+                return listed
         headers = self._headers(request)
         headers.pop("content-type")
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,6 +45,7 @@ from ..runtime._clients._errors import (
     ModelError,
     ModelHTTPError,
     StreamTimeout,
+    error_message,
 )
 from ..runtime._clients._policy import ClientLimits, RetryPolicy
 
@@ -52,6 +54,9 @@ UPSTREAM_PROVIDERS = ("openai_chat", "anthropic", "gemini", "openai_responses", 
 _PASSED = ("temperature", "top_p")
 """Sampling settings every target takes under its own name (Gemini: in generationConfig)."""
 _GEMINI_MADE_UP = "gemini:"
+_MODEL_PAGES = 10
+"""Pages of a provider's model list read at most for one ``GET /v1/models`` (each up to
+1,000 models: the most Anthropic's ``limit`` and Gemini's ``pageSize`` take)."""
 """The prefix of the call ids the Gemini adapter makes up (Gemini sent none)."""
 
 
@@ -471,6 +476,99 @@ _AWS_VARIABLES = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
+
+
+# --- GET /v1/models ------------------------------------------------------------------------------
+
+
+async def list_models(upstreams: Upstreams, request: Request) -> Response | None:
+    """``GET /v1/models`` on a non-chat upstream as OpenAI's list (``{"object": "list",
+    "data": [{"id", "object": "model", "created", "owned_by"}]}``), from Anthropic's
+    ``GET /v1/models`` (https://docs.anthropic.com/en/api/models-list: ``data``, ``has_more``,
+    ``last_id``) or Gemini's ``GET /v1beta/models``
+    (https://ai.google.dev/api/models#method:-models.list: ``models[].name``,
+    ``nextPageToken``), pages followed up to ``_MODEL_PAGES``; an upstream's error comes back
+    OpenAI-shaped with its status. None for an OpenAI upstream (passed through as it is);
+    Bedrock lists its models on its control plane, not bedrock-runtime: a 404 saying so."""
+    provider = upstreams.provider
+    if provider == "openai_responses":
+        return None
+    if provider == "bedrock":
+        message = "GET /v1/models is not offered on a bedrock upstream (bedrock-runtime lists none)"
+        return openai_error(404, "not_found", message)
+    key = upstreams.upstream_key or _bearer(request)
+    models: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(_MODEL_PAGES):
+        try:
+            answer = await _model_page(upstreams, key, cursor)
+        except httpx.HTTPError as exc:
+            message = f"cannot reach the upstream {upstreams.base_url}: {exc}"
+            return openai_error(502, "upstream_unreachable", message, "upstream_error")
+        if answer.status_code >= 400:
+            kind, code = _provider_error(answer.content)
+            message = error_message(answer.content)
+            return openai_error(answer.status_code, code, message, kind)
+        page, cursor = _models_of(provider, answer.content)
+        models += page
+        if cursor is None:
+            break
+    return JSONResponse({"object": "list", "data": models})
+
+
+async def _model_page(upstreams: Upstreams, key: str | None, cursor: str | None) -> httpx.Response:
+    """One page of the provider's model list (``cursor``: where the last one ended)."""
+    if upstreams.provider == "anthropic":
+        headers = {"anthropic-version": "2023-06-01", **({"x-api-key": key} if key else {})}
+        params = {"limit": "1000", **({"after_id": cursor} if cursor else {})}
+        url = f"{upstreams.base_url}/v1/models"
+    else:
+        headers = {"x-goog-api-key": key} if key else {}
+        params = {"pageSize": "1000", **({"pageToken": cursor} if cursor else {})}
+        url = f"{upstreams.base_url}/v1beta/models"
+    return await upstreams.http.get(url, headers=headers, params=params)
+
+
+def _models_of(provider: str, raw: bytes) -> tuple[list[dict[str, Any]], str | None]:
+    """One page's models in OpenAI's shape, and the cursor of the next page (None: last)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        return [], None
+    if provider == "anthropic":
+        entries = [m for m in data.get("data") or () if isinstance(m, dict)]
+        page = [
+            _openai_model(m.get("id"), _epoch(m.get("created_at")), "anthropic") for m in entries
+        ]
+        more = data.get("has_more") is True and isinstance(data.get("last_id"), str)
+        return [m for m in page if m], data["last_id"] if more else None
+    entries = [m for m in data.get("models") or () if isinstance(m, dict)]
+    page = [_openai_model(_gemini_id(m.get("name")), 0, "google") for m in entries]
+    token = data.get("nextPageToken")
+    return [m for m in page if m], token if isinstance(token, str) and token else None
+
+
+def _gemini_id(name: object) -> object:
+    return name.removeprefix("models/") if isinstance(name, str) else name
+
+
+def _openai_model(model_id: object, created: int, owner: str) -> dict[str, Any]:
+    """An OpenAI model entry; empty for an entry without a usable id (left out)."""
+    if not isinstance(model_id, str) or not model_id:
+        return {}
+    return {"id": model_id, "object": "model", "created": created, "owned_by": owner}
+
+
+def _epoch(stamp: object) -> int:
+    """An RFC 3339 time as Unix seconds (0 when absent or unreadable)."""
+    if not isinstance(stamp, str):
+        return 0
+    try:
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0
 
 
 def _aws_environment() -> dict[str, str]:
