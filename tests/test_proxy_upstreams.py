@@ -199,6 +199,8 @@ async def test_a_multi_turn_conversation_carries_the_calls_and_their_results(pro
             messages=history,
             tools=[WEATHER],
             max_tokens=300,
+            temperature=0.25,
+            stop=["END"],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
         )
     assert second.choices[0].message.content == "Oslo is cold, Lima mild."
@@ -215,6 +217,7 @@ def _anthropic(first: Any, second: Any) -> None:
     assert first["tools"][0]["name"] == "get_weather"
     assert first["tools"][0]["input_schema"] == WEATHER["function"]["parameters"]  # type: ignore[index]
     assert second["max_tokens"] == 300
+    assert (second["temperature"], second["stop_sequences"]) == (0.25, ["END"])
     assert second["tool_choice"] == {"type": "tool", "name": "get_weather"}
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
     assert second["messages"][1]["content"] == [
@@ -236,7 +239,11 @@ def _gemini(first: Any, second: Any) -> None:
     assert first["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
     assert first["toolConfig"] == {"functionCallingConfig": {"mode": "ANY"}}
     assert first["tools"][0]["functionDeclarations"][0]["name"] == "get_weather"
-    assert second["generationConfig"] == {"maxOutputTokens": 300}
+    assert second["generationConfig"] == {
+        "maxOutputTokens": 300,
+        "temperature": 0.25,
+        "stopSequences": ["END"],
+    }
     assert second["toolConfig"] == {
         "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}
     }
@@ -256,7 +263,7 @@ def _responses(first: Any, second: Any) -> None:
     assert first["instructions"] == "Be brief."
     assert first["tool_choice"] == "required"
     assert first["tools"][0]["name"] == "get_weather"
-    assert second["max_output_tokens"] == 300
+    assert (second["max_output_tokens"], second["temperature"]) == (300, 0.25)
     assert second["tool_choice"] == {"type": "function", "name": "get_weather"}
     items = second["input"]
     assert items[0] == {"role": "user", "content": "Weather in Oslo and Lima?"}
@@ -285,7 +292,11 @@ def _bedrock(first: Any, second: Any) -> None:
     assert spec["toolSpec"]["name"] == "get_weather"
     assert spec["toolSpec"]["inputSchema"] == {"json": WEATHER["function"]["parameters"]}  # type: ignore[index]
     assert "inferenceConfig" not in first
-    assert second["inferenceConfig"] == {"maxTokens": 300}
+    assert second["inferenceConfig"] == {
+        "maxTokens": 300,
+        "temperature": 0.25,
+        "stopSequences": ["END"],
+    }
     assert second["toolConfig"]["toolChoice"] == {"tool": {"name": "get_weather"}}
     assert second["toolConfig"]["tools"] == first["toolConfig"]["tools"]  # kept beside it
     messages = second["messages"]

@@ -244,6 +244,18 @@ class _Anthropic:
         return extra
 
 
+def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``temperature``, ``top_p`` and ``stop`` in the camel case Gemini's
+    ``generationConfig`` and Bedrock's ``inferenceConfig`` share (``topP``,
+    ``stopSequences``)."""
+    config: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
+    config = {"topP" if k == "top_p" else k: v for k, v in config.items()}
+    stop = body.get("stop")
+    if stop is not None:
+        config["stopSequences"] = [stop] if isinstance(stop, str) else stop
+    return config
+
+
 # --- Gemini: https://ai.google.dev/api/generate-content ----------------------------------------
 
 
@@ -284,11 +296,7 @@ class _Gemini:
 
     @staticmethod
     def extra(body: Mapping[str, Any]) -> dict[str, Any]:
-        config: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
-        config = {"topP" if k == "top_p" else k: v for k, v in config.items()}
-        stop = body.get("stop")
-        if stop is not None:
-            config["stopSequences"] = [stop] if isinstance(stop, str) else stop
+        config = _sampling(body)
         tokens = _max_tokens(body)
         if tokens is not None:  # (here: the model client's would be replaced by extra's)
             config["maxOutputTokens"] = tokens
@@ -375,11 +383,7 @@ class _Bedrock:
 
     @staticmethod
     def extra(body: Mapping[str, Any]) -> dict[str, Any]:
-        config: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
-        config = {"topP" if k == "top_p" else k: v for k, v in config.items()}
-        stop = body.get("stop")
-        if stop is not None:
-            config["stopSequences"] = [stop] if isinstance(stop, str) else stop
+        config = _sampling(body)
         extra: dict[str, Any] = {"inferenceConfig": config} if config else {}
         choice = _choice(body)
         if choice is not None:
