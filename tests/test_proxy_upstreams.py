@@ -457,6 +457,16 @@ async def test_the_model_list_is_translated_to_openais_shape(upstream, provider)
     assert set(raw) == {"object", "data"} and raw["object"] == "list"
 
 
+async def test_a_model_list_refused_upstream_is_an_openai_error(upstream):
+    url = upstream.url + "/elsewhere"  # a path the scripted server does not serve: 404
+    async with ProxyServer(url, upstream_provider="gemini") as p:
+        async with client(p) as c:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await c.models.list()
+    error = caught.value.response.json()["error"]
+    assert (error["code"], error["message"]) == ("upstream_error", "Not Found")
+
+
 async def test_a_bedrock_upstream_lists_no_models():
     async with ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock") as p:
         async with httpx.AsyncClient(base_url=p.url) as h:

@@ -45,7 +45,6 @@ from ..runtime._clients._errors import (
     ModelError,
     ModelHTTPError,
     StreamTimeout,
-    error_message,
 )
 from ..runtime._clients._policy import ClientLimits, RetryPolicy
 
@@ -510,8 +509,7 @@ async def list_models(upstreams: Upstreams, request: Request) -> Response | None
             message = f"cannot reach the upstream {upstreams.base_url}: {exc}"
             return openai_error(502, "upstream_unreachable", message, "upstream_error")
         if answer.status_code >= 400:
-            kind, code = _provider_error(answer.content)
-            message = error_message(answer.content)
+            kind, code, message = _provider_error(answer.content)
             return openai_error(answer.status_code, code, message, kind)
         page, cursor = _models_of(provider, answer.content)
         models += page
@@ -597,7 +595,7 @@ def openai_error(
 def _refused(exc: ModelError) -> Response:
     """The OpenAI-shaped answer to an upstream that refused or could not be reached."""
     if isinstance(exc, ModelHTTPError):
-        kind, code = _provider_error(exc.body)
+        kind, code, _ = _provider_error(exc.body)
         headers = {}
         if exc.retry_after_s is not None:
             headers["retry-after"] = f"{exc.retry_after_s:g}"
@@ -609,18 +607,22 @@ def _refused(exc: ModelError) -> Response:
     return openai_error(502, "upstream_error", str(exc), "upstream_error")
 
 
-def _provider_error(raw: bytes) -> tuple[str, str]:
-    """(type, code) from a provider's error body: Anthropic's ``error.type``, Gemini's
-    ``error.status``; ``upstream_error`` when it says neither."""
+def _provider_error(raw: bytes) -> tuple[str, str, str]:
+    """(type, code, message) from a provider's error body: Anthropic's ``error.type``,
+    Gemini's ``error.status``, ``upstream_error`` when it says neither; ``error.message``
+    (AWS: the top-level ``message``), else the start of the body."""
+    shown = raw[:300].decode("utf-8", "replace").strip() or "(empty body)"
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return "upstream_error", "upstream_error"
+        return "upstream_error", "upstream_error", shown
     if isinstance(data, list) and data:
         data = data[0]
     error = data.get("error") if isinstance(data, dict) else None
     if not isinstance(error, dict):
-        return "upstream_error", "upstream_error"
+        message = data.get("message") if isinstance(data, dict) else None
+        return "upstream_error", "upstream_error", str(message or shown)
     kind = error.get("type") or error.get("status")
     code = error.get("code") if isinstance(error.get("code"), str) else kind
-    return str(kind or "upstream_error"), str(code or "upstream_error")
+    message = str(error.get("message") or shown)
+    return str(kind or "upstream_error"), str(code or "upstream_error"), message
