@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import typing
 from collections.abc import Iterator
 
 import openai
@@ -146,12 +147,17 @@ def test_proxy_reads_an_anthropic_upstream_for_an_openai_client():
 
 def test_the_flags_providers_are_the_proxys():
     from toollatch.cli import build_parser
+    from toollatch.cli._app_config import ProxyConfig
+    from toollatch.cli._proxy import proxy_server
     from toollatch.relay._proxy_upstreams import UPSTREAM_PROVIDERS
 
     parser = build_parser()
     args = parser.parse_args(["proxy", "--upstream", "http://x"])
-    assert args.upstream_provider == "openai_chat"
+    assert args.upstream_provider is None  # unset: proxy.upstream_provider decides
+    assert proxy_server(args, env={}).upstream_provider == "openai_chat"
     subparsers = next(a for a in parser._actions if a.dest == "command")
     proxy = subparsers.choices["proxy"]  # type: ignore[attr-defined]
     [flag] = [a for a in proxy._actions if a.dest == "upstream_provider"]
     assert set(flag.choices) == set(UPSTREAM_PROVIDERS)
+    configured = ProxyConfig.model_fields["upstream_provider"].annotation
+    assert set(typing.get_args(configured)) == set(UPSTREAM_PROVIDERS)

@@ -19,6 +19,7 @@ of those values, so the file adds no second set of rules:
 * ``previews``: :class:`PreviewPolicy`;
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
+* ``proxy``: ``toollatch proxy`` (every flag of it, and the relay's connection bounds);
 * ``ledger``: the ledger URL and the opt-in audit of uncommitted calls (:class:`AuditPolicy`);
 * ``results``: the size budgets of tool results (:class:`ResultLimits`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`;
@@ -178,6 +179,51 @@ class RelayConfig(_Section):
     (``POST /api/chat``, ``POST /runs {"chat_id"}``); a full chat refuses more (409)."""
 
 
+_ProxyBytes = Annotated[int, Field(ge=1)]
+
+
+class ProxyConfig(_Section):
+    """``toollatch proxy``: its upstream, who may use it, how calls reach the client, and its
+    bounds (:class:`toollatch.relay.ProxyServer`'s arguments; the connection bounds are the
+    relay's, :class:`toollatch.relay.RelayLimits`)."""
+
+    upstream: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """The model server's base URL (``http://HOST:PORT/v1``); required here or as
+    ``--upstream``."""
+    upstream_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = (
+        "TOOLLATCH_PROXY_UPSTREAM_KEY"
+    )
+    """The environment variable holding the upstream's API key (the key never goes in the
+    file); when it is set, the clients' ``Authorization`` is not forwarded."""
+    upstream_provider: Literal[
+        "openai_chat", "anthropic", "gemini", "openai_responses", "bedrock"
+    ] = "openai_chat"
+    """The upstream's wire: ``openai_chat`` forwards the request as is; the others translate
+    the client's chat request into that provider's and answer in OpenAI chat's format."""
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    calls: Literal["hold", "stream"] = "hold"
+    """``hold``: a call is sent once committed, whole; ``stream``: its argument text as it
+    streams, the verdicts at the end (a client may see part of a call refused later)."""
+    token: Annotated[str, Field(pattern=r"^(auto|[A-Za-z0-9._~-]{16,256})$")] | None = None
+    """The token clients must send (required beyond loopback); better in
+    TOOLLATCH_PROXY__TOKEN."""
+    allowed_hosts: _Names = ()
+    """``Host`` names accepted besides loopback's and the bound one."""
+    record: str | None = None
+    """A folder where each upstream answer is saved as a replayable fixture."""
+    idle_timeout_s: _Seconds = 60.0
+    """The upstream may stay silent this long mid-stream; then the round fails
+    ``idle_timeout``."""
+    max_request_bytes: _ProxyBytes = 16 * 1024 * 1024
+    max_connections: _Positive = 1000
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 65536
+    header_timeout_s: _Seconds = 10.0
+    keepalive_timeout_s: _Seconds = 5.0
+    """An idle keep-alive connection of a client is closed after this."""
+    body_timeout_s: _Seconds = 30.0
+
+
 class LedgerConfig(_Section):
     """The durable call ledger, and its opt-in audit of calls that did not commit."""
 
@@ -263,6 +309,7 @@ class Config(_Section):
     previews: PreviewsConfig = PreviewsConfig()
     model: ModelConfig = ModelConfig()
     relay: RelayConfig = RelayConfig()
+    proxy: ProxyConfig = ProxyConfig()
     ledger: LedgerConfig = LedgerConfig()
     results: ResultsConfig = ResultsConfig()
     logging: LoggingConfig = LoggingConfig()
@@ -383,8 +430,9 @@ class Config(_Section):
         """The effective configuration as YAML (every key, defaults included; an access
         token shows as ``[set]``)."""
         data = self.model_dump(mode="json")
-        if data["relay"]["token"] not in (None, "auto"):
-            data["relay"]["token"] = "[set]"
+        for section in ("relay", "proxy"):
+            if data[section]["token"] not in (None, "auto"):
+                data[section]["token"] = "[set]"
         text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         return text
 
@@ -570,6 +618,28 @@ relay:
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
   max_chat_messages: 400                # history entries a chat keeps (409 beyond)
+
+proxy:                                  # toollatch proxy (its flags win over these)
+  upstream: null                        # the model server's base URL, http://HOST:PORT/v1
+  upstream_key_env: TOOLLATCH_PROXY_UPSTREAM_KEY  # variable holding the upstream's key
+  upstream_provider: openai_chat        # the upstream's wire: openai_chat (forwarded as is) |
+                                        # anthropic | gemini | openai_responses | bedrock
+                                        # (translated)
+  host: 127.0.0.1                       # beyond loopback needs a token
+  port: 8080
+  calls: hold                           # hold: calls sent once committed, whole | stream:
+                                        # argument text live, verdicts at the end
+  token: null                           # clients' token (auto: make one); better in the env:
+                                        # TOOLLATCH_PROXY__TOKEN
+  allowed_hosts: []                     # Host names besides loopback's and the bound one
+  record: null                          # folder: each upstream answer saved as a fixture
+  idle_timeout_s: 60                    # upstream silence mid-stream: the round fails
+  max_request_bytes: 16777216           # a request body's bound (413 beyond)
+  max_connections: 1000                 # open client connections
+  max_header_bytes: 65536               # request line + headers (431 beyond)
+  header_timeout_s: 10                  # a request head must arrive within (408)
+  keepalive_timeout_s: 5                # an idle keep-alive connection is closed after
+  body_timeout_s: 30                    # a request body must arrive within (408)
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:

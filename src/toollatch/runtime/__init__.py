@@ -5,7 +5,9 @@ The agent loop itself (``Agent``, ``AgentRun``, ``@tool``, ``Tool``, ``model_cli
 agent events, the model errors and every ``*Limits``) is in :mod:`toollatch`. Here:
 :class:`Dispatcher` (runs :class:`toollatch.CommittedCall` objects, and an eager call only
 when the core returned it as a ``CallReady``) and one round's :class:`DispatchRound`;
-:class:`ModelStream`, what ``ModelClient.stream`` yields; the observers that watch a run
+:class:`ModelStream`, what ``ModelClient.stream`` yields, and :class:`IdleDeadline`, the
+idle deadline of its reads (one timer per stream, not one per read; the proxy's too); the
+observers that watch a run
 (:class:`AgentObserver`, :class:`Metrics`, :class:`Tracing`, :class:`RedactedLog`,
 :class:`JsonFormatter`, :func:`configure_logging`); result shaping (:func:`redact_result`,
 :func:`truncate_result` and their constants); :func:`example_tools`; and the whole-app
@@ -20,6 +22,7 @@ from ..core._redact import redact_result
 from ..tools._examples import example_tools
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, truncate_result
 from ._clients import ModelStream
+from ._clients._deadline import IdleDeadline
 from ._dispatcher import Dispatcher, DispatchRound
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
@@ -33,6 +36,7 @@ __all__ = [
     "Config",
     "DispatchRound",
     "Dispatcher",
+    "IdleDeadline",
     "JsonFormatter",
     "Metrics",
     "ModelStream",
