@@ -473,3 +473,22 @@ async def test_a_bedrock_upstream_lists_no_models():
             answer = await h.get("/models")
     assert answer.status_code == 404
     assert "bedrock-runtime lists none" in answer.json()["error"]["message"]
+
+
+async def test_calls_stream_mode_on_bedrock_sends_the_fragments_it_commits(upstream):
+    """``--calls stream`` on the binary Bedrock wire: the argument text arrives in fragments
+    and concatenates to the committed calls; the verdicts come at the end."""
+    url = upstream.base_url("bedrock")
+    async with ProxyServer(url, upstream_provider="bedrock", calls="stream") as p:
+        chunks, calls = await streamed(p, "two")
+        bad_chunks, _ = await streamed(p, "bad")
+    assert calls == {
+        0: {"id": "call_oslo", "name": "get_weather", "arguments": OSLO_ARGS},
+        1: {"id": "call_lima", "name": "get_weather", "arguments": LIMA_ARGS},
+    }
+    fragments = [d for ch in chunks for c in ch.choices for d in c.delta.tool_calls or ()]
+    assert len(fragments) > 2  # live fragments, not one whole delta per call
+    assert finish_reasons(chunks) == ["tool_calls"]
+    failed = extension(bad_chunks)
+    assert failed is not None
+    assert [(f["id"], f["code"]) for f in failed["failed"]] == [("call_bad", "schema_violation")]
