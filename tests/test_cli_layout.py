@@ -27,7 +27,8 @@ OPTIONS: dict[str, set[str]] = {
     "run": {
         "-h", "--help", "message", "--provider", "--model", "--base-url", "--tools", "--mcp",
         "--eager", "--max-rounds", "--deadline", "--workspace", "--json", "--record",
-        "--full-results", "--ledger", "--session", "--resume", "--config",
+        "--full-results", "--ledger", "--session", "--resume", "--config", "--approve",
+        "--approval-timeout",
     },
     "config": {"-h", "--help"},
     "config example": {"-h", "--help"},

@@ -23,7 +23,8 @@ of those values, so the file adds no second set of rules:
 * ``ledger``: the ledger URL and the opt-in audit of uncommitted calls (:class:`AuditPolicy`);
 * ``results``: the size budgets of tool results (:class:`ResultLimits`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`;
-* ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`).
+* ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`);
+* ``approvals``: which calls wait for a person, and how long (:class:`ApprovalPolicy`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ..core._preview import PreviewPolicy, Redactor, ToolPreview
 from ..core._secrets import redact_secrets
 from ..ledger import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
+from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import ClientLimits, RetryPolicy
 from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
@@ -301,6 +303,18 @@ class McpConfig(_Section):
     servers: Annotated[tuple[McpServerConfig, ...], Field(strict=False)] = ()
 
 
+class ApprovalsConfig(_Section):
+    """Calls that wait for a person's approval before they run (:class:`ApprovalPolicy`),
+    besides those of tools declared ``needs_approval``: MCP tools need no code for it."""
+
+    tools: _Names = ()
+    """Tool names whose calls need approval."""
+    default: Literal["run", "ask"] = "run"
+    """``ask``: every other tool's calls need it too."""
+    timeout_s: _Seconds | None = 300.0
+    """An unanswered call fails ``approval_expired`` after this long (null: never)."""
+
+
 class Config(_Section):
     """The whole configuration; every section is optional (defaults above)."""
 
@@ -314,6 +328,7 @@ class Config(_Section):
     results: ResultsConfig = ResultsConfig()
     logging: LoggingConfig = LoggingConfig()
     mcp: McpConfig = McpConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
 
     def mcp_servers(self) -> list[McpServer]:
         """The ``mcp.servers`` as :class:`McpServer` values (a name derived from the command
@@ -409,6 +424,11 @@ class Config(_Section):
             codes.add(ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)
         return frozenset(codes)
 
+    def approval_policy(self) -> ApprovalPolicy:
+        """Which calls wait for a person, and for how long."""
+        a = self.approvals
+        return ApprovalPolicy(tools=a.tools, default=a.default, timeout_s=a.timeout_s)
+
     def agent_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`Agent` (besides client and tools)."""
         d = self.dispatcher
@@ -424,6 +444,7 @@ class Config(_Section):
             "previews": self.preview_policy(),
             "drop_failed": self.dropped_codes(),
             "result_limits": self.result_limits(),
+            "approvals": self.approval_policy(),
         }
 
     def effective(self) -> str:
@@ -673,5 +694,10 @@ mcp:
   #   max_schema_bytes: 65536           #   a tool whose inputSchema is larger is left out
   #   max_schema_depth: 32              #   ... or nested deeper
   #   max_description_chars: 4096       #   a longer description is cut
+
+approvals:
+  tools: []                             # tools whose calls wait for a person (MCP tools too)
+  default: run                          # run | ask: every other tool's calls wait too
+  timeout_s: 300                        # an unanswered call fails approval_expired (null: never)
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""

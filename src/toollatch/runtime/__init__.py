@@ -11,7 +11,10 @@ observers that watch a run
 (:class:`AgentObserver`, :class:`Metrics`, :class:`Tracing`, :class:`RedactedLog`,
 :class:`JsonFormatter`, :func:`configure_logging`); result shaping (:func:`redact_result`,
 :func:`truncate_result` and their constants); :func:`example_tools`; and the whole-app
-configuration (:class:`Config`, :func:`load_config`, ``CONFIG_EXAMPLE``).
+configuration (:class:`Config`, :func:`load_config`, ``CONFIG_EXAMPLE``); and the events of
+calls that wait for a person or a client (:class:`ApprovalRequestedEvent`,
+:class:`ApprovalAnsweredEvent`; agent events like those in :mod:`toollatch`, here because the
+top level is full) with what a ``needs_approval`` function is told (:class:`ApprovalContext`).
 
 Nothing here decides whether a call may run: the core's gate does.
 """
@@ -21,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from ..core._redact import redact_result
 from ..tools._examples import example_tools
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, truncate_result
+from ..tools._tools import ApprovalContext
+from ._agent_events import ApprovalAnsweredEvent, ApprovalRequestedEvent
 from ._clients import ModelStream
 from ._clients._deadline import IdleDeadline
 from ._dispatcher import Dispatcher, DispatchRound
@@ -33,6 +38,9 @@ __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
     "MIN_RESULT_BYTES",
     "AgentObserver",
+    "ApprovalAnsweredEvent",
+    "ApprovalContext",
+    "ApprovalRequestedEvent",
     "Config",
     "DispatchRound",
     "Dispatcher",
