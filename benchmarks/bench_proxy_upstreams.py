@@ -1,22 +1,25 @@
-"""`toollatch proxy` CPU per event: an Anthropic upstream (``--upstream-provider anthropic``:
-the request translated, the Anthropic stream read with its adapter) beside the OpenAI chat
-upstream (passed through), on the same script, in one run.
+"""`toollatch proxy` CPU per event: an Anthropic or Bedrock upstream (``--upstream-provider
+anthropic|bedrock``: the request translated, the provider's stream read with its adapter)
+beside the OpenAI chat upstream (passed through), on the same script, in one run.
 
 Run it from the repository root::
 
     python benchmarks/bench_proxy_upstreams.py              # 1 and 50 streams, 3 rounds
     python benchmarks/bench_proxy_upstreams.py --streams 1 --rounds 2 --single 20
+    python benchmarks/bench_proxy_upstreams.py --providers anthropic bedrock
 
 Processes as in ``bench_proxy.py`` (whose script, client and CPU accounting this reuses):
-the scripted server (``python -m toollatch.scripted``), two proxies, each in a process of its
-own (one per upstream wire, both on that one server), and the clients here (httpx, raw SSE,
+the scripted server (``python -m toollatch.scripted``), one proxy per upstream wire, each in
+a process of its own (all on that one server), and the clients here (httpx, raw SSE,
 no SDK). For each concurrency the two proxies are measured in turn, ``--rounds`` times,
 interleaved, so the machine's load falls on both alike.
 
 **CPU per event**: a proxy process's utime + stime over its streams, divided by the *chat*
-wire's upstream events (the same denominator for both: the same script gives the same answer
-to the client; the Anthropic wire spends more events on it, printed too). The ratio is
-anthropic / chat. Every stream must assemble the script's text and calls (``ok``).
+wire's upstream events (the same denominator for all: the same script gives the same answer
+to the client; the other wires spend more events on it, printed too). The ratio is
+provider / chat. (Bedrock's proxy sends no credentials here: the scripted server takes
+requests without them; signing is not in the figure.) Every stream must assemble the
+script's text and calls (``ok``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import tempfile
 from pathlib import Path
 
 import httpx
+
+from toollatch.core._eventstream import EventStreamDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_proxy import MODEL, load, read_line, run_level, scripted_process, stop
@@ -47,10 +52,38 @@ asyncio.run(main())
 """
 
 
+USER = "Weather in Oslo and Lima?"
+WIRES: dict[str, tuple[str, str, dict[str, object]]] = {
+    # provider: (base URL under the server's root, path of a direct request, its body)
+    "openai_chat": (
+        "/v1",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": USER}], "stream": True},
+    ),
+    "anthropic": (
+        "",
+        "/v1/messages",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": USER}],
+            "stream": True,
+            "max_tokens": 4096,
+        },
+    ),
+    "bedrock": (
+        "",
+        f"/model/{MODEL}/converse-stream",
+        {"messages": [{"role": "user", "content": [{"text": USER}]}]},
+    ),
+}
+
+
 async def wire_events(url: str, path: str, body: dict[str, object]) -> int:
-    """The SSE events of one direct answer (``data:`` lines)."""
+    """The events of one direct answer (SSE ``data:`` lines, or event-stream messages)."""
     async with httpx.AsyncClient(timeout=60) as client:
         answer = await client.post(url + path, json=body)
+    if answer.headers["content-type"].startswith("application/vnd.amazon.eventstream"):
+        return len(EventStreamDecoder().feed(answer.content))
     return sum(1 for line in answer.text.splitlines() if line.startswith("data:"))
 
 
@@ -59,24 +92,21 @@ async def bench(args: argparse.Namespace) -> None:
     procs: list[subprocess.Popen[str]] = []
     try:
         _upstream, root = scripted_process(tmp, args.delay_ms, procs)
-        targets = []
-        for provider, base in (("openai_chat", f"{root}/v1"), ("anthropic", root)):
+        targets, events = [], {}
+        for provider in ("openai_chat", *args.providers):
+            under, path, body = WIRES[provider]
             proc = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, base, provider], stdout=subprocess.PIPE, text=True
+                [sys.executable, "-c", RUNNER, root + under, provider],
+                stdout=subprocess.PIPE,
+                text=True,
             )
             procs.append(proc)
             targets.append((provider, read_line(proc, "http://", 30), proc.pid))
-        user = [{"role": "user", "content": "Weather in Oslo and Lima?"}]
-        chat_events = await wire_events(
-            root, "/v1/chat/completions", {"model": MODEL, "messages": user, "stream": True}
-        )
-        anthropic_events = await wire_events(
-            root,
-            "/v1/messages",
-            {"model": MODEL, "messages": user, "stream": True, "max_tokens": 4096},
-        )
+            events[provider] = await wire_events(root, path, body)
+        chat_events = events["openai_chat"]
         print(f"# bench_proxy_upstreams: {load()}; delay {args.delay_ms} ms between events")
-        print(f"# upstream events per answer: chat {chat_events}, anthropic {anthropic_events}")
+        counts = ", ".join(f"{name} {n}" for name, n in events.items())
+        print(f"# upstream events per answer: {counts}")
         print("| streams | upstream | ok / streams | CPU µs/event (per round) | median | ratio |")
         print("|---:|---|---:|---|---:|---:|", flush=True)
         for n in args.streams:
@@ -107,6 +137,13 @@ async def bench(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 50])
+    parser.add_argument(
+        "--providers",
+        nargs="+",
+        choices=["anthropic", "bedrock"],
+        default=["anthropic"],
+        help="upstream wires beside chat (anthropic)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     parser.add_argument("--single", type=int, default=20, help="sequential streams at 1 (20)")
     parser.add_argument("--delay-ms", type=float, default=1.0, help="between upstream events")

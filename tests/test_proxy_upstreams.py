@@ -1,11 +1,9 @@
 """`toollatch proxy --upstream-provider` (relay/_proxy_upstreams.py): the official `openai`
 SDK through the proxy, over real loopback HTTP, against the scripted server speaking
-Anthropic Messages, Gemini or OpenAI Responses; the client's chat request is translated (the
-scripted server validates it as the real API does and records it) and the answer is OpenAI
-chat's, with exactly the calls the gate commits.
-
-Bedrock is not here: neither the runtime's model clients nor the scripted server speak
-ConverseStream over HTTP (see the proxy's doc).
+Anthropic Messages, Gemini, OpenAI Responses or Bedrock ConverseStream (binary AWS event
+stream); the client's chat request is translated (the scripted server validates it as the
+real API does and records it) and the answer is OpenAI chat's, with exactly the calls the
+gate commits.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from toollatch import ConfigError
 from toollatch.relay import ProxyServer
 from toollatch.scripted import Faults, Script, ScriptedServer, Text, Turn
 
-PROVIDERS = ("anthropic", "gemini", "openai_responses")
+PROVIDERS = ("anthropic", "gemini", "openai_responses", "bedrock")
 OSLO_ARGS, LIMA_ARGS = {"city": "Oslo"}, {"city": "Lima", "unit": "c"}
 """As parsed: Gemini sends arguments as objects, so their text is compact JSON."""
 
@@ -105,6 +103,9 @@ async def test_parallel_calls_reach_the_sdk_whole_and_the_key_goes_in_its_header
         assert "authorization" not in seen.headers
     if provider == "anthropic":
         assert seen.headers["anthropic-version"] == "2023-06-01"
+    if provider == "bedrock":  # a Bedrock API key, as AWS documents it; the model in the path
+        assert seen.path == "/model/two/converse-stream"
+        assert seen.headers["accept"] == "application/vnd.amazon.eventstream"
 
 
 async def test_a_truncated_round_never_yields_a_call_and_finishes_length(proxy):
@@ -198,6 +199,8 @@ async def test_a_multi_turn_conversation_carries_the_calls_and_their_results(pro
             messages=history,
             tools=[WEATHER],
             max_tokens=300,
+            temperature=0.25,
+            stop=["END"],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
         )
     assert second.choices[0].message.content == "Oslo is cold, Lima mild."
@@ -214,6 +217,7 @@ def _anthropic(first: Any, second: Any) -> None:
     assert first["tools"][0]["name"] == "get_weather"
     assert first["tools"][0]["input_schema"] == WEATHER["function"]["parameters"]  # type: ignore[index]
     assert second["max_tokens"] == 300
+    assert (second["temperature"], second["stop_sequences"]) == (0.25, ["END"])
     assert second["tool_choice"] == {"type": "tool", "name": "get_weather"}
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
     assert second["messages"][1]["content"] == [
@@ -235,7 +239,11 @@ def _gemini(first: Any, second: Any) -> None:
     assert first["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
     assert first["toolConfig"] == {"functionCallingConfig": {"mode": "ANY"}}
     assert first["tools"][0]["functionDeclarations"][0]["name"] == "get_weather"
-    assert second["generationConfig"] == {"maxOutputTokens": 300}
+    assert second["generationConfig"] == {
+        "maxOutputTokens": 300,
+        "temperature": 0.25,
+        "stopSequences": ["END"],
+    }
     assert second["toolConfig"] == {
         "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}
     }
@@ -255,7 +263,7 @@ def _responses(first: Any, second: Any) -> None:
     assert first["instructions"] == "Be brief."
     assert first["tool_choice"] == "required"
     assert first["tools"][0]["name"] == "get_weather"
-    assert second["max_output_tokens"] == 300
+    assert (second["max_output_tokens"], second["temperature"]) == (300, 0.25)
     assert second["tool_choice"] == {"type": "function", "name": "get_weather"}
     items = second["input"]
     assert items[0] == {"role": "user", "content": "Weather in Oslo and Lima?"}
@@ -277,7 +285,39 @@ def _responses(first: Any, second: Any) -> None:
     ]
 
 
-TRANSLATED = {"anthropic": _anthropic, "gemini": _gemini, "openai_responses": _responses}
+def _bedrock(first: Any, second: Any) -> None:
+    assert first["system"] == [{"text": "Be brief."}]
+    assert first["toolConfig"]["toolChoice"] == {"any": {}}
+    [spec] = first["toolConfig"]["tools"]
+    assert spec["toolSpec"]["name"] == "get_weather"
+    assert spec["toolSpec"]["inputSchema"] == {"json": WEATHER["function"]["parameters"]}  # type: ignore[index]
+    assert "inferenceConfig" not in first
+    assert second["inferenceConfig"] == {
+        "maxTokens": 300,
+        "temperature": 0.25,
+        "stopSequences": ["END"],
+    }
+    assert second["toolConfig"]["toolChoice"] == {"tool": {"name": "get_weather"}}
+    assert second["toolConfig"]["tools"] == first["toolConfig"]["tools"]  # kept beside it
+    messages = second["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[0]["content"] == [{"text": "Weather in Oslo and Lima?"}]
+    assert messages[1]["content"] == [
+        {"toolUse": {"toolUseId": "call_oslo", "name": "get_weather", "input": OSLO_ARGS}},
+        {"toolUse": {"toolUseId": "call_lima", "name": "get_weather", "input": LIMA_ARGS}},
+    ]
+    assert messages[2]["content"] == [
+        {"toolResult": {"toolUseId": "call_oslo", "content": [{"text": "-3 C"}]}},
+        {"toolResult": {"toolUseId": "call_lima", "content": [{"text": "19 C"}]}},
+    ]
+
+
+TRANSLATED = {
+    "anthropic": _anthropic,
+    "gemini": _gemini,
+    "openai_responses": _responses,
+    "bedrock": _bedrock,
+}
 
 
 async def test_an_upstream_error_status_is_passed_on_openai_shaped(proxy):
@@ -325,9 +365,11 @@ async def test_the_upstream_key_replaces_the_clients_bearer(upstream):
     assert seen.headers["x-api-key"] == "sk-up"
 
 
-def test_an_unknown_upstream_provider_is_a_config_error():
+def test_an_unknown_upstream_provider_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="upstream_provider"):
-        ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock")
+        ProxyServer("http://127.0.0.1:1", upstream_provider="vertex")
+    with pytest.raises(ConfigError, match="record is not supported with a bedrock"):
+        ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock", record=tmp_path)
 
 
 async def test_record_saves_the_providers_own_stream_replayable(upstream, tmp_path):
@@ -366,3 +408,87 @@ async def test_no_key_for_the_providers_own_host_is_a_401_before_any_request():
     assert answer.json()["error"]["code"] == "missing_api_key"
     assert nameless.status_code == 400
     assert "model must be a non-empty string" in nameless.json()["error"]["message"]
+
+
+async def test_bedrock_without_a_bearer_signs_with_the_proxys_aws_keys(upstream, monkeypatch):
+    """No bearer from the client: the proxy's own AWS keys sign the ConverseStream request
+    (SigV4 by botocore; the scripted server checks the header's shape and scope only)."""
+    pytest.importorskip("botocore")
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "AKIDPROXY",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_REGION": "us-west-2",
+        "AWS_BEARER_TOKEN_BEDROCK": "not-the-proxys-to-send",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    async with ProxyServer(upstream.base_url("bedrock"), upstream_provider="bedrock") as p:
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            body = {"model": "text", "messages": [{"role": "user", "content": "x"}]}
+            answer = await h.post("/chat/completions", json=body)
+            none = await h.post("/chat/completions", json={**body, "tool_choice": "none"})
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["message"]["content"] == "Hello there, no tools needed."
+    [seen] = upstream.requests
+    authorization = seen.headers["authorization"]
+    assert authorization.startswith(
+        "AWS4-HMAC-SHA256 Credential=AKIDPROXY/" + seen.headers["x-amz-date"][:8]
+    )
+    assert "/us-west-2/bedrock/aws4_request, SignedHeaders=" in authorization
+    assert none.status_code == 400  # Bedrock has no "none": refused before sending
+    assert "no Bedrock equivalent" in none.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "gemini"])
+async def test_the_model_list_is_translated_to_openais_shape(upstream, provider):
+    """``GET /v1/models`` on an Anthropic or Gemini upstream: the provider's own list
+    (``/v1/models`` with ``x-api-key``, ``/v1beta/models`` with ``x-goog-api-key``) read and
+    answered as OpenAI's, which the SDK's ``models.list()`` reads."""
+    async with ProxyServer(upstream.base_url(provider), upstream_provider=provider) as p:
+        async with client(p) as c:
+            listed = [m async for m in c.models.list()]
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            raw = (await h.get("/models")).json()
+    assert sorted(m.id for m in listed) == sorted([*SCRIPTS, "scripted"])
+    owner = {"anthropic": "anthropic", "gemini": "google"}[provider]
+    assert {(m.object, m.owned_by) for m in listed} == {("model", owner)}
+    if provider == "anthropic":  # its created_at, as Unix seconds
+        assert {m.created for m in listed} == {1767225600}
+    assert set(raw) == {"object", "data"} and raw["object"] == "list"
+
+
+async def test_a_model_list_refused_upstream_is_an_openai_error(upstream):
+    url = upstream.url + "/elsewhere"  # a path the scripted server does not serve: 404
+    async with ProxyServer(url, upstream_provider="gemini") as p:
+        async with client(p) as c:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await c.models.list()
+    error = caught.value.response.json()["error"]
+    assert (error["code"], error["message"]) == ("upstream_error", "Not Found")
+
+
+async def test_a_bedrock_upstream_lists_no_models():
+    async with ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock") as p:
+        async with httpx.AsyncClient(base_url=p.url) as h:
+            answer = await h.get("/models")
+    assert answer.status_code == 404
+    assert "bedrock-runtime lists none" in answer.json()["error"]["message"]
+
+
+async def test_calls_stream_mode_on_bedrock_sends_the_fragments_it_commits(upstream):
+    """``--calls stream`` on the binary Bedrock wire: the argument text arrives in fragments
+    and concatenates to the committed calls; the verdicts come at the end."""
+    url = upstream.base_url("bedrock")
+    async with ProxyServer(url, upstream_provider="bedrock", calls="stream") as p:
+        chunks, calls = await streamed(p, "two")
+        bad_chunks, _ = await streamed(p, "bad")
+    assert calls == {
+        0: {"id": "call_oslo", "name": "get_weather", "arguments": OSLO_ARGS},
+        1: {"id": "call_lima", "name": "get_weather", "arguments": LIMA_ARGS},
+    }
+    fragments = [d for ch in chunks for c in ch.choices for d in c.delta.tool_calls or ()]
+    assert len(fragments) > 2  # live fragments, not one whole delta per call
+    assert finish_reasons(chunks) == ["tool_calls"]
+    failed = extension(bad_chunks)
+    assert failed is not None
+    assert [(f["id"], f["code"]) for f in failed["failed"]] == [("call_bad", "schema_violation")]

@@ -118,7 +118,10 @@ class PreviewsConfig(_Section):
 class ModelConfig(_Section):
     """The model client (:func:`model_client` and :class:`ClientLimits`)."""
 
-    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini"] = "openai_chat"
+    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"] = (
+        "openai_chat"
+    )
+    """The wire; ``bedrock`` for ``toollatch run`` only (the relay serves the other four)."""
     model: str | None = None
     """Required with ``base_url``; the scripted server's model otherwise."""
     base_url: str | None = None
@@ -203,9 +206,9 @@ class ProxyConfig(_Section):
     )
     """The environment variable holding the upstream's API key (the key never goes in the
     file); when it is set, the clients' ``Authorization`` is not forwarded."""
-    upstream_provider: Literal["openai_chat", "anthropic", "gemini", "openai_responses"] = (
-        "openai_chat"
-    )
+    upstream_provider: Literal[
+        "openai_chat", "anthropic", "gemini", "openai_responses", "bedrock"
+    ] = "openai_chat"
     """The upstream's wire: ``openai_chat`` forwards the request as is; the others translate
     the client's chat request into that provider's and answer in OpenAI chat's format."""
     host: str = "127.0.0.1"
@@ -610,6 +613,7 @@ previews:
 
 model:
   provider: openai_chat                 # openai_chat | openai_responses | anthropic | gemini
+                                        # | bedrock (run only)
   model: null                           # required with base_url
   base_url: null                        # null: the embedded scripted server (toollatch run)
   api_key_env: null                     # variable holding the key (null: the provider's usual)
@@ -654,7 +658,8 @@ proxy:                                  # toollatch proxy (its flags win over th
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1
   upstream_key_env: TOOLLATCH_PROXY_UPSTREAM_KEY  # variable holding the upstream's key
   upstream_provider: openai_chat        # the upstream's wire: openai_chat (forwarded as is) |
-                                        # anthropic | gemini | openai_responses (translated)
+                                        # anthropic | gemini | openai_responses | bedrock
+                                        # (translated)
   host: 127.0.0.1                       # beyond loopback needs a token
   port: 8080
   calls: hold                           # hold: calls sent once committed, whole | stream:

@@ -60,10 +60,11 @@ def _upstream_provider(proxy: argparse.ArgumentParser) -> None:
     """The upstream's wire (the list is :data:`toollatch.relay._proxy_upstreams`' own)."""
     proxy.add_argument(
         "--upstream-provider",
-        choices=["openai_chat", "anthropic", "gemini", "openai_responses"],
+        choices=["openai_chat", "anthropic", "gemini", "openai_responses", "bedrock"],
         help="the upstream's wire: openai_chat (the default: forwarded as is), or anthropic, "
-        "gemini, openai_responses (the client's chat request translated, the answer given "
-        "back in OpenAI chat's format); URL is then the base URL that provider's SDK takes",
+        "gemini, openai_responses, bedrock (the client's chat request translated, the answer "
+        "given back in OpenAI chat's format); URL is then the base URL that provider's SDK "
+        "takes (bedrock: https://bedrock-runtime.REGION.amazonaws.com)",
     )
 
 

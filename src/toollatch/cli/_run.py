@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import PROVIDERS, Subparsers, positive, seconds
+from ._args import RUN_PROVIDERS, Subparsers, positive, seconds
 from ._output import fail
 
 NAME = "run"
@@ -16,7 +16,9 @@ environment (read with or without --config; flags win over them):
                         the model (as --base-url, --model, --provider)
   TOOLLATCH_MODEL__API_KEY_ENV
                         the variable holding the key (default: the provider's usual one:
-                        OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY)
+                        OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY; bedrock:
+                        AWS_BEARER_TOKEN_BEDROCK, else AWS_ACCESS_KEY_ID and
+                        AWS_SECRET_ACCESS_KEY, signed for AWS_REGION)
   TOOLLATCH_LEDGER__URL the ledger (as --ledger)
   TOOLLATCH_DISPATCHER__DEFAULT_TIMEOUT_S
                         a tool's run-time limit when it sets none (seconds)
@@ -54,7 +56,7 @@ def _model(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--provider",
         default=None,
-        choices=PROVIDERS,
+        choices=RUN_PROVIDERS,
         help="default: the config's model.provider, else openai_chat",
     )
     run.add_argument("--model", help="model name (default with the scripted server: scripted)")

@@ -54,6 +54,7 @@ from ..core._errors import ConfigError, ErrorCode, UsageError
 from ..core._gate import Gate
 from ..core._limits import Limits
 from ..core._pipeline import StreamParser
+from ..core._registry import Framing
 from ..core._round import Round
 from ..core._specs import ToolSpec
 from ..runtime import IdleDeadline, Recorder
@@ -65,7 +66,13 @@ from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
 from ._proxy_telemetry import ProxyTelemetry, RequestWatch, watch
-from ._proxy_upstreams import UPSTREAM_PROVIDERS, Upstream, Upstreams, openai_error
+from ._proxy_upstreams import (
+    UPSTREAM_PROVIDERS,
+    Upstream,
+    Upstreams,
+    list_models,
+    openai_error,
+)
 from ._serving import listening_socket, started
 
 CALL_MODES = ("hold", "stream")
@@ -263,6 +270,10 @@ class Proxy:
         return JSONResponse({"ok": True})
 
     async def _models(self, request: Request) -> Response:
+        if self.upstreams is not None:  # another provider's list, in OpenAI's shape
+            listed = await list_models(self.upstreams, request)
+            if listed is not None:
+                return listed
         headers = self._headers(request)
         headers.pop("content-type")
         try:
@@ -311,8 +322,14 @@ class Proxy:
         """The parser of a chat answer and its chunks: ``stream`` mode's for a streaming
         request when the proxy runs with ``calls="stream"``, the hold mode's otherwise."""
         streams = live and self.calls == "stream"
+        framing: Framing = "eventstream" if self.provider == "bedrock" else "sse"
         parser = StreamParser(
-            self.provider, gate=gate, eager=eager, observe=True, observe_arguments=streams
+            self.provider,
+            framing=framing,
+            gate=gate,
+            eager=eager,
+            observe=True,
+            observe_arguments=streams,
         )
         completion_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
         model, created = str(body.get("model", "")), int(time.time())
@@ -604,8 +621,9 @@ class ProxyServer:
     ``stream``: see :data:`CALL_MODES`), ``limits``, ``max_request_bytes``,
     ``idle_timeout_s``, ``record`` (a folder: every upstream answer saved there, see
     :class:`Recorder`), ``connections`` (the relay's bounds), ``upstream_provider`` (the
-    upstream's wire: ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``: the
-    client's chat request translated, the answer in OpenAI chat's format), ``telemetry`` (a
+    upstream's wire: ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``,
+    ``bedrock``: the client's chat request translated, the answer in OpenAI chat's format;
+    ``bedrock`` without ``record``), ``telemetry`` (a
     ``ProxyTelemetry``; by default metrics in a registry of their own, served at
     ``/metrics``, and spans of the global tracer provider). ``async with ProxyServer(...) as
     proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
@@ -639,6 +657,8 @@ class ProxyServer:
             raise ConfigError(
                 f"upstream_provider must be one of {known}, got {upstream_provider!r}"
             )
+        if upstream_provider == "bedrock" and record is not None:
+            raise ConfigError("record is not supported with a bedrock upstream (binary frames)")
         self.upstream_provider = upstream_provider
         """The upstream's wire (``openai_chat``: forwarded as is)."""
         if not upstream.startswith(("http://", "https://")):

@@ -1,29 +1,33 @@
 """``toollatch proxy --upstream-provider``: an OpenAI chat request sent to a non-chat upstream
-(Anthropic Messages, Gemini, OpenAI Responses) and its stream read back (internal; the
-server is :mod:`._proxy`).
+(Anthropic Messages, Gemini, OpenAI Responses, Bedrock ConverseStream) and its stream read
+back (internal; the server is :mod:`._proxy`).
 
-Theory of operation. The client's Chat Completions body is translated into the chosen
-provider's *history* (:func:`translate`: pure, one function per provider) plus the parts
-the runtime's model client places itself (system prompt, tools, ``max_tokens``) and the
-top-level extras it merges last (``tool_choice``, sampling settings). The request is then
-built and sent by the runtime's own :func:`toollatch.model_client` (its dialects know each
-provider's path, body, fixed headers and key header: ``x-api-key`` + ``anthropic-version``,
-``x-goog-api-key``, ``Authorization: Bearer``), one client per request (the key is the
-request's), on the proxy's shared httpx client, without retries (the proxy's client
-retries itself). Its :class:`~toollatch.runtime.ModelStream` is what the proxy's reader
-reads (:class:`ModelAnswer`), with the upstream provider's adapter, so the answer is the
-same OpenAI chat answer as from a chat upstream. An upstream's error status comes back as
-an OpenAI-shaped error with that status (and ``Retry-After``).
+Theory of operation. The client's Chat Completions body is translated into the chosen provider's
+*history* (:func:`translate`: pure, one function per provider) plus the parts the runtime's
+model client places itself (system prompt, tools, ``max_tokens``) and the top-level extras it
+merges last (``tool_choice``, sampling settings). The request is then built and sent by the
+runtime's own :func:`toollatch.model_client` (its dialects know each provider's path, body,
+fixed headers and key header: ``x-api-key`` + ``anthropic-version``, ``x-goog-api-key``,
+``Authorization: Bearer``; Bedrock: the bearer is a Bedrock API key, else the proxy's own
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` sign each request with SigV4), one client per
+request (the key is the request's), on the proxy's shared httpx client, without retries (the
+proxy's client retries itself). Its :class:`~toollatch.runtime.ModelStream` is what the proxy's
+reader reads (:class:`ModelAnswer`), with the upstream provider's adapter, so the answer is the
+same OpenAI chat answer as from a chat upstream. An upstream's error status comes back as an
+OpenAI-shaped error with that status (and ``Retry-After``).
 
 What does not cross: content other than text (images, audio) is refused (400), reasoning
 blocks and Gemini thought signatures of earlier turns are not in an OpenAI history, and
 Gemini's made-up call ids (``gemini:...``: Gemini sends none) are not sent back to it.
+Bedrock has no ``tool_choice: none`` (a 400 here) and its answers are not recorded.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,11 +48,14 @@ from ..runtime._clients._errors import (
 )
 from ..runtime._clients._policy import ClientLimits, RetryPolicy
 
-UPSTREAM_PROVIDERS = ("openai_chat", "anthropic", "gemini", "openai_responses")
+UPSTREAM_PROVIDERS = ("openai_chat", "anthropic", "gemini", "openai_responses", "bedrock")
 """The upstream wires the proxy reads (``openai_chat``: passed through, the default)."""
 _PASSED = ("temperature", "top_p")
 """Sampling settings every target takes under its own name (Gemini: in generationConfig)."""
 _GEMINI_MADE_UP = "gemini:"
+_MODEL_PAGES = 10
+"""Pages of a provider's model list read at most for one ``GET /v1/models`` (each up to
+1,000 models: the most Anthropic's ``limit`` and Gemini's ``pageSize`` take)."""
 """The prefix of the call ids the Gemini adapter makes up (Gemini sent none)."""
 
 
@@ -236,6 +243,18 @@ class _Anthropic:
         return extra
 
 
+def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``temperature``, ``top_p`` and ``stop`` in the camel case Gemini's
+    ``generationConfig`` and Bedrock's ``inferenceConfig`` share (``topP``,
+    ``stopSequences``)."""
+    config: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
+    config = {"topP" if k == "top_p" else k: v for k, v in config.items()}
+    stop = body.get("stop")
+    if stop is not None:
+        config["stopSequences"] = [stop] if isinstance(stop, str) else stop
+    return config
+
+
 # --- Gemini: https://ai.google.dev/api/generate-content ----------------------------------------
 
 
@@ -276,11 +295,7 @@ class _Gemini:
 
     @staticmethod
     def extra(body: Mapping[str, Any]) -> dict[str, Any]:
-        config: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
-        config = {"topP" if k == "top_p" else k: v for k, v in config.items()}
-        stop = body.get("stop")
-        if stop is not None:
-            config["stopSequences"] = [stop] if isinstance(stop, str) else stop
+        config = _sampling(body)
         tokens = _max_tokens(body)
         if tokens is not None:  # (here: the model client's would be replaced by extra's)
             config["maxOutputTokens"] = tokens
@@ -331,8 +346,57 @@ class _Responses:
         return extra
 
 
+# --- Bedrock Converse: https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html
+
+
+class _Bedrock:
+    """``toolUse`` blocks in the assistant's content; results as ``toolResult`` blocks in
+    the next user message (several results: one message; roles must alternate, so a user
+    text after results joins them); ``toolConfig.toolChoice`` auto / any / tool
+    (https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ToolChoice.html:
+    there is no "none"); sampling and stop sequences in ``inferenceConfig``."""
+
+    @staticmethod
+    def _add(history: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+        if history and history[-1]["role"] == role:
+            history[-1]["content"].extend(blocks)
+        elif blocks:
+            history.append({"role": role, "content": blocks})
+
+    @staticmethod
+    def user(history: list[dict[str, Any]], text: str) -> None:
+        _Bedrock._add(history, "user", [{"text": text}] if text else [])
+
+    @staticmethod
+    def assistant(
+        history: list[dict[str, Any]], text: str, calls: list[tuple[str, str, dict[str, Any]]]
+    ) -> None:
+        blocks: list[dict[str, Any]] = [{"text": text}] if text else []
+        blocks += [{"toolUse": {"toolUseId": i, "name": n, "input": a}} for i, n, a in calls]
+        _Bedrock._add(history, "assistant", blocks)
+
+    @staticmethod
+    def result(history: list[dict[str, Any]], call_id: str, _name: str, text: str) -> None:
+        block = {"toolResult": {"toolUseId": call_id, "content": [{"text": text}]}}
+        _Bedrock._add(history, "user", [block])
+
+    @staticmethod
+    def extra(body: Mapping[str, Any]) -> dict[str, Any]:
+        config = _sampling(body)
+        extra: dict[str, Any] = {"inferenceConfig": config} if config else {}
+        choice = _choice(body)
+        if choice is not None:
+            mode, name = choice
+            if mode == "none":
+                raise Untranslatable("tool_choice none has no Bedrock equivalent: send no tools")
+            kind = {"tool": {"name": name}} if name else {mode.replace("required", "any"): {}}
+            extra["toolConfig"] = {"toolChoice": kind}
+        return extra
+
+
 _BUILDERS: dict[str, Any] = {
     "anthropic": _Anthropic,
+    "bedrock": _Bedrock,
     "gemini": _Gemini,
     "openai_responses": _Responses,
 }
@@ -384,7 +448,7 @@ class Upstreams:
                 http=self.http,
                 limits=ClientLimits(idle_s=self.idle_timeout_s * 2 + 1),
                 retry=RetryPolicy(attempts=1, stream_retries=0),
-                env={},
+                env=_aws_environment() if self.provider == "bedrock" else {},
                 record=self.record,
             )
             stream = client.stream(
@@ -397,7 +461,7 @@ class Upstreams:
         except (Untranslatable, UsageError) as exc:
             return openai_error(400, "untranslatable_request", str(exc))
         except ConfigError as exc:  # (no key for the provider's own host, a bad model name)
-            if "API key" not in str(exc):
+            if "API key" not in str(exc) and "no credentials" not in str(exc):
                 return openai_error(400, "invalid_request", str(exc))
             message = f"{self.base_url} needs an API key: send it as the bearer token"
             return openai_error(401, "missing_api_key", message, "authentication_error")
@@ -406,6 +470,113 @@ class Upstreams:
         except ModelError as exc:
             return _refused(exc)
         return ModelAnswer(stream), None  # (the model client records, when asked)
+
+
+_AWS_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+
+
+# --- GET /v1/models ------------------------------------------------------------------------------
+
+
+async def list_models(upstreams: Upstreams, request: Request) -> Response | None:
+    """``GET /v1/models`` on a non-chat upstream as OpenAI's list (``{"object": "list",
+    "data": [{"id", "object": "model", "created", "owned_by"}]}``), from Anthropic's
+    ``GET /v1/models`` (https://docs.anthropic.com/en/api/models-list: ``data``, ``has_more``,
+    ``last_id``) or Gemini's ``GET /v1beta/models``
+    (https://ai.google.dev/api/models#method:-models.list: ``models[].name``,
+    ``nextPageToken``), pages followed up to ``_MODEL_PAGES``; an upstream's error comes back
+    OpenAI-shaped with its status. None for an OpenAI upstream (passed through as it is);
+    Bedrock lists its models on its control plane, not bedrock-runtime: a 404 saying so."""
+    provider = upstreams.provider
+    if provider == "openai_responses":
+        return None
+    if provider == "bedrock":
+        message = "GET /v1/models is not offered on a bedrock upstream (bedrock-runtime lists none)"
+        return openai_error(404, "not_found", message)
+    key = upstreams.upstream_key or _bearer(request)
+    models: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(_MODEL_PAGES):
+        try:
+            answer = await _model_page(upstreams, key, cursor)
+        except httpx.HTTPError as exc:
+            message = f"cannot reach the upstream {upstreams.base_url}: {exc}"
+            return openai_error(502, "upstream_unreachable", message, "upstream_error")
+        if answer.status_code >= 400:
+            kind, code, message = _provider_error(answer.content)
+            return openai_error(answer.status_code, code, message, kind)
+        page, cursor = _models_of(provider, answer.content)
+        models += page
+        if cursor is None:
+            break
+    return JSONResponse({"object": "list", "data": models})
+
+
+async def _model_page(upstreams: Upstreams, key: str | None, cursor: str | None) -> httpx.Response:
+    """One page of the provider's model list (``cursor``: where the last one ended)."""
+    if upstreams.provider == "anthropic":
+        headers = {"anthropic-version": "2023-06-01", **({"x-api-key": key} if key else {})}
+        params = {"limit": "1000", **({"after_id": cursor} if cursor else {})}
+        url = f"{upstreams.base_url}/v1/models"
+    else:
+        headers = {"x-goog-api-key": key} if key else {}
+        params = {"pageSize": "1000", **({"pageToken": cursor} if cursor else {})}
+        url = f"{upstreams.base_url}/v1beta/models"
+    return await upstreams.http.get(url, headers=headers, params=params)
+
+
+def _models_of(provider: str, raw: bytes) -> tuple[list[dict[str, Any]], str | None]:
+    """One page's models in OpenAI's shape, and the cursor of the next page (None: last)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        return [], None
+    if provider == "anthropic":
+        entries = [m for m in data.get("data") or () if isinstance(m, dict)]
+        page = [
+            _openai_model(m.get("id"), _epoch(m.get("created_at")), "anthropic") for m in entries
+        ]
+        more = data.get("has_more") is True and isinstance(data.get("last_id"), str)
+        return [m for m in page if m], data["last_id"] if more else None
+    entries = [m for m in data.get("models") or () if isinstance(m, dict)]
+    page = [_openai_model(_gemini_id(m.get("name")), 0, "google") for m in entries]
+    token = data.get("nextPageToken")
+    return [m for m in page if m], token if isinstance(token, str) and token else None
+
+
+def _gemini_id(name: object) -> object:
+    return name.removeprefix("models/") if isinstance(name, str) else name
+
+
+def _openai_model(model_id: object, created: int, owner: str) -> dict[str, Any]:
+    """An OpenAI model entry; empty for an entry without a usable id (left out)."""
+    if not isinstance(model_id, str) or not model_id:
+        return {}
+    return {"id": model_id, "object": "model", "created": created, "owned_by": owner}
+
+
+def _epoch(stamp: object) -> int:
+    """An RFC 3339 time as Unix seconds (0 when absent or unreadable)."""
+    if not isinstance(stamp, str):
+        return 0
+    try:
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0
+
+
+def _aws_environment() -> dict[str, str]:
+    """The proxy's own AWS keys and region (SigV4 for a Bedrock upstream when the request
+    brings no bearer); never its ``AWS_BEARER_TOKEN_BEDROCK``: the key is the request's."""
+    return {name: os.environ[name] for name in _AWS_VARIABLES if os.environ.get(name)}
 
 
 def _bearer(request: Request) -> str | None:
@@ -424,7 +595,7 @@ def openai_error(
 def _refused(exc: ModelError) -> Response:
     """The OpenAI-shaped answer to an upstream that refused or could not be reached."""
     if isinstance(exc, ModelHTTPError):
-        kind, code = _provider_error(exc.body)
+        kind, code, _ = _provider_error(exc.body)
         headers = {}
         if exc.retry_after_s is not None:
             headers["retry-after"] = f"{exc.retry_after_s:g}"
@@ -436,18 +607,22 @@ def _refused(exc: ModelError) -> Response:
     return openai_error(502, "upstream_error", str(exc), "upstream_error")
 
 
-def _provider_error(raw: bytes) -> tuple[str, str]:
-    """(type, code) from a provider's error body: Anthropic's ``error.type``, Gemini's
-    ``error.status``; ``upstream_error`` when it says neither."""
+def _provider_error(raw: bytes) -> tuple[str, str, str]:
+    """(type, code, message) from a provider's error body: Anthropic's ``error.type``,
+    Gemini's ``error.status``, ``upstream_error`` when it says neither; ``error.message``
+    (AWS: the top-level ``message``), else the start of the body."""
+    shown = raw[:300].decode("utf-8", "replace").strip() or "(empty body)"
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return "upstream_error", "upstream_error"
+        return "upstream_error", "upstream_error", shown
     if isinstance(data, list) and data:
         data = data[0]
     error = data.get("error") if isinstance(data, dict) else None
     if not isinstance(error, dict):
-        return "upstream_error", "upstream_error"
+        message = data.get("message") if isinstance(data, dict) else None
+        return "upstream_error", "upstream_error", str(message or shown)
     kind = error.get("type") or error.get("status")
     code = error.get("code") if isinstance(error.get("code"), str) else kind
-    return str(kind or "upstream_error"), str(code or "upstream_error")
+    message = str(error.get("message") or shown)
+    return str(kind or "upstream_error"), str(code or "upstream_error"), message

@@ -251,6 +251,8 @@ def user_message(provider: str, text: str) -> dict[str, Any]:
     """A user turn holding ``text``, in ``provider``'s history format."""
     if provider == "gemini":
         return {"role": "user", "parts": [{"text": text}]}
+    if provider == "bedrock":  # Converse content is always a list of blocks
+        return {"role": "user", "content": [{"text": text}]}
     if provider in ("openai_chat", "openai_responses", "anthropic"):
         return {"role": "user", "content": text}  # (a Responses input item reads the same)
     raise UsageError(f"no user message format for provider {provider!r}")

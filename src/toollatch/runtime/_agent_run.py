@@ -192,6 +192,7 @@ class AgentRun:
         reserved = history_call_ids(provider, self.history)
         parser = StreamParser(
             provider,
+            framing=setup.client.framing,
             tools=tools.specs,
             limits=setup.limits,
             budget=self._budget,

@@ -48,8 +48,10 @@ import httpx
 import orjson
 
 from ...core._errors import ConfigError, UsageError
+from ...core._registry import Framing
 from ...core._specs import ToolSpec, load_tools
 from .._recorder import Recorder
+from . import _bedrock as bedrock
 from ._deadline import IdleDeadline
 from ._errors import (
     ModelConnectError,
@@ -111,8 +113,10 @@ class ModelClient:
         sleep: Sleep,
         random_unit: Callable[[], float],
         record: Path | None = None,
+        signer: bedrock.Signer | None = None,
     ) -> None:
         self._dialect = dialect
+        self._signer = signer
         self.record = record
         """A folder where each response is saved as a replayable fixture (None: none;
         :class:`toollatch.runtime.Recorder`: credentials masked, the API key among them)."""
@@ -149,6 +153,12 @@ class ModelClient:
         return self._dialect.provider
 
     @property
+    def framing(self) -> Framing:
+        """How the answer's body is framed: pass it to :class:`toollatch.StreamParser`
+        (``sse``; ``eventstream`` for Bedrock)."""
+        return self._dialect.framing
+
+    @property
     def url(self) -> str:
         """The full URL each request of this client is sent to."""
         return self.base_url + self._dialect.path(self.model)
@@ -171,7 +181,15 @@ class ModelClient:
         request = Request(
             history=history, tools=specs, system=system, max_tokens=max_tokens, extra=extra or {}
         )
-        return {**self._dialect.body(self.model, request), **request.extra}
+        body = self._dialect.body(self.model, request)
+        for key, value in request.extra.items():
+            built = body.get(key)
+            extends = key in self._dialect.extended and isinstance(value, dict)
+            if extends and isinstance(built, dict):
+                body[key] = {**built, **value}
+            else:
+                body[key] = value
+        return body
 
     def stream(
         self,
@@ -263,9 +281,13 @@ class ModelClient:
         provider, limits = self.provider, self.limits
         if self._url[0] != self.url:
             self._url = (self.url, httpx.URL(self.url))
+        headers = self._headers
+        if self._signer is not None:  # (per attempt: a signature holds its time)
+            headers = headers.copy()
+            headers.update(self._signer(self._url[0], content))
         http = self._http()
         request = http.build_request(
-            "POST", self._url[1], content=content, headers=self._headers, timeout=self._timeout
+            "POST", self._url[1], content=content, headers=headers, timeout=self._timeout
         )
         try:
             async with asyncio.timeout(limits.first_byte_s):
@@ -491,7 +513,7 @@ class ModelStream:
 _BLANK = b"\xef\xbb\xbf \t\r\n"  # (a UTF-8 BOM's bytes too: lstrip takes them as a set)
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 _NOT_A_STREAM = (b"{", b"[", b"<")
-_STREAM_TYPES = ("", "text/event-stream")
+_STREAM_TYPES = ("", "text/event-stream", "application/vnd.amazon.eventstream")
 
 
 def _is_event_stream(head: bytes, ended: bool, content_type: str) -> bool | None:
@@ -611,7 +633,7 @@ def model_client(
     record: str | Path | None = None,
 ) -> ModelClient:
     """A :class:`ModelClient` for ``provider`` (``openai_chat``, ``openai_responses``,
-    ``anthropic``, ``gemini``).
+    ``anthropic``, ``gemini``, ``bedrock``).
 
     ``base_url`` defaults to the provider's variable (``OPENAI_BASE_URL``,
     ``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``), then its official URL;
@@ -624,6 +646,13 @@ def model_client(
     saved as a fixture ``toollatch replay`` reads (credentials masked, see
     :class:`toollatch.runtime.Recorder`). ``sleep`` and ``random_unit`` (a float in [0, 1))
     are for tests. Raises ``UsageError`` for an unknown provider.
+
+    ``bedrock`` (ConverseStream) reads AWS's variables instead: a Bedrock API key
+    (``api_key`` or ``AWS_BEARER_TOKEN_BEDROCK``, sent as a bearer), else
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` with each request
+    signed (SigV4, the ``[bedrock]`` extra: botocore) for the region of the endpoint's host
+    or ``AWS_REGION``; the endpoint is ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` or the region's
+    (see :mod:`._bedrock`). Its answers are not recorded (``record`` raises ConfigError).
     """
     dialect = DIALECTS.get(provider)
     if dialect is None:
@@ -632,13 +661,22 @@ def model_client(
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"{provider}: model must be a non-empty string, got {model!r}")
     environ = os.environ if env is None else env
-    base = _base_url(dialect, base_url, environ)
-    key = api_key or next((environ[v] for v in dialect.key_variables if environ.get(v)), None)
-    own_host = urlsplit(base).hostname == urlsplit(dialect.default_base_url).hostname
-    if key is None and own_host:
-        raise ConfigError(
-            f"{provider}: no API key for {base}: set {dialect.key_variables[0]} or pass api_key"
-        )
+    signer: bedrock.Signer | None = None
+    if provider == "bedrock":
+        if record is not None:
+            raise ConfigError("bedrock: record= is not supported (a binary event stream)")
+        given = base_url
+        if not given and not environ.get(bedrock.ENDPOINT_VARIABLE):
+            given = bedrock.default_base_url(environ)
+        base = _base_url(dialect, given, environ)
+        key, signer = bedrock.auth(base, api_key, environ)
+    else:
+        base = _base_url(dialect, base_url, environ)
+        key = api_key or next((environ[v] for v in dialect.key_variables if environ.get(v)), None)
+        own_host = urlsplit(base).hostname == urlsplit(dialect.default_base_url).hostname
+        if key is None and own_host:
+            variable = dialect.key_variables[0]
+            raise ConfigError(f"{provider}: no API key for {base}: set {variable} or pass api_key")
     return ModelClient(
         dialect,
         model=model,
@@ -651,6 +689,7 @@ def model_client(
         sleep=sleep or asyncio.sleep,
         random_unit=random_unit or random.random,
         record=None if record is None else Path(record),
+        signer=signer,
     )
 
 
