@@ -103,13 +103,20 @@ class ResultShaper:
 
     __slots__ = ("limits", "redactor")
 
-    def __init__(self, limits: ResultLimits | None, redaction: PreviewPolicy | None) -> None:
+    def __init__(
+        self,
+        limits: ResultLimits | None,
+        redaction: PreviewPolicy | None,
+        redactor: Redactor | None = None,
+    ) -> None:
         if limits is not None and not isinstance(limits, ResultLimits):
             raise ConfigError(f"result_limits must be a ResultLimits, got {limits!r:.60}")
         if redaction is not None and not isinstance(redaction, PreviewPolicy):
             raise ConfigError(f"redaction must be a PreviewPolicy, got {redaction!r:.60}")
+        if redaction is not None and redactor is not None:
+            raise ConfigError("pass redactor or redaction (a PreviewPolicy's redactor), not both")
         self.limits = limits or ResultLimits()
-        self.redactor: Redactor | None = redaction.redactor if redaction else None
+        self.redactor: Redactor | None = redaction.redactor if redaction else redactor
         if self.redactor is not None and not callable(self.redactor):
             raise ConfigError(f"the redactor must be callable, got {self.redactor!r:.60}")
 
@@ -199,8 +206,9 @@ PREVIEW_CHARS = 200
 """Longest result preview (characters) in ``tool_finished`` events and the terminal view."""
 _PREVIEW_SCAN = 2
 """A preview redacts only the head of a long result, ``_PREVIEW_SCAN`` times its length: the
-built-in redactor costs about 2.4 ms per 400 characters of text (measured; 130 ms for 16 Ki,
-280 ms for a 64 KiB JSON walk), too much for the event loop on every ``tool_finished``. A cut
+built-in redactor is linear in the text (measured: 0.02 ms for 400 characters, 0.3 ms for
+16 KiB, 7.8 ms for a 92 KiB JSON walk), and a result's size has no bound a preview should pay
+for on the event loop at every ``tool_finished``. A cut
 head is not JSON, so it is redacted whole: a secret-looking span or a secret key's
 assignment anywhere in it masks the whole preview (fail closed; ``--full-results`` redacts
 the whole result and keeps its structure)."""
