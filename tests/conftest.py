@@ -1,6 +1,7 @@
 """Shared test configuration: Hypothesis profiles, the recorded-stream corpus locator, a
 redis-server per test module (``redis_server``), one mypy run at a time on a shared cache
-(``mypy_lock``) and, when run with ``-n auto``, the number of pytest-xdist workers."""
+(``mypy_lock``) and the number of pytest-xdist workers (``-n auto``, the default in
+pyproject's addopts)."""
 
 from __future__ import annotations
 
@@ -28,25 +29,29 @@ settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "fixtures"
 
-# Workers per CPU for ``-n auto``. The suite is mostly CPU-bound (844 s of CPU for 845 s of
-# wall time in one process) and each worker collects every file (~27 s of CPU), so one per CPU:
-# a run with two per CPU on a loaded 2-core machine took 30 % more CPU and failed timing-bound
-# tests (a 30 ms median, a 0.15 s lease) that pass alone.
+# Workers per CPU for ``-n auto``, and at most MAX_WORKERS in all. The suite is mostly
+# CPU-bound and each worker collects every file it is given (~9 s of CPU for the whole suite),
+# so one per CPU: a run with two per CPU on a loaded 2-core machine took 30 % more CPU and
+# failed timing-bound tests (a 30 ms median, a 0.15 s lease) that pass alone. Two workers on
+# 2 cores: 3,153 tests passed in 423 s (load 0.1 rising to 6), against 1,032 s in one process
+# on idle cores; more than two was never measured on the whole suite.
 WORKERS_PER_CPU = 1
+MAX_WORKERS = 2
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one in-process run (no workers) for a single test file, else
-    ``WORKERS_PER_CPU`` per CPU, at most one per selected file (``--dist loadfile`` runs a
-    file's tests on one worker). PYTEST_XDIST_AUTO_NUM_WORKERS, when set, wins."""
+    ``WORKERS_PER_CPU`` per CPU, at most MAX_WORKERS and one per selected file (``--dist
+    loadfile`` runs a file's tests on one worker). PYTEST_XDIST_AUTO_NUM_WORKERS, when set,
+    wins."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
     files = _selected_test_files(config)
     if files <= 1:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(files, WORKERS_PER_CPU * (cpus or 1))
+    return min(files, MAX_WORKERS, WORKERS_PER_CPU * (cpus or 1))
 
 
 # Each test file's seconds in the last runs (pytest's cache, ``.pytest_cache``), so that the

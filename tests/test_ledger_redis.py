@@ -55,9 +55,11 @@ async def test_two_holders_never_overlap(client: aioredis.Redis) -> None:
 
 
 async def test_renewal_keeps_the_lock_past_its_lease(client: aioredis.Redis) -> None:
-    async with RedisSessionLock(client, "s1", lease_s=0.15):
-        await asyncio.sleep(0.6)  # four leases
-        other = RedisSessionLock(client, "s1", lease_s=0.15, wait_s=0.1)
+    # a 0.3 s lease, renewed every 0.1 s: a renewal must be 0.2 s late to lose it (with 0.15 s,
+    # 0.1 s was enough, which a loaded machine gave now and then)
+    async with RedisSessionLock(client, "s1", lease_s=0.3):
+        await asyncio.sleep(1.2)  # four leases
+        other = RedisSessionLock(client, "s1", lease_s=0.3, wait_s=0.1)
         with pytest.raises(LedgerError, match="busy"):
             await other.__aenter__()
     async with RedisSessionLock(client, "s1", wait_s=0.1):  # released on exit

@@ -178,22 +178,26 @@ async def test_stop_mid_stream_shows_cancelled_cards(browser, relay):
     assert (await page.locator("#status").inner_text()).startswith("stopped · 1 round · ")
 
 
-async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser, relay):
-    page = await _page(browser, relay)
-    await _slow_run(page)
-    await page.locator('.card.preview[data-call-id="call_slow_a"]').wait_for()
-    await page.reload()
-    await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
-    texts = [await t.inner_text() for t in await page.locator(".round .text").all()]
-    assert "".join(texts) == "Checking two cities, slowly.Both done."
-    ids = [await c.get_attribute("data-call-id") for c in await page.locator(".card").all()]
-    assert ids == ["call_slow_a", "call_slow_b"]
-    assert [await c.get_attribute("data-state") for c in await page.locator(".card").all()] == [
-        "done",
-        "done",
-    ]
-    assert await page.locator("#gatelog li").count() == 2
-    assert await page.locator(".user").count() == 1
+async def test_reload_mid_run_resumes_without_loss_or_duplicates(browser):
+    # the slow run with a shorter city, twice the pace: the reload comes ~1 s in and the run
+    # goes on ~5 s after it (the module's relay: ~2 s in, ~17 s after; 23 s for this test)
+    scripts = {"slow": slow_script(delay_ms=20, city_chars=8)}
+    async with RelayServer(scripts=scripts, delay_scale=5) as relay:
+        page = await _page(browser, relay)
+        await _slow_run(page)
+        await page.locator('.card.preview[data-call-id="call_slow_a"]').wait_for()
+        await page.reload()
+        await page.wait_for_selector('body[data-run="ended"]', timeout=20_000)
+        texts = [await t.inner_text() for t in await page.locator(".round .text").all()]
+        assert "".join(texts) == "Checking two cities, slowly.Both done."
+        ids = [await c.get_attribute("data-call-id") for c in await page.locator(".card").all()]
+        assert ids == ["call_slow_a", "call_slow_b"]
+        assert [await c.get_attribute("data-state") for c in await page.locator(".card").all()] == [
+            "done",
+            "done",
+        ]
+        assert await page.locator("#gatelog li").count() == 2
+        assert await page.locator(".user").count() == 1
 
 
 async def test_another_session_gets_404(browser, relay):

@@ -4,7 +4,6 @@ on the relay's socket every response after the first waited for the client's del
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import httpx
@@ -20,4 +19,6 @@ async def test_a_kept_alive_request_answers_as_quickly_as_the_first() -> None:
             start = time.perf_counter()
             assert (await client.get("/")).status_code == 200
             times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.03, times
+    # the fastest: CPU load slows some requests, the delayed ACK holds back every one (42-44 ms
+    # each, fastest included, with the listening socket made as before the fix; 0.6 ms after)
+    assert min(times) < 0.03, times

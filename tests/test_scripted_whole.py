@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -186,7 +185,7 @@ def test_python_m_listens_on_the_given_host_and_port() -> None:
 def test_a_kept_alive_request_answers_as_quickly_as_the_first(server: ScriptedServer) -> None:
     """Without TCP_NODELAY on the server's socket, every response after the first on a kept-
     alive connection waited for the client's delayed ACK (about 40 ms on Linux) before its
-    body went out. The median of ten kept-alive requests must stay well under that."""
+    body went out. The fastest of ten kept-alive requests must stay well under that."""
     body = {"model": "scripted", "stream": True, "messages": USER}
     url = server.base_url("openai_chat") + "/chat/completions"
     times = []
@@ -197,4 +196,5 @@ def test_a_kept_alive_request_answers_as_quickly_as_the_first(server: ScriptedSe
                 for _chunk in response.iter_raw():
                     pass
             times.append(time.perf_counter() - start)
-    assert statistics.median(times[1:]) < 0.03, times
+    # the fastest: CPU load slows some requests, the delayed ACK holds back every one
+    assert min(times[1:]) < 0.03, times
