@@ -138,3 +138,26 @@ def test_toollatch_run_bedrock_record_keeps_each_round_replayable(tmp_path):
     committed = [(e["id"], e["name"]) for e in events if e["type"] == "call_committed"]
     replayed = [(i, n) for path in recorded for i, n, s in replay_calls(path) if s == "committed"]
     assert replayed == committed and committed
+
+
+async def test_a_signed_bedrock_recording_masks_the_aws_keys_it_was_signed_with(tmp_path):
+    """No bearer: the AWS keys sign the request (SigV4), and the recorder masks them like an
+    API key (an answer that echoes one, here in its text, does not carry it to the file)."""
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    env = {"AWS_ACCESS_KEY_ID": "AKIDRECORDTEST", "AWS_SECRET_ACCESS_KEY": secret}
+    echo = Script(
+        turns=(Turn(items=(Text(text=f"echo {secret}", chunk_chars=100),), delay_ms=0.0),)
+    )
+    async with ScriptedServer({"echo": echo}, delay_scale=0) as server:
+        client = model_client(
+            "bedrock", model="echo", base_url=server.base_url("bedrock"),
+            env={**env, "AWS_REGION": "us-east-1"}, record=tmp_path,
+        )  # fmt: skip
+        async with client:
+            async with client.stream([{"role": "user", "content": [{"text": "x"}]}]) as stream:
+                received = b"".join([chunk async for chunk in stream])
+    assert secret.encode() in received  # (the answer did hold it)
+    [recorded] = list(tmp_path.glob("*.eventstream"))
+    assert secret.encode() not in recorded.read_bytes()
+    [frame] = [f for f in EventStreamDecoder().feed(recorded.read_bytes()) if "echo" in f.data]
+    assert "echo xxxxxxxxxxxxx/xxxxxxx/" in frame.data
