@@ -11,7 +11,8 @@ import pytest
 
 from scripted_helpers import PROVIDERS, first_history
 from toollatch import StreamParser, model_client
-from toollatch.scripted import ScriptedServer
+from toollatch.core._eventstream import EventStreamDecoder
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 KEY = "sk-record-0123456789abcdefghijkl"
 
@@ -63,3 +64,100 @@ def test_toollatch_run_record_keeps_each_round_of_the_demo(tmp_path):
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(first.stdout)["calls"]  # the demo's first round has its calls
+
+
+BEARER = "bedrock-api-key-0123456789abcdef"
+SECRET_ARGS = json.dumps({"city": "Oslo", "token": KEY, "auth": BEARER})
+SECRETS = Script(
+    turns=(
+        Turn(
+            items=(
+                Text(text=f"I will pass {KEY} along."),
+                Call(call_id="call_s", name="get_weather", arguments=SECRET_ARGS,
+                     fragment_chars=len(SECRET_ARGS)),
+                Call(call_id="call_o", name="get_weather", arguments='{"city": "Lima"}'),
+            ),
+            delay_ms=0.0,
+        ),
+    )
+)  # fmt: skip
+
+
+def replay_calls(path, *extra):
+    replayed = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", *extra, str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [(c["id"], c["name"], c["state"]) for c in json.loads(replayed.stdout)["calls"]]
+
+
+async def test_a_bedrock_answer_is_recorded_as_an_eventstream_without_its_secrets(tmp_path):
+    """The key in the text and in a call's arguments (and the bearer) never reach the file;
+    its frames pass our decoder and botocore's; replay commits the calls the client saw."""
+    from botocore.eventstream import EventStreamBuffer
+
+    async with ScriptedServer({"secrets": SECRETS}, delay_scale=0) as server:
+        client = model_client(
+            "bedrock", model="secrets", base_url=server.base_url("bedrock"), api_key=BEARER,
+            record=tmp_path,
+        )  # fmt: skip
+        async with client:
+            parser = StreamParser("bedrock", framing="eventstream")
+            async with client.stream([{"role": "user", "content": [{"text": "x"}]}]) as stream:
+                async for chunk in stream:
+                    parser.feed(chunk)
+    round_ = parser.finish()
+    [recorded] = list(tmp_path.glob("*.eventstream"))
+    assert not list(tmp_path.glob("*.sse"))
+    assert json.loads(recorded.with_suffix(".json").read_text())["provider"] == "bedrock"
+    for path in tmp_path.iterdir():
+        data = path.read_bytes()
+        assert KEY.encode() not in data and BEARER.encode() not in data, path.name
+    data = recorded.read_bytes()
+    frames = EventStreamDecoder().feed(data)
+    theirs = EventStreamBuffer()
+    theirs.add_data(data)
+    assert len(list(theirs)) == len(frames) > 0  # botocore checks both CRCs
+    seen = [(r.call_id, r.name, r.state) for c in round_.choices for r in c.calls]
+    assert seen == [("call_s", "get_weather", "committed"), ("call_o", "get_weather", "committed")]
+    assert replay_calls(recorded) == seen  # detected as bedrock by its bytes
+    assert replay_calls(recorded, "--provider", "bedrock") == seen
+
+
+def test_toollatch_run_bedrock_record_keeps_each_round_replayable(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "run", "--json", "--provider", "bedrock",
+         "--workspace", str(tmp_path / "ws"), "--record", str(tmp_path / "rec")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert events[-1]["type"] == "run_ended"
+    recorded = sorted((tmp_path / "rec").glob("*.eventstream"))
+    assert len(recorded) == events[-1]["rounds"]
+    committed = [(e["id"], e["name"]) for e in events if e["type"] == "call_committed"]
+    replayed = [(i, n) for path in recorded for i, n, s in replay_calls(path) if s == "committed"]
+    assert replayed == committed and committed
+
+
+async def test_a_signed_bedrock_recording_masks_the_aws_keys_it_was_signed_with(tmp_path):
+    """No bearer: the AWS keys sign the request (SigV4), and the recorder masks them like an
+    API key (an answer that echoes one, here in its text, does not carry it to the file)."""
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    env = {"AWS_ACCESS_KEY_ID": "AKIDRECORDTEST", "AWS_SECRET_ACCESS_KEY": secret}
+    echo = Script(
+        turns=(Turn(items=(Text(text=f"echo {secret}", chunk_chars=100),), delay_ms=0.0),)
+    )
+    async with ScriptedServer({"echo": echo}, delay_scale=0) as server:
+        client = model_client(
+            "bedrock", model="echo", base_url=server.base_url("bedrock"),
+            env={**env, "AWS_REGION": "us-east-1"}, record=tmp_path,
+        )  # fmt: skip
+        async with client:
+            async with client.stream([{"role": "user", "content": [{"text": "x"}]}]) as stream:
+                received = b"".join([chunk async for chunk in stream])
+    assert secret.encode() in received  # (the answer did hold it)
+    [recorded] = list(tmp_path.glob("*.eventstream"))
+    assert secret.encode() not in recorded.read_bytes()
+    [frame] = [f for f in EventStreamDecoder().feed(recorded.read_bytes()) if "echo" in f.data]
+    assert "echo xxxxxxxxxxxxx/xxxxxxx/" in frame.data

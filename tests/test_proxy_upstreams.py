@@ -24,11 +24,15 @@ from test_proxy import test_a_dropped_upstream_is_an_error_not_a_normal_end as d
 from test_proxy import test_an_upstream_error_status_is_passed_on as status_passed_on
 from toollatch import ConfigError
 from toollatch.relay import ProxyServer
-from toollatch.scripted import Faults, Script, ScriptedServer, Text, Turn
+from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ("anthropic", "gemini", "openai_responses", "bedrock")
 OSLO_ARGS, LIMA_ARGS = {"city": "Oslo"}, {"city": "Lima", "unit": "c"}
 """As parsed: Gemini sends arguments as objects, so their text is compact JSON."""
+
+
+SECRET = "sk-proj-" + "0123456789abcdefghijklmnopqrstuv"
+SECRET_ARGS = f'{{"city": "{SECRET}"}}'
 
 
 def turn(*items: Any, stop: str = "normal", faults: Faults | None = None) -> Turn:
@@ -45,6 +49,20 @@ SCRIPTS = {
     ),
     "dropped": Script(turns=(turn(OSLO, LIMA, faults=Faults(drop_after_events=1)),)),
     "chat": Script(turns=(turn(OSLO, LIMA), turn(Text(text="Oslo is cold, Lima mild.")))),
+    "secret": Script(
+        turns=(
+            turn(
+                Text(text=f"Sending {SECRET} on."),
+                Call(
+                    call_id="call_s",
+                    name="get_weather",
+                    arguments=SECRET_ARGS,
+                    fragment_chars=len(SECRET_ARGS),
+                ),
+                LIMA,
+            ),
+        )
+    ),
 }
 
 
@@ -365,11 +383,9 @@ async def test_the_upstream_key_replaces_the_clients_bearer(upstream):
     assert seen.headers["x-api-key"] == "sk-up"
 
 
-def test_an_unknown_upstream_provider_is_a_config_error(tmp_path):
+def test_an_unknown_upstream_provider_is_a_config_error():
     with pytest.raises(ConfigError, match="upstream_provider"):
         ProxyServer("http://127.0.0.1:1", upstream_provider="vertex")
-    with pytest.raises(ConfigError, match="record is not supported with a bedrock"):
-        ProxyServer("http://127.0.0.1:1", upstream_provider="bedrock", record=tmp_path)
 
 
 async def test_record_saves_the_providers_own_stream_replayable(upstream, tmp_path):
@@ -394,6 +410,39 @@ async def test_record_saves_the_providers_own_stream_replayable(upstream, tmp_pa
     assert [(c["id"], c["state"]) for c in document["calls"]] == [
         ("call_oslo", "committed"),
         ("call_lima", "committed"),
+    ]
+
+
+async def test_record_saves_a_bedrock_answer_as_an_eventstream_without_secrets(upstream, tmp_path):
+    """A Bedrock upstream's binary answer, recorded: the client's key (the Bedrock bearer) and a
+    key in the text and in a call's arguments are nowhere in the files; the frames still
+    decode (both CRCs, by botocore too) and replay commits the calls the client received."""
+    from botocore.eventstream import EventStreamBuffer
+
+    key = "bedrock-client-key-0123456789abcdef"
+    url = upstream.base_url("bedrock")
+    async with ProxyServer(url, upstream_provider="bedrock", record=tmp_path) as p:
+        async with openai.AsyncOpenAI(base_url=p.url, api_key=key, max_retries=0) as c:
+            answer = await c.chat.completions.create(
+                model="secret", messages=[{"role": "user", "content": "x"}], tools=[WEATHER]
+            )
+    received = [(t.id, t.function.name) for t in answer.choices[0].message.tool_calls or []]
+    assert received == [("call_s", "get_weather"), ("call_lima", "get_weather")]
+    [recorded] = list(tmp_path.glob("*.eventstream"))
+    assert json.loads(recorded.with_suffix(".json").read_text())["provider"] == "bedrock"
+    for f in tmp_path.iterdir():
+        assert key.encode() not in f.read_bytes() and SECRET.encode() not in f.read_bytes()
+    theirs = EventStreamBuffer()
+    theirs.add_data(recorded.read_bytes())
+    assert [m.headers[":event-type"] for m in theirs][-2:] == ["messageStop", "metadata"]
+    replayed = subprocess.run(
+        [sys.executable, "-m", "toollatch.cli", "replay", "--format", "json", str(recorded),
+         "--tools", str(recorded.with_name(recorded.stem + ".tools.json"))],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    calls = json.loads(replayed.stdout)["calls"]
+    assert [(c["id"], c["name"], c["state"]) for c in calls] == [
+        (i, n, "committed") for i, n in received
     ]
 
 

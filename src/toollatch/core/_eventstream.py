@@ -13,6 +13,9 @@ A header is ``name length (1) | name (UTF-8) | value type (1) | value``; the val
 milliseconds since the epoch), 9 UUID (16 bytes), 6 byte array and 7 string (both a 2-byte
 length, then the bytes).
 
+:func:`encode_message` is the inverse for string headers (the scripted server's Bedrock wire
+and the recorder's masking both frame with it): it computes the lengths and both CRCs.
+
 ``feed()`` appends to one buffer and cuts every complete message off its front. As soon as a
 prelude is buffered it is checked (its CRC, then ``16 <= total length <= max_message_bytes``
 and the headers fitting inside), so a corrupt length can neither make the decoder wait for
@@ -54,19 +57,27 @@ import json
 import struct
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from ._errors import ConfigError, StreamDecodeError, UsageError
 from ._events import Frame
 from ._limits import Limits
 
-__all__ = ["EventStreamDecoder", "HeaderValue", "decode_headers"]
+__all__ = [
+    "EventStreamDecoder",
+    "HeaderValue",
+    "decode_headers",
+    "encode_frame",
+    "encode_message",
+    "header_values",
+]
 
 HeaderValue = bool | int | bytes | str | uuid.UUID
 """A decoded header value; timestamps are ``int`` milliseconds since the epoch."""
 
 _PRELUDE = struct.Struct(">III")
+_PRELUDE_HEAD = struct.Struct(">II")
 _CRC = struct.Struct(">I")
 _PRELUDE_BYTES = 12
 _OVERHEAD_BYTES = 16  # prelude + message CRC: the size of an empty message
@@ -89,16 +100,47 @@ def decode_headers(raw: bytes) -> dict[str, HeaderValue]:
         StreamDecodeError: a header runs past the block, has an unknown value type, or has a
             name or string value that is not UTF-8.
     """
-    headers: dict[str, HeaderValue] = {}
+    return {name: value for name, _kind, _start, value in header_values(raw)}
+
+
+def header_values(raw: bytes) -> list[tuple[str, int, int, HeaderValue]]:
+    """Each header of a block in order: its name, value type, the offset of its value's
+    bytes in ``raw`` (after a string's or byte array's length) and the decoded value.
+    Raises as :func:`decode_headers` does."""
+    out: list[tuple[str, int, int, HeaderValue]] = []
     pos, end = 0, len(raw)
     while pos < end:
         name_end = pos + 1 + raw[pos]
         if name_end >= end:  # the name and at least the type byte must fit
             raise StreamDecodeError(f"event-stream header at offset {pos} runs past its block")
         name = _utf8(raw[pos + 1 : name_end], "header name")
+        kind = raw[name_end]
         value, pos = _decode_value(raw, name_end, name)
-        headers[name] = value
-    return headers
+        start = name_end + (3 if kind in (6, 7) else 1)
+        out.append((name, kind, start, value))
+    return out
+
+
+def _string_header_bytes(name: str, value: str) -> bytes:
+    """One string-valued header (type 7)."""
+    raw_name, raw_value = name.encode(), value.encode()
+    return (
+        bytes([len(raw_name)]) + raw_name + b"\x07" + len(raw_value).to_bytes(2, "big") + raw_value
+    )
+
+
+def encode_frame(header_block: bytes, payload: bytes) -> bytes:
+    """One event-stream message around an encoded header block and a payload: the prelude
+    (total and headers lengths) with its CRC, then the message CRC over all before it."""
+    total = _OVERHEAD_BYTES + len(header_block) + len(payload)
+    prelude = _PRELUDE_HEAD.pack(total, len(header_block))
+    head = prelude + _CRC.pack(zlib.crc32(prelude)) + header_block + payload
+    return head + _CRC.pack(zlib.crc32(head))
+
+
+def encode_message(headers: Sequence[tuple[str, str]], payload: bytes) -> bytes:
+    """One event-stream message with string headers (in their order) and ``payload``."""
+    return encode_frame(b"".join(_string_header_bytes(n, v) for n, v in headers), payload)
 
 
 def _decode_value(raw: bytes, pos: int, name: str) -> tuple[HeaderValue, int]:

@@ -16,15 +16,31 @@ that is not JSON gets the same masking over its raw text, and so does a line lon
 
 What it cannot see: a credential cut across two fragments (two lines) is masked only where
 a part is still shaped like one; the known secrets are masked wherever they appear whole.
+
+A Bedrock answer (AWS event stream, binary) goes through :class:`EventStreamMasker` instead:
+it cuts the bytes into messages as :mod:`._eventstream` frames them (only the message being
+received is buffered, up to ``max_message_bytes``), masks each message's JSON payload as
+above and its string headers in place (masking keeps a string's UTF-8 length), and frames
+the message again with :func:`._eventstream.encode_frame` (new lengths, both CRCs) only when
+something changed: an unchanged message keeps its exact bytes. What the decoder would refuse
+is kept as it came, masked as raw text where it keeps its length: a message whose CRC does
+not match (its CRC stays wrong), a prelude that is corrupt or longer than the bound (the
+framing is lost: the rest of the stream passes raw-masked, chunk by chunk), and a last
+message cut short (``finish``): ``toollatch replay`` then fails on the recording where it
+failed on the wire.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from ._errors import StreamDecodeError
+from ._eventstream import encode_frame, header_values
 from ._secrets import SECRET_TEXT
 
 _ALNUM = re.compile(r"[A-Za-z0-9]")
@@ -119,3 +135,79 @@ class StreamMasker:
     def _raw(self, data: bytes) -> bytes:
         text = data.decode("utf-8", "surrogateescape")
         return self.mask_text(text).encode("utf-8", "surrogateescape")
+
+
+_PRELUDE = struct.Struct(">III")
+_CRC = struct.Struct(">I")
+_OVERHEAD_BYTES = 16  # the prelude (12) and the message CRC (4)
+_STRING = 7  # an event-stream header's value type for a string
+
+
+class EventStreamMasker(StreamMasker):
+    """Masks credentials in an AWS event stream, read by read, keeping every message framed
+    and its CRCs right (see the module's doc). ``known`` as for :class:`StreamMasker`;
+    ``max_message_bytes`` bounds the one message buffered."""
+
+    def __init__(
+        self, known: Iterable[str] = (), *, max_message_bytes: int = _DEFAULT_MAX_LINE_BYTES
+    ) -> None:
+        super().__init__(known, max_line_bytes=max_message_bytes)
+        self.max_message_bytes = max_message_bytes
+        self._buf = bytearray()
+        self._lost = False  # the framing was lost: the rest passes raw-masked
+
+    def feed(self, data: bytes) -> bytes:
+        """The masked bytes of every message ``data`` completes."""
+        if self._lost:
+            return self._raw(data)
+        buf = self._buf
+        buf += data
+        out: list[bytes] = []
+        start = 0
+        while len(buf) - start >= 12:
+            total, headers_len, crc = _PRELUDE.unpack_from(buf, start)
+            if (
+                zlib.crc32(buf[start : start + 8]) != crc
+                or not _OVERHEAD_BYTES <= total <= self.max_message_bytes
+                or headers_len > total - _OVERHEAD_BYTES
+            ):
+                self._lost = True
+                out.append(self._raw(bytes(buf[start:])))
+                start = len(buf)
+                break
+            if len(buf) - start < total:
+                break
+            out.append(self._message(bytes(buf[start : start + total]), headers_len))
+            start += total
+        del buf[:start]
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The rest: a message cut short, as it came (raw-masked)."""
+        rest, self._buf = bytes(self._buf), bytearray()
+        return self._raw(rest)
+
+    def _message(self, message: bytes, headers_len: int) -> bytes:
+        """One complete message, masked and framed again if anything in it changed."""
+        (crc,) = _CRC.unpack_from(message, len(message) - 4)
+        if zlib.crc32(message[:-4]) != crc:
+            return self._raw(message)
+        headers_end = 12 + headers_len
+        block = bytearray(message[12:headers_end])
+        try:
+            headers = header_values(bytes(block))
+        except StreamDecodeError:
+            return self._raw(message)
+        changed = False
+        for _name, kind, at, value in headers:
+            if kind == _STRING and isinstance(value, str):
+                masked = self.mask_text(value)
+                if masked != value:  # only ASCII letters and digits change: same length
+                    raw = masked.encode()
+                    block[at : at + len(raw)] = raw
+                    changed = True
+        payload = self._json(message[headers_end:-4])
+        if payload is None and not changed:
+            return message
+        body = message[headers_end:-4] if payload is None else payload
+        return encode_frame(bytes(block), body)

@@ -623,7 +623,7 @@ class ProxyServer:
     :class:`Recorder`), ``connections`` (the relay's bounds), ``upstream_provider`` (the
     upstream's wire: ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``,
     ``bedrock``: the client's chat request translated, the answer in OpenAI chat's format;
-    ``bedrock`` without ``record``), ``telemetry`` (a
+    a Bedrock answer is recorded as an ``.eventstream`` file), ``telemetry`` (a
     ``ProxyTelemetry``; by default metrics in a registry of their own, served at
     ``/metrics``, and spans of the global tracer provider). ``async with ProxyServer(...) as
     proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
@@ -657,8 +657,6 @@ class ProxyServer:
             raise ConfigError(
                 f"upstream_provider must be one of {known}, got {upstream_provider!r}"
             )
-        if upstream_provider == "bedrock" and record is not None:
-            raise ConfigError("record is not supported with a bedrock upstream (binary frames)")
         self.upstream_provider = upstream_provider
         """The upstream's wire (``openai_chat``: forwarded as is)."""
         if not upstream.startswith(("http://", "https://")):

@@ -19,7 +19,8 @@ OpenAI-shaped error with that status (and ``Retry-After``).
 What does not cross: content other than text (images, audio) is refused (400), reasoning
 blocks and Gemini thought signatures of earlier turns are not in an OpenAI history, and
 Gemini's made-up call ids (``gemini:...``: Gemini sends none) are not sent back to it.
-Bedrock has no ``tool_choice: none`` (a 400 here) and its answers are not recorded.
+Bedrock has no ``tool_choice: none`` (a 400 here); its answers are recorded as ``.eventstream``
+files (the model client's recorder).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 
-from ..core._recording import StreamMasker
+from ..core._recording import EventStreamMasker, StreamMasker
 
 _SERIAL = itertools.count(1)
 
@@ -23,7 +23,10 @@ class Recorder:
     :class:`~toollatch.core._recording.StreamMasker`: the request's own keys and anything
     shaped like one), ``<stamp>-<n>.json`` (provider, model, status, upstream, the request's
     tools, whether the client asked a stream, how many spans were masked) and, when the
-    request had tools, ``<stamp>-<n>.tools.json`` for ``replay --tools``. Headers are never
+    request had tools, ``<stamp>-<n>.tools.json`` for ``replay --tools``. A Bedrock answer
+    (``provider="bedrock"``, a binary event stream) is ``<stamp>-<n>.eventstream``, masked
+    message by message by :class:`~toollatch.core._recording.EventStreamMasker` (each
+    message framed again with its CRCs). Headers are never
     stored. Written as the bytes arrive, so an answer cut by a crash is still on disk."""
 
     def __init__(
@@ -38,14 +41,19 @@ class Recorder:
         folder.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.stem = folder / f"{stamp}-{next(_SERIAL):04d}{'-' + label if label else ''}"
-        self.masker = StreamMasker(known)
+        known = list(known)
+        self._meta_masker = StreamMasker(known)
+        self.masker = EventStreamMasker(known) if provider == "bedrock" else self._meta_masker
+        suffix = ".eventstream" if provider == "bedrock" else ".sse"
+        self.path = self.stem.with_name(self.stem.name + suffix)
+        """The answer's file."""
         self.meta: dict[str, Any] = {
             "provider": provider,
             "model": self.masker.mask_text(str(body.get("model", ""))),
             "stream": body.get("stream") is True,
-            "tools": body.get("tools") or [],
+            "tools": _tools_of(body),
         }
-        self._file = open(self.stem.with_suffix(".sse"), "wb")  # noqa: SIM115  (closed in close)
+        self._file = open(self.path, "wb")  # noqa: SIM115  (closed in close)
 
     def begin(self, status: int, upstream: str) -> None:
         """The answer's status and where it came from (the URL without credentials)."""
@@ -65,8 +73,28 @@ class Recorder:
         tools = self.meta["tools"]
         self.meta["masked"] = self.masker.masked
         meta = orjson.dumps(self.meta, option=orjson.OPT_INDENT_2)
-        self.stem.with_suffix(".json").write_bytes(
-            self.masker.feed(meta + b"\n") + self.masker.finish()
+        masker = self._meta_masker
+        self.stem.with_name(self.stem.name + ".json").write_bytes(
+            masker.feed(meta + b"\n") + masker.finish()
         )
         if tools:
             self.stem.with_name(self.stem.name + ".tools.json").write_bytes(orjson.dumps(tools))
+
+
+def _tools_of(body: Mapping[str, Any]) -> list[Any]:
+    """The request's tool definitions, as ``replay --tools`` reads them: a Bedrock body's
+    ``toolConfig.tools[].toolSpec`` (``inputSchema.json``) become bare definitions."""
+    tools = body.get("tools")
+    if tools:
+        return list(tools)
+    config = body.get("toolConfig")
+    listed = config.get("tools") if isinstance(config, Mapping) else None
+    bare: list[Any] = []
+    for tool in listed if isinstance(listed, list) else []:
+        spec = tool.get("toolSpec") if isinstance(tool, Mapping) else None
+        if isinstance(spec, Mapping):
+            schema = spec.get("inputSchema")
+            parameters = schema.get("json") if isinstance(schema, Mapping) else None
+            definition = {"name": spec.get("name"), "description": spec.get("description", "")}
+            bare.append(definition | ({"parameters": parameters} if parameters else {}))
+    return bare

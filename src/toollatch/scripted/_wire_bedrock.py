@@ -3,7 +3,7 @@
 ``POST /model/{modelId}/converse-stream`` answers ``application/vnd.amazon.eventstream``: a
 sequence of binary messages (all integers big-endian), as the AWS event-stream encoding
 defines them (https://docs.aws.amazon.com/lexv2/latest/dg/event-stream-encoding.html; the
-framing :mod:`toollatch.core._eventstream` decodes)::
+framing :mod:`toollatch.core._eventstream` decodes and encodes)::
 
     total length (4) | headers length (4) | prelude CRC32 (4)
     headers | payload | message CRC32 (4)
@@ -29,36 +29,16 @@ The events (https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_
 
 from __future__ import annotations
 
-import struct
-import zlib
 from typing import Any
 
+from ..core._eventstream import encode_message
 from ._script import Call, Item, Reasoning, Text, Turn
 from ._wire import WireEvent, cut, dumps, pieces, usage_counts
 
 CONTENT_TYPE = "application/vnd.amazon.eventstream"
 """The media type of a ConverseStream body."""
 
-_PRELUDE = struct.Struct(">II")
-_CRC = struct.Struct(">I")
 _PADDING = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-
-
-def _header(name: str, value: str) -> bytes:
-    """One string-valued header (type 7)."""
-    raw_name, raw_value = name.encode(), value.encode()
-    return (
-        bytes([len(raw_name)]) + raw_name + b"\x07" + len(raw_value).to_bytes(2, "big") + raw_value
-    )
-
-
-def encode_message(headers: list[tuple[str, str]], payload: bytes) -> bytes:
-    """One event-stream message: prelude and its CRC, string headers, payload, message CRC."""
-    block = b"".join(_header(name, value) for name, value in headers)
-    total = 12 + len(block) + len(payload) + 4
-    prelude = _PRELUDE.pack(total, len(block))
-    head = prelude + _CRC.pack(zlib.crc32(prelude)) + block + payload
-    return head + _CRC.pack(zlib.crc32(head))
 
 
 def event_message(event: str, payload: dict[str, Any]) -> bytes:

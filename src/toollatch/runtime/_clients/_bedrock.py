@@ -94,6 +94,10 @@ def auth(
     return None, None
 
 
+SIGNING_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""The AWS keys a signer is made of (masked in recordings)."""
+
+
 def sigv4_signer(key_id: str, secret: str, token: str | None, where: str) -> Signer:
     """A signer of requests to bedrock-runtime in region ``where``, by botocore's SigV4Auth
     (a fresh ``X-Amz-Date`` per request). Raises ConfigError when botocore is missing."""

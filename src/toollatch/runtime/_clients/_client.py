@@ -114,9 +114,11 @@ class ModelClient:
         random_unit: Callable[[], float],
         record: Path | None = None,
         signer: bedrock.Signer | None = None,
+        secrets: tuple[str, ...] = (),
     ) -> None:
         self._dialect = dialect
         self._signer = signer
+        self._secrets = secrets  # the signer's keys: masked in recordings like the API key
         self.record = record
         """A folder where each response is saved as a replayable fixture (None: none;
         :class:`toollatch.runtime.Recorder`: credentials masked, the API key among them)."""
@@ -420,7 +422,7 @@ class ModelStream:
         client = self._client
         if client.record is not None:
             body = orjson.loads(self._content)
-            known = [client._api_key or ""]
+            known = [client._api_key or "", *client._secrets]
             self._recorder = Recorder(client.record, body, known=known, provider=client.provider)
             self._recorder.begin(self._response.status_code, client.base_url)
         return self
@@ -652,7 +654,8 @@ def model_client(
     ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` with each request
     signed (SigV4, the ``[bedrock]`` extra: botocore) for the region of the endpoint's host
     or ``AWS_REGION``; the endpoint is ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` or the region's
-    (see :mod:`._bedrock`). Its answers are not recorded (``record`` raises ConfigError).
+    (see :mod:`._bedrock`). Its answers are recorded as ``.eventstream`` files, the AWS keys
+    masked with the API key.
     """
     dialect = DIALECTS.get(provider)
     if dialect is None:
@@ -662,14 +665,15 @@ def model_client(
         raise ConfigError(f"{provider}: model must be a non-empty string, got {model!r}")
     environ = os.environ if env is None else env
     signer: bedrock.Signer | None = None
+    secrets: tuple[str, ...] = ()
     if provider == "bedrock":
-        if record is not None:
-            raise ConfigError("bedrock: record= is not supported (a binary event stream)")
         given = base_url
         if not given and not environ.get(bedrock.ENDPOINT_VARIABLE):
             given = bedrock.default_base_url(environ)
         base = _base_url(dialect, given, environ)
         key, signer = bedrock.auth(base, api_key, environ)
+        if signer is not None:
+            secrets = tuple(environ.get(v, "") for v in bedrock.SIGNING_VARIABLES)
     else:
         base = _base_url(dialect, base_url, environ)
         key = api_key or next((environ[v] for v in dialect.key_variables if environ.get(v)), None)
@@ -690,6 +694,7 @@ def model_client(
         random_unit=random_unit or random.random,
         record=None if record is None else Path(record),
         signer=signer,
+        secrets=secrets,
     )
 
 
