@@ -176,6 +176,12 @@ class RelayConfig(_Section):
     max_chat_messages: _Positive = 400
     """-> ``RelayLimits.max_chat_messages``: history entries a chat keeps on the server
     (``POST /api/chat``, ``POST /runs {"chat_id"}``); a full chat refuses more (409)."""
+    approval_secret_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")] | None = (
+        None
+    )
+    """The environment variable holding the key (at least 16 bytes) that signs approval
+    tokens (never the key itself in the file); null: a random key per process, so a question
+    resumed after a restart gets a new token."""
 
 
 _ProxyBytes = Annotated[int, Field(ge=1)]
@@ -635,6 +641,8 @@ relay:
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
   max_chat_messages: 400                # history entries a chat keeps (409 beyond)
+  approval_secret_env: null             # env variable with the key of approval tokens
+                                        # (null: random per process)
 
 proxy:                                  # toollatch proxy (its flags win over these)
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1
