@@ -265,3 +265,56 @@ def test_serve_refuses_a_short_or_missing_secret(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "NO_SUCH_KEY_SET" in done.stderr
+
+
+CHAT = Script(
+    turns=(
+        Turn(
+            items=(
+                Call(call_id="call_w1", name="write_file",
+                     arguments=json.dumps({"path": "yes.md", "content": "y"})),
+                Call(call_id="call_w2", name="write_file",
+                     arguments=json.dumps({"path": "no.md", "content": "n"})),
+                Call(call_id="call_c", name="pick_color", arguments='{"hint": "warm"}'),
+            )
+        ),
+        Turn(items=(Text(text="Done."),)),
+    )
+)  # fmt: skip
+
+
+async def test_use_chat_approves_denies_and_runs_a_client_tool_through_the_real_ai_client():
+    from node_helpers import node_command, run_node
+
+    command = node_command("ui_message_approvals.mjs", "ai")
+    ran.clear()
+    server = RelayServer(scripts={"chat": CHAT}, delay_scale=0, tools=[write_file, COLOR])
+    async with server:
+        got = await run_node(
+            command,
+            {
+                "url": server.url, "session": "c" * 43, "chatId": "chat-1", "text": "go",
+                "model": "chat", "clientTool": "pick_color", "clientOutput": {"color": "red"},
+                "approve": ["call_w1"], "deny": ["call_w2"],
+            },
+        )  # fmt: skip
+        assert server.relay is not None
+        run_id = server.relay.chats.latest_run("c" * 43, "chat-1")
+        headers = {"x-toollatch-session": "c" * 43}
+        async with httpx.AsyncClient(base_url=server.url, headers=headers) as client:
+            frames = await read_events(client, f"/runs/{run_id}/events")
+    assert got["error"] is None and got["status"] == "ready", got
+    assert got["requests"] == 2  # the message, then the answers (one POST)
+    assert ran == ["yes.md"]  # the approved call ran once; the denied one never
+    assistant = got["messages"][-1]
+    tools = {p["toolCallId"]: p for p in assistant["parts"] if "toolCallId" in p}
+    assert tools["call_w1"]["state"] == "output-available"
+    assert tools["call_w2"]["state"] == "output-denied"
+    assert tools["call_c"]["state"] == "output-available"
+    assert tools["call_c"]["output"] == {"color": "red"}
+    texts = [p["text"] for p in assistant["parts"] if p["type"] == "text"]
+    assert texts == ["Done."]
+    finished = {f.data["id"]: f.data for f in frames if f.event == "tool_finished"}
+    assert json.loads(finished["call_c"]["result"]) == {"color": "red"}  # the client's value
+    assert finished["call_w2"]["error"] == "approval_denied"
+    assert len(finished) == 3 and frames[-1].event == "run_ended"  # every call paired
