@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -41,10 +41,8 @@ from ..ledger import (
     approval_token,
     verify_approval_token,
 )
+from ..runtime._agent_run import AgentRun
 from ._requests import HTTPError
-
-if TYPE_CHECKING:
-    from ._runs import RelayRun
 
 ACTIONS = ("approve", "deny", "result")
 ASKING = frozenset({"approval_requested", "client_call"})
@@ -81,6 +79,17 @@ class Asked:
     answered: bool = False
 
 
+class AskingRun(Protocol):
+    """What answering needs of a relay run (:class:`._runs.AskingRun`)."""
+
+    id: str
+    done: bool
+    asked: dict[str, Asked]
+
+    @property
+    def agent_run(self) -> AgentRun | None: ...
+
+
 def sign(secret: bytes, asked: dict[str, Asked], data: dict[str, Any]) -> None:
     """Remember a question event of a run's log (``data``: its JSON) in ``asked`` and give
     it its ``token``; mark an ``approval_answered`` one answered."""
@@ -93,7 +102,7 @@ def sign(secret: bytes, asked: dict[str, Asked], data: dict[str, Any]) -> None:
         asked[data["id"]].answered = True
 
 
-def waiting(run: RelayRun, kind: str | None = None) -> dict[str, Asked]:
+def waiting(run: AskingRun, kind: str | None = None) -> dict[str, Asked]:
     """The calls ``run`` waits on (of ``kind`` only, when given), by call id."""
     return {
         call_id: a
@@ -103,7 +112,7 @@ def waiting(run: RelayRun, kind: str | None = None) -> dict[str, Asked]:
 
 
 async def answer(
-    run: RelayRun, secret: bytes, call_id: str, action: str, body: dict[str, Any]
+    run: AskingRun, secret: bytes, call_id: str, action: str, body: dict[str, Any]
 ) -> dict[str, Any]:
     """Check ``body`` (``{"token", "args"?, "always"?}`` / ``{"token", "reason"?}`` /
     ``{"token", "value"}``) against the question ``run`` asked and answer it; raises
@@ -148,7 +157,7 @@ async def answer(
 
 
 def routes(
-    owned: Callable[[Request], RelayRun | None],
+    owned: Callable[[Request], AskingRun | None],
     read_json: Callable[[Request], Awaitable[Any]],
     secret: Callable[[], bytes],
 ) -> list[Route]:

@@ -27,8 +27,8 @@ ones before it stand).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, Protocol
 from weakref import WeakKeyDictionary
 
 import orjson
@@ -37,9 +37,6 @@ from .._answers import answer, waiting
 from .._chats import CHAT_ID
 from .._requests import HTTPError
 from .._runs import RelayRun, RunRegistry
-
-if TYPE_CHECKING:
-    from ._ui_message import UIMessageEncoder
 
 QUIET_S = 0.2
 """How long the log must stay still, with every open call waiting, before the stream ends."""
@@ -58,16 +55,17 @@ class AnswerHost(Protocol):
     def chats(self) -> Any: ...
 
 
-def pauser(run: RelayRun) -> Callable[[UIMessageEncoder, int], Awaitable[bool]]:
-    """The ``pause`` of :func:`._ui_message.ui_message_stream` for ``run``."""
+def pauser(run: RelayRun) -> Callable[[Collection[str], int], Awaitable[bool]]:
+    """The ``pause`` of :func:`._ui_message.ui_message_stream` for ``run``: called with the
+    stream's committed calls that have no result yet, and its cursor."""
 
-    async def pause(encoder: UIMessageEncoder, cursor: int) -> bool:
+    async def pause(unfinished: Collection[str], cursor: int) -> bool:
         asked = waiting(run)
-        if run.done or not asked or not encoder.unfinished <= asked.keys():
+        if run.done or not asked or not set(unfinished) <= asked.keys():
             return False
         if await run.wait(cursor, QUIET_S):  # (it grew, or ended: go on streaming)
             return False
-        if not encoder.unfinished <= waiting(run).keys():
+        if not set(unfinished) <= waiting(run).keys():
             return False
         _PAUSED[run] = cursor
         return True

@@ -346,11 +346,12 @@ async def ui_message_stream(
     limits: RelayLimits,
     *,
     start: int = 0,
-    pause: Callable[[UIMessageEncoder, int], Awaitable[bool]] | None = None,
+    pause: Callable[[set[str], int], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[bytes]:
     """The run's UI message stream, from its first event (live until it ends), or from
-    event ``start`` on (the encoder primed with the ones before); ``pause(encoder, cursor)``
-    True ends the stream early (a run waiting on its client: :mod:`._ui_answers`)."""
+    event ``start`` on (the encoder primed with the ones before); ``pause(unfinished,
+    cursor)`` (``unfinished``: the committed calls without a result) True ends the stream
+    early (a run waiting on its client: :mod:`._ui_answers`)."""
     encoder = UIMessageEncoder(f"msg-{run.id}")
     yield encoder.start()
     cursor = 0
@@ -360,7 +361,7 @@ async def ui_message_stream(
         for frame in frames:
             encoder.encode(event_data(frame))
     while True:
-        if pause is not None and cursor == run.last_id and await pause(encoder, cursor):
+        if pause is not None and cursor == run.last_id and await pause(encoder.unfinished, cursor):
             yield _chunk({"type": "finish", "finishReason": "tool-calls"}) + DONE
             return
         if cursor < run.last_id:
