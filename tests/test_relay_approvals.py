@@ -318,3 +318,58 @@ async def test_use_chat_approves_denies_and_runs_a_client_tool_through_the_real_
     assert json.loads(finished["call_c"]["result"]) == {"color": "red"}  # the client's value
     assert finished["call_w2"]["error"] == "approval_denied"
     assert len(finished) == 3 and frames[-1].event == "run_ended"  # every call paired
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_agui_http_agent_runs_a_frontend_tool_and_answers_an_interrupt(approved):
+    from node_helpers import node_command, run_node
+
+    command = node_command("agui_approvals.mjs", "@ag-ui/client")
+    ran.clear()
+    script = Script(
+        turns=(
+            Turn(
+                items=(
+                    Call(call_id="call_w", name="write_file",
+                         arguments=json.dumps({"path": "a.md", "content": "x"})),
+                    Call(call_id="call_c", name="pick_color", arguments='{"hint": "warm"}'),
+                )
+            ),
+            Turn(items=(Text(text="Done."),)),
+        )
+    )  # fmt: skip
+    frontend = {
+        "name": "pick_color",
+        "description": "Ask the user for a color.",
+        "parameters": {"type": "object", "properties": {"hint": {"type": "string"}}},
+    }
+    async with RelayServer(scripts={"a": script}, delay_scale=0, tools=[write_file]) as server:
+        got = await run_node(
+            command,
+            {
+                "url": server.url, "session": "g" * 43, "threadId": "t-1", "text": "go",
+                "model": "a", "tool": frontend, "clientOutput": "red", "approved": approved,
+            },
+        )  # fmt: skip
+        first, second = got["runs"]
+        assert first["relayRun"] == second["relayRun"]  # one relay run, answered
+        headers = {"x-toollatch-session": "g" * 43}
+        async with httpx.AsyncClient(base_url=server.url, headers=headers) as client:
+            frames = await read_events(client, f"/runs/{first['relayRun']}/events")
+    assert first["ok"] and second["ok"], (first["error"], second["error"])
+    assert first["problems"] == [] and second["problems"] == []
+    started = [e["toolCallName"] for e in first["wire"] if e["type"] == "TOOL_CALL_START"]
+    assert started == ["write_file", "pick_color"]  # committed, then the run waits
+    assert [i["toolCallId"] for i in got["interrupts"]] == ["call_w"]  # the person's call
+    assert first["wire"][-1]["type"] == "RUN_FINISHED"
+    results = {e["toolCallId"]: e["content"] for e in second["wire"]
+               if e["type"] == "TOOL_CALL_RESULT"}  # fmt: skip
+    assert "call_c" not in results  # (the client's own result is not sent back to it)
+    assert second["wire"][-1]["type"] == "RUN_FINISHED"
+    assert second["wire"][-1].get("outcome") is None
+    texts = [e["delta"] for e in second["wire"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert texts == ["Done."]
+    assert ran == (["a.md"] if approved else [])
+    finished = {f.data["id"]: f.data for f in frames if f.event == "tool_finished"}
+    assert finished["call_c"]["result"] == "red"  # the frontend tool's result reached the run
+    assert finished["call_w"]["error"] == (None if approved else "approval_denied")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -267,8 +267,10 @@ class Relay:
         history: Sequence[Mapping[str, Any]],
         observers: Sequence[Any],
         conversation: str,
+        client_tools: Sequence[Tool[..., Any]] = (),
     ) -> None:
-        """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`)."""
+        """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`);
+        ``client_tools``: tools whose results the client submits (AG-UI's frontend tools)."""
         self._start(
             run,
             provider,
@@ -278,7 +280,14 @@ class Relay:
             history=history,
             observers=observers,
             conversation=conversation,
+            client_tools=client_tools,
         )
+
+    def tool_names(self) -> list[str]:
+        """The names of the runs' own tools (those a client tool may not take)."""
+        if self.tools is None and self.tool_source is None:
+            return self._session_tools.names
+        return [t.name for t in self.tools or ()]
 
     async def _create(self, request: Request) -> Response:
         try:
@@ -460,6 +469,7 @@ class Relay:
         observers: Sequence[Any] = (),
         conversation: str | None = None,
         scope: str | None = None,
+        client_tools: Sequence[Tool[..., Any]] = (),
     ) -> None:
         """Start ``run``'s Agent (admitted by :meth:`admit`): ``message`` after ``history``
         (the provider's format), or after the history stored under ``scope`` (default
@@ -476,6 +486,7 @@ class Relay:
                 tools = ()  # the source's tools replace the examples (as in `toollatch run`)
             elif tools is None:  # the example tools, writing in the session's own directory
                 tools = self._session_tools.get(_digest(run.session))
+            tools = (*tools, *client_tools)
             metrics = [self.metrics] if self.metrics is not None else []
             observers = [*observers, run.observer, *metrics]
             agent = Agent(
@@ -527,16 +538,18 @@ class Relay:
         opening: bytes = b"",
         view: Callable[[bytes], bytes] | None = None,
         headers: Mapping[str, str] | None = None,
+        pause: Callable[[int], Awaitable[bytes | None]] | None = None,
     ) -> Response:
         """``run``'s log after frame ``start`` as an SSE response, counted against the
         session's ``max_session_readers`` (429 :class:`HTTPError` past it, :meth:`open_reader`):
         the frames as stored, or through ``view`` (another protocol's encoder: stored frames
-        in, its SSE bytes out), after ``opening``."""
+        in, its SSE bytes out), after ``opening``; ``pause(cursor)``, asked when the reader
+        has every stored frame, may end the stream early with its bytes (None: go on)."""
         release = self.open_reader(run.session)
 
         sent = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
         return _CountedStream(
-            self._sse(run, start, opening, view),
+            self._sse(run, start, opening, view, pause),
             release,
             media_type="text/event-stream",
             headers=sent,
@@ -548,10 +561,16 @@ class Relay:
         cursor: int,
         opening: bytes = b"",
         view: Callable[[bytes], bytes] | None = None,
+        pause: Callable[[int], Awaitable[bytes | None]] | None = None,
     ) -> AsyncIterator[bytes]:
         yield b"retry: 1000\n\n" + opening
         batch = self.limits.sse_batch
         while True:
+            if pause is not None and cursor == run.last_id and not run.done:
+                ending = await pause(cursor)
+                if ending is not None:
+                    yield ending
+                    return
             if cursor < run.last_id:  # every frame queued for this reader, in one write
                 chunk, cursor = run.log.after(cursor, batch)
                 yield chunk if view is None else view(chunk)
