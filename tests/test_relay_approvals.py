@@ -373,3 +373,29 @@ async def test_agui_http_agent_runs_a_frontend_tool_and_answers_an_interrupt(app
     finished = {f.data["id"]: f.data for f in frames if f.event == "tool_finished"}
     assert finished["call_c"]["result"] == "red"  # the frontend tool's result reached the run
     assert finished["call_w"]["error"] == (None if approved else "approval_denied")
+
+
+async def test_an_unanswered_call_expires_and_a_late_answer_is_refused():
+    ran.clear()
+    only = Script(
+        turns=(
+            Turn(items=(Call(call_id="call_w", name="write_file",
+                             arguments='{"path": "late.md", "content": "x"}'),)),
+            Turn(items=(Text(text="Too late."),)),
+        )
+    )  # fmt: skip
+    server = RelayServer(
+        scripts={"w": only}, delay_scale=0, tools=[write_file],
+        approvals=ApprovalPolicy(timeout_s=0.5),
+    )  # fmt: skip
+    async with server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        run = await start_run(client, "go", model="w")
+        frames = await read_events(client, run["events_url"])
+        asked = next(f.data for f in frames if f.event == "approval_requested")
+        late = await answer(client, run, "call_w", "approve", token=asked["token"])
+    answered = [f.data for f in frames if f.event == "approval_answered"]
+    assert [(a["id"], a["decision"]) for a in answered] == [("call_w", "expired")]
+    finished = [f.data for f in frames if f.event == "tool_finished"]
+    assert [(f["id"], f["error"]) for f in finished] == [("call_w", "approval_expired")]
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "run_not_running")
+    assert ran == []
