@@ -145,7 +145,11 @@ async def test_deny_pairs_the_call_with_approval_denied_and_the_tool_never_runs(
             client, run, "call_w", "deny", token=asked["call_w"]["token"], reason="not today"
         )
         assert no.status_code == 202, no.text
-        await answer(client, run, "call_c", "deny", token=asked["call_c"]["token"])
+        token_c = asked["call_c"]["token"]
+        wrong = await answer(client, run, "call_c", "deny", token=token_c)
+        assert (wrong.status_code, wrong.json()["error"]["code"]) == (409, "wrong_kind")
+        result = await answer(client, run, "call_c", "result", token=token_c, value="blue")
+        assert result.status_code == 202, result.text
         frames = await read_events(client, run["events_url"])
     finished = {f.data["id"]: f.data for f in frames if f.event == "tool_finished"}
     assert finished["call_w"]["error"] == "approval_denied"
