@@ -188,6 +188,12 @@ class RelayConfig(_Section):
     result_text: Literal["summary", "always", "never"] = "summary"
     """-> ``RelayLimits.result_text``: when the browser gets a redacted preview of a result's
     model-facing text: ``summary`` (no UI payload or a failed call), ``always``, ``never``."""
+    approval_secret_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")] | None = (
+        None
+    )
+    """The environment variable holding the key (at least 16 bytes) that signs approval
+    tokens (never the key itself in the file); null: a random key per process, so a question
+    resumed after a restart gets a new token."""
 
 
 _ProxyBytes = Annotated[int, Field(ge=1)]
@@ -653,6 +659,8 @@ relay:
                                         # out beyond: ui_omitted)
   result_text: summary                  # a result's text preview to the browser: summary
                                         # (no UI payload or failed) | always | never
+  approval_secret_env: null             # env variable with the key of approval tokens
+                                        # (null: random per process)
 
 proxy:                                  # toollatch proxy (its flags win over these)
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1

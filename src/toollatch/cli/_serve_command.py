@@ -84,7 +84,23 @@ def _server(args: argparse.Namespace) -> RelayServer:
         models=models or None,
         run_limits=c.run_limits(),
         shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
+        approvals=c.approval_policy(),
+        approval_secret=_approval_secret(r),
     )
+
+
+def _approval_secret(r: RelayConfig) -> bytes | None:
+    """The key of approval tokens from the variable ``relay.approval_secret_env`` names
+    (None: not configured, a random one per process). ConfigError when it is unset or
+    shorter than 16 bytes."""
+    if r.approval_secret_env is None:
+        return None
+    value = os.environ.get(r.approval_secret_env, "")
+    if len(value.encode()) < 16:
+        raise ConfigError(
+            f"relay.approval_secret_env: ${r.approval_secret_env} must hold at least 16 bytes"
+        )
+    return value.encode()
 
 
 def _relay_limits(r: RelayConfig, args: argparse.Namespace) -> RelayLimits:

@@ -8,11 +8,13 @@ that chat's server-side history, :mod:`._chats`), or ``{"resume": id,
 such run, 409 while it is running here, 422 without a ledger); ``GET /runs/{id}/events`` the
 run's events as SSE (``id:`` per run, ``Last-Event-ID`` or ``?after=N`` to resume, 204 once
 a finished run has nothing more); ``POST /runs/{id}/cancel`` (``application/json``, ``{}``
-or empty) -> 202. A session is the ``toollatch_session`` cookie (HttpOnly: the page's script
-never sees it) or the ``X-Toollatch-Session`` header (a client that is not a browser picks its
-own token: 43 characters of ``A-Za-z0-9_-``, e.g. ``secrets.token_urlsafe(32)``); another
-session's run is 404, exactly like a run that does not exist. Per session at most
-``max_session_runs`` runs in flight and ``max_session_readers`` event streams (429).
+or empty) -> 202; ``POST /runs/{id}/calls/{call_id}/approve|deny|result`` answers a call
+the run waits on (:mod:`._answers`). A session is the ``toollatch_session`` cookie
+(HttpOnly: the page's script never sees it) or the ``X-Toollatch-Session`` header (a
+client that is not a browser picks its own token: 43 characters of ``A-Za-z0-9_-``, e.g.
+``secrets.token_urlsafe(32)``); another session's run is 404, exactly like a run that does
+not exist. Per session at most ``max_session_runs`` runs in flight and
+``max_session_readers`` event streams (429).
 ``POST /agui`` takes an AG-UI ``RunAgentInput`` and answers the run's AG-UI event stream
 (:mod:`.protocols._agui`: the same runs, quotas and guard, another encoder of the same log).
 Errors are ``{"error": {"code", "message"}}`` with a 4xx status. Every request first passes
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,9 +42,11 @@ from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
 from ..ledger import ArgumentAudit, History, Ledger
 from ..runtime._agent import Agent
+from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits, ToolSource
 from ..tools._tools import Tool
+from . import _answers
 from ._chats import CHAT_ID, BoundedMemoryHistory, ChatStore
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
@@ -97,6 +101,9 @@ class Relay:
     same session, in this process or a later one, without running a completed call again;
     ``audit`` (opt-in) records the runs' calls that did not commit.
     ``run_limits``: the budgets of each run (default ``RunLimits()``: 900 s deadline).
+    ``approvals``: which calls wait for a person (:class:`~toollatch.ApprovalPolicy`; tools
+    declared ``needs_approval`` and client tools wait anyway); ``approval_secret`` (at least
+    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`).
     ``models``: the model names a request may pick (default: ``model`` only; a browser may
     otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
     and access token the guard in front of the app accepts (:mod:`._guard`; default:
@@ -123,6 +130,8 @@ class Relay:
         models: Sequence[str] | None = None,
         access: RelayAccess | None = None,
         run_limits: RunLimits | None = None,
+        approvals: ApprovalPolicy | None = None,
+        approval_secret: bytes | None = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
@@ -147,6 +156,13 @@ class Relay:
         self.ledger, self.history, self.audit = ledger, history, audit
         self.run_limits = run_limits or RunLimits()
         """The budgets of every run (``RunLimits``: rounds, calls, the deadline)."""
+        self.approvals = approvals
+        """Which calls wait for a person, and how long (None: the tools' own
+        ``needs_approval`` only, the default expiry)."""
+        if approval_secret is not None and len(approval_secret) < 16:
+            raise ConfigError("the approval secret must be at least 16 bytes")
+        self.approval_secret = approval_secret or secrets.token_bytes(32)
+        """Signs the questions' tokens (:mod:`._answers`; default: random per process)."""
         self.runs = RunRegistry(self.limits)
         chat_history = (
             history
@@ -170,6 +186,11 @@ class Relay:
                 Route("/runs", self._create, methods=["POST"]),
                 Route("/runs/{run_id}/events", self._events, methods=["GET"]),
                 Route("/runs/{run_id}/cancel", self._cancel, methods=["POST"]),
+                *_answers.routes(
+                    lambda r: self.runs.owned(r.path_params["run_id"], _session(r)),
+                    self.read_json,
+                    lambda: self.approval_secret,
+                ),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
                 *_ui_message.routes(self),  # POST /api/chat: the AI SDK's UI message stream
@@ -246,8 +267,10 @@ class Relay:
         history: Sequence[Mapping[str, Any]],
         observers: Sequence[Any],
         conversation: str,
+        client_tools: Sequence[Tool[..., Any]] = (),
     ) -> None:
-        """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`)."""
+        """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`);
+        ``client_tools``: tools whose results the client submits (AG-UI's frontend tools)."""
         self._start(
             run,
             provider,
@@ -257,7 +280,14 @@ class Relay:
             history=history,
             observers=observers,
             conversation=conversation,
+            client_tools=client_tools,
         )
+
+    def tool_names(self) -> list[str]:
+        """The names of the runs' own tools (those a client tool may not take)."""
+        if self.tools is None and self.tool_source is None:
+            return self._session_tools.names
+        return [t.name for t in self.tools or ()]
 
     async def _create(self, request: Request) -> Response:
         try:
@@ -301,7 +331,13 @@ class Relay:
             raise HTTPError(
                 429, "too_many_session_runs", f"this session has {quota} runs in flight"
             )
-        run = RelayRun(session, self.previews, self.limits, run_id=run_id)
+        run = RelayRun(
+            session,
+            self.previews,
+            self.limits,
+            run_id=run_id,
+            approval_secret=self.approval_secret,
+        )
         if self.runs.closing:
             raise HTTPError(503, "shutting_down", "the relay is shutting down")
         if not self.runs.admit(run):
@@ -447,6 +483,7 @@ class Relay:
         observers: Sequence[Any] = (),
         conversation: str | None = None,
         scope: str | None = None,
+        client_tools: Sequence[Tool[..., Any]] = (),
     ) -> None:
         """Start ``run``'s Agent (admitted by :meth:`admit`): ``message`` after ``history``
         (the provider's format), or after the history stored under ``scope`` (default
@@ -463,6 +500,7 @@ class Relay:
                 tools = ()  # the source's tools replace the examples (as in `toollatch run`)
             elif tools is None:  # the example tools, writing in the session's own directory
                 tools = self._session_tools.get(_digest(run.session))
+            tools = (*tools, *client_tools)
             metrics = [self.metrics] if self.metrics is not None else []
             observers = [*observers, run.observer, *metrics]
             agent = Agent(
@@ -476,6 +514,7 @@ class Relay:
                 history_store=self.history if scope is None else self.chats.history,
                 session=scope or run_scope(run.session, run.id),
                 run_limits=self.run_limits,
+                approvals=self.approvals,
             )
         except (ConfigError, UsageError) as exc:
             run.done = True
@@ -513,16 +552,18 @@ class Relay:
         opening: bytes = b"",
         view: Callable[[bytes], bytes] | None = None,
         headers: Mapping[str, str] | None = None,
+        pause: Callable[[int], Awaitable[bytes | None]] | None = None,
     ) -> Response:
         """``run``'s log after frame ``start`` as an SSE response, counted against the
         session's ``max_session_readers`` (429 :class:`HTTPError` past it, :meth:`open_reader`):
         the frames as stored, or through ``view`` (another protocol's encoder: stored frames
-        in, its SSE bytes out), after ``opening``."""
+        in, its SSE bytes out), after ``opening``; ``pause(cursor)``, asked when the reader
+        has every stored frame, may end the stream early with its bytes (None: go on)."""
         release = self.open_reader(run.session)
 
         sent = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
         return _CountedStream(
-            self._sse(run, start, opening, view),
+            self._sse(run, start, opening, view, pause),
             release,
             media_type="text/event-stream",
             headers=sent,
@@ -534,10 +575,16 @@ class Relay:
         cursor: int,
         opening: bytes = b"",
         view: Callable[[bytes], bytes] | None = None,
+        pause: Callable[[int], Awaitable[bytes | None]] | None = None,
     ) -> AsyncIterator[bytes]:
         yield b"retry: 1000\n\n" + opening
         batch = self.limits.sse_batch
         while True:
+            if pause is not None and cursor == run.last_id and not run.done:
+                ending = await pause(cursor)
+                if ending is not None:
+                    yield ending
+                    return
             if cursor < run.last_id:  # every frame queued for this reader, in one write
                 chunk, cursor = run.log.after(cursor, batch)
                 yield chunk if view is None else view(chunk)

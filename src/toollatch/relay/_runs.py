@@ -36,6 +36,7 @@ from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..core._round import Round
 from ..runtime._agent_events import AgentEvent, ToolFinishedEvent
 from ..runtime._agent_run import AgentRun
+from ._answers import Asked, sign
 from ._config import RelayLimits, shown_arguments, shown_result
 
 _log = logging.getLogger("toollatch.relay")
@@ -195,6 +196,7 @@ class RelayRun:
         limits: RelayLimits,
         *,
         run_id: str | None = None,
+        approval_secret: bytes | None = None,
     ) -> None:
         self.id = run_id or secrets.token_urlsafe(18)
         """Unguessable (24 characters); a resumed run keeps the id it was stored under."""
@@ -212,6 +214,14 @@ class RelayRun:
         self._grew = asyncio.Event()
         self._agent_run: AgentRun | None = None
         self._task: asyncio.Task[None] | None = None
+        self._approval_secret = approval_secret
+        self.asked: dict[str, Asked] = {}
+        """The questions its log carried, by call id (:mod:`._answers`; with a secret)."""
+
+    @property
+    def agent_run(self) -> AgentRun | None:
+        """The run it drives (None before :meth:`start`): its answers go there."""
+        return self._agent_run
 
     @property
     def last_id(self) -> int:
@@ -296,7 +306,10 @@ class RelayRun:
             await closing()
 
     def shown(self, data: dict[str, Any]) -> dict[str, Any]:
-        """The event as the browser may see it (see :mod:`._config`)."""
+        """The event as the browser may see it (see :mod:`._config`); a question keeps its
+        full committed arguments (what is approved) and gets its signed ``token``."""
+        if self._approval_secret is not None:
+            sign(self._approval_secret, self.asked, data)
         if data["type"] == "call_committed":
             data["arguments"] = shown_arguments(self._policy, data["name"], data["arguments"])
         elif data["type"] == "tool_finished":

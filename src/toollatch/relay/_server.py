@@ -35,6 +35,7 @@ from ..ledger import (
 )
 from ..ledger._open import open_audit, open_history, open_ledger
 from ..mcp import McpToolSource
+from ..runtime._approvals import ApprovalPolicy
 from ..runtime._run_setup import RunLimits
 from ..scripted import Script
 from ..scripted._server import ScriptedServer, http_implementation
@@ -103,6 +104,8 @@ class RelayServer:
     host that is not loopback without a token. ``redact_stored`` stores results and history
     through :func:`toollatch.relay.redact_secrets` (``ledger.redact``). ``run_limits``: each
     run's budgets (rounds, calls, the deadline; ``toollatch serve``: the ``relay:`` section's).
+    ``approvals`` and ``approval_secret``: which calls wait for a person, and the key of the
+    questions' tokens (:class:`Relay`; default: random per process).
 
     Stopping (:meth:`stop`, ``toollatch serve`` on SIGTERM / SIGINT) first cancels every run
     as ``POST .../cancel`` does, each with ``run_ended.error`` naming the shutdown, and waits
@@ -134,6 +137,8 @@ class RelayServer:
         models: Sequence[str] | None = None,
         run_limits: RunLimits | None = None,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+        approvals: ApprovalPolicy | None = None,
+        approval_secret: bytes | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -146,6 +151,7 @@ class RelayServer:
         self.tools, self.limits, self.previews = tools, limits, previews
         self.tool_source = tool_source
         self.run_limits = run_limits
+        self.approvals, self.approval_secret = approvals, approval_secret
         if not (
             isinstance(shutdown_grace_s, int | float)
             and math.isfinite(shutdown_grace_s)
@@ -262,6 +268,8 @@ class RelayServer:
             models=self.models,
             access=self.access,
             run_limits=self.run_limits,
+            approvals=self.approvals,
+            approval_secret=self.approval_secret,
         )
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         sock = listening_socket(self.host, self.port, stack)

@@ -34,6 +34,11 @@ class SessionTools:
         self._keep = keep
         self._cache: OrderedDict[str, tuple[Tool[..., Any], ...]] = OrderedDict()
 
+    @property
+    def names(self) -> list[str]:
+        """The example tools' names."""
+        return [t.name for t in self._template]
+
     def get(self, name: str) -> tuple[Tool[..., Any], ...]:
         """The tools of the session directory ``name`` (a plain file name, created if
         missing). Raises ``ConfigError`` when the directory cannot be made."""

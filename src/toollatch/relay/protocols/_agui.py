@@ -44,8 +44,11 @@ the relay's own history of the thread (keyed by session and ``threadId``: anothe
 thread is another thread) plus that message; assistant and tool messages a client sends are
 never passed on. The history lives behind :attr:`AguiEndpoint.threads` (:class:`ThreadStore`,
 in memory by default). ``forwardedProps.provider`` / ``.model`` pick them as ``POST /runs``'s
-fields do; a thread keeps its provider (history formats differ). The input's ``tools``,
-``context``, ``state`` and ``resume`` are not used: the relay's tools are the server's.
+fields do; a thread keeps its provider (history formats differ). The input's ``tools`` are
+frontend tools (client tools of the run), and while the thread's run waits on the client its
+stream ends with ``RUN_FINISHED`` (an interrupt outcome for calls a person must approve); the
+next input's ``resume`` entries and ``tool`` messages answer those calls only
+(:mod:`._agui_answers`). ``context`` and ``state`` are not used.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ import contextlib
 import hashlib
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,17 +67,21 @@ from pydantic import ValidationError
 
 from ...core._round import Round
 from ...runtime._agent_events import AgentEvent, RunEndedEvent
+from .. import _answers
 from .._config import RelayLimits
 from .._runs import EventLog, RelayRun, RunRegistry
+from . import _agui_answers
 
 try:
     from ag_ui.core import (
         BaseEvent,
         CustomEvent,
+        Interrupt,
         RunAgentInput,
         RunErrorEvent,
         RunFinishedCancelledOutcome,
         RunFinishedEvent,
+        RunFinishedInterruptOutcome,
         RunStartedEvent,
         StepFinishedEvent,
         StepStartedEvent,
@@ -145,6 +152,10 @@ class AguiView:
         """Calls started (committed) in this view: the only ones whose results are sent."""
         self.cancelled = False
         self.finished = False
+        self.results: set[str] = set()
+        """Calls whose result this view has seen."""
+        self.client_calls: set[str] = set()
+        """Client tools' calls: their result is the client's own (never sent back to it)."""
 
     # the view over the log
 
@@ -216,9 +227,13 @@ class AguiView:
         if kind == "call_failed":
             value = {k: data.get(k) for k in ("id", "name", "error", "detail")}
             return [*self._open_step(), CustomEvent(name=CALL_FAILED, value=value)]
+        if kind == "client_call":
+            self.client_calls.add(data["id"])
+            return []
         if kind == "tool_finished":
             call_id = data["id"]
-            if call_id not in self.committed:
+            self.results.add(call_id)
+            if call_id not in self.committed or call_id in self.client_calls:
                 return []
             result = ToolCallResultEvent(
                 message_id=f"{self.prefix}-result-{call_id}",
@@ -247,6 +262,24 @@ class AguiView:
             value = {"first_id": data["first_id"], "missed": data["missed"]}
             return [*self._close(), CustomEvent(name=LAGGED, value=value)]
         return []  # call_opened, tool_started (AG-UI holds a call until it commits)
+
+    def unfinished(self) -> set[str]:
+        """Calls started in this view that have no result yet."""
+        return self.committed - self.results
+
+    def paused(self, interrupts: list[dict[str, Any]]) -> bytes:
+        """The end of a stream whose run waits on the client: the open message and step
+        closed, ``RUN_FINISHED`` (with an interrupt outcome when a person must answer)."""
+        events = self._close()
+        outcome = None
+        if interrupts:
+            outcome = RunFinishedInterruptOutcome(
+                interrupts=[Interrupt.model_validate(i) for i in interrupts]
+            )
+        events.append(
+            RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome)
+        )
+        return "".join(self._encoder.encode(e) for e in events).encode()
 
     def _message_id(self) -> str:
         return f"{self.prefix}-r{self.rounds + 1}"
@@ -423,6 +456,7 @@ class RelayHost(Protocol):
     model: str
     models: tuple[str, ...]
     runs: RunRegistry
+    approval_secret: bytes
 
     def session_of(self, request: Request) -> str | None: ...
     def set_session(self, response: Response, token: str) -> None: ...
@@ -439,6 +473,7 @@ class RelayHost(Protocol):
         history: Sequence[Mapping[str, Any]],
         observers: Sequence[Any],
         conversation: str,
+        client_tools: Sequence[Any] = (),
     ) -> None: ...
     def stream(
         self,
@@ -448,7 +483,9 @@ class RelayHost(Protocol):
         opening: bytes = b"",
         view: Callable[[bytes], bytes] | None = None,
         headers: Mapping[str, str] | None = None,
+        pause: Callable[[int], Awaitable[bytes | None]] | None = None,
     ) -> Response: ...
+    def tool_names(self) -> list[str]: ...
 
 
 class AguiEndpoint:
@@ -481,9 +518,16 @@ class AguiEndpoint:
         if run is not None:
             return self._read_again(request, run, given)
         provider, model = self._pick(given.forwarded_props)
-        message = self._message(given)
         thread = (session, given.thread_id)
         live = self.live.get(thread)
+        if live is not None and live.busy and _answers.waiting(live.run):
+            # the thread's run waits on this client: the input answers it, the run goes on
+            start = await _agui_answers.answer_input(live.run, host.approval_secret, given)
+            self._runs[key] = live.run.id
+            view = AguiView(given.thread_id, given.run_id, live.run.id)
+            view.replay(live.run.log, start)
+            return self._stream(live.run, start, view)
+        message = self._message(given)
         if live is not None and live.busy:
             raise Refusal(409, "thread_busy", "this thread has a run in flight")
         saving = self.saving.get(thread)
@@ -505,18 +549,26 @@ class AguiEndpoint:
             history=stored.history if stored is not None else (),
             observers=[keeper],
             conversation=_thread_scope(session, given.thread_id),
+            client_tools=_agui_answers.client_tools(given.tools or (), host.tool_names()),
         )
         self.live[thread] = keeper
         self._runs[key] = run.id
         while len(self._runs) > host.limits.max_stored_runs:
             self._runs.popitem(last=False)
         view = AguiView(given.thread_id, given.run_id, run.id)
-        response = host.stream(
-            run, 0, opening=view.opening(), view=view, headers={RUN_HEADER: run.id}
-        )
+        response = self._stream(run, 0, view)
         if new_session:
             host.set_session(response, session)
         return response
+
+    def _stream(self, run: RelayRun, start: int, view: AguiView) -> Response:
+        """``run``'s AG-UI events after ``start``, ending early while it waits on the client
+        (:mod:`._agui_answers`)."""
+        pause = _agui_answers.pauser(run, view.unfinished, view.paused)
+        return self.host.stream(
+            run, start, opening=view.opening(), view=view, headers={RUN_HEADER: run.id},
+            pause=pause,
+        )  # fmt: skip
 
     def _read_again(self, request: Request, run: RelayRun, given: RunAgentInput) -> Response:
         """The run's events again, after ``Last-Event-ID`` (204 when none are left)."""

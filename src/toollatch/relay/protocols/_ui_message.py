@@ -9,7 +9,9 @@ Endpoints (registered by the relay's app, :func:`routes`):
   e.g. from ``useChat``'s ``body``) and answers the run of the chat's next message as a UI
   message stream. Only the **last** message is read, and only its text parts: the chat's
   history is the server's own (:mod:`.._chats`), so whatever else a client sends back (a tool
-  result it made up, an edited answer) never reaches the model. ``trigger:
+  result it made up, an edited answer) never reaches the model. The one exception: a last
+  message of the assistant's answers the calls the chat's run waits on (an approval response,
+  a client tool's output; :mod:`._ui_answers`), and only those parts of it are read. ``trigger:
   "regenerate-message"`` (``regenerate()``; ``messageId``: the answer, ``msg-<run id>``,
   or none for the last) drops the chat's last answer from the server's history and answers
   its last user message, as the server stored it, again (the client's messages are not
@@ -37,14 +39,17 @@ preview policy hides fields or the redactor masks a secret), ``tool-input-error`
 stable error code for a call that did not commit (the client shows it as ``output-error``,
 never ``input-available``), ``tool-output-available`` / ``tool-output-error`` in the
 dispatcher's order (the result as the relay shows it: a redacted preview, parsed when it is
-whole JSON), ``error`` when the run failed or events were forgotten (``lagged``), ``abort`` on
+whole JSON; ``tool-output-denied`` for a denied approval), ``tool-approval-request``
+(``approvalId``: the relay's signed token) for a call waiting for a person, ``finish``
+(``tool-calls``) early when the run waits on the client (:mod:`._ui_answers`), ``error`` when
+the run failed or events were forgotten (``lagged``), ``abort`` on
 cancel, ``finish`` with the finish reason, ``data: [DONE]``.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,6 +69,7 @@ from .._requests import (
     set_cookie,
 )
 from .._runs import RelayRun, RunRegistry
+from . import _ui_answers
 
 UI_MESSAGE_STREAM_HEADERS = {
     "content-type": "text/event-stream",
@@ -170,6 +176,8 @@ class UIMessageEncoder:
         self._failed: set[str] = set()
         self._ended: str | None = None  # the last round's ``ended``
         self._finished = False
+        self.unfinished: set[str] = set()
+        """Committed calls without their result yet (:mod:`._ui_answers` pauses on them)."""
 
     def start(self) -> bytes:
         """The ``start`` chunk."""
@@ -208,9 +216,16 @@ class UIMessageEncoder:
             self._decided.add(call_id)
             chunk = {"type": "tool-input-available", "toolCallId": call_id, "toolName": name}
             out.append(_chunk({**chunk, "input": data["arguments"]}))
+            self.unfinished.add(call_id)
+        elif kind == "approval_requested" and isinstance(data.get("token"), str):
+            # ai's tool-approval-request: the approval id is the relay's signed token, which
+            # addToolApprovalResponse sends back (checked against the waiting call)
+            chunk = {"type": "tool-approval-request", "toolCallId": data["id"]}
+            out.append(_chunk({**chunk, "approvalId": data["token"]}))
         elif kind == "call_failed":
             self._failed_call(data, out)
         elif kind == "tool_finished":
+            self.unfinished.discard(data["id"])
             self._result(data, out)
         elif kind == "reasoning":
             self._reasoning(data["text"], out)
@@ -285,6 +300,9 @@ class UIMessageEncoder:
         if call_id not in self._names or call_id in self._failed:
             return  # (a failed call's error result: the client shows its input error already)
         result = data.get("result")
+        if data.get("error") == "approval_denied":  # (the part shows output-denied)
+            out.append(_chunk({"type": "tool-output-denied", "toolCallId": call_id}))
+            return
         if data.get("is_error"):
             code = data.get("error") or "tool_error"
             text = f"{code}: {result}" if result else code
@@ -328,13 +346,29 @@ def event_data(frame: bytes) -> dict[str, Any]:
     return data
 
 
-async def ui_message_stream(run: RelayRun, limits: RelayLimits) -> AsyncIterator[bytes]:
-    """The run's whole UI message stream, from its first event (live until it ends)."""
+async def ui_message_stream(
+    run: RelayRun,
+    limits: RelayLimits,
+    *,
+    start: int = 0,
+    pause: Callable[[set[str], int], Awaitable[bool]] | None = None,
+) -> AsyncIterator[bytes]:
+    """The run's UI message stream, from its first event (live until it ends), or from
+    event ``start`` on (the encoder primed with the ones before); ``pause(unfinished,
+    cursor)`` (``unfinished``: the committed calls without a result) True ends the stream
+    early (a run waiting on its client: :mod:`._ui_answers`)."""
     encoder = UIMessageEncoder(f"msg-{run.id}")
     yield encoder.start()
     cursor = 0
     batch = limits.sse_batch
+    while cursor < start:  # (the events the previous stream sent: the encoder's state only)
+        _missed, frames, cursor = run.log.frames(cursor, min(batch, start - cursor))
+        for frame in frames:
+            encoder.encode(event_data(frame))
     while True:
+        if pause is not None and cursor == run.last_id and await pause(encoder.unfinished, cursor):
+            yield _chunk({"type": "finish", "finishReason": "tool-calls"}) + DONE
+            return
         if cursor < run.last_id:
             missed, frames, cursor = run.log.frames(cursor, batch)
             out = [encoder.lagged(missed)] if missed else []
@@ -359,6 +393,7 @@ class ChatHost(Protocol):
     providers: tuple[str, ...]
     models: tuple[str, ...]
     model: str
+    approval_secret: bytes
 
     def open_reader(self, session: str) -> Callable[[], None]: ...
 
@@ -462,27 +497,35 @@ async def _chat(host: ChatHost, request: Request) -> Response:
     try:
         require_json(request)
         body = await read_body(request, host.limits, host.limits.max_chat_body_bytes)
-        asked = _parse_chat(host, body)
         session = session_of(request)
         new_session = session is None
-        session = session or secrets.token_urlsafe(32)
-        release = host.open_reader(session)
-        run = await host.start_chat_run(
-            session,
-            new_session,
-            asked.chat_id,
-            asked.message,
-            provider=asked.provider,
-            model=asked.model,
-            regenerate=asked.regenerate,
-            message_id=asked.message_id,
-        )
+        start = 0
+        found = _ui_answers.last_assistant(body)
+        if found is not None:  # the answers to the calls the chat's run waits on
+            run, start = await _ui_answers.answer_chat(host, session, found)
+            assert session is not None  # (answer_chat found the session's run)
+            release = host.open_reader(session)
+        else:
+            asked = _parse_chat(host, body)
+            session = session or secrets.token_urlsafe(32)
+            release = host.open_reader(session)
+            run = await host.start_chat_run(
+                session,
+                new_session,
+                asked.chat_id,
+                asked.message,
+                provider=asked.provider,
+                model=asked.model,
+                regenerate=asked.regenerate,
+                message_id=asked.message_id,
+            )
     except HTTPError as exc:
         if release is not None:
             release()
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    response = CountedStream(ui_message_stream(run, host.limits), release, headers=headers)
+    stream = ui_message_stream(run, host.limits, start=start, pause=_ui_answers.pauser(run))
+    response = CountedStream(stream, release, headers=headers)
     if new_session:
         set_cookie(response, session)
     return response

@@ -345,6 +345,53 @@ class RunView {
       : "the round ended normally; strictly parsed, schema-valid, allowed");
   }
 
+  // a call that waits for a person: the FULL committed arguments (never the preview) and
+  // Approve / Deny, answered with the signed token the event carries
+  on_approval_requested(d) {
+    const card = this.card(d.id, d.name);
+    card.node.classList.remove("preview");
+    card.body.textContent = JSON.stringify(d.arguments, null, 1);
+    this.setState(card, "awaiting", "awaiting approval");
+    card.foot.textContent = "the model asked for this call; it runs only if you approve";
+    const box = el("div", "approval");
+    const approve = el("button", "approve", "Approve");
+    const deny = el("button", "deny", "Deny");
+    approve.type = deny.type = "button";
+    const answer = async (action, body) => {
+      approve.disabled = deny.disabled = true;
+      const url = `/runs/${encodeURIComponent(this.run.id)}/calls/${encodeURIComponent(d.id)}/${action}`;
+      const response = await fetch(url, {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ token: d.token, ...body }),
+      });
+      if (!response.ok) {
+        const error = (await response.json().catch(() => ({}))).error || {};
+        card.foot.textContent = `not answered: ${error.code || response.status} ${error.message || ""}`;
+        approve.disabled = deny.disabled = error.code === "already_answered";
+      }
+    };
+    approve.addEventListener("click", () => answer("approve", {}));
+    deny.addEventListener("click", () => answer("deny", { reason: "denied on the page" }));
+    box.append(approve, deny);
+    card.approval = box;
+    card.node.insertBefore(box, card.foot);
+  }
+
+  on_client_call(d) {
+    const card = this.card(d.id, d.name);
+    card.body.textContent = JSON.stringify(d.arguments, null, 1);
+    this.setState(card, "awaiting", "awaiting the client");
+    card.foot.textContent = "a client tool: its result comes from the client that runs it";
+  }
+
+  on_approval_answered(d) {
+    const card = this.card(d.id, d.name);
+    if (card.approval) card.approval.remove();
+    card.approval = null;
+    this.setState(card, d.decision === "approved" ? "committed" : "awaiting", d.decision);
+    card.foot.textContent = d.decision + (d.reason ? `: ${d.reason}` : "") + (d.edited ? " (edited)" : "");
+  }
+
   on_call_failed(d) {
     const card = this.card(d.id, d.name);
     if (card.node.classList.contains("preview")) {
@@ -517,7 +564,8 @@ function follow(run, turn) {
   const current = view;
   source = new EventSource(run.events_url);
   const types = ["text", "call_opened", "call_preview", "call_committed", "call_failed",
-                 "tool_started", "tool_finished", "round_ended", "run_ended", "lagged"];
+                 "tool_started", "tool_finished", "round_ended", "run_ended", "lagged",
+                 "approval_requested", "client_call", "approval_answered"];
   for (const type of types) {
     source.addEventListener(type, (e) => {
       const id = Number(e.lastEventId);
