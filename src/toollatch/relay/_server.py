@@ -51,6 +51,7 @@ from ._guard import (
 )
 from ._http import model_http
 from ._serving import listening_socket, started
+from .store._base import DEFAULT_TTL_S, open_run_store
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
@@ -104,6 +105,13 @@ class RelayServer:
     through :func:`toollatch.relay.redact_secrets` (``ledger.redact``). ``run_limits``: each
     run's budgets (rounds, calls, the deadline; ``toollatch serve``: the ``relay:`` section's).
 
+    ``store``: where the runs live (``memory:``, the default: this process only;
+    ``redis://HOST:PORT/DB``: shared by every worker on that Redis, so that any of them
+    serves, resumes and cancels any run; :mod:`.store`), keeping an ended run
+    ``store_ttl_s`` seconds. A Redis that cannot be reached at start is a ``ConfigError``.
+    Workers sharing a store must share the access token too: ``token="auto"`` (a token of
+    this worker's own) with a shared store is a ``ConfigError``.
+
     Stopping (:meth:`stop`, ``toollatch serve`` on SIGTERM / SIGINT) first cancels every run
     as ``POST .../cancel`` does, each with ``run_ended.error`` naming the shutdown, and waits
     for them at most ``shutdown_grace_s`` seconds, so that every open event stream sends its
@@ -134,6 +142,8 @@ class RelayServer:
         models: Sequence[str] | None = None,
         run_limits: RunLimits | None = None,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+        store: str | None = None,
+        store_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -162,6 +172,16 @@ class RelayServer:
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
+        if not (isinstance(store_ttl_s, int | float) and math.isfinite(store_ttl_s)) or not (
+            store_ttl_s > 0
+        ):
+            raise ConfigError(f"store_ttl_s must be positive, got {store_ttl_s!r}")
+        self.store_url, self.store_ttl_s = store, float(store_ttl_s)
+        if token == "auto" and store not in (None, "memory:"):
+            raise ConfigError(
+                "workers sharing a run store must share one access token: give it "
+                "(--token or TOOLLATCH_RELAY__TOKEN), not auto"
+            )
         if token == "auto":
             token = secrets.token_urlsafe(32)
         if token is None and not is_loopback(host):
@@ -262,7 +282,12 @@ class RelayServer:
             models=self.models,
             access=self.access,
             run_limits=self.run_limits,
+            store=open_run_store(
+                self.store_url, keep=limits.max_stored_runs, ttl_s=self.store_ttl_s
+            ),
         )
+        await relay.store.open(relay.runs)  # (ConfigError when it cannot be reached)
+        stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         sock = listening_socket(self.host, self.port, stack)
         server = _uvicorn(relay, limits, cap, self)

@@ -58,7 +58,8 @@ from .._requests import (
     session_of,
     set_cookie,
 )
-from .._runs import RelayRun, RunRegistry
+from .._runs import RelayRun, RunRegistry, RunSource
+from ..store._base import StoreUnavailable
 
 UI_MESSAGE_STREAM_HEADERS = {
     "content-type": "text/event-stream",
@@ -323,23 +324,31 @@ def event_data(frame: bytes) -> dict[str, Any]:
     return data
 
 
-async def ui_message_stream(run: RelayRun, limits: RelayLimits) -> AsyncIterator[bytes]:
-    """The run's whole UI message stream, from its first event (live until it ends)."""
+STORE_LOST = "the run store is unreachable; resume the stream later"
+
+
+async def ui_message_stream(run: RunSource, limits: RelayLimits) -> AsyncIterator[bytes]:
+    """The run's whole UI message stream, from its first event (live until it ends; an
+    ``error`` chunk and the end, without ``finish``, when the shared store is lost)."""
     encoder = UIMessageEncoder(f"msg-{run.id}")
     yield encoder.start()
     cursor = 0
-    batch = limits.sse_batch
+    batch, heartbeat_s = limits.sse_batch, limits.heartbeat_s
     while True:
-        if cursor < run.last_id:
-            missed, frames, cursor = run.log.frames(cursor, batch)
+        try:
+            missed, frames, cursor, ended = await run.read(cursor, batch, heartbeat_s)
+        except StoreUnavailable:
+            yield _chunk({"type": "error", "errorText": STORE_LOST})
+            return
+        if missed or frames:
             out = [encoder.lagged(missed)] if missed else []
             out += [encoder.encode(event_data(f)) for f in frames]
             yield b"".join(out)
-        elif run.done:
+        elif not ended:
+            yield b": heartbeat\n\n"
+        if ended:
             yield encoder.close()
             return
-        elif not await run.wait(cursor, limits.heartbeat_s):
-            yield b": heartbeat\n\n"
 
 
 # -- the endpoints -----------------------------------------------------------------------------
@@ -356,6 +365,10 @@ class ChatHost(Protocol):
     model: str
 
     def open_reader(self, session: str) -> Callable[[], None]: ...
+
+    async def find_run(self, run_id: str | None, session: str | None) -> RunSource | None: ...
+
+    async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool: ...
 
     def check_message(self, message: str) -> None: ...
 
@@ -459,20 +472,20 @@ async def _chat(host: ChatHost, request: Request) -> Response:
     return response
 
 
-def _chat_run(host: ChatHost, request: Request) -> RelayRun | None:
-    """The chat's latest run in this process, if this session's chat has one."""
+async def _chat_run(host: ChatHost, request: Request) -> RunSource | None:
+    """The chat's latest run (of any worker, with a shared store), if this session's chat
+    has one; 503 :class:`HTTPError` when the store is unreachable."""
     session, chat_id = session_of(request), request.path_params["chat_id"]
     if session is None or not CHAT_ID.fullmatch(chat_id):
         return None
-    run_id = host.chats.latest_run(session, chat_id)
-    return host.runs.owned(run_id, session) if run_id is not None else None
+    return await host.find_run(await host.chats.latest_run(session, chat_id), session)
 
 
 async def _resume(host: ChatHost, request: Request) -> Response:
-    run = _chat_run(host, request)
-    if run is None or run.done:
-        return Response(status_code=204)  # nothing to resume (useChat then does nothing)
     try:
+        run = await _chat_run(host, request)
+        if run is None or run.ended:
+            return Response(status_code=204)  # nothing to resume (useChat then does nothing)
         release = host.open_reader(run.session)
     except HTTPError as exc:
         return _error(exc)
@@ -488,7 +501,11 @@ async def _cancel(host: ChatHost, request: Request) -> Response:
             raise HTTPError(422, "invalid_body", "the body must be {} or empty")
     except HTTPError as exc:
         return exc.response()
-    run = _chat_run(host, request)
-    if run is None:
-        return HTTPError(404, "not_found", "no such chat run").response()
-    return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
+    try:
+        run = await _chat_run(host, request)
+        if run is None:
+            return HTTPError(404, "not_found", "no such chat run").response()
+        cancelled = await host.cancel_run(run)
+    except HTTPError as exc:
+        return exc.response()
+    return JSONResponse({"id": run.id, "cancelled": cancelled}, status_code=202)
