@@ -51,7 +51,7 @@ from ._guard import (
 )
 from ._http import model_http
 from ._serving import listening_socket, started
-from .store._base import DEFAULT_TTL_S, open_run_store
+from .store._base import DEFAULT_OUTAGE_S, DEFAULT_TTL_S, check_store_url, open_run_store
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
@@ -108,7 +108,8 @@ class RelayServer:
     ``store``: where the runs live (``memory:``, the default: this process only;
     ``redis://HOST:PORT/DB``: shared by every worker on that Redis, so that any of them
     serves, resumes and cancels any run; :mod:`.store`), keeping an ended run
-    ``store_ttl_s`` seconds. A Redis that cannot be reached at start is a ``ConfigError``.
+    ``store_ttl_s`` seconds, retrying a failed write for ``store_outage_s`` seconds before
+    it cancels its runs. A Redis that cannot be reached at start is a ``ConfigError``.
     Workers sharing a store must share the access token too: ``token="auto"`` (a token of
     this worker's own) with a shared store is a ``ConfigError``.
 
@@ -144,6 +145,7 @@ class RelayServer:
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         store: str | None = None,
         store_ttl_s: float = DEFAULT_TTL_S,
+        store_outage_s: float = DEFAULT_OUTAGE_S,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -172,11 +174,12 @@ class RelayServer:
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
-        if not (isinstance(store_ttl_s, int | float) and math.isfinite(store_ttl_s)) or not (
-            store_ttl_s > 0
-        ):
-            raise ConfigError(f"store_ttl_s must be positive, got {store_ttl_s!r}")
+        for name, value in (("store_ttl_s", store_ttl_s), ("store_outage_s", store_outage_s)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be positive, got {value!r}")
+        check_store_url(store)
         self.store_url, self.store_ttl_s = store, float(store_ttl_s)
+        self.store_outage_s = float(store_outage_s)
         if token == "auto" and store not in (None, "memory:"):
             raise ConfigError(
                 "workers sharing a run store must share one access token: give it "
@@ -283,7 +286,10 @@ class RelayServer:
             access=self.access,
             run_limits=self.run_limits,
             store=open_run_store(
-                self.store_url, keep=limits.max_stored_runs, ttl_s=self.store_ttl_s
+                self.store_url,
+                keep=limits.max_stored_runs,
+                ttl_s=self.store_ttl_s,
+                outage_s=self.store_outage_s,
             ),
         )
         await relay.store.open(relay.runs)  # (ConfigError when it cannot be reached)

@@ -26,8 +26,8 @@ heartbeat); a gap between their cursor and the first entry returned is a ``lagge
 Cancel from another worker: ``PUBLISH`` on the owner's channel
 (``toollatch:relay:worker:<id>``); the owner's listener cancels the run at once.
 
-Connection loss. A write that fails is retried (backoff to 1 s) for
-:data:`OUTAGE_S`; past it, the worker's runs stop mirroring: each is cancelled (its
+Connection loss. A write that fails is retried (backoff to 1 s) for ``outage_s``
+(``relay.store_outage_s``, 5 s); past it, the worker's runs stop mirroring: each is cancelled (its
 ``run_ended.error`` says the store is unreachable) and its local readers get every event;
 readers on other workers get an error and their stream ends (a reconnect gets 503 while
 Redis is down). Requests that need the store answer 503 ``store_unavailable``. The cancel
@@ -54,8 +54,6 @@ from ._base import StoreUnavailable
 
 _log = logging.getLogger("toollatch.relay")
 
-OUTAGE_S = 5.0
-"""How long a worker keeps retrying a failed write before it gives its runs up."""
 SOCKET_S = 5.0
 """Socket timeout of every command but a blocking read."""
 _PREFIX = "toollatch:relay:"
@@ -86,13 +84,15 @@ def _entry_id(raw: bytes) -> int:
 
 class RedisRunStore:
     """The runs of every worker in one Redis (see the module docstring). ``url``:
-    ``redis://HOST:PORT/DB``; ``ttl_s``: how long an ended run is kept."""
+    ``redis://HOST:PORT/DB``; ``ttl_s``: how long an ended run is kept; ``outage_s``: how
+    long a failed write is retried before the worker's runs are cancelled."""
 
     shared = True
 
-    def __init__(self, url: str, *, ttl_s: float) -> None:
+    def __init__(self, url: str, *, ttl_s: float, outage_s: float) -> None:
         self.url = url
         self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.outage_s = outage_s
         self.worker = secrets.token_hex(8)
         """This worker's id (its runs' ``owner``)."""
         self.shown = url.rsplit("@", maxsplit=1)[-1]
@@ -127,10 +127,10 @@ class RedisRunStore:
         ]
 
     async def aclose(self) -> None:
-        """Write what is left (bounded by :data:`OUTAGE_S`), stop the tasks, disconnect."""
+        """Write what is left (bounded by ``outage_s``), stop the tasks, disconnect."""
         if self._writer is not None:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(OUTAGE_S + SOCKET_S):
+                async with asyncio.timeout(self.outage_s + SOCKET_S):
                     await self._writer.drain()
         for task in self._tasks:
             task.cancel()
@@ -345,7 +345,7 @@ class _Writer:
                 now = loop.time()
                 if self._failing_since is None:
                     self._failing_since = now
-                if now + delay - self._failing_since > OUTAGE_S:
+                if now + delay - self._failing_since > self._store.outage_s:
                     self._give_up(runs + list(self._dirty.values()), exc)
                     self._dirty.clear()
                     return
@@ -385,7 +385,8 @@ class _Writer:
 
     def _give_up(self, runs: list[RelayRun], exc: Exception) -> None:
         """The store stayed unreachable: the runs go on locally only, cancelled."""
-        _log.error("run store unreachable for %.0f s (%s): cancelling its runs", OUTAGE_S, exc)
+        outage = self._store.outage_s
+        _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
         for run in {r.id: r for r in runs}.values():
             self._written.pop(run.id, None)
             run.mirror = None

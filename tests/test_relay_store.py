@@ -1,0 +1,254 @@
+"""Several relay workers on one Redis (``RelayServer(store="redis://...")``, a real
+redis-server on loopback): a run started on one worker is read, resumed and cancelled on the
+others, with the same ids and bytes; a worker that sees no such run answers 404; Redis
+unreachable at start is a clear error; Redis lost mid-run ends every reader, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from ledger_helpers import RedisServer, free_port
+from relay_helpers import parse_sse, slow_script, start_run
+from toollatch import ConfigError
+from toollatch.relay import RelayServer
+
+SCRIPTS = {"slow": slow_script(delay_ms=30.0), "slower": slow_script(delay_ms=150.0)}
+"""Runs of about 3 s and 15 s (text, previews, two calls and their results, a 2nd round)."""
+
+
+@contextlib.asynccontextmanager
+async def workers(url: str, n: int = 3, **options: Any) -> AsyncIterator[list[RelayServer]]:
+    """``n`` relays (port 0 each) sharing the run store ``url``."""
+    async with contextlib.AsyncExitStack() as stack:
+        servers = [
+            await stack.enter_async_context(
+                RelayServer(scripts=SCRIPTS, delay_scale=1.0, store=url, ledger=None, **options)
+            )
+            for _ in range(n)
+        ]
+        yield servers
+
+
+@pytest.fixture
+async def redis_url(redis_server: RedisServer) -> str:
+    if redis_server.proc is None:  # (a test before stopped it)
+        redis_server.start()
+    return redis_server.url
+
+
+def client_of(server: RelayServer, session: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=server.url, timeout=30, headers={"x-toollatch-session": session}
+    )
+
+
+async def raw_events(
+    client: httpx.AsyncClient, url: str, *, last_id: int | None = None, limit: int | None = None
+) -> list[str]:
+    """The SSE frames of one GET as sent (``id:``/``event:``/``data:`` blocks), until the
+    run ends or ``limit`` frames came."""
+    headers = {} if last_id is None else {"last-event-id": str(last_id)}
+    blocks: list[str] = []
+    buffer = ""
+    async with client.stream("GET", url, headers=headers) as response:
+        assert response.status_code == 200, (response.status_code, await response.aread())
+        async for text in response.aiter_text():
+            buffer += text
+            *done, buffer = buffer.split("\n\n")
+            blocks += [b for b in done if b.startswith("id: ")]
+            if limit is not None and len(blocks) >= limit:
+                return blocks[:limit]
+    return blocks
+
+
+def ids(blocks: list[str]) -> list[int]:
+    return [int(b.split("\n", 1)[0][4:]) for b in blocks]
+
+
+async def test_a_run_started_on_one_worker_is_read_on_another_and_cancelled_through_a_third(
+    redis_url: str,
+) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url) as (a, b, c):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            async with client_of(c, session) as on_c:
+                run = await start_run(on_a, model="slow")
+                head = await raw_events(on_a, run["events_url"], limit=10)
+                assert ids(head) == list(range(1, 11))
+                # B reads from the middle (Last-Event-ID), while the run goes on on A
+                tail_b = asyncio.create_task(raw_events(on_b, run["events_url"], last_id=10))
+                more = await raw_events(on_b, run["events_url"], last_id=10, limit=5)
+                assert ids(more) == list(range(11, 16))
+                answer = await on_c.post(run["cancel_url"], json={})
+                assert answer.status_code == 202
+                assert answer.json() == {"id": run["id"], "cancelled": True}
+                tail = await asyncio.wait_for(tail_b, 30)
+                whole_a = await raw_events(on_a, run["events_url"])
+                whole_c = await raw_events(on_c, run["events_url"])
+    assert whole_a == whole_c  # the same ids and the same bytes on every worker
+    assert whole_a[:10] == head and tail == whole_a[10:]  # nothing lost, nothing twice
+    assert ids(whole_a) == list(range(1, len(whole_a) + 1))
+    frames, _ = parse_sse("\n\n".join(whole_a) + "\n\n")
+    assert frames[-1].event == "run_ended" and frames[-1].data["cancelled"] is True
+    # every call that was committed got its result (the cancel pairs them)
+    committed = {f.data["id"] for f in frames if f.event == "call_committed"}
+    finished = {f.data["id"] for f in frames if f.event == "tool_finished"}
+    assert committed <= finished
+
+
+async def test_a_finished_run_reads_the_same_everywhere_and_204_at_its_end(redis_url: str) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 2) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            run = await start_run(on_a, model="slow")
+            whole_b = await raw_events(on_b, run["events_url"])  # live, from the start on B
+            whole_a = await raw_events(on_a, run["events_url"])
+            assert whole_a == whole_b
+            last = ids(whole_a)[-1]
+            done = await on_b.get(run["events_url"], headers={"last-event-id": str(last)})
+            assert done.status_code == 204
+            future = await on_b.get(run["events_url"], headers={"last-event-id": str(last + 1)})
+            assert future.status_code == 400
+            late = await on_b.post(run["cancel_url"], json={})
+            assert late.json() == {"id": run["id"], "cancelled": False}
+
+
+async def test_a_worker_that_sees_no_such_run_answers_404(redis_url: str) -> None:
+    session, stranger = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    async with workers(redis_url, 2) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, stranger) as other_on_b:
+            run = await start_run(on_a, model="slow")
+            assert (await other_on_b.get(run["events_url"])).status_code == 404
+            assert (await other_on_b.post(run["cancel_url"], json={})).status_code == 404
+            unknown = "x" * 24
+            assert (await other_on_b.get(f"/runs/{unknown}/events")).status_code == 404
+            assert (await on_a.post(run["cancel_url"], json={})).status_code == 202
+
+
+def chat_body(chat: str, text: str, **extra: Any) -> dict[str, Any]:
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}
+    return {"id": chat, "messages": [user], "trigger": "submit-message", **extra}
+
+
+async def test_the_ai_sdk_stream_resumes_on_another_worker(redis_url: str) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 2) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            body = chat_body("c1", "hi", model="slow")
+            async with on_a.stream("POST", "/api/chat", json=body) as first:
+                assert first.status_code == 200
+                run_id = first.headers["x-toollatch-run-id"]
+                async for _ in first.aiter_bytes():
+                    break  # the connection drops
+            resumed = await on_b.get("/api/chat/c1/stream")  # to the run's end
+            assert resumed.status_code == 200
+            assert resumed.headers["x-toollatch-run-id"] == run_id
+            again = await on_a.get("/api/chat/c1/stream")
+            assert again.status_code == 204  # ended: nothing to resume
+            whole = await on_a.get(f"/runs/{run_id}/events")
+    chunks = [json.loads(line[6:]) for line in resumed.text.split("\n") if line[:7] == "data: {"]
+    assert chunks[0] == {"type": "start", "messageId": f"msg-{run_id}"}
+    assert chunks[-1] == {"type": "finish", "finishReason": "stop"}
+    assert resumed.text.endswith("data: [DONE]\n\n")
+    frames, _ = parse_sse(whole.text)
+    committed = [f.data["id"] for f in frames if f.event == "call_committed"]
+    available = [c["toolCallId"] for c in chunks if c["type"] == "tool-input-available"]
+    assert available == committed and len(committed) == 2
+
+
+def agui_body(thread: str, run: str) -> dict[str, Any]:
+    user = {"id": f"{run}-u", "role": "user", "content": "hi"}
+    return {
+        "threadId": thread,
+        "runId": run,
+        "messages": [user],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {"model": "slow"},
+    }
+
+
+def agui_events(text: str) -> list[tuple[int | None, dict[str, Any]]]:
+    out = []
+    for block in text.split("\n\n"):
+        lines = block.split("\n")
+        data = [line[6:] for line in lines if line.startswith("data: ")]
+        given = [int(line[4:]) for line in lines if line.startswith("id: ")]
+        if data:
+            out.append((given[0] if given else None, json.loads("\n".join(data))))
+    return out
+
+
+async def test_an_agui_run_is_posted_again_on_another_worker(redis_url: str) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 2) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            first = await on_a.post("/agui", json=agui_body("t", "r"))
+            assert first.status_code == 200
+            events = agui_events(first.text)
+            again = await on_b.post("/agui", json=agui_body("t", "r"))
+            assert again.headers["x-toollatch-run"] == first.headers["x-toollatch-run"]
+            assert agui_events(again.text) == events  # read again, not run again
+            numbered = [n for n, _ in events if n is not None]
+            middle = numbered[len(numbered) // 2]
+            resumed = await on_b.post(
+                "/agui", json=agui_body("t", "r"), headers={"last-event-id": str(middle)}
+            )
+            assert resumed.status_code == 200
+    tail = agui_events(resumed.text)
+    cut = max(i for i, (n, _) in enumerate(events) if n == middle)
+    assert tail[0][1]["type"] == "RUN_STARTED"
+    assert tail[len(tail) - (len(events) - cut - 1) :] == events[cut + 1 :]
+
+
+async def test_redis_unreachable_at_start_is_a_clear_error() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(ConfigError, match="cannot reach Redis"):
+        async with RelayServer(scripts=SCRIPTS, store=url, ledger=None):
+            pass
+
+
+def test_workers_sharing_a_store_cannot_each_make_their_own_token() -> None:
+    with pytest.raises(ConfigError, match="share one access token"):
+        RelayServer(store="redis://127.0.0.1:6379/0", token="auto")
+    with pytest.raises(ConfigError, match="memory: or redis://"):
+        RelayServer(store="postgres://x")
+
+
+async def test_redis_lost_mid_run_ends_every_reader_and_the_run(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    session = secrets.token_urlsafe(32)
+    try:
+        async with workers(redis_url, 2, store_outage_s=1.0) as (a, b):
+            async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+                run = await start_run(on_a, model="slower")
+                reader_a = asyncio.create_task(raw_events(on_a, run["events_url"]))
+                reader_b = asyncio.create_task(raw_events(on_b, run["events_url"]))
+                await raw_events(on_b, run["events_url"], limit=5)  # the run is under way
+                redis_server.stop()
+                # bounded: B's reader ends with an error, A's run ends, cancelled
+                async with asyncio.timeout(30):
+                    seen_b = await reader_b
+                    seen_a = await reader_a
+                frames_a, _ = parse_sse("\n\n".join(seen_a) + "\n\n")
+                assert ids(seen_a) == list(range(1, len(seen_a) + 1))
+                assert frames_a[-1].event == "run_ended"
+                # the owner gave the run up after store_outage_s: cancelled, every call paired
+                assert frames_a[-1].data["cancelled"] is True
+                assert "run store (Redis) is unreachable" in frames_a[-1].data["error"]
+                assert seen_b == seen_a[: len(seen_b)]  # what B got was exact, then it ended
+                answer = await on_b.get(run["events_url"])
+                assert answer.status_code == 503
+                assert answer.json()["error"]["code"] == "store_unavailable"
+    finally:
+        if redis_server.proc is None:
+            redis_server.start()
