@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,8 +17,10 @@ import httpx
 import pytest
 
 from ledger_helpers import RedisServer, free_port
-from relay_helpers import parse_sse, slow_script, start_run
+from relay_helpers import CLI, parse_sse, served_run, serving, slow_script, start_run
 from toollatch import ConfigError
+from toollatch.cli import build_parser
+from toollatch.cli._app_config import load_config
 from toollatch.relay import RelayServer
 
 SCRIPTS = {"slow": slow_script(delay_ms=30.0), "slower": slow_script(delay_ms=150.0)}
@@ -252,3 +255,35 @@ async def test_redis_lost_mid_run_ends_every_reader_and_the_run(
     finally:
         if redis_server.proc is None:
             redis_server.start()
+
+
+def test_toollatch_serve_store_shares_runs_between_two_processes(redis_url: str) -> None:
+    with serving("--store", redis_url, "--ledger", "none") as first:
+        with serving("--ledger", "none", "--store", redis_url) as second:
+            run, frames = served_run(first, "weather in Oslo?")
+            headers = {"x-toollatch-session": run["session"]}
+            with httpx.Client(base_url=second, timeout=60, headers=headers) as client:
+                again = client.get(run["events_url"], headers={"last-event-id": "2"})
+    assert again.status_code == 200
+    elsewhere, _ = parse_sse(again.text)
+    assert elsewhere == frames[2:] and frames[-1].event == "run_ended"
+
+
+def test_toollatch_serve_with_redis_unreachable_exits_2_naming_it() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    done = subprocess.run(
+        [*CLI, "serve", "--port", "0", "--ledger", "none", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert f"run store {url}: cannot reach Redis: Error 111" in done.stderr
+    flags = build_parser().parse_args(["serve", "--store-ttl", "60", "--store-outage", "2"])
+    assert (flags.store_ttl, flags.store_outage) == (60, 2)
+    env = {"TOOLLATCH_RELAY__STORE": "redis://h:1/0", "TOOLLATCH_RELAY__STORE_TTL_S": "9"}
+    config = load_config(env=env)
+    assert (config.relay.store, config.relay.store_ttl_s) == ("redis://h:1/0", 9)
+    assert load_config(env={}).relay.store == "memory:"
+    with pytest.raises(ConfigError):
+        load_config(env={"TOOLLATCH_RELAY__STORE": "postgres://x"})

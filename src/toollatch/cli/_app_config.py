@@ -173,6 +173,14 @@ class RelayConfig(_Section):
     max_chat_messages: _Positive = 400
     """-> ``RelayLimits.max_chat_messages``: history entries a chat keeps on the server
     (``POST /api/chat``, ``POST /runs {"chat_id"}``); a full chat refuses more (409)."""
+    store: Annotated[str, Field(pattern=r"^(memory:|(rediss?|unix)://.+)$")] = "memory:"
+    """Where the runs live: ``memory:`` (this process only) or ``redis://HOST:PORT/DB``
+    (shared by every worker on it: any worker serves, resumes and cancels any run)."""
+    store_ttl_s: _Seconds = 3600.0
+    """How long a shared store keeps a run's events and metadata after its last event."""
+    store_outage_s: _Seconds = 5.0
+    """How long a worker retries a write to an unreachable shared store before it cancels
+    its runs (their local readers still get every event)."""
 
 
 class LedgerConfig(_Section):
@@ -566,6 +574,11 @@ relay:
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
   max_chat_messages: 400                # history entries a chat keeps (409 beyond)
+  store: "memory:"                      # runs: memory: (this process) | redis://HOST:PORT/DB
+                                        # (shared: any worker serves any run)
+  store_ttl_s: 3600                     # a shared store keeps an ended run this long
+  store_outage_s: 5                     # retry an unreachable store this long, then
+                                        # cancel this worker's runs
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
