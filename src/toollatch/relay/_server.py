@@ -51,7 +51,7 @@ from ._guard import (
 )
 from ._http import model_http
 from ._serving import listening_socket, started
-from .store._base import DEFAULT_OUTAGE_S, DEFAULT_TTL_S, check_store_url, open_run_store
+from .store._open import DEFAULT_OUTAGE_S, DEFAULT_TTL_S, check_store_url, open_run_store
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
