@@ -103,9 +103,9 @@ def _record_times() -> None:
     This relay appends each event from inside the agent's creation points, synchronously
     (it is the agent's observer): ``AgentRun._emit`` (agent events), ``DispatchRound._emit``
     (tool events; ``Agent._tool_event`` before) and ``AgentRun._notices`` (previews, from
-    the notices the core just returned), so the stamp taken on entering them is the event's own. A relay that appends
-    what the AgentRun's queue hands it (before 86a1543, when ``RelayRun.preview`` existed)
-    gets the stamp of its queue's put instead."""
+    the notices the core just returned), so the stamp taken on entering them is the
+    event's own. A relay that appends what the AgentRun's queue hands it (before 86a1543,
+    when ``RelayRun.preview`` existed) gets the stamp of its queue's put instead."""
 
     def stamped(original: Any) -> Any:
         def creating(*args: Any, **kwargs: Any) -> Any:
