@@ -11,6 +11,7 @@ import json
 import secrets
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,12 +29,16 @@ SCRIPTS = {"slow": slow_script(delay_ms=30.0), "slower": slow_script(delay_ms=15
 
 
 @contextlib.asynccontextmanager
-async def workers(url: str, n: int = 3, **options: Any) -> AsyncIterator[list[RelayServer]]:
-    """``n`` relays (port 0 each) sharing the run store ``url``."""
+async def workers(
+    url: str, n: int = 3, ledger_url: str | None = None, **options: Any
+) -> AsyncIterator[list[RelayServer]]:
+    """``n`` relays (port 0 each) sharing the run store ``url`` (and ``ledger_url``)."""
     async with contextlib.AsyncExitStack() as stack:
         servers = [
             await stack.enter_async_context(
-                RelayServer(scripts=SCRIPTS, delay_scale=1.0, store=url, ledger=None, **options)
+                RelayServer(
+                    scripts=SCRIPTS, delay_scale=1.0, store=url, ledger=ledger_url, **options
+                )
             )
             for _ in range(n)
         ]
@@ -287,3 +292,20 @@ def test_toollatch_serve_with_redis_unreachable_exits_2_naming_it() -> None:
     assert load_config(env={}).relay.store == "memory:"
     with pytest.raises(ConfigError):
         load_config(env={"TOOLLATCH_RELAY__STORE": "postgres://x"})
+
+
+async def test_a_resumed_run_is_a_new_log_under_its_id_on_every_worker(
+    redis_url: str, tmp_path: Path
+) -> None:
+    session = secrets.token_urlsafe(32)
+    ledger = f"sqlite:///{tmp_path}/ledger.db"
+    async with workers(redis_url, 2, ledger_url=ledger) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            run = await start_run(on_a, model="slow")
+            first = await raw_events(on_b, run["events_url"])
+            again = await on_a.post("/runs", json={"resume": run["id"], "message": "more"})
+            assert again.status_code == 201 and again.json()["id"] == run["id"]
+            second_a = await raw_events(on_a, run["events_url"])
+            second_b = await raw_events(on_b, run["events_url"])
+    assert second_b == second_a and ids(second_b) == list(range(1, len(second_b) + 1))
+    assert second_b != first[: len(second_b)]  # the resumed run's own events, not the old ones

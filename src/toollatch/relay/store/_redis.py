@@ -143,7 +143,8 @@ class RedisRunStore:
             await self._blocking.aclose()
 
     async def created(self, run: RelayRun) -> None:
-        """The run's metadata, before its id is given out; then its log is mirrored."""
+        """The run's metadata, before its id is given out; then its log is mirrored (a run
+        resumed under its id starts a new log, as it does in memory)."""
         mapping: dict[Any, Any] = {
             "session": session_digest(run.session),
             "owner": self.worker,
@@ -151,6 +152,7 @@ class RedisRunStore:
         }
         try:
             async with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(_stream(run.id))  # (a resumed run: a new log under its old id)
                 pipe.hset(_meta(run.id), mapping=mapping)
                 pipe.pexpire(_meta(run.id), self.ttl_ms)
                 await pipe.execute()
