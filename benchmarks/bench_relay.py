@@ -136,7 +136,8 @@ def _record_times() -> None:
 
     def stamped_append(self: Any, data: dict[str, Any]) -> None:
         append(self, data)
-        last = self.last_id if hasattr(self, "last_id") else len(self.frames)
+        log = getattr(self, "log", None)  # (its own id: last_id waits for a shared store)
+        last = log.last_id if log is not None else len(self.frames)
         APPENDED[(self.id, last)] = (_CREATED[0], time.monotonic())
 
     RelayRun.append = stamped_append  # type: ignore[method-assign]
