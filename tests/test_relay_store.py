@@ -309,3 +309,19 @@ async def test_a_resumed_run_is_a_new_log_under_its_id_on_every_worker(
             second_b = await raw_events(on_b, run["events_url"])
     assert second_b == second_a and ids(second_b) == list(range(1, len(second_b) + 1))
     assert second_b != first[: len(second_b)]  # the resumed run's own events, not the old ones
+
+
+async def test_a_run_outlives_its_ttl_while_it_goes_on_and_expires_after_its_end(
+    redis_url: str,
+) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 2, store_ttl_s=0.6) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            run = await start_run(on_a, model="slow")  # about 3 s: five TTLs
+            await asyncio.sleep(1.5)
+            whole = await raw_events(on_b, run["events_url"])  # from the start, on B
+            assert ids(whole) == list(range(1, len(whole) + 1))
+            assert "\nevent: run_ended\n" in whole[-1] + "\n"
+            await asyncio.sleep(1.5)  # the run ended: one TTL later it is gone from Redis
+            assert (await on_b.get(run["events_url"])).status_code == 404
+            assert (await on_a.get(run["events_url"])).status_code == 200  # (its owner's)

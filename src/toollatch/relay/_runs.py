@@ -313,13 +313,12 @@ class RelayRun:
             self.cancel()  # bounded: the cancel adds only the round's closing events
         if self.mirror is None:
             self.published = n
-            self._grew.set()
-            self._grew = asyncio.Event()
+            self._wake()
         else:
             self.mirror.push(self)  # (published once the store has it)
 
     async def wait(self, seen: int, timeout: float) -> bool:
-        """Wait until the log has events after id ``seen`` or the run is done; False on
+        """Wait until events after id ``seen`` are readable or the run has ended; False on
         ``timeout`` (the caller sends a heartbeat)."""
         grew = self._grew
         if self.published > seen or self.ended:

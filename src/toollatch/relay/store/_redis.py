@@ -15,9 +15,9 @@ pipeline, each XADD trimming with ``MINID`` to the local log's first kept id, so
 keeps exactly what :attr:`RelayLimits.max_kept_bytes` keeps locally (a frame the local log
 forgot before it was written is never written: a reader then gets ``lagged``, as locally).
 Only then are the frames *published* (:meth:`RelayRun.publish`): no reader, local or
-remote, gets an id the shared log does not have. Each write renews both keys' TTL
-(``relay.store_ttl_s``), and so does a refresh every third of it for quiet runs; after the
-run's end (``status: done``) they expire one TTL later.
+remote, gets an id the shared log does not have. Both keys get their TTL
+(``relay.store_ttl_s``) with the run's first write, renewed every third of it while the
+run goes on, and once more at its end (``status: done``): they expire one TTL later.
 
 Readers elsewhere (:class:`RemoteRun`) ``XREAD BLOCK`` (at most ``heartbeat_s``, then a
 heartbeat); a gap between their cursor and the first entry returned is a ``lagged``; the
@@ -319,28 +319,32 @@ class _Writer:
             await self._idle.wait()
 
     async def loop(self) -> None:
+        loop = asyncio.get_running_loop()
         refresh_s = max(0.05, self._store.ttl_ms / 3000)
+        renew_at = loop.time() + refresh_s
         while True:
-            try:
-                async with asyncio.timeout(refresh_s):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, renew_at - loop.time())):
                     await self._wake.wait()
-            except TimeoutError:  # renew the quiet runs' TTL
+            self._wake.clear()
+            renew = loop.time() >= renew_at
+            if renew:  # every live run's TTL, busy or quiet
+                renew_at = loop.time() + refresh_s
                 for run in self._runs.live():
                     if run.mirror is self:
                         self._dirty[run.id] = run
-            self._wake.clear()
             dirty, self._dirty = self._dirty, {}
             if dirty:
-                await self._flush(list(dirty.values()))
+                await self._flush(list(dirty.values()), renew)
             if not self._dirty:
                 self._idle.set()
 
-    async def _flush(self, runs: list[RelayRun]) -> None:
+    async def _flush(self, runs: list[RelayRun], renew: bool) -> None:
         loop = asyncio.get_running_loop()
         delay = 0.05
         while True:
             try:
-                await self._write(runs)
+                await self._write(runs, renew)
                 self._failing_since = None
                 return
             except redis.exceptions.RedisError as exc:
@@ -354,7 +358,7 @@ class _Writer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def _write(self, runs: list[RelayRun]) -> None:
+    async def _write(self, runs: list[RelayRun], renew: bool) -> None:
         ttl = self._store.ttl_ms
         plans: list[tuple[RelayRun, int, bool]] = []
         async with self._store.client.pipeline(transaction=False) as pipe:
@@ -366,11 +370,12 @@ class _Writer:
                 for frame in frames:
                     n += 1
                     pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)
-                pipe.pexpire(stream, ttl)
-                pipe.pexpire(meta, ttl)
                 ended = run.done and upto >= log.last_id
                 if ended:
                     pipe.hset(meta, "status", "done")
+                if ended or renew or not written:  # (its end, a renewal, a new stream)
+                    pipe.pexpire(stream, ttl)
+                    pipe.pexpire(meta, ttl)
                 plans.append((run, upto, ended))
             results = await pipe.execute(raise_on_error=False)
         for result in results:
