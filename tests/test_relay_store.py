@@ -19,6 +19,7 @@ import pytest
 
 from ledger_helpers import RedisServer, free_port
 from relay_helpers import CLI, parse_sse, served_run, serving, slow_script, start_run
+from test_agui import agui_body, agui_events
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
@@ -172,43 +173,22 @@ async def test_the_ai_sdk_stream_resumes_on_another_worker(redis_url: str) -> No
     assert available == committed and len(committed) == 2
 
 
-def agui_body(thread: str, run: str) -> dict[str, Any]:
-    user = {"id": f"{run}-u", "role": "user", "content": "hi"}
-    return {
-        "threadId": thread,
-        "runId": run,
-        "messages": [user],
-        "tools": [],
-        "context": [],
-        "forwardedProps": {"model": "slow"},
-    }
-
-
-def agui_events(text: str) -> list[tuple[int | None, dict[str, Any]]]:
-    out = []
-    for block in text.split("\n\n"):
-        lines = block.split("\n")
-        data = [line[6:] for line in lines if line.startswith("data: ")]
-        given = [int(line[4:]) for line in lines if line.startswith("id: ")]
-        if data:
-            out.append((given[0] if given else None, json.loads("\n".join(data))))
-    return out
-
-
 async def test_an_agui_run_is_posted_again_on_another_worker(redis_url: str) -> None:
     session = secrets.token_urlsafe(32)
     async with workers(redis_url, 2) as (a, b):
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
-            first = await on_a.post("/agui", json=agui_body("t", "r"))
+            first = await on_a.post("/agui", json=agui_body("t", "r", model="slow"))
             assert first.status_code == 200
             events = agui_events(first.text)
-            again = await on_b.post("/agui", json=agui_body("t", "r"))
+            again = await on_b.post("/agui", json=agui_body("t", "r", model="slow"))
             assert again.headers["x-toollatch-run"] == first.headers["x-toollatch-run"]
             assert agui_events(again.text) == events  # read again, not run again
             numbered = [n for n, _ in events if n is not None]
             middle = numbered[len(numbered) // 2]
             resumed = await on_b.post(
-                "/agui", json=agui_body("t", "r"), headers={"last-event-id": str(middle)}
+                "/agui",
+                json=agui_body("t", "r", model="slow"),
+                headers={"last-event-id": str(middle)},
             )
             assert resumed.status_code == 200
     tail = agui_events(resumed.text)
@@ -325,3 +305,29 @@ async def test_a_run_outlives_its_ttl_while_it_goes_on_and_expires_after_its_end
             await asyncio.sleep(1.5)  # the run ended: one TTL later it is gone from Redis
             assert (await on_b.get(run["events_url"])).status_code == 404
             assert (await on_a.get(run["events_url"])).status_code == 200  # (its owner's)
+
+
+async def test_a_stopping_worker_ends_its_reads_of_other_workers_runs_cleanly(
+    redis_url: str,
+) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 1) as (a,), client_of(a, session) as on_a:
+        run = await start_run(on_a, model="slower")
+        async with workers(redis_url, 1) as (b,), client_of(b, session) as on_b:
+            text = ""
+            async with on_b.stream("GET", run["events_url"]) as response:
+                parts = response.aiter_text()
+                async for part in parts:
+                    text += part
+                    if "id: 3\n" in text:
+                        break
+                assert b.relay is not None
+                stopping = asyncio.create_task(b.relay.close(1.0))
+                async for part in parts:  # to the response's own end
+                    text += part
+                await stopping
+        assert text.endswith(": this worker is stopping: read the run from another\n\n")
+        last = ids([b for b in text.split("\n\n") if b.startswith("id: ")])[-1]
+        rest = await raw_events(on_a, run["events_url"], last_id=last, limit=1)
+        assert ids(rest) == [last + 1]  # the run goes on on its owner, from where B left
+        assert (await on_a.post(run["cancel_url"], json={})).status_code == 202

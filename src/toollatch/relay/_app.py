@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -335,6 +335,13 @@ class Relay:
         except StoreUnavailable as exc:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
 
+    async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
+        """Stop serving runs: the reads of other workers' runs end at once (their clients
+        reconnect elsewhere with ``Last-Event-ID``), this worker's runs are cancelled and
+        waited for (:meth:`RunRegistry.close`); True when every run ended."""
+        self.store.end_reads()
+        return await self.runs.close(grace_s, reason=reason)
+
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
         """Cancel ``run`` here, or through its owner (False: it had ended, or no owner
         answered); 503 :class:`HTTPError` when the store is unreachable."""
@@ -558,8 +565,8 @@ class Relay:
         while True:
             try:
                 missed, frames, cursor, ended = await run.read(cursor, batch, heartbeat_s)
-            except StoreUnavailable:  # (the stream ends; a reconnect gets 503 meanwhile)
-                yield b": the run store is unreachable\n\n"
+            except StoreUnavailable as exc:  # (the stream ends; the client reconnects)
+                yield b": %s\n\n" % str(exc).encode()
                 return
             if frames or missed:  # every frame queued for this reader, in one write
                 chunk = b"".join(frames)
@@ -574,17 +581,26 @@ class Relay:
     async def _cancel(self, request: Request) -> Response:
         """Like ``POST /runs``: a JSON body (``{}`` or none; 415 otherwise), from the relay's
         own origin (the guard)."""
+        run_id = request.path_params["run_id"]
+        return await self.answer_cancel(request, lambda: self.find_run(run_id, _session(request)))
+
+    async def answer_cancel(
+        self,
+        request: Request,
+        find: Callable[[], Awaitable[RunSource | None]],
+        missing: str = "no such run",
+    ) -> Response:
+        """A cancel endpoint's answer: the body checked (JSON, ``{}`` or empty), the run
+        ``find()`` gives cancelled here or through its owner: 202 ``{"id", "cancelled"}``,
+        404 ``missing`` when there is none, the 4xx / 503 of :class:`HTTPError`."""
         try:
             _require_json(request)
             body = await _read_body(request, self.limits)
             if body.strip() not in (b"", b"{}"):
                 raise HTTPError(422, "invalid_body", "the body must be {} or empty")
-        except HTTPError as exc:
-            return exc.response()
-        try:
-            run = await self.find_run(request.path_params["run_id"], _session(request))
+            run = await find()
             if run is None:
-                return HTTPError(404, "not_found", "no such run").response()
+                raise HTTPError(404, "not_found", missing)
             cancelled = await self.cancel_run(run)
         except HTTPError as exc:
             return exc.response()

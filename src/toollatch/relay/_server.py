@@ -346,7 +346,7 @@ class RelayServer:
             return
         try:
             if self.relay is not None:  # streams end, so uvicorn need not wait on them
-                await self.relay.runs.close(self.shutdown_grace_s, reason=self.stop_reason)
+                await self.relay.close(self.shutdown_grace_s, reason=self.stop_reason)
             self.stop()
             if self._task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
@@ -373,7 +373,7 @@ class _RelayUvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """End the runs (at most the owner's grace), then uvicorn's shutdown."""
         owner = self._owner
-        await self._relay.runs.close(owner.shutdown_grace_s, reason=owner.stop_reason)
+        await self._relay.close(owner.shutdown_grace_s, reason=owner.stop_reason)
         await super().shutdown(sockets)
 
 

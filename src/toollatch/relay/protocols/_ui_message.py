@@ -40,12 +40,12 @@ cancel, ``finish`` with the finish reason, ``data: [DONE]``.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from .._chats import CHAT_ID, ChatStore
@@ -324,9 +324,6 @@ def event_data(frame: bytes) -> dict[str, Any]:
     return data
 
 
-STORE_LOST = "the run store is unreachable; resume the stream later"
-
-
 async def ui_message_stream(run: RunSource, limits: RelayLimits) -> AsyncIterator[bytes]:
     """The run's whole UI message stream, from its first event (live until it ends; an
     ``error`` chunk and the end, without ``finish``, when the shared store is lost)."""
@@ -337,8 +334,8 @@ async def ui_message_stream(run: RunSource, limits: RelayLimits) -> AsyncIterato
     while True:
         try:
             missed, frames, cursor, ended = await run.read(cursor, batch, heartbeat_s)
-        except StoreUnavailable:
-            yield _chunk({"type": "error", "errorText": STORE_LOST})
+        except StoreUnavailable as exc:  # (resume the stream later, or on another worker)
+            yield _chunk({"type": "error", "errorText": str(exc)})
             return
         if missed or frames:
             out = [encoder.lagged(missed)] if missed else []
@@ -369,6 +366,13 @@ class ChatHost(Protocol):
     async def find_run(self, run_id: str | None, session: str | None) -> RunSource | None: ...
 
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool: ...
+
+    async def answer_cancel(
+        self,
+        request: Request,
+        find: Callable[[], Awaitable[RunSource | None]],
+        missing: str = "no such run",
+    ) -> Response: ...
 
     def check_message(self, message: str) -> None: ...
 
@@ -494,18 +498,4 @@ async def _resume(host: ChatHost, request: Request) -> Response:
 
 
 async def _cancel(host: ChatHost, request: Request) -> Response:
-    try:
-        require_json(request)
-        body = await read_body(request, host.limits)
-        if body.strip() not in (b"", b"{}"):
-            raise HTTPError(422, "invalid_body", "the body must be {} or empty")
-    except HTTPError as exc:
-        return exc.response()
-    try:
-        run = await _chat_run(host, request)
-        if run is None:
-            return HTTPError(404, "not_found", "no such chat run").response()
-        cancelled = await host.cancel_run(run)
-    except HTTPError as exc:
-        return exc.response()
-    return JSONResponse({"id": run.id, "cancelled": cancelled}, status_code=202)
+    return await host.answer_cancel(request, lambda: _chat_run(host, request), "no such chat run")

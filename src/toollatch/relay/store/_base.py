@@ -36,6 +36,10 @@ class RunStore(Protocol):
     async def aclose(self) -> None:
         """Stop; the runs' last events are written first (bounded)."""
 
+    def end_reads(self) -> None:
+        """End the reads of other workers' runs (this worker is stopping): each raises
+        :class:`StoreUnavailable`, now or at its next read."""
+
     async def created(self, run: RelayRun) -> None:
         """Record a new run of this worker before anyone is told its id (StoreUnavailable)."""
 
@@ -69,6 +73,9 @@ class MemoryRunStore:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+    def end_reads(self) -> None:
+        """Nothing to end: every run read here is this process's."""
 
     async def created(self, run: RelayRun) -> None:
         """Nothing to record: the registry has it."""

@@ -106,6 +106,8 @@ class RedisRunStore:
         self._runs: RunRegistry | None = None
         self._writer: _Writer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._reads: set[asyncio.Task[Any]] = set()  # blocking reads in flight
+        self._reading = True
 
     async def open(self, runs: RunRegistry) -> None:
         """Check the server (ConfigError), then start the writer and the cancel listener."""
@@ -141,6 +143,12 @@ class RedisRunStore:
         await self.client.aclose()
         if self._blocking is not None:
             await self._blocking.aclose()
+
+    def end_reads(self) -> None:
+        """End the blocking reads in flight, and refuse new ones (a stopping worker)."""
+        self._reading = False
+        for read in self._reads:
+            read.cancel()
 
     async def created(self, run: RelayRun) -> None:
         """The run's metadata, before its id is given out; then its log is mirrored (a run
@@ -234,11 +242,29 @@ class RedisRunStore:
 
     async def xread(self, run_id: str, cursor: int, limit: int, wait_s: float) -> Any:
         """``XREAD`` after entry ``0-cursor``, blocking at most ``wait_s`` (0: not at all)."""
-        client = self._blocking if wait_s > 0 else self.client
-        assert client is not None
-        block = max(1, int(wait_s * 1000)) if wait_s > 0 else None
+        if not self._reading:
+            raise StoreUnavailable("this worker is stopping: read the run from another")
+        streams: dict[Any, Any] = {_stream(run_id): f"0-{cursor}"}
+        if wait_s <= 0:
+            return await self._unblocked(self.client.xread(streams, count=limit))
+        assert self._blocking is not None
+        block = max(1, int(wait_s * 1000))
+        read = asyncio.ensure_future(self._blocking.xread(streams, count=limit, block=block))
+        self._reads.add(read)  # (end_reads cancels it)
         try:
-            return await client.xread({_stream(run_id): f"0-{cursor}"}, count=limit, block=block)
+            return await self._unblocked(read)
+        except asyncio.CancelledError:
+            if self._reading or not read.cancelled():
+                raise  # (the reader's own cancel: its client left)
+            raise StoreUnavailable("this worker is stopping: read the run from another") from None
+        finally:
+            self._reads.discard(read)
+            read.cancel()
+
+    @staticmethod
+    async def _unblocked(command: Any) -> Any:
+        try:
+            return await command
         except redis.exceptions.RedisError as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
 
