@@ -18,15 +18,29 @@ import httpx
 import pytest
 
 from ledger_helpers import RedisServer, free_port
-from relay_helpers import CLI, parse_sse, served_run, serving, slow_script, start_run
+from relay_helpers import (
+    CLI,
+    chatty_script,
+    parse_sse,
+    served_run,
+    serving,
+    slow_script,
+    start_run,
+)
 from test_agui import agui_body, agui_events
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
 from toollatch.relay import RelayServer
+from toollatch.relay._config import RelayLimits
 
-SCRIPTS = {"slow": slow_script(delay_ms=30.0), "slower": slow_script(delay_ms=150.0)}
-"""Runs of about 3 s and 15 s (text, previews, two calls and their results, a 2nd round)."""
+SCRIPTS = {
+    "slow": slow_script(delay_ms=30.0),
+    "slower": slow_script(delay_ms=150.0),
+    "chatty": chatty_script(3000, chunk_chars=4),
+}
+"""Runs of about 3 s and 15 s (text, previews, two calls and their results, a 2nd round),
+and one of 750 text events at once."""
 
 
 @contextlib.asynccontextmanager
@@ -331,3 +345,30 @@ async def test_a_stopping_worker_ends_its_reads_of_other_workers_runs_cleanly(
         rest = await raw_events(on_a, run["events_url"], last_id=last, limit=1)
         assert ids(rest) == [last + 1]  # the run goes on on its owner, from where B left
         assert (await on_a.post(run["cancel_url"], json={})).status_code == 202
+
+
+async def test_a_reader_behind_the_kept_log_is_told_it_lagged_the_same_on_every_worker(
+    redis_url: str,
+) -> None:
+    session = secrets.token_urlsafe(32)
+    limits = RelayLimits(max_kept_bytes=8192)  # about 130 of the run's 750 text events
+    async with workers(redis_url, 2, limits=limits) as (a, b):
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            run = await start_run(on_a, model="chatty")
+            live_b = await raw_events(on_b, run["events_url"])  # from the start, live
+            whole_a = await raw_events(on_a, run["events_url"])
+            whole_b = await raw_events(on_b, run["events_url"])
+            from_3 = await raw_events(on_b, run["events_url"], last_id=3)
+    assert whole_b == whole_a  # the stream trimmed as the owner's log: the same lag
+    frames, _ = parse_sse("\n\n".join(whole_b) + "\n\n")
+    lag, kept = frames[0], frames[1:]
+    assert lag.event == "lagged" and kept[-1].event == "run_ended"
+    first = lag.data["first_id"]
+    assert lag.id == first - 1 and lag.data["missed"] == first - 1 > 0
+    assert [f.id for f in kept] == list(range(first, kept[-1].id + 1))
+    assert parse_sse(from_3[0] + "\n\n")[0][0].data["missed"] == first - 4
+    live, _ = parse_sse("\n\n".join(live_b) + "\n\n")
+    told = {f.data["first_id"] - 1: f.data["missed"] for f in live if f.event == "lagged"}
+    events = [f.id for f in live if f.event != "lagged"]
+    assert sorted(set(events)) == events and events[-1] == kept[-1].id  # none twice
+    assert len(events) + sum(told.values()) == kept[-1].id  # each id read or told missed
