@@ -287,8 +287,8 @@ class RemoteRun:
         self.last_id = last
         """The newest id when it was looked up."""
         self.ended = done
-        """Whether it had ended when looked up (every event is in the log by then)."""
-        self.done = done
+        """Whether it had ended when looked up (every event is in the log by then), or
+        since, as its reader saw."""
         self._store = store
 
     async def read(self, cursor: int, limit: int, wait_s: float) -> Batch:
@@ -304,7 +304,7 @@ class RemoteRun:
                 again = await self._store.xread(self.id, cursor, limit, 0)
                 if again:
                     return self._batch(cursor, again)
-                self.ended = self.done = True
+                self.ended = True
                 return 0, [], cursor, True
             return 0, [], cursor, False
         return self._batch(cursor, answer)
@@ -316,7 +316,7 @@ class RemoteRun:
         last = _entry_id(entries[-1][0])
         ended = _RUN_ENDED in frames[-1]
         if ended:
-            self.ended = self.done = True
+            self.ended = True
             self.last_id = last
         return first - 1 - cursor, frames, last, ended
 
