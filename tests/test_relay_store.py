@@ -372,3 +372,23 @@ async def test_a_reader_behind_the_kept_log_is_told_it_lagged_the_same_on_every_
     events = [f.id for f in live if f.event != "lagged"]
     assert sorted(set(events)) == events and events[-1] == kept[-1].id  # none twice
     assert len(events) + sum(told.values()) == kept[-1].id  # each id read or told missed
+
+
+async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 2) as (a, b):  # (store_outage_s: 5 s, over the restart)
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            run = await start_run(on_a, model="slower")
+            reader_a = asyncio.create_task(raw_events(on_a, run["events_url"]))
+            before = await raw_events(on_b, run["events_url"], limit=5)
+            cut = asyncio.create_task(raw_events(on_b, run["events_url"], last_id=5))
+            await asyncio.to_thread(redis_server.restart)  # its append-only file kept
+            async with asyncio.timeout(30):
+                seen_b = before + await cut  # B's stream ended when Redis went away
+                seen_b += await raw_events(on_b, run["events_url"], last_id=ids(seen_b)[-1])
+                whole_a = await reader_a
+    assert seen_b == whole_a  # resumed on B: nothing lost, nothing twice, the same bytes
+    frames, _ = parse_sse("\n\n".join(whole_a) + "\n\n")
+    assert frames[-1].event == "run_ended" and "cancelled" not in frames[-1].data

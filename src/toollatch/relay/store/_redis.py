@@ -54,6 +54,10 @@ from ._base import StoreUnavailable
 
 _log = logging.getLogger("toollatch.relay")
 
+_LOST = (redis.exceptions.RedisError, OSError)
+"""What a lost or refused Redis connection raises (redis-py wraps most socket errors in its
+ConnectionError, not every one)."""
+
 SOCKET_S = 5.0
 """Socket timeout of every command but a blocking read."""
 _PREFIX = "toollatch:relay:"
@@ -113,7 +117,7 @@ class RedisRunStore:
         """Check the server (ConfigError), then start the writer and the cancel listener."""
         try:
             await self.client.ping()
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             await self.client.aclose()
             raise ConfigError(f"run store {self.shown}: cannot reach Redis: {exc}") from None
         block_s = runs.limits.heartbeat_s + SOCKET_S
@@ -164,7 +168,7 @@ class RedisRunStore:
                 pipe.hset(_meta(run.id), mapping=mapping)
                 pipe.pexpire(_meta(run.id), self.ttl_ms)
                 await pipe.execute()
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         run.mirror = self._writer
 
@@ -175,7 +179,7 @@ class RedisRunStore:
                 pipe.hgetall(_meta(run_id))
                 pipe.xrevrange(_stream(run_id), count=1)
                 meta, newest = await pipe.execute()
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         owner_of = meta.get(b"session", b"").decode()
         if not meta or not secrets.compare_digest(owner_of, session_digest(session)):
@@ -192,7 +196,7 @@ class RedisRunStore:
         message = orjson.dumps({"cancel": run.id, "reason": reason})
         try:
             heard = await self.client.publish(_channel(run.owner), message)
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         return bool(heard)
 
@@ -200,14 +204,14 @@ class RedisRunStore:
         """``SET`` the pointer with the store's TTL."""
         try:
             await self.client.set(f"{_PREFIX}{kind}:{key}", run_id, px=self.ttl_ms)
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
 
     async def pointed(self, kind: str, key: str) -> str | None:
         """The pointer's run id."""
         try:
             value: Any = await self.client.get(f"{_PREFIX}{kind}:{key}")
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         return bytes(value).decode() if value is not None else None
 
@@ -222,10 +226,10 @@ class RedisRunStore:
                 delay = 0.05
                 async for message in pubsub.listen():
                     self._control(message.get("data"))
-            except redis.exceptions.RedisError as exc:
+            except _LOST as exc:
                 _log.warning("run store: the cancel channel was lost (%s); reconnecting", exc)
             finally:
-                with contextlib.suppress(redis.exceptions.RedisError):
+                with contextlib.suppress(*_LOST):
                     await pubsub.aclose()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -265,14 +269,14 @@ class RedisRunStore:
     async def _unblocked(command: Any) -> Any:
         try:
             return await command
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
 
     async def status(self, run_id: str) -> bytes | None:
         """The run's ``status`` (None: the run expired)."""
         try:
             value: Any = await self.client.hget(_meta(run_id), "status")
-        except redis.exceptions.RedisError as exc:
+        except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         return bytes(value) if value is not None else None
 
@@ -360,8 +364,12 @@ class _Writer:
                     if run.mirror is self:
                         self._dirty[run.id] = run
             dirty, self._dirty = self._dirty, {}
-            if dirty:
-                await self._flush(list(dirty.values()), renew)
+            try:
+                if dirty:
+                    await self._flush(list(dirty.values()), renew)
+            except Exception as exc:  # a bug in us: its runs go on locally, the writer lives
+                _log.exception("run store: a write failed")
+                self._give_up(list(dirty.values()), exc)
             if not self._dirty:
                 self._idle.set()
 
@@ -373,7 +381,7 @@ class _Writer:
                 await self._write(runs, renew)
                 self._failing_since = None
                 return
-            except redis.exceptions.RedisError as exc:
+            except _LOST as exc:
                 now = loop.time()
                 if self._failing_since is None:
                     self._failing_since = now
