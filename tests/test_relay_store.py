@@ -74,15 +74,22 @@ def client_of(server: RelayServer, session: str) -> httpx.AsyncClient:
 
 
 async def raw_events(
-    client: httpx.AsyncClient, url: str, *, last_id: int | None = None, limit: int | None = None
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    last_id: int | None = None,
+    limit: int | None = None,
+    opened: asyncio.Event | None = None,
 ) -> list[str]:
     """The SSE frames of one GET as sent (``id:``/``event:``/``data:`` blocks), until the
-    run ends or ``limit`` frames came."""
+    run ends or ``limit`` frames came (``opened`` is set once the answer is 200)."""
     headers = {} if last_id is None else {"last-event-id": str(last_id)}
     blocks: list[str] = []
     buffer = ""
     async with client.stream("GET", url, headers=headers) as response:
         assert response.status_code == 200, (response.status_code, await response.aread())
+        if opened is not None:
+            opened.set()
         async for text in response.aiter_text():
             buffer += text
             *done, buffer = buffer.split("\n\n")
@@ -381,9 +388,12 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
     async with workers(redis_url, 2) as (a, b):  # (store_outage_s: 5 s, over the restart)
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
             run = await start_run(on_a, model="slower")
-            reader_a = asyncio.create_task(raw_events(on_a, run["events_url"]))
-            before = await raw_events(on_b, run["events_url"], limit=5)
-            cut = asyncio.create_task(raw_events(on_b, run["events_url"], last_id=5))
+            url = run["events_url"]
+            reader_a = asyncio.create_task(raw_events(on_a, url))
+            before = await raw_events(on_b, url, limit=5)
+            opened = asyncio.Event()
+            cut = asyncio.create_task(raw_events(on_b, url, last_id=5, opened=opened))
+            await opened.wait()  # B found the run in Redis and streams it
             await asyncio.to_thread(redis_server.restart)  # its append-only file kept
             async with asyncio.timeout(30):
                 seen_b = before + await cut  # B's stream ended when Redis went away
