@@ -15,6 +15,12 @@ is a local redis-server with ``appendfsync always``, the durable setting a ledge
 event loop's thread (the ledger with its thread hop removed), claim+start as two writes and
 as one (``claim(start=True)``), then the finish; the ratio thread / inline is the cost of the
 hops.
+
+*Dispatch* (``--dispatch``, SQLite): a ``Dispatcher(ledger=...)`` running rounds of one call
+of a tool that returns at once, one round at a time: trips to the ledger's thread per call
+and CPU (``time.process_time``) per call, with the dispatcher as it is (a call with nothing
+to wait for is claimed and started in one write) and with every ``claim(start=True)`` split
+back into a claim and a start (the two writes it made before), alternating in one process.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from toollatch import (
     ToolSpec,
     open_audit,
     open_ledger,
+    tool,
 )
 from toollatch.ledger import ArgumentAudit, AuditPolicy, LedgerKey, Won
 from toollatch.ledger._sqlite import SQLiteFile, SQLiteLedger
+from toollatch.runtime import Dispatcher
 
 
 class InlineFile(SQLiteFile):
@@ -107,6 +115,87 @@ async def hops_table(path: str, n: int, repeats: int = 3) -> None:
                 f"| {name}, {where} | {best[inline][0] * 1e3:.3f} ms "
                 f"| {best[inline][1] * 1e3:.3f} ms | {ratio} |"
             )
+
+
+class CountingFile(SQLiteFile):
+    """The ledger's SQLite file, counting the trips to its worker thread."""
+
+    trips = 0
+
+    async def call(self, fn):  # type: ignore[no-untyped-def]
+        CountingFile.trips += 1
+        return await super().call(fn)
+
+
+class TwoWrites:
+    """A ledger whose ``claim(start=True)`` is a claim then a start: the writes (and trips)
+    the dispatcher made per call before it claimed and started in one."""
+
+    def __init__(self, inner: SQLiteLedger) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    async def claim(self, key: LedgerKey, *, start: bool = False, **kw):  # type: ignore[no-untyped-def]
+        claim = await self.inner.claim(key, **kw)
+        if start and isinstance(claim, Won):
+            await self.inner.start(key, claim.token, now=kw["now"], lease_s=kw["lease_s"])
+        return claim
+
+
+async def lookup(q: str) -> str:
+    """Returns at once."""
+    return q
+
+
+def one_call_round(specs: list[ToolSpec], call_id: str) -> Round:
+    """An OpenAI chat round with one committed ``lookup`` call."""
+    parser = StreamParser("openai_chat", tools=specs)
+    delta = {"index": 0, "id": call_id, "function": {"name": "lookup", "arguments": '{"q":"x"}'}}
+    parser.feed_event({"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
+    parser.feed_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return parser.finish()
+
+
+def counting_ledger(path: str) -> SQLiteLedger:
+    ledger = SQLiteLedger(path)
+    old = ledger._file
+    ledger._file = CountingFile(
+        old.path, old._busy_ms / 1000, False, old._schema, label="SQLite ledger", thread="ledger"
+    )
+    return ledger
+
+
+async def dispatch_table(path: str, n: int, repeats: int = 3) -> None:
+    quick = tool(name="lookup")(lookup)
+    ledgers = {"claim(start=True), one write": counting_ledger(path)}
+    ledgers["claim, then start: two writes"] = TwoWrites(counting_ledger(path))  # type: ignore[assignment]
+    cpu = dict.fromkeys(ledgers, 0.0)
+    wall = dict.fromkeys(ledgers, 0.0)
+    trips = dict.fromkeys(ledgers, 0)
+    done = 0
+    for r in range(repeats):
+        for k, (name, ledger) in enumerate(ledgers.items()):
+            d = Dispatcher([quick], ledger=ledger, worker="w")
+            rounds = [one_call_round(d.specs, f"{k}-{r}-{i}") for i in range(n)]
+            before, started, t0 = CountingFile.trips, time.process_time(), time.perf_counter()
+            for i, round_ in enumerate(rounds):
+                [result] = await d.run(round_, session=f"s{i % 8}")
+                assert result.content == "x", result
+            cpu[name] += time.process_time() - started
+            wall[name] += time.perf_counter() - t0
+            trips[name] += CountingFile.trips - before
+        done += n
+    print("\n| SQLite ledger, dispatcher, per call | trips to its thread | CPU | wall |")
+    print("|---|---:|---:|---:|")
+    for name in ledgers:
+        print(
+            f"| {name} | {trips[name] / done:.2f} | {cpu[name] / done * 1e3:.3f} ms "
+            f"| {wall[name] / done * 1e3:.3f} ms |"
+        )
+    for ledger in ledgers.values():
+        await ledger.aclose()
 
 
 async def one_by_one(url: str, n: int, scope: str) -> float:
@@ -203,12 +292,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--hops", action="store_true", help="only the SQLite hops table")
+    parser.add_argument(
+        "--dispatch", action="store_true", help="only the dispatcher's trips and CPU per call"
+    )
     args = parser.parse_args()
     n = 200 if args.quick else 2000
-    if args.hops:
+    only = dispatch_table if args.dispatch else hops_table if args.hops else None
+    if only is not None:  # one SQLite table, in a file of its own
         folder = tempfile.mkdtemp(prefix="toollatch-bench-")
         try:
-            asyncio.run(hops_table(f"{folder}/hops.db", n // 4))
+            asyncio.run(only(f"{folder}/table.db", n // 4))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return

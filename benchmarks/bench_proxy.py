@@ -8,6 +8,13 @@ Run it from the repository root (LiteLLM lives in a venv of its own, never in to
 Without LiteLLM (no ``--litellm``, no ``TOOLLATCH_BENCH_LITELLM``, or the path missing) it
 says so and measures the upstream directly and toollatch's proxy only.
 
+``--baseline NAME=SRC`` (repeatable) adds toollatch's proxy from another source tree (e.g.
+``git archive BASE src | tar -x -C /tmp/base``, then ``--baseline base=/tmp/base/src``) as a
+target of its own, ``toollatch@NAME``, measured in the same run, in turn with the others at
+each concurrency, with a ratio row: a change's effect, under the same load.
+``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
+(``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
+
 Theory of operation
 -------------------
 Processes, as in a deployment: the scripted model server (``python -m toollatch.scripted``,
@@ -71,7 +78,7 @@ import asyncio, sys
 from toollatch.relay._proxy import ProxyServer
 
 async def main():
-    async with ProxyServer(sys.argv[1]) as proxy:
+    async with ProxyServer(sys.argv[1], calls=sys.argv[2]) as proxy:
         print(proxy.url, flush=True)
         await proxy.serve_forever()
 
@@ -168,6 +175,21 @@ def read_line(proc: subprocess.Popen[str], want: str, timeout: float) -> str:
         if want in line:
             return line.strip()
     raise RuntimeError(f"no {want!r} from {proc.args!r} in {timeout} s")
+
+
+def scripted_process(
+    tmp: Path, delay_ms: float, procs: list[subprocess.Popen[str]]
+) -> tuple[subprocess.Popen[str], str]:
+    """The scripted server playing the bench script (in ``tmp``) as model MODEL, in a process
+    of its own (appended to ``procs``), and its root URL."""
+    (tmp / "bench.json").write_text(json.dumps(script_json(delay_ms)))
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "toollatch.scripted", "--script", f"{MODEL}={tmp / 'bench.json'}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(upstream)
+    return upstream, read_line(upstream, "http://", 30).split()[-1]
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
@@ -369,25 +391,12 @@ async def bench(args: argparse.Namespace) -> None:
             "measuring direct and toollatch only"
         )
     tmp = Path(tempfile.mkdtemp(prefix="bench_proxy_"))
-    (tmp / "bench.json").write_text(json.dumps(script_json(args.delay_ms)))
     procs: list[subprocess.Popen[str]] = []
     try:
-        upstream = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toollatch.scripted",
-                "--script",
-                f"{MODEL}={tmp / 'bench.json'}",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(upstream)
-        root = read_line(upstream, "http://", 30).split()[-1]
+        upstream, root = scripted_process(tmp, args.delay_ms, procs)
         up_url = f"{root}/v1"
         ours = subprocess.Popen(
-            [sys.executable, "-c", RUNNER, up_url], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", RUNNER, up_url, "hold"], stdout=subprocess.PIPE, text=True
         )
         procs.append(ours)
         ours_url = read_line(ours, "http://", 30)
@@ -395,6 +404,23 @@ async def bench(args: argparse.Namespace) -> None:
             ("direct", up_url, upstream.pid),
             ("toollatch", ours_url, ours.pid),
         ]
+        if args.calls_stream:
+            live = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, up_url, "stream"], stdout=subprocess.PIPE, text=True
+            )
+            procs.append(live)
+            targets.append(("toollatch@stream", read_line(live, "http://", 30), live.pid))
+        for name, src in args.baseline:
+            env = {**os.environ, "PYTHONPATH": src}
+            base_proc = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, up_url, "hold"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            procs.append(base_proc)
+            base_url = read_line(base_proc, "http://", 30)
+            targets.append((f"toollatch@{name}", base_url, base_proc.pid))
         if litellm:
             port = free_port()
             (tmp / "cfg.yaml").write_text(
@@ -488,6 +514,12 @@ def report(n: int, rows: list[Result]) -> None:
                     f"calls={s.assembled()!r} finish={s.finish}"
                 )
                 break
+    for name, cpu_us in per_event.items():
+        if name.startswith("toollatch@") and cpu_us:
+            print(
+                f"|  | toollatch / {name} | | | | {per_event['toollatch'] / cpu_us:.2f} "
+                f"| p99 {p99['toollatch'] / p99[name]:.2f} | | |"
+            )
     if per_event.get("litellm"):
         ratio = per_event["toollatch"] / per_event["litellm"]
         print(
@@ -503,7 +535,20 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=10.0, help="between upstream events")
     parser.add_argument("--single", type=int, default=10, help="sequential streams at 1")
     parser.add_argument("--quick", action="store_true", help="--single 3, --delay-ms 5")
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME=SRC",
+        help="also toollatch's proxy from the source tree SRC, as toollatch@NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--calls-stream",
+        action="store_true",
+        help="also toollatch's proxy with --calls stream, as toollatch@stream",
+    )
     args = parser.parse_args()
+    args.baseline = [tuple(b.split("=", 1)) for b in args.baseline]
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # rows as they come
     args.streams = [int(x) for x in args.streams.split(",")]
     if args.quick:

@@ -6,7 +6,8 @@ Run it from the repository root::
     python benchmarks/bench_relay.py --runs 50 --delay-scale 0
     python benchmarks/bench_relay.py --shape lockstep --delay-scale 1  # the worst case
     python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
-    python benchmarks/bench_relay.py --protocols --runs 100 --repeat 3  # own vs UI stream
+    python benchmarks/bench_relay.py --protocols --runs 100 --repeat 5  # own vs UI vs AG-UI
+    python benchmarks/bench_relay.py --vs-ai-sdk --repeat 3  # beside the AI SDK's node relay
     python benchmarks/bench_relay.py --stores --runs 50 --repeat 3  # memory: vs redis://
 
 By default the runs start evenly over one run's length (users arriving independently) and
@@ -56,6 +57,8 @@ import os
 import pstats
 import re
 import secrets
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -170,11 +173,18 @@ async def _chunks(reader: Any) -> Any:
         await reader.readexactly(2)
 
 
-async def _one(host: str, port: int, seen: list[Any], start_s: float) -> dict[str, Any]:
+async def _one(
+    host: str, port: int, seen: list[Any], start_s: float, chat: bool = False
+) -> dict[str, Any]:
+    """One run over ``POST /runs`` + ``GET /runs/{id}/events``; ``chat``: in a chat of its
+    own (``chat_id``, as the page sends: its history kept on the server)."""
     await asyncio.sleep(start_s)  # a staggered start (0: all at once)
     posted = time.monotonic()
     length = 0.0
-    body = json.dumps({"message": "weather please"}).encode()
+    asked: dict[str, Any] = {"message": "weather please"}
+    if chat:
+        asked["chat_id"] = secrets.token_urlsafe(12)
+    body = json.dumps(asked).encode()
     session = secrets.token_urlsafe(32)  # a browser's would be its cookie
     head = "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     head += f"X-Toollatch-Session: {session}\r\n"
@@ -260,13 +270,57 @@ async def _one_ui(host: str, port: int, seen: list[Any], start_s: float) -> dict
     }
 
 
+async def _one_agui(host: str, port: int, seen: list[Any], start_s: float) -> dict[str, Any]:
+    """One run over ``POST /agui`` (AG-UI's event stream), read to its end."""
+    await asyncio.sleep(start_s)
+    posted = time.monotonic()
+    length = 0.0
+    thread = secrets.token_urlsafe(12)
+    message = {"id": "u1", "role": "user", "content": "weather please"}
+    given = {"threadId": thread, "runId": "r1", "messages": [message], "tools": [], "context": []}
+    body = json.dumps(given).encode()
+    head = "POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += "Accept: text/event-stream\r\n"
+    head += f"X-Toollatch-Session: {secrets.token_urlsafe(32)}\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+    reader, writer, status, _ = await _request(host, port, head, body)
+    assert status == 200, status
+    events, finished = 0, False
+    ended: set[str] = set()
+    results: set[str] = set()
+    buffer = b""
+    async for part in _chunks(reader):
+        *blocks, buffer = (buffer + part).split(b"\n\n")
+        for block in blocks:  # (``id: N`` then ``data: {...}``)
+            data = next((x for x in block.split(b"\n") if x.startswith(b"data: ")), None)
+            if data is None:
+                continue
+            event = json.loads(data[6:])
+            events += 1
+            if event["type"] == "TOOL_CALL_END":
+                ended.add(event["toolCallId"])
+            elif event["type"] == "TOOL_CALL_RESULT":
+                results.add(event["toolCallId"])
+            elif event["type"] == "RUN_FINISHED":
+                finished, length = True, time.monotonic() - posted
+    writer.close()
+    return {
+        "events": events,
+        "length": length,
+        "calls": len(ended),
+        "exact": finished,
+        "paired": ended == results,
+    }
+
+
 async def _clients(url: str, runs: int, stagger_s: float, protocol: str = "own") -> None:
     seen: list[Any] = []
     host, port = url.removeprefix("http://").rsplit(":", 1)
     starts = [i * stagger_s / runs for i in range(runs)]  # evenly over the stagger
     started = time.monotonic()
-    one = _one_ui if protocol == "ui" else _one
-    done = await asyncio.gather(*(one(host, int(port), seen, s) for s in starts))
+    one = {"ui": _one_ui, "agui": _one_agui}.get(protocol, _one)
+    extra = (True,) if protocol == "chat" else ()  # (our own format, in chats)
+    done = await asyncio.gather(*(one(host, int(port), seen, s, *extra) for s in starts))
     wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
@@ -519,18 +573,22 @@ async def _relay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _protocols(args: argparse.Namespace) -> None:
-    """The relay's CPU per event when its runs are read in its own format and as the AI
-    SDK's UI message stream (``POST /api/chat``, the encoder re-reading each run's log):
-    the same demo runs on one relay (the model in its own process), the two loads
+    """The relay's CPU per event when its runs are read in its own format, as the AI SDK's
+    UI message stream (``POST /api/chat``) and as AG-UI (``POST /agui``), the two encoders
+    re-reading each run's log: the same demo runs on one relay (the model in its own
+    process, the clients in another, each on raw asyncio streams), the three loads
     alternated ``--repeat`` times (the median of each), each over the relay's own events
-    (the runs' log entries: the same producer either way). Prints a Markdown row."""
-    loads = 2 * args.repeat + 2
+    (the runs' log entries: the same producer either way). Prints a Markdown table."""
+    formats = ("own", "chat", "ui", "agui")
+    loads = len(formats) * (args.repeat + 1)
     limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * loads)
     model, url = _start(
         [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
         r"http://127\.0\.0\.1:\d+",
     )
-    cpu: dict[str, list[float]] = {"own": [], "ui": []}
+    cpu: dict[str, list[float]] = {f: [] for f in formats}
+    wire: dict[str, int] = {}
+    load_avg = os.getloadavg()[0]
     try:
         server = RelayServer(base_url=url + "/v1", model="scripted", limits=limits)
         async with server:
@@ -545,14 +603,17 @@ async def _protocols(args: argparse.Namespace) -> None:
                 return sum(r.last_id for r in runs)
 
             solo = await _load(server.url, 1, 0.0, args.uvloop)
-            await _load(server.url, 1, 0.0, args.uvloop, "ui")
+            for protocol in formats[1:]:
+                await _load(server.url, 1, 0.0, args.uvloop, protocol)
             new_events()
             for _ in range(args.repeat):
-                for protocol in ("own", "ui"):
+                for protocol in formats:
                     result = await _load(server.url, args.runs, solo["wall"], args.uvloop, protocol)
                     assert all(r["paired"] and r["exact"] for r in result["runs"]), protocol
+                    assert all(r["calls"] == 3 for r in result["runs"]), protocol
                     cpu[protocol].append(result["relay_cpu"] * 1000 / new_events())
-            # the encoder alone, over every stored run's log (what each UI reader adds)
+                    wire[protocol] = sum(r["events"] for r in result["runs"]) // args.runs
+            # the UI encoder alone, over every stored run's log (what each UI reader adds)
             logs = [r.log.frames(0, r.last_id)[1] for r in registry._runs.values()]
             started = time.process_time()
             for frames in logs:
@@ -564,15 +625,154 @@ async def _protocols(args: argparse.Namespace) -> None:
     finally:
         model.terminate()
         model.wait()
-    own, ui = (sorted(v)[len(v) // 2] for v in (cpu["own"], cpu["ui"]))
-    print("| runs, staggered | pacing | relay CPU/event, own format | UI message stream | ratio |")
-    print("|---|---|---|---|---|")
+    load_avg = max(load_avg, os.getloadavg()[0])
+    median = {f: sorted(v)[len(v) // 2] for f, v in cpu.items()}
+    names = {
+        "own": "toollatch (GET /runs/{id}/events), no history kept",
+        "chat": "toollatch, in chats (POST /runs with chat_id, as the page)",
+        "ui": "UI message stream (POST /api/chat)",
+        "agui": "AG-UI (POST /agui)",
+    }
+    print(f"{args.runs} runs staggered, {3.0 * args.delay_scale:g} ms pacing, load {load_avg:.1f}")
     print(
-        f"| {args.runs} | {3.0 * args.delay_scale:g} ms | {own:.3f} ms | {ui:.3f} ms | "
-        f"{ui / own:.2f}x |"
+        "| format | events on the wire per run | relay CPU per relay event | ratio to own "
+        "| to chats |"
     )
-    print(f"(each of {args.repeat}: own {cpu['own']}, ui {cpu['ui']})")
-    print(f"the encoder alone: {encoder_us:.1f} us per event ({encoded} events re-encoded)")
+    print("|---|---|---|---|---|")
+    for f in formats:
+        own, chat = median[f] / median["own"], median[f] / median["chat"]
+        print(f"| {names[f]} | {wire[f]} | {median[f]:.3f} ms | {own:.2f}x | {chat:.2f}x |")
+    print(f"(each of {args.repeat}: {cpu})")
+    print(f"the UI encoder alone: {encoder_us:.1f} us per event ({encoded} events re-encoded)")
+
+
+# -- toollatch beside the AI SDK's own node relay ---------------------------------------------
+# The same chats (the demo: 3 rounds, 3 calls, over POST /api/chat, read to [DONE] by the same
+# raw-asyncio clients in a child process) through two relays, each in its own process against
+# the same scripted model server (its own process): ``toollatch serve`` (the example tools, no
+# ledger, its default metrics) and benchmarks/ai_sdk_relay.mjs (node's http module,
+# ``streamText(...).pipeUIMessageStreamToResponse`` with @ai-sdk/openai-compatible and the
+# same tools). Each relay's CPU is read from /proc/<pid>/stat (every thread: node's GC and
+# libuv's pool included) around each load, half a second after its last client is done.
+
+_SERVE = [sys.executable, "-c", "import sys; from toollatch.cli import main; sys.exit(main())"]
+_NODE_RELAY = Path(__file__).with_name("ai_sdk_relay.mjs")
+_URL = r"http://127\.0\.0\.1:\d+"
+
+
+def _started(command: list[str], env: dict[str, str], stderr: bool = False) -> tuple[Any, str]:
+    """A server process and the URL it printed first (on stdout, or stderr)."""
+    pipe = {"stderr": subprocess.PIPE} if stderr else {"stdout": subprocess.PIPE}
+    proc = subprocess.Popen(command, text=True, env=env, **pipe)  # type: ignore[call-overload]
+    stream = proc.stderr if stderr else proc.stdout
+    match = re.search(_URL, stream.readline())
+    if match is None:
+        proc.kill()
+        raise SystemExit(f"{command[:3]} did not start")
+    return proc, match.group(0)
+
+
+async def _chats_on(pid: int, url: str, runs: int, uvloop: bool) -> dict[str, Any]:
+    """``runs`` chats at once through the relay at ``url`` (process ``pid``), again until at
+    least 10 chats are done (/proc counts CPU in 10 ms ticks): its CPU seconds per chat and
+    per wire event, the wall time of one load, and the chats, each checked whole."""
+    before = _cpu_of(pid)
+    done: list[dict[str, Any]] = []
+    walls = []
+    while len(done) < max(runs, 10):
+        result = await _load(url, runs, 0.0, uvloop, "ui")
+        done += result["runs"]
+        walls.append(result["wall"])
+    await asyncio.sleep(0.5)  # (what the relay does after its last byte counts too)
+    cpu = _cpu_of(pid) - before
+    for run in done:
+        assert run["exact"], run
+        assert run["paired"], run
+        assert run["calls"] == 3, run
+    wire = sum(r["events"] for r in done)
+    return {"per_run": cpu / len(done), "per_event": cpu / wire, "wire": wire // len(done),
+            "wall": sorted(walls)[len(walls) // 2]}  # fmt: skip
+
+
+async def _vs_ai_sdk(args: argparse.Namespace) -> None:
+    node = shutil.which("node")
+    if node is None or not (SRC.parent / "node_modules" / "ai" / "package.json").is_file():
+        raise SystemExit("needs node and the pinned packages (npm ci)")
+    levels = [int(n) for n in args.concurrency.split(",")]
+    env = _child_env()
+    env["TOOLLATCH_RELAY__MAX_ACTIVE_RUNS"] = str(max(16, *levels))
+    model, model_url = _started(
+        [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)], env
+    )
+    procs = [model]
+    try:
+        ours, ours_url = _started(
+            [
+                *_SERVE,
+                "serve",
+                "--port",
+                "0",
+                "--base-url",
+                f"{model_url}/v1",
+                "--model",
+                "scripted",
+                "--ledger",
+                "none",
+            ],
+            env,
+            stderr=True,
+        )
+        procs.append(ours)
+        theirs, theirs_url = _started([node, str(_NODE_RELAY), model_url + "/v1"], env)
+        procs.append(theirs)
+        relays = {"toollatch": (ours.pid, ours_url), "ai-sdk": (theirs.pid, theirs_url)}
+        for pid, url in relays.values():  # warm both (imports, JITs, pools)
+            await _chats_on(pid, url, 10, args.uvloop)
+        load = [os.getloadavg()[0]]
+        rows = []
+        for n in levels:
+            done: dict[str, list[dict[str, Any]]] = {name: [] for name in relays}
+            for i in range(args.repeat):  # ABBA: each order as often
+                order = list(relays) if i % 2 == 0 else list(reversed(relays))
+                for name in order:
+                    done[name].append(await _chats_on(*relays[name], n, args.uvloop))
+                load.append(os.getloadavg()[0])
+            row: dict[str, Any] = {"chats": n}
+            for name, loads in done.items():
+                per_run = sorted(d["per_run"] * 1000 for d in loads)
+                per_event = sorted(d["per_event"] * 1e6 for d in loads)
+                row[name] = {
+                    "cpu_ms_per_run": per_run[len(per_run) // 2],
+                    "cpu_us_per_event": per_event[len(per_event) // 2],
+                    "events_per_run": loads[0]["wire"],
+                    "wall_s": sorted(d["wall"] for d in loads)[len(loads) // 2],
+                }
+            rows.append(row)
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    pacing = 3.0 * args.delay_scale
+    print(f"the demo (3 rounds, 3 calls) over POST /api/chat, {pacing:g} ms pacing, all chats at")
+    print(f"once, median of {args.repeat}; load average {min(load):.1f}-{max(load):.1f}")
+    print(
+        "| concurrent chats | toollatch CPU per run | AI SDK CPU per run | ratio | "
+        "toollatch per wire event | AI SDK per wire event | wire events per run (ours / AI SDK) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        a, b = row["toollatch"], row["ai-sdk"]
+        print(
+            f"| {row['chats']} | {a['cpu_ms_per_run']:.2f} ms | {b['cpu_ms_per_run']:.2f} ms | "
+            f"{a['cpu_ms_per_run'] / b['cpu_ms_per_run']:.2f}x | {a['cpu_us_per_event']:.0f} us | "
+            f"{b['cpu_us_per_event']:.0f} us | {a['events_per_run']} / {b['events_per_run']} |"
+        )
+    if args.json:
+        print(json.dumps(rows))
 
 
 def _cpu_of(pid: int) -> float:
@@ -955,6 +1155,16 @@ def main() -> None:
         action="store_true",
         help="the relay's CPU per event: its own format vs the AI SDK's UI message stream",
     )
+    parser.add_argument(
+        "--vs-ai-sdk",
+        action="store_true",
+        help="relay CPU per chat beside the AI SDK's own node relay (benchmarks/ai_sdk_relay.mjs)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        default="1,20,100",
+        help="with --vs-ai-sdk: the numbers of chats at once (default 1,20,100)",
+    )
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--client-protocol", default="own", help=argparse.SUPPRESS)
     parser.add_argument("--stagger", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -984,6 +1194,9 @@ def main() -> None:
         return
     if args.stores:
         _stores(args)
+        return
+    if args.vs_ai_sdk:
+        asyncio.run(_vs_ai_sdk(args))
         return
     if args.flood_client:
         asyncio.run(_flood(args.flood_client, args.flood_slow, args.flood_readers, 300.0))

@@ -9,8 +9,12 @@ results as JSON. Side effects go to files so that duplicates are observable:
   only once per key.
 
 ``kill`` makes the process SIGKILL itself at one point of ``kill_call``: ``claim`` (the claim
-is stored, nothing started), ``start`` (the record says started, the tool has not run) or
-``effect`` (the tool's side effect is written, its result is not stored).
+is stored, nothing started: the call waits for a slot, so the dispatcher claims it and starts
+it later), ``start`` (the record says started, the tool has not run: after the start write,
+or after a claim that also started the call, as the dispatcher's claim does when nothing is
+to be waited for) or ``effect`` (the tool's side effect is written, its result is not
+stored). ``hold_slot`` (idempotent, no effect) holds a concurrency slot for a while;
+``max_concurrency`` bounds the slots.
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ class Killing:
     async def claim(self, key: LedgerKey, **kw: Any) -> Claim:
         claim = await self._inner.claim(key, **kw)
         if isinstance(claim, Won):
-            die_at("claim", key.call_id)
+            die_at("start" if kw.get("start") else "claim", key.call_id)
         return claim
 
     async def start(self, key: LedgerKey, token: int, **kw: Any) -> None:
@@ -99,11 +103,19 @@ class Killing:
         die_at("start", key.call_id)
 
 
+@tool(idempotent=True)
+async def hold_slot(seconds: float) -> str:
+    """Hold a concurrency slot for ``seconds`` (no side effect)."""
+    await asyncio.sleep(seconds)
+    return "held"
+
+
 async def main() -> None:
     ledger = open_ledger(CONFIG["ledger"])
     d = Dispatcher(
-        [charge, put],
+        [charge, put, hold_slot],
         ledger=Killing(ledger),  # type: ignore[arg-type]
+        max_concurrency=CONFIG.get("max_concurrency", 8),
         worker=CONFIG.get("worker", f"w{os.getpid()}"),
         lease_s=CONFIG.get("lease_s", 0.5),
         poll_s=0.02,

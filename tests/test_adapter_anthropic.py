@@ -97,7 +97,7 @@ def key(index: int, attempt: int = 0) -> CallKey:
 
 
 USAGE_START = UsageReported(usage=START_USAGE)
-END_USAGE = UsageReported(usage={"output_tokens": 7})
+END_USAGE = UsageReported(usage={**START_USAGE, "output_tokens": 7})  # start's input kept
 
 
 def ended(reason: str, ending: RoundEnd = RoundEnd.NORMAL) -> list[StreamEvent]:

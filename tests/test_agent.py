@@ -15,7 +15,7 @@ from toollatch.runtime import example_tools
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._server import _encode
 
-PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
+PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
 EVERY_PROVIDER = pytest.mark.parametrize("provider", PROVIDERS)
 
 
@@ -243,7 +243,9 @@ async def test_cancel_mid_tool_pairs_every_call_and_the_history_is_accepted(prov
                 if event.type == "tool_started":
                     run.cancel()
             # the history left behind is valid: the server accepts it as the next request
-            async with client.stream(run.history) as again:
+            # (Bedrock's needs the tools: a toolConfig, with toolUse blocks in the history)
+            tools = [get_weather.spec] if provider == "bedrock" else []
+            async with client.stream(run.history, tools=tools) as again:
                 assert again.status == 200
     call_id = "gemini:1:0" if provider == "gemini" else "c1"  # (Gemini sends no ids)
     finished = [e for e in events if e["type"] == "tool_finished"]

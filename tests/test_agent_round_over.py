@@ -20,7 +20,7 @@ from toollatch.runtime import example_tools
 from toollatch.scripted import Call, Text, Turn
 from toollatch.scripted._server import _encode
 
-PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
+PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
 GUARD_S = 30.0
 """The run's deadline in these tests: only a run that never stops reading meets it."""
 MAX_ARGUMENT_BYTES = 4096

@@ -27,7 +27,8 @@ OPTIONS: dict[str, set[str]] = {
     "run": {
         "-h", "--help", "message", "--provider", "--model", "--base-url", "--tools", "--mcp",
         "--eager", "--max-rounds", "--deadline", "--workspace", "--json", "--record",
-        "--full-results", "--ledger", "--session", "--resume", "--config",
+        "--full-results", "--ledger", "--session", "--resume", "--config", "--approve",
+        "--approval-timeout",
     },
     "config": {"-h", "--help"},
     "config example": {"-h", "--help"},
@@ -35,11 +36,13 @@ OPTIONS: dict[str, set[str]] = {
     "serve": {
         "-h", "--help", "--host", "--port", "--tools", "--provider", "--model", "--base-url",
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
-        "--shutdown-grace", "--max-chat-messages", "--config",
+        "--shutdown-grace", "--max-chat-messages", "--max-chat-body-bytes", "--max-ui-bytes",
+        "--result-text", "--config",
     },
     "proxy": {
-        "-h", "--help", "--upstream", "--host", "--port", "--calls", "--token", "--record",
-        "--idle-timeout", "--max-request-bytes",
+        "-h", "--help", "--upstream", "--upstream-provider", "--host", "--port", "--calls",
+        "--token", "--allow-host", "--record", "--idle-timeout", "--max-request-bytes",
+        "--config",
     },
     "probe": {"-h", "--help", "--base-url", "--model", "--json", "--record", "--timeout"},
 }  # fmt: skip
@@ -54,13 +57,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "--preview-fields": "",
         "--preview-every": 256,
     },
-    "proxy": {
-        "--host": "127.0.0.1",
-        "--port": 8080,
-        "--calls": "hold",
-        "--idle-timeout": 60.0,
-        "--max-request-bytes": 16 * 1024 * 1024,
-    },
+    # proxy: none (each unset flag falls back to TOOLLATCH_PROXY__* and proxy: in --config,
+    # whose defaults test_config pins through CONFIG_EXAMPLE)
     "probe": {"--timeout": 120.0},
 }
 """The defaults other than None, False and argparse's SUPPRESS (there are none elsewhere)."""

@@ -4,12 +4,15 @@ the upstream."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import typing
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -41,18 +44,31 @@ def ollama_like():
         yield server
 
 
-def test_proxy_serves_the_sdk_clean_calls_then_stops_on_sigterm(ollama_like, tmp_path):
+@contextlib.contextmanager
+def proxy_process(*flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``toollatch proxy FLAGS --port 0`` as a child process, and the base URL it printed;
+    killed if it still runs at the end."""
     proc = subprocess.Popen(
-        [*CLI, "proxy", "--upstream", ollama_like.base_url("openai_chat"), "--port", "0",
-         "--record", str(tmp_path)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [*CLI, "proxy", *flags, "--port", "0"], stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()
         match = re.search(r"http://127\.0\.0\.1:\d+/v1", line)
         assert match, line
-        with openai.OpenAI(base_url=match.group(0), api_key="sk-x", max_retries=0) as client:
+        yield proc, match.group(0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_proxy_serves_the_sdk_clean_calls_then_stops_on_sigterm(ollama_like, tmp_path):
+    upstream = ollama_like.base_url("openai_chat")
+    with proxy_process("--upstream", upstream, "--record", str(tmp_path)) as (proc, url):
+        with openai.OpenAI(base_url=url, api_key="sk-x", max_retries=0) as client:
             with client.chat.completions.stream(
                 model="m", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER]
             ) as stream:
@@ -65,12 +81,6 @@ def test_proxy_serves_the_sdk_clean_calls_then_stops_on_sigterm(ollama_like, tmp
         assert final.choices[0].finish_reason == "tool_calls"  # (the upstream said "stop")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
     assert len(list(tmp_path.glob("*.sse"))) == 1
 
 
@@ -114,3 +124,40 @@ def test_probe_of_a_server_that_is_not_there_exits_1_with_the_reason():
     )  # fmt: skip
     assert done.returncode == 1
     assert "ConnectError" in done.stdout
+
+
+def test_proxy_reads_an_anthropic_upstream_for_an_openai_client():
+    with ScriptedServer({"m": TWO}, delay_scale=0.1) as upstream:
+        flags = ("--upstream", upstream.base_url("anthropic"), "--upstream-provider", "anthropic")
+        with proxy_process(*flags) as (proc, url):
+            with openai.OpenAI(base_url=url, api_key="sk-x", max_retries=0) as client:
+                whole = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER]
+                )
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0
+        [seen] = upstream.requests
+    assert seen.path == "/v1/messages" and seen.headers["x-api-key"] == "sk-x"
+    calls = whole.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.arguments) for c in calls] == [
+        ("c_osl", '{"city": "Oslo"}'),
+        ("c_lim", '{"city": "Lima"}'),
+    ]
+
+
+def test_the_flags_providers_are_the_proxys():
+    from toollatch.cli import build_parser
+    from toollatch.cli._app_config import ProxyConfig
+    from toollatch.cli._proxy import proxy_server
+    from toollatch.relay._proxy_upstreams import UPSTREAM_PROVIDERS
+
+    parser = build_parser()
+    args = parser.parse_args(["proxy", "--upstream", "http://x"])
+    assert args.upstream_provider is None  # unset: proxy.upstream_provider decides
+    assert proxy_server(args, env={}).upstream_provider == "openai_chat"
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    proxy = subparsers.choices["proxy"]  # type: ignore[attr-defined]
+    [flag] = [a for a in proxy._actions if a.dest == "upstream_provider"]
+    assert set(flag.choices) == set(UPSTREAM_PROVIDERS)
+    configured = ProxyConfig.model_fields["upstream_provider"].annotation
+    assert set(typing.get_args(configured)) == set(UPSTREAM_PROVIDERS)

@@ -39,7 +39,9 @@ def events_of(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines()]
 
 
-@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "gemini"])
+@pytest.mark.parametrize(
+    "provider", ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
+)
 def test_run_json_with_no_other_argument_plays_two_rounds_with_two_parallel_calls(
     provider, tmp_path
 ):
@@ -121,7 +123,7 @@ def test_an_unreachable_model_exits_1_with_one_line():
 @pytest.mark.parametrize(
     "args",
     [
-        ["--provider", "bedrock"],
+        ["--provider", "vertex"],
         ["--max-rounds", "0"],
         ["--base-url", "http://127.0.0.1:9/v1"],  # no --model
         ["--tools", "no/such/file.py"],

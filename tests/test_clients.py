@@ -569,16 +569,11 @@ def test_gemini_also_reads_google_api_key():
     assert client.base_url == "https://generativelanguage.googleapis.com"
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: model_client("bedrock", model="m", env={}),
-        lambda: model_client("nope", model="m", env={}),
-    ],
-)
-def test_an_unknown_provider_is_usage_error(make):
-    with pytest.raises(UsageError, match="openai_chat"):
-        make()
+def test_an_unknown_provider_is_usage_error():
+    with pytest.raises(
+        UsageError, match="openai_chat, openai_responses, anthropic, gemini, bedrock"
+    ):
+        model_client("nope", model="m", env={})
 
 
 @pytest.mark.parametrize(
@@ -649,9 +644,140 @@ async def test_clients_made_per_conversation_share_one_tls_context(server, monke
         return made[-1]
 
     monkeypatch.setattr(httpx, "create_ssl_context", counting)
-    monkeypatch.setattr("toollatch.runtime._clients._client._TLS", [])
+    monkeypatch.setattr("toollatch.runtime._clients._pool._TLS", [])
     for _ in range(3):
         server.replies.append(stream_reply([b"data: {}\n\n"]))
         async with client_for(server) as client:
             assert await body_of(client) == b"data: {}\n\n"
     assert len(made) == 1
+
+
+def ports_seen(reply, ports: list[int]):
+    """``reply``, recording the client port of the connection each request came on."""
+
+    async def app(scope, receive, send):
+        ports.append(scope["client"][1])
+        await reply(scope, receive, send)
+
+    return app
+
+
+async def test_conversations_in_one_loop_share_kept_alive_connections(server):
+    # each `async with model_client(...)` is a new client; the loop's pool is shared, so the
+    # second and third conversations reuse the first one's connection
+    ports: list[int] = []
+    for _ in range(3):
+        server.replies.append(ports_seen(stream_reply([b"data: {}\n\n"]), ports))
+        async with client_for(server) as client:
+            assert await body_of(client) == b"data: {}\n\n"
+    assert len(ports) == 3
+    assert len(set(ports)) == 1
+
+
+class KeepAliveServer:
+    """One connection at a time on a thread: answers every request with a small event
+    stream and keeps the connection open; ``closed`` is set when the client closes it."""
+
+    BODY = b"data: {}\n\n"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        connection, _ = self.listener.accept()
+        with connection:
+            pending = b""
+            while True:
+                read = connection.recv(65536)
+                if not read:
+                    self.closed.set()
+                    return
+                pending += read
+                while b"\r\n\r\n" in pending:
+                    head, _, rest = pending.partition(b"\r\n\r\n")
+                    length = next(
+                        (
+                            int(line.split(b":", 1)[1])
+                            for line in head.split(b"\r\n")
+                            if line.lower().startswith(b"content-length:")
+                        ),
+                        0,
+                    )
+                    if len(rest) < length:
+                        break
+                    pending = rest[length:]
+                    connection.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                        + b"content-length: %d\r\n\r\n" % len(self.BODY)
+                        + self.BODY
+                    )
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def keep_alive():
+    server = KeepAliveServer()
+    yield server
+    server.close()
+
+
+def test_the_shared_connections_close_when_the_loop_shuts_down(keep_alive):
+    import gc
+    import warnings
+
+    async def conversation() -> bytes:
+        async with model_client(
+            "openai_chat", model="m", base_url=keep_alive.url, env={}, retry=FAST
+        ) as client:
+            return await body_of(client)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert asyncio.run(conversation()) == KeepAliveServer.BODY
+        # the client is gone, its connection kept alive for the next one until the loop
+        # shut down: asyncio.run cancels the pool's keeper, which closes it
+        assert keep_alive.closed.wait(10)
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+async def test_idle_shared_connections_close_after_the_keep_alive_expiry(keep_alive, monkeypatch):
+    monkeypatch.setattr("toollatch.runtime._clients._pool.KEEP_IDLE_S", 0.05)
+    client = model_client("openai_chat", model="m", base_url=keep_alive.url, env={}, retry=FAST)
+    async with client:
+        assert await body_of(client) == KeepAliveServer.BODY
+        # held: open however long it is idle
+        assert not await asyncio.to_thread(keep_alive.closed.wait, 0.3)
+    # given back, with the loop still running: closed once idle for KEEP_IDLE_S
+    assert await asyncio.to_thread(keep_alive.closed.wait, 10)
+
+
+def test_a_model_client_works_in_one_loop_after_another():
+    server = KeepAliveServer()
+    try:
+        client = model_client("openai_chat", model="m", base_url=server.url, env={}, retry=FAST)
+        # the first loop's pool is closed with it; the second request takes the next loop's
+        assert asyncio.run(body_of(client)) == KeepAliveServer.BODY
+        assert server.closed.wait(10)
+    finally:
+        server.close()
+    again = KeepAliveServer()
+    try:
+        client.base_url = again.url
+
+        async def twice() -> bytes:
+            async with client:
+                return await body_of(client)
+
+        assert asyncio.run(twice()) == KeepAliveServer.BODY
+    finally:
+        again.close()

@@ -259,3 +259,107 @@ async def test_a_redis_ledger_that_is_down_means_not_run() -> None:
     assert result.code is ErrorCode.LEDGER_UNAVAILABLE
     assert "ledger is unavailable" in result.content
     assert world.runs == []
+
+
+# -- claim and start in one write when nothing is waited for ----------------------------------
+
+
+class Writes:
+    """A ledger that lists the writes made to it (``claim`` with its ``start`` flag); a
+    claim that wins may be held at ``gate`` after it is stored."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.log: list[tuple[str, str]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.claimed = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(self, key: LedgerKey, **kw: Any) -> Any:
+        self.log.append(("claim+start" if kw.get("start") else "claim", key.call_id))
+        claim = await self.inner.claim(key, **kw)
+        self.claimed.set()
+        await self.gate.wait()
+        return claim
+
+    async def start(self, key: LedgerKey, token: int, **kw: Any) -> None:
+        self.log.append(("start", key.call_id))
+        await self.inner.start(key, token, **kw)
+
+    async def finish(self, key: LedgerKey, token: int, result: Any, **kw: Any) -> None:
+        self.log.append(("finish", key.call_id))
+        await self.inner.finish(key, token, result, **kw)
+
+
+async def test_a_call_with_nothing_to_wait_for_is_claimed_and_started_in_one_write() -> None:
+    world, ledger = World(), Writes(MemoryLedger())
+    d = dispatcher(world, ledger)
+    round_ = chat_round(d.specs, [("c1", "charge", {"v": "x"}), ("c2", "put", {"v": "y"})])
+    results = await d.run(round_, session="s")
+    assert [r.content for r in results] == ["charge x", "put y"]
+    assert sorted(ledger.log) == [
+        ("claim+start", "c1"), ("claim+start", "c2"), ("finish", "c1"), ("finish", "c2")
+    ]  # fmt: skip
+    record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
+    assert record is not None
+    assert record.state == "completed"
+
+
+@pytest.mark.parametrize("busy", ["slot", "group"])
+async def test_a_call_that_waits_is_claimed_then_started_after_its_wait(busy: str) -> None:
+    world, ledger = World(), Writes(MemoryLedger())
+
+    @tool(group="g")
+    async def first(v: str) -> str:
+        """Held at the world's gate."""
+        world.entered.set()
+        await world.hold.wait()
+        return f"first {v}"
+
+    @tool(group="g")
+    async def second(v: str) -> str:
+        """Returns at once."""
+        return f"second {v}"
+
+    kw = {"max_concurrency": 1} if busy == "slot" else {}
+    d = Dispatcher([first, second], ledger=ledger, poll_s=0.01, **kw)
+    world.hold.clear()
+    round_ = chat_round(d.specs, [("c0", "first", {"v": "a"}), ("c1", "second", {"v": "b"})])
+    task = asyncio.create_task(d.run(round_, session="s"))
+    await world.entered.wait()  # c0 holds the slot (or the group): c1 waits, claimed only
+    for _ in range(50):
+        if ("claim", "c1") in ledger.log:
+            break
+        await asyncio.sleep(0.01)
+    record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
+    assert record is not None
+    assert record.state == "claimed"
+    world.hold.set()
+    assert [r.content for r in await task] == ["first a", "second b"]
+    assert [w for w in ledger.log if w[1] == "c1"] == [
+        ("claim", "c1"), ("start", "c1"), ("finish", "c1")
+    ]  # fmt: skip
+    assert ("claim+start", "c0") in ledger.log
+
+
+async def test_a_call_cancelled_in_its_claim_and_start_write_is_released() -> None:
+    world, ledger = World(), Writes(MemoryLedger())
+    d = dispatcher(world, ledger)
+    ledger.gate.clear()
+    round_ = chat_round(d.specs, [("c1", "put", {"v": "x"})])
+    task = asyncio.create_task(d.run(round_, session="s"))
+    await ledger.claimed.wait()  # stored as started; the dispatcher has not seen it yet
+    task.cancel()
+    await asyncio.sleep(0)
+    ledger.gate.set()  # the write in flight comes back: the won claim is given back
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = await ledger.get(LedgerKey(scope="s", call_id="c1"))
+    assert record is not None
+    assert (record.state, record.lease_until) == ("started", 0.0)  # released, as a cancel
+    assert world.runs == []  # between a claim and its start is (the tool never ran)
+    again = await dispatcher(world, ledger).run(round_, session="s")  # idempotent: run again
+    assert [r.content for r in again] == ["put x"]

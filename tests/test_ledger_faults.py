@@ -74,22 +74,26 @@ class Scene:
 @pytest.mark.parametrize("name", ["charge", "put"])
 def test_killed_before_the_tool_ran(tmp_path: Path, ledger_url: str, point: str, name: str) -> None:
     args = {"n": 5} if name == "charge" else {"k": "x"}
-    scene = Scene(tmp_path, ledger_url, [["c1", name, args]])
+    calls = [["c1", name, args]]
+    if point == "claim":  # a call is claimed apart from its start only when it must wait
+        calls.insert(0, ["c0", "hold_slot", {"seconds": 0.5}])
+    scene = Scene(tmp_path, ledger_url, calls)
+    scene.config["max_concurrency"] = 1
     scene.killed(kill=point, kill_call="c1")
     assert scene.lines(scene.effects) == []
     assert scene.lines(scene.attempts) == []
-    second = scene.run()
+    *_, second = scene.run()
     if point == "start" and name == "charge":
         # The record says started: the ledger cannot know the tool did nothing.
-        assert second[0]["is_error"]
-        assert second[0]["code"] == "outcome_unknown"
-        assert "outcome is unknown" in second[0]["content"]
+        assert second["is_error"]
+        assert second["code"] == "outcome_unknown"
+        assert "outcome is unknown" in second["content"]
         assert scene.lines(scene.effects) == []
     else:
         expected = "charged 5" if name == "charge" else "put x"
-        assert (second[0]["is_error"], second[0]["content"]) == (False, expected)
+        assert (second["is_error"], second["content"]) == (False, expected)
         assert len(scene.lines(scene.effects)) == 1
-    assert scene.run() == second  # the stored result, never a third run
+    assert scene.run()[-1] == second  # the stored result, never a third run
     assert len(scene.lines(scene.effects)) <= 1
 
 

@@ -29,6 +29,7 @@ from toollatch.scripted import ScriptedServer
 
 _BYTES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_WAITS = (1, 5, 15, 30, 60, 120, 300, 900, 3600)
 
 
 def reference_metrics(r: CollectorRegistry, tool: tuple[str, ...]) -> dict[str, Any]:
@@ -58,6 +59,9 @@ def reference_metrics(r: CollectorRegistry, tool: tuple[str, ...]) -> dict[str, 
                   ("provider",), buckets=_BYTES, registry=r),
         Counter("tool_rounds", "Model rounds, by how they ended.", ("provider", "ended"),
                 registry=r),
+        Histogram("tool_approval_wait_seconds",
+                  "How long a call waited for a person (or a client's result), by answer.",
+                  ("provider", "decision", *tool), buckets=_WAITS, registry=r),
     )  # fmt: skip
     return {m._name: m for m in metrics}
 

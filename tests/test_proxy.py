@@ -327,8 +327,9 @@ def sdk_calls(chunks: list[Any]) -> dict[tuple[int, int], dict[str, Any]]:
     return seen
 
 
-@pytest.mark.parametrize("name", chat_recordings())
-async def test_recorded_streams_reach_the_sdk_as_the_gate_commits_them(name):
+def recorded(name: str) -> tuple[bytes, list[dict[str, Any]], Any]:
+    """A corpus recording as the upstream sent it, tools of its calls' names, and the Round
+    toollatch's parser makes of it (every tool eager, as the proxy's gate)."""
     corpus = corpus_dir()
     expected = json.loads((corpus / "expected.json").read_text())[name]
     names = sorted({c["name"] for c in expected["calls"] if c.get("name")})
@@ -339,7 +340,12 @@ async def test_recorded_streams_reach_the_sdk_as_the_gate_commits_them(name):
     body = as_sse(corpus / name)
     parser = StreamParser("openai_chat", tools=tools, eager=names)
     parser.feed(body)
-    round_ = parser.finish()
+    return body, tools, parser.finish()
+
+
+@pytest.mark.parametrize("name", chat_recordings())
+async def test_recorded_streams_reach_the_sdk_as_the_gate_commits_them(name):
+    body, tools, round_ = recorded(name)
     committed = {
         (c.index, n): {"id": r.call_id, "name": r.name, "arguments": r.committed.arguments_text}
         for c in round_.choices

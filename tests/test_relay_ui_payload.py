@@ -5,12 +5,13 @@ still shows its short redacted summary. Real HTTP on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
-from relay_helpers import read_events, start_run
+from relay_helpers import read_events, served_run, serving, start_run
 from toollatch import ConfigError, RelayLimits, ToolOutcome, tool
 from toollatch.relay import RelayServer
 from toollatch.scripted import Call, Script, Text, Turn
@@ -92,3 +93,41 @@ def test_result_text_and_max_ui_bytes_are_checked():
         RelayLimits(result_text="all")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="max_ui_bytes"):
         RelayLimits(max_ui_bytes=0)
+
+
+def _served(*args: str) -> tuple[dict[str, Any], int]:
+    """``serve`` with ``args`` running the demo: its ``write_file`` call's ``tool_finished``
+    (the example tool returns a UI payload), and the status of a 3 KB ``POST /api/chat``."""
+    with serving("--ledger", "none", *args) as url:
+        _, frames = served_run(url, "weather in Oslo and Zurich, saved to a file")
+        names = {f.data["id"]: f.data["name"] for f in frames if f.event == "call_committed"}
+        finished = [
+            f.data
+            for f in frames
+            if f.event == "tool_finished" and names.get(f.data["id"]) == "write_file"
+        ]
+        user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "y" * 3000}]}
+        body = {"id": "big", "messages": [user], "trigger": "submit-message"}
+        with httpx.Client(base_url=url, timeout=60) as client:
+            status = client.post("/api/chat", json=body).status_code
+    assert len(finished) == 1
+    return finished[0], status
+
+
+async def test_serve_takes_the_browser_bounds_from_flags_and_environment(monkeypatch):
+    """``relay.max_ui_bytes``, ``relay.result_text``, ``relay.max_chat_body_bytes``: config
+    keys, ``serve`` flags, ``TOOLLATCH_RELAY__`` variables."""
+    shown, status = await asyncio.to_thread(_served)
+    assert shown["ui"]["kind"] == "file_written" and shown["result"] is None  # (summary)
+    assert status == 200
+    flags = ("--max-ui-bytes", "10", "--result-text", "always", "--max-chat-body-bytes", "2048")
+    shown, status = await asyncio.to_thread(_served, *flags)
+    assert "ui" not in shown and shown["ui_omitted"] > 10
+    assert isinstance(shown["result"], str) and shown["result"]
+    assert status == 413
+    monkeypatch.setenv("TOOLLATCH_RELAY__MAX_UI_BYTES", "10")
+    monkeypatch.setenv("TOOLLATCH_RELAY__RESULT_TEXT", "never")
+    monkeypatch.setenv("TOOLLATCH_RELAY__MAX_CHAT_BODY_BYTES", "2048")
+    shown, status = await asyncio.to_thread(_served)
+    assert "ui" not in shown and shown["ui_omitted"] > 10 and shown["result"] is None
+    assert status == 413

@@ -171,6 +171,29 @@ def test_bad_budgets_are_config_errors():
         Dispatcher([], result_limits=4096)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="redaction must be a PreviewPolicy"):
         Dispatcher([], redaction=redact_secrets)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="the redactor must be callable"):
+        Dispatcher([], redactor="mask")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not both"):
+        Dispatcher([], redactor=redact_secrets, redaction=PreviewPolicy(redactor=redact_secrets))
+
+
+async def test_a_redactor_of_its_own_redacts_results_without_a_preview_policy():
+    seen: list[str] = []
+
+    def mask(pointer: str, text: str) -> str:
+        seen.append(pointer)
+        return text.replace(SECRET, "[redacted]")
+
+    @tool
+    def leak(n: int) -> dict[str, str]:
+        """A JSON object with the secret as a key's value."""
+        return {"token": SECRET, "n": str(n)}
+
+    d = Dispatcher([leak], redactor=mask)
+    [result] = await d.run(chat_round(d.specs, [("c1", "leak", {"n": 1})]), session="s")
+    assert SECRET not in result.content
+    assert "[redacted]" in result.content
+    assert "/token" in seen  # the pointers the previews use
 
 
 async def test_a_large_result_is_redacted_off_the_event_loop_and_still_cut():

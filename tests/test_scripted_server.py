@@ -215,9 +215,9 @@ def test_base_urls_and_misuse() -> None:
     with server as s:
         assert s.url.startswith("http://127.0.0.1:")
         assert s.base_url("openai_chat") == s.base_url("openai_responses") == s.url + "/v1"
-        assert s.base_url("anthropic") == s.base_url("gemini") == s.url
+        assert s.base_url("anthropic") == s.base_url("gemini") == s.base_url("bedrock") == s.url
         with pytest.raises(UsageError):
-            s.base_url("bedrock")
+            s.base_url("vertex")
         with pytest.raises(UsageError):
             s.__enter__()
     with pytest.raises(ConfigError):

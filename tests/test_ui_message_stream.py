@@ -28,6 +28,7 @@ from toollatch.scripted import Call, Reasoning, Script, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tests" / "js" / "ui_message_client.mjs"
+CHAT = ROOT / "tests" / "js" / "ui_message_chat.mjs"  # AbstractChat: sendMessage, regenerate
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini"]
 
 OSLO = {"city": "Oslo"}
@@ -182,12 +183,12 @@ async def test_the_ai_sdk_client_assembles_the_committed_calls(node, relay, prov
     session, chat = secrets.token_urlsafe(32), chat_id()
     got = await ai_client(node, relay.url, session, chat, "weather?", "tools", provider)
     message, types = got["message"], [c["type"] for c in got["chunks"]]
-    committed = {
-        e["id"]: e["arguments"]
-        for e in await own_events(relay, session, chat)
-        if e["type"] == "call_committed"
-    }
+    own = await own_events(relay, session, chat)
+    committed = {e["id"]: e["arguments"] for e in own if e["type"] == "call_committed"}
     assert len(committed) == 2
+    # the results in the dispatcher's order (the relay's tool_finished events)
+    outputs = [c["toolCallId"] for c in got["chunks"] if c["type"].startswith("tool-output-")]
+    assert outputs == [e["id"] for e in own if e["type"] == "tool_finished"]
     assert sorted(committed.values(), key=str) == sorted([OSLO, ZURICH], key=str)
     parts = tool_parts(message)
     assert set(parts) == set(committed)
@@ -375,9 +376,89 @@ async def test_a_chat_speaks_one_provider_and_one_message_at_a_time(client):
     assert other.json()["error"]["code"] == "chat_provider_mismatch"
 
 
+def user_texts(history: list[dict[str, Any]]) -> list[str]:
+    """The user turns' text of an openai_chat history."""
+    return [m["content"] for m in history if m.get("role") == "user"]
+
+
+async def test_regenerate_answers_the_last_message_again_from_the_servers_history(node, relay):
+    """useChat's ``regenerate()`` (ai's AbstractChat over DefaultChatTransport: ``trigger:
+    "regenerate-message"``): the server drops its last answer from its own history and asks
+    the model again after the last user message; the chat then goes on from the new answer."""
+    session, chat = secrets.token_urlsafe(32), chat_id()
+    proc = await asyncio.create_subprocess_exec(
+        node, str(CHAT), relay.url, session, chat, "weather in two cities?", "tools",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    result = json.loads(out)
+    assert (result["status"], result["error"]) == ("ready", None)
+    first, second = result["first"], result["second"]
+    assert [m["role"] for m in first] == ["user", "assistant"]
+    assert [m["role"] for m in second] == ["user", "assistant"]  # the answer replaced
+    assert second[1]["id"] != first[1]["id"] and second[1]["id"].startswith("msg-")
+    parts = tool_parts(second[1])
+    assert {p["state"] for p in parts.values()} == {"output-available"}
+    assert [p["input"] for p in parts.values()] == [OSLO, ZURICH]
+    # the model was asked again with the user's message and without the dropped answer
+    requests = [r.body for r in relay._scripted.requests]
+    assert len(requests) == 4  # two rounds, twice
+    assert requests[2] == requests[0]
+    assert user_texts(requests[2]["messages"]) == ["weather in two cities?"]
+    # the server's history holds one exchange, the new one
+    stored = await relay.relay.chats.messages(session, chat)
+    assert user_texts(stored) == ["weather in two cities?"]
+    assert json.dumps(stored).count("Both are mild.") == 1
+    # and the chat goes on from it
+    headers = {"x-toollatch-session": session}
+    async with httpx.AsyncClient(base_url=relay.url, timeout=20, headers=headers) as client:
+        relay._scripted.reset()
+        third = await client.post("/api/chat", json=chat_body(chat, "and tomorrow?"))
+        assert third.status_code == 200
+        sent = relay._scripted.requests[0].body["messages"]
+        assert user_texts(sent) == ["weather in two cities?", "and tomorrow?"]
+        assert json.dumps(sent).count("Both are mild.") == 1
+        # only the last answer can be regenerated, and none while it is being made
+        older = chat_body(chat, "", trigger="regenerate-message", messageId=second[1]["id"])
+        answer = await client.post("/api/chat", json=older)
+        assert answer.status_code == 409
+        assert answer.json()["error"]["code"] == "not_the_last_answer"
+        last = f"msg-{third.headers['x-toollatch-run-id']}"
+        again = chat_body(chat, "", trigger="regenerate-message", messageId=last)
+        relay._scripted.reset()
+        assert (await client.post("/api/chat", json=again)).status_code == 200
+        sent = relay._scripted.requests[0].body["messages"]
+        assert user_texts(sent) == ["weather in two cities?", "and tomorrow?"]
+        assert sent[-1] == {"role": "user", "content": "and tomorrow?"}
+        stored = await relay.relay.chats.messages(session, chat)
+        assert user_texts(stored) == ["weather in two cities?", "and tomorrow?"]
+
+
+async def test_regenerate_keeps_its_branch_across_a_restart(tmp_path):
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    session = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    async with RelayServer(scripts=SCRIPTS, delay_scale=0, ledger=ledger) as relay:
+        async with httpx.AsyncClient(base_url=relay.url, timeout=20, headers=session) as client:
+            assert (await client.post("/api/chat", json=chat_body("br", "one"))).status_code == 200
+            regen = chat_body("br", "", trigger="regenerate-message")
+            assert (await client.post("/api/chat", json=regen)).status_code == 200
+    async with RelayServer(scripts=SCRIPTS, delay_scale=0, ledger=ledger) as relay:
+        async with httpx.AsyncClient(base_url=relay.url, timeout=20, headers=session) as client:
+            assert (await client.post("/api/chat", json=chat_body("br", "two"))).status_code == 200
+            sent = relay._scripted.requests[0].body["messages"]
+            assert user_texts(sent) == ["one", "two"]
+            assert json.dumps(sent).count("Done: the weather") == 1  # (the demo's last words)
+            regen = chat_body("br", "", trigger="regenerate-message")
+            assert (await client.post("/api/chat", json=regen)).status_code == 200
+            stored = await relay.relay.chats.messages(session["x-toollatch-session"], "br")
+            assert user_texts(stored) == ["one", "two"]
+
+
 async def test_bad_chat_requests_get_clear_errors(client):
     cases = [
-        (chat_body("ok", "hi", trigger="regenerate-message"), 422, "unsupported_trigger"),
+        (chat_body("ok", "hi", trigger="regenerate-message"), 409, "nothing_to_regenerate"),
+        (chat_body("ok", "hi", trigger="resume-stream"), 422, "invalid_body"),
         ({**chat_body("ok", "hi"), "id": "no spaces"}, 422, "invalid_body"),
         ({**chat_body("ok", "hi"), "messages": []}, 422, "invalid_body"),
         (chat_body("ok", "   "), 422, "invalid_body"),
@@ -482,6 +563,49 @@ def test_encoding_matches_the_frames_of_the_log():
         "text-start",
         "text-delta",
     ]
+
+
+def test_a_failed_run_a_gap_and_a_cancel_end_as_the_client_expects():
+    """``error`` when the run failed or the log forgot events, ``abort`` on cancel, each
+    before ``finish`` (with ``error`` / ``other``), then ``[DONE]``."""
+    failed = UIMessageEncoder("m")
+    out = failed.encode({"type": "text", "text": "hi"})
+    out += failed.lagged(3)
+    out += failed.encode({"type": "run_ended", "error": "model_error: 500"}) + failed.close()
+    chunks = chunks_of(out.decode())
+    assert [c if c == "[DONE]" else c["type"] for c in chunks] == [
+        "start-step", "text-start", "text-delta", "error",
+        "text-end", "finish-step", "error", "finish", "[DONE]",
+    ]  # fmt: skip
+    assert chunks[3]["errorText"].startswith("lagged: 3 events")
+    assert chunks[6]["errorText"] == "model_error: 500"
+    assert chunks[7]["finishReason"] == "error"
+    cancelled = UIMessageEncoder("m")
+    out = cancelled.encode({"type": "run_ended", "error": "cancelled", "cancelled": True})
+    chunks = chunks_of((out + cancelled.close()).decode())
+    assert [c if c == "[DONE]" else c["type"] for c in chunks] == ["abort", "finish", "[DONE]"]
+    assert chunks[1]["finishReason"] == "other"
+    cut = UIMessageEncoder("m")  # a stream that never saw the run's end still finishes
+    chunks = chunks_of(cut.close().decode())
+    assert [c if c == "[DONE]" else c["type"] for c in chunks] == ["error", "finish", "[DONE]"]
+
+
+async def test_chat_and_agui_runs_count_in_the_relays_metrics(client):
+    for _ in range(2):
+        assert (await client.post("/api/chat", json=chat_body(chat_id(), "hi"))).status_code == 200
+    message = {"id": "u1", "role": "user", "content": "hi"}
+    given = {"threadId": "t1", "runId": "r1", "messages": [message], "tools": [], "context": []}
+    agui = await client.post("/agui", json=given)
+    assert agui.status_code == 200 and '"RUN_FINISHED"' in agui.text
+    text = (await client.get("/metrics")).text
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    # the demo: 3 rounds per run, each ended normally
+    assert samples['tool_rounds_total{ended="normal",provider="openai_chat"}'] == 9
+    assert any(k.startswith("tool_execute_seconds_count") and v == 9 for k, v in samples.items())
 
 
 async def test_the_browser_sees_previews_and_inputs_as_the_policy_shows_them(client):

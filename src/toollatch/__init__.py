@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         ToolStartedEvent,
     )
     from .runtime._agent_run import AgentRun
+    from .runtime._approvals import ApprovalPolicy
     from .runtime._clients import (
         ClientLimits,
         ModelClient,
@@ -79,6 +80,7 @@ __all__ = [
     "AgentEvent",
     "AgentRun",
     "Allow",
+    "ApprovalPolicy",
     "CallCommittedEvent",
     "CallFailed",
     "CallFailedEvent",
@@ -138,6 +140,7 @@ __all__ = [
 
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("open_audit", "open_history", "open_ledger"), ".ledger._open"),
+    "ApprovalPolicy": ".runtime._approvals",
     "RelayLimits": ".relay._config",
     **dict.fromkeys(("Agent", "user_message"), ".runtime._agent"),
     "AgentRun": ".runtime._agent_run",

@@ -16,7 +16,8 @@ asyncio or clocks) and can be driven from a list in a unit test. In stream order
 * **the assembler and the gate**: :class:`Assembler` keeps one bounded buffer per call and
   returns :data:`CallUpdate` values while the round streams (``CallFailed``,
   :class:`CallReady`, ``PreviewUpdated``, and with ``observe=True`` :class:`TextReceived`,
-  :class:`CallAnnounced`, :class:`CallComplete`; :class:`RoundOver` when a size limit ended the
+  :class:`CallAnnounced`, :class:`CallComplete`, with ``observe_arguments=True``
+  :class:`ArgsReceived`; :class:`RoundOver` when a size limit ended the
   round); ``finish()`` decides every call once through the :class:`Gate` (a ``CommittedCall``
   or a :class:`Rejection`) and returns the ``Round``.
 * **previews**: :class:`PartialJSON`, the incremental parser of a call's argument text, and
@@ -42,6 +43,7 @@ from .core._adapters.gemini import GeminiAdapter
 from .core._adapters.openai_chat import OpenAIChatAdapter
 from .core._adapters.openai_responses import OpenAIResponsesAdapter
 from .core._assembler import (
+    ArgsReceived,
     Assembler,
     CallAnnounced,
     CallComplete,
@@ -91,6 +93,7 @@ __all__ = [
     "AnthropicAdapter",
     "ArgsDelta",
     "ArgsMeasured",
+    "ArgsReceived",
     "Assembler",
     "BedrockAdapter",
     "CallAnnounced",

@@ -19,10 +19,12 @@ of those values, so the file adds no second set of rules:
 * ``previews``: :class:`PreviewPolicy`;
 * ``model``: :func:`model_client` arguments and :class:`ClientLimits`;
 * ``relay``: host, port and the :class:`RunLimits` of each run;
+* ``proxy``: ``toollatch proxy`` (every flag of it, and the relay's connection bounds);
 * ``ledger``: the ledger URL and the opt-in audit of uncommitted calls (:class:`AuditPolicy`);
 * ``results``: the size budgets of tool results (:class:`ResultLimits`);
 * ``logging``: the redacted logs of :mod:`toollatch.runtime._telemetry`;
-* ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`).
+* ``mcp``: ``servers``, a list of MCP servers and their policy (:class:`McpServer`);
+* ``approvals``: which calls wait for a person, and how long (:class:`ApprovalPolicy`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ..core._preview import PreviewPolicy, Redactor, ToolPreview
 from ..core._secrets import redact_secrets
 from ..ledger import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
+from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import ClientLimits, RetryPolicy
 from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
@@ -115,7 +118,10 @@ class PreviewsConfig(_Section):
 class ModelConfig(_Section):
     """The model client (:func:`model_client` and :class:`ClientLimits`)."""
 
-    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini"] = "openai_chat"
+    provider: Literal["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"] = (
+        "openai_chat"
+    )
+    """The wire; ``bedrock`` for ``toollatch run`` only (the relay serves the other four)."""
     model: str | None = None
     """Required with ``base_url``; the scripted server's model otherwise."""
     base_url: str | None = None
@@ -173,6 +179,15 @@ class RelayConfig(_Section):
     max_chat_messages: _Positive = 400
     """-> ``RelayLimits.max_chat_messages``: history entries a chat keeps on the server
     (``POST /api/chat``, ``POST /runs {"chat_id"}``); a full chat refuses more (409)."""
+    max_chat_body_bytes: _Positive = 1 << 20
+    """-> ``RelayLimits.max_chat_body_bytes``: largest ``POST /api/chat`` body (413 beyond;
+    ``useChat`` sends the whole conversation each time)."""
+    max_ui_bytes: _Positive = 65536
+    """-> ``RelayLimits.max_ui_bytes``: largest UI payload (``ToolOutcome.ui``, as JSON,
+    redacted) sent to the browser; a larger one is left out (``ui_omitted``)."""
+    result_text: Literal["summary", "always", "never"] = "summary"
+    """-> ``RelayLimits.result_text``: when the browser gets a redacted preview of a result's
+    model-facing text: ``summary`` (no UI payload or a failed call), ``always``, ``never``."""
     store: Annotated[str, Field(pattern=r"^(memory:|(rediss?|unix)://.+)$")] = "memory:"
     """Where the runs live: ``memory:`` (this process only) or ``redis://HOST:PORT/DB``
     (shared by every worker on it: any worker serves, resumes and cancels any run)."""
@@ -181,6 +196,51 @@ class RelayConfig(_Section):
     store_outage_s: _Seconds = 5.0
     """How long a worker retries a write to an unreachable shared store before it cancels
     its runs (their local readers still get every event)."""
+
+
+_ProxyBytes = Annotated[int, Field(ge=1)]
+
+
+class ProxyConfig(_Section):
+    """``toollatch proxy``: its upstream, who may use it, how calls reach the client, and its
+    bounds (:class:`toollatch.relay.ProxyServer`'s arguments; the connection bounds are the
+    relay's, :class:`toollatch.relay.RelayLimits`)."""
+
+    upstream: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """The model server's base URL (``http://HOST:PORT/v1``); required here or as
+    ``--upstream``."""
+    upstream_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = (
+        "TOOLLATCH_PROXY_UPSTREAM_KEY"
+    )
+    """The environment variable holding the upstream's API key (the key never goes in the
+    file); when it is set, the clients' ``Authorization`` is not forwarded."""
+    upstream_provider: Literal[
+        "openai_chat", "anthropic", "gemini", "openai_responses", "bedrock"
+    ] = "openai_chat"
+    """The upstream's wire: ``openai_chat`` forwards the request as is; the others translate
+    the client's chat request into that provider's and answer in OpenAI chat's format."""
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    calls: Literal["hold", "stream"] = "hold"
+    """``hold``: a call is sent once committed, whole; ``stream``: its argument text as it
+    streams, the verdicts at the end (a client may see part of a call refused later)."""
+    token: Annotated[str, Field(pattern=r"^(auto|[A-Za-z0-9._~-]{16,256})$")] | None = None
+    """The token clients must send (required beyond loopback); better in
+    TOOLLATCH_PROXY__TOKEN."""
+    allowed_hosts: _Names = ()
+    """``Host`` names accepted besides loopback's and the bound one."""
+    record: str | None = None
+    """A folder where each upstream answer is saved as a replayable fixture."""
+    idle_timeout_s: _Seconds = 60.0
+    """The upstream may stay silent this long mid-stream; then the round fails
+    ``idle_timeout``."""
+    max_request_bytes: _ProxyBytes = 16 * 1024 * 1024
+    max_connections: _Positive = 1000
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 65536
+    header_timeout_s: _Seconds = 10.0
+    keepalive_timeout_s: _Seconds = 5.0
+    """An idle keep-alive connection of a client is closed after this."""
+    body_timeout_s: _Seconds = 30.0
 
 
 class LedgerConfig(_Section):
@@ -260,6 +320,18 @@ class McpConfig(_Section):
     servers: Annotated[tuple[McpServerConfig, ...], Field(strict=False)] = ()
 
 
+class ApprovalsConfig(_Section):
+    """Calls that wait for a person's approval before they run (:class:`ApprovalPolicy`),
+    besides those of tools declared ``needs_approval``: MCP tools need no code for it."""
+
+    tools: _Names = ()
+    """Tool names whose calls need approval."""
+    default: Literal["run", "ask"] = "run"
+    """``ask``: every other tool's calls need it too."""
+    timeout_s: _Seconds | None = 300.0
+    """An unanswered call fails ``approval_expired`` after this long (null: never)."""
+
+
 class Config(_Section):
     """The whole configuration; every section is optional (defaults above)."""
 
@@ -268,10 +340,12 @@ class Config(_Section):
     previews: PreviewsConfig = PreviewsConfig()
     model: ModelConfig = ModelConfig()
     relay: RelayConfig = RelayConfig()
+    proxy: ProxyConfig = ProxyConfig()
     ledger: LedgerConfig = LedgerConfig()
     results: ResultsConfig = ResultsConfig()
     logging: LoggingConfig = LoggingConfig()
     mcp: McpConfig = McpConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
 
     def mcp_servers(self) -> list[McpServer]:
         """The ``mcp.servers`` as :class:`McpServer` values (a name derived from the command
@@ -367,6 +441,11 @@ class Config(_Section):
             codes.add(ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES)
         return frozenset(codes)
 
+    def approval_policy(self) -> ApprovalPolicy:
+        """Which calls wait for a person, and for how long."""
+        a = self.approvals
+        return ApprovalPolicy(tools=a.tools, default=a.default, timeout_s=a.timeout_s)
+
     def agent_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`Agent` (besides client and tools)."""
         d = self.dispatcher
@@ -382,14 +461,16 @@ class Config(_Section):
             "previews": self.preview_policy(),
             "drop_failed": self.dropped_codes(),
             "result_limits": self.result_limits(),
+            "approvals": self.approval_policy(),
         }
 
     def effective(self) -> str:
         """The effective configuration as YAML (every key, defaults included; an access
         token shows as ``[set]``)."""
         data = self.model_dump(mode="json")
-        if data["relay"]["token"] not in (None, "auto"):
-            data["relay"]["token"] = "[set]"
+        for section in ("relay", "proxy"):
+            if data[section]["token"] not in (None, "auto"):
+                data[section]["token"] = "[set]"
         text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         return text
 
@@ -540,6 +621,7 @@ previews:
 
 model:
   provider: openai_chat                 # openai_chat | openai_responses | anthropic | gemini
+                                        # | bedrock (run only)
   model: null                           # required with base_url
   base_url: null                        # null: the embedded scripted server (toollatch run)
   api_key_env: null                     # variable holding the key (null: the provider's usual)
@@ -574,11 +656,39 @@ relay:
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
   max_chat_messages: 400                # history entries a chat keeps (409 beyond)
+  max_chat_body_bytes: 1048576          # largest POST /api/chat body (413 beyond)
+  max_ui_bytes: 65536                   # largest tool UI payload sent to the browser (left
+                                        # out beyond: ui_omitted)
+  result_text: summary                  # a result's text preview to the browser: summary
+                                        # (no UI payload or failed) | always | never
   store: "memory:"                      # runs: memory: (this process) | redis://HOST:PORT/DB
                                         # (shared: any worker serves any run)
   store_ttl_s: 3600                     # a shared store keeps an ended run this long
   store_outage_s: 5                     # retry an unreachable store this long, then
                                         # cancel this worker's runs
+
+
+proxy:                                  # toollatch proxy (its flags win over these)
+  upstream: null                        # the model server's base URL, http://HOST:PORT/v1
+  upstream_key_env: TOOLLATCH_PROXY_UPSTREAM_KEY  # variable holding the upstream's key
+  upstream_provider: openai_chat        # the upstream's wire: openai_chat (forwarded as is) |
+                                        # anthropic | gemini | openai_responses | bedrock
+                                        # (translated)
+  host: 127.0.0.1                       # beyond loopback needs a token
+  port: 8080
+  calls: hold                           # hold: calls sent once committed, whole | stream:
+                                        # argument text live, verdicts at the end
+  token: null                           # clients' token (auto: make one); better in the env:
+                                        # TOOLLATCH_PROXY__TOKEN
+  allowed_hosts: []                     # Host names besides loopback's and the bound one
+  record: null                          # folder: each upstream answer saved as a fixture
+  idle_timeout_s: 60                    # upstream silence mid-stream: the round fails
+  max_request_bytes: 16777216           # a request body's bound (413 beyond)
+  max_connections: 1000                 # open client connections
+  max_header_bytes: 65536               # request line + headers (431 beyond)
+  header_timeout_s: 10                  # a request head must arrive within (408)
+  keepalive_timeout_s: 5                # an idle keep-alive connection is closed after
+  body_timeout_s: 30                    # a request body must arrive within (408)
 
 ledger:
   url: null                             # sqlite:///PATH | redis://HOST:PORT/DB | none (null:
@@ -612,5 +722,10 @@ mcp:
   #   max_schema_bytes: 65536           #   a tool whose inputSchema is larger is left out
   #   max_schema_depth: 32              #   ... or nested deeper
   #   max_description_chars: 4096       #   a longer description is cut
+
+approvals:
+  tools: []                             # tools whose calls wait for a person (MCP tools too)
+  default: run                          # run | ask: every other tool's calls wait too
+  timeout_s: 300                        # an unanswered call fails approval_expired (null: never)
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""

@@ -10,7 +10,9 @@ from typing import Any, NoReturn, Protocol
 from ._output import fail
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-"""The providers ``run`` and ``serve`` can talk to (``replay`` reads every provider)."""
+"""The providers ``serve`` can talk to (``replay`` reads every provider)."""
+RUN_PROVIDERS = (*PROVIDERS, "bedrock")
+"""The providers ``run`` can talk to (a model client's: :func:`toollatch.model_client`)."""
 
 Subparsers = Any
 """``argparse``'s subparsers action (its class, ``argparse._SubParsersAction``, is private)."""

@@ -150,3 +150,26 @@ def _json_scalar(item: object) -> str:
 def _json_string(text: str) -> str:
     written = json.dumps(text, ensure_ascii=False)
     return written if not _has_surrogates(written) else json.dumps(text)
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal would act on rather than show: C0 controls (ESC starts CSI and OSC
+sequences: OSC 8 links, OSC 52 clipboard writes, OSC 0 titles; BEL ends an OSC, CR rewrites
+a line), DEL, the C1 controls (U+009B is a one-character CSI, U+009D an OSC) and the
+bidirectional overrides and isolates, which reorder what is shown (CVE-2021-42574)."""
+_UNSAFE_TEXT = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+"""The same for model text, where a newline and a tab are shown as they are."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character a terminal would act on (:data:`_UNSAFE`) shown as its
+    Python escape (ESC as ``\\x1b``, U+202E as ``\\u202e``); with ``lines``, newlines and
+    tabs are kept. For the terminal view and error lines only: ``--json`` is exact."""
+    return (_UNSAFE_TEXT if lines else _UNSAFE).sub(_escape, text)

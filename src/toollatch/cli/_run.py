@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import PROVIDERS, Subparsers, positive, seconds
+from ._args import RUN_PROVIDERS, Subparsers, positive, seconds
 from ._output import fail
 
 NAME = "run"
@@ -16,10 +16,14 @@ environment (read with or without --config; flags win over them):
                         the model (as --base-url, --model, --provider)
   TOOLLATCH_MODEL__API_KEY_ENV
                         the variable holding the key (default: the provider's usual one:
-                        OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY)
+                        OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY; bedrock:
+                        AWS_BEARER_TOKEN_BEDROCK, else AWS_ACCESS_KEY_ID and
+                        AWS_SECRET_ACCESS_KEY, signed for AWS_REGION)
   TOOLLATCH_LEDGER__URL the ledger (as --ledger)
   TOOLLATCH_DISPATCHER__DEFAULT_TIMEOUT_S
                         a tool's run-time limit when it sets none (seconds)
+  TOOLLATCH_APPROVALS__TOOLS, TOOLLATCH_APPROVALS__TIMEOUT_S
+                        tools whose calls need approval ([a, b]); how long one waits
   TOOLLATCH_<SECTION>__<KEY>
                         any key of `toollatch config example`, e.g.
                         TOOLLATCH_RESULTS__MAX_BYTES=16384
@@ -37,7 +41,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         epilog=RUN_VARIABLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for add in (_model, _tools, _limits, _output, _durability):
+    for add in (_model, _tools, _limits, _output, _durability, _approvals):
         add(run)
     run.add_argument(
         "--config",
@@ -52,7 +56,7 @@ def _model(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--provider",
         default=None,
-        choices=PROVIDERS,
+        choices=RUN_PROVIDERS,
         help="default: the config's model.provider, else openai_chat",
     )
     run.add_argument("--model", help="model name (default with the scripted server: scripted)")
@@ -133,6 +137,25 @@ def _durability(run: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="continue the stored run of session ID (needs --ledger; MESSAGE, if given, is a "
         "new user turn after it)",
+    )
+
+
+def _approvals(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--approve",
+        choices=("ask", "all", "none"),
+        default=None,
+        help="calls that need a person's approval: ask (default: name and full arguments on "
+        "standard error, y/N read from standard input), all (approve every one), none (deny "
+        "every one, reason 'not approved')",
+    )
+    run.add_argument(
+        "--approval-timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="an unanswered call fails approval_expired after this long (default: the "
+        "config's approvals.timeout_s, 300; 0: never)",
     )
 
 

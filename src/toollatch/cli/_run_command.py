@@ -23,7 +23,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -48,12 +47,15 @@ from ..mcp import McpToolSource, source_from_config
 from ..runtime._agent import Agent
 from ..runtime._agent_events import AgentEvent, ToolFinishedEvent
 from ..runtime._agent_run import AgentRun
+from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import ModelClient, ModelError, model_client
 from ..runtime._run_setup import RunLimits
 from ..scripted import ScriptedServer
 from ..tools._examples import example_tools
 from ..tools._tools import Tool
 from ._app_config import Config, configured
+from ._approve import Answerer
+from ._output import visible
 
 DEFAULT_MESSAGE = "What is the weather in Oslo and in Zürich? Write it down in notes/weather.md."
 SCRIPTED_MODEL = "scripted"
@@ -143,12 +145,17 @@ def _agent(
     if source is not None:
         durable["tool_source"] = source
     deadline = getattr(args, "deadline", None)  # (--deadline 0: no deadline)
+    timeout = getattr(args, "approval_timeout", None)  # (0: no expiry)
     if c is None:
         limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
         if deadline is not None:
             limits = replace(limits, deadline_s=deadline or None)
+        if timeout is not None:
+            durable["approvals"] = ApprovalPolicy(timeout_s=timeout or None)
         return Agent(client, tools, eager=eager, run_limits=limits, **durable)
     options = {**c.agent_options(), **durable}
+    if timeout is not None:
+        options["approvals"] = replace(options["approvals"], timeout_s=timeout or None)
     options["eager"] = (*options["eager"], *eager)
     if eager:  # --eager names tools to start early: the master switch follows the flag
         options["eager_start"] = True
@@ -297,7 +304,8 @@ async def _show(
     message = args.message if resume else args.message or DEFAULT_MESSAGE
     try:
         with signals.cancelling(agent.run(message, resume=resume)) as run:
-            error = await view.show(run)
+            answerer = Answerer(getattr(args, "approve", None) or "ask", view.paused)
+            error = await view.show(answerer.events(run))
             return error, run.deadline_passed
     except ModelError as exc:
         return str(exc), False
@@ -388,29 +396,6 @@ def _fail(message: str, status: int, *, lines: bool = False) -> int:
     return status
 
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-"""What a terminal would act on rather than show: C0 controls (ESC starts CSI and OSC
-sequences: OSC 8 links, OSC 52 clipboard writes, OSC 0 titles; BEL ends an OSC, CR rewrites
-a line), DEL, the C1 controls (U+009B is a one-character CSI, U+009D an OSC) and the
-bidirectional overrides and isolates, which reorder what is shown (CVE-2021-42574)."""
-_UNSAFE_TEXT = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
-"""The same for model text, where a newline and a tab are shown as they are."""
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def visible(text: str, *, lines: bool = False) -> str:
-    """``text`` with every character a terminal would act on (:data:`_UNSAFE`) shown as its
-    Python escape (ESC as ``\\x1b``, U+202E as ``\\u202e``); with ``lines``, newlines and
-    tabs are kept. For the terminal view and error lines only: ``--json`` is exact."""
-    return (_UNSAFE_TEXT if lines else _UNSAFE).sub(_escape, text)
-
-
 class _JsonView:
     """One JSON object per agent event per line (``tool_finished`` with a result preview,
     or the whole redacted result with ``full_results``)."""
@@ -419,6 +404,10 @@ class _JsonView:
         self.full_results = full_results
         self.notice = notice
         """Said once, as the ``notice`` key of the first event (see :func:`notice`)."""
+
+    def paused(self) -> contextlib.AbstractContextManager[object]:
+        """Held around a prompt (nothing to pause: the prompt goes to standard error)."""
+        return contextlib.nullcontext()
 
     async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
         error = None
@@ -460,10 +449,25 @@ class _LiveView:
         self.text: list[str] = []
         self.calls: dict[str, _CallLine] = {}
         self.rounds = 0
+        self._live: Live | None = None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The live display stopped (drawn as it is) while a prompt asks, then again."""
+        live = self._live
+        if live is None:
+            yield
+            return
+        live.stop()
+        try:
+            yield
+        finally:
+            live.start()
 
     async def show(self, events: AsyncIterable[AgentEvent]) -> str | None:
         error = None
         with Live(self._render(), console=self.console, refresh_per_second=12) as live:
+            self._live = live
             async for event in events:
                 data = event.to_json()
                 handler: Callable[[dict[str, Any]], None] | None = getattr(
@@ -496,6 +500,19 @@ class _LiveView:
         line = self.calls.setdefault(key, _CallLine(name=visible(data["name"] or "?")))
         line.status = visible(f"failed: {data['error']}")
         line.result = one_line(data["detail"])  # (the gate's reason; never the raw arguments)
+
+    def _on_approval_requested(self, data: dict[str, Any]) -> None:
+        self._waiting(data, "asking")  # (a person: the status column is 12 wide)
+
+    def _on_client_call(self, data: dict[str, Any]) -> None:
+        self._waiting(data, "at client")
+
+    def _on_approval_answered(self, data: dict[str, Any]) -> None:
+        self._waiting(data, visible(data["decision"]))
+
+    def _waiting(self, data: dict[str, Any], status: str) -> None:
+        line = self.calls.setdefault(data["id"], _CallLine(name=visible(data["name"])))
+        line.status = status
 
     def _on_tool_started(self, data: dict[str, Any]) -> None:
         line = self.calls[data["id"]]
@@ -585,6 +602,8 @@ def _arguments_text(arguments: Any) -> str:
 def _style(state: str) -> str:
     if state.startswith(("failed", "error")):
         return "red"
+    if state in ("asking", "at client"):
+        return "magenta"
     return {"done": "green", "running": "yellow", "committed": "cyan"}.get(state, "")
 
 

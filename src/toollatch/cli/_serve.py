@@ -20,7 +20,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (8000)")
-    for add in (_model, _access):
+    for add in (_model, _access, _browser):
         add(serve)
     serve.add_argument(
         "--shutdown-grace",
@@ -32,6 +32,16 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     _store(serve)
     serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration (relay host and port, model, previews); flags win over it",
+    )
+    return serve
+
+
+def _browser(serve: argparse.ArgumentParser) -> None:
+    """What the chats keep and what reaches the browser."""
+    serve.add_argument(
         "--max-chat-messages",
         type=positive,
         metavar="N",
@@ -39,11 +49,26 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "more with 409; default: the config's relay.max_chat_messages, 400)",
     )
     serve.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML configuration (relay host and port, model, previews); flags win over it",
+        "--max-chat-body-bytes",
+        type=positive,
+        metavar="N",
+        help="largest POST /api/chat body (413 beyond; default: the config's "
+        "relay.max_chat_body_bytes, 1048576)",
     )
-    return serve
+    serve.add_argument(
+        "--max-ui-bytes",
+        type=positive,
+        metavar="N",
+        help="largest tool UI payload (ToolOutcome.ui, as JSON) sent to the browser; a larger "
+        "one is left out (default: the config's relay.max_ui_bytes, 65536)",
+    )
+    serve.add_argument(
+        "--result-text",
+        choices=("summary", "always", "never"),
+        help="when the browser gets a redacted preview of a result's text: summary (no UI "
+        "payload, or a failed call), always, never (default: the config's relay.result_text, "
+        "summary)",
+    )
 
 
 def _store(serve: argparse.ArgumentParser) -> None:

@@ -94,7 +94,8 @@ def _server(args: argparse.Namespace) -> RelayServer:
 
 def _relay_limits(r: RelayConfig, args: argparse.Namespace) -> RelayLimits:
     """The config's ``relay:`` limits (at least as many runs stored as may be active), and
-    ``--max-chat-messages``."""
+    ``--max-chat-messages``, ``--max-chat-body-bytes``, ``--max-ui-bytes``,
+    ``--result-text``."""
     return RelayLimits(
         max_active_runs=r.max_active_runs,
         max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
@@ -106,6 +107,9 @@ def _relay_limits(r: RelayConfig, args: argparse.Namespace) -> RelayLimits:
         idle_timeout_s=r.idle_timeout_s,
         body_timeout_s=r.body_timeout_s,
         max_chat_messages=args.max_chat_messages or r.max_chat_messages,
+        max_chat_body_bytes=args.max_chat_body_bytes or r.max_chat_body_bytes,
+        max_ui_bytes=args.max_ui_bytes or r.max_ui_bytes,
+        result_text=args.result_text or r.result_text,
     )
 
 

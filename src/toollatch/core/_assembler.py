@@ -16,8 +16,10 @@ same with less work: a fragment that keeps its OPEN call within the bounds its b
 (``CallBuffer.bound``, and ``CallBuffer.quiet`` for text the preview tracker would only hold)
 is counted and appended (and held) in place. A run takes that fast path in stretches
 (``_run``); without previews it is one fragment, since where a fragment ends decides nothing
-inside an OPEN call under its limit. Whatever makes a call untrustworthy fails it at once and
-returns a :class:`CallFailed` notice:
+inside an OPEN call under its limit. With ``observe_arguments`` both fast paths stay closed
+and ``_on_args`` announces each append (:class:`ArgsReceived`): the only place text enters a
+buffer while the round streams, so what is announced is exactly what is held. Whatever
+makes a call untrustworthy fails it at once and returns a :class:`CallFailed` notice:
 
 * a limit passed (argument bytes, calls per round, choices: past twice the call limit or the
   choice limit the whole stream fails and nothing new is kept);
@@ -135,6 +137,22 @@ class CallAnnounced:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ArgsReceived:
+    """Argument text just appended to a call's buffer (only with ``observe_arguments=True``).
+
+    In order, a call's notices concatenate to exactly the text its buffer holds, whatever the
+    provider sent: an object sent whole is its one serialized text, a fragment refused (after
+    the call's close, over its byte limit, after the call failed) is in no notice. A call may
+    still fail after some of its text was announced (the gate decides at its end); a call
+    that failed over ``max_argument_bytes`` had its text dropped from the buffer."""
+
+    key: CallKey
+    """The call."""
+    text: str
+    """The text appended (one or more of the provider's fragments, joined)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallComplete:
     """The provider closed a call's arguments (only with ``observe=True``): nothing more
     will be appended, but the call is decided only at round end (or by :class:`CallReady`)."""
@@ -168,11 +186,13 @@ CallUpdate = (
     | TextReceived
     | CallAnnounced
     | CallComplete
+    | ArgsReceived
     | RoundOver
 )
 """What ``Assembler.feed`` can return, in stream order: early failures, eager calls ready
 to start and the round's end at a limit (always), previews (when enabled), text and call
-announcements and closes (with ``observe=True``)."""
+announcements and closes (with ``observe=True``), argument text as appended (with
+``observe_arguments=True``)."""
 
 _OPEN = CallState.OPEN
 """(A module global for the per-fragment path: ``CallState.OPEN``, an attribute of an enum
@@ -225,6 +245,7 @@ class Assembler:
         eager: Iterable[str] = (),
         observe: bool = False,
         reserved_ids: Collection[str] = (),
+        observe_arguments: bool = False,
     ) -> None:
         """Give either ``gate`` or the pieces to build one (``tools``, ``policy``, ``budget``).
 
@@ -233,6 +254,8 @@ class Assembler:
         the tools named in ``eager``, or whose ``ToolSpec.eager`` is set, are committed as
         soon as the provider has moved on from them (:class:`CallReady`). ``observe`` adds
         :class:`TextReceived`, :class:`CallAnnounced` and :class:`CallComplete` notices.
+        ``observe_arguments`` adds an :class:`ArgsReceived` notice for every append to a
+        call's buffer (every fragment then takes the general route: no fast path).
         ``reserved_ids``: call ids earlier rounds of the conversation already used; a call
         reusing one is a new call and gets a derived id, ``<id>_r<n>`` (see
         :meth:`_reserved`).
@@ -258,6 +281,7 @@ class Assembler:
         self._limited: str | None = None  # the round ended there (see RoundOver)
         self._finishing = False  # (finish() fails calls too: no RoundOver then)
         self._observe = observe
+        self._arguments = observe_arguments
         self._reserved = frozenset(reserved_ids)
         self._sent_ids: dict[CallKey, str] = {}  # a renamed call's key -> the provider's id
         self._renamed: dict[tuple[int, str], str] = {}  # (choice, provider's id) -> derived
@@ -430,7 +454,7 @@ class Assembler:
     def _quiet_bound(self, buf: CallBuffer, tracker: PreviewTracker) -> None:
         """Set ``buf.quiet`` after ``tracker`` took a fragment or released an update."""
         below = tracker.quiet_below  # (the call is OPEN and not whole here: see the callers)
-        if below >= 0:
+        if below >= 0 and not self._arguments:
             # (the least of three, compared here: min() costs a call per update)
             quiet, most, join_at = below - 1, self._max_argument_bytes, buf.join_at
             quiet = quiet if quiet < most else most
@@ -482,11 +506,14 @@ class Assembler:
         buf.fragments.append(fragment)
         if buf.nbytes >= buf.join_at:
             buf.compact()
-        if self._previews is None:
-            buf.open_bound(self._max_argument_bytes)
-            return []
-        tracker = self._tracker(buf)
         found: list[CallUpdate] = []
+        if self._arguments:  # (the fast paths stay closed: every append comes here)
+            found.append(ArgsReceived(key=key, text=fragment))
+        if self._previews is None:
+            if not self._arguments:
+                buf.open_bound(self._max_argument_bytes)
+            return found
+        tracker = self._tracker(buf)
         if tracker.feed(fragment, buf.nbytes):
             found.append(tracker.release(buf.key, buf.call_id, buf.name))
         self._quiet_bound(buf, tracker)
@@ -553,7 +580,7 @@ class Assembler:
             )
         notices = self._settle(choice) if choice.unsettled else []
         buf = CallBuffer(event.key, len(choice.calls), None, None)
-        if self._previews is None:
+        if self._previews is None and not self._arguments:
             buf.open_bound(self._max_argument_bytes)
         self._buffers[event.key] = buf
         choice.calls.append(buf)
@@ -645,10 +672,11 @@ class Assembler:
         if buf.state is not CallState.OPEN:
             return []  # a second end marker (e.g. Responses .done then output_item.done)
         final = event.arguments
+        notices: list[CallUpdate] = []
         if final is not None:
             if not buf.fragments:
-                notices = self._on_args(buf.key, final)
-                if notices:
+                notices = self._on_args(buf.key, final)  # (ArgsReceived, or a failure)
+                if buf.state is not CallState.OPEN:
                     return notices
             elif buf.text() != final:
                 return self._violate(
@@ -657,7 +685,7 @@ class Assembler:
                     "the final argument text differs from the streamed fragments",
                 )
         buf.close()
-        notices = self._preview_final(buf)
+        notices += self._preview_final(buf)
         if self._observe:
             notices.append(CallComplete(key=buf.key, call_id=buf.call_id, name=buf.name))
         if buf.name in self._eager:

@@ -43,6 +43,11 @@ class ErrorCode(StrEnum):
     its effect. Never re-run unless the tool is idempotent."""
     LEDGER_UNAVAILABLE = "ledger_unavailable"
     """The durable call ledger could not be reached, so the call was not run."""
+    APPROVAL_DENIED = "approval_denied"
+    """A person denied the call (its reason follows); it was not run."""
+    APPROVAL_EXPIRED = "approval_expired"
+    """Nobody answered the call (an approval, or a client tool's result) in time; it was
+    not run."""
 
 
 class ToolLatchError(Exception):

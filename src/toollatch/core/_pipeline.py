@@ -53,7 +53,9 @@ class StreamParser:
     Set ``keep_events=True`` to record every stream event in ``events`` (for tooling),
     ``previews`` to get :class:`PreviewUpdated` notices for calls still streaming, and
     ``observe=True`` for text, call-opened and call-closed notices (``TextReceived``,
-    ``CallAnnounced``, ``CallComplete``). Calls of eager tools (``ToolSpec.eager``, or named
+    ``CallAnnounced``, ``CallComplete``), and ``observe_arguments=True`` for ``ArgsReceived``:
+    each piece of argument text as its call's buffer appends it (they concatenate to exactly
+    the buffer's text; see the assembler). Calls of eager tools (``ToolSpec.eager``, or named
     in ``eager``) are committed as soon as the provider has moved on from them, and returned
     as ``CallReady`` notices: they may start before the round ends. Notices
     produced while finishing (e.g. final previews of a stream that just stopped) are kept in
@@ -97,6 +99,7 @@ class StreamParser:
         eager: Iterable[str] = (),
         observe: bool = False,
         reserved_ids: Collection[str] = (),
+        observe_arguments: bool = False,
     ) -> None:
         self.limits = limits or (gate.limits if gate else Limits())
         self.adapter = (
@@ -114,6 +117,7 @@ class StreamParser:
             eager=eager,
             observe=observe,
             reserved_ids=reserved_ids,
+            observe_arguments=observe_arguments,
         )
         self._decoder = make_decoder(framing, self.limits)
         # Bound once: they run once per run of events, often once per read.

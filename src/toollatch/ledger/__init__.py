@@ -11,8 +11,12 @@ Stores are built by URL only, with the openers in :mod:`toollatch`: ``open_ledge
 ``open_history(url)`` and ``open_audit(url)`` for ``memory:``, ``sqlite:///PATH`` and
 ``redis://`` (the ``redis`` extra). Their classes (in-memory, SQLite, Redis) are internal;
 this package holds the protocols they implement, the records they return, their errors, the
-running call's :func:`current_call`, and the URL helpers (:func:`default_ledger_url`,
-:func:`sqlite_file`). :mod:`toollatch.ledger.redis` has the Redis session locks.
+running call's :func:`current_call`, the :class:`Question` a call waiting for a person or a
+client is (every built-in ledger is a :class:`QuestionStore`), the errors of a refused
+answer (:class:`ApprovalError` and its kinds), the signed approval tokens
+(:func:`approval_token`), and the URL helpers
+(:func:`default_ledger_url`, :func:`sqlite_file`). :mod:`toollatch.ledger.redis` has the
+Redis session locks.
 """
 
 from ._audit import ArgumentAudit, AuditPolicy, AuditRecord, AuditStore, audit_record
@@ -20,6 +24,21 @@ from ._base import Ledger
 from ._context import CallContext, current_call
 from ._history import History, HistoryConflict
 from ._open import default_ledger_url, sqlite_file
+from ._questions import (
+    AlreadyAnswered,
+    ApprovalError,
+    Decision,
+    EditRejected,
+    NotAsked,
+    OtherSession,
+    Question,
+    QuestionKind,
+    QuestionStore,
+    StaleArguments,
+    WrongKind,
+    approval_token,
+    verify_approval_token,
+)
 from ._records import (
     Claim,
     Found,
@@ -36,12 +55,16 @@ from ._records import (
 )
 
 __all__ = [
+    "AlreadyAnswered",
+    "ApprovalError",
     "ArgumentAudit",
     "AuditPolicy",
     "AuditRecord",
     "AuditStore",
     "CallContext",
     "Claim",
+    "Decision",
+    "EditRejected",
     "Found",
     "History",
     "HistoryConflict",
@@ -53,11 +76,20 @@ __all__ = [
     "LedgerState",
     "LockBusy",
     "LockLost",
+    "NotAsked",
+    "OtherSession",
+    "Question",
+    "QuestionKind",
+    "QuestionStore",
     "SessionLocks",
+    "StaleArguments",
     "Won",
+    "WrongKind",
+    "approval_token",
     "audit_record",
     "current_call",
     "default_ledger_url",
     "digest_of",
     "sqlite_file",
+    "verify_approval_token",
 ]

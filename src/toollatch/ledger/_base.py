@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
 from ..core._round import ToolResult
+from ._questions import Question, QuestionRules, QuestionStep
 from ._records import (
     Claim,
     LedgerKey,
@@ -162,18 +163,29 @@ class RecordLedger:
         return await self._apply(key, step)
 
 
-class MemoryLedger(RecordLedger):
-    """A :class:`Ledger` in a dict: one process, one event loop (for tests and single-shot
-    runs). Every method runs to completion without awaiting, so each is atomic."""
+class MemoryLedger(RecordLedger, QuestionRules):
+    """A :class:`Ledger` (and a :class:`~._questions.QuestionStore`) in dicts: one process,
+    one event loop (for tests and single-shot runs). Every method runs to completion
+    without awaiting, so each is atomic."""
 
     def __init__(self) -> None:
         self._records: dict[LedgerKey, LedgerRecord] = {}
+        self._questions: dict[LedgerKey, Question] = {}
+
+    async def _apply_question(self, key: LedgerKey, step: QuestionStep[T]) -> T:
+        return _stepped(self._questions, key, step)
+
+    async def question(self, key: LedgerKey) -> Question | None:
+        """See :meth:`QuestionStore.question`."""
+        return self._questions.get(key)
+
+    async def questions(self, scope: str) -> list[Question]:
+        """See :meth:`QuestionStore.questions`."""
+        found = [q for k, q in self._questions.items() if k.scope == scope]
+        return sorted(found, key=lambda q: q.asked_at)
 
     async def _apply(self, key: LedgerKey, step: Step[T]) -> T:
-        outcome, new = step(self._records.get(key))
-        if new is not None:
-            self._records[key] = new
-        return outcome
+        return _stepped(self._records, key, step)
 
     async def get(self, key: LedgerKey) -> LedgerRecord | None:
         """See :meth:`Ledger.get`."""
@@ -181,3 +193,17 @@ class MemoryLedger(RecordLedger):
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+V = TypeVar("V")
+
+
+def _stepped(
+    table: dict[LedgerKey, V], key: LedgerKey, step: Callable[[V | None], tuple[T, V | None]]
+) -> T:
+    """Apply ``step`` to ``key``'s entry of ``table`` and write what it returns (no await
+    in between: atomic under one event loop)."""
+    outcome, new = step(table.get(key))
+    if new is not None:
+        table[key] = new
+    return outcome

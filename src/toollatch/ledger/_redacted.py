@@ -27,6 +27,7 @@ from ..core._redact import RedactionFailed, redact_result, redact_value
 from ..core._round import ToolResult
 from ._base import Ledger
 from ._history import History
+from ._questions import Decision, NotAsked, Question, QuestionStore
 from ._records import LedgerError, LedgerKey, LedgerRecord
 
 
@@ -72,6 +73,34 @@ class RedactedLedger:
         self.release = ledger.release
         self.get = ledger.get
         self.aclose = ledger.aclose
+        if isinstance(ledger, QuestionStore):  # its questions hold no arguments (see ._questions)
+            self.ask = ledger.ask
+            self.question = ledger.question
+            self.questions = ledger.questions
+            self._answer = ledger.answer
+
+    async def answer(
+        self,
+        key: LedgerKey,
+        *,
+        digest: str,
+        decision: Decision,
+        now: float,
+        reason: str | None = None,
+        value: str | None = None,
+    ) -> Question:
+        """See :meth:`QuestionStore.answer` (a client's result stored redacted);
+        ``NotAsked`` when the inner ledger keeps no questions."""
+        if not hasattr(self, "_answer"):
+            raise NotAsked("this ledger keeps no questions")
+        if value is not None:
+            try:
+                value = redact_result(value, self.redactor, nested=True)
+            except RedactionFailed as exc:
+                raise _failed(f"the answer to {key.call_id!r}", exc) from None
+        return await self._answer(
+            key, digest=digest, decision=decision, now=now, reason=reason, value=value
+        )
 
     def _shown(self, result: ToolResult) -> ToolResult:
         try:

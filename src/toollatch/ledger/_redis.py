@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -26,6 +26,7 @@ import redis.exceptions
 from ..core._errors import ConfigError
 from ..core._round import ToolResult
 from ._history import HistoryConflict, _encoded
+from ._questions import Question, QuestionRules, QuestionStep, question_from_json, question_to_json
 from ._records import (
     Claim,
     LeaseLost,
@@ -37,6 +38,8 @@ from ._records import (
     result_from_json,
     result_to_json,
 )
+
+T = TypeVar("T")
 
 _READ = """
 local rec = redis.call('HGETALL', KEYS[1])
@@ -84,6 +87,15 @@ redis.call('SET', lk, token, 'PX', lease_ms)
 return 'ok'
 """
 
+_QUESTION_CAS = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if cur ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
+return 1
+"""
+# A question's write, only if it is still as read (else 0: read and decide again).
+
 _RELEASE = """
 local h, lk = KEYS[1], KEYS[2]
 local state = redis.call('HGET', h, 'state')
@@ -110,7 +122,7 @@ return redis.call('HGETALL', h)
 """
 
 
-class RedisLedger:
+class RedisLedger(QuestionRules):
     """A :class:`Ledger` on a Redis server, for workers on several hosts.
 
     ``client``: a ``redis.asyncio.Redis`` (this ledger closes it in :meth:`aclose`).
@@ -133,6 +145,7 @@ class RedisLedger:
         self._fenced = client.register_script(_FENCED)
         self._release = client.register_script(_RELEASE)
         self._settle = client.register_script(_SETTLE)
+        self._question_cas = client.register_script(_QUESTION_CAS)
 
     def _keys(self, key: LedgerKey) -> list[str]:
         # The scope's length first makes the key unambiguous whatever characters it holds.
@@ -204,6 +217,45 @@ class RedisLedger:
     async def aclose(self) -> None:
         """Close the client's connections."""
         await self._r.aclose()
+
+    # -- questions (see ._questions): one hash per scope, a field per call id ----------------
+
+    def _questions_key(self, scope: str) -> str:
+        return f"{self._prefix}questions:{len(scope)}:{{{scope}}}"
+
+    async def question(self, key: LedgerKey) -> Question | None:
+        """See :meth:`QuestionStore.question`."""
+        text = await self._redis(self._r.hget(self._questions_key(key.scope), key.call_id))
+        return None if text is None else question_from_json(key, text)
+
+    async def questions(self, scope: str) -> list[Question]:
+        """See :meth:`QuestionStore.questions`."""
+        found = await self._redis(self._r.hgetall(self._questions_key(scope)))
+        asked = [
+            question_from_json(LedgerKey(scope=scope, call_id=_text(c)), text)
+            for c, text in found.items()
+        ]
+        return sorted(asked, key=lambda q: (q.asked_at, q.key.call_id))
+
+    async def _apply_question(self, key: LedgerKey, step: QuestionStep[T]) -> T:
+        where = self._questions_key(key.scope)
+        for _ in range(_CLAIM_RACES):
+            text = await self._redis(self._r.hget(where, key.call_id))
+            prior = None if text is None else question_from_json(key, text)
+            outcome, new = step(prior)
+            if new is None:
+                return outcome
+            args = [key.call_id, "" if text is None else _text(text), question_to_json(new)]
+            cas = self._question_cas(keys=[where], args=[*args, self._retention_ms])
+            if await self._redis(cas):
+                return outcome
+        raise LedgerError(f"Redis ledger: question {key.call_id!r} changed {_CLAIM_RACES} times")
+
+    async def _redis(self, pending: Any) -> Any:
+        try:
+            return await pending
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis ledger: {type(exc).__name__}: {exc}") from exc
 
     async def _write(
         self,

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from ..core._errors import ConfigError
 from ._base import RecordLedger, Step
+from ._questions import Question, QuestionRules, QuestionStep, question_from_json, question_to_json
 from ._records import LedgerError, LedgerKey, LedgerRecord, result_from_json, result_to_json
 
 T = TypeVar("T")
@@ -38,11 +39,17 @@ CREATE TABLE IF NOT EXISTS toollatch_calls (
     PRIMARY KEY (scope, call_id)
 ) WITHOUT ROWID
 """
+_QUESTIONS = """
+CREATE TABLE IF NOT EXISTS toollatch_questions (
+    scope TEXT NOT NULL, call_id TEXT NOT NULL, asked_at REAL NOT NULL, answered_at REAL,
+    data TEXT NOT NULL, PRIMARY KEY (scope, call_id)
+) WITHOUT ROWID
+"""
 _COLUMNS = "digest, state, worker, token, claimed_at, lease_until, updated_at, result"
 _UPSERT = f"INSERT OR REPLACE INTO toollatch_calls (scope, call_id, {_COLUMNS}) VALUES ({', '.join('?' * 10)})"  # noqa: E501
 
 
-class SQLiteLedger(RecordLedger):
+class SQLiteLedger(RecordLedger, QuestionRules):
     """A :class:`Ledger` in the SQLite file at ``path`` (created with its table if absent).
 
     ``busy_timeout_s``: how long an operation waits for another process's write lock
@@ -58,7 +65,7 @@ class SQLiteLedger(RecordLedger):
             self.path,
             busy_timeout_s,
             create_folder,
-            (_SCHEMA,),
+            (_SCHEMA, _QUESTIONS),
             label="SQLite ledger",
             thread="toollatch-ledger",
         )
@@ -70,8 +77,9 @@ class SQLiteLedger(RecordLedger):
         return await self._file.call(lambda conn: _select(conn, key))
 
     async def purge(self, *, finished_before: float) -> int:
-        """Delete final records last written before ``finished_before`` (Unix time); the
-        number deleted. Retention is the caller's policy (a cron, a ``serve`` sweep)."""
+        """Delete final records last written before ``finished_before`` (Unix time), and
+        the questions answered before it; the number of records deleted. Retention is the
+        caller's policy (a cron, a ``serve`` sweep)."""
 
         def run(conn: sqlite3.Connection) -> int:
             with _immediate(conn):
@@ -80,6 +88,9 @@ class SQLiteLedger(RecordLedger):
                     "AND updated_at < ?",
                     (finished_before,),
                 )
+                conn.execute(
+                    "DELETE FROM toollatch_questions WHERE answered_at < ?", (finished_before,)
+                )
                 return cursor.rowcount
 
         return await self._file.call(run)
@@ -87,6 +98,39 @@ class SQLiteLedger(RecordLedger):
     async def aclose(self) -> None:
         """Close the connection and its thread; the file stays."""
         await self._file.aclose()
+
+    # -- questions (see ._questions) ---------------------------------------------------------
+
+    async def question(self, key: LedgerKey) -> Question | None:
+        """See :meth:`QuestionStore.question`."""
+        return await self._file.call(lambda conn: _question(conn, key))
+
+    async def questions(self, scope: str) -> list[Question]:
+        """See :meth:`QuestionStore.questions`."""
+
+        def run(conn: sqlite3.Connection) -> list[Question]:
+            rows = conn.execute(
+                "SELECT call_id, data FROM toollatch_questions WHERE scope = ? "
+                "ORDER BY asked_at, call_id",
+                (scope,),
+            ).fetchall()
+            return [question_from_json(LedgerKey(scope=scope, call_id=c), d) for c, d in rows]
+
+        return await self._file.call(run)
+
+    async def _apply_question(self, key: LedgerKey, step: QuestionStep[T]) -> T:
+        def run(conn: sqlite3.Connection) -> T:
+            with _immediate(conn):
+                outcome, new = step(_question(conn, key))
+                if new is not None:
+                    row = (key.scope, key.call_id, new.asked_at, new.answered_at)
+                    conn.execute(
+                        "INSERT OR REPLACE INTO toollatch_questions VALUES (?, ?, ?, ?, ?)",
+                        (*row, question_to_json(new)),
+                    )
+                return outcome
+
+        return await self._file.call(run)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -221,6 +265,14 @@ class _immediate:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _question(conn: sqlite3.Connection, key: LedgerKey) -> Question | None:
+    row = conn.execute(
+        "SELECT data FROM toollatch_questions WHERE scope = ? AND call_id = ?",
+        (key.scope, key.call_id),
+    ).fetchone()
+    return None if row is None else question_from_json(key, row[0])
 
 
 def _select(conn: sqlite3.Connection, key: LedgerKey) -> LedgerRecord | None:

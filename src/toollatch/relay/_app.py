@@ -372,24 +372,40 @@ class Relay:
         session: str,
         new_session: bool,
         chat_id: str,
-        message: str,
+        message: str | None,
         *,
         provider: str | None,
         model: str,
+        regenerate: bool = False,
+        message_id: str | None = None,
     ) -> RelayRun:
         """Admit and start the run of a chat's next ``message`` (:mod:`._chats`): it continues
         the chat's stored history (``provider`` None: the chat's own, or the default for a new
-        chat). :class:`HTTPError` 409 ``chat_busy`` while the chat's last message is being
-        answered, ``chat_provider_mismatch``, ``chat_too_long``; the limits of
-        :meth:`admit`. The run streams and cancels like any other."""
+        chat). ``regenerate``: instead, drop the chat's last answer (``message_id``, if given,
+        must name it) and answer its last user message again (``message`` unused).
+        :class:`HTTPError` 409 ``chat_busy`` while the chat's last message is being
+        answered, ``chat_provider_mismatch``, ``chat_too_long``, ``nothing_to_regenerate``,
+        ``not_the_last_answer``; the limits of :meth:`admit`. The run streams and cancels
+        like any other."""
         latest = await self.chats.latest_run(session, chat_id)
         live = await self.find_run(latest, session)
         self.chats.claim(session, chat_id, running=live is not None and not live.ended)
         try:
-            turn = await self.chats.turn(session, chat_id, provider, default=self.providers[0])
+            if regenerate:
+                turn = await self.chats.regenerate(session, chat_id, message_id)
+                message = None
+            else:
+                turn = await self.chats.turn(session, chat_id, provider, default=self.providers[0])
             if turn.provider not in self.providers:
                 raise HTTPError(409, "chat_provider_mismatch", f"{turn.provider} is not served")
             run = await self.admit(session, new_session)
+            try:
+                await self.chats.record(session, chat_id, turn, run.id)
+            except HTTPError:
+                run.done = True
+                if run.mirror is not None:
+                    run.mirror.push(run)  # (the store records its end)
+                raise
             self._start(run, turn.provider, model, message, resume=turn.resume, scope=turn.scope)
             await self.chats.bind(session, chat_id, run.id)
         finally:

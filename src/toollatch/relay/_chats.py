@@ -10,6 +10,14 @@ reads the server's own history, never what a client sends back (a tool result a 
 up never reaches it). A chat speaks one provider's history format: the first message fixes
 the provider (kept under ``scope + "/meta"``); a later one naming another is 409.
 
+Regenerating (``useChat``'s ``regenerate()``): :meth:`ChatStore.regenerate` drops the chat's
+last answer from the server's own history and the chat's next run asks the model again after
+the last user message. Stored histories are append-only, so the chat moves to a new branch: the
+history up to and including its last user message is copied under a new key, and the meta
+names it. The meta (``scope + "/meta"``, append-only too) is ``{"provider"}`` followed by one
+``{"turn": at, "run": run id}`` per message (``at``: where the message's user turn is in the
+history) and one ``{"branch": key suffix, "keep": at}`` per regeneration.
+
 Bounds: a chat holds at most ``max_messages`` history entries (``relay.max_chat_messages``):
 a message to a chat that has reached it is refused (409 ``chat_too_long``; start a new chat),
 so a chat's stored history, and what the model is sent, stay bounded. One message at a time
@@ -25,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,11 +52,38 @@ CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 class ChatTurn:
     """Where the next message of a chat goes: the history ``scope`` (the agent's
     ``session``), whether there is a stored history to continue (``resume``), the chat's
-    ``provider``."""
+    ``provider``; ``at``: where the message's user turn goes in the history, ``meta``: the
+    length of the chat's meta (where :meth:`ChatStore.record` writes)."""
 
     scope: str
     resume: bool
     provider: str
+    at: int = 0
+    meta: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    """A chat's meta, read: its provider, the history key of its branch, its turns
+    (``(at, run id)``, oldest first) and the meta's length."""
+
+    provider: str | None
+    scope: str
+    turns: tuple[tuple[int, str], ...]
+    length: int
+
+
+def _read_meta(scope: str, meta: Sequence[dict[str, Any]]) -> _Meta:
+    name = meta[0].get("provider") if meta else None
+    branch, turns = scope, []
+    for entry in meta[1:]:
+        if isinstance(entry.get("turn"), int) and isinstance(entry.get("run"), str):
+            turns.append((entry["turn"], entry["run"]))
+        elif isinstance(entry.get("branch"), str) and isinstance(entry.get("keep"), int):
+            branch = f"{scope}/{entry['branch']}"
+            turns = [t for t in turns if t[0] < entry["keep"]]
+    provider = name if isinstance(name, str) else None
+    return _Meta(provider, branch, tuple(turns), len(meta))
 
 
 class BoundedMemoryHistory:
@@ -90,7 +126,9 @@ class ChatStore:
         store.claim(session, chat_id)            # 409 chat_busy if a message is under way
         try:
             turn = await store.turn(session, chat_id, provider, default=...)  # 409s
+            # (or turn = await store.regenerate(session, chat_id, message_id): no message)
             run = ...  # a run of the agent with session=turn.scope, resume=turn.resume
+            await store.record(session, chat_id, turn, run.id)
             await store.bind(session, chat_id, run.id)
         finally:
             store.release(session, chat_id)
@@ -130,8 +168,9 @@ class ChatStore:
         for a new chat). Raises :class:`HTTPError` 409 ``chat_provider_mismatch`` for another
         provider than the chat's, 409 ``chat_too_long`` at ``max_messages``."""
         scope = self.scope(session, chat_id)
-        stored = await self.history.load(scope)
-        own = await self.provider(session, chat_id)
+        meta = await self._meta(scope)
+        stored = await self.history.load(meta.scope)
+        own = meta.provider
         if own is not None and provider is not None and provider != own:
             raise HTTPError(
                 409,
@@ -147,21 +186,61 @@ class ChatStore:
                 "start a new chat",
             )
         if own is None:
-            try:
-                await self.history.append(f"{scope}/meta", [{"provider": chosen}], at=0)
-            except HistoryConflict:  # (another process began the chat at the same moment)
-                raise HTTPError(409, "chat_busy", "this chat was just begun elsewhere") from None
-        return ChatTurn(scope=scope, resume=bool(stored), provider=chosen)
+            await self._append_meta(scope, {"provider": chosen}, at=0)
+        length = meta.length if own is not None else 1
+        return ChatTurn(meta.scope, bool(stored), chosen, at=len(stored), meta=length)
+
+    async def regenerate(self, session: str, chat_id: str, message_id: str | None) -> ChatTurn:
+        """The turn that answers the chat's last user message again: its last answer dropped
+        from the server's history (a new branch holding the history up to and including that
+        message; see the module docstring). ``message_id``: the answer the client
+        regenerates (``msg-<run id>``, as the stream's ``start`` named it; None: the last).
+        Raises :class:`HTTPError` 409 ``nothing_to_regenerate`` for a chat with no message
+        (or one from before turns were recorded), 409 ``not_the_last_answer`` for another
+        answer than the last (only the last can be regenerated)."""
+        scope = self.scope(session, chat_id)
+        meta = await self._meta(scope)
+        if meta.provider is None or not meta.turns:
+            raise HTTPError(409, "nothing_to_regenerate", "this chat has no answer to regenerate")
+        at, run_id = meta.turns[-1]
+        if message_id is not None and message_id != f"msg-{run_id}":
+            raise HTTPError(
+                409, "not_the_last_answer", "only the chat's last answer can be regenerated"
+            )
+        stored = await self.history.load(meta.scope)
+        if len(stored) <= at:
+            raise HTTPError(409, "nothing_to_regenerate", "this chat has no answer to regenerate")
+        branch = secrets.token_hex(8)
+        try:
+            await self.history.append(f"{scope}/{branch}", stored[: at + 1], at=0)
+        except HistoryConflict:
+            raise HTTPError(409, "chat_busy", "this chat changed meanwhile") from None
+        await self._append_meta(scope, {"branch": branch, "keep": at}, at=meta.length)
+        return ChatTurn(f"{scope}/{branch}", True, meta.provider, at=at, meta=meta.length + 1)
+
+    async def record(self, session: str, chat_id: str, turn: ChatTurn, run_id: str) -> None:
+        """Record ``run_id`` as the run answering ``turn`` (what :meth:`regenerate` reads);
+        409 ``chat_busy`` when another process wrote the chat's meta meanwhile."""
+        entry = {"turn": turn.at, "run": run_id}
+        await self._append_meta(self.scope(session, chat_id), entry, at=turn.meta)
+
+    async def _meta(self, scope: str) -> _Meta:
+        return _read_meta(scope, await self.history.load(f"{scope}/meta"))
+
+    async def _append_meta(self, scope: str, entry: dict[str, Any], *, at: int) -> None:
+        try:
+            await self.history.append(f"{scope}/meta", [entry], at=at)
+        except HistoryConflict:  # (another process wrote the chat at the same moment)
+            raise HTTPError(409, "chat_busy", "this chat changed meanwhile") from None
 
     async def provider(self, session: str, chat_id: str) -> str | None:
         """The chat's provider (None for a chat never begun)."""
-        meta = await self.history.load(f"{self.scope(session, chat_id)}/meta")
-        name = meta[0].get("provider") if meta else None
-        return name if isinstance(name, str) else None
+        return (await self._meta(self.scope(session, chat_id))).provider
 
     async def messages(self, session: str, chat_id: str) -> list[dict[str, Any]]:
-        """The chat's stored history (the provider's format; empty for an unknown chat)."""
-        return await self.history.load(self.scope(session, chat_id))
+        """The chat's stored history (its branch's; the provider's format; empty for an
+        unknown chat)."""
+        return await self.history.load((await self._meta(self.scope(session, chat_id))).scope)
 
     async def bind(self, session: str, chat_id: str, run_id: str) -> None:
         """Record ``run_id`` as the chat's latest run (in the run store; 503

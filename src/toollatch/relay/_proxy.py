@@ -14,6 +14,11 @@ indices, ids repeated, arguments as objects, ``[DONE]`` without a finish reason,
 interleaved: the adapters' rules), the client sees one ``index`` per call counting from 0,
 ``id``/``type``/``name`` once, one ``finish_reason``. A non-streaming request gets one
 ``chat.completion`` with the committed calls only. ``GET /v1/models`` is passed through.
+With ``calls="stream"`` a streaming chat request gets each call's argument text as it
+streams instead, normalized by the call's own buffer (:mod:`._proxy_live`), with the same
+verdicts at the end. A silent upstream fails the round ``idle_timeout`` after
+``idle_timeout_s`` (one :class:`~toollatch.runtime.IdleDeadline` per stream). Each request
+is watched (:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans).
 
 The client's ``Authorization`` is forwarded unless an upstream key is configured; then a
 configured proxy token is the client's ``Bearer`` (so an SDK's ``api_key`` is the token).
@@ -44,23 +49,36 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..core._assembler import CallReady, RoundOver, TextReceived
+from ..core._assembler import RoundOver
 from ..core._errors import ConfigError, ErrorCode, UsageError
 from ..core._gate import Gate
 from ..core._limits import Limits
 from ..core._pipeline import StreamParser
+from ..core._registry import Framing
 from ..core._round import Round
 from ..core._specs import ToolSpec
-from ..runtime import Recorder
+from ..runtime import IdleDeadline, Recorder
+from ..runtime._clients._errors import ModelError
 from ..scripted._server import http_implementation
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
+from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
+from ._proxy_telemetry import ProxyTelemetry, RequestWatch, watch
+from ._proxy_upstreams import (
+    UPSTREAM_PROVIDERS,
+    Upstream,
+    Upstreams,
+    list_models,
+    openai_error,
+)
 from ._serving import listening_socket, started
 
-CALL_MODES = ("hold",)
-"""How calls reach the client: ``hold``, only once committed, complete (the default)."""
+CALL_MODES = ("hold", "stream")
+"""How calls reach the client: ``hold``, only once committed, complete (the default);
+``stream``, their argument text as it streams, the verdicts at the end (:mod:`._proxy_live`:
+a client may see fragments of a call refused later)."""
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 """A request body's bound (``proxy.max_request_bytes``): conversations with images are big."""
 DEFAULT_IDLE_TIMEOUT_S = 60.0
@@ -142,7 +160,9 @@ class Proxy:
     module's constants. ``record``: a folder where each upstream answer is saved
     (:class:`Recorder`). ``connections``: the relay's bounds on connections, request heads
     and bodies (``max_connections``, ``max_header_bytes``, ``header_timeout_s``,
-    ``body_timeout_s``, ``idle_timeout_s``), enforced as the relay enforces them.
+    ``body_timeout_s``, ``idle_timeout_s``), enforced as the relay enforces them. ``calls``:
+    ``hold`` or ``stream`` (:data:`CALL_MODES`; streaming chat requests only).
+    ``telemetry``: its metrics (``GET /metrics``) and spans (none: neither).
     """
 
     def __init__(
@@ -157,8 +177,23 @@ class Proxy:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: Path | None = None,
         connections: RelayLimits | None = None,
+        provider: str = "openai_chat",
+        calls: str = "hold",
+        telemetry: ProxyTelemetry | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.provider = provider
+        self.calls, self.telemetry = calls, telemetry
+        self.upstreams = None  # (a chat upstream is forwarded as is)
+        if provider != "openai_chat":
+            self.upstreams = Upstreams(
+                provider=provider,
+                base_url=self.upstream,
+                http=http,
+                upstream_key=upstream_key,
+                idle_timeout_s=idle_timeout_s,
+                record=record,
+            )
         self.record = record
         self.connections = connections or RelayLimits()
         self.http, self.upstream_key = http, upstream_key
@@ -172,17 +207,33 @@ class Proxy:
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/healthz", self._health, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """ASGI: the access checks, then the routes."""
-        if scope["type"] == "http":
-            refusal = self._refusal(Request(scope))
-            if refusal is not None:
-                await refusal.response()(scope, receive, send)
-                return
+        """ASGI: the access checks, then the routes (watched, with telemetry)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif self.telemetry is None:
+            await self._http(scope, receive, send)
+        else:
+            with self.telemetry.request(scope["method"], scope["path"]) as watching:
+                await self._http(scope, receive, _status_of(send, watching))
+
+    async def _http(self, scope: Any, receive: Any, send: Any) -> None:
+        refusal = self._refusal(Request(scope))
+        if refusal is not None:
+            await refusal.response()(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _metrics(self, _request: Request) -> Response:
+        """The proxy's Prometheus metrics (the ``[metrics]`` extra; 404 without it)."""
+        text = None if self.telemetry is None else self.telemetry.exposition()
+        if text is None:
+            return ProxyError(404, "not_found", "metrics need the [metrics] extra").response()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def _refusal(self, request: Request) -> ProxyError | None:
         access, headers = self.access, request.headers
@@ -219,6 +270,10 @@ class Proxy:
         return JSONResponse({"ok": True})
 
     async def _models(self, request: Request) -> Response:
+        if self.upstreams is not None:  # another provider's list, in OpenAI's shape
+            listed = await list_models(self.upstreams, request)
+            if listed is not None:
+                return listed
         headers = self._headers(request)
         headers.pop("content-type")
         try:
@@ -243,16 +298,15 @@ class Proxy:
         upstream_body = {**body, "stream": True}
         if not wanted_stream:
             upstream_body.pop("stream_options", None)
-        opened = await self._open(request, "chat/completions", body, upstream_body)
+        opened: tuple[Upstream, Recorder | None] | Response
+        if self.upstreams is not None:  # another provider's wire (._proxy_upstreams)
+            opened = await self.upstreams.open(request, body, tuple((gate.tools or {}).values()))
+        else:
+            opened = await self._open(request, "chat/completions", body, upstream_body)
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
-        parser = StreamParser("openai_chat", gate=gate, eager=eager, observe=True)
-        chunks = ChatChunks(
-            completion_id=f"chatcmpl-{secrets.token_urlsafe(18)}",
-            model=str(body.get("model", "")),
-            created=int(time.time()),
-        )
+        parser, chunks = self._chat_reader(body, gate, eager, live=wanted_stream)
         if not wanted_stream:
             async for _ in self._read(answer, parser, chunks, recorder):
                 pass
@@ -262,8 +316,35 @@ class Proxy:
             return JSONResponse(chunks.completion(round_))
         return _event_stream(self._stream(answer, parser, chunks, usage, recorder))
 
+    def _chat_reader(
+        self, body: Mapping[str, Any], gate: Gate, eager: tuple[str, ...], *, live: bool
+    ) -> tuple[StreamParser, ChatChunks]:
+        """The parser of a chat answer and its chunks: ``stream`` mode's for a streaming
+        request when the proxy runs with ``calls="stream"``, the hold mode's otherwise."""
+        streams = live and self.calls == "stream"
+        framing: Framing = "eventstream" if self.provider == "bedrock" else "sse"
+        parser = StreamParser(
+            self.provider,
+            framing=framing,
+            gate=gate,
+            eager=eager,
+            observe=True,
+            observe_arguments=streams,
+        )
+        completion_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
+        model, created = str(body.get("model", "")), int(time.time())
+        if streams:
+            live_chunks = LiveChunks(
+                completion_id=completion_id, model=model, created=created, tools=eager
+            )
+            return parser, live_chunks
+        return parser, ChatChunks(completion_id=completion_id, model=model, created=created)
+
     async def _responses(self, request: Request) -> Response:
         """``POST /v1/responses``: as :meth:`_chat`, over the Responses wire."""
+        if self.provider not in ("openai_chat", "openai_responses"):
+            message = f"/v1/responses needs an OpenAI upstream, not {self.provider}"
+            return openai_error(404, "not_supported", message)
         try:
             body = await self._body(request, "input")
             gate, eager = self.gates.get(body)
@@ -305,9 +386,14 @@ class Proxy:
             content=orjson.dumps(upstream_body),
             headers=self._headers(request),
         )
+        watching = watch()
+        if watching is not None:
+            watching.upstream(str(body.get("model", "")))
         try:
             answer = await self.http.send(sent, stream=True)
         except httpx.HTTPError as exc:
+            if watching is not None:
+                watching.upstream_error("unreachable")
             return _unreachable(self.upstream, exc).response()
         recorder = None
         if self.record is not None:
@@ -321,6 +407,8 @@ class Proxy:
             )
             recorder.begin(answer.status_code, self.upstream)
         if answer.status_code != 200:
+            if watching is not None:
+                watching.upstream_error("status")
             passed = await _passed_on(answer)
             if recorder is not None:
                 recorder.write(bytes(passed.body))
@@ -379,7 +467,7 @@ class Proxy:
 
     async def _read(
         self,
-        answer: httpx.Response,
+        answer: Upstream,
         parser: StreamParser,
         encoder: ChatChunks | ResponseEvents,
         recorder: Recorder | None,
@@ -389,37 +477,52 @@ class Proxy:
         upstream fails the round (not raised). The answer and the recorder are closed at the
         end, however it comes."""
         reads = answer.aiter_raw().__aiter__()
+        watching = watch()
+        noted = watching.notice if watching is not None and watching.traced else None
+        # one timer per stream, moved by each read, not one asyncio.timeout per read (13 % of
+        # the proxy's CPU at 50 streams: benchmarks/README.md); only the read is timed, never
+        # the time the consumer holds this generator at a yield
+        idle = IdleDeadline(self.idle_timeout_s)
         try:
             while not parser.over:
+                idle.reading()
                 try:
-                    async with asyncio.timeout(self.idle_timeout_s):
-                        data = await anext(reads)
+                    data = await anext(reads)
                 except StopAsyncIteration:
                     return
-                except TimeoutError:
+                except asyncio.CancelledError:
+                    if not idle.expired_for():
+                        raise  # (somebody else's cancellation: the client went away)
                     seconds = self.idle_timeout_s
                     parser.fail(ErrorCode.IDLE_TIMEOUT, f"no bytes for {seconds:g} s")
+                    _failed(watching, "idle_timeout")
                     return
-                except httpx.HTTPError as exc:
+                except (httpx.HTTPError, ModelError) as exc:
                     parser.fail(ErrorCode.STREAM_INTERRUPTED, f"{type(exc).__name__}: {exc}")
+                    _failed(watching, "stream_interrupted")
                     return
+                finally:
+                    idle.done()
                 if recorder is not None:
                     recorder.write(data)
                 for notice in parser.feed(data):
-                    if isinstance(notice, TextReceived):
-                        yield encoder.text(notice.choice, notice.text)
-                    elif isinstance(notice, CallReady):
-                        yield encoder.call(notice.call)
-                    elif isinstance(notice, RoundOver):
+                    if isinstance(notice, RoundOver):
                         return
+                    if noted is not None:
+                        noted(notice)
+                    for out in encoder.notice(notice):
+                        yield out
         finally:
+            idle.close()
             await answer.aclose()
             if recorder is not None:
                 recorder.close()
+            if watching is not None:
+                watching.round(parser.finish())  # (the callers' finish() gets the same Round)
 
     async def _stream(
         self,
-        answer: httpx.Response,
+        answer: Upstream,
         parser: StreamParser,
         chunks: ChatChunks,
         usage: bool,
@@ -435,6 +538,22 @@ class Proxy:
             for chunk in chunks.end(round_, usage=usage):
                 yield _sse(chunk)
         yield b"data: [DONE]\n\n"
+
+
+def _status_of(send: Any, watching: RequestWatch) -> Any:
+    """``send``, noting the response's status in ``watching``."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            watching.status = message["status"]
+        await send(message)
+
+    return sending
+
+
+def _failed(watching: RequestWatch | None, kind: str) -> None:
+    if watching is not None:
+        watching.upstream_error(kind)
 
 
 def _event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:
@@ -494,15 +613,21 @@ async def _passed_on(answer: httpx.Response) -> Response:
 
 class ProxyServer:
     """``toollatch proxy`` on ``host:port`` (0: any free port, read back from :attr:`url`)
-        in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
+    in front of ``upstream`` (an OpenAI-compatible base URL, e.g. ``http://HOST:8000/v1``).
 
-        ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is
-        not loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's
-        API key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``),
-        ``limits``, ``max_request_bytes``, ``idle_timeout_s``, ``record`` (a folder: every upstream
-    answer saved there, see :class:`Recorder`). ``async with ProxyServer(...) as
-        proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
-        port, mode, URL or token, or a host beyond loopback without a token.
+    ``token`` (``"auto"``: a new random one, in :attr:`token`; required when ``host`` is not
+    loopback), ``allowed_hosts`` (more ``Host`` names), ``upstream_key`` (the upstream's API
+    key; then the token is the client's ``Authorization: Bearer``), ``calls`` (``hold``, or
+    ``stream``: see :data:`CALL_MODES`), ``limits``, ``max_request_bytes``,
+    ``idle_timeout_s``, ``record`` (a folder: every upstream answer saved there, see
+    :class:`Recorder`), ``connections`` (the relay's bounds), ``upstream_provider`` (the
+    upstream's wire: ``openai_chat``, or ``anthropic``, ``gemini``, ``openai_responses``,
+    ``bedrock``: the client's chat request translated, the answer in OpenAI chat's format;
+    ``bedrock`` without ``record``), ``telemetry`` (a
+    ``ProxyTelemetry``; by default metrics in a registry of their own, served at
+    ``/metrics``, and spans of the global tracer provider). ``async with ProxyServer(...) as
+    proxy`` serves on the running loop until the block ends. Raises ConfigError for a bad
+    port, mode, URL or token, or a host beyond loopback without a token.
     """
 
     def __init__(
@@ -520,11 +645,22 @@ class ProxyServer:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         record: str | Path | None = None,
         connections: RelayLimits | None = None,
+        upstream_provider: str = "openai_chat",
+        telemetry: ProxyTelemetry | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
         if calls not in CALL_MODES:
             raise ConfigError(f"calls must be one of {CALL_MODES}, got {calls!r}")
+        if upstream_provider not in UPSTREAM_PROVIDERS:
+            known = ", ".join(UPSTREAM_PROVIDERS)
+            raise ConfigError(
+                f"upstream_provider must be one of {known}, got {upstream_provider!r}"
+            )
+        if upstream_provider == "bedrock" and record is not None:
+            raise ConfigError("record is not supported with a bedrock upstream (binary frames)")
+        self.upstream_provider = upstream_provider
+        """The upstream's wire (``openai_chat``: forwarded as is)."""
         if not upstream.startswith(("http://", "https://")):
             raise ConfigError(f"the upstream must be an http(s) URL, got {upstream!r}")
         if not (isinstance(max_request_bytes, int) and max_request_bytes > 0):
@@ -548,6 +684,9 @@ class ProxyServer:
         self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
         self.record = None if record is None else Path(record)
         self.connections = connections
+        self.telemetry = telemetry if telemetry is not None else ProxyTelemetry(mode=calls)
+        """Its metrics (``GET /metrics``, with the ``[metrics]`` extra) and OpenTelemetry
+        spans (the global tracer provider's, with the ``[otel]`` extra)."""
         self._stack: contextlib.AsyncExitStack | None = None
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -583,6 +722,9 @@ class ProxyServer:
                 idle_timeout_s=self.idle_timeout_s,
                 record=self.record,
                 connections=self.connections,
+                provider=self.upstream_provider,
+                calls=self.calls,
+                telemetry=self.telemetry,
             )
             sock = listening_socket(self.host, self.port, stack)
             bounds = proxy.connections

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..core._events import RoundEnd
+from ..core._assembler import CallReady, CallUpdate, TextReceived
+from ..core._events import CallKey, RoundEnd
 from ..core._gate import CommittedCall
 from ..core._round import Choice, Round
 from ..core._state import CallState
@@ -73,7 +74,7 @@ class ChatChunks:
             "created": created,
             "model": model,
         }
-        self._sent: dict[int, list[str]] = {}  # choice -> call ids written, in order
+        self._sent: dict[int, list[CallKey]] = {}  # choice -> calls written, in index order
         self._started: set[int] = set()
 
     def _chunk(
@@ -85,21 +86,34 @@ class ChatChunks:
         entry = {"index": choice, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**self._head, "choices": [entry]}
 
+    def notice(self, notice: CallUpdate) -> list[dict[str, Any]]:
+        """The chunks a parser's notice makes: text as it comes, a call once committed."""
+        if isinstance(notice, TextReceived):
+            return [self.text(notice.choice, notice.text)]
+        if isinstance(notice, CallReady):
+            return [self.call(notice.call)]
+        return []
+
     def text(self, choice: int, text: str) -> dict[str, Any]:
         """A text delta."""
         return self._chunk(choice, {"content": text})
 
     def call(self, call: CommittedCall) -> dict[str, Any]:
         """The one delta of a committed call (its ``index``: the choice's next)."""
-        sent = self._sent.setdefault(call.key.choice, [])
+        return self._opening(call.key, call.call_id, call.name, call.arguments_text)
+
+    def _opening(self, key: CallKey, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        """A call's first delta (``id``, ``type``, ``name``, ``arguments`` so far) under the
+        choice's next ``index``."""
+        sent = self._sent.setdefault(key.choice, [])
         entry = {
             "index": len(sent),
-            "id": call.call_id,
+            "id": call_id,
             "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments_text},
+            "function": {"name": name, "arguments": arguments},
         }
-        sent.append(call.call_id)
-        return self._chunk(call.key.choice, {"tool_calls": [entry]})
+        sent.append(key)
+        return self._chunk(key.choice, {"tool_calls": [entry]})
 
     def end(self, round_: Round, *, usage: bool = False) -> list[dict[str, Any]]:
         """The closing chunks: each choice's calls committed at the end (in call order), its
@@ -109,7 +123,7 @@ class ChatChunks:
         for choice in round_.choices:
             sent = set(self._sent.get(choice.index, ()))
             for record in choice.calls:
-                if record.committed is not None and record.call_id not in sent:
+                if record.committed is not None and record.key not in sent:
                     out.append(self.call(record.committed))
             finish = self._chunk(choice.index, {}, self._finish(choice))
             failed = failed_calls(choice)
@@ -121,7 +135,7 @@ class ChatChunks:
         return out
 
     def _finish(self, choice: Choice) -> str:
-        if self._sent.get(choice.index):
+        if any(record.committed is not None for record in choice.calls):
             return "tool_calls"
         if choice.ended in _FINISH:
             return _FINISH[choice.ended]
@@ -147,7 +161,6 @@ class ChatChunks:
                     }
                     for c in calls
                 ]
-                self._sent[choice.index] = [c.call_id for c in calls]
             choices.append(
                 {
                     "index": choice.index,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..core._assembler import CallReady, CallUpdate, TextReceived
 from ..core._events import RoundEnd
 from ..core._gate import CommittedCall
 from ..core._round import Round
@@ -67,6 +68,15 @@ class ResponseEvents:
             self._event("response.created", {"response": self.response("in_progress")}),
             self._event("response.in_progress", {"response": self.response("in_progress")}),
         ]
+
+    def notice(self, notice: CallUpdate) -> list[list[tuple[str, dict[str, Any]]]]:
+        """The events a parser's notice makes, in groups: text as it comes, a call once
+        committed (``--calls stream`` applies to Chat Completions only: here calls are held)."""
+        if isinstance(notice, TextReceived):
+            return [self.text(notice.choice, notice.text)]
+        if isinstance(notice, CallReady):
+            return [self.call(notice.call)]
+        return []
 
     def text(self, choice: int, text: str) -> list[tuple[str, dict[str, Any]]]:
         """A text piece (the message item opened first if it is not; Responses has one

@@ -5,11 +5,16 @@ The agent loop itself (``Agent``, ``AgentRun``, ``@tool``, ``Tool``, ``model_cli
 agent events, the model errors and every ``*Limits``) is in :mod:`toollatch`. Here:
 :class:`Dispatcher` (runs :class:`toollatch.CommittedCall` objects, and an eager call only
 when the core returned it as a ``CallReady``) and one round's :class:`DispatchRound`;
-:class:`ModelStream`, what ``ModelClient.stream`` yields; the observers that watch a run
+:class:`ModelStream`, what ``ModelClient.stream`` yields, and :class:`IdleDeadline`, the
+idle deadline of its reads (one timer per stream, not one per read; the proxy's too); the
+observers that watch a run
 (:class:`AgentObserver`, :class:`Metrics`, :class:`Tracing`, :class:`RedactedLog`,
 :class:`JsonFormatter`, :func:`configure_logging`); result shaping (:func:`redact_result`,
 :func:`truncate_result` and their constants); :func:`example_tools`; and the whole-app
-configuration (:class:`Config`, :func:`load_config`, ``CONFIG_EXAMPLE``).
+configuration (:class:`Config`, :func:`load_config`, ``CONFIG_EXAMPLE``); and the events of
+calls that wait for a person or a client (:class:`ApprovalRequestedEvent`,
+:class:`ApprovalAnsweredEvent`; agent events like those in :mod:`toollatch`, here because the
+top level is full) with what a ``needs_approval`` function is told (:class:`ApprovalContext`).
 
 Nothing here decides whether a call may run: the core's gate does.
 """
@@ -19,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 from ..core._redact import redact_result
 from ..tools._examples import example_tools
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, truncate_result
+from ..tools._tools import ApprovalContext
+from ._agent_events import ApprovalAnsweredEvent, ApprovalRequestedEvent
 from ._clients import ModelStream
+from ._clients._deadline import IdleDeadline
 from ._dispatcher import Dispatcher, DispatchRound
 from ._logs import JsonFormatter, RedactedLog, configure_logging
 from ._observer import AgentObserver
@@ -30,9 +38,13 @@ __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
     "MIN_RESULT_BYTES",
     "AgentObserver",
+    "ApprovalAnsweredEvent",
+    "ApprovalContext",
+    "ApprovalRequestedEvent",
     "Config",
     "DispatchRound",
     "Dispatcher",
+    "IdleDeadline",
     "JsonFormatter",
     "Metrics",
     "ModelStream",

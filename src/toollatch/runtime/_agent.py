@@ -46,6 +46,7 @@ from ..ledger import ArgumentAudit, History, Ledger
 from ..tools._results import ResultLimits
 from ..tools._tools import Tool
 from ._agent_run import AgentRun
+from ._approvals import ApprovalPolicy
 from ._clients import ModelClient
 from ._dispatcher import Dispatcher
 from ._observer import AgentObserver
@@ -80,6 +81,10 @@ class Agent:
     (renewed every third of it while the call runs): a dead process's call is taken over after
     it;
     ``audit`` (opt-in) keeps a redacted record of each call that did not commit.
+    ``approvals``: which calls wait for a person besides those of ``needs_approval`` tools,
+    and for how long (:class:`ApprovalPolicy`); a waiting call is answered with
+    :meth:`AgentRun.approve` / ``deny`` / ``submit_result``, and its question lives in the
+    ``ledger`` (a resumed run finds it).
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
     ``result_limits``: the size budgets of tool results (:class:`ResultLimits`); every tool
@@ -115,6 +120,7 @@ class Agent:
         policy: Policy | None = None,
         audit: ArgumentAudit | None = None,
         lease_s: float = 30.0,
+        approvals: ApprovalPolicy | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -146,6 +152,7 @@ class Agent:
             audit=audit,
             result_limits=result_limits,
             redaction=previews,
+            approvals=approvals,
         )
         self._tools = Toolbox(self.dispatcher, own, tool_source, eager_start=eager_start)
         self._attempts = 0  # the last attempt number given (see _next_attempt)
@@ -244,6 +251,8 @@ def user_message(provider: str, text: str) -> dict[str, Any]:
     """A user turn holding ``text``, in ``provider``'s history format."""
     if provider == "gemini":
         return {"role": "user", "parts": [{"text": text}]}
+    if provider == "bedrock":  # Converse content is always a list of blocks
+        return {"role": "user", "content": [{"text": text}]}
     if provider in ("openai_chat", "openai_responses", "anthropic"):
         return {"role": "user", "content": text}  # (a Responses input item reads the same)
     raise UsageError(f"no user message format for provider {provider!r}")

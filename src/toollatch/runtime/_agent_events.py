@@ -94,6 +94,77 @@ class CallFailedEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalRequestedEvent:
+    """A committed call waits for a person (``approval_requested``) or, for a client tool,
+    for the client's result (``client_call``): answer it with ``AgentRun.approve`` /
+    ``deny`` or ``submit_result``. Sent again when a resumed run meets the call again."""
+
+    type: ClassVar[str] = "approval_requested"
+    id: str
+    """The call id to answer."""
+    name: str
+    """The tool name."""
+    arguments: Mapping[str, Any]
+    """The committed arguments, exactly what an approval approves (never a preview)."""
+    args_sha256: str
+    """SHA-256 (hex) of the tool name and canonical arguments: an approval names it."""
+    session: str
+    """The conversation (the ledger's scope) the call belongs to."""
+    expires_at: float | None
+    """Unix time after which it is answered ``approval_expired`` (None: never)."""
+    kind: str = "approval"
+    """``approval``, or ``client`` for a client tool's call (then ``type`` is
+    ``client_call``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type", "id", "name", "arguments", "args_sha256", "session", "expires_at"}``
+        (``type``: ``approval_requested`` or ``client_call``)."""
+        return {
+            "type": "client_call" if self.kind == "client" else self.type,
+            "id": self.id,
+            "name": self.name,
+            "arguments": dict(self.arguments),
+            "args_sha256": self.args_sha256,
+            "session": self.session,
+            "expires_at": self.expires_at,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalAnsweredEvent:
+    """A waiting call was answered: ``approved`` (it runs now), ``denied``, ``result`` (a
+    client tool's), ``expired`` or ``cancelled``; its ``tool_finished`` follows."""
+
+    type: ClassVar[str] = "approval_answered"
+    id: str
+    """The call id."""
+    name: str
+    """The tool name."""
+    decision: str
+    """``approved``, ``denied``, ``result``, ``expired`` or ``cancelled``."""
+    reason: str | None
+    """A denial's reason."""
+    waited_s: float
+    """Seconds from the question to its answer (by the dispatcher's clock; across a
+    restart, the downtime included)."""
+    edited: bool = False
+    """True when the approval changed the arguments (the call ran with the edited ones)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"type": "approval_answered", "id", "name", "decision", "reason", "waited_s",
+        "edited"}``."""
+        return {
+            "type": self.type,
+            "id": self.id,
+            "name": self.name,
+            "decision": self.decision,
+            "reason": self.reason,
+            "waited_s": self.waited_s,
+            "edited": self.edited,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolStartedEvent:
     """A committed call started running."""
 
@@ -211,6 +282,8 @@ AgentEvent: TypeAlias = (
     | CallOpenedEvent
     | CallCommittedEvent
     | CallFailedEvent
+    | ApprovalRequestedEvent
+    | ApprovalAnsweredEvent
     | ToolStartedEvent
     | ToolFinishedEvent
     | RoundEndedEvent

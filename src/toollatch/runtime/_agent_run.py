@@ -19,7 +19,7 @@ from typing import Any
 from ..core._assembler import CallAnnounced, CallReady, TextReceived
 from ..core._errors import ErrorCode, UsageError
 from ..core._events import CallKey, RoundEnd
-from ..core._gate import CommittedCall, RunBudget
+from ..core._gate import CommittedCall, Gate, RunBudget
 from ..core._messages import assistant_messages, tool_results_messages
 from ..core._messages._ids import history_call_ids, id_repairs, pair_results
 from ..core._messages._repair import repaired_history
@@ -92,6 +92,48 @@ class AgentRun:
             # (a task cancelled before its first step would never run _drive's finally)
             self._driver.cancel()
 
+    # -- answering the calls that wait for a person or a client ----------------------------
+
+    async def approve(
+        self,
+        call_id: str,
+        *,
+        args_sha256: str,
+        args: Mapping[str, Any] | str | None = None,
+        always: bool = False,
+    ) -> None:
+        """Approve the call ``call_id`` this run waits on (an ``approval_requested`` event),
+        naming the SHA-256 of its committed arguments (the event's ``args_sha256``): it runs
+        now, exactly once. ``args``: approve it with edited arguments, which pass the whole
+        gate again (strict parse, size, schema, the run's policy; ``EditRejected`` leaves
+        the call waiting), and the result tells the model what ran. ``always``: later calls
+        of the same tool in this run's conversation run without asking (:meth:`revoke`
+        undoes it). Raises an ``ApprovalError`` (``NotAsked``, ``AlreadyAnswered``,
+        ``StaleArguments``, ``WrongKind``, ``OtherSession``, ``EditRejected``) and changes
+        nothing then."""
+        await self._setup.dispatcher.approve(
+            self.conversation, call_id, args_sha256=args_sha256, args=args, always=always
+        )
+
+    async def deny(self, call_id: str, reason: str = "denied") -> None:
+        """Deny the waiting call: it gets an ``approval_denied`` error result with
+        ``reason``, which the model reads; the run goes on. Raises as :meth:`approve`."""
+        await self._setup.dispatcher.deny(self.conversation, call_id, reason)
+
+    async def submit_result(self, call_id: str, value: Any) -> None:
+        """The result of a client tool's call (a ``client_call`` event): a str, or any
+        JSON-able value. Raises as :meth:`approve` (``WrongKind`` for a server tool)."""
+        await self._setup.dispatcher.submit_result(self.conversation, call_id, value)
+
+    def revoke(self, name: str) -> None:
+        """Calls of tool ``name`` ask again (undoes ``approve(..., always=True)``)."""
+        self._setup.dispatcher.revoke(self.conversation, name)
+
+    @property
+    def pending(self) -> list[str]:
+        """Ids of the calls this run waits on (in this process), oldest first."""
+        return [q.key.call_id for q in self._setup.dispatcher.pending(self.conversation)]
+
     async def __aiter__(self) -> AsyncIterator[AgentEvent]:
         if self._driver is not None:
             raise UsageError("an AgentRun can be iterated once")
@@ -150,6 +192,7 @@ class AgentRun:
         reserved = history_call_ids(provider, self.history)
         parser = StreamParser(
             provider,
+            framing=setup.client.framing,
             tools=tools.specs,
             limits=setup.limits,
             budget=self._budget,
@@ -161,7 +204,10 @@ class AgentRun:
             # an id the history already holds is a new call (call_0 in every response)
             reserved_ids=reserved,
         )
-        round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit)
+        # edited arguments of an approval pass this gate (the parser's own checks, but the
+        # call budget, which the call they replace spent)
+        gate = Gate(tools.specs, limits=setup.limits, policy=setup.policy)
+        round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit, gate=gate)
         async with round_scope as dispatch:
             round_: Round | None = None
             try:

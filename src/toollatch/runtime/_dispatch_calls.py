@@ -36,13 +36,18 @@ class Slot:
     tool: Tool[Any, Any] | None = None
     memo: Memo | None = None
     """Set when this slot runs the call (it owns the memo's result)."""
-    phase: Literal["waiting", "running", "joined"] = "waiting"
-    """``running`` once the tool started; ``joined`` when awaiting another round's run."""
+    phase: Literal["waiting", "awaiting", "running", "joined"] = "waiting"
+    """``waiting`` for its locks; ``awaiting`` an answer (a person's approval, a client's
+    result: the state after COMMITTED for such a call); ``running`` once the tool started;
+    ``joined`` when awaiting another round's run."""
     task: asyncio.Task[None] | None = None
     result: ToolResult | None = None
+    note: str | None = None
+    """Put before the result's text (what the model must know: its arguments were edited)."""
 
 
 NEVER_STARTED = "the round was cancelled before the tool started; it was not run"
+NEVER_ANSWERED = "the round was cancelled while the call waited for its answer; it was not run"
 DUPLICATE = "this call id already ran with other arguments; this call was not run"
 UNKNOWN_TOOL = "no tool of that name is registered with the dispatcher; it was not run"
 LOCK_BUSY = "another worker held the session's lock too long; the call was not run"
@@ -51,6 +56,8 @@ LOCK_DOWN = "the session lock could not be taken (ledger unavailable); the call 
 
 def cancelled(slot: Slot) -> ToolResult:
     """The ``cancelled`` result of ``slot``: "never started" or "outcome unknown"."""
+    if slot.phase == "awaiting":
+        return dispatch_error(slot.call, ErrorCode.CANCELLED, NEVER_ANSWERED)
     if slot.phase == "waiting":
         return dispatch_error(slot.call, ErrorCode.CANCELLED, NEVER_STARTED)
     detail = f"the round was cancelled while the tool was running; {UNKNOWN_OUTCOME}"
@@ -71,7 +78,7 @@ def on_cancel(slot: Slot) -> tuple[ToolResult, bool]:
 
 def may_run_again(slot: Slot, result: ToolResult) -> bool:
     """True when the id is forgotten: never started, or an idempotent tool's unknown outcome."""
-    if result.code in _NOT_RUN and slot.phase == "waiting":
+    if result.code in _NOT_RUN and slot.phase in ("waiting", "awaiting"):
         return True
     unknown = result.code in _UNKNOWN
     return unknown and slot.tool is not None and slot.tool.idempotent

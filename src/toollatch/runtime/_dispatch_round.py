@@ -9,22 +9,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from dataclasses import replace
 from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ..core._errors import ErrorCode, InvariantBroken, UsageError
-from ..core._gate import CommittedCall
+from ..core._gate import CommittedCall, Gate, Rejection
 from ..core._messages import error_result
 from ..core._round import Round, ToolResult
-from ..ledger import LedgerError, LockBusy, LockLost, digest_of
+from ..ledger import (
+    LedgerError,
+    LockBusy,
+    LockLost,
+    Question,
+    QuestionKind,
+    StaleArguments,
+    digest_of,
+)
 from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
-from ..tools._tools import Tool
-from ._agent_events import ToolFinishedEvent, ToolStartedEvent
+from ..tools._tools import Tool, ToolOutcome, as_text
+from ._agent_events import ApprovalAnsweredEvent, ToolFinishedEvent, ToolStartedEvent
+from ._approvals import regate
 from ._dispatch_calls import (
     DUPLICATE,
     LOCK_BUSY,
     LOCK_DOWN,
+    NEVER_ANSWERED,
     NEVER_STARTED,
     UNKNOWN_OUTCOME,
     UNKNOWN_TOOL,
@@ -57,6 +68,23 @@ def _warn_blocked(call: CommittedCall, held_s: float, limit: float) -> None:
     )
 
 
+def _answered_event(q: Question, *, edited: bool) -> ApprovalAnsweredEvent:
+    waited = max(0.0, (q.answered_at or q.asked_at) - q.asked_at)
+    return ApprovalAnsweredEvent(
+        id=q.key.call_id, name=q.name, decision=str(q.decision), reason=q.reason,
+        waited_s=waited, edited=edited,
+    )  # fmt: skip
+
+
+def result_text(value: Any) -> str:
+    """A client's result as the model reads it: a str as it is, else compact JSON (what a
+    tool's return value becomes); ``UsageError`` for a value with no JSON form."""
+    outcome = as_text(ToolOutcome(content=value))
+    if outcome.is_error:
+        raise UsageError(f"the result has no JSON form: {outcome.content}")
+    return str(outcome.content)
+
+
 class DispatchRound:
     """The tool execution of one model round; made by :meth:`Dispatcher.round`.
 
@@ -67,10 +95,17 @@ class DispatchRound:
     """
 
     def __init__(
-        self, state: DispatchState, session: str, *, on_event: OnEvent | None = None
+        self,
+        state: DispatchState,
+        session: str,
+        *,
+        on_event: OnEvent | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._shared = state
         self._tools = state.tools  # (an immutable view: replace_tools makes a new one)
+        # what edited arguments of an approval pass (the run's, with its limits and policy)
+        self._gate = gate or Gate([t.spec for t in self._tools.values()])
         self._on_event = on_event
         self._session = session
         self._group: asyncio.TaskGroup | None = None
@@ -200,7 +235,9 @@ class DispatchRound:
                 Memo(fingerprint, asyncio.get_running_loop().create_future()),
             )
             self._shared.remember(self._session, call.call_id, slot.memo)
-            self._spawn(slot, self._execute(slot, tool))
+            kind = self._shared.approvals.kind_of(tool, call, self._session)
+            work = self._execute(slot, tool) if kind is None else self._answered(slot, tool, kind)
+            self._spawn(slot, work)
 
     def _spawn(self, slot: Slot, work: Coroutine[Any, Any, None]) -> None:
         assert self._group is not None  # checked by _check_open
@@ -216,6 +253,58 @@ class DispatchRound:
             raise InvariantBroken("a joined call ended without a result")
         self._settle(slot, memo.result)
 
+    # -- waiting for a person or a client (see ._approvals) --------------------------------
+
+    async def _answered(self, slot: Slot, tool: Tool[Any, Any], kind: QuestionKind) -> None:
+        """Wait for ``slot``'s answer, then run it (approved) or settle it (any other)."""
+        call = slot.call
+        slot.phase = "awaiting"
+        try:
+            approvals = self._shared.approvals
+            question = await approvals.wait(self._session, call, kind, self._emit, self._gate)
+        except StaleArguments:
+            self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
+            return
+        except LedgerError as exc:
+            detail = f"the question could not be stored ({exc}); the call was not run"
+            self._settle(slot, dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, detail))
+            return
+        except asyncio.CancelledError:
+            self._settle(slot, cancelled(slot))
+            raise
+        edited = question.decision == "approved" and question.value is not None
+        self._emit(_answered_event(question, edited=edited))
+        slot.phase = "waiting"  # (for its locks, if it runs)
+        if question.decision == "approved" and question.value is not None:
+            checked = regate(self._gate, call, question.value)
+            if isinstance(checked, Rejection):
+                self._settle(slot, dispatch_error(call, checked.code, checked.detail))
+                return
+            slot.call = checked
+            slot.note = (
+                "[a person approved this call with edited arguments; it ran with "
+                f"{checked.arguments_text}]\n"
+            )
+            await self._execute(slot, tool)
+        elif question.decision == "approved":
+            await self._execute(slot, tool)
+        else:
+            self._settle(slot, self._not_run(call, tool, question))
+
+    def _not_run(self, call: CommittedCall, tool: Tool[Any, Any], q: Question) -> ToolResult:
+        """The result of an answered call that did not run here."""
+        if q.decision == "result":  # a client tool's: shaped like any tool's result
+            result = ToolResult(tool_call_id=call.call_id, name=call.name, content=q.value or "")
+            return self._shared.results.tool_result(result, self._shared.budget(call.name, tool))
+        if q.decision == "denied":
+            detail = f"a person denied this call; it was not run. Reason: {q.reason or 'none'}"
+            return dispatch_error(call, ErrorCode.APPROVAL_DENIED, detail)
+        if q.decision == "expired":
+            what = "its result" if q.kind == "client" else "an approval"
+            detail = f"{what} did not come in time; the call was not run"
+            return dispatch_error(call, ErrorCode.APPROVAL_EXPIRED, detail)
+        return dispatch_error(call, ErrorCode.CANCELLED, NEVER_ANSWERED)
+
     # -- running -----------------------------------------------------------------------------
 
     async def _execute(self, slot: Slot, tool: Tool[Any, Any]) -> None:
@@ -230,6 +319,7 @@ class DispatchRound:
                     runner=lambda owned: self._run(slot, tool, owned),
                     on_cancel=lambda: on_cancel(slot),
                     max_wait_s=self._max_wait_s(tool, guard.lease_s),
+                    ready=lambda: self._ready(tool),
                 )
         except asyncio.CancelledError:
             self._settle(slot, cancelled(slot))
@@ -240,13 +330,16 @@ class DispatchRound:
         self, slot: Slot, tool: Tool[Any, Any], owned: Owned | None = None
     ) -> ToolResult:
         call = slot.call
-        try:
-            await self._hold_session()
-        except LockBusy as exc:  # another worker holds the session: a wait that ran out
-            return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
-        except LedgerError as exc:
-            return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
-        async with self._shared.group_lock(tool.group), self._shared.semaphore:
+        taken = owned.held if owned is not None else None
+        if taken is None:
+            try:
+                await self._hold_session()
+            except LockBusy as exc:  # another worker holds the session: a wait that ran out
+                return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
+            except LedgerError as exc:
+                return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
+            taken = self._slot(tool)
+        async with taken:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
             slot.phase = "running"
@@ -280,6 +373,37 @@ class DispatchRound:
         if shaper.heavy(result):  # a long walk of the redactor: off the event loop
             return await asyncio.to_thread(shaper.tool_result, result, budget)
         return shaper.tool_result(result, budget)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, tool: Tool[Any, Any]) -> AsyncIterator[None]:
+        """The tool's group lock and a concurrency slot, held while it runs."""
+        async with self._shared.group_lock(tool.group), self._shared.semaphore:
+            yield
+
+    async def _ready(
+        self, tool: Tool[Any, Any]
+    ) -> contextlib.AbstractAsyncContextManager[Any] | None:
+        """Everything a call of ``tool`` waits for before it starts (the session's locks,
+        its group's lock, a concurrency slot), taken when all are free now, so that the
+        ledger claims and starts the call in one write; None, with nothing taken, when one
+        of them may have to be waited for (the call is then claimed, waits, and is started
+        after). Free now means taken without a suspension, so no other task comes between
+        the look and the taking."""
+        shared = self._shared
+        session_held = self._holding and (self._far is not None or shared.session_locks is None)
+        if not session_held and (
+            shared.session_locks is not None  # the distributed lock is a trip to its store
+            or self._entering.locked()
+            or not shared.session_free(self._session)
+        ):
+            return None
+        group = shared.group_lock(tool.group)
+        if (isinstance(group, asyncio.Lock) and group.locked()) or shared.semaphore.locked():
+            return None
+        await self._hold_session()
+        taken = contextlib.AsyncExitStack()  # (entered: leaving it releases the slot)
+        await taken.enter_async_context(self._slot(tool))
+        return taken
 
     def _max_wait_s(self, tool: Tool[Any, Any], lease_s: float) -> float | None:
         """How long a call waits for another worker's run: that run's own limit (the same
@@ -328,6 +452,8 @@ class DispatchRound:
         result is told once."""
         if slot.result is not None:
             return
+        if slot.note is not None:
+            result = replace(result, content=slot.note + result.content)
         slot.result = result = self._bounded(result)
         self._finished(result)
         memo = slot.memo

@@ -21,11 +21,19 @@ from ..core._round import ToolResult
 from ..ledger import ArgumentAudit, SessionLocks
 from ..tools._results import ResultShaper
 from ..tools._tools import Tool
-from ._agent_events import ToolFinishedEvent, ToolStartedEvent
+from ._agent_events import (
+    ApprovalAnsweredEvent,
+    ApprovalRequestedEvent,
+    ToolFinishedEvent,
+    ToolStartedEvent,
+)
+from ._approvals import Approvals
 from ._dispatch_calls import Memo
 from ._ledger_run import LedgerGuard
 
-ToolEvent: TypeAlias = ToolStartedEvent | ToolFinishedEvent
+ToolEvent: TypeAlias = (
+    ApprovalRequestedEvent | ApprovalAnsweredEvent | ToolStartedEvent | ToolFinishedEvent
+)
 """The agent events the dispatcher emits."""
 OnEvent: TypeAlias = Callable[[ToolEvent], None]
 """A sync callback for :data:`ToolEvent` (exceptions it raises are logged, never propagated:
@@ -51,6 +59,7 @@ class DispatchState:
         session_locks: SessionLocks | None,
         audit: ArgumentAudit | None,
         results: ResultShaper,
+        approvals: Approvals,
     ) -> None:
         self.tools: Mapping[str, Tool[Any, Any]] = MappingProxyType({})
         self._groups: dict[str, asyncio.Lock] = {}
@@ -62,6 +71,7 @@ class DispatchState:
         self.session_locks = session_locks
         self.audit = audit
         self.results = results
+        self.approvals = approvals
         self._on_event = on_event
         self._max_remembered = max_remembered_calls
         self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -100,6 +110,10 @@ class DispatchState:
         except BaseException:
             self._drop_session_user(session)
             raise
+
+    def session_free(self, session: str) -> bool:
+        """True when no round holds ``session``'s in-process lock or waits for it."""
+        return session not in self._sessions
 
     def release_session(self, session: str) -> None:
         """Release what :meth:`acquire_session` took."""

@@ -47,7 +47,7 @@ policy. A running tool reads its call, idempotency key and fencing token with
 ``toollatch.ledger.current_call()``.
 
 Results: a tool's outcome becomes its ``ToolResult`` through :mod:`._results` (redacted with
-the ``redaction`` policy's redactor, then cut to the call's size budget) before anything stores
+the ``redactor``, then cut to the call's size budget) before anything stores
 or emits it, so the memo, the ledger, the events and the history only ever hold the shaped
 result. Error results the dispatcher makes itself are cut to the budget, never redacted.
 
@@ -66,6 +66,7 @@ one way: this module -> round -> state -> calls.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -74,13 +75,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core._errors import ConfigError, UsageError
-from ..core._preview import PreviewPolicy
+from ..core._gate import Gate
+from ..core._preview import PreviewPolicy, Redactor
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
-from ..ledger import ArgumentAudit, Ledger, SessionLocks
+from ..ledger import ArgumentAudit, Ledger, Question, SessionLocks
 from ..tools._results import ResultLimits, ResultShaper
-from ..tools._tools import Tool
-from ._dispatch_round import DispatchRound
+from ..tools._tools import MAX_DETAIL_CHARS, Tool
+from ._approvals import ApprovalPolicy, Approvals
+from ._dispatch_round import DispatchRound, result_text
 from ._dispatch_state import DispatchState, OnEvent, ToolEvent
 from ._ledger_run import Clock, LedgerGuard, default_clock
 
@@ -106,9 +109,16 @@ class Dispatcher:
     call of a round that did not commit, written beside the tools once the round's
     ``finish`` or ``abort`` is called (a task of the round: the block waits for it).
     ``result_limits``: the size budgets of results (:class:`ResultLimits`; default 64 KiB
-    each); ``redaction``: a ``PreviewPolicy`` whose ``redactor`` every tool's result passes
-    (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
-    redacted in a worker thread, so the redactor must be thread-safe).
+    each); ``redactor``: ``redactor(pointer, text) -> text``, which every tool's result
+    passes (see :func:`redact_result`; None: no redaction; results over 64 Ki characters are
+    redacted in a worker thread, so it must be thread-safe); ``redaction``: a
+    ``PreviewPolicy`` whose ``redactor`` is taken (its preview settings do not apply to
+    results), for one redactor shared with the previews; not with ``redactor``.
+    ``approvals``: which calls wait for a person besides those of ``needs_approval``
+    tools, and for how long (:class:`ApprovalPolicy`); their questions live in ``ledger``
+    when it keeps them (every built-in one does), so a restarted process finds them, and
+    ``clock`` times them. Answer them with :meth:`approve`, :meth:`deny` and
+    :meth:`submit_result` (``AgentRun`` has the same, for its own session).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -130,6 +140,8 @@ class Dispatcher:
         audit: ArgumentAudit | None = None,
         result_limits: ResultLimits | None = None,
         redaction: PreviewPolicy | None = None,
+        approvals: ApprovalPolicy | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         by_name = _by_name(tools)
         eager = frozenset(eager)
@@ -158,7 +170,8 @@ class Dispatcher:
             guard=guard,
             session_locks=session_locks,
             audit=audit,
-            results=ResultShaper(result_limits, redaction),
+            results=ResultShaper(result_limits, redaction, redactor),
+            approvals=Approvals(_approval_policy(approvals), ledger, clock),
         )
 
     @property
@@ -188,14 +201,83 @@ class Dispatcher:
         """True when a call of ``name`` may be passed to :meth:`DispatchRound.start`."""
         return self._state.may_start_early(name, self._state.tools)
 
-    def round(self, session: str = "default", *, on_event: OnEvent | None = None) -> DispatchRound:
+    def round(
+        self,
+        session: str = "default",
+        *,
+        on_event: OnEvent | None = None,
+        gate: Gate | None = None,
+    ) -> DispatchRound:
         """The tool execution of one model round of ``session`` (an async context manager),
         with the current tools; ``on_event`` is told this round's :data:`ToolEvent` (after
         the dispatcher's own ``on_event``): one dispatcher serves concurrent runs, each
-        with its own events."""
+        with its own events. ``gate`` checks the edited arguments of an approval (default:
+        the tools' schemas with the default limits, no policy: pass the run's)."""
         if not isinstance(session, str):
             raise UsageError(f"session must be a str, got {session!r:.60}")
-        return DispatchRound(self._state, session, on_event=on_event)
+        return DispatchRound(self._state, session, on_event=on_event, gate=gate)
+
+    # -- answering the calls that wait (see ._approvals) --------------------------------------
+
+    async def approve(
+        self,
+        session: str,
+        call_id: str,
+        *,
+        args_sha256: str,
+        args: Mapping[str, Any] | str | None = None,
+        always: bool = False,
+    ) -> Question:
+        """Approve the waiting call ``call_id`` of ``session`` with the SHA-256 of the
+        arguments it committed with (``approval_requested``'s ``args_sha256``): it runs now.
+        ``args``: run it with these arguments instead (an object, or its JSON text), which
+        pass the whole gate again (``EditRejected`` and the call keeps waiting when they
+        do not); its result then tells the model what ran. ``always``: also run the tool's
+        later calls in this session without asking (:meth:`revoke` undoes it). Raises an
+        ``ApprovalError``: ``NotAsked``, ``AlreadyAnswered``, ``StaleArguments`` (another
+        digest), ``WrongKind`` (a client tool's call), ``OtherSession``, ``EditRejected``;
+        ``LedgerError`` when the ledger fails."""
+        if not isinstance(args_sha256, str):
+            raise UsageError("args_sha256 must be the hex SHA-256 of the committed arguments")
+        question = await self._state.approvals.answer(
+            session, call_id, kind="approval", decision="approved", digest=args_sha256,
+            value=None if args is None else _edited_text(args),
+        )  # fmt: skip
+        if always:
+            self._state.approvals.allow_always(session, question.name)
+        return question
+
+    async def deny(self, session: str, call_id: str, reason: str = "denied") -> Question:
+        """Deny the waiting call: it gets an ``approval_denied`` error result with
+        ``reason`` (the model reads it and goes on). Raises as :meth:`approve`."""
+        if not isinstance(reason, str):
+            raise UsageError("reason must be a str")
+        if len(reason) > MAX_DETAIL_CHARS:  # (the model reads it: a reason, not a document)
+            reason = reason[:MAX_DETAIL_CHARS] + "..."
+        return await self._state.approvals.answer(
+            session, call_id, kind="approval", decision="denied", reason=reason
+        )
+
+    async def submit_result(self, session: str, call_id: str, value: Any) -> Question:
+        """Give a waiting client tool's call its result: a str as it is, anything else as
+        compact JSON. Raises as :meth:`approve` (``WrongKind`` for a server tool's call)."""
+        return await self._state.approvals.answer(
+            session, call_id, kind="client", decision="result", value=result_text(value)
+        )
+
+    def revoke(self, session: str, name: str) -> None:
+        """Calls of tool ``name`` in ``session`` ask again (undoes ``approve(always=True)``)."""
+        self._state.approvals.revoke(session, name)
+
+    def pending(self, session: str) -> list[Question]:
+        """The questions of ``session`` waiting in this process."""
+        return self._state.approvals.pending(session)
+
+    async def questions(self, session: str) -> list[Question]:
+        """Every question of ``session`` the store keeps, pending or answered, oldest first:
+        with a ledger, those a process that exited left too (a restarted server lists them,
+        and may answer them before the run is resumed). ``LedgerError`` when it fails."""
+        return await self._state.approvals.store.questions(session)
 
     async def run(self, round_: Round, *, session: str = "default") -> list[ToolResult]:
         """Run every committed call of ``round_`` (no eager starts): ``finish`` in a round of
@@ -220,6 +302,26 @@ def _guard(
     elif not isinstance(worker, str) or not worker:
         raise ConfigError(f"worker must be a non-empty str, got {worker!r:.60}")
     return LedgerGuard(ledger, worker=worker, lease_s=lease_s, poll_s=poll_s, clock=clock)
+
+
+def _edited_text(args: Mapping[str, Any] | str) -> str:
+    """Edited arguments as the text the gate parses (``UsageError`` for no JSON form)."""
+    if isinstance(args, str):
+        return args
+    if not isinstance(args, Mapping):
+        raise UsageError(f"args must be a mapping or JSON text, got {type(args).__name__}")
+    try:
+        return json.dumps(dict(args), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"args have no JSON form: {exc}") from None
+
+
+def _approval_policy(policy: ApprovalPolicy | None) -> ApprovalPolicy:
+    if policy is None:
+        return ApprovalPolicy()
+    if not isinstance(policy, ApprovalPolicy):
+        raise ConfigError(f"approvals must be an ApprovalPolicy, got {policy!r:.60}")
+    return policy
 
 
 def _by_name(tools: Sequence[Tool[Any, Any]]) -> dict[str, Tool[Any, Any]]:

@@ -5,7 +5,11 @@ Theory of operation. :meth:`LedgerGuard.run` claims the call before anything els
 - it won the claim: it keeps the lease alive (a heartbeat every third of ``lease_s``) while
   the call waits for its locks and while the tool runs, marks the record ``started`` right
   before the tool starts (so a worker killed while waiting leaves a ``claimed`` record that is
-  safe to run again), and stores the result;
+  safe to run again), and stores the result. When the caller's ``ready`` could take at once
+  everything the call waits for, nothing is left to wait for between the claim and the
+  tool: the claim itself records ``started`` (``claim(start=True)``: one write, and one
+  trip to a SQLite ledger's thread, instead of two), and what ``ready`` took is released if
+  the claim is not won;
 - the record is final: its stored result, the tool not run;
 - the record holds other arguments: ``duplicate_call_id``;
 - a live worker holds it: it polls until that worker's record is final or its lease runs out;
@@ -25,10 +29,12 @@ for the case nobody here chose, a worker that vanished mid-call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..core._errors import ErrorCode
 from ..core._gate import CommittedCall
@@ -60,14 +66,21 @@ class _Retry(Exception):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Owned:
     """A won claim, handed to the runner: ``start`` marks the record started (call it right
-    before the tool runs), ``context`` is what the tool reads with ``current_call()``."""
+    before the tool runs; a no-op when the claim started it), ``context`` is what the tool
+    reads with ``current_call()``, ``held``: what ``ready`` took for it (the runner releases
+    it), or None when the runner waits for it itself."""
 
     context: CallContext
     start: Callable[[], Awaitable[None]]
+    held: contextlib.AbstractAsyncContextManager[Any] | None = None
 
 
 Runner = Callable[[Owned], Awaitable[ToolResult]]
 """Runs the tool of a won claim (waiting for its locks first) and returns its result."""
+Ready = Callable[[], Awaitable[contextlib.AbstractAsyncContextManager[Any] | None]]
+"""Takes, only when it can without waiting, everything the runner would wait for, and
+returns it held (entered; leaving it releases it); None, with nothing taken, when something
+may have to be waited for."""
 
 
 class LedgerGuard:
@@ -91,13 +104,15 @@ class LedgerGuard:
         runner: Runner,
         on_cancel: Callable[[], tuple[ToolResult, bool]],
         max_wait_s: float | None = None,
+        ready: Ready | None = None,
     ) -> ToolResult:
         """The call's result, run at most once across every worker of the ledger.
 
         ``on_cancel`` gives, when the task is cancelled while owning the claim, the result
         to record and whether the call may run again (then the claim is released).
         ``max_wait_s``: how long to wait for another live worker's run of the call before
-        giving up with ``tool_timeout`` (None: as long as its lease is renewed)."""
+        giving up with ``tool_timeout`` (None: as long as its lease is renewed). ``ready``:
+        see :data:`Ready`; when it holds all, the claim starts the call in the same write."""
         key = LedgerKey(scope=session, call_id=call.call_id)
         digest = digest_of(call.name, call.arguments)
         loop = asyncio.get_running_loop()
@@ -106,13 +121,14 @@ class LedgerGuard:
             if give_up is not None and loop.time() > give_up:
                 detail = f"another worker has run this call for over {max_wait_s:g} s; {WAITED}"
                 return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, detail)
+            held = await ready() if ready is not None else None
             try:
-                claim = await self.ledger.claim(
-                    key, digest=digest, worker=self.worker, now=self.clock(),
-                    lease_s=self.lease_s, rerun_started=idempotent,
-                )  # fmt: skip
+                claim = await self._claim(key, digest, idempotent, held)
             except LedgerError as exc:
                 return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LEDGER_DOWN} ({exc})")
+            if held is not None and not isinstance(claim, Won):
+                await held.__aexit__(None, None, None)  # (another worker's call: not ours)
+                held = None
             if isinstance(claim, Won):
                 context = CallContext(
                     session=session, call_id=call.call_id, token=claim.token,
@@ -120,11 +136,44 @@ class LedgerGuard:
                     rerun=claim.previous is not None and claim.previous.state == "started",
                 )  # fmt: skip
                 try:
-                    return await self._own(key, call, context, runner, on_cancel)
+                    return await self._own(key, call, context, runner, on_cancel, held)
                 except _Retry:
                     continue
             if (done := await self._found(key, call, digest, claim)) is not None:
                 return done
+
+    async def _claim(
+        self,
+        key: LedgerKey,
+        digest: str,
+        idempotent: bool,
+        held: contextlib.AbstractAsyncContextManager[Any] | None,
+    ) -> Won | Found:
+        """One claim; ``held`` (taken by ``ready``): the claim also starts the call, and
+        ``held`` is released here if the claim fails. A claim that starts the call and is
+        cancelled in flight is let finish (shielded, bounded) and, won, released, as a
+        cancel between a claim and its start is."""
+        claim = self.ledger.claim(
+            key, digest=digest, worker=self.worker, now=self.clock(),
+            lease_s=self.lease_s, rerun_started=idempotent, start=held is not None,
+        )  # fmt: skip
+        if held is None:
+            return await claim
+        try:
+            task = asyncio.ensure_future(claim)
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                await _shielded(self._release_won(key, task))
+                raise
+        except BaseException:
+            await held.__aexit__(None, None, None)
+            raise
+
+    async def _release_won(self, key: LedgerKey, claim: asyncio.Future[Won | Found]) -> None:
+        won = await claim
+        if isinstance(won, Won):
+            await self.ledger.release(key, won.token)
 
     async def _found(
         self, key: LedgerKey, call: CommittedCall, digest: str, found: Found
@@ -155,19 +204,22 @@ class LedgerGuard:
         context: CallContext,
         runner: Runner,
         on_cancel: Callable[[], tuple[ToolResult, bool]],
+        held: contextlib.AbstractAsyncContextManager[Any] | None,
     ) -> ToolResult:
         token = context.token
         assert token is not None  # a won claim always has one
         heartbeat = asyncio.create_task(self._heartbeat(key, token), name="toollatch:lease")
 
         async def start() -> None:
+            if held is not None:
+                return  # the claim recorded it started
             try:
                 await self.ledger.start(key, token, now=self.clock(), lease_s=self.lease_s)
             except LeaseLost:
                 raise _Retry from None
 
         try:
-            result = await runner(Owned(context=context, start=start))
+            result = await runner(Owned(context=context, start=start, held=held))
         except asyncio.CancelledError:
             result, again = on_cancel()
             write = self.ledger.release(key, token) if again else self._store(key, token, result)

@@ -35,10 +35,19 @@ from ..core._events import CallKey
 from ..core._gate import CommittedCall
 from ..core._preview import PreviewUpdated
 from ..core._round import Round
-from ._agent_events import AgentEvent, RoundEndedEvent, ToolFinishedEvent, ToolStartedEvent
+from ._agent_events import (
+    AgentEvent,
+    ApprovalAnsweredEvent,
+    ApprovalRequestedEvent,
+    RoundEndedEvent,
+    ToolFinishedEvent,
+    ToolStartedEvent,
+)
 
 _BYTES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_WAITS = (1, 5, 15, 30, 60, 120, 300, 900, 3600)
+"""Buckets of a person's answer (seconds): a click to an hour."""
 _PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock")
 
 
@@ -85,6 +94,9 @@ def _families(tool: tuple[str, ...]) -> tuple[_Family, ...]:
                 ("provider",), b),
         _Family("tool_rounds", "Model rounds, by how they ended.", "counter",
                 ("provider", "ended")),
+        _Family("tool_approval_wait_seconds",
+                "How long a call waited for a person (or a client's result), by answer.", inf,
+                ("provider", "decision", *tool), (*_WAITS, float("inf"))),
     )  # fmt: skip
 
 
@@ -269,6 +281,12 @@ class Metrics:
         elif isinstance(event, RoundEndedEvent):
             key = ("tool_rounds", provider, event.ended)
             (self._children.get(key) or self._child(*key)).inc()
+        elif isinstance(event, ApprovalRequestedEvent):
+            # its close-to-start time would be a person's: tool_approval_wait_seconds has it
+            self._closed_by_id.pop(event.id, None)
+        elif isinstance(event, ApprovalAnsweredEvent):
+            labels = (provider, event.decision, *self._tool(event.name))
+            self._child("tool_approval_wait_seconds", *labels).observe(event.waited_s)
 
     def on_not_committed(self, provider: str, detail: str) -> None:
         """Count it: this is the number that must stay 0."""

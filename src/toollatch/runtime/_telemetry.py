@@ -7,7 +7,11 @@ are in ``_logs``).
 The gate's decision is in attributes (``toollatch.gate.decision`` ``committed``/``failed``,
 ``toollatch.gate.error_code``, ``toollatch.gate.early``), with sizes
 (``toollatch.call.argument_bytes``), never an argument value, a text or an error detail (a
-schema error's detail may quote a value).
+schema error's detail may quote a value). A call that waited for a person or a client has
+the event ``toollatch.approval.requested`` (``toollatch.client.requested``) and, once
+answered, ``toollatch.approval.waited_s`` (seconds from the question to its answer, by the
+dispatcher's clock), ``toollatch.approval.decision`` and ``toollatch.approval.edited``; its
+``execute_tool`` span, if it ran, starts after the wait.
 
 The OpenTelemetry GenAI semantic conventions (status Development) are emitted too, so a
 tracing backend groups our tool calls like any agent framework's: each execution of a tool
@@ -35,6 +39,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from ..core._round import Round
 from ._agent_events import (
     AgentEvent,
+    ApprovalAnsweredEvent,
+    ApprovalRequestedEvent,
     CallCommittedEvent,
     CallFailedEvent,
     CallOpenedEvent,
@@ -108,6 +114,13 @@ class Tracing:
             span.set_attribute("toollatch.gate.error_code", event.error)
             span.set_status(Status(StatusCode.ERROR, event.error))
             self._calls.pop(event.id).end()
+        elif isinstance(event, ApprovalRequestedEvent):
+            self._call(event.id, event.name).add_event(f"toollatch.{event.kind}.requested")
+        elif isinstance(event, ApprovalAnsweredEvent):
+            span = self._call(event.id, event.name)
+            span.set_attribute("toollatch.approval.waited_s", event.waited_s)
+            span.set_attribute("toollatch.approval.decision", event.decision)
+            span.set_attribute("toollatch.approval.edited", event.edited)
         elif isinstance(event, ToolStartedEvent):
             self._started(event)
         elif isinstance(event, ToolFinishedEvent):

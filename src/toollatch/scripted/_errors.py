@@ -5,7 +5,10 @@
 * Anthropic: ``{"type": "error", "error": {"type", "message"}}`` with the ``type`` per status
   (https://docs.anthropic.com/en/api/errors);
 * Gemini: ``{"error": {"code", "message", "status"}}`` with the canonical status name
-  (https://ai.google.dev/gemini-api/docs/troubleshooting).
+  (https://ai.google.dev/gemini-api/docs/troubleshooting);
+* Bedrock: ``{"message"}`` with the exception's name in the ``x-amzn-ErrorType`` header
+  (https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ConverseStream.html,
+  "Errors"; AWS's restJson1 protocol).
 """
 
 from __future__ import annotations
@@ -37,12 +40,22 @@ _GEMINI = {
     504: "DEADLINE_EXCEEDED",
 }
 
+_BEDROCK = {
+    400: "ValidationException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    429: "ThrottlingException",
+    503: "ServiceUnavailableException",
+}
+
 
 def error_body(provider: str, status: int, message: str, param: str | None = None) -> Any:
     """The JSON body ``provider`` sends with HTTP ``status`` and ``message``."""
     if provider == "anthropic":
         kind = _ANTHROPIC.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
+    if provider == "bedrock":
+        return {"message": message}
     if provider == "gemini":
         name = _GEMINI.get(status, "INTERNAL")
         return {"error": {"code": status, "message": message, "status": name}}
@@ -60,6 +73,8 @@ def error_response(
 ) -> JSONResponse:
     """An error response in ``provider``'s shape (with ``Retry-After`` when given)."""
     headers = {} if retry_after_s is None else {"retry-after": str(int(retry_after_s))}
+    if provider == "bedrock":
+        headers["x-amzn-errortype"] = _BEDROCK.get(status, "InternalServerException")
     return JSONResponse(error_body(provider, status, message, param), status, headers=headers)
 
 

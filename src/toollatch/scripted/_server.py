@@ -38,13 +38,15 @@ from ..core._errors import ConfigError, UsageError
 from ._errors import error_response, status_response
 from ._quirks import profile, rewritten
 from ._script import Script, Turn, demo_script
-from ._validate import InvalidRequest, check_request
+from ._validate import InvalidRequest, bedrock_auth_problem, check_request
 from ._wire import CREATED, WireEvent, anthropic_events, chat_events
+from ._wire_bedrock import CONTENT_TYPE as EVENTSTREAM
+from ._wire_bedrock import bedrock_events
 from ._wire_gemini import gemini_events
 from ._wire_responses import responses_events
 from ._wire_whole import NotWhole, whole_body
 
-PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
+PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock")
 """The wire formats served (the provider names of :class:`toollatch.StreamParser`)."""
 
 _STOP_TIMEOUT_S = 1
@@ -99,13 +101,16 @@ class RecordedRequest:
 
 
 class ScriptedServer:
-    """A loopback HTTP server that speaks four providers' streaming wire formats.
+    """A loopback HTTP server that speaks five providers' streaming wire formats.
 
     ``scripts`` maps a model name to its :class:`Script`; ``"scripted"`` is the demo
     (:func:`demo_script`) unless given. ``delay_scale`` multiplies every delay and stall
     (0 for tests that need no pauses). Endpoints, as the official SDKs call them:
     ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/messages``,
-    ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse``. Raises ConfigError for a
+    ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse``,
+    ``POST /model/{modelId}/converse-stream`` (Bedrock: AWS event-stream frames; its
+    ``Authorization`` header's shape is checked, see :func:`._validate.bedrock_auth_problem`).
+    Raises ConfigError for a
     negative ``delay_scale`` or a script that is not a :class:`Script`.
     """
 
@@ -153,7 +158,8 @@ class ScriptedServer:
 
     def base_url(self, provider: str) -> str:
         """The base URL as the official SDK for ``provider`` takes it: ``{url}/v1`` for
-        ``openai_chat`` and ``openai_responses``, ``{url}`` for ``anthropic`` and ``gemini``.
+        ``openai_chat`` and ``openai_responses``, ``{url}`` for ``anthropic``, ``gemini`` and
+        ``bedrock`` (boto3's ``endpoint_url``).
         Raises UsageError for another provider or when not running."""
         if provider not in PROVIDERS:
             raise UsageError(f"unknown provider {provider!r}; expected one of {PROVIDERS}")
@@ -278,6 +284,8 @@ class ScriptedServer:
             Route("/v1beta/models/{target}", endpoint("gemini"), methods=["POST"]),
             # the Gemini API serves its stable methods on /v1 too (google-genai may use it)
             Route("/v1/models/{target}", endpoint("gemini"), methods=["POST"]),
+            # Bedrock's model id may be an ARN: its "/" arrives decoded, so the path's rest
+            Route("/model/{target:path}", endpoint("bedrock"), methods=["POST"]),
             Route("/v1/models", self._list_models, methods=["GET"]),
             Route("/v1beta/models", self._list_models_gemini, methods=["GET"]),
         ]
@@ -337,9 +345,12 @@ class ScriptedServer:
         """The response for one request, and the index of the turn it plays (if any)."""
         model = _model(provider, request, body)
         if model is None:
-            return error_response(
-                provider, 404, "Not found: use :streamGenerateContent?alt=sse or :generateContent"
-            ), None
+            method = {"bedrock": "/converse-stream"}.get(
+                provider, ":streamGenerateContent?alt=sse or :generateContent"
+            )
+            return error_response(provider, 404, f"Not found: use {method}"), None
+        if provider == "bedrock" and (problem := bedrock_auth_problem(request.headers)):
+            return error_response(provider, 403, problem), None
         if body is None:
             return error_response(provider, 400, "the request body is not valid JSON"), None
         try:
@@ -367,6 +378,8 @@ class ScriptedServer:
         )
         if provider == "openai_chat" and self.quirks is not None:
             events = rewritten(events, self.quirks)
+        if provider == "bedrock":
+            return _Playback(events, turn, self.delay_scale, EVENTSTREAM), turns
         return _Playback(events, turn, self.delay_scale), turns
 
     def _count_attempt(self, model: str, turn: int) -> int:
@@ -384,11 +397,15 @@ class ScriptedServer:
 
 def _model(provider: str, request: Request, body: Any) -> str | None:
     """The model asked for: the body's ``model`` (a missing one is refused by the validator),
-    or Gemini's ``{model}:streamGenerateContent`` path segment (``None``: no such method)."""
+    Gemini's ``{model}:streamGenerateContent`` path segment or Bedrock's
+    ``/model/{modelId}/converse-stream`` (``None``: no such method)."""
+    target = str(request.path_params.get("target", ""))
+    if provider == "bedrock":
+        model_id, _, method = target.rpartition("/")
+        return model_id if method == "converse-stream" and model_id else None
     if provider != "gemini":
         value: object = body.get("model") if isinstance(body, dict) else None
         return value if isinstance(value, str) else ""
-    target: str = request.path_params["target"]
     model, _, method = target.rpartition(":")
     if method == "generateContent":
         return model
@@ -399,7 +416,10 @@ def _model(provider: str, request: Request, body: Any) -> str | None:
 
 def _streams(provider: str, request: Request, body: Any) -> bool:
     """Whether the request asks for a stream: ``stream: true`` in the body, or Gemini's
-    ``:streamGenerateContent`` method (``:generateContent`` answers whole)."""
+    ``:streamGenerateContent`` method (``:generateContent`` answers whole), or Bedrock's
+    ``converse-stream`` (the only Bedrock method served)."""
+    if provider == "bedrock":
+        return True
     if provider == "gemini":
         target: str = request.path_params["target"]
         return target.endswith(":streamGenerateContent")
@@ -417,6 +437,8 @@ def _encode(
         return responses_events(turn, model=model, response_id=response_id)
     if provider == "anthropic":
         return anthropic_events(turn, model=model, response_id=response_id)
+    if provider == "bedrock":
+        return bedrock_events(turn, model=model, response_id=response_id)
     return gemini_events(turn, model=model, response_id=response_id)
 
 
@@ -424,8 +446,15 @@ class _Playback(Response):
     """Sends a turn's events with its delays; a stall; a drop (the connection closes with no
     terminal event: the ASGI app returns before the response is complete)."""
 
-    def __init__(self, events: list[WireEvent], turn: Turn, scale: float) -> None:
-        super().__init__(status_code=200, media_type="text/event-stream")
+    def __init__(
+        self,
+        events: list[WireEvent],
+        turn: Turn,
+        scale: float,
+        media: str = "text/event-stream; charset=utf-8",
+    ) -> None:
+        super().__init__(status_code=200, media_type=media)
+        self.content_type = media
         self.events = events
         self.delay_s = turn.delay_ms * scale / 1000
         faults = turn.faults
@@ -440,7 +469,7 @@ class _Playback(Response):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)  # before the first byte
         headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"content-type", self.content_type.encode()),
             (b"cache-control", b"no-cache"),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -17,12 +17,17 @@ APIs refuse in a next-turn history"):
 * Gemini: a model turn with ``functionCall`` parts comes right after a user turn or a
   function response turn, and is followed by a user turn with the same number of
   ``functionResponse`` parts, matched by position and name.
+* Bedrock Converse: roles alternate from a user message; each assistant ``toolUse``
+  (``toolUseId``, ``name``, ``input`` object) is answered by a ``toolResult`` block of the
+  next user message; a history with either block needs ``toolConfig``
+  (https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html).
 
 Any call id answered twice, or used for two calls, is refused too.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,7 +45,7 @@ def check_request(provider: str, body: object) -> int:
     """The number of assistant turns in ``body``'s history; raises InvalidRequest when the
     provider would answer 400 (a malformed body or message, an unpaired call id, roles out of
     order). ``provider`` is one of ``openai_chat``, ``openai_responses``, ``anthropic``,
-    ``gemini``."""
+    ``gemini``, ``bedrock``."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("the request body must be a JSON object")
     checks = {
@@ -48,6 +53,7 @@ def check_request(provider: str, body: object) -> int:
         "openai_responses": _responses,
         "anthropic": _anthropic,
         "gemini": _gemini,
+        "bedrock": _bedrock,
     }
     return checks[provider](body)
 
@@ -396,3 +402,122 @@ def _gemini_named(parts: list[Mapping[str, Any]], key: str, where: str) -> list[
         if member in value and not isinstance(value[member], Mapping):
             raise InvalidRequest(f"{where}.parts[{k}].{key}.{member}: expected an object")
     return names
+
+
+# --- Bedrock Converse -------------------------------------------------------------------------
+
+
+def _bedrock(body: Mapping[str, Any]) -> int:
+    messages = _list(body.get("messages"), "messages")
+    pending: list[str] = []
+    seen: set[str] = set()
+    turns, blocks_used = 0, False
+    for n, raw in enumerate(messages):
+        message = _obj(raw, f"messages.{n}")
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(f"messages.{n}.role: must be user or assistant")
+        if role != ("user" if n % 2 == 0 else "assistant"):
+            raise InvalidRequest(
+                "A conversation must start with a user message and alternate between user "
+                "and assistant roles."
+            )
+        blocks = [
+            _obj(b, f"messages.{n}.content.{k}")
+            for k, b in enumerate(_list(message.get("content"), f"messages.{n}.content"))
+        ]
+        if role == "assistant":
+            turns += 1
+            pending = _bedrock_uses(blocks, n, seen)
+        else:
+            _bedrock_results(blocks, n, pending)
+            pending = []
+        blocks_used = blocks_used or any("toolUse" in b or "toolResult" in b for b in blocks)
+    if pending:
+        raise InvalidRequest(
+            f"Expected toolResult blocks after messages.{len(messages) - 1} for the following "
+            f"Ids: {', '.join(pending)}"
+        )
+    if blocks_used and not isinstance(body.get("toolConfig"), Mapping):
+        needs = "The toolConfig field must be defined when using toolUse and toolResult"
+        raise InvalidRequest(f"{needs} content blocks.")
+    return turns
+
+
+def _bedrock_uses(blocks: list[Mapping[str, Any]], n: int, seen: set[str]) -> list[str]:
+    ids = []
+    for k, block in enumerate(blocks):
+        where = f"messages.{n}.content.{k}"
+        if "toolResult" in block:
+            raise InvalidRequest(f"{where}: toolResult blocks are only allowed in user messages")
+        if "toolUse" not in block:
+            continue
+        use = _obj(block["toolUse"], f"{where}.toolUse")
+        use_id = _text(use.get("toolUseId"), f"{where}.toolUse.toolUseId")
+        _text(use.get("name"), f"{where}.toolUse.name")
+        _obj(use.get("input"), f"{where}.toolUse.input")
+        if use_id in seen:
+            raise InvalidRequest(f"{where}: toolUseId {use_id} is used twice")
+        seen.add(use_id)
+        ids.append(use_id)
+    return ids
+
+
+def _bedrock_results(blocks: list[Mapping[str, Any]], n: int, pending: list[str]) -> None:
+    answered: set[str] = set()
+    for k, block in enumerate(blocks):
+        where = f"messages.{n}.content.{k}"
+        if "toolUse" in block:
+            raise InvalidRequest(f"{where}: toolUse blocks are only allowed in assistant messages")
+        if "toolResult" not in block:
+            continue
+        result = _obj(block["toolResult"], f"{where}.toolResult")
+        use_id = _text(result.get("toolUseId"), f"{where}.toolResult.toolUseId")
+        _list(result.get("content"), f"{where}.toolResult.content")
+        if use_id not in pending or use_id in answered:
+            raise InvalidRequest(
+                f"{where}: toolResult {use_id} answers no toolUse block of the previous turn."
+            )
+        answered.add(use_id)
+    missing = [i for i in pending if i not in answered]
+    if missing:
+        raise InvalidRequest(
+            f"Expected toolResult blocks at messages.{n}.content for the following Ids: "
+            f"{', '.join(missing)}"
+        )
+
+
+# SigV4's Authorization header (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-signing-elements.html):
+# AWS4-HMAC-SHA256 Credential=<key id>/<yyyymmdd>/<region>/<service>/aws4_request,
+# SignedHeaders=<lower-case names joined by ;>, Signature=<64 hex digits>
+_SIGV4 = re.compile(
+    r"AWS4-HMAC-SHA256 Credential=(?P<key>[A-Z0-9]+)/(?P<date>\d{8})/(?P<region>[a-z0-9-]+)/"
+    r"(?P<service>[a-z0-9-]+)/aws4_request, ?SignedHeaders=(?P<signed>[a-z0-9;-]+), ?"
+    r"Signature=[0-9a-f]{64}"
+)
+
+
+def bedrock_auth_problem(headers: Mapping[str, str]) -> str | None:
+    """What is wrong with a Bedrock request's ``Authorization`` header, or None.
+
+    This checks the *shape* only: a bearer token (a Bedrock API key), or a SigV4 header whose
+    credential scope names the ``bedrock`` service and the ``x-amz-date`` day, and whose
+    signed headers include ``host`` and ``x-amz-date``. The signature itself is not verified
+    (the server knows no secret key). No header at all is let through, as every other wire
+    of this server takes a request without a key.
+    """
+    value = headers.get("authorization")
+    if value is None or (value.startswith("Bearer ") and value[7:].strip()):
+        return None
+    match = _SIGV4.fullmatch(value)
+    if match is None:
+        return "Authorization header requires a SigV4 AWS4-HMAC-SHA256 credential or a bearer"
+    if match["service"] != "bedrock":
+        return f"Credential should be scoped to the service 'bedrock', not {match['service']!r}"
+    stamp = headers.get("x-amz-date", "")
+    if stamp[:8] != match["date"]:
+        return "Credential should be scoped to a valid date: the X-Amz-Date header's day"
+    signed = match["signed"].split(";")
+    if "host" not in signed or "x-amz-date" not in signed:
+        return "SignedHeaders must include host and x-amz-date"
+    return None

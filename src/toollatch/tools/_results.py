@@ -103,13 +103,20 @@ class ResultShaper:
 
     __slots__ = ("limits", "redactor")
 
-    def __init__(self, limits: ResultLimits | None, redaction: PreviewPolicy | None) -> None:
+    def __init__(
+        self,
+        limits: ResultLimits | None,
+        redaction: PreviewPolicy | None,
+        redactor: Redactor | None = None,
+    ) -> None:
         if limits is not None and not isinstance(limits, ResultLimits):
             raise ConfigError(f"result_limits must be a ResultLimits, got {limits!r:.60}")
         if redaction is not None and not isinstance(redaction, PreviewPolicy):
             raise ConfigError(f"redaction must be a PreviewPolicy, got {redaction!r:.60}")
+        if redaction is not None and redactor is not None:
+            raise ConfigError("pass redactor or redaction (a PreviewPolicy's redactor), not both")
         self.limits = limits or ResultLimits()
-        self.redactor: Redactor | None = redaction.redactor if redaction else None
+        self.redactor: Redactor | None = redaction.redactor if redaction else redactor
         if self.redactor is not None and not callable(self.redactor):
             raise ConfigError(f"the redactor must be callable, got {self.redactor!r:.60}")
 

@@ -24,7 +24,17 @@ import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, get_type_hints, overload
+from typing import (
+    Any,
+    Generic,
+    Literal,
+    ParamSpec,
+    TypeAlias,
+    TypeVar,
+    cast,
+    get_type_hints,
+    overload,
+)
 
 import pydantic
 import pydantic_core
@@ -41,6 +51,23 @@ R = TypeVar("R")
 SideEffects = Literal["read", "write"]
 """What a tool does to the world: ``read`` (nothing the model could not ask again) or
 ``write`` (the safe assumption for a tool that says nothing)."""
+
+NeedsApproval: TypeAlias = "bool | Callable[[Mapping[str, Any], ApprovalContext], bool]"
+"""Whether a call of a tool waits for a person before it runs: always (True), never (False),
+or as a function of the call's committed arguments and its :class:`ApprovalContext`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalContext:
+    """What a ``needs_approval`` function knows of a committed call besides its arguments."""
+
+    session: str
+    """The conversation (the ledger's scope) the call belongs to."""
+    call_id: str
+    """The provider's call id."""
+    name: str
+    """The tool name."""
+
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """The tool-name rule OpenAI enforces (letters, digits, ``_``, ``-``; at most 64), the
@@ -84,10 +111,12 @@ class Tool(Generic[P, R]):
         "__wrapped__",
         "_model",
         "_params",
+        "client",
         "group",
         "idempotent",
         "max_result_bytes",
         "name",
+        "needs_approval",
         "side_effects",
         "spec",
     )
@@ -103,6 +132,8 @@ class Tool(Generic[P, R]):
         model: type[pydantic.BaseModel] | None,
         params: Mapping[str, str],
         max_result_bytes: int | None = None,
+        needs_approval: NeedsApproval = False,
+        client: bool = False,
     ) -> None:
         self.__wrapped__ = fn
         self.spec = spec
@@ -120,6 +151,12 @@ class Tool(Generic[P, R]):
             check_budget(f"tool {spec.name!r}: max_result_bytes", max_result_bytes)
         self.max_result_bytes = max_result_bytes
         """The size budget of this tool's results in UTF-8 bytes (None: the dispatcher's)."""
+        self.needs_approval: NeedsApproval = needs_approval
+        """Whether a committed call waits for a person's approval before it runs (see
+        :data:`NeedsApproval`)."""
+        self.client = client
+        """True for a client tool: declared without a body, its result comes from outside
+        (a browser, a script) through ``AgentRun.submit_result``; it never runs here."""
         self._model = model
         self._params = params  # model field name -> parameter name
 
@@ -140,6 +177,20 @@ class Tool(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<Tool {self.name} side_effects={self.side_effects} eager={self.eager}>"
 
+    def asks(self, arguments: Mapping[str, Any], context: ApprovalContext) -> bool:
+        """Whether a call with these committed ``arguments`` needs a person's approval (a
+        ``needs_approval`` function that raises means yes: a doubt asks). A client tool's
+        call waits for its result instead, never for an approval."""
+        decide = self.needs_approval
+        if self.client or decide is False:
+            return False
+        if decide is True:
+            return True
+        try:
+            return bool(decide(arguments, context))
+        except Exception:  # the function's own bug: ask rather than run unasked
+            return True
+
     async def invoke(self, arguments: Mapping[str, Any]) -> ToolOutcome:
         """Run the tool with ``arguments`` (normally gate-validated) and return its outcome.
 
@@ -152,6 +203,9 @@ class Tool(Generic[P, R]):
         """
         if not isinstance(arguments, Mapping):
             raise UsageError(f"arguments must be a mapping, got {type(arguments).__name__}")
+        if self.client:
+            detail = "a client tool has no body here; its result comes from the client"
+            return _failed(ErrorCode.TOOL_ERROR, detail)
         if self._model is None:  # a schema_tool: its function takes the argument mapping
             return await _call_with_mapping(self.__wrapped__, arguments)
         try:
@@ -165,7 +219,7 @@ class Tool(Generic[P, R]):
             value = await _run(self.__wrapped__, kwargs)
         except Exception as exc:  # the tool's fault, reported to the model (no traceback)
             return _failed(ErrorCode.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
-        return _as_text(value)
+        return as_text(value)
 
 
 async def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
@@ -177,7 +231,8 @@ async def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     return value
 
 
-def _as_text(value: Any) -> ToolOutcome:
+def as_text(value: Any) -> ToolOutcome:
+    """A tool's return value as an outcome whose ``content`` is text (see ``ToolOutcome``)."""
     outcome = value if isinstance(value, ToolOutcome) else ToolOutcome(content=value)
     if isinstance(outcome.content, str):
         return outcome
@@ -233,6 +288,7 @@ def tool(
     group: str | None = None,
     idempotent: bool = False,
     max_result_bytes: int | None = None,
+    needs_approval: NeedsApproval = False,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -248,16 +304,28 @@ def tool(
     group: str | None = None,
     idempotent: bool = False,
     max_result_bytes: int | None = None,
+    needs_approval: NeedsApproval = False,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Make a :class:`Tool` of a sync or async function: ``@tool`` or ``@tool(...)``.
 
     ``name`` and ``description`` default to the function's name and docstring; ``timeout``
     is in seconds; ``max_result_bytes`` is the size budget of its results (UTF-8 bytes, at
-    least 256; None: the dispatcher's). Raises ``ConfigError`` (naming the function and
-    parameter) for what cannot become a tool; see the module docstring.
+    least 256; None: the dispatcher's); ``needs_approval``: True, or a function of the
+    committed arguments and an :class:`ApprovalContext` returning a bool, makes a call wait
+    for a person (``AgentRun.approve`` / ``deny``) before it runs. Raises ``ConfigError``
+    (naming the function and parameter) for what cannot become a tool; see the module
+    docstring.
     """
     options = _Options(
-        name, description, eager, timeout, side_effects, group, idempotent, max_result_bytes
+        name,
+        description,
+        eager,
+        timeout,
+        side_effects,
+        group,
+        idempotent,
+        max_result_bytes,
+        needs_approval,
     )
     if fn is None:
 
@@ -286,6 +354,7 @@ class _Options:
     group: str | None
     idempotent: bool
     max_result_bytes: int | None
+    needs_approval: NeedsApproval = False
 
 
 def _make(fn: Callable[P, R], options: _Options, localns: Mapping[str, Any]) -> Tool[P, R]:
@@ -313,6 +382,8 @@ def _check(options: _Options, label: str) -> None:
         isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
     ):
         raise ConfigError(f"{label}: timeout must be a positive number of seconds")
+    if not isinstance(options.needs_approval, bool) and not callable(options.needs_approval):
+        raise ConfigError(f"{label}: needs_approval must be a bool or a function")
 
 
 def _built(
@@ -323,6 +394,7 @@ def _built(
     description: str,
     model: type[pydantic.BaseModel] | None,
     params: dict[str, str],
+    client: bool = False,
 ) -> Tool[P, R]:
     """The :class:`Tool` of checked options (``@tool``'s and :func:`schema_tool`'s)."""
     timeout = options.timeout
@@ -342,6 +414,8 @@ def _built(
         model=model,
         params=params,
         max_result_bytes=options.max_result_bytes,
+        needs_approval=options.needs_approval,
+        client=client,
     )
 
 
@@ -413,7 +487,7 @@ def _schema(model: type[pydantic.BaseModel], label: str) -> dict[str, Any]:
 def schema_tool(
     name: str,
     parameters: Mapping[str, Any],
-    fn: Callable[[dict[str, Any]], Awaitable[Any]],
+    fn: Callable[[dict[str, Any]], Awaitable[Any]] | None = None,
     *,
     description: str = "",
     eager: bool = False,
@@ -422,21 +496,38 @@ def schema_tool(
     group: str | None = None,
     idempotent: bool = False,
     max_result_bytes: int | None = None,
+    needs_approval: NeedsApproval = False,
 ) -> Tool[..., Any]:
     """A :class:`Tool` from a name, a JSON Schema of its arguments and an async function
     taking the argument mapping (the gate has validated it against ``parameters``; no
     pydantic model is involved): tools from elsewhere, such as an MCP server's. The same
     options as :func:`tool`; ``invoke`` keeps its contract (an exception ``fn`` raises is a
-    ``tool_error`` outcome). Raises ``ConfigError`` for a bad name, schema or option."""
+    ``tool_error`` outcome). Without ``fn`` it is a *client tool* (:attr:`Tool.client`): the
+    model may call it, and its committed call waits for the result a client submits
+    (``AgentRun.submit_result``). Raises ``ConfigError`` for a bad name, schema or option."""
     if not _NAME.match(name if isinstance(name, str) else ""):
         raise ConfigError(f"tool name {name!r} must match {_NAME.pattern}")
-    if not callable(fn):
+    if fn is not None and not callable(fn):
         raise ConfigError(f"{name}: fn must be an async function of the arguments")
     options = _Options(
-        name, description, eager, timeout, side_effects, group, idempotent, max_result_bytes
+        name,
+        description,
+        eager,
+        timeout,
+        side_effects,
+        group,
+        idempotent,
+        max_result_bytes,
+        needs_approval,
     )
     _check(options, name)
-    return _built(fn, options, name, parameters, description, None, {})
+    body = fn if fn is not None else _no_body
+    return _built(body, options, name, parameters, description, None, {}, fn is None)
+
+
+async def _no_body(arguments: dict[str, Any]) -> Any:
+    """A client tool's stand-in body (``Tool.invoke`` never calls it)."""
+    raise UsageError("a client tool has no body")  # pragma: no cover
 
 
 async def _call_with_mapping(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> ToolOutcome:
@@ -444,7 +535,7 @@ async def _call_with_mapping(fn: Callable[..., Any], arguments: Mapping[str, Any
         value = await fn(dict(arguments))
     except Exception as exc:  # the tool's fault, reported to the model (no traceback)
         return _failed(ErrorCode.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
-    return _as_text(value)
+    return as_text(value)
 
 
 # -- docstrings ------------------------------------------------------------------------------

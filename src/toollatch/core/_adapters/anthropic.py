@@ -134,6 +134,7 @@ class AnthropicAdapter(BlockAdapter):
         self.model: str | None = None
         """``message.model`` from ``message_start``, once seen."""
         self._stop_reason: str | None = None
+        self._usage: Mapping[str, Any] = {}  # message_start's, under message_delta's
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -210,7 +211,10 @@ class AnthropicAdapter(BlockAdapter):
         self.message_id = str_or_none(message.get("id"))
         self.model = str_or_none(message.get("model"))
         usage = message.get("usage")
-        return [UsageReported(usage=usage)] if isinstance(usage, dict) else []
+        if not isinstance(usage, dict):
+            return []
+        self._usage = usage
+        return [UsageReported(usage=usage)]
 
     def _message_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         reason = _reason(event)
@@ -219,9 +223,12 @@ class AnthropicAdapter(BlockAdapter):
         events: list[StreamEvent] = []
         if isinstance(reason, str):
             events += self._set_reason(reason)
-        usage = event.get("usage")  # cumulative for the message, per the streaming docs
+        # cumulative for the message, per the streaming docs; a count it leaves out (the
+        # input tokens: https://docs.anthropic.com/en/docs/build-with-claude/streaming shows
+        # ``{"output_tokens": 15}``) stays message_start's, so the round's usage has both
+        usage = event.get("usage")
         if isinstance(usage, dict):
-            events.append(UsageReported(usage=usage))
+            events.append(UsageReported(usage={**self._usage, **usage}))
         return events
 
     def _set_reason(self, reason: str) -> list[StreamEvent]:

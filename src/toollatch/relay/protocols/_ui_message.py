@@ -10,7 +10,11 @@ Endpoints (registered by the relay's app, :func:`routes`):
   message stream. Only the **last** message is read, and only its text parts: the chat's
   history is the server's own (:mod:`.._chats`), so whatever else a client sends back (a tool
   result it made up, an edited answer) never reaches the model. ``trigger:
-  "regenerate-message"`` is 422 (a stored history is append-only).
+  "regenerate-message"`` (``regenerate()``; ``messageId``: the answer, ``msg-<run id>``,
+  or none for the last) drops the chat's last answer from the server's history and answers
+  its last user message, as the server stored it, again (the client's messages are not
+  read); 409 ``not_the_last_answer`` for an earlier answer, ``nothing_to_regenerate`` for a
+  chat without one.
 * ``GET /api/chat/{id}/stream`` replays the chat's run in flight from its start (what
   ``useChat({resume: true})`` asks for); 204 when none is in flight.
 * ``POST /api/chat/{id}/cancel`` (``{}`` or empty, JSON) cancels it: 202 ``{"id": run id,
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -383,10 +388,12 @@ class ChatHost(Protocol):
         session: str,
         new_session: bool,
         chat_id: str,
-        message: str,
+        message: str | None,
         *,
         provider: str | None,
         model: str,
+        regenerate: bool = False,
+        message_id: str | None = None,
     ) -> RelayRun: ...
 
 
@@ -416,8 +423,21 @@ def _error(exc: HTTPError) -> Response:
     return response
 
 
-def _parse_chat(host: ChatHost, body: bytes) -> tuple[str, str, str | None, str]:
-    """``(chat id, message, provider or None, model)`` of a ``DefaultChatTransport`` body."""
+@dataclass(frozen=True, slots=True)
+class _ChatRequest:
+    """A ``DefaultChatTransport`` body, checked: the user's ``message`` (None to regenerate
+    the last answer, ``message_id`` naming it or None)."""
+
+    chat_id: str
+    message: str | None
+    provider: str | None
+    model: str
+    regenerate: bool = False
+    message_id: str | None = None
+
+
+def _parse_chat(host: ChatHost, body: bytes) -> _ChatRequest:
+    """The request of a ``DefaultChatTransport`` body (:class:`HTTPError` for a bad one)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -429,11 +449,13 @@ def _parse_chat(host: ChatHost, body: bytes) -> tuple[str, str, str | None, str]
         raise HTTPError(422, "invalid_body", "id must be a chat id (1-128 of A-Za-z0-9_-)")
     trigger = data.get("trigger", "submit-message")
     if trigger == "regenerate-message":
-        raise HTTPError(
-            422, "unsupported_trigger", "regenerate is not supported: the chat's history is kept"
-        )
+        message_id = data.get("messageId")
+        if message_id is not None and not (isinstance(message_id, str) and len(message_id) <= 200):
+            raise HTTPError(422, "invalid_body", "messageId must be a string")
+        provider, model = host.choice(data)
+        return _ChatRequest(chat_id, None, provider, model, True, message_id)
     if trigger != "submit-message":
-        raise HTTPError(422, "invalid_body", "trigger must be submit-message")
+        raise HTTPError(422, "invalid_body", "trigger must be submit-message or regenerate-message")
     messages = data.get("messages")
     last = messages[-1] if isinstance(messages, list) and messages else None
     if not isinstance(last, dict) or last.get("role") != "user":
@@ -449,7 +471,7 @@ def _parse_chat(host: ChatHost, body: bytes) -> tuple[str, str, str | None, str]
         raise HTTPError(422, "invalid_body", "the user's message has no text")
     host.check_message(message)
     provider, model = host.choice(data)
-    return chat_id, message, provider, model
+    return _ChatRequest(chat_id, message, provider, model)
 
 
 async def _chat(host: ChatHost, request: Request) -> Response:
@@ -457,13 +479,20 @@ async def _chat(host: ChatHost, request: Request) -> Response:
     try:
         require_json(request)
         body = await read_body(request, host.limits, host.limits.max_chat_body_bytes)
-        chat_id, message, provider, model = _parse_chat(host, body)
+        asked = _parse_chat(host, body)
         session = session_of(request)
         new_session = session is None
         session = session or secrets.token_urlsafe(32)
         release = host.open_reader(session)
         run = await host.start_chat_run(
-            session, new_session, chat_id, message, provider=provider, model=model
+            session,
+            new_session,
+            asked.chat_id,
+            asked.message,
+            provider=asked.provider,
+            model=asked.model,
+            regenerate=asked.regenerate,
+            message_id=asked.message_id,
         )
     except HTTPError as exc:
         if release is not None:

@@ -36,7 +36,6 @@ import asyncio
 import logging
 import os
 import random
-import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -49,8 +48,10 @@ import httpx
 import orjson
 
 from ...core._errors import ConfigError, UsageError
+from ...core._registry import Framing
 from ...core._specs import ToolSpec, load_tools
 from .._recorder import Recorder
+from . import _bedrock as bedrock
 from ._deadline import IdleDeadline
 from ._errors import (
     ModelConnectError,
@@ -65,6 +66,7 @@ from ._errors import (
     shown_url,
 )
 from ._policy import ClientLimits, RetryPolicy, retry_after_s
+from ._pool import SharedHTTP, shared_http
 from ._wire import DIALECTS, Dialect, Request
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -91,8 +93,10 @@ class ModelClient:
 
     Make one with :func:`model_client`. ``async with client.stream(history, tools=...) as s``
     then ``async for chunk in s`` gives the raw body for a :class:`toollatch.StreamParser`
-    of :attr:`provider`. Use the client itself as an async context manager (or call
-    :meth:`aclose`) to close the httpx client it made; a client passed in is left open.
+    of :attr:`provider`. Without an httpx client passed in, requests go out on the running
+    event loop's shared connections (:mod:`._pool`: kept alive across the model clients of
+    a loop, closed when the loop shuts down); use the client itself as an async context
+    manager (or call :meth:`aclose`) to give them back. A client passed in is left open.
     """
 
     def __init__(
@@ -109,8 +113,10 @@ class ModelClient:
         sleep: Sleep,
         random_unit: Callable[[], float],
         record: Path | None = None,
+        signer: bedrock.Signer | None = None,
     ) -> None:
         self._dialect = dialect
+        self._signer = signer
         self.record = record
         """A folder where each response is saved as a replayable fixture (None: none;
         :class:`toollatch.runtime.Recorder`: credentials masked, the API key among them)."""
@@ -121,10 +127,8 @@ class ModelClient:
         """The base URL requests go under (no trailing slash)."""
         self.limits = limits
         self.retry = retry
-        self._owns_http = http is None
-        self._http = (
-            http if http is not None else httpx.AsyncClient(timeout=None, verify=_default_tls())
-        )
+        self._given_http = http
+        self._shared: SharedHTTP | None = None  # the loop's, while this client holds it
         self._headers = httpx.Headers(
             {
                 "accept": "text/event-stream",
@@ -149,6 +153,12 @@ class ModelClient:
         return self._dialect.provider
 
     @property
+    def framing(self) -> Framing:
+        """How the answer's body is framed: pass it to :class:`toollatch.StreamParser`
+        (``sse``; ``eventstream`` for Bedrock)."""
+        return self._dialect.framing
+
+    @property
     def url(self) -> str:
         """The full URL each request of this client is sent to."""
         return self.base_url + self._dialect.path(self.model)
@@ -171,7 +181,15 @@ class ModelClient:
         request = Request(
             history=history, tools=specs, system=system, max_tokens=max_tokens, extra=extra or {}
         )
-        return {**self._dialect.body(self.model, request), **request.extra}
+        body = self._dialect.body(self.model, request)
+        for key, value in request.extra.items():
+            built = body.get(key)
+            extends = key in self._dialect.extended and isinstance(value, dict)
+            if extends and isinstance(built, dict):
+                body[key] = {**built, **value}
+            else:
+                body[key] = value
+        return body
 
     def stream(
         self,
@@ -212,9 +230,24 @@ class ModelClient:
         return delay
 
     async def aclose(self) -> None:
-        """Close the httpx client if this client made it."""
-        if self._owns_http:
-            await self._http.aclose()
+        """Give back the loop's shared connections (a client passed in is left open).
+        Idempotent; a request made after it takes them again."""
+        if self._shared is not None:
+            self._shared.release()
+            self._shared = None
+
+    def _http(self) -> httpx.AsyncClient:
+        """The httpx client a request goes out on: the one passed in, or the running
+        loop's shared one (:mod:`._pool`), taken on first use."""
+        if self._given_http is not None:
+            return self._given_http
+        shared = self._shared
+        if shared is None or shared.loop is not asyncio.get_running_loop():
+            if shared is not None:  # used in a loop before this one
+                shared.release()
+            shared = self._shared = shared_http()
+            shared.acquire()
+        return shared.client
 
     async def __aenter__(self) -> Self:
         return self
@@ -248,12 +281,17 @@ class ModelClient:
         provider, limits = self.provider, self.limits
         if self._url[0] != self.url:
             self._url = (self.url, httpx.URL(self.url))
-        request = self._http.build_request(
-            "POST", self._url[1], content=content, headers=self._headers, timeout=self._timeout
+        headers = self._headers
+        if self._signer is not None:  # (per attempt: a signature holds its time)
+            headers = headers.copy()
+            headers.update(self._signer(self._url[0], content))
+        http = self._http()
+        request = http.build_request(
+            "POST", self._url[1], content=content, headers=headers, timeout=self._timeout
         )
         try:
             async with asyncio.timeout(limits.first_byte_s):
-                response = await self._http.send(request, stream=True)
+                response = await http.send(request, stream=True)
                 try:
                     if response.status_code >= 400:
                         raise await self._http_error(response, attempt)
@@ -349,6 +387,7 @@ class ModelStream:
         self._idle: IdleDeadline | None = None
         self._first = b""
         self._done = False
+        self._closed = False
         self._max_bytes = client.limits.max_body_bytes
         self._recorder: Recorder | None = None
         self.attempts = 0
@@ -393,6 +432,8 @@ class ModelStream:
 
     async def _close(self) -> None:
         self._done = True
+        if self._closed:  # at the body's end, then again on leaving the block
+            return
         if self._recorder is not None:
             self._recorder.close()
         if self._idle is not None:
@@ -402,6 +443,7 @@ class ModelStream:
             await close_chunks()  # httpx's generator, so that it is not left to the GC
         if self._response is not None:
             await self._response.aclose()  # back to the pool (idempotent)
+        self._closed = True  # (only once all is closed: a cancelled close is done again)
 
     def __aiter__(self) -> Self:
         self._opened()
@@ -471,7 +513,7 @@ class ModelStream:
 _BLANK = b"\xef\xbb\xbf \t\r\n"  # (a UTF-8 BOM's bytes too: lstrip takes them as a set)
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 _NOT_A_STREAM = (b"{", b"[", b"<")
-_STREAM_TYPES = ("", "text/event-stream")
+_STREAM_TYPES = ("", "text/event-stream", "application/vnd.amazon.eventstream")
 
 
 def _is_event_stream(head: bytes, ended: bool, content_type: str) -> bool | None:
@@ -575,21 +617,6 @@ async def _inflated(raw: AsyncIterator[bytes], wbits: int) -> AsyncIterator[byte
             await close()
 
 
-_TLS: list[ssl.SSLContext] = []  # the process's default context, once made
-
-
-def _default_tls() -> ssl.SSLContext:
-    """The TLS context of every httpx client a :class:`ModelClient` makes: httpx's default
-    (certifi's roots, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` as set when first made), made once
-    per process on first use. Making one loads the CA bundle, ~25-50 ms of CPU: per
-    ``model_client()`` that was most of a short conversation's client cost. A context is
-    made to be shared (one per application, as the ``ssl`` docs advise), and httpx takes it
-    as ``verify``; an ``http://`` URL still gets it, for a TLS proxy from the environment."""
-    if not _TLS:
-        _TLS.append(httpx.create_ssl_context())
-    return _TLS[0]
-
-
 def model_client(
     provider: str,
     *,
@@ -606,18 +633,26 @@ def model_client(
     record: str | Path | None = None,
 ) -> ModelClient:
     """A :class:`ModelClient` for ``provider`` (``openai_chat``, ``openai_responses``,
-    ``anthropic``, ``gemini``).
+    ``anthropic``, ``gemini``, ``bedrock``).
 
     ``base_url`` defaults to the provider's variable (``OPENAI_BASE_URL``,
     ``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``), then its official URL;
     ``api_key`` to ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY`` (or
     ``GOOGLE_API_KEY``), read from ``env`` (default ``os.environ``). A key is required only
     when the requests go to the provider's own host: its absence then raises
-    ``ConfigError`` naming the variable. ``http``: an httpx client to share (left open).
+    ``ConfigError`` naming the variable. ``http``: an httpx client to use (left open; default: the
+    running loop's shared one, see :class:`ModelClient`).
     ``headers`` are added to every request. ``record``: a folder where each response is
     saved as a fixture ``toollatch replay`` reads (credentials masked, see
     :class:`toollatch.runtime.Recorder`). ``sleep`` and ``random_unit`` (a float in [0, 1))
     are for tests. Raises ``UsageError`` for an unknown provider.
+
+    ``bedrock`` (ConverseStream) reads AWS's variables instead: a Bedrock API key
+    (``api_key`` or ``AWS_BEARER_TOKEN_BEDROCK``, sent as a bearer), else
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` with each request
+    signed (SigV4, the ``[bedrock]`` extra: botocore) for the region of the endpoint's host
+    or ``AWS_REGION``; the endpoint is ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` or the region's
+    (see :mod:`._bedrock`). Its answers are not recorded (``record`` raises ConfigError).
     """
     dialect = DIALECTS.get(provider)
     if dialect is None:
@@ -626,13 +661,22 @@ def model_client(
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"{provider}: model must be a non-empty string, got {model!r}")
     environ = os.environ if env is None else env
-    base = _base_url(dialect, base_url, environ)
-    key = api_key or next((environ[v] for v in dialect.key_variables if environ.get(v)), None)
-    own_host = urlsplit(base).hostname == urlsplit(dialect.default_base_url).hostname
-    if key is None and own_host:
-        raise ConfigError(
-            f"{provider}: no API key for {base}: set {dialect.key_variables[0]} or pass api_key"
-        )
+    signer: bedrock.Signer | None = None
+    if provider == "bedrock":
+        if record is not None:
+            raise ConfigError("bedrock: record= is not supported (a binary event stream)")
+        given = base_url
+        if not given and not environ.get(bedrock.ENDPOINT_VARIABLE):
+            given = bedrock.default_base_url(environ)
+        base = _base_url(dialect, given, environ)
+        key, signer = bedrock.auth(base, api_key, environ)
+    else:
+        base = _base_url(dialect, base_url, environ)
+        key = api_key or next((environ[v] for v in dialect.key_variables if environ.get(v)), None)
+        own_host = urlsplit(base).hostname == urlsplit(dialect.default_base_url).hostname
+        if key is None and own_host:
+            variable = dialect.key_variables[0]
+            raise ConfigError(f"{provider}: no API key for {base}: set {variable} or pass api_key")
     return ModelClient(
         dialect,
         model=model,
@@ -645,6 +689,7 @@ def model_client(
         sleep=sleep or asyncio.sleep,
         random_unit=random_unit or random.random,
         record=None if record is None else Path(record),
+        signer=signer,
     )
 
 

@@ -252,8 +252,9 @@ def error_message(body: bytes) -> str:
 
     Understands the providers' shapes: OpenAI ``{"error": {"message", "type", "code"}}``,
     Anthropic ``{"type": "error", "error": {"type", "message"}}``, Gemini ``{"error":
-    {"code", "message", "status"}}`` (sometimes wrapped in a list). An HTML page: its
-    ``<title>``. Anything else: the body's text. Never raises; at most ~300 characters.
+    {"code", "message", "status"}}`` (sometimes wrapped in a list), AWS's ``{"message"}``.
+    An HTML page: its ``<title>``. Anything else: the body's text. Never raises; at most
+    ~300 characters.
     """
     try:
         data = orjson.loads(body)
@@ -268,6 +269,8 @@ def error_message(body: bytes) -> str:
         text = f"{message} ({kind})" if kind and message else message or str(kind or "")
     elif isinstance(error, str):
         text = error
+    elif isinstance(data, dict) and isinstance(data.get("message"), str):
+        text = data["message"]  # AWS (Bedrock): {"message"}, the kind in a header
     else:
         text = body.decode("utf-8", "replace").strip()
         title = _TITLE.search(text) if text.startswith("<") else None

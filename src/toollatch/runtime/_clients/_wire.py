@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from ...core._registry import Framing
 from ...core._specs import ToolSpec
+from . import _bedrock as bedrock
 
 Body = dict[str, Any]
 
@@ -54,6 +56,11 @@ class Dialect:
     """The JSON body for a model and a request (streaming flags set)."""
     fixed_headers: Mapping[str, str]
     """Headers every request carries (e.g. ``anthropic-version``)."""
+    framing: Framing = "sse"
+    """How the answer's body is framed (Bedrock: the AWS binary ``eventstream``)."""
+    extended: tuple[str, ...] = ()
+    """Body objects that an ``extra`` object of the same name extends (one level deep)
+    instead of replacing (Bedrock: ``toolConfig`` keeps its tools beside a ``toolChoice``)."""
 
 
 def _chat_body(model: str, request: Request) -> Body:
@@ -126,6 +133,12 @@ def _gemini_body(model: str, request: Request) -> Body:
     if request.max_tokens is not None:
         body["generationConfig"] = {"maxOutputTokens": request.max_tokens}
     return body
+
+
+def _bedrock_body(model: str, request: Request) -> Body:
+    """See :func:`._bedrock.body` (the model is in the path, not the body)."""
+    tools = [_named(spec, "parameters") for spec in request.tools]
+    return bedrock.body(list(request.history), request.system, tools, request.max_tokens)
 
 
 def _named(spec: ToolSpec, schema_key: str) -> Body:
@@ -223,6 +236,19 @@ DIALECTS: dict[str, Dialect] = {
         auth=lambda key: {"x-goog-api-key": key},
         body=_gemini_body,
         fixed_headers={},
+    ),
+    "bedrock": Dialect(
+        provider="bedrock",
+        # the region's endpoint in fact (._bedrock.default_base_url); this one for hints
+        default_base_url="https://bedrock-runtime.us-east-1.amazonaws.com",
+        key_variables=(bedrock.BEARER_VARIABLE,),
+        base_url_variable=bedrock.ENDPOINT_VARIABLE,
+        path=bedrock.path,
+        auth=_bearer,
+        body=_bedrock_body,
+        fixed_headers={"accept": "application/vnd.amazon.eventstream"},
+        framing="eventstream",
+        extended=("toolConfig", "inferenceConfig"),
     ),
 }
 """Every provider a model client speaks, by toollatch provider name."""

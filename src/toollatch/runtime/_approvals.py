@@ -1,0 +1,279 @@
+"""Calls that wait for a person or a client before they run (internal; used by the
+dispatcher).
+
+Theory of operation. After the gate commits a call, the dispatch round asks
+:meth:`Approvals.kind_of` whether it may run at once. A client tool's call waits for the
+client's result; a call whose tool says ``needs_approval`` (or that the
+:class:`ApprovalPolicy` names, for tools declared elsewhere: MCP's) waits for a person,
+unless the session was told to "always allow" that tool. Waiting (:meth:`Approvals.wait`)
+stores a :class:`~toollatch.ledger.Question` first (in the ledger when it keeps questions,
+so a restarted process finds it; else in memory), tells an ``approval_requested`` /
+``client_call`` event, and waits for the answer or the question's expiry. The answer
+methods (:meth:`Approvals.answer`) write the answer to the store, where the first answer
+wins atomically, then wake the waiting call; with a ledger, a waiting call also reads its
+question every ``poll_s`` (1 s), so an answer another worker wrote reaches it. A call's
+arguments never change while it waits: an approval names their SHA-256, which must be the
+committed one.
+
+Time: ``expires_at`` is the injected ``clock`` (Unix time) plus ``timeout_s``; the wait
+itself is an ``asyncio.timeout`` until then, so an expiry after a restart counts the time
+the process was down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..core._errors import ConfigError, ErrorCode
+from ..core._gate import CommittedCall, Gate, Rejection
+from ..ledger import (
+    AlreadyAnswered,
+    Decision,
+    EditRejected,
+    LedgerError,
+    LedgerKey,
+    NotAsked,
+    OtherSession,
+    Question,
+    QuestionKind,
+    QuestionStore,
+    WrongKind,
+    digest_of,
+)
+from ..ledger._open import open_ledger
+from ..tools._tools import ApprovalContext, Tool
+from ._agent_events import ApprovalRequestedEvent
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalPolicy:
+    """Which calls wait for a person, besides those of tools declared ``needs_approval``,
+    and for how long: the configuration's ``approvals`` section.
+
+    ``tools``: names of tools whose calls need approval (tools declared elsewhere, such as
+    an MCP server's, need no code for it); ``default``: ``ask`` makes every other tool's
+    calls need it too (``run``: only those named or declared); ``timeout_s``: how long a
+    call waits for its answer before it is answered ``approval_expired`` (None: forever).
+    Raises ``ConfigError`` for a bad value.
+    """
+
+    tools: Collection[str] = ()
+    default: Literal["run", "ask"] = "run"
+    timeout_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tools, str) or not all(isinstance(t, str) for t in self.tools):
+            raise ConfigError("approvals.tools must be a list of tool names")
+        object.__setattr__(self, "tools", frozenset(self.tools))
+        if self.default not in ("run", "ask"):
+            raise ConfigError(f"approvals.default must be 'run' or 'ask', got {self.default!r}")
+        t = self.timeout_s
+        if t is not None and not (
+            isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+        ):
+            raise ConfigError(f"approvals.timeout_s must be a positive number, got {t!r}")
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    question: Question
+    call: CommittedCall
+    gate: Gate
+    answered: asyncio.Future[Question] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Approvals:
+    """The questions of one dispatcher; see the module docstring."""
+
+    def __init__(
+        self, policy: ApprovalPolicy, store: object, clock: Clock, *, poll_s: float = 1.0
+    ) -> None:
+        self.policy = policy
+        self.store: QuestionStore = _memory_questions()
+        self.poll_s: float | None = None
+        """How often a waiting call reads its question from the ledger (an answer another
+        process wrote); None (no ledger): only answers given in this process count."""
+        if isinstance(store, QuestionStore):
+            self.store, self.poll_s = store, poll_s
+        self.clock = clock
+        self._waiting: dict[tuple[str, str], _Waiting] = {}
+        self._always: set[tuple[str, str]] = set()
+
+    # -- deciding ----------------------------------------------------------------------------
+
+    def kind_of(
+        self, tool: Tool[Any, Any], call: CommittedCall, session: str
+    ) -> QuestionKind | None:
+        """What ``call`` waits for before it runs (None: nothing, it runs now)."""
+        if getattr(tool, "client", False):
+            return "client"
+        named = call.name in self.policy.tools or self.policy.default == "ask"
+        decide = getattr(tool, "needs_approval", False)
+        if (decide is False and not named) or (session, call.name) in self._always:
+            return None  # (the common case first: no context is built for it)
+        if named:
+            return "approval"
+        context = ApprovalContext(session=session, call_id=call.call_id, name=call.name)
+        return "approval" if tool.asks(call.arguments, context) else None
+
+    def allow_always(self, session: str, name: str) -> None:
+        """Calls of ``name`` in ``session`` run without asking from now on."""
+        self._always.add((session, name))
+
+    def revoke(self, session: str, name: str) -> None:
+        """Undo :meth:`allow_always` (calls asked already keep waiting)."""
+        self._always.discard((session, name))
+
+    def pending(self, session: str) -> list[Question]:
+        """The questions of ``session`` waiting in this process, oldest first."""
+        return [w.question for (s, _), w in self._waiting.items() if s == session]
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    async def wait(
+        self,
+        session: str,
+        call: CommittedCall,
+        kind: QuestionKind,
+        emit: Callable[[ApprovalRequestedEvent], None],
+        gate: Gate,
+    ) -> Question:
+        """Ask ``call``'s question (or find it, asked before a restart) and return it
+        answered. Raises ``StaleArguments`` when the id was asked with other arguments,
+        ``LedgerError`` when the store fails; cancelled, it records ``cancelled``. ``gate``
+        checks edited arguments an approval brings (:meth:`answer`)."""
+        key = LedgerKey(scope=session, call_id=call.call_id)
+        now = self.clock()
+        timeout = self.policy.timeout_s
+        asked = Question(
+            key=key, kind=kind, name=call.name, digest=digest_of(call.name, call.arguments),
+            asked_at=now, expires_at=None if timeout is None else now + timeout,
+        )  # fmt: skip
+        question = await self.store.ask(asked)
+        if not question.pending:
+            return question
+        waiting = self._waiting[session, call.call_id] = _Waiting(question, call, gate)
+        try:
+            emit(
+                ApprovalRequestedEvent(
+                    id=call.call_id, name=call.name, arguments=call.arguments,
+                    args_sha256=question.digest, session=session,
+                    expires_at=question.expires_at, kind=kind,
+                )
+            )  # fmt: skip
+            return await self._answer_of(waiting)
+        except asyncio.CancelledError:
+            # best effort: a store that fails now must not turn the cancel into its error
+            with contextlib.suppress(Exception):
+                await self._closing(key, question.digest, "cancelled")
+            raise
+        finally:
+            del self._waiting[session, call.call_id]
+
+    async def _answer_of(self, waiting: _Waiting) -> Question:
+        """The answer: given here (the future), or written to the store by another process
+        (read every ``poll_s``), or ``expired`` at the question's expiry."""
+        expires = waiting.question.expires_at
+        while True:
+            left = None if expires is None else max(0.0, expires - self.clock())
+            step = self.poll_s if left is None else left
+            if self.poll_s is not None and left is not None:
+                step = min(left, self.poll_s)
+            try:
+                async with asyncio.timeout(step):
+                    return await asyncio.shield(waiting.answered)
+            except TimeoutError:
+                if left is not None and step is not None and step >= left:
+                    question = waiting.question
+                    return await self._closing(question.key, question.digest, "expired")
+            try:
+                found = await self.store.question(waiting.question.key)
+            except LedgerError:  # a read that failed now: the call keeps waiting
+                continue
+            if found is not None and not found.pending:
+                return found
+
+    async def _closing(self, key: LedgerKey, digest: str, decision: Decision) -> Question:
+        """Answer ``decision`` ourselves (expired, cancelled), or the answer that won."""
+        try:
+            answer = self.store.answer(key, digest=digest, decision=decision, now=self.clock())
+            return await asyncio.shield(answer)
+        except AlreadyAnswered:
+            found = await self.store.question(key)
+            assert found is not None  # answered, so stored
+            return found
+
+    # -- answering ---------------------------------------------------------------------------
+
+    async def answer(
+        self,
+        session: str,
+        call_id: str,
+        *,
+        kind: QuestionKind,
+        decision: Decision,
+        digest: str | None = None,
+        reason: str | None = None,
+        value: str | None = None,
+    ) -> Question:
+        """Answer ``call_id`` of ``session`` (see :class:`~toollatch.ledger.QuestionStore`
+        for the refusals, plus ``OtherSession`` and ``WrongKind``); the answered question.
+        ``digest`` None: the question's own (a denial or a client's result need not name
+        the arguments). An approval's ``value`` is edited argument text: checked by the
+        waiting call's gate first (``EditRejected``; the call keeps waiting), and by the
+        gate of the round that runs it again (the call may be resumed elsewhere)."""
+        waiting = self._waiting.get((session, call_id))
+        key = LedgerKey(scope=session, call_id=call_id)
+        question = waiting.question if waiting is not None else await self.store.question(key)
+        if question is None:
+            if any(c == call_id for (_, c) in self._waiting):
+                raise OtherSession(f"call {call_id!r} waits in another session, not {session!r}")
+            raise NotAsked(f"call {call_id!r} waits for no answer in {session!r}")
+        if question.kind != kind:
+            raise WrongKind(_wrong_kind(call_id, question))
+        if decision == "approved" and value is not None and waiting is not None:
+            checked = regate(waiting.gate, waiting.call, value)
+            if isinstance(checked, Rejection):
+                raise EditRejected(str(checked.code), checked.detail)
+        answered = await self.store.answer(
+            key, digest=digest if digest is not None else question.digest,
+            decision=decision, now=self.clock(), reason=reason, value=value,
+        )  # fmt: skip
+        if waiting is not None and not waiting.answered.done():
+            waiting.answered.set_result(answered)
+        return answered
+
+
+def regate(gate: Gate, call: CommittedCall, text: str) -> CommittedCall | Rejection:
+    """``call`` with the edited argument ``text``, through the whole gate again: its size
+    (``Limits.max_argument_bytes``, which the assembler checks for a model's text), then
+    the strict parse, depth, schema and policy. The run's call budget is not spent again:
+    the edited call replaces the one that spent it."""
+    limit = gate.limits.max_argument_bytes
+    if len(text.encode("utf-8", "surrogatepass")) > limit:
+        return Rejection(ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES, f"more than {limit} bytes")
+    return gate.check(
+        key=call.key, position=call.position, call_id=call.call_id, name=call.name, text=text
+    )
+
+
+def _wrong_kind(call_id: str, question: Question) -> str:
+    if question.kind == "client":
+        return f"call {call_id!r} is a client tool's: it waits for a result, not an approval"
+    return f"call {call_id!r} runs on the server ({question.name!r}): it takes no result"
+
+
+def _memory_questions() -> QuestionStore:
+    """The questions of a dispatcher whose ledger keeps none (or without a ledger)."""
+    store = open_ledger("memory:")
+    assert isinstance(store, QuestionStore)  # the in-memory ledger keeps questions
+    return store
