@@ -8,6 +8,7 @@ Run it from the repository root::
     python benchmarks/bench_relay.py --matrix --repeat 3  # the README's table
     python benchmarks/bench_relay.py --protocols --runs 100 --repeat 5  # own vs UI vs AG-UI
     python benchmarks/bench_relay.py --vs-ai-sdk --repeat 3  # beside the AI SDK's node relay
+    python benchmarks/bench_relay.py --stores --runs 50 --repeat 3  # memory: vs redis://
 
 By default the runs start evenly over one run's length (users arriving independently) and
 the model streams at 30 ms between wire events (``--delay-scale 10``: about a typical
@@ -103,11 +104,11 @@ def _record_times() -> None:
     """Stamp each event's creation and its append to the relay's log.
 
     This relay appends each event from inside the agent's creation points, synchronously
-    (it is the agent's observer): ``AgentRun._emit`` (agent events), ``Agent._tool_event``
-    (tool events) and ``AgentRun._notices`` (previews, from the notices the core just
-    returned), so the stamp taken on entering them is the event's own. A relay that appends
-    what the AgentRun's queue hands it (before 86a1543, when ``RelayRun.preview`` existed)
-    gets the stamp of its queue's put instead."""
+    (it is the agent's observer): ``AgentRun._emit`` (agent events), ``DispatchRound._emit``
+    (tool events; ``Agent._tool_event`` before) and ``AgentRun._notices`` (previews, from
+    the notices the core just returned), so the stamp taken on entering them is the
+    event's own. A relay that appends what the AgentRun's queue hands it (before 86a1543,
+    when ``RelayRun.preview`` existed) gets the stamp of its queue's put instead."""
 
     def stamped(original: Any) -> Any:
         def creating(*args: Any, **kwargs: Any) -> Any:
@@ -127,12 +128,19 @@ def _record_times() -> None:
     else:
         _agent.AgentRun._emit = stamped(_agent.AgentRun._emit)  # type: ignore[method-assign]
         _agent.AgentRun._notices = stamped(_agent.AgentRun._notices)  # type: ignore[method-assign]
-        _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
+        if hasattr(_agent.Agent, "_tool_event"):  # (before the dispatch round had its own)
+            _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
+        else:
+            from toollatch.runtime import _dispatch_round  # noqa: PLC0415
+
+            rounds = _dispatch_round.DispatchRound
+            rounds._emit = stamped(rounds._emit)  # type: ignore[method-assign]
     append = RelayRun.append
 
     def stamped_append(self: Any, data: dict[str, Any]) -> None:
         append(self, data)
-        last = self.last_id if hasattr(self, "last_id") else len(self.frames)
+        log = getattr(self, "log", None)  # (its own id: last_id waits for a shared store)
+        last = log.last_id if log is not None else len(self.frames)
         APPENDED[(self.id, last)] = (_CREATED[0], time.monotonic())
 
     RelayRun.append = stamped_append  # type: ignore[method-assign]
@@ -540,7 +548,9 @@ async def _relay(args: argparse.Namespace) -> dict[str, Any]:
     active = args.runs + (_FLOOD_SESSIONS if args.flood else 0)  # (the flood's runs, one each)
     limits = RelayLimits(max_active_runs=active, max_stored_runs=active * 2)
     if args.model_in_process:  # RelayServer's default: the scripted server on the same loop
-        server = RelayServer(limits=limits, delay_scale=args.delay_scale, ledger=args.ledger)
+        server = RelayServer(
+            limits=limits, delay_scale=args.delay_scale, ledger=args.ledger, store=args.store
+        )
         return await _serve_and_load(server, args)
     model, url = _start(
         [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
@@ -548,7 +558,11 @@ async def _relay(args: argparse.Namespace) -> dict[str, Any]:
     )
     try:
         server = RelayServer(
-            base_url=url + "/v1", model="scripted", limits=limits, ledger=args.ledger
+            base_url=url + "/v1",
+            model="scripted",
+            limits=limits,
+            ledger=args.ledger,
+            **({"store": args.store} if args.store else {}),
         )
         result = await _serve_and_load(server, args)
         result["model_cpu"] = _cpu_of(model.pid)
@@ -788,6 +802,7 @@ def _report(args: argparse.Namespace, result: dict[str, Any], cpu: float) -> dic
         "runs": len(runs),
         "model": "in relay process" if args.model_in_process else "own process",
         "ledger": args.ledger,
+        "store": args.store or "memory:",
         "calls": sum(r["calls"] for r in runs),
         "paired": all(r["paired"] and r["exact"] for r in runs),
         "events": events,
@@ -995,6 +1010,62 @@ def agui_row(args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def _stores(args: argparse.Namespace) -> None:
+    """The relay's CPU per event with its runs in memory and in Redis (a redis-server
+    started here on loopback, no persistence), the loads alternated ``--repeat`` times,
+    each in a relay process of its own (``--store``); with ``--against FILE`` (another
+    checkout's bench_relay.py) its relay as a third column, in memory. Prints a Markdown
+    table of the medians, and the redis-server's own CPU per event."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from ledger_helpers import free_port  # noqa: PLC0415 (tests' helper)
+
+    port = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--protected-mode", "no"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)
+    common = ["--runs", str(args.runs), "--delay-scale", str(args.delay_scale), "--json"]
+    cases = {"memory": [__file__, *common], "redis": [__file__, *common, "--store",
+             f"redis://127.0.0.1:{port}/0"]}  # fmt: skip
+    if args.against:
+        cases["before"] = [args.against, *common]
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in cases}
+    redis_ms: list[float] = []
+    try:
+        for _ in range(args.repeat):
+            for name, command in cases.items():
+                before = _cpu_of(redis.pid)
+                done = subprocess.run(
+                    [sys.executable, *command], capture_output=True, text=True, check=True
+                )
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                assert row["paired"], name
+                rows[name].append(row)
+                if name == "redis":
+                    redis_ms.append((_cpu_of(redis.pid) - before) * 1000 / row["events"])
+    finally:
+        redis.terminate()
+        redis.wait()
+
+    def median(name: str, key: str) -> float:
+        values = sorted(r[key] for r in rows[name])
+        return float(values[len(values) // 2])
+
+    print("| store | relay CPU/event | events/s | p50 | p99 | run length p99 |")
+    print("|---|---|---|---|---|---|")
+    for name in cases:
+        print(
+            f"| {name} | {median(name, 'relay_cpu_ms_per_event'):.3f} ms | "
+            f"{median(name, 'events_s'):.0f} | {median(name, 'p50'):.1f} ms | "
+            f"{median(name, 'p99'):.1f} ms | {median(name, 'length_p99_s'):.2f} s |"
+        )
+    print(f"redis-server CPU per event: {sorted(redis_ms)[len(redis_ms) // 2]:.3f} ms")
+    for name in cases:
+        print(f"({name}, each: {[round(r['relay_cpu_ms_per_event'], 4) for r in rows[name]]})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -1032,6 +1103,22 @@ def main() -> None:
         metavar="URL",
         help="the runs' call ledger and histories, as `toollatch serve --ledger` (default: none; "
         "serve's own default is sqlite:///<data folder>/ledger.db)",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="where the relay keeps its runs, as `toollatch serve --store` (default memory:)",
+    )
+    parser.add_argument(
+        "--stores",
+        action="store_true",
+        help="relay CPU per event with the runs in memory and in Redis (a redis-server "
+        "started here), alternated --repeat times",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="FILE",
+        help="with --stores: another checkout's bench_relay.py, in memory, as a third column",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument(
@@ -1104,6 +1191,9 @@ def main() -> None:
         return
     if args.protocols:
         asyncio.run(_protocols(args))
+        return
+    if args.stores:
+        _stores(args)
         return
     if args.vs_ai_sdk:
         asyncio.run(_vs_ai_sdk(args))

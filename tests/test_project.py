@@ -331,6 +331,7 @@ SURFACES = {
     "toollatch.ledger.redis": ["redis_session_locks"],
     "toollatch.mcp": ["McpServer", "McpToolSource", "parse_server_spec", "source_from_config"],
     "toollatch.relay.protocols": [],
+    "toollatch.relay.store": [],
     "toollatch.relay": [
         "ProxyServer",
         "Relay",

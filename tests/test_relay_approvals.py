@@ -303,7 +303,7 @@ async def test_use_chat_approves_denies_and_runs_a_client_tool_through_the_real_
             },
         )  # fmt: skip
         assert server.relay is not None
-        run_id = server.relay.chats.latest_run("c" * 43, "chat-1")
+        run_id = await server.relay.chats.latest_run("c" * 43, "chat-1")
         headers = {"x-toollatch-session": "c" * 43}
         async with httpx.AsyncClient(base_url=server.url, headers=headers) as client:
             frames = await read_events(client, f"/runs/{run_id}/events")

@@ -116,7 +116,7 @@ from toollatch.cli import _serve_command as _command
 called = []
 _server.settle_heap, real = (lambda: (called.append(1), real())), _server.settle_heap
 class Stub:
-    ledger_url, url, token_url = None, "http://x", "http://x/"
+    ledger_url, store_url, url, token_url = None, None, "http://x", "http://x/"
     async def __aenter__(self): return self
     async def __aexit__(self, *exc): pass
     async def serve_forever(self): pass

@@ -167,7 +167,7 @@ def tool_parts(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
 async def own_events(relay: RelayServer, session: str, chat_id: str) -> list[dict[str, Any]]:
     """The chat's latest run in the relay's own format (what the gate committed)."""
     assert relay.relay is not None
-    run_id = relay.relay.chats.latest_run(session, chat_id)
+    run_id = await relay.relay.chats.latest_run(session, chat_id)
     async with httpx.AsyncClient(
         base_url=relay.url, headers={"x-toollatch-session": session}, timeout=20
     ) as client:
@@ -682,7 +682,9 @@ async def test_chat_streams_count_against_the_sessions_readers():
                 second = await client.post("/api/chat", json=chat_body("r2", "hi", model="slow"))
                 assert second.status_code == 429
                 assert second.json()["error"]["code"] == "too_many_readers"
-                assert relay.relay.chats.latest_run(headers["x-toollatch-session"], "r2") is None
+                assert (
+                    await relay.relay.chats.latest_run(headers["x-toollatch-session"], "r2") is None
+                )
                 await first.aread()
             again = await client.post("/api/chat", json=chat_body("r2", "hi", model="tools"))
             assert again.status_code == 200  # the slot came back when the stream ended

@@ -194,6 +194,14 @@ class RelayConfig(_Section):
     """The environment variable holding the key (at least 16 bytes) that signs approval
     tokens (never the key itself in the file); null: a random key per process, so a question
     resumed after a restart gets a new token."""
+    store: Annotated[str, Field(pattern=r"^(memory:|(rediss?|unix)://.+)$")] = "memory:"
+    """Where the runs live: ``memory:`` (this process only) or ``redis://HOST:PORT/DB``
+    (shared by every worker on it: any worker serves, resumes and cancels any run)."""
+    store_ttl_s: _Seconds = 3600.0
+    """How long a shared store keeps a run's events and metadata after its last event."""
+    store_outage_s: _Seconds = 5.0
+    """How long a worker retries a write to an unreachable shared store before it cancels
+    its runs (their local readers still get every event)."""
 
 
 _ProxyBytes = Annotated[int, Field(ge=1)]
@@ -661,6 +669,11 @@ relay:
                                         # (no UI payload or failed) | always | never
   approval_secret_env: null             # env variable with the key of approval tokens
                                         # (null: random per process)
+  store: "memory:"                      # runs: memory: (this process) | redis://HOST:PORT/DB
+                                        # (shared: any worker serves any run)
+  store_ttl_s: 3600                     # a shared store keeps an ended run this long
+  store_outage_s: 5                     # retry an unreachable store this long, then
+                                        # cancel this worker's runs
 
 proxy:                                  # toollatch proxy (its flags win over these)
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1

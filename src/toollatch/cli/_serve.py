@@ -30,6 +30,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "event stream gets their results and run_ended), then exit (default: the config's "
         "relay.shutdown_grace_s, 10)",
     )
+    _store(serve)
     serve.add_argument(
         "--config",
         metavar="FILE",
@@ -67,6 +68,30 @@ def _browser(serve: argparse.ArgumentParser) -> None:
         help="when the browser gets a redacted preview of a result's text: summary (no UI "
         "payload, or a failed call), always, never (default: the config's relay.result_text, "
         "summary)",
+    )
+
+
+def _store(serve: argparse.ArgumentParser) -> None:
+    """Where the runs live (several workers share a Redis)."""
+    serve.add_argument(
+        "--store",
+        metavar="URL",
+        help="where the runs live: memory: (this process) or redis://HOST:PORT/DB (shared: "
+        "any worker on that Redis serves, resumes and cancels any run; the [redis] extra; "
+        "default: the config's relay.store, memory:)",
+    )
+    serve.add_argument(
+        "--store-ttl",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="how long a shared store keeps an ended run (default: relay.store_ttl_s, 3600)",
+    )
+    serve.add_argument(
+        "--store-outage",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="how long to retry an unreachable shared store before this worker's runs are "
+        "cancelled (default: relay.store_outage_s, 5)",
     )
 
 

@@ -9,6 +9,8 @@ Who may drive it: ``--host`` beyond loopback needs ``--token`` (or ``relay.token
 ``--allow-host`` / ``--allow-origin`` add ``Host`` names and origins (a reverse proxy);
 ``--allow-model`` the models the browser may pick. The ``relay:`` section and
 ``TOOLLATCH_RELAY__*`` also set the limits (:class:`~toollatch.relay.RelayLimits`).
+``--store redis://HOST:PORT/DB`` (``relay.store``) keeps the runs in Redis, so that several
+workers on it serve any run (a Redis that cannot be reached at start: exit status 2).
 SIGTERM and SIGINT (Ctrl-C) cancel every run as ``POST .../cancel`` does (every call
 paired; ``run_ended.error`` names the shutdown), let each open events stream send that and
 end, then stop, within ``--shutdown-grace`` (``relay.shutdown_grace_s``, 10 s) and about a
@@ -86,6 +88,9 @@ def _server(args: argparse.Namespace) -> RelayServer:
         shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
         approvals=c.approval_policy(),
         approval_secret=_approval_secret(r),
+        store=args.store or r.store,
+        store_ttl_s=args.store_ttl or r.store_ttl_s,
+        store_outage_s=args.store_outage or r.store_outage_s,
     )
 
 
@@ -188,7 +193,12 @@ async def _serve(server: RelayServer) -> int:
         ledger = _ledger_shown(server.ledger_url)
         url = server.token_url  # (with the token, once: opening it sets the token's cookie)
         with stopping.installed():
-            sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}; Ctrl-C to stop)\n")
+            store = (
+                ""
+                if server.store_url in (None, "memory:")
+                else f", runs in {_ledger_shown(server.store_url)}"
+            )
+            sys.stderr.write(f"toollatch relay on {url} (ledger {ledger}{store}; Ctrl-C to stop)\n")
             sys.stderr.flush()
             await server.serve_forever()
     return 0 if stopping.received is None else 128 + stopping.received

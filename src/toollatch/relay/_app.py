@@ -59,10 +59,11 @@ from ._requests import require_json as _require_json
 from ._requests import resume_point as _resume_point
 from ._requests import session_of as _session
 from ._requests import set_cookie as _set_cookie
-from ._runs import RelayRun, RunRegistry
+from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame
 from ._tools import SessionTools
 from .protocols import _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
+from .store._base import MemoryRunStore, RunStore, StoreUnavailable
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
@@ -107,7 +108,8 @@ class Relay:
     ``models``: the model names a request may pick (default: ``model`` only; a browser may
     otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
     and access token the guard in front of the app accepts (:mod:`._guard`; default:
-    loopback names, same-origin, no token).
+    loopback names, same-origin, no token). ``store``: where the runs live for other
+    workers (:mod:`.store`; default: this process only), opened by the caller.
     Raises ``ConfigError`` for an empty ``providers`` or an unknown one.
     """
 
@@ -132,6 +134,7 @@ class Relay:
         run_limits: RunLimits | None = None,
         approvals: ApprovalPolicy | None = None,
         approval_secret: bytes | None = None,
+        store: RunStore | None = None,
     ) -> None:
         if not providers or any(p not in PROVIDERS for p in providers):
             raise ConfigError(f"providers must be some of {PROVIDERS}, got {list(providers)!r}")
@@ -164,16 +167,14 @@ class Relay:
         self.approval_secret = approval_secret or secrets.token_bytes(32)
         """Signs the questions' tokens (:mod:`._answers`; default: random per process)."""
         self.runs = RunRegistry(self.limits)
+        self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
+        """The runs as other workers see them (:mod:`.store`)."""
         chat_history = (
             history
             if history is not None
             else BoundedMemoryHistory(2 * self.limits.max_stored_runs)
         )
-        self.chats = ChatStore(
-            chat_history,
-            max_messages=self.limits.max_chat_messages,
-            keep=self.limits.max_stored_runs,
-        )
+        self.chats = ChatStore(chat_history, self.store, max_messages=self.limits.max_chat_messages)
         """The chats (:mod:`._chats`): in the history store, in memory without a ledger."""
         self._session_tools = SessionTools(workspace, self.limits.max_stored_runs)
         self._static = {
@@ -302,7 +303,7 @@ class Relay:
             else:
                 if resume is not None:
                     await self._check_resumable(resume, session, new_session)
-                run = self.admit(session, new_session, run_id=resume)
+                run = await self.admit(session, new_session, run_id=resume)
                 chosen = provider or self.providers[0]
                 self._start(run, chosen, model, message, resume=resume is not None)
         except HTTPError as exc:
@@ -321,11 +322,14 @@ class Relay:
             _set_cookie(response, session)
         return response
 
-    def admit(self, session: str, new_session: bool, *, run_id: str | None = None) -> RelayRun:
-        """A new run of ``session``, admitted to the registry (every endpoint that starts runs
-        goes through here: the same quotas; ``run_id``: a stored run's id, to resume it);
-        :class:`HTTPError` 429 past the session's or the relay's runs in flight, 503 while
-        shutting down. Start it with :meth:`_start` (or :meth:`start_run`)."""
+    async def admit(
+        self, session: str, new_session: bool, *, run_id: str | None = None
+    ) -> RelayRun:
+        """A new run of ``session``, admitted to the registry and recorded in the store
+        (every endpoint that starts runs goes through here: the same quotas; ``run_id``: a
+        stored run's id, to resume it); :class:`HTTPError` 429 past the session's or the
+        relay's runs in flight (counted per worker), 503 while shutting down or when the
+        store is unreachable. Start it with :meth:`_start` (or :meth:`start_run`)."""
         quota = min(self.limits.max_session_runs, self.limits.max_active_runs)
         if not new_session and self.runs.active(session) >= quota:
             raise HTTPError(
@@ -346,7 +350,43 @@ class Relay:
                 "too_many_runs",
                 f"{self.limits.max_active_runs} runs are in flight; retry later",
             )
+        try:
+            await self.store.created(run)
+        except StoreUnavailable as exc:
+            self.runs.forget(run.id)
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
         return run
+
+    async def find_run(self, run_id: str | None, session: str | None) -> RunSource | None:
+        """``session``'s run ``run_id``, of this worker or (a shared store) another's; None
+        when there is none (another session's run is none). 503 :class:`HTTPError` when the
+        store is unreachable."""
+        if run_id is None or session is None:
+            return None
+        run = self.runs.owned(run_id, session)
+        if run is not None or not self.store.shared:
+            return run
+        try:
+            return await self.store.find(run_id, session)
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
+
+    async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
+        """Stop serving runs: the reads of other workers' runs end at once (their clients
+        reconnect elsewhere with ``Last-Event-ID``), this worker's runs are cancelled and
+        waited for (:meth:`RunRegistry.close`); True when every run ended."""
+        self.store.end_reads()
+        return await self.runs.close(grace_s, reason=reason)
+
+    async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
+        """Cancel ``run`` here, or through its owner (False: it had ended, or no owner
+        answered); 503 :class:`HTTPError` when the store is unreachable."""
+        if isinstance(run, RelayRun):
+            return run.cancel(reason)
+        try:
+            return await self.store.cancel(run, reason)
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
 
     def open_reader(self, session: str) -> Callable[[], None]:
         """Count one more event stream of ``session`` (429 :class:`HTTPError` at
@@ -383,9 +423,9 @@ class Relay:
         answered, ``chat_provider_mismatch``, ``chat_too_long``, ``nothing_to_regenerate``,
         ``not_the_last_answer``; the limits of :meth:`admit`. The run streams and cancels
         like any other."""
-        latest = self.chats.latest_run(session, chat_id)
-        live = self.runs.owned(latest, session) if latest is not None else None
-        self.chats.claim(session, chat_id, running=live is not None and not live.done)
+        latest = await self.chats.latest_run(session, chat_id)
+        live = await self.find_run(latest, session)
+        self.chats.claim(session, chat_id, running=live is not None and not live.ended)
         try:
             if regenerate:
                 turn = await self.chats.regenerate(session, chat_id, message_id)
@@ -394,14 +434,16 @@ class Relay:
                 turn = await self.chats.turn(session, chat_id, provider, default=self.providers[0])
             if turn.provider not in self.providers:
                 raise HTTPError(409, "chat_provider_mismatch", f"{turn.provider} is not served")
-            run = self.admit(session, new_session)
+            run = await self.admit(session, new_session)
             try:
                 await self.chats.record(session, chat_id, turn, run.id)
             except HTTPError:
                 run.done = True
+                if run.mirror is not None:
+                    run.mirror.push(run)  # (the store records its end)
                 raise
             self._start(run, turn.provider, model, message, resume=turn.resume, scope=turn.scope)
-            self.chats.bind(session, chat_id, run.id)
+            await self.chats.bind(session, chat_id, run.id)
         finally:
             self.chats.release(session, chat_id)
         return run
@@ -411,8 +453,8 @@ class Relay:
         ledger's history and not running here (another session's run is 404, as unknown)."""
         if self.history is None:
             raise HTTPError(422, "no_ledger", "resume needs a ledger (toollatch serve --ledger)")
-        live = self.runs.owned(run_id, session)
-        if live is not None and not live.done:
+        live = await self.find_run(run_id, session)
+        if live is not None and not live.ended:
             raise HTTPError(409, "run_in_flight", "the run is still going; read its events")
         if new_session or not await self.history.load(run_scope(session, run_id)):
             raise HTTPError(404, "not_found", "no such run")
@@ -518,6 +560,8 @@ class Relay:
             )
         except (ConfigError, UsageError) as exc:
             run.done = True
+            if run.mirror is not None:
+                run.mirror.push(run)  # (the store records its end)
             raise HTTPError(422, "invalid_run", str(exc)) from None
         self._pool_runs[pool] += 1
 
@@ -530,23 +574,20 @@ class Relay:
         )
 
     async def _events(self, request: Request) -> Response:
-        run = self.runs.owned(request.path_params["run_id"], _session(request))
-        if run is None:
-            return HTTPError(404, "not_found", "no such run").response()
         try:
+            run = await self.find_run(request.path_params["run_id"], _session(request))
+            if run is None:
+                return HTTPError(404, "not_found", "no such run").response()
             start = _resume_point(request, run.last_id)
-        except HTTPError as exc:
-            return exc.response()
-        if run.done and start >= run.last_id:
-            return Response(status_code=204)  # tells an EventSource not to reconnect
-        try:
+            if run.ended and start >= run.last_id:
+                return Response(status_code=204)  # tells an EventSource not to reconnect
             return self.stream(run, start)
         except HTTPError as exc:
             return exc.response()
 
     def stream(
         self,
-        run: RelayRun,
+        run: RunSource,
         start: int,
         *,
         opening: bytes = b"",
@@ -571,39 +612,59 @@ class Relay:
 
     async def _sse(
         self,
-        run: RelayRun,
+        run: RunSource,
         cursor: int,
         opening: bytes = b"",
         view: Callable[[bytes], bytes] | None = None,
         pause: Callable[[int], Awaitable[bytes | None]] | None = None,
     ) -> AsyncIterator[bytes]:
         yield b"retry: 1000\n\n" + opening
-        batch = self.limits.sse_batch
+        batch, heartbeat_s = self.limits.sse_batch, self.limits.heartbeat_s
         while True:
-            if pause is not None and cursor == run.last_id and not run.done:
-                ending = await pause(cursor)
+            if pause is not None and cursor == run.last_id and not run.ended:
+                ending = await pause(cursor)  # (a run waiting on its client: ._agui_answers)
                 if ending is not None:
                     yield ending
                     return
-            if cursor < run.last_id:  # every frame queued for this reader, in one write
-                chunk, cursor = run.log.after(cursor, batch)
-                yield chunk if view is None else view(chunk)
-            elif run.done:
+            try:
+                missed, frames, cursor, ended = await run.read(cursor, batch, heartbeat_s)
+            except StoreUnavailable as exc:  # (the stream ends; the client reconnects)
+                yield b": %s\n\n" % str(exc).encode()
                 return
-            elif not await run.wait(cursor, self.limits.heartbeat_s):
+            if frames or missed:  # every frame queued for this reader, in one write
+                chunk = b"".join(frames)
+                if missed:
+                    chunk = lagged_frame(cursor - len(frames) + 1, missed) + chunk
+                yield chunk if view is None else view(chunk)
+            elif not ended:
                 yield b": heartbeat\n\n"
+            if ended:
+                return
 
     async def _cancel(self, request: Request) -> Response:
         """Like ``POST /runs``: a JSON body (``{}`` or none; 415 otherwise), from the relay's
         own origin (the guard)."""
+        run_id = request.path_params["run_id"]
+        return await self.answer_cancel(request, lambda: self.find_run(run_id, _session(request)))
+
+    async def answer_cancel(
+        self,
+        request: Request,
+        find: Callable[[], Awaitable[RunSource | None]],
+        missing: str = "no such run",
+    ) -> Response:
+        """A cancel endpoint's answer: the body checked (JSON, ``{}`` or empty), the run
+        ``find()`` gives cancelled here or through its owner: 202 ``{"id", "cancelled"}``,
+        404 ``missing`` when there is none, the 4xx / 503 of :class:`HTTPError`."""
         try:
             _require_json(request)
             body = await _read_body(request, self.limits)
             if body.strip() not in (b"", b"{}"):
                 raise HTTPError(422, "invalid_body", "the body must be {} or empty")
+            run = await find()
+            if run is None:
+                raise HTTPError(404, "not_found", missing)
+            cancelled = await self.cancel_run(run)
         except HTTPError as exc:
             return exc.response()
-        run = self.runs.owned(request.path_params["run_id"], _session(request))
-        if run is None:
-            return HTTPError(404, "not_found", "no such run").response()
-        return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
+        return JSONResponse({"id": run.id, "cancelled": cancelled}, status_code=202)

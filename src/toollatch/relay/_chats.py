@@ -21,8 +21,9 @@ history) and one ``{"branch": key suffix, "keep": at}`` per regeneration.
 Bounds: a chat holds at most ``max_messages`` history entries (``relay.max_chat_messages``):
 a message to a chat that has reached it is refused (409 ``chat_too_long``; start a new chat),
 so a chat's stored history, and what the model is sent, stay bounded. One message at a time
-per chat (409 ``chat_busy`` while its run is going). The chat -> latest run map is in memory
-(the last ``keep`` chats), which is what resuming a chat's stream needs. Without a ledger
+per chat (409 ``chat_busy`` while its run is going). The chat -> latest run pointer, which
+is what resuming a chat's stream needs, is in the run store (:mod:`.store`: in memory, the
+last ``max_stored_runs`` chats; or shared between workers). Without a ledger
 the histories are in memory (:class:`BoundedMemoryHistory`), the newest ``2 * keep`` entries
 (a chat's history and its meta) kept.
 """
@@ -41,6 +42,7 @@ from typing import Any
 from ..core._errors import UsageError
 from ..ledger import History, HistoryConflict
 from ._requests import HTTPError
+from .store._base import RunStore, StoreUnavailable
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 """A chat id as a client may pick it (``useChat`` ids are 16 such characters)."""
@@ -127,7 +129,7 @@ class ChatStore:
             # (or turn = await store.regenerate(session, chat_id, message_id): no message)
             run = ...  # a run of the agent with session=turn.scope, resume=turn.resume
             await store.record(session, chat_id, turn, run.id)
-            store.bind(session, chat_id, run.id)
+            await store.bind(session, chat_id, run.id)
         finally:
             store.release(session, chat_id)
 
@@ -135,11 +137,10 @@ class ChatStore:
     :meth:`messages` (the stored history, in the chat's provider's format).
     """
 
-    def __init__(self, history: History, *, max_messages: int, keep: int) -> None:
+    def __init__(self, history: History, runs: RunStore, *, max_messages: int) -> None:
         self.history = history
         self.max_messages = max_messages
-        self._keep = keep
-        self._runs: OrderedDict[str, str] = OrderedDict()  # scope -> latest run id
+        self._runs = runs  # the pointers: scope -> latest run id
         self._pending: set[str] = set()
 
     @staticmethod
@@ -241,14 +242,18 @@ class ChatStore:
         unknown chat)."""
         return await self.history.load((await self._meta(self.scope(session, chat_id))).scope)
 
-    def bind(self, session: str, chat_id: str, run_id: str) -> None:
-        """Record ``run_id`` as the chat's latest run (the last ``keep`` chats are kept)."""
-        scope = self.scope(session, chat_id)
-        self._runs.pop(scope, None)
-        self._runs[scope] = run_id
-        while len(self._runs) > self._keep:
-            self._runs.popitem(last=False)
+    async def bind(self, session: str, chat_id: str, run_id: str) -> None:
+        """Record ``run_id`` as the chat's latest run (in the run store; 503
+        :class:`HTTPError` when it is unreachable)."""
+        try:
+            await self._runs.point("chat", self.scope(session, chat_id), run_id)
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
 
-    def latest_run(self, session: str, chat_id: str) -> str | None:
-        """The id of the chat's latest run in this process (None: none)."""
-        return self._runs.get(self.scope(session, chat_id))
+    async def latest_run(self, session: str, chat_id: str) -> str | None:
+        """The id of the chat's latest run (None: none kept; 503 :class:`HTTPError` when
+        the run store is unreachable)."""
+        try:
+            return await self._runs.pointed("chat", self.scope(session, chat_id))
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None

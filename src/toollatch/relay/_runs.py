@@ -11,6 +11,12 @@ it grows, so a reader that stalls (its socket's send buffer full) blocks only it
 response, never the run. Resuming with ``Last-Event-ID: n`` restarts the cursor at ``n``:
 nothing lost, nothing repeated.
 
+With a shared run store (:mod:`.store`, Redis) the run's owner also *mirrors* its log:
+:attr:`RelayRun.mirror` copies each new frame to the store, and :attr:`RelayRun.published`
+(what every reader, local or not, may see) moves only once the store has it, so that an id
+any client was sent is in the shared log and can be resumed on any worker. Without one,
+:attr:`~RelayRun.published` is simply the newest id.
+
 Memory is bounded twice: a run reaching :attr:`RelayLimits.max_run_events` is cancelled,
 and the log keeps only its newest :attr:`RelayLimits.max_kept_bytes` of frames (the oldest
 are forgotten first). A reader whose next event was forgotten is told so, never skipped in
@@ -27,7 +33,7 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -134,15 +140,57 @@ class EventLog:
         chunk = self._frames[start : start + limit]
         return lag + b"".join(chunk), cursor + len(chunk)
 
-    def frames(self, cursor: int, limit: int) -> tuple[int, list[bytes], int]:
-        """For a reader that re-encodes them (:mod:`.protocols`): how many frames after id
-        ``cursor`` were forgotten (0: none), the kept ones after it (at most ``limit``), and
-        the new cursor."""
+    def frames(
+        self, cursor: int, limit: int, upto: int | None = None
+    ) -> tuple[int, list[bytes], int]:
+        """How many frames after id ``cursor`` were forgotten (0: none), the kept ones after
+        it (at most ``limit``, none past id ``upto`` when given), and the new cursor."""
         missed = max(0, self.first_id - 1 - cursor)
         cursor += missed
+        if upto is not None:
+            limit = min(limit, upto - cursor)
         start = cursor - self._base
-        chunk = self._frames[start : start + limit]
+        chunk = self._frames[start : start + max(0, limit)]
         return missed, chunk, cursor + len(chunk)
+
+
+Batch = tuple[int, list[bytes], int, bool]
+"""What a run's reader gets per read: ``(missed, frames, cursor, ended)``: how many events
+after its cursor were forgotten (0: none), the SSE frames after them, the new cursor, and
+whether the run has nothing more after it. No frames, none missed and not ended: the wait
+timed out (the reader sends a heartbeat)."""
+
+
+class RunSource(Protocol):
+    """A run as its readers see it, here or on another worker (:mod:`.store`)."""
+
+    @property
+    def id(self) -> str:
+        """The run's id."""
+
+    @property
+    def session(self) -> str:
+        """The session it belongs to (the reader's own, already checked)."""
+
+    @property
+    def last_id(self) -> int:
+        """The newest event id a reader may get (when it was looked up)."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run had ended (and every event was readable) when looked up."""
+
+    async def read(self, cursor: int, limit: int, wait_s: float) -> Batch:
+        """The events after id ``cursor`` (at most ``limit``), waiting at most ``wait_s``
+        seconds for one (0: not at all). Raises :class:`~.store.StoreUnavailable` when the
+        shared store cannot be read."""
+
+
+class Mirror(Protocol):
+    """Where a run's owner copies its log (the shared store's writer)."""
+
+    def push(self, run: RelayRun) -> None:
+        """``run`` has new frames, or has ended: copy them, then :meth:`RelayRun.publish`."""
 
 
 class _Feed:
@@ -202,6 +250,11 @@ class RelayRun:
         """Unguessable (24 characters); a resumed run keeps the id it was stored under."""
         self.session = session
         self.log = EventLog(limits.max_kept_bytes)
+        self.published = 0
+        """The newest id its readers may get: the newest one, or with a :attr:`mirror` the
+        newest the shared store has."""
+        self.mirror: Mirror | None = None
+        """The shared store's writer (None: the log is this process's only)."""
         self.done = False
         self.cancelled = False
         """Whether :meth:`cancel` stopped the run (its ``run_ended`` then has ``"cancelled":
@@ -225,8 +278,32 @@ class RelayRun:
 
     @property
     def last_id(self) -> int:
-        """The id of the newest stored event (0 before the first)."""
-        return self.log.last_id
+        """The id of the newest event its readers may get (0 before the first)."""
+        return self.published
+
+    @property
+    def ended(self) -> bool:
+        """Done, and every event readable."""
+        return self.done and self.published >= self.log.last_id
+
+    def publish(self, upto: int) -> None:
+        """Let the readers have the events up to id ``upto`` (the store has them)."""
+        self.published = upto
+        self._wake()
+
+    def _wake(self) -> None:
+        self._grew.set()
+        self._grew = asyncio.Event()
+
+    async def read(self, cursor: int, limit: int, wait_s: float) -> Batch:
+        """See :meth:`RunSource.read` (the reader of a run of this process)."""
+        if cursor >= self.published:
+            if self.ended or wait_s <= 0 or not await self.wait(cursor, wait_s):
+                return 0, [], cursor, self.ended
+            if cursor >= self.published:
+                return 0, [], cursor, self.ended
+        missed, frames, cursor = self.log.frames(cursor, limit, self.published)
+        return missed, frames, cursor, False
 
     def start(self, agent_run: AgentRun, closing: Callable[[], Any]) -> None:
         """Drive ``agent_run`` (of an Agent observed by :attr:`observer`) in a task;
@@ -244,14 +321,17 @@ class RelayRun:
         self.log.append(b"id: %d\nevent: %s\ndata: %s\n\n" % (n, data["type"].encode(), body))
         if n == self._limits.max_run_events:
             self.cancel()  # bounded: the cancel adds only the round's closing events
-        self._grew.set()
-        self._grew = asyncio.Event()
+        if self.mirror is None:
+            self.published = n
+            self._wake()
+        else:
+            self.mirror.push(self)  # (published once the store has it)
 
     async def wait(self, seen: int, timeout: float) -> bool:
-        """Wait until the log has events after id ``seen`` or the run is done; False on
+        """Wait until events after id ``seen`` are readable or the run has ended; False on
         ``timeout`` (the caller sends a heartbeat)."""
         grew = self._grew
-        if self.log.last_id > seen or self.done:
+        if self.published > seen or self.ended:
             return True
         try:
             async with asyncio.timeout(timeout):
@@ -302,7 +382,9 @@ class RelayRun:
                 )
         finally:
             self.done = True
-            self._grew.set()
+            if self.mirror is not None:
+                self.mirror.push(self)  # (its end, once the store has every event)
+            self._wake()
             await closing()
 
     def shown(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -349,6 +431,18 @@ class RunRegistry:
             del self._runs[oldest]
         self._runs[run.id] = run
         return True
+
+    def get(self, run_id: str) -> RelayRun | None:
+        """The run ``run_id`` of this process, whoever's it is (the store's control channel)."""
+        return self._runs.get(run_id)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a run that was admitted but never started."""
+        self._runs.pop(run_id, None)
+
+    def live(self) -> list[RelayRun]:
+        """The runs not done yet."""
+        return [r for r in self._runs.values() if not r.done]
 
     def owned(self, run_id: str, session: str | None) -> RelayRun | None:
         """The run, if it exists and belongs to ``session`` (constant-time compare)."""

@@ -52,6 +52,7 @@ from ._guard import (
 )
 from ._http import model_http
 from ._serving import listening_socket, started
+from .store._open import DEFAULT_OUTAGE_S, DEFAULT_TTL_S, check_store_url, open_run_store
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
@@ -107,6 +108,14 @@ class RelayServer:
     ``approvals`` and ``approval_secret``: which calls wait for a person, and the key of the
     questions' tokens (:class:`Relay`; default: random per process).
 
+    ``store``: where the runs live (``memory:``, the default: this process only;
+    ``redis://HOST:PORT/DB``: shared by every worker on that Redis, so that any of them
+    serves, resumes and cancels any run; :mod:`.store`), keeping an ended run
+    ``store_ttl_s`` seconds, retrying a failed write for ``store_outage_s`` seconds before
+    it cancels its runs. A Redis that cannot be reached at start is a ``ConfigError``.
+    Workers sharing a store must share the access token too: ``token="auto"`` (a token of
+    this worker's own) with a shared store is a ``ConfigError``.
+
     Stopping (:meth:`stop`, ``toollatch serve`` on SIGTERM / SIGINT) first cancels every run
     as ``POST .../cancel`` does, each with ``run_ended.error`` naming the shutdown, and waits
     for them at most ``shutdown_grace_s`` seconds, so that every open event stream sends its
@@ -139,6 +148,9 @@ class RelayServer:
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         approvals: ApprovalPolicy | None = None,
         approval_secret: bytes | None = None,
+        store: str | None = None,
+        store_ttl_s: float = DEFAULT_TTL_S,
+        store_outage_s: float = DEFAULT_OUTAGE_S,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -168,6 +180,17 @@ class RelayServer:
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
+        for name, value in (("store_ttl_s", store_ttl_s), ("store_outage_s", store_outage_s)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be positive, got {value!r}")
+        check_store_url(store)
+        self.store_url, self.store_ttl_s = store, float(store_ttl_s)
+        self.store_outage_s = float(store_outage_s)
+        if token == "auto" and store not in (None, "memory:"):
+            raise ConfigError(
+                "workers sharing a run store must share one access token: give it "
+                "(--token or TOOLLATCH_RELAY__TOKEN), not auto"
+            )
         if token == "auto":
             token = secrets.token_urlsafe(32)
         if token is None and not is_loopback(host):
@@ -270,7 +293,15 @@ class RelayServer:
             run_limits=self.run_limits,
             approvals=self.approvals,
             approval_secret=self.approval_secret,
+            store=open_run_store(
+                self.store_url,
+                keep=limits.max_stored_runs,
+                ttl_s=self.store_ttl_s,
+                outage_s=self.store_outage_s,
+            ),
         )
+        await relay.store.open(relay.runs)  # (ConfigError when it cannot be reached)
+        stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         sock = listening_socket(self.host, self.port, stack)
         server = _uvicorn(relay, limits, cap, self)
@@ -323,7 +354,7 @@ class RelayServer:
             return
         try:
             if self.relay is not None:  # streams end, so uvicorn need not wait on them
-                await self.relay.runs.close(self.shutdown_grace_s, reason=self.stop_reason)
+                await self.relay.close(self.shutdown_grace_s, reason=self.stop_reason)
             self.stop()
             if self._task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
@@ -350,7 +381,7 @@ class _RelayUvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """End the runs (at most the owner's grace), then uvicorn's shutdown."""
         owner = self._owner
-        await self._relay.runs.close(owner.shutdown_grace_s, reason=owner.stop_reason)
+        await self._relay.close(owner.shutdown_grace_s, reason=owner.stop_reason)
         await super().shutdown(sockets)
 
 

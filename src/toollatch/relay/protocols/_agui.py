@@ -69,7 +69,8 @@ from ...core._round import Round
 from ...runtime._agent_events import AgentEvent, RunEndedEvent
 from .. import _answers
 from .._config import RelayLimits
-from .._runs import EventLog, RelayRun, RunRegistry
+from .._runs import RelayRun, RunRegistry, RunSource
+from ..store._base import RunStore, StoreUnavailable
 from . import _agui_answers
 
 try:
@@ -178,17 +179,16 @@ class AguiView:
             events.append(TextMessageStartEvent(message_id=self.text, role="assistant"))
         return "".join(self._encoder.encode(e) for e in events).encode()
 
-    def replay(self, log: EventLog, upto: int) -> None:
+    def replay(self, missed: int, frames: Sequence[bytes], upto: int) -> None:
         """Take the state of a reader that has read the events up to id ``upto`` (sending
-        nothing); what was forgotten from the log counts as a lag."""
-        start = 0
-        if log.first_id > 1:
-            self.events({"type": "lagged", "first_id": log.first_id, "missed": 0})
-            start = log.first_id - 1
-        if start < upto:
-            chunk, _ = log.after(start, upto - start)
-            for _id, data in log_frames(chunk):
-                self.events(data)
+        nothing), from the run's log read from its start: ``missed`` events forgotten
+        (they count as a lag), then the kept ``frames`` (those past ``upto`` are left)."""
+        if missed:
+            self.events({"type": "lagged", "first_id": missed + 1, "missed": 0})
+        for event_id, data in log_frames(b"".join(frames)):
+            if event_id > upto:
+                break
+            self.events(data)
 
     # one relay event
 
@@ -457,12 +457,16 @@ class RelayHost(Protocol):
     models: tuple[str, ...]
     runs: RunRegistry
     approval_secret: bytes
+    store: RunStore
 
     def session_of(self, request: Request) -> str | None: ...
     def set_session(self, response: Response, token: str) -> None: ...
     async def read_json(self, request: Request) -> Any: ...
     def resume_point(self, request: Request, stored: int) -> int: ...
-    def admit(self, session: str, new_session: bool, *, run_id: str | None = None) -> RelayRun: ...
+    async def admit(
+        self, session: str, new_session: bool, *, run_id: str | None = None
+    ) -> RelayRun: ...
+    async def find_run(self, run_id: str | None, session: str | None) -> RunSource | None: ...
     def start_run(
         self,
         run: RelayRun,
@@ -477,7 +481,7 @@ class RelayHost(Protocol):
     ) -> None: ...
     def stream(
         self,
-        run: RelayRun,
+        run: RunSource,
         start: int,
         *,
         opening: bytes = b"",
@@ -497,8 +501,6 @@ class AguiEndpoint:
         """The threads' histories (the relay gives it :class:`StoredThreads` over its chats'
         history store: the ledger's, so a restart keeps them)."""
         self.saving: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._runs: OrderedDict[tuple[str, str, str], str] = OrderedDict()
-        """(session, threadId, runId) -> the relay run's id, the newest ``max_stored_runs``."""
         self.live: dict[tuple[str, str], _Keeper] = {}
         """The threads with a run in flight (another message on one is 409)."""
 
@@ -512,20 +514,24 @@ class AguiEndpoint:
         session = host.session_of(request)
         new_session = session is None
         session = session or secrets.token_urlsafe(32)
-        key = (session, given.thread_id, given.run_id)
-        known = self._runs.get(key)
-        run = host.runs.owned(known, session) if known is not None else None
+        key = _run_key(session, given.thread_id, given.run_id)
+        try:
+            known = await host.store.pointed("agui", key)
+        except StoreUnavailable as exc:
+            raise Refusal(503, "store_unavailable", str(exc)) from None
+        run = await host.find_run(known, session)
         if run is not None:
-            return self._read_again(request, run, given)
+            return await self._read_again(request, run, given)
         provider, model = self._pick(given.forwarded_props)
         thread = (session, given.thread_id)
         live = self.live.get(thread)
         if live is not None and live.busy and _answers.waiting(live.run):
             # the thread's run waits on this client: the input answers it, the run goes on
             start = await _agui_answers.answer_input(live.run, host.approval_secret, given)
-            self._runs[key] = live.run.id
+            with contextlib.suppress(StoreUnavailable):  # (then a re-POST answers again)
+                await host.store.point("agui", key, live.run.id)
             view = AguiView(given.thread_id, given.run_id, live.run.id)
-            view.replay(live.run.log, start)
+            await self._replayed(live.run, view, start)
             return self._stream(live.run, start, view)
         message = self._message(given)
         if live is not None and live.busy:
@@ -539,7 +545,7 @@ class AguiEndpoint:
             raise Refusal(
                 409, "thread_provider", f"this thread runs on {stored.provider}, not {provider}"
             )
-        run = host.admit(session, new_session)
+        run = await host.admit(session, new_session)
         keeper = _Keeper(self, thread, provider, run)
         host.start_run(
             run,
@@ -552,36 +558,47 @@ class AguiEndpoint:
             client_tools=_agui_answers.client_tools(given.tools or (), host.tool_names()),
         )
         self.live[thread] = keeper
-        self._runs[key] = run.id
-        while len(self._runs) > host.limits.max_stored_runs:
-            self._runs.popitem(last=False)
+        with contextlib.suppress(StoreUnavailable):  # (then a re-POST starts another run)
+            await host.store.point("agui", key, run.id)  # (the memory store keeps the newest)
         view = AguiView(given.thread_id, given.run_id, run.id)
         response = self._stream(run, 0, view)
         if new_session:
             host.set_session(response, session)
         return response
 
-    def _stream(self, run: RelayRun, start: int, view: AguiView) -> Response:
-        """``run``'s AG-UI events after ``start``, ending early while it waits on the client
-        (:mod:`._agui_answers`)."""
-        pause = _agui_answers.pauser(run, view.unfinished, view.paused)
+    def _stream(self, run: RunSource, start: int, view: AguiView) -> Response:
+        """``run``'s AG-UI events after ``start``; a run of this worker's ends the stream
+        early while it waits on the client (:mod:`._agui_answers`)."""
+        pause = (
+            _agui_answers.pauser(run, view.unfinished, view.paused)
+            if isinstance(run, RelayRun)
+            else None
+        )
         return self.host.stream(
             run, start, opening=view.opening(), view=view, headers={RUN_HEADER: run.id},
             pause=pause,
         )  # fmt: skip
 
-    def _read_again(self, request: Request, run: RelayRun, given: RunAgentInput) -> Response:
-        """The run's events again, after ``Last-Event-ID`` (204 when none are left)."""
+    async def _replayed(self, run: RunSource, view: AguiView, start: int) -> None:
+        """``view`` as a reader's that has read ``run``'s events up to ``start``."""
+        if start:
+            try:
+                missed, frames, _cursor, _ended = await run.read(0, start, 0)
+            except StoreUnavailable as exc:
+                raise Refusal(503, "store_unavailable", str(exc)) from None
+            view.replay(missed, frames, start)
+
+    async def _read_again(self, request: Request, run: RunSource, given: RunAgentInput) -> Response:
+        """The run's events again (of any worker's run), after ``Last-Event-ID`` (204 when
+        none are left)."""
         from starlette.responses import Response  # noqa: PLC0415 (the app's dependency)
 
         start = self.host.resume_point(request, run.last_id)
-        if run.done and start >= run.last_id:
+        if run.ended and start >= run.last_id:
             return Response(status_code=204)
         view = AguiView(given.thread_id, given.run_id, run.id)
-        view.replay(run.log, start)
-        return self.host.stream(
-            run, start, opening=view.opening(), view=view, headers={RUN_HEADER: run.id}
-        )
+        await self._replayed(run, view, start)
+        return self._stream(run, start, view)
 
     def _pick(self, props: Any) -> tuple[str, str]:
         """``(provider, model)`` from ``forwardedProps`` (defaults: the relay's)."""
@@ -634,6 +651,11 @@ def _run_input(data: Any) -> RunAgentInput:
         if not 0 < len(value) <= MAX_ID_CHARS:
             raise Refusal(422, "invalid_body", f"{name} must be 1 to {MAX_ID_CHARS} characters")
     return given
+
+
+def _run_key(session: str, thread_id: str, run_id: str) -> str:
+    """The run pointer's key of a session's ``(threadId, runId)`` (reveals neither)."""
+    return hashlib.sha256(f"{session}\0{thread_id}\0{run_id}".encode()).hexdigest()
 
 
 def _thread_scope(session: str, thread_id: str) -> str:

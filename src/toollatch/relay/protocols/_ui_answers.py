@@ -34,7 +34,7 @@ from weakref import WeakKeyDictionary
 import orjson
 
 from .._answers import answer, waiting
-from .._chats import CHAT_ID
+from .._chats import CHAT_ID, ChatStore
 from .._requests import HTTPError
 from .._runs import RelayRun, RunRegistry
 
@@ -52,7 +52,7 @@ class AnswerHost(Protocol):
     approval_secret: bytes
 
     @property
-    def chats(self) -> Any: ...
+    def chats(self) -> ChatStore: ...
 
 
 def pauser(run: RelayRun) -> Callable[[Collection[str], int], Awaitable[bool]]:
@@ -96,7 +96,7 @@ async def answer_chat(
     chat_id = found["chat_id"]
     if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
         raise HTTPError(422, "invalid_body", "id must be a chat id (1-128 of A-Za-z0-9_-)")
-    run_id = host.chats.latest_run(session, chat_id) if session is not None else None
+    run_id = await host.chats.latest_run(session, chat_id) if session is not None else None
     run = host.runs.owned(run_id, session) if run_id is not None else None
     asked = waiting(run) if run is not None and not run.done else {}
     if run is None or not asked:

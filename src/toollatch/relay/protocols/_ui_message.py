@@ -55,7 +55,7 @@ from typing import Any, Protocol
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from .._chats import CHAT_ID, ChatStore
@@ -68,7 +68,8 @@ from .._requests import (
     session_of,
     set_cookie,
 )
-from .._runs import RelayRun, RunRegistry
+from .._runs import RelayRun, RunRegistry, RunSource
+from ..store._base import StoreUnavailable
 from . import _ui_answers
 
 UI_MESSAGE_STREAM_HEADERS = {
@@ -347,38 +348,59 @@ def event_data(frame: bytes) -> dict[str, Any]:
 
 
 async def ui_message_stream(
-    run: RelayRun,
+    run: RunSource,
     limits: RelayLimits,
     *,
     start: int = 0,
     pause: Callable[[set[str], int], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The run's UI message stream, from its first event (live until it ends), or from
-    event ``start`` on (the encoder primed with the ones before); ``pause(unfinished,
-    cursor)`` (``unfinished``: the committed calls without a result) True ends the stream
-    early (a run waiting on its client: :mod:`._ui_answers`)."""
+    """The run's UI message stream, from its first event (live until it ends; an ``error``
+    chunk and the end, without ``finish``, when the shared store is lost), or from event
+    ``start`` on (the encoder primed with the ones before); ``pause(unfinished, cursor)``
+    (``unfinished``: the committed calls without a result) True ends the stream early (a run
+    waiting on its client: :mod:`._ui_answers`)."""
     encoder = UIMessageEncoder(f"msg-{run.id}")
     yield encoder.start()
     cursor = 0
-    batch = limits.sse_batch
-    while cursor < start:  # (the events the previous stream sent: the encoder's state only)
-        _missed, frames, cursor = run.log.frames(cursor, min(batch, start - cursor))
-        for frame in frames:
-            encoder.encode(event_data(frame))
+    batch, heartbeat_s = limits.sse_batch, limits.heartbeat_s
     while True:
-        if pause is not None and cursor == run.last_id and await pause(encoder.unfinished, cursor):
-            yield _chunk({"type": "finish", "finishReason": "tool-calls"}) + DONE
+        try:
+            if cursor < start:  # (the events a previous stream sent: the encoder's state)
+                cursor = await _primed(encoder, run, start, batch)
+            if (
+                pause is not None
+                and cursor == run.last_id
+                and not run.ended
+                and await pause(encoder.unfinished, cursor)
+            ):
+                yield _chunk({"type": "finish", "finishReason": "tool-calls"}) + DONE
+                return
+            missed, frames, cursor, ended = await run.read(cursor, batch, heartbeat_s)
+        except StoreUnavailable as exc:  # (resume the stream later, or on another worker)
+            yield _chunk({"type": "error", "errorText": str(exc)})
             return
-        if cursor < run.last_id:
-            missed, frames, cursor = run.log.frames(cursor, batch)
+        if missed or frames:
             out = [encoder.lagged(missed)] if missed else []
             out += [encoder.encode(event_data(f)) for f in frames]
             yield b"".join(out)
-        elif run.done:
+        elif not ended:
+            yield b": heartbeat\n\n"
+        if ended:
             yield encoder.close()
             return
-        elif not await run.wait(cursor, limits.heartbeat_s):
-            yield b": heartbeat\n\n"
+
+
+async def _primed(encoder: UIMessageEncoder, run: RunSource, start: int, batch: int) -> int:
+    """Feed ``encoder`` the run's events up to ``start`` (sent by an earlier stream) without
+    output; the cursor reached."""
+    cursor = 0
+    while cursor < start:
+        _missed, frames, cursor, _ended = await run.read(cursor, min(batch, start - cursor), 0)
+        if not frames:
+            break
+        for frame in frames:
+            encoder.encode(event_data(frame))
+    return cursor
 
 
 # -- the endpoints -----------------------------------------------------------------------------
@@ -396,6 +418,17 @@ class ChatHost(Protocol):
     approval_secret: bytes
 
     def open_reader(self, session: str) -> Callable[[], None]: ...
+
+    async def find_run(self, run_id: str | None, session: str | None) -> RunSource | None: ...
+
+    async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool: ...
+
+    async def answer_cancel(
+        self,
+        request: Request,
+        find: Callable[[], Awaitable[RunSource | None]],
+        missing: str = "no such run",
+    ) -> Response: ...
 
     def check_message(self, message: str) -> None: ...
 
@@ -531,20 +564,20 @@ async def _chat(host: ChatHost, request: Request) -> Response:
     return response
 
 
-def _chat_run(host: ChatHost, request: Request) -> RelayRun | None:
-    """The chat's latest run in this process, if this session's chat has one."""
+async def _chat_run(host: ChatHost, request: Request) -> RunSource | None:
+    """The chat's latest run (of any worker, with a shared store), if this session's chat
+    has one; 503 :class:`HTTPError` when the store is unreachable."""
     session, chat_id = session_of(request), request.path_params["chat_id"]
     if session is None or not CHAT_ID.fullmatch(chat_id):
         return None
-    run_id = host.chats.latest_run(session, chat_id)
-    return host.runs.owned(run_id, session) if run_id is not None else None
+    return await host.find_run(await host.chats.latest_run(session, chat_id), session)
 
 
 async def _resume(host: ChatHost, request: Request) -> Response:
-    run = _chat_run(host, request)
-    if run is None or run.done:
-        return Response(status_code=204)  # nothing to resume (useChat then does nothing)
     try:
+        run = await _chat_run(host, request)
+        if run is None or run.ended:
+            return Response(status_code=204)  # nothing to resume (useChat then does nothing)
         release = host.open_reader(run.session)
     except HTTPError as exc:
         return _error(exc)
@@ -553,14 +586,4 @@ async def _resume(host: ChatHost, request: Request) -> Response:
 
 
 async def _cancel(host: ChatHost, request: Request) -> Response:
-    try:
-        require_json(request)
-        body = await read_body(request, host.limits)
-        if body.strip() not in (b"", b"{}"):
-            raise HTTPError(422, "invalid_body", "the body must be {} or empty")
-    except HTTPError as exc:
-        return exc.response()
-    run = _chat_run(host, request)
-    if run is None:
-        return HTTPError(404, "not_found", "no such chat run").response()
-    return JSONResponse({"id": run.id, "cancelled": run.cancel()}, status_code=202)
+    return await host.answer_cancel(request, lambda: _chat_run(host, request), "no such chat run")

@@ -1,0 +1,435 @@
+"""The Redis run store: any worker serves any run (internal; the ``redis`` extra).
+
+Theory of operation. Per run, two keys sharing the run id as their hash tag (one Redis
+Cluster slot): ``toollatch:relay:{ID}:meta``, a hash (``session``: the SHA-256 of the
+session token, never the token; ``owner``: the worker driving it; ``status``: ``running``
+or ``done``), and ``toollatch:relay:{ID}:log``, a Stream holding the run's SSE frames.
+Entry ``0-N`` is the frame with ``id: N``: the relay's own 1-based counter *is* the
+stream entry id (XADD with an explicit id, https://redis.io/docs/latest/commands/xadd/), so
+every worker sends the same ids and the same bytes, and ``Last-Event-ID: N`` resumes with
+``XREAD ... 0-N`` anywhere.
+
+The owner writes (:class:`_Writer`, one task for every run of the worker): it copies the
+frames each run appended since its last write from the run's own log, all runs in one
+pipeline, each XADD trimming with ``MINID`` to the local log's first kept id, so the stream
+keeps exactly what :attr:`RelayLimits.max_kept_bytes` keeps locally (a frame the local log
+forgot before it was written is never written: a reader then gets ``lagged``, as locally).
+Only then are the frames *published* (:meth:`RelayRun.publish`): no reader, local or
+remote, gets an id the shared log does not have. Both keys get their TTL
+(``relay.store_ttl_s``) with the run's first write, renewed every third of it while the
+run goes on, and once more at its end (``status: done``): they expire one TTL later.
+
+Readers elsewhere (:class:`RemoteRun`) ``XREAD BLOCK`` (at most ``heartbeat_s``, then a
+heartbeat); a gap between their cursor and the first entry returned is a ``lagged``; the
+``run_ended`` frame, or ``status: done`` seen after a quiet wait, ends them.
+
+Cancel from another worker: ``PUBLISH`` on the owner's channel
+(``toollatch:relay:worker:<id>``); the owner's listener cancels the run at once.
+
+Connection loss. A write that fails is retried (backoff to 1 s) for ``outage_s``
+(``relay.store_outage_s``, 5 s); past it, the worker's runs stop mirroring: each is cancelled (its
+``run_ended.error`` says the store is unreachable) and its local readers get every event;
+readers on other workers get an error and their stream ends (a reconnect gets 503 while
+Redis is down). Requests that need the store answer 503 ``store_unavailable``. The cancel
+listener reconnects by itself. No operation waits longer than its socket timeout: 5 s, or
+``heartbeat_s`` + 5 s for a blocking read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from ...core._errors import ConfigError
+from .._runs import Batch, RelayRun, RunRegistry
+from ._base import StoreUnavailable
+
+_log = logging.getLogger("toollatch.relay")
+
+_LOST = (redis.exceptions.RedisError, OSError)
+"""What a lost or refused Redis connection raises (redis-py wraps most socket errors in its
+ConnectionError, not every one)."""
+
+SOCKET_S = 5.0
+"""Socket timeout of every command but a blocking read."""
+_PREFIX = "toollatch:relay:"
+_RUN_ENDED = b"\nevent: run_ended\n"
+_UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
+
+
+def session_digest(session: str) -> str:
+    """What the store keeps of a session token (its SHA-256, hex)."""
+    return hashlib.sha256(session.encode()).hexdigest()
+
+
+def _meta(run_id: str) -> str:
+    return f"{_PREFIX}{{{run_id}}}:meta"
+
+
+def _stream(run_id: str) -> str:
+    return f"{_PREFIX}{{{run_id}}}:log"
+
+
+def _channel(worker: str) -> str:
+    return f"{_PREFIX}worker:{worker}"
+
+
+def _entry_id(raw: bytes) -> int:
+    return int(raw.split(b"-", 1)[1])
+
+
+class RedisRunStore:
+    """The runs of every worker in one Redis (see the module docstring). ``url``:
+    ``redis://HOST:PORT/DB``; ``ttl_s``: how long an ended run is kept; ``outage_s``: how
+    long a failed write is retried before the worker's runs are cancelled."""
+
+    shared = True
+
+    def __init__(self, url: str, *, ttl_s: float, outage_s: float) -> None:
+        self.url = url
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.outage_s = outage_s
+        self.worker = secrets.token_hex(8)
+        """This worker's id (its runs' ``owner``)."""
+        self.shown = url.rsplit("@", maxsplit=1)[-1]
+        try:
+            self.client = aioredis.Redis.from_url(
+                url, socket_timeout=SOCKET_S, socket_connect_timeout=SOCKET_S
+            )
+        except ValueError as exc:
+            raise ConfigError(f"run store {self.shown}: {exc}") from None
+        self._blocking: aioredis.Redis | None = None
+        self._runs: RunRegistry | None = None
+        self._writer: _Writer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reads: set[asyncio.Task[Any]] = set()  # blocking reads in flight
+        self._reading = True
+
+    async def open(self, runs: RunRegistry) -> None:
+        """Check the server (ConfigError), then start the writer and the cancel listener."""
+        try:
+            await self.client.ping()
+        except _LOST as exc:
+            await self.client.aclose()
+            raise ConfigError(f"run store {self.shown}: cannot reach Redis: {exc}") from None
+        block_s = runs.limits.heartbeat_s + SOCKET_S
+        self._blocking = aioredis.Redis.from_url(
+            self.url, socket_timeout=block_s, socket_connect_timeout=SOCKET_S
+        )
+        self._runs = runs
+        self._writer = _Writer(self, runs)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._writer.loop(), name="toollatch-store-writer"),
+            loop.create_task(self._listen(), name="toollatch-store-control"),
+        ]
+
+    async def aclose(self) -> None:
+        """Write what is left (bounded by ``outage_s``), stop the tasks, disconnect."""
+        if self._writer is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.outage_s + SOCKET_S):
+                    await self._writer.drain()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.client.aclose()
+        if self._blocking is not None:
+            await self._blocking.aclose()
+
+    def end_reads(self) -> None:
+        """End the blocking reads in flight, and refuse new ones (a stopping worker)."""
+        self._reading = False
+        for read in self._reads:
+            read.cancel()
+
+    async def created(self, run: RelayRun) -> None:
+        """The run's metadata, before its id is given out; then its log is mirrored (a run
+        resumed under its id starts a new log, as it does in memory)."""
+        mapping: dict[Any, Any] = {
+            "session": session_digest(run.session),
+            "owner": self.worker,
+            "status": "running",
+        }
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(_stream(run.id))  # (a resumed run: a new log under its old id)
+                pipe.hset(_meta(run.id), mapping=mapping)
+                pipe.pexpire(_meta(run.id), self.ttl_ms)
+                await pipe.execute()
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        run.mirror = self._writer
+
+    async def find(self, run_id: str, session: str) -> RemoteRun | None:
+        """Another worker's run (or this one's that this process no longer holds)."""
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(_meta(run_id))
+                pipe.xrevrange(_stream(run_id), count=1)
+                meta, newest = await pipe.execute()
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        owner_of = meta.get(b"session", b"").decode()
+        if not meta or not secrets.compare_digest(owner_of, session_digest(session)):
+            return None
+        assert self._blocking is not None
+        last = _entry_id(newest[0][0]) if newest else 0
+        done = meta.get(b"status") == b"done"
+        return RemoteRun(self, run_id, session, meta[b"owner"].decode(), last, done)
+
+    async def cancel(self, run: Any, reason: str | None = None) -> bool:
+        """Publish the cancel on the owner's channel; True when it was listening."""
+        if not isinstance(run, RemoteRun) or run.ended:
+            return False
+        message = orjson.dumps({"cancel": run.id, "reason": reason})
+        try:
+            heard = await self.client.publish(_channel(run.owner), message)
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return bool(heard)
+
+    async def point(self, kind: str, key: str, run_id: str) -> None:
+        """``SET`` the pointer with the store's TTL."""
+        try:
+            await self.client.set(f"{_PREFIX}{kind}:{key}", run_id, px=self.ttl_ms)
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+
+    async def pointed(self, kind: str, key: str) -> str | None:
+        """The pointer's run id."""
+        try:
+            value: Any = await self.client.get(f"{_PREFIX}{kind}:{key}")
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return bytes(value).decode() if value is not None else None
+
+    async def _listen(self) -> None:
+        """Cancel this worker's runs as other workers ask (reconnecting after a loss)."""
+        assert self._runs is not None
+        delay = 0.05
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(_channel(self.worker))
+                delay = 0.05
+                async for message in pubsub.listen():
+                    self._control(message.get("data"))
+            except _LOST as exc:
+                _log.warning("run store: the cancel channel was lost (%s); reconnecting", exc)
+            finally:
+                with contextlib.suppress(*_LOST):
+                    await pubsub.aclose()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _control(self, data: Any) -> None:
+        assert self._runs is not None
+        try:
+            asked = orjson.loads(data)
+            run = self._runs.get(str(asked["cancel"]))
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            return
+        if run is not None:
+            run.cancel(asked.get("reason"))
+
+    async def xread(self, run_id: str, cursor: int, limit: int, wait_s: float) -> Any:
+        """``XREAD`` after entry ``0-cursor``, blocking at most ``wait_s`` (0: not at all)."""
+        if not self._reading:
+            raise StoreUnavailable("this worker is stopping: read the run from another")
+        streams: dict[Any, Any] = {_stream(run_id): f"0-{cursor}"}
+        if wait_s <= 0:
+            return await self._unblocked(self.client.xread(streams, count=limit))
+        assert self._blocking is not None
+        block = max(1, int(wait_s * 1000))
+        read = asyncio.ensure_future(self._blocking.xread(streams, count=limit, block=block))
+        self._reads.add(read)  # (end_reads cancels it)
+        try:
+            return await self._unblocked(read)
+        except asyncio.CancelledError:
+            if self._reading or not read.cancelled():
+                raise  # (the reader's own cancel: its client left)
+            raise StoreUnavailable("this worker is stopping: read the run from another") from None
+        finally:
+            self._reads.discard(read)
+            read.cancel()
+
+    @staticmethod
+    async def _unblocked(command: Any) -> Any:
+        try:
+            return await command
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+
+    async def status(self, run_id: str) -> bytes | None:
+        """The run's ``status`` (None: the run expired)."""
+        try:
+            value: Any = await self.client.hget(_meta(run_id), "status")
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return bytes(value) if value is not None else None
+
+
+class RemoteRun:
+    """A run read from the shared store (:class:`~.._runs.RunSource`)."""
+
+    def __init__(
+        self, store: RedisRunStore, run_id: str, session: str, owner: str, last: int, done: bool
+    ) -> None:
+        self.id, self.session, self.owner = run_id, session, owner
+        self.last_id = last
+        """The newest id when it was looked up."""
+        self.ended = done
+        """Whether it had ended when looked up (every event is in the log by then), or
+        since, as its reader saw."""
+        self._store = store
+
+    async def read(self, cursor: int, limit: int, wait_s: float) -> Batch:
+        """See :meth:`RunSource.read`: ``XREAD`` (blocking at most ``wait_s``)."""
+        if self.ended and cursor >= self.last_id:
+            return 0, [], cursor, True
+        answer = await self._store.xread(self.id, cursor, limit, wait_s)
+        if not answer:
+            if wait_s <= 0:
+                return 0, [], cursor, False
+            status = await self._store.status(self.id)  # a quiet run: ended meanwhile?
+            if status == b"done" or status is None:  # (None: expired)
+                again = await self._store.xread(self.id, cursor, limit, 0)
+                if again:
+                    return self._batch(cursor, again)
+                self.ended = True
+                return 0, [], cursor, True
+            return 0, [], cursor, False
+        return self._batch(cursor, answer)
+
+    def _batch(self, cursor: int, answer: Any) -> Batch:
+        entries = answer[0][1]
+        first = _entry_id(entries[0][0])
+        frames = [fields[b"f"] for _id, fields in entries]
+        last = _entry_id(entries[-1][0])
+        ended = _RUN_ENDED in frames[-1]
+        if ended:
+            self.ended = True
+            self.last_id = last
+        return first - 1 - cursor, frames, last, ended
+
+
+class _Writer:
+    """The worker's runs' logs copied to the store, every run in one pipeline per write."""
+
+    def __init__(self, store: RedisRunStore, runs: RunRegistry) -> None:
+        self._store, self._runs = store, runs
+        self._dirty: dict[str, RelayRun] = {}
+        self._written: dict[str, int] = {}  # run id -> newest id in the stream
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failing_since: float | None = None
+
+    def push(self, run: RelayRun) -> None:
+        """(:class:`~.._runs.Mirror`) ``run`` has something to write."""
+        self._dirty[run.id] = run
+        self._idle.clear()
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Wait until every pushed run is written (or given up)."""
+        while self._dirty or not self._idle.is_set():
+            await self._idle.wait()
+
+    async def loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        refresh_s = max(0.05, self._store.ttl_ms / 3000)
+        renew_at = loop.time() + refresh_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, renew_at - loop.time())):
+                    await self._wake.wait()
+            self._wake.clear()
+            renew = loop.time() >= renew_at
+            if renew:  # every live run's TTL, busy or quiet
+                renew_at = loop.time() + refresh_s
+                for run in self._runs.live():
+                    if run.mirror is self:
+                        self._dirty[run.id] = run
+            dirty, self._dirty = self._dirty, {}
+            try:
+                if dirty:
+                    await self._flush(list(dirty.values()), renew)
+            except Exception as exc:  # a bug in us: its runs go on locally, the writer lives
+                _log.exception("run store: a write failed")
+                self._give_up(list(dirty.values()), exc)
+            if not self._dirty:
+                self._idle.set()
+
+    async def _flush(self, runs: list[RelayRun], renew: bool) -> None:
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        while True:
+            try:
+                await self._write(runs, renew)
+                self._failing_since = None
+                return
+            except _LOST as exc:
+                now = loop.time()
+                if self._failing_since is None:
+                    self._failing_since = now
+                if now + delay - self._failing_since > self._store.outage_s:
+                    self._give_up(runs + list(self._dirty.values()), exc)
+                    self._dirty.clear()
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _write(self, runs: list[RelayRun], renew: bool) -> None:
+        ttl = self._store.ttl_ms
+        plans: list[tuple[RelayRun, int, bool]] = []
+        async with self._store.client.pipeline(transaction=False) as pipe:
+            for run in runs:
+                log, stream, meta = run.log, _stream(run.id), _meta(run.id)
+                written = self._written.get(run.id, 0)
+                missed, frames, upto = log.frames(written, log.last_id - written)
+                n, keep = written + missed, f"0-{log.first_id}"
+                for frame in frames:
+                    n += 1
+                    pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)
+                ended = run.done and upto >= log.last_id
+                if ended:
+                    pipe.hset(meta, "status", "done")
+                if ended or renew or not written:  # (its end, a renewal, a new stream)
+                    pipe.pexpire(stream, ttl)
+                    pipe.pexpire(meta, ttl)
+                plans.append((run, upto, ended))
+            results = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, redis.exceptions.ConnectionError | TimeoutError):
+                raise result
+            if isinstance(result, Exception) and "equal or smaller" not in str(result):
+                raise result  # (equal or smaller: written by a try that seemed to fail)
+        for run, upto, ended in plans:
+            if ended:
+                self._written.pop(run.id, None)
+            else:
+                self._written[run.id] = upto
+            run.publish(upto)
+
+    def _give_up(self, runs: list[RelayRun], exc: Exception) -> None:
+        """The store stayed unreachable: the runs go on locally only, cancelled."""
+        outage = self._store.outage_s
+        _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
+        for run in {r.id: r for r in runs}.values():
+            self._written.pop(run.id, None)
+            run.mirror = None
+            run.publish(run.log.last_id)
+            run.cancel(_UNREACHABLE)
