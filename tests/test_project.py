@@ -232,6 +232,7 @@ SURFACES = {
         "CallUpdate",
         "Choice",
         "ContentItem",
+        "DecodedArguments",
         "EventStreamDecoder",
         "Frame",
         "Gate",

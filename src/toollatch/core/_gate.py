@@ -12,6 +12,7 @@ hook, and the run budget. The first failure wins and yields a :class:`Rejection`
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any, NoReturn, TypeAlias
 import jsonschema
 
 from ._errors import ConfigError, ErrorCode, UsageError
-from ._events import CallKey
+from ._events import CallKey, DecodedArguments
 from ._limits import Limits
 from ._specs import ToolSpec, load_tools
 
@@ -193,6 +194,19 @@ def strict_loads(text: str, *, max_depth: int) -> object:
     return value
 
 
+def strict_value(value: object, *, max_depth: int) -> object:
+    """Check a tree the stream already decoded as :func:`strict_loads` checks the tree it
+    parses; return it, or raise ``_Reject`` with the reason.
+
+    The second input form of the one strict route (``DecodedArguments``): what the text
+    parse itself guarantees is checked on the tree instead (only exact JSON types, keys
+    that are strings, finite floats, ints within ``sys.get_int_max_str_digits()`` digits),
+    then the same depth and lone-surrogate walk. Whether the text is this tree's spelling
+    is the adapter's contract (see ``DecodedArguments``), not checked here."""
+    _check_tree(value, max_depth, typed=True)
+    return value
+
+
 def complete_object(text: str, *, max_depth: int) -> bool:
     """True when ``text`` is exactly one strict JSON object (see :func:`strict_loads`): then
     no further text can make it longer valid JSON, so it is final (eager start in OpenAI chat,
@@ -212,31 +226,59 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _check_tree(value: object, max_depth: int) -> None:
+def _check_tree(value: object, max_depth: int, *, typed: bool = False) -> None:
     """Depth and lone-surrogate check over the parsed tree (iterative: no recursion limit).
 
     Strings are checked where they are met and only containers are stacked: arguments are
     mostly a few strings in one object, and this walk runs once per call. The root starts as
-    the one item of a list at depth 0, so it is checked as any other item.
+    the one item of a list at depth 0, so it is checked as any other item. ``typed`` also
+    refuses what no strict parse yields (a tree given decoded, see :func:`strict_value`).
     """
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [([value], 0)]
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
             raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}")
-        if isinstance(node, dict):
+        if type(node) is dict:
             for key in node:
+                if typed and type(key) is not str:
+                    raise _Reject(ErrorCode.INVALID_JSON, "an object key is not a string")
                 if not key.isascii():
                     _check_str(key)
             items: Iterable[object] = node.values()
         else:
             items = node
         for item in items:
-            if isinstance(item, str):
-                if not item.isascii():
-                    _check_str(item)
-            elif isinstance(item, dict | list):
-                stack.append((item, depth + 1))
+            kind = type(item)
+            if kind is str:
+                if not item.isascii():  # type: ignore[attr-defined]
+                    _check_str(item)  # type: ignore[arg-type]
+            elif kind is dict or kind is list:
+                stack.append((item, depth + 1))  # type: ignore[arg-type]
+            elif typed and kind not in _LEAVES:
+                raise _Reject(ErrorCode.INVALID_JSON, f"a {kind.__name__} is not a JSON value")
+            elif typed:
+                _check_number(item)
+
+
+_LEAVES = frozenset({int, float, bool, type(None)})
+"""The leaf types a strict parse yields besides ``str`` (a tree given decoded)."""
+
+
+def _check_number(item: object) -> None:
+    """What the strict parse refuses in a number: not finite, or too many digits."""
+    if type(item) is float and not math.isfinite(item):
+        raise _Reject(ErrorCode.INVALID_JSON, "a number is not finite (RFC 8259 s.6)")
+    if type(item) is int and item.bit_length() > _INT_BITS:
+        try:
+            str(item)
+        except ValueError as exc:  # over sys.get_int_max_str_digits(), as strict_loads says
+            raise _Reject(ErrorCode.INVALID_JSON, str(exc).split(";")[0]) from None
+
+
+_INT_BITS = 2000
+"""Ints at most this wide have at most 603 digits, under any ``int_max_str_digits`` limit
+Python allows (640 at the least, or none): only wider ones are written out to be sure."""
 
 
 def _check_str(s: str) -> None:
@@ -270,15 +312,29 @@ class Gate:
         )
 
     def check(
-        self, *, key: CallKey, position: int, call_id: str | None, name: str | None, text: str
+        self,
+        *,
+        key: CallKey,
+        position: int,
+        call_id: str | None,
+        name: str | None,
+        text: str,
+        decoded: DecodedArguments | None = None,
     ) -> CommittedCall | Rejection:
         """Run every check on one closed call; the first failure decides.
 
-        Raises ``UsageError`` when ``text`` is not a string (e.g. a preview): only the complete
-        argument text of a closed call may enter the gate.
+        ``decoded``, when given, is the value ``text`` is the canonical spelling of (see
+        :class:`DecodedArguments`): it is checked as the strict parse of ``text`` would be
+        (:func:`strict_value`) instead of parsing ``text`` again, with the same outcome.
+
+        Raises ``UsageError`` when ``text`` is not a string (e.g. a preview), or ``decoded``
+        not a ``DecodedArguments``: only the complete argument text of a closed call may
+        enter the gate.
         """
         if not isinstance(text, str):
             raise UsageError(f"the gate takes argument text, not {type(text).__name__}")
+        if decoded is not None and type(decoded) is not DecodedArguments:
+            raise UsageError(f"decoded must be DecodedArguments, not {type(decoded).__name__}")
         if not call_id or not name:
             missing = " and ".join(w for w, v in (("id", call_id), ("name", name)) if not v)
             return Rejection(ErrorCode.MISSING_ID_OR_NAME, f"the call has no {missing}")
@@ -288,7 +344,7 @@ class Gate:
             if spec is None:
                 return Rejection(ErrorCode.UNKNOWN_TOOL, f"no tool named {name[:80]!r}")
         try:
-            args = self._arguments(text)
+            args = self._arguments(text) if decoded is None else self._decoded(decoded.value)
             if spec is not None:
                 self._validate(spec, args)
             self._authorize(name, args)
@@ -304,13 +360,12 @@ class Gate:
     def _arguments(self, text: str) -> dict[str, Any]:
         if not text or text.isspace():  # (= not text.strip(), without copying the text)
             return {}
-        value = strict_loads(text, max_depth=self.limits.max_json_depth)
-        if not isinstance(value, dict):
-            raise _Reject(
-                ErrorCode.ARGUMENTS_NOT_OBJECT,
-                f"arguments must be a JSON object, got {_json_type(value)}",
-            )
-        return value
+        return _object(strict_loads(text, max_depth=self.limits.max_json_depth))
+
+    def _decoded(self, value: object) -> dict[str, Any]:
+        """:meth:`_arguments` for a value given decoded (its text is never empty)."""
+        strict_value(value, max_depth=self.limits.max_json_depth)
+        return _object(value)
 
     def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
         try:
@@ -337,6 +392,16 @@ class Gate:
             raise _Reject(ErrorCode.POLICY_DENIED, decision.reason[:300] or "denied by policy")
         if decision is False:
             raise _Reject(ErrorCode.POLICY_DENIED, "denied by policy")
+
+
+def _object(value: object) -> dict[str, Any]:
+    """``value`` when it is a JSON object; else the ``arguments_not_object`` rejection."""
+    if not isinstance(value, dict):
+        raise _Reject(
+            ErrorCode.ARGUMENTS_NOT_OBJECT,
+            f"arguments must be a JSON object, got {_json_type(value)}",
+        )
+    return value
 
 
 def _json_type(value: object) -> str:
