@@ -4,9 +4,12 @@ Theory of operation: the assembler hands the gate a call whose end the protocol 
 round that ended normally. The gate runs, in order and once: identity (id and name present),
 registration (when tools are known), ONE strict RFC 8259 parse of the joined text, the object
 check, the depth limit, the tool's JSON Schema (validator compiled once per tool), the policy
-hook, and the run budget. The first failure wins and yields a :class:`Rejection` with a stable
-:class:`ErrorCode` and a short detail that never quotes the argument text. Success yields a
-:class:`CommittedCall`, a type nothing else can construct.
+hook, and the run budget. A call whose text an adapter wrote from a value it decoded itself
+(Gemini's ``args``) may come with that value (:class:`DecodedArguments`): the parse is then
+replaced by the same checks applied to the value (:func:`strict_value`), never skipped. The
+first failure wins and yields a :class:`Rejection` with a stable :class:`ErrorCode` and a
+short detail that never quotes the argument text. Success yields a :class:`CommittedCall`, a
+type nothing else can construct.
 """
 
 from __future__ import annotations

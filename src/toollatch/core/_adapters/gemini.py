@@ -6,13 +6,16 @@ Every chunk is a ``GenerateContentResponse``: ``candidates[i].content.parts[]``,
 ``candidates[i].finishReason`` and ``usageMetadata``. Reference:
 https://ai.google.dev/api/generate-content#v1beta.GenerateContentResponse
 
-A ``functionCall`` part normally arrives whole, its ``args`` a JSON *object*, not text. Because
-the gate parses argument text exactly once, the adapter serializes the object once, canonically
-(compact, key order as received), and sends it as a single ``ArgsDelta`` between
-``CallOpened`` and ``CallClosed``. A call's key is its *position*: the running count of
-function-call parts in its candidate over the whole stream, so it does not depend on how the
-parts were split into chunks. Gemini usually sends no call id; the adapter then makes up a
-stable one and records a ``SYNTHESIZED_ID`` anomaly so the output says so.
+A ``functionCall`` part normally arrives whole, its ``args`` a JSON *object*, not text. The
+adapter serializes the object once, canonically (compact, key order as received), and sends
+it as a single ``ArgsDelta`` between ``CallOpened`` and ``CallClosed``. When the object is the
+adapter's own decode of the event (not a caller's dict) and of exact JSON types, the delta
+also carries it (``ArgsDelta.decoded``): the gate then checks that value as its strict parse
+of the text would, instead of parsing the text it was just written to. A call's key is its
+*position*: the running count of function-call parts in its candidate over the whole stream,
+so it does not depend on how the parts were split into chunks. Gemini usually sends no call
+id; the adapter then makes up a stable one and records a ``SYNTHESIZED_ID`` anomaly so the
+output says so.
 
 Vertex AI's ``streamFunctionCallArguments`` sends one call over several parts instead: a part
 with the ``name`` and ``willContinue: true`` opens it, ``partialArgs`` leaf updates
