@@ -240,3 +240,19 @@ def test_gemini_hands_on_only_a_value_it_decoded_itself() -> None:
     assert own.decoded.value is not args
     assert own.decoded.nbytes == len(own.fragment.encode())
     assert own == given  # (the value is not compared: it is what the text says)
+
+
+def test_a_cycle_or_a_shared_container_in_a_decoded_value() -> None:
+    """No hang: a cycle has no JSON text (json.dumps refuses it) and fails as too deep; a
+    container shared by two members is written twice and parsed as two: it commits alike."""
+    cycle: dict[str, Any] = {}
+    cycle["a"] = [cycle]
+    verdict = Gate().check(
+        key=KEY, position=0, call_id="c1", name="f", text="{}", decoded=_decoded(cycle, "{}")
+    )
+    assert isinstance(verdict, Rejection)
+    assert verdict.code is ErrorCode.DEPTH_EXCEEDED
+    shared = [1, {"b": None}]
+    value = {"x": shared, "y": shared}
+    text = _canonical(value)
+    assert _verdict(Gate(), text, _decoded(value, text)) == _verdict(Gate(), text, None)

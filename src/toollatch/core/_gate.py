@@ -206,7 +206,8 @@ def strict_value(value: object, *, max_depth: int) -> object:
     that are strings, finite floats, ints within ``sys.get_int_max_str_digits()`` digits),
     then the same depth and lone-surrogate walk. Whether the text is this tree's spelling
     is the adapter's contract (see ``DecodedArguments``), not checked here."""
-    _check_tree(value, max_depth, typed=True)
+    _check_types(value)  # (first: the parse refuses these before the tree is walked)
+    _check_tree(value, max_depth)
     return value
 
 
@@ -229,39 +230,58 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _check_tree(value: object, max_depth: int, *, typed: bool = False) -> None:
+def _check_tree(value: object, max_depth: int) -> None:
     """Depth and lone-surrogate check over the parsed tree (iterative: no recursion limit).
 
     Strings are checked where they are met and only containers are stacked: arguments are
     mostly a few strings in one object, and this walk runs once per call. The root starts as
-    the one item of a list at depth 0, so it is checked as any other item. ``typed`` also
-    refuses what no strict parse yields (a tree given decoded, see :func:`strict_value`).
+    the one item of a list at depth 0, so it is checked as any other item.
     """
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [([value], 0)]
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
             raise _Reject(ErrorCode.DEPTH_EXCEEDED, f"nesting deeper than {max_depth}")
-        if type(node) is dict:
+        if isinstance(node, dict):
             for key in node:
-                if typed and type(key) is not str:
-                    raise _Reject(ErrorCode.INVALID_JSON, "an object key is not a string")
                 if not key.isascii():
                     _check_str(key)
             items: Iterable[object] = node.values()
         else:
             items = node
         for item in items:
-            kind = type(item)
-            if kind is str:
-                if not item.isascii():  # type: ignore[attr-defined]
-                    _check_str(item)  # type: ignore[arg-type]
-            elif kind is dict or kind is list:
-                stack.append((item, depth + 1))  # type: ignore[arg-type]
-            elif typed and kind not in _LEAVES:
+            if isinstance(item, str):
+                if not item.isascii():
+                    _check_str(item)
+            elif isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+
+
+def _check_types(value: object) -> None:
+    """Refuse, in a tree given decoded, what no strict parse yields: a type that is not
+    exactly a JSON one, a key that is not a string, a number the parse refuses (see
+    :func:`_check_number`). Each container is walked once, so a cycle ends here too (and
+    then fails the depth walk, as nesting without end)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict or kind is list:
+            if id(node) in seen:
+                continue  # (walked: a shared one; a cycle then fails the depth walk)
+            seen.add(id(node))
+            if kind is list:
+                stack += node  # type: ignore[arg-type]
+                continue
+            for key in node:  # type: ignore[attr-defined]
+                if type(key) is not str:
+                    raise _Reject(ErrorCode.INVALID_JSON, "an object key is not a string")
+            stack += node.values()  # type: ignore[attr-defined]
+        elif kind is not str:
+            if kind not in _LEAVES:
                 raise _Reject(ErrorCode.INVALID_JSON, f"a {kind.__name__} is not a JSON value")
-            elif typed:
-                _check_number(item)
+            _check_number(node)
 
 
 _LEAVES = frozenset({int, float, bool, type(None)})
