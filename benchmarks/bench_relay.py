@@ -124,7 +124,8 @@ def _record_times() -> None:
     else:
         _agent.AgentRun._emit = stamped(_agent.AgentRun._emit)  # type: ignore[method-assign]
         _agent.AgentRun._notices = stamped(_agent.AgentRun._notices)  # type: ignore[method-assign]
-        _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
+        if hasattr(_agent.Agent, "_tool_event"):  # (since d8eff18 tool events take _emit)
+            _agent.Agent._tool_event = stamped(_agent.Agent._tool_event)  # type: ignore[method-assign]
     append = RelayRun.append
 
     def stamped_append(self: Any, data: dict[str, Any]) -> None:
