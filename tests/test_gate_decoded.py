@@ -256,3 +256,18 @@ def test_a_cycle_or_a_shared_container_in_a_decoded_value() -> None:
     value = {"x": shared, "y": shared}
     text = _canonical(value)
     assert _verdict(Gate(), text, _decoded(value, text)) == _verdict(Gate(), text, None)
+
+
+def test_a_wrong_byte_size_does_not_get_past_the_limit() -> None:
+    """``nbytes`` spares the assembler a count, never its limit: a size no UTF-8 text of
+    that length has is measured again."""
+    value = {"a": "x" * 100}
+    text = _canonical(value)
+    asm = Assembler(limits=Limits(max_argument_bytes=50))
+    asm.feed(CallOpened(key=KEY, call_id="c1", name="f"))
+    asm.feed(ArgsDelta(key=KEY, fragment=text, decoded=DecodedArguments(value=value, nbytes=1)))
+    asm.feed(CallClosed(key=KEY))
+    asm.feed(RoundEnded(ending=RoundEnd.NORMAL, stop_reason="STOP"))
+    (call,) = asm.finish().calls
+    assert call.committed is None
+    assert call.error is ErrorCode.ARGUMENTS_EXCEED_MAX_BYTES

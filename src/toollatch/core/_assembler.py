@@ -522,10 +522,13 @@ class Assembler:
         call's first text (see :meth:`_decide`)."""
         buf = self._buffers.get(event.key)
         first = buf is not None and buf.state is CallState.OPEN and not buf.nbytes
+        size, chars = decoded.nbytes, len(event.fragment)
+        if not chars <= size <= 4 * chars:  # (no UTF-8 size of that text: measured here)
+            size = -1
         if event.whole:
-            notices = self._on_whole(event.key, event.fragment, decoded.nbytes)
+            notices = self._on_whole(event.key, event.fragment, size)
         else:
-            notices = self._on_args(event.key, event.fragment, decoded.nbytes)
+            notices = self._on_args(event.key, event.fragment, size)
         if first and buf is not None and buf.state is CallState.OPEN:
             buf.decoded = (decoded, event.fragment)
         return notices
