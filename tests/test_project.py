@@ -234,6 +234,7 @@ SURFACES = {
         "CallUpdate",
         "Choice",
         "ContentItem",
+        "DecodedArguments",
         "EventStreamDecoder",
         "Frame",
         "Gate",

@@ -59,6 +59,7 @@ from ._events import (
     CallKey,
     CallOpened,
     CallSettled,
+    DecodedArguments,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -304,6 +305,8 @@ class Assembler:
 
     def _dispatch(self, event: StreamEvent) -> list[CallUpdate]:
         match event:
+            case ArgsDelta(decoded=DecodedArguments() as decoded):
+                return self._on_decoded(event, decoded)
             case ArgsDelta(whole=True):
                 return self._on_whole(event.key, event.fragment)
             case ArgsDelta():
@@ -528,16 +531,33 @@ class Assembler:
             self._trackers[buf.key] = buf.tracker = tracker
         return tracker
 
-    def _on_whole(self, key: CallKey, text: str) -> list[CallUpdate]:
+    def _on_whole(self, key: CallKey, text: str, size: int = -1) -> list[CallUpdate]:
         """A call's whole argument text in one piece (``ArgsDelta.whole``)."""
         buf = self._buffers.get(key)
         if buf is not None and buf.state is CallState.OPEN and (buf.nbytes or buf.whole):
             return self._violate(
                 buf, AnomalyKind.OBJECT_ARGUMENTS, "an arguments object after other argument text"
             )
-        notices = self._on_args(key, text)
+        notices = self._on_args(key, text, size)
         if buf is not None and buf.state is CallState.OPEN:
             buf.whole, buf.bound, buf.quiet = True, -1, -1  # (every later fragment: _on_args)
+        return notices
+
+    def _on_decoded(self, event: ArgsDelta, decoded: DecodedArguments) -> list[CallUpdate]:
+        """A fragment given with its decoded value: appended as any other (``whole`` too),
+        measured by the value's ``nbytes``, and the value kept for the gate when it is the
+        call's first text (see :meth:`_decide`)."""
+        buf = self._buffers.get(event.key)
+        first = buf is not None and buf.state is CallState.OPEN and not buf.nbytes
+        size, chars = decoded.nbytes, len(event.fragment)
+        if not chars <= size <= 4 * chars:  # (no UTF-8 size of that text: measured here)
+            size = -1
+        if event.whole:
+            notices = self._on_whole(event.key, event.fragment, size)
+        else:
+            notices = self._on_args(event.key, event.fragment, size)
+        if first and buf is not None and buf.state is CallState.OPEN:
+            buf.decoded = (decoded, event.fragment)
         return notices
 
     def _on_measured(self, event: ArgsMeasured) -> list[CallUpdate]:
@@ -1042,8 +1062,15 @@ class Assembler:
                 )
 
     def _decide(self, buf: CallBuffer) -> CommittedCall | Rejection:
+        text, given = buf.text(), buf.decoded
         verdict: CommittedCall | Rejection = self.gate.check(
-            key=buf.key, position=buf.position, call_id=buf.call_id, name=buf.name, text=buf.text()
+            key=buf.key,
+            position=buf.position,
+            call_id=buf.call_id,
+            name=buf.name,
+            text=text,
+            # (the value stands for the text only while nothing else was appended to it)
+            decoded=given[0] if given is not None and given[1] == text else None,
         )
         if isinstance(verdict, Rejection):
             buf.fail(verdict.code, verdict.detail)

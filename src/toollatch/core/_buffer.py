@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._errors import ErrorCode
-from ._events import CallKey
+from ._events import CallKey, DecodedArguments
 from ._gate import CommittedCall
 from ._state import CallState, Trigger, advance
 
@@ -24,6 +24,7 @@ class CallBuffer:
         "call_id",
         "chunks",
         "committed",
+        "decoded",
         "detail",
         "early",
         "error",
@@ -75,6 +76,9 @@ class CallBuffer:
         self.tracker: PreviewTracker | None = None
         """The call's preview tracker while previews are owed (set and cleared by the
         assembler, which also keeps them by key)."""
+        self.decoded: tuple[DecodedArguments, str] | None = None
+        """The value the call's text was given with (``ArgsDelta.decoded``) and that text;
+        it stands for the call's text only while the text is still exactly that one."""
         self.held: list[str] = []
         """While ``quiet`` >= 0: the tracker's :attr:`~PreviewTracker.held` list, where the
         fast path appends a quiet fragment (set with ``quiet``; unused otherwise)."""

@@ -9,7 +9,7 @@ past participles for boundaries the protocol announced (``CallOpened``, ``CallCl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -178,6 +178,30 @@ class ArgsDelta:
     whole: bool = False
     """The fragment is the call's entire argument text (a server that sent the arguments as
     a JSON object, serialized once): any other fragment before or after it fails the call."""
+    decoded: DecodedArguments | None = field(default=None, compare=False)
+    """The value ``fragment`` is the text of, when the adapter already holds it decoded
+    (Gemini's ``args`` object): the gate then checks this value instead of parsing the text
+    again (see :class:`DecodedArguments`). Honoured only while ``fragment`` stays the call's
+    whole text; ignored once anything else is appended. Not compared: by contract it is
+    what ``fragment`` says, so two deltas with one text are equal."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodedArguments:
+    """A call's argument value as the stream already decoded it, carried beside its text.
+
+    The contract (the adapter's): ``value`` is a tree of exact ``dict``/``list``/``str``/
+    ``int``/``float``/``bool``/``None``, owned by the stream (no caller holds it), and the
+    text it travels with is its canonical JSON spelling, so that the gate's strict parse of
+    that text would give this very tree (same key order, same number types). The gate still
+    applies every check its strict parse applies to a parsed tree (types, finite numbers,
+    lone surrogates, depth against its own limit): both input forms give the same committed
+    call or the same rejection code (tests/test_gate_decoded.py)."""
+
+    value: object
+    """The decoded argument value (usually a dict)."""
+    nbytes: int
+    """UTF-8 size of the text, so the assembler need not measure it again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

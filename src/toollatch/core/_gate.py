@@ -4,14 +4,18 @@ Theory of operation: the assembler hands the gate a call whose end the protocol 
 round that ended normally. The gate runs, in order and once: identity (id and name present),
 registration (when tools are known), ONE strict RFC 8259 parse of the joined text, the object
 check, the depth limit, the tool's JSON Schema (validator compiled once per tool), the policy
-hook, and the run budget. The first failure wins and yields a :class:`Rejection` with a stable
-:class:`ErrorCode` and a short detail that never quotes the argument text. Success yields a
-:class:`CommittedCall`, a type nothing else can construct.
+hook, and the run budget. A call whose text an adapter wrote from a value it decoded itself
+(Gemini's ``args``) may come with that value (:class:`DecodedArguments`): the parse is then
+replaced by the same checks applied to the value (:func:`strict_value`), never skipped. The
+first failure wins and yields a :class:`Rejection` with a stable :class:`ErrorCode` and a
+short detail that never quotes the argument text. Success yields a :class:`CommittedCall`, a
+type nothing else can construct.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,7 +24,7 @@ from typing import Any, NoReturn, TypeAlias
 import jsonschema
 
 from ._errors import ConfigError, ErrorCode, UsageError
-from ._events import CallKey
+from ._events import CallKey, DecodedArguments
 from ._limits import Limits
 from ._specs import ToolSpec, load_tools
 
@@ -193,6 +197,20 @@ def strict_loads(text: str, *, max_depth: int) -> object:
     return value
 
 
+def strict_value(value: object, *, max_depth: int) -> object:
+    """Check a tree the stream already decoded as :func:`strict_loads` checks the tree it
+    parses; return it, or raise ``_Reject`` with the reason.
+
+    The second input form of the one strict route (``DecodedArguments``): what the text
+    parse itself guarantees is checked on the tree instead (only exact JSON types, keys
+    that are strings, finite floats, ints within ``sys.get_int_max_str_digits()`` digits),
+    then the same depth and lone-surrogate walk. Whether the text is this tree's spelling
+    is the adapter's contract (see ``DecodedArguments``), not checked here."""
+    _check_types(value)  # (first: the parse refuses these before the tree is walked)
+    _check_tree(value, max_depth)
+    return value
+
+
 def complete_object(text: str, *, max_depth: int) -> bool:
     """True when ``text`` is exactly one strict JSON object (see :func:`strict_loads`): then
     no further text can make it longer valid JSON, so it is final (eager start in OpenAI chat,
@@ -239,6 +257,53 @@ def _check_tree(value: object, max_depth: int) -> None:
                 stack.append((item, depth + 1))
 
 
+def _check_types(value: object) -> None:
+    """Refuse, in a tree given decoded, what no strict parse yields: a type that is not
+    exactly a JSON one, a key that is not a string, a number the parse refuses (see
+    :func:`_check_number`). Each container is walked once, so a cycle ends here too (and
+    then fails the depth walk, as nesting without end)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict or kind is list:
+            if id(node) in seen:
+                continue  # (walked: a shared one; a cycle then fails the depth walk)
+            seen.add(id(node))
+            if kind is list:
+                stack += node  # type: ignore[arg-type]
+                continue
+            for key in node:  # type: ignore[attr-defined]
+                if type(key) is not str:
+                    raise _Reject(ErrorCode.INVALID_JSON, "an object key is not a string")
+            stack += node.values()  # type: ignore[attr-defined]
+        elif kind is not str:
+            if kind not in _LEAVES:
+                raise _Reject(ErrorCode.INVALID_JSON, f"a {kind.__name__} is not a JSON value")
+            _check_number(node)
+
+
+_LEAVES = frozenset({int, float, bool, type(None)})
+"""The leaf types a strict parse yields besides ``str`` (a tree given decoded)."""
+
+
+def _check_number(item: object) -> None:
+    """What the strict parse refuses in a number: not finite, or too many digits."""
+    if type(item) is float and not math.isfinite(item):
+        raise _Reject(ErrorCode.INVALID_JSON, "a number is not finite (RFC 8259 s.6)")
+    if type(item) is int and item.bit_length() > _INT_BITS:
+        try:
+            str(item)
+        except ValueError as exc:  # over sys.get_int_max_str_digits(), as strict_loads says
+            raise _Reject(ErrorCode.INVALID_JSON, str(exc).split(";")[0]) from None
+
+
+_INT_BITS = 2000
+"""Ints at most this wide have at most 603 digits, under any ``int_max_str_digits`` limit
+Python allows (640 at the least, or none): only wider ones are written out to be sure."""
+
+
 def _check_str(s: str) -> None:
     """Reject a string holding a lone surrogate (``s`` is not ASCII)."""
     try:
@@ -270,15 +335,29 @@ class Gate:
         )
 
     def check(
-        self, *, key: CallKey, position: int, call_id: str | None, name: str | None, text: str
+        self,
+        *,
+        key: CallKey,
+        position: int,
+        call_id: str | None,
+        name: str | None,
+        text: str,
+        decoded: DecodedArguments | None = None,
     ) -> CommittedCall | Rejection:
         """Run every check on one closed call; the first failure decides.
 
-        Raises ``UsageError`` when ``text`` is not a string (e.g. a preview): only the complete
-        argument text of a closed call may enter the gate.
+        ``decoded``, when given, is the value ``text`` is the canonical spelling of (see
+        :class:`DecodedArguments`): it is checked as the strict parse of ``text`` would be
+        (:func:`strict_value`) instead of parsing ``text`` again, with the same outcome.
+
+        Raises ``UsageError`` when ``text`` is not a string (e.g. a preview), or ``decoded``
+        not a ``DecodedArguments``: only the complete argument text of a closed call may
+        enter the gate.
         """
         if not isinstance(text, str):
             raise UsageError(f"the gate takes argument text, not {type(text).__name__}")
+        if decoded is not None and type(decoded) is not DecodedArguments:
+            raise UsageError(f"decoded must be DecodedArguments, not {type(decoded).__name__}")
         if not call_id or not name:
             missing = " and ".join(w for w, v in (("id", call_id), ("name", name)) if not v)
             return Rejection(ErrorCode.MISSING_ID_OR_NAME, f"the call has no {missing}")
@@ -288,7 +367,7 @@ class Gate:
             if spec is None:
                 return Rejection(ErrorCode.UNKNOWN_TOOL, f"no tool named {name[:80]!r}")
         try:
-            args = self._arguments(text)
+            args = self._arguments(text) if decoded is None else self._decoded(decoded.value)
             if spec is not None:
                 self._validate(spec, args)
             self._authorize(name, args)
@@ -304,13 +383,12 @@ class Gate:
     def _arguments(self, text: str) -> dict[str, Any]:
         if not text or text.isspace():  # (= not text.strip(), without copying the text)
             return {}
-        value = strict_loads(text, max_depth=self.limits.max_json_depth)
-        if not isinstance(value, dict):
-            raise _Reject(
-                ErrorCode.ARGUMENTS_NOT_OBJECT,
-                f"arguments must be a JSON object, got {_json_type(value)}",
-            )
-        return value
+        return _object(strict_loads(text, max_depth=self.limits.max_json_depth))
+
+    def _decoded(self, value: object) -> dict[str, Any]:
+        """:meth:`_arguments` for a value given decoded (its text is never empty)."""
+        strict_value(value, max_depth=self.limits.max_json_depth)
+        return _object(value)
 
     def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
         try:
@@ -337,6 +415,16 @@ class Gate:
             raise _Reject(ErrorCode.POLICY_DENIED, decision.reason[:300] or "denied by policy")
         if decision is False:
             raise _Reject(ErrorCode.POLICY_DENIED, "denied by policy")
+
+
+def _object(value: object) -> dict[str, Any]:
+    """``value`` when it is a JSON object; else the ``arguments_not_object`` rejection."""
+    if not isinstance(value, dict):
+        raise _Reject(
+            ErrorCode.ARGUMENTS_NOT_OBJECT,
+            f"arguments must be a JSON object, got {_json_type(value)}",
+        )
+    return value
 
 
 def _json_type(value: object) -> str:

@@ -275,6 +275,7 @@ class Adapter(ABC):
         self._finished = False
         self._data: str | bytes | None = None  # the text of the event being translated
         self._native: object = None  # what it was decoded to
+        self._owned = False  # _native is the adapter's own decode (no caller holds it)
 
     def _duplicate_keys(self) -> bool:
         """Whether the event being translated repeats a key in some object, as far as can be
@@ -367,7 +368,7 @@ class Adapter(ABC):
                 return [lost_event(f"frame data is not JSON: {short(data, 80)!r}")]
         if type(native) is not dict:
             return [lost_event(f"frame data is JSON {type(native).__name__}, not an object")]
-        return self.feed_decoded(native, frame.event, data)
+        return self._decoded(native, frame.event, data, owned=True)
 
     def feed_decoded(
         self, event: dict[str, Any], sse_event: str | None = None, data: str | bytes | None = None
@@ -379,23 +380,36 @@ class Adapter(ABC):
         caller has it: arguments sent as a JSON object are then checked for repeated keys,
         which a decoded dict can no longer show. The same events as :meth:`feed_frame`.
         """
+        return self._decoded(event, sse_event, data, owned=False)
+
+    def _decoded(
+        self, event: dict[str, Any], sse_event: str | None, data: str | bytes | None, owned: bool
+    ) -> list[StreamEvent]:
+        """:meth:`feed_decoded`; ``owned`` when ``event`` is the adapter's own decode."""
         hit = None if self._finished else self._continuation(event, sse_event)
         if hit is None:
-            return self._feed_other(event, sse_event, data)  # (raises once finished)
+            return self._feed_other(event, sse_event, data, owned)  # (raises once finished)
         return [ArgsDelta(key=hit[0], fragment=hit[1])]
 
     def _feed_other(
-        self, event: dict[str, Any], sse_event: str | None, data: str | bytes | None = None
+        self,
+        event: dict[str, Any],
+        sse_event: str | None,
+        data: str | bytes | None = None,
+        owned: bool = False,
     ) -> list[StreamEvent]:
         """:meth:`feed_decoded` for an event that :meth:`_continuation` declined
-        (:meth:`translate` asks it first, and comes here to not ask twice)."""
+        (:meth:`translate` asks it first, and comes here to not ask twice). ``owned``: the
+        adapter decoded ``event`` itself, so a value in it may travel on as the decoded form
+        of a call's arguments (``ArgsDelta.decoded``): no caller can change it later."""
         if self._finished:
             raise self._after_finish("feed_decoded")
-        self._data, self._native = data, event
+        self._data, self._native, self._owned = data, event, owned
         try:
             return self._feed(event, sse_event)
         finally:
             self._data = self._native = None
+            self._owned = False
 
     # -- the pipeline's per-event step (package-internal) -----------------------------------
 
@@ -436,7 +450,7 @@ class Adapter(ABC):
                 return i + 1, key, texts, self._undecoded(event, payload)
             hit = continuation(native, event)
             if hit is None:
-                return i + 1, key, texts, self._feed_other(native, event, payload)
+                return i + 1, key, texts, self._feed_other(native, event, payload, True)
             if key is not None and hit[0] != key:
                 return i, key, texts, None  # another call's (decoded again next time: rare)
             key = hit[0]

@@ -6,13 +6,16 @@ Every chunk is a ``GenerateContentResponse``: ``candidates[i].content.parts[]``,
 ``candidates[i].finishReason`` and ``usageMetadata``. Reference:
 https://ai.google.dev/api/generate-content#v1beta.GenerateContentResponse
 
-A ``functionCall`` part normally arrives whole, its ``args`` a JSON *object*, not text. Because
-the gate parses argument text exactly once, the adapter serializes the object once, canonically
-(compact, key order as received), and sends it as a single ``ArgsDelta`` between
-``CallOpened`` and ``CallClosed``. A call's key is its *position*: the running count of
-function-call parts in its candidate over the whole stream, so it does not depend on how the
-parts were split into chunks. Gemini usually sends no call id; the adapter then makes up a
-stable one and records a ``SYNTHESIZED_ID`` anomaly so the output says so.
+A ``functionCall`` part normally arrives whole, its ``args`` a JSON *object*, not text. The
+adapter serializes the object once, canonically (compact, key order as received), and sends
+it as a single ``ArgsDelta`` between ``CallOpened`` and ``CallClosed``. When the object is the
+adapter's own decode of the event (not a caller's dict) and of exact JSON types, the delta
+also carries it (``ArgsDelta.decoded``): the gate then checks that value as its strict parse
+of the text would, instead of parsing the text it was just written to. A call's key is its
+*position*: the running count of function-call parts in its candidate over the whole stream,
+so it does not depend on how the parts were split into chunks. Gemini usually sends no call
+id; the adapter then makes up a stable one and records a ``SYNTHESIZED_ID`` anomaly so the
+output says so.
 
 Vertex AI's ``streamFunctionCallArguments`` sends one call over several parts instead: a part
 with the ``name`` and ``willContinue: true`` opens it, ``partialArgs`` leaf updates
@@ -63,6 +66,7 @@ from .._events import (
     CallClosed,
     CallKey,
     CallOpened,
+    DecodedArguments,
     ReasoningBlock,
     RoundEnd,
     RoundEnded,
@@ -120,7 +124,16 @@ PathSegments = tuple[str | int, ...]
 
 
 def _serialize(value: object) -> tuple[str | None, str | None]:
-    """``(canonical_json(value), JSONPath of its first integer above 2**53)``, or ``(None, None)``.
+    """``(canonical_json(value), JSONPath of its first integer above 2**53)``, or ``(None, None)``
+    (see :func:`_written`)."""
+    text, path, _ = _written(value)
+    return text, path
+
+
+def _written(value: object) -> tuple[str | None, str | None, int]:
+    """:func:`_serialize`, and the text's UTF-8 size when ``value`` is exactly the tree the
+    text parses back to (exact JSON types, no integer above 2**53), else -1: then the text
+    alone goes on.
 
     orjson writes the very text of :func:`_canonical` for a plain tree (see :func:`_inspect`;
     every code point is escaped alike, checked over all of them), several times faster. It
@@ -132,12 +145,14 @@ def _serialize(value: object) -> tuple[str | None, str | None]:
         fast = orjson.dumps(value)
     except orjson.JSONEncodeError:
         text = canonical_json(value)
-        return (text, _inspect(value)[0]) if text is not None else (None, None)
-    path, plain = _inspect(value)
+        return (text, _inspect(value)[0], -1) if text is not None else (None, None, -1)
+    path, plain, exact = _inspect(value)
     if plain:
-        return fast.decode(), path
+        return fast.decode(), path, len(fast)
     text = canonical_json(value)  # e.g. floats (orjson writes NaN as null): json decides
-    return (text, path) if text is not None else (None, None)
+    if text is None:
+        return None, None, -1
+    return text, path, len(text.encode()) if exact and path is None else -1
 
 
 def _parse_path(path: object) -> PathSegments | None:
@@ -322,26 +337,29 @@ _PLAIN_LEAVES: Final = frozenset({str, int, bool, type(None)})
 ``0.00001``."""
 
 
-def _inspect(value: object) -> tuple[str | None, bool]:
+def _inspect(value: object) -> tuple[str | None, bool, bool]:
     """One walk over ``value``: the JSONPath of its first integer above 2**53 (ints and
-    integral doubles), or None; and whether it is plain (see :func:`_serialize`)."""
-    plain = True
+    integral doubles), or None; whether it is plain (see :func:`_serialize`); and whether
+    it is exact: plain but for floats (the types a JSON parse gives)."""
+    containers = plain = exact = True
     stack: list[tuple[str, object]] = [("$", value)]
     while stack:
         path, node = stack.pop()
         if isinstance(node, dict):
-            plain = plain and type(node) is dict
+            containers = containers and type(node) is dict
             stack.extend((f"{path}.{k}", v) for k, v in reversed(node.items()))
         elif isinstance(node, list):
-            plain = plain and type(node) is list
+            containers = containers and type(node) is list
             stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
         else:
-            plain = plain and type(node) in _PLAIN_LEAVES
+            kind = type(node)
+            plain = plain and kind in _PLAIN_LEAVES
+            exact = exact and (kind in _PLAIN_LEAVES or kind is float)
             if isinstance(node, int | float) and not isinstance(node, bool):
                 integral = isinstance(node, int) or (math.isfinite(node) and node.is_integer())
                 if integral and abs(node) > _MAX_SAFE_INTEGER:
-                    return path, False
-    return None, plain
+                    return path, False, False
+    return None, containers and plain, containers and exact
 
 
 @dataclass(slots=True)
@@ -362,6 +380,8 @@ class _Call:
     """``nbytes`` as last told to the assembler (``ArgsMeasured``)."""
     failed: bool = False
     """A bad update failed the call; its remaining parts are absorbed silently."""
+    owned: bool = False
+    """The tree is the adapter's own (its decode, or its copy): it may go on decoded."""
 
     def drop(self) -> None:
         """The call failed: keep nothing of its arguments."""
@@ -656,8 +676,9 @@ class GeminiAdapter(Adapter):
                 events.append(_too_deep_anomaly(key))
             else:
                 call.holder[0], call.nbytes = copied
+                call.owned = True
         elif not call.failed:
-            call.holder[0] = args
+            call.holder[0], call.owned = args, self._owned
         return events + self._continue(state, call, fc)
 
     def _continue(self, state: _Candidate, call: _Call, fc: Mapping[str, Any]) -> list[StreamEvent]:
@@ -736,7 +757,7 @@ class GeminiAdapter(Adapter):
         args = call.holder[0]
         if _too_deep(args):
             return [_too_deep_anomaly(call.key)]
-        text, path = _serialize(args)
+        text, path, nbytes = _written(args)
         if text is None:
             # e.g. an infinite or NaN double in args fed as a dict: never written as null.
             return [_fail(call.key, "arguments cannot be serialized as JSON")]
@@ -744,7 +765,13 @@ class GeminiAdapter(Adapter):
         if path is not None:
             detail = f"integer above 2**53 at {short(path, 120)}; it may have lost precision"
             events.append(Anomaly(kind=AnomalyKind.UNSAFE_NUMBER, detail=detail, key=call.key))
-        return [*events, ArgsDelta(key=call.key, fragment=text), CallClosed(key=call.key)]
+        # The tree itself goes to the gate beside its text when it is what the text parses
+        # back to and no caller holds it (DecodedArguments): the text is not parsed again.
+        decoded = None
+        if call.owned and nbytes >= 0:
+            decoded = DecodedArguments(value=args, nbytes=nbytes)
+        delta = ArgsDelta(key=call.key, fragment=text, decoded=decoded)
+        return [*events, delta, CallClosed(key=call.key)]
 
 
 def _apply(call: _Call, update: object) -> Anomaly | None:
