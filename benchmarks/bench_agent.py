@@ -51,7 +51,11 @@ contenders do the same work over the same loopback HTTP, alternating in blocks:
   headers, the body encoded with orjson, the body's lines split by hand, each event
   ``orjson.loads``-ed, the call's argument fragments joined and parsed, the tool awaited and
   its result sent back: the least a hand-written loop does;
-* **bare, client per conv.**: the same with its own ``AsyncClient`` per conversation.
+* **bare, client per conv.**: the same with its own ``AsyncClient`` per conversation;
+* **agent, baseline** (with ``--baseline SRC``): the **agent** contender run by another
+  toollatch (``SRC`` holds its ``toollatch`` package, e.g. ``git archive main src | tar -x -C
+  /tmp/main``), in a child process that plays its block when its turn comes and reports its
+  own CPU: before and after a change, in one run.
 
 The claim is agent / bare (target: 1.5x or less).
 """
@@ -63,7 +67,9 @@ import asyncio
 import gc
 import json
 import multiprocessing
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,7 +78,10 @@ from typing import Any
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# (--baseline's child process imports the toollatch it was given instead)
+sys.path.insert(
+    0, os.environ.get("TOOLLATCH_BENCH_SRC") or str(Path(__file__).resolve().parents[1] / "src")
+)
 
 from toollatch import Agent, RetryPolicy, RunLimits, model_client, tool
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
@@ -318,7 +327,48 @@ async def bare_conversation(base_url: str) -> int:
         return await bare.conversation()
 
 
-async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, float]:
+class Baseline:
+    """The **agent** contender played by the toollatch in ``src``, in a child process
+    (``--baseline-child``): :meth:`block` has it run ``n`` conversations and returns the
+    CPU seconds it spent and the model requests it made."""
+
+    def __init__(self, src: str, base_url: str) -> None:
+        env = {**os.environ, "TOOLLATCH_BENCH_SRC": str(Path(src).resolve())}
+        command = [sys.executable, __file__, "--baseline-child", base_url]
+        self.process = subprocess.Popen(
+            command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def block(self, n: int) -> tuple[float, int]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(f"{n}\n")
+        self.process.stdin.flush()
+        seconds, requests = self.process.stdout.readline().split()
+        return float(seconds), int(requests)
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+async def baseline_child(base_url: str) -> None:
+    """The child of :class:`Baseline`: warm up, then one block per line read."""
+    for _ in range(5):
+        await agent_conversation(base_url)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        gc.collect()
+        start, requests = time.process_time(), 0
+        for _ in range(int(line)):
+            requests += await agent_conversation(base_url)
+        print(time.process_time() - start, requests, flush=True)
+
+
+async def cpu_bench(
+    base_url: str, conversations: int, block: int, baseline: Baseline | None = None
+) -> dict[str, float]:
     bare = BareClient(base_url)
     shared = model_client(
         "openai_chat",
@@ -337,11 +387,16 @@ async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, 
     for run in contenders.values():  # warm up: imports, connections, caches
         for _ in range(5):
             await run()
-    cpu = dict.fromkeys(contenders, 0.0)
-    requests = dict.fromkeys(contenders, 0)
+    names = [*contenders, *(["agent, baseline"] if baseline else [])]
+    cpu = dict.fromkeys(names, 0.0)
+    requests = dict.fromkeys(names, 0)
     done = 0
     while done < conversations:
         n = min(block, conversations - done)
+        if baseline is not None:
+            seconds, made = baseline.block(n)
+            cpu["agent, baseline"] += seconds
+            requests["agent, baseline"] += made
         for name, run in contenders.items():
             gc.collect()
             start = time.process_time()
@@ -351,18 +406,25 @@ async def cpu_bench(base_url: str, conversations: int, block: int) -> dict[str, 
         done += n
     await shared.aclose()
     await bare.http.aclose()
-    return {name: cpu[name] / requests[name] for name in contenders}
+    return {name: cpu[name] / requests[name] for name in names}
 
 
-def run_cpu(conversations: int, block: int) -> None:
+def run_cpu(conversations: int, block: int, baseline_src: str | None = None) -> None:
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     server = context.Process(target=_serve, args=(child,), daemon=True)
     server.start()
+    baseline = None
     try:
         base_url = parent.recv()
-        per_request = asyncio.run(cpu_bench(base_url, conversations, block))
+        if baseline_src is not None:
+            baseline = Baseline(baseline_src, base_url)
+            assert baseline.process.stdout is not None
+            baseline.process.stdout.readline()  # "ready": warmed up
+        per_request = asyncio.run(cpu_bench(base_url, conversations, block, baseline))
     finally:
+        if baseline is not None:
+            baseline.close()
         parent.send("stop")
         server.join(10)
     bare = per_request["bare httpx + orjson"]
@@ -389,9 +451,18 @@ def main() -> None:
     )
     parser.add_argument("--conversations", type=int, default=300)
     parser.add_argument("--block", type=int, default=25)
+    parser.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="with --cpu: also the agent run by the toollatch package in SRC (a child process)",
+    )
+    parser.add_argument("--baseline-child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.baseline_child:
+        asyncio.run(baseline_child(args.baseline_child))
+        return
     if args.cpu:
-        run_cpu(args.conversations, args.block)
+        run_cpu(args.conversations, args.block, args.baseline)
         return
     print(
         f"{args.calls} calls, {args.event_ms:g} ms between events, "

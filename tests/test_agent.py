@@ -372,3 +372,39 @@ async def test_cancel_before_the_run_begins_plays_no_round_and_still_ends_it(tmp
         assert events[0]["rounds"] == 0
         assert events[0]["calls"] == []
     assert server.requests == []
+
+
+async def test_a_consumer_cancelled_while_it_waits_gets_its_cancellation(tmp_path):
+    # The consumer's task (not run.cancel()) is cancelled while it waits for the next event
+    # in a stalled stream: the driver still ends the run (round_ended, run_ended go to the
+    # hand-over the consumer no longer waits on), and the consumer sees CancelledError,
+    # nothing else; the history left behind is valid.
+    turn = Turn(items=(Text(text="Checking."), weather_call("c1", "Oslo")), delay_ms=0)
+    wire = _encode("openai_chat", turn, model="s", body={}, response_id="r")
+    after_text = next(n for n, e in enumerate(wire) if b"Checking." in e.data) + 1
+    turn = Turn(
+        items=turn.items, delay_ms=0, faults=Faults(stall_ms=30_000, stall_after_events=after_text)
+    )
+    async with ScriptedServer({"s": Script(turns=(turn,))}) as server:
+        client = model_client("openai_chat", model="s", base_url=server.base_url("openai_chat"))
+        async with client:
+            run = Agent(client, example_tools(tmp_path)).run("go")
+            seen: list[str] = []
+            got_text = asyncio.Event()
+
+            async def consume() -> None:
+                async for event in run:
+                    seen.append(event.type)
+                    if event.type == "text":
+                        got_text.set()
+
+            task = asyncio.create_task(consume())
+            await asyncio.wait_for(got_text.wait(), 10)
+            await asyncio.sleep(0.05)  # the consumer waits again: the stream is stalled
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+            assert [r.ended.value for r in run.rounds] == ["cancelled"]
+            async with client.stream(run.history) as again:
+                assert again.status == 200
+    assert "call_opened" not in seen

@@ -116,20 +116,31 @@ def load_tools(source: Iterable[Mapping[str, Any] | ToolSpec] | str | Path) -> t
             raise ConfigError(f"{source}: expected a JSON list of tool definitions")
         source = raw
     items = source if isinstance(source, list | tuple) else list(source)
+    if all(item.__class__ is ToolSpec for item in items):
+        # already built (an agent's round passes its specs): only the names to check, not
+        # the canonical text of every schema to look them up by
+        return _unique(tuple(items))  # type: ignore[arg-type]  # (checked: all ToolSpec)
     key = _canonical(items)
     specs = _LOADED.get(key) if key else None
     if specs is not None:
         return specs
-    specs = tuple(
-        item if isinstance(item, ToolSpec) else ToolSpec.from_definition(item) for item in items
+    specs = _unique(
+        tuple(
+            item if isinstance(item, ToolSpec) else ToolSpec.from_definition(item) for item in items
+        )
     )
+    if key:
+        _keep(_LOADED, key, specs)
+    return specs
+
+
+def _unique(specs: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
+    """``specs``; ``ConfigError`` when two share a name."""
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
             raise ConfigError(f"tool {spec.name!r} is defined twice")
         seen.add(spec.name)
-    if key:
-        _keep(_LOADED, key, specs)
     return specs
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import re
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -70,7 +71,11 @@ class AgentRun:
         self.rounds: list[Round] = []
         self.results: list[list[ToolResult]] = []
         self.error: str | None = None
-        self._events: asyncio.Queue[AgentEvent | PreviewUpdated | None] = asyncio.Queue()
+        # the driver's events for the consumer, in order (None ends them); ``_wake`` is the
+        # future the consumer waits on when it has read them all (one hand-over per batch:
+        # a read's events wake the consumer once, and no coroutine is made per event)
+        self._events: deque[AgentEvent | PreviewUpdated | None] = deque()
+        self._wake: asyncio.Future[None] | None = None
         self._driver: asyncio.Task[None] | None = None
         self._budget = RunBudget(setup.run_limits.max_tool_calls)
         self._opened: set[CallKey] = set()
@@ -140,9 +145,18 @@ class AgentRun:
         if self._stored is not None:  # (misuse raises here, before any event)
             self.history = await self._stored.begin(self.history, resume=self._resume)
         on_preview = self._setup.on_preview
-        self._driver = asyncio.get_running_loop().create_task(self._drive())
+        loop = asyncio.get_running_loop()
+        self._driver = loop.create_task(self._drive())
+        events = self._events
         try:
-            while (event := await self._events.get()) is not None:
+            while True:
+                if not events:
+                    self._wake = loop.create_future()
+                    await self._wake
+                    continue
+                event = events.popleft()
+                if event is None:
+                    break
                 if isinstance(event, PreviewUpdated):
                     if on_preview is not None:
                         on_preview(event)  # in order with the events around it
@@ -179,7 +193,7 @@ class AgentRun:
             pass  # cancel(): the round in flight was closed by _round
         finally:
             self._emit(self._run_ended())
-            self._events.put_nowait(None)
+            self._put(None)
 
     async def _round(self) -> bool:
         """Play one round; True when the model should be asked again."""
@@ -275,14 +289,17 @@ class AgentRun:
         try:
             async with stream as chunks:
                 stall = _StallWatch(setup.run_limits.call_stall_s)
+                watch = stall.limit_s > 0
                 try:
                     async for chunk in chunks:
-                        self._notices(parser.feed(chunk), dispatch)
+                        # (per chunk: most reads of arguments bring no notice)
+                        if notices := parser.feed(chunk):
+                            self._notices(notices, dispatch)
                         if parser.over:
                             # nothing more can change the round (it ended at a size limit,
                             # or failed): stop reading; leaving the stream closes the response
                             break
-                        if stall.stalled(parser.open_argument_bytes()):
+                        if watch and stall.stalled(parser.open_argument_bytes()):
                             detail = f"a call's arguments did not grow for {stall.limit_s:g} s"
                             return parser.fail(ErrorCode.IDLE_TIMEOUT, detail)
                 except StreamTimeout as exc:
@@ -318,7 +335,7 @@ class AgentRun:
                 )
                 self._start(dispatch, call)
             elif isinstance(notice, PreviewUpdated) and self._setup.on_preview is not None:
-                self._events.put_nowait(notice)  # UIs (the relay), not the agent events
+                self._put(notice)  # UIs (the relay), not the agent events
 
     def _start(self, dispatch: DispatchRound, call: object) -> None:
         """Start an eager call; a refusal for not being committed is told to observers
@@ -400,7 +417,16 @@ class AgentRun:
     def _emit(self, event: AgentEvent) -> None:
         for observer in self._setup.observers:
             observer.on_event(self._setup.client.provider, event)
-        self._events.put_nowait(event)
+        self._put(event)
+
+    def _put(self, item: AgentEvent | PreviewUpdated | None) -> None:
+        """Hand ``item`` to the consumer (wakes it if it waits)."""
+        self._events.append(item)
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():  # (cancelled when the consumer was)
+                wake.set_result(None)
 
 
 _MADE_UP_ID = re.compile(r"gemini:([0-9]{1,18}):")

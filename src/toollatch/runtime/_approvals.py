@@ -27,7 +27,7 @@ import contextlib
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ..core._errors import ConfigError, ErrorCode
 from ..core._gate import CommittedCall, Gate, Rejection
@@ -98,12 +98,16 @@ class Approvals:
         self, policy: ApprovalPolicy, store: object, clock: Clock, *, poll_s: float = 1.0
     ) -> None:
         self.policy = policy
-        self.store: QuestionStore = _memory_questions()
+        self.store: QuestionStore
         self.poll_s: float | None = None
         """How often a waiting call reads its question from the ledger (an answer another
         process wrote); None (no ledger): only answers given in this process count."""
-        if isinstance(store, QuestionStore):
+        # (``store is None`` first: a runtime protocol check costs microseconds, and an
+        # agent made per conversation makes a dispatcher, so these per conversation)
+        if store is not None and isinstance(store, QuestionStore):
             self.store, self.poll_s = store, poll_s
+        else:
+            self.store = _memory_questions()
         self.clock = clock
         self._waiting: dict[tuple[str, str], _Waiting] = {}
         self._always: set[tuple[str, str]] = set()
@@ -274,6 +278,6 @@ def _wrong_kind(call_id: str, question: Question) -> str:
 
 def _memory_questions() -> QuestionStore:
     """The questions of a dispatcher whose ledger keeps none (or without a ledger)."""
-    store = open_ledger("memory:")
-    assert isinstance(store, QuestionStore)  # the in-memory ledger keeps questions
-    return store
+    # the in-memory ledger keeps questions (tests/test_approvals*.py use it so); a cast, not
+    # a runtime protocol check, which would cost as much as the rest of a dispatcher
+    return cast(QuestionStore, open_ledger("memory:"))
