@@ -2,7 +2,8 @@
 ``ag-ui-protocol``, else 404).
 
 The request is AG-UI's ``RunAgentInput``; the answer is the AG-UI event stream as SSE,
-each event written by the package's ``EventEncoder`` (``data: <json>``). A run is an ordinary
+each event the bytes the package's ``EventEncoder`` writes for its validated model (``data:
+<json>``; the encoder writes each kind once, see :class:`Shape`). A run is an ordinary
 relay run (the same admission, quotas, Agent, previews policy, metrics and guard as ``POST
 /runs``); :class:`AguiView` is a view over its event log, so every reader of the same run
 gets the same events, and the run goes on when the reader leaves (as ``GET
