@@ -72,6 +72,7 @@ sys.path.insert(0, str(SRC))
 from toollatch.relay._config import RelayLimits  # noqa: E402
 from toollatch.relay._runs import RelayRun  # noqa: E402
 from toollatch.relay._server import RelayServer, settle_heap  # noqa: E402
+from toollatch.relay.protocols._agui import AguiView, Shape  # noqa: E402
 from toollatch.relay.protocols._ui_message import UIMessageEncoder, event_data  # noqa: E402
 from toollatch.runtime import _agent  # noqa: E402
 
@@ -578,8 +579,11 @@ async def _protocols(args: argparse.Namespace) -> None:
     re-reading each run's log: the same demo runs on one relay (the model in its own
     process, the clients in another, each on raw asyncio streams), the three loads
     alternated ``--repeat`` times (the median of each), each over the relay's own events
-    (the runs' log entries: the same producer either way). Prints a Markdown table."""
-    formats = ("own", "chat", "ui", "agui")
+    (the runs' log entries: the same producer either way). ``agui_models`` is ``POST /agui``
+    with each AG-UI event built as the package's validated model and written by its
+    ``EventEncoder`` (the same bytes: the view before its frames were cut once per event
+    kind). Prints a Markdown table."""
+    formats = ("own", "chat", "ui", "agui", "agui_models")
     loads = len(formats) * (args.repeat + 1)
     limits = RelayLimits(max_active_runs=args.runs, max_stored_runs=args.runs * loads)
     model, url = _start(
@@ -604,11 +608,16 @@ async def _protocols(args: argparse.Namespace) -> None:
 
             solo = await _load(server.url, 1, 0.0, args.uvloop)
             for protocol in formats[1:]:
-                await _load(server.url, 1, 0.0, args.uvloop, protocol)
+                with _agui_models(protocol == "agui_models"):
+                    await _load(server.url, 1, 0.0, args.uvloop, protocol.removesuffix("_models"))
             new_events()
             for _ in range(args.repeat):
                 for protocol in formats:
-                    result = await _load(server.url, args.runs, solo["wall"], args.uvloop, protocol)
+                    client = protocol.removesuffix("_models")
+                    with _agui_models(protocol == "agui_models"):
+                        result = await _load(
+                            server.url, args.runs, solo["wall"], args.uvloop, client
+                        )
                     assert all(r["paired"] and r["exact"] for r in result["runs"]), protocol
                     assert all(r["calls"] == 3 for r in result["runs"]), protocol
                     cpu[protocol].append(result["relay_cpu"] * 1000 / new_events())
@@ -622,6 +631,13 @@ async def _protocols(args: argparse.Namespace) -> None:
                     encoder.encode(event_data(frame))
             encoded = sum(len(f) for f in logs)
             encoder_us = (time.process_time() - started) * 1e6 / encoded
+            agui_us = {}  # the AG-UI view alone, both ways, over the same logs
+            for way in ("agui_models", "agui"):
+                with _agui_models(way == "agui_models"):
+                    started = time.process_time()
+                    for frames in logs:
+                        AguiView("t", "r", "p")(b"".join(frames))
+                    agui_us[way] = (time.process_time() - started) * 1e6 / encoded
     finally:
         model.terminate()
         model.wait()
@@ -632,6 +648,7 @@ async def _protocols(args: argparse.Namespace) -> None:
         "chat": "toollatch, in chats (POST /runs with chat_id, as the page)",
         "ui": "UI message stream (POST /api/chat)",
         "agui": "AG-UI (POST /agui)",
+        "agui_models": "AG-UI, each event a validated model + EventEncoder (before)",
     }
     print(f"{args.runs} runs staggered, {3.0 * args.delay_scale:g} ms pacing, load {load_avg:.1f}")
     print(
@@ -644,6 +661,25 @@ async def _protocols(args: argparse.Namespace) -> None:
         print(f"| {names[f]} | {wire[f]} | {median[f]:.3f} ms | {own:.2f}x | {chat:.2f}x |")
     print(f"(each of {args.repeat}: {cpu})")
     print(f"the UI encoder alone: {encoder_us:.1f} us per event ({encoded} events re-encoded)")
+    print(
+        f"the AG-UI view alone: {agui_us['agui']:.1f} us per event, "
+        f"{agui_us['agui_models']:.1f} us with validated models + EventEncoder"
+    )
+
+
+@contextlib.contextmanager
+def _agui_models(on: bool) -> Any:
+    """While ``on``, the AG-UI view writes each event as the package's validated model through
+    its ``EventEncoder`` (:meth:`Shape.encoded`: the same bytes, the cost before)."""
+    if not on:
+        yield
+        return
+    fast = Shape.frame
+    Shape.frame = Shape.encoded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Shape.frame = fast  # type: ignore[method-assign]
 
 
 # -- toollatch beside the AI SDK's own node relay ---------------------------------------------

@@ -17,12 +17,21 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from relay_helpers import parse_sse
 from toollatch import RelayLimits
 from toollatch.relay import RelayServer
 from toollatch.relay._runs import EventLog
-from toollatch.relay.protocols._agui import AguiView, log_frames
+from toollatch.relay.protocols._agui import (
+    CALL_FAILED,
+    CALL_START,
+    PREVIEW,
+    RUN_STARTED,
+    TEXT_CONTENT,
+    AguiView,
+    log_frames,
+)
 from toollatch.scripted import Call, Script, Text, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +152,10 @@ def encoded(view: AguiView, *events: dict[str, Any]) -> list[dict[str, Any]]:
     """The AG-UI events (as JSON) of ``events`` through ``view``, RUN_STARTED first."""
     out = [json.loads(line[6:]) for line in view.opening().decode().split("\n") if line]
     for data in events:
-        out += [e.model_dump(mode="json", by_alias=True) for e in view.events(data)]
+        out += [
+            shape.model(values).model_dump(mode="json", by_alias=True)
+            for shape, values in view.events(data)
+        ]
     return out
 
 
@@ -265,8 +277,8 @@ def test_a_lag_closes_the_open_message_and_says_what_was_missed():
     assert_well_paired(events)
 
 
-def log_of(*events: dict[str, Any]) -> EventLog:
-    log = EventLog(1 << 20)
+def log_of(*events: dict[str, Any], size: int = 1 << 20) -> EventLog:
+    log = EventLog(size)
     for n, data in enumerate(events, 1):
         log.append(b"id: %d\nevent: %s\ndata: %s\n\n" % (n, data["type"].encode(),
                                                           json.dumps(data).encode()))  # fmt: skip
@@ -315,6 +327,85 @@ def test_arguments_beyond_64_bit_integers_still_encode():
          "early": False},
     )  # fmt: skip
     assert json.loads(events[3]["delta"]) == {"n": 2**70}
+
+
+# -- the fast frames: the package encoder's bytes -----------------------------------------
+
+
+def reference(view: AguiView, chunk: bytes) -> bytes:
+    """What ``view(chunk)`` must write: each event built as the package's validated model and
+    written by the package's ``EventEncoder``, checking every fast frame on the way."""
+    out = b""
+    for event_id, data in log_frames(chunk):
+        events = view.events(data)
+        for n, (shape, values) in enumerate(events, 1):
+            expected = shape.encoded(values)
+            assert shape.frame(values) == expected, (shape.cls.__name__, values)
+            out += (b"id: %d\n" % event_id if n == len(events) else b"") + expected
+    return out
+
+
+CODE_POINTS = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+HARD = ["".join(CODE_POINTS[n : n + 4096]) for n in range(0, len(CODE_POINTS), 4096)]
+"""Every code point but the surrogates (which the log's JSON cannot hold), 4096 a string."""
+
+
+def test_the_fast_frames_are_the_package_encoders_bytes_for_hard_values():
+    names = ("t\u2028\x00", 'r"\\', "p</script>")
+    events = [{"type": "text", "text": text} for text in HARD]
+    values = [1.5, 1e-7, 1e16, 2.0**70, -0.0, 9007199254740993, -(2**63), 2**64 - 1, True, None,
+              "", "\x7f\U0001f600", [], {}, {"\x00ü": [{"a": None}]}]  # fmt: skip
+    for n, value in enumerate(values):
+        events += [
+            {"type": "call_preview", "id": f"c{n}", "name": "x", "deltas": [value]},
+            {"type": "call_committed", "id": f"c{n}", "name": HARD[n], "arguments": {"v": value}},
+            {"type": "call_failed", "id": f"f{n}", "name": "x", "error": value, "detail": None},
+            {"type": "tool_finished", "id": f"c{n}", "name": "x", "result": HARD[-n]},
+        ]
+    events += [
+        {"type": "lagged", "first_id": 2**62, "missed": 0},
+        {"type": "round_ended", "round": 1, "ended": "cancelled", "stop_reason": None},
+        {"type": "run_ended", "error": None},
+    ]
+    log = log_of(*events, size=1 << 26)
+    chunk, _ = log.after(0, len(events))
+    assert len(list(log_frames(chunk))) == len(events)
+    view = AguiView(*names)
+    assert view.opening() == RUN_STARTED.encoded(names[:2])
+    assert view(chunk) == reference(AguiView(*names), chunk)
+    errored = log_of({"type": "text", "text": "a"}, {"type": "run_ended", "error": "x\ny"})
+    chunk, _ = errored.after(0, 2)
+    assert AguiView("t", "r", "p")(chunk) == reference(AguiView("t", "r", "p"), chunk)
+
+
+def test_a_value_that_is_not_a_string_takes_the_validated_path():
+    assert CALL_START.frame(("c", "n", None)) == CALL_START.encoded(("c", "n", None))
+    assert b"parentMessageId" not in CALL_START.frame(("c", "n", None))  # left out, not null
+    with pytest.raises(ValidationError):
+        TEXT_CONTENT.frame(("m", 5))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_wire_is_the_package_encoders_bytes_on_every_provider_wire(client, provider):
+    seen: set[str] = set()
+    bodies = [agui_body("cut", "r1", provider=provider, model="cut"),
+              agui_body("chat", "r2", provider=provider, model="thread"),
+              agui_body("chat", "r3", provider=provider, model="thread")]  # fmt: skip
+    for body in bodies:
+        response = await client.post("/agui", json=body)
+        assert response.status_code == 200
+        run = response.headers["x-toollatch-run"]
+        log = (await client.get(f"/runs/{run}/events")).content
+        view = AguiView(body["threadId"], body["runId"], run)
+        opening = RUN_STARTED.encoded((body["threadId"], body["runId"]))
+        assert response.content == b"retry: 1000\n\n" + opening + reference(view, log)
+        seen |= {e["type"] + e.get("name", "") for _, e in agui_events(response.text)}
+    assert seen >= {
+        "RUN_STARTED", "STEP_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
+        "TOOL_CALL_RESULT", "STEP_FINISHED", "RUN_FINISHED", "CUSTOM" + PREVIEW,
+        "CUSTOM" + CALL_FAILED,
+    }  # fmt: skip
 
 
 # -- the endpoint over loopback HTTP ---------------------------------------------------------
