@@ -158,7 +158,7 @@ class RedisRunStore:
         """The run's metadata, before its id is given out; then its log is mirrored (a run
         resumed under its id starts a new log, as it does in memory)."""
         mapping: dict[Any, Any] = {
-            "session": session_digest(run.session),
+            "session": run.session_key,
             "owner": self.worker,
             "status": "running",
         }
