@@ -2,7 +2,8 @@
 full committed arguments and a signed token; ``POST /runs/{id}/calls/{call_id}/approve``,
 ``deny`` and ``result`` answer it, checked against the session, the token and the runtime's
 refusals (stable codes); a ``toollatch serve`` SIGKILLed while a question waits is restarted
-on the same SQLite ledger and the approved call runs exactly once."""
+on the same SQLite ledger and the approved call runs exactly once; edited arguments and
+``always`` (revocable) over HTTP."""
 
 from __future__ import annotations
 
@@ -219,8 +220,13 @@ def test_a_serve_killed_while_a_question_waits_is_restarted_and_the_call_runs_on
         with serving(*args) as url:
             headers = {"x-toollatch-session": session}
             with httpx.Client(base_url=url, timeout=60, headers=headers) as client:
+                # the restarted relay resumed the run by itself (tests/test_relay_restore.py):
+                # a client's own resume finds it going
                 resumed = client.post("/runs", json={"resume": run["id"]})
-                assert resumed.status_code == 201, resumed.text
+                assert (resumed.status_code, resumed.json()["error"]["code"]) == (
+                    409,
+                    "run_in_flight",
+                )
                 again = _until_question(client, run["events_url"])
                 # the stored question, found again: same call, arguments and expiry
                 assert (again["id"], again["args_sha256"], again["expires_at"]) == (
@@ -403,3 +409,87 @@ async def test_an_unanswered_call_expires_and_a_late_answer_is_refused():
     assert [(f["id"], f["error"]) for f in finished] == [("call_w", "approval_expired")]
     assert (late.status_code, late.json()["error"]["code"]) == (409, "run_not_running")
     assert ran == []
+
+
+async def test_approve_with_edited_arguments_over_http_passes_the_gate_and_the_model_is_told():
+    from toollatch.relay._requests import run_scope
+
+    ran.clear()
+    only = Script(
+        turns=(
+            Turn(items=(Call(call_id="call_w", name="write_file",
+                             arguments='{"path": "asked.md", "content": "x"}'),)),
+            Turn(items=(Text(text="Done."),)),
+        )
+    )  # fmt: skip
+    server = RelayServer(scripts={"e": only}, delay_scale=0, tools=[write_file], ledger="memory:")
+    async with server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        run = await start_run(client, "go", model="e")
+        frames = await until_asked(client, run["events_url"], 1)
+        token = next(f.data["token"] for f in frames if f.event == "approval_requested")
+        bad = await answer(client, run, "call_w", "approve", token=token, args='{"path": 1}')
+        assert (bad.status_code, bad.json()["error"]["code"]) == (422, "edit_rejected")
+        edited = {"path": "edited.md", "content": "changed"}
+        ok = await answer(client, run, "call_w", "approve", token=token, args=edited)
+        assert ok.status_code == 202, ok.text
+        frames = await read_events(client, run["events_url"])
+        assert server.relay is not None
+        session = client.headers["x-toollatch-session"]
+        history = await server.relay.history.load(run_scope(session, run["id"]))  # type: ignore[union-attr]
+    assert ran == ["edited.md"]  # the edited call ran, once; the asked one never
+    answered = next(f.data for f in frames if f.event == "approval_answered")
+    assert (answered["decision"], answered["edited"]) == ("approved", True)
+    told = next(m["content"] for m in history if m.get("role") == "tool")
+    assert "edited arguments" in told and '"path":"edited.md"' in told
+    assert told.endswith("wrote 7 chars to edited.md")
+    assert frames[-1].event == "run_ended" and frames[-1].data["error"] is None
+
+
+async def test_always_over_http_runs_the_tool_unasked_in_the_run_until_revoked():
+    import asyncio
+
+    went_on = asyncio.Event()
+    recorded: list[str] = []
+
+    @tool(needs_approval=True)
+    async def note(key: str) -> str:
+        """Record key (the second call waits until the test revoked the always)."""
+        recorded.append(key)
+        if key == "b":
+            await went_on.wait()
+        return f"noted {key}"
+
+    def call(n: str) -> Turn:
+        return Turn(items=(Call(call_id=f"call_{n}", name="note", arguments=f'{{"key": "{n}"}}'),))
+
+    script = Script(turns=(call("a"), call("b"), call("c"), Turn(items=(Text(text="ok"),))))
+    async with (
+        RelayServer(scripts={"n": script}, delay_scale=0, tools=[note]) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        run = await start_run(client, "go", model="n")
+        frames = await until_asked(client, run["events_url"], 1)
+        token = next(f.data["token"] for f in frames if f.event == "approval_requested")
+        bad = await answer(client, run, "call_a", "approve", token=token, always="yes")
+        assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_body")
+        ok = await answer(client, run, "call_a", "approve", token=token, always=True)
+        assert ok.status_code == 202, ok.text
+        while recorded != ["a", "b"]:  # b ran without a question
+            await asyncio.sleep(0.01)
+        revoke = await client.post(f"/runs/{run['id']}/tools/note/revoke", json={})
+        assert revoke.status_code == 202, revoke.text
+        went_on.set()
+        frames = await until_asked(client, run["events_url"], 2)  # c asks again
+        asked = [f.data["id"] for f in frames if f.event == "approval_requested"]
+        assert asked == ["call_a", "call_c"]
+        token_c = next(
+            f.data["token"] for f in frames if f.data.get("id") == "call_c" and "token" in f.data
+        )
+        no = await answer(client, run, "call_c", "deny", token=token_c, reason="not c")
+        assert no.status_code == 202, no.text
+        frames = await read_events(client, run["events_url"])
+        gone = await client.post(f"/runs/{run['id']}/tools/note/revoke", json={})
+    assert recorded == ["a", "b"]
+    finished = {f.data["id"]: f.data["error"] for f in frames if f.event == "tool_finished"}
+    assert finished == {"call_a": None, "call_b": None, "call_c": "approval_denied"}
+    assert (gone.status_code, gone.json()["error"]["code"]) == (409, "run_not_running")

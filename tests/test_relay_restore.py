@@ -187,22 +187,15 @@ def test_redis_a_killed_relay_resumes_the_waiting_run_by_itself(
 CHAT_SESSION = "c" * 43
 
 
-def test_use_chat_answers_a_run_resumed_by_a_restarted_relay(setup: dict[str, Any]) -> None:
-    """The real ``ai`` Chat sends a message and gets the approval request; the relay is
-    SIGKILLed and started again; the Chat then approves (its next POST /api/chat) against
-    the new relay: the tool runs once, the resumed stream shows its output and the answer."""
-    from node_helpers import node_command
-
-    command = node_command("ui_message_approvals.mjs", "ai")
+def across_a_restart(setup: dict[str, Any], command: list[str], config: dict[str, Any]) -> Any:
+    """Run the node client ``command`` with ``config`` against a served relay that is
+    SIGKILLed once the client has its question (it creates ``askedFile``) and started again
+    on the same ledger (its URL written to ``goFile``); the client's JSON output."""
     args = serve_args(setup, f"sqlite:///{setup['tmp'] / 'ledger.db'}")
     asked_file, go_file = setup["tmp"] / "asked", setup["tmp"] / "go"
+    config = {**config, "askedFile": str(asked_file), "goFile": str(go_file)}
     with serving(*args, how=signal.SIGKILL) as url:
-        config = {
-            "url": url, "session": CHAT_SESSION, "chatId": "chat-r", "text": "record",
-            "model": "rec", "clientTool": None, "clientOutput": None,
-            "approve": ["call_r"], "deny": [], "askedFile": str(asked_file),
-            "goFile": str(go_file),
-        }  # fmt: skip
+        config["url"] = url
         node = subprocess.Popen(
             [*command, json.dumps(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -210,25 +203,40 @@ def test_use_chat_answers_a_run_resumed_by_a_restarted_relay(setup: dict[str, An
             deadline = time.monotonic() + 60
             while not asked_file.exists():
                 assert node.poll() is None, node.communicate()
-                assert time.monotonic() < deadline, "the chat never saw the approval request"
+                assert time.monotonic() < deadline, "the client never got its question"
                 time.sleep(0.05)
         except BaseException:
             node.kill()
             raise
-    assert not setup["log"].exists()
+    assert not setup["log"].exists()  # killed while asking: nothing ran
     try:
         with serving(*args) as url:
             go_file.write_text(url, encoding="utf-8")
             out, err = node.communicate(timeout=120)
             assert node.returncode == 0, err.decode()
-            got = json.loads(out)
-            with client_for(url) as client:
-                client.headers["x-toollatch-session"] = CHAT_SESSION
-                stream = client.get("/api/chat/chat-r/stream")
+            return json.loads(out)
     finally:
         if node.poll() is None:
             node.kill()
+
+
+CHAT_SESSION = "c" * 43
+
+
+def test_use_chat_answers_a_run_resumed_by_a_restarted_relay(setup: dict[str, Any]) -> None:
+    """The real ``ai`` Chat sends a message and gets the approval request; the relay is
+    SIGKILLed and started again; the Chat then approves (its next POST /api/chat) against
+    the new relay: the tool runs once and the resumed stream shows its output and the answer."""
+    from node_helpers import node_command
+
+    command = node_command("ui_message_approvals.mjs", "ai")
+    config = {
+        "session": CHAT_SESSION, "chatId": "chat-r", "text": "record", "model": "rec",
+        "clientTool": None, "clientOutput": None, "approve": ["call_r"], "deny": [],
+    }  # fmt: skip
+    got = across_a_restart(setup, command, config)
     assert got["error"] is None and got["status"] == "ready", got
+    assert got["requests"] == 2  # the message, then the approval (to the new relay)
     assert setup["log"].read_text().split() == ["r"]  # exactly once
     assistant = got["messages"][-1]
     tools = {p["toolCallId"]: p for p in assistant["parts"] if "toolCallId" in p}
@@ -236,7 +244,37 @@ def test_use_chat_answers_a_run_resumed_by_a_restarted_relay(setup: dict[str, An
     assert tools["call_r"]["output"] == "recorded r"
     texts = [p["text"] for p in assistant["parts"] if p["type"] == "text"]
     assert texts == ["Recorded."]
-    # the resumed run's stream, read again: the call's output and the answer
-    assert stream.status_code in (200, 204), stream.text
-    if stream.status_code == 200:
-        assert "recorded r" in stream.text and "Recorded." in stream.text
+
+
+def test_agui_resumes_a_thread_answered_with_edited_arguments_after_a_restart(
+    setup: dict[str, Any],
+) -> None:
+    """AG-UI's HttpAgent: run 1 ends with the interrupt; the relay is SIGKILLed and started
+    again; run 2 resolves the interrupt with ``payload.editedArgs`` against the new relay:
+    the edited call passes the gate and runs once, and run 2's stream shows its result."""
+    from node_helpers import node_command
+
+    command = node_command("agui_approvals.mjs", "@ag-ui/client")
+    frontend = {
+        "name": "pick_color",
+        "description": "Ask the user for a color.",
+        "parameters": {"type": "object", "properties": {"hint": {"type": "string"}}},
+    }
+    config = {
+        "session": "g" * 43, "threadId": "t-r", "text": "record", "model": "rec",
+        "tool": frontend, "clientOutput": "red", "approved": True,
+        "editedArgs": {"key": "edited"},
+    }  # fmt: skip
+    got = across_a_restart(setup, command, config)
+    first, second = got["runs"]
+    assert first["ok"] and second["ok"], (first["error"], second["error"])
+    assert first["problems"] == [] and second["problems"] == []
+    assert [i["toolCallId"] for i in got["interrupts"]] == ["call_r"]
+    assert first["relayRun"] == second["relayRun"]  # the same relay run, resumed
+    assert setup["log"].read_text().split() == ["edited"]  # the edited call, once
+    results = [e["content"] for e in second["wire"] if e["type"] == "TOOL_CALL_RESULT"]
+    assert len(results) == 1 and "edited arguments" in results[0], results
+    assert results[0].endswith("recorded edited")
+    texts = [e["delta"] for e in second["wire"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert texts == ["Recorded."]
+    assert second["wire"][-1]["type"] == "RUN_FINISHED"

@@ -8,7 +8,9 @@ the call id and that digest, keyed by the relay's secret. The run remembers what
 (:class:`Asked`). ``POST /runs/{id}/calls/{call_id}/approve|deny|result`` answers it: the
 session must own the run (another session's run is 404 ``not_found``, as one that does not
 exist), the call must be one the run asked (409 ``not_asked``), and the body's token must be
-the one sent with the question (403 ``invalid_approval_token``): the token binds the answer
+the one sent with the question (403 ``invalid_approval_token``). An approval's ``always``
+(later calls of that tool in the run's conversation run without asking) is undone by
+``POST /runs/{id}/tools/{name}/revoke`` (``{}``). The token binds the answer
 to that call and those arguments; it authenticates nobody, the session does. The runtime's
 refusals (:class:`toollatch.ledger.ApprovalError`) keep their meaning: 409
 ``already_answered`` / ``stale_arguments`` / ``wrong_kind`` / ``not_asked``, 403
@@ -183,4 +185,25 @@ def routes(
             return exc.response()
         return JSONResponse(body, status_code=202)
 
-    return [Route("/runs/{run_id}/calls/{call_id}/{action}", endpoint, methods=["POST"])]
+    async def revoke(request: Request) -> Response:
+        """Undo an approval's ``always`` for the run's conversation: its calls ask again."""
+        try:
+            data = await read_json(request)
+            if data != {}:
+                raise HTTPError(422, "invalid_body", "the body must be {}")
+            run = owned(request)
+            if run is None:
+                raise HTTPError(404, "not_found", "no such run")
+            agent_run = run.agent_run
+            if run.done or agent_run is None:
+                raise HTTPError(409, "run_not_running", "the run is over")
+            name = request.path_params["name"]
+            agent_run.revoke(name)
+        except HTTPError as exc:
+            return exc.response()
+        return JSONResponse({"id": run.id, "tool": name, "revoked": True}, status_code=202)
+
+    return [
+        Route("/runs/{run_id}/calls/{call_id}/{action}", endpoint, methods=["POST"]),
+        Route("/runs/{run_id}/tools/{name}/revoke", revoke, methods=["POST"]),
+    ]

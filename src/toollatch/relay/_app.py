@@ -273,9 +273,11 @@ class Relay:
         observers: Sequence[Any],
         conversation: str,
         client_tools: Sequence[Tool[..., Any]] = (),
+        kept: Mapping[str, Any] | None = None,
     ) -> None:
         """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`);
-        ``client_tools``: tools whose results the client submits (AG-UI's frontend tools)."""
+        ``client_tools``: tools whose results the client submits (AG-UI's frontend tools);
+        ``kept``: what its run record keeps besides (:mod:`._restore`)."""
         self._start(
             run,
             provider,
@@ -286,6 +288,7 @@ class Relay:
             observers=observers,
             conversation=conversation,
             client_tools=client_tools,
+            kept=kept,
         )
 
     def tool_names(self) -> list[str]:
@@ -645,10 +648,14 @@ class Relay:
             self.runs.forget(run.id)
             raise HTTPError(409, "invalid_run", f"{provider} / {model} is not served here")
         kept = {k: v for k, v in record.items() if k in ("chat", "agui")}
+        agui = record.get("agui")
+        observers = []
+        if isinstance(agui, dict) and isinstance(agui.get("thread"), str):
+            observers.append(self.agui.resume(run, agui["thread"], provider))
         self._start(
             run, provider, model, None, resume=True, scope=record["scope"],
             conversation=record["conversation"], client_tools=_restore.client_tools(record),
-            kept=kept,
+            kept=kept, observers=observers,
         )  # fmt: skip
         return run
 
