@@ -18,8 +18,9 @@ refusals (:class:`toollatch.ledger.ApprovalError`) keep their meaning: 409
 
 The secret: ``Relay(approval_secret=...)`` (``toollatch serve``: the environment variable
 ``relay.approval_secret_env`` names), else random per process: a question asked before a
-restart is then asked again with a new token when its run is resumed (the old token is
-refused), which is safe but means a page must use the token of the newest event.
+restart is then asked again with a new token when its run is resumed (a restarted relay
+resumes it by itself, :mod:`._restore`; the old token is refused), which is safe but means a
+page must use the token of the newest event.
 """
 
 from __future__ import annotations

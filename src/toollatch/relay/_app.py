@@ -106,6 +106,8 @@ class Relay:
     same session, in this process or a later one, without running a completed call again;
     ``audit`` (opt-in) records the runs' calls that did not commit.
     ``run_limits``: the budgets of each run (default ``RunLimits()``: 900 s deadline).
+    With both, :meth:`restore` (``RelayServer`` calls it at start) resumes the runs that
+    were waiting for an answer when the relay stopped.
     ``approvals``: which calls wait for a person (:class:`~toollatch.ApprovalPolicy`; tools
     declared ``needs_approval`` and client tools wait anyway); ``approval_secret`` (at least
     16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`).
