@@ -278,3 +278,29 @@ def test_agui_resumes_a_thread_answered_with_edited_arguments_after_a_restart(
     texts = [e["delta"] for e in second["wire"] if e["type"] == "TEXT_MESSAGE_CONTENT"]
     assert texts == ["Recorded."]
     assert second["wire"][-1]["type"] == "RUN_FINISHED"
+
+
+def test_workers_sharing_a_redis_store_resume_only_a_dead_workers_run(
+    setup: dict[str, Any], redis_server: Any
+) -> None:
+    """With several workers (a shared run store), a worker that starts while the run's owner
+    lives leaves the run alone (the owner answers it); once the owner is SIGKILLed, the next
+    worker to start resumes it, and the call runs once."""
+    import redis
+
+    made = redis.Redis.from_url(redis_server.url)
+    made.flushdb()
+    made.close()
+    args = (*serve_args(setup, redis_server.url), "--store", redis_server.url)
+    with serving(*args, how=signal.SIGKILL) as owner_url, client_for(owner_url) as owner:
+        run = owner.post("/runs", json={"message": "record"})
+        assert run.status_code == 201, run.text
+        run_id = run.json()["id"]
+        first = asked(until(owner, f"/runs/{run_id}/events", "approval_requested"))
+        with serving(*args) as url, client_for(url) as client:
+            # the live owner keeps its run: this worker reads it through the store
+            again = client.post(f"/runs/{run_id}/calls/call_r/approve", json={"token": "x"})
+            assert (again.status_code, again.json()["error"]["code"]) == (404, "not_found")
+    assert not setup["log"].exists()
+    frames = approve_after_restart(args, run_id, first)
+    check_ran_once(setup, frames)

@@ -622,7 +622,8 @@ class Relay:
             except (HTTPError, ConfigError, UsageError) as exc:
                 _log.warning("run %s… was not resumed: %s", record["run"][:6], exc)
                 continue
-            resumed.append((run, call_ids))
+            if run is not None:
+                resumed.append((run, call_ids))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):
                 for run, call_ids in resumed:
@@ -630,12 +631,18 @@ class Relay:
                         await run.wait(run.log.last_id, wait_s)
         return [run.id for run, _ in resumed]
 
-    async def _resume_recorded(self, record: Mapping[str, Any]) -> RelayRun:
-        """Admit and start the run ``record`` names, continuing its stored history."""
+    async def _resume_recorded(self, record: Mapping[str, Any]) -> RelayRun | None:
+        """Admit and start the run ``record`` names, continuing its stored history (None:
+        a live worker sharing the run store drives it)."""
         run = RelayRun(
             "", self.previews, self.limits, run_id=record["run"],
             approval_secret=self.approval_secret, session_key=record["session"],
         )  # fmt: skip
+        try:
+            if not await self.store.adopt(run.id):
+                return None  # (another worker drives it)
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
         if not self.runs.admit(run):
             raise HTTPError(429, "too_many_runs", "the relay's active runs are full")
         try:

@@ -16,7 +16,9 @@ question's scope and resumes that run under its id, as ``POST /runs {"resume": i
 the run continues its stored history, meets the waiting call again and asks its stored
 question again (same call, arguments and expiry), so every reader and every answer path finds
 it live. A scope without a record (a run of ``toollatch run``, or of a relay before records)
-is left alone. The server accepts connections once each resumed run has asked again (or
+is left alone, and so is a run another live worker drives (:meth:`.store.RunStore.adopt`:
+with a shared run store, only a dead owner's run is taken, by one worker). The server
+accepts connections once each resumed run has asked again (or
 ended), at most ``wait_s`` seconds.
 """
 
