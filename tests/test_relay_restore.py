@@ -10,7 +10,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,10 +187,16 @@ def test_redis_a_killed_relay_resumes_the_waiting_run_by_itself(
 CHAT_SESSION = "c" * 43
 
 
-def across_a_restart(setup: dict[str, Any], command: list[str], config: dict[str, Any]) -> Any:
+def across_a_restart(
+    setup: dict[str, Any],
+    command: list[str],
+    config: dict[str, Any],
+    before_go: Callable[[str], None] | None = None,
+) -> Any:
     """Run the node client ``command`` with ``config`` against a served relay that is
     SIGKILLed once the client has its question (it creates ``askedFile``) and started again
-    on the same ledger (its URL written to ``goFile``); the client's JSON output."""
+    on the same ledger (its URL written to ``goFile``, after ``before_go(url)``); the
+    client's JSON output."""
     args = serve_args(setup, f"sqlite:///{setup['tmp'] / 'ledger.db'}")
     asked_file, go_file = setup["tmp"] / "asked", setup["tmp"] / "go"
     config = {**config, "askedFile": str(asked_file), "goFile": str(go_file)}
@@ -211,6 +217,8 @@ def across_a_restart(setup: dict[str, Any], command: list[str], config: dict[str
     assert not setup["log"].exists()  # killed while asking: nothing ran
     try:
         with serving(*args) as url:
+            if before_go is not None:
+                before_go(url)
             go_file.write_text(url, encoding="utf-8")
             out, err = node.communicate(timeout=120)
             assert node.returncode == 0, err.decode()
@@ -234,7 +242,20 @@ def test_use_chat_answers_a_run_resumed_by_a_restarted_relay(setup: dict[str, An
         "session": CHAT_SESSION, "chatId": "chat-r", "text": "record", "model": "rec",
         "clientTool": None, "clientOutput": None, "approve": ["call_r"], "deny": [],
     }  # fmt: skip
-    got = across_a_restart(setup, command, config)
+    resumed: list[str] = []
+
+    def read_the_chat(url: str) -> None:  # the browser's resumed stream, before it answers
+        with client_for(url) as client:
+            client.headers["x-toollatch-session"] = CHAT_SESSION
+            stream = client.get("/api/chat/chat-r/stream")
+            assert stream.status_code == 200, stream.text
+            resumed.append(stream.text)
+
+    got = across_a_restart(setup, command, config, read_the_chat)
+    chunks = [json.loads(line[6:]) for line in resumed[0].splitlines() if line[:7] == "data: {"]
+    request = next(c for c in chunks if c["type"] == "tool-approval-request")
+    assert request["toolCallId"] == "call_r"
+    assert chunks[-1]["type"] == "finish"  # (it ends while the run waits on the client)
     assert got["error"] is None and got["status"] == "ready", got
     assert got["requests"] == 2  # the message, then the approval (to the new relay)
     assert setup["log"].read_text().split() == ["r"]  # exactly once

@@ -18,7 +18,9 @@ Endpoints (registered by the relay's app, :func:`routes`):
   read); 409 ``not_the_last_answer`` for an earlier answer, ``nothing_to_regenerate`` for a
   chat without one.
 * ``GET /api/chat/{id}/stream`` replays the chat's run in flight from its start (what
-  ``useChat({resume: true})`` asks for); 204 when none is in flight.
+  ``useChat({resume: true})`` asks for); 204 when none is in flight. Like the POST's
+  stream it ends (``finish``) while the run waits on the client, so the page can answer
+  (a run a restarted relay resumed too).
 * ``POST /api/chat/{id}/cancel`` (``{}`` or empty, JSON) cancels it: 202 ``{"id": run id,
   "cancelled"}``. Closing the stream does **not** cancel the run (so that it can be resumed);
   ``POST /runs/{run id}/cancel`` works too (the run id is the ``x-toollatch-run-id`` header).
@@ -582,7 +584,11 @@ async def _resume(host: ChatHost, request: Request) -> Response:
     except HTTPError as exc:
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    return CountedStream(ui_message_stream(run, host.limits), release, headers=headers)
+    # (a run of this worker waiting on the client ends the stream, as the POST's does: the
+    # page that resumed it can then answer)
+    pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
+    stream = ui_message_stream(run, host.limits, pause=pause)
+    return CountedStream(stream, release, headers=headers)
 
 
 async def _cancel(host: ChatHost, request: Request) -> Response:
