@@ -98,6 +98,8 @@ def kill_while_asking(args: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
 def approve_after_restart(args: tuple[str, ...], run_id: str, first: dict[str, Any]) -> list[Any]:
     """In a restarted relay: the question is live with no resume, approving it ends the run."""
     with serving(*args) as url, client_for(url) as client:
+        own = client.post("/runs", json={"resume": run_id})  # (it resumed by itself)
+        assert (own.status_code, own.json()["error"]["code"]) == (409, "run_in_flight")
         again = asked(until(client, f"/runs/{run_id}/events", "approval_requested"))
         assert (again["id"], again["args_sha256"], again["expires_at"]) == (
             first["id"],
