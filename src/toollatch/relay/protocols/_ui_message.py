@@ -18,7 +18,9 @@ Endpoints (registered by the relay's app, :func:`routes`):
   read); 409 ``not_the_last_answer`` for an earlier answer, ``nothing_to_regenerate`` for a
   chat without one.
 * ``GET /api/chat/{id}/stream`` replays the chat's run in flight from its start (what
-  ``useChat({resume: true})`` asks for); 204 when none is in flight.
+  ``useChat({resume: true})`` asks for); 204 when none is in flight. A run of this worker
+  that waits on its client ends the replay there, as ``POST /api/chat`` does (a reloaded
+  page sees the question again and its answer is read from the next ``POST /api/chat``).
 * ``POST /api/chat/{id}/cancel`` (``{}`` or empty, JSON) cancels it: 202 ``{"id": run id,
   "cancelled"}``. Closing the stream does **not** cancel the run (so that it can be resumed);
   ``POST /runs/{run id}/cancel`` works too (the run id is the ``x-toollatch-run-id`` header).
@@ -174,6 +176,7 @@ class UIMessageEncoder:
         self._names: dict[str, str] = {}  # opened call id -> tool name
         self._args: dict[str, _ArgsText] = {}
         self._decided: set[str] = set()  # committed or failed
+        self._shown: dict[str, Any] = {}  # committed call id -> the input it showed
         self._failed: set[str] = set()
         self._ended: str | None = None  # the last round's ``ended``
         self._finished = False
@@ -217,8 +220,16 @@ class UIMessageEncoder:
             self._decided.add(call_id)
             chunk = {"type": "tool-input-available", "toolCallId": call_id, "toolName": name}
             out.append(_chunk({**chunk, "input": data["arguments"]}))
+            self._shown[call_id] = data["arguments"]
             self.unfinished.add(call_id)
         elif kind == "approval_requested" and isinstance(data.get("token"), str):
+            # the person approves the whole committed input: where the preview policy showed
+            # less (call_committed's arguments), the part's input is given again, in full
+            full = data.get("arguments")
+            if data["id"] in self._shown and self._shown[data["id"]] != full:
+                chunk = {"type": "tool-input-available", "toolCallId": data["id"]}
+                chunk |= {"toolName": data["name"], "input": full}
+                out.append(_chunk(chunk))
             # ai's tool-approval-request: the approval id is the relay's signed token, which
             # addToolApprovalResponse sends back (checked against the waiting call)
             chunk = {"type": "tool-approval-request", "toolCallId": data["id"]}
@@ -276,6 +287,7 @@ class UIMessageEncoder:
         self._names.clear()
         self._args.clear()
         self._decided.clear()
+        self._shown.clear()
         self._failed.clear()
 
     def _open(self, call_id: str, name: str, out: list[bytes]) -> None:
@@ -582,7 +594,10 @@ async def _resume(host: ChatHost, request: Request) -> Response:
     except HTTPError as exc:
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    return CountedStream(ui_message_stream(run, host.limits), release, headers=headers)
+    # (answers reach this worker's runs only: another worker's run streams on, unpaused)
+    pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
+    stream = ui_message_stream(run, host.limits, pause=pause)
+    return CountedStream(stream, release, headers=headers)
 
 
 async def _cancel(host: ChatHost, request: Request) -> Response:
