@@ -1,0 +1,60 @@
+"""One worker process of the durable-run test: ``durable_worker.py start|recover PG_URL
+MODEL_URL LEDGER_URL LOG RUN_ID EXECUTOR [DEAD_EXECUTOR]``. ``start`` starts the run and
+waits for it; ``recover`` takes over the dead executor's runs and waits for RUN_ID. The
+result (``DurableResult``) is printed as one JSON line."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+
+from toollatch import Agent, RunLimits, model_client, open_ledger, tool
+from toollatch.ledger import current_call
+from toollatch.runtime import DurableRuns
+
+
+def tools(log: str) -> list:
+    def note(what: str) -> None:
+        call = current_call()
+        with open(log, "a") as f:
+            f.write(f"{what} {call.idempotency_key if call else None}\n")
+
+    @tool(eager=True)
+    def get_weather(city: str, unit: str = "c") -> str:
+        """Weather."""
+        note("weather " + city)
+        return "21 degrees"
+
+    @tool(timeout=120)
+    def write_file(path: str, content: str) -> str:
+        """Write, slowly: the test kills the first worker while this runs."""
+        note("write started")
+        time.sleep(60)
+        note("write finished")
+        return "ok"
+
+    return [get_weather, write_file]
+
+
+async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id: str,
+               executor: str, dead: str = "") -> None:  # fmt: skip
+    ledger = open_ledger(ledger_url)
+    async with model_client("openai_chat", model="scripted", base_url=model) as client:
+        agent = Agent(
+            client, tools(log), ledger=ledger, lease_s=2.0, run_limits=RunLimits(max_rounds=5)
+        )
+        async with DurableRuns(pg, executor_id=executor) as runs:
+            runs.register("weather", agent)
+            if mode == "start":
+                await runs.start("weather", "weather?", run_id=run_id)
+            else:
+                print(json.dumps({"recovered": await runs.recover([dead])}), flush=True)
+            result = await runs.result(run_id)
+            print(json.dumps(dataclasses.asdict(result)), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))

@@ -1,0 +1,90 @@
+"""Durable runs on DBOS over a real PostgreSQL (started by the test, see durable_helpers):
+a worker process is SIGKILLed in the middle of a tool and another process takes its run
+over (DBOS's recovery of another executor's workflows): the calls that had finished are
+not run again, the cut-off call is ``outcome_unknown`` (the ledger knows it had started),
+and the run ends normally, every call paired."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_helpers import PostgresServer, wait_for
+from toollatch import UsageError
+from toollatch.scripted import ScriptedServer
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_path):
+    log = tmp_path / "ran.log"
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    worker = [sys.executable, str(HERE / "durable_worker.py")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with ScriptedServer(delay_scale=0) as server:
+        model = server.base_url("openai_chat")
+        common = [postgres.url(), model, ledger, str(log), "run-1"]
+        with subprocess.Popen(
+            [*worker, "start", *common, "worker-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE
+        ) as first:
+            wait_for(lambda: "write started" in (log.read_text() if log.exists() else ""), "the write")
+            first.send_signal(signal.SIGKILL)  # mid-tool: its call step never returned
+        done = subprocess.run(
+            [*worker, "recover", *common, "worker-2", "worker-1"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    recovered, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert recovered == {"recovered": ["run-1"]}
+    assert result["error"] is None
+    lines = log.read_text().splitlines()
+    # round 1's two calls ran once (in the dead worker), the write started once and was not
+    # run again: each tool had the ledger's idempotency key, one per call
+    assert [line.rsplit(" ", 1)[0] for line in lines] == [
+        "weather Oslo",
+        "weather Zürich",
+        "write started",
+    ]
+    keys = [line.rsplit(" ", 1)[1] for line in lines]
+    assert len(set(keys)) == 3 and "None" not in keys
+    calls = result["calls"]
+    assert [(c["name"], c["error"]) for c in calls] == [
+        ("get_weather", None),
+        ("get_weather", None),
+        ("write_file", "outcome_unknown"),
+    ]
+    assert len({c["id"] for c in calls}) == 3  # every call paired with one result
+    assert result["rounds"] == 3  # the run went on after the takeover and ended normally
+    assert "its outcome is unknown" in json.dumps(result["history"])
+
+
+def test_a_durable_store_is_postgresql_and_recovery_names_executors():
+    from toollatch.runtime import DurableRuns
+
+    with pytest.raises(UsageError, match="postgresql://"):
+        DurableRuns("sqlite:///x.db", executor_id="w")
+    with pytest.raises(UsageError, match="executor_id"):
+        DurableRuns("postgresql://127.0.0.1/x", executor_id="")
