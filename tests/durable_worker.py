@@ -11,6 +11,8 @@ import json
 import sys
 import time
 
+from dbos import DBOS
+
 from toollatch import Agent, RunLimits, model_client, open_ledger, tool
 from toollatch.ledger import current_call
 from toollatch.runtime import DurableRuns
@@ -53,7 +55,9 @@ async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id
             else:
                 print(json.dumps({"recovered": await runs.recover([dead])}), flush=True)
             result = await runs.result(run_id)
-            print(json.dumps(dataclasses.asdict(result)), flush=True)
+            steps = await DBOS.list_workflow_steps_async(run_id)
+            ended = {**dataclasses.asdict(result), "steps": [s["function_name"] for s in steps]}
+            print(json.dumps(ended), flush=True)
 
 
 if __name__ == "__main__":

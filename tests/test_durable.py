@@ -56,6 +56,7 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
             timeout=180,
             check=False,
         )
+        models = [r.status for r in server.requests]
     assert done.returncode == 0, done.stderr
     recovered, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
     assert recovered == {"recovered": ["run-1"]}
@@ -78,6 +79,11 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
     ]
     assert len({c["id"] for c in calls}) == 3  # every call paired with one result
     assert result["rounds"] == 3  # the run went on after the takeover and ended normally
+    # the two rounds the dead worker had played were replayed from their recorded steps: the
+    # model was asked three times in all, not five
+    assert models == [200, 200, 200]
+    round_, call = "toollatch.model_round", "toollatch.call"
+    assert result["steps"] == [round_, call, call, round_, call, round_]
     assert "its outcome is unknown" in json.dumps(result["history"])
 
 
