@@ -45,7 +45,9 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
         with subprocess.Popen(
             [*worker, "start", *common, "worker-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE
         ) as first:
-            wait_for(lambda: "write started" in (log.read_text() if log.exists() else ""), "the write")
+            wait_for(
+                lambda: "write started" in (log.read_text() if log.exists() else ""), "the write"
+            )
             first.send_signal(signal.SIGKILL)  # mid-tool: its call step never returned
         done = subprocess.run(
             [*worker, "recover", *common, "worker-2", "worker-1"],

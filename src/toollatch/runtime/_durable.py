@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from dbos import DBOS, DBOSConfig, SetWorkflowID
+from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import Serializer
 
 from ..core._errors import UsageError
@@ -61,6 +61,7 @@ from ._agent_run import AgentRun
 
 _AGENTS: dict[str, Agent] = {}
 """The agents of this process by registered name (a workflow names its agent)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DurableResult:
@@ -80,18 +81,22 @@ class _Pickler(pickle.Pickler):
     does not pickle, and the reader builds it again; a read-only mapping (the committed
     arguments) is written as its dict."""
 
-    dispatch_table = {**copyreg.dispatch_table, MappingProxyType: lambda m: (_frozen, (dict(m),))}
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _unfrozen}
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, ToolSpec):
-            return json.dumps(
-                [obj.name, obj.parameters, obj.description, obj.eager, obj.timeout_s]
-            )
+            return json.dumps([obj.name, obj.parameters, obj.description, obj.eager, obj.timeout_s])
         return None
 
 
 def _frozen(entries: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(entries)
+
+
+def _unfrozen(mapping: MappingProxyType[str, Any]) -> tuple[Any, tuple[dict[str, Any]]]:
+    return _frozen, (dict(mapping),)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -136,9 +141,7 @@ def _run(name: str, conversation: str, history: list[dict[str, Any]]) -> AgentRu
 
 
 @DBOS.step(name="toollatch.model_round")
-async def _model_round(
-    name: str, conversation: str, history: list[dict[str, Any]]
-) -> Round | str:
+async def _model_round(name: str, conversation: str, history: list[dict[str, Any]]) -> Round | str:
     """Ask the model once: the Round, or why no stream began (the run's error)."""
     run = _run(name, conversation, history)
     tools = await run._setup.tools.refresh()
@@ -179,7 +182,12 @@ async def _agent_run(name: str, conversation: str, history: list[dict[str, Any]]
         if not await run._again(asked):
             break
     ended = run._run_ended()
-    return {"rounds": ended.rounds, "calls": ended.calls, "history": ended.history, "error": ended.error}
+    return {
+        "rounds": ended.rounds,
+        "calls": ended.calls,
+        "history": ended.history,
+        "error": ended.error,
+    }
 
 
 class DurableRuns:
@@ -256,6 +264,7 @@ class DurableRuns:
 
     async def result(self, run_id: str) -> DurableResult:
         """Wait for run ``run_id`` to end, here or on any worker."""
+        handle: WorkflowHandleAsync[dict[str, Any]]
         handle = await DBOS.retrieve_workflow_async(run_id)
         ended = await handle.get_result()
         return DurableResult(run_id=run_id, **ended)
