@@ -190,6 +190,11 @@ async def _agent_run(name: str, conversation: str, history: list[dict[str, Any]]
     }
 
 
+_POLL_S = 0.1
+"""How often :meth:`DurableRuns.result` reads the end of a run this process did not start
+(DBOS's default is 1 s: a finished run would wait up to that long for its reader)."""
+
+
 class DurableRuns:
     """This process's DBOS engine for agent runs (one per process: DBOS is).
 
@@ -214,6 +219,8 @@ class DurableRuns:
         }
         self._config = config
         self._launched = False
+        # the runs started here: their handles await the workflow's task, no polling
+        self._started: dict[str, WorkflowHandleAsync[dict[str, Any]]] = {}
 
     def register(self, name: str, agent: Agent) -> None:
         """Make ``agent`` the one runs named ``name`` use in this process. It needs a
@@ -259,14 +266,16 @@ class DurableRuns:
         if not entries:
             raise UsageError("a run needs a message or a history")
         with SetWorkflowID(run_id):
-            await DBOS.start_workflow_async(_agent_run, agent, run_id, entries)
+            handle = await DBOS.start_workflow_async(_agent_run, agent, run_id, entries)
+        self._started[run_id] = handle
         return run_id
 
     async def result(self, run_id: str) -> DurableResult:
         """Wait for run ``run_id`` to end, here or on any worker."""
-        handle: WorkflowHandleAsync[dict[str, Any]]
-        handle = await DBOS.retrieve_workflow_async(run_id)
-        ended = await handle.get_result()
+        handle = self._started.pop(run_id, None)
+        if handle is None:  # another worker's, or recovered: its row, polled
+            handle = await DBOS.retrieve_workflow_async(run_id)
+        ended = await handle.get_result(polling_interval_sec=_POLL_S)
         return DurableResult(run_id=run_id, **ended)
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
