@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -32,9 +33,9 @@ def tools(log: str) -> list:
 
     @tool(timeout=120)
     def write_file(path: str, content: str) -> str:
-        """Write, slowly: the test kills the first worker while this runs."""
+        """Write, slowly (WRITE_SLEEP_S, 60 s): the test may kill the worker meanwhile."""
         note("write started")
-        time.sleep(60)
+        time.sleep(float(os.environ.get("WRITE_SLEEP_S", "60")))
         note("write finished")
         return "ok"
 

@@ -12,13 +12,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from durable_helpers import PostgresServer, wait_for
 from toollatch import UsageError
-from toollatch.scripted import ScriptedServer
+from toollatch.scripted import Script, ScriptedServer, demo_script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -87,6 +88,57 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
     assert "its outcome is unknown" in json.dumps(result["history"])
+
+
+def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgres, tmp_path):
+    log = tmp_path / "ran.log"
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    worker = [sys.executable, str(HERE / "durable_worker.py")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WRITE_SLEEP_S": "0"}
+    # the demo, its second answer slow (0.2 s per event: about 5 s): the test kills the
+    # worker once that request arrived, while its stream is being read
+    first, second, third = demo_script().turns
+    script = Script(
+        turns=(
+            replace(first, delay_ms=0),
+            replace(second, delay_ms=200),
+            replace(third, delay_ms=0),
+        )
+    )
+    with ScriptedServer({"scripted": script}) as server:
+        model = server.base_url("openai_chat")
+        common = [postgres.url(), model, ledger, str(log), "run-2"]
+        with subprocess.Popen(
+            [*worker, "start", *common, "worker-3"], cwd=ROOT, env=env, stdout=subprocess.PIPE
+        ) as dying:
+            wait_for(lambda: len(server.requests) == 2, "the second request")
+            dying.send_signal(signal.SIGKILL)  # mid-stream: round 2 was never recorded
+        done = subprocess.run(
+            [*worker, "recover", *common, "worker-4", "worker-3"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        models = [r.status for r in server.requests]
+    assert done.returncode == 0, done.stderr
+    recovered, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert recovered == {"recovered": ["run-2"]}
+    assert result["error"] is None
+    # round 2 was asked again (a new attempt: 4 requests); round 1 was not, nor its calls
+    assert models == [200, 200, 200, 200]
+    lines = [line.rsplit(" ", 1)[0] for line in log.read_text().splitlines()]
+    assert lines == ["weather Oslo", "weather Zürich", "write started", "write finished"]
+    calls = result["calls"]
+    assert [(c["name"], c["error"]) for c in calls] == [
+        ("get_weather", None),
+        ("get_weather", None),
+        ("write_file", None),
+    ]
+    round_, call = "toollatch.model_round", "toollatch.call"
+    assert result["steps"] == [round_, call, call, round_, call, round_]
 
 
 def test_a_durable_store_is_postgresql_and_recovery_names_executors():
