@@ -42,6 +42,14 @@ def tools(log: str) -> list:
     return [get_weather, write_file]
 
 
+def tell(log: str, number: int, event: object) -> None:
+    """The sink: one JSON line per event told (with this process's id) in LOG.events."""
+    data = event.to_json()  # type: ignore[attr-defined]
+    data.pop("history", None)
+    with open(log + ".events", "a") as f:
+        f.write(json.dumps({"n": number, "pid": os.getpid(), **data}) + "\n")
+
+
 async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id: str,
                executor: str, dead: str = "") -> None:  # fmt: skip
     ledger = open_ledger(ledger_url)
@@ -50,7 +58,7 @@ async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id
             client, tools(log), ledger=ledger, lease_s=2.0, run_limits=RunLimits(max_rounds=5)
         )
         async with DurableRuns(pg, executor_id=executor) as runs:
-            runs.register("weather", agent)
+            runs.register("weather", agent, on_event=lambda run, n, event: tell(log, n, event))
             if mode == "start":
                 await runs.start("weather", "weather?", run_id=run_id)
             else:

@@ -25,6 +25,47 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+def told(log: Path) -> list[dict]:
+    """The events both workers told, one per number: a number told twice (a replayed step)
+    is the same event; the numbers run from 0 without a gap."""
+    first: dict[int, dict] = {}
+    for line in (log.parent / (log.name + ".events")).read_text().splitlines():
+        event = json.loads(line)
+        event.pop("pid")
+        assert first.setdefault(event["n"], event) == event
+    assert sorted(first) == list(range(len(first)))
+    return [first[n] for n in sorted(first)]
+
+
+def summary(events: list[dict]) -> list[str]:
+    out = []
+    for e in events:
+        if e["type"] == "tool_finished":
+            out.append(f"tool_finished {e['name']} {e['error']}")
+        elif e["type"] in ("call_committed", "tool_started"):
+            out.append(f"{e['type']} {e['name']}")
+        else:
+            out.append(e["type"])
+    return out
+
+
+ROUND_1 = [
+    "text",
+    "call_opened",
+    "call_committed get_weather",
+    "call_opened",
+    "call_committed get_weather",
+    "tool_started get_weather",
+    "tool_finished get_weather None",
+    "tool_started get_weather",
+    "tool_finished get_weather None",
+    "round_ended",
+    "text",
+    "call_opened",
+    "call_committed write_file",
+]
+
+
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
     server = PostgresServer()
@@ -88,6 +129,17 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
     assert "its outcome is unknown" in json.dumps(result["history"])
+    # the events went on where the dead worker's stopped: the replayed ones under the same
+    # numbers; the cut-off call's tool_finished says outcome_unknown (it did not start here;
+    # the dead worker's tool_started was in the step that never returned: never told)
+    assert summary(told(log)) == [
+        *ROUND_1,
+        "tool_finished write_file outcome_unknown",
+        "round_ended",
+        "text",
+        "round_ended",
+        "run_ended",
+    ]
 
 
 def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgres, tmp_path):
@@ -139,6 +191,15 @@ def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgre
     ]
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
+    assert summary(told(log)) == [
+        *ROUND_1,
+        "tool_started write_file",
+        "tool_finished write_file None",
+        "round_ended",
+        "text",
+        "round_ended",
+        "run_ended",
+    ]
 
 
 def test_a_durable_store_is_postgresql_and_recovery_names_executors():

@@ -41,10 +41,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import copyreg
+import inspect
 import io
 import json
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -54,13 +55,24 @@ from dbos._serialization import Serializer
 
 from ..core._errors import UsageError
 from ..core._gate import Gate
+from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
 from ._agent import Agent, user_message
+from ._agent_events import AgentEvent, TextEvent
 from ._agent_run import AgentRun
 
 _AGENTS: dict[str, Agent] = {}
 """The agents of this process by registered name (a workflow names its agent)."""
+
+EventSink = Callable[[str, int, AgentEvent], Awaitable[None] | None]
+"""Told each agent event of a durable run: ``(run_id, number, event)``, numbered from 0 in
+the run's order. A recovered run tells the events of the steps it replays again, under the
+same numbers (the same events): a sink keeps the first of each number (the Redis run log
+refuses an id written twice). Its events are per step: a round's text comes whole, with
+its calls, once the round's step returned; no previews."""
+
+_SINKS: dict[str, EventSink] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,32 +168,69 @@ async def _model_round(name: str, conversation: str, history: list[dict[str, Any
 
 
 @DBOS.step(name="toollatch.call")
-async def _call(name: str, conversation: str, round_: Round, index: int) -> ToolResult:
-    """Run call ``index`` of ``round_`` (a failed call gets its error result)."""
+async def _call(
+    name: str, conversation: str, round_: Round, index: int
+) -> tuple[ToolResult, list[AgentEvent]]:
+    """Run call ``index`` of ``round_`` (a failed call gets its error result): the result
+    and the call's tool events (``tool_started``, ``tool_finished``...), recorded with it."""
     setup = _agent(name)._setup(conversation)
     first = round_.choices[0]
     one = replace(round_, choices=(replace(first, calls=(first.calls[index],)),))
     gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
-    async with setup.dispatcher.round(conversation, gate=gate) as dispatch:
+    told: list[AgentEvent] = []
+    async with setup.dispatcher.round(conversation, gate=gate, on_event=told.append) as dispatch:
         (result,) = await dispatch.finish(one)
-    return result
+    return result, told
+
+
+async def _tell(name: str, run: AgentRun, told: int) -> int:
+    """Hand the run's new events to the agent's sink, numbered from ``told``; the count."""
+    sink = _SINKS.get(name)
+    while run._events:
+        event = run._events.popleft()
+        if event is None or isinstance(event, PreviewUpdated):
+            continue
+        if sink is not None:
+            answer = sink(run.conversation, told, event)
+            if inspect.isawaitable(answer):
+                await answer
+        told += 1
+    return told
 
 
 @DBOS.workflow(name="toollatch.agent_run")
 async def _agent_run(name: str, conversation: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    # The events are made by this (deterministic) code from the steps' recorded outputs, so a
+    # recovered run tells the events of its replayed steps again, under the same numbers.
     run = _run(name, conversation, history)
     limits = run._setup.run_limits
+    told = 0
     while len(run.rounds) < limits.max_rounds:
         asked = await _model_round(name, conversation, run.history)
         if isinstance(asked, str):
             run.error = asked
             break
+        if asked.text:
+            run._emit(TextEvent(text=asked.text))  # the round's text, whole
+        # a round's calls are told with it: keys of earlier rounds are not theirs (a round
+        # asked again in another process numbers its attempt from that process's counter)
+        run._opened.clear()
         run._decided(asked)
-        results = [await _call(name, conversation, asked, i) for i in range(len(asked.calls))]
+        told = await _tell(name, run, told)
+        results = []
+        for i in range(len(asked.calls)):
+            result, events = await _call(name, conversation, asked, i)
+            results.append(result)
+            for event in events:
+                run._emit(event)
+            told = await _tell(name, run, told)
         run._close(asked, results)
+        told = await _tell(name, run, told)
         if not await run._again(asked):
             break
     ended = run._run_ended()
+    run._emit(ended)
+    await _tell(name, run, told)
     return {
         "rounds": ended.rounds,
         "calls": ended.calls,
@@ -222,14 +271,19 @@ class DurableRuns:
         # the runs started here: their handles await the workflow's task, no polling
         self._started: dict[str, WorkflowHandleAsync[dict[str, Any]]] = {}
 
-    def register(self, name: str, agent: Agent) -> None:
+    def register(self, name: str, agent: Agent, *, on_event: EventSink | None = None) -> None:
         """Make ``agent`` the one runs named ``name`` use in this process. It needs a
-        ledger (the only record of whether a dead worker's tool had started)."""
+        ledger (the only record of whether a dead worker's tool had started). ``on_event``
+        is told the events of its runs that this process drives (see ``EventSink``)."""
         if not isinstance(agent, Agent):
             raise UsageError(f"register takes an Agent, got {agent!r:.60}")
         if agent.ledger is None:
             raise UsageError("a durable agent needs a ledger shared by the workers")
         _AGENTS[name] = agent
+        if on_event is not None:
+            _SINKS[name] = on_event
+        else:
+            _SINKS.pop(name, None)
 
     def launch(self) -> None:
         """Start the engine (this process's own pending runs are recovered by DBOS)."""
