@@ -76,34 +76,46 @@ def postgres() -> Iterator[PostgresServer]:
         server.close()
 
 
-def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_path):
+def kill_and_recover(
+    server: ScriptedServer, postgres: PostgresServer, tmp_path: Path, run_id: str, when, env
+) -> tuple[dict, list[int]]:  # type: ignore[no-untyped-def]
+    """Start run ``run_id`` in a worker process, SIGKILL it once ``when()`` holds, recover
+    its runs in a second worker: that worker's result (with the DBOS steps) and the model's
+    answer statuses."""
     log = tmp_path / "ran.log"
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     worker = [sys.executable, str(HERE / "durable_worker.py")]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with ScriptedServer(delay_scale=0) as server:
-        model = server.base_url("openai_chat")
-        common = [postgres.url(), model, ledger, str(log), "run-1"]
-        with subprocess.Popen(
-            [*worker, "start", *common, "worker-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE
-        ) as first:
-            wait_for(
-                lambda: "write started" in (log.read_text() if log.exists() else ""), "the write"
-            )
-            first.send_signal(signal.SIGKILL)  # mid-tool: its call step never returned
-        done = subprocess.run(
-            [*worker, "recover", *common, "worker-2", "worker-1"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        models = [r.status for r in server.requests]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    common = [postgres.url(), server.base_url("openai_chat"), ledger, str(log), run_id]
+    dead, survivor = f"{run_id}-worker-1", f"{run_id}-worker-2"
+    with subprocess.Popen(
+        [*worker, "start", *common, dead], cwd=ROOT, env=env, stdout=subprocess.PIPE
+    ) as dying:
+        wait_for(when, "the moment to kill the worker")
+        dying.send_signal(signal.SIGKILL)
+    done = subprocess.run(
+        [*worker, "recover", *common, survivor, dead],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     recovered, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
-    assert recovered == {"recovered": ["run-1"]}
+    assert recovered == {"recovered": [run_id]}
+    return result, [r.status for r in server.requests]
+
+
+def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_path):
+    log = tmp_path / "ran.log"
+
+    def writing() -> bool:  # mid-tool: its call step never returns
+        return "write started" in (log.read_text() if log.exists() else "")
+
+    with ScriptedServer(delay_scale=0) as server:
+        result, models = kill_and_recover(server, postgres, tmp_path, "run-1", writing, {})
     assert result["error"] is None
     lines = log.read_text().splitlines()
     # round 1's two calls ran once (in the dead worker), the write started once and was not
@@ -144,9 +156,6 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
 
 def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgres, tmp_path):
     log = tmp_path / "ran.log"
-    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    worker = [sys.executable, str(HERE / "durable_worker.py")]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WRITE_SLEEP_S": "0"}
     # the demo, its second answer slow (0.2 s per event: about 5 s): the test kills the
     # worker once that request arrived, while its stream is being read
     first, second, third = demo_script().turns
@@ -158,26 +167,13 @@ def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgre
         )
     )
     with ScriptedServer({"scripted": script}) as server:
-        model = server.base_url("openai_chat")
-        common = [postgres.url(), model, ledger, str(log), "run-2"]
-        with subprocess.Popen(
-            [*worker, "start", *common, "worker-3"], cwd=ROOT, env=env, stdout=subprocess.PIPE
-        ) as dying:
-            wait_for(lambda: len(server.requests) == 2, "the second request")
-            dying.send_signal(signal.SIGKILL)  # mid-stream: round 2 was never recorded
-        done = subprocess.run(
-            [*worker, "recover", *common, "worker-4", "worker-3"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
+
+        def streaming() -> bool:  # mid-stream: round 2's step never returns
+            return len(server.requests) == 2
+
+        result, models = kill_and_recover(
+            server, postgres, tmp_path, "run-2", streaming, {"WRITE_SLEEP_S": "0"}
         )
-        models = [r.status for r in server.requests]
-    assert done.returncode == 0, done.stderr
-    recovered, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
-    assert recovered == {"recovered": ["run-2"]}
     assert result["error"] is None
     # round 2 was asked again (a new attempt: 4 requests); round 1 was not, nor its calls
     assert models == [200, 200, 200, 200]
