@@ -29,11 +29,14 @@ def told(log: Path) -> list[dict]:
     """The events both workers told, one per number: a number told twice (a replayed step)
     is the same event; the numbers run from 0 without a gap."""
     first: dict[int, dict] = {}
+    tellers: dict[int, set[int]] = {}
     for line in (log.parent / (log.name + ".events")).read_text().splitlines():
         event = json.loads(line)
-        event.pop("pid")
+        tellers.setdefault(event["n"], set()).add(event.pop("pid"))
         assert first.setdefault(event["n"], event) == event
     assert sorted(first) == list(range(len(first)))
+    # the survivor told round 1's events again (replayed), the dead worker the same before it
+    assert len(tellers[0]) == 2
     return [first[n] for n in sorted(first)]
 
 
