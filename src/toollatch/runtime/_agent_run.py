@@ -198,26 +198,9 @@ class AgentRun:
     async def _round(self) -> bool:
         """Play one round; True when the model should be asked again."""
         setup = self._setup
-        provider = setup.client.provider
         tools = await setup.tools.refresh()
         # no await from here to the dispatch round: it runs the tools the parser checks against
-        for observer in setup.observers:
-            observer.on_round_start(provider, len(self.rounds) + 1)
-        reserved = history_call_ids(provider, self.history)
-        parser = StreamParser(
-            provider,
-            framing=setup.client.framing,
-            tools=tools.specs,
-            limits=setup.limits,
-            budget=self._budget,
-            attempt=setup.next_attempt(_made_up_attempt(provider, self.history, reserved)),
-            eager=tools.eager,
-            observe=True,
-            previews=setup.previews,
-            policy=setup.policy,
-            # an id the history already holds is a new call (call_0 in every response)
-            reserved_ids=reserved,
-        )
+        parser = self._parser(tools.specs, tools.eager)
         # edited arguments of an approval pass this gate (the parser's own checks, but the
         # call budget, which the call they replace spent)
         gate = Gate(tools.specs, limits=setup.limits, policy=setup.policy)
@@ -248,6 +231,28 @@ class AgentRun:
         # a round ended at a size limit (``limited``) is asked again when it had calls: their
         # error results go back to the model like any failed call's
         return await self._again(round_)
+
+    def _parser(self, specs: Sequence[ToolSpec], eager: Sequence[str]) -> StreamParser:
+        """The next round's parser (observers told the round starts)."""
+        setup = self._setup
+        provider = setup.client.provider
+        for observer in setup.observers:
+            observer.on_round_start(provider, len(self.rounds) + 1)
+        reserved = history_call_ids(provider, self.history)
+        return StreamParser(
+            provider,
+            framing=setup.client.framing,
+            tools=specs,
+            limits=setup.limits,
+            budget=self._budget,
+            attempt=setup.next_attempt(_made_up_attempt(provider, self.history, reserved)),
+            eager=eager,
+            observe=True,
+            previews=setup.previews,
+            policy=setup.policy,
+            # an id the history already holds is a new call (call_0 in every response)
+            reserved_ids=reserved,
+        )
 
     async def _again(self, round_: Round) -> bool:
         """Whether to ask the model again after ``round_``: after tool calls; after a stream
