@@ -118,6 +118,8 @@ def _split_lines(chunk: bytes) -> list[bytes]:
         pos = stop + 1
     lines += chunk[pos:].split(b"\n")
     return lines
+
+
 """Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
 which refuses strings over 4300 digits."""
 

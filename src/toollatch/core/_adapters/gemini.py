@@ -53,7 +53,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeGuard
 
 import orjson
 
@@ -732,7 +732,8 @@ class GeminiAdapter(Adapter):
         ``orjson.dumps(event)`` gives, without writing the arguments a second time. None
         (the check then writes the event itself) for any other part."""
         args = call.holder[0]
-        if fc.get("partialArgs") is not None or _flag(fc) is not False or args is not fc.get("args"):
+        whole = fc.get("partialArgs") is None and _flag(fc) is False
+        if not whole or args is not fc.get("args"):
             return None
         try:
             call.written = orjson.dumps(args)
@@ -808,20 +809,32 @@ def _with_args(event: object, fc: Mapping[str, Any], args: object) -> dict[str, 
     copied, each key where it was. None unless that path is plain ``dict``s and ``list``s
     (the adapter's own decode; a subclass or another ``Mapping`` may iterate otherwise than
     orjson writes it)."""
-    candidates = event.get("candidates") if type(event) is dict else None
-    for i, candidate in enumerate(candidates if type(candidates) is list else ()):
-        content = candidate.get("content") if type(candidate) is dict else None
-        parts = content.get("parts") if type(content) is dict else None
-        for j, part in enumerate(parts if type(parts) is list else ()):
-            if type(part) is dict and part.get("functionCall") is fc:
-                if type(fc) is not dict:
-                    return None
-                parts = list(parts)
-                parts[j] = {**part, "functionCall": {**fc, "args": args}}
-                candidates = list(candidates)
-                candidates[i] = {**candidate, "content": {**content, "parts": parts}}
-                return {**event, "candidates": candidates}
+    candidates = event.get("candidates") if _is_dict(event) else None
+    if not _is_dict(event) or not _is_dict(fc) or not _is_list(candidates):
+        return None
+    for i, candidate in enumerate(candidates):
+        content = candidate.get("content") if _is_dict(candidate) else None
+        parts = content.get("parts") if _is_dict(content) else None
+        if not _is_dict(candidate) or not _is_dict(content) or not _is_list(parts):
+            continue
+        for j, part in enumerate(parts):
+            if _is_dict(part) and part.get("functionCall") is fc:
+                copied = list(parts)
+                copied[j] = {**part, "functionCall": {**fc, "args": args}}
+                cands = list(candidates)
+                cands[i] = {**candidate, "content": {**content, "parts": copied}}
+                return {**event, "candidates": cands}
     return None
+
+
+def _is_dict(value: object) -> TypeGuard[dict[str, Any]]:
+    """Exactly a ``dict`` (what orjson decodes to), not a subclass."""
+    return type(value) is dict
+
+
+def _is_list(value: object) -> TypeGuard[list[Any]]:
+    """Exactly a ``list``, not a subclass."""
+    return type(value) is list
 
 
 def _apply(call: _Call, update: object) -> Anomaly | None:
