@@ -2,7 +2,7 @@
 
 Run it from the repository root::
 
-    python3 benchmarks/bench_targets.py               # every target, about 3-4 minutes on 2 cores
+    python3 benchmarks/bench_targets.py               # every target, about 2-3 minutes on 2 cores
     python3 benchmarks/bench_targets.py --quick       # smaller sizes and counts, about 1 minute
     python3 benchmarks/bench_targets.py --only gemini --only previews --size-kib 1024
 
@@ -32,9 +32,11 @@ Each target is measured by the benchmark module that owns it, imported, never re
   connection beside that of a first request on a new connection (Nagle against delayed ACK
   made the former ~40 ms). Goal: about the first's, 1.2x at most.
 
-Every timed pair alternates in one process (best of ``--rounds`` for the CPU-bound ones) so load
-drift hits both sides alike; the ratios, not the milliseconds, are the figures. A target that
-fails to run (an API that moved under a merge) prints its error in its row; the others run.
+Every timed pair alternates in one process so load drift hits both sides alike; the
+assembly ones (Gemini, previews, read shapes) take the best of ``--rounds`` samples of this
+process's CPU time, as the agent's does; the ratios, not the milliseconds, are the figures.
+A target that fails to run (an API that moved under a merge) prints its error in its row;
+the others run, and the script exits 1.
 """
 
 from __future__ import annotations
@@ -167,16 +169,18 @@ def _frozen_heap() -> Iterator[None]:
 def _best_per_run(
     ba: Any, contenders: dict[str, Any], reads: list[bytes], expected: Any, rounds: int
 ) -> dict[str, float]:
-    """Best seconds per run of each contender, interleaved per round (each sample long enough
-    to time: at least ~20 ms of back-to-back runs, counted by the first round's first run)."""
+    """Best CPU seconds per run of each contender (this process's CPU time: the other
+    sessions on a shared machine delay a run's wall time far more than its CPU), interleaved
+    per round; each sample at least ~50 ms of back-to-back runs, counted by a first run."""
+    cpu = time.process_time
     runs = {}
     for name, fn in contenders.items():
-        once = ba._sample(fn, reads, expected, 1)  # also a warm-up
-        runs[name] = max(1, min(50, int(0.02 / max(once, 1e-6))))
+        once = ba._sample(fn, reads, expected, 1, cpu)  # also a warm-up
+        runs[name] = max(1, min(100, int(0.05 / max(once, 1e-6))))
     best = dict.fromkeys(contenders, math.inf)
     for _ in range(rounds):
         for name, fn in contenders.items():
-            per = ba._sample(fn, reads, expected, runs[name]) / runs[name]
+            per = ba._sample(fn, reads, expected, runs[name], cpu) / runs[name]
             best[name] = min(best[name], per)
     return best
 
@@ -327,8 +331,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", action="append", choices=list(TARGETS), help="repeatable")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and counts")
-    parser.add_argument("--rounds", type=int, help="best-of rounds (default 5; quick 2)")
-    parser.add_argument("--conversations", type=int, help="agent CPU (default 200; quick 50)")
+    parser.add_argument("--rounds", type=int, help="best-of rounds (default 9; quick 2)")
+    parser.add_argument("--conversations", type=int, help="agent CPU (default 300; quick 50)")
     parser.add_argument("--block", type=int, default=25, help="agent CPU: conversations a block")
     parser.add_argument("--ledger-calls", type=int, help="SQLite calls a sample (default 500)")
     parser.add_argument("--size-kib", type=int, help="previews and read shapes (default 256)")
@@ -342,8 +346,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     quick = opts.quick
     defaults = {
-        "rounds": (5, 2),
-        "conversations": (200, 50),
+        "rounds": (9, 2),
+        "conversations": (300, 50),
         "ledger_calls": (500, 100),
         "size_kib": (256, 64),
         "gemini_kib": (256, 64),
