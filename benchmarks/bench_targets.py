@@ -117,6 +117,8 @@ def ledger_hops(opts: argparse.Namespace) -> list[Row]:
 
     async def measure() -> dict[tuple[bool, bool], float]:
         best: dict[tuple[bool, bool], float] = {}
+        for merged in (True, False):  # warm-up: the file, its schema, the thread's first wake
+            await bench_ledger.hops(f"{folder}/hops.db", 20, inline=False, merged=merged)
         for _ in range(opts.rounds):
             for merged in (True, False):
                 for inline in (False, True):
