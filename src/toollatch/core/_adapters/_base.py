@@ -145,6 +145,12 @@ def lost_event(detail: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, fails_pending=True)
 
 
+def invalid(detail: str) -> Anomaly:
+    """A payload that could be read but not used, and that carried no call's text: recorded
+    (``invalid_payload``), failing nothing."""
+    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
+
+
 class _DuplicateKey(Exception):
     pass
 
