@@ -76,7 +76,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, canonical_json, error_detail, lost_event, short
+from ._base import Adapter, canonical_json, error_detail, invalid, lost_event, short
 
 __all__ = ["GeminiAdapter"]
 
@@ -537,7 +537,7 @@ class GeminiAdapter(Adapter):
         if not isinstance(reason, str):
             # Rule "unreadable_finish_reason": a reason we cannot read may have been
             # MAX_TOKENS; it must not be skipped while a later STOP ends the candidate.
-            events: list[StreamEvent] = [_invalid("finishReason is not a string")]
+            events: list[StreamEvent] = [invalid("finishReason is not a string")]
             reason, ending = "", RoundEnd.INTERRUPTED
         else:
             events, ending = [], _ENDINGS.get(reason, RoundEnd.INTERRUPTED)
@@ -603,7 +603,7 @@ class GeminiAdapter(Adapter):
     def _text(self, index: int, part: Mapping[str, Any], ordinal: int) -> list[StreamEvent]:
         text = part["text"]
         if not isinstance(text, str):
-            return [_invalid("text part without a string")]  # (text: never a call's input)
+            return [invalid("text part without a string")]  # (text: never a call's input)
         if part.get("thought") is True:
             # A thought summary: kept whole (with its signature, if any), never shown as text.
             return [ReasoningBlock(choice=index, block=f"part:{ordinal}", data=part)]
@@ -906,7 +906,3 @@ def _too_deep_anomaly(key: CallKey) -> Anomaly:
 
 def _after_end(what: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail=f"{what} after the end; ignored")
-
-
-def _invalid(detail: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
