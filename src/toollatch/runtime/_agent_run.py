@@ -40,7 +40,7 @@ from ._agent_events import (
 from ._clients import ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import DispatchRound
 from ._resume import StoredHistory
-from ._run_setup import RunSetup
+from ._run_setup import RoundTools, RunSetup
 
 
 class AgentRun:
@@ -82,6 +82,7 @@ class AgentRun:
         self._cancelled = False
         self._started = False
         self._broken = 0  # rounds in a row whose stream broke (see _again)
+        self._gates: tuple[RoundTools, Gate] | None = None  # (see _gate)
         self.deadline_passed = False
         """Whether ``RunLimits.deadline_s`` ended the run (``error`` then says so)."""
 
@@ -220,7 +221,7 @@ class AgentRun:
         )
         # edited arguments of an approval pass this gate (the parser's own checks, but the
         # call budget, which the call they replace spent)
-        gate = Gate(tools.specs, limits=setup.limits, policy=setup.policy)
+        gate = self._gate(tools)
         round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit, gate=gate)
         async with round_scope as dispatch:
             round_: Round | None = None
@@ -248,6 +249,17 @@ class AgentRun:
         # a round ended at a size limit (``limited``) is asked again when it had calls: their
         # error results go back to the model like any failed call's
         return await self._again(round_)
+
+    def _gate(self, tools: RoundTools) -> Gate:
+        """The gate of ``tools`` under the run's limits and policy (made once per tool set:
+        a ``Gate`` keeps no state of a call, so the run's rounds share it)."""
+        made = self._gates
+        if made is None or made[0] is not tools:
+            made = self._gates = (
+                tools,
+                Gate(tools.specs, limits=self._setup.limits, policy=self._setup.policy),
+            )
+        return made[1]
 
     async def _again(self, round_: Round) -> bool:
         """Whether to ask the model again after ``round_``: after tool calls; after a stream
@@ -289,17 +301,17 @@ class AgentRun:
         try:
             async with stream as chunks:
                 stall = _StallWatch(setup.run_limits.call_stall_s)
-                watch = stall.limit_s > 0
+                watch, open_bytes, feed = stall.limit_s > 0, parser.open_argument_bytes, parser.feed
                 try:
                     async for chunk in chunks:
                         # (per chunk: most reads of arguments bring no notice)
-                        if notices := parser.feed(chunk):
+                        if notices := feed(chunk):
                             self._notices(notices, dispatch)
                         if parser.over:
                             # nothing more can change the round (it ended at a size limit,
                             # or failed): stop reading; leaving the stream closes the response
                             break
-                        if watch and stall.stalled(parser.open_argument_bytes()):
+                        if watch and stall.stalled(open_bytes()):
                             detail = f"a call's arguments did not grow for {stall.limit_s:g} s"
                             return parser.fail(ErrorCode.IDLE_TIMEOUT, detail)
                 except StreamTimeout as exc:
