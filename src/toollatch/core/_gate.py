@@ -26,7 +26,7 @@ import jsonschema
 from ._errors import ConfigError, ErrorCode, UsageError
 from ._events import CallKey, DecodedArguments
 from ._limits import Limits
-from ._specs import ToolSpec, load_tools
+from ._specs import ToolSpec, load_tools, surely_valid
 
 # -- the only constructor of CommittedCall -----------------------------------------------------
 
@@ -391,6 +391,8 @@ class Gate:
         return _object(value)
 
     def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
+        if surely_valid(spec, args):
+            return  # (the common case, without jsonschema's walk; see core._quick_schema)
         try:
             errors = list(spec.validator().iter_errors(args))
             error = jsonschema.exceptions.best_match(errors)

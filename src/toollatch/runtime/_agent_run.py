@@ -82,7 +82,7 @@ class AgentRun:
         self._cancelled = False
         self._started = False
         self._broken = 0  # rounds in a row whose stream broke (see _again)
-        self._gates: tuple[RoundTools, Gate] | None = None  # (see _gate)
+        self._gates: tuple[RoundTools, Gate, Gate] | None = None  # (see _gates_of)
         self.deadline_passed = False
         """Whether ``RunLimits.deadline_s`` ended the run (``error`` then says so)."""
 
@@ -205,23 +205,18 @@ class AgentRun:
         for observer in setup.observers:
             observer.on_round_start(provider, len(self.rounds) + 1)
         reserved = history_call_ids(provider, self.history)
+        checks, gate = self._gates_of(tools)
         parser = StreamParser(
             provider,
             framing=setup.client.framing,
-            tools=tools.specs,
-            limits=setup.limits,
-            budget=self._budget,
+            gate=checks,
             attempt=setup.next_attempt(_made_up_attempt(provider, self.history, reserved)),
             eager=tools.eager,
             observe=True,
             previews=setup.previews,
-            policy=setup.policy,
             # an id the history already holds is a new call (call_0 in every response)
             reserved_ids=reserved,
         )
-        # edited arguments of an approval pass this gate (the parser's own checks, but the
-        # call budget, which the call they replace spent)
-        gate = self._gate(tools)
         round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit, gate=gate)
         async with round_scope as dispatch:
             round_: Round | None = None
@@ -250,16 +245,20 @@ class AgentRun:
         # error results go back to the model like any failed call's
         return await self._again(round_)
 
-    def _gate(self, tools: RoundTools) -> Gate:
-        """The gate of ``tools`` under the run's limits and policy (made once per tool set:
-        a ``Gate`` keeps no state of a call, so the run's rounds share it)."""
+    def _gates_of(self, tools: RoundTools) -> tuple[Gate, Gate]:
+        """The gates of ``tools`` under the run's limits and policy, made once per tool set
+        (a ``Gate`` holds no state of a call; the run's call budget is the run's own): the
+        parser's, with the budget, and the one edited arguments of an approval pass (the
+        parser's checks but the budget, which the call they replace spent)."""
         made = self._gates
         if made is None or made[0] is not tools:
+            limits, policy = self._setup.limits, self._setup.policy
             made = self._gates = (
                 tools,
-                Gate(tools.specs, limits=self._setup.limits, policy=self._setup.policy),
+                Gate(tools.specs, limits=limits, policy=policy, budget=self._budget),
+                Gate(tools.specs, limits=limits, policy=policy),
             )
-        return made[1]
+        return made[1], made[2]
 
     async def _again(self, round_: Round) -> bool:
         """Whether to ask the model again after ``round_``: after tool calls; after a stream
