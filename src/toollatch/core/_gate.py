@@ -3,7 +3,9 @@
 Theory of operation: the assembler hands the gate a call whose end the protocol announced in a
 round that ended normally. The gate runs, in order and once: identity (id and name present),
 registration (when tools are known), ONE strict RFC 8259 parse of the joined text, the object
-check, the depth limit, the tool's JSON Schema (validator compiled once per tool), the policy
+check, the depth limit, the tool's JSON Schema (validator compiled once per tool; a flat
+object schema's quick check first, which only answers "certainly valid" and leaves every
+other case, and every error's wording, to jsonschema: :mod:`._quick_schema`), the policy
 hook, and the run budget. A call whose text an adapter wrote from a value it decoded itself
 (Gemini's ``args``) may come with that value (:class:`DecodedArguments`): the parse is then
 replaced by the same checks applied to the value (:func:`strict_value`), never skipped. The
