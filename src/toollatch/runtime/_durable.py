@@ -159,7 +159,7 @@ async def _model_round(name: str, conversation: str, history: list[dict[str, Any
     tools = await run._setup.tools.refresh()
     # no eager start: each committed call runs as its own step after the round
     specs = tuple(replace(s, eager=False) for s in tools.specs)
-    parser = run._parser(specs, ())
+    parser, _edits = run._parser(replace(tools, specs=specs, eager=()))
     async with run._setup.dispatcher.round(conversation) as dispatch:
         round_ = await run._stream(parser, dispatch, tools.requested)
     if round_ is None:
