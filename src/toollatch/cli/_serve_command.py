@@ -91,6 +91,7 @@ def _server(args: argparse.Namespace) -> RelayServer:
         store=args.store or r.store,
         store_ttl_s=args.store_ttl or r.store_ttl_s,
         store_outage_s=args.store_outage or r.store_outage_s,
+        lease_s=args.lease or r.lease_s,
     )
 
 

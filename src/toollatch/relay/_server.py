@@ -52,7 +52,13 @@ from ._guard import (
 )
 from ._http import model_http
 from ._serving import listening_socket, started
-from .store._open import DEFAULT_OUTAGE_S, DEFAULT_TTL_S, check_store_url, open_run_store
+from .store._open import (
+    DEFAULT_LEASE_S,
+    DEFAULT_OUTAGE_S,
+    DEFAULT_TTL_S,
+    check_store_url,
+    open_run_store,
+)
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
@@ -112,7 +118,10 @@ class RelayServer:
     ``redis://HOST:PORT/DB``: shared by every worker on that Redis, so that any of them
     serves, resumes and cancels any run; :mod:`.store`), keeping an ended run
     ``store_ttl_s`` seconds, retrying a failed write for ``store_outage_s`` seconds before
-    it cancels its runs. A Redis that cannot be reached at start is a ``ConfigError``.
+    it cancels its runs. Each worker holds a lease of ``lease_s`` seconds, renewed every
+    third of it: the runs of a worker whose lease expired (it died) are ended by a survivor,
+    every call paired, ``run_ended.error`` naming the dead worker. A Redis that cannot be
+    reached at start is a ``ConfigError``.
     Workers sharing a store must share the access token too: ``token="auto"`` (a token of
     this worker's own) with a shared store is a ``ConfigError``.
 
@@ -151,6 +160,7 @@ class RelayServer:
         store: str | None = None,
         store_ttl_s: float = DEFAULT_TTL_S,
         store_outage_s: float = DEFAULT_OUTAGE_S,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -180,12 +190,17 @@ class RelayServer:
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
-        for name, value in (("store_ttl_s", store_ttl_s), ("store_outage_s", store_outage_s)):
+        for name, value in (
+            ("store_ttl_s", store_ttl_s),
+            ("store_outage_s", store_outage_s),
+            ("lease_s", lease_s),
+        ):
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be positive, got {value!r}")
         check_store_url(store)
         self.store_url, self.store_ttl_s = store, float(store_ttl_s)
         self.store_outage_s = float(store_outage_s)
+        self.lease_s = float(lease_s)
         if token == "auto" and store not in (None, "memory:"):
             raise ConfigError(
                 "workers sharing a run store must share one access token: give it "
@@ -298,8 +313,11 @@ class RelayServer:
                 keep=limits.max_stored_runs,
                 ttl_s=self.store_ttl_s,
                 outage_s=self.store_outage_s,
+                lease_s=self.lease_s,
+                ledger=ledger,
             ),
         )
+
         await relay.store.open(relay.runs)  # (ConfigError when it cannot be reached)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
