@@ -191,6 +191,7 @@ class Relay:
                     lambda r: self.runs.owned(r.path_params["run_id"], _session(r)),
                     self.read_json,
                     lambda: self.approval_secret,
+                    self._forward_answer,
                 ),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
@@ -387,6 +388,33 @@ class Relay:
             return await self.store.cancel(run, reason)
         except StoreUnavailable as exc:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
+
+    async def _forward_answer(
+        self, request: Request, asked: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """An answer to a run of another worker, handed to its owner (:mod:`._answers`):
+        its reply; None when there is no such run."""
+        run = await self.find_run(request.path_params["run_id"], _session(request))
+        if run is None or isinstance(run, RelayRun):
+            return None
+        if run.ended:
+            raise HTTPError(409, "run_not_running", "the run is over; resume it first")
+        try:
+            replied = await self.store.ask(run, {"kind": "answer", **asked})
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
+        if replied is None:
+            raise HTTPError(409, "run_not_running", "the run's worker is gone")
+        return replied
+
+    async def forwarded(self, run: RelayRun, asked: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Apply an answer another worker forwarded to this worker's ``run``
+        (:meth:`RunStore.ask`): the same checks as this worker's own endpoint."""
+        body = asked.get("body")
+        call_id, action = str(asked.get("call_id")), str(asked.get("action"))
+        if action not in _answers.ACTIONS or not isinstance(body, dict):
+            return 422, {"error": {"code": "invalid_body", "message": "not an answer"}}
+        return await _answers.reply(run, self.approval_secret, call_id, action, body)
 
     def open_reader(self, session: str) -> Callable[[], None]:
         """Count one more event stream of ``session`` (429 :class:`HTTPError` at

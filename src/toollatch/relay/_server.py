@@ -318,7 +318,9 @@ class RelayServer:
             ),
         )
 
-        await relay.store.open(relay.runs)  # (ConfigError when it cannot be reached)
+        await relay.store.open(
+            relay.runs, relay.forwarded
+        )  # (ConfigError when it cannot be reached)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         sock = listening_socket(self.host, self.port, stack)

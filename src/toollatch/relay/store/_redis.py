@@ -23,8 +23,13 @@ Readers elsewhere (:class:`RemoteRun`) ``XREAD BLOCK`` (at most ``heartbeat_s``,
 heartbeat); a gap between their cursor and the first entry returned is a ``lagged``; the
 ``run_ended`` frame, or ``status: done`` seen after a quiet wait, ends them.
 
-Cancel from another worker: ``PUBLISH`` on the owner's channel
-(``toollatch:relay:worker:<id>``); the owner's listener cancels the run at once.
+Cancel and answers from another worker (request/response): ``PUBLISH`` on the owner's
+channel (``toollatch:relay:worker:<id>``) of ``{"run", "session", "kind", ..., "reply"}``;
+the owner's listener applies it to the run with the same checks as its own endpoint (the
+session's digest must be the run's; an answer's token is checked by the answer itself) and
+``LPUSH``es its HTTP status and body on the ``reply`` key (expiring), which the asking
+worker waits on with ``BLPOP`` (at most :data:`ASK_S`). No subscriber: the owner is gone
+(its lease will end the run); no reply in time: 503.
 
 Leases: a worker that dies. Each worker holds ``toollatch:relay:worker:<id>:lease``
 (``SET PX lease_s``, renewed every third of it) while it runs; its running runs are in the
@@ -68,7 +73,7 @@ from ...core._errors import ConfigError
 from ...ledger import Ledger, LedgerKey
 from .._requests import run_scope_of
 from .._runs import Batch, RelayRun, RunRegistry
-from ._base import StoreUnavailable
+from ._base import Handler, StoreUnavailable
 from ._orphans import OpenCalls, closing_events, read_log
 
 _log = logging.getLogger("toollatch.relay")
@@ -79,6 +84,8 @@ ConnectionError, not every one)."""
 
 SOCKET_S = 5.0
 """Socket timeout of every command but a blocking read."""
+ASK_S = 5.0
+"""How long a worker waits for the owner's reply to a forwarded cancel or answer."""
 _PREFIX = "toollatch:relay:"
 _RUN_ENDED = b"\nevent: run_ended\n"
 _RUNNING = f"{_PREFIX}running"
@@ -160,9 +167,13 @@ class RedisRunStore:
         self._tasks: list[asyncio.Task[None]] = []
         self._reads: set[asyncio.Task[Any]] = set()  # blocking reads in flight
         self._reading = True
+        self._handler: Handler | None = None
+        self._replies: set[asyncio.Task[None]] = set()
 
-    async def open(self, runs: RunRegistry) -> None:
-        """Check the server (ConfigError), then start the writer and the cancel listener."""
+    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
+        """Check the server (ConfigError), then start the writer, the lease and the
+        listener of other workers' requests (``handler`` applies them)."""
+        self._handler = handler
         try:
             await self.client.ping()
             await self.client.set(_lease(self.worker), b"1", px=self.lease_ms)
@@ -243,15 +254,30 @@ class RedisRunStore:
         return RemoteRun(self, run_id, session, meta[b"owner"].decode(), last, done)
 
     async def cancel(self, run: Any, reason: str | None = None) -> bool:
-        """Publish the cancel on the owner's channel; True when it was listening."""
+        """Ask the owner to cancel the run; True when it did (it was running there)."""
         if not isinstance(run, RemoteRun) or run.ended:
             return False
-        message = orjson.dumps({"cancel": run.id, "reason": reason})
+        replied = await self.ask(run, {"kind": "cancel", "reason": reason})
+        return replied is not None and replied[1].get("cancelled") is True
+
+    async def ask(self, run: Any, request: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        """Publish ``request`` on the owner's channel, then wait for its reply (``BLPOP``,
+        at most :data:`ASK_S`); None when nobody listens there (the owner is gone)."""
+        if not isinstance(run, RemoteRun):
+            return None
+        reply = f"{_PREFIX}reply:{secrets.token_hex(12)}"
+        sent = {**request, "run": run.id, "session": session_digest(run.session), "reply": reply}
+        assert self._blocking is not None
         try:
-            heard = await self.client.publish(_channel(run.owner), message)
+            if not await self.client.publish(_channel(run.owner), orjson.dumps(sent)):
+                return None
+            got: Any = await self._blocking.blpop([reply], timeout=ASK_S)
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
-        return bool(heard)
+        if got is None:
+            raise StoreUnavailable(f"the run's worker did not answer within {ASK_S:g} s")
+        status, body = orjson.loads(got[1])
+        return int(status), dict(body)
 
     async def point(self, kind: str, key: str, run_id: str) -> None:
         """``SET`` the pointer with the store's TTL."""
@@ -288,14 +314,40 @@ class RedisRunStore:
             delay = min(delay * 2, 1.0)
 
     def _control(self, data: Any) -> None:
-        assert self._runs is not None
+        """A request of another worker: answered in a task of its own (the listener goes on)."""
         try:
             asked = orjson.loads(data)
-            run = self._runs.get(str(asked["cancel"]))
+            reply = str(asked["reply"])
         except (orjson.JSONDecodeError, TypeError, KeyError):
             return
-        if run is not None:
-            run.cancel(asked.get("reason"))
+        task = asyncio.get_running_loop().create_task(self._reply(asked, reply))
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def _reply(self, asked: dict[str, Any], reply: str) -> None:
+        assert self._runs is not None
+        run = self._runs.get(str(asked.get("run")))
+        session = str(asked.get("session"))
+        if run is None or not secrets.compare_digest(session_digest(run.session), session):
+            answer: tuple[int, dict[str, Any]] = (
+                404,
+                {"error": {"code": "not_found", "message": "no such run on its worker"}},
+            )
+        elif asked.get("kind") == "cancel":
+            reason = asked.get("reason")
+            cancelled = run.cancel(reason if isinstance(reason, str) else None)
+            answer = (202, {"id": run.id, "cancelled": cancelled})
+        elif self._handler is not None:
+            answer = await self._handler(run, asked)
+        else:
+            answer = (404, {"error": {"code": "not_found", "message": "nothing answers it"}})
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.lpush(reply, orjson.dumps(answer))
+                pipe.pexpire(reply, int(ASK_S * 1000) + 1000)
+                await pipe.execute()
+        except _LOST as exc:
+            _log.warning("run store: a reply to another worker was lost (%s)", exc)
 
     async def _heartbeat(self) -> None:
         """Renew this worker's lease every third of it; then end the runs of dead workers."""
