@@ -158,3 +158,44 @@ def test_the_lease_is_a_flag_a_config_key_and_a_variable() -> None:
     assert load_config(env={}).relay.lease_s == 10
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--lease", "0"])
+
+
+def test_sigterm_with_a_shared_store_finishes_short_runs_and_ends_the_rest_paired(
+    redis_url: str,
+) -> None:
+    scripts = {"slower": slow_script(delay_ms=150.0), "quick": slow_script(delay_ms=10.0)}
+    with ScriptedServer(scripts=scripts) as model:
+        args = ("--store", redis_url, "--ledger", "none", "--lease", "1")
+        args += ("--shutdown-grace", "4", "--base-url", model.base_url("openai_chat"))
+        args += ("--model", "slower", "--allow-model", "slower", "--allow-model", "quick")
+        with workers(2, *args) as [(stopping, on_a), (_b, on_b)]:
+            session = {"x-toollatch-session": "t" * 43}
+            a = httpx.Client(base_url=on_a, timeout=30, headers=session)
+            b = httpx.Client(base_url=on_b, timeout=30, headers=session)
+            with a, b:
+                long_run = a.post("/runs", json={"message": "m", "model": "slower"}).json()
+                other = b.post("/runs", json={"message": "m", "model": "slower"}).json()
+                with a.stream("GET", other["events_url"]) as reading:  # A reads B's run
+                    chunks = reading.iter_text()
+                    next(chunks)
+                    short = a.post("/runs", json={"message": "m", "model": "quick"}).json()
+                    stopping.send_signal(signal.SIGTERM)
+                    assert stopping.stderr is not None
+                    while "SIGTERM" not in stopping.stderr.readline():
+                        pass  # (the signal is being handled: no run is admitted any more)
+                    refused = a.post("/runs", json={"message": "m"})
+                    rest = "".join(chunks)  # ends: A stops reading
+                short_frames = read_until(b, short["events_url"], None)
+                long_frames = read_until(b, long_run["events_url"], None)
+                other_status = b.get(f"/runs/{other['id']}/events", headers={"last-event-id": "1"})
+            status = stopping.wait(timeout=30)
+            assert stopping.stderr is not None
+            stopping.stderr.close()
+    assert status == 143
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    assert "event: run_ended" not in rest  # B's run went on: A's read of it just ended
+    assert other_status.status_code == 200
+    assert short_frames[-1].event == "run_ended" and short_frames[-1].data["error"] is None
+    assert_paired(long_frames)  # cancelled at the end of the grace, every call paired
+    assert long_frames[-1].data["cancelled"] is True
+    assert "shutting down (SIGTERM)" in long_frames[-1].data["error"]

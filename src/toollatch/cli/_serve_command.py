@@ -14,7 +14,8 @@ workers on it serve any run (a Redis that cannot be reached at start: exit statu
 SIGTERM and SIGINT (Ctrl-C) cancel every run as ``POST .../cancel`` does (every call
 paired; ``run_ended.error`` names the shutdown), let each open events stream send that and
 end, then stop, within ``--shutdown-grace`` (``relay.shutdown_grace_s``, 10 s) and about a
-second more; a second signal exits at once.
+second more; a second signal exits at once. With a shared store the runs first go on for
+most of the grace (a new run is 503; reads of other workers' runs end at once).
 Exit status: 143 after SIGTERM, 130 after SIGINT, 2 for a usage error (a bad ``--tools``
 file, a port that cannot be bound, ``--base-url`` without ``--model``, a ledger that cannot
 be opened, a host beyond loopback without a token).
@@ -247,8 +248,9 @@ class _Stopping:
             os._exit(128 + self.received)
         self.received = signum
         grace = self.server.shutdown_grace_s
+        doing = "cancelling" if self.server.store_url in (None, "memory:") else "finishing"
         sys.stderr.write(
-            f"toollatch: {name}: cancelling the runs, stopping within {grace:g} s "
+            f"toollatch: {name}: {doing} the runs, stopping within {grace:g} s "
             "(again to exit at once)\n"
         )
         sys.stderr.flush()

@@ -373,11 +373,14 @@ class Relay:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
 
     async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
-        """Stop serving runs: the reads of other workers' runs end at once (their clients
-        reconnect elsewhere with ``Last-Event-ID``), this worker's runs are cancelled and
-        waited for (:meth:`RunRegistry.close`); True when every run ended."""
+        """Stop serving runs (POST /runs: 503): the reads of other workers' runs end at once
+        (their clients reconnect elsewhere with ``Last-Event-ID``), this worker's runs are
+        cancelled and waited for (:meth:`RunRegistry.close`); with a shared store they may
+        first finish, for most of the grace (their readers on other workers go on). True
+        when every run ended (a run still going is ended by a survivor once this worker's
+        lease is dropped)."""
         self.store.end_reads()
-        return await self.runs.close(grace_s, reason=reason)
+        return await self.runs.close(grace_s, reason=reason, finish=self.store.shared)
 
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
         """Cancel ``run`` here, or through its owner (False: it had ended, or no owner

@@ -360,6 +360,8 @@ class RelayServer:
         then the server; within ``shutdown_grace_s`` plus about a second."""
         if reason is not None:
             self.stop_reason = reason
+        if self.relay is not None:  # (no run admitted from now: 503 shutting_down)
+            self.relay.runs.closing = True
         if self._server is not None:
             self._server.should_exit = True
 
