@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ledger_helpers import RedisServer
-from relay_helpers import Frame, parse_sse, serve, slow_script, stop
+from relay_helpers import CLI, Frame, parse_sse, serve, served_run, slow_script, stop
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
 from toollatch.relay.store._orphans import closing_events, read_log
@@ -199,3 +199,30 @@ def test_sigterm_with_a_shared_store_finishes_short_runs_and_ends_the_rest_paire
     assert_paired(long_frames)  # cancelled at the end of the grace, every call paired
     assert long_frames[-1].data["cancelled"] is True
     assert "shutting down (SIGTERM)" in long_frames[-1].data["error"]
+
+
+def test_serve_workers_2_with_redis_serves_runs_on_one_port(redis_url: str) -> None:
+    proc, url = serve("--workers", "2", "--store", redis_url, "--ledger", "none")
+    try:
+        for _ in range(6):  # (each connection goes to one of the workers)
+            _run, frames = served_run(url, "weather in Oslo?")
+            assert frames[-1].event == "run_ended" and frames[-1].data["error"] is None
+            assert [f.id for f in frames] == list(range(1, len(frames) + 1))
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
+        )
+        pids = set(children.stdout.split())
+    finally:
+        stop(proc)  # (SIGINT passed on to both workers: 130)
+    assert len(pids) == 2
+
+
+def test_serve_workers_2_without_a_store_exits_2_naming_store() -> None:
+    done = subprocess.run(
+        [*CLI, "serve", "--port", "0", "--ledger", "none", "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--workers 2 needs a shared run store: --store redis://" in done.stderr

@@ -94,6 +94,12 @@ def _store(serve: argparse.ArgumentParser) -> None:
         "cancelled (default: relay.store_outage_s, 5)",
     )
     serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="N worker processes accepting on one port (needs a shared --store; default 1)",
+    )
+    serve.add_argument(
         "--lease",
         type=positive_seconds,
         metavar="SECONDS",

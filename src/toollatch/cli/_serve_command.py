@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -40,18 +41,72 @@ from ..tools._tools import Tool
 from ._app_config import Config, RelayConfig, load_config
 from ._run_command import CommandError, load_tool_file
 
+WORKER_FD = "TOOLLATCH_SERVE_WORKER_FD"
+"""Set by ``serve --workers N`` for its workers: the listening socket they all accept on."""
+
 
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
     try:
         server = _server(args)
         _console_log()
+        workers = args.workers if args.workers is not None else 1
+        if workers < 1:
+            raise CommandError(f"--workers must be 1 or more, got {workers}")
+        if workers > 1 and os.environ.get(WORKER_FD) is None:
+            return _supervise(server, workers)
+        if os.environ.get(WORKER_FD) is not None:
+            server.listen_fd = int(os.environ[WORKER_FD])
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
         return 128 + signal.SIGINT
+
+
+def _supervise(server: RelayServer, workers: int) -> int:
+    """``--workers N``: bind the port once here, start N copies of this command that accept
+    on that one socket (inherited; the kernel gives each connection to one of them), pass
+    SIGTERM / SIGINT on to them and wait. With the in-memory store a ``CommandError`` naming
+    ``--store`` (a worker would not see the others' runs)."""
+    from ..relay._serving import listening_socket  # noqa: PLC0415
+
+    if server.store_url in (None, "memory:"):
+        raise CommandError(
+            f"--workers {workers} needs a shared run store: --store redis://HOST:PORT/DB "
+            "(relay.store); with memory: a worker would not see the others' runs"
+        )
+    with contextlib.ExitStack() as stack:
+        sock = listening_socket(server.host, server.port, stack)
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        env = {**os.environ, WORKER_FD: str(sock.fileno())}
+        command = [sys.executable, "-c", _REENTRY, *sys.argv[1:]]
+        children = [
+            subprocess.Popen(command, env=env, pass_fds=(sock.fileno(),)) for _ in range(workers)
+        ]
+        host, port = sock.getsockname()[:2]
+        sys.stderr.write(f"toollatch: {workers} workers on http://{host}:{port}\n")
+        sys.stderr.flush()
+        received: list[int] = []
+
+        def forward(signum: int, _frame: Any) -> None:
+            received.append(signum)
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signum)
+
+        for signum in _Stopping.SIGNALS:
+            signal.signal(signum, forward)
+        statuses = [child.wait() for child in children]
+    if received:
+        return 128 + received[0]
+    return max(statuses, key=abs)
+
+
+_REENTRY = "import sys; from toollatch.cli import main; sys.exit(main())"
+"""How a worker of ``--workers N`` runs this command again (in a fresh interpreter)."""
 
 
 def _server(args: argparse.Namespace) -> RelayServer:

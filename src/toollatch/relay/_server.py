@@ -132,6 +132,10 @@ class RelayServer:
     close the connections (a reader that still has not read them gets 1 s more).
     """
 
+    listen_fd: int | None = None
+    """A listening socket's file descriptor to serve on instead of binding ``host:port``
+    (``toollatch serve --workers N``: every worker accepts on the supervisor's socket)."""
+
     def __init__(
         self,
         *,
@@ -318,12 +322,15 @@ class RelayServer:
             ),
         )
 
-        await relay.store.open(
-            relay.runs, relay.forwarded
-        )  # (ConfigError when it cannot be reached)
+        # (a ConfigError when it cannot be reached)
+        await relay.store.open(relay.runs, relay.forwarded)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
-        sock = listening_socket(self.host, self.port, stack)
+        if self.listen_fd is None:
+            sock = listening_socket(self.host, self.port, stack)
+        else:  # (one of `serve --workers N`: the supervisor's socket, shared)
+            sock = socket.socket(fileno=self.listen_fd)
+            stack.callback(sock.close)
         server = _uvicorn(relay, limits, cap, self)
         task = await started(server, sock, "toollatch-relay")
         self._server, self._task, self.relay, self.cap = server, task, relay, cap
