@@ -226,3 +226,30 @@ def test_serve_workers_2_without_a_store_exits_2_naming_store() -> None:
     )
     assert done.returncode == 2
     assert "--workers 2 needs a shared run store: --store redis://" in done.stderr
+
+
+def test_an_owner_paused_past_its_lease_writes_nothing_after_the_survivors_end(
+    redis_url: str,
+) -> None:
+    with ScriptedServer(scripts={"slower": slow_script(delay_ms=150.0)}) as model:
+        args = ("--store", redis_url, "--ledger", "none", "--lease", "1")
+        args += ("--model", "slower", "--base-url", model.base_url("openai_chat"))
+        with workers(2, *args) as [(owner, on_a), (_b, on_b)]:
+            with httpx.Client(base_url=on_a, timeout=30) as a:
+                run = a.post("/runs", json={"message": "two cities"}).json()
+                read_until(a, run["events_url"], lambda fs: len(fs) >= 8)
+                session = a.cookies["toollatch_session"]
+            owner.send_signal(signal.SIGSTOP)  # alive, but silent past its lease
+            headers = {"x-toollatch-session": session}
+            with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
+                ended = read_until(b, run["events_url"], None)
+                owner.send_signal(signal.SIGCONT)
+                time.sleep(3)  # (its model stream goes on; its writer and lease wake up)
+                stop(owner, signal.SIGTERM)  # (and it writes the end of its runs it has)
+                after = {"last-event-id": str(ended[-1].id)}
+                again = b.get(run["events_url"], headers=after)
+                whole = read_until(b, run["events_url"], None)
+    assert ended[-1].event == "run_ended" and "lease of 1 s expired" in ended[-1].data["error"]
+    assert again.status_code == 204  # (nothing after the end: the log ends there)
+    assert whole == ended
+    assert_paired(ended)

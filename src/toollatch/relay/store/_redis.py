@@ -101,6 +101,8 @@ return 1
 """
 """The compare-and-set that makes one survivor the ender of a dead worker's run."""
 _UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
+_LAST_ID = "0-18446744073709551615"
+_LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
 
 
 def session_digest(session: str) -> str:
@@ -355,12 +357,25 @@ class RedisRunStore:
         while True:
             await asyncio.sleep(every)
             try:
-                await self.client.set(_lease(self.worker), b"1", px=self.lease_ms)
+                lease = _lease(self.worker)
+                if not await self.client.set(lease, b"1", px=self.lease_ms, xx=True):
+                    self._lease_lost()  # (paused past it: survivors may have ended its runs)
+                    await self.client.set(lease, b"1", px=self.lease_ms)
                 await self._reap()
             except _LOST as exc:
                 _log.warning("run store: the lease could not be renewed (%s)", exc)
             except Exception:  # a bug in us: the lease goes on
                 _log.exception("run store: ending a dead worker's runs failed")
+
+    def _lease_lost(self) -> None:
+        """This worker's lease expired while it lived (a pause): its runs may have been
+        ended by a survivor, so they stop mirroring (nothing is written after that end) and
+        are cancelled; their local readers get every event."""
+        assert self._runs is not None
+        assert self._writer is not None
+        runs = [run for run in self._runs.live() if run.mirror is self._writer]
+        if runs:
+            self._writer.give_up(runs, _LEASE_LOST)
 
     async def _reap(self) -> None:
         """End every running run whose owner (or ender) holds no lease any more."""
@@ -413,6 +428,9 @@ class RedisRunStore:
                     orjson.dumps(data),
                 )
                 pipe.xadd(_stream(run_id), {"f": frame}, id=f"0-{n}")
+            # the stream's last id at its maximum: a write of its owner (only paused, not
+            # dead) after this end is refused by its id, never appended after run_ended
+            pipe.execute_command("XSETID", _stream(run_id), _LAST_ID)
             pipe.hset(_meta(run_id), "status", "done")
             pipe.srem(_RUNNING, run_id)
             pipe.pexpire(_stream(run_id), self.ttl_ms)
@@ -568,7 +586,7 @@ class _Writer:
                     await self._flush(list(dirty.values()), renew)
             except Exception as exc:  # a bug in us: its runs go on locally, the writer lives
                 _log.exception("run store: a write failed")
-                self._give_up(list(dirty.values()), exc)
+                self.give_up(list(dirty.values()), exc)
             if not self._dirty:
                 self._idle.set()
 
@@ -585,7 +603,7 @@ class _Writer:
                 if self._failing_since is None:
                     self._failing_since = now
                 if now + delay - self._failing_since > self._store.outage_s:
-                    self._give_up(runs + list(self._dirty.values()), exc)
+                    self.give_up(runs + list(self._dirty.values()), exc)
                     self._dirty.clear()
                     return
                 await asyncio.sleep(delay)
@@ -624,12 +642,17 @@ class _Writer:
                 self._written[run.id] = upto
             run.publish(upto)
 
-    def _give_up(self, runs: list[RelayRun], exc: Exception) -> None:
-        """The store stayed unreachable: the runs go on locally only, cancelled."""
-        outage = self._store.outage_s
-        _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
+    def give_up(self, runs: list[RelayRun], exc: Exception | str) -> None:
+        """The store stayed unreachable (``exc``), or this worker lost its lease (``exc``:
+        the reason): the runs go on locally only, cancelled."""
+        if isinstance(exc, str):
+            _log.error("run store: %s (%d runs)", exc, len(runs))
+        else:
+            outage = self._store.outage_s
+            _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
+        reason = exc if isinstance(exc, str) else _UNREACHABLE
         for run in {r.id: r for r in runs}.values():
             self._written.pop(run.id, None)
             run.mirror = None
             run.publish(run.log.last_id)
-            run.cancel(_UNREACHABLE)
+            run.cancel(reason)
