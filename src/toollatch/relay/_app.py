@@ -61,7 +61,7 @@ from ._requests import session_of as _session
 from ._requests import set_cookie as _set_cookie
 from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame
 from ._tools import SessionTools
-from .protocols import _ui_message
+from .protocols import _ui_answers, _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
 from .store._base import MemoryRunStore, RunStore, StoreUnavailable
 
@@ -413,6 +413,12 @@ class Relay:
     async def forwarded(self, run: RelayRun, asked: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Apply an answer another worker forwarded to this worker's ``run``
         (:meth:`RunStore.ask`): the same checks as this worker's own endpoint."""
+        if asked.get("kind") == "chat" and isinstance(asked.get("message"), dict):
+            try:
+                start = await _ui_answers.apply_answers(run, self.approval_secret, asked["message"])
+            except HTTPError as exc:
+                return exc.status, {"error": {"code": exc.code, "message": exc.message}}
+            return 202, {"start": start}
         body = asked.get("body")
         call_id, action = str(asked.get("call_id")), str(asked.get("action"))
         if action not in _answers.ACTIONS or not isinstance(body, dict):
