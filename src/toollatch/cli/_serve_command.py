@@ -70,17 +70,13 @@ def _supervise(server: RelayServer, workers: int) -> int:
     on that one socket (inherited; the kernel gives each connection to one of them), pass
     SIGTERM / SIGINT on to them and wait. With the in-memory store a ``CommandError`` naming
     ``--store`` (a worker would not see the others' runs)."""
-    from ..relay._serving import listening_socket  # noqa: PLC0415
-
     if server.store_url in (None, "memory:"):
         raise CommandError(
             f"--workers {workers} needs a shared run store: --store redis://HOST:PORT/DB "
             "(relay.store); with memory: a worker would not see the others' runs"
         )
     with contextlib.ExitStack() as stack:
-        sock = listening_socket(server.host, server.port, stack)
-        sock.listen(2048)
-        sock.set_inheritable(True)
+        sock = server.bind_for_workers(stack)
         env = {**os.environ, WORKER_FD: str(sock.fileno())}
         command = [sys.executable, "-c", _REENTRY, *sys.argv[1:]]
         children = [

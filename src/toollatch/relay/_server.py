@@ -361,6 +361,15 @@ class RelayServer:
             raise UsageError("the relay is not running (use `async with`)")
         await asyncio.shield(self._task)
 
+    def bind_for_workers(self, stack: contextlib.ExitStack) -> socket.socket:
+        """A listening socket on ``host:port`` (closed with ``stack``), inheritable, for
+        worker processes to accept on (:attr:`listen_fd`; ``toollatch serve --workers N``);
+        ConfigError when it cannot be bound."""
+        sock = listening_socket(self.host, self.port, stack)
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        return sock
+
     def stop(self, reason: str | None = None) -> None:
         """Ask the server to stop: the runs are cancelled (``reason``: their
         ``run_ended.error``, default "the relay is shutting down"), their event streams end,
