@@ -15,8 +15,10 @@ import pytest
 
 from ledger_helpers import RedisServer
 from relay_helpers import read_events
+from test_agui import agui_body, agui_events
 from test_relay_approvals import ASK, COLOR, answer, ran, until_asked, write_file
 from toollatch.relay import RelayServer
+from toollatch.scripted import Call, Script, Text, Turn
 
 
 @pytest.fixture
@@ -147,3 +149,43 @@ async def test_an_ai_sdk_answer_posted_to_another_worker_is_applied_by_the_owner
     outputs = {c["toolCallId"] for c in chunks if c["type"] == "tool-output-available"}
     assert outputs == {"call_w", "call_c"}
     assert ran == ["a.md"]  # ran once, on its owner
+
+
+async def test_an_agui_answer_posted_to_another_worker_is_applied_by_the_owner(
+    redis_url: str,
+) -> None:
+    ran.clear()
+    only = Script(
+        turns=(
+            Turn(items=(Call(call_id="call_w", name="write_file",
+                             arguments='{"path": "b.md", "content": "x"}'),)),
+            Turn(items=(Text(text="Done."),)),
+        )
+    )  # fmt: skip
+    headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    options: dict[str, Any] = {"scripts": {"w": only}, "delay_scale": 0, "store": redis_url}
+    async with (
+        RelayServer(tools=[write_file], **options) as a,
+        RelayServer(tools=[write_file], **options) as b,
+    ):
+        on_a = httpx.AsyncClient(base_url=a.url, timeout=30, headers=headers)
+        on_b = httpx.AsyncClient(base_url=b.url, timeout=30, headers=headers)
+        async with on_a, on_b:
+            first = await on_a.post("/agui", json=agui_body("t", "r1", model="w"))
+            finished = agui_events(first.text)[-1][1]
+            assert finished["type"] == "RUN_FINISHED"
+            token = finished["outcome"]["interrupts"][0]["id"]
+            body = agui_body("t", "r2", model="w")
+            wrong = {**body, "resume": [{"interruptId": "x" * 64, "status": "resolved"}]}
+            refused = await on_b.post("/agui", json=wrong)
+            body["resume"] = [
+                {"interruptId": token, "status": "resolved", "payload": {"approved": True}}
+            ]
+            rest = await on_b.post("/agui", json=body)  # B: not the run's owner
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "thread_busy")
+    assert rest.status_code == 200, rest.text
+    assert rest.headers["x-toollatch-run"] == first.headers["x-toollatch-run"]
+    events = [e for _n, e in agui_events(rest.text)]
+    texts = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert texts == ["Done."] and events[-1]["type"] == "RUN_FINISHED"
+    assert ran == ["b.md"]  # ran once, on its owner

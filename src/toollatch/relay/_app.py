@@ -413,6 +413,8 @@ class Relay:
     async def forwarded(self, run: RelayRun, asked: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Apply an answer another worker forwarded to this worker's ``run``
         (:meth:`RunStore.ask`): the same checks as this worker's own endpoint."""
+        if asked.get("kind") == "agui":
+            return await self.agui.forwarded(run, asked.get("input"))
         if asked.get("kind") == "chat" and isinstance(asked.get("message"), dict):
             try:
                 start = await _ui_answers.apply_answers(run, self.approval_secret, asked["message"])
