@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 
 from ledger_helpers import RedisServer
 from relay_helpers import read_events
@@ -19,13 +18,6 @@ from test_agui import agui_body, agui_events
 from test_relay_approvals import ASK, COLOR, answer, ran, until_asked, write_file
 from toollatch.relay import RelayServer
 from toollatch.scripted import Call, Script, Text, Turn
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    if redis_server.proc is None:
-        redis_server.start()
-    return redis_server.url
 
 
 @contextlib.asynccontextmanager
@@ -40,8 +32,9 @@ async def two_workers(url: str) -> AsyncIterator[tuple[RelayServer, RelayServer]
 
 
 async def test_answers_posted_to_another_worker_reach_the_owner_with_its_checks(
-    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
+    redis_url = redis_server.url
     ran.clear()
     headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
     async with two_workers(redis_url) as (a, b):
@@ -88,8 +81,9 @@ async def test_answers_posted_to_another_worker_reach_the_owner_with_its_checks(
 
 
 async def test_a_cancel_through_another_worker_says_whether_the_owner_cancelled(
-    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
+    redis_url = redis_server.url
     headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
     async with two_workers(redis_url) as (a, b):
         on_a = httpx.AsyncClient(base_url=a.url, timeout=30, headers=headers)
@@ -108,8 +102,9 @@ def chunks_of(text: str) -> list[dict[str, Any]]:
 
 
 async def test_an_ai_sdk_answer_posted_to_another_worker_is_applied_by_the_owner(
-    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
+    redis_url = redis_server.url
     ran.clear()
     headers = {"x-toollatch-session": secrets.token_urlsafe(32)}
     user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "go"}]}
@@ -152,8 +147,9 @@ async def test_an_ai_sdk_answer_posted_to_another_worker_is_applied_by_the_owner
 
 
 async def test_an_agui_answer_posted_to_another_worker_is_applied_by_the_owner(
-    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
+    redis_url = redis_server.url
     ran.clear()
     only = Script(
         turns=(

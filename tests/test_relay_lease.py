@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,13 +35,6 @@ def get_weather(city: str, unit: str = "c") -> str:
     time.sleep(60)
     return "sunny"
 '''
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    if redis_server.proc is None:
-        redis_server.start()
-    return redis_server.url
 
 
 @contextlib.contextmanager
@@ -74,6 +68,25 @@ def read_until(client: httpx.Client, url: str, done: object, last_id: int = 0) -
     return frames
 
 
+@contextlib.contextmanager
+def slow_workers(url: str, n: int) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
+    """``n`` workers on the store ``url`` with a 1 s lease, over a model that streams a run
+    of two slow calls (about 15 s)."""
+    with ScriptedServer(scripts={"slower": slow_script(delay_ms=150.0)}) as model:
+        args = ("--store", url, "--ledger", "none", "--lease", "1")
+        args += ("--model", "slower", "--base-url", model.base_url("openai_chat"))
+        with workers(n, *args) as procs:
+            yield procs
+
+
+def run_until(url: str, n: int) -> tuple[dict[str, Any], list[Frame], str]:
+    """A run started on ``url``: its answer, its first ``n`` frames, its session."""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        run = client.post("/runs", json={"message": "two cities"}).json()
+        head = read_until(client, run["events_url"], lambda fs: len(fs) >= n)
+        return run, head, client.cookies["toollatch_session"]
+
+
 def assert_paired(frames: list[Frame]) -> None:
     """Every call the log opened has exactly one end; ids 1..n; ``run_ended`` once, last."""
     assert [f.id for f in frames] == list(range(1, len(frames) + 1))
@@ -86,21 +99,17 @@ def assert_paired(frames: list[Frame]) -> None:
     assert {c["id"] for c in ended["calls"]} == set(ends)
 
 
-def test_a_killed_workers_run_mid_stream_is_ended_once_by_a_survivor(redis_url: str) -> None:
-    with ScriptedServer(scripts={"slower": slow_script(delay_ms=150.0)}) as model:
-        args = ("--store", redis_url, "--ledger", "none", "--lease", "1")
-        args += ("--model", "slower", "--base-url", model.base_url("openai_chat"))
-        with workers(3, *args) as [(owner, on_a), (_b, on_b), (_c, on_c)]:
-            with httpx.Client(base_url=on_a, timeout=30) as a:
-                run = a.post("/runs", json={"message": "two cities"}).json()
-                head = read_until(a, run["events_url"], lambda fs: len(fs) >= 12)
-                session = a.cookies["toollatch_session"]
-            stop(owner, signal.SIGKILL)  # mid-stream: a call's arguments still streaming
-            headers = {"x-toollatch-session": session}
-            with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
-                tail = read_until(b, run["events_url"], None, last_id=len(head))
-            with httpx.Client(base_url=on_c, timeout=30, headers=headers) as c:
-                whole = read_until(c, run["events_url"], None)
+def test_a_killed_workers_run_mid_stream_is_ended_once_by_a_survivor(
+    redis_server: RedisServer,
+) -> None:
+    with slow_workers(redis_server.url, 3) as [(owner, on_a), (_b, on_b), (_c, on_c)]:
+        run, head, session = run_until(on_a, 12)
+        stop(owner, signal.SIGKILL)  # mid-stream: a call's arguments still streaming
+        headers = {"x-toollatch-session": session}
+        with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
+            tail = read_until(b, run["events_url"], None, last_id=len(head))
+        with httpx.Client(base_url=on_c, timeout=30, headers=headers) as c:
+            whole = read_until(c, run["events_url"], None)
     assert whole[: len(head)] == head and whole[len(head) :] == tail
     assert_paired(whole)
     error = whole[-1].data["error"]
@@ -110,8 +119,9 @@ def test_a_killed_workers_run_mid_stream_is_ended_once_by_a_survivor(redis_url: 
 
 
 def test_a_killed_workers_run_mid_tool_calls_started_tools_outcome_unknown(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    redis_url = redis_server.url
     tools = tmp_path / "slow_tools.py"
     tools.write_text(SLOW_TOOL, encoding="utf-8")
     side_effects = tmp_path / "side_effects.txt"
@@ -161,8 +171,9 @@ def test_the_lease_is_a_flag_a_config_key_and_a_variable() -> None:
 
 
 def test_sigterm_with_a_shared_store_finishes_short_runs_and_ends_the_rest_paired(
-    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
+    redis_url = redis_server.url
     scripts = {"slower": slow_script(delay_ms=150.0), "quick": slow_script(delay_ms=10.0)}
     with ScriptedServer(scripts=scripts) as model:
         args = ("--store", redis_url, "--ledger", "none", "--lease", "1")
@@ -201,7 +212,8 @@ def test_sigterm_with_a_shared_store_finishes_short_runs_and_ends_the_rest_paire
     assert "shutting down (SIGTERM)" in long_frames[-1].data["error"]
 
 
-def test_serve_workers_2_with_redis_serves_runs_on_one_port(redis_url: str) -> None:
+def test_serve_workers_2_with_redis_serves_runs_on_one_port(redis_server: RedisServer) -> None:
+    redis_url = redis_server.url
     proc, url = serve("--workers", "2", "--store", redis_url, "--ledger", "none")
     try:
         for _ in range(6):  # (each connection goes to one of the workers)
@@ -229,26 +241,20 @@ def test_serve_workers_2_without_a_store_exits_2_naming_store() -> None:
 
 
 def test_an_owner_paused_past_its_lease_writes_nothing_after_the_survivors_end(
-    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
-    with ScriptedServer(scripts={"slower": slow_script(delay_ms=150.0)}) as model:
-        args = ("--store", redis_url, "--ledger", "none", "--lease", "1")
-        args += ("--model", "slower", "--base-url", model.base_url("openai_chat"))
-        with workers(2, *args) as [(owner, on_a), (_b, on_b)]:
-            with httpx.Client(base_url=on_a, timeout=30) as a:
-                run = a.post("/runs", json={"message": "two cities"}).json()
-                read_until(a, run["events_url"], lambda fs: len(fs) >= 8)
-                session = a.cookies["toollatch_session"]
-            owner.send_signal(signal.SIGSTOP)  # alive, but silent past its lease
-            headers = {"x-toollatch-session": session}
-            with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
-                ended = read_until(b, run["events_url"], None)
-                owner.send_signal(signal.SIGCONT)
-                time.sleep(3)  # (its model stream goes on; its writer and lease wake up)
-                stop(owner, signal.SIGTERM)  # (and it writes the end of its runs it has)
-                after = {"last-event-id": str(ended[-1].id)}
-                again = b.get(run["events_url"], headers=after)
-                whole = read_until(b, run["events_url"], None)
+    with slow_workers(redis_server.url, 2) as [(owner, _on_a), (_b, on_b)]:
+        run, _head, session = run_until(_on_a, 8)
+        owner.send_signal(signal.SIGSTOP)  # alive, but silent past its lease
+        headers = {"x-toollatch-session": session}
+        with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
+            ended = read_until(b, run["events_url"], None)
+            owner.send_signal(signal.SIGCONT)
+            time.sleep(3)  # (its model stream goes on; its writer and lease wake up)
+            stop(owner, signal.SIGTERM)  # (and it writes the end of its runs it has)
+            after = {"last-event-id": str(ended[-1].id)}
+            again = b.get(run["events_url"], headers=after)
+            whole = read_until(b, run["events_url"], None)
     assert ended[-1].event == "run_ended" and "lease of 1 s expired" in ended[-1].data["error"]
     assert again.status_code == 204  # (nothing after the end: the log ends there)
     assert whole == ended
