@@ -71,7 +71,7 @@ from .._requests import (
     set_cookie,
 )
 from .._runs import RelayRun, RunRegistry, RunSource
-from ..store._base import StoreUnavailable
+from ..store._base import RunStore, StoreUnavailable
 from . import _ui_answers
 
 UI_MESSAGE_STREAM_HEADERS = {
@@ -428,6 +428,7 @@ class ChatHost(Protocol):
     models: tuple[str, ...]
     model: str
     approval_secret: bytes
+    store: RunStore
 
     def open_reader(self, session: str) -> Callable[[], None]: ...
 
@@ -569,7 +570,8 @@ async def _chat(host: ChatHost, request: Request) -> Response:
             release()
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    stream = ui_message_stream(run, host.limits, start=start, pause=_ui_answers.pauser(run))
+    pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
+    stream = ui_message_stream(run, host.limits, start=start, pause=pause)
     response = CountedStream(stream, release, headers=headers)
     if new_session:
         set_cookie(response, session)
