@@ -409,7 +409,11 @@ async def cpu_bench(
     return {name: cpu[name] / requests[name] for name in names}
 
 
-def run_cpu(conversations: int, block: int, baseline_src: str | None = None) -> None:
+def measure_cpu(
+    conversations: int, block: int, baseline_src: str | None = None
+) -> dict[str, float]:
+    """Client CPU seconds per model request of each contender (``--cpu``), the scripted
+    server in a child process; ``bench_targets.py`` imports it."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     server = context.Process(target=_serve, args=(child,), daemon=True)
@@ -427,6 +431,11 @@ def run_cpu(conversations: int, block: int, baseline_src: str | None = None) -> 
             baseline.close()
         parent.send("stop")
         server.join(10)
+    return per_request
+
+
+def run_cpu(conversations: int, block: int, baseline_src: str | None = None) -> None:
+    per_request = measure_cpu(conversations, block, baseline_src)
     bare = per_request["bare httpx + orjson"]
     print(
         f"client CPU per model request, {conversations} conversations of 2 requests "

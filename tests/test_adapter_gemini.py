@@ -995,7 +995,9 @@ def test_duplicates_of_many_calls_in_one_chunk_are_read_once(monkeypatch: Any) -
     reads: list[int] = []
     real = GeminiAdapter._duplicate_keys
     monkeypatch.setattr(
-        GeminiAdapter, "_duplicate_keys", lambda self: reads.append(1) or real(self)
+        GeminiAdapter,
+        "_duplicate_keys",
+        lambda self, *given: reads.append(1) or real(self, *given),
     )
     many = chunk(*(call("f", {"i": i}) for i in range(20)), finish="STOP")
     round_ = parsed(many)

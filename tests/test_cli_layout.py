@@ -37,7 +37,8 @@ OPTIONS: dict[str, set[str]] = {
         "-h", "--help", "--host", "--port", "--tools", "--provider", "--model", "--base-url",
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
         "--shutdown-grace", "--max-chat-messages", "--max-chat-body-bytes", "--max-ui-bytes",
-        "--result-text", "--store", "--store-ttl", "--store-outage", "--config",
+        "--result-text", "--store", "--store-ttl", "--store-outage", "--lease", "--workers",
+        "--config",
     },
     "proxy": {
         "-h", "--help", "--upstream", "--upstream-provider", "--host", "--port", "--calls",

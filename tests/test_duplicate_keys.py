@@ -8,7 +8,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toollatch import CallState, StreamParser
 from toollatch.core._adapters._base import has_duplicate_keys
+from toollatch.stages import AnomalyKind
 
 _KEYS = st.sampled_from(["a", "b", "a:b", ":", "\u00e9", ""])
 _LEAVES = st.one_of(
@@ -54,3 +56,36 @@ def test_a_repeat_nested_deeper_than_orjson_writes_is_found() -> None:
     assert has_duplicate_keys(data, orjson.loads(data))
     other = data.replace('"k":2', '"j":2')
     assert not has_duplicate_keys(other, orjson.loads(other))
+
+
+def _repeats(text: str) -> bool:
+    """The strict read: does some object in ``text`` repeat a key?"""
+    return has_duplicate_keys(text)
+
+
+_ENVELOPES = st.sampled_from(
+    [
+        '{"candidates":[{"content":{"parts":[%s],"role":"model"},"finishReason":"STOP"}]}',
+        '{"candidates":[{"content":{"parts":[%s]},"index":0,"index":0,"finishReason":"STOP"}]}',
+        '{"candidates":[{"content":{"parts":[{"text":"hi"},%s]},"finishReason":"STOP"}],"v":"m"}',
+        '{"candidates":[{"content":{"parts":[%s,{"text":"a","text":"b"}]},"finishReason":"STOP"}]}',
+    ]
+)
+
+
+@settings(max_examples=300)
+@given(args=_members(_VALUES), envelope=_ENVELOPES, spell=_SPELLINGS)
+def test_a_gemini_whole_call_fails_exactly_when_its_chunk_repeats_a_key(
+    args: str, envelope: str, spell: object
+) -> None:
+    """Gemini's check writes the chunk with the call's ``args`` already written (the text its
+    close reuses) standing in as an ``orjson.Fragment``: the verdict must still be the strict
+    read's, for a repeat in the arguments or anywhere else in the chunk."""
+    text = spell(envelope % f'{{"functionCall":{{"name":"f","args":{args}}}}}')  # type: ignore[operator]
+    parser = StreamParser("gemini")
+    parser.feed(f"data: {text}\n\n".encode())
+    round_ = parser.finish()
+    failed = [c for c in round_.calls if c.state is CallState.FAILED]
+    kinds = {a.kind for a in round_.anomalies}
+    assert (AnomalyKind.DUPLICATE_KEY in kinds) is _repeats(text), text
+    assert bool(failed) is _repeats(text), text

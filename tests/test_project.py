@@ -277,6 +277,7 @@ SURFACES = {
         "Config",
         "DispatchRound",
         "Dispatcher",
+        "DurableRuns",
         "IdleDeadline",
         "JsonFormatter",
         "Metrics",

@@ -718,3 +718,40 @@ def test_every_read_boundary_of_a_named_event_stream_gives_the_frames_of_one_rea
             for piece in (_NAMED[:a], _NAMED[a:b], _NAMED[b:]):
                 parser.feed(piece)
             assert summary(parser.finish()) == reference, (a, b)
+
+
+_LONG_LINE = st.builds(
+    lambda n, c: c * n, st.integers(0, 9000), st.sampled_from(["a", "é", ":", " "])
+)
+
+
+@settings(max_examples=60)
+@given(
+    events=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["data", "event", ": c", "id"]), _LONG_LINE), max_size=12
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    cuts=st.lists(st.integers(0, 10**6), max_size=6),
+)
+def test_long_events_of_any_lines_give_their_frames(
+    events: list[list[tuple[str, str]]], cuts: list[int]
+) -> None:
+    """Events longer than a few KiB (a whole call's one ``data`` line, or many lines) are cut
+    at their blank lines and lines as ``bytes.find``/``split`` would: the frames are the
+    spec's, whole or in pieces (the decoder searches them from ``memchr``)."""
+    body, expected = b"", []
+    for fields in events:
+        lines = [f"{name}:{value}" if name != ": c" else f": {value}" for name, value in fields]
+        body += "".join(line + "\n" for line in lines).encode() + b"\n"
+        values = [(name, v[1:] if v.startswith(" ") else v) for name, v in fields]  # one space
+        data = [value for name, value in values if name == "data"]
+        if data:
+            kind = [value for name, value in values if name == "event"]
+            expected.append(("\n".join(data), kind[-1] if kind and kind[-1] else "message"))
+    chunks = split_at(body, [c % (len(body) + 1) for c in cuts])
+    for shape in (chunks, [body]):
+        frames = decode(shape)
+        assert [(f.data, f.event) for f in frames] == expected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from chat_chunks import chunk, tc
@@ -159,8 +161,9 @@ def test_every_adapter_passes_the_conformance_check(provider):
 class _EagerAdapter(OpenAIChatAdapter):
     """A broken adapter: it ends the round as soon as a call's text looks complete."""
 
-    def feed_decoded(self, event, sse_event=None, data=None):
-        out = super().feed_decoded(event, sse_event, data)
+    # (_feed: the subclass hook that every route in, dicts and frames, goes through)
+    def _feed(self, event, sse_event=None):
+        out = super()._feed(event, sse_event)
         if any(isinstance(e, ArgsDelta) and e.fragment.endswith("}") for e in out):
             out = [*out, RoundEnded(ending=__import__("toollatch").RoundEnd.NORMAL)]
         return out
@@ -169,12 +172,12 @@ class _EagerAdapter(OpenAIChatAdapter):
 class _KeyAdapter(OpenAIChatAdapter):
     """A broken adapter: its keys ignore the attempt."""
 
-    def feed_decoded(self, event, sse_event=None, data=None):
+    def _feed(self, event, sse_event=None):
         return [
-            ArgsDelta(key=CallKey(0, 0, e.key.part), fragment=e.fragment)
-            if isinstance(e, ArgsDelta)
+            dataclasses.replace(e, key=CallKey(0, 0, e.key.part))
+            if getattr(e, "key", None) is not None
             else e
-            for e in super().feed_decoded(event, sse_event, data)
+            for e in super()._feed(event, sse_event)
         ]
 
 

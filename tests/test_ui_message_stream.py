@@ -688,3 +688,24 @@ async def test_chat_streams_count_against_the_sessions_readers():
                 await first.aread()
             again = await client.post("/api/chat", json=chat_body("r2", "hi", model="tools"))
             assert again.status_code == 200  # the slot came back when the stream ended
+
+
+def test_a_question_gives_the_person_the_full_input_the_preview_policy_hid():
+    """``write_file``'s committed input shows its path only (the default policy); its
+    ``approval_requested`` carries the whole arguments, given again as the part's input
+    before ``tool-approval-request``; a call shown whole is not sent twice."""
+    full = {"path": "a.md", "content": "x" * 600}
+    encoder = UIMessageEncoder("m")
+    chunks: list[Any] = []
+    for call_id, shown in (("call_w", {"path": "a.md"}), ("call_v", full)):
+        name = "write_file"
+        for event in (
+            {"type": "call_committed", "id": call_id, "name": name, "arguments": shown},
+            {"type": "approval_requested", "id": call_id, "name": name, "arguments": full,
+             "token": f"t-{call_id}"},
+        ):  # fmt: skip
+            chunks += chunks_of(encoder.encode(event).decode())
+    inputs = [(c["toolCallId"], c["input"]) for c in chunks if c["type"] == "tool-input-available"]
+    assert inputs == [("call_w", {"path": "a.md"}), ("call_w", full), ("call_v", full)]
+    asked = [(c["toolCallId"], c["approvalId"]) for c in chunks if "approvalId" in c]
+    assert asked == [("call_w", "t-call_w"), ("call_v", "t-call_v")]

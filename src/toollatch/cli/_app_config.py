@@ -202,6 +202,9 @@ class RelayConfig(_Section):
     store_outage_s: _Seconds = 5.0
     """How long a worker retries a write to an unreachable shared store before it cancels
     its runs (their local readers still get every event)."""
+    lease_s: _Seconds = 10.0
+    """A worker's lease with a shared store, renewed every third of it: a worker silent
+    this long is taken as dead, and a surviving worker ends its runs (every call paired)."""
 
 
 _ProxyBytes = Annotated[int, Field(ge=1)]
@@ -674,6 +677,8 @@ relay:
   store_ttl_s: 3600                     # a shared store keeps an ended run this long
   store_outage_s: 5                     # retry an unreachable store this long, then
                                         # cancel this worker's runs
+  lease_s: 10                           # a worker silent this long is dead: another
+                                        # ends its runs (every call paired)
 
 proxy:                                  # toollatch proxy (its flags win over these)
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1

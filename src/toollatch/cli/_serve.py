@@ -93,6 +93,19 @@ def _store(serve: argparse.ArgumentParser) -> None:
         help="how long to retry an unreachable shared store before this worker's runs are "
         "cancelled (default: relay.store_outage_s, 5)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="N worker processes accepting on one port (needs a shared --store; default 1)",
+    )
+    serve.add_argument(
+        "--lease",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="a worker's lease with a shared store: a worker silent this long is taken as "
+        "dead and its runs are ended by another (default: relay.lease_s, 10)",
+    )
 
 
 def _model(serve: argparse.ArgumentParser) -> None:

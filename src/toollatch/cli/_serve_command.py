@@ -14,7 +14,8 @@ workers on it serve any run (a Redis that cannot be reached at start: exit statu
 SIGTERM and SIGINT (Ctrl-C) cancel every run as ``POST .../cancel`` does (every call
 paired; ``run_ended.error`` names the shutdown), let each open events stream send that and
 end, then stop, within ``--shutdown-grace`` (``relay.shutdown_grace_s``, 10 s) and about a
-second more; a second signal exits at once.
+second more; a second signal exits at once. With a shared store the runs first go on for
+most of the grace (a new run is 503; reads of other workers' runs end at once).
 Exit status: 143 after SIGTERM, 130 after SIGINT, 2 for a usage error (a bad ``--tools``
 file, a port that cannot be bound, ``--base-url`` without ``--model``, a ledger that cannot
 be opened, a host beyond loopback without a token).
@@ -27,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -39,18 +41,68 @@ from ..tools._tools import Tool
 from ._app_config import Config, RelayConfig, load_config
 from ._run_command import CommandError, load_tool_file
 
+WORKER_FD = "TOOLLATCH_SERVE_WORKER_FD"
+"""Set by ``serve --workers N`` for its workers: the listening socket they all accept on."""
+
 
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``toollatch serve`` with parsed ``args`` until interrupted; the exit status."""
     try:
         server = _server(args)
         _console_log()
+        workers = args.workers if args.workers is not None else 1
+        if workers < 1:
+            raise CommandError(f"--workers must be 1 or more, got {workers}")
+        if workers > 1 and os.environ.get(WORKER_FD) is None:
+            return _supervise(server, workers)
+        if os.environ.get(WORKER_FD) is not None:
+            server.listen_fd = int(os.environ[WORKER_FD])
         return asyncio.run(_serve(server))
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
         return 128 + signal.SIGINT
+
+
+def _supervise(server: RelayServer, workers: int) -> int:
+    """``--workers N``: bind the port once here, start N copies of this command that accept
+    on that one socket (inherited; the kernel gives each connection to one of them), pass
+    SIGTERM / SIGINT on to them and wait. With the in-memory store a ``CommandError`` naming
+    ``--store`` (a worker would not see the others' runs)."""
+    if server.store_url in (None, "memory:"):
+        raise CommandError(
+            f"--workers {workers} needs a shared run store: --store redis://HOST:PORT/DB "
+            "(relay.store); with memory: a worker would not see the others' runs"
+        )
+    with contextlib.ExitStack() as stack:
+        sock = server.bind_for_workers(stack)
+        env = {**os.environ, WORKER_FD: str(sock.fileno())}
+        command = [sys.executable, "-c", _REENTRY, *sys.argv[1:]]
+        children = [
+            subprocess.Popen(command, env=env, pass_fds=(sock.fileno(),)) for _ in range(workers)
+        ]
+        host, port = sock.getsockname()[:2]
+        sys.stderr.write(f"toollatch: {workers} workers on http://{host}:{port}\n")
+        sys.stderr.flush()
+        received: list[int] = []
+
+        def forward(signum: int, _frame: Any) -> None:
+            received.append(signum)
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signum)
+
+        for signum in _Stopping.SIGNALS:
+            signal.signal(signum, forward)
+        statuses = [child.wait() for child in children]
+    if received:
+        return 128 + received[0]
+    return max(statuses, key=abs)
+
+
+_REENTRY = "import sys; from toollatch.cli import main; sys.exit(main())"
+"""How a worker of ``--workers N`` runs this command again (in a fresh interpreter)."""
 
 
 def _server(args: argparse.Namespace) -> RelayServer:
@@ -91,6 +143,7 @@ def _server(args: argparse.Namespace) -> RelayServer:
         store=args.store or r.store,
         store_ttl_s=args.store_ttl or r.store_ttl_s,
         store_outage_s=args.store_outage or r.store_outage_s,
+        lease_s=args.lease or r.lease_s,
     )
 
 
@@ -246,8 +299,9 @@ class _Stopping:
             os._exit(128 + self.received)
         self.received = signum
         grace = self.server.shutdown_grace_s
+        doing = "cancelling" if self.server.store_url in (None, "memory:") else "finishing"
         sys.stderr.write(
-            f"toollatch: {name}: cancelling the runs, stopping within {grace:g} s "
+            f"toollatch: {name}: {doing} the runs, stopping within {grace:g} s "
             "(again to exit at once)\n"
         )
         sys.stderr.flush()

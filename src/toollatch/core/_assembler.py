@@ -844,8 +844,11 @@ class Assembler:
         """The argument bytes streamed so far into the calls still OPEN, or None when no
         call is open (a runtime watches it to time out a call whose arguments stall while
         the stream itself keeps sending, e.g. pings)."""
-        sizes = [b.nbytes for b in self._buffers.values() if b.state is CallState.OPEN]
-        return sum(sizes) if sizes else None
+        total = None  # (read per chunk by a runtime: no list made)
+        for buf in self._buffers.values():
+            if buf.state is CallState.OPEN:
+                total = buf.nbytes if total is None else total + buf.nbytes
+        return total
 
     @property
     def sealed(self) -> bool:

@@ -3,7 +3,9 @@
 Theory of operation: the assembler hands the gate a call whose end the protocol announced in a
 round that ended normally. The gate runs, in order and once: identity (id and name present),
 registration (when tools are known), ONE strict RFC 8259 parse of the joined text, the object
-check, the depth limit, the tool's JSON Schema (validator compiled once per tool), the policy
+check, the depth limit, the tool's JSON Schema (validator compiled once per tool; a flat
+object schema's quick check first, which only answers "certainly valid" and leaves every
+other case, and every error's wording, to jsonschema: :mod:`._quick_schema`), the policy
 hook, and the run budget. A call whose text an adapter wrote from a value it decoded itself
 (Gemini's ``args``) may come with that value (:class:`DecodedArguments`): the parse is then
 replaced by the same checks applied to the value (:func:`strict_value`), never skipped. The
@@ -26,7 +28,7 @@ import jsonschema
 from ._errors import ConfigError, ErrorCode, UsageError
 from ._events import CallKey, DecodedArguments
 from ._limits import Limits
-from ._specs import ToolSpec, load_tools
+from ._specs import ToolSpec, load_tools, surely_valid
 
 # -- the only constructor of CommittedCall -----------------------------------------------------
 
@@ -391,6 +393,8 @@ class Gate:
         return _object(value)
 
     def _validate(self, spec: ToolSpec, args: dict[str, Any]) -> None:
+        if surely_valid(spec, args):
+            return  # (the common case, without jsonschema's walk; see core._quick_schema)
         try:
             errors = list(spec.validator().iter_errors(args))
             error = jsonschema.exceptions.best_match(errors)

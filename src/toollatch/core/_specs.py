@@ -18,6 +18,7 @@ import jsonschema
 import orjson
 
 from ._errors import ConfigError
+from ._quick_schema import QuickCheck, quick_check
 
 _ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
 
@@ -39,6 +40,7 @@ class ToolSpec:
     _validator: jsonschema.protocols.Validator = field(
         init=False, repr=False, compare=False, hash=False
     )
+    _quick: QuickCheck | None = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -49,7 +51,9 @@ class ToolSpec:
             math.isfinite(self.timeout_s) and self.timeout_s > 0
         ):
             raise ConfigError(f"tool {self.name!r}: timeout_s must be a positive number")
-        object.__setattr__(self, "_validator", _compiled(self.name, self.parameters))
+        validator, quick = _compiled(self.name, self.parameters)
+        object.__setattr__(self, "_validator", validator)
+        object.__setattr__(self, "_quick", quick)
 
     def validator(self) -> jsonschema.protocols.Validator:
         """The compiled validator of :attr:`parameters` (shared by every spec with the same
@@ -73,19 +77,28 @@ class ToolSpec:
         )
 
 
-_COMPILED: dict[bytes, jsonschema.protocols.Validator] = {}
+def surely_valid(spec: ToolSpec, args: Any) -> bool:
+    """True when ``spec``'s schema certainly accepts ``args`` (its quick check, see
+    :mod:`._quick_schema`); False when not sure: ask :meth:`ToolSpec.validator` then."""
+    quick = spec._quick
+    return quick is not None and quick(args)
+
+
+_Compiled = tuple[jsonschema.protocols.Validator, QuickCheck | None]
+_COMPILED: dict[bytes, _Compiled] = {}
 """Validators by canonical schema text: a gateway building a parser per request with its tools
 checks and compiles each distinct schema once per process, not once per request. Validators
 and specs are immutable, so sharing them is safe; both caches keep the newest ``_KEPT``."""
 _KEPT = 1024
 
 
-def _compiled(name: str, schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
-    """The checked, compiled validator of ``schema``; raises ``ConfigError`` for a bad one."""
+def _compiled(name: str, schema: Mapping[str, Any]) -> _Compiled:
+    """The checked, compiled validator of ``schema`` and its quick check (or None); raises
+    ``ConfigError`` for a bad schema."""
     key = _canonical(schema)
-    validator = _COMPILED.get(key) if key else None
-    if validator is not None:
-        return validator
+    compiled = _COMPILED.get(key) if key else None
+    if compiled is not None:
+        return compiled
     dialect = schema.get("$schema")
     if dialect is not None and not isinstance(dialect, str):
         raise ConfigError(f"tool {name!r}: $schema must be a string, got {dialect!r}")
@@ -94,10 +107,10 @@ def _compiled(name: str, schema: Mapping[str, Any]) -> jsonschema.protocols.Vali
         cls.check_schema(dict(schema))
     except jsonschema.SchemaError as exc:
         raise ConfigError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from None
-    validator = cls(schema)
+    compiled = (cls(schema), None if dialect is not None else quick_check(schema))
     if key:
-        _keep(_COMPILED, key, validator)
-    return validator
+        _keep(_COMPILED, key, compiled)
+    return compiled
 
 
 def load_tools(source: Iterable[Mapping[str, Any] | ToolSpec] | str | Path) -> tuple[ToolSpec, ...]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +36,19 @@ def current_call() -> CallContext | None:
     """The :class:`CallContext` of the tool call running in this task or thread (sync tools
     run in a thread that inherits it), or None outside a dispatcher run."""
     return _current.get()
+
+
+def canonical_call(name: str, arguments: Any) -> str:
+    """``name``, a NUL and the canonical JSON (sorted keys, compact) of ``arguments``: what
+    :func:`digest_of_canonical` hashes, and the dispatcher's fingerprint of a call (so a
+    call's arguments are serialised once for both)."""
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{name}\x00{text}"
+
+
+def digest_of_canonical(canonical: str) -> str:
+    """SHA-256 (hex) of :func:`canonical_call`'s text: the ledger's arguments digest."""
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def idempotency_key(session: str, call_id: str, digest: str) -> str:

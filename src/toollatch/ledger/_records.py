@@ -21,7 +21,6 @@ token rules in Lua scripts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -30,6 +29,7 @@ from typing import Any, Literal, TypeAlias
 
 from ..core._errors import ErrorCode, ToolLatchError, UsageError
 from ..core._round import ToolResult
+from ._context import canonical_call, digest_of_canonical
 
 LedgerState: TypeAlias = Literal["claimed", "started", "completed", "failed"]
 """Where a call is in the ledger; ``completed`` and ``failed`` are final."""
@@ -124,8 +124,7 @@ Claim: TypeAlias = Won | Found
 def digest_of(name: str, arguments: Any) -> str:
     """SHA-256 (hex) of ``name`` and the canonical JSON (sorted keys, compact) of
     ``arguments``: equal for the same call, different for other arguments."""
-    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"{name}\x00{text}".encode()).hexdigest()
+    return digest_of_canonical(canonical_call(name, arguments))
 
 
 def check_lease(lease_s: float) -> None:

@@ -159,16 +159,40 @@ async def answer(
     return {"id": run.id, "call_id": call_id, "answered": action}
 
 
+Reply = tuple[int, dict[str, Any]]
+"""An answer's HTTP status and JSON body (sent back to another worker as it is)."""
+
+Forward = Callable[[Request, dict[str, Any]], Awaitable[Reply | None]]
+"""Hands an answer to the worker that owns the run (None: no worker has the run)."""
+
+
+async def reply(
+    run: AskingRun, secret: bytes, call_id: str, action: str, body: dict[str, Any]
+) -> Reply:
+    """:func:`answer` as the endpoint answers it (here, or on the run's owner for another
+    worker): 202 and what was answered, or the refusal's status and error."""
+    try:
+        if run.done:
+            raise HTTPError(409, "run_not_running", "the run is over; resume it first")
+        return 202, await answer(run, secret, call_id, action, body)
+    except HTTPError as exc:
+        return exc.status, {"error": {"code": exc.code, "message": exc.message}}
+
+
 def routes(
     owned: Callable[[Request], AskingRun | None],
     read_json: Callable[[Request], Awaitable[Any]],
     secret: Callable[[], bytes],
+    forward: Forward | None = None,
 ) -> list[Route]:
     """``POST /runs/{run_id}/calls/{call_id}/{approve|deny|result}``: ``owned(request)`` is
-    the run when the request's session owns it (else None: 404)."""
+    the run when the request's session owns it and it is this worker's; else
+    ``forward(request, {"call_id", "action", "body"})`` hands it to the run's owner (None:
+    no such run, 404)."""
 
     async def endpoint(request: Request) -> Response:
         action = request.path_params["action"]
+        call_id = request.path_params["call_id"]
         try:
             if action not in ACTIONS:
                 raise HTTPError(404, "not_found", "no such action")
@@ -176,15 +200,16 @@ def routes(
             if not isinstance(data, dict):
                 raise HTTPError(422, "invalid_body", "the body must be a JSON object")
             run = owned(request)
-            if run is None:
+            if run is not None:
+                status, body = await reply(run, secret(), call_id, action, data)
+                return JSONResponse(body, status_code=status)
+            asked = {"call_id": call_id, "action": action, "body": data}
+            replied = await forward(request, asked) if forward is not None else None
+            if replied is None:
                 raise HTTPError(404, "not_found", "no such run")
-            if run.done:
-                raise HTTPError(409, "run_not_running", "the run is over; resume it first")
-            call_id = request.path_params["call_id"]
-            body = await answer(run, secret(), call_id, action, data)
         except HTTPError as exc:
             return exc.response()
-        return JSONResponse(body, status_code=202)
+        return JSONResponse(replied[1], status_code=replied[0])
 
     async def revoke(request: Request) -> Response:
         """Undo an approval's ``always`` for the run's conversation: its calls ask again."""

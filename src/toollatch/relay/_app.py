@@ -63,7 +63,7 @@ from ._requests import session_of as _session
 from ._requests import set_cookie as _set_cookie
 from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame
 from ._tools import SessionTools
-from .protocols import _ui_message
+from .protocols import _ui_answers, _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
 from .store._base import MemoryRunStore, RunStore, StoreUnavailable
 
@@ -197,6 +197,7 @@ class Relay:
                     lambda r: self.runs.owned(r.path_params["run_id"], _session(r)),
                     self.read_json,
                     lambda: self.approval_secret,
+                    self._forward_answer,
                 ),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
@@ -381,11 +382,14 @@ class Relay:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
 
     async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
-        """Stop serving runs: the reads of other workers' runs end at once (their clients
-        reconnect elsewhere with ``Last-Event-ID``), this worker's runs are cancelled and
-        waited for (:meth:`RunRegistry.close`); True when every run ended."""
+        """Stop serving runs (POST /runs: 503): the reads of other workers' runs end at once
+        (their clients reconnect elsewhere with ``Last-Event-ID``), this worker's runs are
+        cancelled and waited for (:meth:`RunRegistry.close`); with a shared store they may
+        first finish, for most of the grace (their readers on other workers go on). True
+        when every run ended (a run still going is ended by a survivor once this worker's
+        lease is dropped)."""
         self.store.end_reads()
-        return await self.runs.close(grace_s, reason=reason)
+        return await self.runs.close(grace_s, reason=reason, finish=self.store.shared)
 
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
         """Cancel ``run`` here, or through its owner (False: it had ended, or no owner
@@ -396,6 +400,41 @@ class Relay:
             return await self.store.cancel(run, reason)
         except StoreUnavailable as exc:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
+
+    async def _forward_answer(
+        self, request: Request, asked: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """An answer to a run of another worker, handed to its owner (:mod:`._answers`):
+        its reply; None when there is no such run."""
+        run = await self.find_run(request.path_params["run_id"], _session(request))
+        if run is None or isinstance(run, RelayRun):
+            return None
+        if run.ended:
+            raise HTTPError(409, "run_not_running", "the run is over; resume it first")
+        try:
+            replied = await self.store.ask(run, {"kind": "answer", **asked})
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
+        if replied is None:
+            raise HTTPError(409, "run_not_running", "the run's worker is gone")
+        return replied
+
+    async def forwarded(self, run: RelayRun, asked: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Apply an answer another worker forwarded to this worker's ``run``
+        (:meth:`RunStore.ask`): the same checks as this worker's own endpoint."""
+        if asked.get("kind") == "agui":
+            return await self.agui.forwarded(run, asked.get("input"))
+        if asked.get("kind") == "chat" and isinstance(asked.get("message"), dict):
+            try:
+                start = await _ui_answers.apply_answers(run, self.approval_secret, asked["message"])
+            except HTTPError as exc:
+                return exc.status, {"error": {"code": exc.code, "message": exc.message}}
+            return 202, {"start": start}
+        body = asked.get("body")
+        call_id, action = str(asked.get("call_id")), str(asked.get("action"))
+        if action not in _answers.ACTIONS or not isinstance(body, dict):
+            return 422, {"error": {"code": "invalid_body", "message": "not an answer"}}
+        return await _answers.reply(run, self.approval_secret, call_id, action, body)
 
     def open_reader(self, session: str) -> Callable[[], None]:
         """Count one more event stream of ``session`` (429 :class:`HTTPError` at

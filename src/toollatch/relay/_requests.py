@@ -74,7 +74,12 @@ def set_cookie(response: Response, token: str) -> None:
 def run_scope(session: str, run_id: str) -> str:
     """The ledger scope (the Agent's ``session``) of a session's run: a stored run can be
     resumed only with the session token that started it, which the scope does not reveal."""
-    return f"relay-{digest(session)}-{run_id}"
+    return run_scope_of(digest(session), run_id)
+
+
+def run_scope_of(session_digest: str, run_id: str) -> str:
+    """:func:`run_scope` from the session's SHA-256 (hex; what a shared store keeps)."""
+    return f"relay-{session_digest[:24]}-{run_id}"
 
 
 def digest(session: str) -> str:

@@ -425,6 +425,11 @@ def session_key_of(session: str) -> str:
     return hashlib.sha256(session.encode()).hexdigest()
 
 
+FINISH_SHARE = 0.8
+"""The share of the shutdown grace a stopping worker with a shared store lets its runs go
+on for before it cancels the rest (the cancel, pairing every call, gets the remainder)."""
+
+
 class RunRegistry:
     """The runs of every session: bounded active runs, bounded stored runs."""
 
@@ -478,12 +483,20 @@ class RunRegistry:
             run.session = session
         return run
 
-    async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
+    async def close(
+        self, grace_s: float | None = None, *, reason: str | None = None, finish: bool = False
+    ) -> bool:
         """Admit no more runs, cancel every run (``reason``: their ``run_ended.error``) and
         wait for their drivers, at most ``grace_s`` seconds (None: no bound); True when every
         run ended. A driver still going after the grace (a tool that ignores its cancel) is
-        left to the caller, never waited for here."""
+        left to the caller, never waited for here. ``finish``: the runs first go on for
+        :data:`FINISH_SHARE` of the grace, and only the ones still running are cancelled."""
         self.closing = True
+        if finish and grace_s is not None:
+            going = [r.driver for r in self._runs.values() if r.driver and not r.driver.done()]
+            if going:
+                await asyncio.wait(going, timeout=grace_s * FINISH_SHARE)
+            grace_s -= grace_s * FINISH_SHARE
         runs = list(self._runs.values())
         for run in runs:
             run.cancel(reason)

@@ -52,7 +52,13 @@ from ._guard import (
 )
 from ._http import model_http
 from ._serving import listening_socket, started
-from .store._open import DEFAULT_OUTAGE_S, DEFAULT_TTL_S, check_store_url, open_run_store
+from .store._open import (
+    DEFAULT_LEASE_S,
+    DEFAULT_OUTAGE_S,
+    DEFAULT_TTL_S,
+    check_store_url,
+    open_run_store,
+)
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
@@ -112,7 +118,10 @@ class RelayServer:
     ``redis://HOST:PORT/DB``: shared by every worker on that Redis, so that any of them
     serves, resumes and cancels any run; :mod:`.store`), keeping an ended run
     ``store_ttl_s`` seconds, retrying a failed write for ``store_outage_s`` seconds before
-    it cancels its runs. A Redis that cannot be reached at start is a ``ConfigError``.
+    it cancels its runs. Each worker holds a lease of ``lease_s`` seconds, renewed every
+    third of it: the runs of a worker whose lease expired (it died) are ended by a survivor,
+    every call paired, ``run_ended.error`` naming the dead worker. A Redis that cannot be
+    reached at start is a ``ConfigError``.
     Workers sharing a store must share the access token too: ``token="auto"`` (a token of
     this worker's own) with a shared store is a ``ConfigError``.
 
@@ -122,6 +131,10 @@ class RelayServer:
     runs' paired results, ``round_ended`` and ``run_ended``, and ends; only then does uvicorn
     close the connections (a reader that still has not read them gets 1 s more).
     """
+
+    listen_fd: int | None = None
+    """A listening socket's file descriptor to serve on instead of binding ``host:port``
+    (``toollatch serve --workers N``: every worker accepts on the supervisor's socket)."""
 
     def __init__(
         self,
@@ -151,6 +164,7 @@ class RelayServer:
         store: str | None = None,
         store_ttl_s: float = DEFAULT_TTL_S,
         store_outage_s: float = DEFAULT_OUTAGE_S,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -180,12 +194,17 @@ class RelayServer:
         self._scripted = (
             ScriptedServer(scripts, delay_scale=delay_scale) if base_url is None else None
         )
-        for name, value in (("store_ttl_s", store_ttl_s), ("store_outage_s", store_outage_s)):
+        for name, value in (
+            ("store_ttl_s", store_ttl_s),
+            ("store_outage_s", store_outage_s),
+            ("lease_s", lease_s),
+        ):
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be positive, got {value!r}")
         check_store_url(store)
         self.store_url, self.store_ttl_s = store, float(store_ttl_s)
         self.store_outage_s = float(store_outage_s)
+        self.lease_s = float(lease_s)
         if token == "auto" and store not in (None, "memory:"):
             raise ConfigError(
                 "workers sharing a run store must share one access token: give it "
@@ -298,16 +317,24 @@ class RelayServer:
                 keep=limits.max_stored_runs,
                 ttl_s=self.store_ttl_s,
                 outage_s=self.store_outage_s,
+                lease_s=self.lease_s,
+                ledger=ledger,
             ),
         )
-        await relay.store.open(relay.runs)  # (ConfigError when it cannot be reached)
+
+        # (a ConfigError when it cannot be reached)
+        await relay.store.open(relay.runs, relay.forwarded)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         try:  # the runs that were waiting for an answer when the relay stopped
             await relay.restore()
         except LedgerError as exc:
             raise ConfigError(f"ledger {self.ledger_url}: {exc}") from None
-        sock = listening_socket(self.host, self.port, stack)
+        if self.listen_fd is None:
+            sock = listening_socket(self.host, self.port, stack)
+        else:  # (one of `serve --workers N`: the supervisor's socket, shared)
+            sock = socket.socket(fileno=self.listen_fd)
+            stack.callback(sock.close)
         server = _uvicorn(relay, limits, cap, self)
         task = await started(server, sock, "toollatch-relay")
         self._server, self._task, self.relay, self.cap = server, task, relay, cap
@@ -338,12 +365,23 @@ class RelayServer:
             raise UsageError("the relay is not running (use `async with`)")
         await asyncio.shield(self._task)
 
+    def bind_for_workers(self, stack: contextlib.ExitStack) -> socket.socket:
+        """A listening socket on ``host:port`` (closed with ``stack``), inheritable, for
+        worker processes to accept on (:attr:`listen_fd`; ``toollatch serve --workers N``);
+        ConfigError when it cannot be bound."""
+        sock = listening_socket(self.host, self.port, stack)
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        return sock
+
     def stop(self, reason: str | None = None) -> None:
         """Ask the server to stop: the runs are cancelled (``reason``: their
         ``run_ended.error``, default "the relay is shutting down"), their event streams end,
         then the server; within ``shutdown_grace_s`` plus about a second."""
         if reason is not None:
             self.stop_reason = reason
+        if self.relay is not None:  # (no run admitted from now: 503 shutting_down)
+            self.relay.runs.closing = True
         if self._server is not None:
             self._server.should_exit = True
 

@@ -44,6 +44,7 @@ __all__ = [
     "Config",
     "DispatchRound",
     "Dispatcher",
+    "DurableRuns",
     "IdleDeadline",
     "JsonFormatter",
     "Metrics",
@@ -61,6 +62,7 @@ __all__ = [
 if TYPE_CHECKING:
     from ..cli._app_config import EXAMPLE as CONFIG_EXAMPLE
     from ..cli._app_config import Config, load_config
+    from ._durable import DurableRuns
     from ._metrics import Metrics
     from ._telemetry import Tracing
 
@@ -71,7 +73,8 @@ of the layers above it."""
 
 
 def __getattr__(name: str) -> Any:
-    """``Metrics`` (the ``[metrics]`` extra) and ``Tracing`` (the ``[otel]`` extra) are
+    """``Metrics`` (the ``[metrics]`` extra), ``Tracing`` (the ``[otel]`` extra) and
+    ``DurableRuns`` (the ``[durable]`` extra: agent runs as DBOS workflows) are
     imported when first used, so that the runtime imports without them; ``Config``,
     ``load_config`` and ``CONFIG_EXAMPLE`` too (the application's configuration)."""
     if name in _CONFIG_NAMES:
@@ -86,4 +89,8 @@ def __getattr__(name: str) -> Any:
         from ._telemetry import Tracing  # noqa: PLC0415 (lazily: opentelemetry is an extra)
 
         return Tracing
+    if name == "DurableRuns":
+        from ._durable import DurableRuns  # noqa: PLC0415 (lazily: dbos is the durable extra)
+
+        return DurableRuns
     raise AttributeError(f"module 'toollatch.runtime' has no attribute {name!r}")

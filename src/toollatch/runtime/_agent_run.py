@@ -40,7 +40,7 @@ from ._agent_events import (
 from ._clients import ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import DispatchRound
 from ._resume import StoredHistory
-from ._run_setup import RunSetup
+from ._run_setup import RoundTools, RunSetup
 
 
 class AgentRun:
@@ -82,6 +82,7 @@ class AgentRun:
         self._cancelled = False
         self._started = False
         self._broken = 0  # rounds in a row whose stream broke (see _again)
+        self._gates: tuple[RoundTools, Gate, Gate] | None = None  # (see _gates_of)
         self.deadline_passed = False
         """Whether ``RunLimits.deadline_s`` ended the run (``error`` then says so)."""
 
@@ -198,29 +199,9 @@ class AgentRun:
     async def _round(self) -> bool:
         """Play one round; True when the model should be asked again."""
         setup = self._setup
-        provider = setup.client.provider
         tools = await setup.tools.refresh()
         # no await from here to the dispatch round: it runs the tools the parser checks against
-        for observer in setup.observers:
-            observer.on_round_start(provider, len(self.rounds) + 1)
-        reserved = history_call_ids(provider, self.history)
-        parser = StreamParser(
-            provider,
-            framing=setup.client.framing,
-            tools=tools.specs,
-            limits=setup.limits,
-            budget=self._budget,
-            attempt=setup.next_attempt(_made_up_attempt(provider, self.history, reserved)),
-            eager=tools.eager,
-            observe=True,
-            previews=setup.previews,
-            policy=setup.policy,
-            # an id the history already holds is a new call (call_0 in every response)
-            reserved_ids=reserved,
-        )
-        # edited arguments of an approval pass this gate (the parser's own checks, but the
-        # call budget, which the call they replace spent)
-        gate = Gate(tools.specs, limits=setup.limits, policy=setup.policy)
+        parser, gate = self._parser(tools)
         round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit, gate=gate)
         async with round_scope as dispatch:
             round_: Round | None = None
@@ -248,6 +229,44 @@ class AgentRun:
         # a round ended at a size limit (``limited``) is asked again when it had calls: their
         # error results go back to the model like any failed call's
         return await self._again(round_)
+
+    def _parser(self, tools: RoundTools) -> tuple[StreamParser, Gate]:
+        """The next round's parser (observers told the round starts), and the gate that
+        edited arguments of an approval pass (the parser's checks but the call budget, which
+        the call they replace spent)."""
+        setup = self._setup
+        provider = setup.client.provider
+        for observer in setup.observers:
+            observer.on_round_start(provider, len(self.rounds) + 1)
+        reserved = history_call_ids(provider, self.history)
+        checks, gate = self._gates_of(tools)
+        parser = StreamParser(
+            provider,
+            framing=setup.client.framing,
+            gate=checks,
+            attempt=setup.next_attempt(_made_up_attempt(provider, self.history, reserved)),
+            eager=tools.eager,
+            observe=True,
+            previews=setup.previews,
+            # an id the history already holds is a new call (call_0 in every response)
+            reserved_ids=reserved,
+        )
+        return parser, gate
+
+    def _gates_of(self, tools: RoundTools) -> tuple[Gate, Gate]:
+        """The gates of ``tools`` under the run's limits and policy, made once per tool set
+        (a ``Gate`` holds no state of a call; the run's call budget is the run's own): the
+        parser's, with the budget, and the one edited arguments of an approval pass (the
+        parser's checks but the budget, which the call they replace spent)."""
+        made = self._gates
+        if made is None or made[0] is not tools:
+            limits, policy = self._setup.limits, self._setup.policy
+            made = self._gates = (
+                tools,
+                Gate(tools.specs, limits=limits, policy=policy, budget=self._budget),
+                Gate(tools.specs, limits=limits, policy=policy),
+            )
+        return made[1], made[2]
 
     async def _again(self, round_: Round) -> bool:
         """Whether to ask the model again after ``round_``: after tool calls; after a stream
@@ -289,17 +308,17 @@ class AgentRun:
         try:
             async with stream as chunks:
                 stall = _StallWatch(setup.run_limits.call_stall_s)
-                watch = stall.limit_s > 0
+                watch, open_bytes, feed = stall.limit_s > 0, parser.open_argument_bytes, parser.feed
                 try:
                     async for chunk in chunks:
                         # (per chunk: most reads of arguments bring no notice)
-                        if notices := parser.feed(chunk):
+                        if notices := feed(chunk):
                             self._notices(notices, dispatch)
                         if parser.over:
                             # nothing more can change the round (it ended at a size limit,
                             # or failed): stop reading; leaving the stream closes the response
                             break
-                        if watch and stall.stalled(parser.open_argument_bytes()):
+                        if watch and stall.stalled(open_bytes()):
                             detail = f"a call's arguments did not grow for {stall.limit_s:g} s"
                             return parser.fail(ErrorCode.IDLE_TIMEOUT, detail)
                 except StreamTimeout as exc:

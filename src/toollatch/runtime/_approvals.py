@@ -98,19 +98,25 @@ class Approvals:
         self, policy: ApprovalPolicy, store: object, clock: Clock, *, poll_s: float = 1.0
     ) -> None:
         self.policy = policy
-        self.store: QuestionStore
+        self._store: QuestionStore | None = None
         self.poll_s: float | None = None
         """How often a waiting call reads its question from the ledger (an answer another
         process wrote); None (no ledger): only answers given in this process count."""
         # (``store is None`` first: a runtime protocol check costs microseconds, and an
         # agent made per conversation makes a dispatcher, so these per conversation)
         if store is not None and isinstance(store, QuestionStore):
-            self.store, self.poll_s = store, poll_s
-        else:
-            self.store = _memory_questions()
+            self._store, self.poll_s = store, poll_s
         self.clock = clock
         self._waiting: dict[tuple[str, str], _Waiting] = {}
         self._always: set[tuple[str, str]] = set()
+
+    @property
+    def store(self) -> QuestionStore:
+        """Where the questions are kept: the ledger's, else an in-memory one, made on first
+        use (an agent made per conversation makes a dispatcher, and most never ask)."""
+        if self._store is None:
+            self._store = _memory_questions()
+        return self._store
 
     # -- deciding ----------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ call id is forgotten so that it may run again."""
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,6 +32,9 @@ class Slot:
     """One call of one round: its task and, once known, its result."""
 
     call: CommittedCall
+    canonical: str | None = None
+    """:func:`~toollatch.ledger._context.canonical_call` of ``call`` (its fingerprint, and
+    what its idempotency digest hashes); None until made, or once ``call`` is replaced."""
     tool: Tool[Any, Any] | None = None
     memo: Memo | None = None
     """Set when this slot runs the call (it owns the memo's result)."""
@@ -87,9 +89,3 @@ def may_run_again(slot: Slot, result: ToolResult) -> bool:
 def dispatch_error(call: CommittedCall, code: ErrorCode, detail: str) -> ToolResult:
     """An error result the dispatcher makes for ``call``: ``"<code>: <detail>."``."""
     return made_error(call.call_id, call.name, code, detail)
-
-
-def call_fingerprint(call: CommittedCall) -> str:
-    """The name and the canonical (sorted keys, compact) JSON of the parsed arguments."""
-    text = json.dumps(call.arguments, sort_keys=True, separators=(",", ":"), default=str)
-    return f"{call.name}\x00{text}"

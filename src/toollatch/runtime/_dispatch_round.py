@@ -25,9 +25,15 @@ from ..ledger import (
     Question,
     QuestionKind,
     StaleArguments,
-    digest_of,
 )
-from ..ledger._context import CallContext, idempotency_key, reset_current, set_current
+from ..ledger._context import (
+    CallContext,
+    canonical_call,
+    digest_of_canonical,
+    idempotency_key,
+    reset_current,
+    set_current,
+)
 from ..tools._tools import Tool, ToolOutcome, as_text
 from ._agent_events import ApprovalAnsweredEvent, ToolFinishedEvent, ToolStartedEvent
 from ._approvals import regate
@@ -41,7 +47,6 @@ from ._dispatch_calls import (
     UNKNOWN_TOOL,
     Memo,
     Slot,
-    call_fingerprint,
     cancelled,
     dispatch_error,
     may_run_again,
@@ -218,8 +223,8 @@ class DispatchRound:
         """Make the slot of ``call`` (once per call id per round) and start its task."""
         if call.call_id in self._slots:
             return  # started early; a different call with this id cannot commit in one round
-        fingerprint = call_fingerprint(call)
-        slot = self._slots[call.call_id] = Slot(call)
+        fingerprint = canonical_call(call.name, call.arguments)  # (the digest hashes it too)
+        slot = self._slots[call.call_id] = Slot(call, fingerprint)
         memo = self._shared.memo(self._session, call.call_id)
         if memo is not None and memo.fingerprint != fingerprint:
             self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
@@ -280,7 +285,7 @@ class DispatchRound:
             if isinstance(checked, Rejection):
                 self._settle(slot, dispatch_error(call, checked.code, checked.detail))
                 return
-            slot.call = checked
+            slot.call, slot.canonical = checked, None
             slot.note = (
                 "[a person approved this call with edited arguments; it ran with "
                 f"{checked.arguments_text}]\n"
@@ -338,19 +343,23 @@ class DispatchRound:
                 return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, f"{LOCK_BUSY} ({exc})")
             except LedgerError as exc:
                 return dispatch_error(call, ErrorCode.LEDGER_UNAVAILABLE, f"{LOCK_DOWN} ({exc})")
-            taken = self._slot(tool)
+            # (a tool without a group waits for a concurrency slot only: no lock chain)
+            taken = self._slot(tool) if tool.group else self._shared.semaphore
         async with taken:
             if owned is not None:
                 await owned.start()  # recorded before the tool starts, never after
             slot.phase = "running"
             self._emit(ToolStartedEvent(id=call.call_id, name=call.name))
             limit = self._shared.timeout_s(tool)
-            context = owned.context if owned is not None else self._context(call)
+            context = owned.context if owned is not None else self._context(slot)
             reset = set_current(context)
             held = HeldLoop(tool.invoke(call.arguments))
             try:
-                async with asyncio.timeout(limit):
+                if limit is None:
                     outcome = await held
+                else:
+                    async with asyncio.timeout(limit):
+                        outcome = await held
             except TimeoutError:
                 detail = f"the tool did not finish within {limit:g} s; {UNKNOWN_OUTCOME}"
                 return dispatch_error(call, ErrorCode.TOOL_TIMEOUT, detail)
@@ -411,8 +420,11 @@ class DispatchRound:
         limit = self._shared.timeout_s(tool)
         return None if limit is None else limit + 2 * lease_s
 
-    def _context(self, call: CommittedCall) -> CallContext:
-        digest = digest_of(call.name, call.arguments)
+    def _context(self, slot: Slot) -> CallContext:
+        call = slot.call
+        if slot.canonical is None:
+            slot.canonical = canonical_call(call.name, call.arguments)
+        digest = digest_of_canonical(slot.canonical)
         key = idempotency_key(self._session, call.call_id, digest)
         return CallContext(session=self._session, call_id=call.call_id, idempotency_key=key)
 

@@ -139,7 +139,7 @@ class Toolbox:
         eager = tuple(n for n in d.tools if on and d.may_start_early(n))
         # The core reads ToolSpec.eager too: with the switch off no spec may say eager.
         specs = d.specs
-        parsed = specs if on else tuple(replace(s, eager=False) for s in specs)
+        parsed = specs if on else tuple(replace(s, eager=False) if s.eager else s for s in specs)
         return RoundTools(specs=parsed, eager=eager, requested=specs)
 
 

@@ -145,6 +145,12 @@ def lost_event(detail: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail, fails_pending=True)
 
 
+def invalid(detail: str) -> Anomaly:
+    """A payload that could be read but not used, and that carried no call's text: recorded
+    (``invalid_payload``), failing nothing."""
+    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
+
+
 class _DuplicateKey(Exception):
     pass
 
@@ -156,7 +162,9 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def has_duplicate_keys(data: str | bytes, decoded: object = None) -> bool:
+def has_duplicate_keys(
+    data: str | bytes, decoded: object = None, written: bytes | None = None
+) -> bool:
     """Whether some JSON object in ``data`` (one event's text) repeats a key.
 
     A JSON decoder keeps one of the values (orjson and the stdlib the last), so arguments
@@ -165,9 +173,11 @@ def has_duplicate_keys(data: str | bytes, decoded: object = None) -> bool:
 
     ``decoded``, when given, is what orjson made of ``data``: a cheap test then rules
     repeats out for nearly every event (:func:`_keys_all_kept`), and only the others are
-    re-read strictly.
+    re-read strictly. ``written``, when given, must be exactly ``orjson.dumps(decoded)``
+    (a caller that has most of it written already, see the Gemini adapter): it is not
+    written again.
     """
-    if decoded is not None and _keys_all_kept(data, decoded):
+    if decoded is not None and _keys_all_kept(data, decoded, written):
         return False
     try:
         json.loads(data, object_pairs_hook=_refuse_duplicates)
@@ -178,7 +188,7 @@ def has_duplicate_keys(data: str | bytes, decoded: object = None) -> bool:
     return False
 
 
-def _keys_all_kept(data: str | bytes, decoded: object) -> bool:
+def _keys_all_kept(data: str | bytes, decoded: object, written: bytes | None = None) -> bool:
     """True when ``decoded`` (``data`` decoded by orjson) provably kept every member of
     every object; False (read it strictly) when it cannot be told so cheaply.
 
@@ -199,10 +209,11 @@ def _keys_all_kept(data: str | bytes, decoded: object) -> bool:
     """
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogateescape")
-    try:
-        written = orjson.dumps(decoded)
-    except orjson.JSONEncodeError:  # e.g. nesting over orjson's 255 levels of writing
-        return False
+    if written is None:
+        try:
+            written = orjson.dumps(decoded)
+        except orjson.JSONEncodeError:  # e.g. nesting over orjson's 255 levels of writing
+            return False
     if len(written) == len(data) and _float_free(decoded):
         return True
     if b"\\" in data and b"u003" in data and (b"u003a" in data or b"u003A" in data):
@@ -277,11 +288,13 @@ class Adapter(ABC):
         self._native: object = None  # what it was decoded to
         self._owned = False  # _native is the adapter's own decode (no caller holds it)
 
-    def _duplicate_keys(self) -> bool:
+    def _duplicate_keys(self, written: bytes | None = None) -> bool:
         """Whether the event being translated repeats a key in some object, as far as can be
         known: only when it came with its text (see :meth:`feed_decoded`). For an adapter
-        whose provider sends arguments as an object (call it only for such events)."""
-        return self._data is not None and has_duplicate_keys(self._data, self._native)
+        whose provider sends arguments as an object (call it only for such events).
+        ``written``: the event's ``orjson.dumps``, when the adapter made it (see
+        :func:`has_duplicate_keys`)."""
+        return self._data is not None and has_duplicate_keys(self._data, self._native, written)
 
     def _arguments_object(self, key: CallKey, given: object, where: str) -> list[StreamEvent]:
         """Arguments sent as a JSON object where the provider streams text (``where`` says

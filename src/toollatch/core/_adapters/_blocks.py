@@ -40,7 +40,7 @@ from .._events import (
     StreamEvent,
     StreamFailed,
 )
-from ._base import Adapter, lost_event
+from ._base import Adapter, invalid, lost_event
 
 __all__ = ["Block", "BlockAdapter", "Kind", "index_of", "invalid", "lost_block", "str_or_none"]
 
@@ -90,10 +90,6 @@ def index_of(value: object) -> int | None:
 
 def str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def invalid(detail: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)
 
 
 def lost_block(index: int, what: str) -> Anomaly:

@@ -53,7 +53,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeGuard
 
 import orjson
 
@@ -76,7 +76,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, canonical_json, error_detail, lost_event, short
+from ._base import Adapter, canonical_json, error_detail, invalid, lost_event, short
 
 __all__ = ["GeminiAdapter"]
 
@@ -130,7 +130,7 @@ def _serialize(value: object) -> tuple[str | None, str | None]:
     return text, path
 
 
-def _written(value: object) -> tuple[str | None, str | None, int]:
+def _written(value: object, fast: bytes | None = None) -> tuple[str | None, str | None, int]:
     """:func:`_serialize`, and the text's UTF-8 size when ``value`` is exactly the tree the
     text parses back to (exact JSON types, no integer above 2**53), else -1: then the text
     alone goes on.
@@ -139,10 +139,11 @@ def _written(value: object) -> tuple[str | None, str | None, int]:
     every code point is escaped alike, checked over all of them), several times faster. It
     raises where it cannot write a tree (cycles and nesting over 255 levels, ints over 64
     bits, lone surrogates, non-string keys); json then decides, as it always did. Either way
-    the walk only ever sees a tree that one of them wrote: a finite one.
+    the walk only ever sees a tree that one of them wrote: a finite one. ``fast``, when
+    given, is ``orjson.dumps(value)`` already made (see :meth:`GeminiAdapter._written_event`).
     """
     try:
-        fast = orjson.dumps(value)
+        fast = orjson.dumps(value) if fast is None else fast
     except orjson.JSONEncodeError:
         text = canonical_json(value)
         return (text, _inspect(value)[0], -1) if text is not None else (None, None, -1)
@@ -382,6 +383,9 @@ class _Call:
     """A bad update failed the call; its remaining parts are absorbed silently."""
     owned: bool = False
     """The tree is the adapter's own (its decode, or its copy): it may go on decoded."""
+    written: bytes | None = None
+    """``orjson.dumps`` of the tree, when the duplicate-key check of the call's own closing
+    part already made it (a whole call): its close does not write it again."""
 
     def drop(self) -> None:
         """The call failed: keep nothing of its arguments."""
@@ -533,7 +537,7 @@ class GeminiAdapter(Adapter):
         if not isinstance(reason, str):
             # Rule "unreadable_finish_reason": a reason we cannot read may have been
             # MAX_TOKENS; it must not be skipped while a later STOP ends the candidate.
-            events: list[StreamEvent] = [_invalid("finishReason is not a string")]
+            events: list[StreamEvent] = [invalid("finishReason is not a string")]
             reason, ending = "", RoundEnd.INTERRUPTED
         else:
             events, ending = [], _ENDINGS.get(reason, RoundEnd.INTERRUPTED)
@@ -599,7 +603,7 @@ class GeminiAdapter(Adapter):
     def _text(self, index: int, part: Mapping[str, Any], ordinal: int) -> list[StreamEvent]:
         text = part["text"]
         if not isinstance(text, str):
-            return [_invalid("text part without a string")]  # (text: never a call's input)
+            return [invalid("text part without a string")]  # (text: never a call's input)
         if part.get("thought") is True:
             # A thought summary: kept whole (with its signature, if any), never shown as text.
             return [ReasoningBlock(choice=index, block=f"part:{ordinal}", data=part)]
@@ -698,7 +702,7 @@ class GeminiAdapter(Adapter):
         updates (and the size they reach). The events that fail the call, if any."""
         if "args" in fc or "partialArgs" in fc:
             if self._duplicates is None:
-                self._duplicates = self._duplicate_keys()
+                self._duplicates = self._duplicate_keys(self._written_event(call, fc))
             if self._duplicates:
                 # Rule "duplicate_key": {"cmd":"ls","cmd":"rm -rf /"} decoded to its last
                 # value (issue 11, item 6); also a repeated stringValue in an update.
@@ -719,6 +723,31 @@ class GeminiAdapter(Adapter):
                 call.drop()
                 return [error]
         return self._measure(call)
+
+    def _written_event(self, call: _Call, fc: Mapping[str, Any]) -> bytes | None:
+        """``orjson.dumps`` of the event being translated, for its duplicate-key check, when
+        ``fc`` is a whole call (its ``args`` closed in this part): its ``args`` are written
+        once, kept on ``call`` for its close, and stand in the event as that text (an
+        ``orjson.Fragment``, written as is), so the event's dump is the very bytes
+        ``orjson.dumps(event)`` gives, without writing the arguments a second time. None
+        (the check then writes the event itself) for any other part."""
+        args = call.holder[0]
+        whole = fc.get("partialArgs") is None and _flag(fc) is False
+        if not whole or args is not fc.get("args"):
+            return None
+        try:
+            call.written = orjson.dumps(args)
+        except orjson.JSONEncodeError:
+            return None  # (the close decides, as without this)
+        if self._data is None:
+            return None  # (no check without the event's text)
+        event = _with_args(self._native, fc, orjson.Fragment(call.written))
+        if event is None:
+            return None
+        try:
+            return orjson.dumps(event)
+        except orjson.JSONEncodeError:
+            return None
 
     def _measure(self, call: _Call) -> list[StreamEvent]:
         """Rule "measured_as_streamed": a streamed call's size is known as its updates arrive
@@ -757,7 +786,7 @@ class GeminiAdapter(Adapter):
         args = call.holder[0]
         if _too_deep(args):
             return [_too_deep_anomaly(call.key)]
-        text, path, nbytes = _written(args)
+        text, path, nbytes = _written(args, call.written)
         if text is None:
             # e.g. an infinite or NaN double in args fed as a dict: never written as null.
             return [_fail(call.key, "arguments cannot be serialized as JSON")]
@@ -772,6 +801,40 @@ class GeminiAdapter(Adapter):
             decoded = DecodedArguments(value=args, nbytes=nbytes)
         delta = ArgsDelta(key=call.key, fragment=text, decoded=decoded)
         return [*events, delta, CallClosed(key=call.key)]
+
+
+def _with_args(event: object, fc: Mapping[str, Any], args: object) -> dict[str, Any] | None:
+    """A copy of ``event`` with ``args`` in place of the ``args`` of its part whose
+    ``functionCall`` is ``fc`` (the one object): only the containers on that path are
+    copied, each key where it was. None unless that path is plain ``dict``s and ``list``s
+    (the adapter's own decode; a subclass or another ``Mapping`` may iterate otherwise than
+    orjson writes it)."""
+    candidates = event.get("candidates") if _is_dict(event) else None
+    if not _is_dict(event) or not _is_dict(fc) or not _is_list(candidates):
+        return None
+    for i, candidate in enumerate(candidates):
+        content = candidate.get("content") if _is_dict(candidate) else None
+        parts = content.get("parts") if _is_dict(content) else None
+        if not _is_dict(candidate) or not _is_dict(content) or not _is_list(parts):
+            continue
+        for j, part in enumerate(parts):
+            if _is_dict(part) and part.get("functionCall") is fc:
+                copied = list(parts)
+                copied[j] = {**part, "functionCall": {**fc, "args": args}}
+                cands = list(candidates)
+                cands[i] = {**candidate, "content": {**content, "parts": copied}}
+                return {**event, "candidates": cands}
+    return None
+
+
+def _is_dict(value: object) -> TypeGuard[dict[str, Any]]:
+    """Exactly a ``dict`` (what orjson decodes to), not a subclass."""
+    return type(value) is dict
+
+
+def _is_list(value: object) -> TypeGuard[list[Any]]:
+    """Exactly a ``list``, not a subclass."""
+    return type(value) is list
 
 
 def _apply(call: _Call, update: object) -> Anomaly | None:
@@ -843,7 +906,3 @@ def _too_deep_anomaly(key: CallKey) -> Anomaly:
 
 def _after_end(what: str) -> Anomaly:
     return Anomaly(kind=AnomalyKind.EVENT_AFTER_END, detail=f"{what} after the end; ignored")
-
-
-def _invalid(detail: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)

@@ -36,7 +36,6 @@ terminal event failed.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -60,7 +59,7 @@ from .._events import (
     TextDelta,
     UsageReported,
 )
-from ._base import Adapter, error_detail, lost_event, short
+from ._base import Adapter, canonical_json, error_detail, invalid, lost_event, short
 
 __all__ = ["OpenAIResponsesAdapter"]
 
@@ -115,14 +114,6 @@ records them for history and says so with an anomaly; it never runs them."""
 
 _FILTERED_REASONS = frozenset({"content_filter"})
 """``incomplete_details.reason`` values that mean the output was filtered, not cut short."""
-
-
-def _canonical(value: object) -> str | None:
-    """Object-typed arguments, serialized once (compact, key order kept); None if not JSON."""
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        return None
 
 
 class OpenAIResponsesAdapter(Adapter):
@@ -387,7 +378,7 @@ class OpenAIResponsesAdapter(Adapter):
         # (the chat-completions analogue is llama.cpp#20198, QUIRKS Q9); serialize once and say
         # so. Its decoded form kept one value of a repeated key: the event's text is re-read
         # and the call fails if one was (issue 11, item 6).
-        text = _canonical(value)
+        text = canonical_json(value)
         if text is None:
             detail = "arguments are neither text nor serializable JSON"
             return None, [_failing(AnomalyKind.INVALID_PAYLOAD, detail, key)]
@@ -398,7 +389,7 @@ class OpenAIResponsesAdapter(Adapter):
     def _text_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         delta = event.get("delta")
         if not isinstance(delta, str):
-            return [_invalid("text delta without a string delta")]
+            return [invalid("text delta without a string delta")]
         index = event.get("output_index")
         block = index if type(index) is int else None
         return [TextDelta(text=delta, block=block)] if delta else []
@@ -421,7 +412,7 @@ class OpenAIResponsesAdapter(Adapter):
             etype = _STATUS_EVENTS.get(status, "") if isinstance(status, str) else ""
             if not etype:
                 detail = f"response.completed with status {short(status, 40)!r}; not trusted"
-                events.append(_invalid(detail))
+                events.append(invalid(detail))
                 events.append(RoundEnded(ending=RoundEnd.INTERRUPTED, stop_reason="completed"))
                 return events
         if etype == "response.completed":
@@ -574,7 +565,3 @@ def _error_event_detail(event: Mapping[str, Any]) -> str:
     if isinstance(event.get("error"), Mapping):
         return error_detail(event)
     return error_detail({k: v for k, v in event.items() if k not in ("type", "sequence_number")})
-
-
-def _invalid(detail: str) -> Anomaly:
-    return Anomaly(kind=AnomalyKind.INVALID_PAYLOAD, detail=detail)

@@ -71,6 +71,7 @@ from ...core._round import Round
 from ...runtime._agent_events import AgentEvent, RunEndedEvent
 from .. import _answers
 from .._config import RelayLimits
+from .._requests import HTTPError
 from .._runs import RelayRun, RunRegistry, RunSource, session_key_of
 from ..store._base import RunStore, StoreUnavailable
 from . import _agui_answers
@@ -639,6 +640,10 @@ class AguiEndpoint:
             view = AguiView(given.thread_id, given.run_id, live.run.id)
             await self._replayed(live.run, view, start)
             return self._stream(live.run, start, view)
+        if live is None and host.store.shared and (given.resume or _tool_messages(given)):
+            forwarded = await self._through_owner(session, given, data, key)
+            if forwarded is not None:  # (the thread's run waits on another worker)
+                return forwarded
         message = self._message(given)
         if live is not None and live.busy:
             raise Refusal(409, "thread_busy", "this thread has a run in flight")
@@ -667,11 +672,53 @@ class AguiEndpoint:
         self.live[thread] = keeper
         with contextlib.suppress(StoreUnavailable):  # (then a re-POST starts another run)
             await host.store.point("agui", key, run.id)  # (the memory store keeps the newest)
+            await host.store.point("agui", _run_key(session, given.thread_id, ""), run.id)
         view = AguiView(given.thread_id, given.run_id, run.id)
         response = self._stream(run, 0, view)
         if new_session:
             host.set_session(response, session)
         return response
+
+    async def _through_owner(
+        self, session: str, given: RunAgentInput, data: Any, key: str
+    ) -> Response | None:
+        """Answers to the thread's run of another worker, handed to its owner (it applies
+        them as :func:`._agui_answers.answer_input` does here); the run's events from where
+        its last stream ended. None when the thread has no live run elsewhere."""
+        host = self.host
+        try:
+            run_id = await host.store.pointed("agui", _run_key(session, given.thread_id, ""))
+            run = await host.find_run(run_id, session)
+            if run is None or isinstance(run, RelayRun) or run.ended:
+                return None
+            replied = await host.store.ask(run, {"kind": "agui", "input": data})
+        except StoreUnavailable as exc:
+            raise Refusal(503, "store_unavailable", str(exc)) from None
+        if replied is None:
+            return None
+        status, body = replied
+        if status != 202:
+            error = body.get("error", {})
+            raise Refusal(status, str(error.get("code")), str(error.get("message")))
+        start = int(body["start"])
+        with contextlib.suppress(StoreUnavailable):  # (then a re-POST answers again)
+            await host.store.point("agui", key, run.id)
+        view = AguiView(given.thread_id, given.run_id, run.id)
+        await self._replayed(run, view, start)
+        return self._stream(run, start, view)
+
+    async def forwarded(self, run: RelayRun, data: Any) -> tuple[int, dict[str, Any]]:
+        """Apply the answers another worker was posted for ``run`` (this worker's): the
+        status and body of the reply (202 ``{"start"}``: where the stream continues)."""
+        try:
+            given = _run_input(data)
+            live = self.live.get((run.session, given.thread_id))
+            if live is None or live.run is not run or not _answers.waiting(run):
+                raise Refusal(409, "thread_busy", "this thread's run waits on no answer")
+            start = await _agui_answers.answer_input(run, self.host.approval_secret, given)
+        except (Refusal, HTTPError) as exc:
+            return exc.status, {"error": {"code": exc.code, "message": exc.message}}
+        return 202, {"start": start}
 
     def _stream(self, run: RunSource, start: int, view: AguiView) -> Response:
         """``run``'s AG-UI events after ``start``; a run of this worker's ends the stream
@@ -758,6 +805,11 @@ def _run_input(data: Any) -> RunAgentInput:
         if not 0 < len(value) <= MAX_ID_CHARS:
             raise Refusal(422, "invalid_body", f"{name} must be 1 to {MAX_ID_CHARS} characters")
     return given
+
+
+def _tool_messages(given: RunAgentInput) -> bool:
+    """Whether the input carries a tool's result (a client tool's answer)."""
+    return any(getattr(m, "role", None) == "tool" for m in given.messages)
 
 
 def _run_key(session: str, thread_id: str, run_id: str) -> str:

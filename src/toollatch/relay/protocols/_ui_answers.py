@@ -22,7 +22,11 @@ the chat's history staying the server's. The answer's response continues the sam
 from where the previous stream ended. 409 ``nothing_waiting`` when the chat's run waits on
 nothing (or is not running here), 422 ``no_answers`` when the message answers none of its
 waiting calls. Answers are applied in the message's order; a refused one stops there (the
-ones before it stand).
+ones before it stand). With a shared store the chat's run may be another worker's: the
+message is handed to that owner (:meth:`~..store.RunStore.ask`), which answers it here
+(:func:`apply_answers`) and replies where the stream continues; the answering worker then
+streams the run from the store (without the early end: a run that waits on this client
+again ends that stream only with the run).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import orjson
 from .._answers import answer, waiting
 from .._chats import CHAT_ID, ChatStore
 from .._requests import HTTPError
-from .._runs import RelayRun, RunRegistry
+from .._runs import RelayRun, RunRegistry, RunSource
+from ..store._base import RunStore, StoreUnavailable
 
 QUIET_S = 0.2
 """How long the log must stay still, with every open call waiting, before the stream ends."""
@@ -50,9 +55,12 @@ class AnswerHost(Protocol):
 
     runs: RunRegistry
     approval_secret: bytes
+    store: RunStore
 
     @property
     def chats(self) -> ChatStore: ...
+
+    async def find_run(self, run_id: str | None, session: str | None) -> RunSource | None: ...
 
 
 def pauser(run: RelayRun) -> Callable[[Collection[str], int], Awaitable[bool]]:
@@ -90,18 +98,48 @@ def last_assistant(body: bytes) -> Mapping[str, Any] | None:
 
 async def answer_chat(
     host: AnswerHost, session: str | None, found: Mapping[str, Any]
-) -> tuple[RelayRun, int]:
-    """Answer the chat's waiting calls from ``found`` (:func:`last_assistant`); the run and
-    the event its stream continues after. Raises :class:`HTTPError`."""
+) -> tuple[RunSource, int]:
+    """Answer the chat's waiting calls from ``found`` (:func:`last_assistant`), here or
+    through the run's owner; the run and the event its stream continues after. Raises
+    :class:`HTTPError`."""
     chat_id = found["chat_id"]
     if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
         raise HTTPError(422, "invalid_body", "id must be a chat id (1-128 of A-Za-z0-9_-)")
     run_id = await host.chats.latest_run(session, chat_id) if session is not None else None
     run = host.runs.owned(run_id, session) if run_id is not None else None
-    asked = waiting(run) if run is not None and not run.done else {}
-    if run is None or not asked:
+    if run is None and run_id is not None and host.store.shared:
+        return await _through_owner(host, await host.find_run(run_id, session), found)
+    if run is None:
         raise HTTPError(409, "nothing_waiting", "this chat's run waits on no answer")
-    parts = found["message"].get("parts")
+    return run, await apply_answers(run, host.approval_secret, found["message"])
+
+
+async def _through_owner(
+    host: AnswerHost, run: RunSource | None, found: Mapping[str, Any]
+) -> tuple[RunSource, int]:
+    """The answer handed to the owner of another worker's ``run``; its reply."""
+    if run is None or run.ended or isinstance(run, RelayRun):
+        raise HTTPError(409, "nothing_waiting", "this chat's run waits on no answer")
+    try:
+        replied = await host.store.ask(run, {"kind": "chat", "message": found["message"]})
+    except StoreUnavailable as exc:
+        raise HTTPError(503, "store_unavailable", str(exc)) from None
+    if replied is None:
+        raise HTTPError(409, "nothing_waiting", "the chat's run has no worker any more")
+    status, body = replied
+    if status != 202:
+        error = body.get("error", {})
+        raise HTTPError(status, str(error.get("code")), str(error.get("message")))
+    return run, int(body["start"])
+
+
+async def apply_answers(run: RelayRun, secret: bytes, message: Mapping[str, Any]) -> int:
+    """Answer ``run``'s waiting calls from the assistant ``message``'s parts; where the
+    chat's stream continues. Raises :class:`HTTPError` (409 ``nothing_waiting``, 422)."""
+    asked = waiting(run) if not run.done else {}
+    if not asked:
+        raise HTTPError(409, "nothing_waiting", "this chat's run waits on no answer")
+    parts = message.get("parts")
     answered = 0
     for part in parts if isinstance(parts, list) else ():
         call_id = part.get("toolCallId") if isinstance(part, dict) else None
@@ -115,20 +153,20 @@ async def answer_chat(
                 raise HTTPError(422, "invalid_body", f"{call_id}: approval needs approved")
             token = {"token": approval.get("id")}
             if approval["approved"]:
-                await answer(run, host.approval_secret, call_id, "approve", token)
+                await answer(run, secret, call_id, "approve", token)
             else:
                 reason = approval.get("reason") or "denied by the user"
                 body = {**token, "reason": reason}
-                await answer(run, host.approval_secret, call_id, "deny", body)
+                await answer(run, secret, call_id, "deny", body)
         elif question.kind == "client" and state in ("output-available", "output-error"):
             value = part.get("output") if state == "output-available" else None
             if state == "output-error":
                 value = f"client error: {part.get('errorText')}"
             body = {"token": question.token, "value": value}  # (the session owns the run)
-            await answer(run, host.approval_secret, call_id, "result", body)
+            await answer(run, secret, call_id, "result", body)
         else:
             continue
         answered += 1
     if not answered:
         raise HTTPError(422, "no_answers", "the message answers none of the waiting calls")
-    return run, _PAUSED.get(run, 0)
+    return _PAUSED.get(run, 0)

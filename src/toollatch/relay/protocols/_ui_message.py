@@ -18,9 +18,10 @@ Endpoints (registered by the relay's app, :func:`routes`):
   read); 409 ``not_the_last_answer`` for an earlier answer, ``nothing_to_regenerate`` for a
   chat without one.
 * ``GET /api/chat/{id}/stream`` replays the chat's run in flight from its start (what
-  ``useChat({resume: true})`` asks for); 204 when none is in flight. Like the POST's
-  stream it ends (``finish``) while the run waits on the client, so the page can answer
-  (a run a restarted relay resumed too).
+  ``useChat({resume: true})`` asks for); 204 when none is in flight. A run of this worker
+  that waits on its client ends the replay there, as ``POST /api/chat`` does (a reloaded
+  page sees the question again and its answer is read from the next ``POST /api/chat``;
+  a run a restarted relay resumed too).
 * ``POST /api/chat/{id}/cancel`` (``{}`` or empty, JSON) cancels it: 202 ``{"id": run id,
   "cancelled"}``. Closing the stream does **not** cancel the run (so that it can be resumed);
   ``POST /runs/{run id}/cancel`` works too (the run id is the ``x-toollatch-run-id`` header).
@@ -71,7 +72,7 @@ from .._requests import (
     set_cookie,
 )
 from .._runs import RelayRun, RunRegistry, RunSource
-from ..store._base import StoreUnavailable
+from ..store._base import RunStore, StoreUnavailable
 from . import _ui_answers
 
 UI_MESSAGE_STREAM_HEADERS = {
@@ -176,6 +177,7 @@ class UIMessageEncoder:
         self._names: dict[str, str] = {}  # opened call id -> tool name
         self._args: dict[str, _ArgsText] = {}
         self._decided: set[str] = set()  # committed or failed
+        self._shown: dict[str, Any] = {}  # committed call id -> the input it showed
         self._failed: set[str] = set()
         self._ended: str | None = None  # the last round's ``ended``
         self._finished = False
@@ -219,8 +221,16 @@ class UIMessageEncoder:
             self._decided.add(call_id)
             chunk = {"type": "tool-input-available", "toolCallId": call_id, "toolName": name}
             out.append(_chunk({**chunk, "input": data["arguments"]}))
+            self._shown[call_id] = data["arguments"]
             self.unfinished.add(call_id)
         elif kind == "approval_requested" and isinstance(data.get("token"), str):
+            # the person approves the whole committed input: where the preview policy showed
+            # less (call_committed's arguments), the part's input is given again, in full
+            full = data.get("arguments")
+            if data["id"] in self._shown and self._shown[data["id"]] != full:
+                chunk = {"type": "tool-input-available", "toolCallId": data["id"]}
+                chunk |= {"toolName": data["name"], "input": full}
+                out.append(_chunk(chunk))
             # ai's tool-approval-request: the approval id is the relay's signed token, which
             # addToolApprovalResponse sends back (checked against the waiting call)
             chunk = {"type": "tool-approval-request", "toolCallId": data["id"]}
@@ -278,6 +288,7 @@ class UIMessageEncoder:
         self._names.clear()
         self._args.clear()
         self._decided.clear()
+        self._shown.clear()
         self._failed.clear()
 
     def _open(self, call_id: str, name: str, out: list[bytes]) -> None:
@@ -418,6 +429,7 @@ class ChatHost(Protocol):
     models: tuple[str, ...]
     model: str
     approval_secret: bytes
+    store: RunStore
 
     def open_reader(self, session: str) -> Callable[[], None]: ...
 
@@ -559,7 +571,8 @@ async def _chat(host: ChatHost, request: Request) -> Response:
             release()
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    stream = ui_message_stream(run, host.limits, start=start, pause=_ui_answers.pauser(run))
+    pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
+    stream = ui_message_stream(run, host.limits, start=start, pause=pause)
     response = CountedStream(stream, release, headers=headers)
     if new_session:
         set_cookie(response, session)
@@ -585,7 +598,8 @@ async def _resume(host: ChatHost, request: Request) -> Response:
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
     # (a run of this worker waiting on the client ends the stream, as the POST's does: the
-    # page that resumed it can then answer)
+    # page that resumed it can then answer; another worker's run streams on, unpaused: which
+    # calls it waits on is known to its owner only)
     pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
     stream = ui_message_stream(run, host.limits, pause=pause)
     return CountedStream(stream, release, headers=headers)

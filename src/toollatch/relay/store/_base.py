@@ -11,11 +11,16 @@ and :meth:`RunStore.point` / :meth:`RunStore.pointed` keep the endpoints' pointe
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from .._runs import RelayRun, RunRegistry, RunSource
 
 POINTER_KINDS = ("chat", "agui")
+
+Handler = Callable[[RelayRun, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+"""How the owner of a run applies a request another worker forwarded (:meth:`RunStore.ask`):
+its HTTP status and JSON body."""
 
 
 class StoreUnavailable(Exception):
@@ -29,9 +34,10 @@ class RunStore(Protocol):
     shared: bool
     """Whether other workers see the runs (False: this process only)."""
 
-    async def open(self, runs: RunRegistry) -> None:
+    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
         """Connect (a ``ConfigError`` naming the store when it cannot be reached) and start
-        serving ``runs`` (this worker's): their mirrors, the cancels other workers send."""
+        serving ``runs`` (this worker's): their mirrors, the cancels and the requests other
+        workers send (``handler`` applies a request to a run of ``runs``)."""
 
     async def aclose(self) -> None:
         """Stop; the runs' last events are written first (bounded)."""
@@ -50,6 +56,13 @@ class RunStore(Protocol):
     async def cancel(self, run: RunSource, reason: str | None = None) -> bool:
         """Ask the owner of another worker's ``run`` to cancel it; False when no owner
         answered or the run had ended (StoreUnavailable)."""
+
+    async def ask(
+        self, run: RunSource, request: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Hand ``request`` to the owner of another worker's ``run`` and wait (bounded) for
+        its answer: the owner's :data:`Handler` reply; None when no owner heard it
+        (StoreUnavailable, also when the owner did not answer in time)."""
 
     async def point(self, kind: str, key: str, run_id: str) -> None:
         """Keep ``key`` -> ``run_id`` (``kind``: one of :data:`POINTER_KINDS`)."""
@@ -72,7 +85,7 @@ class MemoryRunStore:
         self._keep = keep
         self._pointers: dict[str, OrderedDict[str, str]] = {k: OrderedDict() for k in POINTER_KINDS}
 
-    async def open(self, runs: RunRegistry) -> None:
+    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
         """Nothing to connect."""
 
     async def aclose(self) -> None:
@@ -95,6 +108,12 @@ class MemoryRunStore:
     async def adopt(self, run_id: str) -> bool:
         """True: no other worker."""
         return True
+
+    async def ask(
+        self, run: RunSource, request: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """None: no other worker."""
+        return None
 
     async def point(self, kind: str, key: str, run_id: str) -> None:
         """Keep it (the oldest of the kind forgotten past ``keep``)."""

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from ...core._errors import ConfigError
+from ...ledger import Ledger
 from ._base import MemoryRunStore, RunStore
 
 DEFAULT_TTL_S = 3600.0
 """How long a shared store keeps a run's log and metadata after its last event
 (``relay.store_ttl_s``): long enough for a page to come back and read the end."""
+
+DEFAULT_LEASE_S = 10.0
+"""How long a worker's lease on its runs lasts without a renewal (``relay.lease_s``): a
+surviving worker ends a dead worker's runs about that long after its death."""
 
 DEFAULT_OUTAGE_S = 5.0
 """How long a worker retries a write to an unreachable shared store before it cancels its
@@ -31,10 +36,14 @@ def open_run_store(
     keep: int,
     ttl_s: float = DEFAULT_TTL_S,
     outage_s: float = DEFAULT_OUTAGE_S,
+    lease_s: float = DEFAULT_LEASE_S,
+    ledger: Ledger | None = None,
 ) -> RunStore:
     """The store of ``url`` (:func:`check_store_url`; Redis needs the ``redis`` extra).
     ``keep``: the in-memory store's pointers of each kind; ``ttl_s``: how long a shared
-    store keeps an ended run; ``outage_s``: how long its writes are retried. Raises
+    store keeps an ended run; ``outage_s``: how long its writes are retried; ``lease_s``:
+    how long a worker's lease lasts without a renewal (its runs are then ended by another);
+    ``ledger``: the one the workers share (which of a dead worker's calls started). Raises
     ``ConfigError`` for another scheme or a missing ``redis`` package (not connected yet:
     :meth:`RunStore.open`)."""
     check_store_url(url)
@@ -47,4 +56,4 @@ def open_run_store(
         raise ConfigError(
             f"run store {shown}: needs the redis package (pip install 'toollatch[redis]')"
         ) from None
-    return RedisRunStore(url, ttl_s=ttl_s, outage_s=outage_s)
+    return RedisRunStore(url, ttl_s=ttl_s, outage_s=outage_s, lease_s=lease_s, ledger=ledger)

@@ -23,8 +23,29 @@ Readers elsewhere (:class:`RemoteRun`) ``XREAD BLOCK`` (at most ``heartbeat_s``,
 heartbeat); a gap between their cursor and the first entry returned is a ``lagged``; the
 ``run_ended`` frame, or ``status: done`` seen after a quiet wait, ends them.
 
-Cancel from another worker: ``PUBLISH`` on the owner's channel
-(``toollatch:relay:worker:<id>``); the owner's listener cancels the run at once.
+Cancel and answers from another worker (request/response): ``PUBLISH`` on the owner's
+channel (``toollatch:relay:worker:<id>``) of ``{"run", "session", "kind", ..., "reply"}``;
+the owner's listener applies it to the run with the same checks as its own endpoint (the
+session's digest must be the run's; an answer's token is checked by the answer itself) and
+``LPUSH``es its HTTP status and body on the ``reply`` key (expiring), which the asking
+worker waits on with ``BLPOP`` (at most :data:`ASK_S`). No subscriber: the owner is gone
+(its lease will end the run); no reply in time: 503.
+
+Leases: a worker that dies. Each worker holds ``toollatch:relay:worker:<id>:lease``
+(``SET PX lease_s``, renewed every third of it) while it runs; its running runs are in the
+set ``toollatch:relay:running``. Every third of ``lease_s`` each worker also looks at that
+set: a run whose owner's lease is gone is ended by the first survivor that wins a
+compare-and-set on its metadata (a Lua script: ``status`` ``running`` -> ``ending``, only if
+the ``owner`` is still the dead worker; a survivor that died while ending it is replaced the
+same way, by ``ender``). The survivor reads the run's log, pairs every call the log left open
+(a committed call with ``tool_started`` and no result: ``tool_finished`` with
+``outcome_unknown``, as the ledger calls a started call whose worker vanished; one that never
+started: ``cancelled``; one still streaming: ``call_failed``), ends the open round
+(``round_ended``, ``interrupted``) and writes ``run_ended`` with an error naming the dead
+worker, then ``status: done``: readers on every worker see the end. With a ledger the
+relay shares, a committed call the log shows as not started is looked up there (the log may
+lag the ledger by one write): a ``started`` record makes it ``outcome_unknown``. A run is
+thus ended within about ``lease_s`` * 4/3 of its owner's death.
 
 Connection loss. A write that fails is retried (backoff to 1 s) for ``outage_s``
 (``relay.store_outage_s``, 5 s); past it, the worker's runs stop mirroring: each is cancelled (its
@@ -49,8 +70,11 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from ...core._errors import ConfigError
+from ...ledger import Ledger, LedgerKey
+from .._requests import run_scope_of
 from .._runs import Batch, RelayRun, RunRegistry
-from ._base import StoreUnavailable
+from ._base import Handler, StoreUnavailable
+from ._orphans import OpenCalls, closing_events, read_log
 
 _log = logging.getLogger("toollatch.relay")
 
@@ -60,9 +84,25 @@ ConnectionError, not every one)."""
 
 SOCKET_S = 5.0
 """Socket timeout of every command but a blocking read."""
+ASK_S = 5.0
+"""How long a worker waits for the owner's reply to a forwarded cancel or answer."""
 _PREFIX = "toollatch:relay:"
 _RUN_ENDED = b"\nevent: run_ended\n"
+_RUNNING = f"{_PREFIX}running"
+
+_CLAIM_ORPHAN = """
+local status = redis.call('HGET', KEYS[1], 'status')
+local holder = false
+if status == 'running' then holder = redis.call('HGET', KEYS[1], 'owner')
+elseif status == 'ending' then holder = redis.call('HGET', KEYS[1], 'ender') end
+if holder ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'ending', 'ender', ARGV[2])
+return 1
+"""
+"""The compare-and-set that makes one survivor the ender of a dead worker's run."""
 _UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
+_LAST_ID = "0-18446744073709551615"
+_LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
 
 
 def session_digest(session: str) -> str:
@@ -82,6 +122,10 @@ def _channel(worker: str) -> str:
     return f"{_PREFIX}worker:{worker}"
 
 
+def _lease(worker: str) -> str:
+    return f"{_PREFIX}worker:{worker}:lease"
+
+
 def _entry_id(raw: bytes) -> int:
     return int(raw.split(b"-", 1)[1])
 
@@ -89,14 +133,27 @@ def _entry_id(raw: bytes) -> int:
 class RedisRunStore:
     """The runs of every worker in one Redis (see the module docstring). ``url``:
     ``redis://HOST:PORT/DB``; ``ttl_s``: how long an ended run is kept; ``outage_s``: how
-    long a failed write is retried before the worker's runs are cancelled."""
+    long a failed write is retried before the worker's runs are cancelled; ``lease_s``: how
+    long this worker's lease lasts without a renewal (a dead worker's runs are ended by a
+    survivor about that long after its death)."""
 
     shared = True
 
-    def __init__(self, url: str, *, ttl_s: float, outage_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_s: float,
+        outage_s: float,
+        lease_s: float = 10.0,
+        ledger: Ledger | None = None,
+    ) -> None:
         self.url = url
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.outage_s = outage_s
+        self.lease_ms = max(1, int(lease_s * 1000))
+        self.ledger = ledger
+        """The ledger the relay's workers share, if any (it tells which calls started)."""
         self.worker = secrets.token_hex(8)
         """This worker's id (its runs' ``owner``)."""
         self.shown = url.rsplit("@", maxsplit=1)[-1]
@@ -112,11 +169,16 @@ class RedisRunStore:
         self._tasks: list[asyncio.Task[None]] = []
         self._reads: set[asyncio.Task[Any]] = set()  # blocking reads in flight
         self._reading = True
+        self._handler: Handler | None = None
+        self._replies: set[asyncio.Task[None]] = set()
 
-    async def open(self, runs: RunRegistry) -> None:
-        """Check the server (ConfigError), then start the writer and the cancel listener."""
+    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
+        """Check the server (ConfigError), then start the writer, the lease and the
+        listener of other workers' requests (``handler`` applies them)."""
+        self._handler = handler
         try:
             await self.client.ping()
+            await self.client.set(_lease(self.worker), b"1", px=self.lease_ms)
         except _LOST as exc:
             await self.client.aclose()
             raise ConfigError(f"run store {self.shown}: cannot reach Redis: {exc}") from None
@@ -130,6 +192,7 @@ class RedisRunStore:
         self._tasks = [
             loop.create_task(self._writer.loop(), name="toollatch-store-writer"),
             loop.create_task(self._listen(), name="toollatch-store-control"),
+            loop.create_task(self._heartbeat(), name="toollatch-store-lease"),
         ]
 
     async def aclose(self) -> None:
@@ -144,6 +207,8 @@ class RedisRunStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        with contextlib.suppress(*_LOST):  # (its runs still going are ended by a survivor now)
+            await self.client.delete(_lease(self.worker))
         await self.client.aclose()
         if self._blocking is not None:
             await self._blocking.aclose()
@@ -167,6 +232,7 @@ class RedisRunStore:
                 pipe.delete(_stream(run.id))  # (a resumed run: a new log under its old id)
                 pipe.hset(_meta(run.id), mapping=mapping)
                 pipe.pexpire(_meta(run.id), self.ttl_ms)
+                pipe.sadd(_RUNNING, run.id)
                 await pipe.execute()
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
@@ -207,15 +273,30 @@ class RedisRunStore:
         return RemoteRun(self, run_id, session, meta[b"owner"].decode(), last, done)
 
     async def cancel(self, run: Any, reason: str | None = None) -> bool:
-        """Publish the cancel on the owner's channel; True when it was listening."""
+        """Ask the owner to cancel the run; True when it did (it was running there)."""
         if not isinstance(run, RemoteRun) or run.ended:
             return False
-        message = orjson.dumps({"cancel": run.id, "reason": reason})
+        replied = await self.ask(run, {"kind": "cancel", "reason": reason})
+        return replied is not None and replied[1].get("cancelled") is True
+
+    async def ask(self, run: Any, request: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        """Publish ``request`` on the owner's channel, then wait for its reply (``BLPOP``,
+        at most :data:`ASK_S`); None when nobody listens there (the owner is gone)."""
+        if not isinstance(run, RemoteRun):
+            return None
+        reply = f"{_PREFIX}reply:{secrets.token_hex(12)}"
+        sent = {**request, "run": run.id, "session": session_digest(run.session), "reply": reply}
+        assert self._blocking is not None
         try:
-            heard = await self.client.publish(_channel(run.owner), message)
+            if not await self.client.publish(_channel(run.owner), orjson.dumps(sent)):
+                return None
+            got: Any = await self._blocking.blpop([reply], timeout=ASK_S)
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
-        return bool(heard)
+        if got is None:
+            raise StoreUnavailable(f"the run's worker did not answer within {ASK_S:g} s")
+        status, body = orjson.loads(got[1])
+        return int(status), dict(body)
 
     async def point(self, kind: str, key: str, run_id: str) -> None:
         """``SET`` the pointer with the store's TTL."""
@@ -252,14 +333,150 @@ class RedisRunStore:
             delay = min(delay * 2, 1.0)
 
     def _control(self, data: Any) -> None:
-        assert self._runs is not None
+        """A request of another worker: answered in a task of its own (the listener goes on)."""
         try:
             asked = orjson.loads(data)
-            run = self._runs.get(str(asked["cancel"]))
+            reply = str(asked["reply"])
         except (orjson.JSONDecodeError, TypeError, KeyError):
             return
-        if run is not None:
-            run.cancel(asked.get("reason"))
+        task = asyncio.get_running_loop().create_task(self._reply(asked, reply))
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def _reply(self, asked: dict[str, Any], reply: str) -> None:
+        assert self._runs is not None
+        run = self._runs.get(str(asked.get("run")))
+        session = str(asked.get("session"))
+        if run is None or not secrets.compare_digest(session_digest(run.session), session):
+            answer: tuple[int, dict[str, Any]] = (
+                404,
+                {"error": {"code": "not_found", "message": "no such run on its worker"}},
+            )
+        elif asked.get("kind") == "cancel":
+            reason = asked.get("reason")
+            cancelled = run.cancel(reason if isinstance(reason, str) else None)
+            answer = (202, {"id": run.id, "cancelled": cancelled})
+        elif self._handler is not None:
+            answer = await self._handler(run, asked)
+        else:
+            answer = (404, {"error": {"code": "not_found", "message": "nothing answers it"}})
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.lpush(reply, orjson.dumps(answer))
+                pipe.pexpire(reply, int(ASK_S * 1000) + 1000)
+                await pipe.execute()
+        except _LOST as exc:
+            _log.warning("run store: a reply to another worker was lost (%s)", exc)
+
+    async def _heartbeat(self) -> None:
+        """Renew this worker's lease every third of it; then end the runs of dead workers."""
+        every = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(every)
+            try:
+                lease = _lease(self.worker)
+                if not await self.client.set(lease, b"1", px=self.lease_ms, xx=True):
+                    self._lease_lost()  # (paused past it: survivors may have ended its runs)
+                    await self.client.set(lease, b"1", px=self.lease_ms)
+                await self._reap()
+            except _LOST as exc:
+                _log.warning("run store: the lease could not be renewed (%s)", exc)
+            except Exception:  # a bug in us: the lease goes on
+                _log.exception("run store: ending a dead worker's runs failed")
+
+    def _lease_lost(self) -> None:
+        """This worker's lease expired while it lived (a pause): its runs may have been
+        ended by a survivor, so they stop mirroring (nothing is written after that end) and
+        are cancelled; their local readers get every event."""
+        assert self._runs is not None
+        assert self._writer is not None
+        runs = [run for run in self._runs.live() if run.mirror is self._writer]
+        if runs:
+            self._writer.give_up(runs, _LEASE_LOST)
+
+    async def _reap(self) -> None:
+        """End every running run whose owner (or ender) holds no lease any more."""
+        members: Any = await self.client.smembers(_RUNNING)
+        run_ids = [bytes(r).decode() for r in members]
+        if not run_ids:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hmget(_meta(run_id), "status", "owner", "ender", "session")
+            metas = await pipe.execute()
+        holders: dict[str, tuple[str, str, str]] = {}
+        for run_id, (status, owner, ender, session) in zip(run_ids, metas, strict=True):
+            if status is None or status == b"done":  # (expired, or ended meanwhile)
+                await self.client.srem(_RUNNING, run_id)
+                continue
+            holder = ender if status == b"ending" else owner
+            if holder is not None and owner is not None and holder.decode() != self.worker:
+                holders[run_id] = (holder.decode(), owner.decode(), (session or b"").decode())
+        alive: dict[str, bool] = {}
+        for holder, _owner, _session in holders.values():
+            if holder not in alive:
+                alive[holder] = bool(await self.client.exists(_lease(holder)))
+        for run_id, (holder, owner, session) in holders.items():
+            if alive[holder]:
+                continue
+            won = await self.client.eval(_CLAIM_ORPHAN, 1, _meta(run_id), holder, self.worker)
+            if won:
+                await self._end_orphan(run_id, owner, session)
+
+    async def _end_orphan(self, run_id: str, owner: str, session: str) -> None:
+        """Write the end of the dead worker ``owner``'s run (this worker won it)."""
+        entries: Any = await self.client.xrange(_stream(run_id), "-", "+")
+        last = _entry_id(entries[-1][0]) if entries else 0
+        seen = read_log([fields[b"f"] for _id, fields in entries])
+        error = (
+            f"worker {owner} stopped (its lease of {self.lease_ms / 1000:g} s expired); "
+            f"worker {self.worker} ended the run"
+        )
+        events = (
+            []
+            if seen.ended
+            else closing_events(seen, error, await self._known(run_id, session, seen))
+        )
+        async with self.client.pipeline(transaction=False) as pipe:
+            for n, data in enumerate(events, start=last + 1):
+                frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (
+                    n,
+                    data["type"].encode(),
+                    orjson.dumps(data),
+                )
+                pipe.xadd(_stream(run_id), {"f": frame}, id=f"0-{n}")
+            # the stream's last id at its maximum: a write of its owner (only paused, not
+            # dead) after this end is refused by its id, never appended after run_ended
+            pipe.execute_command("XSETID", _stream(run_id), _LAST_ID)
+            pipe.hset(_meta(run_id), "status", "done")
+            pipe.srem(_RUNNING, run_id)
+            pipe.pexpire(_stream(run_id), self.ttl_ms)
+            pipe.pexpire(_meta(run_id), self.ttl_ms)
+            await pipe.execute()
+        _log.warning("run %s…: %s", run_id[:6], error)
+
+    async def _known(
+        self, run_id: str, session: str, seen: OpenCalls
+    ) -> dict[str, tuple[bool, str | None] | str]:
+        """What the shared ledger says of the calls the log leaves without a result."""
+        known: dict[str, tuple[bool, str | None] | str] = {}
+        if self.ledger is None or not seen.committed:
+            return known
+        scope = run_scope_of(session, run_id)
+        for call_id in seen.committed:
+            try:
+                record = await self.ledger.get(LedgerKey(scope=scope, call_id=call_id))
+            except Exception as exc:  # (the ledger unreachable: the log decides)
+                _log.warning("run %s…: the ledger could not be read (%s)", run_id[:6], exc)
+                return known
+            if record is None:
+                continue
+            if record.result is not None:
+                code = record.result.code
+                known[call_id] = (record.result.is_error, str(code) if code else None)
+            elif record.state == "started":
+                known[call_id] = "started"
+        return known
 
     async def xread(self, run_id: str, cursor: int, limit: int, wait_s: float) -> Any:
         """``XREAD`` after entry ``0-cursor``, blocking at most ``wait_s`` (0: not at all)."""
@@ -386,7 +603,7 @@ class _Writer:
                     await self._flush(list(dirty.values()), renew)
             except Exception as exc:  # a bug in us: its runs go on locally, the writer lives
                 _log.exception("run store: a write failed")
-                self._give_up(list(dirty.values()), exc)
+                self.give_up(list(dirty.values()), exc)
             if not self._dirty:
                 self._idle.set()
 
@@ -403,7 +620,7 @@ class _Writer:
                 if self._failing_since is None:
                     self._failing_since = now
                 if now + delay - self._failing_since > self._store.outage_s:
-                    self._give_up(runs + list(self._dirty.values()), exc)
+                    self.give_up(runs + list(self._dirty.values()), exc)
                     self._dirty.clear()
                     return
                 await asyncio.sleep(delay)
@@ -424,6 +641,7 @@ class _Writer:
                 ended = run.done and upto >= log.last_id
                 if ended:
                     pipe.hset(meta, "status", "done")
+                    pipe.srem(_RUNNING, run.id)
                 if ended or renew or not written:  # (its end, a renewal, a new stream)
                     pipe.pexpire(stream, ttl)
                     pipe.pexpire(meta, ttl)
@@ -441,12 +659,17 @@ class _Writer:
                 self._written[run.id] = upto
             run.publish(upto)
 
-    def _give_up(self, runs: list[RelayRun], exc: Exception) -> None:
-        """The store stayed unreachable: the runs go on locally only, cancelled."""
-        outage = self._store.outage_s
-        _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
+    def give_up(self, runs: list[RelayRun], exc: Exception | str) -> None:
+        """The store stayed unreachable (``exc``), or this worker lost its lease (``exc``:
+        the reason): the runs go on locally only, cancelled."""
+        if isinstance(exc, str):
+            _log.error("run store: %s (%d runs)", exc, len(runs))
+        else:
+            outage = self._store.outage_s
+            _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
+        reason = exc if isinstance(exc, str) else _UNREACHABLE
         for run in {r.id: r for r in runs}.values():
             self._written.pop(run.id, None)
             run.mirror = None
             run.publish(run.log.last_id)
-            run.cancel(_UNREACHABLE)
+            run.cancel(reason)

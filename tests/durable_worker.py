@@ -1,0 +1,73 @@
+"""One worker process of the durable-run test: ``durable_worker.py start|recover PG_URL
+MODEL_URL LEDGER_URL LOG RUN_ID EXECUTOR [DEAD_EXECUTOR]``. ``start`` starts the run and
+waits for it; ``recover`` takes over the dead executor's runs and waits for RUN_ID. The
+result (``DurableResult``) is printed as one JSON line."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from dbos import DBOS
+
+from toollatch import Agent, RunLimits, model_client, open_ledger, tool
+from toollatch.ledger import current_call
+from toollatch.runtime import DurableRuns
+
+
+def tools(log: str) -> list:
+    def note(what: str) -> None:
+        call = current_call()
+        with open(log, "a") as f:
+            f.write(f"{what} {call.idempotency_key if call else None}\n")
+
+    @tool(eager=True)
+    def get_weather(city: str, unit: str = "c") -> str:
+        """Weather."""
+        note("weather " + city)
+        return "21 degrees"
+
+    @tool(timeout=120)
+    def write_file(path: str, content: str) -> str:
+        """Write, slowly (WRITE_SLEEP_S, 60 s): the test may kill the worker meanwhile."""
+        note("write started")
+        time.sleep(float(os.environ.get("WRITE_SLEEP_S", "60")))
+        note("write finished")
+        return "ok"
+
+    return [get_weather, write_file]
+
+
+def tell(log: str, number: int, event: object) -> None:
+    """The sink: one JSON line per event told (with this process's id) in LOG.events."""
+    data = event.to_json()  # type: ignore[attr-defined]
+    data.pop("history", None)
+    with open(log + ".events", "a") as f:
+        f.write(json.dumps({"n": number, "pid": os.getpid(), **data}) + "\n")
+
+
+async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id: str,
+               executor: str, dead: str = "") -> None:  # fmt: skip
+    ledger = open_ledger(ledger_url)
+    async with model_client("openai_chat", model="scripted", base_url=model) as client:
+        agent = Agent(
+            client, tools(log), ledger=ledger, lease_s=2.0, run_limits=RunLimits(max_rounds=5)
+        )
+        async with DurableRuns(pg, executor_id=executor) as runs:
+            runs.register("weather", agent, on_event=lambda run, n, event: tell(log, n, event))
+            if mode == "start":
+                await runs.start("weather", "weather?", run_id=run_id)
+            else:
+                print(json.dumps({"recovered": await runs.recover([dead])}), flush=True)
+            result = await runs.result(run_id)
+            steps = await DBOS.list_workflow_steps_async(run_id)
+            ended = {**dataclasses.asdict(result), "steps": [s["function_name"] for s in steps]}
+            print(json.dumps(ended), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
