@@ -311,6 +311,8 @@ def test_workers_sharing_a_redis_store_resume_only_a_dead_workers_run(
     worker to start resumes it, and the call runs once."""
     import redis
 
+    from toollatch.relay.store._redis import _meta
+
     made = redis.Redis.from_url(redis_server.url)
     made.flushdb()
     made.close()
@@ -320,10 +322,16 @@ def test_workers_sharing_a_redis_store_resume_only_a_dead_workers_run(
         assert run.status_code == 201, run.text
         run_id = run.json()["id"]
         first = asked(until(owner, f"/runs/{run_id}/events", "approval_requested"))
+        store = redis.Redis.from_url(redis_server.url)
+        owner_before = store.hget(_meta(run_id), "owner")
         with serving(*args) as url, client_for(url) as client:
-            # the live owner keeps its run: this worker reads it through the store
+            # the live owner keeps its run: this worker forwards the answer to it, and the
+            # owner checks the token (a worker that had taken the run would own it now)
             again = client.post(f"/runs/{run_id}/calls/call_r/approve", json={"token": "x"})
-            assert (again.status_code, again.json()["error"]["code"]) == (404, "not_found")
+            code = again.json()["error"]["code"]
+            assert (again.status_code, code) == (403, "invalid_approval_token")
+            assert store.hget(_meta(run_id), "owner") == owner_before
+        store.close()
     assert not setup["log"].exists()
     frames = approve_after_restart(args, run_id, first)
     check_ran_once(setup, frames)
