@@ -402,6 +402,26 @@ async def test_every_store_keeps_questions_and_takes_one_answer(store: Any):
     assert await store.questions("s2") == []
 
 
+async def test_every_store_lists_the_pending_questions_of_every_scope(store: Any):
+    """What a restarted relay reads to find the runs to resume: oldest first, bounded, the
+    answered ones left out, scopes with odd characters intact."""
+    digest = digest_of("write_file", {"path": "a"})
+    scopes = ["s1", "relay-ab/c d{x}", "chat-9-x/branch"]
+    for n, scope in enumerate(scopes):
+        for call_id in ("c1", "c2"):
+            key = LedgerKey(scope=scope, call_id=call_id)
+            await store.ask(
+                Question(key=key, kind="approval", name="write_file", digest=digest,
+                         asked_at=float(10 * n + int(call_id[1])), expires_at=None)
+            )  # fmt: skip
+    await store.answer(LedgerKey(scope="s1", call_id="c2"), digest=digest, decision="denied", now=5)
+    found = await store.pending_questions(100)
+    keys = [(q.key.scope, q.key.call_id) for q in found]
+    assert keys == [("s1", "c1"), *((s, c) for s in scopes[1:] for c in ("c1", "c2"))]
+    assert all(q.pending for q in found)
+    assert [q.key.call_id for q in await store.pending_questions(2)] == ["c1", "c1"]
+
+
 def _fields(q: Question) -> dict[str, Any]:
     return {f: getattr(q, f) for f in Question.__dataclass_fields__}
 

@@ -1,24 +1,23 @@
 """The relay's answers to waiting calls over real HTTP: ``approval_requested`` carries the
 full committed arguments and a signed token; ``POST /runs/{id}/calls/{call_id}/approve``,
 ``deny`` and ``result`` answer it, checked against the session, the token and the runtime's
-refusals (stable codes); a ``toollatch serve`` SIGKILLed while a question waits is restarted
-on the same SQLite ledger and the approved call runs exactly once."""
+refusals (stable codes); edited arguments and ``always`` (revocable) over HTTP. A serve
+SIGKILLed while a question waits: tests/test_relay_restore.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from relay_helpers import Frame, parse_sse, read_events, serving, start_run
+from relay_helpers import Frame, parse_sse, read_events, start_run
 from toollatch import ApprovalPolicy, schema_tool, tool
 from toollatch.relay import RelayServer
-from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+from toollatch.scripted import Call, Script, Text, Turn
 
 LONG = "x" * 600  # longer than any preview: the question must carry it whole
 
@@ -175,82 +174,6 @@ async def test_the_secret_signs_the_token_and_must_be_long_enough():
             pass
 
 
-TOOLS = '''
-import os
-from toollatch import schema_tool, tool
-
-
-@tool(needs_approval=True)
-def record(key: str) -> str:
-    """Append key to the side-effect file: one line per run of the tool."""
-    with open(os.environ["RECORD_LOG"], "a", encoding="utf-8") as f:
-        f.write(key + "\\n")
-    return "recorded " + key
-'''
-
-
-def test_a_serve_killed_while_a_question_waits_is_restarted_and_the_call_runs_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tools = tmp_path / "record_tools.py"
-    tools.write_text(TOOLS, encoding="utf-8")
-    log = tmp_path / "side_effects.txt"
-    monkeypatch.setenv("RECORD_LOG", str(log))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    monkeypatch.setenv("APPROVAL_KEY", "a-fixed-key-of-32-bytes-for-test")
-    config = tmp_path / "toollatch.yaml"
-    config.write_text("relay:\n  approval_secret_env: APPROVAL_KEY\n", encoding="utf-8")
-    script = Script(
-        turns=(
-            Turn(items=(Call(call_id="call_r", name="record", arguments='{"key": "r"}'),)),
-            Turn(items=(Text(text="Recorded."),)),
-        )
-    )
-    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    with ScriptedServer(scripts={"rec": script}) as model:
-        args = ("--config", str(config), "--tools", str(tools), "--ledger", ledger)
-        args += ("--model", "rec", "--base-url", model.base_url("openai_chat"))
-        with serving(*args, how=signal.SIGKILL) as url:
-            with httpx.Client(base_url=url, timeout=30) as client:
-                run = client.post("/runs", json={"message": "record"}).json()
-                session = client.cookies["toollatch_session"]
-                first = _until_question(client, run["events_url"])
-        assert not log.exists()  # killed while waiting: never ran
-        with serving(*args) as url:
-            headers = {"x-toollatch-session": session}
-            with httpx.Client(base_url=url, timeout=60, headers=headers) as client:
-                resumed = client.post("/runs", json={"resume": run["id"]})
-                assert resumed.status_code == 201, resumed.text
-                again = _until_question(client, run["events_url"])
-                # the stored question, found again: same call, arguments and expiry
-                assert (again["id"], again["args_sha256"], again["expires_at"]) == (
-                    first["id"], first["args_sha256"], first["expires_at"],
-                )  # fmt: skip
-                assert again["token"] == first["token"]  # (the fixed secret)
-                ok = client.post(
-                    f"/runs/{run['id']}/calls/call_r/approve", json={"token": first["token"]}
-                )
-                assert ok.status_code == 202, ok.text
-                frames, _ = parse_sse(client.get(run["events_url"]).text)
-    assert log.read_text().split() == ["r"]  # exactly once
-    assert frames[-1].event == "run_ended" and frames[-1].data["error"] is None
-    finished = [f.data for f in frames if f.event == "tool_finished"]
-    assert [(f["id"], f["is_error"]) for f in finished] == [("call_r", False)]
-
-
-def _until_question(client: httpx.Client, url: str) -> dict[str, Any]:
-    buffer = ""
-    with client.stream("GET", url) as stream:
-        for text in stream.iter_text():
-            buffer += text
-            frames, _ = parse_sse(buffer.rsplit("\n\n", 1)[0] + "\n\n")
-            for f in frames:
-                if f.event == "approval_requested":
-                    data: dict[str, Any] = f.data
-                    return data
-    raise AssertionError("no question")
-
-
 def test_serve_refuses_a_short_or_missing_secret(tmp_path: Path) -> None:
     import subprocess
 
@@ -403,3 +326,87 @@ async def test_an_unanswered_call_expires_and_a_late_answer_is_refused():
     assert [(f["id"], f["error"]) for f in finished] == [("call_w", "approval_expired")]
     assert (late.status_code, late.json()["error"]["code"]) == (409, "run_not_running")
     assert ran == []
+
+
+async def test_approve_with_edited_arguments_over_http_passes_the_gate_and_the_model_is_told():
+    from toollatch.relay._requests import run_scope
+
+    ran.clear()
+    only = Script(
+        turns=(
+            Turn(items=(Call(call_id="call_w", name="write_file",
+                             arguments='{"path": "asked.md", "content": "x"}'),)),
+            Turn(items=(Text(text="Done."),)),
+        )
+    )  # fmt: skip
+    server = RelayServer(scripts={"e": only}, delay_scale=0, tools=[write_file], ledger="memory:")
+    async with server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        run = await start_run(client, "go", model="e")
+        frames = await until_asked(client, run["events_url"], 1)
+        token = next(f.data["token"] for f in frames if f.event == "approval_requested")
+        bad = await answer(client, run, "call_w", "approve", token=token, args='{"path": 1}')
+        assert (bad.status_code, bad.json()["error"]["code"]) == (422, "edit_rejected")
+        edited = {"path": "edited.md", "content": "changed"}
+        ok = await answer(client, run, "call_w", "approve", token=token, args=edited)
+        assert ok.status_code == 202, ok.text
+        frames = await read_events(client, run["events_url"])
+        assert server.relay is not None
+        session = client.headers["x-toollatch-session"]
+        history = await server.relay.history.load(run_scope(session, run["id"]))  # type: ignore[union-attr]
+    assert ran == ["edited.md"]  # the edited call ran, once; the asked one never
+    answered = next(f.data for f in frames if f.event == "approval_answered")
+    assert (answered["decision"], answered["edited"]) == ("approved", True)
+    told = next(m["content"] for m in history if m.get("role") == "tool")
+    assert "edited arguments" in told and '"path":"edited.md"' in told
+    assert told.endswith("wrote 7 chars to edited.md")
+    assert frames[-1].event == "run_ended" and frames[-1].data["error"] is None
+
+
+async def test_always_over_http_runs_the_tool_unasked_in_the_run_until_revoked():
+    import asyncio
+
+    went_on = asyncio.Event()
+    recorded: list[str] = []
+
+    @tool(needs_approval=True)
+    async def note(key: str) -> str:
+        """Record key (the second call waits until the test revoked the always)."""
+        recorded.append(key)
+        if key == "b":
+            await went_on.wait()
+        return f"noted {key}"
+
+    def call(n: str) -> Turn:
+        return Turn(items=(Call(call_id=f"call_{n}", name="note", arguments=f'{{"key": "{n}"}}'),))
+
+    script = Script(turns=(call("a"), call("b"), call("c"), Turn(items=(Text(text="ok"),))))
+    async with (
+        RelayServer(scripts={"n": script}, delay_scale=0, tools=[note]) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        run = await start_run(client, "go", model="n")
+        frames = await until_asked(client, run["events_url"], 1)
+        token = next(f.data["token"] for f in frames if f.event == "approval_requested")
+        bad = await answer(client, run, "call_a", "approve", token=token, always="yes")
+        assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_body")
+        ok = await answer(client, run, "call_a", "approve", token=token, always=True)
+        assert ok.status_code == 202, ok.text
+        while recorded != ["a", "b"]:  # b ran without a question
+            await asyncio.sleep(0.01)
+        revoke = await client.post(f"/runs/{run['id']}/tools/note/revoke", json={})
+        assert revoke.status_code == 202, revoke.text
+        went_on.set()
+        frames = await until_asked(client, run["events_url"], 2)  # c asks again
+        asked = [f.data["id"] for f in frames if f.event == "approval_requested"]
+        assert asked == ["call_a", "call_c"]
+        token_c = next(
+            f.data["token"] for f in frames if f.data.get("id") == "call_c" and "token" in f.data
+        )
+        no = await answer(client, run, "call_c", "deny", token=token_c, reason="not c")
+        assert no.status_code == 202, no.text
+        frames = await read_events(client, run["events_url"])
+        gone = await client.post(f"/runs/{run['id']}/tools/note/revoke", json={})
+    assert recorded == ["a", "b"]
+    finished = {f.data["id"]: f.data["error"] for f in frames if f.event == "tool_finished"}
+    assert finished == {"call_a": None, "call_b": None, "call_c": "approval_denied"}
+    assert (gone.status_code, gone.json()["error"]["code"]) == (409, "run_not_running")

@@ -5,10 +5,15 @@
 // interrupt (approved or not, as configured). Every event of both runs passes the client's
 // verifyEvents (runAgent throws otherwise) and EventSchema.
 //
+// "editedArgs": the approval's payload.editedArgs. With "askedFile" and "goFile"
+// (tests/test_relay_restore.py): after run 1 it creates askedFile, waits for goFile and sends
+// run 2 to the relay URL goFile holds (the relay was restarted meanwhile).
+//
 // Usage: node agui_approvals.mjs '{"url", "session", "threadId", "text", "model", "tool",
-//   "clientOutput", "approved"}'. Prints {"runs": [{"ok", "error", "wire", "problems",
+//   "clientOutput", "approved", "editedArgs"?, "askedFile"?, "goFile"?}'. Prints {"runs": [{"ok", "error", "wire", "problems",
 //   "relayRun"}], "interrupts",
 //   "messages"}.
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { HttpAgent } from "@ag-ui/client";
 import { EventSchema } from "@ag-ui/core/schemas";
 
@@ -20,8 +25,9 @@ const agent = new HttpAgent({
   headers: { "X-Toollatch-Session": config.session },
   threadId: config.threadId,
 });
+let relayUrl = config.url;
 agent.fetch = async (url, init) => {
-  const response = await fetch(url, init);
+  const response = await fetch(String(url).replace(config.url, relayUrl), init);
   captured = response.clone().text();
   relayRun = response.headers.get("x-toollatch-run");
   return response;
@@ -67,7 +73,16 @@ for (const message of agent.messages) {
 const resume = interrupts.map((i) => ({
   interruptId: i.id,
   status: "resolved",
-  payload: config.approved ? { approved: true } : { approved: false, reason: "not now" },
+  payload: config.approved
+    ? { approved: true, ...(config.editedArgs ? { editedArgs: config.editedArgs } : {}) }
+    : { approved: false, reason: "not now" },
 }));
+if (config.goFile) {
+  writeFileSync(config.askedFile, "asked");
+  for (let i = 0; i < 2400 && !existsSync(config.goFile); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  relayUrl = readFileSync(config.goFile, "utf8").trim();
+}
 const second = await run({ runId: "run-2", resume });
 console.log(JSON.stringify({ runs: [first, second], messages: agent.messages, interrupts }));

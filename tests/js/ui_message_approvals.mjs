@@ -5,9 +5,15 @@
 // approves and denies the calls named in the config; sendAutomaticallyWhen
 // (lastAssistantMessageIsCompleteWithApprovalResponses) then posts the answers.
 //
+// With "askedFile" and "goFile" (tests/test_relay_restore.py): once the first stream ends
+// it creates askedFile, waits for goFile and sends its answers to the relay URL goFile holds
+// (the relay was restarted meanwhile).
+//
 // Usage: node ui_message_approvals.mjs '{"url", "session", "chatId", "text", "model",
-//   "clientTool", "clientOutput", "approve": [call ids], "deny": [call ids]}'
+//   "clientTool", "clientOutput", "approve": [call ids], "deny": [call ids],
+//   "askedFile"?, "goFile"?}'
 // Prints {"messages", "requests", "status", "error", "toolCalls"}.
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import {
   AbstractChat,
   DefaultChatTransport,
@@ -43,6 +49,7 @@ class NodeChat extends AbstractChat {
 }
 
 let requests = 0;
+let relayUrl = config.url;
 const toolCalls = [];
 const transport = new DefaultChatTransport({
   api: `${config.url}/api/chat`,
@@ -50,7 +57,7 @@ const transport = new DefaultChatTransport({
   body: { model: config.model },
   fetch: async (input, init) => {
     requests += 1;
-    return fetch(input, init);
+    return fetch(String(input).replace(config.url, relayUrl), init);
   },
 });
 
@@ -78,6 +85,13 @@ async function settled() {
 
 await chat.sendMessage({ text: config.text });
 await settled();
+if (config.goFile) {
+  writeFileSync(config.askedFile, "asked");
+  for (let i = 0; i < 2400 && !existsSync(config.goFile); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  relayUrl = readFileSync(config.goFile, "utf8").trim();
+}
 for (const id of config.approve) await chat.addToolApprovalResponse({ id: approvalIdOf(id), approved: true });
 for (const id of config.deny) {
   await chat.addToolApprovalResponse({ id: approvalIdOf(id), approved: false, reason: "no, thanks" });

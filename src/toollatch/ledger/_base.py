@@ -184,6 +184,11 @@ class MemoryLedger(RecordLedger, QuestionRules):
         found = [q for k, q in self._questions.items() if k.scope == scope]
         return sorted(found, key=lambda q: q.asked_at)
 
+    async def pending_questions(self, limit: int) -> list[Question]:
+        """See :meth:`~._questions.PendingQuestions.pending_questions`."""
+        found = [q for q in self._questions.values() if q.pending]
+        return sorted(found, key=lambda q: (q.asked_at, q.key.scope, q.key.call_id))[:limit]
+
     async def _apply(self, key: LedgerKey, step: Step[T]) -> T:
         return _stepped(self._records, key, step)
 

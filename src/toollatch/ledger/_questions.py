@@ -136,6 +136,16 @@ class QuestionStore(Protocol):
         ...
 
 
+@runtime_checkable
+class PendingQuestions(Protocol):
+    """A :class:`QuestionStore` that can list what waits in every scope (every built-in
+    ledger): how a restarted relay finds the runs to resume."""
+
+    async def pending_questions(self, limit: int) -> list[Question]:
+        """The unanswered questions of every scope, oldest first, at most ``limit``."""
+        ...
+
+
 QuestionStep = Callable[["Question | None"], "tuple[T, Question | None]"]
 """A rule applied atomically to a key's question: outcome, and the question to write."""
 

@@ -27,7 +27,7 @@ from ..core._redact import RedactionFailed, redact_result, redact_value
 from ..core._round import ToolResult
 from ._base import Ledger
 from ._history import History
-from ._questions import Decision, NotAsked, Question, QuestionStore
+from ._questions import Decision, NotAsked, PendingQuestions, Question, QuestionStore
 from ._records import LedgerError, LedgerKey, LedgerRecord
 
 
@@ -77,6 +77,8 @@ class RedactedLedger:
             self.ask = ledger.ask
             self.question = ledger.question
             self.questions = ledger.questions
+            if isinstance(ledger, PendingQuestions):
+                self.pending_questions = ledger.pending_questions
             self._answer = ledger.answer
 
     async def answer(

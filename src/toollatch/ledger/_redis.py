@@ -237,6 +237,24 @@ class RedisLedger(QuestionRules):
         ]
         return sorted(asked, key=lambda q: (q.asked_at, q.key.call_id))
 
+    async def pending_questions(self, limit: int) -> list[Question]:
+        """See :meth:`~._questions.PendingQuestions.pending_questions` (a ``SCAN`` of the
+        questions' hashes: for a restart, not for a request's path)."""
+        head = f"{self._prefix}questions:"
+        found: list[Question] = []
+        scopes: list[str] = []
+        try:
+            async for key in self._r.scan_iter(match=f"{head}*", count=500):
+                size, _, braced = _text(key)[len(head) :].partition(":")
+                if size.isdigit() and len(braced) == int(size) + 2:  # (else not ours)
+                    scopes.append(braced[1:-1])
+        except redis.exceptions.RedisError as exc:
+            raise LedgerError(f"Redis ledger: {type(exc).__name__}: {exc}") from exc
+        for scope in scopes:
+            found += [q for q in await self.questions(scope) if q.pending]
+        found.sort(key=lambda q: (q.asked_at, q.key.scope, q.key.call_id))
+        return found[:limit]
+
     async def _apply_question(self, key: LedgerKey, step: QuestionStep[T]) -> T:
         where = self._questions_key(key.scope)
         for _ in range(_CLAIM_RACES):

@@ -118,6 +118,19 @@ class SQLiteLedger(RecordLedger, QuestionRules):
 
         return await self._file.call(run)
 
+    async def pending_questions(self, limit: int) -> list[Question]:
+        """See :meth:`~._questions.PendingQuestions.pending_questions`."""
+
+        def run(conn: sqlite3.Connection) -> list[Question]:
+            rows = conn.execute(
+                "SELECT scope, call_id, data FROM toollatch_questions WHERE answered_at IS NULL "
+                "ORDER BY asked_at, scope, call_id LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return [question_from_json(LedgerKey(scope=s, call_id=c), d) for s, c, d in rows]
+
+        return await self._file.call(run)
+
     async def _apply_question(self, key: LedgerKey, step: QuestionStep[T]) -> T:
         def run(conn: sqlite3.Connection) -> T:
             with _immediate(conn):

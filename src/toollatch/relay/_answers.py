@@ -8,7 +8,9 @@ the call id and that digest, keyed by the relay's secret. The run remembers what
 (:class:`Asked`). ``POST /runs/{id}/calls/{call_id}/approve|deny|result`` answers it: the
 session must own the run (another session's run is 404 ``not_found``, as one that does not
 exist), the call must be one the run asked (409 ``not_asked``), and the body's token must be
-the one sent with the question (403 ``invalid_approval_token``): the token binds the answer
+the one sent with the question (403 ``invalid_approval_token``). An approval's ``always``
+(later calls of that tool in the run's conversation run without asking) is undone by
+``POST /runs/{id}/tools/{name}/revoke`` (``{}``). The token binds the answer
 to that call and those arguments; it authenticates nobody, the session does. The runtime's
 refusals (:class:`toollatch.ledger.ApprovalError`) keep their meaning: 409
 ``already_answered`` / ``stale_arguments`` / ``wrong_kind`` / ``not_asked``, 403
@@ -16,8 +18,9 @@ refusals (:class:`toollatch.ledger.ApprovalError`) keep their meaning: 409
 
 The secret: ``Relay(approval_secret=...)`` (``toollatch serve``: the environment variable
 ``relay.approval_secret_env`` names), else random per process: a question asked before a
-restart is then asked again with a new token when its run is resumed (the old token is
-refused), which is safe but means a page must use the token of the newest event.
+restart is then asked again with a new token when its run is resumed (a restarted relay
+resumes it by itself, :mod:`._restore`; the old token is refused), which is safe but means a
+page must use the token of the newest event.
 """
 
 from __future__ import annotations
@@ -208,4 +211,25 @@ def routes(
             return exc.response()
         return JSONResponse(replied[1], status_code=replied[0])
 
-    return [Route("/runs/{run_id}/calls/{call_id}/{action}", endpoint, methods=["POST"])]
+    async def revoke(request: Request) -> Response:
+        """Undo an approval's ``always`` for the run's conversation: its calls ask again."""
+        try:
+            data = await read_json(request)
+            if data != {}:
+                raise HTTPError(422, "invalid_body", "the body must be {}")
+            run = owned(request)
+            if run is None:
+                raise HTTPError(404, "not_found", "no such run")
+            agent_run = run.agent_run
+            if run.done or agent_run is None:
+                raise HTTPError(409, "run_not_running", "the run is over")
+            name = request.path_params["name"]
+            agent_run.revoke(name)
+        except HTTPError as exc:
+            return exc.response()
+        return JSONResponse({"id": run.id, "tool": name, "revoked": True}, status_code=202)
+
+    return [
+        Route("/runs/{run_id}/calls/{call_id}/{action}", endpoint, methods=["POST"]),
+        Route("/runs/{run_id}/tools/{name}/revoke", revoke, methods=["POST"]),
+    ]

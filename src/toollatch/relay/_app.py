@@ -24,6 +24,9 @@ and ``/cancel``): the Vercel AI SDK's UI message stream, :mod:`.protocols._ui_me
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -46,14 +49,13 @@ from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits, ToolSource
 from ..tools._tools import Tool
-from . import _answers
+from . import _answers, _restore
 from ._chats import CHAT_ID, BoundedMemoryHistory, ChatStore
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
 from ._requests import COOKIE as COOKIE  # noqa: PLC0414 (the names tests know)
 from ._requests import HEADER, HTTPError, run_scope
 from ._requests import CountedStream as _CountedStream
-from ._requests import digest as _digest
 from ._requests import read_body as _read_body
 from ._requests import require_json as _require_json
 from ._requests import resume_point as _resume_point
@@ -70,6 +72,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
 
+
+_log = logging.getLogger("toollatch.relay")
 
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format's media type."""
@@ -102,6 +106,8 @@ class Relay:
     same session, in this process or a later one, without running a completed call again;
     ``audit`` (opt-in) records the runs' calls that did not commit.
     ``run_limits``: the budgets of each run (default ``RunLimits()``: 900 s deadline).
+    With both, :meth:`restore` (``RelayServer`` calls it at start) resumes the runs that
+    were waiting for an answer when the relay stopped.
     ``approvals``: which calls wait for a person (:class:`~toollatch.ApprovalPolicy`; tools
     declared ``needs_approval`` and client tools wait anyway); ``approval_secret`` (at least
     16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`).
@@ -270,9 +276,11 @@ class Relay:
         observers: Sequence[Any],
         conversation: str,
         client_tools: Sequence[Tool[..., Any]] = (),
+        kept: Mapping[str, Any] | None = None,
     ) -> None:
         """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`);
-        ``client_tools``: tools whose results the client submits (AG-UI's frontend tools)."""
+        ``client_tools``: tools whose results the client submits (AG-UI's frontend tools);
+        ``kept``: what its run record keeps besides (:mod:`._restore`)."""
         self._start(
             run,
             provider,
@@ -283,6 +291,7 @@ class Relay:
             observers=observers,
             conversation=conversation,
             client_tools=client_tools,
+            kept=kept,
         )
 
     def tool_names(self) -> list[str]:
@@ -481,7 +490,10 @@ class Relay:
                 if run.mirror is not None:
                     run.mirror.push(run)  # (the store records its end)
                 raise
-            self._start(run, turn.provider, model, message, resume=turn.resume, scope=turn.scope)
+            chat = {"chat": self.chats.scope(session, chat_id)}
+            self._start(
+                run, turn.provider, model, message, resume=turn.resume, scope=turn.scope, kept=chat
+            )
             await self.chats.bind(session, chat_id, run.id)
         finally:
             self.chats.release(session, chat_id)
@@ -565,12 +577,14 @@ class Relay:
         conversation: str | None = None,
         scope: str | None = None,
         client_tools: Sequence[Tool[..., Any]] = (),
+        kept: Mapping[str, Any] | None = None,
     ) -> None:
         """Start ``run``'s Agent (admitted by :meth:`admit`): ``message`` after ``history``
         (the provider's format), or after the history stored under ``scope`` (default
         :func:`run_scope`; ``resume``: continue it); ``observers`` see its events before the
-        run's log does; ``conversation``: the call-id scope (default: the run's own). 422
-        :class:`HTTPError` when the agent cannot be made."""
+        run's log does; ``conversation``: the call-id scope (default: the run's own). With a
+        ledger, a run that may ask first writes its record (:mod:`._restore`; ``kept``: what
+        else it holds). 422 :class:`HTTPError` when the agent cannot be made."""
         pool = min(range(len(self.http)), key=self._pool_runs.__getitem__)
         try:
             client = model_client(
@@ -580,8 +594,10 @@ class Relay:
             if tools is None and self.tool_source is not None:
                 tools = ()  # the source's tools replace the examples (as in `toollatch run`)
             elif tools is None:  # the example tools, writing in the session's own directory
-                tools = self._session_tools.get(_digest(run.session))
+                tools = self._session_tools.get(run.session_key[:24])
             tools = (*tools, *client_tools)
+            stores = self.history if scope is None else self.chats.history
+            scope = scope or run_scope(run.session, run.id)
             metrics = [self.metrics] if self.metrics is not None else []
             observers = [*observers, run.observer, *metrics]
             agent = Agent(
@@ -592,8 +608,8 @@ class Relay:
                 tool_source=self.tool_source,
                 audit=self.audit,
                 ledger=self.ledger,
-                history_store=self.history if scope is None else self.chats.history,
-                session=scope or run_scope(run.session, run.id),
+                history_store=stores,
+                session=scope,
                 run_limits=self.run_limits,
                 approvals=self.approvals,
             )
@@ -608,9 +624,88 @@ class Relay:
             self._pool_runs[pool] -= 1
             await client.aclose()
 
+        before = None
+        if self.history is not None and _restore.may_ask(
+            tools, self.approvals, self.tool_source is not None
+        ):
+            record = {
+                "session": run.session_key, "run": run.id, "provider": provider, "model": model,
+                "scope": scope, "conversation": conversation or scope, **(kept or {}),
+            }  # fmt: skip
+            if client_tools:
+                record["client_tools"] = _restore.client_tool_specs(client_tools)
+            history_store = self.history
+
+            async def before() -> None:
+                await _restore.remember(history_store, record)
+
         run.start(
-            agent.run(message, resume=resume, history=history, conversation=conversation), closing
+            agent.run(message, resume=resume, history=history, conversation=conversation),
+            closing,
+            before,
         )
+
+    async def restore(self, wait_s: float = 5.0) -> list[str]:
+        """Resume the runs that were waiting for an answer when the relay stopped (see
+        :mod:`._restore`; nothing without a ledger that lists its questions); the ids of the
+        runs resumed. Returns once each has asked its questions again (or ended), at most
+        ``wait_s`` seconds. ``LedgerError`` when the ledger cannot be read."""
+        if self.history is None or self.ledger is None:
+            return []
+        resumed: list[tuple[RelayRun, list[str]]] = []
+        for record, call_ids in await _restore.pending_runs(self.ledger, self.history):
+            if self.runs.get(record["run"]) is not None:
+                continue  # (listed twice, or already resumed by a request)
+            try:
+                run = await self._resume_recorded(record)
+            except (HTTPError, ConfigError, UsageError) as exc:
+                _log.warning("run %s… was not resumed: %s", record["run"][:6], exc)
+                continue
+            if run is not None:
+                resumed.append((run, call_ids))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                for run, call_ids in resumed:
+                    while not (run.done or _restore.asked_again(run.asked, call_ids)):
+                        await run.wait(run.log.last_id, wait_s)
+        return [run.id for run, _ in resumed]
+
+    async def _resume_recorded(self, record: Mapping[str, Any]) -> RelayRun | None:
+        """Admit and start the run ``record`` names, continuing its stored history (None:
+        a live worker sharing the run store drives it)."""
+        run = RelayRun(
+            "", self.previews, self.limits, run_id=record["run"],
+            approval_secret=self.approval_secret, session_key=record["session"],
+        )  # fmt: skip
+        try:
+            if not await self.store.adopt(run.id):
+                return None  # (another worker drives it)
+        except StoreUnavailable as exc:
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
+        if not self.runs.admit(run):
+            raise HTTPError(429, "too_many_runs", "the relay's active runs are full")
+        try:
+            await self.store.created(run)
+            if isinstance(record.get("chat"), str):
+                await self.store.point("chat", record["chat"], run.id)
+        except StoreUnavailable as exc:
+            self.runs.forget(run.id)
+            raise HTTPError(503, "store_unavailable", str(exc)) from None
+        provider, model = record["provider"], record["model"]
+        if provider not in self.providers or model not in self.models:
+            self.runs.forget(run.id)
+            raise HTTPError(409, "invalid_run", f"{provider} / {model} is not served here")
+        kept = {k: v for k, v in record.items() if k in ("chat", "agui")}
+        agui = record.get("agui")
+        observers = []
+        if isinstance(agui, dict) and isinstance(agui.get("thread"), str):
+            observers.append(self.agui.resume(run, agui["thread"], provider))
+        self._start(
+            run, provider, model, None, resume=True, scope=record["scope"],
+            conversation=record["conversation"], client_tools=_restore.client_tools(record),
+            kept=kept, observers=observers,
+        )  # fmt: skip
+        return run
 
     async def _events(self, request: Request) -> Response:
         try:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -245,10 +246,15 @@ class RelayRun:
         *,
         run_id: str | None = None,
         approval_secret: bytes | None = None,
+        session_key: str | None = None,
     ) -> None:
         self.id = run_id or secrets.token_urlsafe(18)
         """Unguessable (24 characters); a resumed run keeps the id it was stored under."""
         self.session = session
+        """The session token ("" for a run a restarted relay resumed, until a request of its
+        session finds it: :meth:`RunRegistry.owned`)."""
+        self.session_key = session_key or session_key_of(session)
+        """The SHA-256 (hex) of the session token: what ownership is checked against."""
         self.log = EventLog(limits.max_kept_bytes)
         self.published = 0
         """The newest id its readers may get: the newest one, or with a :attr:`mirror` the
@@ -305,11 +311,17 @@ class RelayRun:
         missed, frames, cursor = self.log.frames(cursor, limit, self.published)
         return missed, frames, cursor, False
 
-    def start(self, agent_run: AgentRun, closing: Callable[[], Any]) -> None:
+    def start(
+        self,
+        agent_run: AgentRun,
+        closing: Callable[[], Any],
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Drive ``agent_run`` (of an Agent observed by :attr:`observer`) in a task;
-        ``closing()`` (awaitable) runs when it ends."""
+        ``before()``, if given, is awaited first (the run's record), ``closing()``
+        (awaitable) runs when it ends."""
         self._agent_run = agent_run
-        self._task = asyncio.get_running_loop().create_task(self._drive(closing))
+        self._task = asyncio.get_running_loop().create_task(self._drive(closing, before))
 
     def append(self, data: dict[str, Any]) -> None:
         """Store one event (``data["type"]`` is its SSE name) and wake the readers."""
@@ -361,9 +373,13 @@ class RelayRun:
         """The task driving the run (None before :meth:`start`)."""
         return self._task
 
-    async def _drive(self, closing: Callable[[], Any]) -> None:
+    async def _drive(
+        self, closing: Callable[[], Any], before: Callable[[], Awaitable[None]] | None
+    ) -> None:
         assert self._agent_run is not None
         try:
+            if before is not None:
+                await before()
             async for _event in self._agent_run:
                 pass  # the observer appended it when it was created
         except Exception as exc:  # a broken client or tool file: the page must still end
@@ -404,6 +420,11 @@ class RelayRun:
         return data
 
 
+def session_key_of(session: str) -> str:
+    """What a run keeps of its session token to check its owner (SHA-256, hex)."""
+    return hashlib.sha256(session.encode()).hexdigest()
+
+
 FINISH_SHARE = 0.8
 """The share of the shutdown grace a stopping worker with a shared store lets its runs go
 on for before it cancels the rest (the cancel, pairing every call, gets the remainder)."""
@@ -423,7 +444,8 @@ class RunRegistry:
         runs = self._runs.values()
         if session is None:
             return sum(1 for r in runs if not r.done)
-        return sum(1 for r in runs if not r.done and secrets.compare_digest(r.session, session))
+        key = session_key_of(session)
+        return sum(1 for r in runs if not r.done and secrets.compare_digest(r.session_key, key))
 
     def admit(self, run: RelayRun) -> bool:
         """Store ``run``; False (not stored) when ``max_active_runs`` are in flight."""
@@ -450,11 +472,16 @@ class RunRegistry:
         return [r for r in self._runs.values() if not r.done]
 
     def owned(self, run_id: str, session: str | None) -> RelayRun | None:
-        """The run, if it exists and belongs to ``session`` (constant-time compare)."""
+        """The run, if it exists and belongs to ``session`` (constant-time compare of the
+        token's SHA-256; a resumed run learns its token here)."""
         run = self._runs.get(run_id)
         if run is None or session is None:
             return None
-        return run if secrets.compare_digest(run.session, session) else None
+        if not secrets.compare_digest(run.session_key, session_key_of(session)):
+            return None
+        if not run.session:
+            run.session = session
+        return run
 
     async def close(
         self, grace_s: float | None = None, *, reason: str | None = None, finish: bool = False

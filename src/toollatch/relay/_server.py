@@ -326,6 +326,10 @@ class RelayServer:
         await relay.store.open(relay.runs, relay.forwarded)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
+        try:  # the runs that were waiting for an answer when the relay stopped
+            await relay.restore()
+        except LedgerError as exc:
+            raise ConfigError(f"ledger {self.ledger_url}: {exc}") from None
         if self.listen_fd is None:
             sock = listening_socket(self.host, self.port, stack)
         else:  # (one of `serve --workers N`: the supervisor's socket, shared)

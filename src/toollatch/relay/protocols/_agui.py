@@ -72,7 +72,7 @@ from ...runtime._agent_events import AgentEvent, RunEndedEvent
 from .. import _answers
 from .._config import RelayLimits
 from .._requests import HTTPError
-from .._runs import RelayRun, RunRegistry, RunSource
+from .._runs import RelayRun, RunRegistry, RunSource, session_key_of
 from ..store._base import RunStore, StoreUnavailable
 from . import _agui_answers
 
@@ -482,6 +482,8 @@ class _Keeper:
         self, endpoint: AguiEndpoint, key: tuple[str, str], provider: str, run: RelayRun
     ) -> None:
         self._endpoint, self._key, self._provider = endpoint, key, provider
+        """``key``: (session, threadId); a resumed run's session is "" until a request of
+        its session adopts it (:meth:`AguiEndpoint.adopted`)."""
         self.run = run
         self.ended = False
 
@@ -509,6 +511,9 @@ class _Keeper:
             endpoint, key = self._endpoint, self._key
             if endpoint.live.get(key) is self:
                 del endpoint.live[key]
+            if not key[0]:  # (resumed, and no request of its session came: nothing to file)
+                endpoint.resumed.pop((self.run.session_key, key[1]), None)
+                return
             thread = Thread(self._provider, tuple(dict(m) for m in event.history))
             saving = asyncio.ensure_future(endpoint.threads.save(*key, thread))
             endpoint.saving[key] = saving
@@ -553,6 +558,7 @@ class RelayHost(Protocol):
         observers: Sequence[Any],
         conversation: str,
         client_tools: Sequence[Any] = (),
+        kept: Mapping[str, Any] | None = None,
     ) -> None: ...
     def stream(
         self,
@@ -578,6 +584,32 @@ class AguiEndpoint:
         self.saving: dict[tuple[str, str], asyncio.Future[None]] = {}
         self.live: dict[tuple[str, str], _Keeper] = {}
         """The threads with a run in flight (another message on one is 409)."""
+        self.resumed: dict[tuple[str, str], _Keeper] = {}
+        """The threads' runs a restarted relay resumed, by (session key, threadId), until a
+        request of their session adopts them (:meth:`adopted`)."""
+
+    def resume(self, run: RelayRun, thread_id: str, provider: str) -> _Keeper:
+        """The observer of a thread's run a restarted relay resumes (give it to the run)."""
+        keeper = _Keeper(self, ("", thread_id), provider, run)
+        self.resumed[(run.session_key, thread_id)] = keeper
+        return keeper
+
+    def adopted(self, session: str, thread_id: str) -> _Keeper | None:
+        """The thread's live run: one of this process, or one resumed after a restart (it
+        becomes the session's own)."""
+        live = self.live.get((session, thread_id))
+        if live is not None:
+            return live
+        keeper = self.resumed.pop((session_key_of(session), thread_id), None)
+        if (
+            keeper is None
+            or not keeper.busy
+            or self.host.runs.owned(keeper.run.id, session) is None
+        ):
+            return None
+        keeper._key = (session, thread_id)
+        self.live[(session, thread_id)] = keeper
+        return keeper
 
     async def answer(self, request: Request) -> Response:
         """Start the run (or read it again) and stream its AG-UI events."""
@@ -599,7 +631,7 @@ class AguiEndpoint:
             return await self._read_again(request, run, given)
         provider, model = self._pick(given.forwarded_props)
         thread = (session, given.thread_id)
-        live = self.live.get(thread)
+        live = self.adopted(*thread)
         if live is not None and live.busy and _answers.waiting(live.run):
             # the thread's run waits on this client: the input answers it, the run goes on
             start = await _agui_answers.answer_input(live.run, host.approval_secret, given)
@@ -635,6 +667,7 @@ class AguiEndpoint:
             observers=[keeper],
             conversation=_thread_scope(session, given.thread_id),
             client_tools=_agui_answers.client_tools(given.tools or (), host.tool_names()),
+            kept={"agui": {"thread": given.thread_id}},
         )
         self.live[thread] = keeper
         with contextlib.suppress(StoreUnavailable):  # (then a re-POST starts another run)

@@ -20,7 +20,8 @@ Endpoints (registered by the relay's app, :func:`routes`):
 * ``GET /api/chat/{id}/stream`` replays the chat's run in flight from its start (what
   ``useChat({resume: true})`` asks for); 204 when none is in flight. A run of this worker
   that waits on its client ends the replay there, as ``POST /api/chat`` does (a reloaded
-  page sees the question again and its answer is read from the next ``POST /api/chat``).
+  page sees the question again and its answer is read from the next ``POST /api/chat``;
+  a run a restarted relay resumed too).
 * ``POST /api/chat/{id}/cancel`` (``{}`` or empty, JSON) cancels it: 202 ``{"id": run id,
   "cancelled"}``. Closing the stream does **not** cancel the run (so that it can be resumed);
   ``POST /runs/{run id}/cancel`` works too (the run id is the ``x-toollatch-run-id`` header).
@@ -596,7 +597,9 @@ async def _resume(host: ChatHost, request: Request) -> Response:
     except HTTPError as exc:
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    # (answers reach this worker's runs only: another worker's run streams on, unpaused)
+    # (a run of this worker waiting on the client ends the stream, as the POST's does: the
+    # page that resumed it can then answer; another worker's run streams on, unpaused: which
+    # calls it waits on is known to its owner only)
     pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
     stream = ui_message_stream(run, host.limits, pause=pause)
     return CountedStream(stream, release, headers=headers)

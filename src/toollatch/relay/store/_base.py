@@ -67,6 +67,10 @@ class RunStore(Protocol):
     async def point(self, kind: str, key: str, run_id: str) -> None:
         """Keep ``key`` -> ``run_id`` (``kind``: one of :data:`POINTER_KINDS`)."""
 
+    async def adopt(self, run_id: str) -> bool:
+        """Whether this worker may resume the stored run ``run_id`` after a restart: no live
+        worker owns it, and no other worker adopted it first (StoreUnavailable)."""
+
     async def pointed(self, kind: str, key: str) -> str | None:
         """The run ``key`` points to (None: none kept)."""
 
@@ -100,6 +104,10 @@ class MemoryRunStore:
     async def cancel(self, run: RunSource, reason: str | None = None) -> bool:
         """False: no other worker."""
         return False
+
+    async def adopt(self, run_id: str) -> bool:
+        """True: no other worker."""
+        return True
 
     async def ask(
         self, run: RunSource, request: dict[str, Any]

@@ -223,7 +223,7 @@ class RedisRunStore:
         """The run's metadata, before its id is given out; then its log is mirrored (a run
         resumed under its id starts a new log, as it does in memory)."""
         mapping: dict[Any, Any] = {
-            "session": session_digest(run.session),
+            "session": run.session_key,
             "owner": self.worker,
             "status": "running",
         }
@@ -237,6 +237,23 @@ class RedisRunStore:
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         run.mirror = self._writer
+
+    async def adopt(self, run_id: str) -> bool:
+        """See :meth:`RunStore.adopt`: the run's owner is alive while it listens on its
+        cancel channel (``PUBSUB NUMSUB``); a dead owner's run goes to the one worker whose
+        ``SET NX`` of its adoption key wins."""
+        try:
+            raw: Any = await self.client.hget(_meta(run_id), "owner")
+            owner = bytes(raw).decode() if raw is not None else ""
+            if owner and owner != self.worker:
+                listening = await self.client.pubsub_numsub(_channel(owner))
+                if listening and listening[0][1] > 0:
+                    return False  # (its worker is alive: it drives the run)
+            adoption = f"{_PREFIX}{{{run_id}}}:adopted:{owner}"
+            won = await self.client.set(adoption, self.worker, nx=True, px=self.ttl_ms)
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return bool(won)
 
     async def find(self, run_id: str, session: str) -> RemoteRun | None:
         """Another worker's run (or this one's that this process no longer holds)."""
