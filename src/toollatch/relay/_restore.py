@@ -25,11 +25,12 @@ ended), at most ``wait_s`` seconds.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..core._errors import UsageError
-from ..ledger import History, HistoryConflict, LedgerError, Question
+from ..ledger import ApprovalError, History, HistoryConflict, LedgerError, Question
 from ..runtime._approvals import ApprovalPolicy
 from ..tools._tools import Tool, schema_tool
 
@@ -107,6 +108,46 @@ async def pending_runs(
             continue
         found.append((record, call_ids))
     return found
+
+
+async def of_run(
+    ledger: object, history: History, run_id: str, scope: str, *, limit: int = MAX_RESTORED
+) -> tuple[dict[str, Any] | None, list[Question]]:
+    """The run ``run_id``'s newest record and its pending questions (those of a scope whose
+    newest record names the run, or of its own ``scope``); ``LedgerError`` when the ledger
+    cannot be read."""
+    lister = getattr(ledger, "pending_questions", None)
+    if lister is None:
+        return None, []
+    found: dict[str, Any] | None = None
+    mine: list[Question] = []
+    records: dict[str, dict[str, Any] | None] = {}
+    for q in await lister(limit):
+        at = q.key.scope
+        if at not in records:
+            stored = await history.load(f"{at}{SUFFIX}")
+            records[at] = stored[-1] if stored and _valid(stored[-1], at) else None
+        record = records[at]
+        if record is not None and record["run"] == run_id:
+            found = record
+            mine.append(q)
+        elif at == scope:
+            mine.append(q)
+    return found, mine
+
+
+async def settle(ledger: object, questions: Sequence[Question], reason: str) -> None:
+    """Answer ``questions`` ``cancelled`` (their run was ended: no restart resumes it); one
+    answered meanwhile is left as it is."""
+    answer = getattr(ledger, "answer", None)
+    if answer is None:
+        return
+    for q in questions:
+        try:
+            now = time.time()
+            await answer(q.key, digest=q.digest, decision="cancelled", now=now, reason=reason)
+        except ApprovalError:
+            continue  # (answered meanwhile)
 
 
 def _valid(record: Mapping[str, Any], scope: str) -> bool:
