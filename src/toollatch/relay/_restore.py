@@ -17,7 +17,9 @@ the run continues its stored history, meets the waiting call again and asks its 
 question again (same call, arguments and expiry), so every reader and every answer path finds
 it live. A scope without a record (a run of ``toollatch run``, or of a relay before records)
 is left alone, and so is a run another live worker drives (:meth:`.store.RunStore.adopt`:
-with a shared run store, only a dead owner's run is taken, by one worker). The server
+with a shared run store, only a dead owner's run is taken, by one worker; a surviving
+worker's lease sweep resumes such a run the same way (:func:`of_run`), or ends it once
+:func:`settle` has answered its questions ``cancelled``). The server
 accepts connections once each resumed run has asked again (or
 ended), at most ``wait_s`` seconds.
 """

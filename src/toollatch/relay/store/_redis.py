@@ -46,6 +46,11 @@ worker, then ``status: done``: readers on every worker see the end. With a ledge
 relay shares, a committed call the log shows as not started is looked up there (the log may
 lag the ledger by one write): a ``started`` record makes it ``outcome_unknown``. A run is
 thus ended within about ``lease_s`` * 4/3 of its owner's death.
+Before ending it, the survivor offers the run to the relay's ``adopter``
+(:meth:`._app.Relay.adopt_orphan`): a run waiting for an answer with its record in the shared
+history is resumed there instead (its question settled ``cancelled`` when it cannot be), and
+:meth:`adopt` (a restarting worker) takes a dead worker's run with the same compare-and-set,
+so one worker only resumes or ends it.
 
 Connection loss. A write that fails is retried (backoff to 1 s) for ``outage_s``
 (``relay.store_outage_s``, 5 s); past it, the worker's runs stop mirroring: each is cancelled (its
