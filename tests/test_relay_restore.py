@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -354,10 +355,14 @@ def pending(url: str) -> list[Any]:
 
 
 def killed_owner(
-    args: tuple[str, ...], owner_args: tuple[str, ...], url: str
+    args: tuple[str, ...],
+    owner_args: tuple[str, ...],
+    url: str,
+    before_kill: Callable[[str], None] | None = None,
 ) -> tuple[str, dict[str, Any], bytes]:
     """Start a run on a worker of ``owner_args`` and SIGKILL it while the run's question
-    waits (a survivor must already be serving); the run id, its question, its dead owner."""
+    waits (a survivor must already be serving; ``before_kill(run_id)`` called then); the run
+    id, its question, its dead owner."""
     import redis
 
     from toollatch.relay.store._redis import _meta
@@ -370,8 +375,34 @@ def killed_owner(
         store = redis.Redis.from_url(url)
         dead = store.hget(_meta(run_id), "owner")
         store.close()
+        if before_kill is not None:
+            before_kill(run_id)
     assert isinstance(dead, bytes) and [q.key.call_id for q in pending(url)] == ["call_r"]
     return run_id, first, dead
+
+
+def read_in_background(url: str, path: str) -> tuple[threading.Thread, list[str]]:
+    """A reader of ``path`` at ``url`` in a thread, returned once it has read the question:
+    what it got (the body) once its stream ends, or after 40 s (a run nobody ends keeps it
+    open with heartbeats)."""
+    got: list[str] = []
+    asking = threading.Event()
+
+    def read() -> None:
+        body, give_up = "", time.monotonic() + 40
+        with client_for(url) as client, client.stream("GET", path) as stream:
+            for text in stream.iter_text():
+                body += text
+                if "event: approval_requested" in body:
+                    asking.set()
+                if "event: run_ended" in body or time.monotonic() > give_up:
+                    break
+        got.append(body)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert asking.wait(30), "the reader never saw the question"
+    return reader, got
 
 
 def lease_args(setup: dict[str, Any], url: str) -> tuple[str, ...]:
@@ -397,9 +428,15 @@ def test_a_survivor_resumes_a_dead_owners_waiting_run_instead_of_ending_it(
 
     args = lease_args(setup, redis_server.url)
     store = redis.Redis.from_url(redis_server.url)
+    readers: list[tuple[threading.Thread, list[str]]] = []
     try:
         with serving(*args) as survivor_url:
-            run_id, first, dead = killed_owner(args, args, redis_server.url)
+            run_id, first, dead = killed_owner(
+                args,
+                args,
+                redis_server.url,
+                lambda r: readers.append(read_in_background(survivor_url, f"/runs/{r}/events")),
+            )
             deadline = time.monotonic() + 20  # (the lease: about 4/3 s)
             while store.hget(_meta(run_id), "owner") == dead or (
                 store.hget(_meta(run_id), "status") != b"running"
@@ -419,9 +456,13 @@ def test_a_survivor_resumes_a_dead_owners_waiting_run_instead_of_ending_it(
                 )
                 assert ok.status_code == 202, ok.text
                 frames, _ = parse_sse(client.get(f"/runs/{run_id}/events").text)
+                ((reader, got),) = readers  # (on the survivor since before the owner died)
+                reader.join(45)
     finally:
         store.close()
     check_ran_once(setup, frames)
+    early, _ = parse_sse(got[0])
+    assert early[-1].event == "run_ended" and early[-1].data["error"] is None
     opened = {f.data["id"] for f in frames if f.event == "call_committed"}
     assert opened == {f.data["id"] for f in frames if f.event == "tool_finished"}
     assert pending(redis_server.url) == []
