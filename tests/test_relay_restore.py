@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -335,3 +336,157 @@ def test_workers_sharing_a_redis_store_resume_only_a_dead_workers_run(
     assert not setup["log"].exists()
     frames = approve_after_restart(args, run_id, first)
     check_ran_once(setup, frames)
+
+
+def pending(url: str) -> list[Any]:
+    """The pending questions of the Redis ledger at ``url`` (read as a restart reads them)."""
+    import asyncio
+
+    from toollatch import open_ledger
+
+    async def read() -> list[Any]:
+        ledger: Any = open_ledger(url)
+        try:
+            return list(await ledger.pending_questions(100))
+        finally:
+            await ledger.aclose()
+
+    return asyncio.run(read())
+
+
+def killed_owner(
+    args: tuple[str, ...],
+    owner_args: tuple[str, ...],
+    url: str,
+    before_kill: Callable[[str], None] | None = None,
+) -> tuple[str, dict[str, Any], bytes]:
+    """Start a run on a worker of ``owner_args`` and SIGKILL it while the run's question
+    waits (a survivor must already be serving; ``before_kill(run_id)`` called then); the run
+    id, its question, its dead owner."""
+    import redis
+
+    from toollatch.relay.store._redis import _meta
+
+    with serving(*owner_args, how=signal.SIGKILL) as owner_url, client_for(owner_url) as owner:
+        run = owner.post("/runs", json={"message": "record"})
+        assert run.status_code == 201, run.text
+        run_id = run.json()["id"]
+        first = asked(until(owner, f"/runs/{run_id}/events", "approval_requested"))
+        store = redis.Redis.from_url(url)
+        dead = store.hget(_meta(run_id), "owner")
+        store.close()
+        if before_kill is not None:
+            before_kill(run_id)
+    assert isinstance(dead, bytes) and [q.key.call_id for q in pending(url)] == ["call_r"]
+    return run_id, first, dead
+
+
+def read_in_background(url: str, path: str) -> tuple[threading.Thread, list[str]]:
+    """A reader of ``path`` at ``url`` in a thread, returned once it has read the question:
+    what it got (the body) once its stream ends, or after 40 s (a run nobody ends keeps it
+    open with heartbeats)."""
+    got: list[str] = []
+    asking = threading.Event()
+
+    def read() -> None:
+        body, give_up = "", time.monotonic() + 40
+        with client_for(url) as client, client.stream("GET", path) as stream:
+            for text in stream.iter_text():
+                body += text
+                if "event: approval_requested" in body:
+                    asking.set()
+                if "event: run_ended" in body or time.monotonic() > give_up:
+                    break
+        got.append(body)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert asking.wait(30), "the reader never saw the question"
+    return reader, got
+
+
+def lease_args(setup: dict[str, Any], url: str) -> tuple[str, ...]:
+    """A worker on the Redis ledger and run store at ``url``, with a 1 s lease."""
+    import redis
+
+    made = redis.Redis.from_url(url)
+    made.flushdb()
+    made.close()
+    return (*serve_args(setup, url), "--store", url, "--lease", "1")
+
+
+def test_a_survivor_resumes_a_dead_owners_waiting_run_instead_of_ending_it(
+    setup: dict[str, Any], redis_server: Any
+) -> None:
+    """The lease (issue 34) meets the restore (issue 32): a worker SIGKILLed while its run
+    waits for an approval, a second worker alive with a 1 s lease and the shared ledger: the
+    survivor that wins the dead worker's run resumes it (its question live again, the same
+    one), approving there runs the tool once, every call is paired, the reader sees the end."""
+    import redis
+
+    from toollatch.relay.store._redis import _meta
+
+    args = lease_args(setup, redis_server.url)
+    store = redis.Redis.from_url(redis_server.url)
+    readers: list[tuple[threading.Thread, list[str]]] = []
+    try:
+        with serving(*args) as survivor_url:
+            run_id, first, dead = killed_owner(
+                args,
+                args,
+                redis_server.url,
+                lambda r: readers.append(read_in_background(survivor_url, f"/runs/{r}/events")),
+            )
+            deadline = time.monotonic() + 20  # (the lease: about 4/3 s)
+            while store.hget(_meta(run_id), "owner") == dead or (
+                store.hget(_meta(run_id), "status") != b"running"
+            ):
+                assert store.hget(_meta(run_id), "status") != b"done", "ended, not resumed"
+                assert time.monotonic() < deadline, "the survivor never took the run"
+                time.sleep(0.05)
+            with client_for(survivor_url) as client:
+                again = asked(until(client, f"/runs/{run_id}/events", "approval_requested"))
+                assert (again["id"], again["args_sha256"], again["token"]) == (
+                    first["id"],
+                    first["args_sha256"],
+                    first["token"],
+                )
+                ok = client.post(
+                    f"/runs/{run_id}/calls/call_r/approve", json={"token": first["token"]}
+                )
+                assert ok.status_code == 202, ok.text
+                frames, _ = parse_sse(client.get(f"/runs/{run_id}/events").text)
+                ((reader, got),) = readers  # (on the survivor since before the owner died)
+                reader.join(45)
+    finally:
+        store.close()
+    check_ran_once(setup, frames)
+    early, _ = parse_sse(got[0])
+    assert early[-1].event == "run_ended" and early[-1].data["error"] is None
+    opened = {f.data["id"] for f in frames if f.event == "call_committed"}
+    assert opened == {f.data["id"] for f in frames if f.event == "tool_finished"}
+    assert pending(redis_server.url) == []
+
+
+def test_a_survivor_that_cannot_resume_the_run_ends_it_and_settles_its_question(
+    setup: dict[str, Any], redis_server: Any
+) -> None:
+    """A survivor that wins the dead worker's run but cannot resume it (here it does not
+    serve the run's model) ends it as the lease does (the call paired ``cancelled``) and
+    settles its question ``cancelled`` first: a relay started later on the same ledger does
+    not resume that ended run, and the tool never runs."""
+    args = lease_args(setup, redis_server.url)
+    at = args.index("--model")
+    elsewhere = (*args[:at], "--model", "other", *args[at + 2 :])
+    with serving(*elsewhere) as survivor_url, client_for(survivor_url) as client:
+        run_id, _first, dead = killed_owner(elsewhere, args, redis_server.url)
+        events = until(client, f"/runs/{run_id}/events", "run_ended")
+    finished = [e for e in events if e["event"] == "tool_finished"]
+    assert [(e["id"], e["error"]) for e in finished] == [("call_r", "cancelled")]
+    assert dead.decode() in events[-1]["error"]
+    assert pending(redis_server.url) == []  # settled before the end was written
+    with serving(*args) as url, client_for(url) as client:  # a restart resumes nothing
+        frames, _ = parse_sse(client.get(f"/runs/{run_id}/events").text)
+    assert frames[-1].event == "run_ended" and dead.decode() in frames[-1].data["error"]
+    assert [f.event for f in frames].count("approval_requested") == 1  # (the first asking)
+    assert not setup["log"].exists()

@@ -402,3 +402,37 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
     assert seen_b == whole_a  # resumed on B: nothing lost, nothing twice, the same bytes
     frames, _ = parse_sse("\n\n".join(whole_a) + "\n\n")
     assert frames[-1].event == "run_ended" and "cancelled" not in frames[-1].data
+
+
+async def test_a_dead_workers_run_is_adopted_by_one_worker_and_an_ended_one_by_none(
+    redis_url: str,
+) -> None:
+    """``RunStore.adopt`` (a restarting worker) and the lease sweep share one compare-and-set:
+    of two live workers asking at once for a dead worker's run, exactly one gets it (it is
+    then its ``ender``); a run a survivor ended (``done`` with an ``ender``) goes to none."""
+    import redis.asyncio as aioredis
+
+    from toollatch.relay.store._redis import RedisRunStore, _meta
+
+    async with workers(redis_url, 2) as servers:
+        stores: list[RedisRunStore] = []
+        for server in servers:
+            assert server.relay is not None and isinstance(server.relay.store, RedisRunStore)
+            stores.append(server.relay.store)
+        raw = aioredis.Redis.from_url(redis_url)
+        try:
+            await raw.hset(_meta("orphan1"), mapping={"status": "running", "owner": "dead00"})
+            won = await asyncio.gather(*(s.adopt("orphan1") for s in stores))
+            assert sorted(won) == [False, True]
+            winner = stores[won.index(True)].worker
+            assert await raw.hmget(_meta("orphan1"), "status", "ender") == [
+                b"ending",
+                winner.encode(),
+            ]
+            assert await stores[won.index(True)].adopt("orphan1")  # (its own: still its)
+            ended = {"status": "done", "owner": "dead00", "ender": winner}
+            await raw.hset(_meta("ended1"), mapping=ended)
+            assert await asyncio.gather(*(s.adopt("ended1") for s in stores)) == [False, False]
+        finally:
+            await raw.delete(_meta("orphan1"), _meta("ended1"))
+            await raw.aclose()

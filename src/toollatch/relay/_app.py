@@ -43,7 +43,7 @@ from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import ArgumentAudit, History, Ledger
+from ..ledger import ArgumentAudit, History, Ledger, LedgerError
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
@@ -54,7 +54,7 @@ from ._chats import CHAT_ID, BoundedMemoryHistory, ChatStore
 from ._config import RelayLimits, default_previews
 from ._guard import Guard, RelayAccess
 from ._requests import COOKIE as COOKIE  # noqa: PLC0414 (the names tests know)
-from ._requests import HEADER, HTTPError, run_scope
+from ._requests import HEADER, HTTPError, run_scope, run_scope_of
 from ._requests import CountedStream as _CountedStream
 from ._requests import read_body as _read_body
 from ._requests import require_json as _require_json
@@ -670,6 +670,31 @@ class Relay:
                         await run.wait(run.log.last_id, wait_s)
         return [run.id for run, _ in resumed]
 
+    async def adopt_orphan(self, run_id: str, session: str) -> bool:
+        """A dead worker's run this worker won in its sweep (:data:`.store.Adopter`):
+        resumed here when it waits for an answer and its record is in the shared history
+        (as :meth:`restore` would); else False, its pending questions settled ``cancelled``
+        first (the store then ends it), so no restarting relay resumes an ended run."""
+        if self.history is None or self.ledger is None:
+            return False
+        scope = run_scope_of(session, run_id)
+        try:
+            record, questions = await _restore.of_run(self.ledger, self.history, run_id, scope)
+        except (LedgerError, UsageError) as exc:
+            _log.warning("run %s…: the ledger could not be read (%s)", run_id[:6], exc)
+            return False
+        if record is not None and questions:
+            try:
+                if await self._resume_recorded(record) is not None:
+                    return True
+            except (HTTPError, ConfigError, UsageError) as exc:
+                _log.warning("run %s… was not resumed: %s", run_id[:6], exc)
+        try:
+            await _restore.settle(self.ledger, questions, "its run was ended: its worker stopped")
+        except (LedgerError, UsageError) as exc:
+            _log.warning("run %s…: its questions were not settled (%s)", run_id[:6], exc)
+        return False
+
     async def _resume_recorded(self, record: Mapping[str, Any]) -> RelayRun | None:
         """Admit and start the run ``record`` names, continuing its stored history (None:
         a live worker sharing the run store drives it)."""
@@ -677,6 +702,9 @@ class Relay:
             "", self.previews, self.limits, run_id=record["run"],
             approval_secret=self.approval_secret, session_key=record["session"],
         )  # fmt: skip
+        provider, model = record["provider"], record["model"]
+        if provider not in self.providers or model not in self.models:
+            raise HTTPError(409, "invalid_run", f"{provider} / {model} is not served here")
         try:
             if not await self.store.adopt(run.id):
                 return None  # (another worker drives it)
@@ -691,10 +719,6 @@ class Relay:
         except StoreUnavailable as exc:
             self.runs.forget(run.id)
             raise HTTPError(503, "store_unavailable", str(exc)) from None
-        provider, model = record["provider"], record["model"]
-        if provider not in self.providers or model not in self.models:
-            self.runs.forget(run.id)
-            raise HTTPError(409, "invalid_run", f"{provider} / {model} is not served here")
         kept = {k: v for k, v in record.items() if k in ("chat", "agui")}
         agui = record.get("agui")
         observers = []

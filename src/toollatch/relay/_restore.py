@@ -17,7 +17,9 @@ the run continues its stored history, meets the waiting call again and asks its 
 question again (same call, arguments and expiry), so every reader and every answer path finds
 it live. A scope without a record (a run of ``toollatch run``, or of a relay before records)
 is left alone, and so is a run another live worker drives (:meth:`.store.RunStore.adopt`:
-with a shared run store, only a dead owner's run is taken, by one worker). The server
+with a shared run store, only a dead owner's run is taken, by one worker; a surviving
+worker's lease sweep resumes such a run the same way (:func:`of_run`), or ends it once
+:func:`settle` has answered its questions ``cancelled``). The server
 accepts connections once each resumed run has asked again (or
 ended), at most ``wait_s`` seconds.
 """
@@ -25,11 +27,12 @@ ended), at most ``wait_s`` seconds.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..core._errors import UsageError
-from ..ledger import History, HistoryConflict, LedgerError, Question
+from ..ledger import ApprovalError, History, HistoryConflict, LedgerError, Question
 from ..runtime._approvals import ApprovalPolicy
 from ..tools._tools import Tool, schema_tool
 
@@ -107,6 +110,46 @@ async def pending_runs(
             continue
         found.append((record, call_ids))
     return found
+
+
+async def of_run(
+    ledger: object, history: History, run_id: str, scope: str, *, limit: int = MAX_RESTORED
+) -> tuple[dict[str, Any] | None, list[Question]]:
+    """The run ``run_id``'s newest record and its pending questions (those of a scope whose
+    newest record names the run, or of its own ``scope``); ``LedgerError`` when the ledger
+    cannot be read."""
+    lister = getattr(ledger, "pending_questions", None)
+    if lister is None:
+        return None, []
+    found: dict[str, Any] | None = None
+    mine: list[Question] = []
+    records: dict[str, dict[str, Any] | None] = {}
+    for q in await lister(limit):
+        at = q.key.scope
+        if at not in records:
+            stored = await history.load(f"{at}{SUFFIX}")
+            records[at] = stored[-1] if stored and _valid(stored[-1], at) else None
+        record = records[at]
+        if record is not None and record["run"] == run_id:
+            found = record
+            mine.append(q)
+        elif at == scope:
+            mine.append(q)
+    return found, mine
+
+
+async def settle(ledger: object, questions: Sequence[Question], reason: str) -> None:
+    """Answer ``questions`` ``cancelled`` (their run was ended: no restart resumes it); one
+    answered meanwhile is left as it is."""
+    answer = getattr(ledger, "answer", None)
+    if answer is None:
+        return
+    for q in questions:
+        try:
+            now = time.time()
+            await answer(q.key, digest=q.digest, decision="cancelled", now=now, reason=reason)
+        except ApprovalError:
+            continue  # (answered meanwhile)
 
 
 def _valid(record: Mapping[str, Any], scope: str) -> bool:

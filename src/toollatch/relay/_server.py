@@ -323,7 +323,7 @@ class RelayServer:
         )
 
         # (a ConfigError when it cannot be reached)
-        await relay.store.open(relay.runs, relay.forwarded)
+        await relay.store.open(relay.runs, relay.forwarded, relay.adopt_orphan)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         try:  # the runs that were waiting for an answer when the relay stopped

@@ -22,6 +22,12 @@ Handler = Callable[[RelayRun, dict[str, Any]], Awaitable[tuple[int, dict[str, An
 """How the owner of a run applies a request another worker forwarded (:meth:`RunStore.ask`):
 its HTTP status and JSON body."""
 
+Adopter = Callable[[str, str], Awaitable[bool]]
+"""What a survivor does with a dead worker's run it won (run id, session digest): True when
+it resumed the run (a pending question, a run record, a shared ledger); False when it could
+not, its questions then settled ``cancelled`` so that no restart resumes it (the store ends
+it)."""
+
 
 class StoreUnavailable(Exception):
     """The shared store could not be reached (the endpoints answer 503 ``store_unavailable``;
@@ -34,10 +40,13 @@ class RunStore(Protocol):
     shared: bool
     """Whether other workers see the runs (False: this process only)."""
 
-    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
+    async def open(
+        self, runs: RunRegistry, handler: Handler | None = None, adopter: Adopter | None = None
+    ) -> None:
         """Connect (a ``ConfigError`` naming the store when it cannot be reached) and start
         serving ``runs`` (this worker's): their mirrors, the cancels and the requests other
-        workers send (``handler`` applies a request to a run of ``runs``)."""
+        workers send (``handler`` applies a request to a run of ``runs``; ``adopter`` is
+        offered a dead worker's run before it is ended)."""
 
     async def aclose(self) -> None:
         """Stop; the runs' last events are written first (bounded)."""
@@ -85,7 +94,9 @@ class MemoryRunStore:
         self._keep = keep
         self._pointers: dict[str, OrderedDict[str, str]] = {k: OrderedDict() for k in POINTER_KINDS}
 
-    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
+    async def open(
+        self, runs: RunRegistry, handler: Handler | None = None, adopter: Adopter | None = None
+    ) -> None:
         """Nothing to connect."""
 
     async def aclose(self) -> None:

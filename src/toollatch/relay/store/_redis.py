@@ -46,6 +46,11 @@ worker, then ``status: done``: readers on every worker see the end. With a ledge
 relay shares, a committed call the log shows as not started is looked up there (the log may
 lag the ledger by one write): a ``started`` record makes it ``outcome_unknown``. A run is
 thus ended within about ``lease_s`` * 4/3 of its owner's death.
+Before ending it, the survivor offers the run to the relay's ``adopter``
+(:meth:`._app.Relay.adopt_orphan`): a run waiting for an answer with its record in the shared
+history is resumed there instead (its question settled ``cancelled`` when it cannot be), and
+:meth:`adopt` (a restarting worker) takes a dead worker's run with the same compare-and-set,
+so one worker only resumes or ends it.
 
 Connection loss. A write that fails is retried (backoff to 1 s) for ``outage_s``
 (``relay.store_outage_s``, 5 s); past it, the worker's runs stop mirroring: each is cancelled (its
@@ -73,7 +78,7 @@ from ...core._errors import ConfigError
 from ...ledger import Ledger, LedgerKey
 from .._requests import run_scope_of
 from .._runs import Batch, RelayRun, RunRegistry
-from ._base import Handler, StoreUnavailable
+from ._base import Adopter, Handler, StoreUnavailable
 from ._orphans import OpenCalls, closing_events, read_log
 
 _log = logging.getLogger("toollatch.relay")
@@ -170,12 +175,16 @@ class RedisRunStore:
         self._reads: set[asyncio.Task[Any]] = set()  # blocking reads in flight
         self._reading = True
         self._handler: Handler | None = None
+        self._adopter: Adopter | None = None
         self._replies: set[asyncio.Task[None]] = set()
 
-    async def open(self, runs: RunRegistry, handler: Handler | None = None) -> None:
+    async def open(
+        self, runs: RunRegistry, handler: Handler | None = None, adopter: Adopter | None = None
+    ) -> None:
         """Check the server (ConfigError), then start the writer, the lease and the
-        listener of other workers' requests (``handler`` applies them)."""
-        self._handler = handler
+        listener of other workers' requests (``handler`` applies them); a dead worker's run
+        this worker wins is offered to ``adopter`` before it is ended."""
+        self._handler, self._adopter = handler, adopter
         try:
             await self.client.ping()
             await self.client.set(_lease(self.worker), b"1", px=self.lease_ms)
@@ -231,6 +240,7 @@ class RedisRunStore:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.delete(_stream(run.id))  # (a resumed run: a new log under its old id)
                 pipe.hset(_meta(run.id), mapping=mapping)
+                pipe.hdel(_meta(run.id), "ender")  # (an adopted run: running again)
                 pipe.pexpire(_meta(run.id), self.ttl_ms)
                 pipe.sadd(_RUNNING, run.id)
                 await pipe.execute()
@@ -239,16 +249,25 @@ class RedisRunStore:
         run.mirror = self._writer
 
     async def adopt(self, run_id: str) -> bool:
-        """See :meth:`RunStore.adopt`: the run's owner is alive while it listens on its
-        cancel channel (``PUBSUB NUMSUB``); a dead owner's run goes to the one worker whose
-        ``SET NX`` of its adoption key wins."""
+        """See :meth:`RunStore.adopt`: the run's owner (or ender) is alive while it listens
+        on its cancel channel (``PUBSUB NUMSUB``); a dead one's run goes to the worker that
+        wins the same compare-and-set as the sweep's (``_CLAIM_ORPHAN``), so a restarting
+        worker and a survivor never both take it. A run a survivor ended (``done`` with an
+        ``ender``) is never taken again; an expired one goes to the first ``SET NX``."""
         try:
-            raw: Any = await self.client.hget(_meta(run_id), "owner")
-            owner = bytes(raw).decode() if raw is not None else ""
-            if owner and owner != self.worker:
-                listening = await self.client.pubsub_numsub(_channel(owner))
+            fields: Any = await self.client.hmget(_meta(run_id), "status", "owner", "ender")
+            status, owner, ender = (bytes(f).decode() if f is not None else "" for f in fields)
+            if status in ("running", "ending"):
+                holder = ender if status == "ending" else owner
+                if holder == self.worker:
+                    return True  # (this worker won it in its sweep)
+                listening = await self.client.pubsub_numsub(_channel(holder))
                 if listening and listening[0][1] > 0:
                     return False  # (its worker is alive: it drives the run)
+                won = await self.client.eval(_CLAIM_ORPHAN, 1, _meta(run_id), holder, self.worker)
+                return bool(won)
+            if status == "done" and ender:
+                return False  # (a survivor ended it; its questions were settled)
             adoption = f"{_PREFIX}{{{run_id}}}:adopted:{owner}"
             won = await self.client.set(adoption, self.worker, nx=True, px=self.ttl_ms)
         except _LOST as exc:
@@ -420,8 +439,14 @@ class RedisRunStore:
             if alive[holder]:
                 continue
             won = await self.client.eval(_CLAIM_ORPHAN, 1, _meta(run_id), holder, self.worker)
-            if won:
-                await self._end_orphan(run_id, owner, session)
+            if not won:
+                continue
+            try:
+                if self._adopter is not None and await self._adopter(run_id, session):
+                    continue  # (resumed here: a run waiting for an answer)
+            except Exception:  # (a bug in us: the run is ended, never left hanging)
+                _log.exception("run %s…: it could not be resumed here", run_id[:6])
+            await self._end_orphan(run_id, owner, session)
 
     async def _end_orphan(self, run_id: str, owner: str, session: str) -> None:
         """Write the end of the dead worker ``owner``'s run (this worker won it)."""
