@@ -755,3 +755,21 @@ def test_long_events_of_any_lines_give_their_frames(
     for shape in (chunks, [body]):
         frames = decode(shape)
         assert [(f.data, f.event) for f in frames] == expected
+
+
+@pytest.mark.parametrize("blank", [4093, 4094, 4095, 4096, 4097, 4110, 4150])
+def test_a_blank_line_near_the_edge_of_the_short_search_is_found(blank: int) -> None:
+    # the blank-line search is two-byte for the first 4096 bytes (_SHORT_CHUNK) of an event,
+    # then goes on from the next LF, which need not start the blank line: an event of a long
+    # line and four short ones whose blank line sits just before, across or past that edge
+    # ends there, in whole reads and one-byte reads alike
+    short = b"data: " + b"y" * 9 + b"\n"  # 16 bytes
+    long = b"data: " + b"x" * (blank - 4 * len(short) - 7) + b"\n"
+    stream = long + short * 4 + b"\n" + short + b"\n"
+    assert stream.index(b"\n\n") == blank - 1
+    body = "\n".join(["x" * (blank - 4 * len(short) - 7)] + ["y" * 9] * 4)
+    expected = [F(body), F("y" * 9)]
+    for reads in ([stream], [stream[i : i + 1] for i in range(len(stream))]):
+        decoder = SSEDecoder()
+        frames = [f for read in reads for f in decoder.feed(read)]
+        assert frames == expected, blank

@@ -28,7 +28,7 @@ route. The walk goes from blank line to blank line (``\n\n``); each piece is spl
 and applied by the rules below. Both searches start from a one-byte search for the next LF
 (``memchr``): CPython's search for a two-byte needle, and its split on one byte, step through
 every byte in a loop, about 2 and 0.7 ns a byte, which a whole call's 256 KiB ``data`` line
-(Gemini) paid on every event (see :func:`_blank_line` and :func:`_split_lines`).
+(Gemini) paid on every event (see :meth:`SSEDecoder._walk` and :func:`_split_lines`).
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
 comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
@@ -84,6 +84,8 @@ RUN_EVENTS = 256
 """Events handed over in one run at most: few enough that a read holding a whole stream
 holds few of them at a time."""
 _MAX_RETRY_DIGITS = 15
+"""Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
+which refuses strings over 4300 digits."""
 
 _SHORT_CHUNK = 4096
 """An event's text up to this size is split into lines by one ``bytes.split``; a longer one
@@ -94,20 +96,10 @@ _SEARCHED_LINES = 8
 a long event of many short lines costs a Python step for these few only."""
 
 
-def _blank_line(data: bytes, pos: int, end: int) -> int:
-    """``data.find(b"\n\n", pos, end)``, searched from the first LF at or after ``pos`` (the
-    one-byte search runs on ``memchr``; the two-byte one steps through every byte): a blank
-    line starts at an LF, so the first one is at or after that LF, and the answer is the same."""
-    first = data.find(b"\n", pos, end)
-    return first if first < 0 else data.find(b"\n\n", first, end)
-
-
 def _split_lines(chunk: bytes) -> list[bytes]:
-    """``chunk.split(b"\n")``: for a long chunk its first lines are cut at LFs found by
-    ``memchr`` (a whole call's single ``data`` line is then one C search, not a byte loop),
-    the rest by ``bytes.split``."""
-    if len(chunk) <= _SHORT_CHUNK:
-        return chunk.split(b"\n")
+    """``chunk.split(b"\n")`` for a chunk over :data:`_SHORT_CHUNK` (shorter ones are split
+    in place): its first lines are cut at LFs found by ``memchr`` (a whole call's single
+    ``data`` line is then one C search, not a byte loop), the rest by ``bytes.split``."""
     lines, pos, find = [], 0, chunk.find
     for _ in range(_SEARCHED_LINES):
         stop = find(b"\n", pos)
@@ -118,10 +110,6 @@ def _split_lines(chunk: bytes) -> list[bytes]:
         pos = stop + 1
     lines += chunk[pos:].split(b"\n")
     return lines
-
-
-"""Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
-which refuses strings over 4300 digits."""
 
 
 def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> int:
@@ -263,10 +251,19 @@ class SSEDecoder:
         """Apply the complete lines ``data[:end]`` in order, from blank line to blank line;
         the events they dispatch are handed over in runs (see :meth:`_dispatch`), the last
         run before this returns or raises."""
-        pos = 0
+        pos, find = 0, data.find
         try:
             while pos < end:
-                stop = _blank_line(data, pos, end)
+                # the next blank line: a two-byte search steps through every byte, so past
+                # the first _SHORT_CHUNK bytes (an event longer than that) it goes on from the
+                # next LF found by memchr; a blank line starts at an LF, and none starts
+                # before window - 1, so the answer is find(b"\n\n", pos, end)'s
+                window = pos + _SHORT_CHUNK
+                stop = find(b"\n\n", pos, window if window < end else end)
+                if stop < 0 and window < end:
+                    stop = find(b"\n", window - 1, end)
+                    if stop >= 0:
+                        stop = find(b"\n\n", stop, end)
                 if stop < 0:
                     self._lines(data[pos : end - 1], emit)
                     return
@@ -326,7 +323,7 @@ class SSEDecoder:
     def _lines(self, chunk: bytes, emit: Emit) -> None:
         """Apply the lines of ``chunk`` (complete, without the last line end), checking their
         lengths first when the chunk could hold one over the limit."""
-        lines = _split_lines(chunk)
+        lines = chunk.split(b"\n") if len(chunk) <= _SHORT_CHUNK else _split_lines(chunk)
         if len(chunk) > self._max_line:
             self._check_line_lengths(lines, emit)
         self._process(lines, emit)
