@@ -71,14 +71,15 @@ from typing import Any
 import httpx
 import orjson
 
-# Our proxy in a process of its own: the upstream base URL in, its own base URL printed out,
-# served until SIGTERM (uvicorn's own signal handling stops it).
+# Our proxy in a process of its own: the upstream base URL and ProxyServer's keyword arguments
+# (JSON) in, its own base URL printed out, served until SIGTERM (uvicorn's own signal handling
+# stops it).
 RUNNER = """
-import asyncio, sys
+import asyncio, json, sys
 from toollatch.relay._proxy import ProxyServer
 
 async def main():
-    async with ProxyServer(sys.argv[1], calls=sys.argv[2]) as proxy:
+    async with ProxyServer(sys.argv[1], **json.loads(sys.argv[2])) as proxy:
         print(proxy.url, flush=True)
         await proxy.serve_forever()
 
@@ -396,7 +397,9 @@ async def bench(args: argparse.Namespace) -> None:
         upstream, root = scripted_process(tmp, args.delay_ms, procs)
         up_url = f"{root}/v1"
         ours = subprocess.Popen(
-            [sys.executable, "-c", RUNNER, up_url, "hold"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}'],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         procs.append(ours)
         ours_url = read_line(ours, "http://", 30)
@@ -406,14 +409,16 @@ async def bench(args: argparse.Namespace) -> None:
         ]
         if args.calls_stream:
             live = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, up_url, "stream"], stdout=subprocess.PIPE, text=True
+                [sys.executable, "-c", RUNNER, up_url, '{"calls": "stream"}'],
+                stdout=subprocess.PIPE,
+                text=True,
             )
             procs.append(live)
             targets.append(("toollatch@stream", read_line(live, "http://", 30), live.pid))
         for name, src in args.baseline:
             env = {**os.environ, "PYTHONPATH": src}
             base_proc = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, up_url, "hold"],
+                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}'],
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,

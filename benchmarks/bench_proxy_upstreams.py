@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -37,20 +38,7 @@ import httpx
 from toollatch.core._eventstream import EventStreamDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_proxy import MODEL, load, read_line, run_level, scripted_process, stop
-
-RUNNER = """
-import asyncio, sys
-from toollatch.relay._proxy import ProxyServer
-
-async def main():
-    async with ProxyServer(sys.argv[1], upstream_provider=sys.argv[2]) as proxy:
-        print(proxy.url, flush=True)
-        await proxy.serve_forever()
-
-asyncio.run(main())
-"""
-
+from bench_proxy import MODEL, RUNNER, load, read_line, run_level, scripted_process, stop
 
 USER = "Weather in Oslo and Lima?"
 WIRES: dict[str, tuple[str, str, dict[str, object]]] = {
@@ -96,7 +84,13 @@ async def bench(args: argparse.Namespace) -> None:
         for provider in ("openai_chat", *args.providers):
             under, path, body = WIRES[provider]
             proc = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, root + under, provider],
+                [
+                    sys.executable,
+                    "-c",
+                    RUNNER,
+                    root + under,
+                    json.dumps({"upstream_provider": provider}),
+                ],
                 stdout=subprocess.PIPE,
                 text=True,
             )
