@@ -312,6 +312,38 @@ async def test_a_resumed_run_is_a_new_log_under_its_id_on_every_worker(
     assert second_b != first[: len(second_b)]  # the resumed run's own events, not the old ones
 
 
+async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_the_run(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every Redis pipeline's answer comes 0.3 s late: a reader on B has the run's run_ended
+    # from Redis while its owner A has not yet seen the write confirmed (its run not ended);
+    # a resume posted then to A or B waits for the end instead of a 409 run_in_flight
+    import redis.asyncio.client
+
+    execute = redis.asyncio.client.Pipeline.execute
+
+    async def late(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = await execute(self, *args, **kwargs)
+        await asyncio.sleep(0.3)
+        return answer
+
+    session = secrets.token_urlsafe(32)
+    ledger = f"sqlite:///{tmp_path}/ledger.db"
+    async with workers(redis_url, 2, ledger_url=ledger) as (a, b):
+        monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", late)
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            for on in (on_a, on_b):
+                run = await start_run(on_a, model="slow")
+                first = await raw_events(on_b, run["events_url"])
+                assert "\nevent: run_ended\n" in first[-1] + "\n"
+                owner = a.relay.runs.owned(run["id"], session)
+                assert owner is not None and not owner.ended  # (the window itself)
+                again = await on.post("/runs", json={"resume": run["id"], "message": "more"})
+                assert again.status_code == 201, again.text
+                assert again.json()["id"] == run["id"]
+                await raw_events(on_a, run["events_url"])
+
+
 async def test_a_run_outlives_its_ttl_while_it_goes_on_and_expires_after_its_end(
     redis_url: str,
 ) -> None:

@@ -71,6 +71,8 @@ PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
 _CSP = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+_SETTLE_S, _SETTLE_STEP_S = 5.0, 0.02
+"""How long a resume waits for a run whose ``run_ended`` is logged to be over, by step."""
 
 
 _log = logging.getLogger("toollatch.relay")
@@ -505,6 +507,13 @@ class Relay:
         if self.history is None:
             raise HTTPError(422, "no_ledger", "resume needs a ledger (toollatch serve --ledger)")
         live = await self.find_run(run_id, session)
+        waited = 0.0
+        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
+            # its reader has run_ended while its owner still closes it (the store's copy,
+            # the driver's last steps): resume once it is over, not over it
+            await asyncio.sleep(_SETTLE_STEP_S)
+            waited += _SETTLE_STEP_S
+            live = await self.find_run(run_id, session)
         if live is not None and not live.ended:
             raise HTTPError(409, "run_in_flight", "the run is still going; read its events")
         if new_session or not await self.history.load(run_scope(session, run_id)):

@@ -186,6 +186,10 @@ class RunSource(Protocol):
         seconds for one (0: not at all). Raises :class:`~.store.StoreUnavailable` when the
         shared store cannot be read."""
 
+    async def ending(self) -> bool:
+        """Whether its ``run_ended`` is logged: a reader may have it while its owner is still
+        closing the run (it is :attr:`ended` moments later)."""
+
 
 class Mirror(Protocol):
     """Where a run's owner copies its log (the shared store's writer)."""
@@ -291,6 +295,10 @@ class RelayRun:
     def ended(self) -> bool:
         """Done, and every event readable."""
         return self.done and self.published >= self.log.last_id
+
+    async def ending(self) -> bool:
+        """See :meth:`RunSource.ending`."""
+        return self._ended
 
     def publish(self, upto: int) -> None:
         """Let the readers have the events up to id ``upto`` (the store has them)."""

@@ -531,6 +531,11 @@ class RedisRunStore:
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
 
+    async def logged_end(self, run_id: str) -> bool:
+        """Whether the newest entry of the run's log is its ``run_ended``."""
+        newest: Any = await self._unblocked(self.client.xrevrange(_stream(run_id), count=1))
+        return bool(newest) and _RUN_ENDED in newest[0][1][b"f"]
+
     async def status(self, run_id: str) -> bytes | None:
         """The run's ``status`` (None: the run expired)."""
         try:
@@ -571,6 +576,10 @@ class RemoteRun:
                 return 0, [], cursor, True
             return 0, [], cursor, False
         return self._batch(cursor, answer)
+
+    async def ending(self) -> bool:
+        """See :meth:`RunSource.ending`: the newest entry of its log is its ``run_ended``."""
+        return self.ended or await self._store.logged_end(self.id)
 
     def _batch(self, cursor: int, answer: Any) -> Batch:
         entries = answer[0][1]
