@@ -383,6 +383,18 @@ class Relay:
         except StoreUnavailable as exc:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
 
+    async def settled_run(self, run_id: str | None, session: str | None) -> RunSource | None:
+        """:meth:`find_run`, after waiting (at most 5 s) for a run whose ``run_ended`` is logged
+        to be over: its reader may have its end (and send the next message) while its owner
+        still closes it (the store's copy, the driver's last steps)."""
+        live = await self.find_run(run_id, session)
+        waited = 0.0
+        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
+            await asyncio.sleep(_SETTLE_STEP_S)
+            waited += _SETTLE_STEP_S
+            live = await self.find_run(run_id, session)
+        return live
+
     async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
         """Stop serving runs (POST /runs: 503): the reads of other workers' runs end at once
         (their clients reconnect elsewhere with ``Last-Event-ID``), this worker's runs are
@@ -474,7 +486,7 @@ class Relay:
         ``not_the_last_answer``; the limits of :meth:`admit`. The run streams and cancels
         like any other."""
         latest = await self.chats.latest_run(session, chat_id)
-        live = await self.find_run(latest, session)
+        live = await self.settled_run(latest, session)
         self.chats.claim(session, chat_id, running=live is not None and not live.ended)
         try:
             if regenerate:
@@ -506,14 +518,7 @@ class Relay:
         ledger's history and not running here (another session's run is 404, as unknown)."""
         if self.history is None:
             raise HTTPError(422, "no_ledger", "resume needs a ledger (toollatch serve --ledger)")
-        live = await self.find_run(run_id, session)
-        waited = 0.0
-        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
-            # its reader has run_ended while its owner still closes it (the store's copy,
-            # the driver's last steps): resume once it is over, not over it
-            await asyncio.sleep(_SETTLE_STEP_S)
-            waited += _SETTLE_STEP_S
-            live = await self.find_run(run_id, session)
+        live = await self.settled_run(run_id, session)
         if live is not None and not live.ended:
             raise HTTPError(409, "run_in_flight", "the run is still going; read its events")
         if new_session or not await self.history.load(run_scope(session, run_id)):
