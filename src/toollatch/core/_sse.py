@@ -225,21 +225,29 @@ class SSEDecoder:
 
     def _walk(self, data: bytes, end: int, emit: Emit) -> None:
         """Apply the complete lines ``data[:end]`` in order, each found by a one-byte search
-        (``memchr``) for its LF and applied where it lies, without a list of lines (see
-        :meth:`_line` for the rules); the events they dispatch are handed over in runs (see
-        :meth:`_dispatch`), the last run before this returns or raises. A line over
-        ``max_line_bytes`` raises after the lines before it were applied."""
+        (``memchr``) for its LF and applied where it lies, by the rules of the module
+        docstring, without a list of lines. A blank line adds the event to the run (the run is
+        handed over first when the type changes or it is full); the last run is handed over
+        before this returns or raises. A line over ``max_line_bytes`` raises after the lines
+        before it were applied."""
         pos, find, max_line = 0, data.find, self._max_line
         try:
             while pos < end:
                 stop = find(b"\n", pos, end)  # (found: data[:end] ends with a LF)
                 if stop - pos > max_line:
                     self._fail_line()
-                if stop == pos:  # a blank line dispatches the event
-                    if self._data:
-                        self._dispatch(emit)
-                    else:
-                        self._event = ""
+                if stop == pos:  # a blank line: the event is dispatched
+                    lines, event = self._data, self._event or "message"
+                    self._event = ""
+                    if lines:
+                        self._data = []
+                        self._data_bytes = 0
+                        run = self._run
+                        if run and (event != self._run_type or len(run) == RUN_EVENTS):
+                            self._hand_over(emit)
+                        self._run_type = event
+                        self._dispatched += 1
+                        self._run.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
                 elif data.startswith(b"data:", pos, stop):  # the common lines, inlined
                     start = pos + 6 if data.startswith(b" ", pos + 5, stop) else pos + 5
                     self._data.append(data[start:stop])
@@ -253,7 +261,8 @@ class SSEDecoder:
                 pos = stop + 1
         finally:
             if self._run:
-                self._hand_over(emit)
+                run, self._run = self._run, []
+                emit(self._run_type, run)
 
     def _hand_over(self, emit: Emit) -> None:
         """Hand the run of dispatched events over."""
@@ -275,7 +284,8 @@ class SSEDecoder:
         if self._closed is not None:
             self._raise_closed()
         self._closed = "SSEDecoder.finish() was already called"
-        last = bytes(self._partial)
+        # the unterminated last line, then a blank line: the event is dispatched if it has data
+        tail = bytes(self._partial) + b"\n\n"
         self._partial = bytearray()
         frames: list[Frame] = []
 
@@ -284,11 +294,7 @@ class SSEDecoder:
                 text = value.decode("utf-8", "surrogateescape")  # see the module docstring
                 frames.append(Frame(event, text, self._last_id, self._retry))
 
-        if last:  # one line, not blank: it dispatches nothing itself
-            self._walk(last + b"\n", len(last) + 1, collect)
-        if self._data:
-            self._dispatch(collect)
-            self._hand_over(collect)
+        self._walk(tail, len(tail), collect)
         return frames
 
     @property
@@ -349,19 +355,6 @@ class SSEDecoder:
             if self._run:
                 self._hand_over(emit)
             self._retry = int(value)
-
-    def _dispatch(self, emit: Emit) -> None:
-        """Add the current event to the run (handing the run over first when the type
-        changes or it is full) and reset the per-event buffers."""
-        data, event = self._data, self._event or "message"
-        self._data = []
-        self._data_bytes = 0
-        self._event = ""
-        if self._run and (event != self._run_type or len(self._run) == RUN_EVENTS):
-            self._hand_over(emit)
-        self._run_type = event
-        self._dispatched += 1
-        self._run.append(data[0] if len(data) == 1 else b"\n".join(data))
 
     def _fail_line(self) -> NoReturn:
         # One message whether the line ended in the chunk or not: where the reads end must
