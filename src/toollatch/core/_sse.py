@@ -88,6 +88,7 @@ _MAX_RETRY_DIGITS = 15
 """Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
 which refuses strings over 4300 digits."""
 
+
 def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> int:
     """Pick one limit from an explicit keyword or a :class:`Limits`; never both."""
     if explicit is not None and limits is not None:
