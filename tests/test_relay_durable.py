@@ -20,9 +20,10 @@ import httpx
 import pytest
 
 from durable_helpers import PostgresServer, wait_for
-from ledger_helpers import RedisServer, free_port
+from ledger_helpers import RedisServer
 from relay_helpers import CLI, Frame, serve, slow_script, stop
 from test_relay_lease import assert_paired, read_until
+from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
 from toollatch.scripted import ScriptedServer
@@ -30,16 +31,16 @@ from toollatch.scripted import ScriptedServer
 pytest.importorskip("dbos")
 
 TOOL = '''
-import os, time
+import asyncio, os
 from toollatch import tool
 
 @tool(timeout=120)
-def get_weather(city: str, unit: str = "c") -> str:
+async def get_weather(city: str, unit: str = "c") -> str:
     """The weather (appends a line, then waits DURABLE_TOOL_SLEEP_S: the worker may be
-    killed meanwhile)."""
+    killed or the run cancelled meanwhile)."""
     with open(os.environ["DURABLE_TOOL_LOG"], "a") as log:
         log.write(city[:4] + "\\n")
-    time.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP_S", "0")))
+    await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP_S", "0")))
     return "sunny"
 '''
 
@@ -62,28 +63,28 @@ def durable_workers(
     model_url: str,
     sleeps: list[float],
     database: str,
+    env: dict[str, str] | None = None,
 ) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
     """One ``serve --durable`` worker per entry of ``sleeps`` (its tool's wait), on one
-    Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease."""
+    Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease (``env``: more
+    variables, e.g. the run's budgets)."""
     tools = tmp_path / "durable_tools.py"
     tools.write_text(TOOL, encoding="utf-8")
     args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
     args += ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--tools", str(tools))
     args += ("--model", "slow", "--base-url", model_url)
     procs: list[tuple[subprocess.Popen[str], str]] = []
-    saved = os.environ.get("DURABLE_TOOL_SLEEP_S")
+    saved = dict(os.environ)
     try:
+        os.environ.update(env or {})
         os.environ["DURABLE_TOOL_LOG"] = str(tmp_path / "side_effects.txt")
         for sleep_s in sleeps:
             os.environ["DURABLE_TOOL_SLEEP_S"] = str(sleep_s)
             procs.append(serve(*args))
         yield procs
     finally:
-        os.environ.pop("DURABLE_TOOL_LOG", None)
-        if saved is None:
-            os.environ.pop("DURABLE_TOOL_SLEEP_S", None)
-        else:
-            os.environ["DURABLE_TOOL_SLEEP_S"] = saved
+        os.environ.clear()
+        os.environ.update(saved)
         for proc, _url in procs:
             if proc.poll() is None:
                 stop(proc)
@@ -138,3 +139,166 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     ]
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect exactly once
     assert requests == 2  # the first round was not asked again: its step was recorded
+
+
+def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with ScriptedServer(scripts={"slow": slow_script(delay_ms=60.0)}) as model:
+        url = model.base_url("openai_chat")
+        with durable_workers(redis_server, postgres, tmp_path, url, [0, 0], "midstream") as procs:
+            (owner, on_a), (_b, on_b) = procs
+            run, session = start_run(on_a)
+            wait_for(lambda: len(model.requests) == 1, "the first round to be asked")
+            time.sleep(1.0)  # (its arguments streaming: about 4 s in all)
+            stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+            whole = read_all(on_b, run, session)
+            statuses = [r.status for r in model.requests]
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # the interrupted round was asked again (a new attempt), then the last round: 3 in all
+    assert statuses == [200, 200, 200]
+    assert [f.data["error"] for f in whole if f.event == "tool_finished"] == [None, None]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # nothing of the cut round ran
+
+
+def test_a_cancel_through_a_third_worker_ends_a_durable_run_paired(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
+        url = model.base_url("openai_chat")
+        with durable_workers(
+            redis_server, postgres, tmp_path, url, [60, 60, 60], "cancel"
+        ) as procs:
+            (_a, on_a), (_b, on_b), (_c, on_c) = procs
+            run, session = start_run(on_a)
+            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+            with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
+                cancelled = c.post(run["cancel_url"], json={})
+            whole = read_all(on_b, run, session)
+    assert cancelled.status_code == 202 and cancelled.json()["cancelled"] is True
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["cancelled"] is True
+    errors = [c["error"] for c in ended["calls"]]
+    assert errors[1] == "cancelled" and errors[0] in ("cancelled", "outcome_unknown")
+    assert lines(tmp_path) == ["Oslo"]  # the second call never started
+
+
+def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    env = {"TOOLLATCH_RELAY__DEADLINE_S": "3"}
+    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
+        url = model.base_url("openai_chat")
+        with durable_workers(redis_server, postgres, tmp_path, url, [60], "deadline", env) as [
+            (_a, on_a)
+        ]:
+            run, session = start_run(on_a)
+            late = read_all(on_a, run, session)
+    assert_whole(late)
+    assert "deadline" in late[-1].data["error"]
+    # the running call was cut at the deadline, the other never started
+    assert [c["error"] for c in late[-1].data["calls"]] == ["cancelled", "cancelled"]
+    assert lines(tmp_path) == ["Oslo"]
+
+    # the demo: two calls in round 1, one in round 2; a budget of 2 calls spans the run
+    env = {"TOOLLATCH_RELAY__MAX_TOOL_CALLS": "2"}
+    with ScriptedServer() as model:
+        url = model.base_url("openai_chat")
+        args = ("--store", redis_server.url, "--durable", postgres.url("budget"))
+        args += ("--ledger", f"sqlite:///{tmp_path / 'budget.db'}", "--base-url", url)
+        saved = dict(os.environ)
+        os.environ.update(env)
+        try:
+            proc, on_a = serve(*args, "--model", "scripted")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        try:
+            run, session = start_run(on_a)
+            spent = read_all(on_a, run, session)
+        finally:
+            stop(proc)
+    assert_whole(spent)
+    failed = [f.data for f in spent if f.event == "call_failed"]
+    assert [(f["name"], f["error"]) for f in failed] == [("write_file", "budget_exceeded")]
+
+
+def test_a_postgresql_restart_mid_run_runs_nothing_twice(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
+        url = model.base_url("openai_chat")
+        with durable_workers(redis_server, postgres, tmp_path, url, [2, 2], "restart") as procs:
+            (_a, on_a), (_b, on_b) = procs
+            run, session = start_run(on_a)
+            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+            postgres.stop()
+            time.sleep(2.0)
+            postgres.start()
+            whole = read_all(on_b, run, session)
+    assert_whole(whole)  # it ended, failed or not, every call paired
+    done = lines(tmp_path)
+    assert len(done) == len(set(done)) and set(done) <= {"Oslo", "Züri"}  # none ran twice
+    ended = whole[-1].data
+    if ended["error"] is None:  # it went on: both calls ran, once
+        assert sorted(done) == ["Oslo", "Züri"] and ended["rounds"] == 2
+
+
+def refused(*args: str, env: dict[str, str] | None = None) -> str:
+    """``toollatch serve --port 0 *args``'s stderr; it must exit 2 before serving."""
+    done = subprocess.run(
+        [*CLI, "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
+PG = "postgresql://postgres@127.0.0.1:1/toollatch"
+
+
+def test_serve_durable_is_refused_without_what_it_needs(tmp_path: Path) -> None:
+    ledger = ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}")
+    redis = ("--store", "redis://127.0.0.1:1/0")  # (never reached: refused before)
+    assert "--durable needs a shared run store: --store redis://" in refused(
+        "--durable", PG, *ledger
+    )
+    assert "--durable must be postgresql://" in refused("--durable", "mysql://db/x", *redis)
+    assert "--durable needs a ledger the workers share" in refused(
+        "--durable", PG, *redis, "--ledger", "none"
+    )
+    # the variable, like every setting
+    assert "--durable needs a shared run store" in refused(
+        *ledger, env={"TOOLLATCH_RELAY__DURABLE": PG}
+    )
+    # the extra not installed: a dbos that cannot be imported first on the path
+    fake = tmp_path / "no_extra" / "dbos"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no dbos here')\n", encoding="utf-8")
+    path = os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])
+    assert "--durable needs the dbos package: pip install 'toollatch[durable]'" in refused(
+        "--durable", PG, *redis, *ledger, env={"PYTHONPATH": path}
+    )
+
+
+def test_serve_durable_with_postgresql_unreachable_exits_2(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    stderr = refused(
+        "--durable", PG, "--store", redis_server.url,
+        "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}",
+    )  # fmt: skip
+    assert "toollatch: error: durable store 127.0.0.1:1/toollatch:" in stderr
+
+
+def test_durable_is_a_flag_a_config_key_and_a_variable() -> None:
+    assert build_parser().parse_args(["serve", "--durable", PG]).durable == PG
+    assert load_config(env={"TOOLLATCH_RELAY__DURABLE": PG}).relay.durable == PG
+    assert load_config(env={}).relay.durable is None
+    with pytest.raises(ConfigError):
+        load_config(env={"TOOLLATCH_RELAY__DURABLE": "mysql://db/x"})
