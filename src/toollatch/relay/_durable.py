@@ -42,10 +42,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError, UsageError
+from ..runtime import DurableRuns
 from ..runtime._agent import Agent
 from ..runtime._agent_events import AgentEvent
 from ..runtime._clients import model_client
-from ..runtime._durable import DurableRuns
 from ..runtime._run_setup import RunLimits
 from ._requests import run_scope_of
 from ._runs import RelayRun
