@@ -302,3 +302,28 @@ def test_durable_is_a_flag_a_config_key_and_a_variable() -> None:
     assert load_config(env={}).relay.durable is None
     with pytest.raises(ConfigError):
         load_config(env={"TOOLLATCH_RELAY__DURABLE": "mysql://db/x"})
+
+
+def test_a_recovered_run_no_survivor_can_drive_is_still_ended_paired(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    scripts = {"slow": slow_script(delay_ms=5.0), "other": slow_script(delay_ms=5.0)}
+    with ScriptedServer(scripts=scripts) as model:
+        url = model.base_url("openai_chat")
+        with durable_workers(redis_server, postgres, tmp_path, url, [60], "undriven") as procs:
+            (owner, on_a) = procs[0]
+            run, session = start_run(on_a)
+            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+            # a survivor that does not serve the run's model: the recovered workflow fails
+            # there before its first event, and nobody takes the run over
+            args = ("--store", redis_server.url, "--durable", postgres.url("undriven"))
+            args += ("--lease", "1", "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}")
+            survivor, on_b = serve(*args, "--model", "other", "--base-url", url)
+            try:
+                stop(owner, signal.SIGKILL)
+                whole = read_all(on_b, run, session)
+            finally:
+                stop(survivor)
+    assert_whole(whole)
+    assert "stopped (its lease of 1 s expired)" in whole[-1].data["error"]
+    assert lines(tmp_path) == ["Oslo"]

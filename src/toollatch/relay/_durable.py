@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("toollatch.relay")
 
+_SETTLE_S = 1.0
+"""How long after a recovered workflow's end its run may still be written by its driver."""
+
 _AGENTS_KEPT = 256
 """Agents kept built (one per provider, model and session's tools); the oldest rebuilt."""
 
@@ -79,6 +82,7 @@ class DurableRelay:
         self._runs: dict[str, RelayRun] = {}  # workflow id -> the run this worker drives
         self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
+        self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
 
     def open(self) -> None:
         """Register the factory and launch DBOS on the running loop (its recovered runs
@@ -94,6 +98,8 @@ class DurableRelay:
     async def aclose(self) -> None:
         """Stop DBOS (the runs in flight stay pending: a survivor recovers them) and close
         the agents' model clients."""
+        for task in list(self._watches):
+            task.cancel()
         await asyncio.to_thread(self.engine.destroy)
         for agent in self._agents.values():
             with contextlib.suppress(Exception):
@@ -250,4 +256,25 @@ class DurableRelay:
             self._recovering.pop(owner, None)
             return False
         self._recovered.update(ids)
-        return workflow in self._recovered
+        if workflow not in self._recovered:
+            return False
+        watch = asyncio.get_running_loop().create_task(
+            self._watch(run_id, session, owner, workflow)
+        )
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
+        return True
+
+    async def _watch(self, run_id: str, session: str, owner: str, workflow: str) -> None:
+        """Once the recovered workflow is over, end its run the Redis way if no worker took
+        it over (the workflow failed before its first event, e.g. PostgreSQL lost)."""
+        try:
+            with contextlib.suppress(Exception):  # (failed: the run may have no end yet)
+                await self.engine.result(workflow)
+            await asyncio.sleep(_SETTLE_S)  # (the worker that drove it writes its end)
+            if await self.store.end_if_held(run_id, owner, session):
+                _log.warning(
+                    "run %s…: its recovered workflow ended, nobody had taken it", run_id[:6]
+                )
+        except Exception as exc:  # (the store lost too: a later sweep sees the run)
+            _log.error("run %s…: its recovery could not be watched: %s", run_id[:6], exc)

@@ -478,6 +478,19 @@ class RedisRunStore:
                 _log.exception("run %s…: it could not be resumed here", run_id[:6])
             await self._end_orphan(run_id, owner, session)
 
+    async def end_if_held(self, run_id: str, owner: str, session: str) -> bool:
+        """End the dead worker ``owner``'s run as :meth:`_reap` does if this worker still
+        holds it (``ending``, this worker its ender: nobody took it over since); whether it
+        did (StoreUnavailable)."""
+        try:
+            fields: Any = await self.client.hmget(_meta(run_id), "status", "ender")
+            if fields != [b"ending", self.worker.encode()]:
+                return False
+            await self._end_orphan(run_id, owner, session)
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return True
+
     async def _end_orphan(self, run_id: str, owner: str, session: str) -> None:
         """Write the end of the dead worker ``owner``'s run (this worker won it)."""
         entries: Any = await self.client.xrange(_stream(run_id), "-", "+")
