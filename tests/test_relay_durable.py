@@ -45,14 +45,7 @@ async def get_weather(city: str, unit: str = "c") -> str:
 '''
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+Workers = list[tuple[subprocess.Popen[str], str]]
 
 
 @contextlib.contextmanager
@@ -60,20 +53,25 @@ def durable_workers(
     redis_server: RedisServer,
     postgres: PostgresServer,
     tmp_path: Path,
-    model_url: str,
     sleeps: list[float],
     database: str,
+    *,
+    delay_ms: float = 5.0,
     env: dict[str, str] | None = None,
-) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
-    """One ``serve --durable`` worker per entry of ``sleeps`` (its tool's wait), on one
-    Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease (``env``: more
-    variables, e.g. the run's budgets)."""
+) -> Iterator[tuple[ScriptedServer, Workers]]:
+    """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
+    and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
+    wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
+    (``env``: more variables, e.g. the run's budgets)."""
     tools = tmp_path / "durable_tools.py"
     tools.write_text(TOOL, encoding="utf-8")
+    scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
+    stack = contextlib.ExitStack()
+    model = stack.enter_context(ScriptedServer(scripts=scripts))
     args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
     args += ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--tools", str(tools))
-    args += ("--model", "slow", "--base-url", model_url)
-    procs: list[tuple[subprocess.Popen[str], str]] = []
+    args += ("--model", "slow", "--base-url", model.base_url("openai_chat"))
+    procs: Workers = []
     saved = dict(os.environ)
     try:
         os.environ.update(env or {})
@@ -81,13 +79,14 @@ def durable_workers(
         for sleep_s in sleeps:
             os.environ["DURABLE_TOOL_SLEEP_S"] = str(sleep_s)
             procs.append(serve(*args))
-        yield procs
+        yield model, procs
     finally:
         os.environ.clear()
         os.environ.update(saved)
         for proc, _url in procs:
             if proc.poll() is None:
                 stop(proc)
+        stack.close()
 
 
 def lines(tmp_path: Path) -> list[str]:
@@ -116,19 +115,17 @@ def assert_whole(frames: list[Frame]) -> None:
 def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
-        url = model.base_url("openai_chat")
-        with durable_workers(redis_server, postgres, tmp_path, url, [60, 0, 0], "midtool") as procs:
-            (owner, on_a), (_b, on_b), (_c, on_c) = procs
-            run, session = start_run(on_a)
-            with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
-                committed = lambda fs: sum(f.event == "call_committed" for f in fs) == 2  # noqa: E731
-                head = read_until(a, run["events_url"], committed)
-            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
-            stop(owner, signal.SIGKILL)  # mid-tool: its call step never returns
-            tail = read_all(on_b, run, session, after=head[-1].id)
-            whole = read_all(on_c, run, session)
-            requests = len(model.requests)
+    with durable_workers(redis_server, postgres, tmp_path, [60, 0, 0], "midtool") as (model, procs):
+        (owner, on_a), (_b, on_b), (_c, on_c) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
+            committed = lambda fs: sum(f.event == "call_committed" for f in fs) == 2  # noqa: E731
+            head = read_until(a, run["events_url"], committed)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        stop(owner, signal.SIGKILL)  # mid-tool: its call step never returns
+        tail = read_all(on_b, run, session, after=head[-1].id)
+        whole = read_all(on_c, run, session)
+        requests = len(model.requests)
     assert whole[: len(head)] == head and whole[len(head) :] == tail
     assert_whole(whole)
     ended = whole[-1].data
@@ -144,16 +141,17 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
 def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with ScriptedServer(scripts={"slow": slow_script(delay_ms=60.0)}) as model:
-        url = model.base_url("openai_chat")
-        with durable_workers(redis_server, postgres, tmp_path, url, [0, 0], "midstream") as procs:
-            (owner, on_a), (_b, on_b) = procs
-            run, session = start_run(on_a)
-            wait_for(lambda: len(model.requests) == 1, "the first round to be asked")
-            time.sleep(1.0)  # (its arguments streaming: about 4 s in all)
-            stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
-            whole = read_all(on_b, run, session)
-            statuses = [r.status for r in model.requests]
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "midstream", delay_ms=60.0) as (
+        model,
+        procs,
+    ):
+        (owner, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(model.requests) == 1, "the first round to be asked")
+        time.sleep(1.0)  # (its arguments streaming: about 4 s in all)
+        stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+        whole = read_all(on_b, run, session)
+        statuses = [r.status for r in model.requests]
     assert_whole(whole)
     assert whole[-1].data["error"] is None
     # the interrupted round was asked again (a new attempt), then the last round: 3 in all
@@ -165,17 +163,13 @@ def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
 def test_a_cancel_through_a_third_worker_ends_a_durable_run_paired(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
-        url = model.base_url("openai_chat")
-        with durable_workers(
-            redis_server, postgres, tmp_path, url, [60, 60, 60], "cancel"
-        ) as procs:
-            (_a, on_a), (_b, on_b), (_c, on_c) = procs
-            run, session = start_run(on_a)
-            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
-            with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
-                cancelled = c.post(run["cancel_url"], json={})
-            whole = read_all(on_b, run, session)
+    with durable_workers(redis_server, postgres, tmp_path, [60, 60, 60], "cancel") as (_, procs):
+        (_a, on_a), (_b, on_b), (_c, on_c) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
+            cancelled = c.post(run["cancel_url"], json={})
+        whole = read_all(on_b, run, session)
     assert cancelled.status_code == 202 and cancelled.json()["cancelled"] is True
     assert_whole(whole)
     ended = whole[-1].data
@@ -186,16 +180,18 @@ def test_a_cancel_through_a_third_worker_ends_a_durable_run_paired(
 
 
 def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
-    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     env = {"TOOLLATCH_RELAY__DEADLINE_S": "3"}
-    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
-        url = model.base_url("openai_chat")
-        with durable_workers(redis_server, postgres, tmp_path, url, [60], "deadline", env) as [
-            (_a, on_a)
-        ]:
-            run, session = start_run(on_a)
-            late = read_all(on_a, run, session)
+    with durable_workers(redis_server, postgres, tmp_path, [60], "deadline", env=env) as (
+        _,
+        [(_a, on_a)],
+    ):
+        run, session = start_run(on_a)
+        late = read_all(on_a, run, session)
     assert_whole(late)
     assert "deadline" in late[-1].data["error"]
     # the running call was cut at the deadline, the other never started
@@ -203,18 +199,12 @@ def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
     assert lines(tmp_path) == ["Oslo"]
 
     # the demo: two calls in round 1, one in round 2; a budget of 2 calls spans the run
-    env = {"TOOLLATCH_RELAY__MAX_TOOL_CALLS": "2"}
+    monkeypatch.setenv("TOOLLATCH_RELAY__MAX_TOOL_CALLS", "2")
     with ScriptedServer() as model:
         url = model.base_url("openai_chat")
         args = ("--store", redis_server.url, "--durable", postgres.url("budget"))
         args += ("--ledger", f"sqlite:///{tmp_path / 'budget.db'}", "--base-url", url)
-        saved = dict(os.environ)
-        os.environ.update(env)
-        try:
-            proc, on_a = serve(*args, "--model", "scripted")
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        proc, on_a = serve(*args, "--model", "scripted")
         try:
             run, session = start_run(on_a)
             spent = read_all(on_a, run, session)
@@ -228,16 +218,14 @@ def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
 def test_a_postgresql_restart_mid_run_runs_nothing_twice(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with ScriptedServer(scripts={"slow": slow_script(delay_ms=5.0)}) as model:
-        url = model.base_url("openai_chat")
-        with durable_workers(redis_server, postgres, tmp_path, url, [2, 2], "restart") as procs:
-            (_a, on_a), (_b, on_b) = procs
-            run, session = start_run(on_a)
-            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
-            postgres.stop()
-            time.sleep(2.0)
-            postgres.start()
-            whole = read_all(on_b, run, session)
+    with durable_workers(redis_server, postgres, tmp_path, [2, 2], "restart") as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        postgres.stop()
+        time.sleep(2.0)
+        postgres.start()
+        whole = read_all(on_b, run, session)
     assert_whole(whole)  # it ended, failed or not, every call paired
     done = lines(tmp_path)
     assert len(done) == len(set(done)) and set(done) <= {"Oslo", "Züri"}  # none ran twice
@@ -307,23 +295,22 @@ def test_durable_is_a_flag_a_config_key_and_a_variable() -> None:
 def test_a_recovered_run_no_survivor_can_drive_is_still_ended_paired(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    scripts = {"slow": slow_script(delay_ms=5.0), "other": slow_script(delay_ms=5.0)}
-    with ScriptedServer(scripts=scripts) as model:
-        url = model.base_url("openai_chat")
-        with durable_workers(redis_server, postgres, tmp_path, url, [60], "undriven") as procs:
-            (owner, on_a) = procs[0]
-            run, session = start_run(on_a)
-            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
-            # a survivor that does not serve the run's model: the recovered workflow fails
-            # there before its first event, and nobody takes the run over
-            args = ("--store", redis_server.url, "--durable", postgres.url("undriven"))
-            args += ("--lease", "1", "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}")
-            survivor, on_b = serve(*args, "--model", "other", "--base-url", url)
-            try:
-                stop(owner, signal.SIGKILL)
-                whole = read_all(on_b, run, session)
-            finally:
-                stop(survivor)
+    with durable_workers(redis_server, postgres, tmp_path, [60], "undriven") as (model, procs):
+        (owner, on_a) = procs[0]
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        # a survivor that does not serve the run's model: the recovered workflow fails
+        # there before its first event, and nobody takes the run over
+        args = ("--store", redis_server.url, "--durable", postgres.url("undriven"))
+        args += ("--lease", "1", "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}")
+        survivor, on_b = serve(
+            *args, "--model", "other", "--base-url", model.base_url("openai_chat")
+        )
+        try:
+            stop(owner, signal.SIGKILL)
+            whole = read_all(on_b, run, session)
+        finally:
+            stop(survivor)
     assert_whole(whole)
     assert "stopped (its lease of 1 s expired)" in whole[-1].data["error"]
     assert lines(tmp_path) == ["Oslo"]
