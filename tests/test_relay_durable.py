@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +149,14 @@ def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
         (owner, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         wait_for(lambda: len(model.requests) == 1, "the first round to be asked")
-        time.sleep(1.0)  # (its arguments streaming: about 4 s in all)
-        stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+        with ThreadPoolExecutor(1) as pool:  # a reader on the survivor since before the death
+            reading = pool.submit(read_all, on_b, run, session)
+            time.sleep(1.0)  # (the round's arguments streaming: about 4 s in all)
+            stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+            early = reading.result(timeout=60)
         whole = read_all(on_b, run, session)
         statuses = [r.status for r in model.requests]
+    assert early == whole  # its stream simply went on to the end
     assert_whole(whole)
     assert whole[-1].data["error"] is None
     # the interrupted round was asked again (a new attempt), then the last round: 3 in all
