@@ -265,6 +265,10 @@ def test_serve_durable_is_refused_without_what_it_needs(tmp_path: Path) -> None:
     assert "--durable needs a ledger the workers share" in refused(
         "--durable", PG, *redis, "--ledger", "none"
     )
+    asks = {"TOOLLATCH_APPROVALS__DEFAULT": "ask"}
+    assert "durable runs do not take approvals yet" in refused(
+        "--durable", PG, *redis, *ledger, env=asks
+    )
     # the variable, like every setting
     assert "--durable needs a shared run store" in refused(
         *ledger, env={"TOOLLATCH_RELAY__DURABLE": PG}
