@@ -34,13 +34,14 @@ pytest.importorskip("dbos")
 TOOL = '''
 import asyncio, os
 from toollatch import tool
+from toollatch.ledger import current_call
 
 @tool(timeout=120)
 async def get_weather(city: str, unit: str = "c") -> str:
     """The weather (appends a line, then waits DURABLE_TOOL_SLEEP_S: the worker may be
     killed or the run cancelled meanwhile)."""
     with open(os.environ["DURABLE_TOOL_LOG"], "a") as log:
-        log.write(city[:4] + "\\n")
+        log.write(city[:4] + " " + str(current_call().idempotency_key) + "\\n")
     await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP_S", "0")))
     return "sunny"
 '''
@@ -90,9 +91,15 @@ def durable_workers(
         stack.close()
 
 
-def lines(tmp_path: Path) -> list[str]:
+def keyed_lines(tmp_path: Path) -> list[tuple[str, str]]:
+    """The tool's side effects: (city, the idempotency key the ledger gave the call)."""
     path = tmp_path / "side_effects.txt"
-    return path.read_text(encoding="utf-8").split() if path.exists() else []
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return [(line.split()[0], line.split()[1]) for line in text.splitlines()]
+
+
+def lines(tmp_path: Path) -> list[str]:
+    return [city for city, _key in keyed_lines(tmp_path)]
 
 
 def start_run(url: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -136,6 +143,8 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
         ("call_slow_b", None),  # run once, on the survivor
     ]
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect exactly once
+    keys = [key for _city, key in keyed_lines(tmp_path)]
+    assert len(set(keys)) == 2 and "None" not in keys  # each call had its own key
     assert requests == 2  # the first round was not asked again: its step was recorded
 
 
