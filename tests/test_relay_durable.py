@@ -22,7 +22,7 @@ import pytest
 
 from durable_helpers import PostgresServer, wait_for
 from ledger_helpers import RedisServer
-from relay_helpers import CLI, Frame, serve, slow_script, stop
+from relay_helpers import CLI, Frame, serve, served_run, slow_script, stop
 from test_relay_lease import assert_paired, read_until
 from toollatch import ConfigError
 from toollatch.cli import build_parser
@@ -332,3 +332,23 @@ def test_a_recovered_run_no_survivor_can_drive_is_still_ended_paired(
     assert_whole(whole)
     assert "stopped (its lease of 1 s expired)" in whole[-1].data["error"]
     assert lines(tmp_path) == ["Oslo"]
+
+
+def test_serve_workers_2_durable_start_together_and_serve_runs(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = ("--store", redis_server.url, "--durable", postgres.url("workers"), "--ledger", ledger)
+    proc, url = serve("--workers", "2", *args)  # (both launch DBOS on a new database at once)
+    try:
+        time.sleep(3.0)  # (a worker that failed to launch would have exited by now)
+        for _ in range(4):
+            _run, frames = served_run(url, "weather in Oslo?")
+            assert_whole(frames)
+            assert frames[-1].data["error"] is None
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
+        )
+    finally:
+        stop(proc)
+    assert len(children.stdout.split()) == 2
