@@ -352,3 +352,28 @@ def test_serve_workers_2_durable_start_together_and_serve_runs(
     finally:
         stop(proc)
     assert len(children.stdout.split()) == 2
+
+
+def test_sigterm_hands_a_durable_run_over_to_a_survivor(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TOOLLATCH_RELAY__SHUTDOWN_GRACE_S", "2")
+    with durable_workers(redis_server, postgres, tmp_path, [30, 0], "handover") as (_, procs):
+        (stopping, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        stopping.send_signal(signal.SIGTERM)  # the tool outlives the grace: handed over
+        whole = read_all(on_b, run, session)
+        status = stopping.wait(timeout=30)
+        assert stopping.stderr is not None
+        stopping.stderr.close()
+    assert status == 143
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None and "cancelled" not in ended  # went on, not cancelled
+    errors = [c["error"] for c in ended["calls"]]
+    assert errors[0] in ("outcome_unknown", "cancelled") and errors[1] is None
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect once

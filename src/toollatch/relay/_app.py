@@ -398,11 +398,14 @@ class Relay:
         """Stop serving runs (POST /runs: 503): the reads of other workers' runs end at once
         (their clients reconnect elsewhere with ``Last-Event-ID``), this worker's runs are
         cancelled and waited for (:meth:`RunRegistry.close`); with a shared store they may
-        first finish, for most of the grace (their readers on other workers go on). True
-        when every run ended (a run still going is ended by a survivor once this worker's
-        lease is dropped)."""
+        first finish, for most of the grace (their readers on other workers go on); durable
+        runs still going then are handed over, not cancelled (a survivor recovers them once
+        this worker's lease is dropped). True when every run ended (a run still going is
+        ended by a survivor once this worker's lease is dropped)."""
         self.store.end_reads()
-        return await self.runs.close(grace_s, reason=reason, finish=self.store.shared)
+        hand_over = None if self.durable is None else self.durable.hand_over
+        shared = self.store.shared
+        return await self.runs.close(grace_s, reason=reason, finish=shared, hand_over=hand_over)
 
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
         """Cancel ``run`` here, or through its owner (False: it had ended, or no owner

@@ -141,6 +141,8 @@ class DurableRelay:
         try:
             await self.engine.result(workflow)
         except Exception as exc:
+            if run.handed_over:
+                return  # (DBOS stopped under it: a survivor recovers it)
             _log.error("run %s…: its workflow failed: %s: %s", run.id[:6], type(exc).__name__, exc)
             if not await run.ending():
                 await self._end(run, f"the durable run failed: {type(exc).__name__}: {exc}")
@@ -157,6 +159,13 @@ class DurableRelay:
         known = await self.store.known(run.id, run.session_key, seen)
         for event in closing_events(seen, error, known):
             run.append(run.shown(event))
+
+    def hand_over(self, run: RelayRun) -> bool:
+        """Whether a stopping worker leaves ``run`` to a survivor instead of cancelling it:
+        a durable run of this worker (its workflow stays pending in PostgreSQL once DBOS
+        stops here; the events it tells until then reach the shared log before this
+        worker's lease is dropped, and the survivor goes on after them)."""
+        return run in self._runs.values()
 
     # -- the workflow's side -----------------------------------------------------------------
 

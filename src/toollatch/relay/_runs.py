@@ -279,6 +279,9 @@ class RelayRun:
         self.cancelled = False
         """Whether :meth:`cancel` stopped the run (its ``run_ended`` then has ``"cancelled":
         true``)."""
+        self.handed_over = False
+        """Whether this stopping worker left the run to a survivor (a durable run: it is
+        not cancelled, a survivor recovers its workflow once this worker's lease is gone)."""
         self.observer = _Feed(self)
         """Give it to the run's Agent (``observers=[...]``): it feeds the log."""
         self._policy = policy
@@ -391,7 +394,7 @@ class RelayRun:
     def cancel(self, reason: str | None = None) -> bool:
         """Stop the run (every open call gets its ``cancelled`` result; ``reason``, if given,
         is its ``run_ended.error``); False when done."""
-        if self.done or self._stop is None:
+        if self.done or self._stop is None or self.handed_over:
             return False
         self.cancelled = True
         self._stop(reason)
@@ -434,10 +437,11 @@ class RelayRun:
                     }
                 )
         finally:
-            self.done = True
-            if self.mirror is not None:
-                self.mirror.push(self)  # (its end, once the store has every event)
-            self._wake()
+            if not self.handed_over:  # (else a survivor goes on with it: no end here)
+                self.done = True
+                if self.mirror is not None:
+                    self.mirror.push(self)  # (its end, once the store has every event)
+                self._wake()
             await closing()
 
     def shown(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -531,13 +535,20 @@ class RunRegistry:
         return run
 
     async def close(
-        self, grace_s: float | None = None, *, reason: str | None = None, finish: bool = False
+        self,
+        grace_s: float | None = None,
+        *,
+        reason: str | None = None,
+        finish: bool = False,
+        hand_over: Callable[[RelayRun], bool] | None = None,
     ) -> bool:
         """Admit no more runs, cancel every run (``reason``: their ``run_ended.error``) and
         wait for their drivers, at most ``grace_s`` seconds (None: no bound); True when every
         run ended. A driver still going after the grace (a tool that ignores its cancel) is
         left to the caller, never waited for here. ``finish``: the runs first go on for
-        :data:`FINISH_SHARE` of the grace, and only the ones still running are cancelled."""
+        :data:`FINISH_SHARE` of the grace, and only the ones still running are cancelled,
+        but those ``hand_over(run)`` leaves to a survivor (it returns True; the run is then
+        :attr:`~RelayRun.handed_over`, never cancelled here)."""
         self.closing = True
         if finish and grace_s is not None:
             going = [r.driver for r in self._runs.values() if r.driver and not r.driver.done()]
@@ -546,7 +557,10 @@ class RunRegistry:
             grace_s -= grace_s * FINISH_SHARE
         runs = list(self._runs.values())
         for run in runs:
+            if hand_over is not None and not run.done and hand_over(run):
+                run.handed_over = True
             run.cancel(reason)
+        runs = [r for r in runs if not r.handed_over]
         drivers = [r.driver for r in runs if r.driver is not None and not r.driver.done()]
         if not drivers:
             return True
