@@ -220,7 +220,7 @@ async def test_always_allow_is_sticky_for_the_session_and_revocable():
     await play("s1", "c1", always=True)
     await play("s1", "c2")  # not asked: "always" for write_file in s1
     await play("s2", "c3")  # another session is asked
-    dispatcher.revoke("s1", "write_file")
+    assert await dispatcher.revoke("s1", "write_file")
     await play("s1", "c4")  # asked again
     assert asked == [("s1", "c1"), ("s2", "c3"), ("s1", "c4")]
     assert ran == ["c1", "c2", "c3", "c4"]

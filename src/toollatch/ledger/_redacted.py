@@ -25,6 +25,7 @@ from typing import Any
 from ..core._preview import Redactor
 from ..core._redact import RedactionFailed, redact_result, redact_value
 from ..core._round import ToolResult
+from ._always import AlwaysStore
 from ._base import Ledger
 from ._history import History
 from ._questions import Decision, NotAsked, PendingQuestions, Question, QuestionStore
@@ -80,6 +81,11 @@ class RedactedLedger:
             if isinstance(ledger, PendingQuestions):
                 self.pending_questions = ledger.pending_questions
             self._answer = ledger.answer
+        if isinstance(ledger, AlwaysStore):  # (tool names only: nothing to redact)
+            self.allow_always = ledger.allow_always
+            self.always_allowed = ledger.always_allowed
+            self.always = ledger.always
+            self.revoke_always = ledger.revoke_always
 
     async def answer(
         self,

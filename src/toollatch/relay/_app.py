@@ -32,7 +32,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -43,7 +43,8 @@ from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import ArgumentAudit, History, Ledger, LedgerError
+from ..ledger import AlwaysStore, ArgumentAudit, History, Ledger, LedgerError
+from ..ledger._open import open_ledger
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
@@ -61,7 +62,7 @@ from ._requests import require_json as _require_json
 from ._requests import resume_point as _resume_point
 from ._requests import session_of as _session
 from ._requests import set_cookie as _set_cookie
-from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame
+from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame, session_key_of
 from ._tools import SessionTools
 from .protocols import _ui_answers, _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
@@ -174,6 +175,11 @@ class Relay:
             raise ConfigError("the approval secret must be at least 16 bytes")
         self.approval_secret = approval_secret or secrets.token_bytes(32)
         """Signs the questions' tokens (:mod:`._answers`; default: random per process)."""
+        self.always_store: AlwaysStore = (
+            ledger if isinstance(ledger, AlwaysStore) else cast(AlwaysStore, open_ledger("memory:"))
+        )
+        """The sessions' "always allow" decisions, shared by all their runs: the ledger's,
+        else this process's memory (:mod:`._answers`)."""
         self.runs = RunRegistry(self.limits)
         self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
         """The runs as other workers see them (:mod:`.store`)."""
@@ -200,6 +206,10 @@ class Relay:
                     self.read_json,
                     lambda: self.approval_secret,
                     self._forward_answer,
+                ),
+                *_answers.session_routes(
+                    lambda r: None if (t := _session(r)) is None else session_key_of(t),
+                    lambda: self.always_store,
                 ),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
@@ -621,6 +631,7 @@ class Relay:
                 session=scope,
                 run_limits=self.run_limits,
                 approvals=self.approvals,
+                always_store=self.always_store,
             )
         except (ConfigError, UsageError) as exc:
             run.done = True
@@ -648,11 +659,12 @@ class Relay:
             async def before() -> None:
                 await _restore.remember(history_store, record)
 
-        run.start(
-            agent.run(message, resume=resume, history=history, conversation=conversation),
-            closing,
-            before,
-        )
+        approval_session = _answers.approval_scope(run.session_key)  # (every run of it)
+        agent_run = agent.run(
+            message, resume=resume, history=history, conversation=conversation,
+            approval_session=approval_session,
+        )  # fmt: skip
+        run.start(agent_run, closing, before)
 
     async def restore(self, wait_s: float = 5.0) -> list[str]:
         """Resume the runs that were waiting for an answer when the relay stopped (see
