@@ -6,6 +6,7 @@ session, a relay restart on a SQLite or Redis ledger)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -189,11 +190,11 @@ async def test_a_question_asked_before_a_restart_is_answered_by_the_always():
     args = {"key": "z"}
     key = LedgerKey(scope="conv", call_id="call_z")
     digest = digest_of("note", args)
-    await ledger.ask(
-        Question(
-            key=key, kind="approval", name="note", digest=digest, asked_at=1.0, expires_at=None
-        )
+    now = time.time()  # (it expires in 5 s: without the always, the test fails then)
+    asked = Question(
+        key=key, kind="approval", name="note", digest=digest, asked_at=now, expires_at=now + 5
     )
+    await ledger.ask(asked)
     await ledger.allow_always("alice", "note", now=2.0, limit=5)
     events: list[str] = []
     round_ = chat_round(dispatcher.specs, [("call_z", "note", args)])
