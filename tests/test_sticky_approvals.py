@@ -6,6 +6,7 @@ session, a relay restart on a SQLite or Redis ledger)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,10 +21,13 @@ from relay_helpers import Frame, parse_sse, read_events, start_run
 from toollatch import Agent, ApprovalPolicy, ConfigError, model_client, tool
 from toollatch.ledger import AlwaysStore, Question, TooManyAlways
 from toollatch.ledger._base import MemoryLedger
+from toollatch.ledger._history import SQLiteHistory
 from toollatch.ledger._records import LedgerKey, digest_of
 from toollatch.ledger._redis import RedisLedger
 from toollatch.ledger._sqlite import SQLiteLedger
 from toollatch.relay import RelayServer
+from toollatch.relay._requests import run_scope
+from toollatch.relay._restore import SUFFIX, forget, remember
 from toollatch.runtime import Dispatcher
 from toollatch.runtime._approvals import ALWAYS_REASON
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
@@ -332,3 +336,58 @@ async def test_the_decision_survives_a_relay_restart_on_a_shared_ledger(
             alice.base_url = httpx.URL(server.url)
             assert await run_once(alice)  # the revoke was kept too
     assert ran == ["a"] * 4
+
+
+# -- run records (relay/_restore.py): deleted once the run ends --------------------------------
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "redis"])
+async def test_a_runs_record_is_deleted_when_the_run_ends(
+    backend: str, tmp_path: Path, request: Any
+):
+    if backend == "memory":
+        url = "memory:"
+    elif backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        url = request.getfixturevalue("redis_server").url
+    async with relay(ledger=url) as server, session_client(server.url) as alice:
+        assert server.relay is not None and server.relay.history is not None
+        history = server.relay.history
+        records: list[tuple[str, list[dict[str, Any]]]] = []
+        for action in ("approve", "deny", "cancel"):
+            run = await start_run(alice, "go", model="n")
+            key = f"{run_scope(alice.headers['x-toollatch-session'], run['id'])}{SUFFIX}"
+            frames = await until_asked(alice, run["events_url"])
+            asked = next(f.data for f in frames if f.event == "approval_requested")
+            records.append((run["id"], await history.load(key)))  # while it waits: kept
+            if action == "cancel":
+                done = await alice.post(run["cancel_url"], json={})
+            else:
+                body = {"token": asked["token"]}
+                done = await alice.post(
+                    f"/runs/{run['id']}/calls/{asked['id']}/{action}", json=body
+                )
+            assert done.status_code == 202, done.text
+            await read_events(alice, run["events_url"])
+            for _ in range(200):  # (the record goes once the run's driver has closed)
+                if not await history.load(key):
+                    break
+                await asyncio.sleep(0.01)
+            assert await history.load(key) == [], action
+    assert [[r["run"] for r in kept] for _, kept in records] == [[i] for i, _ in records]
+
+
+async def test_a_record_a_newer_run_wrote_is_kept(tmp_path: Path):
+    history = SQLiteHistory(tmp_path / "history.db")
+    try:
+        old = {"run": "r1", "conversation": "c", "start": "1"}
+        new = {"run": "r1", "conversation": "c", "start": "2"}  # (resumed elsewhere)
+        await remember(history, old)
+        await remember(history, new)
+        await forget(history, old)
+        assert await history.load(f"c{SUFFIX}") == [old, new]
+        await forget(history, new)
+        assert await history.load(f"c{SUFFIX}") == []
+    finally:
+        await history.aclose()

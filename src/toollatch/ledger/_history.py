@@ -79,6 +79,15 @@ class MemoryHistory:
         """See :meth:`History.load`."""
         return [json.loads(m) for m in self._runs.get(run, [])]
 
+    async def delete(self, run: str, *, at: int) -> None:
+        """Forget ``run``'s history, which must have ``at`` messages (else
+        :class:`HistoryConflict`: another writer appended meanwhile). Not part of the
+        :class:`History` protocol: every built-in store has it."""
+        held = len(self._runs.get(run, []))
+        if held != at:
+            raise HistoryConflict(f"run {run!r} has {held} messages, not {at}")
+        self._runs.pop(run, None)
+
     async def aclose(self) -> None:
         """Nothing to release."""
 
@@ -121,6 +130,21 @@ class SQLiteHistory:
         conn.execute("COMMIT")
         return at + len(encoded)
 
+    def _delete(self, run: str, at: int) -> None:
+        conn = self._db()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (length,) = conn.execute(
+                "SELECT COUNT(*) FROM toollatch_history WHERE run = ?", (run,)
+            ).fetchone()
+            if length != at:
+                raise HistoryConflict(f"run {run!r} has {length} messages, not {at}")
+            conn.execute("DELETE FROM toollatch_history WHERE run = ?", (run,))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
     def _load(self, run: str) -> list[dict[str, Any]]:
         rows = self._db().execute(
             "SELECT message FROM toollatch_history WHERE run = ? ORDER BY seq", (run,)
@@ -142,6 +166,10 @@ class SQLiteHistory:
         """See :meth:`History.load`."""
         loaded: list[dict[str, Any]] = await self._call(self._load, run)
         return loaded
+
+    async def delete(self, run: str, *, at: int) -> None:
+        """See :meth:`MemoryHistory.delete`."""
+        await self._call(self._delete, run, at)
 
     async def aclose(self) -> None:
         """Close the connection and its thread."""

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..core._errors import UsageError
 from ..core._preview import Redactor
 from ..core._redact import RedactionFailed, redact_result, redact_value
 from ..core._round import ToolResult
@@ -55,6 +56,13 @@ class RedactedHistory:
     async def load(self, run: str) -> list[dict[str, Any]]:
         """See :meth:`History.load`."""
         return await self.inner.load(run)
+
+    async def delete(self, run: str, *, at: int) -> None:
+        """The inner store's ``delete`` (``UsageError`` when it has none)."""
+        delete = getattr(self.inner, "delete", None)
+        if delete is None:
+            raise UsageError("this history store keeps every history")
+        await delete(run, at=at)
 
     async def aclose(self) -> None:
         """See :meth:`History.aclose`."""

@@ -397,6 +397,14 @@ return length + #ARGV - 1
 """
 
 
+_DELETE = """
+local length = redis.call('LLEN', KEYS[1])
+if length ~= tonumber(ARGV[1]) then return redis.error_reply('CONFLICT ' .. length) end
+redis.call('DEL', KEYS[1])
+return length
+"""
+
+
 class RedisHistory:
     """A :class:`History` in Redis lists (one per run), appended by a Lua script that
     checks the length first, so two writers never interleave one run."""
@@ -405,12 +413,23 @@ class RedisHistory:
         self._r = client
         self._prefix = prefix
         self._append = client.register_script(_APPEND)
+        self._delete = client.register_script(_DELETE)
 
     async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
         """See :meth:`History.append`."""
         encoded = _encoded(run, messages, at)
+        return await self._checked(
+            run, at, self._append(keys=[self._key(run)], args=[at, *encoded])
+        )
+
+    async def delete(self, run: str, *, at: int) -> None:
+        """See :meth:`~._history.MemoryHistory.delete`."""
+        await self._checked(run, at, self._delete(keys=[self._key(run)], args=[at]))
+
+    async def _checked(self, run: str, at: int, script: Any) -> int:
+        """A script's length, or :class:`HistoryConflict` when ``run`` had another one."""
         try:
-            return int(await self._append(keys=[self._key(run)], args=[at, *encoded]))
+            return int(await script)
         except redis.exceptions.ResponseError as exc:
             if str(exc).startswith("CONFLICT"):
                 held = str(exc).split()[-1]

@@ -640,24 +640,27 @@ class Relay:
             raise HTTPError(422, "invalid_run", str(exc)) from None
         self._pool_runs[pool] += 1
 
-        async def closing() -> None:
-            self._pool_runs[pool] -= 1
-            await client.aclose()
-
-        before = None
-        if self.history is not None and _restore.may_ask(
+        before = record = None
+        history_store = self.history
+        if history_store is not None and _restore.may_ask(
             tools, self.approvals, self.tool_source is not None
         ):
             record = {
                 "session": run.session_key, "run": run.id, "provider": provider, "model": model,
                 "scope": scope, "conversation": conversation or scope, **(kept or {}),
+                "start": secrets.token_hex(8),
             }  # fmt: skip
             if client_tools:
                 record["client_tools"] = _restore.client_tool_specs(client_tools)
-            history_store = self.history
 
             async def before() -> None:
                 await _restore.remember(history_store, record)
+
+        async def closing() -> None:
+            self._pool_runs[pool] -= 1
+            await client.aclose()
+            if history_store is not None and record is not None:  # (the run is over)
+                await _restore.forget(history_store, record)
 
         approval_session = _answers.approval_scope(run.session_key)  # (every run of it)
         agent_run = agent.run(
