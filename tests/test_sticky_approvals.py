@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from ledger_helpers import RedisServer, chat_round
-from relay_helpers import Frame, parse_sse, read_events, start_run
+from relay_helpers import read_events, start_run
+from test_relay_approvals import until_asked
 from toollatch import Agent, ApprovalPolicy, ConfigError, model_client, tool
 from toollatch.ledger import AlwaysStore, Question, TooManyAlways
 from toollatch.ledger._base import MemoryLedger
 from toollatch.ledger._history import SQLiteHistory
 from toollatch.ledger._records import LedgerKey, digest_of
-from toollatch.ledger._redis import RedisLedger
 from toollatch.ledger._sqlite import SQLiteLedger
 from toollatch.relay import RelayServer
 from toollatch.relay._requests import run_scope
@@ -62,24 +61,8 @@ QUICK = ApprovalPolicy(timeout_s=5)  # a question nobody answers fails the test 
 # -- the stores ------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def store(request: Any, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryLedger()
-    elif request.param == "sqlite":
-        made = SQLiteLedger(tmp_path / "ledger.db")
-        yield made
-        await made.aclose()
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        client = aioredis.Redis.from_url(server.url, socket_timeout=2)
-        await client.flushdb()
-        made = RedisLedger(client)
-        yield made
-        await made.aclose()
-
-
 async def test_every_store_keeps_always_decisions_per_session_capped_and_revocable(store: Any):
+    """(``store``: each built-in ledger, conftest.py)"""
     assert isinstance(store, AlwaysStore)
     assert await store.allow_always("s1", "note", now=1.0, limit=2)
     assert not await store.allow_always("s1", "note", now=2.0, limit=2)  # there already
@@ -221,26 +204,11 @@ def relay(**extra: Any) -> RelayServer:
     )
 
 
-async def until_asked(client: httpx.AsyncClient, url: str) -> list[Frame]:
-    """The run's frames up to its first question, or all of them when it never asks."""
-    frames: list[Frame] = []
-    buffer = ""
-    async with client.stream("GET", url) as response:
-        async for text in response.aiter_text():
-            buffer += text
-            *blocks, buffer = buffer.split("\n\n")
-            for block in blocks:
-                frames += parse_sse(block + "\n\n")[0]
-            if any(f.event == "approval_requested" for f in frames):
-                break
-    return frames
-
-
 async def run_once(client: httpx.AsyncClient, *, always: bool = False) -> bool:
     """One run of the session (approving its question, ``always`` if asked so); whether it
     asked. The run must end with its call run."""
     run = await start_run(client, "go", model="n")
-    frames = await until_asked(client, run["events_url"])
+    frames = await until_asked(client, run["events_url"], 1, or_end=True)
     asked = [f.data for f in frames if f.event == "approval_requested"]
     if asked:
         body = {"token": asked[0]["token"], "always": always}
@@ -289,14 +257,14 @@ async def test_the_relay_answers_409_past_the_sessions_cap():
     server = RelayServer(scripts=SCRIPTS, delay_scale=0, tools=[note, other], approvals=policy)
     async with server, session_client(server.url) as alice:
         run = await start_run(alice, "go", model="o")
-        frames = await until_asked(alice, run["events_url"])
+        frames = await until_asked(alice, run["events_url"], 1)
         asked = next(f.data for f in frames if f.event == "approval_requested")
         body = {"token": asked["token"], "always": True}
         ok = await alice.post(f"/runs/{run['id']}/calls/{asked['id']}/approve", json=body)
         assert ok.status_code == 202, ok.text
         await read_events(alice, run["events_url"])
         run = await start_run(alice, "go", model="n")
-        frames = await until_asked(alice, run["events_url"])
+        frames = await until_asked(alice, run["events_url"], 1)
         asked = next(f.data for f in frames if f.event == "approval_requested")
         body = {"token": asked["token"], "always": True}
         full = await alice.post(f"/runs/{run['id']}/calls/{asked['id']}/approve", json=body)
@@ -358,7 +326,7 @@ async def test_a_runs_record_is_deleted_when_the_run_ends(
         for action in ("approve", "deny", "cancel"):
             run = await start_run(alice, "go", model="n")
             key = f"{run_scope(alice.headers['x-toollatch-session'], run['id'])}{SUFFIX}"
-            frames = await until_asked(alice, run["events_url"])
+            frames = await until_asked(alice, run["events_url"], 1)
             asked = next(f.data for f in frames if f.event == "approval_requested")
             records.append((run["id"], await history.load(key)))  # while it waits: kept
             if action == "cancel":

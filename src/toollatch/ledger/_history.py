@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -111,7 +111,9 @@ class SQLiteHistory:
             self._conn = _connect(self.path, 10_000, (_TABLE,))  # (WAL, as the ledger's)
         return self._conn
 
-    def _append(self, run: str, encoded: list[str], at: int) -> int:
+    def _at(self, run: str, at: int, change: Callable[[sqlite3.Connection], object]) -> None:
+        """``change(conn)`` in one transaction, if ``run`` has ``at`` messages (else
+        :class:`HistoryConflict` and nothing changes)."""
         conn = self._db()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -120,30 +122,27 @@ class SQLiteHistory:
             ).fetchone()
             if length != at:
                 raise HistoryConflict(f"run {run!r} has {length} messages, not {at}")
-            conn.executemany(
-                "INSERT INTO toollatch_history (run, seq, message) VALUES (?, ?, ?)",
-                [(run, at + i, m) for i, m in enumerate(encoded)],
-            )
+            change(conn)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _append(self, run: str, encoded: list[str], at: int) -> int:
+        self._at(
+            run, at, lambda conn: conn.executemany(
+                "INSERT INTO toollatch_history (run, seq, message) VALUES (?, ?, ?)",
+                [(run, at + i, m) for i, m in enumerate(encoded)],
+            ),
+        )  # fmt: skip
         return at + len(encoded)
 
     def _delete(self, run: str, at: int) -> None:
-        conn = self._db()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            (length,) = conn.execute(
-                "SELECT COUNT(*) FROM toollatch_history WHERE run = ?", (run,)
-            ).fetchone()
-            if length != at:
-                raise HistoryConflict(f"run {run!r} has {length} messages, not {at}")
-            conn.execute("DELETE FROM toollatch_history WHERE run = ?", (run,))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        self._at(
+            run,
+            at,
+            lambda conn: conn.execute("DELETE FROM toollatch_history WHERE run = ?", (run,)),
+        )
 
     def _load(self, run: str) -> list[dict[str, Any]]:
         rows = self._db().execute(
