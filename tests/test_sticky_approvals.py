@@ -7,6 +7,11 @@ session, a relay restart on a SQLite or Redis ledger)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ import redis.asyncio as aioredis
 
 from ledger_helpers import RedisServer, chat_round
 from relay_helpers import read_events, start_run
+from test_cli_approvals import ROOT, lines, run_cli, tools_file, writes
 from test_relay_approvals import until_asked
 from toollatch import Agent, ApprovalPolicy, ConfigError, model_client, tool
 from toollatch.ledger import AlwaysStore, Question, TooManyAlways
@@ -359,3 +365,54 @@ async def test_a_record_a_newer_run_wrote_is_kept(tmp_path: Path):
         assert await history.load(f"c{SUFFIX}") == []
     finally:
         await history.aclose()
+
+
+# -- toollatch run: `a` at the prompt, kept under the run's session (--resume keeps it) --------
+
+
+def test_run_answers_a_and_a_resumed_run_of_the_session_does_not_ask(tmp_path: Path):
+    tools, log = tools_file(tmp_path)
+    db = tmp_path / "ledger.db"
+    command = ["--json", "--tools", str(tools), "--ledger", f"sqlite:///{db}"]
+    done = run_cli(*command, "--session", "r1", stdin="a\n")
+    assert done.returncode == 0, done.stderr
+    assert "(a: always, this session)" in done.stderr
+    assert writes(log) == ["write notes/weather.md"]
+    assert asyncio.run(always_of(db, "r1")) == ["write_file"]
+
+    # r2 is killed while it waits; meanwhile its session always allows the tool (another
+    # run of it said `a`); `--resume r2` meets the call again and runs it without asking
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    runner = [sys.executable, "-m", "toollatch.cli", "run", *command]
+    with subprocess.Popen(
+        [*runner, "--session", "r2"], cwd=ROOT, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env=env,
+    ) as first:  # fmt: skip
+        assert first.stdout is not None
+        asked = next(e for e in map(json.loads, first.stdout) if e["type"] == "approval_requested")
+        first.send_signal(signal.SIGKILL)
+    asyncio.run(allow(db, "r2", "write_file"))
+    done = run_cli(*command, "--resume", "r2", stdin="")  # (no line: a question would deny)
+    assert done.returncode == 0, done.stderr
+    events = lines(done.stdout)
+    assert [e for e in events if e["type"] == "approval_requested"] == []
+    answered = [e for e in events if e["type"] == "approval_answered"]
+    assert [(e["id"], e["decision"]) for e in answered] == [(asked["id"], "approved")]
+    assert writes(log) == ["write notes/weather.md"] * 2
+    assert events[-1]["error"] is None
+
+
+async def always_of(db: Path, scope: str) -> list[str]:
+    ledger = SQLiteLedger(db)
+    try:
+        return await ledger.always(scope)
+    finally:
+        await ledger.aclose()
+
+
+async def allow(db: Path, scope: str, name: str) -> None:
+    ledger = SQLiteLedger(db)
+    try:
+        await ledger.allow_always(scope, name, now=time.time(), limit=32)
+    finally:
+        await ledger.aclose()
