@@ -113,7 +113,9 @@ class Relay:
     were waiting for an answer when the relay stopped.
     ``approvals``: which calls wait for a person (:class:`~toollatch.ApprovalPolicy`; tools
     declared ``needs_approval`` and client tools wait anyway); ``approval_secret`` (at least
-    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`).
+    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`);
+    an approval's ``always`` holds for every run of the browser session, kept in the ledger
+    (without one, in this process's memory).
     ``models``: the model names a request may pick (default: ``model`` only; a browser may
     otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
     and access token the guard in front of the app accepts (:mod:`._guard`; default:
