@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from durable_helpers import PostgresServer
 from ledger_helpers import RedisServer
 from toollatch import StreamDecodeError, UsageError
 from toollatch.ledger._base import MemoryLedger
@@ -165,6 +166,18 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         redis_ledger = RedisLedger(client)
         yield redis_ledger
         await redis_ledger.aclose()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster on loopback for one test module (skips without it; see
+    durable_helpers)."""
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")
