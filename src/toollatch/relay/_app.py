@@ -32,7 +32,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -67,9 +67,6 @@ from ._tools import SessionTools
 from .protocols import _ui_answers, _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
 from .store._base import MemoryRunStore, RunStore, StoreUnavailable
-
-if TYPE_CHECKING:
-    from ._durable import DurableRelay
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
@@ -188,7 +185,7 @@ class Relay:
         self.runs = RunRegistry(self.limits)
         self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
         """The runs as other workers see them (:mod:`.store`)."""
-        self.durable: DurableRelay | None = None
+        self.durable: Any = None  # (a DurableRelay: its module imports this one)
         """The runs of ``POST /runs`` as DBOS workflows (:class:`._durable.DurableRelay`,
         set by :class:`._server.RelayServer` with ``durable``; None: plain runs)."""
         chat_history = (
@@ -696,7 +693,6 @@ class Relay:
     def _start_durable(self, run: RelayRun, provider: str, model: str, message: str) -> None:
         """Start an admitted run as a DBOS workflow (:mod:`._durable`); 422
         :class:`HTTPError` when its agent cannot be made."""
-        assert self.durable is not None
         try:
             self.durable.start(run, provider, model, message)
         except (ConfigError, UsageError) as exc:
