@@ -14,6 +14,9 @@ target of its own, ``toollatch@NAME``, measured in the same run, in turn with th
 each concurrency, with a ratio row: a change's effect, under the same load.
 ``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
 (``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
+``--unsettled`` adds the proxy without the heap settled at start (``toollatch@unsettled``:
+full garbage collections walk every object its start made, as before ``toollatch proxy``
+called ``settle_heap``).
 
 Theory of operation
 -------------------
@@ -32,13 +35,25 @@ descendant included) over the streams, divided by the *upstream* events it relay
 same count for both proxies: toollatch sends a committed call as one delta, so counting the
 events it delivers would flatter it).
 
-**Added latency per event**: each stream's arrival offsets (the time a read returned minus
-the time the stream's request was sent, ``time.perf_counter``), taken at each text delta's
-end, i.e. the moment the client holds the first k characters of the text (by character count,
-so a proxy that re-cuts the deltas is still compared fairly); minus the *median over the
-direct streams at the same concurrency* of the same offset. p50/p99 over every (stream, delta)
-pair. The upstream's own jitter is in there too: the ``direct`` row (direct streams against
-their own median) is that noise floor. **Call delay** is the same difference for the moment
+Times are each stream's arrival offsets (``time.perf_counter`` when a read returned), taken
+at each text delta's end, i.e. the moment the client holds the first k characters of the text
+(by character count, so a proxy that re-cuts the deltas is still compared fairly), and each
+compared with the *median over the direct streams at the same concurrency* of the same
+offset; p50/p99 over every (stream, delta) pair. The upstream's own jitter is in there too:
+the ``direct`` row (direct streams against their own median) is that noise floor.
+
+- **First text added**: the first delta's offset since the stream's request was sent: what
+  the proxy adds to the time to the first token (the request through the proxy, the
+  proxy's own request and connection to the upstream; with 50 streams started at once,
+  three processes doing 50 requests each on the same cores).
+- **Text added per event**: each later delta's offset since the stream's own first delta:
+  the delay the proxy adds to an event once the stream flows (what the issue's "added
+  latency per event" means; a proxy that held every event, the first too, would show it
+  in the first column).
+- **Since request** (the benchmark's earlier measure): each delta's offset since the
+  request, so the stream's start is charged to every event of it.
+
+**Call delay** is the per-event difference (since the stream's first delta) for the moment
 each tool call's arguments are complete at the client: direct, the call's last argument
 fragment; toollatch holds a call until the gate commits it (the upstream moved on from it,
 by design), then sends it whole; LiteLLM passes fragments through.
@@ -73,13 +88,17 @@ import orjson
 
 # Our proxy in a process of its own: the upstream base URL and ProxyServer's keyword arguments
 # (JSON) in, its own base URL printed out, served until SIGTERM (uvicorn's own signal handling
-# stops it).
+# stops it). The heap is settled once started, as `toollatch proxy` does (a third argument
+# "unsettled": not, as before it did).
 RUNNER = """
 import asyncio, json, sys
 from toollatch.relay._proxy import ProxyServer
+from toollatch.relay._server import settle_heap
 
 async def main():
     async with ProxyServer(sys.argv[1], **json.loads(sys.argv[2])) as proxy:
+        if sys.argv[3:] != ["unsettled"]:
+            settle_heap()
         print(proxy.url, flush=True)
         await proxy.serve_forever()
 
@@ -358,18 +377,31 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def offsets(s: Stream, which: str) -> list[float]:
+    """A stream's offsets for ``which``: ``first`` (its first text delta, since the request),
+    ``request`` (every text delta, since the request), ``text`` (every later text delta,
+    since the first), ``calls`` (each call complete, since the first text delta)."""
+    text = s.text_offsets()
+    if which == "first":
+        return text[:1]
+    if which == "request":
+        return text
+    if which == "text":
+        return [t - text[0] for t in text[1:]]
+    return [c - text[0] for c in s.call_offsets()]
+
+
 def added(streams: list[Stream], ref: list[float], which: str) -> list[float]:
     out: list[float] = []
     for s in streams:
         if s.error is not None:
             continue
-        got = s.text_offsets() if which == "text" else s.call_offsets()
-        out += [g - r for g, r in zip(got, ref, strict=False)]
+        out += [g - r for g, r in zip(offsets(s, which), ref, strict=False)]
     return out
 
 
 def reference(streams: list[Stream], which: str) -> list[float]:
-    rows = [s.text_offsets() if which == "text" else s.call_offsets() for s in streams if s.ok()]
+    rows = [offsets(s, which) for s in streams if s.ok()]
     return [statistics.median(col) for col in zip(*rows, strict=False)]
 
 
@@ -407,6 +439,14 @@ async def bench(args: argparse.Namespace) -> None:
             ("direct", up_url, upstream.pid),
             ("toollatch", ours_url, ours.pid),
         ]
+        if args.unsettled:
+            plain = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}', "unsettled"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(plain)
+            targets.append(("toollatch@unsettled", read_line(plain, "http://", 30), plain.pid))
         if args.calls_stream:
             live = subprocess.Popen(
                 [sys.executable, "-c", RUNNER, up_url, '{"calls": "stream"}'],
@@ -485,16 +525,17 @@ async def bench(args: argparse.Namespace) -> None:
 def header() -> None:
     print(
         "| streams | target | ok / streams | upstream events | call deltas/stream "
-        "| CPU µs/event | text added p50 / p99 ms | calls' delay p50 / p99 ms | wall s |"
+        "| CPU µs/event | first text added p50 / p99 ms | text added per event p50 / p99 ms "
+        "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
 
 
 def report(n: int, rows: list[Result]) -> None:
     direct = rows[0]
     up_events = statistics.median(s.events for s in direct.streams if s.ok())
-    ref_text = reference(direct.streams, "text")
-    ref_calls = reference(direct.streams, "calls")
+    kinds = ("first", "text", "calls", "request")
+    refs = {kind: reference(direct.streams, kind) for kind in kinds}
     per_event: dict[str, float] = {}
     p99: dict[str, float] = {}
     for r in rows:
@@ -502,14 +543,16 @@ def report(n: int, rows: list[Result]) -> None:
         events = up_events * len(r.streams)
         cpu_us = r.cpu_s / events * 1e6
         per_event[r.target] = cpu_us
-        text = added(r.streams, ref_text, "text")
-        calls = added(r.streams, ref_calls, "calls")
-        p99[r.target] = pct(text, 0.99) * 1e3
+        late = {kind: added(r.streams, refs[kind], kind) for kind in kinds}
+        p99[r.target] = pct(late["text"], 0.99) * 1e3
         deltas = statistics.mean(s.call_deltas for s in r.streams)
+        cells = " | ".join(
+            f"{pct(late[kind], 0.5) * 1e3:.2f} / {pct(late[kind], 0.99) * 1e3:.2f}"
+            for kind in kinds
+        )
         print(
             f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
-            f"| {cpu_us:.0f} | {pct(text, 0.5) * 1e3:.2f} / {pct(text, 0.99) * 1e3:.2f} "
-            f"| {pct(calls, 0.5) * 1e3:.2f} / {pct(calls, 0.99) * 1e3:.2f} | {r.wall_s:.1f} |"
+            f"| {cpu_us:.0f} | {cells} | {r.wall_s:.1f} |"
         )
         for s in r.streams:
             if not s.ok():
@@ -523,13 +566,13 @@ def report(n: int, rows: list[Result]) -> None:
         if name.startswith("toollatch@") and cpu_us:
             print(
                 f"|  | toollatch / {name} | | | | {per_event['toollatch'] / cpu_us:.2f} "
-                f"| p99 {p99['toollatch'] / p99[name]:.2f} | | |"
+                f"| | p99 {p99['toollatch'] / p99[name]:.2f} | | | |"
             )
     if per_event.get("litellm"):
         ratio = per_event["toollatch"] / per_event["litellm"]
         print(
             f"|  | toollatch / LiteLLM | | | | {ratio:.2f} "
-            f"| p99 {p99['toollatch'] / p99['litellm']:.2f} | | |"
+            f"| | p99 {p99['toollatch'] / p99['litellm']:.2f} | | | |"
         )
 
 
@@ -546,6 +589,11 @@ def main() -> None:
         default=[],
         metavar="NAME=SRC",
         help="also toollatch's proxy from the source tree SRC, as toollatch@NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--unsettled",
+        action="store_true",
+        help="also toollatch's proxy without the heap settled at start, as toollatch@unsettled",
     )
     parser.add_argument(
         "--calls-stream",
