@@ -16,7 +16,7 @@ each concurrency, with a ratio row: a change's effect, under the same load.
 (``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
 ``--unsettled`` adds the proxy without the heap settled at start (``toollatch@unsettled``:
 full garbage collections walk every object its start made, as before ``toollatch proxy``
-called ``settle_heap``).
+called ``settle_heap``), and runs the baselines that way too.
 
 Theory of operation
 -------------------
@@ -103,6 +103,68 @@ async def main():
         await proxy.serve_forever()
 
 asyncio.run(main())
+"""
+
+# The scripted server, noting when each event's bytes went to its socket (perf_counter: one
+# clock for every process of the machine), by the request's "user" (each bench stream's own;
+# every proxy passes it on). SIGUSR1 writes {user: {"text": [[chars so far, time], ...],
+# "calls": {index: time of its last argument fragment}}} to the file named by its first
+# argument (then the rest is python -m toollatch.scripted's) and forgets them.
+UPSTREAM_RUNNER = """
+import json, os, signal, sys, time
+import orjson
+from toollatch.scripted import _server
+from toollatch.scripted.__main__ import main
+
+OUT = sys.argv.pop(1)
+SENT = {}
+handle, play = _server.ScriptedServer._handle, _server._Playback.__call__
+
+async def handled(self, provider, request):
+    answer = await handle(self, provider, request)
+    try:
+        answer.bench_user = orjson.loads(await request.body()).get("user")
+    except (ValueError, AttributeError):
+        pass
+    return answer
+
+async def played(self, scope, receive, send):
+    user = getattr(self, "bench_user", None)
+    if user is None:
+        return await play(self, scope, receive, send)
+    sent = SENT[user] = []
+    async def timed(message):
+        await send(message)
+        if message.get("body"):
+            sent.append((time.perf_counter(), message["body"]))
+    await play(self, scope, receive, timed)
+
+def times(sent):
+    chars, text, calls = 0, [], {}
+    for at, data in sent:
+        for line in data.split(b"\\n"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            for choice in orjson.loads(line[5:]).get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    chars += len(delta["content"])
+                    text.append((chars, at))
+                for call in delta.get("tool_calls") or ():
+                    if (call.get("function") or {}).get("arguments"):
+                        calls[call.get("index", 0)] = at
+    return {"text": text, "calls": calls}
+
+def dump(*_):
+    done = {user: times(sent) for user, sent in list(SENT.items())}
+    SENT.clear()
+    with open(OUT + ".part", "wb") as f:
+        f.write(orjson.dumps(done, option=orjson.OPT_NON_STR_KEYS))
+    os.replace(OUT + ".part", OUT)
+
+_server.ScriptedServer._handle, _server._Playback.__call__ = handled, played
+signal.signal(signal.SIGUSR1, dump)
+sys.exit(main())
 """
 
 MODEL = "bench"
@@ -203,13 +265,29 @@ def scripted_process(
     """The scripted server playing the bench script (in ``tmp``) as model MODEL, in a process
     of its own (appended to ``procs``), and its root URL."""
     (tmp / "bench.json").write_text(json.dumps(script_json(delay_ms)))
+    script = f"{MODEL}={tmp / 'bench.json'}"
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "toollatch.scripted", "--script", f"{MODEL}={tmp / 'bench.json'}"],
+        [sys.executable, "-c", UPSTREAM_RUNNER, str(tmp / "sent.json"), "--script", script],
         stdout=subprocess.PIPE,
         text=True,
     )
     procs.append(upstream)
     return upstream, read_line(upstream, "http://", 30).split()[-1]
+
+
+def upstream_sent(upstream: subprocess.Popen[str], tmp: Path) -> dict[str, Any]:
+    """When the upstream sent each stream's text and calls since the last call (by the
+    stream's ``user``; see UPSTREAM_RUNNER)."""
+    path = tmp / "sent.json"
+    path.unlink(missing_ok=True)
+    upstream.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the upstream wrote no send times in 30 s")
+        time.sleep(0.01)
+    sent: dict[str, Any] = orjson.loads(path.read_bytes())
+    return sent
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
@@ -247,6 +325,9 @@ async def wait_ready(url: str, timeout: float) -> None:
 
 @dataclass
 class Stream:
+    user: str = field(default_factory=lambda: secrets.token_hex(8))  # the request's "user"
+    start: float = 0.0  # perf_counter when the request was sent
+    sent: dict[str, Any] | None = None  # when the upstream sent its text and calls
     text: str = ""
     text_at: list[tuple[int, float]] = field(default_factory=list)  # (chars so far, offset)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -279,26 +360,45 @@ class Stream:
         """The offset at which each call's arguments were complete (its last fragment)."""
         return [c["done"] for _, c in sorted(self.calls.items())]
 
+    def text_relayed(self) -> list[float]:
+        """For each of TEXT_ENDS, the time the client held it minus the time the upstream
+        sent it (NaN where the upstream's times are missing)."""
+        sent = (self.sent or {}).get("text") or []
+        out, k = [], 0
+        for end, got in zip(TEXT_ENDS, self.text_offsets(), strict=True):
+            while k < len(sent) and sent[k][0] < end:
+                k += 1
+            out.append(self.start + got - sent[k][1] if k < len(sent) else float("nan"))
+        return out
 
-BODY = orjson.dumps(
-    {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
-        "tools": TOOLS,
-        "stream": True,
-    }
-)
+    def calls_relayed(self) -> list[float]:
+        """For each call, the time the client held its arguments complete minus the time the
+        upstream sent its last fragment."""
+        sent = (self.sent or {}).get("calls") or {}
+        return [
+            self.start + c["done"] - sent.get(str(index), float("nan"))
+            for index, c in sorted(self.calls.items())
+        ]
+
+
+REQUEST = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
+    "tools": TOOLS,
+    "stream": True,
+}
 KEY = f"sk-{secrets.token_hex(32)}"  # LiteLLM's master key (the others ignore it)
 HEADERS = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
 
 
 async def one_stream(client: httpx.AsyncClient, base: str) -> Stream:
     s = Stream()
-    start = time.perf_counter()
+    body = orjson.dumps({**REQUEST, "user": s.user})
+    start = s.start = time.perf_counter()
     buf = b""
     try:
         async with client.stream(
-            "POST", f"{base}/chat/completions", content=BODY, headers=HEADERS
+            "POST", f"{base}/chat/completions", content=body, headers=HEADERS
         ) as answer:
             if answer.status_code != 200:
                 s.error = f"HTTP {answer.status_code}: {(await answer.aread())[:200]!r}"
@@ -378,17 +478,17 @@ def pct(values: list[float], q: float) -> float:
 
 
 def offsets(s: Stream, which: str) -> list[float]:
-    """A stream's offsets for ``which``: ``first`` (its first text delta, since the request),
-    ``request`` (every text delta, since the request), ``text`` (every later text delta,
-    since the first), ``calls`` (each call complete, since the first text delta)."""
-    text = s.text_offsets()
+    """A stream's times for ``which``: ``first`` (its first text delta, since the request),
+    ``text`` (each text delta, since the upstream sent it), ``calls`` (each call complete,
+    since the upstream sent its last fragment), ``request`` (each text delta, since the
+    request)."""
     if which == "first":
-        return text[:1]
-    if which == "request":
-        return text
+        return s.text_offsets()[:1]
     if which == "text":
-        return [t - text[0] for t in text[1:]]
-    return [c - text[0] for c in s.call_offsets()]
+        return s.text_relayed()
+    if which == "calls":
+        return s.calls_relayed()
+    return s.text_offsets()
 
 
 def added(streams: list[Stream], ref: list[float], which: str) -> list[float]:
@@ -457,8 +557,9 @@ async def bench(args: argparse.Namespace) -> None:
             targets.append(("toollatch@stream", read_line(live, "http://", 30), live.pid))
         for name, src in args.baseline:
             env = {**os.environ, "PYTHONPATH": src}
+            settled = ["unsettled"] if args.unsettled else []
             base_proc = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}'],
+                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}', *settled],
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,
@@ -514,6 +615,9 @@ async def bench(args: argparse.Namespace) -> None:
             rows = []
             for name, base, pid in targets:
                 streams, cpu, wall = await run_level(base, pid, n, repeat)
+                sent = upstream_sent(upstream, tmp)
+                for s in streams:
+                    s.sent = sent.get(s.user)
                 rows.append(Result(name, streams, cpu, wall))
             report(n, rows)  # as each level ends (a long run shows what it has)
         print(f"# at the end: {load()}")
@@ -593,7 +697,8 @@ def main() -> None:
     parser.add_argument(
         "--unsettled",
         action="store_true",
-        help="also toollatch's proxy without the heap settled at start, as toollatch@unsettled",
+        help="also toollatch's proxy without the heap settled at start, as toollatch@unsettled;"
+        " the baselines without it too (as `toollatch proxy` ran before it settled its heap)",
     )
     parser.add_argument(
         "--calls-stream",

@@ -91,6 +91,8 @@ _ERROR_BODY_BYTES = 64 * 1024
 _TOKEN_HEADER = "x-toollatch-token"
 _KEEPALIVE = 256
 """Idle upstream connections kept for reuse (the pool itself is unbounded: one per stream)."""
+_POOLS = 16
+"""Upstream connection pools, taken in turn (:class:`PoolShards`)."""
 
 
 class ProxyError(Exception):
@@ -540,6 +542,35 @@ class Proxy:
         yield b"data: [DONE]\n\n"
 
 
+class PoolShards(httpx.AsyncBaseTransport):
+    """httpx's own transport ``pools`` times over (each with ``limits``), every request sent
+    through the next one in turn.
+
+    httpcore's pool (1.0.9) walks its whole list of connections, once more for each idle one,
+    every time a request starts or ends, and offers a freed connection to every waiting
+    request (all but one then try again): O(n²) work a pass, about 9 passes a stream
+    (encode/httpcore#1035, pydantic/httpx2#1075). With 50 streams started at once the
+    proxy's loop spent about a third of its time there (cProfile), every stream's first
+    event waited for it and the streams already flowing stalled behind it. n/pools
+    connections a pool make that (n/pools)² and keep the proxy's code on httpx's public API.
+    """
+
+    def __init__(self, pools: int, limits: httpx.Limits) -> None:
+        self._pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(pools)]
+        self._next = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """``request`` through the next pool."""
+        pool = self._pools[self._next]
+        self._next = (self._next + 1) % len(self._pools)
+        return await pool.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close every pool's connections."""
+        for pool in self._pools:
+            await pool.aclose()
+
+
 def _status_of(send: Any, watching: RequestWatch) -> Any:
     """``send``, noting the response's status in ``watching``."""
 
@@ -706,9 +737,10 @@ class ProxyServer:
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
             # one upstream connection per client stream in flight: httpx's default pool (100)
             # made stream 101 wait, then fail 502 after the pool timeout (bench_proxy.py, 200)
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
+            kept = -(-_KEEPALIVE // _POOLS)
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=kept)
             http = await stack.enter_async_context(
-                httpx.AsyncClient(timeout=timeout, limits=limits)
+                httpx.AsyncClient(timeout=timeout, transport=PoolShards(_POOLS, limits))
             )
             proxy = Proxy(
                 self.upstream,

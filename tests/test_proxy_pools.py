@@ -1,0 +1,87 @@
+"""The proxy's upstream connection pools (:class:`PoolShards`): each request goes through
+the next of several httpx pools, so none holds more than its share of the connections.
+httpcore's pool (1.0.9) walks all of its connections, once more for each idle one, every
+time a request starts or ends (encode/httpcore#1035): with every stream in one pool, 50
+streams started at once cost the proxy's loop a third of its time there, and every stream's
+first event waited for it (benchmarks/README.md). Real HTTP on loopback; the work is counted
+(connection checks), never timed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import httpcore
+import httpx
+import pytest
+
+from toollatch.relay import ProxyServer
+from toollatch.relay._proxy import PoolShards
+from toollatch.scripted import Script, ScriptedServer, Text, Turn
+
+STREAMS = 32
+SLOW = Script(turns=(Turn(items=(Text(text="one two three four", chunk_chars=4),), delay_ms=40),))
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+@contextlib.contextmanager
+def counted_checks() -> Iterator[list[int]]:
+    """Counts httpcore's idle checks of a connection (its pool's bookkeeping) meanwhile."""
+    count = [0]
+    real = httpcore.AsyncHTTPConnection.is_idle
+
+    def is_idle(self: httpcore.AsyncHTTPConnection) -> bool:
+        count[0] += 1
+        return real(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(httpcore.AsyncHTTPConnection, "is_idle", is_idle)
+        yield count
+
+
+async def burst(client: httpx.AsyncClient, base: str, n: int = STREAMS) -> list[bytes]:
+    """``n`` streams at once, all open before any is read to its end; their bodies."""
+    async with contextlib.AsyncExitStack() as stack:
+        answers = await asyncio.gather(
+            *(
+                stack.enter_async_context(
+                    client.stream("POST", f"{base}/chat/completions", json=BODY)
+                )
+                for _ in range(n)
+            )
+        )
+        return list(await asyncio.gather(*(a.aread() for a in answers)))
+
+
+async def test_requests_take_the_pools_in_turn_and_each_keeps_its_connections():
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=4)
+    shards = PoolShards(8, limits)
+    async with ScriptedServer({"m": SLOW}) as upstream:
+        base = upstream.base_url("openai_chat")
+        async with httpx.AsyncClient(transport=shards) as client:
+            bodies = await burst(client, base)
+            assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
+            pools = [pool._pool.connections for pool in shards._pools]  # (httpx's own pools)
+            assert [len(c) for c in pools] == [STREAMS // 8] * 8
+            first = {id(c) for cs in pools for c in cs}
+            await burst(client, base)  # the same connections again (each pool keeps its 4)
+            again = {id(c) for pool in shards._pools for c in pool._pool.connections}
+            assert again == first
+
+
+async def test_a_burst_of_streams_costs_the_proxy_few_connection_checks():
+    """32 streams started at once through the proxy: one pool of all 32 connections checked
+    them 169,312 times; 16 pools of 2, 672 (measured)."""
+    async with (
+        ScriptedServer({"m": SLOW}) as upstream,
+        ProxyServer(upstream.base_url("openai_chat")) as proxy,
+    ):
+        # (the client's own pools: one connection each, so the checks counted are the proxy's)
+        mine = PoolShards(STREAMS, httpx.Limits(max_connections=None))
+        async with httpx.AsyncClient(transport=mine) as client:
+            await burst(client, proxy.url)  # the pools' connections, made
+            with counted_checks() as checks:
+                bodies = await burst(client, proxy.url)
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
+    assert checks[0] < 100 * STREAMS, checks[0]
