@@ -14,9 +14,12 @@ target of its own, ``toollatch@NAME``, measured in the same run, in turn with th
 each concurrency, with a ratio row: a change's effect, under the same load.
 ``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
 (``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
-``--unsettled`` adds the proxy without the heap settled at start (``toollatch@unsettled``:
-full garbage collections walk every object its start made, as before ``toollatch proxy``
-called ``settle_heap``), and runs the baselines that way too.
+``--paired`` runs each target at the same time as n direct streams of its own (the upstream
+serves 2n, the client reads 2n) and compares it with those: on a shared machine whose load
+moves between levels, the fairer comparison (the ``direct beside`` rows' CPU is the
+upstream's for both). ``--unsettled`` adds the proxy without the heap settled at start
+(``toollatch@unsettled``: full garbage collections walk every object its start made, as
+before ``toollatch proxy`` called ``settle_heap``), and runs the baselines that way too.
 
 Theory of operation
 -------------------
@@ -451,6 +454,7 @@ class Result:
     streams: list[Stream]
     cpu_s: float
     wall_s: float
+    ref: list[Stream] | None = None  # the direct streams it is compared with (None: rows[0]'s)
 
 
 async def run_level(
@@ -613,12 +617,20 @@ async def bench(args: argparse.Namespace) -> None:
         for n in args.streams:
             repeat = args.single if n == 1 else 1
             rows = []
-            for name, base, pid in targets:
-                streams, cpu, wall = await run_level(base, pid, n, repeat)
+            for name, base, pid in targets if not args.paired else targets[1:]:
+                if args.paired:  # n direct streams beside the n through the target
+                    (d, d_cpu, d_wall), (streams, cpu, wall) = await asyncio.gather(
+                        run_level(up_url, upstream.pid, n, repeat), run_level(base, pid, n, repeat)
+                    )
+                    rows.append(Result(f"direct beside {name}", d, d_cpu, d_wall, ref=d))
+                else:
+                    streams, cpu, wall = await run_level(base, pid, n, repeat)
                 sent = upstream_sent(upstream, tmp)
-                for s in streams:
+                for s in [*streams, *(rows[-1].streams if args.paired else ())]:
                     s.sent = sent.get(s.user)
-                rows.append(Result(name, streams, cpu, wall))
+                rows.append(
+                    Result(name, streams, cpu, wall, ref=rows[-1].streams if args.paired else None)
+                )
             report(n, rows)  # as each level ends (a long run shows what it has)
         print(f"# at the end: {load()}")
     finally:
@@ -639,7 +651,6 @@ def report(n: int, rows: list[Result]) -> None:
     direct = rows[0]
     up_events = statistics.median(s.events for s in direct.streams if s.ok())
     kinds = ("first", "text", "calls", "request")
-    refs = {kind: reference(direct.streams, kind) for kind in kinds}
     per_event: dict[str, float] = {}
     p99: dict[str, float] = {}
     for r in rows:
@@ -647,7 +658,8 @@ def report(n: int, rows: list[Result]) -> None:
         events = up_events * len(r.streams)
         cpu_us = r.cpu_s / events * 1e6
         per_event[r.target] = cpu_us
-        late = {kind: added(r.streams, refs[kind], kind) for kind in kinds}
+        ref = r.ref if r.ref is not None else direct.streams
+        late = {kind: added(r.streams, reference(ref, kind), kind) for kind in kinds}
         p99[r.target] = pct(late["text"], 0.99) * 1e3
         deltas = statistics.mean(s.call_deltas for s in r.streams)
         cells = " | ".join(
@@ -693,6 +705,11 @@ def main() -> None:
         default=[],
         metavar="NAME=SRC",
         help="also toollatch's proxy from the source tree SRC, as toollatch@NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="run each target beside n direct streams at the same time, compared with them",
     )
     parser.add_argument(
         "--unsettled",
