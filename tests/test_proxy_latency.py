@@ -2,7 +2,7 @@
 passed on before the upstream sends the next one, and the upstream connection pools
 (:class:`PoolShards`) keep their bookkeeping small.
 
-Each request goes through the next of several httpx pools, so none holds more than its
+Each request goes through the least busy of several httpx pools, so none holds more than its
 share of the connections. httpcore's pool (1.0.9) walks all of its connections, once more
 for each idle one, every time a request starts or ends (encode/httpcore#1035): with every
 stream in one pool, 50 streams started at once cost the proxy's loop a third of its time
@@ -60,7 +60,7 @@ async def burst(client: httpx.AsyncClient, base: str, n: int = STREAMS) -> list[
         return list(await asyncio.gather(*(a.aread() for a in answers)))
 
 
-async def test_requests_take_the_pools_in_turn_and_each_keeps_its_connections():
+async def test_a_burst_is_spread_over_the_pools_and_each_keeps_its_connections():
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=4)
     shards = PoolShards(8, limits)
     async with ScriptedServer({"m": SLOW}) as upstream:
@@ -74,6 +74,20 @@ async def test_requests_take_the_pools_in_turn_and_each_keeps_its_connections():
             await burst(client, base)  # the same connections again (each pool keeps its 4)
             again = {id(c) for pool in shards._pools for c in pool._pool.connections}
             assert again == first
+
+
+async def test_one_stream_at_a_time_keeps_to_one_pool_and_one_connection():
+    """Streams one after the other take the first pool, the least busy, and its kept
+    connection, as a single pool did (pools in turn would open one connection per pool,
+    and one per stream once each has expired between two visits)."""
+    shards = PoolShards(8, httpx.Limits(max_connections=None, max_keepalive_connections=4))
+    async with ScriptedServer({"m": SLOW}) as upstream:
+        base = upstream.base_url("openai_chat")
+        async with httpx.AsyncClient(transport=shards) as client:
+            for _ in range(5):
+                [body] = await burst(client, base, 1)
+                assert body.endswith(b"data: [DONE]\n\n")
+            assert [len(pool._pool.connections) for pool in shards._pools] == [1] + [0] * 7
 
 
 async def test_a_burst_of_streams_costs_the_proxy_few_connection_checks():

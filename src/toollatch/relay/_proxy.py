@@ -544,7 +544,8 @@ class Proxy:
 
 class PoolShards(httpx.AsyncBaseTransport):
     """httpx's own transport ``pools`` times over (each with ``limits``), every request sent
-    through the next one in turn.
+    through the pool with the fewest responses open (the first such: one stream at a time
+    always takes the first pool, and reuses its connection as a single pool did).
 
     httpcore's pool (1.0.9) walks its whole list of connections, once more for each idle one,
     every time a request starts or ends, and offers a freed connection to every waiting
@@ -560,18 +561,44 @@ class PoolShards(httpx.AsyncBaseTransport):
     def __init__(self, pools: int, limits: httpx.Limits) -> None:
         tls = httpx.create_ssl_context()
         self._pools = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(pools)]
-        self._next = 0
+        self._open = [0] * pools
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """``request`` through the next pool."""
-        pool = self._pools[self._next]
-        self._next = (self._next + 1) % len(self._pools)
-        return await pool.handle_async_request(request)
+        """``request`` through the least busy pool."""
+        n = self._open.index(min(self._open))
+        self._open[n] += 1
+        try:
+            response = await self._pools[n].handle_async_request(request)
+        except BaseException:
+            self._open[n] -= 1
+            raise
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _Released(response.stream, self._open, n)
+        else:  # (not from httpx's async transport, which answers with async bodies)
+            self._open[n] -= 1
+        return response
 
     async def aclose(self) -> None:
         """Close every pool's connections."""
         for pool in self._pools:
             await pool.aclose()
+
+
+class _Released(httpx.AsyncByteStream):
+    """A response's body that counts itself off ``open[n]`` once closed."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, open_: list[int], n: int) -> None:
+        self._stream, self._counts, self._n = stream, open_, n
+        self._counted = True
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._stream.__aiter__()  # (the body's own reads: no layer added to each)
+
+    async def aclose(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._counts[self._n] -= 1
+        await self._stream.aclose()
 
 
 def _status_of(send: Any, watching: RequestWatch) -> Any:
