@@ -14,6 +14,12 @@ target of its own, ``toollatch@NAME``, measured in the same run, in turn with th
 each concurrency, with a ratio row: a change's effect, under the same load.
 ``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
 (``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
+``--paired`` runs each target at the same time as n direct streams of its own (the upstream
+serves 2n, the client reads 2n) and compares it with those: on a shared machine whose load
+moves between levels, the fairer comparison (the ``direct beside`` rows' CPU is the
+upstream's for both). ``--unsettled`` adds the proxy without the heap settled at start
+(``toollatch@unsettled``: full garbage collections walk every object its start made, as
+before ``toollatch proxy`` called ``settle_heap``), and runs the baselines that way too.
 
 Theory of operation
 -------------------
@@ -32,13 +38,25 @@ descendant included) over the streams, divided by the *upstream* events it relay
 same count for both proxies: toollatch sends a committed call as one delta, so counting the
 events it delivers would flatter it).
 
-**Added latency per event**: each stream's arrival offsets (the time a read returned minus
-the time the stream's request was sent, ``time.perf_counter``), taken at each text delta's
-end, i.e. the moment the client holds the first k characters of the text (by character count,
-so a proxy that re-cuts the deltas is still compared fairly); minus the *median over the
-direct streams at the same concurrency* of the same offset. p50/p99 over every (stream, delta)
-pair. The upstream's own jitter is in there too: the ``direct`` row (direct streams against
-their own median) is that noise floor. **Call delay** is the same difference for the moment
+Times are each stream's arrival offsets (``time.perf_counter`` when a read returned), taken
+at each text delta's end, i.e. the moment the client holds the first k characters of the text
+(by character count, so a proxy that re-cuts the deltas is still compared fairly), and each
+compared with the *median over the direct streams at the same concurrency* of the same
+offset; p50/p99 over every (stream, delta) pair. The upstream's own jitter is in there too:
+the ``direct`` row (direct streams against their own median) is that noise floor.
+
+- **First text added**: the first delta's offset since the stream's request was sent: what
+  the proxy adds to the time to the first token (the request through the proxy, the
+  proxy's own request and connection to the upstream; with 50 streams started at once,
+  three processes doing 50 requests each on the same cores).
+- **Text added per event**: each later delta's offset since the stream's own first delta:
+  the delay the proxy adds to an event once the stream flows (what the issue's "added
+  latency per event" means; a proxy that held every event, the first too, would show it
+  in the first column).
+- **Since request** (the benchmark's earlier measure): each delta's offset since the
+  request, so the stream's start is charged to every event of it.
+
+**Call delay** is the per-event difference (since the stream's first delta) for the moment
 each tool call's arguments are complete at the client: direct, the call's last argument
 fragment; toollatch holds a call until the gate commits it (the upstream moved on from it,
 by design), then sends it whole; LiteLLM passes fragments through.
@@ -73,17 +91,83 @@ import orjson
 
 # Our proxy in a process of its own: the upstream base URL and ProxyServer's keyword arguments
 # (JSON) in, its own base URL printed out, served until SIGTERM (uvicorn's own signal handling
-# stops it).
+# stops it). The heap is settled once started, as `toollatch proxy` does (a third argument
+# "unsettled": not, as before it did).
 RUNNER = """
 import asyncio, json, sys
 from toollatch.relay._proxy import ProxyServer
+from toollatch.relay._server import settle_heap
 
 async def main():
     async with ProxyServer(sys.argv[1], **json.loads(sys.argv[2])) as proxy:
+        if sys.argv[3:] != ["unsettled"]:
+            settle_heap()
         print(proxy.url, flush=True)
         await proxy.serve_forever()
 
 asyncio.run(main())
+"""
+
+# The scripted server, noting when each event's bytes went to its socket (perf_counter: one
+# clock for every process of the machine), by the request's "user" (each bench stream's own;
+# every proxy passes it on). SIGUSR1 writes {user: {"text": [[chars so far, time], ...],
+# "calls": {index: time of its last argument fragment}}} to the file named by its first
+# argument (then the rest is python -m toollatch.scripted's) and forgets them.
+UPSTREAM_RUNNER = """
+import json, os, signal, sys, time
+import orjson
+from toollatch.scripted import _server
+from toollatch.scripted.__main__ import main
+
+OUT = sys.argv.pop(1)
+SENT = {}
+handle, play = _server.ScriptedServer._handle, _server._Playback.__call__
+
+async def handled(self, provider, request):
+    answer = await handle(self, provider, request)
+    try:
+        answer.bench_user = orjson.loads(await request.body()).get("user")
+    except (ValueError, AttributeError):
+        pass
+    return answer
+
+async def played(self, scope, receive, send):
+    user = getattr(self, "bench_user", None)
+    if user is None:
+        return await play(self, scope, receive, send)
+    sent = SENT[user] = []
+    async def timed(message):
+        await send(message)
+        if message.get("body"):
+            sent.append((time.perf_counter(), message["body"]))
+    await play(self, scope, receive, timed)
+
+def times(sent):
+    chars, text, calls = 0, [], {}
+    for at, data in sent:
+        for line in data.split(b"\\n"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            for choice in orjson.loads(line[5:]).get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    chars += len(delta["content"])
+                    text.append((chars, at))
+                for call in delta.get("tool_calls") or ():
+                    if (call.get("function") or {}).get("arguments"):
+                        calls[call.get("index", 0)] = at
+    return {"text": text, "calls": calls}
+
+def dump(*_):
+    done = {user: times(sent) for user, sent in list(SENT.items())}
+    SENT.clear()
+    with open(OUT + ".part", "wb") as f:
+        f.write(orjson.dumps(done, option=orjson.OPT_NON_STR_KEYS))
+    os.replace(OUT + ".part", OUT)
+
+_server.ScriptedServer._handle, _server._Playback.__call__ = handled, played
+signal.signal(signal.SIGUSR1, dump)
+sys.exit(main())
 """
 
 MODEL = "bench"
@@ -184,13 +268,29 @@ def scripted_process(
     """The scripted server playing the bench script (in ``tmp``) as model MODEL, in a process
     of its own (appended to ``procs``), and its root URL."""
     (tmp / "bench.json").write_text(json.dumps(script_json(delay_ms)))
+    script = f"{MODEL}={tmp / 'bench.json'}"
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "toollatch.scripted", "--script", f"{MODEL}={tmp / 'bench.json'}"],
+        [sys.executable, "-c", UPSTREAM_RUNNER, str(tmp / "sent.json"), "--script", script],
         stdout=subprocess.PIPE,
         text=True,
     )
     procs.append(upstream)
     return upstream, read_line(upstream, "http://", 30).split()[-1]
+
+
+def upstream_sent(upstream: subprocess.Popen[str], tmp: Path) -> dict[str, Any]:
+    """When the upstream sent each stream's text and calls since the last call (by the
+    stream's ``user``; see UPSTREAM_RUNNER)."""
+    path = tmp / "sent.json"
+    path.unlink(missing_ok=True)
+    upstream.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the upstream wrote no send times in 30 s")
+        time.sleep(0.01)
+    sent: dict[str, Any] = orjson.loads(path.read_bytes())
+    return sent
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
@@ -228,6 +328,9 @@ async def wait_ready(url: str, timeout: float) -> None:
 
 @dataclass
 class Stream:
+    user: str = field(default_factory=lambda: secrets.token_hex(8))  # the request's "user"
+    start: float = 0.0  # perf_counter when the request was sent
+    sent: dict[str, Any] | None = None  # when the upstream sent its text and calls
     text: str = ""
     text_at: list[tuple[int, float]] = field(default_factory=list)  # (chars so far, offset)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -260,26 +363,45 @@ class Stream:
         """The offset at which each call's arguments were complete (its last fragment)."""
         return [c["done"] for _, c in sorted(self.calls.items())]
 
+    def text_relayed(self) -> list[float]:
+        """For each of TEXT_ENDS, the time the client held it minus the time the upstream
+        sent it (NaN where the upstream's times are missing)."""
+        sent = (self.sent or {}).get("text") or []
+        out, k = [], 0
+        for end, got in zip(TEXT_ENDS, self.text_offsets(), strict=True):
+            while k < len(sent) and sent[k][0] < end:
+                k += 1
+            out.append(self.start + got - sent[k][1] if k < len(sent) else float("nan"))
+        return out
 
-BODY = orjson.dumps(
-    {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
-        "tools": TOOLS,
-        "stream": True,
-    }
-)
+    def calls_relayed(self) -> list[float]:
+        """For each call, the time the client held its arguments complete minus the time the
+        upstream sent its last fragment."""
+        sent = (self.sent or {}).get("calls") or {}
+        return [
+            self.start + c["done"] - sent.get(str(index), float("nan"))
+            for index, c in sorted(self.calls.items())
+        ]
+
+
+REQUEST = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
+    "tools": TOOLS,
+    "stream": True,
+}
 KEY = f"sk-{secrets.token_hex(32)}"  # LiteLLM's master key (the others ignore it)
 HEADERS = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
 
 
 async def one_stream(client: httpx.AsyncClient, base: str) -> Stream:
     s = Stream()
-    start = time.perf_counter()
+    body = orjson.dumps({**REQUEST, "user": s.user})
+    start = s.start = time.perf_counter()
     buf = b""
     try:
         async with client.stream(
-            "POST", f"{base}/chat/completions", content=BODY, headers=HEADERS
+            "POST", f"{base}/chat/completions", content=body, headers=HEADERS
         ) as answer:
             if answer.status_code != 200:
                 s.error = f"HTTP {answer.status_code}: {(await answer.aread())[:200]!r}"
@@ -332,6 +454,7 @@ class Result:
     streams: list[Stream]
     cpu_s: float
     wall_s: float
+    ref: list[Stream] | None = None  # the direct streams it is compared with (None: rows[0]'s)
 
 
 async def run_level(
@@ -358,18 +481,31 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def offsets(s: Stream, which: str) -> list[float]:
+    """A stream's times for ``which``: ``first`` (its first text delta, since the request),
+    ``text`` (each text delta, since the upstream sent it), ``calls`` (each call complete,
+    since the upstream sent its last fragment), ``request`` (each text delta, since the
+    request)."""
+    if which == "first":
+        return s.text_offsets()[:1]
+    if which == "text":
+        return s.text_relayed()
+    if which == "calls":
+        return s.calls_relayed()
+    return s.text_offsets()
+
+
 def added(streams: list[Stream], ref: list[float], which: str) -> list[float]:
     out: list[float] = []
     for s in streams:
         if s.error is not None:
             continue
-        got = s.text_offsets() if which == "text" else s.call_offsets()
-        out += [g - r for g, r in zip(got, ref, strict=False)]
+        out += [g - r for g, r in zip(offsets(s, which), ref, strict=False)]
     return out
 
 
 def reference(streams: list[Stream], which: str) -> list[float]:
-    rows = [s.text_offsets() if which == "text" else s.call_offsets() for s in streams if s.ok()]
+    rows = [offsets(s, which) for s in streams if s.ok()]
     return [statistics.median(col) for col in zip(*rows, strict=False)]
 
 
@@ -407,6 +543,14 @@ async def bench(args: argparse.Namespace) -> None:
             ("direct", up_url, upstream.pid),
             ("toollatch", ours_url, ours.pid),
         ]
+        if args.unsettled:
+            plain = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}', "unsettled"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(plain)
+            targets.append(("toollatch@unsettled", read_line(plain, "http://", 30), plain.pid))
         if args.calls_stream:
             live = subprocess.Popen(
                 [sys.executable, "-c", RUNNER, up_url, '{"calls": "stream"}'],
@@ -417,8 +561,9 @@ async def bench(args: argparse.Namespace) -> None:
             targets.append(("toollatch@stream", read_line(live, "http://", 30), live.pid))
         for name, src in args.baseline:
             env = {**os.environ, "PYTHONPATH": src}
+            settled = ["unsettled"] if args.unsettled else []
             base_proc = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}'],
+                [sys.executable, "-c", RUNNER, up_url, '{"calls": "hold"}', *settled],
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,
@@ -472,9 +617,20 @@ async def bench(args: argparse.Namespace) -> None:
         for n in args.streams:
             repeat = args.single if n == 1 else 1
             rows = []
-            for name, base, pid in targets:
-                streams, cpu, wall = await run_level(base, pid, n, repeat)
-                rows.append(Result(name, streams, cpu, wall))
+            for name, base, pid in targets if not args.paired else targets[1:]:
+                if args.paired:  # n direct streams beside the n through the target
+                    (d, d_cpu, d_wall), (streams, cpu, wall) = await asyncio.gather(
+                        run_level(up_url, upstream.pid, n, repeat), run_level(base, pid, n, repeat)
+                    )
+                    rows.append(Result(f"direct beside {name}", d, d_cpu, d_wall, ref=d))
+                else:
+                    streams, cpu, wall = await run_level(base, pid, n, repeat)
+                sent = upstream_sent(upstream, tmp)
+                for s in [*streams, *(rows[-1].streams if args.paired else ())]:
+                    s.sent = sent.get(s.user)
+                rows.append(
+                    Result(name, streams, cpu, wall, ref=rows[-1].streams if args.paired else None)
+                )
             report(n, rows)  # as each level ends (a long run shows what it has)
         print(f"# at the end: {load()}")
     finally:
@@ -485,16 +641,16 @@ async def bench(args: argparse.Namespace) -> None:
 def header() -> None:
     print(
         "| streams | target | ok / streams | upstream events | call deltas/stream "
-        "| CPU µs/event | text added p50 / p99 ms | calls' delay p50 / p99 ms | wall s |"
+        "| CPU µs/event | first text added p50 / p99 ms | text added per event p50 / p99 ms "
+        "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
 
 
 def report(n: int, rows: list[Result]) -> None:
     direct = rows[0]
     up_events = statistics.median(s.events for s in direct.streams if s.ok())
-    ref_text = reference(direct.streams, "text")
-    ref_calls = reference(direct.streams, "calls")
+    kinds = ("first", "text", "calls", "request")
     per_event: dict[str, float] = {}
     p99: dict[str, float] = {}
     for r in rows:
@@ -502,14 +658,17 @@ def report(n: int, rows: list[Result]) -> None:
         events = up_events * len(r.streams)
         cpu_us = r.cpu_s / events * 1e6
         per_event[r.target] = cpu_us
-        text = added(r.streams, ref_text, "text")
-        calls = added(r.streams, ref_calls, "calls")
-        p99[r.target] = pct(text, 0.99) * 1e3
+        ref = r.ref if r.ref is not None else direct.streams
+        late = {kind: added(r.streams, reference(ref, kind), kind) for kind in kinds}
+        p99[r.target] = pct(late["text"], 0.99) * 1e3
         deltas = statistics.mean(s.call_deltas for s in r.streams)
+        cells = " | ".join(
+            f"{pct(late[kind], 0.5) * 1e3:.2f} / {pct(late[kind], 0.99) * 1e3:.2f}"
+            for kind in kinds
+        )
         print(
             f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
-            f"| {cpu_us:.0f} | {pct(text, 0.5) * 1e3:.2f} / {pct(text, 0.99) * 1e3:.2f} "
-            f"| {pct(calls, 0.5) * 1e3:.2f} / {pct(calls, 0.99) * 1e3:.2f} | {r.wall_s:.1f} |"
+            f"| {cpu_us:.0f} | {cells} | {r.wall_s:.1f} |"
         )
         for s in r.streams:
             if not s.ok():
@@ -523,13 +682,13 @@ def report(n: int, rows: list[Result]) -> None:
         if name.startswith("toollatch@") and cpu_us:
             print(
                 f"|  | toollatch / {name} | | | | {per_event['toollatch'] / cpu_us:.2f} "
-                f"| p99 {p99['toollatch'] / p99[name]:.2f} | | |"
+                f"| | p99 {p99['toollatch'] / p99[name]:.2f} | | | |"
             )
     if per_event.get("litellm"):
         ratio = per_event["toollatch"] / per_event["litellm"]
         print(
             f"|  | toollatch / LiteLLM | | | | {ratio:.2f} "
-            f"| p99 {p99['toollatch'] / p99['litellm']:.2f} | | |"
+            f"| | p99 {p99['toollatch'] / p99['litellm']:.2f} | | | |"
         )
 
 
@@ -546,6 +705,17 @@ def main() -> None:
         default=[],
         metavar="NAME=SRC",
         help="also toollatch's proxy from the source tree SRC, as toollatch@NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="run each target beside n direct streams at the same time, compared with them",
+    )
+    parser.add_argument(
+        "--unsettled",
+        action="store_true",
+        help="also toollatch's proxy without the heap settled at start, as toollatch@unsettled;"
+        " the baselines without it too (as `toollatch proxy` ran before it settled its heap)",
     )
     parser.add_argument(
         "--calls-stream",

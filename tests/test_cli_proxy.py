@@ -161,3 +161,32 @@ def test_the_flags_providers_are_the_proxys():
     assert set(flag.choices) == set(UPSTREAM_PROVIDERS)
     configured = ProxyConfig.model_fields["upstream_provider"].annotation
     assert set(typing.get_args(configured)) == set(UPSTREAM_PROVIDERS)
+
+
+def test_proxy_settles_its_heap_once_started():
+    """``toollatch proxy`` freezes what its start made and makes full collections rarer, as
+    ``toollatch serve`` does (``settle_heap``, whose own test shows later garbage still
+    collected: a full collection of the start's objects paused every stream for tens of ms,
+    benchmarks/README.md). A real ProxyServer, stopped as soon as it serves; in a child
+    process (a frozen heap is never given back, so the test process must not freeze its
+    own)."""
+    script = """
+import asyncio, gc
+from toollatch.relay import _server, ProxyServer
+from toollatch.cli import _proxy as _command
+called = []
+_server.settle_heap, real = (lambda: (called.append(1), real())), _server.settle_heap
+class Once(ProxyServer):
+    async def serve_forever(self):
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[2]))
+        self.stop()
+        await super().serve_forever()
+seen = []
+assert asyncio.run(_command._serve(Once("http://127.0.0.1:9/v1"))) == 0
+assert called == [1], called
+[(frozen, full_every)] = seen
+assert frozen > 1000 and full_every == 100, seen
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -91,6 +91,8 @@ _ERROR_BODY_BYTES = 64 * 1024
 _TOKEN_HEADER = "x-toollatch-token"
 _KEEPALIVE = 256
 """Idle upstream connections kept for reuse (the pool itself is unbounded: one per stream)."""
+_POOLS = 16
+"""Upstream connection pools, taken in turn (:class:`PoolShards`)."""
 
 
 class ProxyError(Exception):
@@ -540,6 +542,65 @@ class Proxy:
         yield b"data: [DONE]\n\n"
 
 
+class PoolShards(httpx.AsyncBaseTransport):
+    """httpx's own transport ``pools`` times over (each with ``limits``), every request sent
+    through the pool with the fewest responses open (the first such: one stream at a time
+    always takes the first pool, and reuses its connection as a single pool did).
+
+    httpcore's pool (1.0.9) walks its whole list of connections, once more for each idle one,
+    every time a request starts or ends, and offers a freed connection to every waiting
+    request (all but one then try again): O(n²) work a pass, about 9 passes a stream
+    (encode/httpcore#1035, pydantic/httpx2#1075). With 50 streams started at once the
+    proxy's loop spent about a third of its time there (cProfile), every stream's first
+    event waited for it and the streams already flowing stalled behind it. n/pools
+    connections a pool make that (n/pools)² and keep the proxy's code on httpx's public API.
+    The pools share one TLS context (httpx's default one, environment included: making one
+    per pool took 40 ms each).
+    """
+
+    def __init__(self, pools: int, limits: httpx.Limits) -> None:
+        tls = httpx.create_ssl_context()
+        self._pools = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(pools)]
+        self._open = [0] * pools
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """``request`` through the least busy pool."""
+        n = self._open.index(min(self._open))
+        self._open[n] += 1
+        try:
+            response = await self._pools[n].handle_async_request(request)
+        except BaseException:
+            self._open[n] -= 1
+            raise
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _Released(response.stream, self._open, n)
+        else:  # (not from httpx's async transport, which answers with async bodies)
+            self._open[n] -= 1
+        return response
+
+    async def aclose(self) -> None:
+        """Close every pool's connections."""
+        for pool in self._pools:
+            await pool.aclose()
+
+
+class _Released(httpx.AsyncByteStream):
+    """A response's body that counts itself off ``open[n]`` once closed."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, open_: list[int], n: int) -> None:
+        self._stream, self._counts, self._n = stream, open_, n
+        self._counted = True
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._stream.__aiter__()  # (the body's own reads: no layer added to each)
+
+    async def aclose(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._counts[self._n] -= 1
+        await self._stream.aclose()
+
+
 def _status_of(send: Any, watching: RequestWatch) -> Any:
     """``send``, noting the response's status in ``watching``."""
 
@@ -706,9 +767,13 @@ class ProxyServer:
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
             # one upstream connection per client stream in flight: httpx's default pool (100)
             # made stream 101 wait, then fail 502 after the pool timeout (bench_proxy.py, 200)
+            kept = -(-_KEEPALIVE // _POOLS)
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
-            http = await stack.enter_async_context(
-                httpx.AsyncClient(timeout=timeout, limits=limits)
+            shard = httpx.Limits(max_connections=None, max_keepalive_connections=kept)
+            http = await stack.enter_async_context(  # (limits: for a proxy from the environment)
+                httpx.AsyncClient(
+                    timeout=timeout, limits=limits, transport=PoolShards(_POOLS, shard)
+                )
             )
             proxy = Proxy(
                 self.upstream,
