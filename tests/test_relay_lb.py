@@ -1,0 +1,243 @@
+"""Three ``toollatch serve --store redis://...`` workers (real processes, their own ports)
+behind a round-robin load balancer written here (tests/lb_helpers.py: each new connection to
+the next worker, one request a connection, nothing sticky), every request through it: a run
+is read from the middle and cancelled on other workers than its own; its owner SIGKILLed
+mid-stream and mid-tool, the run ends on a survivor; the relay's page (Playwright driving
+Debian's Chromium) follows a run whose owner dies; Redis restarts under a run. Needs
+redis-server and chromium: without them the tests skip, except under CI=true, where they
+fail (as tests/test_relay_store.py and tests/test_relay_browser.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from lb_helpers import Balancer, Worker, balanced_workers
+from ledger_helpers import RedisServer
+from relay_helpers import Frame, parse_sse, slow_script
+from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+
+GIVE_UP_S = 40.0
+"""No read lasts longer (a run nobody ends keeps its stream open with heartbeats)."""
+
+LOGGED_TOOL = '''
+import os, time
+from toollatch import tool
+
+@tool(eager=True)
+def get_weather(city: str, unit: str = "c") -> str:
+    """The weather: one line in the side-effect file, then a wait."""
+    with open(os.environ["LB_TOOL_LOG"], "a") as log:
+        log.write(city[:4] + "\\n")
+    time.sleep(float(os.environ["LB_TOOL_WAIT_S"]))
+    return "sunny"
+'''
+
+
+def lb_client(lb: Balancer, session: str) -> httpx.Client:
+    """A client of the balancer in ``session``: no keep-alive (each request a new
+    connection, so the next worker)."""
+    return httpx.Client(
+        base_url=lb.url,
+        timeout=30,
+        headers={"x-toollatch-session": session},
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
+
+
+def raw_events(
+    client: httpx.Client,
+    url: str,
+    *,
+    last_id: int | None = None,
+    until: Callable[[list[str]], bool] | None = None,
+    opened: threading.Event | None = None,
+) -> list[str]:
+    """The frames of one GET as sent (``id:``/``event:``/``data:`` blocks) until the stream
+    ends or ``until(blocks)``; ``opened`` is set once the answer is 200."""
+    headers = {} if last_id is None else {"last-event-id": str(last_id)}
+    blocks: list[str] = []
+    buffer = ""
+    give_up = time.monotonic() + GIVE_UP_S
+    with client.stream("GET", url, headers=headers) as response:
+        assert response.status_code == 200, (response.status_code, response.read())
+        if opened is not None:
+            opened.set()
+        for text in response.iter_text():
+            buffer += text
+            *done, buffer = buffer.split("\n\n")
+            blocks += [b for b in done if b.startswith("id: ")]
+            if (until is not None and until(blocks)) or time.monotonic() > give_up:
+                break
+    return blocks
+
+
+def frames_of(blocks: list[str]) -> list[Frame]:
+    return parse_sse("\n\n".join(blocks) + "\n\n")[0] if blocks else []
+
+
+def ids(blocks: list[str]) -> list[int]:
+    return [f.id for f in frames_of(blocks)]
+
+
+def count(n: int) -> Callable[[list[str]], bool]:
+    return lambda blocks: len(blocks) >= n
+
+
+def seen(event: str, times: int = 1) -> Callable[[list[str]], bool]:
+    return lambda blocks: sum(f.event == event for f in frames_of(blocks)) >= times
+
+
+def read_to_end(client: httpx.Client, url: str, blocks: list[str]) -> list[str]:
+    """``blocks`` and the rest of the run, resumed from its last id on whichever worker the
+    balancer picks, until ``run_ended`` (a stream a worker's death ends is resumed again)."""
+    blocks = list(blocks)
+    give_up = time.monotonic() + GIVE_UP_S
+    while not (blocks and "\nevent: run_ended\n" in blocks[-1]):
+        assert time.monotonic() < give_up, f"no run_ended after {ids(blocks)[-1:]}"
+        last = ids(blocks)[-1] if blocks else None
+        try:
+            blocks += raw_events(client, url, last_id=last)
+        except httpx.TransportError:
+            continue  # (the worker died under the read: the next one goes elsewhere)
+    return blocks
+
+
+def assert_paired(frames: list[Frame]) -> None:
+    """Ids 1..n; every call the log opened has exactly one end; ``run_ended`` once, last."""
+    assert [f.id for f in frames] == list(range(1, len(frames) + 1))
+    opened = [f.data["id"] for f in frames if f.event in ("call_opened", "call_committed")]
+    ends = [f.data["id"] for f in frames if f.event in ("call_failed", "tool_finished")]
+    assert opened and set(opened) == set(ends) and len(ends) == len(set(ends))
+    assert [f.event for f in frames].count("run_ended") == 1 and frames[-1].event == "run_ended"
+
+
+def owner_of(lb: Balancer, workers: list[Worker]) -> Worker:
+    """The worker the (only) POST /runs went to."""
+    [posted] = lb.routed("POST", "/runs")
+    return workers[posted.backend]
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    if redis_server.proc is None:  # (a test before stopped it)
+        redis_server.start()
+    return redis_server.url
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedServer]:
+    scripts = {"slow": slow_script(delay_ms=60.0), "killed": _killed_script()}
+    with ScriptedServer(scripts=scripts) as server:
+        yield server
+
+
+def _killed_script() -> Script:
+    """A short call (its eager tool starts once the next call opens), then a call whose
+    arguments stream for about 8 s: killed there, the run is mid-stream AND mid-tool."""
+    long_city = ("Zürich " * 60).strip()
+    first = Turn(
+        items=(
+            Text(text="Two cities.", chunk_chars=4),
+            Call(call_id="call_a", name="get_weather", arguments='{"city": "Oslo"}'),
+            Call(
+                call_id="call_b",
+                name="get_weather",
+                arguments=json.dumps({"city": long_city}),
+                fragment_chars=2,
+            ),
+        ),
+        delay_ms=40.0,
+    )
+    return Script(turns=(first, Turn(items=(Text(text="Done."),))))
+
+
+def worker_args(redis_url: str, model: ScriptedServer, name: str, *more: str) -> tuple[str, ...]:
+    return (
+        "--store", redis_url, "--model", name, "--base-url", model.base_url("openai_chat"),
+        *more,
+    )  # fmt: skip
+
+
+def test_a_run_started_on_one_worker_is_read_on_another_and_cancelled_through_a_third(
+    redis_url: str, model: ScriptedServer
+) -> None:
+    session = secrets.token_urlsafe(32)
+    args = worker_args(redis_url, model, "slow", "--ledger", "none")
+    with balanced_workers(3, *args) as (lb, _workers):
+        with lb_client(lb, session) as http, lb_client(lb, session) as other:
+            run = http.post("/runs", json={"message": "two cities"})
+            assert run.status_code == 201, run.text
+            url, cancel_url = run.json()["events_url"], run.json()["cancel_url"]
+            head = raw_events(http, url, until=count(10))[:10]
+            opened = threading.Event()
+            tail: list[str] = []
+            reader = threading.Thread(
+                target=lambda: tail.extend(raw_events(other, url, last_id=10, opened=opened))
+            )
+            reader.start()
+            assert opened.wait(30)  # (its connection made: the next request goes elsewhere)
+            more = raw_events(http, url, last_id=10, until=count(5))[:5]
+            cancelled = http.post(cancel_url, json={})
+            reader.join(GIVE_UP_S)
+            wholes = [raw_events(http, url) for _ in range(3)]
+    [posted] = lb.routed("POST", "/runs")
+    [from_10, _more] = [r for r in lb.routed("GET", url) if r.last_event_id == 10]
+    [cancel] = lb.routed("POST", cancel_url)
+    assert len({posted.backend, from_10.backend, cancel.backend}) == 3
+    whole_reads = [r for r in lb.routed("GET", url) if r.last_event_id is None][1:]
+    assert {r.backend for r in whole_reads} == {0, 1, 2}
+    assert cancelled.status_code == 202
+    assert cancelled.json() == {"id": run.json()["id"], "cancelled": True}
+    whole = wholes[0]
+    assert wholes == [whole] * 3  # the same ids and the same bytes from every worker
+    assert ids(whole) == list(range(1, len(whole) + 1))
+    assert whole[:10] == head and whole[10:] == tail and more == whole[10:15]
+    frames = frames_of(whole)
+    assert frames[-1].event == "run_ended" and frames[-1].data["cancelled"] is True
+    assert_paired(frames)
+
+
+def test_the_owner_killed_mid_stream_and_mid_tool_the_run_ends_once_on_a_survivor(
+    redis_url: str, model: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = tmp_path / "logged_tools.py"
+    tools.write_text(LOGGED_TOOL, encoding="utf-8")
+    side_effects = tmp_path / "side_effects.txt"
+    monkeypatch.setenv("LB_TOOL_LOG", str(side_effects))
+    monkeypatch.setenv("LB_TOOL_WAIT_S", "60")
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"  # (the workers share it: one host)
+    session = secrets.token_urlsafe(32)
+    args = worker_args(redis_url, model, "killed", "--ledger", ledger, "--lease", "1")
+    with balanced_workers(3, *args + ("--tools", str(tools))) as (lb, workers):
+        with lb_client(lb, session) as http:
+            run = http.post("/runs", json={"message": "two cities"}).json()
+            url = run["events_url"]
+            started = raw_events(http, url, until=seen("tool_started"))
+            head = raw_events(http, url, until=count(len(started) + 5))  # call_b streams on
+            owner = owner_of(lb, workers)
+            owner.kill()
+            whole = read_to_end(http, url, head)
+            again = [raw_events(http, url) for _ in range(2)]  # the two survivors
+    assert again == [whole, whole]
+    frames = frames_of(whole)
+    assert_paired(frames)
+    ended = frames[-1].data
+    assert "stopped (its lease of 1 s expired)" in ended["error"]
+    results = {f.data["id"]: f.data for f in frames if f.event == "tool_finished"}
+    failed = {f.data["id"]: f.data for f in frames if f.event == "call_failed"}
+    assert results["call_a"]["error"] == "outcome_unknown" and results["call_a"]["is_error"]
+    assert failed == {"call_b": failed["call_b"]}
+    assert failed["call_b"]["error"] == "stream_interrupted"  # killed mid-stream
+    events = [f.event for f in frames]
+    assert events.count("tool_started") == 1  # call_a only; it ran once, nowhere again
+    assert side_effects.read_text(encoding="utf-8").split() == ["Oslo"]
