@@ -118,6 +118,8 @@ class Balancer:
             await self._serve(reader, writer)
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # (a client or backend that went away: both sides are closed below)
+        except asyncio.CancelledError:
+            pass  # (the balancer stops; asyncio's callback would log a cancelled task)
         finally:
             writer.transport.abort()
             self._tasks.discard(task)

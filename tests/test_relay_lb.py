@@ -10,13 +10,11 @@ fail (as tests/test_relay_store.py and tests/test_relay_browser.py)."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -136,7 +134,11 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture
 def model() -> Iterator[ScriptedServer]:
-    scripts = {"slow": slow_script(delay_ms=60.0), "killed": _killed_script()}
+    scripts = {
+        "slow": slow_script(delay_ms=60.0),
+        "killed": _killed_script(),
+        "restarted": _restarted_script(),
+    }
     with ScriptedServer(scripts=scripts) as server:
         yield server
 
@@ -159,6 +161,20 @@ def _killed_script() -> Script:
         delay_ms=40.0,
     )
     return Script(turns=(first, Turn(items=(Text(text="Done."),))))
+
+
+def _restarted_script() -> Script:
+    """Two short calls (their tools wait 1 s: Redis stops then), a text of about 2 s."""
+    first = Turn(
+        items=(
+            Text(text="Two cities.", chunk_chars=4),
+            Call(call_id="call_a", name="get_weather", arguments='{"city": "Oslo"}'),
+            Call(call_id="call_b", name="get_weather", arguments='{"city": "Zürich"}'),
+        ),
+        delay_ms=40.0,
+    )
+    final = Turn(items=(Text(text="Both sunny. " * 4, chunk_chars=1),), delay_ms=40.0)
+    return Script(turns=(first, final))
 
 
 def worker_args(redis_url: str, model: ScriptedServer, name: str, *more: str) -> tuple[str, ...]:
@@ -218,7 +234,7 @@ def test_the_owner_killed_mid_stream_and_mid_tool_the_run_ends_once_on_a_survivo
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"  # (the workers share it: one host)
     session = secrets.token_urlsafe(32)
     args = worker_args(redis_url, model, "killed", "--ledger", ledger, "--lease", "1")
-    with balanced_workers(3, *args + ("--tools", str(tools))) as (lb, workers):
+    with balanced_workers(3, *args, "--tools", str(tools)) as (lb, workers):
         with lb_client(lb, session) as http:
             run = http.post("/runs", json={"message": "two cities"}).json()
             url = run["events_url"]
@@ -241,3 +257,57 @@ def test_the_owner_killed_mid_stream_and_mid_tool_the_run_ends_once_on_a_survivo
     events = [f.event for f in frames]
     assert events.count("tool_started") == 1  # call_a only; it ran once, nowhere again
     assert side_effects.read_text(encoding="utf-8").split() == ["Oslo"]
+
+
+@pytest.mark.parametrize("down_s", [0.0, 3.0], ids=["restart", "outage_past_store_outage"])
+def test_a_redis_restart_mid_run_runs_each_tool_once_and_every_reader_ends(
+    redis_server: RedisServer,
+    redis_url: str,
+    model: ScriptedServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    down_s: float,
+) -> None:
+    """Restarted at once (within ``--store-outage``, 1 s here) the run goes on; down past it,
+    the owner cancels the run: either way every reader (on any worker, resumed through the
+    balancer once Redis is back) gets the same log to its ``run_ended``, every call paired,
+    each tool run once."""
+    tools = tmp_path / "logged_tools.py"
+    tools.write_text(LOGGED_TOOL, encoding="utf-8")
+    side_effects = tmp_path / "side_effects.txt"
+    monkeypatch.setenv("LB_TOOL_LOG", str(side_effects))
+    monkeypatch.setenv("LB_TOOL_WAIT_S", "1")
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    session = secrets.token_urlsafe(32)
+    args = worker_args(redis_url, model, "restarted", "--ledger", ledger, "--store-outage", "1")
+    with balanced_workers(3, *args, "--tools", str(tools)) as (lb, _workers):
+        with lb_client(lb, session) as http, lb_client(lb, session) as other:
+            url = http.post("/runs", json={"message": "two cities"}).json()["events_url"]
+            opened = threading.Event()
+            live: list[str] = []
+            reader = threading.Thread(
+                target=lambda: live.extend(raw_events(other, url, opened=opened))
+            )
+            reader.start()  # (on a worker that is not the run's: it reads Redis)
+            assert opened.wait(30)
+            raw_events(http, url, until=seen("tool_started", 2))
+            redis_server.stop()
+            time.sleep(down_s)
+            redis_server.start()
+            reader.join(GIVE_UP_S)
+            assert not reader.is_alive()
+            resumed = read_to_end(http, url, live)
+            wholes = [read_to_end(http, url, []) for _ in range(3)]
+    assert wholes == [resumed] * 3  # the same log on every worker: nothing lost or twice
+    frames = frames_of(resumed)
+    assert_paired(frames)
+    ended = frames[-1].data
+    if down_s:
+        assert live == resumed[: len(live)] and len(live) < len(resumed)  # ended by the outage
+        assert ended["cancelled"] is True
+        assert "run store (Redis) is unreachable" in ended["error"]
+    else:
+        assert ended["error"] is None  # it went on
+        results = [f.data for f in frames if f.event == "tool_finished"]
+        assert [r["is_error"] for r in results] == [False, False]
+    assert sorted(side_effects.read_text(encoding="utf-8").split()) == ["Oslo", "Züri"]
