@@ -9,12 +9,15 @@ fail (as tests/test_relay_store.py and tests/test_relay_browser.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +27,7 @@ from ledger_helpers import RedisServer
 from relay_helpers import Frame, parse_sse, slow_script
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
+CHROMIUM = Path("/usr/bin/chromium")
 GIVE_UP_S = 40.0
 """No read lasts longer (a run nobody ends keeps its stream open with heartbeats)."""
 
@@ -136,6 +140,7 @@ def redis_url(redis_server: RedisServer) -> str:
 def model() -> Iterator[ScriptedServer]:
     scripts = {
         "slow": slow_script(delay_ms=60.0),
+        "slower": slow_script(delay_ms=120.0),
         "killed": _killed_script(),
         "restarted": _restarted_script(),
     }
@@ -311,3 +316,118 @@ def test_a_redis_restart_mid_run_runs_each_tool_once_and_every_reader_ends(
         results = [f.data for f in frames if f.event == "tool_finished"]
         assert [r["is_error"] for r in results] == [False, False]
     assert sorted(side_effects.read_text(encoding="utf-8").split()) == ["Oslo", "Züri"]
+
+
+# Every event each of the page's EventSources dispatched, on any connection, before the page
+# itself drops one it had (installed before the page's scripts).
+RECORDER = """
+window.__received = [];
+const Native = window.EventSource;
+window.EventSource = class extends Native {
+  addEventListener(type, listener, options) {
+    const recorded = (e) => { window.__received.push([Number(e.lastEventId), type]); listener(e); };
+    const own = type === "open" || type === "error";
+    return super.addEventListener(type, own ? listener : recorded, options);
+  }
+};
+"""
+
+
+def _need_chromium() -> None:
+    if CHROMIUM.is_file():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {CHROMIUM} is missing (apt-get install -y chromium)")
+    pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+
+
+def _streams(lb: Balancer) -> list[Any]:
+    """The connections that carried a run's event stream (oldest first)."""
+    return [r for r in list(lb.routes) if r.method == "GET" and r.path.endswith("/events")]
+
+
+async def _onto(lb: Balancer, owner: int) -> None:
+    """Cut the page's event stream until it reconnects to worker ``owner`` (round robin:
+    at most two cuts, a reconnect a second each)."""
+    for _ in range(4):
+        stream = _streams(lb)[-1]
+        if stream.backend == owner:
+            return
+        lb.cut(stream)
+        async with asyncio.timeout(10):
+            while _streams(lb)[-1] is stream:
+                await asyncio.sleep(0.05)
+    raise AssertionError(f"the page never read from worker {owner}: {_streams(lb)}")
+
+
+def _final_states(frames: list[Frame]) -> dict[str, str]:
+    """Each call's card state as the log ends it (app.js: ``errorState``)."""
+    states: dict[str, str] = {}
+    for f in frames:
+        if f.event in ("call_failed", "tool_finished") and f.data.get("is_error", True):
+            error = f.data["error"]
+            states[f.data["id"]] = {"outcome_unknown": "unknown", "cancelled": "cancelled"}.get(
+                error, "failed"
+            )
+        elif f.event == "tool_finished":
+            states[f.data["id"]] = "done"
+    return states
+
+
+async def _shown(page: Any, at_least: int) -> int:
+    """The id of the newest event the page applied, once it is ``at_least`` (the page's
+    Content-Security-Policy forbids wait_for_function's eval: polled)."""
+    async with asyncio.timeout(20):
+        while True:
+            shown = int(await page.evaluate("() => document.body.dataset.lastEventId || 0"))
+            if shown >= at_least:
+                return shown
+            await asyncio.sleep(0.05)
+
+
+async def test_the_page_through_the_balancer_shows_the_end_of_a_run_whose_owner_died(
+    redis_url: str, model: ScriptedServer
+) -> None:
+    _need_chromium()
+    from playwright.async_api import async_playwright
+
+    args = worker_args(redis_url, model, "slower", "--ledger", "none", "--lease", "1")
+    with balanced_workers(3, *args) as (lb, workers):
+        async with async_playwright() as p:
+            chromium = await p.chromium.launch(
+                executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+            )
+            try:
+                page = await chromium.new_page()
+                await page.add_init_script(RECORDER)
+                await page.goto(lb.url + "/")
+                await page.fill("#message", "two cities")
+                await page.click("#send")
+                await _shown(page, 2)
+                [posted] = lb.routed("POST", "/runs")
+                await _onto(lb, posted.backend)  # (the page now reads from the run's owner)
+                shown = await _shown(page, 0) + 3
+                await _shown(page, shown)  # (events from the owner itself)
+                before = len(_streams(lb))
+                workers[posted.backend].kill()  # mid-run: call arguments still streaming
+                await page.wait_for_selector('body[data-run="ended"]', timeout=30_000)
+                received = await page.evaluate("window.__received")
+                status = await page.locator("#status").inner_text()
+                states = {
+                    await c.get_attribute("data-call-id"): await c.get_attribute("data-state")
+                    for c in await page.locator(".card").all()
+                }
+                text = await page.locator("#transcript").inner_text()
+                cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
+            finally:
+                await chromium.close()
+        after = _streams(lb)[before:]  # the page's reconnects once the owner died
+        with lb_client(lb, cookies["toollatch_session"]) as http:
+            whole = frames_of(raw_events(http, after[-1].path))
+    assert after and all(r.backend != posted.backend for r in after)
+    assert all(r.last_event_id is not None and r.last_event_id >= shown for r in after)
+    assert received == [[f.id, f.event] for f in whole]  # each event once, none lost
+    assert_paired(whole)
+    assert "stopped (its lease of 1 s expired)" in status
+    assert states == _final_states(whole) and "failed" in states.values()  # (mid-stream)
+    assert text.count("Checking two cities, slowly.") == 1
