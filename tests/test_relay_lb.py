@@ -264,7 +264,17 @@ def test_the_owner_killed_mid_stream_and_mid_tool_the_run_ends_once_on_a_survivo
     assert side_effects.read_text(encoding="utf-8").split() == ["Oslo"]
 
 
-@pytest.mark.parametrize("down_s", [0.0, 3.0], ids=["restart", "outage_past_store_outage"])
+def mid_text(blocks: list[str]) -> bool:
+    """Three events into the second round (its text streams, a write each)."""
+    events = [f.event for f in frames_of(blocks)]
+    return "round_ended" in events and len(events) - events.index("round_ended") > 3
+
+
+@pytest.mark.parametrize(
+    ("down_s", "outage_s", "when"),
+    [(0.0, 5.0, mid_text), (3.0, 1.0, seen("tool_started", 2))],
+    ids=["restart_mid_text", "outage_past_store_outage_mid_tool"],
+)
 def test_a_redis_restart_mid_run_runs_each_tool_once_and_every_reader_ends(
     redis_server: RedisServer,
     redis_url: str,
@@ -272,11 +282,13 @@ def test_a_redis_restart_mid_run_runs_each_tool_once_and_every_reader_ends(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     down_s: float,
+    outage_s: float,
+    when: Callable[[list[str]], bool],
 ) -> None:
-    """Restarted at once (within ``--store-outage``, 1 s here) the run goes on; down past it,
-    the owner cancels the run: either way every reader (on any worker, resumed through the
-    balancer once Redis is back) gets the same log to its ``run_ended``, every call paired,
-    each tool run once."""
+    """Restarted at once (within ``--store-outage``) while the run writes, the run goes on
+    (its failed writes retried); down past it while tools run, the owner cancels the run:
+    either way every reader (on any worker, resumed through the balancer once Redis is back)
+    gets the same log to its ``run_ended``, every call paired, each tool run once."""
     tools = tmp_path / "logged_tools.py"
     tools.write_text(LOGGED_TOOL, encoding="utf-8")
     side_effects = tmp_path / "side_effects.txt"
@@ -284,7 +296,8 @@ def test_a_redis_restart_mid_run_runs_each_tool_once_and_every_reader_ends(
     monkeypatch.setenv("LB_TOOL_WAIT_S", "1")
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     session = secrets.token_urlsafe(32)
-    args = worker_args(redis_url, model, "restarted", "--ledger", ledger, "--store-outage", "1")
+    args = worker_args(redis_url, model, "restarted", "--ledger", ledger)
+    args += ("--store-outage", str(outage_s))
     with balanced_workers(3, *args, "--tools", str(tools)) as (lb, _workers):
         with lb_client(lb, session) as http, lb_client(lb, session) as other:
             url = http.post("/runs", json={"message": "two cities"}).json()["events_url"]
@@ -295,7 +308,7 @@ def test_a_redis_restart_mid_run_runs_each_tool_once_and_every_reader_ends(
             )
             reader.start()  # (on a worker that is not the run's: it reads Redis)
             assert opened.wait(30)
-            raw_events(http, url, until=seen("tool_started", 2))
+            raw_events(http, url, until=when)
             redis_server.stop()
             time.sleep(down_s)
             redis_server.start()
