@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import threading
 import time
@@ -25,9 +24,10 @@ import pytest
 from lb_helpers import Balancer, Worker, balanced_workers
 from ledger_helpers import RedisServer
 from relay_helpers import Frame, parse_sse, slow_script
+from test_relay_browser import CHROMIUM, _need_chromium
+from test_relay_lease import assert_paired
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
-CHROMIUM = Path("/usr/bin/chromium")
 GIVE_UP_S = 40.0
 """No read lasts longer (a run nobody ends keeps its stream open with heartbeats)."""
 
@@ -112,15 +112,6 @@ def read_to_end(client: httpx.Client, url: str, blocks: list[str]) -> list[str]:
         except httpx.TransportError:
             continue  # (the worker died under the read: the next one goes elsewhere)
     return blocks
-
-
-def assert_paired(frames: list[Frame]) -> None:
-    """Ids 1..n; every call the log opened has exactly one end; ``run_ended`` once, last."""
-    assert [f.id for f in frames] == list(range(1, len(frames) + 1))
-    opened = [f.data["id"] for f in frames if f.event in ("call_opened", "call_committed")]
-    ends = [f.data["id"] for f in frames if f.event in ("call_failed", "tool_finished")]
-    assert opened and set(opened) == set(ends) and len(ends) == len(set(ends))
-    assert [f.event for f in frames].count("run_ended") == 1 and frames[-1].event == "run_ended"
 
 
 def owner_of(lb: Balancer, workers: list[Worker]) -> Worker:
@@ -344,14 +335,6 @@ window.EventSource = class extends Native {
   }
 };
 """
-
-
-def _need_chromium() -> None:
-    if CHROMIUM.is_file():
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true but {CHROMIUM} is missing (apt-get install -y chromium)")
-    pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
 
 
 def _streams(lb: Balancer) -> list[Any]:
