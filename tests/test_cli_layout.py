@@ -38,7 +38,7 @@ OPTIONS: dict[str, set[str]] = {
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
         "--shutdown-grace", "--max-chat-messages", "--max-chat-body-bytes", "--max-ui-bytes",
         "--result-text", "--store", "--store-ttl", "--store-outage", "--lease", "--workers",
-        "--config",
+        "--durable", "--config",
     },
     "proxy": {
         "-h", "--help", "--upstream", "--upstream-provider", "--host", "--port", "--calls",

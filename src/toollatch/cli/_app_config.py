@@ -205,6 +205,10 @@ class RelayConfig(_Section):
     lease_s: _Seconds = 10.0
     """A worker's lease with a shared store, renewed every third of it: a worker silent
     this long is taken as dead, and a surviving worker ends its runs (every call paired)."""
+    durable: Annotated[str, Field(pattern=r"^postgres(ql)?://.+$")] | None = None
+    """``postgresql://USER@HOST:PORT/DB``: each run is a DBOS workflow (the ``durable``
+    extra; needs a Redis ``store`` and a ledger), so a surviving worker finishes a dead
+    worker's run instead of ending it; null: none."""
 
 
 _ProxyBytes = Annotated[int, Field(ge=1)]
@@ -679,6 +683,8 @@ relay:
                                         # cancel this worker's runs
   lease_s: 10                           # a worker silent this long is dead: another
                                         # ends its runs (every call paired)
+  durable: null                         # postgresql://USER@HOST:PORT/DB: runs are DBOS
+                                        # workflows a survivor finishes (needs redis store)
 
 proxy:                                  # toollatch proxy (its flags win over these)
   upstream: null                        # the model server's base URL, http://HOST:PORT/v1

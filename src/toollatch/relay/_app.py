@@ -177,6 +177,9 @@ class Relay:
         self.runs = RunRegistry(self.limits)
         self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
         """The runs as other workers see them (:mod:`.store`)."""
+        self.durable: Any = None
+        """The runs of ``POST /runs`` as DBOS workflows (:class:`._durable.DurableRelay`,
+        set by :class:`._server.RelayServer` with ``durable``; None: plain runs)."""
         chat_history = (
             history
             if history is not None
@@ -296,6 +299,11 @@ class Relay:
             kept=kept,
         )
 
+    def session_tools(self, key: str) -> tuple[Tool[..., Any], ...]:
+        """The example tools of the session whose digest begins with ``key`` (24
+        characters), writing in its own directory."""
+        return self._session_tools.get(key)
+
     def tool_names(self) -> list[str]:
         """The names of the runs' own tools (those a client tool may not take)."""
         if self.tools is None and self.tool_source is None:
@@ -317,7 +325,10 @@ class Relay:
                     await self._check_resumable(resume, session, new_session)
                 run = await self.admit(session, new_session, run_id=resume)
                 chosen = provider or self.providers[0]
-                self._start(run, chosen, model, message, resume=resume is not None)
+                if self.durable is not None and resume is None and message is not None:
+                    self._start_durable(run, chosen, model, message)
+                else:
+                    self._start(run, chosen, model, message, resume=resume is not None)
         except HTTPError as exc:
             return exc.response()
         body = {
@@ -376,22 +387,37 @@ class Relay:
         if run_id is None or session is None:
             return None
         run = self.runs.owned(run_id, session)
-        if run is not None or not self.store.shared:
-            return run
+        if not self.store.shared or (run is not None and run.log.start == 0):
+            return run  # (a run taken over from a dead worker: read from the shared log)
         try:
             return await self.store.find(run_id, session)
         except StoreUnavailable as exc:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
 
+    async def settled_run(self, run_id: str | None, session: str | None) -> RunSource | None:
+        """:meth:`find_run`, after waiting (at most 5 s) for a run whose ``run_ended`` is logged
+        to be over: its reader may have its end (and send the next message) while its owner
+        still closes it (the store's copy, the driver's last steps)."""
+        live = await self.find_run(run_id, session)
+        waited = 0.0
+        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
+            await asyncio.sleep(_SETTLE_STEP_S)
+            waited += _SETTLE_STEP_S
+            live = await self.find_run(run_id, session)
+        return live
+
     async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
         """Stop serving runs (POST /runs: 503): the reads of other workers' runs end at once
         (their clients reconnect elsewhere with ``Last-Event-ID``), this worker's runs are
         cancelled and waited for (:meth:`RunRegistry.close`); with a shared store they may
-        first finish, for most of the grace (their readers on other workers go on). True
-        when every run ended (a run still going is ended by a survivor once this worker's
-        lease is dropped)."""
+        first finish, for most of the grace (their readers on other workers go on); durable
+        runs still going then are handed over, not cancelled (a survivor recovers them once
+        this worker's lease is dropped). True when every run ended (a run still going is
+        ended by a survivor once this worker's lease is dropped)."""
         self.store.end_reads()
-        return await self.runs.close(grace_s, reason=reason, finish=self.store.shared)
+        hand_over = None if self.durable is None else self.durable.hand_over
+        shared = self.store.shared
+        return await self.runs.close(grace_s, reason=reason, finish=shared, hand_over=hand_over)
 
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
         """Cancel ``run`` here, or through its owner (False: it had ended, or no owner
@@ -474,7 +500,7 @@ class Relay:
         ``not_the_last_answer``; the limits of :meth:`admit`. The run streams and cancels
         like any other."""
         latest = await self.chats.latest_run(session, chat_id)
-        live = await self.find_run(latest, session)
+        live = await self.settled_run(latest, session)
         self.chats.claim(session, chat_id, running=live is not None and not live.ended)
         try:
             if regenerate:
@@ -506,14 +532,7 @@ class Relay:
         ledger's history and not running here (another session's run is 404, as unknown)."""
         if self.history is None:
             raise HTTPError(422, "no_ledger", "resume needs a ledger (toollatch serve --ledger)")
-        live = await self.find_run(run_id, session)
-        waited = 0.0
-        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
-            # its reader has run_ended while its owner still closes it (the store's copy,
-            # the driver's last steps): resume once it is over, not over it
-            await asyncio.sleep(_SETTLE_STEP_S)
-            waited += _SETTLE_STEP_S
-            live = await self.find_run(run_id, session)
+        live = await self.settled_run(run_id, session)
         if live is not None and not live.ended:
             raise HTTPError(409, "run_in_flight", "the run is still going; read its events")
         if new_session or not await self.history.load(run_scope(session, run_id)):
@@ -654,6 +673,17 @@ class Relay:
             before,
         )
 
+    def _start_durable(self, run: RelayRun, provider: str, model: str, message: str) -> None:
+        """Start an admitted run as a DBOS workflow (:mod:`._durable`); 422
+        :class:`HTTPError` when its agent cannot be made."""
+        try:
+            self.durable.start(run, provider, model, message)
+        except (ConfigError, UsageError) as exc:
+            run.done = True
+            if run.mirror is not None:
+                run.mirror.push(run)  # (the store records its end)
+            raise HTTPError(422, "invalid_run", str(exc)) from None
+
     async def restore(self, wait_s: float = 5.0) -> list[str]:
         """Resume the runs that were waiting for an answer when the relay stopped (see
         :mod:`._restore`; nothing without a ledger that lists its questions); the ids of the
@@ -679,11 +709,15 @@ class Relay:
                         await run.wait(run.log.last_id, wait_s)
         return [run.id for run, _ in resumed]
 
-    async def adopt_orphan(self, run_id: str, session: str) -> bool:
+    async def adopt_orphan(self, run_id: str, session: str, owner: str = "") -> bool:
         """A dead worker's run this worker won in its sweep (:data:`.store.Adopter`):
-        resumed here when it waits for an answer and its record is in the shared history
-        (as :meth:`restore` would); else False, its pending questions settled ``cancelled``
-        first (the store then ends it), so no restarting relay resumes an ended run."""
+        with ``durable``, True when it goes on as a workflow recovered from the dead worker
+        ``owner``; else resumed here when it waits for an answer and its record is in the
+        shared history (as :meth:`restore` would); else False, its pending questions settled
+        ``cancelled`` first (the store then ends it), so no restarting relay resumes an
+        ended run."""
+        if self.durable is not None and await self.durable.recovered(run_id, session, owner):
+            return True
         if self.history is None or self.ledger is None:
             return False
         scope = run_scope_of(session, run_id)
