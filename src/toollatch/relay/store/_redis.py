@@ -794,12 +794,14 @@ class _Writer:
             status, owner = await pipe.hmget(meta, "status", "owner")
             if status != b"running" or owner != self._store.worker.encode():
                 return True  # (ended by a survivor, expired, or resumed elsewhere)
-            log, written = run.log, self._written.get(run.id, 0)
+            log = run.log
+            written = self._written.get(run.id, log.start)
             missed, frames, upto = log.frames(written, log.last_id - written)
             ended = run.done and upto >= log.last_id
             pipe.multi()  # type: ignore[no-untyped-call]
             for n, frame in enumerate(frames, start=written + missed + 1):
-                pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=f"0-{log.first_id}")
+                keep = f"0-{log.kept_from}"
+                pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)
             if ended:
                 pipe.hset(meta, "status", "done")
                 pipe.srem(_RUNNING, run.id)
