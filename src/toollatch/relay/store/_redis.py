@@ -744,7 +744,8 @@ class _Writer:
                 self._written.pop(run.id, None)
             else:
                 self._written[run.id] = upto
-            run.publish(upto)
+            if run.mirror is self:  # (given up meanwhile: its readers have every event)
+                run.publish(upto)
 
     def give_up(self, runs: list[RelayRun], exc: Exception | str, *, late: bool = True) -> None:
         """The store stayed unreachable (``exc``), or this worker lost its lease (``exc``:
