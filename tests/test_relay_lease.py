@@ -259,3 +259,28 @@ def test_an_owner_paused_past_its_lease_writes_nothing_after_the_survivors_end(
     assert again.status_code == 204  # (nothing after the end: the log ends there)
     assert whole == ended
     assert_paired(ended)
+
+
+def test_an_owner_paused_past_its_lease_with_no_survivor_writes_its_runs_end_late(
+    redis_server: RedisServer,
+) -> None:
+    # nobody ended the run while its owner slept: once awake it finds its lease gone, cancels
+    # the run and writes its end to Redis itself, so a worker started later reads it to the end
+    with ScriptedServer(scripts={"slower": slow_script(delay_ms=150.0)}) as model:
+        args = ("--store", redis_server.url, "--ledger", "none", "--lease", "1")
+        args += ("--model", "slower", "--base-url", model.base_url("openai_chat"))
+        with workers(1, *args) as [(owner, on_a)]:
+            run, _head, session = run_until(on_a, 5)
+            owner.send_signal(signal.SIGSTOP)
+            time.sleep(2.5)  # (its lease of 1 s expires; no other worker to end its runs)
+            owner.send_signal(signal.SIGCONT)
+            with workers(1, *args) as [(_b, on_b)]:
+                headers = {"x-toollatch-session": session}
+                with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
+                    whole = read_until(b, run["events_url"], None)
+                    with httpx.Client(base_url=on_a, timeout=30, headers=headers) as a:
+                        own = read_until(a, run["events_url"], None)
+    assert whole == own  # the same log on the owner and on the worker that reads Redis
+    assert_paired(whole)
+    assert whole[-1].data["cancelled"] is True
+    assert "lease expired (it was paused)" in whole[-1].data["error"]

@@ -258,6 +258,11 @@ async def test_redis_lost_mid_run_ends_every_reader_and_the_run(
                 answer = await on_b.get(run["events_url"])
                 assert answer.status_code == 503
                 assert answer.json()["error"]["code"] == "store_unavailable"
+                # Redis back: the owner writes the rest late, B's reader resumes to the end
+                await asyncio.to_thread(redis_server.start)
+                async with asyncio.timeout(30):
+                    rest = await raw_events(on_b, run["events_url"], last_id=ids(seen_b)[-1])
+                assert seen_b + rest == seen_a
     finally:
         if redis_server.proc is None:
             redis_server.start()

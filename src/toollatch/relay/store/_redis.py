@@ -56,9 +56,15 @@ Connection loss. A write that fails is retried (backoff to 1 s) for ``outage_s``
 (``relay.store_outage_s``, 5 s); past it, the worker's runs stop mirroring: each is cancelled (its
 ``run_ended.error`` says the store is unreachable) and its local readers get every event;
 readers on other workers get an error and their stream ends (a reconnect gets 503 while
-Redis is down). Requests that need the store answer 503 ``store_unavailable``. The cancel
-listener reconnects by itself. No operation waits longer than its socket timeout: 5 s, or
-``heartbeat_s`` + 5 s for a blocking read.
+Redis is down). Such a run's rest (its cancellation, its ``run_ended``) is written *late*,
+once Redis answers again (:meth:`_Writer.retry_late`, every :data:`LATE_S`), so a reader
+resuming on another worker gets it to its end (without it that reader would wait on a run
+its live owner never ends there, until the store's TTL); the write is a transaction WATCHing
+the run's metadata, done only while the run is still ``running`` under this worker (a
+survivor that took it, or a TTL that expired it, wins). A run whose lease was lost (a paused
+worker) is written late the same way. Requests that need the store answer 503
+``store_unavailable``. The cancel listener reconnects by itself. No operation waits longer
+than its socket timeout: 5 s, or ``heartbeat_s`` + 5 s for a blocking read.
 """
 
 from __future__ import annotations
@@ -90,6 +96,9 @@ ConnectionError, not every one)."""
 SOCKET_S = 5.0
 """Socket timeout of every command but a blocking read."""
 ASK_S = 5.0
+LATE_S = 0.5
+"""How often a worker tries again to write the rest of the runs it gave up (a store outage
+or a lost lease) while it kept them locally."""
 """How long a worker waits for the owner's reply to a forwarded cancel or answer."""
 _PREFIX = "toollatch:relay:"
 _RUN_ENDED = b"\nevent: run_ended\n"
@@ -647,6 +656,8 @@ class _Writer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._failing_since: float | None = None
+        self._late: dict[str, tuple[RelayRun, float]] = {}  # given up: run, when
+        self._late_at = 0.0
 
     def push(self, run: RelayRun) -> None:
         """(:class:`~.._runs.Mirror`) ``run`` has something to write."""
@@ -664,10 +675,14 @@ class _Writer:
         refresh_s = max(0.05, self._store.ttl_ms / 3000)
         renew_at = loop.time() + refresh_s
         while True:
+            wake_at = min(renew_at, self._late_at) if self._late else renew_at
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, renew_at - loop.time())):
+                async with asyncio.timeout(max(0.0, wake_at - loop.time())):
                     await self._wake.wait()
             self._wake.clear()
+            if self._late and loop.time() >= self._late_at:
+                self._late_at = loop.time() + LATE_S
+                await self.retry_late()
             renew = loop.time() >= renew_at
             if renew:  # every live run's TTL, busy or quiet
                 renew_at = loop.time() + refresh_s
@@ -680,7 +695,7 @@ class _Writer:
                     await self._flush(list(dirty.values()), renew)
             except Exception as exc:  # a bug in us: its runs go on locally, the writer lives
                 _log.exception("run store: a write failed")
-                self.give_up(list(dirty.values()), exc)
+                self.give_up(list(dirty.values()), exc, late=False)
             if not self._dirty:
                 self._idle.set()
 
@@ -723,30 +738,86 @@ class _Writer:
                     pipe.pexpire(stream, ttl)
                     pipe.pexpire(meta, ttl)
                 plans.append((run, upto, ended))
-            results = await pipe.execute(raise_on_error=False)
-        for result in results:
-            if isinstance(result, redis.exceptions.ConnectionError | TimeoutError):
-                raise result
-            if isinstance(result, Exception) and "equal or smaller" not in str(result):
-                raise result  # (equal or smaller: written by a try that seemed to fail)
+            _raise_lost(await pipe.execute(raise_on_error=False))
         for run, upto, ended in plans:
             if ended:
                 self._written.pop(run.id, None)
             else:
                 self._written[run.id] = upto
-            run.publish(upto)
+            if run.mirror is self:  # (given up meanwhile: its readers have every event)
+                run.publish(upto)
 
-    def give_up(self, runs: list[RelayRun], exc: Exception | str) -> None:
+    def give_up(self, runs: list[RelayRun], exc: Exception | str, *, late: bool = True) -> None:
         """The store stayed unreachable (``exc``), or this worker lost its lease (``exc``:
-        the reason): the runs go on locally only, cancelled."""
+        the reason): the runs go on locally only, cancelled; with ``late``, their rest is
+        written once the store answers again (:meth:`retry_late`)."""
         if isinstance(exc, str):
             _log.error("run store: %s (%d runs)", exc, len(runs))
         else:
             outage = self._store.outage_s
             _log.error("run store unreachable for %g s (%s): cancelling its runs", outage, exc)
         reason = exc if isinstance(exc, str) else _UNREACHABLE
+        now = asyncio.get_running_loop().time()
         for run in {r.id: r for r in runs}.values():
-            self._written.pop(run.id, None)
+            if late:
+                self._late[run.id] = (run, now)
+                self._late_at = now + LATE_S
+            else:
+                self._written.pop(run.id, None)
             run.mirror = None
             run.publish(run.log.last_id)
             run.cancel(reason)
+        self._wake.set()  # (the loop's wait: until the first late try)
+
+    async def retry_late(self) -> None:
+        """Write what the store lacks of each given-up run; forget a run once its end is
+        written, once it is no longer this worker's to write (see :meth:`_write_late`), or
+        one TTL after it was given up (it would have expired there by then)."""
+        now = asyncio.get_running_loop().time()
+        for run_id, (run, since) in list(self._late.items()):
+            try:
+                finished = await self._write_late(run)
+            except redis.exceptions.WatchError:
+                continue  # (its metadata changed meanwhile: looked at again next time)
+            except _LOST:
+                finished = False
+            if finished or now - since > self._store.ttl_ms / 1000:
+                del self._late[run_id]
+                self._written.pop(run_id, None)
+
+    async def _write_late(self, run: RelayRun) -> bool:
+        """One transaction: ``run``'s frames the stream lacks (and its end, if it ended), only
+        while its metadata says ``running`` under this worker (WATCHed: a survivor's claim in
+        between aborts it). True when nothing is left to write."""
+        meta, stream = _meta(run.id), _stream(run.id)
+        async with self._store.client.pipeline(transaction=True) as pipe:
+            await pipe.watch(meta)
+            status, owner = await pipe.hmget(meta, "status", "owner")
+            if status != b"running" or owner != self._store.worker.encode():
+                return True  # (ended by a survivor, expired, or resumed elsewhere)
+            log = run.log
+            written = self._written.get(run.id, log.start)
+            missed, frames, upto = log.frames(written, log.last_id - written)
+            ended = run.done and upto >= log.last_id
+            pipe.multi()  # type: ignore[no-untyped-call]
+            for n, frame in enumerate(frames, start=written + missed + 1):
+                keep = f"0-{log.kept_from}"
+                pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)
+            if ended:
+                pipe.hset(meta, "status", "done")
+                pipe.srem(_RUNNING, run.id)
+            pipe.pexpire(stream, self._store.ttl_ms)
+            pipe.pexpire(meta, self._store.ttl_ms)
+            _raise_lost(await pipe.execute(raise_on_error=False))
+        self._written[run.id] = upto
+        return ended
+
+
+def _raise_lost(results: list[Any]) -> None:
+    """Raise a pipeline's first error, but an XADD's "equal or smaller" (that frame was
+    written by a try that seemed to fail)."""
+    for result in results:
+        if isinstance(result, redis.exceptions.ConnectionError | TimeoutError):
+            raise result
+        if isinstance(result, Exception) and "equal or smaller" not in str(result):
+            raise result
