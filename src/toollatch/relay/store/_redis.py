@@ -131,6 +131,27 @@ def _lease(worker: str) -> str:
     return f"{_PREFIX}worker:{worker}:lease"
 
 
+_OWN_CONNECTIONS = 8
+"""Connections a worker's store uses beside its clients' (the writer, the lease, the cancel
+listener, replies)."""
+
+
+def _client(url: str, socket_s: float, connections: int) -> aioredis.Redis:
+    """A client of ``url`` that opens at most ``connections`` connections, and whose command
+    that finds them all busy waits for one (at most :data:`SOCKET_S`, then a connection
+    error) rather than failing at once, as redis-py's default pool (100 connections since
+    its version 6) does: each reader of another worker's run holds one connection for its
+    blocking read, so a worker's readers (at most ``relay.max_connections``) need as many."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=connections,
+        timeout=SOCKET_S,
+        socket_timeout=socket_s,
+        socket_connect_timeout=SOCKET_S,
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
 def _entry_id(raw: bytes) -> int:
     return int(raw.split(b"-", 1)[1])
 
@@ -152,8 +173,11 @@ class RedisRunStore:
         outage_s: float,
         lease_s: float = 10.0,
         ledger: Ledger | None = None,
+        connections: int = 1000,
     ) -> None:
         self.url = url
+        self.connections = connections + _OWN_CONNECTIONS
+        """The most connections each of its two clients opens (:func:`_client`)."""
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.outage_s = outage_s
         self.lease_ms = max(1, int(lease_s * 1000))
@@ -163,9 +187,7 @@ class RedisRunStore:
         """This worker's id (its runs' ``owner``)."""
         self.shown = url.rsplit("@", maxsplit=1)[-1]
         try:
-            self.client = aioredis.Redis.from_url(
-                url, socket_timeout=SOCKET_S, socket_connect_timeout=SOCKET_S
-            )
+            self.client = _client(url, SOCKET_S, self.connections)
         except ValueError as exc:
             raise ConfigError(f"run store {self.shown}: {exc}") from None
         self._blocking: aioredis.Redis | None = None
@@ -192,9 +214,7 @@ class RedisRunStore:
             await self.client.aclose()
             raise ConfigError(f"run store {self.shown}: cannot reach Redis: {exc}") from None
         block_s = runs.limits.heartbeat_s + SOCKET_S
-        self._blocking = aioredis.Redis.from_url(
-            self.url, socket_timeout=block_s, socket_connect_timeout=SOCKET_S
-        )
+        self._blocking = _client(self.url, block_s, self.connections)
         self._runs = runs
         self._writer = _Writer(self, runs)
         loop = asyncio.get_running_loop()
