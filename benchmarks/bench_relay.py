@@ -1255,7 +1255,8 @@ def _checked(label: str, result: dict[str, Any]) -> None:
         if not (r["exact"] and r["paired"] and r["events"] == appended.get(r["id"], -1))
     ]
     if bad:
-        shown = [{k: r.get(k) for k in ("id", "events", "exact", "paired", "notes")} for r in bad[:5]]
+        keys = ("id", "events", "exact", "paired", "notes")
+        shown = [{k: r.get(k) for k in keys} for r in bad[:5]]
         for r in shown:
             r["appended"] = appended.get(r["id"], 0)
         raise SystemExit(f"{label}: {len(bad)} runs lost, repeated or unpaired events: {shown}")
