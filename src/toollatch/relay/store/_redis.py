@@ -108,6 +108,8 @@ return 1
 _UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
 _LAST_ID = "0-18446744073709551615"
 _LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
+_KEPT = ("conversation", "history", "thread", "provider")
+"""The fields of :attr:`RelayRun.kept` a survivor reads back from a run's metadata."""
 
 
 def session_digest(session: str) -> str:
@@ -441,35 +443,41 @@ class RedisRunStore:
             return
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in run_ids:
-                pipe.hmget(_meta(run_id), "status", "owner", "ender", "session")
+                pipe.hmget(_meta(run_id), "status", "owner", "ender", "session", *_KEPT)
             metas = await pipe.execute()
-        holders: dict[str, tuple[str, str, str]] = {}
-        for run_id, (status, owner, ender, session) in zip(run_ids, metas, strict=True):
+        holders: dict[str, tuple[str, str, str, dict[str, str]]] = {}
+        for run_id, (status, owner, ender, session, *more) in zip(run_ids, metas, strict=True):
             if status is None or status == b"done":  # (expired, or ended meanwhile)
                 await self.client.srem(_RUNNING, run_id)
                 continue
             holder = ender if status == b"ending" else owner
             if holder is not None and owner is not None and holder.decode() != self.worker:
-                holders[run_id] = (holder.decode(), owner.decode(), (session or b"").decode())
+                kept = {k: bytes(v).decode() for k, v in zip(_KEPT, more, strict=True) if v}
+                holders[run_id] = (
+                    holder.decode(), owner.decode(), (session or b"").decode(), kept
+                )  # fmt: skip
         alive: dict[str, bool] = {}
-        for holder, _owner, _session in holders.values():
+        for holder, *_rest in holders.values():
             if holder not in alive:
                 alive[holder] = bool(await self.client.exists(_lease(holder)))
-        for run_id, (holder, owner, session) in holders.items():
+        for run_id, (holder, owner, session, kept) in holders.items():
             if alive[holder]:
                 continue
             won = await self.client.eval(_CLAIM_ORPHAN, 1, _meta(run_id), holder, self.worker)
             if not won:
                 continue
             try:
-                if self._adopter is not None and await self._adopter(run_id, session):
+                if self._adopter is not None and await self._adopter(run_id, session, kept):
                     continue  # (resumed here: a run waiting for an answer)
             except Exception:  # (a bug in us: the run is ended, never left hanging)
                 _log.exception("run %s…: it could not be resumed here", run_id[:6])
-            await self._end_orphan(run_id, owner, session)
+            await self._end_orphan(run_id, owner, session, kept.get("conversation"))
 
-    async def _end_orphan(self, run_id: str, owner: str, session: str) -> None:
-        """Write the end of the dead worker ``owner``'s run (this worker won it)."""
+    async def _end_orphan(
+        self, run_id: str, owner: str, session: str, conversation: str | None = None
+    ) -> None:
+        """Write the end of the dead worker ``owner``'s run (this worker won it);
+        ``conversation``: its calls' ledger scope (default: a ``POST /runs`` run's own)."""
         entries: Any = await self.client.xrange(_stream(run_id), "-", "+")
         last = _entry_id(entries[-1][0]) if entries else 0
         seen = read_log([fields[b"f"] for _id, fields in entries])
@@ -480,7 +488,7 @@ class RedisRunStore:
         events = (
             []
             if seen.ended
-            else closing_events(seen, error, await self._known(run_id, session, seen))
+            else closing_events(seen, error, await self._known(run_id, session, seen, conversation))
         )
         async with self.client.pipeline(transaction=False) as pipe:
             for n, data in enumerate(events, start=last + 1):
@@ -501,13 +509,15 @@ class RedisRunStore:
         _log.warning("run %s…: %s", run_id[:6], error)
 
     async def _known(
-        self, run_id: str, session: str, seen: OpenCalls
+        self, run_id: str, session: str, seen: OpenCalls, conversation: str | None = None
     ) -> dict[str, tuple[bool, str | None] | str]:
-        """What the shared ledger says of the calls the log leaves without a result."""
+        """What the shared ledger says of the calls the log leaves without a result (under
+        ``conversation``, the run's ledger scope: a chat's or an AG-UI thread's for their
+        runs; default: a ``POST /runs`` run's own)."""
         known: dict[str, tuple[bool, str | None] | str] = {}
         if self.ledger is None or not seen.committed:
             return known
-        scope = run_scope_of(session, run_id)
+        scope = conversation or run_scope_of(session, run_id)
         for call_id in seen.committed:
             try:
                 record = await self.ledger.get(LedgerKey(scope=scope, call_id=call_id))
@@ -696,6 +706,9 @@ class _Writer:
                 if ended:
                     pipe.hset(meta, "status", "done")
                     pipe.srem(_RUNNING, run.id)
+                if not written and run.kept:  # (what a survivor needs to end it)
+                    kept: dict[Any, Any] = dict(run.kept)
+                    pipe.hset(meta, mapping=kept)
                 if ended or renew or not written:  # (its end, a renewal, a new stream)
                     pipe.pexpire(stream, ttl)
                     pipe.pexpire(meta, ttl)
