@@ -9,6 +9,8 @@ Run it from the repository root::
     python benchmarks/bench_relay.py --protocols --runs 100 --repeat 5  # own vs UI vs AG-UI
     python benchmarks/bench_relay.py --vs-ai-sdk --repeat 3  # beside the AI SDK's node relay
     python benchmarks/bench_relay.py --stores --runs 50 --repeat 3  # memory: vs redis://
+    python benchmarks/bench_relay.py --workers 3 --runs 600  # serve workers on one Redis
+    python benchmarks/bench_relay.py --workers 3 --store redis://HOST:PORT/0  # that Redis
 
 By default the runs start evenly over one run's length (users arriving independently) and
 the model streams at 30 ms between wire events (``--delay-scale 10``: about a typical
@@ -42,6 +44,25 @@ pacing the runs move together, so each model event comes as a burst of one event
 staggered: only at the peak, half of it on average); the relay's *capacity* is events per
 second of its own CPU (one event loop: at most one core). ``--matrix`` prints both for each
 case, with the achieved events/s and the latency percentiles.
+
+Scale-out (``--workers N``). The relay runs as real ``toollatch serve`` processes (each on a
+port of its own, started through this file, which stamps their events as above and writes
+the stamps when they stop), over one Redis: ``--store redis://HOST:PORT/DB``, or a
+redis-server of Debian's started here in a temporary folder (no persistence) when no URL (or
+a bare ``redis://``) is given. The clients spread the runs round-robin over the workers, as a
+load balancer without sticky sessions: run ``i`` is posted to worker ``i mod N`` and its events
+are read from worker ``i + 1 mod N`` (so every read crosses Redis: the worst case; a real
+balancer lands on the owner one time in N). In one invocation: one worker with the in-memory
+store and N workers on Redis under the chosen shape (the one-run table), then every run at
+once on 1..N workers (throughput: the events of all runs over the wall time until the last
+``run_ended``), then the cost per run of durable runs (``serve --durable`` when this checkout
+has it, else benchmarks/bench_durable.py's DurableRuns measure). Each load is checked: every
+run's SSE ids are 1..N once each, N being the number of events its worker appended (counted
+from the worker's stamps), it ends with ``run_ended`` and every call is paired; the bench
+exits with the failing runs otherwise. Event latency is measured as above (the agent
+event's creation in the worker, to the client's parse), with the store's hop in it: the
+owner's write to the stream and the other worker's ``XREAD``. CPU per event is the workers'
+and redis-server's (from /proc), not the clients' nor the model's.
 """
 
 from __future__ import annotations
@@ -1228,18 +1249,20 @@ def _workers_load(
             solo = asyncio.run(_load(urls, 1, 0.0, args.uvloop))
             stagger = solo["wall"] if shape == "staggered" else 0.0
             redis_pid = getattr(args, "redis_pid", None)
-            pids = [w.proc.pid for w in workers] + ([redis_pid] if store != "memory:" else [])
-            before = [_cpu_of(p) for p in pids if p]
+            pids = [w.proc.pid for w in workers] + [args.model_pid]
+            pids += [redis_pid] if store != "memory:" and redis_pid else []
+            before = [_cpu_of(p) for p in pids]
             load = os.getloadavg()[0]
             result = asyncio.run(_load(urls, args.runs, stagger, args.uvloop))
-            cpu = [_cpu_of(p) - b for p, b in zip([p for p in pids if p], before, strict=True)]
+            cpu = [_cpu_of(p) - b for p, b in zip(pids, before, strict=True)]
         finally:
             stamps: dict[tuple[str, int], list[float]] = {}
             for worker in workers:
                 stamps.update(worker.stop())
     result.update(
         workers=n, store="memory" if store == "memory:" else "redis", shape=shape,
-        worker_cpu=sum(cpu[:n]), redis_cpu=sum(cpu[n:]), stamps=stamps, load=load,
+        worker_cpu=sum(cpu[:n]), model_cpu=cpu[n], redis_cpu=sum(cpu[n + 1 :]), stamps=stamps,
+        load=load,
         solo_s=solo["wall"], solo_events=solo["runs"][0]["events"],
     )  # fmt: skip
     return result
@@ -1276,7 +1299,12 @@ def _worker_row(label: str, result: dict[str, Any]) -> dict[str, Any]:
         "p50_ms": _pct(created, 0.5), "p99_ms": _pct(created, 0.99),
         "length_p50_s": _pct(lengths, 0.5) / 1000, "length_p99_s": _pct(lengths, 0.99) / 1000,
         "solo_s": result["solo_s"], "worker_cpu_s": result["worker_cpu"],
-        "redis_cpu_s": result["redis_cpu"],
+        "redis_cpu_s": result["redis_cpu"], "model_cpu_s": result["model_cpu"],
+        "client_cpu_s": result["client_cpu"],
+        "cores_busy": (
+            result["worker_cpu"] + result["redis_cpu"] + result["model_cpu"]
+            + result["client_cpu"]
+        ) / result["wall"],
         "cpu_ms_per_event": (result["worker_cpu"] + result["redis_cpu"]) * 1000 / events,
         "load": result["load"],
     }  # fmt: skip
@@ -1338,6 +1366,7 @@ def _scale_out(args: argparse.Namespace) -> None:
         with _redis_server() if own else contextlib.nullcontext((None, args.store)) as found:
             redis, store = found
             args.redis_pid = redis.pid if redis is not None else None
+            args.model_pid = model.pid
             print(f"uptime load before: {os.getloadavg()}", flush=True)
             cases = [("memory x1", "memory:", 1, args.shape)]
             cases.append((f"redis x{args.workers}", store, args.workers, args.shape))
@@ -1359,15 +1388,18 @@ def _scale_out(args: argparse.Namespace) -> None:
     )
     print(
         "| case | runs in | events/s | p50 / p99 event latency | run length p50 / p99 "
-        "(alone) | CPU per event (workers + Redis) | load |"
+        "(alone) | CPU per event (workers + Redis) | CPU s: workers / Redis / model / clients "
+        "(cores busy) | load |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         spread = "at once" if r["shape"] == "lockstep" else f"{r['solo_s']:.1f} s"
         print(
             f"| {r['case']} | {spread} | {r['events_s']:.0f} | {r['p50_ms']:.1f} / "
             f"{r['p99_ms']:.1f} ms | {r['length_p50_s']:.2f} / {r['length_p99_s']:.2f} s "
-            f"({r['solo_s']:.2f} s) | {r['cpu_ms_per_event']:.3f} ms | {r['load']:.1f} |"
+            f"({r['solo_s']:.2f} s) | {r['cpu_ms_per_event']:.3f} ms | {r['worker_cpu_s']:.1f} / "
+            f"{r['redis_cpu_s']:.1f} / {r['model_cpu_s']:.1f} / {r['client_cpu_s']:.1f} "
+            f"({r['cores_busy']:.2f}) | {r['load']:.1f} |"
         )
     print(f"\n{durable}")
     print(f"uptime load after: {os.getloadavg()}")
