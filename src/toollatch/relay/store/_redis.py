@@ -44,11 +44,14 @@ started: ``cancelled``; one still streaming: ``call_failed``), ends the open rou
 (``round_ended``, ``interrupted``) and writes ``run_ended`` with an error naming the dead
 worker, then ``status: done``: readers on every worker see the end. With a ledger the
 relay shares, a committed call the log shows as not started is looked up there (the log may
-lag the ledger by one write): a ``started`` record makes it ``outcome_unknown``. A run is
+lag the ledger by one write), under the run's own scope (a chat's or an AG-UI thread's for
+their runs: ``conversation`` in its metadata, from :attr:`RelayRun.kept`, written with its
+first frames): a ``started`` record makes it ``outcome_unknown``. A run is
 thus ended within about ``lease_s`` * 4/3 of its owner's death.
 Before ending it, the survivor offers the run to the relay's ``adopter``
 (:meth:`._app.Relay.adopt_orphan`): a run waiting for an answer with its record in the shared
-history is resumed there instead (its question settled ``cancelled`` when it cannot be), and
+history is resumed there instead (its question settled ``cancelled`` when it cannot be; an
+AG-UI thread's run ended gets its stored rounds filed to its thread first), and
 :meth:`adopt` (a restarting worker) takes a dead worker's run with the same compare-and-set,
 so one worker only resumes or ends it.
 
