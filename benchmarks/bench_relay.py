@@ -62,7 +62,8 @@ from the worker's stamps), it ends with ``run_ended`` and every call is paired; 
 exits with the failing runs otherwise. Event latency is measured as above (the agent
 event's creation in the worker, to the client's parse), with the store's hop in it: the
 owner's write to the stream and the other worker's ``XREAD``. CPU per event is the workers'
-and redis-server's (from /proc), not the clients' nor the model's.
+and redis-server's (from /proc; Redis's only when started here), not the clients' nor the
+model's, which are shown beside it.
 """
 
 from __future__ import annotations
