@@ -630,7 +630,7 @@ class Relay:
         self._pool_runs[pool] += 1
         run.kept = {"conversation": conversation or scope}  # (see RelayRun.kept)
         agui = (kept or {}).get("agui")
-        if isinstance(agui, Mapping) and isinstance(agui.get("thread"), str) and stores:
+        if isinstance(agui, Mapping) and isinstance(agui.get("thread"), str) and stores is not None:
             thread = StoredThreads.scope_of(run.session_key, agui["thread"])
             run.kept.update(history=scope, thread=thread, provider=provider)
 
