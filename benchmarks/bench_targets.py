@@ -19,8 +19,10 @@ Each target is measured by the benchmark module that owns it, imported, never re
   worker thread beside the same claim and start done inline (the issue's "2.3x the same
   transactions inline", then three hops); on ``/dev/shm`` when it exists, so the hops show
   and not fsync. Goal: one hop, below the 2.3x it was.
-* **Gemini whole call** (``bench_assembly``): toollatch beside the decoded floor (split,
-  ``orjson.loads`` per event), ``--gemini-kib`` of arguments. Goal 1.5x.
+* **Gemini whole call** (``bench_assembly``): toollatch beside the decoded floor (blank lines
+  found at ``memchr`` speed, ``orjson.loads`` per event), ``--gemini-kib`` of arguments. Goal
+  1.5x. Also beside the floor with CPython's two-byte search (what the row divided by before:
+  about 2 ns a byte slower, which flattered toollatch), for information.
 * **previews** and **read shapes** (``bench_assembly``): per provider with a fragment path,
   at one event per read, 16 KiB reads and the whole stream in one read: previews on
   (``ToolPreview(mode="full")``) beside previews off (goal 1.3x), and toollatch beside the
@@ -77,10 +79,18 @@ class Row:
     goal: str
     met: bool | None
     """None: the target has no numeric goal, or it could not be measured."""
+    rule: bool = False
+    """A rule, not a target (the read shapes): "rule" in the met column."""
 
 
-def _mark(met: bool | None) -> str:
-    return {True: "yes", False: "**no**", None: "-"}[met]
+RULE_RATIO = 1.3
+"""The issue's bar for keeping a fast path: some read shape above it (and the relay shows it)."""
+
+
+def _mark(row: Row) -> str:
+    if row.rule:
+        return "rule"
+    return {True: "yes", False: "**no**", None: "-"}[row.met]
 
 
 def _ratio_row(target: str, ratio: float, goal: float, detail: str = "") -> Row:
@@ -187,19 +197,74 @@ def _best_per_run(
     return best
 
 
-def gemini_floor(opts: argparse.Namespace) -> list[Row]:
+FIXED_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * KIB),
+    "MALLOC_TRIM_THRESHOLD_": str(256 * 1024 * KIB),
+}
+"""glibc's allocator held still: every block from its heap (none mapped on its own), nothing
+given back to the system. By default a freed block of a few hundred KiB may go back (a trim,
+or an unmap) and the next one is faulted in again page by page: how often depends on what
+the process allocated before, so a whole call's run costs 0.4 or 0.9 ms from one process to
+the next (about 26 or 370 page faults a run). With it fixed, the ratio is the work's."""
+
+
+def _gemini_best(opts: argparse.Namespace) -> dict[str, float]:
+    """Best CPU ms per run of the memchr floor, the two-byte floor and toollatch on one
+    Gemini whole call, and toollatch's minor page faults per run."""
+    import resource  # noqa: PLC0415
+
     ba = _assembly()
     provider = ba.PROVIDERS["gemini"]
     reads, expected, _ = ba.build_case(provider, opts.gemini_kib * KIB, opts.seed)
-    contenders = {"floor": provider.floor, "toollatch": ba.make_toollatch("gemini")}
+    two_byte = ba.make_floor(ba._pick_gemini, finalize=lambda objs: objs[0], two_byte_search=True)
+    toollatch = ba.make_toollatch("gemini")
+    contenders = {"floor": provider.floor, "two-byte floor": two_byte, "toollatch": toollatch}
     with _frozen_heap():
         best = _best_per_run(ba, contenders, reads, expected, opts.rounds)
-    detail = f"{best['toollatch'] * 1e3:.2f} vs {best['floor'] * 1e3:.2f} ms, {opts.gemini_kib} KiB"
-    return [
-        _ratio_row(
-            "Gemini whole-call / decoded floor", best["toollatch"] / best["floor"], 1.5, detail
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        ba._sample(toollatch, reads, expected, 20, time.process_time)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20
+    return {**{k: v * 1e3 for k, v in best.items()}, "faults": faults}
+
+
+def _gemini_fixed_malloc(opts: argparse.Namespace) -> dict[str, float]:
+    """:func:`_gemini_best` in a child process whose allocator is held still (FIXED_MALLOC)."""
+    import json  # noqa: PLC0415
+
+    command = [sys.executable, __file__, "--gemini-child", "--rounds", str(opts.rounds)]
+    command += ["--gemini-kib", str(opts.gemini_kib), "--seed", str(opts.seed)]
+    env = {**os.environ, **FIXED_MALLOC}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def gemini_floor(opts: argparse.Namespace) -> list[Row]:
+    here, fixed = _gemini_best(opts), _gemini_fixed_malloc(opts)
+    rows = []
+    for label, best in (("allocator held still", fixed), ("allocator as it is", here)):
+        ms = f"{best['toollatch']:.2f} vs {best['floor']:.2f} ms"
+        detail = f"{ms}, {opts.gemini_kib} KiB, {best['faults']:.0f} page faults a run"
+        ratio = best["toollatch"] / best["floor"]
+        old = best["toollatch"] / best["two-byte floor"]
+        if not rows:
+            rows.append(
+                _ratio_row(
+                    f"Gemini whole-call / decoded floor (memchr), {label}", ratio, 1.5, detail
+                )
+            )
+        else:
+            rows.append(
+                Row(f"  ({label} in this process)", f"{ratio:.2f}x ({detail})", "info", None)
+            )
+        rows.append(
+            Row(
+                f"  ({label}: against the old two-byte floor)",
+                f"{old:.2f}x ({best['two-byte floor']:.2f} ms)",
+                "info",
+                None,
+            )
         )
-    ]
+    return rows
 
 
 def previews_and_shapes(opts: argparse.Namespace) -> list[Row]:
@@ -226,14 +291,25 @@ def previews_and_shapes(opts: argparse.Namespace) -> list[Row]:
                 best = _best_per_run(ba, contenders, shaped, expected, opts.rounds)
             on_off[shape] = best["on"] / best["off"]
             vs_floor[shape] = best["off"] / best["floor"]
-        for rows, label, ratios in (
-            (previews, f"previews on / off, {name}", on_off),
-            (shapes, f"read shapes / floor, {name}", vs_floor),
-        ):
-            worst = max(ratios.values())
-            cells = ", ".join(f"{SHAPE_TAGS[s]} {r:.2f}" for s, r in ratios.items())
-            rows.append(_ratio_row(label, worst, 1.3, cells))
+        worst, cells = _worst(on_off)
+        previews.append(_ratio_row(f"previews on / off, {name}", worst, 1.3, cells))
+        shapes.append(_rule_row(f"read shapes / floor, {name}", *_worst(vs_floor)))
     return previews + shapes
+
+
+def _worst(ratios: dict[str, float]) -> tuple[float, str]:
+    """The worst shape's ratio, and every shape's as the row's detail."""
+    cells = ", ".join(f"{SHAPE_TAGS[s]} {r:.2f}" for s, r in ratios.items())
+    return max(ratios.values()), cells
+
+
+def _rule_row(target: str, ratio: float, detail: str) -> Row:
+    """A read-shape row: the issue's rule for keeping a fast path (only where some shape is
+    above 1.3x the floor, and the relay benchmark shows it matters), not a target to meet;
+    it says which side of 1.3x the worst shape is on, never yes or no."""
+    side = "above" if ratio > RULE_RATIO else "within"
+    measured = f"{ratio:.2f}x ({detail}): {side} {RULE_RATIO:g}x"
+    return Row(target, measured, f"rule: a fast path only above {RULE_RATIO:g}x", None, rule=True)
 
 
 def relay_cpu(opts: argparse.Namespace) -> list[Row]:
@@ -325,7 +401,7 @@ def _timed(name: str) -> Iterator[None]:
 
 def table(rows: list[Row]) -> list[str]:
     lines = ["| target | measured | goal | met? |", "|---|---|---|---|"]
-    lines += [f"| {r.target} | {r.measured} | {r.goal} | {_mark(r.met)} |" for r in rows]
+    lines += [f"| {r.target} | {r.measured} | {r.goal} | {_mark(r)} |" for r in rows]
     return lines
 
 
@@ -345,6 +421,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--keepalive-requests", type=int, help="each kind (default 40)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gemini-child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     quick = opts.quick
     defaults = {
@@ -364,6 +441,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    if opts.gemini_child:  # (see _gemini_fixed_malloc)
+        import json  # noqa: PLC0415
+
+        print(json.dumps(_gemini_best(opts)))
+        return 0
     load_before = _load()
     started = time.perf_counter()
     rows: list[Row] = []

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from scripted_helpers import PROVIDERS, first_history
-from toollatch import StreamParser, model_client
+from toollatch import StreamParser, ToolSpec, load_tools, model_client
 from toollatch.core._eventstream import EventStreamDecoder
+from toollatch.runtime._recorder import Recorder
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 KEY = "sk-record-0123456789abcdefghijkl"
@@ -45,6 +46,66 @@ async def test_each_response_is_a_replayable_fixture_without_the_key(provider, t
     expected = [(r.call_id, r.name) for c in round_.choices for r in c.calls]
     assert [(c["id"], c["name"]) for c in calls] == expected
     assert expected
+
+
+WEATHER = ToolSpec(
+    name="get_weather",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string", "minLength": 2}},
+        "required": ["city"],
+    },
+)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_requests_tools_are_saved_as_replay_reads_them(provider, tmp_path):
+    # each wire names its tools its own way (Gemini: tools[].functionDeclarations); the
+    # .tools.json beside the answer is what `replay --tools` reads, so the replay checks the
+    # calls against the schema the model was given (one that rejects them proves it did)
+    async with ScriptedServer(delay_scale=0) as server:
+        client = model_client(provider, model="scripted", base_url=server.base_url(provider),
+                              record=tmp_path)  # fmt: skip
+        async with client, client.stream(first_history(provider), tools=[WEATHER]) as stream:
+            async for _ in stream:
+                pass
+    [sse] = list(tmp_path.glob("*.sse"))
+    tools = sse.with_name(sse.stem + ".tools.json")
+    assert load_tools(tools) == (WEATHER,)
+    assert {state for _, _, state in replay_calls(sse, "--tools", str(tools))} == {"committed"}
+    [spec] = load_tools(tools)
+    strict = json.loads(json.dumps(spec.parameters))
+    strict["properties"]["city"]["minLength"] = 99
+    tools.write_text(json.dumps([{"name": spec.name, "parameters": strict}]))
+    assert {state for _, _, state in replay_calls(sse, "--tools", str(tools))} == {"failed"}
+
+
+def test_geminis_openapi_types_and_other_tools_become_json_schema(tmp_path):
+    body = {
+        "tools": [
+            {"googleSearch": {}},
+            {"functionDeclarations": [
+                {"name": "a", "description": "A", "parameters": {
+                    "type": "OBJECT", "required": ["type"],
+                    "properties": {"type": {"type": "STRING", "enum": ["OBJECT"]},
+                                   "n": {"type": "ARRAY", "items": {"type": "INTEGER"}}}}},
+                {"name": "b", "parametersJsonSchema": {"type": "object", "maxProperties": 1}},
+                {"name": "c"},
+            ]},
+        ]
+    }  # fmt: skip
+    recorder = Recorder(tmp_path, body, known=(), provider="gemini")
+    recorder.begin(200, "http://127.0.0.1:1/v1beta/models/m:streamGenerateContent?key=k")
+    recorder.close()
+    a, b, c = load_tools(recorder.stem.with_name(recorder.stem.name + ".tools.json"))
+    assert (a.name, a.description, b.name, c.name) == ("a", "A", "b", "c")
+    assert a.parameters == {
+        "type": "object", "required": ["type"],
+        "properties": {"type": {"type": "string", "enum": ["OBJECT"]},
+                       "n": {"type": "array", "items": {"type": "integer"}}},
+    }  # fmt: skip
+    assert b.parameters == {"type": "object", "maxProperties": 1}
+    assert c.parameters == {"type": "object"}
 
 
 def test_toollatch_run_record_keeps_each_round_of_the_demo(tmp_path):

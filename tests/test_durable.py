@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,16 +66,6 @@ ROUND_1 = [
     "call_opened",
     "call_committed write_file",
 ]
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
 
 
 def kill_and_recover(

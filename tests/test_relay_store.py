@@ -312,12 +312,10 @@ async def test_a_resumed_run_is_a_new_log_under_its_id_on_every_worker(
     assert second_b != first[: len(second_b)]  # the resumed run's own events, not the old ones
 
 
-async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_the_run(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # every Redis pipeline's answer comes 0.3 s late: a reader on B has the run's run_ended
-    # from Redis while its owner A has not yet seen the write confirmed (its run not ended);
-    # a resume posted then to A or B waits for the end instead of a 409 run_in_flight
+@pytest.fixture
+def late_redis(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every Redis pipeline's answer comes 0.3 s late once called: a reader on one worker has
+    a run's ``run_ended`` from Redis while its owner has not yet seen the write confirmed."""
     import redis.asyncio.client
 
     execute = redis.asyncio.client.Pipeline.execute
@@ -327,21 +325,57 @@ async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_t
         await asyncio.sleep(0.3)
         return answer
 
+    return lambda: monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", late)
+
+
+async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_the_run(
+    redis_url: str, tmp_path: Path, late_redis: Any
+) -> None:
+    # a resume posted to A or B in that window waits for the end instead of a 409
     session = secrets.token_urlsafe(32)
     ledger = f"sqlite:///{tmp_path}/ledger.db"
     async with workers(redis_url, 2, ledger_url=ledger) as (a, b):
-        monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", late)
+        late_redis()
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
             for on in (on_a, on_b):
                 run = await start_run(on_a, model="slow")
                 first = await raw_events(on_b, run["events_url"])
                 assert "\nevent: run_ended\n" in first[-1] + "\n"
-                owner = a.relay.runs.owned(run["id"], session)
+                owner = a.relay.runs.owned(run["id"], session) if a.relay else None
                 assert owner is not None and not owner.ended  # (the window itself)
                 again = await on.post("/runs", json={"resume": run["id"], "message": "more"})
                 assert again.status_code == 201, again.text
                 assert again.json()["id"] == run["id"]
                 await raw_events(on_a, run["events_url"])
+
+
+@pytest.mark.parametrize("to", ["owner", "other"])
+async def test_a_chats_next_message_sent_as_its_stream_ends_is_answered(
+    redis_url: str, late_redis: Any, to: str
+) -> None:
+    # useChat posts the next message once the stream says finish: on the owner or another
+    # worker, before the owner has closed the run, it is answered (not 409 chat_busy)
+    session = secrets.token_urlsafe(32)
+    async with workers(redis_url, 2) as (a, b):
+        late_redis()
+        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+            body = chat_body("c2", "first", model="slow")
+            async with on_a.stream("POST", "/api/chat", json=body) as going:
+                assert going.status_code == 200, await going.aread()
+                run_id = going.headers["x-toollatch-run-id"]
+                async for _ in going.aiter_bytes():
+                    break  # (read to its end on B)
+            read = await raw_events(on_b, f"/runs/{run_id}/events")
+            assert "\nevent: run_ended\n" in read[-1] + "\n"
+            owner = a.relay.runs.owned(run_id, session) if a.relay else None
+            assert owner is not None and not owner.ended  # (the window itself)
+            on = on_a if to == "owner" else on_b
+            body = chat_body("c2", "next", model="slow")
+            async with on.stream("POST", "/api/chat", json=body) as after:
+                assert after.status_code == 200, await after.aread()
+                next_id = after.headers["x-toollatch-run-id"]
+            assert next_id != run_id
+            await raw_events(on_b, f"/runs/{next_id}/events")
 
 
 async def test_a_run_outlives_its_ttl_while_it_goes_on_and_expires_after_its_end(

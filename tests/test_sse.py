@@ -759,10 +759,10 @@ def test_long_events_of_any_lines_give_their_frames(
 
 @pytest.mark.parametrize("blank", [4093, 4094, 4095, 4096, 4097, 4110, 4150])
 def test_a_blank_line_near_the_edge_of_the_short_search_is_found(blank: int) -> None:
-    # the blank-line search is two-byte for the first 4096 bytes (_SHORT_CHUNK) of an event,
-    # then goes on from the next LF, which need not start the blank line: an event of a long
-    # line and four short ones whose blank line sits just before, across or past that edge
-    # ends there, in whole reads and one-byte reads alike
+    # an event of a long line and four short ones whose blank line sits just before, across
+    # or past 4 KiB (where an earlier walk switched from a two-byte search to one that goes on
+    # from the next LF, which need not start the blank line) ends there, in whole reads and
+    # one-byte reads alike; the walk now finds every line end by memchr
     short = b"data: " + b"y" * 9 + b"\n"  # 16 bytes
     long = b"data: " + b"x" * (blank - 4 * len(short) - 7) + b"\n"
     stream = long + short * 4 + b"\n" + short + b"\n"

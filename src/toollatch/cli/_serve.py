@@ -31,6 +31,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "relay.shutdown_grace_s, 10)",
     )
     _store(serve)
+    _durable(serve)
     serve.add_argument(
         "--config",
         metavar="FILE",
@@ -61,6 +62,13 @@ def _browser(serve: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest tool UI payload (ToolOutcome.ui, as JSON) sent to the browser; a larger "
         "one is left out (default: the config's relay.max_ui_bytes, 65536)",
+    )
+    serve.add_argument(
+        "--max-always",
+        type=positive,
+        metavar="N",
+        help="tools one browser session may 'always allow' (kept in the ledger; default: the "
+        "config's approvals.max_always, 32)",
     )
     serve.add_argument(
         "--result-text",
@@ -105,6 +113,17 @@ def _store(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a worker's lease with a shared store: a worker silent this long is taken as "
         "dead and its runs are ended by another (default: relay.lease_s, 10)",
+    )
+
+
+def _durable(serve: argparse.ArgumentParser) -> None:
+    """Runs a surviving worker finishes (DBOS on PostgreSQL)."""
+    serve.add_argument(
+        "--durable",
+        metavar="URL",
+        help="postgresql://USER@HOST:PORT/DB: each run of POST /runs is a DBOS workflow, so "
+        "a dead worker's run is finished by another (needs --store redis://, a --ledger and "
+        "the [durable] extra; default: relay.durable, none)",
     )
 
 

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from ..core._errors import ConfigError, UsageError
@@ -138,13 +139,23 @@ def _server(args: argparse.Namespace) -> RelayServer:
         models=models or None,
         run_limits=c.run_limits(),
         shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
-        approvals=c.approval_policy(),
+        approvals=replace(c.approval_policy(), max_always=args.max_always)
+        if args.max_always is not None
+        else c.approval_policy(),
         approval_secret=_approval_secret(r),
-        store=args.store or r.store,
-        store_ttl_s=args.store_ttl or r.store_ttl_s,
-        store_outage_s=args.store_outage or r.store_outage_s,
-        lease_s=args.lease or r.lease_s,
+        **_store_options(args, r),
     )
+
+
+def _store_options(args: argparse.Namespace, r: RelayConfig) -> dict[str, Any]:
+    """The shared store's arguments of :class:`RelayServer`: flags over the config."""
+    return {
+        "store": args.store or r.store,
+        "store_ttl_s": args.store_ttl or r.store_ttl_s,
+        "store_outage_s": args.store_outage or r.store_outage_s,
+        "lease_s": args.lease or r.lease_s,
+        "durable": args.durable or r.durable,
+    }
 
 
 def _approval_secret(r: RelayConfig) -> bytes | None:

@@ -304,7 +304,9 @@ class Assembler:
             return self._overflowed(overflow.kind, str(overflow))
 
     def _dispatch(self, event: StreamEvent) -> list[CallUpdate]:
-        match event:
+        match event:  # (the commonest first: a case is an isinstance check)
+            case TextDelta():
+                return self._on_text(event)
             case ArgsDelta(decoded=DecodedArguments() as decoded):
                 return self._on_decoded(event, decoded)
             case ArgsDelta(whole=True):
@@ -321,8 +323,6 @@ class Assembler:
                 return self._on_settled(event.key)
             case ArgsMeasured():
                 return self._on_measured(event)
-            case TextDelta():
-                return self._on_text(event)
             case ReasoningBlock(call=CallKey() as key) if key in self._buffers:
                 extras = self._extras.setdefault(key, {})
                 for field, value in event.data.items():

@@ -48,7 +48,7 @@ def adapter_class(provider: str) -> type[Adapter]:
         raise UsageError(f"unknown provider {provider!r}; known: {', '.join(_MODULES)}") from None
     try:
         found: type[Adapter] = getattr(
-            importlib.import_module(f"toollatch.core._adapters.{module}"), cls
+            importlib.import_module(f"._adapters.{module}", __package__), cls
         )
     except (ImportError, AttributeError):
         raise UsageError(f"the {provider} adapter is not available in this build") from None

@@ -24,11 +24,12 @@ with runs of consecutive events of one type (the type and each one's undecoded d
 ``RUN_EVENTS`` of them), in stream order, while it walks the chunk, so a read that holds a
 whole stream never holds a list of its events, and the consumer pays its per-call cost once
 per run, not per event. ``feed`` is that walk, collecting :class:`Frame` values: there is one
-route. The walk goes from blank line to blank line (``\n\n``); each piece is split into lines
-and applied by the rules below. Both searches start from a one-byte search for the next LF
-(``memchr``): CPython's search for a two-byte needle, and its split on one byte, step through
-every byte in a loop, about 2 and 0.7 ns a byte, which a whole call's 256 KiB ``data`` line
-(Gemini) paid on every event (see :meth:`SSEDecoder._walk` and :func:`_split_lines`).
+route. The walk goes from line end to line end, each found by a one-byte search for LF
+(``memchr``), and applies each line where it lies, by the rules below, without a list of lines
+or events: CPython's search for a two-byte needle (``\n\n``) and its split on one byte step
+through every byte in a loop (about 2 and 0.7 ns a byte), which a whole call's 256 KiB ``data``
+line (Gemini) paid on every event, and a short event paid a search, a split and three calls
+more than its two lines need (see :meth:`SSEDecoder._walk`).
 
 Field rules (WHATWG HTML, "Interpreting an event stream"): a line starting with ``:`` is a
 comment (heartbeats); ``name: value`` loses at most one space after the colon; a line without
@@ -86,30 +87,6 @@ holds few of them at a time."""
 _MAX_RETRY_DIGITS = 15
 """Longer ``retry`` values (over ~31,000 years) are ignored rather than fed to ``int()``,
 which refuses strings over 4300 digits."""
-
-_SHORT_CHUNK = 4096
-"""An event's text up to this size is split into lines by one ``bytes.split``; a longer one
-first by ``memchr`` searches (see :func:`_split_lines`)."""
-
-_SEARCHED_LINES = 8
-"""Lines of a long event cut by ``memchr`` searches before the rest goes to ``bytes.split``:
-a long event of many short lines costs a Python step for these few only."""
-
-
-def _split_lines(chunk: bytes) -> list[bytes]:
-    """``chunk.split(b"\n")`` for a chunk over :data:`_SHORT_CHUNK` (shorter ones are split
-    in place): its first lines are cut at LFs found by ``memchr`` (a whole call's single
-    ``data`` line is then one C search, not a byte loop), the rest by ``bytes.split``."""
-    lines, pos, find = [], 0, chunk.find
-    for _ in range(_SEARCHED_LINES):
-        stop = find(b"\n", pos)
-        if stop < 0:
-            lines.append(chunk[pos:])
-            return lines
-        lines.append(chunk[pos:stop])
-        pos = stop + 1
-    lines += chunk[pos:].split(b"\n")
-    return lines
 
 
 def _resolve_limit(name: str, explicit: int | None, limits: Limits | None) -> int:
@@ -248,30 +225,45 @@ class SSEDecoder:
             partial += memoryview(data)[end:]
 
     def _walk(self, data: bytes, end: int, emit: Emit) -> None:
-        """Apply the complete lines ``data[:end]`` in order, from blank line to blank line;
-        the events they dispatch are handed over in runs (see :meth:`_dispatch`), the last
-        run before this returns or raises."""
-        pos, find = 0, data.find
+        """Apply the complete lines ``data[:end]`` in order, each found by a one-byte search
+        (``memchr``) for its LF and applied where it lies, by the rules of the module
+        docstring, without a list of lines. A blank line adds the event to the run (the run is
+        handed over first when the type changes or it is full); the last run is handed over
+        before this returns or raises. A line over ``max_line_bytes`` raises after the lines
+        before it were applied."""
+        pos, find, max_line = 0, data.find, self._max_line
         try:
             while pos < end:
-                # the next blank line: a two-byte search steps through every byte, so past
-                # the first _SHORT_CHUNK bytes (an event longer than that) it goes on from the
-                # next LF found by memchr; a blank line starts at an LF, and none starts
-                # before window - 1, so the answer is find(b"\n\n", pos, end)'s
-                window = pos + _SHORT_CHUNK
-                stop = find(b"\n\n", pos, window if window < end else end)
-                if stop < 0 and window < end:
-                    stop = find(b"\n", window - 1, end)
-                    if stop >= 0:
-                        stop = find(b"\n\n", stop, end)
-                if stop < 0:
-                    self._lines(data[pos : end - 1], emit)
-                    return
-                self._lines(data[pos : stop + 1], emit)  # ends with a blank line
-                pos = stop + 2
+                stop = find(b"\n", pos, end)  # (found: data[:end] ends with a LF)
+                if stop - pos > max_line:
+                    self._fail_line()
+                if stop == pos:  # a blank line: the event is dispatched
+                    lines, event = self._data, self._event or "message"
+                    self._event = ""
+                    if lines:
+                        self._data = []
+                        self._data_bytes = 0
+                        run = self._run
+                        if run and (event != self._run_type or len(run) == RUN_EVENTS):
+                            self._hand_over(emit)
+                        self._run_type = event
+                        self._dispatched += 1
+                        self._run.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
+                elif data.startswith(b"data:", pos, stop):  # the common lines, inlined
+                    start = pos + 6 if data.startswith(b" ", pos + 5, stop) else pos + 5
+                    self._data.append(data[start:stop])
+                    self._data_bytes += stop - start + 1
+                    if self._data_bytes > self._event_budget:
+                        self._fail_event_size()
+                elif data.startswith(b"event: ", pos, stop):
+                    self._event = data[pos + 7 : stop].decode("utf-8", "surrogateescape")
+                elif data[pos] != 0x3A:  # ":" starts a comment (heartbeats)
+                    self._field(data[pos:stop], emit)
+                pos = stop + 1
         finally:
             if self._run:
-                self._hand_over(emit)
+                run, self._run = self._run, []
+                emit(self._run_type, run)
 
     def _hand_over(self, emit: Emit) -> None:
         """Hand the run of dispatched events over."""
@@ -293,7 +285,8 @@ class SSEDecoder:
         if self._closed is not None:
             self._raise_closed()
         self._closed = "SSEDecoder.finish() was already called"
-        lines = [bytes(self._partial)] if self._partial else []
+        # the unterminated last line, then a blank line: the event is dispatched if it has data
+        tail = bytes(self._partial) + b"\n\n"
         self._partial = bytearray()
         frames: list[Frame] = []
 
@@ -302,10 +295,7 @@ class SSEDecoder:
                 text = value.decode("utf-8", "surrogateescape")  # see the module docstring
                 frames.append(Frame(event, text, self._last_id, self._retry))
 
-        self._process(lines, collect)  # one line, not blank: it dispatches nothing itself
-        if self._data:
-            self._dispatch(collect)
-            self._hand_over(collect)
+        self._walk(tail, len(tail), collect)
         return frames
 
     @property
@@ -319,14 +309,6 @@ class SSEDecoder:
         return self._retry
 
     # -- internals -------------------------------------------------------------------------
-
-    def _lines(self, chunk: bytes, emit: Emit) -> None:
-        """Apply the lines of ``chunk`` (complete, without the last line end), checking their
-        lengths first when the chunk could hold one over the limit."""
-        lines = chunk.split(b"\n") if len(chunk) <= _SHORT_CHUNK else _split_lines(chunk)
-        if len(chunk) > self._max_line:
-            self._check_line_lengths(lines, emit)
-        self._process(lines, emit)
 
     def _strip_prefix(self, data: bytes) -> bytes:
         """Drop a stream-initial BOM (possibly split over feeds) or the LF of a split CRLF."""
@@ -344,26 +326,6 @@ class SSEDecoder:
         self._at_start = False
         return data[len(_BOM) :] if data.startswith(_BOM) else data
 
-    def _process(self, lines: list[bytes], emit: Emit) -> None:
-        """Apply complete lines (without line ends) in order; hand dispatched events to
-        ``emit`` at once (so that they are delivered when a later line raises)."""
-        for line in lines:
-            if not line:
-                if self._data:
-                    self._dispatch(emit)
-                else:
-                    self._event = ""
-            elif line[:5] == b"data:" or line == b"data":  # bare "data": an empty data line
-                value = line[6:] if line[5:6] == b" " else line[5:]
-                self._data.append(value)
-                self._data_bytes += len(value) + 1
-                if self._data_bytes > self._event_budget:
-                    self._fail_event_size()
-            elif line[:7] == b"event: ":  # the other common line, inlined for speed
-                self._event = line[7:].decode("utf-8", "surrogateescape")
-            elif line[0] != 0x3A:  # ":" starts a comment (heartbeats)
-                self._field(line, emit)
-
     def _fail_event_size(self) -> NoReturn:
         self._fail(
             f"SSE event data exceeds max_event_bytes={self._event_budget - 1} "
@@ -371,13 +333,19 @@ class SSEDecoder:
         )
 
     def _field(self, line: bytes, emit: Emit) -> None:
-        """Apply a field line other than ``data`` and comments; unknown names are ignored.
+        """Apply a field line other than comments and those the walk applies itself (``data:``,
+        ``event: ``); unknown names are ignored.
         The run so far is handed over before the id or retry in force changes (``emit``
         reads them: see :meth:`feed_payloads`)."""
         name, colon, value = line.partition(b":")
         if colon and value[:1] == b" ":
             value = value[1:]
-        if name == b"event":
+        if name == b"data":  # (a bare "data" line: "data:" lines are applied by the walk)
+            self._data.append(value)
+            self._data_bytes += len(value) + 1
+            if self._data_bytes > self._event_budget:
+                self._fail_event_size()
+        elif name == b"event":
             self._event = value.decode("utf-8", "surrogateescape")
         elif name == b"id":
             if b"\x00" not in value:
@@ -388,26 +356,6 @@ class SSEDecoder:
             if self._run:
                 self._hand_over(emit)
             self._retry = int(value)
-
-    def _dispatch(self, emit: Emit) -> None:
-        """Add the current event to the run (handing the run over first when the type
-        changes or it is full) and reset the per-event buffers."""
-        data, event = self._data, self._event or "message"
-        self._data = []
-        self._data_bytes = 0
-        self._event = ""
-        if self._run and (event != self._run_type or len(self._run) == RUN_EVENTS):
-            self._hand_over(emit)
-        self._run_type = event
-        self._dispatched += 1
-        self._run.append(data[0] if len(data) == 1 else b"\n".join(data))
-
-    def _check_line_lengths(self, lines: list[bytes], emit: Emit) -> None:
-        """Raise for the first line over the limit, after applying the lines before it."""
-        for i, line in enumerate(lines):
-            if len(line) > self._max_line:
-                self._process(lines[:i], emit)
-                self._fail_line()
 
     def _fail_line(self) -> NoReturn:
         # One message whether the line ended in the chunk or not: where the reads end must

@@ -32,7 +32,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -43,7 +43,8 @@ from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import ArgumentAudit, History, HistoryConflict, Ledger, LedgerError
+from ..ledger import AlwaysStore, ArgumentAudit, History, HistoryConflict, Ledger, LedgerError
+from ..ledger._open import open_ledger
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
@@ -61,7 +62,7 @@ from ._requests import require_json as _require_json
 from ._requests import resume_point as _resume_point
 from ._requests import session_of as _session
 from ._requests import set_cookie as _set_cookie
-from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame
+from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame, session_key_of
 from ._tools import SessionTools
 from .protocols import _ui_answers, _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads, Thread
@@ -112,7 +113,9 @@ class Relay:
     were waiting for an answer when the relay stopped.
     ``approvals``: which calls wait for a person (:class:`~toollatch.ApprovalPolicy`; tools
     declared ``needs_approval`` and client tools wait anyway); ``approval_secret`` (at least
-    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`).
+    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`);
+    an approval's ``always`` holds for every run of the browser session, kept in the ledger
+    (without one, in this process's memory).
     ``models``: the model names a request may pick (default: ``model`` only; a browser may
     otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
     and access token the guard in front of the app accepts (:mod:`._guard`; default:
@@ -174,9 +177,17 @@ class Relay:
             raise ConfigError("the approval secret must be at least 16 bytes")
         self.approval_secret = approval_secret or secrets.token_bytes(32)
         """Signs the questions' tokens (:mod:`._answers`; default: random per process)."""
+        self.always_store: AlwaysStore = (
+            ledger if isinstance(ledger, AlwaysStore) else cast(AlwaysStore, open_ledger("memory:"))
+        )
+        """The sessions' "always allow" decisions, shared by all their runs: the ledger's,
+        else this process's memory (:mod:`._answers`)."""
         self.runs = RunRegistry(self.limits)
         self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
         """The runs as other workers see them (:mod:`.store`)."""
+        self.durable: Any = None  # (a DurableRelay: its module imports this one)
+        """The runs of ``POST /runs`` as DBOS workflows (:class:`._durable.DurableRelay`,
+        set by :class:`._server.RelayServer` with ``durable``; None: plain runs)."""
         chat_history = (
             history
             if history is not None
@@ -200,6 +211,10 @@ class Relay:
                     self.read_json,
                     lambda: self.approval_secret,
                     self._forward_answer,
+                ),
+                *_answers.session_routes(
+                    lambda r: None if (t := _session(r)) is None else session_key_of(t),
+                    lambda: self.always_store,
                 ),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
@@ -296,6 +311,11 @@ class Relay:
             kept=kept,
         )
 
+    def session_tools(self, key: str) -> tuple[Tool[..., Any], ...]:
+        """The example tools of the session whose digest begins with ``key`` (24
+        characters), writing in its own directory."""
+        return self._session_tools.get(key)
+
     def tool_names(self) -> list[str]:
         """The names of the runs' own tools (those a client tool may not take)."""
         if self.tools is None and self.tool_source is None:
@@ -317,7 +337,10 @@ class Relay:
                     await self._check_resumable(resume, session, new_session)
                 run = await self.admit(session, new_session, run_id=resume)
                 chosen = provider or self.providers[0]
-                self._start(run, chosen, model, message, resume=resume is not None)
+                if self.durable is not None and resume is None and message is not None:
+                    self._start_durable(run, chosen, model, message)
+                else:
+                    self._start(run, chosen, model, message, resume=resume is not None)
         except HTTPError as exc:
             return exc.response()
         body = {
@@ -376,22 +399,37 @@ class Relay:
         if run_id is None or session is None:
             return None
         run = self.runs.owned(run_id, session)
-        if run is not None or not self.store.shared:
-            return run
+        if not self.store.shared or (run is not None and run.log.start == 0):
+            return run  # (a run taken over from a dead worker: read from the shared log)
         try:
             return await self.store.find(run_id, session)
         except StoreUnavailable as exc:
             raise HTTPError(503, "store_unavailable", str(exc)) from None
 
+    async def settled_run(self, run_id: str | None, session: str | None) -> RunSource | None:
+        """:meth:`find_run`, after waiting (at most 5 s) for a run whose ``run_ended`` is logged
+        to be over: its reader may have its end (and send the next message) while its owner
+        still closes it (the store's copy, the driver's last steps)."""
+        live = await self.find_run(run_id, session)
+        waited = 0.0
+        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
+            await asyncio.sleep(_SETTLE_STEP_S)
+            waited += _SETTLE_STEP_S
+            live = await self.find_run(run_id, session)
+        return live
+
     async def close(self, grace_s: float | None = None, *, reason: str | None = None) -> bool:
         """Stop serving runs (POST /runs: 503): the reads of other workers' runs end at once
         (their clients reconnect elsewhere with ``Last-Event-ID``), this worker's runs are
         cancelled and waited for (:meth:`RunRegistry.close`); with a shared store they may
-        first finish, for most of the grace (their readers on other workers go on). True
-        when every run ended (a run still going is ended by a survivor once this worker's
-        lease is dropped)."""
+        first finish, for most of the grace (their readers on other workers go on); durable
+        runs still going then are handed over, not cancelled (a survivor recovers them once
+        this worker's lease is dropped). True when every run ended (a run still going is
+        ended by a survivor once this worker's lease is dropped)."""
         self.store.end_reads()
-        return await self.runs.close(grace_s, reason=reason, finish=self.store.shared)
+        hand_over = None if self.durable is None else self.durable.hand_over
+        shared = self.store.shared
+        return await self.runs.close(grace_s, reason=reason, finish=shared, hand_over=hand_over)
 
     async def cancel_run(self, run: RunSource, reason: str | None = None) -> bool:
         """Cancel ``run`` here, or through its owner (False: it had ended, or no owner
@@ -474,7 +512,7 @@ class Relay:
         ``not_the_last_answer``; the limits of :meth:`admit`. The run streams and cancels
         like any other."""
         latest = await self.chats.latest_run(session, chat_id)
-        live = await self.find_run(latest, session)
+        live = await self.settled_run(latest, session)
         self.chats.claim(session, chat_id, running=live is not None and not live.ended)
         try:
             if regenerate:
@@ -506,14 +544,7 @@ class Relay:
         ledger's history and not running here (another session's run is 404, as unknown)."""
         if self.history is None:
             raise HTTPError(422, "no_ledger", "resume needs a ledger (toollatch serve --ledger)")
-        live = await self.find_run(run_id, session)
-        waited = 0.0
-        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
-            # its reader has run_ended while its owner still closes it (the store's copy,
-            # the driver's last steps): resume once it is over, not over it
-            await asyncio.sleep(_SETTLE_STEP_S)
-            waited += _SETTLE_STEP_S
-            live = await self.find_run(run_id, session)
+        live = await self.settled_run(run_id, session)
         if live is not None and not live.ended:
             raise HTTPError(409, "run_in_flight", "the run is still going; read its events")
         if new_session or not await self.history.load(run_scope(session, run_id)):
@@ -621,6 +652,7 @@ class Relay:
                 session=scope,
                 run_limits=self.run_limits,
                 approvals=self.approvals,
+                always_store=self.always_store,
             )
         except (ConfigError, UsageError) as exc:
             run.done = True
@@ -634,30 +666,45 @@ class Relay:
             thread = StoredThreads.scope_of(run.session_key, agui["thread"])
             run.kept.update(history=scope, thread=thread, provider=provider)
 
-        async def closing() -> None:
-            self._pool_runs[pool] -= 1
-            await client.aclose()
-
-        before = None
-        if self.history is not None and _restore.may_ask(
+        before = record = None
+        history_store = self.history
+        if history_store is not None and _restore.may_ask(
             tools, self.approvals, self.tool_source is not None
         ):
             record = {
                 "session": run.session_key, "run": run.id, "provider": provider, "model": model,
                 "scope": scope, "conversation": conversation or scope, **(kept or {}),
+                "start": secrets.token_hex(8),
             }  # fmt: skip
             if client_tools:
                 record["client_tools"] = _restore.client_tool_specs(client_tools)
-            history_store = self.history
 
             async def before() -> None:
                 await _restore.remember(history_store, record)
 
-        run.start(
-            agent.run(message, resume=resume, history=history, conversation=conversation),
-            closing,
-            before,
-        )
+        async def closing() -> None:
+            self._pool_runs[pool] -= 1
+            await client.aclose()
+            if history_store is not None and record is not None:  # (the run is over)
+                await _restore.forget(history_store, record)
+
+        approval_session = _answers.approval_scope(run.session_key)  # (every run of it)
+        agent_run = agent.run(
+            message, resume=resume, history=history, conversation=conversation,
+            approval_session=approval_session,
+        )  # fmt: skip
+        run.start(agent_run, closing, before)
+
+    def _start_durable(self, run: RelayRun, provider: str, model: str, message: str) -> None:
+        """Start an admitted run as a DBOS workflow (:mod:`._durable`); 422
+        :class:`HTTPError` when its agent cannot be made."""
+        try:
+            self.durable.start(run, provider, model, message)
+        except (ConfigError, UsageError) as exc:
+            run.done = True
+            if run.mirror is not None:
+                run.mirror.push(run)  # (the store records its end)
+            raise HTTPError(422, "invalid_run", str(exc)) from None
 
     async def restore(self, wait_s: float = 5.0) -> list[str]:
         """Resume the runs that were waiting for an answer when the relay stopped (see
@@ -685,15 +732,18 @@ class Relay:
         return [run.id for run, _ in resumed]
 
     async def adopt_orphan(
-        self, run_id: str, session: str, kept: Mapping[str, str] | None = None
+        self, run_id: str, session: str, owner: str = "", kept: Mapping[str, str] | None = None
     ) -> bool:
         """A dead worker's run this worker won in its sweep (:data:`.store.Adopter`;
-        ``kept``: :attr:`RelayRun.kept` as the store read it back): resumed here when it
-        waits for an answer and its record is in the shared history (as :meth:`restore`
-        would); else False, its pending questions settled ``cancelled`` first (the store then
-        ends it), so no restarting relay resumes an ended run, and an AG-UI thread's run
-        hands its thread what it stored (:meth:`_file_thread`)."""
+        ``kept``: :attr:`RelayRun.kept` as the store read it back): with ``durable``, True
+        when it goes on as a workflow recovered from the dead worker ``owner``; else resumed
+        here when it waits for an answer and its record is in the shared history (as
+        :meth:`restore` would); else False, its pending questions settled ``cancelled`` first
+        (the store then ends it), so no restarting relay resumes an ended run, and an AG-UI
+        thread's run hands its thread what it stored (:meth:`_file_thread`)."""
         kept = kept or {}
+        if self.durable is not None and await self.durable.recovered(run_id, session, owner):
+            return True
         if self.history is None or self.ledger is None:
             return False
         scope = kept.get("conversation") or run_scope_of(session, run_id)

@@ -101,10 +101,13 @@ def lagged_frame(first_id: int, missed: int) -> bytes:
 class EventLog:
     """A run's SSE frames by id (1-based), the newest ``max_bytes`` of them kept."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, start: int = 0) -> None:
         self._max_bytes = max_bytes
+        self.start = start
+        """The ids before this log's first (a run taken over from a dead worker: the shared
+        store has them, this log goes on after them)."""
         self._frames: list[bytes] = []
-        self._base = 0  # ids compacted away before _frames[0]
+        self._base = start  # ids compacted away before _frames[0]
         self._head = 0  # index in _frames of the oldest kept frame
         self._bytes = 0  # of the kept frames
 
@@ -117,6 +120,12 @@ class EventLog:
     def first_id(self) -> int:
         """The oldest kept event's id (``last_id + 1`` when none is)."""
         return self._base + self._head + 1
+
+    @property
+    def kept_from(self) -> int:
+        """The oldest id a copy of this log keeps: 1 until this log forgot a frame of its
+        own (the ids before :attr:`start` are not this log's to forget)."""
+        return self.first_id if self.first_id > self.start + 1 else 1
 
     def append(self, frame: bytes) -> None:
         """Store the next frame; forget the oldest while over the bound (never the newest)."""
@@ -251,6 +260,7 @@ class RelayRun:
         run_id: str | None = None,
         approval_secret: bytes | None = None,
         session_key: str | None = None,
+        start: int = 0,
     ) -> None:
         self.id = run_id or secrets.token_urlsafe(18)
         """Unguessable (24 characters); a resumed run keeps the id it was stored under."""
@@ -259,8 +269,8 @@ class RelayRun:
         session finds it: :meth:`RunRegistry.owned`)."""
         self.session_key = session_key or session_key_of(session)
         """The SHA-256 (hex) of the session token: what ownership is checked against."""
-        self.log = EventLog(limits.max_kept_bytes)
-        self.published = 0
+        self.log = EventLog(limits.max_kept_bytes, start)
+        self.published = start
         """The newest id its readers may get: the newest one, or with a :attr:`mirror` the
         newest the shared store has."""
         self.mirror: Mirror | None = None
@@ -269,6 +279,9 @@ class RelayRun:
         self.cancelled = False
         """Whether :meth:`cancel` stopped the run (its ``run_ended`` then has ``"cancelled":
         true``)."""
+        self.handed_over = False
+        """Whether this stopping worker left the run to a survivor (a durable run: it is
+        not cancelled, a survivor recovers its workflow once this worker's lease is gone)."""
         self.observer = _Feed(self)
         """Give it to the run's Agent (``observers=[...]``): it feeds the log."""
         self._policy = policy
@@ -276,6 +289,7 @@ class RelayRun:
         self._ended = False
         self._grew = asyncio.Event()
         self._agent_run: AgentRun | None = None
+        self._stop: Callable[[str | None], None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._approval_secret = approval_secret
         self.asked: dict[str, Asked] = {}
@@ -334,7 +348,24 @@ class RelayRun:
         ``before()``, if given, is awaited first (the run's record), ``closing()``
         (awaitable) runs when it ends."""
         self._agent_run = agent_run
-        self._task = asyncio.get_running_loop().create_task(self._drive(closing, before))
+
+        async def body() -> None:
+            async for _event in agent_run:
+                pass  # the observer appended it when it was created
+
+        self.drive(body, agent_run.cancel, closing, before)
+
+    def drive(
+        self,
+        body: Callable[[], Awaitable[None]],
+        stop: Callable[[str | None], None],
+        closing: Callable[[], Any],
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Drive the run in a task: ``body()`` makes its events (it ends with the run),
+        ``stop(reason)`` cancels it; ``before`` and ``closing`` as in :meth:`start`."""
+        self._stop = stop
+        self._task = asyncio.get_running_loop().create_task(self._drive(body, closing, before))
 
     def append(self, data: dict[str, Any]) -> None:
         """Store one event (``data["type"]`` is its SSE name) and wake the readers."""
@@ -368,10 +399,10 @@ class RelayRun:
     def cancel(self, reason: str | None = None) -> bool:
         """Stop the run (every open call gets its ``cancelled`` result; ``reason``, if given,
         is its ``run_ended.error``); False when done."""
-        if self.done or self._agent_run is None:
+        if self.done or self._stop is None or self.handed_over:
             return False
         self.cancelled = True
-        self._agent_run.cancel(reason)
+        self._stop(reason)
         return True
 
     async def stop(self) -> None:
@@ -387,14 +418,15 @@ class RelayRun:
         return self._task
 
     async def _drive(
-        self, closing: Callable[[], Any], before: Callable[[], Awaitable[None]] | None
+        self,
+        body: Callable[[], Awaitable[None]],
+        closing: Callable[[], Any],
+        before: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        assert self._agent_run is not None
         try:
             if before is not None:
                 await before()
-            async for _event in self._agent_run:
-                pass  # the observer appended it when it was created
+            await body()
         except Exception as exc:  # a broken client or tool file: the page must still end
             _log.error("run %s… failed: %s: %s", self.id[:6], type(exc).__name__, exc)
             _log.debug("run %s… failed", self.id[:6], exc_info=True)
@@ -410,10 +442,11 @@ class RelayRun:
                     }
                 )
         finally:
-            self.done = True
-            if self.mirror is not None:
-                self.mirror.push(self)  # (its end, once the store has every event)
-            self._wake()
+            if not self.handed_over:  # (else a survivor goes on with it: no end here)
+                self.done = True
+                if self.mirror is not None:
+                    self.mirror.push(self)  # (its end, once the store has every event)
+                self._wake()
             await closing()
 
     def shown(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -472,6 +505,16 @@ class RunRegistry:
         self._runs[run.id] = run
         return True
 
+    def keep(self, run: RelayRun) -> None:
+        """Store a run this worker must drive whatever its limits (a dead worker's run it
+        took over: refusing it would leave it to nobody)."""
+        while len(self._runs) >= self.limits.max_stored_runs:
+            oldest = next((k for k, r in self._runs.items() if r.done), None)
+            if oldest is None:
+                break
+            del self._runs[oldest]
+        self._runs[run.id] = run
+
     def get(self, run_id: str) -> RelayRun | None:
         """The run ``run_id`` of this process, whoever's it is (the store's control channel)."""
         return self._runs.get(run_id)
@@ -497,13 +540,20 @@ class RunRegistry:
         return run
 
     async def close(
-        self, grace_s: float | None = None, *, reason: str | None = None, finish: bool = False
+        self,
+        grace_s: float | None = None,
+        *,
+        reason: str | None = None,
+        finish: bool = False,
+        hand_over: Callable[[RelayRun], bool] | None = None,
     ) -> bool:
         """Admit no more runs, cancel every run (``reason``: their ``run_ended.error``) and
         wait for their drivers, at most ``grace_s`` seconds (None: no bound); True when every
         run ended. A driver still going after the grace (a tool that ignores its cancel) is
         left to the caller, never waited for here. ``finish``: the runs first go on for
-        :data:`FINISH_SHARE` of the grace, and only the ones still running are cancelled."""
+        :data:`FINISH_SHARE` of the grace, and only the ones still running are cancelled,
+        but those ``hand_over(run)`` leaves to a survivor (it returns True; the run is then
+        :attr:`~RelayRun.handed_over`, never cancelled here)."""
         self.closing = True
         if finish and grace_s is not None:
             going = [r.driver for r in self._runs.values() if r.driver and not r.driver.done()]
@@ -512,7 +562,10 @@ class RunRegistry:
             grace_s -= grace_s * FINISH_SHARE
         runs = list(self._runs.values())
         for run in runs:
+            if hand_over is not None and not run.done and hand_over(run):
+                run.handed_over = True
             run.cancel(reason)
+        runs = [r for r in runs if not r.handed_over]
         drivers = [r.driver for r in runs if r.driver is not None and not r.driver.done()]
         if not drivers:
             return True

@@ -60,6 +60,46 @@ from .store._open import (
     open_run_store,
 )
 
+
+def check_durable(
+    url: str | None,
+    store: str | None,
+    ledger: str | None,
+    approvals: ApprovalPolicy | None,
+    tools: Sequence[Tool[..., Any]] | None,
+) -> str | None:
+    """``url`` (``durable``): None, or a ``postgresql://`` URL with a Redis run store, a
+    ledger, no approvals and the ``dbos`` package (else ``ConfigError``)."""
+    if url is None:
+        return None
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"--durable must be postgresql://USER@HOST:PORT/DB, got {url!r:.80}")
+    if store in (None, "memory:"):
+        raise ConfigError(
+            "--durable needs a shared run store: --store redis://HOST:PORT/DB (relay.store); "
+            "a survivor takes a dead worker's run over from it"
+        )
+    if ledger is None:
+        raise ConfigError(
+            "--durable needs a ledger the workers share (--ledger sqlite:///PATH on one host, "
+            "redis://...): it knows which calls had started"
+        )
+    asks = [t.name for t in tools or () if t.needs_approval is not False]
+    if (approvals is not None and (approvals.tools or approvals.default == "ask")) or asks:
+        raise ConfigError(
+            "durable runs do not take approvals yet (a durable run cannot wait for an "
+            f"answer): drop approvals.tools / approvals.default: ask{' and ' if asks else ''}"
+            f"{', '.join(asks)}, or --durable"
+        )
+    try:
+        import dbos  # noqa: F401, PLC0415 (only to tell whether the extra is installed)
+    except ImportError:
+        raise ConfigError(
+            "--durable needs the dbos package: pip install 'toollatch[durable]'"
+        ) from None
+    return url
+
+
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 """How long a stopping relay waits for its cancelled runs to end (``relay.shutdown_grace_s``)."""
 
@@ -122,6 +162,11 @@ class RelayServer:
     third of it: the runs of a worker whose lease expired (it died) are ended by a survivor,
     every call paired, ``run_ended.error`` naming the dead worker. A Redis that cannot be
     reached at start is a ``ConfigError``.
+    ``durable`` (``postgresql://...``, the ``durable`` extra; needs a Redis ``store`` and a
+    ``ledger``): each run of ``POST /runs`` is a DBOS workflow (:mod:`._durable`), so that
+    when its worker dies a survivor finishes it (finished calls not run again, a started
+    one ``outcome_unknown`` unless its tool is idempotent) and its readers' streams go on;
+    approvals and client tools are refused with it (``ConfigError``).
     Workers sharing a store must share the access token too: ``token="auto"`` (a token of
     this worker's own) with a shared store is a ``ConfigError``.
 
@@ -165,6 +210,7 @@ class RelayServer:
         store_ttl_s: float = DEFAULT_TTL_S,
         store_outage_s: float = DEFAULT_OUTAGE_S,
         lease_s: float = DEFAULT_LEASE_S,
+        durable: str | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {port!r}")
@@ -203,8 +249,8 @@ class RelayServer:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
         check_store_url(store)
         self.store_url, self.store_ttl_s = store, float(store_ttl_s)
-        self.store_outage_s = float(store_outage_s)
-        self.lease_s = float(lease_s)
+        self.store_outage_s, self.lease_s = float(store_outage_s), float(lease_s)
+        self.durable_url = check_durable(durable, store, ledger, approvals, tools)
         if token == "auto" and store not in (None, "memory:"):
             raise ConfigError(
                 "workers sharing a run store must share one access token: give it "
@@ -326,6 +372,13 @@ class RelayServer:
         # (a ConfigError when it cannot be reached)
         await relay.store.open(relay.runs, relay.forwarded, relay.adopt_orphan)
         stack.push_async_callback(relay.store.aclose)  # (after the runs' ends are written)
+        if self.durable_url is not None:  # (the store's worker id is its DBOS executor id)
+            from ._durable import DurableRelay  # noqa: PLC0415 (the durable extra)
+
+            durable = DurableRelay(relay, self.durable_url, lease_s=self.lease_s)
+            durable.open()  # (on this loop: recovered runs run on it)
+            stack.push_async_callback(durable.aclose)
+            relay.durable = durable
         stack.push_async_callback(relay.runs.close, self.shutdown_grace_s)
         try:  # the runs that were waiting for an answer when the relay stopped
             await relay.restore()

@@ -33,18 +33,32 @@ dequeues each exactly once). DBOS 3.4 exposes that as ``DBOS._recover_pending_wo
 Workflows and steps are registered when this module is imported, under fixed names; their
 arguments are plain data (the agent's registered name, the conversation id, the history),
 so every worker must :meth:`DurableRuns.register` the same agents under the same names
-before :meth:`DurableRuns.launch`.
+before :meth:`DurableRuns.launch` (or one :meth:`DurableRuns.register_factory` that makes
+the agent of any name it is asked for: the relay's, whose agents differ per model and
+session).
+
+Budgets, the deadline and a cancel are decided inside the steps, so that what a step decided
+is recorded with it and a recovered run replays the same decision: the model round is told
+the calls the run has committed so far (``RunLimits.max_tool_calls`` spans the run, not a
+round), and both steps read the run's deadline (an absolute time, a workflow argument: it
+does not move when another worker takes the run over) and :meth:`DurableRuns.cancel`'s mark
+(this process's: a cancel reaches the worker driving the run). A round past the deadline or
+cancelled is not asked (or its stream is cut, and nothing of it told); a call past it or
+cancelled is aborted (``cancelled``: never started, or started with its outcome unknown);
+the run then ends (``error`` naming the deadline or the cancel's reason).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copyreg
 import inspect
 import io
 import json
 import pickle
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -54,7 +68,7 @@ from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import Serializer
 
 from ..core._errors import UsageError
-from ..core._gate import Gate
+from ..core._gate import Gate, RunBudget
 from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
@@ -74,6 +88,25 @@ its calls, once the round's step returned; no previews."""
 
 _SINKS: dict[str, EventSink] = {}
 
+AgentFactory = Callable[[str], Agent]
+"""Makes the agent of a registered name this process has not registered itself
+(:meth:`DurableRuns.register_factory`); raises ``UsageError`` for a name it does not know."""
+
+_FACTORY: list[tuple[AgentFactory, EventSink | None]] = []
+
+_CANCELLED: dict[str, str | None] = {}
+"""The runs :meth:`DurableRuns.cancel` marked in this process, with their reasons."""
+_CANCELS: dict[str, asyncio.Event] = {}
+"""Set when a run is cancelled: a step in flight stops."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Stopped:
+    """What a step records when the run must end: the deadline passed, or it was cancelled."""
+
+    error: str | None
+    cancelled: bool = False
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DurableResult:
@@ -86,6 +119,8 @@ class DurableResult:
     """Every call paired with its result: id, name, state, is_error, error (code)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    cancelled: bool = False
+    """Whether :meth:`DurableRuns.cancel` ended it."""
 
 
 class _Pickler(pickle.Pickler):
@@ -141,9 +176,17 @@ class _Serializer(Serializer):
 
 def _agent(name: str) -> Agent:
     agent = _AGENTS.get(name)
+    if agent is None and _FACTORY:
+        agent = _FACTORY[0][0](name)
     if agent is None:
         raise UsageError(f"no agent is registered as {name!r} in this process")
     return agent
+
+
+def _sink(name: str) -> EventSink | None:
+    if name in _AGENTS:
+        return _SINKS.get(name)
+    return _FACTORY[0][1] if _FACTORY else None
 
 
 def _run(name: str, conversation: str, history: list[dict[str, Any]]) -> AgentRun:
@@ -152,40 +195,94 @@ def _run(name: str, conversation: str, history: list[dict[str, Any]]) -> AgentRu
     return AgentRun(agent._setup(conversation), history, conversation=conversation)
 
 
+def _stop_of(conversation: str, deadline_at: float | None) -> _Stopped | None:
+    """Why the run must not go on (None: it may)."""
+    if conversation in _CANCELLED:
+        return _Stopped(_CANCELLED[conversation], cancelled=True)
+    if deadline_at is not None and time.time() >= deadline_at:
+        return _Stopped("the run's deadline passed: the round in flight was cancelled")
+    return None
+
+
+async def _until_stopped(
+    work: Awaitable[Any], conversation: str, deadline_at: float | None
+) -> tuple[Any, _Stopped | None]:
+    """``work``'s value, or the stop (a cancel, the deadline) that cut it first."""
+    task = asyncio.ensure_future(work)
+    cancel = _CANCELS.setdefault(conversation, asyncio.Event())
+    waiting = asyncio.ensure_future(cancel.wait())
+    timeout = None if deadline_at is None else max(0.0, deadline_at - time.time())
+    try:
+        await asyncio.wait({task, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+    if task.done():
+        return task.result(), None
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    stop = _stop_of(conversation, deadline_at if not cancel.is_set() else None)
+    return None, stop or _Stopped("the run's deadline passed: the round in flight was cancelled")
+
+
 @DBOS.step(name="toollatch.model_round")
-async def _model_round(name: str, conversation: str, history: list[dict[str, Any]]) -> Round | str:
-    """Ask the model once: the Round, or why no stream began (the run's error)."""
+async def _model_round(
+    name: str,
+    conversation: str,
+    history: list[dict[str, Any]],
+    used: int = 0,
+    deadline_at: float | None = None,
+) -> Round | str | _Stopped:
+    """Ask the model once: the Round, why no stream began (the run's error), or why the
+    run stops (a cancel, the deadline: the round is not told). ``used``: the calls the run
+    committed in earlier rounds (its call budget)."""
+    if (stop := _stop_of(conversation, deadline_at)) is not None:
+        return stop
     run = _run(name, conversation, history)
+    budget = RunBudget(run._setup.run_limits.max_tool_calls)
+    budget.used = used
+    run._budget = budget
     tools = await run._setup.tools.refresh()
     # no eager start: each committed call runs as its own step after the round
     specs = tuple(replace(s, eager=False) for s in tools.specs)
     parser, _edits = run._parser(replace(tools, specs=specs, eager=()))
     async with run._setup.dispatcher.round(conversation) as dispatch:
-        round_ = await run._stream(parser, dispatch, tools.requested)
+        streamed = run._stream(parser, dispatch, tools.requested)
+        round_, stop = await _until_stopped(streamed, conversation, deadline_at)
+        if stop is not None:
+            return stop
     if round_ is None:
         return run.error or "the model request failed"
+    assert isinstance(round_, Round)
     return round_
 
 
 @DBOS.step(name="toollatch.call")
 async def _call(
-    name: str, conversation: str, round_: Round, index: int
+    name: str, conversation: str, round_: Round, index: int, deadline_at: float | None = None
 ) -> tuple[ToolResult, list[AgentEvent]]:
     """Run call ``index`` of ``round_`` (a failed call gets its error result): the result
-    and the call's tool events (``tool_started``, ``tool_finished``...), recorded with it."""
+    and the call's tool events (``tool_started``, ``tool_finished``...), recorded with it.
+    A cancel or the deadline aborts it (``cancelled``)."""
     setup = _agent(name)._setup(conversation)
     first = round_.choices[0]
     one = replace(round_, choices=(replace(first, calls=(first.calls[index],)),))
     gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
     told: list[AgentEvent] = []
     async with setup.dispatcher.round(conversation, gate=gate, on_event=told.append) as dispatch:
-        (result,) = await dispatch.finish(one)
+        if _stop_of(conversation, deadline_at) is not None:
+            (result,) = await dispatch.abort(one)
+        else:
+            results, stop = await _until_stopped(dispatch.finish(one), conversation, deadline_at)
+            if stop is not None:
+                results = await dispatch.abort(one)
+            (result,) = results
     return result, told
 
 
 async def _tell(name: str, run: AgentRun, told: int) -> int:
     """Hand the run's new events to the agent's sink, numbered from ``told``; the count."""
-    sink = _SINKS.get(name)
+    sink = _sink(name)
     while run._events:
         event = run._events.popleft()
         if event is None or isinstance(event, PreviewUpdated):
@@ -199,17 +296,25 @@ async def _tell(name: str, run: AgentRun, told: int) -> int:
 
 
 @DBOS.workflow(name="toollatch.agent_run")
-async def _agent_run(name: str, conversation: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+async def _agent_run(
+    name: str, conversation: str, history: list[dict[str, Any]], deadline_at: float | None = None
+) -> dict[str, Any]:
     # The events are made by this (deterministic) code from the steps' recorded outputs, so a
     # recovered run tells the events of its replayed steps again, under the same numbers.
     run = _run(name, conversation, history)
     limits = run._setup.run_limits
     told = 0
+    used = 0
+    cancelled = False
     while len(run.rounds) < limits.max_rounds:
-        asked = await _model_round(name, conversation, run.history)
+        asked = await _model_round(name, conversation, run.history, used, deadline_at)
+        if isinstance(asked, _Stopped):
+            run.error, cancelled = asked.error, asked.cancelled
+            break
         if isinstance(asked, str):
             run.error = asked
             break
+        used += sum(1 for c in asked.calls if c.committed is not None)
         if asked.text:
             run._emit(TextEvent(text=asked.text))  # the round's text, whole
         # a round's calls are told with it: keys of earlier rounds are not theirs (a round
@@ -219,7 +324,7 @@ async def _agent_run(name: str, conversation: str, history: list[dict[str, Any]]
         told = await _tell(name, run, told)
         results = []
         for i in range(len(asked.calls)):
-            result, events = await _call(name, conversation, asked, i)
+            result, events = await _call(name, conversation, asked, i, deadline_at)
             results.append(result)
             for event in events:
                 run._emit(event)
@@ -231,11 +336,14 @@ async def _agent_run(name: str, conversation: str, history: list[dict[str, Any]]
     ended = run._run_ended()
     run._emit(ended)
     await _tell(name, run, told)
+    _CANCELLED.pop(conversation, None)
+    _CANCELS.pop(conversation, None)
     return {
         "rounds": ended.rounds,
         "calls": ended.calls,
         "history": ended.history,
         "error": ended.error,
+        "cancelled": cancelled,
     }
 
 
@@ -285,8 +393,17 @@ class DurableRuns:
         else:
             _SINKS.pop(name, None)
 
+    def register_factory(self, make: AgentFactory, *, on_event: EventSink | None = None) -> None:
+        """Make the agent of any name not registered with :meth:`register` with ``make``
+        (called at each step: cache what it builds); ``on_event`` is told those runs'
+        events. Every worker registers the same factory before :meth:`launch`."""
+        _FACTORY[:] = [(make, on_event)]
+
     def launch(self) -> None:
-        """Start the engine (this process's own pending runs are recovered by DBOS)."""
+        """Start the engine (this process's own pending runs are recovered by DBOS).
+        Called from a running event loop's thread (not ``await``-ed in a thread), DBOS
+        runs the runs it recovers or dequeues on that loop: their steps and sink share
+        the caller's loop (its HTTP clients, its objects)."""
         DBOS(config=self._config)
         DBOS.launch()
         self._launched = True
@@ -313,14 +430,20 @@ class DurableRuns:
         history: Sequence[Mapping[str, Any]] = (),
     ) -> str:
         """Start a run of the agent registered as ``agent`` under ``run_id`` (the workflow
-        id and the conversation; starting an id again is the same run, not a new one)."""
+        id and the conversation; starting an id again is the same run, not a new one). Its
+        deadline is the agent's ``RunLimits.deadline_s`` from now, wherever it goes on."""
         entries = [dict(m) for m in history]
+        runner = _agent(agent)
         if message is not None:
-            entries.append(user_message(_agent(agent).client.provider, message))
+            entries.append(user_message(runner.client.provider, message))
         if not entries:
             raise UsageError("a run needs a message or a history")
+        deadline_s = runner.run_limits.deadline_s
+        deadline_at = None if deadline_s is None else time.time() + deadline_s
         with SetWorkflowID(run_id):
-            handle = await DBOS.start_workflow_async(_agent_run, agent, run_id, entries)
+            handle = await DBOS.start_workflow_async(
+                _agent_run, agent, run_id, entries, deadline_at
+            )
         self._started[run_id] = handle
         return run_id
 
@@ -331,6 +454,13 @@ class DurableRuns:
             handle = await DBOS.retrieve_workflow_async(run_id)
         ended = await handle.get_result(polling_interval_sec=_POLL_S)
         return DurableResult(run_id=run_id, **ended)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> None:
+        """Cancel run ``run_id``, which this process drives: its step in flight stops (a
+        round is not told, a call is aborted: ``cancelled``) and it ends (``reason``: its
+        ``run_ended.error``; ``cancelled`` true)."""
+        _CANCELLED.setdefault(run_id, reason)
+        _CANCELS.setdefault(run_id, asyncio.Event()).set()
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
         """Take over the pending runs of the (dead) workers ``executor_ids``: the ids of the

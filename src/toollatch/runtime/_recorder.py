@@ -83,8 +83,11 @@ class Recorder:
 
 def _tools_of(body: Mapping[str, Any]) -> list[Any]:
     """The request's tool definitions, as ``replay --tools`` reads them: a Bedrock body's
-    ``toolConfig.tools[].toolSpec`` (``inputSchema.json``) become bare definitions."""
+    ``toolConfig.tools[].toolSpec`` (``inputSchema.json``) and a Gemini body's
+    ``tools[].functionDeclarations`` become bare definitions."""
     tools = body.get("tools")
+    if isinstance(tools, list) and any(_declarations(tool) is not None for tool in tools):
+        return [bare for tool in tools for bare in _declarations(tool) or ()]
     if tools:
         return list(tools)
     config = body.get("toolConfig")
@@ -98,3 +101,51 @@ def _tools_of(body: Mapping[str, Any]) -> list[Any]:
             definition = {"name": spec.get("name"), "description": spec.get("description", "")}
             bare.append(definition | ({"parameters": parameters} if parameters else {}))
     return bare
+
+
+def _declarations(tool: object) -> list[dict[str, Any]] | None:
+    """A Gemini tool's function declarations as bare definitions (None: not Gemini's shape;
+    ``[]`` for its other tools, e.g. ``googleSearch``). ``parametersJsonSchema`` is JSON
+    Schema as is; ``parameters`` is Gemini's OpenAPI subset, whose type names may be upper
+    case (https://ai.google.dev/api/caching#Type): JSON Schema's are lower case."""
+    if not isinstance(tool, Mapping):
+        return None
+    listed = tool.get("functionDeclarations", tool.get("function_declarations"))
+    if not isinstance(listed, list):
+        return [] if set(tool) & _GEMINI_OTHER_TOOLS else None
+    bare: list[dict[str, Any]] = []
+    for declaration in listed:
+        if not isinstance(declaration, Mapping):
+            continue
+        schema = declaration.get("parametersJsonSchema")
+        if schema is None and isinstance(declaration.get("parameters"), Mapping):
+            schema = _lower_types(declaration["parameters"])
+        definition = {"name": declaration.get("name"), "description": ""}
+        definition["description"] = declaration.get("description") or ""
+        bare.append(definition | ({"parameters": schema} if schema is not None else {}))
+    return bare
+
+
+_GEMINI_OTHER_TOOLS = frozenset(
+    {"googleSearch", "googleSearchRetrieval", "codeExecution", "urlContext", "google_search"}
+)
+
+
+def _lower_types(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``type`` name in lower case (Gemini's ``OBJECT`` is ``object``),
+    in it and its subschemas (``properties``, ``items``, ``anyOf``), never in values."""
+    lowered = dict(schema)
+    if isinstance(lowered.get("type"), str):
+        lowered["type"] = lowered["type"].lower()
+    if isinstance(lowered.get("properties"), Mapping):
+        lowered["properties"] = {
+            name: _lower_types(sub) if isinstance(sub, Mapping) else sub
+            for name, sub in lowered["properties"].items()
+        }
+    if isinstance(lowered.get("items"), Mapping):
+        lowered["items"] = _lower_types(lowered["items"])
+    if isinstance(lowered.get("anyOf"), list):
+        lowered["anyOf"] = [
+            _lower_types(s) if isinstance(s, Mapping) else s for s in lowered["anyOf"]
+        ]
+    return lowered

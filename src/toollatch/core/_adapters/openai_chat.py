@@ -149,8 +149,10 @@ class OpenAIChatAdapter(Adapter):
         if type(choices) is not list or len(choices) != 1 or event.get("usage"):
             return None
         choice = choices[0]
+        delta = choice.get("delta") if type(choice) is dict else None
+        if type(delta) is not dict or "tool_calls" not in delta:
+            return None  # (text, the other bulk of a stream: no exception raised for it)
         try:
-            delta = choice["delta"]
             (entry,) = delta["tool_calls"]
             function = entry["function"]
             args = function["arguments"]

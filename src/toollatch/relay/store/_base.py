@@ -22,12 +22,12 @@ Handler = Callable[[RelayRun, dict[str, Any]], Awaitable[tuple[int, dict[str, An
 """How the owner of a run applies a request another worker forwarded (:meth:`RunStore.ask`):
 its HTTP status and JSON body."""
 
-Adopter = Callable[[str, str, Mapping[str, str]], Awaitable[bool]]
-"""What a survivor does with a dead worker's run it won (run id, session digest, what the
-run kept for it: :attr:`~.._runs.RelayRun.kept`): True when
-it resumed the run (a pending question, a run record, a shared ledger); False when it could
-not, its questions then settled ``cancelled`` so that no restart resumes it (the store ends
-it)."""
+Adopter = Callable[[str, str, str, Mapping[str, str]], Awaitable[bool]]
+"""What a survivor does with a dead worker's run it won (run id, session digest, the dead
+owner's worker id, what the run kept for it: :attr:`~.._runs.RelayRun.kept`): True when it
+resumed the run (a pending question, a run record, a shared ledger; a durable workflow
+recovered); False when it could not, its questions then settled ``cancelled`` so that no
+restart resumes it (the store ends it)."""
 
 
 class StoreUnavailable(Exception):

@@ -299,6 +299,36 @@ class RedisRunStore:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         return bool(won)
 
+    async def take_over(self, run_id: str) -> tuple[str, int] | None:
+        """Make this worker the owner of a dead worker's run whose durable workflow it now
+        drives (``--durable``): its session digest and the newest id of its log, which this
+        worker's copy goes on after (None: the run expired or already ended)."""
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hmget(_meta(run_id), "status", "session")
+                pipe.xrevrange(_stream(run_id), count=1)
+                (status, session), newest = await pipe.execute()
+            if status is None or status == b"done" or session is None:
+                return None
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(_meta(run_id), mapping={"owner": self.worker, "status": "running"})
+                pipe.hdel(_meta(run_id), "ender")
+                pipe.pexpire(_meta(run_id), self.ttl_ms)
+                pipe.sadd(_RUNNING, run_id)
+                await pipe.execute()
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return bytes(session).decode(), _entry_id(newest[0][0]) if newest else 0
+
+    def mirrored(self, run: RelayRun) -> None:
+        """Copy ``run``'s log to the store from now on (a run :meth:`take_over` gave)."""
+        run.mirror = self._writer
+
+    async def logged(self, run_id: str) -> list[bytes]:
+        """Every frame the store keeps of the run's log, in order."""
+        entries: Any = await self._unblocked(self.client.xrange(_stream(run_id), "-", "+"))
+        return [fields[b"f"] for _id, fields in entries]
+
     async def find(self, run_id: str, session: str) -> RemoteRun | None:
         """Another worker's run (or this one's that this process no longer holds)."""
         try:
@@ -470,17 +500,31 @@ class RedisRunStore:
             if not won:
                 continue
             try:
-                if self._adopter is not None and await self._adopter(run_id, session, kept):
+                adopter = self._adopter
+                if adopter is not None and await adopter(run_id, session, owner, kept):
                     continue  # (resumed here: a run waiting for an answer)
             except Exception:  # (a bug in us: the run is ended, never left hanging)
                 _log.exception("run %s…: it could not be resumed here", run_id[:6])
             await self._end_orphan(run_id, owner, session, kept.get("conversation"))
 
+    async def end_if_held(self, run_id: str, owner: str, session: str) -> bool:
+        """End the dead worker ``owner``'s run as :meth:`_reap` does if this worker still
+        holds it (``ending``, this worker its ender: nobody took it over since); whether it
+        did (StoreUnavailable)."""
+        try:
+            fields: Any = await self.client.hmget(_meta(run_id), "status", "ender")
+            if fields != [b"ending", self.worker.encode()]:
+                return False
+            await self._end_orphan(run_id, owner, session)
+        except _LOST as exc:
+            raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        return True
+
     async def _end_orphan(
         self, run_id: str, owner: str, session: str, conversation: str | None = None
     ) -> None:
         """Write the end of the dead worker ``owner``'s run (this worker won it);
-        ``conversation``: its calls' ledger scope (default: a ``POST /runs`` run's own)."""
+        ``conversation``: its calls' ledger scope (default: :meth:`known`'s)."""
         entries: Any = await self.client.xrange(_stream(run_id), "-", "+")
         last = _entry_id(entries[-1][0]) if entries else 0
         seen = read_log([fields[b"f"] for _id, fields in entries])
@@ -491,7 +535,7 @@ class RedisRunStore:
         events = (
             []
             if seen.ended
-            else closing_events(seen, error, await self._known(run_id, session, seen, conversation))
+            else closing_events(seen, error, await self.known(run_id, session, seen, conversation))
         )
         async with self.client.pipeline(transaction=False) as pipe:
             for n, data in enumerate(events, start=last + 1):
@@ -511,15 +555,20 @@ class RedisRunStore:
             await pipe.execute()
         _log.warning("run %s…: %s", run_id[:6], error)
 
-    async def _known(
+    async def known(
         self, run_id: str, session: str, seen: OpenCalls, conversation: str | None = None
     ) -> dict[str, tuple[bool, str | None] | str]:
         """What the shared ledger says of the calls the log leaves without a result (under
         ``conversation``, the run's ledger scope: a chat's or an AG-UI thread's for their
-        runs; default: a ``POST /runs`` run's own)."""
+        runs; default: the one its metadata keeps, else a ``POST /runs`` run's own)."""
         known: dict[str, tuple[bool, str | None] | str] = {}
         if self.ledger is None or not seen.committed:
             return known
+        if conversation is None:
+            kept: Any = None
+            with contextlib.suppress(*_LOST):  # (unreachable: a POST /runs run's own)
+                kept = await self.client.hget(_meta(run_id), "conversation")
+            conversation = bytes(kept).decode() if kept else None
         scope = conversation or run_scope_of(session, run_id)
         for call_id in seen.committed:
             try:
@@ -699,9 +748,9 @@ class _Writer:
         async with self._store.client.pipeline(transaction=False) as pipe:
             for run in runs:
                 log, stream, meta = run.log, _stream(run.id), _meta(run.id)
-                written = self._written.get(run.id, 0)
+                written = self._written.get(run.id, log.start)
                 missed, frames, upto = log.frames(written, log.last_id - written)
-                n, keep = written + missed, f"0-{log.first_id}"
+                n, keep = written + missed, f"0-{log.kept_from}"
                 for frame in frames:
                     n += 1
                     pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)

@@ -1,0 +1,289 @@
+"""Relay runs as DBOS workflows, taken over by a surviving worker (internal; ``toollatch
+serve --durable postgresql://...``, the ``durable`` extra, with a shared Redis run store).
+
+Theory of operation. A run of ``POST /runs`` is a workflow of
+:class:`toollatch.runtime.DurableRuns` (see :mod:`toollatch.runtime._durable`: each model
+round one step recording the round, each committed call one step under the ledger's call id,
+which the tool reads as its idempotency key). Its workflow id is the run's ledger scope
+(:func:`._requests.run_scope_of`: the session's digest and the run id), its agent's name the
+plain data that rebuilds the agent in any worker (provider, model, the session's tools):
+every worker registers one factory (:meth:`DurableRelay._agent`) before DBOS launches.
+
+Events. The workflow numbers its events from 0, and event ``n`` is the run's frame ``id:
+n + 1``: the sink (:meth:`DurableRelay._tell`) appends each to the run's log as the relay's
+own observer would (``shown``), and the Redis writer copies it to the shared log. A workflow
+recovered elsewhere tells its replayed steps' events again under the same numbers; the
+worker driving it keeps only the numbers past what its log (or the shared log) has, so a
+reader's ``Last-Event-ID`` goes on with no event lost or twice.
+
+Takeover. Each worker's DBOS ``executor_id`` is its Redis worker id. When the lease sweep
+wins a dead worker's run (:meth:`._app.Relay.adopt_orphan`), the survivor asks DBOS to
+recover that executor's pending workflows (once per dead worker); the runs among them are
+"resumed", the others ended the Redis way (every call paired). A recovered workflow is
+run by whichever live worker dequeues it: on its first event there, that worker takes the
+run over in the store (:meth:`RedisRunStore.take_over`: owner, ``running``) and goes on
+with the run's log after the shared log's newest id. Readers on every worker read such a
+run from the shared log (:meth:`._app.Relay.find_run`).
+
+What is not durable (yet): chats (``POST /api/chat``), AG-UI and resumed runs use the plain
+path (a dead worker's run is ended, every call paired); approvals and client tools are
+refused at start (:class:`._server.RelayServer`), since a durable run cannot wait for an
+answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..core._errors import ConfigError, UsageError
+from ..runtime import DurableRuns
+from ..runtime._agent import Agent
+from ..runtime._agent_events import AgentEvent
+from ..runtime._clients import model_client
+from ..runtime._run_setup import RunLimits
+from ._requests import run_scope_of
+from ._runs import RelayRun
+from .store._base import StoreUnavailable
+from .store._orphans import closing_events, read_log
+from .store._redis import RedisRunStore
+
+if TYPE_CHECKING:
+    from ._app import Relay
+
+_log = logging.getLogger("toollatch.relay")
+
+_SETTLE_S = 1.0
+"""How long after a recovered workflow's end its run may still be written by its driver."""
+
+_AGENTS_KEPT = 256
+"""Agents kept built (one per provider, model and session's tools); the oldest rebuilt."""
+
+
+class DurableRelay:
+    """The relay's runs on DBOS (see the module docstring). ``url``: the PostgreSQL
+    system database; ``lease_s``: the ledger claims' lease (a dead worker's started call is
+    ``outcome_unknown`` once it ran out)."""
+
+    def __init__(self, relay: Relay, url: str, *, lease_s: float) -> None:
+        if not isinstance(relay.store, RedisRunStore):
+            raise ConfigError("--durable needs a shared run store: --store redis://HOST:PORT/DB")
+        if relay.ledger is None:
+            raise ConfigError("--durable needs a ledger shared by the workers (--ledger)")
+        self.relay, self.store = relay, relay.store
+        self.url, self.lease_s = url, lease_s
+        self.engine = DurableRuns(url, executor_id=relay.store.worker, app="toollatch-relay")
+        self._agents: OrderedDict[str, Agent] = OrderedDict()
+        self._runs: dict[str, RelayRun] = {}  # workflow id -> the run this worker drives
+        self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
+        self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
+        self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
+
+    def open(self) -> None:
+        """Register the factory and launch DBOS on the running loop (its recovered runs
+        then run on the relay's loop); ``ConfigError`` when PostgreSQL cannot be used."""
+        self.engine.register_factory(self._agent, on_event=self._tell)
+        try:
+            self.engine.launch()
+        except Exception as exc:  # (DBOS raises its own errors, or psycopg's)
+            self.engine.destroy()
+            shown = self.url.rsplit("@", maxsplit=1)[-1]
+            raise ConfigError(f"durable store {shown}: {type(exc).__name__}: {exc}") from None
+
+    async def aclose(self) -> None:
+        """Stop DBOS (the runs in flight stay pending: a survivor recovers them) and close
+        the agents' model clients."""
+        for task in list(self._watches):
+            task.cancel()
+        await asyncio.to_thread(self.engine.destroy)
+        for agent in self._agents.values():
+            with contextlib.suppress(Exception):
+                await agent.client.aclose()
+        self._agents.clear()
+
+    # -- starting a run ----------------------------------------------------------------------
+
+    def start(self, run: RelayRun, provider: str, model: str, message: str) -> None:
+        """Start ``run`` (admitted, recorded in the store) as a workflow."""
+        relay = self.relay
+        own = relay.tools is None and relay.tool_source is None  # (the session's examples)
+        name = json.dumps([provider, model, run.session_key[:24] if own else ""])
+        workflow = run_scope_of(run.session_key, run.id)
+        self._agent(name)  # (a ConfigError / UsageError now, not in the workflow)
+        self._runs[workflow] = run
+
+        async def body() -> None:
+            await self.engine.start(name, message, run_id=workflow)
+            await self._wait(run, workflow)
+
+        run.drive(body, self._stopper(workflow), self._closing(workflow))
+
+    def _stopper(self, workflow: str) -> Callable[[str | None], None]:
+        def stop(reason: str | None) -> None:
+            self.engine.cancel(workflow, reason)
+
+        return stop
+
+    def _closing(self, workflow: str) -> Any:
+        async def closing() -> None:
+            self._runs.pop(workflow, None)
+
+        return closing
+
+    async def _wait(self, run: RelayRun, workflow: str) -> None:
+        """Wait for the workflow's end; when it failed without ``run_ended`` (PostgreSQL
+        lost, a bug), end the run here, every call paired."""
+        try:
+            await self.engine.result(workflow)
+        except Exception as exc:
+            if run.handed_over:
+                return  # (DBOS stopped under it: a survivor recovers it)
+            _log.error("run %s…: its workflow failed: %s: %s", run.id[:6], type(exc).__name__, exc)
+            if not await run.ending():
+                await self._end(run, f"the durable run failed: {type(exc).__name__}: {exc}")
+
+    async def _end(self, run: RelayRun, error: str) -> None:
+        """Append the events that end ``run`` from what its log holds (the shared log's
+        frames before this log's own)."""
+        frames = [] if run.log.start == 0 else await self.store.logged(run.id)
+        frames = frames[: run.log.start]
+        _missed, own, _cursor = run.log.frames(0, run.log.last_id + 1)
+        seen = read_log([*frames, *own])
+        if seen.ended:
+            return
+        known = await self.store.known(run.id, run.session_key, seen)
+        for event in closing_events(seen, error, known):
+            run.append(run.shown(event))
+
+    def hand_over(self, run: RelayRun) -> bool:
+        """Whether a stopping worker leaves ``run`` to a survivor instead of cancelling it:
+        a durable run of this worker (its workflow stays pending in PostgreSQL once DBOS
+        stops here; the events it tells until then reach the shared log before this
+        worker's lease is dropped, and the survivor goes on after them)."""
+        return run in self._runs.values()
+
+    # -- the workflow's side -----------------------------------------------------------------
+
+    def _agent(self, name: str) -> Agent:
+        """The agent of a workflow's name (built once, kept among the newest)."""
+        agent = self._agents.get(name)
+        if agent is not None:
+            self._agents.move_to_end(name)
+            return agent
+        try:
+            provider, model, tools_key = json.loads(name)
+        except (ValueError, TypeError):
+            raise UsageError(f"not a relay run's agent: {name[:80]!r}") from None
+        relay = self.relay
+        if provider not in relay.providers or model not in relay.models:
+            raise UsageError(f"{provider} / {model} is not served by this worker")
+        client = model_client(
+            provider, model=model, base_url=relay.base_url_for(provider), http=relay.http[0]
+        )
+        tools = relay.tools
+        if tools is None and relay.tool_source is None:
+            tools = relay.session_tools(tools_key)
+        agent = Agent(
+            client,
+            tools or (),
+            previews=relay.previews,
+            observers=[relay.metrics] if relay.metrics is not None else [],
+            tool_source=relay.tool_source,
+            ledger=relay.ledger,
+            lease_s=self.lease_s,
+            run_limits=relay.run_limits or RunLimits(),
+        )
+        self._agents[name] = agent
+        while len(self._agents) > _AGENTS_KEPT:
+            _old, dropped = self._agents.popitem(last=False)
+            asyncio.get_running_loop().create_task(dropped.client.aclose())
+        return agent
+
+    async def _tell(self, workflow: str, number: int, event: AgentEvent) -> None:
+        """The workflow's event ``number`` into its run's log (once per number)."""
+        run = self._runs.get(workflow)
+        if run is None:
+            run = await self._take(workflow)
+            if run is None:
+                return
+        if number < run.log.last_id:
+            return  # (a replayed step's event: the log has it)
+        if number > run.log.last_id:  # (never expected: the workflow tells every number)
+            _log.error("run %s…: event %d after %d", run.id[:6], number, run.log.last_id)
+        run.observer.on_event("", event)
+
+    async def _take(self, workflow: str) -> RelayRun | None:
+        """A recovered workflow this worker now drives: its run, taken over in the store,
+        its log going on after the shared one (None: the run is gone or over)."""
+        run_id = workflow[-24:]
+        try:
+            taken = await self.store.take_over(run_id)
+        except StoreUnavailable as exc:
+            _log.error("run %s… could not be taken over: %s", run_id[:6], exc)
+            return None
+        if taken is None:
+            _log.warning("run %s…: its workflow goes on, its log is over", run_id[:6])
+            return None
+        session_key, last = taken
+        relay = self.relay
+        run = RelayRun(
+            "", relay.previews, relay.limits, run_id=run_id, session_key=session_key,
+            approval_secret=relay.approval_secret, start=last,
+        )  # fmt: skip
+        relay.runs.keep(run)
+        self.store.mirrored(run)
+        self._runs[workflow] = run
+        _log.warning("run %s…: taken over from a dead worker (after event %d)", run_id[:6], last)
+
+        async def body() -> None:
+            await self._wait(run, workflow)
+
+        run.drive(body, self._stopper(workflow), self._closing(workflow))
+        return run
+
+    # -- the lease sweep's side --------------------------------------------------------------
+
+    async def recovered(self, run_id: str, session: str, owner: str) -> bool:
+        """Whether the dead worker ``owner``'s run goes on as a recovered workflow (its
+        executor's pending workflows recovered once, by this worker)."""
+        workflow = run_scope_of(session, run_id)
+        if workflow in self._recovered:
+            return True
+        task = self._recovering.get(owner)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self.engine.recover([owner]))
+            self._recovering[owner] = task
+        try:
+            ids: Sequence[str] = await task
+        except Exception as exc:  # (PostgreSQL unreachable: the run is ended the Redis way)
+            _log.error("worker %s's runs could not be recovered: %s", owner, exc)
+            self._recovering.pop(owner, None)
+            return False
+        self._recovered.update(ids)
+        if workflow not in self._recovered:
+            return False
+        watch = asyncio.get_running_loop().create_task(
+            self._watch(run_id, session, owner, workflow)
+        )
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
+        return True
+
+    async def _watch(self, run_id: str, session: str, owner: str, workflow: str) -> None:
+        """Once the recovered workflow is over, end its run the Redis way if no worker took
+        it over (the workflow failed before its first event, e.g. PostgreSQL lost)."""
+        try:
+            with contextlib.suppress(Exception):  # (failed: the run may have no end yet)
+                await self.engine.result(workflow)
+            await asyncio.sleep(_SETTLE_S)  # (the worker that drove it writes its end)
+            if await self.store.end_if_held(run_id, owner, session):
+                _log.warning(
+                    "run %s…: its recovered workflow ended, nobody had taken it", run_id[:6]
+                )
+        except Exception as exc:  # (the store lost too: a later sweep sees the run)
+            _log.error("run %s…: its recovery could not be watched: %s", run_id[:6], exc)

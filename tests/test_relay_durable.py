@@ -1,0 +1,379 @@
+"""``toollatch serve --durable postgresql://...``: relay runs as DBOS workflows, finished by
+a surviving worker when their worker dies. Real ``toollatch serve`` processes on a real
+redis-server and a real PostgreSQL (durable_helpers), the owner SIGKILLed: the run ends
+normally on another worker, every call paired, each side effect once (a tool appends a
+line to a file), and a reader on another worker goes on with ``Last-Event-ID`` to
+``run_ended``, ids 1..N with no gap and none twice."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from durable_helpers import PostgresServer, wait_for
+from ledger_helpers import RedisServer
+from relay_helpers import CLI, Frame, serve, served_run, slow_script, stop
+from test_relay_lease import assert_paired, read_until
+from toollatch import ConfigError
+from toollatch.cli import build_parser
+from toollatch.cli._app_config import load_config
+from toollatch.scripted import ScriptedServer
+
+pytest.importorskip("dbos")
+
+TOOL = '''
+import asyncio, os
+from toollatch import tool
+from toollatch.ledger import current_call
+
+@tool(timeout=120)
+async def get_weather(city: str, unit: str = "c") -> str:
+    """The weather (appends a line, then waits DURABLE_TOOL_SLEEP_S: the worker may be
+    killed or the run cancelled meanwhile)."""
+    with open(os.environ["DURABLE_TOOL_LOG"], "a") as log:
+        log.write(city[:4] + " " + str(current_call().idempotency_key) + "\\n")
+    await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP_S", "0")))
+    return "sunny"
+'''
+
+
+Workers = list[tuple[subprocess.Popen[str], str]]
+
+
+@contextlib.contextmanager
+def durable_workers(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    sleeps: list[float],
+    database: str,
+    *,
+    delay_ms: float = 5.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[ScriptedServer, Workers]]:
+    """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
+    and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
+    wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
+    (``env``: more variables, e.g. the run's budgets)."""
+    tools = tmp_path / "durable_tools.py"
+    tools.write_text(TOOL, encoding="utf-8")
+    scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
+    stack = contextlib.ExitStack()
+    model = stack.enter_context(ScriptedServer(scripts=scripts))
+    args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
+    args += ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--tools", str(tools))
+    args += ("--model", "slow", "--base-url", model.base_url("openai_chat"))
+    procs: Workers = []
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env or {})
+        os.environ["DURABLE_TOOL_LOG"] = str(tmp_path / "side_effects.txt")
+        for sleep_s in sleeps:
+            os.environ["DURABLE_TOOL_SLEEP_S"] = str(sleep_s)
+            procs.append(serve(*args))
+        yield model, procs
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for proc, _url in procs:
+            if proc.poll() is None:
+                stop(proc)
+        stack.close()
+
+
+def keyed_lines(tmp_path: Path) -> list[tuple[str, str]]:
+    """The tool's side effects: (city, the idempotency key the ledger gave the call)."""
+    path = tmp_path / "side_effects.txt"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return [(line.split()[0], line.split()[1]) for line in text.splitlines()]
+
+
+def lines(tmp_path: Path) -> list[str]:
+    return [city for city, _key in keyed_lines(tmp_path)]
+
+
+def start_run(url: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A run posted to ``url``: its answer, and the header of its session."""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        run = client.post("/runs", json={"message": "two cities"}).json()
+        return run, {"x-toollatch-session": client.cookies["toollatch_session"]}
+
+
+def read_all(url: str, run: dict[str, Any], headers: dict[str, str], after: int = 0) -> list[Frame]:
+    with httpx.Client(base_url=url, timeout=30, headers=headers) as client:
+        return read_until(client, run["events_url"], None, last_id=after)
+
+
+def assert_whole(frames: list[Frame]) -> None:
+    """Ids 1..N (no gap, none twice), every call paired, one ``run_ended``, last."""
+    assert_paired(frames)
+    assert len({f.id for f in frames}) == len(frames)
+
+
+def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [60, 0, 0], "midtool") as (model, procs):
+        (owner, on_a), (_b, on_b), (_c, on_c) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
+            committed = lambda fs: sum(f.event == "call_committed" for f in fs) == 2  # noqa: E731
+            head = read_until(a, run["events_url"], committed)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        stop(owner, signal.SIGKILL)  # mid-tool: its call step never returns
+        tail = read_all(on_b, run, session, after=head[-1].id)
+        whole = read_all(on_c, run, session)
+        requests = len(model.requests)
+    assert whole[: len(head)] == head and whole[len(head) :] == tail
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None  # finished normally, not ended by the lease
+    assert [(c["id"], c["error"]) for c in ended["calls"]] == [
+        ("call_slow_a", "outcome_unknown"),  # started on the dead worker: not run again
+        ("call_slow_b", None),  # run once, on the survivor
+    ]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect exactly once
+    keys = [key for _city, key in keyed_lines(tmp_path)]
+    assert len(set(keys)) == 2 and "None" not in keys  # each call had its own key
+    assert requests == 2  # the first round was not asked again: its step was recorded
+
+
+def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "midstream", delay_ms=60.0) as (
+        model,
+        procs,
+    ):
+        (owner, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(model.requests) == 1, "the first round to be asked")
+        with ThreadPoolExecutor(1) as pool:  # a reader on the survivor since before the death
+            reading = pool.submit(read_all, on_b, run, session)
+            time.sleep(1.0)  # (the round's arguments streaming: about 4 s in all)
+            stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+            early = reading.result(timeout=60)
+        whole = read_all(on_b, run, session)
+        statuses = [r.status for r in model.requests]
+    assert early == whole  # its stream simply went on to the end
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # the interrupted round was asked again (a new attempt), then the last round: 3 in all
+    assert statuses == [200, 200, 200]
+    assert [f.data["error"] for f in whole if f.event == "tool_finished"] == [None, None]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # nothing of the cut round ran
+
+
+def test_a_cancel_through_a_third_worker_ends_a_durable_run_paired(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [60, 60, 60], "cancel") as (_, procs):
+        (_a, on_a), (_b, on_b), (_c, on_c) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
+            cancelled = c.post(run["cancel_url"], json={})
+        whole = read_all(on_b, run, session)
+    assert cancelled.status_code == 202 and cancelled.json()["cancelled"] is True
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["cancelled"] is True
+    errors = [c["error"] for c in ended["calls"]]
+    assert errors[1] == "cancelled" and errors[0] in ("cancelled", "outcome_unknown")
+    assert lines(tmp_path) == ["Oslo"]  # the second call never started
+
+
+def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {"TOOLLATCH_RELAY__DEADLINE_S": "3"}
+    with durable_workers(redis_server, postgres, tmp_path, [60], "deadline", env=env) as (
+        _,
+        [(_a, on_a)],
+    ):
+        run, session = start_run(on_a)
+        late = read_all(on_a, run, session)
+    assert_whole(late)
+    assert "deadline" in late[-1].data["error"]
+    # the running call was cut at the deadline, the other never started
+    assert [c["error"] for c in late[-1].data["calls"]] == ["cancelled", "cancelled"]
+    assert lines(tmp_path) == ["Oslo"]
+
+    # the demo: two calls in round 1, one in round 2; a budget of 2 calls spans the run
+    monkeypatch.setenv("TOOLLATCH_RELAY__MAX_TOOL_CALLS", "2")
+    with ScriptedServer() as model:
+        url = model.base_url("openai_chat")
+        args = ("--store", redis_server.url, "--durable", postgres.url("budget"))
+        args += ("--ledger", f"sqlite:///{tmp_path / 'budget.db'}", "--base-url", url)
+        proc, on_a = serve(*args, "--model", "scripted")
+        try:
+            run, session = start_run(on_a)
+            spent = read_all(on_a, run, session)
+        finally:
+            stop(proc)
+    assert_whole(spent)
+    failed = [f.data for f in spent if f.event == "call_failed"]
+    assert [(f["name"], f["error"]) for f in failed] == [("write_file", "budget_exceeded")]
+
+
+def test_a_postgresql_restart_mid_run_runs_nothing_twice(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [2, 2], "restart") as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        postgres.stop()
+        time.sleep(2.0)
+        postgres.start()
+        whole = read_all(on_b, run, session)
+    assert_whole(whole)  # it ended, failed or not, every call paired
+    done = lines(tmp_path)
+    assert len(done) == len(set(done)) and set(done) <= {"Oslo", "Züri"}  # none ran twice
+    ended = whole[-1].data
+    if ended["error"] is None:  # it went on: both calls ran, once
+        assert sorted(done) == ["Oslo", "Züri"] and ended["rounds"] == 2
+
+
+def refused(*args: str, env: dict[str, str] | None = None) -> str:
+    """``toollatch serve --port 0 *args``'s stderr; it must exit 2 before serving."""
+    done = subprocess.run(
+        [*CLI, "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
+PG = "postgresql://postgres@127.0.0.1:1/toollatch"
+
+
+def test_serve_durable_is_refused_without_what_it_needs(tmp_path: Path) -> None:
+    ledger = ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}")
+    redis = ("--store", "redis://127.0.0.1:1/0")  # (never reached: refused before)
+    assert "--durable needs a shared run store: --store redis://" in refused(
+        "--durable", PG, *ledger
+    )
+    assert "--durable must be postgresql://" in refused("--durable", "mysql://db/x", *redis)
+    assert "--durable needs a ledger the workers share" in refused(
+        "--durable", PG, *redis, "--ledger", "none"
+    )
+    asks = {"TOOLLATCH_APPROVALS__DEFAULT": "ask"}
+    assert "durable runs do not take approvals yet" in refused(
+        "--durable", PG, *redis, *ledger, env=asks
+    )
+    # the variable, like every setting
+    assert "--durable needs a shared run store" in refused(
+        *ledger, env={"TOOLLATCH_RELAY__DURABLE": PG}
+    )
+    # the extra not installed: a dbos that cannot be imported first on the path
+    fake = tmp_path / "no_extra" / "dbos"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no dbos here')\n", encoding="utf-8")
+    path = os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])
+    assert "--durable needs the dbos package: pip install 'toollatch[durable]'" in refused(
+        "--durable", PG, *redis, *ledger, env={"PYTHONPATH": path}
+    )
+
+
+def test_serve_durable_with_postgresql_unreachable_exits_2(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    stderr = refused(
+        "--durable", PG, "--store", redis_server.url,
+        "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}",
+    )  # fmt: skip
+    assert "toollatch: error: durable store 127.0.0.1:1/toollatch:" in stderr
+
+
+def test_durable_is_a_flag_a_config_key_and_a_variable() -> None:
+    assert build_parser().parse_args(["serve", "--durable", PG]).durable == PG
+    assert load_config(env={"TOOLLATCH_RELAY__DURABLE": PG}).relay.durable == PG
+    assert load_config(env={}).relay.durable is None
+    with pytest.raises(ConfigError):
+        load_config(env={"TOOLLATCH_RELAY__DURABLE": "mysql://db/x"})
+
+
+def test_a_recovered_run_no_survivor_can_drive_is_still_ended_paired(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [60], "undriven") as (model, procs):
+        (owner, on_a) = procs[0]
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        # a survivor that does not serve the run's model: the recovered workflow fails
+        # there before its first event, and nobody takes the run over
+        args = ("--store", redis_server.url, "--durable", postgres.url("undriven"))
+        args += ("--lease", "1", "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}")
+        survivor, on_b = serve(
+            *args, "--model", "other", "--base-url", model.base_url("openai_chat")
+        )
+        try:
+            stop(owner, signal.SIGKILL)
+            whole = read_all(on_b, run, session)
+        finally:
+            stop(survivor)
+    assert_whole(whole)
+    assert "stopped (its lease of 1 s expired)" in whole[-1].data["error"]
+    assert lines(tmp_path) == ["Oslo"]
+
+
+def test_serve_workers_2_durable_start_together_and_serve_runs(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = ("--store", redis_server.url, "--durable", postgres.url("workers"), "--ledger", ledger)
+    proc, url = serve("--workers", "2", *args)  # (both launch DBOS on a new database at once)
+    try:
+        time.sleep(3.0)  # (a worker that failed to launch would have exited by now)
+        for _ in range(4):
+            _run, frames = served_run(url, "weather in Oslo?")
+            assert_whole(frames)
+            assert frames[-1].data["error"] is None
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
+        )
+    finally:
+        stop(proc)
+    assert len(children.stdout.split()) == 2
+
+
+def test_sigterm_hands_a_durable_run_over_to_a_survivor(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TOOLLATCH_RELAY__SHUTDOWN_GRACE_S", "2")
+    with durable_workers(redis_server, postgres, tmp_path, [30, 0], "handover") as (_, procs):
+        (stopping, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        stopping.send_signal(signal.SIGTERM)  # the tool outlives the grace: handed over
+        whole = read_all(on_b, run, session)
+        status = stopping.wait(timeout=30)
+        assert stopping.stderr is not None
+        stopping.stderr.close()
+    assert status == 143
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None and "cancelled" not in ended  # went on, not cancelled
+    errors = [c["error"] for c in ended["calls"]]
+    assert errors[0] in ("outcome_unknown", "cancelled") and errors[1] is None
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect once
