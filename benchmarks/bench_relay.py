@@ -1340,17 +1340,23 @@ def _durable_cost(args: argparse.Namespace, model_url: str, store: str) -> str:
     try:
         postgres.start()
         rows = {}
-        for name, extra in (("plain", []), ("durable", ["--durable", postgres.url()])):
-            result = _workers_load(small, model_url, store, args.workers, "staggered", extra)
-            rows[name] = _worker_row(f"{name} x{args.workers}", result)
+        with tempfile.TemporaryDirectory() as folder:  # (--durable needs a shared ledger)
+            ledger = ["--ledger", f"sqlite:///{folder}/ledger.db"]
+            for name, extra in (("plain", ledger), ("durable", [*ledger, "--durable",
+                                                                  postgres.url()])):  # fmt: skip
+                result = _workers_load(small, model_url, store, args.workers, "staggered", extra)
+                rows[name] = _worker_row(f"{name} x{args.workers}", result)
     finally:
         postgres.close()
     per_run = {k: r["worker_cpu_s"] * 1000 / r["runs"] for k, r in rows.items()}
     return (
-        f"`toollatch serve --durable` ({small.runs} runs over {args.workers} workers): workers' "
-        f"CPU {per_run['plain']:.1f} ms per run plain, {per_run['durable']:.1f} ms durable "
-        f"({per_run['durable'] / per_run['plain']:.2f}x); run length p50 "
-        f"{rows['plain']['length_p50_s']:.2f} s / {rows['durable']['length_p50_s']:.2f} s"
+        f"`toollatch serve --durable` ({small.runs} runs over {args.workers} workers, one SQLite "
+        f"ledger both ways): workers' CPU {per_run['plain']:.1f} ms per run plain, "
+        f"{per_run['durable']:.1f} ms durable ({per_run['durable'] / per_run['plain']:.2f}x); "
+        f"run length p50 {rows['plain']['length_p50_s']:.2f} s / "
+        f"{rows['durable']['length_p50_s']:.2f} s, p99 {rows['plain']['length_p99_s']:.2f} s / "
+        f"{rows['durable']['length_p99_s']:.2f} s; events/s {rows['plain']['events_s']:.0f} / "
+        f"{rows['durable']['events_s']:.0f}"
     )
 
 
