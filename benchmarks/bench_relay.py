@@ -1236,8 +1236,9 @@ class _Worker:
 def _workers_load(
     args: argparse.Namespace, model_url: str, store: str, n: int, shape: str, extra: list[str]
 ) -> dict[str, Any]:
-    """``n`` workers on ``store``, one warm-up run through them, then ``args.runs`` runs
-    (``shape``); the load's figures with the workers' (and Redis's) CPU and stamps."""
+    """``n`` workers on ``store``, two runs alone through them (the first warms them up, the
+    second's length spreads the staggered starts), then ``args.runs`` runs (``shape``); the
+    load's figures with the workers' (and Redis's) CPU and stamps."""
     env = _child_env()
     env["TOOLLATCH_RELAY__MAX_ACTIVE_RUNS"] = str(args.runs + 8)
     env["TOOLLATCH_RELAY__MAX_CONNECTIONS"] = str(max(1000, args.runs * 3))
@@ -1247,6 +1248,7 @@ def _workers_load(
         workers = [_Worker(folder, i, serve_args, env) for i in range(n)]
         try:
             urls = ",".join(w.url for w in workers)
+            asyncio.run(_load(urls, 1, 0.0, args.uvloop))  # (warms the workers: DBOS's first)
             solo = asyncio.run(_load(urls, 1, 0.0, args.uvloop))
             stagger = solo["wall"] if shape == "staggered" else 0.0
             redis_pid = getattr(args, "redis_pid", None)
