@@ -9,6 +9,8 @@ Run it from the repository root::
     python benchmarks/bench_relay.py --protocols --runs 100 --repeat 5  # own vs UI vs AG-UI
     python benchmarks/bench_relay.py --vs-ai-sdk --repeat 3  # beside the AI SDK's node relay
     python benchmarks/bench_relay.py --stores --runs 50 --repeat 3  # memory: vs redis://
+    python benchmarks/bench_relay.py --workers 3 --runs 600  # serve workers on one Redis
+    python benchmarks/bench_relay.py --workers 3 --store redis://HOST:PORT/0  # that Redis
 
 By default the runs start evenly over one run's length (users arriving independently) and
 the model streams at 30 ms between wire events (``--delay-scale 10``: about a typical
@@ -42,6 +44,26 @@ pacing the runs move together, so each model event comes as a burst of one event
 staggered: only at the peak, half of it on average); the relay's *capacity* is events per
 second of its own CPU (one event loop: at most one core). ``--matrix`` prints both for each
 case, with the achieved events/s and the latency percentiles.
+
+Scale-out (``--workers N``). The relay runs as real ``toollatch serve`` processes (each on a
+port of its own, started through this file, which stamps their events as above and writes
+the stamps when they stop), over one Redis: ``--store redis://HOST:PORT/DB``, or a
+redis-server of Debian's started here in a temporary folder (no persistence) when no URL (or
+a bare ``redis://``) is given. The clients spread the runs round-robin over the workers, as a
+load balancer without sticky sessions: run ``i`` is posted to worker ``i mod N`` and its events
+are read from worker ``i + 1 mod N`` (so every read crosses Redis: the worst case; a real
+balancer lands on the owner one time in N). In one invocation: one worker with the in-memory
+store and N workers on Redis under the chosen shape (the one-run table), then every run at
+once on 1..N workers (throughput: the events of all runs over the wall time until the last
+``run_ended``), then the cost per run of durable runs (``serve --durable`` when this checkout
+has it, else benchmarks/bench_durable.py's DurableRuns measure). Each load is checked: every
+run's SSE ids are 1..N once each, N being the number of events its worker appended (counted
+from the worker's stamps), it ends with ``run_ended`` and every call is paired; the bench
+exits with the failing runs otherwise. Event latency is measured as above (the agent
+event's creation in the worker, to the client's parse), with the store's hop in it: the
+owner's write to the stream and the other worker's ``XREAD``. CPU per event is the workers'
+and redis-server's (from /proc; Redis's only when started here), not the clients' nor the
+model's, which are shown beside it.
 """
 
 from __future__ import annotations
@@ -62,6 +84,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -175,10 +199,16 @@ async def _chunks(reader: Any) -> Any:
 
 
 async def _one(
-    host: str, port: int, seen: list[Any], start_s: float, chat: bool = False
+    host: str,
+    port: int,
+    seen: list[Any],
+    start_s: float,
+    chat: bool = False,
+    read_at: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """One run over ``POST /runs`` + ``GET /runs/{id}/events``; ``chat``: in a chat of its
-    own (``chat_id``, as the page sends: its history kept on the server)."""
+    own (``chat_id``, as the page sends: its history kept on the server); ``read_at``: the
+    events read from another worker than the one the run was posted to."""
     await asyncio.sleep(start_s)  # a staggered start (0: all at once)
     posted = time.monotonic()
     length = 0.0
@@ -197,9 +227,11 @@ async def _one(
     writer.close()
     head = f"GET {run['events_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     head += f"X-Toollatch-Session: {session}\r\n"
-    reader, writer, status, _ = await _request(host, port, head)
-    assert status == 200, status
+    reader, writer, status, _ = await _request(*(read_at or (host, port)), head)
+    if status != 200:
+        raise SystemExit(f"GET {run['events_url']}: {status} {(await reader.read(500))!r}")
     ids: list[int] = []
+    notes: list[str] = []
     ended: dict[str, Any] | None = None
     results: set[str] = set()
     buffer = b""
@@ -207,6 +239,8 @@ async def _one(
         now = time.monotonic()
         *blocks, buffer = (buffer + chunk).split(b"\n\n")
         for block in blocks:
+            if block.startswith(b": ") and block != b": heartbeat":
+                notes.append(block[2:].decode(errors="replace"))
             fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
             if b"id" not in fields:
                 continue
@@ -221,11 +255,13 @@ async def _one(
     paired = ended is not None and ended["error"] is None
     paired = paired and {c["id"] for c in ended["calls"]} == results
     return {
+        "id": run["id"],
         "events": len(ids),
         "length": length,
         "calls": len(ended["calls"]) if ended else 0,
         "exact": ids == list(range(1, len(ids) + 1)),
         "paired": paired,
+        "notes": notes,
     }
 
 
@@ -315,13 +351,26 @@ async def _one_agui(host: str, port: int, seen: list[Any], start_s: float) -> di
 
 
 async def _clients(url: str, runs: int, stagger_s: float, protocol: str = "own") -> None:
+    """``url``: one relay, or several workers' comma-separated (``--workers``): run ``i`` is
+    posted to worker ``i mod N`` and read from worker ``i + 1 mod N``, as a round-robin load
+    balancer without sticky sessions sends each request to the next worker."""
     seen: list[Any] = []
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+    where = [
+        (h, int(p)) for h, p in (u.removeprefix("http://").rsplit(":", 1) for u in url.split(","))
+    ]
     starts = [i * stagger_s / runs for i in range(runs)]  # evenly over the stagger
     started = time.monotonic()
     one = {"ui": _one_ui, "agui": _one_agui}.get(protocol, _one)
     extra = (True,) if protocol == "chat" else ()  # (our own format, in chats)
-    done = await asyncio.gather(*(one(host, int(port), seen, s, *extra) for s in starts))
+    if len(where) > 1:
+        done = await asyncio.gather(
+            *(
+                _one(*where[i % len(where)], seen, s, read_at=where[(i + 1) % len(where)])
+                for i, s in enumerate(starts)
+            )
+        )
+    else:
+        done = await asyncio.gather(*(one(*where[0], seen, s, *extra) for s in starts))
     wall = time.monotonic() - started
     cpu = time.process_time()
     json.dump({"wall": wall, "runs": done, "seen": seen, "client_cpu": cpu}, sys.stdout)
@@ -1046,30 +1095,53 @@ def agui_row(args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+@contextlib.contextmanager
+def _redis_server() -> Any:
+    """A redis-server of Debian's on a free loopback port, no persistence, in a temporary
+    folder: ``(its process, its URL)`` for the block."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from ledger_helpers import free_port  # noqa: PLC0415 (tests' helper)
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as folder:
+        redis = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "no", "--dir", folder],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock,
+                ):
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        break
+                if time.monotonic() > deadline or redis.poll() is not None:
+                    raise SystemExit("redis-server did not start")
+                time.sleep(0.05)
+            yield redis, f"redis://127.0.0.1:{port}/0"
+        finally:
+            redis.terminate()
+            redis.wait()
+
+
 def _stores(args: argparse.Namespace) -> None:
     """The relay's CPU per event with its runs in memory and in Redis (a redis-server
     started here on loopback, no persistence), the loads alternated ``--repeat`` times,
     each in a relay process of its own (``--store``); with ``--against FILE`` (another
     checkout's bench_relay.py) its relay as a third column, in memory. Prints a Markdown
     table of the medians, and the redis-server's own CPU per event."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from ledger_helpers import free_port  # noqa: PLC0415 (tests' helper)
-
-    port = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--protected-mode", "no"],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    time.sleep(0.5)
     common = ["--runs", str(args.runs), "--delay-scale", str(args.delay_scale), "--json"]
-    cases = {"memory": [__file__, *common], "redis": [__file__, *common, "--store",
-             f"redis://127.0.0.1:{port}/0"]}  # fmt: skip
-    if args.against:
-        cases["before"] = [args.against, *common]
-    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in cases}
+    rows: dict[str, list[dict[str, Any]]] = {}
     redis_ms: list[float] = []
-    try:
+    with _redis_server() as (redis, url):
+        cases = {"memory": [__file__, *common], "redis": [__file__, *common, "--store", url]}
+        if args.against:
+            cases["before"] = [args.against, *common]
+        rows.update({k: [] for k in cases})
         for _ in range(args.repeat):
             for name, command in cases.items():
                 before = _cpu_of(redis.pid)
@@ -1081,9 +1153,6 @@ def _stores(args: argparse.Namespace) -> None:
                 rows[name].append(row)
                 if name == "redis":
                     redis_ms.append((_cpu_of(redis.pid) - before) * 1000 / row["events"])
-    finally:
-        redis.terminate()
-        redis.wait()
 
     def median(name: str, key: str) -> float:
         values = sorted(r[key] for r in rows[name])
@@ -1102,7 +1171,252 @@ def _stores(args: argparse.Namespace) -> None:
         print(f"({name}, each: {[round(r['relay_cpu_ms_per_event'], 4) for r in rows[name]]})")
 
 
+# -- several `toollatch serve` workers on one Redis (--workers N) -----------------------------
+# Real worker processes (``toollatch serve --store redis://...``, each on a port of its own,
+# started through this file so each stamps its events as the in-process relay does), one
+# scripted model process, the clients in another process spread round-robin over the workers
+# (a run posted to one is read from the next: no sticky sessions). Each worker writes its
+# stamps when it stops (SIGTERM); the figures come out of both sides' monotonic clocks.
+
+
+def _stamped_serve(stamps: str, argv: list[str]) -> int:
+    """``toollatch serve`` (``argv``) with its events stamped (:func:`_record_times`); the
+    stamps written to ``stamps`` as JSON when it stops."""
+    from toollatch.cli import main as cli_main  # noqa: PLC0415
+
+    _record_times()
+    try:
+        return cli_main(argv)
+    finally:
+        rows = [[run, n, *times] for (run, n), times in APPENDED.items()]
+        Path(stamps).write_text(json.dumps(rows), encoding="utf-8")
+
+
+class _Worker:
+    """One stamped ``toollatch serve`` process; its standard error drained by a thread (its
+    last lines kept, for a failure's message)."""
+
+    def __init__(self, folder: str, n: int, serve_args: list[str], env: dict[str, str]) -> None:
+        self.stamps = str(Path(folder) / f"stamps-{n}.json")
+        command = [sys.executable, __file__, "--stamped-serve", self.stamps, "serve"]
+        command += ["--port", "0", *serve_args]
+        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stderr is not None
+        first = self.proc.stderr.readline()
+        match = re.search(_URL, first)
+        if match is None:
+            self.proc.kill()
+            raise SystemExit(f"a worker did not start: {first}{self.proc.stderr.read()[-2000:]}")
+        self.url = match.group(0)
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.tail.append(line)
+            if "warning" in line.lower() or "error" in line.lower():
+                sys.stderr.write(f"[worker {self.url}] {line}")
+
+    def stop(self) -> dict[tuple[str, int], list[float]]:
+        """SIGTERM, wait; its stamps."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            rows = json.loads(Path(self.stamps).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise SystemExit(f"worker {self.url} left no stamps: {''.join(self.tail)}") from None
+        return {(r[0], r[1]): r[2:] for r in rows}
+
+
+def _workers_load(
+    args: argparse.Namespace, model_url: str, store: str, n: int, shape: str, extra: list[str]
+) -> dict[str, Any]:
+    """``n`` workers on ``store``, two runs alone through them (the first warms them up, the
+    second's length spreads the staggered starts), then ``args.runs`` runs (``shape``); the
+    load's figures with the workers' (and Redis's) CPU and stamps."""
+    env = _child_env()
+    env["TOOLLATCH_RELAY__MAX_ACTIVE_RUNS"] = str(args.runs + 8)
+    env["TOOLLATCH_RELAY__MAX_CONNECTIONS"] = str(max(1000, args.runs * 3))
+    serve_args = ["--store", store, "--ledger", "none", "--base-url", model_url + "/v1"]
+    serve_args += ["--model", "scripted", *extra]
+    with tempfile.TemporaryDirectory() as folder:
+        workers = [_Worker(folder, i, serve_args, env) for i in range(n)]
+        try:
+            urls = ",".join(w.url for w in workers)
+            asyncio.run(_load(urls, 1, 0.0, args.uvloop))  # (warms the workers: DBOS's first)
+            solo = asyncio.run(_load(urls, 1, 0.0, args.uvloop))
+            stagger = solo["wall"] if shape == "staggered" else 0.0
+            redis_pid = getattr(args, "redis_pid", None)
+            pids = [w.proc.pid for w in workers] + [args.model_pid]
+            pids += [redis_pid] if store != "memory:" and redis_pid else []
+            before = [_cpu_of(p) for p in pids]
+            load = os.getloadavg()[0]
+            result = asyncio.run(_load(urls, args.runs, stagger, args.uvloop))
+            cpu = [_cpu_of(p) - b for p, b in zip(pids, before, strict=True)]
+        finally:
+            stamps: dict[tuple[str, int], list[float]] = {}
+            for worker in workers:
+                stamps.update(worker.stop())
+    result.update(
+        workers=n, store="memory" if store == "memory:" else "redis", shape=shape,
+        worker_cpu=sum(cpu[:n]), model_cpu=cpu[n], redis_cpu=sum(cpu[n + 1 :]), stamps=stamps,
+        load=load,
+        solo_s=solo["wall"], solo_events=solo["runs"][0]["events"],
+    )  # fmt: skip
+    return result
+
+
+def _checked(label: str, result: dict[str, Any]) -> None:
+    """Fail loudly unless every run got ids 1..N once each, N being the number of events its
+    worker appended, ended with ``run_ended``, and had every call paired."""
+    appended: dict[str, int] = collections.Counter(run for run, _n in result["stamps"])
+    bad = [
+        r
+        for r in result["runs"]
+        if not (r["exact"] and r["paired"] and r["events"] == appended.get(r["id"], -1))
+    ]
+    if bad:
+        keys = ("id", "events", "exact", "paired", "notes")
+        shown = [{k: r.get(k) for k in keys} for r in bad[:5]]
+        for r in shown:
+            r["appended"] = appended.get(r["id"], 0)
+        raise SystemExit(f"{label}: {len(bad)} runs lost, repeated or unpaired events: {shown}")
+
+
+def _worker_row(label: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one :func:`_workers_load` (checked first: :func:`_checked`)."""
+    _checked(label, result)
+    stamps, runs = result["stamps"], result["runs"]
+    created = sorted(t - stamps[(r, n)][0] for r, n, t in result["seen"])
+    lengths = sorted(r["length"] for r in runs)
+    events = sum(r["events"] for r in runs)
+    return {
+        "case": label, "workers": result["workers"], "store": result["store"],
+        "shape": result["shape"], "runs": len(runs), "events": events,
+        "events_s": events / result["wall"], "wall_s": result["wall"],
+        "p50_ms": _pct(created, 0.5), "p99_ms": _pct(created, 0.99),
+        "length_p50_s": _pct(lengths, 0.5) / 1000, "length_p99_s": _pct(lengths, 0.99) / 1000,
+        "solo_s": result["solo_s"], "worker_cpu_s": result["worker_cpu"],
+        "redis_cpu_s": result["redis_cpu"], "model_cpu_s": result["model_cpu"],
+        "client_cpu_s": result["client_cpu"],
+        "cores_busy": (
+            result["worker_cpu"] + result["redis_cpu"] + result["model_cpu"]
+            + result["client_cpu"]
+        ) / result["wall"],
+        "cpu_ms_per_event": (result["worker_cpu"] + result["redis_cpu"]) * 1000 / events,
+        "load": result["load"],
+    }  # fmt: skip
+
+
+def _durable_cost(args: argparse.Namespace, model_url: str, store: str) -> str:
+    """The cost per run of durable runs: ``toollatch serve --durable`` when this checkout's
+    serve has it (a PostgreSQL of tests/durable_helpers.py, ``--workers`` workers, a tenth of
+    the runs, against the same without it), else benchmarks/bench_durable.py's measure of the
+    DurableRuns API (one process, runs one after another)."""
+    helps = subprocess.run(
+        [*_SERVE, "serve", "--help"], check=False, capture_output=True, text=True, env=_child_env()
+    ).stdout
+    if "--durable" not in helps:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("bench_durable.py")), "--runs", "20",
+             "--blocks", "4"],
+            check=False, capture_output=True, text=True, env=_child_env(),
+        )  # fmt: skip
+        if done.returncode != 0:
+            return f"bench_durable.py failed: {done.stderr.strip()[-500:]}"
+        return (
+            "`toollatch serve --durable` is not in this checkout: the DurableRuns API's cost "
+            "per run instead (benchmarks/bench_durable.py, one process, the demo's 3 rounds "
+            "without model delays):\n" + done.stdout.strip()
+        )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from durable_helpers import PostgresServer  # noqa: PLC0415 (tests' helper)
+
+    small = argparse.Namespace(**{**vars(args), "runs": max(10, args.runs // 10)})
+    postgres = PostgresServer()
+    try:
+        postgres.start()
+        rows = {}
+        with tempfile.TemporaryDirectory() as folder:  # (--durable needs a shared ledger)
+            ledger = ["--ledger", f"sqlite:///{folder}/ledger.db"]
+            for name, extra in (("plain", ledger), ("durable", [*ledger, "--durable",
+                                                                  postgres.url()])):  # fmt: skip
+                result = _workers_load(small, model_url, store, args.workers, "staggered", extra)
+                rows[name] = _worker_row(f"{name} x{args.workers}", result)
+    finally:
+        postgres.close()
+    per_run = {k: r["worker_cpu_s"] * 1000 / r["runs"] for k, r in rows.items()}
+    return (
+        f"`toollatch serve --durable` ({small.runs} runs over {args.workers} workers, one SQLite "
+        f"ledger both ways): workers' CPU {per_run['plain']:.1f} ms per run plain, "
+        f"{per_run['durable']:.1f} ms durable ({per_run['durable'] / per_run['plain']:.2f}x); "
+        f"run length p50 {rows['plain']['length_p50_s']:.2f} s / "
+        f"{rows['durable']['length_p50_s']:.2f} s, p99 {rows['plain']['length_p99_s']:.2f} s / "
+        f"{rows['durable']['length_p99_s']:.2f} s; events/s {rows['plain']['events_s']:.0f} / "
+        f"{rows['durable']['events_s']:.0f}"
+    )
+
+
+def _scale_out(args: argparse.Namespace) -> None:
+    """``--workers N``: the one-run table (one worker in memory against N on Redis, the
+    load's shape), throughput at 1..N workers (every run at once), the cost of --durable."""
+    own = args.store in (None, "redis://", "redis:")
+    model, model_url = _start(
+        [sys.executable, "-m", "toollatch.scripted", "--delay-scale", str(args.delay_scale)],
+        r"http://127\.0\.0\.1:\d+",
+    )
+    rows = []
+    try:
+        with _redis_server() if own else contextlib.nullcontext((None, args.store)) as found:
+            redis, store = found
+            args.redis_pid = redis.pid if redis is not None else None
+            args.model_pid = model.pid
+            print(f"uptime load before: {os.getloadavg()}", flush=True)
+            cases = [("memory x1", "memory:", 1, args.shape)]
+            cases.append((f"redis x{args.workers}", store, args.workers, args.shape))
+            cases += [(f"redis x{n}, all at once", store, n, "lockstep")
+                      for n in range(1, args.workers + 1)]  # fmt: skip
+            cases.insert(2, ("memory x1, all at once", "memory:", 1, "lockstep"))
+            for label, where, n, shape in cases:
+                result = _workers_load(args, model_url, where, n, shape, [])
+                rows.append(_worker_row(label, result))
+                print(json.dumps(rows[-1]), flush=True)
+            durable = _durable_cost(args, model_url, store)
+    finally:
+        model.terminate()
+        model.wait()
+    print(
+        f"\n{args.runs} runs, {3.0 * args.delay_scale:g} ms between the model's wire events; "
+        "every run's ids 1..N once each (N = the events its worker appended), every call "
+        "paired: checked"
+    )
+    print(
+        "| case | runs in | events/s | p50 / p99 event latency | run length p50 / p99 "
+        "(alone) | CPU per event (workers + Redis) | CPU s: workers / Redis / model / clients "
+        "(cores busy) | load |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        spread = "at once" if r["shape"] == "lockstep" else f"{r['solo_s']:.1f} s"
+        print(
+            f"| {r['case']} | {spread} | {r['events_s']:.0f} | {r['p50_ms']:.1f} / "
+            f"{r['p99_ms']:.1f} ms | {r['length_p50_s']:.2f} / {r['length_p99_s']:.2f} s "
+            f"({r['solo_s']:.2f} s) | {r['cpu_ms_per_event']:.3f} ms | {r['worker_cpu_s']:.1f} / "
+            f"{r['redis_cpu_s']:.1f} / {r['model_cpu_s']:.1f} / {r['client_cpu_s']:.1f} "
+            f"({r['cores_busy']:.2f}) | {r['load']:.1f} |"
+        )
+    print(f"\n{durable}")
+    print(f"uptime load after: {os.getloadavg()}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--stamped-serve"]:  # (a worker of --workers)
+        sys.exit(_stamped_serve(sys.argv[2], sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument(
@@ -1155,6 +1469,13 @@ def main() -> None:
         "--against",
         metavar="FILE",
         help="with --stores: another checkout's bench_relay.py, in memory, as a third column",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="N `toollatch serve` workers on one Redis (--store, or one started here) against "
+        "one worker in memory, then 1..N workers with every run at once, and --durable's cost",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument(
@@ -1230,6 +1551,9 @@ def main() -> None:
         return
     if args.stores:
         _stores(args)
+        return
+    if args.workers:
+        _scale_out(args)
         return
     if args.vs_ai_sdk:
         asyncio.run(_vs_ai_sdk(args))

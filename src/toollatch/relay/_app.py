@@ -43,7 +43,7 @@ from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import AlwaysStore, ArgumentAudit, History, Ledger, LedgerError
+from ..ledger import AlwaysStore, ArgumentAudit, History, HistoryConflict, Ledger, LedgerError
 from ..ledger._open import open_ledger
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
@@ -65,7 +65,7 @@ from ._requests import set_cookie as _set_cookie
 from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame, session_key_of
 from ._tools import SessionTools
 from .protocols import _ui_answers, _ui_message
-from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
+from .protocols._agui import AguiEndpoint, Refusal, StoredThreads, Thread
 from .store._base import MemoryRunStore, RunStore, StoreUnavailable
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
@@ -660,6 +660,11 @@ class Relay:
                 run.mirror.push(run)  # (the store records its end)
             raise HTTPError(422, "invalid_run", str(exc)) from None
         self._pool_runs[pool] += 1
+        run.kept = {"conversation": conversation or scope}  # (see RelayRun.kept)
+        agui = (kept or {}).get("agui")
+        if isinstance(agui, Mapping) and isinstance(agui.get("thread"), str) and stores is not None:
+            thread = StoredThreads.scope_of(run.session_key, agui["thread"])
+            run.kept.update(history=scope, thread=thread, provider=provider)
 
         before = record = None
         history_store = self.history
@@ -726,18 +731,22 @@ class Relay:
                         await run.wait(run.log.last_id, wait_s)
         return [run.id for run, _ in resumed]
 
-    async def adopt_orphan(self, run_id: str, session: str, owner: str = "") -> bool:
-        """A dead worker's run this worker won in its sweep (:data:`.store.Adopter`):
-        with ``durable``, True when it goes on as a workflow recovered from the dead worker
-        ``owner``; else resumed here when it waits for an answer and its record is in the
-        shared history (as :meth:`restore` would); else False, its pending questions settled
-        ``cancelled`` first (the store then ends it), so no restarting relay resumes an
-        ended run."""
+    async def adopt_orphan(
+        self, run_id: str, session: str, owner: str = "", kept: Mapping[str, str] | None = None
+    ) -> bool:
+        """A dead worker's run this worker won in its sweep (:data:`.store.Adopter`;
+        ``kept``: :attr:`RelayRun.kept` as the store read it back): with ``durable``, True
+        when it goes on as a workflow recovered from the dead worker ``owner``; else resumed
+        here when it waits for an answer and its record is in the shared history (as
+        :meth:`restore` would); else False, its pending questions settled ``cancelled`` first
+        (the store then ends it), so no restarting relay resumes an ended run, and an AG-UI
+        thread's run hands its thread what it stored (:meth:`_file_thread`)."""
+        kept = kept or {}
         if self.durable is not None and await self.durable.recovered(run_id, session, owner):
             return True
         if self.history is None or self.ledger is None:
             return False
-        scope = run_scope_of(session, run_id)
+        scope = kept.get("conversation") or run_scope_of(session, run_id)
         try:
             record, questions = await _restore.of_run(self.ledger, self.history, run_id, scope)
         except (LedgerError, UsageError) as exc:
@@ -753,7 +762,26 @@ class Relay:
             await _restore.settle(self.ledger, questions, "its run was ended: its worker stopped")
         except (LedgerError, UsageError) as exc:
             _log.warning("run %s…: its questions were not settled (%s)", run_id[:6], exc)
+        await self._file_thread(run_id, kept)
         return False
+
+    async def _file_thread(self, run_id: str, kept: Mapping[str, str]) -> None:
+        """What a dead worker's AG-UI run stored of its conversation (its history as of its
+        last finished round: every call paired) appended to its thread, as the run's
+        ``_Keeper`` would have at its end, so the thread's next message, on any worker,
+        continues it (nothing for another run, or a relay without a shared history)."""
+        history, thread, provider = (kept.get(k) for k in ("history", "thread", "provider"))
+        if self.history is None or not (history and thread and provider):
+            return
+        threads = self.agui.threads
+        if not isinstance(threads, StoredThreads):
+            return
+        try:
+            stored = await self.history.load(history)
+            if stored:
+                await threads.save_under(thread, Thread(provider, tuple(stored)))
+        except (LedgerError, UsageError, HistoryConflict) as exc:
+            _log.warning("run %s…: its AG-UI thread was not kept (%s)", run_id[:6], exc)
 
     async def _resume_recorded(self, record: Mapping[str, Any]) -> RelayRun | None:
         """Admit and start the run ``record`` names, continuing its stored history (None:

@@ -294,6 +294,11 @@ class RelayRun:
         self._approval_secret = approval_secret
         self.asked: dict[str, Asked] = {}
         """The questions its log carried, by call id (:mod:`._answers`; with a secret)."""
+        self.kept: dict[str, str] = {}
+        """What a surviving worker needs to end the run if this one dies (a shared store
+        keeps it beside the run): ``conversation``, its calls' ledger scope; for an AG-UI
+        thread's run also ``history`` (where its rounds are stored), ``thread`` (the
+        thread's history key) and ``provider``."""
 
     @property
     def agent_run(self) -> AgentRun | None:

@@ -365,6 +365,7 @@ class RelayServer:
                 outage_s=self.store_outage_s,
                 lease_s=self.lease_s,
                 ledger=ledger,
+                connections=limits.max_connections,
             ),
         )
 

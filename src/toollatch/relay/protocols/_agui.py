@@ -444,7 +444,12 @@ class StoredThreads:
     @staticmethod
     def scope(session: str, thread_id: str) -> str:
         """The history store key of a session's thread (the session only as a digest)."""
-        return f"agui-{hashlib.sha256(session.encode()).hexdigest()[:24]}-{thread_id}"
+        return StoredThreads.scope_of(hashlib.sha256(session.encode()).hexdigest(), thread_id)
+
+    @staticmethod
+    def scope_of(digest: str, thread_id: str) -> str:
+        """:meth:`scope` from the session's SHA-256 (hex; what a shared run store keeps)."""
+        return f"agui-{digest[:24]}-{thread_id}"
 
     async def load(self, session: str, thread_id: str) -> Thread | None:
         """The thread's stored history, None for a new thread."""
@@ -465,7 +470,10 @@ class StoredThreads:
 
     async def save(self, session: str, thread_id: str, thread: Thread) -> None:
         """Append what the run added to the stored history."""
-        scope = self.scope(session, thread_id)
+        await self.save_under(self.scope(session, thread_id), thread)
+
+    async def save_under(self, scope: str, thread: Thread) -> None:
+        """:meth:`save` to the thread whose key is ``scope`` (:meth:`scope_of`)."""
         if not await self.history.load(f"{scope}/meta"):
             await self.history.append(f"{scope}/meta", [{"provider": thread.provider}], at=0)
         stored = await self.history.load(scope)

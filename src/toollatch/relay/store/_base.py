@@ -11,7 +11,7 @@ and :meth:`RunStore.point` / :meth:`RunStore.pointed` keep the endpoints' pointe
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from .._runs import RelayRun, RunRegistry, RunSource
@@ -22,11 +22,12 @@ Handler = Callable[[RelayRun, dict[str, Any]], Awaitable[tuple[int, dict[str, An
 """How the owner of a run applies a request another worker forwarded (:meth:`RunStore.ask`):
 its HTTP status and JSON body."""
 
-Adopter = Callable[[str, str, str], Awaitable[bool]]
+Adopter = Callable[[str, str, str, Mapping[str, str]], Awaitable[bool]]
 """What a survivor does with a dead worker's run it won (run id, session digest, the dead
-owner's worker id): True when it resumed the run (a pending question, a run record, a
-shared ledger; a durable workflow recovered); False when it could not, its questions then
-settled ``cancelled`` so that no restart resumes it (the store ends it)."""
+owner's worker id, what the run kept for it: :attr:`~.._runs.RelayRun.kept`): True when it
+resumed the run (a pending question, a run record, a shared ledger; a durable workflow
+recovered); False when it could not, its questions then settled ``cancelled`` so that no
+restart resumes it (the store ends it)."""
 
 
 class StoreUnavailable(Exception):

@@ -38,12 +38,15 @@ def open_run_store(
     outage_s: float = DEFAULT_OUTAGE_S,
     lease_s: float = DEFAULT_LEASE_S,
     ledger: Ledger | None = None,
+    connections: int = 1000,
 ) -> RunStore:
     """The store of ``url`` (:func:`check_store_url`; Redis needs the ``redis`` extra).
     ``keep``: the in-memory store's pointers of each kind; ``ttl_s``: how long a shared
     store keeps an ended run; ``outage_s``: how long its writes are retried; ``lease_s``:
     how long a worker's lease lasts without a renewal (its runs are then ended by another);
-    ``ledger``: the one the workers share (which of a dead worker's calls started). Raises
+    ``ledger``: the one the workers share (which of a dead worker's calls started);
+    ``connections``: the relay's ``max_connections`` (a shared store's connections to Redis
+    follow its readers of other workers' runs, one each). Raises
     ``ConfigError`` for another scheme or a missing ``redis`` package (not connected yet:
     :meth:`RunStore.open`)."""
     check_store_url(url)
@@ -56,4 +59,6 @@ def open_run_store(
         raise ConfigError(
             f"run store {shown}: needs the redis package (pip install 'toollatch[redis]')"
         ) from None
-    return RedisRunStore(url, ttl_s=ttl_s, outage_s=outage_s, lease_s=lease_s, ledger=ledger)
+    return RedisRunStore(
+        url, ttl_s=ttl_s, outage_s=outage_s, lease_s=lease_s, ledger=ledger, connections=connections
+    )

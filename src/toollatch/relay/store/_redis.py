@@ -44,11 +44,14 @@ started: ``cancelled``; one still streaming: ``call_failed``), ends the open rou
 (``round_ended``, ``interrupted``) and writes ``run_ended`` with an error naming the dead
 worker, then ``status: done``: readers on every worker see the end. With a ledger the
 relay shares, a committed call the log shows as not started is looked up there (the log may
-lag the ledger by one write): a ``started`` record makes it ``outcome_unknown``. A run is
+lag the ledger by one write), under the run's own scope (a chat's or an AG-UI thread's for
+their runs: ``conversation`` in its metadata, from :attr:`RelayRun.kept`, written with its
+first frames): a ``started`` record makes it ``outcome_unknown``. A run is
 thus ended within about ``lease_s`` * 4/3 of its owner's death.
 Before ending it, the survivor offers the run to the relay's ``adopter``
 (:meth:`._app.Relay.adopt_orphan`): a run waiting for an answer with its record in the shared
-history is resumed there instead (its question settled ``cancelled`` when it cannot be), and
+history is resumed there instead (its question settled ``cancelled`` when it cannot be; an
+AG-UI thread's run ended gets its stored rounds filed to its thread first), and
 :meth:`adopt` (a restarting worker) takes a dead worker's run with the same compare-and-set,
 so one worker only resumes or ends it.
 
@@ -117,6 +120,8 @@ return 1
 _UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
 _LAST_ID = "0-18446744073709551615"
 _LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
+_KEPT = ("conversation", "history", "thread", "provider")
+"""The fields of :attr:`RelayRun.kept` a survivor reads back from a run's metadata."""
 
 
 def session_digest(session: str) -> str:
@@ -140,6 +145,27 @@ def _lease(worker: str) -> str:
     return f"{_PREFIX}worker:{worker}:lease"
 
 
+_OWN_CONNECTIONS = 8
+"""Connections a worker's store uses beside its clients' (the writer, the lease, the cancel
+listener, replies)."""
+
+
+def _client(url: str, socket_s: float, connections: int) -> aioredis.Redis:
+    """A client of ``url`` that opens at most ``connections`` connections, and whose command
+    that finds them all busy waits for one (at most :data:`SOCKET_S`, then a connection
+    error) rather than failing at once, as redis-py's default pool (100 connections since
+    its version 6) does: each reader of another worker's run holds one connection for its
+    blocking read, so a worker's readers (at most ``relay.max_connections``) need as many."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=connections,
+        timeout=SOCKET_S,
+        socket_timeout=socket_s,
+        socket_connect_timeout=SOCKET_S,
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
 def _entry_id(raw: bytes) -> int:
     return int(raw.split(b"-", 1)[1])
 
@@ -161,8 +187,11 @@ class RedisRunStore:
         outage_s: float,
         lease_s: float = 10.0,
         ledger: Ledger | None = None,
+        connections: int = 1000,
     ) -> None:
         self.url = url
+        self.connections = connections + _OWN_CONNECTIONS
+        """The most connections each of its two clients opens (:func:`_client`)."""
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.outage_s = outage_s
         self.lease_ms = max(1, int(lease_s * 1000))
@@ -172,9 +201,7 @@ class RedisRunStore:
         """This worker's id (its runs' ``owner``)."""
         self.shown = url.rsplit("@", maxsplit=1)[-1]
         try:
-            self.client = aioredis.Redis.from_url(
-                url, socket_timeout=SOCKET_S, socket_connect_timeout=SOCKET_S
-            )
+            self.client = _client(url, SOCKET_S, self.connections)
         except ValueError as exc:
             raise ConfigError(f"run store {self.shown}: {exc}") from None
         self._blocking: aioredis.Redis | None = None
@@ -201,9 +228,7 @@ class RedisRunStore:
             await self.client.aclose()
             raise ConfigError(f"run store {self.shown}: cannot reach Redis: {exc}") from None
         block_s = runs.limits.heartbeat_s + SOCKET_S
-        self._blocking = aioredis.Redis.from_url(
-            self.url, socket_timeout=block_s, socket_connect_timeout=SOCKET_S
-        )
+        self._blocking = _client(self.url, block_s, self.connections)
         self._runs = runs
         self._writer = _Writer(self, runs)
         loop = asyncio.get_running_loop()
@@ -460,32 +485,36 @@ class RedisRunStore:
             return
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in run_ids:
-                pipe.hmget(_meta(run_id), "status", "owner", "ender", "session")
+                pipe.hmget(_meta(run_id), "status", "owner", "ender", "session", *_KEPT)
             metas = await pipe.execute()
-        holders: dict[str, tuple[str, str, str]] = {}
-        for run_id, (status, owner, ender, session) in zip(run_ids, metas, strict=True):
+        holders: dict[str, tuple[str, str, str, dict[str, str]]] = {}
+        for run_id, (status, owner, ender, session, *more) in zip(run_ids, metas, strict=True):
             if status is None or status == b"done":  # (expired, or ended meanwhile)
                 await self.client.srem(_RUNNING, run_id)
                 continue
             holder = ender if status == b"ending" else owner
             if holder is not None and owner is not None and holder.decode() != self.worker:
-                holders[run_id] = (holder.decode(), owner.decode(), (session or b"").decode())
+                kept = {k: bytes(v).decode() for k, v in zip(_KEPT, more, strict=True) if v}
+                holders[run_id] = (
+                    holder.decode(), owner.decode(), (session or b"").decode(), kept
+                )  # fmt: skip
         alive: dict[str, bool] = {}
-        for holder, _owner, _session in holders.values():
+        for holder, *_rest in holders.values():
             if holder not in alive:
                 alive[holder] = bool(await self.client.exists(_lease(holder)))
-        for run_id, (holder, owner, session) in holders.items():
+        for run_id, (holder, owner, session, kept) in holders.items():
             if alive[holder]:
                 continue
             won = await self.client.eval(_CLAIM_ORPHAN, 1, _meta(run_id), holder, self.worker)
             if not won:
                 continue
             try:
-                if self._adopter is not None and await self._adopter(run_id, session, owner):
+                adopter = self._adopter
+                if adopter is not None and await adopter(run_id, session, owner, kept):
                     continue  # (resumed here: a run waiting for an answer)
             except Exception:  # (a bug in us: the run is ended, never left hanging)
                 _log.exception("run %s…: it could not be resumed here", run_id[:6])
-            await self._end_orphan(run_id, owner, session)
+            await self._end_orphan(run_id, owner, session, kept.get("conversation"))
 
     async def end_if_held(self, run_id: str, owner: str, session: str) -> bool:
         """End the dead worker ``owner``'s run as :meth:`_reap` does if this worker still
@@ -500,8 +529,11 @@ class RedisRunStore:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         return True
 
-    async def _end_orphan(self, run_id: str, owner: str, session: str) -> None:
-        """Write the end of the dead worker ``owner``'s run (this worker won it)."""
+    async def _end_orphan(
+        self, run_id: str, owner: str, session: str, conversation: str | None = None
+    ) -> None:
+        """Write the end of the dead worker ``owner``'s run (this worker won it);
+        ``conversation``: its calls' ledger scope (default: :meth:`known`'s)."""
         entries: Any = await self.client.xrange(_stream(run_id), "-", "+")
         last = _entry_id(entries[-1][0]) if entries else 0
         seen = read_log([fields[b"f"] for _id, fields in entries])
@@ -512,7 +544,7 @@ class RedisRunStore:
         events = (
             []
             if seen.ended
-            else closing_events(seen, error, await self.known(run_id, session, seen))
+            else closing_events(seen, error, await self.known(run_id, session, seen, conversation))
         )
         async with self.client.pipeline(transaction=False) as pipe:
             for n, data in enumerate(events, start=last + 1):
@@ -533,13 +565,20 @@ class RedisRunStore:
         _log.warning("run %s…: %s", run_id[:6], error)
 
     async def known(
-        self, run_id: str, session: str, seen: OpenCalls
+        self, run_id: str, session: str, seen: OpenCalls, conversation: str | None = None
     ) -> dict[str, tuple[bool, str | None] | str]:
-        """What the shared ledger says of the calls the log leaves without a result."""
+        """What the shared ledger says of the calls the log leaves without a result (under
+        ``conversation``, the run's ledger scope: a chat's or an AG-UI thread's for their
+        runs; default: the one its metadata keeps, else a ``POST /runs`` run's own)."""
         known: dict[str, tuple[bool, str | None] | str] = {}
         if self.ledger is None or not seen.committed:
             return known
-        scope = run_scope_of(session, run_id)
+        if conversation is None:
+            kept: Any = None
+            with contextlib.suppress(*_LOST):  # (unreachable: a POST /runs run's own)
+                kept = await self.client.hget(_meta(run_id), "conversation")
+            conversation = bytes(kept).decode() if kept else None
+        scope = conversation or run_scope_of(session, run_id)
         for call_id in seen.committed:
             try:
                 record = await self.ledger.get(LedgerKey(scope=scope, call_id=call_id))
@@ -734,6 +773,9 @@ class _Writer:
                 if ended:
                     pipe.hset(meta, "status", "done")
                     pipe.srem(_RUNNING, run.id)
+                if not written and run.kept:  # (what a survivor needs to end it)
+                    kept: dict[Any, Any] = dict(run.kept)
+                    pipe.hset(meta, mapping=kept)
                 if ended or renew or not written:  # (its end, a renewal, a new stream)
                     pipe.pexpire(stream, ttl)
                     pipe.pexpire(meta, ttl)
