@@ -1,16 +1,17 @@
 """Shared test configuration: Hypothesis profiles, the recorded-stream corpus locator, a
-redis-server per test module (``redis_server``), one mypy run at a time on a shared cache
-(``mypy_lock``) and the number of pytest-xdist workers (``-n auto``, the default in
-pyproject's addopts)."""
+redis-server per test module (``redis_server``), each built-in ledger (``store``), one mypy
+run at a time on a shared cache (``mypy_lock``) and the number of pytest-xdist workers
+(``-n auto``, the default in pyproject's addopts)."""
 
 from __future__ import annotations
 
 import compileall
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -18,6 +19,8 @@ from hypothesis import HealthCheck, settings
 from durable_helpers import PostgresServer
 from ledger_helpers import RedisServer
 from toollatch import StreamDecodeError, UsageError
+from toollatch.ledger._base import MemoryLedger
+from toollatch.ledger._sqlite import SQLiteLedger
 
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -140,6 +143,29 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """Each built-in ledger in turn (a fresh one; Redis flushed): the question and
+    always-allow stores' tests (test_approvals.py, test_sticky_approvals.py)."""
+    if request.param == "memory":
+        yield MemoryLedger()
+    elif request.param == "sqlite":
+        made = SQLiteLedger(tmp_path / "ledger.db")
+        yield made
+        await made.aclose()
+    else:
+        import redis.asyncio as aioredis
+
+        from toollatch.ledger._redis import RedisLedger
+
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = aioredis.Redis.from_url(server.url, socket_timeout=2)
+        await client.flushdb()
+        redis_ledger = RedisLedger(client)
+        yield redis_ledger
+        await redis_ledger.aclose()
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,14 @@ write_file call, then text)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from ledger_helpers import RedisServer, chat_round
+from ledger_helpers import chat_round
 from toollatch import (
     Agent,
     AgentRun,
@@ -44,7 +42,6 @@ from toollatch.ledger import (
 )
 from toollatch.ledger._base import MemoryLedger
 from toollatch.ledger._records import LedgerKey, digest_of
-from toollatch.ledger._redis import RedisLedger
 from toollatch.ledger._sqlite import SQLiteLedger
 from toollatch.runtime import ApprovalContext, Dispatcher, Metrics, Tracing
 from toollatch.scripted import ScriptedServer
@@ -220,7 +217,7 @@ async def test_always_allow_is_sticky_for_the_session_and_revocable():
     await play("s1", "c1", always=True)
     await play("s1", "c2")  # not asked: "always" for write_file in s1
     await play("s2", "c3")  # another session is asked
-    dispatcher.revoke("s1", "write_file")
+    assert await dispatcher.revoke("s1", "write_file")
     await play("s1", "c4")  # asked again
     assert asked == [("s1", "c1"), ("s2", "c3"), ("s1", "c4")]
     assert ran == ["c1", "c2", "c3", "c4"]
@@ -356,21 +353,7 @@ async def test_a_run_cancelled_while_waiting_pairs_the_call():
 # -- the stores ------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def store(request: Any, tmp_path: Any) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryLedger()
-    elif request.param == "sqlite":
-        made = SQLiteLedger(tmp_path / "ledger.db")
-        yield made
-        await made.aclose()
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        client = aioredis.Redis.from_url(server.url, socket_timeout=2)
-        await client.flushdb()
-        made = RedisLedger(client)
-        yield made
-        await made.aclose()
+# (the ``store`` fixture, each built-in ledger in turn, is in conftest.py)
 
 
 async def test_every_store_keeps_questions_and_takes_one_answer(store: Any):

@@ -28,7 +28,7 @@ OPTIONS: dict[str, set[str]] = {
         "-h", "--help", "message", "--provider", "--model", "--base-url", "--tools", "--mcp",
         "--eager", "--max-rounds", "--deadline", "--workspace", "--json", "--record",
         "--full-results", "--ledger", "--session", "--resume", "--config", "--approve",
-        "--approval-timeout",
+        "--approval-timeout", "--max-always",
     },
     "config": {"-h", "--help"},
     "config example": {"-h", "--help"},
@@ -38,7 +38,7 @@ OPTIONS: dict[str, set[str]] = {
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
         "--shutdown-grace", "--max-chat-messages", "--max-chat-body-bytes", "--max-ui-bytes",
         "--result-text", "--store", "--store-ttl", "--store-outage", "--lease", "--workers",
-        "--durable", "--config",
+        "--durable", "--max-always", "--config",
     },
     "proxy": {
         "-h", "--help", "--upstream", "--upstream-provider", "--host", "--port", "--calls",

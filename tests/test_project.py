@@ -293,6 +293,7 @@ SURFACES = {
     ],
     "toollatch.ledger": [
         "AlreadyAnswered",
+        "AlwaysStore",
         "ApprovalError",
         "ArgumentAudit",
         "AuditPolicy",
@@ -320,6 +321,7 @@ SURFACES = {
         "QuestionStore",
         "SessionLocks",
         "StaleArguments",
+        "TooManyAlways",
         "Won",
         "WrongKind",
         "approval_token",

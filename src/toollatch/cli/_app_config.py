@@ -44,7 +44,7 @@ from ..core._preview import PreviewPolicy, Redactor, ToolPreview
 from ..core._secrets import redact_secrets
 from ..ledger import AuditPolicy
 from ..mcp._servers import McpServer, parse_server_spec, unique_names
-from ..runtime._approvals import ApprovalPolicy
+from ..runtime._approvals import MAX_ALWAYS, ApprovalPolicy
 from ..runtime._clients import ClientLimits, RetryPolicy
 from ..runtime._run_setup import DEFAULT_DEADLINE_S, RunLimits
 from ..tools._results import DEFAULT_MAX_RESULT_BYTES, MIN_RESULT_BYTES, ResultLimits
@@ -343,6 +343,8 @@ class ApprovalsConfig(_Section):
     """``ask``: every other tool's calls need it too."""
     timeout_s: _Seconds | None = 300.0
     """An unanswered call fails ``approval_expired`` after this long (null: never)."""
+    max_always: Annotated[int, Field(ge=1, le=MAX_ALWAYS)] = 32
+    """Tools one session may "always allow" (``approve(..., always=True)``; more: refused)."""
 
 
 class Config(_Section):
@@ -457,7 +459,9 @@ class Config(_Section):
     def approval_policy(self) -> ApprovalPolicy:
         """Which calls wait for a person, and for how long."""
         a = self.approvals
-        return ApprovalPolicy(tools=a.tools, default=a.default, timeout_s=a.timeout_s)
+        return ApprovalPolicy(
+            tools=a.tools, default=a.default, timeout_s=a.timeout_s, max_always=a.max_always
+        )
 
     def agent_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`Agent` (besides client and tools)."""
@@ -745,5 +749,6 @@ approvals:
   tools: []                             # tools whose calls wait for a person (MCP tools too)
   default: run                          # run | ask: every other tool's calls wait too
   timeout_s: 300                        # an unanswered call fails approval_expired (null: never)
+  max_always: 32                        # tools one session may "always allow" (kept in the ledger)
 """
 """What ``toollatch config example`` prints: every key, commented, at its default."""

@@ -3,11 +3,13 @@
 
 ``--approve ask`` (the default) asks for each call: the tool's name and its full committed
 arguments on standard error, then one line of standard input (a terminal, or a script's
-pipe): ``y`` or ``yes`` approves, anything else (an empty line, end of input) denies with
-the reason "not approved". ``--approve all`` approves every call, ``--approve none`` denies
-every one. A client tool's call (a tool without a body) has no client here: it gets an
-error result saying so. The question is told first (``--json``: its ``approval_requested``
-line), so a script reading the events knows what it answers.
+pipe): ``y`` or ``yes`` approves, ``a`` or ``always`` approves and always allows the tool
+in the run's session (kept in the ledger: ``--resume`` keeps it; ``--max-always``), anything
+else (an empty line, end of input) denies with the reason "not approved" (past the cap of
+always-allowed tools, ``a`` approves this call only). ``--approve all`` approves every call,
+``--approve none`` denies every one. A client tool's call (a tool without a body) has no
+client here: it gets an error result saying so. The question is told first (``--json``: its
+``approval_requested`` line), so a script reading the events knows what it answers.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from typing import Literal
 
-from ..ledger import ApprovalError
+from ..ledger import ApprovalError, TooManyAlways
 from ..runtime import ApprovalRequestedEvent
 from ..runtime._agent_events import AgentEvent
 from ..runtime._agent_run import AgentRun
@@ -62,17 +64,26 @@ class Answerer:
     async def _answer(self, run: AgentRun, event: ApprovalRequestedEvent) -> None:
         if event.kind == "client":
             await run.submit_result(event.id, {"error": NO_CLIENT})
-        elif self.mode == "all" or (self.mode == "ask" and await self._asked(run, event)):
-            await run.approve(event.id, args_sha256=event.args_sha256)
-        else:
+            return
+        answer = "yes" if self.mode == "all" else "no"
+        if self.mode == "ask":
+            answer = await self._asked(run, event)
+        if answer == "no":
             await run.deny(event.id, NOT_APPROVED)
+            return
+        try:
+            await run.approve(event.id, args_sha256=event.args_sha256, always=answer == "always")
+        except TooManyAlways as exc:  # (the call is still approved, this once)
+            sys.stderr.write(f"toollatch: {visible(str(exc))}; approved this call only\n")
+            await run.approve(event.id, args_sha256=event.args_sha256)
 
-    async def _asked(self, run: AgentRun, event: ApprovalRequestedEvent) -> bool:
-        """The person's answer (False on end of input, or when the call stopped waiting)."""
+    async def _asked(self, run: AgentRun, event: ApprovalRequestedEvent) -> str:
+        """The person's answer: ``yes``, ``always`` or ``no`` (also on end of input, or when
+        the call stopped waiting)."""
         arguments = json.dumps(dict(event.arguments), indent=2, ensure_ascii=False)
         prompt = (
             f"toollatch: {visible(event.name)} (call {visible(event.id)}) wants to run with:\n"
-            f"{visible(arguments, lines=True)}\napprove? [y/N] "
+            f"{visible(arguments, lines=True)}\napprove? [y/N] (a: always, this session) "
         )
         with self.pause():
             sys.stderr.write(prompt)
@@ -82,7 +93,8 @@ class Answerer:
             line = await _line_while(self._reading, lambda: event.id in run.pending)
             if self._reading.done():
                 self._reading = None
-        return line is not None and line.strip().lower() in ("y", "yes")
+        said = "" if line is None else line.strip().lower()
+        return "yes" if said in ("y", "yes") else "always" if said in ("a", "always") else "no"
 
 
 def _settle(got: asyncio.Future[str], line: str) -> None:

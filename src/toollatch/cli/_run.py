@@ -22,8 +22,10 @@ environment (read with or without --config; flags win over them):
   TOOLLATCH_LEDGER__URL the ledger (as --ledger)
   TOOLLATCH_DISPATCHER__DEFAULT_TIMEOUT_S
                         a tool's run-time limit when it sets none (seconds)
-  TOOLLATCH_APPROVALS__TOOLS, TOOLLATCH_APPROVALS__TIMEOUT_S
-                        tools whose calls need approval ([a, b]); how long one waits
+  TOOLLATCH_APPROVALS__TOOLS, TOOLLATCH_APPROVALS__TIMEOUT_S,
+  TOOLLATCH_APPROVALS__MAX_ALWAYS
+                        tools whose calls need approval ([a, b]); how long one waits;
+                        tools a session may always allow
   TOOLLATCH_<SECTION>__<KEY>
                         any key of `toollatch config example`, e.g.
                         TOOLLATCH_RESULTS__MAX_BYTES=16384
@@ -156,6 +158,14 @@ def _approvals(run: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="an unanswered call fails approval_expired after this long (default: the "
         "config's approvals.timeout_s, 300; 0: never)",
+    )
+    run.add_argument(
+        "--max-always",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="tools the session may 'always allow' (answer a at the prompt; default: the "
+        "config's approvals.max_always, 32)",
     )
 
 

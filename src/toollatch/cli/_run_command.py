@@ -145,17 +145,13 @@ def _agent(
     if source is not None:
         durable["tool_source"] = source
     deadline = getattr(args, "deadline", None)  # (--deadline 0: no deadline)
-    timeout = getattr(args, "approval_timeout", None)  # (0: no expiry)
+    approvals = _approvals(args, c.approval_policy() if c is not None else ApprovalPolicy())
     if c is None:
         limits = RunLimits(max_rounds=args.max_rounds or RunLimits().max_rounds)
         if deadline is not None:
             limits = replace(limits, deadline_s=deadline or None)
-        if timeout is not None:
-            durable["approvals"] = ApprovalPolicy(timeout_s=timeout or None)
-        return Agent(client, tools, eager=eager, run_limits=limits, **durable)
-    options = {**c.agent_options(), **durable}
-    if timeout is not None:
-        options["approvals"] = replace(options["approvals"], timeout_s=timeout or None)
+        return Agent(client, tools, eager=eager, run_limits=limits, approvals=approvals, **durable)
+    options = {**c.agent_options(), **durable, "approvals": approvals}
     options["eager"] = (*options["eager"], *eager)
     if eager:  # --eager names tools to start early: the master switch follows the flag
         options["eager_start"] = True
@@ -164,6 +160,16 @@ def _agent(
     if deadline is not None:
         options["run_limits"] = replace(options["run_limits"], deadline_s=deadline or None)
     return Agent(client, tools, **options)
+
+
+def _approvals(args: argparse.Namespace, policy: ApprovalPolicy) -> ApprovalPolicy:
+    """``policy`` with ``--approval-timeout`` (0: no expiry) and ``--max-always``."""
+    timeout = getattr(args, "approval_timeout", None)
+    if timeout is not None:
+        policy = replace(policy, timeout_s=timeout or None)
+    if getattr(args, "max_always", None) is not None:
+        policy = replace(policy, max_always=args.max_always)
+    return policy
 
 
 def _durable(args: argparse.Namespace, c: Config | None = None) -> dict[str, Any]:

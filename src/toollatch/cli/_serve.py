@@ -64,6 +64,13 @@ def _browser(serve: argparse.ArgumentParser) -> None:
         "one is left out (default: the config's relay.max_ui_bytes, 65536)",
     )
     serve.add_argument(
+        "--max-always",
+        type=positive,
+        metavar="N",
+        help="tools one browser session may 'always allow' (kept in the ledger; default: the "
+        "config's approvals.max_always, 32)",
+    )
+    serve.add_argument(
         "--result-text",
         choices=("summary", "always", "never"),
         help="when the browser gets a redacted preview of a result's text: summary (no UI "

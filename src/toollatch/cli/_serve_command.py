@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from ..core._errors import ConfigError, UsageError
@@ -138,7 +139,9 @@ def _server(args: argparse.Namespace) -> RelayServer:
         models=models or None,
         run_limits=c.run_limits(),
         shutdown_grace_s=args.shutdown_grace or r.shutdown_grace_s,
-        approvals=c.approval_policy(),
+        approvals=replace(c.approval_policy(), max_always=args.max_always)
+        if args.max_always is not None
+        else c.approval_policy(),
         approval_secret=_approval_secret(r),
         **_store_options(args, r),
     )

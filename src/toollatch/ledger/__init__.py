@@ -12,13 +12,15 @@ Stores are built by URL only, with the openers in :mod:`toollatch`: ``open_ledge
 ``redis://`` (the ``redis`` extra). Their classes (in-memory, SQLite, Redis) are internal;
 this package holds the protocols they implement, the records they return, their errors, the
 running call's :func:`current_call`, the :class:`Question` a call waiting for a person or a
-client is (every built-in ledger is a :class:`QuestionStore`), the errors of a refused
-answer (:class:`ApprovalError` and its kinds), the signed approval tokens
+client is (every built-in ledger is a :class:`QuestionStore`), the sessions' "always
+allow" decisions (every built-in ledger is an :class:`AlwaysStore`), the errors of a refused
+answer (:class:`ApprovalError` and its kinds, :class:`TooManyAlways`), the signed approval tokens
 (:func:`approval_token`), and the URL helpers
 (:func:`default_ledger_url`, :func:`sqlite_file`). :mod:`toollatch.ledger.redis` has the
 Redis session locks.
 """
 
+from ._always import AlwaysStore, TooManyAlways
 from ._audit import ArgumentAudit, AuditPolicy, AuditRecord, AuditStore, audit_record
 from ._base import Ledger
 from ._context import CallContext, current_call
@@ -56,6 +58,7 @@ from ._records import (
 
 __all__ = [
     "AlreadyAnswered",
+    "AlwaysStore",
     "ApprovalError",
     "ArgumentAudit",
     "AuditPolicy",
@@ -83,6 +86,7 @@ __all__ = [
     "QuestionStore",
     "SessionLocks",
     "StaleArguments",
+    "TooManyAlways",
     "Won",
     "WrongKind",
     "approval_token",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
 from ..core._round import ToolResult
+from ._always import MemoryAlways
 from ._questions import Question, QuestionRules, QuestionStep
 from ._records import (
     Claim,
@@ -163,12 +164,13 @@ class RecordLedger:
         return await self._apply(key, step)
 
 
-class MemoryLedger(RecordLedger, QuestionRules):
-    """A :class:`Ledger` (and a :class:`~._questions.QuestionStore`) in dicts: one process,
-    one event loop (for tests and single-shot runs). Every method runs to completion
-    without awaiting, so each is atomic."""
+class MemoryLedger(RecordLedger, QuestionRules, MemoryAlways):
+    """A :class:`Ledger` (and a :class:`~._questions.QuestionStore` and an
+    :class:`~._always.AlwaysStore`) in dicts: one process, one event loop (for tests and
+    single-shot runs). Every method runs to completion without awaiting, so each is atomic."""
 
     def __init__(self) -> None:
+        MemoryAlways.__init__(self)
         self._records: dict[LedgerKey, LedgerRecord] = {}
         self._questions: dict[LedgerKey, Question] = {}
 

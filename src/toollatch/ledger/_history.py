@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -79,6 +79,15 @@ class MemoryHistory:
         """See :meth:`History.load`."""
         return [json.loads(m) for m in self._runs.get(run, [])]
 
+    async def delete(self, run: str, *, at: int) -> None:
+        """Forget ``run``'s history, which must have ``at`` messages (else
+        :class:`HistoryConflict`: another writer appended meanwhile). Not part of the
+        :class:`History` protocol: every built-in store has it."""
+        held = len(self._runs.get(run, []))
+        if held != at:
+            raise HistoryConflict(f"run {run!r} has {held} messages, not {at}")
+        self._runs.pop(run, None)
+
     async def aclose(self) -> None:
         """Nothing to release."""
 
@@ -102,7 +111,9 @@ class SQLiteHistory:
             self._conn = _connect(self.path, 10_000, (_TABLE,))  # (WAL, as the ledger's)
         return self._conn
 
-    def _append(self, run: str, encoded: list[str], at: int) -> int:
+    def _at(self, run: str, at: int, change: Callable[[sqlite3.Connection], object]) -> None:
+        """``change(conn)`` in one transaction, if ``run`` has ``at`` messages (else
+        :class:`HistoryConflict` and nothing changes)."""
         conn = self._db()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -111,15 +122,27 @@ class SQLiteHistory:
             ).fetchone()
             if length != at:
                 raise HistoryConflict(f"run {run!r} has {length} messages, not {at}")
-            conn.executemany(
-                "INSERT INTO toollatch_history (run, seq, message) VALUES (?, ?, ?)",
-                [(run, at + i, m) for i, m in enumerate(encoded)],
-            )
+            change(conn)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _append(self, run: str, encoded: list[str], at: int) -> int:
+        self._at(
+            run, at, lambda conn: conn.executemany(
+                "INSERT INTO toollatch_history (run, seq, message) VALUES (?, ?, ?)",
+                [(run, at + i, m) for i, m in enumerate(encoded)],
+            ),
+        )  # fmt: skip
         return at + len(encoded)
+
+    def _delete(self, run: str, at: int) -> None:
+        self._at(
+            run,
+            at,
+            lambda conn: conn.execute("DELETE FROM toollatch_history WHERE run = ?", (run,)),
+        )
 
     def _load(self, run: str) -> list[dict[str, Any]]:
         rows = self._db().execute(
@@ -142,6 +165,10 @@ class SQLiteHistory:
         """See :meth:`History.load`."""
         loaded: list[dict[str, Any]] = await self._call(self._load, run)
         return loaded
+
+    async def delete(self, run: str, *, at: int) -> None:
+        """See :meth:`MemoryHistory.delete`."""
+        await self._call(self._delete, run, at)
 
     async def aclose(self) -> None:
         """Close the connection and its thread."""

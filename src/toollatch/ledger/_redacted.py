@@ -22,9 +22,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..core._errors import UsageError
 from ..core._preview import Redactor
 from ..core._redact import RedactionFailed, redact_result, redact_value
 from ..core._round import ToolResult
+from ._always import AlwaysStore
 from ._base import Ledger
 from ._history import History
 from ._questions import Decision, NotAsked, PendingQuestions, Question, QuestionStore
@@ -55,6 +57,13 @@ class RedactedHistory:
         """See :meth:`History.load`."""
         return await self.inner.load(run)
 
+    async def delete(self, run: str, *, at: int) -> None:
+        """The inner store's ``delete`` (``UsageError`` when it has none)."""
+        delete = getattr(self.inner, "delete", None)
+        if delete is None:
+            raise UsageError("this history store keeps every history")
+        await delete(run, at=at)
+
     async def aclose(self) -> None:
         """See :meth:`History.aclose`."""
         await self.inner.aclose()
@@ -80,6 +89,11 @@ class RedactedLedger:
             if isinstance(ledger, PendingQuestions):
                 self.pending_questions = ledger.pending_questions
             self._answer = ledger.answer
+        if isinstance(ledger, AlwaysStore):  # (tool names only: nothing to redact)
+            self.allow_always = ledger.allow_always
+            self.always_allowed = ledger.always_allowed
+            self.always = ledger.always
+            self.revoke_always = ledger.revoke_always
 
     async def answer(
         self,

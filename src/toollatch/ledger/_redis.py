@@ -25,6 +25,7 @@ import redis.exceptions
 
 from ..core._errors import ConfigError
 from ..core._round import ToolResult
+from ._always import check_room
 from ._history import HistoryConflict, _encoded
 from ._questions import Question, QuestionRules, QuestionStep, question_from_json, question_to_json
 from ._records import (
@@ -96,6 +97,17 @@ return 1
 """
 # A question's write, only if it is still as read (else 0: read and decide again).
 
+_ALWAYS = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return -2 end
+local held = redis.call('HLEN', KEYS[1])
+if held >= tonumber(ARGV[3]) then return held end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
+return -1
+"""
+# An "always allow" decision added under the session's cap: -1 added, -2 there already, else
+# the count held (too many).
+
 _RELEASE = """
 local h, lk = KEYS[1], KEYS[2]
 local state = redis.call('HGET', h, 'state')
@@ -146,6 +158,7 @@ class RedisLedger(QuestionRules):
         self._release = client.register_script(_RELEASE)
         self._settle = client.register_script(_SETTLE)
         self._question_cas = client.register_script(_QUESTION_CAS)
+        self._allow = client.register_script(_ALWAYS)
 
     def _keys(self, key: LedgerKey) -> list[str]:
         # The scope's length first makes the key unambiguous whatever characters it holds.
@@ -269,6 +282,33 @@ class RedisLedger(QuestionRules):
                 return outcome
         raise LedgerError(f"Redis ledger: question {key.call_id!r} changed {_CLAIM_RACES} times")
 
+    # -- "always allow" decisions (see ._always): one hash per session, name -> since --------
+
+    def _always_key(self, scope: str) -> str:
+        return f"{self._prefix}always:{len(scope)}:{{{scope}}}"
+
+    async def allow_always(self, scope: str, name: str, *, now: float, limit: int) -> bool:
+        """See :meth:`~._always.AlwaysStore.allow_always` (one script: the count and the
+        write together; the session's hash lives ``retention_s`` after its last change)."""
+        args = [name, repr(now), str(limit), self._retention_ms]
+        held = int(await self._redis(self._allow(keys=[self._always_key(scope)], args=args)))
+        if held >= 0:
+            check_room(scope, held, limit)
+        return held == -1
+
+    async def always_allowed(self, scope: str, name: str) -> bool:
+        """See :meth:`~._always.AlwaysStore.always_allowed`."""
+        return bool(await self._redis(self._r.hexists(self._always_key(scope), name)))
+
+    async def always(self, scope: str) -> list[str]:
+        """See :meth:`~._always.AlwaysStore.always`."""
+        found = _texts(await self._redis(self._r.hgetall(self._always_key(scope))))
+        return sorted(found, key=lambda n: (float(found[n]), n))
+
+    async def revoke_always(self, scope: str, name: str) -> bool:
+        """See :meth:`~._always.AlwaysStore.revoke_always`."""
+        return bool(await self._redis(self._r.hdel(self._always_key(scope), name)))
+
     async def _redis(self, pending: Any) -> Any:
         try:
             return await pending
@@ -357,6 +397,14 @@ return length + #ARGV - 1
 """
 
 
+_DELETE = """
+local length = redis.call('LLEN', KEYS[1])
+if length ~= tonumber(ARGV[1]) then return redis.error_reply('CONFLICT ' .. length) end
+redis.call('DEL', KEYS[1])
+return length
+"""
+
+
 class RedisHistory:
     """A :class:`History` in Redis lists (one per run), appended by a Lua script that
     checks the length first, so two writers never interleave one run."""
@@ -365,12 +413,23 @@ class RedisHistory:
         self._r = client
         self._prefix = prefix
         self._append = client.register_script(_APPEND)
+        self._delete = client.register_script(_DELETE)
 
     async def append(self, run: str, messages: Sequence[dict[str, Any]], *, at: int) -> int:
         """See :meth:`History.append`."""
         encoded = _encoded(run, messages, at)
+        return await self._checked(
+            run, at, self._append(keys=[self._key(run)], args=[at, *encoded])
+        )
+
+    async def delete(self, run: str, *, at: int) -> None:
+        """See :meth:`~._history.MemoryHistory.delete`."""
+        await self._checked(run, at, self._delete(keys=[self._key(run)], args=[at]))
+
+    async def _checked(self, run: str, at: int, script: Any) -> int:
+        """A script's length, or :class:`HistoryConflict` when ``run`` had another one."""
         try:
-            return int(await self._append(keys=[self._key(run)], args=[at, *encoded]))
+            return int(await script)
         except redis.exceptions.ResponseError as exc:
             if str(exc).startswith("CONFLICT"):
                 held = str(exc).split()[-1]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core._errors import ConfigError
+from ._always import check_room
 from ._base import RecordLedger, Step
 from ._questions import Question, QuestionRules, QuestionStep, question_from_json, question_to_json
 from ._records import LedgerError, LedgerKey, LedgerRecord, result_from_json, result_to_json
@@ -45,11 +46,16 @@ CREATE TABLE IF NOT EXISTS toollatch_questions (
     data TEXT NOT NULL, PRIMARY KEY (scope, call_id)
 ) WITHOUT ROWID
 """
+_ALWAYS = """
+CREATE TABLE IF NOT EXISTS toollatch_always (
+    scope TEXT NOT NULL, name TEXT NOT NULL, since REAL NOT NULL, PRIMARY KEY (scope, name)
+) WITHOUT ROWID
+"""
 _COLUMNS = "digest, state, worker, token, claimed_at, lease_until, updated_at, result"
 _UPSERT = f"INSERT OR REPLACE INTO toollatch_calls (scope, call_id, {_COLUMNS}) VALUES ({', '.join('?' * 10)})"  # noqa: E501
 
 
-class SQLiteLedger(RecordLedger, QuestionRules):
+class SQLiteLedger(RecordLedger, QuestionRules):  # and an AlwaysStore
     """A :class:`Ledger` in the SQLite file at ``path`` (created with its table if absent).
 
     ``busy_timeout_s``: how long an operation waits for another process's write lock
@@ -65,7 +71,7 @@ class SQLiteLedger(RecordLedger, QuestionRules):
             self.path,
             busy_timeout_s,
             create_folder,
-            (_SCHEMA, _QUESTIONS),
+            (_SCHEMA, _QUESTIONS, _ALWAYS),
             label="SQLite ledger",
             thread="toollatch-ledger",
         )
@@ -77,9 +83,10 @@ class SQLiteLedger(RecordLedger, QuestionRules):
         return await self._file.call(lambda conn: _select(conn, key))
 
     async def purge(self, *, finished_before: float) -> int:
-        """Delete final records last written before ``finished_before`` (Unix time), and
-        the questions answered before it; the number of records deleted. Retention is the
-        caller's policy (a cron, a ``serve`` sweep)."""
+        """Delete final records last written before ``finished_before`` (Unix time), the
+        questions answered before it and the "always allow" decisions made before it; the
+        number of call records deleted. Retention is the caller's policy (a cron, a
+        ``serve`` sweep)."""
 
         def run(conn: sqlite3.Connection) -> int:
             with _immediate(conn):
@@ -91,6 +98,7 @@ class SQLiteLedger(RecordLedger, QuestionRules):
                 conn.execute(
                     "DELETE FROM toollatch_questions WHERE answered_at < ?", (finished_before,)
                 )
+                conn.execute("DELETE FROM toollatch_always WHERE since < ?", (finished_before,))
                 return cursor.rowcount
 
         return await self._file.call(run)
@@ -144,6 +152,48 @@ class SQLiteLedger(RecordLedger, QuestionRules):
                 return outcome
 
         return await self._file.call(run)
+
+    # -- "always allow" decisions (see ._always) ---------------------------------------------
+
+    async def allow_always(self, scope: str, name: str, *, now: float, limit: int) -> bool:
+        """See :meth:`~._always.AlwaysStore.allow_always` (one transaction: the count and
+        the insert under the write lock)."""
+
+        def run(conn: sqlite3.Connection) -> bool:
+            with _immediate(conn):
+                where = (scope, name)
+                held = "SELECT 1 FROM toollatch_always WHERE scope = ? AND name = ?"
+                if conn.execute(held, where).fetchone() is not None:
+                    return False
+                count = "SELECT COUNT(*) FROM toollatch_always WHERE scope = ?"
+                check_room(scope, conn.execute(count, (scope,)).fetchone()[0], limit)
+                conn.execute("INSERT INTO toollatch_always VALUES (?, ?, ?)", (*where, now))
+                return True
+
+        return bool(await self._file.call(run))
+
+    async def always_allowed(self, scope: str, name: str) -> bool:
+        """See :meth:`~._always.AlwaysStore.always_allowed`."""
+        held = "SELECT 1 FROM toollatch_always WHERE scope = ? AND name = ?"
+        return await self._file.call(
+            lambda conn: conn.execute(held, (scope, name)).fetchone() is not None
+        )
+
+    async def always(self, scope: str) -> list[str]:
+        """See :meth:`~._always.AlwaysStore.always`."""
+        names = "SELECT name FROM toollatch_always WHERE scope = ? ORDER BY since, name"
+        rows = await self._file.call(lambda conn: conn.execute(names, (scope,)).fetchall())
+        return [str(name) for (name,) in rows]
+
+    async def revoke_always(self, scope: str, name: str) -> bool:
+        """See :meth:`~._always.AlwaysStore.revoke_always`."""
+
+        def run(conn: sqlite3.Connection) -> bool:
+            with _immediate(conn):
+                gone = "DELETE FROM toollatch_always WHERE scope = ? AND name = ?"
+                return conn.execute(gone, (scope, name)).rowcount > 0
+
+        return bool(await self._file.call(run))
 
     # -- plumbing ----------------------------------------------------------------------------
 

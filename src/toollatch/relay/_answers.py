@@ -9,12 +9,19 @@ the call id and that digest, keyed by the relay's secret. The run remembers what
 session must own the run (another session's run is 404 ``not_found``, as one that does not
 exist), the call must be one the run asked (409 ``not_asked``), and the body's token must be
 the one sent with the question (403 ``invalid_approval_token``). An approval's ``always``
-(later calls of that tool in the run's conversation run without asking) is undone by
-``POST /runs/{id}/tools/{name}/revoke`` (``{}``). The token binds the answer
+makes later calls of that tool run without asking in every run of the browser session
+(chats and AG-UI threads too), kept in the ledger under :func:`approval_scope` (the
+session token's SHA-256, never the token), so a restarted relay keeps it; at most
+``approvals.max_always`` tools per session (409 ``too_many_always``). ``GET
+/session/approvals`` lists them (``{"always": [names]}``), ``DELETE
+/session/approvals/{tool}`` revokes one (404 when it is not always allowed), as does
+``POST /runs/{id}/tools/{name}/revoke`` (``{}``) while that run goes on. The token binds
+the answer
 to that call and those arguments; it authenticates nobody, the session does. The runtime's
 refusals (:class:`toollatch.ledger.ApprovalError`) keep their meaning: 409
 ``already_answered`` / ``stale_arguments`` / ``wrong_kind`` / ``not_asked``, 403
-``other_session``, 422 ``edit_rejected`` (the gate's code in the message).
+``other_session``, 422 ``edit_rejected`` (the gate's code in the message), 409
+``too_many_always``.
 
 The secret: ``Relay(approval_secret=...)`` (``toollatch serve``: the environment variable
 ``relay.approval_secret_env`` names), else random per process: a question asked before a
@@ -35,11 +42,14 @@ from starlette.routing import Route
 
 from ..ledger import (
     AlreadyAnswered,
+    AlwaysStore,
     ApprovalError,
     EditRejected,
+    LedgerError,
     NotAsked,
     OtherSession,
     StaleArguments,
+    TooManyAlways,
     WrongKind,
     approval_token,
     verify_approval_token,
@@ -59,7 +69,16 @@ _STATUS: tuple[tuple[type[ApprovalError], int, str], ...] = (
     (NotAsked, 409, "not_asked"),
     (OtherSession, 403, "other_session"),
     (EditRejected, 422, "edit_rejected"),
+    (TooManyAlways, 409, "too_many_always"),
 )
+MAX_TOOL_NAME_CHARS = 256
+"""A tool name in a session route's path (providers allow 64 or 128 characters)."""
+
+
+def approval_scope(session_key: str) -> str:
+    """The approval session (where "always allow" decisions live) of every run of the
+    session whose token has the SHA-256 ``session_key``."""
+    return f"relay-session-{session_key}"
 
 
 def refusal(exc: ApprovalError) -> HTTPError:
@@ -155,6 +174,8 @@ async def answer(
             await agent_run.submit_result(call_id, body["value"])
     except ApprovalError as exc:
         raise refusal(exc) from None
+    except LedgerError as exc:
+        raise HTTPError(503, "ledger_unavailable", str(exc)) from None
     asked.answered = True
     return {"id": run.id, "call_id": call_id, "answered": action}
 
@@ -224,7 +245,9 @@ def routes(
             if run.done or agent_run is None:
                 raise HTTPError(409, "run_not_running", "the run is over")
             name = request.path_params["name"]
-            agent_run.revoke(name)
+            await agent_run.revoke(name)
+        except LedgerError as exc:
+            return HTTPError(503, "ledger_unavailable", str(exc)).response()
         except HTTPError as exc:
             return exc.response()
         return JSONResponse({"id": run.id, "tool": name, "revoked": True}, status_code=202)
@@ -232,4 +255,45 @@ def routes(
     return [
         Route("/runs/{run_id}/calls/{call_id}/{action}", endpoint, methods=["POST"]),
         Route("/runs/{run_id}/tools/{name}/revoke", revoke, methods=["POST"]),
+    ]
+
+
+def session_routes(
+    session_key: Callable[[Request], str | None], store: Callable[[], AlwaysStore]
+) -> list[Route]:
+    """``GET /session/approvals`` and ``DELETE /session/approvals/{tool}``: the request's
+    session's "always allow" decisions (``session_key(request)``: its token's SHA-256, None
+    without a session: 404, as for anything of another session) in ``store()``."""
+
+    def scope_of(request: Request) -> str:
+        key = session_key(request)
+        if key is None:
+            raise HTTPError(404, "not_found", "no session")
+        return approval_scope(key)
+
+    async def listing(request: Request) -> Response:
+        try:
+            names = await store().always(scope_of(request))
+        except LedgerError as exc:
+            return HTTPError(503, "ledger_unavailable", str(exc)).response()
+        except HTTPError as exc:
+            return exc.response()
+        return JSONResponse({"always": names}, headers={"cache-control": "no-store"})
+
+    async def revoking(request: Request) -> Response:
+        name = request.path_params["tool"]
+        try:
+            if not 0 < len(name) <= MAX_TOOL_NAME_CHARS:
+                raise HTTPError(422, "invalid_tool", f"a tool name is 1 to {MAX_TOOL_NAME_CHARS}")
+            if not await store().revoke_always(scope_of(request), name):
+                raise HTTPError(404, "not_found", f"{name[:80]!r} is not always allowed here")
+        except LedgerError as exc:
+            return HTTPError(503, "ledger_unavailable", str(exc)).response()
+        except HTTPError as exc:
+            return exc.response()
+        return JSONResponse({"tool": name, "revoked": True})
+
+    return [
+        Route("/session/approvals", listing, methods=["GET"]),
+        Route("/session/approvals/{tool}", revoking, methods=["DELETE"]),
     ]

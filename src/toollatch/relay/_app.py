@@ -32,7 +32,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -43,7 +43,8 @@ from starlette.routing import Route
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewPolicy
-from ..ledger import ArgumentAudit, History, Ledger, LedgerError
+from ..ledger import AlwaysStore, ArgumentAudit, History, Ledger, LedgerError
+from ..ledger._open import open_ledger
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
@@ -61,14 +62,11 @@ from ._requests import require_json as _require_json
 from ._requests import resume_point as _resume_point
 from ._requests import session_of as _session
 from ._requests import set_cookie as _set_cookie
-from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame
+from ._runs import RelayRun, RunRegistry, RunSource, lagged_frame, session_key_of
 from ._tools import SessionTools
 from .protocols import _ui_answers, _ui_message
 from .protocols._agui import AguiEndpoint, Refusal, StoredThreads
 from .store._base import MemoryRunStore, RunStore, StoreUnavailable
-
-if TYPE_CHECKING:
-    from ._durable import DurableRelay
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{24}")
@@ -115,7 +113,9 @@ class Relay:
     were waiting for an answer when the relay stopped.
     ``approvals``: which calls wait for a person (:class:`~toollatch.ApprovalPolicy`; tools
     declared ``needs_approval`` and client tools wait anyway); ``approval_secret`` (at least
-    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`).
+    16 bytes; default: random per process) signs the questions' tokens (:mod:`._answers`);
+    an approval's ``always`` holds for every run of the browser session, kept in the ledger
+    (without one, in this process's memory).
     ``models``: the model names a request may pick (default: ``model`` only; a browser may
     otherwise name any model the key can reach). ``access``: the ``Host`` names, origins
     and access token the guard in front of the app accepts (:mod:`._guard`; default:
@@ -177,10 +177,15 @@ class Relay:
             raise ConfigError("the approval secret must be at least 16 bytes")
         self.approval_secret = approval_secret or secrets.token_bytes(32)
         """Signs the questions' tokens (:mod:`._answers`; default: random per process)."""
+        self.always_store: AlwaysStore = (
+            ledger if isinstance(ledger, AlwaysStore) else cast(AlwaysStore, open_ledger("memory:"))
+        )
+        """The sessions' "always allow" decisions, shared by all their runs: the ledger's,
+        else this process's memory (:mod:`._answers`)."""
         self.runs = RunRegistry(self.limits)
         self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
         """The runs as other workers see them (:mod:`.store`)."""
-        self.durable: DurableRelay | None = None
+        self.durable: Any = None  # (a DurableRelay: its module imports this one)
         """The runs of ``POST /runs`` as DBOS workflows (:class:`._durable.DurableRelay`,
         set by :class:`._server.RelayServer` with ``durable``; None: plain runs)."""
         chat_history = (
@@ -206,6 +211,10 @@ class Relay:
                     self.read_json,
                     lambda: self.approval_secret,
                     self._forward_answer,
+                ),
+                *_answers.session_routes(
+                    lambda r: None if (t := _session(r)) is None else session_key_of(t),
+                    lambda: self.always_store,
                 ),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/agui", self._agui, methods=["POST"]),
@@ -643,6 +652,7 @@ class Relay:
                 session=scope,
                 run_limits=self.run_limits,
                 approvals=self.approvals,
+                always_store=self.always_store,
             )
         except (ConfigError, UsageError) as exc:
             run.done = True
@@ -651,35 +661,38 @@ class Relay:
             raise HTTPError(422, "invalid_run", str(exc)) from None
         self._pool_runs[pool] += 1
 
-        async def closing() -> None:
-            self._pool_runs[pool] -= 1
-            await client.aclose()
-
-        before = None
-        if self.history is not None and _restore.may_ask(
+        before = record = None
+        history_store = self.history
+        if history_store is not None and _restore.may_ask(
             tools, self.approvals, self.tool_source is not None
         ):
             record = {
                 "session": run.session_key, "run": run.id, "provider": provider, "model": model,
                 "scope": scope, "conversation": conversation or scope, **(kept or {}),
+                "start": secrets.token_hex(8),
             }  # fmt: skip
             if client_tools:
                 record["client_tools"] = _restore.client_tool_specs(client_tools)
-            history_store = self.history
 
             async def before() -> None:
                 await _restore.remember(history_store, record)
 
-        run.start(
-            agent.run(message, resume=resume, history=history, conversation=conversation),
-            closing,
-            before,
-        )
+        async def closing() -> None:
+            self._pool_runs[pool] -= 1
+            await client.aclose()
+            if history_store is not None and record is not None:  # (the run is over)
+                await _restore.forget(history_store, record)
+
+        approval_session = _answers.approval_scope(run.session_key)  # (every run of it)
+        agent_run = agent.run(
+            message, resume=resume, history=history, conversation=conversation,
+            approval_session=approval_session,
+        )  # fmt: skip
+        run.start(agent_run, closing, before)
 
     def _start_durable(self, run: RelayRun, provider: str, model: str, message: str) -> None:
         """Start an admitted run as a DBOS workflow (:mod:`._durable`); 422
         :class:`HTTPError` when its agent cannot be made."""
-        assert self.durable is not None
         try:
             self.durable.start(run, provider, model, message)
         except (ConfigError, UsageError) as exc:

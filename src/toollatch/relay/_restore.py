@@ -8,7 +8,11 @@ starts: ``{"session": SHA-256 of the session token, "run", "provider", "model", 
 history), "conversation" (its questions' scope), "chat"?, "client_tools"?}``, appended under
 ``<conversation>/relay-run`` (the newest entry is the conversation's latest asking run). The
 session token itself is never stored: a resumed run is owned by the token's digest and learns
-the token from the first request of its session (:meth:`._runs.RunRegistry.owned`).
+the token from the first request of its session (:meth:`._runs.RunRegistry.owned`). When
+the run ends (answered, cancelled, failed: anything but the process dying), its
+conversation's records are deleted (:func:`forget`), unless a newer run of the conversation
+wrote one meanwhile; each start's record holds a random ``start`` so that a run resumed
+elsewhere (a survivor took it over) is never deleted by the worker it left.
 
 At start (:meth:`Relay.restore <._app.Relay.restore>`) the relay lists the ledger's pending
 questions (every built-in ledger lists them: ``pending_questions``), reads the record of each
@@ -86,6 +90,28 @@ async def remember(history: History, record: Mapping[str, Any]) -> None:
             continue  # (another run of the conversation wrote meanwhile)
         except (LedgerError, UsageError) as exc:
             _log.warning("run %s…: its record was not stored: %s", str(record["run"])[:6], exc)
+            return
+
+
+async def forget(history: History, record: Mapping[str, Any]) -> None:
+    """Delete ``record``'s conversation's run records if ``record`` is still the newest
+    (its run ended); a store that fails or cannot delete is logged (a later restart then
+    finds no pending question for it, or resumes the run once more)."""
+    key = f"{record['conversation']}{SUFFIX}"
+    delete = getattr(history, "delete", None)
+    if delete is None:
+        return
+    for _ in range(3):
+        try:
+            stored = await history.load(key)
+            if not stored or stored[-1] != record:
+                return  # (a newer run of the conversation: its record stays)
+            await delete(key, at=len(stored))
+            return
+        except HistoryConflict:
+            continue
+        except (LedgerError, UsageError) as exc:
+            _log.warning("run %s…: its record was not deleted: %s", str(record["run"])[:6], exc)
             return
 
 

@@ -42,7 +42,7 @@ from ..core._errors import ErrorCode, UsageError
 from ..core._gate import Deny, Policy, PolicyDecision
 from ..core._limits import Limits
 from ..core._preview import PreviewPolicy, PreviewUpdated
-from ..ledger import ArgumentAudit, History, Ledger
+from ..ledger import AlwaysStore, ArgumentAudit, History, Ledger
 from ..tools._results import ResultLimits
 from ..tools._tools import Tool
 from ._agent_run import AgentRun
@@ -84,7 +84,8 @@ class Agent:
     ``approvals``: which calls wait for a person besides those of ``needs_approval`` tools,
     and for how long (:class:`ApprovalPolicy`); a waiting call is answered with
     :meth:`AgentRun.approve` / ``deny`` / ``submit_result``, and its question lives in the
-    ``ledger`` (a resumed run finds it).
+    ``ledger`` (a resumed run finds it); ``always_store``: where "always allow" decisions
+    live (default: the ledger, else this agent's memory; see :meth:`run`).
     ``on_preview`` gets each (redacted) :class:`PreviewUpdated` of ``previews``, called by the
     run's iterator in stream order with the events (the relay's hook; nothing else goes to it).
     ``result_limits``: the size budgets of tool results (:class:`ResultLimits`); every tool
@@ -121,6 +122,7 @@ class Agent:
         audit: ArgumentAudit | None = None,
         lease_s: float = 30.0,
         approvals: ApprovalPolicy | None = None,
+        always_store: AlwaysStore | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise UsageError(f"client must be a ModelClient (model_client()), got {client!r:.60}")
@@ -153,6 +155,7 @@ class Agent:
             result_limits=result_limits,
             redaction=previews,
             approvals=approvals,
+            always_store=always_store,
         )
         self._tools = Toolbox(self.dispatcher, own, tool_source, eager_start=eager_start)
         self._attempts = 0  # the last attempt number given (see _next_attempt)
@@ -165,6 +168,7 @@ class Agent:
         resume: bool = False,
         conversation: str | None = None,
         session: str | None = None,
+        approval_session: str | None = None,
     ) -> AgentRun:
         """A run from ``history`` (the provider's format) plus ``message`` as a user turn.
 
@@ -181,11 +185,19 @@ class Agent:
         their own histories never answer each other's calls (servers that number ids per
         response reuse ``call_0``); pass the same id to a run that continues another's
         history. Runs of one agent may go on at once, each with its own history, events and
-        budgets. Raises ``UsageError`` when there is no message, history or resume, for
-        ``resume`` without a store, or for an empty or non-str ``conversation`` or
-        ``session``.
+        budgets.
+
+        ``approval_session`` is where "always allow" decisions (``approve(...,
+        always=True)``) are kept and read, shared by every run that names it: default the
+        run's ``session`` (``toollatch run --resume`` keeps it); the relay gives every run of
+        a browser session the same one. Raises ``UsageError`` when there is no message,
+        history or resume, for ``resume`` without a store, or for an empty or non-str
+        ``conversation``, ``session`` or ``approval_session``.
         """
-        for what, value in (("conversation", conversation), ("session", session)):
+        for what, value in (
+            ("conversation", conversation), ("session", session),
+            ("approval_session", approval_session),
+        ):  # fmt: skip
             if value is not None and not (isinstance(value, str) and value):
                 raise UsageError(f"{what} must be a non-empty str, got {value!r:.60}")
         session = session or self.session
@@ -201,7 +213,10 @@ class Agent:
             if self.history_store is None:
                 conversation = f"{session}/{secrets.token_hex(8)}"
         setup = self._setup(session)
-        return AgentRun(setup, entries, resume=resume, conversation=conversation)
+        return AgentRun(
+            setup, entries, resume=resume, conversation=conversation,
+            approval_session=approval_session,
+        )  # fmt: skip
 
     def _setup(self, session: str) -> RunSetup:
         """The snapshot a new run (of ``session``) takes of this agent."""

@@ -61,10 +61,13 @@ class AgentRun:
         *,
         resume: bool = False,
         conversation: str | None = None,
+        approval_session: str | None = None,
     ) -> None:
         self._setup = setup
         self.history = history
         self.conversation = conversation or setup.session
+        self.approval_session = approval_session or setup.session
+        """Whose "always allow" decisions this run reads and adds to (see :meth:`approve`)."""
         self._resume = resume
         store = setup.history_store
         self._stored = StoredHistory(store, setup.session) if store is not None else None
@@ -113,13 +116,16 @@ class AgentRun:
         now, exactly once. ``args``: approve it with edited arguments, which pass the whole
         gate again (strict parse, size, schema, the run's policy; ``EditRejected`` leaves
         the call waiting), and the result tells the model what ran. ``always``: later calls
-        of the same tool in this run's conversation run without asking (:meth:`revoke`
-        undoes it). Raises an ``ApprovalError`` (``NotAsked``, ``AlreadyAnswered``,
-        ``StaleArguments``, ``WrongKind``, ``OtherSession``, ``EditRejected``) and changes
-        nothing then."""
+        of the same tool in this run's :attr:`approval_session` run without asking, in this
+        run and every other run of that session (kept in the ledger: a resumed or restarted
+        run too) until :meth:`revoke`; at most ``ApprovalPolicy.max_always`` tools per
+        session. Raises an ``ApprovalError`` (``NotAsked``, ``AlreadyAnswered``,
+        ``StaleArguments``, ``WrongKind``, ``OtherSession``, ``EditRejected``,
+        ``TooManyAlways``) and changes nothing then."""
         await self._setup.dispatcher.approve(
-            self.conversation, call_id, args_sha256=args_sha256, args=args, always=always
-        )
+            self.conversation, call_id, args_sha256=args_sha256, args=args, always=always,
+            approval_session=self.approval_session,
+        )  # fmt: skip
 
     async def deny(self, call_id: str, reason: str = "denied") -> None:
         """Deny the waiting call: it gets an ``approval_denied`` error result with
@@ -131,9 +137,15 @@ class AgentRun:
         JSON-able value. Raises as :meth:`approve` (``WrongKind`` for a server tool)."""
         await self._setup.dispatcher.submit_result(self.conversation, call_id, value)
 
-    def revoke(self, name: str) -> None:
-        """Calls of tool ``name`` ask again (undoes ``approve(..., always=True)``)."""
-        self._setup.dispatcher.revoke(self.conversation, name)
+    async def revoke(self, name: str) -> bool:
+        """Calls of tool ``name`` in this run's :attr:`approval_session` ask again (undoes
+        ``approve(..., always=True)``, for every run of the session); whether it was always
+        allowed. ``LedgerError`` when the ledger fails."""
+        return await self._setup.dispatcher.revoke(self.approval_session, name)
+
+    async def always_allowed(self) -> list[str]:
+        """The tools this run's :attr:`approval_session` always allows, oldest first."""
+        return await self._setup.dispatcher.always_allowed(self.approval_session)
 
     @property
     def pending(self) -> list[str]:
@@ -202,7 +214,10 @@ class AgentRun:
         tools = await setup.tools.refresh()
         # no await from here to the dispatch round: it runs the tools the parser checks against
         parser, gate = self._parser(tools)
-        round_scope = setup.dispatcher.round(self.conversation, on_event=self._emit, gate=gate)
+        round_scope = setup.dispatcher.round(
+            self.conversation, on_event=self._emit, gate=gate,
+            approval_session=self.approval_session,
+        )  # fmt: skip
         async with round_scope as dispatch:
             round_: Round | None = None
             try:

@@ -5,15 +5,29 @@ Theory of operation. After the gate commits a call, the dispatch round asks
 :meth:`Approvals.kind_of` whether it may run at once. A client tool's call waits for the
 client's result; a call whose tool says ``needs_approval`` (or that the
 :class:`ApprovalPolicy` names, for tools declared elsewhere: MCP's) waits for a person,
-unless the session was told to "always allow" that tool. Waiting (:meth:`Approvals.wait`)
-stores a :class:`~toollatch.ledger.Question` first (in the ledger when it keeps questions,
-so a restarted process finds it; else in memory), tells an ``approval_requested`` /
-``client_call`` event, and waits for the answer or the question's expiry. The answer
+unless its *approval session* was told to "always allow" that tool (below). Waiting
+(:meth:`Approvals.wait`) stores a :class:`~toollatch.ledger.Question` first (in the ledger
+when it keeps questions, so a restarted process finds it; else in memory), tells an
+``approval_requested`` / ``client_call`` event, and waits for the answer or the question's
+expiry. The answer
 methods (:meth:`Approvals.answer`) write the answer to the store, where the first answer
 wins atomically, then wake the waiting call; with a ledger, a waiting call also reads its
 question every ``poll_s`` (1 s), so an answer another worker wrote reaches it. A call's
 arguments never change while it waits: an approval names their SHA-256, which must be the
 committed one.
+
+"Always allow" (``approve(..., always=True)``) is a sticky decision kept in the ledger
+(:class:`~toollatch.ledger.AlwaysStore`; without one, in memory), keyed by the approval
+session (a run's session by default; the relay's browser session) and the tool name: every
+later call of that tool in that session, in any run of it and any process sharing the
+ledger, runs without a question until it is revoked. It covers the tool name in that
+session only, never another session, and every call of the tool there, also those a
+``needs_approval`` callable would ask about (the callable is the tool author's default; the
+person's explicit, revocable choice for this session overrides it); a client tool's call
+always waits for its result. A session holds at most ``ApprovalPolicy.max_always`` of them
+(``TooManyAlways``). A call checks the store just before it would ask (one read; a read that
+fails asks); a question asked before a restart and still pending is answered ``approved``
+then, so the resumed run does not leave it waiting.
 
 Time: ``expires_at`` is the injected ``clock`` (Unix time) plus ``timeout_s``; the wait
 itself is an ``asyncio.timeout`` until then, so an expiry after a restart counts the time
@@ -24,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -33,6 +48,7 @@ from ..core._errors import ConfigError, ErrorCode
 from ..core._gate import CommittedCall, Gate, Rejection
 from ..ledger import (
     AlreadyAnswered,
+    AlwaysStore,
     Decision,
     EditRejected,
     LedgerError,
@@ -42,6 +58,7 @@ from ..ledger import (
     Question,
     QuestionKind,
     QuestionStore,
+    StaleArguments,
     WrongKind,
     digest_of,
 )
@@ -50,6 +67,11 @@ from ..tools._tools import ApprovalContext, Tool
 from ._agent_events import ApprovalRequestedEvent
 
 Clock = Callable[[], float]
+ALWAYS_REASON = "always allowed in this session"
+"""The reason of a question asked before a restart that an always-allow answered."""
+_log = logging.getLogger("toollatch.runtime")
+MAX_ALWAYS = 10_000
+"""The highest ``ApprovalPolicy.max_always`` (a session's decisions are listed whole)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,13 +82,15 @@ class ApprovalPolicy:
     ``tools``: names of tools whose calls need approval (tools declared elsewhere, such as
     an MCP server's, need no code for it); ``default``: ``ask`` makes every other tool's
     calls need it too (``run``: only those named or declared); ``timeout_s``: how long a
-    call waits for its answer before it is answered ``approval_expired`` (None: forever).
-    Raises ``ConfigError`` for a bad value.
+    call waits for its answer before it is answered ``approval_expired`` (None: forever);
+    ``max_always``: how many tools one session may "always allow" (``TooManyAlways`` past
+    it). Raises ``ConfigError`` for a bad value.
     """
 
     tools: Collection[str] = ()
     default: Literal["run", "ask"] = "run"
     timeout_s: float | None = 300.0
+    max_always: int = 32
 
     def __post_init__(self) -> None:
         if isinstance(self.tools, str) or not all(isinstance(t, str) for t in self.tools):
@@ -79,6 +103,9 @@ class ApprovalPolicy:
             isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and t > 0
         ):
             raise ConfigError(f"approvals.timeout_s must be a positive number, got {t!r}")
+        m = self.max_always
+        if not (isinstance(m, int) and not isinstance(m, bool) and 1 <= m <= MAX_ALWAYS):
+            raise ConfigError(f"approvals.max_always must be 1 to {MAX_ALWAYS}, got {m!r}")
 
 
 @dataclass(slots=True, eq=False)
@@ -95,7 +122,13 @@ class Approvals:
     """The questions of one dispatcher; see the module docstring."""
 
     def __init__(
-        self, policy: ApprovalPolicy, store: object, clock: Clock, *, poll_s: float = 1.0
+        self,
+        policy: ApprovalPolicy,
+        store: object,
+        clock: Clock,
+        *,
+        poll_s: float = 1.0,
+        always: AlwaysStore | None = None,
     ) -> None:
         self.policy = policy
         self._store: QuestionStore | None = None
@@ -108,7 +141,8 @@ class Approvals:
             self._store, self.poll_s = store, poll_s
         self.clock = clock
         self._waiting: dict[tuple[str, str], _Waiting] = {}
-        self._always: set[tuple[str, str]] = set()
+        self._ledger = store
+        self._always = always
 
     @property
     def store(self) -> QuestionStore:
@@ -117,6 +151,20 @@ class Approvals:
         if self._store is None:
             self._store = _memory_questions()
         return self._store
+
+    @property
+    def always_store(self) -> AlwaysStore:
+        """Where "always allow" decisions are kept: the one given, else the ledger's, else
+        the in-memory question store's (made on first use, like :attr:`store`)."""
+        if self._always is None:
+            ledger = self._ledger
+            if ledger is not None and isinstance(ledger, AlwaysStore):
+                self._always = ledger
+            else:
+                store = self.store
+                memory = store if isinstance(store, AlwaysStore) else open_ledger("memory:")
+                self._always = cast(AlwaysStore, memory)
+        return self._always
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -128,20 +176,28 @@ class Approvals:
             return "client"
         named = call.name in self.policy.tools or self.policy.default == "ask"
         decide = getattr(tool, "needs_approval", False)
-        if (decide is False and not named) or (session, call.name) in self._always:
+        if decide is False and not named:
             return None  # (the common case first: no context is built for it)
         if named:
             return "approval"
         context = ApprovalContext(session=session, call_id=call.call_id, name=call.name)
         return "approval" if tool.asks(call.arguments, context) else None
 
-    def allow_always(self, session: str, name: str) -> None:
-        """Calls of ``name`` in ``session`` run without asking from now on."""
-        self._always.add((session, name))
+    async def revoke(self, scope: str, name: str) -> bool:
+        """Undo an "always allow" of ``name`` in approval session ``scope`` (calls asked
+        already keep waiting); whether there was one. ``LedgerError`` when the store fails."""
+        return await self.always_store.revoke_always(scope, name)
 
-    def revoke(self, session: str, name: str) -> None:
-        """Undo :meth:`allow_always` (calls asked already keep waiting)."""
-        self._always.discard((session, name))
+    async def always(self, scope: str) -> list[str]:
+        """The tools approval session ``scope`` always allows, oldest first."""
+        return await self.always_store.always(scope)
+
+    async def _always_allows(self, scope: str, name: str) -> bool:
+        try:
+            return await self.always_store.always_allowed(scope, name)
+        except LedgerError as exc:  # (the safe side: the call asks)
+            _log.warning("the always-allow decisions could not be read (%s); asking", exc)
+            return False
 
     def pending(self, session: str) -> list[Question]:
         """The questions of ``session`` waiting in this process, oldest first."""
@@ -156,16 +212,22 @@ class Approvals:
         kind: QuestionKind,
         emit: Callable[[ApprovalRequestedEvent], None],
         gate: Gate,
-    ) -> Question:
+        always: str | None = None,
+    ) -> Question | None:
         """Ask ``call``'s question (or find it, asked before a restart) and return it
-        answered. Raises ``StaleArguments`` when the id was asked with other arguments,
-        ``LedgerError`` when the store fails; cancelled, it records ``cancelled``. ``gate``
-        checks edited arguments an approval brings (:meth:`answer`)."""
+        answered; None when approval session ``always`` (default ``session``) always
+        allows the tool and the call was never asked: it runs unasked. Raises
+        ``StaleArguments`` when the id was asked with other arguments, ``LedgerError`` when
+        the store fails; cancelled, it records ``cancelled``. ``gate`` checks edited
+        arguments an approval brings (:meth:`answer`)."""
         key = LedgerKey(scope=session, call_id=call.call_id)
+        digest = digest_of(call.name, call.arguments)
+        if kind == "approval" and await self._always_allows(always or session, call.name):
+            return await self._allowed(key, digest)
         now = self.clock()
         timeout = self.policy.timeout_s
         asked = Question(
-            key=key, kind=kind, name=call.name, digest=digest_of(call.name, call.arguments),
+            key=key, kind=kind, name=call.name, digest=digest,
             asked_at=now, expires_at=None if timeout is None else now + timeout,
         )  # fmt: skip
         question = await self.store.ask(asked)
@@ -188,6 +250,23 @@ class Approvals:
             raise
         finally:
             del self._waiting[session, call.call_id]
+
+    async def _allowed(self, key: LedgerKey, digest: str) -> Question | None:
+        """An always-allowed call: None (never asked), or its question asked before a
+        restart, answered ``approved`` now if still pending (else its answer stands)."""
+        found = await self.store.question(key)
+        if found is None:
+            return None
+        if found.digest != digest:
+            raise StaleArguments(f"call {key.call_id!r} was asked with other arguments")
+        if not found.pending:
+            return found
+        try:
+            return await self.store.answer(
+                key, digest=digest, decision="approved", now=self.clock(), reason=ALWAYS_REASON
+            )
+        except AlreadyAnswered:  # (answered meanwhile: that answer stands)
+            return await self.store.question(key)
 
     async def _answer_of(self, waiting: _Waiting) -> Question:
         """The answer: given here (the future), or written to the store by another process
@@ -234,13 +313,17 @@ class Approvals:
         digest: str | None = None,
         reason: str | None = None,
         value: str | None = None,
+        always: str | None = None,
     ) -> Question:
         """Answer ``call_id`` of ``session`` (see :class:`~toollatch.ledger.QuestionStore`
         for the refusals, plus ``OtherSession`` and ``WrongKind``); the answered question.
         ``digest`` None: the question's own (a denial or a client's result need not name
         the arguments). An approval's ``value`` is edited argument text: checked by the
         waiting call's gate first (``EditRejected``; the call keeps waiting), and by the
-        gate of the round that runs it again (the call may be resumed elsewhere)."""
+        gate of the round that runs it again (the call may be resumed elsewhere).
+        ``always``: an approval also always allows the tool in that approval session
+        (``TooManyAlways``, nothing answered, when it holds its cap; recorded before the
+        answer, so the run's next call finds it, and taken back if the answer is refused)."""
         waiting = self._waiting.get((session, call_id))
         key = LedgerKey(scope=session, call_id=call_id)
         question = waiting.question if waiting is not None else await self.store.question(key)
@@ -254,10 +337,21 @@ class Approvals:
             checked = regate(waiting.gate, waiting.call, value)
             if isinstance(checked, Rejection):
                 raise EditRejected(str(checked.code), checked.detail)
-        answered = await self.store.answer(
-            key, digest=digest if digest is not None else question.digest,
-            decision=decision, now=self.clock(), reason=reason, value=value,
-        )  # fmt: skip
+        added = False
+        if always is not None and decision == "approved":  # (first: the run's next call
+            added = await self.always_store.allow_always(  # must find it)
+                always, question.name, now=self.clock(), limit=self.policy.max_always
+            )
+        try:
+            answered = await self.store.answer(
+                key, digest=digest if digest is not None else question.digest,
+                decision=decision, now=self.clock(), reason=reason, value=value,
+            )  # fmt: skip
+        except BaseException:
+            if added:  # (a refused answer changes nothing)
+                with contextlib.suppress(Exception):
+                    await self.always_store.revoke_always(always or "", question.name)
+            raise
         if waiting is not None and not waiting.answered.done():
             waiting.answered.set_result(answered)
         return answered

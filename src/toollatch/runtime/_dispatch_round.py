@@ -106,8 +106,10 @@ class DispatchRound:
         *,
         on_event: OnEvent | None = None,
         gate: Gate | None = None,
+        always: str | None = None,
     ) -> None:
         self._shared = state
+        self._always = always or session  # whose "always allow" decisions apply
         self._tools = state.tools  # (an immutable view: replace_tools makes a new one)
         # what edited arguments of an approval pass (the run's, with its limits and policy)
         self._gate = gate or Gate([t.spec for t in self._tools.values()])
@@ -266,7 +268,9 @@ class DispatchRound:
         slot.phase = "awaiting"
         try:
             approvals = self._shared.approvals
-            question = await approvals.wait(self._session, call, kind, self._emit, self._gate)
+            question = await approvals.wait(
+                self._session, call, kind, self._emit, self._gate, always=self._always
+            )
         except StaleArguments:
             self._settle(slot, dispatch_error(call, ErrorCode.DUPLICATE_CALL_ID, DUPLICATE))
             return
@@ -277,6 +281,10 @@ class DispatchRound:
         except asyncio.CancelledError:
             self._settle(slot, cancelled(slot))
             raise
+        if question is None:  # always allowed in this session, never asked: it runs now
+            slot.phase = "waiting"
+            await self._execute(slot, tool)
+            return
         edited = question.decision == "approved" and question.value is not None
         self._emit(_answered_event(question, edited=edited))
         slot.phase = "waiting"  # (for its locks, if it runs)

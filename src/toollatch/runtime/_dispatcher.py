@@ -79,7 +79,7 @@ from ..core._gate import Gate
 from ..core._preview import PreviewPolicy, Redactor
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
-from ..ledger import ArgumentAudit, Ledger, Question, SessionLocks
+from ..ledger import AlwaysStore, ArgumentAudit, Ledger, Question, SessionLocks
 from ..tools._results import ResultLimits, ResultShaper
 from ..tools._tools import MAX_DETAIL_CHARS, Tool
 from ._approvals import ApprovalPolicy, Approvals
@@ -118,7 +118,9 @@ class Dispatcher:
     tools, and for how long (:class:`ApprovalPolicy`); their questions live in ``ledger``
     when it keeps them (every built-in one does), so a restarted process finds them, and
     ``clock`` times them. Answer them with :meth:`approve`, :meth:`deny` and
-    :meth:`submit_result` (``AgentRun`` has the same, for its own session).
+    :meth:`submit_result` (``AgentRun`` has the same, for its own session). ``always_store``:
+    where sessions' "always allow" decisions live (default: ``ledger``, else memory; see
+    :meth:`approve`).
     Raises ``ConfigError`` for duplicate tool names, unknown eager names or bad limits.
     """
 
@@ -142,6 +144,7 @@ class Dispatcher:
         redaction: PreviewPolicy | None = None,
         approvals: ApprovalPolicy | None = None,
         redactor: Redactor | None = None,
+        always_store: AlwaysStore | None = None,
     ) -> None:
         by_name = _by_name(tools)
         eager = frozenset(eager)
@@ -158,6 +161,8 @@ class Dispatcher:
         guard = _guard(ledger, worker, lease_s, poll_s, clock)
         if session_locks is not None and not callable(session_locks):
             raise ConfigError(f"session_locks must be callable, got {session_locks!r:.60}")
+        if always_store is not None and not isinstance(always_store, AlwaysStore):
+            raise ConfigError(f"always_store must be an AlwaysStore, got {always_store!r:.60}")
         if audit is not None and not isinstance(audit, ArgumentAudit):
             raise ConfigError(f"audit must be a toollatch.ledger.ArgumentAudit, got {audit!r:.60}")
         self._state = DispatchState(
@@ -171,7 +176,7 @@ class Dispatcher:
             session_locks=session_locks,
             audit=audit,
             results=ResultShaper(result_limits, redaction, redactor),
-            approvals=Approvals(_approval_policy(approvals), ledger, clock),
+            approvals=Approvals(_approval_policy(approvals), ledger, clock, always=always_store),
         )
 
     @property
@@ -207,15 +212,20 @@ class Dispatcher:
         *,
         on_event: OnEvent | None = None,
         gate: Gate | None = None,
+        approval_session: str | None = None,
     ) -> DispatchRound:
         """The tool execution of one model round of ``session`` (an async context manager),
         with the current tools; ``on_event`` is told this round's :data:`ToolEvent` (after
         the dispatcher's own ``on_event``): one dispatcher serves concurrent runs, each
         with its own events. ``gate`` checks the edited arguments of an approval (default:
-        the tools' schemas with the default limits, no policy: pass the run's)."""
-        if not isinstance(session, str):
-            raise UsageError(f"session must be a str, got {session!r:.60}")
-        return DispatchRound(self._state, session, on_event=on_event, gate=gate)
+        the tools' schemas with the default limits, no policy: pass the run's).
+        ``approval_session``: whose "always allow" decisions apply (default ``session``)."""
+        for value in (session, approval_session or session):
+            if not isinstance(value, str):
+                raise UsageError(f"session must be a str, got {value!r:.60}")
+        return DispatchRound(
+            self._state, session, on_event=on_event, gate=gate, always=approval_session
+        )
 
     # -- answering the calls that wait (see ._approvals) --------------------------------------
 
@@ -227,25 +237,26 @@ class Dispatcher:
         args_sha256: str,
         args: Mapping[str, Any] | str | None = None,
         always: bool = False,
+        approval_session: str | None = None,
     ) -> Question:
         """Approve the waiting call ``call_id`` of ``session`` with the SHA-256 of the
         arguments it committed with (``approval_requested``'s ``args_sha256``): it runs now.
         ``args``: run it with these arguments instead (an object, or its JSON text), which
         pass the whole gate again (``EditRejected`` and the call keeps waiting when they
         do not); its result then tells the model what ran. ``always``: also run the tool's
-        later calls in this session without asking (:meth:`revoke` undoes it). Raises an
-        ``ApprovalError``: ``NotAsked``, ``AlreadyAnswered``, ``StaleArguments`` (another
-        digest), ``WrongKind`` (a client tool's call), ``OtherSession``, ``EditRejected``;
-        ``LedgerError`` when the ledger fails."""
+        later calls in approval session ``approval_session`` (default ``session``) without
+        asking, in every round that names it, kept in the ``always_store`` (:meth:`revoke`
+        undoes it). Raises an ``ApprovalError``: ``NotAsked``, ``AlreadyAnswered``,
+        ``StaleArguments`` (another digest), ``WrongKind`` (a client tool's call),
+        ``OtherSession``, ``EditRejected``, ``TooManyAlways`` (``ApprovalPolicy.max_always``
+        reached); ``LedgerError`` when the ledger fails."""
         if not isinstance(args_sha256, str):
             raise UsageError("args_sha256 must be the hex SHA-256 of the committed arguments")
-        question = await self._state.approvals.answer(
+        return await self._state.approvals.answer(
             session, call_id, kind="approval", decision="approved", digest=args_sha256,
             value=None if args is None else _edited_text(args),
+            always=(approval_session or session) if always else None,
         )  # fmt: skip
-        if always:
-            self._state.approvals.allow_always(session, question.name)
-        return question
 
     async def deny(self, session: str, call_id: str, reason: str = "denied") -> Question:
         """Deny the waiting call: it gets an ``approval_denied`` error result with
@@ -265,9 +276,15 @@ class Dispatcher:
             session, call_id, kind="client", decision="result", value=result_text(value)
         )
 
-    def revoke(self, session: str, name: str) -> None:
-        """Calls of tool ``name`` in ``session`` ask again (undoes ``approve(always=True)``)."""
-        self._state.approvals.revoke(session, name)
+    async def revoke(self, approval_session: str, name: str) -> bool:
+        """Calls of tool ``name`` in ``approval_session`` ask again (undoes
+        ``approve(always=True)``); whether it was always allowed. ``LedgerError`` when the
+        store fails."""
+        return await self._state.approvals.revoke(approval_session, name)
+
+    async def always_allowed(self, approval_session: str) -> list[str]:
+        """The tools ``approval_session`` always allows, oldest decision first."""
+        return await self._state.approvals.always(approval_session)
 
     def pending(self, session: str) -> list[Question]:
         """The questions of ``session`` waiting in this process."""

@@ -355,10 +355,12 @@ class RunView {
     card.foot.textContent = "the model asked for this call; it runs only if you approve";
     const box = el("div", "approval");
     const approve = el("button", "approve", "Approve");
+    const always = el("button", "always", "Always (this session)");
+    always.title = `run every later call of ${d.name} in this browser session without asking`;
     const deny = el("button", "deny", "Deny");
-    approve.type = deny.type = "button";
+    approve.type = always.type = deny.type = "button";
     const answer = async (action, body) => {
-      approve.disabled = deny.disabled = true;
+      approve.disabled = always.disabled = deny.disabled = true;
       const url = `/runs/${encodeURIComponent(this.run.id)}/calls/${encodeURIComponent(d.id)}/${action}`;
       const response = await fetch(url, {
         method: "POST", headers: { "content-type": "application/json" },
@@ -367,12 +369,13 @@ class RunView {
       if (!response.ok) {
         const error = (await response.json().catch(() => ({}))).error || {};
         card.foot.textContent = `not answered: ${error.code || response.status} ${error.message || ""}`;
-        approve.disabled = deny.disabled = error.code === "already_answered";
-      }
+        approve.disabled = always.disabled = deny.disabled = error.code === "already_answered";
+      } else if (body.always) showAlways();
     };
     approve.addEventListener("click", () => answer("approve", {}));
+    always.addEventListener("click", () => answer("approve", { always: true }));
     deny.addEventListener("click", () => answer("deny", { reason: "denied on the page" }));
-    box.append(approve, deny);
+    box.append(approve, always, deny);
     card.approval = box;
     card.node.insertBefore(box, card.foot);
   }
@@ -632,6 +635,26 @@ async function stop() {
   });
 }
 
+// the tools this browser session always allows (kept by the relay), each with a revoke button
+async function showAlways() {
+  const response = await fetch("/session/approvals").catch(() => null);
+  const names = response && response.ok ? (await response.json()).always : [];
+  const box = $("always");
+  box.replaceChildren(...(names.length ? [el("span", "", "always allowed:")] : []));
+  for (const name of names) {
+    const revoke = el("button", "revoke", `${name} ×`);
+    revoke.type = "button";
+    revoke.title = `ask again before ${name} runs`;
+    revoke.dataset.tool = name;
+    revoke.addEventListener("click", async () => {
+      revoke.disabled = true;
+      await fetch(`/session/approvals/${encodeURIComponent(name)}`, { method: "DELETE" });
+      showAlways();
+    });
+    box.append(revoke);
+  }
+}
+
 function newChat() {
   if (source !== null) return;
   chat = { chat_id: newChatId(), runs: [] };
@@ -657,4 +680,5 @@ window.addEventListener("DOMContentLoaded", () => {
   saveChat();
   document.body.dataset.chatId = chat.chat_id;
   for (const run of chat.runs) enqueue(run); // a reload: replay the thread, in order
+  showAlways();
 });
