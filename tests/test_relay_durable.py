@@ -242,6 +242,30 @@ def test_a_cancel_through_a_third_worker_ends_a_durable_run_paired(
     assert lines(tmp_path) == ["Oslo"]  # the second call never started
 
 
+def test_a_durable_round_cancelled_mid_stream_has_its_live_calls_paired(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "cutlive", delay_ms=60.0) as (
+        model,
+        procs,
+    ):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            previewed = lambda fs: any(f.event == "call_preview" for f in fs)  # noqa: E731
+            head = read_until(b, run["events_url"], previewed)  # live, on another worker
+            cancelled = b.post(run["cancel_url"], json={})
+        whole = read_all(on_b, run, session)
+        requests = len(model.requests)
+    assert cancelled.status_code == 202
+    assert whole[: len(head)] == head
+    assert_whole(whole)  # the calls the log opened live are paired, then round_ended
+    failed = [f.data for f in whole if f.event == "call_failed"]
+    assert failed and {f["error"] for f in failed} == {"cancelled"}
+    assert whole[-1].data["cancelled"] is True and requests == 1
+    assert lines(tmp_path) == []  # nothing of the cut round ran
+
+
 def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
     redis_server: RedisServer,
     postgres: PostgresServer,
