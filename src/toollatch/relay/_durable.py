@@ -99,6 +99,9 @@ class DurableRelay:
         self.engine = DurableRuns(url, executor_id=relay.store.worker, app="toollatch-relay")
         self._agents: OrderedDict[str, Agent] = OrderedDict()
         self._runs: dict[str, RelayRun] = {}  # workflow id -> the run this worker drives
+        # workflow id -> the number of its next new event (its log's newest id, unless the
+        # log left events out: a run past max_run_events drops its text and previews)
+        self._next: dict[str, int] = {}
         self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
@@ -151,6 +154,7 @@ class DurableRelay:
     def _closing(self, workflow: str) -> Any:
         async def closing() -> None:
             self._runs.pop(workflow, None)
+            self._next.pop(workflow, None)
 
         return closing
 
@@ -232,10 +236,12 @@ class DurableRelay:
             run = await self._take(workflow)
             if run is None:
                 return
-        if number < run.log.last_id:
-            return  # (a replayed step's event: the log has it)
-        if number > run.log.last_id:  # (never expected: the workflow tells every number)
-            _log.error("run %s…: event %d after %d", run.id[:6], number, run.log.last_id)
+        told = self._next.get(workflow, run.log.last_id)
+        if number < told:
+            return  # (a replayed step's event, or a live round's told again: the log has it)
+        if number > told:  # (never expected: the workflow tells every number)
+            _log.error("run %s…: event %d after %d", run.id[:6], number, told)
+        self._next[workflow] = number + 1
         if isinstance(event, PreviewUpdated):
             run.append(preview_json(event))
         else:
@@ -254,7 +260,8 @@ class DurableRelay:
         if run.log.last_id > number:
             _log.warning("run %s…: its round is asked again (a new attempt)", run.id[:6])
             await self._end(run, _ASKED_AGAIN, run_ended=False)
-        return run.log.last_id
+            self._next[workflow] = run.log.last_id
+        return max(number, self._next.get(workflow, number))
 
     async def _take(self, workflow: str) -> RelayRun | None:
         """A recovered workflow this worker now drives: its run, taken over in the store,
