@@ -71,6 +71,16 @@ ROUND_1 = [  # (in the stream's order: a round's events are made as it streams)
     "call_committed write_file",
 ]
 
+WHOLE_RUN = [  # the demo run's events, with the write_file call run to its end
+    *ROUND_1,
+    "tool_started write_file",
+    "tool_finished write_file None",
+    "round_ended",
+    "text",
+    "round_ended",
+    "run_ended",
+]
+
 
 def kill_and_recover(
     server: ScriptedServer, postgres: PostgresServer, tmp_path: Path, run_id: str, when, env
@@ -183,15 +193,7 @@ def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgre
     ]
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
-    assert summary(told(log)) == [
-        *ROUND_1,
-        "tool_started write_file",
-        "tool_finished write_file None",
-        "round_ended",
-        "text",
-        "round_ended",
-        "run_ended",
-    ]
+    assert summary(told(log)) == WHOLE_RUN
 
 
 def test_a_live_sink_is_told_a_rounds_events_before_its_step_ends(postgres, tmp_path):
@@ -222,15 +224,7 @@ def test_a_live_sink_is_told_a_rounds_events_before_its_step_ends(postgres, tmp_
     starts = [int(n) for n in (tmp_path / "ran.log.attempts").read_text().split()]
     ended = [n for n in sorted(firsts) if firsts[n]["type"] == "round_ended"]
     assert starts == [0, ended[0] + 1, ended[1] + 1]
-    assert summary([firsts[n] for n in sorted(firsts)]) == [
-        *ROUND_1,
-        "tool_started write_file",
-        "tool_finished write_file None",
-        "round_ended",
-        "text",
-        "round_ended",
-        "run_ended",
-    ]
+    assert summary([firsts[n] for n in sorted(firsts)]) == WHOLE_RUN
 
 
 def test_a_durable_store_is_postgresql_and_recovery_names_executors():
