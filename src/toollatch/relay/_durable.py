@@ -231,11 +231,9 @@ class DurableRelay:
 
     async def _tell(self, workflow: str, number: int, event: AgentEvent | PreviewUpdated) -> None:
         """The workflow's event ``number`` into its run's log (once per number)."""
-        run = self._runs.get(workflow)
+        run = await self._driven(workflow)
         if run is None:
-            run = await self._take(workflow)
-            if run is None:
-                return
+            return
         told = self._next.get(workflow, run.log.last_id)
         if number < told:
             return  # (a replayed step's event, or a live round's told again: the log has it)
@@ -252,16 +250,19 @@ class DurableRelay:
         gets. Past ``number``, the log may hold an earlier attempt of the round, streamed
         live by a worker that died before its step was recorded: that attempt is closed
         (its calls paired, its round ended ``interrupted``) and the new one goes on after."""
-        run = self._runs.get(workflow)
+        run = await self._driven(workflow)
         if run is None:
-            run = await self._take(workflow)
-            if run is None:
-                return number
+            return number
         if run.log.last_id > number:
             _log.warning("run %s…: its round is asked again (a new attempt)", run.id[:6])
             await self._end(run, _ASKED_AGAIN, run_ended=False)
             self._next[workflow] = run.log.last_id
         return max(number, self._next.get(workflow, number))
+
+    async def _driven(self, workflow: str) -> RelayRun | None:
+        """The run of a workflow this worker drives (taken over on first contact)."""
+        run = self._runs.get(workflow)
+        return run if run is not None else await self._take(workflow)
 
     async def _take(self, workflow: str) -> RelayRun | None:
         """A recovered workflow this worker now drives: its run, taken over in the store,
