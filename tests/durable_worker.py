@@ -1,7 +1,9 @@
-"""One worker process of the durable-run test: ``durable_worker.py start|recover PG_URL
+"""One worker process of the durable-run test: ``durable_worker.py start|live|recover PG_URL
 MODEL_URL LEDGER_URL LOG RUN_ID EXECUTOR [DEAD_EXECUTOR]``. ``start`` starts the run and
-waits for it; ``recover`` takes over the dead executor's runs and waits for RUN_ID. The
-result (``DurableResult``) is printed as one JSON line."""
+waits for it; ``live`` too, its sink live (an attempt hook, which LOG.attempts records; each
+event's line says how many steps of the run DBOS had recorded when it was told);
+``recover`` takes over the dead executor's runs and waits for RUN_ID. The result
+(``DurableResult``) is printed as one JSON line."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import sys
 import time
 
+import psycopg
 from dbos import DBOS
 
 from toollatch import Agent, RunLimits, model_client, open_ledger, tool
@@ -50,6 +53,30 @@ def tell(log: str, number: int, event: object) -> None:
         f.write(json.dumps({"n": number, "pid": os.getpid(), **data}) + "\n")
 
 
+RECORDED = """select count(*) from dbos.operation_outputs
+where workflow_uuid = %s and (output is not null or error is not null)"""
+"""The steps of a run DBOS recorded (its own table, read on a connection of our own: a
+DBOS call from the sink would be one of the workflow's steps)."""
+
+
+async def tell_live(pg: str, log: str, run_id: str, number: int, event: object) -> None:
+    """The live sink: :func:`tell`, with the steps recorded so far."""
+    async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as db:
+        (steps,) = await (await db.execute(RECORDED, (run_id,))).fetchone()  # type: ignore[misc]
+    data = event.to_json()  # type: ignore[attr-defined]
+    data.pop("history", None)
+    line = {"n": number, "pid": os.getpid(), "steps": steps, **data}
+    with open(log + ".events", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+async def attempt(log: str, number: int) -> int:
+    """The attempt hook: records ``number``; nothing was told past it (one worker)."""
+    with open(log + ".attempts", "a") as f:
+        f.write(f"{number}\n")
+    return number
+
+
 async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id: str,
                executor: str, dead: str = "") -> None:  # fmt: skip
     ledger = open_ledger(ledger_url)
@@ -58,8 +85,16 @@ async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id
             client, tools(log), ledger=ledger, lease_s=2.0, run_limits=RunLimits(max_rounds=5)
         )
         async with DurableRuns(pg, executor_id=executor) as runs:
-            runs.register("weather", agent, on_event=lambda run, n, event: tell(log, n, event))
-            if mode == "start":
+            if mode == "live":
+                runs.register(
+                    "weather",
+                    agent,
+                    on_event=lambda run, n, event: tell_live(pg, log, run, n, event),
+                    on_attempt=lambda run, n: attempt(log, n),
+                )
+            else:
+                runs.register("weather", agent, on_event=lambda run, n, e: tell(log, n, e))
+            if mode in ("start", "live"):
                 await runs.start("weather", "weather?", run_id=run_id)
             else:
                 print(json.dumps({"recovered": await runs.recover([dead])}), flush=True)

@@ -40,8 +40,12 @@ def told(log: Path) -> list[dict]:
 
 
 def summary(events: list[dict]) -> list[str]:
-    out = []
+    """One line per event; a round's text deltas in a row (as the stream made them) one
+    ``text``."""
+    out: list[str] = []
     for e in events:
+        if e["type"] == "text" and out and out[-1] == "text":
+            continue
         if e["type"] == "tool_finished":
             out.append(f"tool_finished {e['name']} {e['error']}")
         elif e["type"] in ("call_committed", "tool_started"):
@@ -51,11 +55,11 @@ def summary(events: list[dict]) -> list[str]:
     return out
 
 
-ROUND_1 = [
+ROUND_1 = [  # (in the stream's order: a round's events are made as it streams)
     "text",
     "call_opened",
-    "call_committed get_weather",
     "call_opened",
+    "call_committed get_weather",
     "call_committed get_weather",
     "tool_started get_weather",
     "tool_finished get_weather None",
@@ -65,6 +69,16 @@ ROUND_1 = [
     "text",
     "call_opened",
     "call_committed write_file",
+]
+
+WHOLE_RUN = [  # the demo run's events, with the write_file call run to its end
+    *ROUND_1,
+    "tool_started write_file",
+    "tool_finished write_file None",
+    "round_ended",
+    "text",
+    "round_ended",
+    "run_ended",
 ]
 
 
@@ -179,15 +193,38 @@ def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgre
     ]
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
-    assert summary(told(log)) == [
-        *ROUND_1,
-        "tool_started write_file",
-        "tool_finished write_file None",
-        "round_ended",
-        "text",
-        "round_ended",
-        "run_ended",
-    ]
+    assert summary(told(log)) == WHOLE_RUN
+
+
+def test_a_live_sink_is_told_a_rounds_events_before_its_step_ends(postgres, tmp_path):
+    log = tmp_path / "ran.log"
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WRITE_SLEEP_S": "0"}
+    with ScriptedServer(delay_scale=0) as server:
+        common = [postgres.url(), server.base_url("openai_chat"), ledger, str(log), "run-3"]
+        done = subprocess.run(
+            [sys.executable, str(HERE / "durable_worker.py"), "live", *common, "live-worker"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["error"] is None
+    events = [json.loads(line) for line in (tmp_path / "ran.log.events").read_text().splitlines()]
+    # every number told, in order; a round's events twice: live from its step, then again
+    # by the workflow from the step's record (the sink keeps the first of each number)
+    numbers = [e["n"] for e in events]
+    firsts = {n: e for e, n in reversed(list(zip(events, numbers, strict=True)))}
+    assert sorted(firsts) == list(range(len(firsts)))
+    # round 1's events were told while its step ran: no step of the run was recorded yet
+    tool = min(n for n in firsts if firsts[n]["type"] == "tool_started")
+    round_1 = [firsts[n] for n in range(tool)]
+    assert summary(round_1) == ROUND_1[:5]
+    assert {e["steps"] for e in round_1} == {0}
+    # each round's attempt began where the events were: 0, then after round 1's calls and
+    # round_ended, then after round 2's
+    starts = [int(n) for n in (tmp_path / "ran.log.attempts").read_text().split()]
+    ended = [n for n in sorted(firsts) if firsts[n]["type"] == "round_ended"]
+    assert starts == [0, ended[0] + 1, ended[1] + 1]
+    assert summary([firsts[n] for n in sorted(firsts)]) == WHOLE_RUN
 
 
 def test_a_durable_store_is_postgresql_and_recovery_names_executors():

@@ -148,6 +148,28 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     assert requests == 2  # the first round was not asked again: its step was recorded
 
 
+def read_watched(url: str, run: dict[str, Any], headers: dict[str, str], watch: Any) -> list[Frame]:
+    """The run's frames to its end, read from ``url``; ``watch(frames)`` told as they come."""
+    with httpx.Client(base_url=url, timeout=30, headers=headers) as client:
+        return read_until(client, run["events_url"], watch)
+
+
+def assert_attempts_paired(frames: list[Frame]) -> None:
+    """Ids 1..N, ``run_ended`` once and last, and every ``call_opened`` / ``call_committed``
+    ended by one ``call_failed`` / ``tool_finished`` before its id opens again (a round
+    asked again may reuse its call ids: the scripted model does)."""
+    assert [f.id for f in frames] == list(range(1, len(frames) + 1))
+    open_: set[str] = set()
+    for frame in frames:
+        if frame.event in ("call_opened", "call_committed"):
+            open_.add(frame.data["id"])
+        elif frame.event in ("call_failed", "tool_finished"):
+            assert frame.data["id"] in open_, frame  # one end per opening
+            open_.remove(frame.data["id"])
+    assert not open_
+    assert [f.event for f in frames].count("run_ended") == 1 and frames[-1].event == "run_ended"
+
+
 def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
@@ -157,17 +179,44 @@ def test_a_killed_owner_mid_stream_has_the_round_asked_again_by_a_survivor(
     ):
         (owner, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
-        wait_for(lambda: len(model.requests) == 1, "the first round to be asked")
+        seen: list[list[Frame]] = [[]]
+
+        def watch(frames: list[Frame]) -> bool:
+            seen[0] = frames
+            return False
+
+        def streaming() -> bool:  # the round's text and a call's arguments, live
+            return any(f.event == "call_preview" for f in seen[0])
+
         with ThreadPoolExecutor(1) as pool:  # a reader on the survivor since before the death
-            reading = pool.submit(read_all, on_b, run, session)
-            time.sleep(1.0)  # (the round's arguments streaming: about 4 s in all)
+            reading = pool.submit(read_watched, on_b, run, session, watch)
+            wait_for(streaming, "the round's live events on another worker")
             stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+            before = list(seen[0])
             early = reading.result(timeout=60)
         whole = read_all(on_b, run, session)
         statuses = [r.status for r in model.requests]
-    assert early == whole  # its stream simply went on to the end
-    assert_whole(whole)
+    # the reader on the other worker saw the round as it streamed, before its step ended
+    assert [f.event for f in before[:2]] == ["text", "text"]
+    assert "call_opened" in [f.event for f in before]
+    assert not any(f.event in ("call_committed", "round_ended") for f in before)
+    assert early == whole  # its stream simply went on to the end: no id reused or skipped
+    assert whole[: len(before)] == before
+    assert_attempts_paired(whole)
     assert whole[-1].data["error"] is None
+    # the dead attempt was closed (its open calls failed, its round interrupted), then the
+    # new attempt went on after it, then the last round
+    ended = [f.data for f in whole if f.event == "round_ended"]
+    assert [(r["round"], r["ended"]) for r in ended] == [
+        (1, "interrupted"),
+        (1, "normal"),
+        (2, "normal"),
+    ]
+    cut = next(i for i, f in enumerate(whole) if f.event == "round_ended")
+    assert {f.data["error"] for f in whole[:cut] if f.event == "call_failed"} == {
+        "stream_interrupted"
+    }
+    assert whole[cut + 1].event == "text"  # the new attempt's text, from its start
     # the interrupted round was asked again (a new attempt), then the last round: 3 in all
     assert statuses == [200, 200, 200]
     assert [f.data["error"] for f in whole if f.event == "tool_finished"] == [None, None]
@@ -191,6 +240,30 @@ def test_a_cancel_through_a_third_worker_ends_a_durable_run_paired(
     errors = [c["error"] for c in ended["calls"]]
     assert errors[1] == "cancelled" and errors[0] in ("cancelled", "outcome_unknown")
     assert lines(tmp_path) == ["Oslo"]  # the second call never started
+
+
+def test_a_durable_round_cancelled_mid_stream_has_its_live_calls_paired(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "cutlive", delay_ms=60.0) as (
+        model,
+        procs,
+    ):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            previewed = lambda fs: any(f.event == "call_preview" for f in fs)  # noqa: E731
+            head = read_until(b, run["events_url"], previewed)  # live, on another worker
+            cancelled = b.post(run["cancel_url"], json={})
+        whole = read_all(on_b, run, session)
+        requests = len(model.requests)
+    assert cancelled.status_code == 202
+    assert whole[: len(head)] == head
+    assert_whole(whole)  # the calls the log opened live are paired, then round_ended
+    failed = [f.data for f in whole if f.event == "call_failed"]
+    assert failed and {f["error"] for f in failed} == {"cancelled"}
+    assert whole[-1].data["cancelled"] is True and requests == 1
+    assert lines(tmp_path) == []  # nothing of the cut round ran
 
 
 def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(

@@ -11,10 +11,25 @@ every worker registers one factory (:meth:`DurableRelay._agent`) before DBOS lau
 
 Events. The workflow numbers its events from 0, and event ``n`` is the run's frame ``id:
 n + 1``: the sink (:meth:`DurableRelay._tell`) appends each to the run's log as the relay's
-own observer would (``shown``), and the Redis writer copies it to the shared log. A workflow
-recovered elsewhere tells its replayed steps' events again under the same numbers; the
-worker driving it keeps only the numbers past what its log (or the shared log) has, so a
-reader's ``Last-Event-ID`` goes on with no event lost or twice.
+own observer would (``shown``; a preview as ``call_preview``), and the Redis writer copies it
+to the shared log. The sink is live (it has an attempt hook, :meth:`DurableRelay._attempt`):
+a model round's text deltas, ``call_opened`` and previews reach the log as the model streams
+them, not when the round's step ends, so the page and the AI SDK / AG-UI streams move during
+the round. A workflow recovered elsewhere tells its replayed steps' events again under the
+same numbers (a round step records its events and the number they began at); the worker
+driving it keeps only the numbers past what its log (or the shared log) has, so a reader's
+``Last-Event-ID`` goes on with no event lost or twice.
+
+A dead attempt. The worker that died mid-round had written that attempt's events live, but
+its step was never recorded: the recovered workflow asks the round again from the number
+the attempt began at. Before its first event, the attempt hook reads the log: events past
+that number are the dead attempt's, and they are closed as the lease path closes a dead run
+(:func:`.store._orphans.closing_events` without its ``run_ended``: each opened call
+``call_failed`` ``stream_interrupted``, each committed one ``tool_finished`` ``cancelled``,
+as no call step had begun, the round ``round_ended`` ``interrupted``); the new attempt's
+events are numbered after the log's newest id. So an id a reader got keeps its event, no id
+is skipped, and every call opened is ended before its id opens again (the new attempt may
+reuse the model's call ids).
 
 Takeover. Each worker's DBOS ``executor_id`` is its Redis worker id. When the lease sweep
 wins a dead worker's run (:meth:`._app.Relay.adopt_orphan`), the survivor asks DBOS to
@@ -42,13 +57,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError, UsageError
+from ..core._preview import PreviewUpdated
 from ..runtime import DurableRuns
 from ..runtime._agent import Agent
 from ..runtime._agent_events import AgentEvent
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits
 from ._requests import run_scope_of
-from ._runs import RelayRun
+from ._runs import RelayRun, preview_json
 from .store._base import StoreUnavailable
 from .store._orphans import closing_events, read_log
 from .store._redis import RedisRunStore
@@ -60,6 +76,9 @@ _log = logging.getLogger("toollatch.relay")
 
 _SETTLE_S = 1.0
 """How long after a recovered workflow's end its run may still be written by its driver."""
+
+_ASKED_AGAIN = "its round is asked again (a new attempt)"
+"""Why a dead worker's attempt of a round was closed (the calls' ``detail`` says it)."""
 
 _AGENTS_KEPT = 256
 """Agents kept built (one per provider, model and session's tools); the oldest rebuilt."""
@@ -80,6 +99,9 @@ class DurableRelay:
         self.engine = DurableRuns(url, executor_id=relay.store.worker, app="toollatch-relay")
         self._agents: OrderedDict[str, Agent] = OrderedDict()
         self._runs: dict[str, RelayRun] = {}  # workflow id -> the run this worker drives
+        # workflow id -> the number of its next new event (its log's newest id, unless the
+        # log left events out: a run past max_run_events drops its text and previews)
+        self._next: dict[str, int] = {}
         self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
@@ -87,7 +109,7 @@ class DurableRelay:
     def open(self) -> None:
         """Register the factory and launch DBOS on the running loop (its recovered runs
         then run on the relay's loop); ``ConfigError`` when PostgreSQL cannot be used."""
-        self.engine.register_factory(self._agent, on_event=self._tell)
+        self.engine.register_factory(self._agent, on_event=self._tell, on_attempt=self._attempt)
         try:
             self.engine.launch()
         except Exception as exc:  # (DBOS raises its own errors, or psycopg's)
@@ -132,6 +154,7 @@ class DurableRelay:
     def _closing(self, workflow: str) -> Any:
         async def closing() -> None:
             self._runs.pop(workflow, None)
+            self._next.pop(workflow, None)
 
         return closing
 
@@ -147,9 +170,10 @@ class DurableRelay:
             if not await run.ending():
                 await self._end(run, f"the durable run failed: {type(exc).__name__}: {exc}")
 
-    async def _end(self, run: RelayRun, error: str) -> None:
+    async def _end(self, run: RelayRun, error: str, *, run_ended: bool = True) -> None:
         """Append the events that end ``run`` from what its log holds (the shared log's
-        frames before this log's own)."""
+        frames before this log's own); ``run_ended`` False: only what closes its calls and
+        its round (an interrupted attempt's)."""
         frames = [] if run.log.start == 0 else await self.store.logged(run.id)
         frames = frames[: run.log.start]
         _missed, own, _cursor = run.log.frames(0, run.log.last_id + 1)
@@ -157,7 +181,8 @@ class DurableRelay:
         if seen.ended:
             return
         known = await self.store.known(run.id, run.session_key, seen)
-        for event in closing_events(seen, error, known):
+        events = closing_events(seen, error, known)
+        for event in events if run_ended else events[:-1]:
             run.append(run.shown(event))
 
     def hand_over(self, run: RelayRun) -> bool:
@@ -204,18 +229,40 @@ class DurableRelay:
             asyncio.get_running_loop().create_task(dropped.client.aclose())
         return agent
 
-    async def _tell(self, workflow: str, number: int, event: AgentEvent) -> None:
+    async def _tell(self, workflow: str, number: int, event: AgentEvent | PreviewUpdated) -> None:
         """The workflow's event ``number`` into its run's log (once per number)."""
-        run = self._runs.get(workflow)
+        run = await self._driven(workflow)
         if run is None:
-            run = await self._take(workflow)
-            if run is None:
-                return
-        if number < run.log.last_id:
-            return  # (a replayed step's event: the log has it)
-        if number > run.log.last_id:  # (never expected: the workflow tells every number)
-            _log.error("run %s…: event %d after %d", run.id[:6], number, run.log.last_id)
-        run.observer.on_event("", event)
+            return
+        told = self._next.get(workflow, run.log.last_id)
+        if number < told:
+            return  # (a replayed step's event, or a live round's told again: the log has it)
+        if number > told:  # (never expected: the workflow tells every number)
+            _log.error("run %s…: event %d after %d", run.id[:6], number, told)
+        self._next[workflow] = number + 1
+        if isinstance(event, PreviewUpdated):
+            run.append(preview_json(event))
+        else:
+            run.observer.on_event("", event)
+
+    async def _attempt(self, workflow: str, number: int) -> int:
+        """A model round's attempt begins at event ``number``: the number its first event
+        gets. Past ``number``, the log may hold an earlier attempt of the round, streamed
+        live by a worker that died before its step was recorded: that attempt is closed
+        (its calls paired, its round ended ``interrupted``) and the new one goes on after."""
+        run = await self._driven(workflow)
+        if run is None:
+            return number
+        if run.log.last_id > number:
+            _log.warning("run %s…: its round is asked again (a new attempt)", run.id[:6])
+            await self._end(run, _ASKED_AGAIN, run_ended=False)
+            self._next[workflow] = run.log.last_id
+        return max(number, self._next.get(workflow, number))
+
+    async def _driven(self, workflow: str) -> RelayRun | None:
+        """The run of a workflow this worker drives (taken over on first contact)."""
+        run = self._runs.get(workflow)
+        return run if run is not None else await self._take(workflow)
 
     async def _take(self, workflow: str) -> RelayRun | None:
         """A recovered workflow this worker now drives: its run, taken over in the store,

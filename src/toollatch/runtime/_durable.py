@@ -6,7 +6,9 @@ PostgreSQL. Its steps, in order:
 
 - **the model round** (``toollatch.model_round``): one request, its stream fed to a parser
   and the gate, with no eager start (a call may run only as its own step); the step's
-  recorded output is the :class:`~toollatch.Round` (committed calls, text, stop reason);
+  recorded output is the :class:`~toollatch.Round` (committed calls, text, stop reason),
+  with the events it made (text deltas, ``call_opened``, previews for a live sink,
+  ``call_committed`` / ``call_failed``) and the number of the first;
 - **each call of the round** (``toollatch.call``), in call order: the call run by the
   agent's dispatcher on its ledger, under the ledger's call id, which the tool reads as its
   idempotency key (:func:`toollatch.ledger.current_call`); the step's recorded output is its
@@ -30,6 +32,13 @@ Recovery of another executor's workflows is DBOS's: each worker launches with it
 dequeues each exactly once). DBOS 3.4 exposes that as ``DBOS._recover_pending_workflows``
 (what its Conductor calls); deciding *which* worker is dead (a lease) is the caller's.
 
+Events (see ``EventSink``): the workflow tells each step's recorded events after the step,
+then the events its own code makes (``round_ended``, ``run_ended``), so a replay tells the
+same events under the same numbers. A *live* sink (one with an ``AttemptHook``) is also told
+a round's events while its step runs (:class:`_Pump`), which makes numbers a step never
+recorded when its worker dies mid-round: the next attempt asks the hook where its events
+begin (past the dead attempt's, which the hook closes), and records that number.
+
 Workflows and steps are registered when this module is imported, under fixed names; their
 arguments are plain data (the agent's registered name, the conversation id, the history),
 so every worker must :meth:`DurableRuns.register` the same agents under the same names
@@ -45,7 +54,9 @@ does not move when another worker takes the run over) and :meth:`DurableRuns.can
 (this process's: a cancel reaches the worker driving the run). A round past the deadline or
 cancelled is not asked (or its stream is cut, and nothing of it told); a call past it or
 cancelled is aborted (``cancelled``: never started, or started with its outcome unknown);
-the run then ends (``error`` naming the deadline or the cancel's reason).
+the run then ends (``error`` naming the deadline or the cancel's reason). A cut round a live
+sink had events of is closed (its calls failed, ``round_ended``); one with none told is not
+told at all.
 """
 
 from __future__ import annotations
@@ -73,26 +84,40 @@ from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
 from ._agent import Agent, user_message
-from ._agent_events import AgentEvent, TextEvent
+from ._agent_events import AgentEvent
 from ._agent_run import AgentRun
 
 _AGENTS: dict[str, Agent] = {}
 """The agents of this process by registered name (a workflow names its agent)."""
 
-EventSink = Callable[[str, int, AgentEvent], Awaitable[None] | None]
+Told = AgentEvent | PreviewUpdated
+"""What a sink is told: an agent event, or (a live sink only) a call's preview."""
+
+EventSink = Callable[[str, int, Told], Awaitable[None] | None]
 """Told each agent event of a durable run: ``(run_id, number, event)``, numbered from 0 in
 the run's order. A recovered run tells the events of the steps it replays again, under the
-same numbers (the same events): a sink keeps the first of each number (the Redis run log
-refuses an id written twice). Its events are per step: a round's text comes whole, with
-its calls, once the round's step returned; no previews."""
+same numbers (the same events, recorded with their steps): a sink keeps the first of each
+number (the Redis run log refuses an id written twice). Without an :data:`AttemptHook`, a
+round's events come at its step's end, whole (no previews); with one the sink is *live*:
+it is told the round's events as they are made (text deltas, ``call_opened``, previews),
+before the step ends."""
+
+AttemptHook = Callable[[str, int], Awaitable[int]]
+"""Makes a sink live (see ``EventSink``): told ``(run_id, number)`` when a model round's
+attempt begins at event ``number``, it returns the number that attempt's first event gets.
+That is ``number``, unless an earlier attempt of the same round (a dead worker's, its step
+never recorded) had told events from ``number`` on: the hook then closes what that attempt
+left open (every call it opened paired, its round ended ``interrupted``) and returns the
+number after its newest event, so that no number is told twice with different events."""
 
 _SINKS: dict[str, EventSink] = {}
+_ATTEMPTS: dict[str, AttemptHook] = {}
 
 AgentFactory = Callable[[str], Agent]
 """Makes the agent of a registered name this process has not registered itself
 (:meth:`DurableRuns.register_factory`); raises ``UsageError`` for a name it does not know."""
 
-_FACTORY: list[tuple[AgentFactory, EventSink | None]] = []
+_FACTORY: list[tuple[AgentFactory, EventSink | None, AttemptHook | None]] = []
 
 _CANCELLED: dict[str, str | None] = {}
 """The runs :meth:`DurableRuns.cancel` marked in this process, with their reasons."""
@@ -189,6 +214,12 @@ def _sink(name: str) -> EventSink | None:
     return _FACTORY[0][1] if _FACTORY else None
 
 
+def _attempt_hook(name: str) -> AttemptHook | None:
+    if name in _AGENTS:
+        return _ATTEMPTS.get(name)
+    return _FACTORY[0][2] if _FACTORY else None
+
+
 def _run(name: str, conversation: str, history: list[dict[str, Any]]) -> AgentRun:
     agent = _agent(name)
     # (Agent._setup: the snapshot a run takes; one process, one room)
@@ -225,6 +256,76 @@ async def _until_stopped(
     return None, stop or _Stopped("the run's deadline passed: the round in flight was cancelled")
 
 
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a model round's step records: the Round (or why no stream began: the run's
+    error; or why the run stops), the number its first event got, and its events (told
+    again, under the same numbers, when a recovered run replays the step)."""
+
+    outcome: Round | str | _Stopped
+    first: int
+    events: tuple[Told, ...]
+    results: tuple[ToolResult, ...] = ()
+    """A round cut by a stop after some of its events were told: its calls' results (the
+    round is then closed with them; ``outcome`` is the stop, ``cut`` the round)."""
+    cut: Round | None = None
+
+
+class _Pump:
+    """Tells a live sink a round's events as the stream makes them (a task woken by the
+    run's hand-over future, as :meth:`AgentRun.__aiter__` is), and keeps them all for the
+    step's record."""
+
+    def __init__(self, name: str, run: AgentRun, first: int, live: bool) -> None:
+        self._sink = _sink(name) if live else None
+        self.live = live
+        self._run, self.told, self.kept = run, first, list[Told]()
+        self._closing = False
+        self._task = asyncio.get_running_loop().create_task(self._loop()) if live else None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.drain()
+            if self._closing:
+                return
+            self._run._wake = loop.create_future()
+            await self._run._wake
+
+    async def drain(self) -> None:
+        """Tell (and keep) every event made so far."""
+        events = self._run._events
+        while events:
+            event = events.popleft()
+            if event is None:
+                continue
+            self.kept.append(event)
+            if self._sink is not None:
+                answer = self._sink(self._run.conversation, self.told, event)
+                if inspect.isawaitable(answer):
+                    await answer
+            self.told += 1
+
+    async def close(self) -> tuple[Told, ...]:
+        """Stop the task (never mid-tell) and tell what is left; the round's events."""
+        if self._task is not None:
+            self._closing = True
+            wake = self._run._wake
+            if wake is not None and not wake.done():
+                wake.set_result(None)
+            await self._task
+        await self.drain()
+        return tuple(self.kept)
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def _ignore(_preview: PreviewUpdated) -> None:
+    """(A live round's previews go on the run's events: see ``AgentRun._notices``.)"""
+
+
 @DBOS.step(name="toollatch.model_round")
 async def _model_round(
     name: str,
@@ -232,13 +333,18 @@ async def _model_round(
     history: list[dict[str, Any]],
     used: int = 0,
     deadline_at: float | None = None,
-) -> Round | str | _Stopped:
-    """Ask the model once: the Round, why no stream began (the run's error), or why the
-    run stops (a cancel, the deadline: the round is not told). ``used``: the calls the run
+    told: int = 0,
+) -> _Asked:
+    """Ask the model once, its events numbered from ``told`` (or past an earlier attempt's:
+    see ``AttemptHook``) and told live to a live sink. ``used``: the calls the run
     committed in earlier rounds (its call budget)."""
+    hook = _attempt_hook(name)
+    first = told if hook is None else await hook(conversation, told)
     if (stop := _stop_of(conversation, deadline_at)) is not None:
-        return stop
+        return _Asked(stop, first, ())
     run = _run(name, conversation, history)
+    if hook is not None and run._setup.previews is not None:
+        run._setup = replace(run._setup, on_preview=_ignore)
     budget = RunBudget(run._setup.run_limits.max_tool_calls)
     budget.used = used
     run._budget = budget
@@ -246,15 +352,35 @@ async def _model_round(
     # no eager start: each committed call runs as its own step after the round
     specs = tuple(replace(s, eager=False) for s in tools.specs)
     parser, _edits = run._parser(replace(tools, specs=specs, eager=()))
-    async with run._setup.dispatcher.round(conversation) as dispatch:
-        streamed = run._stream(parser, dispatch, tools.requested)
-        round_, stop = await _until_stopped(streamed, conversation, deadline_at)
-        if stop is not None:
-            return stop
+    pump = _Pump(name, run, first, hook is not None)
+    try:
+        async with run._setup.dispatcher.round(conversation) as dispatch:
+            streamed = run._stream(parser, dispatch, tools.requested)
+            round_, stop = await _until_stopped(streamed, conversation, deadline_at)
+            if stop is not None:
+                return await _cut(run, pump, parser.cancel(), dispatch, stop, first)
+            if round_ is not None:
+                run._decided(round_)  # call_committed / call_failed, told with the round
+        events = await pump.close()
+    finally:
+        pump.cancel()
     if round_ is None:
-        return run.error or "the model request failed"
+        return _Asked(run.error or "the model request failed", first, events)
     assert isinstance(round_, Round)
-    return round_
+    return _Asked(round_, first, events)
+
+
+async def _cut(
+    run: AgentRun, pump: _Pump, round_: Round, dispatch: Any, stop: _Stopped, first: int
+) -> _Asked:
+    """A round a stop cut: nothing told yet, it is not told at all; else its calls are
+    failed and paired (the workflow closes the round with their results)."""
+    await pump.drain()
+    if not pump.live or not pump.kept:
+        return _Asked(stop, first, ())
+    run._decided(round_)
+    results = tuple(await dispatch.abort(round_))
+    return _Asked(stop, first, await pump.close(), results, round_)
 
 
 @DBOS.step(name="toollatch.call")
@@ -287,11 +413,24 @@ async def _tell(name: str, run: AgentRun, told: int) -> int:
         event = run._events.popleft()
         if event is None or isinstance(event, PreviewUpdated):
             continue
-        if sink is not None:
-            answer = sink(run.conversation, told, event)
-            if inspect.isawaitable(answer):
-                await answer
-        told += 1
+        told = await _told(sink, run.conversation, told, event)
+    return told
+
+
+async def _told(sink: EventSink | None, conversation: str, number: int, event: Told) -> int:
+    if sink is not None:
+        answer = sink(conversation, number, event)
+        if inspect.isawaitable(answer):
+            await answer
+    return number + 1
+
+
+async def _retell(name: str, conversation: str, asked: _Asked) -> int:
+    """Tell a round step's recorded events under their numbers (a live sink had them:
+    it keeps the first of each number); the number after them."""
+    sink, told = _sink(name), asked.first
+    for event in asked.events:
+        told = await _told(sink, conversation, told, event)
     return told
 
 
@@ -299,39 +438,38 @@ async def _tell(name: str, run: AgentRun, told: int) -> int:
 async def _agent_run(
     name: str, conversation: str, history: list[dict[str, Any]], deadline_at: float | None = None
 ) -> dict[str, Any]:
-    # The events are made by this (deterministic) code from the steps' recorded outputs, so a
-    # recovered run tells the events of its replayed steps again, under the same numbers.
+    # The events are made by this (deterministic) code from the steps' recorded outputs (a
+    # round's, recorded with it), so a recovered run tells the events of its replayed steps
+    # again, under the same numbers.
     run = _run(name, conversation, history)
     limits = run._setup.run_limits
     told = 0
     used = 0
     cancelled = False
     while len(run.rounds) < limits.max_rounds:
-        asked = await _model_round(name, conversation, run.history, used, deadline_at)
-        if isinstance(asked, _Stopped):
-            run.error, cancelled = asked.error, asked.cancelled
+        asked = await _model_round(name, conversation, run.history, used, deadline_at, told)
+        told = await _retell(name, conversation, asked)
+        outcome = asked.outcome
+        if isinstance(outcome, _Stopped):
+            run.error, cancelled = outcome.error, outcome.cancelled
+            if asked.cut is not None:  # (its events were told: the round is closed)
+                run._close(asked.cut, list(asked.results))
+                told = await _tell(name, run, told)
             break
-        if isinstance(asked, str):
-            run.error = asked
+        if isinstance(outcome, str):
+            run.error = outcome
             break
-        used += sum(1 for c in asked.calls if c.committed is not None)
-        if asked.text:
-            run._emit(TextEvent(text=asked.text))  # the round's text, whole
-        # a round's calls are told with it: keys of earlier rounds are not theirs (a round
-        # asked again in another process numbers its attempt from that process's counter)
-        run._opened.clear()
-        run._decided(asked)
-        told = await _tell(name, run, told)
+        used += sum(1 for c in outcome.calls if c.committed is not None)
         results = []
-        for i in range(len(asked.calls)):
-            result, events = await _call(name, conversation, asked, i, deadline_at)
+        for i in range(len(outcome.calls)):
+            result, events = await _call(name, conversation, outcome, i, deadline_at)
             results.append(result)
             for event in events:
                 run._emit(event)
             told = await _tell(name, run, told)
-        run._close(asked, results)
+        run._close(outcome, results)
         told = await _tell(name, run, told)
-        if not await run._again(asked):
+        if not await run._again(outcome):
             break
     ended = run._run_ended()
     run._emit(ended)
@@ -379,25 +517,42 @@ class DurableRuns:
         # the runs started here: their handles await the workflow's task, no polling
         self._started: dict[str, WorkflowHandleAsync[dict[str, Any]]] = {}
 
-    def register(self, name: str, agent: Agent, *, on_event: EventSink | None = None) -> None:
+    def register(
+        self,
+        name: str,
+        agent: Agent,
+        *,
+        on_event: EventSink | None = None,
+        on_attempt: AttemptHook | None = None,
+    ) -> None:
         """Make ``agent`` the one runs named ``name`` use in this process. It needs a
         ledger (the only record of whether a dead worker's tool had started). ``on_event``
-        is told the events of its runs that this process drives (see ``EventSink``)."""
+        is told the events of its runs that this process drives (see ``EventSink``); with
+        ``on_attempt`` (see ``AttemptHook``) it is told a round's events live."""
         if not isinstance(agent, Agent):
             raise UsageError(f"register takes an Agent, got {agent!r:.60}")
         if agent.ledger is None:
             raise UsageError("a durable agent needs a ledger shared by the workers")
         _AGENTS[name] = agent
+        _SINKS.pop(name, None)
+        _ATTEMPTS.pop(name, None)
         if on_event is not None:
             _SINKS[name] = on_event
-        else:
-            _SINKS.pop(name, None)
+        if on_attempt is not None:
+            _ATTEMPTS[name] = on_attempt
 
-    def register_factory(self, make: AgentFactory, *, on_event: EventSink | None = None) -> None:
+    def register_factory(
+        self,
+        make: AgentFactory,
+        *,
+        on_event: EventSink | None = None,
+        on_attempt: AttemptHook | None = None,
+    ) -> None:
         """Make the agent of any name not registered with :meth:`register` with ``make``
-        (called at each step: cache what it builds); ``on_event`` is told those runs'
-        events. Every worker registers the same factory before :meth:`launch`."""
-        _FACTORY[:] = [(make, on_event)]
+        (called at each step: cache what it builds); ``on_event`` and ``on_attempt`` as in
+        :meth:`register`, for those runs. Every worker registers the same factory before
+        :meth:`launch`."""
+        _FACTORY[:] = [(make, on_event, on_attempt)]
 
     def launch(self) -> None:
         """Start the engine (this process's own pending runs are recovered by DBOS).
