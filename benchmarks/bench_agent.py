@@ -50,7 +50,11 @@ contenders do the same work over the same loopback HTTP, alternating in blocks:
 * **bare httpx + orjson**: one ``httpx.AsyncClient`` for the process, a pre-built URL and
   headers, the body encoded with orjson, the body's lines split by hand, each event
   ``orjson.loads``-ed, the call's argument fragments joined and parsed, the tool awaited and
-  its result sent back: the least a hand-written loop does;
+  its result sent back: the least a hand-written loop does. It asks for the response the
+  agent's client asks for (``stream_options.include_usage``: the token usage in a last
+  chunk, which the agent reports as ``Round.usage``), so both read the same bytes;
+* **bare, no usage chunk**: the same without ``include_usage`` (one chunk fewer to read; the
+  bare contender before the agent's request and its were made alike), for information;
 * **bare, client per conv.**: the same with its own ``AsyncClient`` per conversation;
 * **agent, baseline** (with ``--baseline SRC``): the **agent** contender run by another
   toollatch (``SRC`` holds its ``toollatch`` package, e.g. ``git archive main src | tar -x -C
@@ -242,7 +246,9 @@ def _bare_tls() -> Any:
 class BareClient:
     """A hand-written OpenAI Chat loop over one shared httpx client and orjson."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, usage: bool = True) -> None:
+        self.usage = usage  # ask for the usage chunk, as the agent's client does
+        self.tokens: dict[str, Any] | None = None  # the last response's usage
         self.http = httpx.AsyncClient(timeout=None, verify=_bare_tls())
         self.url = httpx.URL(base_url + "/chat/completions")
         self.headers = {
@@ -252,9 +258,15 @@ class BareClient:
         }
 
     async def request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = orjson.dumps(
-            {"model": CPU_MODEL, "messages": messages, "stream": True, "tools": [LOOKUP_DEFINITION]}
-        )
+        request_body: dict[str, Any] = {
+            "model": CPU_MODEL,
+            "messages": messages,
+            "stream": True,
+            "tools": [LOOKUP_DEFINITION],
+        }
+        if self.usage:
+            request_body["stream_options"] = {"include_usage": True}
+        body = orjson.dumps(request_body)
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         request = self.http.build_request("POST", self.url, content=body, headers=self.headers)
@@ -274,7 +286,10 @@ class BareClient:
                 for line in lines:
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
-                    for choice in orjson.loads(line[6:]).get("choices", ()):
+                    event = orjson.loads(line[6:])
+                    if event.get("usage"):
+                        self.tokens = event["usage"]
+                    for choice in event.get("choices", ()):
                         delta = choice.get("delta") or {}
                         if delta.get("content"):
                             text.append(delta["content"])
@@ -370,6 +385,7 @@ async def cpu_bench(
     base_url: str, conversations: int, block: int, baseline: Baseline | None = None
 ) -> dict[str, float]:
     bare = BareClient(base_url)
+    no_usage = BareClient(base_url, usage=False)
     shared = model_client(
         "openai_chat",
         model=CPU_MODEL,
@@ -383,6 +399,7 @@ async def cpu_bench(
         "agent, own http/conv.": lambda: agent_own_http(base_url),
         "bare httpx + orjson": bare.conversation,
         "bare, client per conv.": lambda: bare_conversation(base_url),
+        "bare, no usage chunk": no_usage.conversation,
     }
     for run in contenders.values():  # warm up: imports, connections, caches
         for _ in range(5):
@@ -406,6 +423,7 @@ async def cpu_bench(
         done += n
     await shared.aclose()
     await bare.http.aclose()
+    await no_usage.http.aclose()
     return {name: cpu[name] / requests[name] for name in names}
 
 

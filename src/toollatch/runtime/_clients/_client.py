@@ -33,6 +33,7 @@ Use, once per round (the caller owns the parser)::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -146,7 +147,7 @@ class ModelClient:
         self._random_unit = random_unit
         # parsed once (again only if model or base_url is changed): parsing the URL was most
         # of build_request's cost
-        self._url = (self.url, httpx.URL(self.url))
+        self._url = (self.url, _parsed_url(self.url))
         self._timeout = httpx.Timeout(None, connect=limits.connect_s, pool=limits.connect_s)
 
     @property
@@ -282,7 +283,7 @@ class ModelClient:
     ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
         provider, limits = self.provider, self.limits
         if self._url[0] != self.url:
-            self._url = (self.url, httpx.URL(self.url))
+            self._url = (self.url, _parsed_url(self.url))
         headers = self._headers
         if self._signer is not None:  # (per attempt: a signature holds its time)
             headers = headers.copy()
@@ -567,6 +568,14 @@ _PIECE_BYTES = 256 * 1024
 """The most a compressed read becomes per chunk: zlib makes up to ~1,000x of its input, so a
 64 KiB read of a gzip bomb would otherwise be one 64 MiB chunk."""
 _INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_url(url: str) -> httpx.URL:
+    """``url`` parsed by httpx, once per process for the few URLs an application calls: a
+    conversation written as ``async with model_client(...)`` makes a client each time, and
+    parsing was half of making one. (An ``httpx.URL`` is immutable: it is safe to share.)"""
+    return httpx.URL(url)
 
 
 def _body(response: httpx.Response) -> AsyncIterator[bytes]:
