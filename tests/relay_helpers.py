@@ -131,12 +131,22 @@ def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, match.group(0)
 
 
-def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT) -> None:
+def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT, wait_s: float = 15) -> None:
     """Ctrl-C (status 130) or ``how`` (SIGTERM: 143; SIGKILL: no clean-up at all), then
-    close the pipe."""
+    close the pipe. A server still running ``wait_s`` later is killed and the test fails
+    with the end of what it wrote (its pipe closed all the same: no leak into later tests)."""
     proc.send_signal(how)
-    status = proc.wait(timeout=15)
     assert proc.stderr is not None
+    try:
+        status = proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rest = proc.stderr.read()
+        proc.stderr.close()
+        raise AssertionError(
+            f"serve still ran {wait_s:g} s after signal {how}: {rest[-2000:]}"
+        ) from None
     proc.stderr.close()
     assert status == (-how if how == signal.SIGKILL else 128 + how)
 

@@ -49,6 +49,10 @@ async def get_weather(city: str, unit: str = "c") -> str:
 
 Workers = list[tuple[subprocess.Popen[str], str]]
 
+DURABLE_STOP_S = 40.0
+"""How long a durable worker may take to exit on Ctrl-C: DBOS's shut-down joins its threads
+and closes its PostgreSQL pool, which took over 15 s once with the whole suite running."""
+
 
 @contextlib.contextmanager
 def durable_workers(
@@ -87,7 +91,7 @@ def durable_workers(
         os.environ.update(saved)
         for proc, _url in procs:
             if proc.poll() is None:
-                stop(proc)
+                stop(proc, wait_s=DURABLE_STOP_S)
         stack.close()
 
 
@@ -296,7 +300,7 @@ def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
             run, session = start_run(on_a)
             spent = read_all(on_a, run, session)
         finally:
-            stop(proc)
+            stop(proc, wait_s=DURABLE_STOP_S)
     assert_whole(spent)
     failed = [f.data for f in spent if f.event == "call_failed"]
     assert [(f["name"], f["error"]) for f in failed] == [("write_file", "budget_exceeded")]
@@ -423,7 +427,7 @@ def test_serve_workers_2_durable_start_together_and_serve_runs(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
         )
     finally:
-        stop(proc)
+        stop(proc, wait_s=DURABLE_STOP_S)
     assert len(children.stdout.split()) == 2
 
 
