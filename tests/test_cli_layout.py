@@ -36,9 +36,9 @@ OPTIONS: dict[str, set[str]] = {
     "serve": {
         "-h", "--help", "--host", "--port", "--tools", "--provider", "--model", "--base-url",
         "--mcp", "--ledger", "--token", "--allow-host", "--allow-origin", "--allow-model",
-        "--shutdown-grace", "--max-chat-messages", "--max-chat-body-bytes", "--max-ui-bytes",
-        "--result-text", "--store", "--store-ttl", "--store-outage", "--lease", "--workers",
-        "--durable", "--max-always", "--config",
+        "--shutdown-grace", "--max-run-events", "--max-chat-messages", "--max-chat-body-bytes",
+        "--max-ui-bytes", "--result-text", "--store", "--store-ttl", "--store-outage", "--lease",
+        "--workers", "--durable", "--max-always", "--config",
     },
     "proxy": {
         "-h", "--help", "--upstream", "--upstream-provider", "--host", "--port", "--calls",

@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from toollatch import ClientLimits, ConfigError, ErrorCode, Limits, RetryPolicy, RunLimits
+from toollatch.cli import build_parser
 from toollatch.cli._app_config import EXAMPLE, configured, validate
+from toollatch.cli._serve_command import _relay_limits
 from toollatch.runtime import Config, load_config
 
 
@@ -342,3 +344,32 @@ def test_run_reads_the_environment_without_config_and_flags_win_over_it(tmp_path
     assert done.returncode == 2
     assert "TOOLLATCH_RELAY__MAX_ROUNDS" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_serve_takes_every_relay_limit_from_the_config():
+    """Each ``RelayLimits`` bound has a ``relay:`` key (so a ``TOOLLATCH_RELAY__`` variable)
+    that reaches the relay; ``--max-run-events`` wins over its key."""
+    env = {
+        "TOOLLATCH_RELAY__MAX_STORED_RUNS": "300",
+        "TOOLLATCH_RELAY__MAX_RUN_EVENTS": "500",
+        "TOOLLATCH_RELAY__MAX_KEPT_BYTES": "4096",
+        "TOOLLATCH_RELAY__MAX_BODY_BYTES": "2048",
+        "TOOLLATCH_RELAY__MAX_MESSAGE_CHARS": "100",
+        "TOOLLATCH_RELAY__HEARTBEAT_S": "2.5",
+        "TOOLLATCH_RELAY__SSE_BATCH": "8",
+    }
+    relay = configured(None, env=env).relay  # type: ignore[union-attr]
+    limits = _relay_limits(relay, build_parser().parse_args(["serve"]))
+    assert (limits.max_stored_runs, limits.max_run_events, limits.max_kept_bytes) == (
+        300,
+        500,
+        4096,
+    )
+    assert (limits.max_body_bytes, limits.max_message_chars) == (2048, 100)
+    assert (limits.heartbeat_s, limits.sse_batch) == (2.5, 8)
+    flagged = build_parser().parse_args(["serve", "--max-run-events", "7"])
+    assert _relay_limits(relay, flagged).max_run_events == 7
+    crowded = configured(None, env={"TOOLLATCH_RELAY__MAX_ACTIVE_RUNS": "400"}).relay  # type: ignore[union-attr]
+    assert _relay_limits(crowded, build_parser().parse_args(["serve"])).max_stored_runs == 400
+    with pytest.raises(ConfigError, match="TOOLLATCH_RELAY__MAX_RUN_EVENTS"):
+        configured(None, env={"TOOLLATCH_RELAY__MAX_RUN_EVENTS": "0"})

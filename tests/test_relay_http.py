@@ -7,11 +7,21 @@ import asyncio
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from relay_helpers import cancel, chatty_script, parse_sse, read_events, slow_script, start_run
+from relay_helpers import (
+    cancel,
+    chatty_script,
+    parse_sse,
+    read_events,
+    served_run,
+    serving,
+    slow_script,
+    start_run,
+)
 from toollatch import Agent, ConfigError, RelayLimits, model_client
 from toollatch.relay import RelayServer
 from toollatch.runtime import example_tools
@@ -333,6 +343,32 @@ async def test_a_run_reaching_its_event_limit_is_cancelled():
             assert 50 <= len(frames) < 60
             assert frames[-1].event == "run_ended"
             assert [f.data["ended"] for f in frames if f.event == "round_ended"] == ["cancelled"]
+
+
+def _served_limited(*args: str) -> list[Any]:
+    """The frames of one run on ``toollatch serve *args``."""
+    with serving("--ledger", "none", *args) as url:
+        return served_run(url, "weather in Oslo and Zurich, saved to a file")[1]
+
+
+@pytest.mark.parametrize("how", ["flag", "config", "env"])
+async def test_serve_bounds_the_events_of_a_run(how, tmp_path, monkeypatch):
+    """``--max-run-events`` / ``relay.max_run_events`` / ``TOOLLATCH_RELAY__MAX_RUN_EVENTS``
+    reach the relay: the run is cancelled at 6 events, and past them only the events that
+    pair its calls and end it come (the opened call still gets its ``cancelled`` result)."""
+    config = tmp_path / "toollatch.yaml"
+    config.write_text("relay: {max_run_events: 6}\n")
+    args = {"flag": ("--max-run-events", "6"), "config": ("--config", str(config)), "env": ()}
+    if how == "env":
+        monkeypatch.setenv("TOOLLATCH_RELAY__MAX_RUN_EVENTS", "6")
+    frames = await asyncio.to_thread(_served_limited, *args[how])
+    assert frames[-1].event == "run_ended" and frames[-1].data["error"] is None
+    assert [f.data["ended"] for f in frames if f.event == "round_ended"] == ["cancelled"]
+    past = [f.event for f in frames[6:]]
+    assert past and set(past) <= {"call_failed", "tool_finished", "round_ended", "run_ended"}
+    opened = {f.data["id"] for f in frames if f.event == "call_opened"}
+    paired = {f.data["id"] for f in frames if f.event in ("tool_finished", "call_failed")}
+    assert opened and opened <= paired
 
 
 async def test_the_page_and_its_assets_are_served(client):

@@ -31,7 +31,8 @@ from scripted_helpers import (
 )
 from toollatch import ConfigError, ErrorCode, RoundEnd, StreamParser, UsageError
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
-from toollatch.scripted._server import _Playback
+from toollatch.scripted._server import _Playback, schedule
+from toollatch.scripted._wire import chat_events
 
 CALL = Call(call_id="call_w1", name="get_weather", arguments='{"city": "Oslo"}', fragment_chars=3)
 
@@ -294,6 +295,74 @@ async def test_a_client_that_leaves_during_a_stall_ends_its_stream(
             await anext(response.aiter_raw())  # the first event; then the stall
         await asyncio.sleep(0.05)  # (the server sees the connection close)
     assert "graceful shutdown exceeded" not in caplog.text
+
+
+async def test_a_client_that_drops_mid_stream_ends_the_stream_at_once() -> None:
+    """A stream paced 2 s an event (a minute to its end) whose client closes after the
+    first event ends then, as ``client_left`` in the server's counts: it writes no more
+    and leaves no task for the server's stop to wait on and cancel."""
+    slow = Script(
+        turns=(Turn(items=(Text(text="abcdefghijklmnopqrst", chunk_chars=1),), delay_ms=2000),)
+    )
+    path, body = request("openai_chat", first_history("openai_chat"), model="f")
+    async with ScriptedServer(scripts={"f": slow}, delay_scale=1.0) as server:
+        async with (
+            httpx.AsyncClient(timeout=60) as client,
+            client.stream("POST", server.url + path, json=body) as response,
+        ):
+            await anext(response.aiter_raw())  # the first event; the next is 2 s away
+            assert server.streams["open"] == 1
+        for _ in range(400):  # (a bound on the test, far under the stream's minute)
+            if server.streams["open"] == 0:
+                break
+            await asyncio.sleep(0.005)
+        counts = server.streams
+    assert counts == {"open": 0, "complete": 0, "client_left": 1, "dropped": 0, "cancelled": 0}
+
+
+def test_each_event_is_due_at_its_own_time_from_the_stream_start() -> None:
+    """The schedule is absolute: ``delay`` apart from the first byte, the stall in place of
+    one gap."""
+    assert schedule(4, 0.01, None, 0.0) == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert schedule(4, 0.01, 2, 0.5) == pytest.approx([0.01, 0.02, 0.52, 0.53])
+    assert schedule(3, 0.0, 1, 0.0) == [0.0, 0.0, 0.0]
+
+
+async def test_a_slow_send_does_not_push_the_later_events_back() -> None:
+    """On a fake clock where each send costs 4 ms of a 10 ms pace, every event still
+    goes out at start + k * 10 ms (sleeping 10 ms after each send would drift 4 ms an event);
+    with sends slower than the pace it catches up instead of carrying the lateness."""
+    turn = Turn(items=(Text(text="abcdefgh", chunk_chars=1),), delay_ms=10)
+    events = chat_events(turn, model="m", response_id="r", include_usage=False)
+
+    class FakeClock(_Playback):
+        now = 100.0
+
+        def clock(self) -> float:
+            return self.now
+
+        async def wait_until(self, deadline: float, gone: asyncio.Event) -> bool:
+            self.now = max(self.now, deadline)  # (sleeping on the fake clock)
+            return True
+
+    async def play(cost: float) -> list[float]:
+        playback, sent = FakeClock(events, turn, 1.0), []
+
+        async def send(message: dict[str, object]) -> None:
+            if message.get("body"):  # (an event; the head and the end cost nothing)
+                sent.append(round(playback.now - 100.0, 6))
+                playback.now += cost
+
+        async def receive() -> dict[str, object]:
+            await asyncio.Event().wait()  # the client stays
+            return {}
+
+        await playback({"type": "http"}, receive, send)  # type: ignore[arg-type]
+        return sent
+
+    assert await play(0.004) == pytest.approx([0.01 * (k + 1) for k in range(len(events))])
+    late = await play(0.025)  # each send takes longer than the pace: back to back
+    assert late == pytest.approx([0.01 + 0.025 * k for k in range(len(events))])
 
 
 def _module_env() -> dict[str, str]:

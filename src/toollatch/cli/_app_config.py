@@ -166,6 +166,23 @@ class RelayConfig(_Section):
     """Model names the browser may pick (null: the configured model only; with the
     scripted server, its scripts)."""
     max_active_runs: _Positive = 16
+    max_stored_runs: _Positive = 256
+    """-> ``RelayLimits.max_stored_runs``: runs kept for resume (raised to
+    ``max_active_runs`` if lower); the oldest finished run is forgotten beyond it."""
+    max_run_events: _Positive = 20_000
+    """-> ``RelayLimits.max_run_events``: events stored per run; a run reaching it is
+    cancelled, and only the events that pair its calls and end it are kept past it."""
+    max_kept_bytes: _Positive = 1 << 20
+    """-> ``RelayLimits.max_kept_bytes``: SSE bytes kept per run for readers and resumes
+    (a reader behind the oldest kept gets ``event: lagged``)."""
+    max_body_bytes: _Positive = 64 * 1024
+    """-> ``RelayLimits.max_body_bytes``: largest request body (413 beyond)."""
+    max_message_chars: _Positive = 16_000
+    """-> ``RelayLimits.max_message_chars``: longest user message (422 beyond)."""
+    heartbeat_s: _Seconds = 15.0
+    """-> ``RelayLimits.heartbeat_s``: an SSE comment after this long without an event."""
+    sse_batch: _Positive = 64
+    """-> ``RelayLimits.sse_batch``: stored events written per send at most."""
     max_session_runs: _Positive = 4
     max_session_readers: _Positive = 8
     max_connections: _Positive = 1000
@@ -663,6 +680,14 @@ relay:
   allowed_origins: []                   # origins a POST may come from besides the relay's
   models: null                          # models the browser may pick (null: model.model)
   max_active_runs: 16                   # runs in flight over all sessions (429 beyond)
+  max_stored_runs: 256                  # runs kept for resume (at least max_active_runs)
+  max_run_events: 20000                 # events stored per run: the run is cancelled at
+                                        # it (only events pairing calls kept past it)
+  max_kept_bytes: 1048576               # SSE bytes kept per run (older: event: lagged)
+  max_body_bytes: 65536                 # largest request body (413 beyond)
+  max_message_chars: 16000              # longest user message (422 beyond)
+  heartbeat_s: 15                       # an SSE comment after this long without events
+  sse_batch: 64                         # stored events written per send at most
   max_session_runs: 4                   # runs in flight per session (429 beyond)
   max_session_readers: 8                # event streams open per session (429 beyond)
   max_connections: 1000                 # open connections (kept under ulimit -n)

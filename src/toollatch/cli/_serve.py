@@ -20,7 +20,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (8000)")
-    for add in (_model, _access, _browser):
+    for add in (_model, _access, _run_bounds, _browser):
         add(serve)
     serve.add_argument(
         "--shutdown-grace",
@@ -76,6 +76,18 @@ def _browser(serve: argparse.ArgumentParser) -> None:
         help="when the browser gets a redacted preview of a result's text: summary (no UI "
         "payload, or a failed call), always, never (default: the config's relay.result_text, "
         "summary)",
+    )
+
+
+def _run_bounds(serve: argparse.ArgumentParser) -> None:
+    """What each run keeps (the other relay bounds are config keys only)."""
+    serve.add_argument(
+        "--max-run-events",
+        type=positive,
+        metavar="N",
+        help="events stored per run: a run reaching it is cancelled, and only the events "
+        "that pair its calls and end it are kept past it (default: the config's "
+        "relay.max_run_events, 20000)",
     )
 
 

@@ -174,11 +174,17 @@ def _approval_secret(r: RelayConfig) -> bytes | None:
 
 def _relay_limits(r: RelayConfig, args: argparse.Namespace) -> RelayLimits:
     """The config's ``relay:`` limits (at least as many runs stored as may be active), and
-    ``--max-chat-messages``, ``--max-chat-body-bytes``, ``--max-ui-bytes``,
-    ``--result-text``."""
+    ``--max-run-events``, ``--max-chat-messages``, ``--max-chat-body-bytes``,
+    ``--max-ui-bytes``, ``--result-text``."""
     return RelayLimits(
         max_active_runs=r.max_active_runs,
-        max_stored_runs=max(RelayLimits().max_stored_runs, r.max_active_runs),
+        max_stored_runs=max(r.max_stored_runs, r.max_active_runs),
+        max_run_events=args.max_run_events or r.max_run_events,
+        max_kept_bytes=r.max_kept_bytes,
+        max_body_bytes=r.max_body_bytes,
+        max_message_chars=r.max_message_chars,
+        heartbeat_s=r.heartbeat_s,
+        sse_batch=r.sse_batch,
         max_session_runs=r.max_session_runs,
         max_session_readers=r.max_session_readers,
         max_connections=r.max_connections,

@@ -4,8 +4,11 @@ Theory of operation: each request is parsed, checked like the real API would
 (:func:`._validate.check_request`, which also counts the assistant turns of its history),
 and answered with the turn of the script named by its ``model`` that this count picks. The
 wire encoders (pure) give the turn's SSE events; :class:`_Playback` sends them with the
-turn's delays and faults. The one piece of state is a counter per (script, turn) for the
-"answer an HTTP status for the first K attempts" fault; requests are recorded for tests.
+turn's delays and faults, each at its own time from the stream's start (:func:`schedule`:
+a slow send does not push the later events back), and stops as soon as the client has
+gone. The state is a counter per (script, turn) for the "answer an HTTP status for the
+first K attempts" fault and the counts of streams by how they ended
+(:attr:`ScriptedServer.streams`); requests are recorded for tests.
 
 ``with ScriptedServer() as s`` serves from a thread with its own event loop (so synchronous
 SDK clients can call it); ``async with`` serves on the running loop. Both bind
@@ -15,6 +18,7 @@ SDK clients can call it); ``async with`` serves on the running loop. Both bind
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -22,7 +26,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -48,6 +52,11 @@ from ._wire_whole import NotWhole, whole_body
 
 PROVIDERS = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock")
 """The wire formats served (the provider names of :class:`toollatch.StreamParser`)."""
+
+STREAM_ENDS = ("open", "complete", "client_left", "dropped", "cancelled")
+"""The keys of :attr:`ScriptedServer.streams`."""
+
+_SSE = "text/event-stream; charset=utf-8"
 
 _STOP_TIMEOUT_S = 1
 """How long stopping waits for streams still being sent before it cancels them (uvicorn
@@ -140,6 +149,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._attempts: dict[tuple[str, int], int] = {}
+        self._streams = dict.fromkeys(STREAM_ENDS, 0)
         self._port: int | None = None
         self._uvicorn: uvicorn.Server | None = None
         self._socket: socket.socket | None = None
@@ -171,11 +181,30 @@ class ScriptedServer:
         with self._lock:
             return list(self._requests)
 
+    @property
+    def streams(self) -> dict[str, int]:
+        """How many streams are being sent (``open``) and how many ended, by how: ``complete``,
+        ``client_left`` (stopped at once when the client closed its connection), ``dropped``
+        (the turn's drop fault), ``cancelled`` (still sending when the server stopped)."""
+        with self._lock:
+            return dict(self._streams)
+
     def reset(self) -> None:
-        """Forget the recorded requests and the fault attempt counters."""
+        """Forget the recorded requests, the fault attempt counters and the ended streams'
+        counts."""
         with self._lock:
             self._requests.clear()
             self._attempts.clear()
+            self._streams = dict.fromkeys(STREAM_ENDS, 0) | {"open": self._streams["open"]}
+
+    def _stream_opened(self) -> None:
+        with self._lock:
+            self._streams["open"] += 1
+
+    def _stream_ended(self, end: str) -> None:
+        with self._lock:
+            self._streams["open"] -= 1
+            self._streams[end] += 1
 
     # --- serving ------------------------------------------------------------------------------
 
@@ -378,9 +407,10 @@ class ScriptedServer:
         )
         if provider == "openai_chat" and self.quirks is not None:
             events = rewritten(events, self.quirks)
-        if provider == "bedrock":
-            return _Playback(events, turn, self.delay_scale, EVENTSTREAM), turns
-        return _Playback(events, turn, self.delay_scale), turns
+        media = EVENTSTREAM if provider == "bedrock" else _SSE
+        playback = _Playback(events, turn, self.delay_scale, media)
+        playback.opened, playback.ended = self._stream_opened, self._stream_ended
+        return playback, turns
 
     def _count_attempt(self, model: str, turn: int) -> int:
         with self._lock:
@@ -442,16 +472,27 @@ def _encode(
     return gemini_events(turn, model=model, response_id=response_id)
 
 
+def schedule(count: int, delay_s: float, stall_at: int | None, stall_s: float) -> list[float]:
+    """When each of a stream's ``count`` events is due, in seconds from the stream's start:
+    the head (and the first event) after ``delay_s``, then one every ``delay_s``; the event
+    ``stall_at`` waits ``stall_s`` instead of ``delay_s``. Absolute, so the time a send
+    takes does not push the later events back (a slow send is caught up, not carried)."""
+    due: list[float] = []
+    at = delay_s
+    for n in range(count):
+        at += stall_s if n == stall_at and stall_s else (delay_s if n else 0.0)
+        due.append(at)
+    return due
+
+
 class _Playback(Response):
-    """Sends a turn's events with its delays; a stall; a drop (the connection closes with no
-    terminal event: the ASGI app returns before the response is complete)."""
+    """Sends a turn's events at their :func:`schedule`; a stall; a drop (the connection
+    closes with no terminal event: the ASGI app returns before the response is complete).
+    Stops at once when the client closes its connection (ASGI ``http.disconnect``, or a
+    send raising ``OSError``); ``opened`` / ``ended(how)`` count it on its server."""
 
     def __init__(
-        self,
-        events: list[WireEvent],
-        turn: Turn,
-        scale: float,
-        media: str = "text/event-stream; charset=utf-8",
+        self, events: list[WireEvent], turn: Turn, scale: float, media: str = _SSE
     ) -> None:
         super().__init__(status_code=200, media_type=media)
         self.content_type = media
@@ -464,41 +505,64 @@ class _Playback(Response):
             first = next((n for n, e in enumerate(events) if e.in_arguments), None)
             self.stall_at = None if first is None else first + 1
         self.drop_after = faults.drop_after_events
+        self.due = schedule(len(events), self.delay_s, self.stall_at, self.stall_s)
+        self.opened: Callable[[], None] = lambda: None
+        self.ended: Callable[[str], None] = lambda how: None
+
+    def clock(self) -> float:
+        """The time the schedule is kept by (the event loop's)."""
+        return asyncio.get_running_loop().time()
+
+    async def wait_until(self, deadline: float, gone: asyncio.Event) -> bool:
+        """Wait until :meth:`clock` reaches ``deadline`` (at once if it has), or less if
+        the client leaves first; False if it has left."""
+        remaining = deadline - self.clock()
+        if remaining > 0 and not gone.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await gone.wait()
+        return not gone.is_set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)  # before the first byte
+        gone = asyncio.Event()
+        watch = asyncio.ensure_future(_watch_disconnect(receive, gone))
+        how = "cancelled"  # (what is left when the server's stop cancels the stream)
+        self.opened()
+        try:
+            how = await self._play(send, gone)
+        finally:
+            watch.cancel()
+            self.ended(how)
+
+    async def _play(self, send: Send, gone: asyncio.Event) -> str:
+        """Send the stream; how it ended (a key of :attr:`ScriptedServer.streams`)."""
+        start = self.clock()
+        if not await self.wait_until(start + self.delay_s, gone):
+            return "client_left"  # before the first byte
         headers = [
             (b"content-type", self.content_type.encode()),
             (b"cache-control", b"no-cache"),
         ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        for n, event in enumerate(self.events):
-            if n == self.drop_after:
-                return  # uvicorn closes the connection mid-body (see _quiet_drops)
-            if n == self.stall_at and self.stall_s:
-                if await _client_left_within(self.stall_s, receive):
-                    return  # nobody reads the rest; the server must not wait out the stall
-            elif n and self.delay_s:
-                await asyncio.sleep(self.delay_s)
-            await send({"type": "http.response.body", "body": event.data, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            for n, event in enumerate(self.events):
+                if n == self.drop_after:
+                    return "dropped"  # uvicorn closes the connection mid-body (_quiet_drops)
+                if not await self.wait_until(start + self.due[n], gone):
+                    return "client_left"  # nobody reads the rest: stop writing it
+                await send({"type": "http.response.body", "body": event.data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # ASGI 2.4: a send to a closed connection may raise
+            return "client_left"
+        return "complete"
 
 
-async def _client_left_within(seconds: float, receive: Receive) -> bool:
-    """Wait ``seconds``, or less if the client closes its connection first (ASGI's
-    ``http.disconnect``; the request body was read already); True if it did."""
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        done, _ = await asyncio.wait({watch}, timeout=seconds)
-    finally:
-        watch.cancel()
-    return bool(done)
+async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client closes its connection (ASGI's ``http.disconnect``; the
+    request body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 class _QuietDrops(logging.Filter):
