@@ -366,9 +366,11 @@ async def test_serve_bounds_the_events_of_a_run(how, tmp_path, monkeypatch):
     assert [f.data["ended"] for f in frames if f.event == "round_ended"] == ["cancelled"]
     past = [f.event for f in frames[6:]]
     assert past and set(past) <= {"call_failed", "tool_finished", "round_ended", "run_ended"}
+    # (how many text events come first depends on how the stream's reads fell: a call may
+    # or may not have opened by the 6th event, but one that did is paired)
     opened = {f.data["id"] for f in frames if f.event == "call_opened"}
     paired = {f.data["id"] for f in frames if f.event in ("tool_finished", "call_failed")}
-    assert opened and opened <= paired
+    assert opened <= paired and len(frames) < 12
 
 
 async def test_the_page_and_its_assets_are_served(client):
