@@ -7,14 +7,104 @@ half-assembled arguments. A round cut off by a crash is not stored: the resumed 
 model again from the last stored round, and the ledger decides what becomes of the calls the
 dead process had claimed (a completed one returns its stored result, a started one is
 "started, outcome unknown" unless its tool is idempotent).
+
+What a dead process leaves behind for a conversation that goes on (a relay's chat, AG-UI
+thread or resumable run, whose worker a survivor ends): beside the history, under
+``<session>/interrupted``, the run writes one record when it starts and one before each round
+whose calls it runs: ``{"at", "entries", "note"}``, ``entries`` being that round as
+:meth:`StoredHistory.persist` would store it had every committed call ended
+``outcome_unknown`` (its stable error text; calls that failed the gate their own error
+result), ``at`` where it would go, ``note`` a short assistant message in the provider's
+format saying the answer was interrupted. :func:`file_interrupted` (the survivor) appends the
+last record's round when the history stops where it would go (the round was cut off), then the
+note when the history does not end with an assistant turn: the next message then follows an
+assistant turn for every provider (Bedrock and Anthropic reject two user turns in a row, and
+their tool results are a user turn), and the model is told a side effect may have happened.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from ..core._errors import UsageError
+from ..core._errors import ErrorCode, UsageError
+from ..core._events import RoundEnd
+from ..core._messages import assistant_messages, error_results, tool_results_messages
+from ..core._messages._repair import repaired_history
+from ..core._round import Choice, Round, TextRun, ToolResult
 from ..ledger import History
+from ..tools._results import made_error
+
+INTERRUPTED = "/interrupted"
+"""The key suffix of a session's interrupted-round records (see the module docstring)."""
+
+LOST_DETAIL = (
+    "the worker running this call stopped before its result was known; its outcome is "
+    "unknown (it may have had its effect)"
+)
+"""The detail of a committed call's ``outcome_unknown`` result when its worker died."""
+
+INTERRUPTED_NOTE = (
+    "(This answer was interrupted: the worker running it stopped. A tool call above whose "
+    "result says outcome_unknown may or may not have had its effect.)"
+)
+"""The assistant note a survivor stores after a dead run's history."""
+
+
+def round_entries(
+    round_: Round, results: Sequence[ToolResult], drop: Collection[ErrorCode] = ()
+) -> list[dict[str, Any]]:
+    """``round_`` and its ``results`` as history entries (the agent loop's, ``drop``: the
+    error codes whose calls are left out of the history)."""
+    if drop:
+        return repaired_history(round_, results, drop)
+    entries = assistant_messages(round_)
+    if any(c.name for c in round_.calls):
+        entries += tool_results_messages(round_, results)
+    return entries
+
+
+def lost_results(round_: Round) -> list[ToolResult]:
+    """Every call of ``round_`` paired as if its worker died while the round ran: a
+    committed call ``outcome_unknown``, a failed one its own error result."""
+    lost = [
+        made_error(c.call_id, c.name or "", ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL)
+        for c in round_.calls
+        if c.committed is not None
+    ]
+    return lost + error_results(round_)
+
+
+def note_entries(provider: str) -> list[dict[str, Any]]:
+    """:data:`INTERRUPTED_NOTE` as an assistant turn in ``provider``'s history format."""
+    text = TextRun(block=0, text=INTERRUPTED_NOTE)
+    choice = Choice(
+        index=0, ended=RoundEnd.INTERRUPTED, stop_reason=None, calls=(), content=(text,)
+    )
+    round_ = Round(
+        provider=provider, attempt=0, choices=(choice,), usage=None, anomalies=(), error=None
+    )
+    return assistant_messages(round_)
+
+
+async def file_interrupted(store: History, session: str) -> int:
+    """What a dead run of ``session`` left (see the module docstring) appended to its
+    stored history; the number of entries appended (0: nothing to add). ``HistoryConflict``
+    when the history grew meanwhile (its run is alive after all)."""
+    records = await store.load(session + INTERRUPTED)
+    if not records:
+        return 0
+    last = records[-1]
+    history = await store.load(session)
+    added: list[dict[str, Any]] = []
+    if last.get("entries") and last.get("at") == len(history):
+        added += last["entries"]
+    tail = (added or history)[-1:]
+    if not tail or tail[0].get("role") not in ("assistant", "model"):
+        added += last.get("note") or []
+    if added:
+        await store.append(session, added, at=len(history))
+    return len(added)
 
 
 class StoredHistory:
@@ -24,6 +114,7 @@ class StoredHistory:
         self.store = store
         self.session = session
         self._stored = 0
+        self._marks = 0
 
     async def begin(self, history: list[dict[str, Any]], *, resume: bool) -> list[dict[str, Any]]:
         """The run's starting history: the stored one followed by ``history`` when resuming
@@ -49,3 +140,12 @@ class StoredHistory:
             self._stored = await self.store.append(
                 self.session, history[self._stored :], at=self._stored
             )
+
+    async def mark(self, at: int, entries: list[dict[str, Any]], provider: str) -> None:
+        """Record what a survivor stores should the run die now (:func:`file_interrupted`):
+        ``entries`` at ``at`` in the history, then the interrupted note."""
+        record = {"at": at, "entries": entries, "note": note_entries(provider)}
+        key = self.session + INTERRUPTED
+        if self._marks == 0:
+            self._marks = len(await self.store.load(key))  # (an earlier run's records)
+        self._marks = await self.store.append(key, [record], at=self._marks)
