@@ -32,7 +32,7 @@ from ..core._events import RoundEnd
 from ..core._messages import assistant_messages, error_results, tool_results_messages
 from ..core._messages._repair import repaired_history
 from ..core._round import Choice, Round, TextRun, ToolResult
-from ..ledger import History
+from ..ledger import History, HistoryConflict
 from ..tools._results import made_error
 
 INTERRUPTED = "/interrupted"
@@ -148,4 +148,8 @@ class StoredHistory:
         key = self.session + INTERRUPTED
         if self._marks == 0:
             self._marks = len(await self.store.load(key))  # (an earlier run's records)
-        self._marks = await self.store.append(key, [record], at=self._marks)
+        try:
+            self._marks = await self.store.append(key, [record], at=self._marks)
+        except HistoryConflict:  # (another run of the session wrote one: the last counts)
+            self._marks = len(await self.store.load(key))
+            self._marks = await self.store.append(key, [record], at=self._marks)
