@@ -168,20 +168,33 @@ def ui_chunks(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def said(message_id: str, text: str) -> dict[str, Any]:
+    """A user message of the AI SDK's ``useChat``."""
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+@contextlib.contextmanager
+def chat_started(url: str, headers: dict[str, str], body: dict[str, Any]) -> Iterator[Any]:
+    """``POST /api/chat`` on ``url``, its stream open: the response (its run id in
+    ``x-toollatch-run-id``)."""
+    with (
+        httpx.Client(base_url=url, timeout=30, headers=headers) as a,
+        a.stream("POST", "/api/chat", json=body) as first,
+    ):
+        assert first.status_code == 200
+        yield first
+
+
 def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session = secrets.token_urlsafe(32)
     headers = {"x-toollatch-session": session}
-    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "three cities"}]}
+    user = said("u1", "three cities")
     body = {"id": "chat1", "messages": [user], "trigger": "submit-message", "model": "slow"}
     with two_workers(redis_server.url, tmp_path, monkeypatch) as (procs, model, ledger, ran):
         (owner, on_a), (_b, on_b) = procs
-        with (
-            httpx.Client(base_url=on_a, timeout=30, headers=headers) as a,
-            a.stream("POST", "/api/chat", json=body) as first,
-        ):
-            assert first.status_code == 200
+        with chat_started(on_a, headers, body) as first:
             run_id = first.headers["x-toollatch-run-id"]
             wait_for(ran, "Rome")  # (Bern waits for the group's lock)
         started_in_the_ledger(ledger, ChatStore.scope(session, "chat1"), "call_c")
@@ -189,8 +202,7 @@ def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
         with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
             resumed = b.get("/api/chat/chat1/stream")  # (the AI SDK's resume: to the end)
             frames = read_until(b, f"/runs/{run_id}/events", None)
-            user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
-            more = {**body, "messages": [user, user2], "model": "quick"}
+            more = {**body, "messages": [user, said("u2", "and?")], "model": "quick"}
             after = b.post("/api/chat", json=more)
     assert_ended_by_the_survivor(frames)
     chunks = ui_chunks(resumed.text)
@@ -255,15 +267,11 @@ def test_a_chat_whose_run_dies_before_its_first_round_ends_gets_no_two_user_turn
     follow a user turn (Bedrock and Anthropic reject two in a row)."""
     session = secrets.token_urlsafe(32)
     headers = {"x-toollatch-session": session}
-    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "think"}]}
+    user = said("u1", "think")
     body = {"id": "chat2", "messages": [user], "trigger": "submit-message", "model": "stalled"}
     with two_workers(redis_server.url, tmp_path, monkeypatch) as (procs, model, _ledger, _ran):
         (owner, on_a), (_b, on_b) = procs
-        with (
-            httpx.Client(base_url=on_a, timeout=30, headers=headers) as a,
-            a.stream("POST", "/api/chat", json=body) as first,
-        ):
-            assert first.status_code == 200
+        with chat_started(on_a, headers, body) as first:
             run_id = first.headers["x-toollatch-run-id"]
             for line in first.iter_lines():  # (until the answer has begun)
                 if '"text-delta"' in line:
@@ -271,8 +279,7 @@ def test_a_chat_whose_run_dies_before_its_first_round_ends_gets_no_two_user_turn
         stop(owner, signal.SIGKILL)
         with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
             frames = read_until(b, f"/runs/{run_id}/events", None)
-            user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
-            more = {**body, "messages": [user, user2], "model": "quick"}
+            more = {**body, "messages": [user, said("u2", "and?")], "model": "quick"}
             after = b.post("/api/chat", json=more)
     assert "stopped (its lease of 1 s expired)" in frames[-1].data["error"]
     assert after.status_code == 200
