@@ -82,3 +82,22 @@ async def test_a_dead_run_without_a_finished_round_gets_only_the_note() -> None:
     assert await file_interrupted(store, "s") == 1
     assert await store.load("s") == [user, *note]
     assert await file_interrupted(MemoryHistory(), "s") == 0  # (nothing recorded: nothing)
+
+
+async def test_a_round_already_stored_is_not_stored_twice() -> None:
+    """Died while the round after the recorded one streamed: its history already holds the
+    recorded round (with its real results); only the note goes after it."""
+    store = MemoryHistory()
+    user = {"role": "user", "content": "hi"}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    asked = {"role": "assistant", "content": None, "tool_calls": [call]}
+    lost = {"role": "tool", "tool_call_id": "c1", "content": "outcome_unknown: lost"}
+    got = {"role": "tool", "tool_call_id": "c1", "content": "done"}
+    await store.append("s", [user, asked, got], at=0)
+    note = [{"role": "assistant", "content": INTERRUPTED_NOTE}]
+    record = {"at": 1, "entries": [asked, lost], "note": note}
+    await store.append("s" + INTERRUPTED, [record], at=0)
+    assert await file_interrupted(store, "s") == 1
+    assert await store.load("s") == [user, asked, got, *note]
+    await store.append("t" + INTERRUPTED, [{"other": "fields"}], at=0)
+    assert await file_interrupted(store, "t") == 0  # (not a record of this version: nothing)

@@ -92,16 +92,17 @@ async def file_interrupted(store: History, session: str) -> int:
     stored history; the number of entries appended (0: nothing to add). ``HistoryConflict``
     when the history grew meanwhile (its run is alive after all)."""
     records = await store.load(session + INTERRUPTED)
-    if not records:
-        return 0
-    last = records[-1]
+    last = records[-1] if records else None
+    if not isinstance(last, dict):
+        return 0  # (nothing recorded: a run without calls to run, or not this version's)
     history = await store.load(session)
     added: list[dict[str, Any]] = []
-    if last.get("entries") and last.get("at") == len(history):
-        added += last["entries"]
+    entries, note = last.get("entries"), last.get("note")
+    if isinstance(entries, list) and entries and last.get("at") == len(history):
+        added += entries
     tail = (added or history)[-1:]
-    if not tail or tail[0].get("role") not in ("assistant", "model"):
-        added += last.get("note") or []
+    if isinstance(note, list) and not (tail and tail[0].get("role") in ("assistant", "model")):
+        added += note
     if added:
         await store.append(session, added, at=len(history))
     return len(added)
