@@ -15,8 +15,16 @@ from typing import Any
 import pytest
 
 from toollatch import Agent, RetryPolicy, model_client, tool
+from toollatch.core._round import ToolResult
+from toollatch.ledger import LedgerKey
+from toollatch.ledger._base import MemoryLedger
 from toollatch.ledger._history import MemoryHistory
-from toollatch.runtime._resume import INTERRUPTED, INTERRUPTED_NOTE, file_interrupted
+from toollatch.runtime._resume import (
+    INTERRUPTED,
+    INTERRUPTED_NOTE,
+    file_interrupted,
+    ledger_fate,
+)
 from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
 
 PROVIDERS = ["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock"]
@@ -35,10 +43,13 @@ def turns(body: dict[str, Any]) -> list[Any]:
     return list(body.get("messages") or body.get("contents") or body.get("input") or [])
 
 
+@pytest.mark.parametrize("known", [False, True], ids=["unknown", "known"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_the_round_a_dead_run_cut_off_is_stored_paired_and_the_next_turn_is_valid(
-    provider: str,
+    provider: str, known: bool
 ) -> None:
+    """``known``: the survivor knows the call's result (its ledger's), which the history
+    then carries instead of ``outcome_unknown``."""
     store, dead = MemoryHistory(), MemoryHistory()
 
     @tool
@@ -56,7 +67,12 @@ async def test_the_round_a_dead_run_cut_off_is_stored_paired_and_the_next_turn_i
             assert [e async for e in first.run("mail bob")][-1].error is None
             kept = len(await dead.load("s"))
             assert kept == 1  # (only the user's message: no round had finished)
-            assert await file_interrupted(dead, "s") >= 3  # round, result(s), note
+            stored = ToolResult(tool_call_id="c1", name="send_mail", content="sent at 10:02")
+
+            async def fate(call_id: str) -> ToolResult | None:
+                return stored if known else None
+
+            assert await file_interrupted(dead, "s", fate) >= 3  # round, result(s), note
             assert await file_interrupted(dead, "s") == 0  # (once: it ends with the note)
             then = Agent(client, [send_mail], history_store=dead, session="s")
             events = [e.to_json() async for e in then.run("and?", resume=True)]
@@ -65,9 +81,10 @@ async def test_the_round_a_dead_run_cut_off_is_stored_paired_and_the_next_turn_i
     sent = server.requests[-1].body
     history = turns(sent)
     text = str(history)
-    assert "outcome_unknown: the worker running this call stopped" in text
-    assert "it may have had its effect" in text and INTERRUPTED_NOTE in text
-    assert "send_mail" in text and "sent" not in text.replace("Sent.", "")
+    assert ("outcome_unknown: the worker running this call stopped" in text) is not known
+    assert ("it may have had its effect" in text) is not known and INTERRUPTED_NOTE in text
+    assert ("sent at 10:02" in text) is known
+    assert "send_mail" in text and "'sent'" not in text  # (the tool's own, never stored)
     roles = [m.get("role") for m in history]
     assert not [a for a, b in itertools.pairwise(roles) if a == b == "user"]
 
@@ -101,3 +118,22 @@ async def test_a_round_already_stored_is_not_stored_twice() -> None:
     assert await store.load("s") == [user, asked, got, *note]
     await store.append("t" + INTERRUPTED, [{"other": "fields"}], at=0)
     assert await file_interrupted(store, "t") == 0  # (not a record of this version: nothing)
+
+
+async def test_the_ledger_tells_what_became_of_a_dead_runs_call() -> None:
+    """Claimed, never started: ``cancelled`` (not run); started: unknown (None); finished:
+    its stored result; nothing recorded: unknown."""
+    ledger = MemoryLedger()
+    fate = ledger_fate(ledger, "scope")
+    keys = [LedgerKey(scope="scope", call_id=c) for c in ("a", "b", "c")]
+    claims = [await ledger.claim(k, digest="d", worker="w", now=0.0, lease_s=30) for k in keys]
+    await ledger.start(keys[1], claims[1].token, now=0.0, lease_s=30)
+    await ledger.start(keys[2], claims[2].token, now=0.0, lease_s=30)
+    done = ToolResult(tool_call_id="c", name="f", content="42")
+    await ledger.finish(keys[2], claims[2].token, done, now=0.0)
+    not_run = await fate("a")
+    assert not_run is not None and not_run.is_error and str(not_run.code) == "cancelled"
+    assert not_run.content.startswith("cancelled: the worker running this call stopped")
+    assert await fate("b") is None
+    assert (await fate("c")) == done
+    assert await fate("nothing") is None

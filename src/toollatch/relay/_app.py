@@ -48,7 +48,7 @@ from ..ledger._open import open_ledger
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
-from ..runtime._resume import file_interrupted
+from ..runtime._resume import file_interrupted, ledger_fate
 from ..runtime._run_setup import RunLimits, ToolSource
 from ..tools._tools import Tool
 from . import _answers, _restore
@@ -766,7 +766,9 @@ class Relay:
         except (LedgerError, UsageError) as exc:
             _log.warning("run %s…: its questions were not settled (%s)", run_id[:6], exc)
         try:  # (its conversation goes on from what it did: the round cut off, paired)
-            await file_interrupted(self.history, kept.get("history") or scope)
+            await file_interrupted(
+                self.history, kept.get("history") or scope, ledger_fate(self.ledger, scope)
+            )
         except (LedgerError, UsageError, HistoryConflict) as exc:
             _log.warning("run %s…: its interrupted round was not kept (%s)", run_id[:6], exc)
         await self._file_thread(run_id, kept)

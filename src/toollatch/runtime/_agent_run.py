@@ -308,8 +308,10 @@ class AgentRun:
         """Before ``round_``'s calls run: what a survivor stores should this worker die
         while they do (see :mod:`._resume`)."""
         if self._stored is not None and round_.committed():
-            entries = round_entries(round_, lost_results(round_), self._setup.drop_failed)
-            await self._stored.mark(len(self.history), entries, round_.provider)
+            drop = self._setup.drop_failed
+            entries = round_entries(round_, lost_results(round_), drop)
+            paired = None if drop else round_  # (dropped calls: the entries stand as they are)
+            await self._stored.mark(len(self.history), entries, round_.provider, paired)
 
     async def _persist(self) -> None:
         """Store the history's new entries (with a ``history_store``)."""
