@@ -11,15 +11,22 @@ dead process had claimed (a completed one returns its stored result, a started o
 What a dead process leaves behind for a conversation that goes on (a relay's chat, AG-UI
 thread or resumable run, whose worker a survivor ends): beside the history, under
 ``<session>/interrupted``, the run writes one record when it starts and one before each round
-whose calls it runs: ``{"at", "entries", "note"}``, ``entries`` being that round as
-:meth:`StoredHistory.persist` would store it had every committed call ended
-``outcome_unknown`` (its stable error text; calls that failed the gate their own error
-result), ``at`` where it would go, ``note`` a short assistant message in the provider's
-format saying the answer was interrupted. :func:`file_interrupted` (the survivor) appends the
-last record's round when the history stops where it would go (the round was cut off), then the
-note when the history does not end with an assistant turn: the next message then follows an
-assistant turn for every provider (Bedrock and Anthropic reject two user turns in a row, and
+whose calls it runs: ``{"at", "entries", "note", "assistant", "calls", "provider"}``,
+``entries`` being that round as :meth:`StoredHistory.persist` would store it had every
+committed call ended ``outcome_unknown`` (its stable error text; calls that failed the gate
+their own error result), ``at`` where it would go, ``note`` a short assistant message in the
+provider's format saying the answer was interrupted, ``assistant`` and ``calls`` what pairs
+the round's calls again. :func:`file_interrupted` (the survivor) appends the last record's
+round when the history stops where it would go (the round was cut off), each committed call
+paired with what the survivor knows of it (:func:`ledger_fate`: the ledger's final result;
+``cancelled`` when it was claimed and never started; else ``outcome_unknown``), then the
+note when the history does not end with an assistant turn. The next message then follows an
+assistant turn for every provider (Bedrock and Anthropic refuse two user turns in a row, and
 their tool results are a user turn), and the model is told a side effect may have happened.
+The survivor stores a note rather than the next request merging user turns: one rule for
+every provider, the stored history stays valid as it is, and the model reads why the answer
+stopped. Not covered: a run with ``drop_failed`` (its calls all ``outcome_unknown``), and an
+eager call that started before its round ended (no record yet: only the note).
 """
 
 from __future__ import annotations
