@@ -10,6 +10,7 @@ SIGKILL: ``tests/test_relay_lease_chats.py``."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from toollatch import Agent, RetryPolicy, model_client, tool
 from toollatch.core._round import ToolResult
 from toollatch.ledger import LedgerKey
 from toollatch.ledger._base import MemoryLedger
-from toollatch.ledger._history import MemoryHistory
+from toollatch.ledger._history import MemoryHistory, SQLiteHistory
 from toollatch.runtime._resume import (
     INTERRUPTED,
     INTERRUPTED_NOTE,
@@ -46,11 +47,11 @@ def turns(body: dict[str, Any]) -> list[Any]:
 @pytest.mark.parametrize("known", [False, True], ids=["unknown", "known"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_the_round_a_dead_run_cut_off_is_stored_paired_and_the_next_turn_is_valid(
-    provider: str, known: bool
+    provider: str, known: bool, tmp_path: Path
 ) -> None:
     """``known``: the survivor knows the call's result (its ledger's), which the history
     then carries instead of ``outcome_unknown``."""
-    store, dead = MemoryHistory(), MemoryHistory()
+    store, dead = SQLiteHistory(tmp_path / "history.db"), MemoryHistory()  # (a shared store)
 
     @tool
     async def send_mail(to: str) -> str:
@@ -76,6 +77,7 @@ async def test_the_round_a_dead_run_cut_off_is_stored_paired_and_the_next_turn_i
             assert await file_interrupted(dead, "s") == 0  # (once: it ends with the note)
             then = Agent(client, [send_mail], history_store=dead, session="s")
             events = [e.to_json() async for e in then.run("and?", resume=True)]
+    await store.aclose()
     assert events[-1]["error"] is None
     assert [r.status for r in server.requests] == [200, 200, 200]  # valid histories
     sent = server.requests[-1].body
@@ -137,3 +139,21 @@ async def test_the_ledger_tells_what_became_of_a_dead_runs_call() -> None:
     assert await fate("b") is None
     assert (await fate("c")) == done
     assert await fate("nothing") is None
+
+
+async def test_a_store_of_one_process_gets_no_record() -> None:
+    """Nobody else reads a :class:`MemoryHistory`: no record, no key more."""
+
+    @tool
+    def send_mail(to: str) -> str:
+        """Send a mail."""
+        return "sent"
+
+    store = MemoryHistory()
+    async with ScriptedServer(delay_scale=0, scripts={"m": SCRIPT}) as server:
+        url = server.base_url("openai_chat")
+        async with model_client("openai_chat", model="m", base_url=url) as client:
+            agent = Agent(client, [send_mail], history_store=store, session="s")
+            assert [e async for e in agent.run("mail bob")][-1].error is None
+    assert len(await store.load("s")) == 4  # user, call, result, answer
+    assert await store.load("s" + INTERRUPTED) == []

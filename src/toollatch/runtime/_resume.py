@@ -241,9 +241,12 @@ class StoredHistory:
     async def mark(
         self, at: int, entries: list[dict[str, Any]], provider: str, round_: Round | None = None
     ) -> None:
-        """Record what a survivor stores should the run die now (:func:`file_interrupted`):
+        """Record what a survivor stores should the run die now (:func:`file_interrupted`;
+        nothing in a store of one process, whose ``in_process`` is true):
         ``entries`` at ``at`` in the history, then the interrupted note; with ``round_``
         (whose history ``entries`` are, no call left out), what pairs its calls again."""
+        if getattr(self.store, "in_process", False):
+            return  # (nobody else reads it: no survivor would)
         record: dict[str, Any] = {"at": at, "entries": entries, "note": note_entries(provider)}
         if round_ is not None:
             record.update(
