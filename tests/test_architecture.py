@@ -82,6 +82,11 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
         "the lazy compatibility import of ALLOWED_UPWARD (the config is not a name of the "
         "toollatch.cli package)"
     ),
+    ("toollatch.relay._app", "toollatch.runtime._resume"): (
+        "file_interrupted: a survivor stores what a dead worker's run recorded of its "
+        "interrupted round beside its history (the agent loop's own record, read back by "
+        "its one reader: the relay's lease sweep), not user API"
+    ),
     ("toollatch.cli._app_config", "toollatch.mcp._servers"): (
         "unique_names: the config names its MCP servers by mcp's own rule (derived names get "
         "_2, _3...), as the --mcp specs are"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import secrets
 import signal
@@ -30,7 +31,8 @@ from toollatch import open_ledger
 from toollatch.ledger import LedgerKey
 from toollatch.relay._chats import ChatStore
 from toollatch.relay.protocols._agui import _thread_scope
-from toollatch.scripted import Call, Script, ScriptedServer, Text, Turn
+from toollatch.runtime._resume import INTERRUPTED_NOTE
+from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 
 TOOLS = '''
 import os, time
@@ -60,9 +62,18 @@ SCRIPTS = {
         )
     ),
     "quick": Script(turns=tuple(Turn(items=(Text(text="Fine."),)) for _ in range(4))),
+    "stalled": Script(
+        turns=(
+            Turn(
+                items=(Text(text="Let me think about that for a long while.", chunk_chars=8),),
+                faults=Faults(stall_ms=120_000, stall_after_events=3),
+            ),
+        )
+    ),
 }
 """``slow``: a first round whose call finishes (Oslo), then a round of two calls of one group:
-Rome runs (for a minute), Bern waits for the group's lock. ``quick``: a text answer."""
+Rome runs (for a minute), Bern waits for the group's lock. ``quick``: a text answer.
+``stalled``: an answer that stops after a few words (its worker is killed meanwhile)."""
 
 
 @contextlib.contextmanager
@@ -79,7 +90,7 @@ def two_workers(
     with ScriptedServer(scripts=SCRIPTS) as model:
         args = ("--store", redis_url, "--ledger", ledger, "--lease", "1", "--tools", str(tools))
         args += ("--base-url", model.base_url("openai_chat"), "--model", "slow")
-        args += ("--allow-model", "slow", "--allow-model", "quick")
+        args += ("--allow-model", "slow", "--allow-model", "quick", "--allow-model", "stalled")
         with workers(2, *args) as procs:
             yield procs, model, ledger, ran
 
@@ -124,6 +135,29 @@ def assert_ended_by_the_survivor(frames: list[Any]) -> None:
     assert finished["call_c"]["error"] == "outcome_unknown"
 
 
+def assert_goes_on_from_the_interrupted_round(sent: list[dict[str, Any]]) -> None:
+    """The history the model got after the survivor ended the run (OpenAI chat format):
+    Oslo's round with its result, the interrupted round (Rome, Bern) each call paired with its
+    ``outcome_unknown`` result, the survivor's note, then the next user message; never two
+    user turns in a row."""
+    roles = [m["role"] for m in sent]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "tool", "assistant", "user"]
+    assert sent[0]["content"] == "three cities" and sent[-1]["content"] == "and?"
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_a", "content": "sunny"}
+    calls = sent[3]["tool_calls"]
+    assert [(c["id"], c["function"]["name"]) for c in calls] == [
+        ("call_b", "get_weather"),
+        ("call_c", "get_weather"),
+    ]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    for message, call_id in zip(sent[4:6], ("call_b", "call_c"), strict=True):
+        assert message["tool_call_id"] == call_id
+        assert message["content"].startswith("outcome_unknown: the worker running this call")
+        assert "it may have had its effect" in message["content"]
+    assert sent[6] == {"role": "assistant", "content": INTERRUPTED_NOTE}
+    assert not [a for a, b in itertools.pairwise(roles) if a == b == "user"]
+
+
 def ui_chunks(text: str) -> list[dict[str, Any]]:
     """The JSON chunks of a UI message stream (``[DONE]`` as ``{"type": "[DONE]"}``)."""
     out = []
@@ -134,20 +168,33 @@ def ui_chunks(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def said(message_id: str, text: str) -> dict[str, Any]:
+    """A user message of the AI SDK's ``useChat``."""
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+@contextlib.contextmanager
+def chat_started(url: str, headers: dict[str, str], body: dict[str, Any]) -> Iterator[Any]:
+    """``POST /api/chat`` on ``url``, its stream open: the response (its run id in
+    ``x-toollatch-run-id``)."""
+    with (
+        httpx.Client(base_url=url, timeout=30, headers=headers) as a,
+        a.stream("POST", "/api/chat", json=body) as first,
+    ):
+        assert first.status_code == 200
+        yield first
+
+
 def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session = secrets.token_urlsafe(32)
     headers = {"x-toollatch-session": session}
-    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "three cities"}]}
+    user = said("u1", "three cities")
     body = {"id": "chat1", "messages": [user], "trigger": "submit-message", "model": "slow"}
     with two_workers(redis_server.url, tmp_path, monkeypatch) as (procs, model, ledger, ran):
         (owner, on_a), (_b, on_b) = procs
-        with (
-            httpx.Client(base_url=on_a, timeout=30, headers=headers) as a,
-            a.stream("POST", "/api/chat", json=body) as first,
-        ):
-            assert first.status_code == 200
+        with chat_started(on_a, headers, body) as first:
             run_id = first.headers["x-toollatch-run-id"]
             wait_for(ran, "Rome")  # (Bern waits for the group's lock)
         started_in_the_ledger(ledger, ChatStore.scope(session, "chat1"), "call_c")
@@ -155,8 +202,7 @@ def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
         with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
             resumed = b.get("/api/chat/chat1/stream")  # (the AI SDK's resume: to the end)
             frames = read_until(b, f"/runs/{run_id}/events", None)
-            user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
-            more = {**body, "messages": [user, user2], "model": "quick"}
+            more = {**body, "messages": [user, said("u2", "and?")], "model": "quick"}
             after = b.post("/api/chat", json=more)
     assert_ended_by_the_survivor(frames)
     chunks = ui_chunks(resumed.text)
@@ -173,8 +219,7 @@ def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
     assert next(c for c in answer if c["type"] == "text-delta")["delta"] == "Fine."
     assert not [c for c in answer if c["type"] == "error"]
     sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
-    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
-    assert sent[0]["content"] == "three cities" and sent[-1]["content"] == "and?"
+    assert_goes_on_from_the_interrupted_round(sent)
     assert sorted(ran.read_text().split()) == ["Oslo", "Rome"]  # Bern never ran
 
 
@@ -210,6 +255,37 @@ def test_a_killed_workers_agui_thread_is_ended_and_keeps_its_history_on_the_surv
     answer = [e for _id, e in agui_events(after.text)]
     assert after.status_code == 200 and answer[-1]["type"] == "RUN_FINISHED"
     sent = model.requests[-1].body["messages"]  # the thread's history, as the model got it
-    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
-    assert sent[0]["content"] == "three cities" and sent[-1]["content"] == "and?"
+    assert_goes_on_from_the_interrupted_round(sent)
     assert sorted(ran.read_text().split()) == ["Oslo", "Rome"]  # Bern never ran
+
+
+def test_a_chat_whose_run_dies_before_its_first_round_ends_gets_no_two_user_turns(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner dies while the model's first answer streams: the chat stored only the
+    user's message; the survivor stores its note after it, so the next message does not
+    follow a user turn (Bedrock and Anthropic reject two in a row)."""
+    session = secrets.token_urlsafe(32)
+    headers = {"x-toollatch-session": session}
+    user = said("u1", "think")
+    body = {"id": "chat2", "messages": [user], "trigger": "submit-message", "model": "stalled"}
+    with two_workers(redis_server.url, tmp_path, monkeypatch) as (procs, model, _ledger, _ran):
+        (owner, on_a), (_b, on_b) = procs
+        with chat_started(on_a, headers, body) as first:
+            run_id = first.headers["x-toollatch-run-id"]
+            for line in first.iter_lines():  # (until the answer has begun)
+                if '"text-delta"' in line:
+                    break
+        stop(owner, signal.SIGKILL)
+        with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
+            frames = read_until(b, f"/runs/{run_id}/events", None)
+            more = {**body, "messages": [user, said("u2", "and?")], "model": "quick"}
+            after = b.post("/api/chat", json=more)
+    assert "stopped (its lease of 1 s expired)" in frames[-1].data["error"]
+    assert after.status_code == 200
+    answer = ui_chunks(after.text)
+    assert next(c for c in answer if c["type"] == "text-delta")["delta"] == "Fine."
+    sent = model.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[0]["content"] == "think" and sent[-1]["content"] == "and?"
+    assert sent[1] == {"role": "assistant", "content": INTERRUPTED_NOTE}

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..core._errors import UsageError
 from ._records import LedgerError
@@ -62,6 +62,10 @@ def _encoded(run: str, messages: Sequence[dict[str, Any]], at: int) -> list[str]
 
 class MemoryHistory:
     """A :class:`History` in a dict (one process)."""
+
+    in_process: ClassVar[bool] = True
+    """No other process reads it: a run keeps no record for a survivor here (see
+    :mod:`toollatch.runtime._resume`)."""
 
     def __init__(self) -> None:
         self._runs: dict[str, list[str]] = {}

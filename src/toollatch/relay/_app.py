@@ -48,6 +48,7 @@ from ..ledger._open import open_ledger
 from ..runtime._agent import Agent
 from ..runtime._approvals import ApprovalPolicy
 from ..runtime._clients import model_client
+from ..runtime._resume import file_interrupted, ledger_fate
 from ..runtime._run_setup import RunLimits, ToolSource
 from ..tools._tools import Tool
 from . import _answers, _restore
@@ -739,8 +740,10 @@ class Relay:
         when it goes on as a workflow recovered from the dead worker ``owner``; else resumed
         here when it waits for an answer and its record is in the shared history (as
         :meth:`restore` would); else False, its pending questions settled ``cancelled`` first
-        (the store then ends it), so no restarting relay resumes an ended run, and an AG-UI
-        thread's run hands its thread what it stored (:meth:`_file_thread`)."""
+        (the store then ends it), so no restarting relay resumes an ended run; its stored
+        history gets the round it cut off, every call paired (``outcome_unknown``), and an
+        assistant note that it was interrupted (:func:`.runtime._resume.file_interrupted`),
+        and an AG-UI thread's run hands its thread what it stored (:meth:`_file_thread`)."""
         kept = kept or {}
         if self.durable is not None and await self.durable.recovered(run_id, session, owner):
             return True
@@ -762,6 +765,12 @@ class Relay:
             await _restore.settle(self.ledger, questions, "its run was ended: its worker stopped")
         except (LedgerError, UsageError) as exc:
             _log.warning("run %s…: its questions were not settled (%s)", run_id[:6], exc)
+        try:  # (its conversation goes on from what it did: the round cut off, paired)
+            await file_interrupted(
+                self.history, kept.get("history") or scope, ledger_fate(self.ledger, scope)
+            )
+        except (LedgerError, UsageError, HistoryConflict) as exc:
+            _log.warning("run %s…: its interrupted round was not kept (%s)", run_id[:6], exc)
         await self._file_thread(run_id, kept)
         return False
 

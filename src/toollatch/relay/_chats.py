@@ -37,7 +37,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..core._errors import UsageError
 from ..ledger import History, HistoryConflict
@@ -89,6 +89,10 @@ def _read_meta(scope: str, meta: Sequence[dict[str, Any]]) -> _Meta:
 class BoundedMemoryHistory:
     """A :class:`~toollatch.ledger.History` in memory that keeps the newest ``keep`` histories
     (by last write; the oldest are forgotten): the chats of a relay without a ledger."""
+
+    in_process: ClassVar[bool] = True
+    """No other process reads it: a run keeps no record for a survivor here (see
+    :mod:`toollatch.runtime._resume`), nor a key more per chat."""
 
     def __init__(self, keep: int) -> None:
         self._keep = keep

@@ -21,9 +21,7 @@ from ..core._assembler import CallAnnounced, CallReady, TextReceived
 from ..core._errors import ErrorCode, UsageError
 from ..core._events import CallKey, RoundEnd
 from ..core._gate import CommittedCall, Gate, RunBudget
-from ..core._messages import assistant_messages, tool_results_messages
 from ..core._messages._ids import history_call_ids, id_repairs, pair_results
-from ..core._messages._repair import repaired_history
 from ..core._pipeline import StreamParser
 from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
@@ -39,7 +37,7 @@ from ._agent_events import (
 )
 from ._clients import ModelError, StreamInterrupted, StreamTimeout
 from ._dispatcher import DispatchRound
-from ._resume import StoredHistory
+from ._resume import StoredHistory, lost_results, round_entries
 from ._run_setup import RoundTools, RunSetup
 
 
@@ -157,6 +155,7 @@ class AgentRun:
             raise UsageError("an AgentRun can be iterated once")
         if self._stored is not None:  # (misuse raises here, before any event)
             self.history = await self._stored.begin(self.history, resume=self._resume)
+            await self._stored.mark(len(self.history), [], self._setup.client.provider)
         on_preview = self._setup.on_preview
         loop = asyncio.get_running_loop()
         self._driver = loop.create_task(self._drive())
@@ -227,6 +226,7 @@ class AgentRun:
                 round_ = _with_id_repairs(round_)
                 self._decided(round_)
                 if round_.ended is RoundEnd.NORMAL:
+                    await self._mark(round_)
                     results = await dispatch.finish(round_)
                 else:
                     results = await dispatch.abort(round_)
@@ -303,6 +303,15 @@ class AgentRun:
             return False
         await client.pause_before_retry(self._broken)
         return True
+
+    async def _mark(self, round_: Round) -> None:
+        """Before ``round_``'s calls run: what a survivor stores should this worker die
+        while they do (see :mod:`._resume`)."""
+        if self._stored is not None and round_.committed():
+            drop = self._setup.drop_failed
+            entries = round_entries(round_, lost_results(round_), drop)
+            paired = None if drop else round_  # (dropped calls: the entries stand as they are)
+            await self._stored.mark(len(self.history), entries, round_.provider, paired)
 
     async def _persist(self) -> None:
         """Store the history's new entries (with a ``history_store``)."""
@@ -418,12 +427,7 @@ class AgentRun:
         """Append the round and its results to the history; ``round_ended``."""
         self.rounds.append(round_)
         self.results.append(results)
-        if drop := self._setup.drop_failed:
-            self.history += repaired_history(round_, results, drop)
-        else:
-            self.history += assistant_messages(round_)
-            if any(c.name for c in round_.calls):
-                self.history += tool_results_messages(round_, results)
+        self.history += round_entries(round_, results, self._setup.drop_failed)
         self._emit(
             RoundEndedEvent(
                 round=len(self.rounds), ended=str(round_.ended), stop_reason=round_.stop_reason

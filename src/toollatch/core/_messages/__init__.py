@@ -86,6 +86,17 @@ def tool_results_messages(round_: Round, results: Sequence[ToolResult]) -> list[
     return _builder(round_)[1](written, out)
 
 
+def results_for(
+    provider: str, pairs: Sequence[tuple[CallRecord, ToolResult]]
+) -> list[dict[str, Any]]:
+    """The history entries carrying ``pairs`` (each call as its history wrote it, with its
+    result, in call order) in ``provider``'s format: what :func:`tool_results_messages`
+    writes once it has paired them (the builders read only each call's id, name and
+    ``id_made_up``). Raises ``UsageError`` for a provider without a builder."""
+    round_ = Round(provider=provider, attempt=0, choices=(), usage=None, anomalies=(), error=None)
+    return _builder(round_)[1](round_, pairs)
+
+
 def error_results(round_: Round) -> list[ToolResult]:
     """One error result per call of choice 0 that did not commit, in call order."""
     return [error_result(c) for c in round_.calls if c.committed is None]

@@ -50,8 +50,10 @@ first frames): a ``started`` record makes it ``outcome_unknown``. A run is
 thus ended within about ``lease_s`` * 4/3 of its owner's death.
 Before ending it, the survivor offers the run to the relay's ``adopter``
 (:meth:`._app.Relay.adopt_orphan`): a run waiting for an answer with its record in the shared
-history is resumed there instead (its question settled ``cancelled`` when it cannot be; an
-AG-UI thread's run ended gets its stored rounds filed to its thread first), and
+history is resumed there instead (its question settled ``cancelled`` when it cannot be; a
+run ended gets the round it cut off and an interrupted note stored after its history:
+:func:`.runtime._resume.file_interrupted`; an AG-UI thread's run its stored rounds filed to
+its thread), and
 :meth:`adopt` (a restarting worker) takes a dead worker's run with the same compare-and-set,
 so one worker only resumes or ends it.
 
