@@ -52,7 +52,8 @@ the length as the append's ``at``, the entries are written once (a told-again en
 skipped; a second writer gets ``HistoryConflict``).
 
 What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
-is ended, every call paired); approvals and client tools are refused at start
+is ended, every call paired); a chat's run whose workflow failed (PostgreSQL lost) is ended
+the same way, its turn not stored in the chat; approvals and client tools are refused at start
 (:class:`._server.RelayServer`), since a durable run cannot wait for an answer.
 """
 
@@ -282,7 +283,7 @@ class DurableRelay:
         """Append a chat's run's new history entries (past ``at``) to the chat's ``key``
         (before its ``run_ended`` is logged: see the module docstring)."""
         try:
-            await self.relay.chats.history.append(key, list(history[at:]), at=at)
+            await self.relay.chats.history.append(key, [dict(m) for m in history[at:]], at=at)
         except HistoryConflict as exc:  # (already written: a driver before this one)
             _log.warning("run %s…: its chat's history was written already: %s", run.id[:6], exc)
         except (LedgerError, UsageError) as exc:
