@@ -25,7 +25,7 @@ from durable_helpers import PostgresServer, wait_for
 from ledger_helpers import RedisServer
 from relay_helpers import CLI, Frame, serve, served_run, slow_script, stop
 from test_relay_lease import assert_paired, read_until
-from test_relay_lease_chats import ui_chunks
+from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
@@ -122,6 +122,17 @@ def assert_whole(frames: list[Frame]) -> None:
     assert len({f.id for f in frames}) == len(frames)
 
 
+def assert_finished_by_a_survivor(whole: list[Frame]) -> None:
+    """A run whose owner was killed mid-tool (in the first call), finished normally."""
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None  # finished normally, not ended by the lease
+    assert [(c["id"], c["error"]) for c in ended["calls"]] == [
+        ("call_slow_a", "outcome_unknown"),  # started on the dead worker: not run again
+        ("call_slow_b", None),  # run once, on the survivor
+    ]
+
+
 def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
@@ -137,13 +148,7 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
         whole = read_all(on_c, run, session)
         requests = len(model.requests)
     assert whole[: len(head)] == head and whole[len(head) :] == tail
-    assert_whole(whole)
-    ended = whole[-1].data
-    assert ended["error"] is None  # finished normally, not ended by the lease
-    assert [(c["id"], c["error"]) for c in ended["calls"]] == [
-        ("call_slow_a", "outcome_unknown"),  # started on the dead worker: not run again
-        ("call_slow_b", None),  # run once, on the survivor
-    ]
+    assert_finished_by_a_survivor(whole)
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect exactly once
     keys = [key for _city, key in keyed_lines(tmp_path)]
     assert len(set(keys)) == 2 and "None" not in keys  # each call had its own key
@@ -478,21 +483,10 @@ def test_a_killed_owner_mid_tool_has_its_ai_sdk_chat_finished_by_a_survivor(
             user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
             after = c.post("/api/chat", json={**body, "messages": [user, user2]})
         sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
-    assert_whole(whole)
-    ended = whole[-1].data
-    assert ended["error"] is None  # finished normally, not ended by the lease
-    assert [(c["id"], c["error"]) for c in ended["calls"]] == [
-        ("call_slow_a", "outcome_unknown"),  # started on the dead worker: not run again
-        ("call_slow_b", None),  # run once, on the survivor
-    ]
+    assert_finished_by_a_survivor(whole)
     assert done == ["Oslo", "Züri"]  # each side effect exactly once
     chunks = ui_chunks(resumed.text)
-    inputs = {c["toolCallId"] for c in chunks if c["type"] == "tool-input-available"}
-    outputs = {
-        c["toolCallId"]
-        for c in chunks
-        if c["type"] in ("tool-output-available", "tool-output-error")
-    }
+    inputs, outputs = ui_tool_calls(chunks)
     assert inputs == outputs == {"call_slow_a", "call_slow_b"}
     assert chunks[-2]["type"] == "finish" and chunks[-1]["type"] == "[DONE]"
     # the chat's next message, on another survivor, continues the whole stored history
