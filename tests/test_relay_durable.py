@@ -482,7 +482,14 @@ def test_a_killed_owner_mid_tool_has_its_ai_sdk_chat_finished_by_a_survivor(
         with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
             user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
             after = c.post("/api/chat", json={**body, "messages": [user, user2]})
-        sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
+            sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
+            # regenerate() drops that answer (a new branch), then the chat goes on from it
+            regen = {**body, "messages": [user, user2], "trigger": "regenerate-message"}
+            again = c.post("/api/chat", json=regen)
+            resent = model.requests[-1].body["messages"]
+            user3 = {"id": "u3", "role": "user", "parts": [{"type": "text", "text": "more?"}]}
+            third = c.post("/api/chat", json={**body, "messages": [user, user2, user3]})
+            sent3 = model.requests[-1].body["messages"]
     assert_finished_by_a_survivor(whole)
     assert done == ["Oslo", "Züri"]  # each side effect exactly once
     chunks = ui_chunks(resumed.text)
@@ -495,4 +502,8 @@ def test_a_killed_owner_mid_tool_has_its_ai_sdk_chat_finished_by_a_survivor(
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "assistant", "user"]
     assert sent[0]["content"] == "two cities" and sent[-1]["content"] == "and?"
     assert sent[-2]["content"] == "Both done."
-    assert sorted(lines(tmp_path)) == done  # (the second answer is text only)
+    assert sorted(lines(tmp_path)) == done  # (the later answers are text only)
+    assert again.status_code == 200 and third.status_code == 200
+    assert resent == sent  # asked again after the same last user message
+    assert [m["role"] for m in sent3] == [m["role"] for m in sent] + ["assistant", "user"]
+    assert sent3[: len(sent)] == sent and sent3[-1]["content"] == "more?"
