@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -24,6 +25,7 @@ from durable_helpers import PostgresServer, wait_for
 from ledger_helpers import RedisServer
 from relay_helpers import CLI, Frame, serve, served_run, slow_script, stop
 from test_relay_lease import assert_paired, read_until
+from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
@@ -124,6 +126,17 @@ def assert_whole(frames: list[Frame]) -> None:
     assert len({f.id for f in frames}) == len(frames)
 
 
+def assert_finished_by_a_survivor(whole: list[Frame]) -> None:
+    """A run whose owner was killed mid-tool (in the first call), finished normally."""
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None  # finished normally, not ended by the lease
+    assert [(c["id"], c["error"]) for c in ended["calls"]] == [
+        ("call_slow_a", "outcome_unknown"),  # started on the dead worker: not run again
+        ("call_slow_b", None),  # run once, on the survivor
+    ]
+
+
 def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
@@ -139,13 +152,7 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
         whole = read_all(on_c, run, session)
         requests = len(model.requests)
     assert whole[: len(head)] == head and whole[len(head) :] == tail
-    assert_whole(whole)
-    ended = whole[-1].data
-    assert ended["error"] is None  # finished normally, not ended by the lease
-    assert [(c["id"], c["error"]) for c in ended["calls"]] == [
-        ("call_slow_a", "outcome_unknown"),  # started on the dead worker: not run again
-        ("call_slow_b", None),  # run once, on the survivor
-    ]
+    assert_finished_by_a_survivor(whole)
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect exactly once
     keys = [key for _city, key in keyed_lines(tmp_path)]
     assert len(set(keys)) == 2 and "None" not in keys  # each call had its own key
@@ -454,3 +461,53 @@ def test_sigterm_hands_a_durable_run_over_to_a_survivor(
     errors = [c["error"] for c in ended["calls"]]
     assert errors[0] in ("outcome_unknown", "cancelled") and errors[1] is None
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each side effect once
+
+
+def test_a_killed_owner_mid_tool_has_its_ai_sdk_chat_finished_by_a_survivor(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    session = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "two cities"}]}
+    body = {"id": "chat1", "messages": [user], "trigger": "submit-message"}
+    with durable_workers(redis_server, postgres, tmp_path, [60, 0, 0], "chat") as (model, procs):
+        (owner, on_a), (_b, on_b), (_c, on_c) = procs
+        with (
+            httpx.Client(base_url=on_a, timeout=30, headers=session) as a,
+            a.stream("POST", "/api/chat", json=body) as first,
+        ):
+            assert first.status_code == 200
+            run_id = first.headers["x-toollatch-run-id"]
+            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        stop(owner, signal.SIGKILL)  # mid-tool: its call step never returns
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            resumed = b.get("/api/chat/chat1/stream")  # (the AI SDK's resume: to the end)
+        whole = read_all(on_c, {"events_url": f"/runs/{run_id}/events"}, session)
+        done = sorted(lines(tmp_path))
+        with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
+            user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
+            after = c.post("/api/chat", json={**body, "messages": [user, user2]})
+            sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
+            # regenerate() drops that answer (a new branch), then the chat goes on from it
+            regen = {**body, "messages": [user, user2], "trigger": "regenerate-message"}
+            again = c.post("/api/chat", json=regen)
+            resent = model.requests[-1].body["messages"]
+            user3 = {"id": "u3", "role": "user", "parts": [{"type": "text", "text": "more?"}]}
+            third = c.post("/api/chat", json={**body, "messages": [user, user2, user3]})
+            sent3 = model.requests[-1].body["messages"]
+    assert_finished_by_a_survivor(whole)
+    assert done == ["Oslo", "Züri"]  # each side effect exactly once
+    chunks = ui_chunks(resumed.text)
+    inputs, outputs = ui_tool_calls(chunks)
+    assert inputs == outputs == {"call_slow_a", "call_slow_b"}
+    assert chunks[-2]["type"] == "finish" and chunks[-1]["type"] == "[DONE]"
+    # the chat's next message, on another survivor, continues the whole stored history
+    assert after.status_code == 200
+    assert not [c for c in ui_chunks(after.text) if c["type"] == "error"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+    assert sent[0]["content"] == "two cities" and sent[-1]["content"] == "and?"
+    assert sent[-2]["content"] == "Both done."
+    assert sorted(lines(tmp_path)) == done  # (the later answers are text only)
+    assert again.status_code == 200 and third.status_code == 200
+    assert resent == sent  # asked again after the same last user message
+    assert [m["role"] for m in sent3] == [m["role"] for m in sent] + ["assistant", "user"]
+    assert sent3[: len(sent)] == sent and sent3[-1]["content"] == "more?"

@@ -185,6 +185,14 @@ def chat_started(url: str, headers: dict[str, str], body: dict[str, Any]) -> Ite
         yield first
 
 
+def ui_tool_calls(chunks: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """The call ids a UI message stream gave the input of, and those it gave an output
+    (or an output error) of."""
+    inputs = {c["toolCallId"] for c in chunks if c["type"] == "tool-input-available"}
+    ends = ("tool-output-available", "tool-output-error")
+    return inputs, {c["toolCallId"] for c in chunks if c["type"] in ends}
+
+
 def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,12 +214,7 @@ def test_a_killed_workers_ai_sdk_chat_is_ended_and_goes_on_on_the_survivor(
             after = b.post("/api/chat", json=more)
     assert_ended_by_the_survivor(frames)
     chunks = ui_chunks(resumed.text)
-    inputs = {c["toolCallId"] for c in chunks if c["type"] == "tool-input-available"}
-    outputs = {
-        c["toolCallId"]
-        for c in chunks
-        if c["type"] in ("tool-output-available", "tool-output-error")
-    }
+    inputs, outputs = ui_tool_calls(chunks)
     assert {"call_b", "call_c"} <= inputs and inputs == outputs
     assert chunks[-2]["type"] == "finish" and chunks[-1]["type"] == "[DONE]"
     assert after.status_code == 200

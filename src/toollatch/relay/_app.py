@@ -187,7 +187,7 @@ class Relay:
         self.store: RunStore = store or MemoryRunStore(self.limits.max_stored_runs)
         """The runs as other workers see them (:mod:`.store`)."""
         self.durable: Any = None  # (a DurableRelay: its module imports this one)
-        """The runs of ``POST /runs`` as DBOS workflows (:class:`._durable.DurableRelay`,
+        """The runs of ``POST /runs`` and chats as DBOS workflows (:class:`._durable.DurableRelay`,
         set by :class:`._server.RelayServer` with ``durable``; None: plain runs)."""
         chat_history = (
             history
@@ -532,9 +532,16 @@ class Relay:
                     run.mirror.push(run)  # (the store records its end)
                 raise
             chat = {"chat": self.chats.scope(session, chat_id)}
-            self._start(
-                run, turn.provider, model, message, resume=turn.resume, scope=turn.scope, kept=chat
-            )
+            if self.durable is not None:
+                stored = await self.chats.history.load(turn.scope) if turn.resume else []
+                self._start_durable(
+                    run, turn.provider, model, message, history=stored, chat=turn.scope
+                )
+            else:
+                self._start(
+                    run, turn.provider, model, message, resume=turn.resume, scope=turn.scope,
+                    kept=chat,
+                )  # fmt: skip
             await self.chats.bind(session, chat_id, run.id)
         finally:
             self.chats.release(session, chat_id)
@@ -696,11 +703,21 @@ class Relay:
         )  # fmt: skip
         run.start(agent_run, closing, before)
 
-    def _start_durable(self, run: RelayRun, provider: str, model: str, message: str) -> None:
-        """Start an admitted run as a DBOS workflow (:mod:`._durable`); 422
+    def _start_durable(
+        self,
+        run: RelayRun,
+        provider: str,
+        model: str,
+        message: str | None,
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        chat: str | None = None,
+    ) -> None:
+        """Start an admitted run as a DBOS workflow (:mod:`._durable`): ``message`` after
+        ``history``, the stored history of the chat whose history key is ``chat``; 422
         :class:`HTTPError` when its agent cannot be made."""
         try:
-            self.durable.start(run, provider, model, message)
+            self.durable.start(run, provider, model, message, history=history, chat=chat)
         except (ConfigError, UsageError) as exc:
             run.done = True
             if run.mirror is not None:

@@ -40,10 +40,21 @@ run over in the store (:meth:`RedisRunStore.take_over`: owner, ``running``) and 
 with the run's log after the shared log's newest id. Readers on every worker read such a
 run from the shared log (:meth:`._app.Relay.find_run`).
 
-What is not durable (yet): chats (``POST /api/chat``), AG-UI and resumed runs use the plain
-path (a dead worker's run is ended, every call paired); approvals and client tools are
-refused at start (:class:`._server.RelayServer`), since a durable run cannot wait for an
-answer.
+Chats. A chat's message (``POST /api/chat``, ``POST /runs {"chat_id"}``) is a workflow too:
+it starts from the chat's stored history (its branch's, :mod:`._chats`) and the message. The
+chat's new history entries are written when the workflow tells ``run_ended``, before that
+event reaches the log, by whichever worker drives the run then: a reader that sees the end
+(the AI SDK's ``finish``) finds the history stored, and the chat's next message, on any
+worker, continues it. The chat's history key and the length it had are kept beside the run
+(:attr:`RelayRun.kept` ``history`` and ``history_at``, in the run's Redis metadata), where a
+worker that takes the run over reads them (:meth:`RedisRunStore.take_over`). Written with
+the length as the append's ``at``, the entries are written once (a told-again end is
+skipped; a second writer gets ``HistoryConflict``).
+
+What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
+is ended, every call paired); a chat's run whose workflow failed (PostgreSQL lost) is ended
+the same way, its turn not stored in the chat; approvals and client tools are refused at start
+(:class:`._server.RelayServer`), since a durable run cannot wait for an answer.
 """
 
 from __future__ import annotations
@@ -53,14 +64,15 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError, UsageError
 from ..core._preview import PreviewUpdated
+from ..ledger import HistoryConflict, LedgerError
 from ..runtime import DurableRuns
 from ..runtime._agent import Agent
-from ..runtime._agent_events import AgentEvent
+from ..runtime._agent_events import AgentEvent, RunEndedEvent
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits
 from ._requests import run_scope_of
@@ -103,6 +115,8 @@ class DurableRelay:
         # log left events out: a run past max_run_events drops its text and previews)
         self._next: dict[str, int] = {}
         self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
+        # workflow id -> a chat's history key and its length at the run's start
+        self._chats: dict[str, tuple[str, int]] = {}
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
 
@@ -130,17 +144,32 @@ class DurableRelay:
 
     # -- starting a run ----------------------------------------------------------------------
 
-    def start(self, run: RelayRun, provider: str, model: str, message: str) -> None:
-        """Start ``run`` (admitted, recorded in the store) as a workflow."""
+    def start(
+        self,
+        run: RelayRun,
+        provider: str,
+        model: str,
+        message: str | None,
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        chat: str | None = None,
+    ) -> None:
+        """Start ``run`` (admitted, recorded in the store) as a workflow: ``message`` after
+        ``history``; ``chat``: the history key of the chat whose stored ``history`` it
+        continues (its new entries are written there at its end)."""
         relay = self.relay
         own = relay.tools is None and relay.tool_source is None  # (the session's examples)
         name = json.dumps([provider, model, run.session_key[:24] if own else ""])
         workflow = run_scope_of(run.session_key, run.id)
         self._agent(name)  # (a ConfigError / UsageError now, not in the workflow)
         self._runs[workflow] = run
+        run.kept = {"conversation": workflow}  # (see RelayRun.kept; before its first write)
+        if chat is not None:
+            self._chats[workflow] = (chat, len(history))
+            run.kept.update(history=chat, history_at=str(len(history)))
 
         async def body() -> None:
-            await self.engine.start(name, message, run_id=workflow)
+            await self.engine.start(name, message, run_id=workflow, history=history)
             await self._wait(run, workflow)
 
         run.drive(body, self._stopper(workflow), self._closing(workflow))
@@ -155,6 +184,7 @@ class DurableRelay:
         async def closing() -> None:
             self._runs.pop(workflow, None)
             self._next.pop(workflow, None)
+            self._chats.pop(workflow, None)
 
         return closing
 
@@ -242,8 +272,22 @@ class DurableRelay:
         self._next[workflow] = number + 1
         if isinstance(event, PreviewUpdated):
             run.append(preview_json(event))
-        else:
-            run.observer.on_event("", event)
+            return
+        if isinstance(event, RunEndedEvent) and workflow in self._chats:
+            await self._keep_chat(run, *self._chats.pop(workflow), event.history)
+        run.observer.on_event("", event)
+
+    async def _keep_chat(
+        self, run: RelayRun, key: str, at: int, history: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Append a chat's run's new history entries (past ``at``) to the chat's ``key``
+        (before its ``run_ended`` is logged: see the module docstring)."""
+        try:
+            await self.relay.chats.history.append(key, [dict(m) for m in history[at:]], at=at)
+        except HistoryConflict as exc:  # (already written: a driver before this one)
+            _log.warning("run %s…: its chat's history was written already: %s", run.id[:6], exc)
+        except (LedgerError, UsageError) as exc:
+            _log.error("run %s…: its chat's history was not kept: %s", run.id[:6], exc)
 
     async def _attempt(self, workflow: str, number: int) -> int:
         """A model round's attempt begins at event ``number``: the number its first event
@@ -276,12 +320,16 @@ class DurableRelay:
         if taken is None:
             _log.warning("run %s…: its workflow goes on, its log is over", run_id[:6])
             return None
-        session_key, last = taken
+        session_key, last, kept = taken
         relay = self.relay
         run = RelayRun(
             "", relay.previews, relay.limits, run_id=run_id, session_key=session_key,
             approval_secret=relay.approval_secret, start=last,
         )  # fmt: skip
+        run.kept = dict(kept)
+        chat, at = kept.get("history"), kept.get("history_at", "")
+        if chat is not None and at.isdigit():
+            self._chats[workflow] = (chat, int(at))
         relay.runs.keep(run)
         self.store.mirrored(run)
         self._runs[workflow] = run

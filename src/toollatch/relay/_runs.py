@@ -298,7 +298,8 @@ class RelayRun:
         """What a surviving worker needs to end the run if this one dies (a shared store
         keeps it beside the run): ``conversation``, its calls' ledger scope; for an AG-UI
         thread's run also ``history`` (where its rounds are stored), ``thread`` (the
-        thread's history key) and ``provider``."""
+        thread's history key) and ``provider``; for a durable chat's run (:mod:`._durable`)
+        ``history`` (the chat's history key) and ``history_at`` (its length at the start)."""
 
     @property
     def agent_run(self) -> AgentRun | None:

@@ -163,9 +163,10 @@ class RelayServer:
     every call paired, ``run_ended.error`` naming the dead worker. A Redis that cannot be
     reached at start is a ``ConfigError``.
     ``durable`` (``postgresql://...``, the ``durable`` extra; needs a Redis ``store`` and a
-    ``ledger``): each run of ``POST /runs`` is a DBOS workflow (:mod:`._durable`), so that
-    when its worker dies a survivor finishes it (finished calls not run again, a started
-    one ``outcome_unknown`` unless its tool is idempotent) and its readers' streams go on;
+    ``ledger``): each run of ``POST /runs`` and each chat message (``POST /api/chat``) is a
+    DBOS workflow (:mod:`._durable`), so that when its worker dies a survivor finishes it
+    (finished calls not run again, a started one ``outcome_unknown`` unless its tool is
+    idempotent) and its readers' streams go on (a chat's answer stored in the chat);
     approvals and client tools are refused with it (``ConfigError``).
     Workers sharing a store must share the access token too: ``token="auto"`` (a token of
     this worker's own) with a shared store is a ``ConfigError``.

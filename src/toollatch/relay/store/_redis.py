@@ -124,6 +124,9 @@ _LAST_ID = "0-18446744073709551615"
 _LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
 _KEPT = ("conversation", "history", "thread", "provider")
 """The fields of :attr:`RelayRun.kept` a survivor reads back from a run's metadata."""
+_TAKEN = ("conversation", "history", "history_at")
+"""The fields of :attr:`RelayRun.kept` a worker taking a durable run over reads back (a
+chat's: its history key and length, where the run's end writes the chat's new entries)."""
 
 
 def session_digest(session: str) -> str:
@@ -310,15 +313,16 @@ class RedisRunStore:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
         return bool(won)
 
-    async def take_over(self, run_id: str) -> tuple[str, int] | None:
+    async def take_over(self, run_id: str) -> tuple[str, int, dict[str, str]] | None:
         """Make this worker the owner of a dead worker's run whose durable workflow it now
-        drives (``--durable``): its session digest and the newest id of its log, which this
-        worker's copy goes on after (None: the run expired or already ended)."""
+        drives (``--durable``): its session digest, the newest id of its log, which this
+        worker's copy goes on after, and what its metadata keeps of :attr:`RelayRun.kept`
+        (:data:`_TAKEN`) (None: the run expired or already ended)."""
         try:
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hmget(_meta(run_id), "status", "session")
+                pipe.hmget(_meta(run_id), "status", "session", *_TAKEN)
                 pipe.xrevrange(_stream(run_id), count=1)
-                (status, session), newest = await pipe.execute()
+                (status, session, *more), newest = await pipe.execute()
             if status is None or status == b"done" or session is None:
                 return None
             async with self.client.pipeline(transaction=True) as pipe:
@@ -329,7 +333,8 @@ class RedisRunStore:
                 await pipe.execute()
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
-        return bytes(session).decode(), _entry_id(newest[0][0]) if newest else 0
+        kept = {k: bytes(v).decode() for k, v in zip(_TAKEN, more, strict=True) if v}
+        return bytes(session).decode(), _entry_id(newest[0][0]) if newest else 0, kept
 
     def mirrored(self, run: RelayRun) -> None:
         """Copy ``run``'s log to the store from now on (a run :meth:`take_over` gave)."""
