@@ -86,8 +86,9 @@ def _tools_of(body: Mapping[str, Any]) -> list[Any]:
     ``toolConfig.tools[].toolSpec`` (``inputSchema.json``) and a Gemini body's
     ``tools[].functionDeclarations`` become bare definitions."""
     tools = body.get("tools")
-    if isinstance(tools, list) and any(_declarations(tool) is not None for tool in tools):
-        return [bare for tool in tools for bare in _declarations(tool) or ()]
+    declared = [_declarations(tool) for tool in tools] if isinstance(tools, list) else []
+    if any(found is not None for found in declared):  # (a Gemini body)
+        return [bare for found in declared for bare in found or ()]
     if tools:
         return list(tools)
     config = body.get("toolConfig")
@@ -120,8 +121,10 @@ def _declarations(tool: object) -> list[dict[str, Any]] | None:
         schema = declaration.get("parametersJsonSchema")
         if schema is None and isinstance(declaration.get("parameters"), Mapping):
             schema = _lower_types(declaration["parameters"])
-        definition = {"name": declaration.get("name"), "description": ""}
-        definition["description"] = declaration.get("description") or ""
+        definition = {
+            "name": declaration.get("name"),
+            "description": declaration.get("description") or "",
+        }
         bare.append(definition | ({"parameters": schema} if schema is not None else {}))
     return bare
 
