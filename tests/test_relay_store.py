@@ -358,8 +358,10 @@ async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_t
 async def test_a_chats_next_message_sent_as_its_stream_ends_is_answered(
     redis_url: str, late_redis: Any, to: str
 ) -> None:
-    # useChat posts the next message once the stream says finish: on the owner or another
-    # worker, before the owner has closed the run, it is answered (not 409 chat_busy)
+    # useChat posts the next message once the stream says finish: on the owner, before it
+    # has closed the run, it is answered (not 409 chat_busy). On the other worker the store
+    # usually has the run's end by then (its run_ended and its status go in one write), so
+    # that case checks the next message across workers right at the end, not the window
     session = secrets.token_urlsafe(32)
     async with workers(redis_url, 2) as (a, b):
         late_redis()

@@ -412,10 +412,10 @@ class Relay:
         to be over: its reader may have its end (and send the next message) while its owner
         still closes it (the store's copy, the driver's last steps)."""
         live = await self.find_run(run_id, session)
-        waited = 0.0
-        while live is not None and not live.ended and waited < _SETTLE_S and await live.ending():
+        loop = asyncio.get_running_loop()
+        until = loop.time() + _SETTLE_S
+        while live is not None and not live.ended and loop.time() < until and await live.ending():
             await asyncio.sleep(_SETTLE_STEP_S)
-            waited += _SETTLE_STEP_S
             live = await self.find_run(run_id, session)
         return live
 
