@@ -3,7 +3,8 @@ MODEL_URL LEDGER_URL LOG RUN_ID EXECUTOR [DEAD_EXECUTOR]``. ``start`` starts the
 waits for it; ``live`` too, its sink live (an attempt hook, which LOG.attempts records; each
 event's line says how many steps of the run DBOS had recorded when it was told);
 ``recover`` takes over the dead executor's runs and waits for RUN_ID. The result
-(``DurableResult``) is printed as one JSON line."""
+(``DurableResult``, with what this process's Prometheus metrics counted) is printed as one
+JSON line."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dbos import DBOS
 
 from toollatch import Agent, RunLimits, model_client, open_ledger, tool
 from toollatch.ledger import current_call
-from toollatch.runtime import DurableRuns
+from toollatch.runtime import DurableRuns, Metrics
 
 
 def tools(log: str) -> list:
@@ -77,12 +78,33 @@ async def attempt(log: str, number: int) -> int:
     return number
 
 
+def counted(metrics: Metrics) -> dict[str, float]:
+    """What the metrics counted: rounds by how they ended, tool runs by outcome (and the
+    tools' run time, all outcomes together: ``seconds``)."""
+    out: dict[str, float] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "tool_rounds_total":
+                out["rounds " + sample.labels["ended"]] = sample.value
+            elif sample.name == "tool_execute_seconds_count":
+                out["runs " + sample.labels["outcome"]] = sample.value
+            elif sample.name == "tool_execute_seconds_sum":
+                out["seconds"] = out.get("seconds", 0.0) + sample.value
+    return out
+
+
 async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id: str,
                executor: str, dead: str = "") -> None:  # fmt: skip
     ledger = open_ledger(ledger_url)
+    metrics = Metrics()
     async with model_client("openai_chat", model="scripted", base_url=model) as client:
         agent = Agent(
-            client, tools(log), ledger=ledger, lease_s=2.0, run_limits=RunLimits(max_rounds=5)
+            client,
+            tools(log),
+            ledger=ledger,
+            lease_s=2.0,
+            run_limits=RunLimits(max_rounds=5),
+            observers=[metrics],
         )
         async with DurableRuns(pg, executor_id=executor) as runs:
             if mode == "live":
@@ -100,7 +122,11 @@ async def main(mode: str, pg: str, model: str, ledger_url: str, log: str, run_id
                 print(json.dumps({"recovered": await runs.recover([dead])}), flush=True)
             result = await runs.result(run_id)
             steps = await DBOS.list_workflow_steps_async(run_id)
-            ended = {**dataclasses.asdict(result), "steps": [s["function_name"] for s in steps]}
+            ended = {
+                **dataclasses.asdict(result),
+                "steps": [s["function_name"] for s in steps],
+                "counted": counted(metrics),
+            }
             print(json.dumps(ended), flush=True)
 
 

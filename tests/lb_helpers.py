@@ -219,9 +219,12 @@ def start_workers(n: int, *args: str) -> list[Worker]:
     workers: list[Worker] = []
     for proc in procs:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
-        match = re.search(r"http://127\.0\.0\.1:\d+", line)
-        worker = Worker(proc, match.group(0) if match else "", [line])
+        log: list[str] = []
+        match = None
+        while match is None and (line := proc.stderr.readline()):  # (DBOS may log first)
+            log.append(line)
+            match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        worker = Worker(proc, match.group(0) if match else "", log)
         worker.start_draining()
         workers.append(worker)
     if not all(w.url for w in workers):

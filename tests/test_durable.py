@@ -147,6 +147,9 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
     assert "its outcome is unknown" in json.dumps(result["history"])
+    # the survivor's metrics count what it did: rounds 2 and 3 ended here, no tool ran here
+    # (round 1's calls replayed were counted by the dead worker; the write did not start)
+    assert result["counted"] == {"rounds normal": 2}
     # the events went on where the dead worker's stopped: the replayed ones under the same
     # numbers; the cut-off call's tool_finished says outcome_unknown (it did not start here;
     # the dead worker's tool_started was in the step that never returned: never told)
@@ -194,12 +197,17 @@ def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgre
     round_, call = "toollatch.model_round", "toollatch.call"
     assert result["steps"] == [round_, call, call, round_, call, round_]
     assert summary(told(log)) == WHOLE_RUN
+    # the survivor's metrics: round 1 and its calls were the dead worker's (replayed, not
+    # counted again); round 2 (asked again), its write and round 3 were its own
+    counted = result["counted"]
+    assert counted.pop("seconds") >= 0  # (the write's: it ran here)
+    assert counted == {"runs ok": 1, "rounds normal": 2}
 
 
 def test_a_live_sink_is_told_a_rounds_events_before_its_step_ends(postgres, tmp_path):
     log = tmp_path / "ran.log"
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WRITE_SLEEP_S": "0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WRITE_SLEEP_S": "0.5"}
     with ScriptedServer(delay_scale=0) as server:
         common = [postgres.url(), server.base_url("openai_chat"), ledger, str(log), "run-3"]
         done = subprocess.run(
@@ -207,7 +215,11 @@ def test_a_live_sink_is_told_a_rounds_events_before_its_step_ends(postgres, tmp_
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1])["error"] is None
+    ended = json.loads(done.stdout.splitlines()[-1])
+    assert ended["error"] is None
+    counted = ended["counted"]
+    assert counted.pop("seconds") >= 0.5  # the tools' own run time (the write sleeps 0.5 s)
+    assert counted == {"runs ok": 3, "rounds normal": 3}  # (each once)
     events = [json.loads(line) for line in (tmp_path / "ran.log.events").read_text().splitlines()]
     # every number told, in order; a round's events twice: live from its step, then again
     # by the workflow from the step's record (the sink keeps the first of each number)

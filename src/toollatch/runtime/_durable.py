@@ -39,6 +39,12 @@ a round's events while its step runs (:class:`_Pump`), which makes numbers a ste
 recorded when its worker dies mid-round: the next attempt asks the hook where its events
 begin (past the dead attempt's, which the hook closes), and records that number.
 
+Observers (the agent's ``observers``: the relay's Prometheus metrics) are told each event
+once, by the process that made it: a step's events from inside the step (a call's run time
+is the tool's), the workflow's own once one of its steps ran in this process. A replayed
+step's events, told again to the sink, are not told to the observers again: the dead
+worker's had counted them.
+
 Workflows and steps are registered when this module is imported, under fixed names; their
 arguments are plain data (the agent's registered name, the conversation id, the history),
 so every worker must :meth:`DurableRuns.register` the same agents under the same names
@@ -118,6 +124,11 @@ AgentFactory = Callable[[str], Agent]
 (:meth:`DurableRuns.register_factory`); raises ``UsageError`` for a name it does not know."""
 
 _FACTORY: list[tuple[AgentFactory, EventSink | None, AttemptHook | None]] = []
+
+_STEPPED: set[str] = set()
+"""The runs a step of which ran in this process since their workflow began here: DBOS
+replays a recovered run's recorded steps without running them, then runs the rest here, so
+until one runs, the workflow's events were made (and observed) by the dead worker."""
 
 _CANCELLED: dict[str, str | None] = {}
 """The runs :meth:`DurableRuns.cancel` marked in this process, with their reasons."""
@@ -338,6 +349,7 @@ async def _model_round(
     """Ask the model once, its events numbered from ``told`` (or past an earlier attempt's:
     see ``AttemptHook``) and told live to a live sink. ``used``: the calls the run
     committed in earlier rounds (its call budget)."""
+    _STEPPED.add(conversation)
     hook = _attempt_hook(name)
     first = told if hook is None else await hook(conversation, told)
     if (stop := _stop_of(conversation, deadline_at)) is not None:
@@ -389,13 +401,23 @@ async def _call(
 ) -> tuple[ToolResult, list[AgentEvent]]:
     """Run call ``index`` of ``round_`` (a failed call gets its error result): the result
     and the call's tool events (``tool_started``, ``tool_finished``...), recorded with it.
-    A cancel or the deadline aborts it (``cancelled``)."""
+    A cancel or the deadline aborts it (``cancelled``). The agent's observers are told the
+    events as they happen, here: a replayed step's are not told again (and its run time is
+    the tool's, not the step's record's)."""
+    _STEPPED.add(conversation)
     setup = _agent(name)._setup(conversation)
     first = round_.choices[0]
     one = replace(round_, choices=(replace(first, calls=(first.calls[index],)),))
     gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
     told: list[AgentEvent] = []
-    async with setup.dispatcher.round(conversation, gate=gate, on_event=told.append) as dispatch:
+    observers, provider = setup.observers, setup.client.provider
+
+    def tell(event: AgentEvent) -> None:
+        told.append(event)
+        for observer in observers:
+            observer.on_event(provider, event)
+
+    async with setup.dispatcher.round(conversation, gate=gate, on_event=tell) as dispatch:
         if _stop_of(conversation, deadline_at) is not None:
             (result,) = await dispatch.abort(one)
         else:
@@ -440,14 +462,21 @@ async def _agent_run(
 ) -> dict[str, Any]:
     # The events are made by this (deterministic) code from the steps' recorded outputs (a
     # round's, recorded with it), so a recovered run tells the events of its replayed steps
-    # again, under the same numbers.
+    # again, under the same numbers. The agent's observers are told each event once, by
+    # the process that made it: a step's events by its step; the workflow's own (round_ended,
+    # run_ended) once a step ran here (before: replayed, the dead worker's observers had them).
     run = _run(name, conversation, history)
+    _STEPPED.discard(conversation)
+    observed = run._setup
+    run._setup = replace(observed, observers=())
     limits = run._setup.run_limits
     told = 0
     used = 0
     cancelled = False
     while len(run.rounds) < limits.max_rounds:
         asked = await _model_round(name, conversation, run.history, used, deadline_at, told)
+        if conversation in _STEPPED:
+            run._setup = observed
         told = await _retell(name, conversation, asked)
         outcome = asked.outcome
         if isinstance(outcome, _Stopped):
@@ -463,9 +492,11 @@ async def _agent_run(
         results = []
         for i in range(len(outcome.calls)):
             result, events = await _call(name, conversation, outcome, i, deadline_at)
+            if conversation in _STEPPED:
+                run._setup = observed
             results.append(result)
             for event in events:
-                run._emit(event)
+                run._put(event)  # (observed in its step)
             told = await _tell(name, run, told)
         run._close(outcome, results)
         told = await _tell(name, run, told)
@@ -476,6 +507,7 @@ async def _agent_run(
     await _tell(name, run, told)
     _CANCELLED.pop(conversation, None)
     _CANCELS.pop(conversation, None)
+    _STEPPED.discard(conversation)
     return {
         "rounds": ended.rounds,
         "calls": ended.calls,

@@ -281,6 +281,9 @@ class RunView {
 
   card(id, name) {
     let card = this.cards.get(id);
+    // a card per round: a round asked again (a dead worker's attempt, closed) may reuse the
+    // model's call ids, and its calls are new ones, shown (and joined) in the new round
+    if (card && card.round !== this.round) card = undefined;
     if (!card) {
       this.think(false);
       const node = el("div", "card");
@@ -297,7 +300,8 @@ class RunView {
       ui.hidden = true;
       node.append(head, el("div", "id", id), body, ui, output, foot);
       card = { node, title, state, body, output, ui, foot, preview: { root: undefined }, bytes: 0,
-               started: null, ran: null, result: null, early: false, wasRunning: false };
+               started: null, ran: null, result: null, early: false, wasRunning: false,
+               round: this.round };
       this.cards.set(id, card);
       this.round.calls.push(card);
       this.round.cards.append(node);
