@@ -15,9 +15,11 @@ passing vacuously.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import tracemalloc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -752,3 +754,25 @@ def test_previews_of_any_run_are_released_where_the_stages_release_them(
     previews = PreviewPolicy(default=rule, every_bytes=every, on_structure=on_structure)
     reads = [data] if size is None else fixed(data, size)
     assert same_both_ways(provider, framing, reads, previews=previews) == len(fragments)
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "anthropic"])
+def test_a_parser_is_freed_when_dropped_without_the_cyclic_collector(provider: str) -> None:
+    """Nothing a parser holds points back at it (a bound method of its own kept on it was a
+    cycle): dropped, it and its stages go at once, not at the cyclic collector's next pass,
+    which every request's parser, adapter, assembler and buffers otherwise waited for."""
+    data = chat_stream(['{"path": "a', '.txt"}']) if provider == "openai_chat" else None
+    data = data or anthropic_stream(['{"path": "a', '.txt"}'])
+    gc.collect()
+    gc.disable()
+    try:
+        parser = StreamParser(provider, framing="sse")
+        for read in per_event(data, "sse"):
+            parser.feed(read)
+        round_ = parser.finish()
+        refs = [weakref.ref(o) for o in (parser, parser.adapter, parser.assembler)]
+        del parser
+        assert [ref() for ref in refs] == [None, None, None]
+        assert round_.calls  # (the stream reached the stages)
+    finally:
+        gc.enable()

@@ -120,11 +120,11 @@ class StreamParser:
             observe_arguments=observe_arguments,
         )
         self._decoder = make_decoder(framing, self.limits)
-        # Bound once: they run once per run of events, often once per read.
+        # Bound once: they run once per run of events, often once per read. (Not _on_run: a
+        # bound method of its own kept on self is a cycle, left to the cyclic collector.)
         self._feed_payloads = self._decoder.feed_payloads
         self._translate = self.adapter.translate
         self._feed_fragments = self.assembler.feed_fragments
-        self._emit = self._on_run
         self._notices: list[CallUpdate] = []  # found while the decoder walks one read
         self._broken = False  # a framing error or a sealed round: input ignored until finish
         self._closed: str | None = None  # why feeding is misuse now (finish or cancel)
@@ -142,7 +142,7 @@ class StreamParser:
         try:
             if self.events is not None:  # (the stages in turn: every event recorded)
                 return self._sealing(self._frames(self._decoder.feed(data)))
-            self._feed_payloads(bytes(data) if data.__class__ is not bytes else data, self._emit)
+            self._feed_payloads(bytes(data) if data.__class__ is not bytes else data, self._on_run)
         except StreamDecodeError as exc:
             self._notices += self._framing_failed(exc)
         found = self._notices
