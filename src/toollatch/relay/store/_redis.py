@@ -438,7 +438,9 @@ class RedisRunStore:
         assert self._runs is not None
         run = self._runs.get(str(asked.get("run")))
         session = str(asked.get("session"))
-        if run is None or not secrets.compare_digest(session_digest(run.session), session):
+        # (the run's session_key: a run taken over or restored has no token until a
+        # request of its session reaches this worker, but its digest all along)
+        if run is None or not secrets.compare_digest(run.session_key, session):
             answer: tuple[int, dict[str, Any]] = (
                 404,
                 {"error": {"code": "not_found", "message": "no such run on its worker"}},
