@@ -359,10 +359,9 @@ def test_serve_durable_is_refused_without_what_it_needs(tmp_path: Path) -> None:
     assert "--durable needs a ledger the workers share" in refused(
         "--durable", PG, *redis, "--ledger", "none"
     )
+    # approvals are taken (the refusal is the unreachable store's, not theirs)
     asks = {"TOOLLATCH_APPROVALS__DEFAULT": "ask"}
-    assert "durable runs do not take approvals yet" in refused(
-        "--durable", PG, *redis, *ledger, env=asks
-    )
+    assert "approval" not in refused("--durable", PG, *redis, *ledger, env=asks)
     # the variable, like every setting
     assert "--durable needs a shared run store" in refused(
         *ledger, env={"TOOLLATCH_RELAY__DURABLE": PG}
@@ -635,3 +634,33 @@ def test_a_durable_client_tool_is_answered_on_another_worker(
         ("call_slow_b", False),
     ]
     assert whole[-1].data["error"] is None
+
+
+def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TOOLLATCH_RELAY__SHUTDOWN_GRACE_S", "2")
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0], "askover", env=SHARED_SECRET, tool=ASKING_TOOL
+    ) as (_, procs):
+        (stopping, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            head = read_until(b, run["events_url"], until_asked(1))
+        stopping.send_signal(signal.SIGTERM)  # its question outlives the grace: handed over
+        status = stopping.wait(timeout=DURABLE_STOP_S)
+        assert stopping.stderr is not None
+        stopping.stderr.close()
+        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        whole = read_all(on_b, run, session)
+    assert status == 143
+    assert approved.status_code == 202, approved.text
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None and "cancelled" not in ended  # went on, not cancelled
+    assert [c["error"] for c in ended["calls"]] == [None, None]
+    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a"]  # asked once
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]

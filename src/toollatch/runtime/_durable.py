@@ -83,7 +83,7 @@ from ..core._gate import Gate, RunBudget
 from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
-from ..ledger import ApprovalError, LedgerError
+from ..ledger import ApprovalError, LedgerError, digest_of
 from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
@@ -424,11 +424,15 @@ async def _question(
         telling.append((event, asyncio.ensure_future(_told(sink, conversation, told, event))))
 
     gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
-    waited = approvals.wait(conversation, call, kind, emit, gate, always=approval_session)
+    waited = approvals.wait(
+        conversation, call, kind, emit, gate, always=approval_session, keep_on_cancel=True
+    )  # (a worker that stops leaves the question waiting for a survivor)
     try:
-        question, _stop = await _until_stopped(waited, conversation, deadline_at)
+        question, stop = await _until_stopped(waited, conversation, deadline_at)
     except (ApprovalError, LedgerError):
-        question = None
+        question, stop = None, None
+    if stop is not None and telling:  # (the run's own cancel or deadline: it is closed)
+        await approvals.close(conversation, call.call_id, digest_of(call.name, call.arguments))
     for _event, task in telling:
         await task
     if telling or question is None:  # (a stop after the question was told: it stays told)
