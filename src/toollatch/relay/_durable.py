@@ -53,8 +53,18 @@ skipped; a second writer gets ``HistoryConflict``).
 
 What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
 is ended, every call paired); a chat's run whose workflow failed (PostgreSQL lost) is ended
-the same way, its turn not stored in the chat; approvals and client tools are refused at start
-(:class:`._server.RelayServer`), since a durable run cannot wait for an answer.
+the same way, its turn not stored in the chat.
+
+Questions. A call that waits for a person (``approval_requested``) or a client tool's result
+(``client_call``) waits in its own workflow step (:mod:`toollatch.runtime._durable`), for the
+answer in the ledger's question store. The run's :attr:`RelayRun.agent_run` is an answerer
+(:meth:`DurableRuns.answers`) that writes there, so an answer posted to any worker (the
+answer routes, the AI SDK's answer message) reaches the owner's run as any answer does
+(forwarded), and the owner writes it to the ledger. A worker that takes a run over reads
+the questions its shared log carries (``asked``, signed again with its ``approval_secret``,
+which the workers must share for the tokens its readers got to hold) and its agent's name
+(``kept["agent"]``); the recovered step waits for the same question, its event told again
+under the same number (the log has it once).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ PostgreSQL. Its steps, in order:
   recorded output is the :class:`~toollatch.Round` (committed calls, text, stop reason),
   with the events it made (text deltas, ``call_opened``, previews for a live sink,
   ``call_committed`` / ``call_failed``) and the number of the first;
+- **a call's question** (``toollatch.question``), before its call step, only for a call
+  that waits for a person's approval or a client tool's result: the question stored in the
+  agent's ledger, its event told live (under the number the step was given: a recovered
+  step tells the stored question again under it, answered or not), then the answer waited
+  for there (:meth:`DurableRuns.answers`, in any process sharing the ledger, writes it);
+  the call step then finds it answered;
 - **each call of the round** (``toollatch.call``), in call order: the call run by the
   agent's dispatcher on its ledger, under the ledger's call id, which the tool reads as its
   idempotency key (:func:`toollatch.ledger.current_call`); the step's recorded output is its
