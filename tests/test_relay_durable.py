@@ -664,3 +664,22 @@ def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
     assert [c["error"] for c in ended["calls"]] == [None, None]
     assert [f.data["id"] for f in questions(whole)] == ["call_slow_a"]  # asked once
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]
+
+
+def test_a_durable_run_cancelled_while_it_waits_closes_its_question(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0], "askcancel", env=SHARED_SECRET, tool=ASKING_TOOL
+    ) as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            head = read_until(b, run["events_url"], until_asked(1))
+            cancelled = b.post(run["cancel_url"], json={})
+        whole = read_all(on_b, run, session)
+    assert cancelled.status_code == 202 and questions(head)
+    assert_whole(whole)
+    assert whole[-1].data["cancelled"] is True
+    assert [c["error"] for c in whole[-1].data["calls"]] == ["cancelled", "cancelled"]
+    assert lines(tmp_path) == []
