@@ -27,6 +27,7 @@ from toollatch import (
     schema_tool,
     tool,
 )
+from toollatch.core._gate import Gate
 from toollatch.ledger import (
     AlreadyAnswered,
     EditRejected,
@@ -618,3 +619,35 @@ async def test_an_answer_another_process_writes_reaches_the_waiting_call(tmp_pat
     finally:
         await here.aclose()
         await there.aclose()
+
+
+async def test_a_wait_cancelled_with_keep_on_cancel_leaves_its_question_pending():
+    """A durable run's question step cancelled because its worker stops: the question
+    stays pending (a survivor waits for it again); ``close`` then answers it ``cancelled``
+    (the run's own cancel), and a plain wait's cancel records ``cancelled`` itself."""
+    dispatcher = Dispatcher(demo_tools([], needs_approval=True), ledger=MemoryLedger())
+    approvals = dispatcher.approvals
+    args = {"path": "a.md", "content": "x"}
+    digest = digest_of("write_file", args)
+    round_ = chat_round(dispatcher.specs, [("c1", "write_file", args), ("c2", "write_file", args)])
+    gate = Gate(dispatcher.specs)
+    for call, keep in ((round_.calls[0].committed, True), (round_.calls[1].committed, False)):
+        assert call is not None
+        asked = asyncio.Event()
+        waiting = asyncio.create_task(
+            approvals.wait(
+                "s1", call, "approval", lambda _e, a=asked: a.set(), gate, keep_on_cancel=keep
+            )
+        )
+        await asyncio.wait_for(asked.wait(), 30)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    kept = await approvals.store.question(LedgerKey(scope="s1", call_id="c1"))
+    closed = await approvals.store.question(LedgerKey(scope="s1", call_id="c2"))
+    assert kept is not None and kept.pending
+    assert closed is not None and closed.decision == "cancelled"
+    await approvals.close("s1", "c1", digest)
+    kept = await approvals.store.question(LedgerKey(scope="s1", call_id="c1"))
+    assert kept is not None and kept.decision == "cancelled"
+    await approvals.close("s1", "c9", digest)  # (never asked: nothing to close, no error)

@@ -66,13 +66,14 @@ def durable_workers(
     *,
     delay_ms: float = 5.0,
     env: dict[str, str] | None = None,
+    tool: str = TOOL,
 ) -> Iterator[tuple[ScriptedServer, Workers]]:
     """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
     and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
     wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
-    (``env``: more variables, e.g. the run's budgets)."""
+    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text)."""
     tools = tmp_path / "durable_tools.py"
-    tools.write_text(TOOL, encoding="utf-8")
+    tools.write_text(tool, encoding="utf-8")
     scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
     stack = contextlib.ExitStack()
     model = stack.enter_context(ScriptedServer(scripts=scripts))
@@ -358,10 +359,9 @@ def test_serve_durable_is_refused_without_what_it_needs(tmp_path: Path) -> None:
     assert "--durable needs a ledger the workers share" in refused(
         "--durable", PG, *redis, "--ledger", "none"
     )
+    # approvals are taken (the refusal is the unreachable store's, not theirs)
     asks = {"TOOLLATCH_APPROVALS__DEFAULT": "ask"}
-    assert "durable runs do not take approvals yet" in refused(
-        "--durable", PG, *redis, *ledger, env=asks
-    )
+    assert "approval" not in refused("--durable", PG, *redis, *ledger, env=asks)
     # the variable, like every setting
     assert "--durable needs a shared run store" in refused(
         *ledger, env={"TOOLLATCH_RELAY__DURABLE": PG}
@@ -511,3 +511,175 @@ def test_a_killed_owner_mid_tool_has_its_ai_sdk_chat_finished_by_a_survivor(
     assert resent == sent  # asked again after the same last user message
     assert [m["role"] for m in sent3] == [m["role"] for m in sent] + ["assistant", "user"]
     assert sent3[: len(sent)] == sent and sent3[-1]["content"] == "more?"
+
+
+ASKING_TOOL = TOOL.replace("@tool(timeout=120)", "@tool(timeout=120, needs_approval=True)")
+CLIENT_TOOL = """
+from toollatch import schema_tool
+
+get_weather = schema_tool(
+    "get_weather",
+    {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+     "required": ["city"]},
+)  # no function: the browser's tool
+"""
+SHARED_SECRET = {
+    "TOOLLATCH_RELAY__APPROVAL_SECRET_ENV": "DURABLE_APPROVAL_SECRET",
+    "DURABLE_APPROVAL_SECRET": "one key for every worker, 32 b",
+}
+"""Workers answering each other's questions share the approval tokens' key."""
+
+
+def questions(frames: list[Frame]) -> list[Frame]:
+    return [f for f in frames if f.event in ("approval_requested", "client_call")]
+
+
+def until_asked(n: int) -> Any:
+    return lambda frames: len(questions(frames)) >= n or any(f.event == "run_ended" for f in frames)
+
+
+def answer(
+    url: str, run: dict[str, Any], session: dict[str, str], asked: Frame, action: str, **body: Any
+) -> httpx.Response:
+    """Answer the question ``asked`` on the worker ``url``; while no live worker holds the
+    run (its owner killed, not yet taken over) the answer is refused 409
+    ``run_not_running``, and asked again."""
+    path = f"/runs/{run['id']}/calls/{asked.data['id']}/{action}"
+    deadline = time.monotonic() + 60
+    with httpx.Client(base_url=url, timeout=30, headers=session) as client:
+        while True:
+            reply = client.post(path, json={"token": asked.data["token"], **body})
+            taken = reply.status_code != 409 or reply.json()["error"]["code"] != "run_not_running"
+            if taken or time.monotonic() > deadline:
+                return reply
+            time.sleep(0.1)
+
+
+def test_a_durable_approval_is_answered_on_another_worker_and_always_allows(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0], "approve", env=SHARED_SECRET, tool=ASKING_TOOL
+    ) as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            head = read_until(b, run["events_url"], until_asked(1))
+        assert lines(tmp_path) == []  # it waits: nothing ran
+        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        whole = read_all(on_b, run, session)
+    assert approved.status_code == 202, approved.text
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # one question, once in the log; the second call ran unasked (always allowed)
+    assert [(f.event, f.data["id"]) for f in questions(whole)] == [
+        ("approval_requested", "call_slow_a")
+    ]
+    answered = [f.data for f in whole if f.event == "approval_answered"]
+    assert [(a["id"], a["decision"]) for a in answered] == [("call_slow_a", "approved")]
+    assert [c["error"] for c in whole[-1].data["calls"]] == [None, None]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each ran once, after the answer
+
+
+def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0, 0], "asked", env=SHARED_SECRET, tool=ASKING_TOOL
+    ) as (model, procs):
+        (owner, on_a), (_b, on_b), (_c, on_c) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            head = read_until(b, run["events_url"], until_asked(1))
+        stop(owner, signal.SIGKILL)  # while the run waits for its first answer
+        first = questions(head)[0]
+        approved = answer(on_c, run, session, first, "approve")  # on a survivor
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            more = read_until(b, run["events_url"], until_asked(1), last_id=head[-1].id)
+        denied = answer(on_b, run, session, questions(more)[0], "deny", reason="not Zürich")
+        whole = read_all(on_c, run, session)
+        requests = len(model.requests)
+    assert approved.status_code == 202, approved.text
+    assert denied.status_code == 202, denied.text
+    assert whole[: len(head)] == head
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # each question once in the log (the survivor waited for the same one, not a new one)
+    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a", "call_slow_b"]
+    assert [c["error"] for c in whole[-1].data["calls"]] == [None, "approval_denied"]
+    assert lines(tmp_path) == ["Oslo"]  # the approved call ran once, the denied one never
+    assert requests == 2  # the first round was not asked again: its step was recorded
+
+
+def test_a_durable_client_tool_is_answered_on_another_worker(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0], "client", env=SHARED_SECRET, tool=CLIENT_TOOL
+    ) as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        replies = []
+        for n in (1, 2):
+            with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+                asked = questions(read_until(b, run["events_url"], until_asked(n)))
+            replies.append(answer(on_b, run, session, asked[-1], "result", value=f"sunny {n}"))
+        whole = read_all(on_a, run, session)
+    assert [r.status_code for r in replies] == [202, 202], [r.text for r in replies]
+    assert_whole(whole)
+    assert [f.event for f in questions(whole)] == ["client_call", "client_call"]
+    finished = [f.data for f in whole if f.event == "tool_finished"]
+    assert [(f["id"], f["is_error"]) for f in finished] == [
+        ("call_slow_a", False),
+        ("call_slow_b", False),
+    ]
+    assert whole[-1].data["error"] is None
+
+
+def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TOOLLATCH_RELAY__SHUTDOWN_GRACE_S", "2")
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0], "askover", env=SHARED_SECRET, tool=ASKING_TOOL
+    ) as (_, procs):
+        (stopping, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            head = read_until(b, run["events_url"], until_asked(1))
+        stopping.send_signal(signal.SIGTERM)  # its question outlives the grace: handed over
+        status = stopping.wait(timeout=DURABLE_STOP_S)
+        assert stopping.stderr is not None
+        stopping.stderr.close()
+        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        whole = read_all(on_b, run, session)
+    assert status == 143
+    assert approved.status_code == 202, approved.text
+    assert_whole(whole)
+    ended = whole[-1].data
+    assert ended["error"] is None and "cancelled" not in ended  # went on, not cancelled
+    assert [c["error"] for c in ended["calls"]] == [None, None]
+    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a"]  # asked once
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]
+
+
+def test_a_durable_run_cancelled_while_it_waits_closes_its_question(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0], "askcancel", env=SHARED_SECRET, tool=ASKING_TOOL
+    ) as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            head = read_until(b, run["events_url"], until_asked(1))
+            cancelled = b.post(run["cancel_url"], json={})
+        whole = read_all(on_b, run, session)
+    assert cancelled.status_code == 202 and questions(head)
+    assert_whole(whole)
+    assert whole[-1].data["cancelled"] is True
+    assert [c["error"] for c in whole[-1].data["calls"]] == ["cancelled", "cancelled"]
+    assert lines(tmp_path) == []

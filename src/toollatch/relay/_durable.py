@@ -53,8 +53,18 @@ skipped; a second writer gets ``HistoryConflict``).
 
 What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
 is ended, every call paired); a chat's run whose workflow failed (PostgreSQL lost) is ended
-the same way, its turn not stored in the chat; approvals and client tools are refused at start
-(:class:`._server.RelayServer`), since a durable run cannot wait for an answer.
+the same way, its turn not stored in the chat.
+
+Questions. A call that waits for a person (``approval_requested``) or a client tool's result
+(``client_call``) waits in its own workflow step (:mod:`toollatch.runtime._durable`), for the
+answer in the ledger's question store. The run's :attr:`RelayRun.agent_run` is an answerer
+(:meth:`DurableRuns.answers`) that writes there, so an answer posted to any worker (the
+answer routes, the AI SDK's answer message) reaches the owner's run as any answer does
+(forwarded), and the owner writes it to the ledger. A worker that takes a run over reads
+the questions its shared log carries (``asked``, signed again with its ``approval_secret``,
+which the workers must share for the tokens its readers got to hold) and its agent's name
+(``kept["agent"]``); the recovered step waits for the same question, its event told again
+under the same number (the log has it once).
 """
 
 from __future__ import annotations
@@ -73,8 +83,10 @@ from ..ledger import HistoryConflict, LedgerError
 from ..runtime import DurableRuns
 from ..runtime._agent import Agent
 from ..runtime._agent_events import AgentEvent, RunEndedEvent
+from ..runtime._agent_run import AgentRun
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits
+from ._answers import approval_scope, sign
 from ._requests import run_scope_of
 from ._runs import RelayRun, preview_json
 from .store._base import StoreUnavailable
@@ -91,6 +103,9 @@ _SETTLE_S = 1.0
 
 _ASKED_AGAIN = "its round is asked again (a new attempt)"
 """Why a dead worker's attempt of a round was closed (the calls' ``detail`` says it)."""
+
+_QUESTIONS = frozenset({"approval_requested", "client_call", "approval_answered"})
+"""The events of a run's log that :func:`._answers.sign` reads (a taken-over run's)."""
 
 _AGENTS_KEPT = 256
 """Agents kept built (one per provider, model and session's tools); the oldest rebuilt."""
@@ -163,16 +178,21 @@ class DurableRelay:
         workflow = run_scope_of(run.session_key, run.id)
         self._agent(name)  # (a ConfigError / UsageError now, not in the workflow)
         self._runs[workflow] = run
-        run.kept = {"conversation": workflow}  # (see RelayRun.kept; before its first write)
+        # (see RelayRun.kept; before its first write; ``agent``: a survivor's answers)
+        run.kept = {"conversation": workflow, "agent": name}
         if chat is not None:
             self._chats[workflow] = (chat, len(history))
             run.kept.update(history=chat, history_at=str(len(history)))
+        approval = approval_scope(run.session_key)
 
         async def body() -> None:
-            await self.engine.start(name, message, run_id=workflow, history=history)
+            await self.engine.start(
+                name, message, run_id=workflow, history=history, approval_session=approval
+            )
             await self._wait(run, workflow)
 
-        run.drive(body, self._stopper(workflow), self._closing(workflow))
+        answers = self.engine.answers(name, workflow, approval)
+        run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
 
     def _stopper(self, workflow: str) -> Callable[[str | None], None]:
         def stop(reason: str | None) -> None:
@@ -252,6 +272,8 @@ class DurableRelay:
             ledger=relay.ledger,
             lease_s=self.lease_s,
             run_limits=relay.run_limits or RunLimits(),
+            approvals=relay.approvals,
+            always_store=relay.always_store,
         )
         self._agents[name] = agent
         while len(self._agents) > _AGENTS_KEPT:
@@ -330,6 +352,7 @@ class DurableRelay:
         chat, at = kept.get("history"), kept.get("history_at", "")
         if chat is not None and at.isdigit():
             self._chats[workflow] = (chat, int(at))
+        answers = await self._asked(run, workflow)
         relay.runs.keep(run)
         self.store.mirrored(run)
         self._runs[workflow] = run
@@ -338,8 +361,32 @@ class DurableRelay:
         async def body() -> None:
             await self._wait(run, workflow)
 
-        run.drive(body, self._stopper(workflow), self._closing(workflow))
+        run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
         return run
+
+    async def _asked(self, run: RelayRun, workflow: str) -> AgentRun | None:
+        """What a taken-over ``run`` asked (its shared log's questions, signed again: with
+        the workers' shared ``approval_secret`` their tokens are the ones its readers got),
+        and where its answers go (None: its agent cannot be made here)."""
+        try:
+            frames = await self.store.logged(run.id)
+        except StoreUnavailable as exc:
+            _log.error("run %s…: its questions could not be read: %s", run.id[:6], exc)
+            frames = []
+        for frame in frames:
+            _head, _, body = frame.partition(b"\ndata: ")
+            with contextlib.suppress(ValueError):
+                data = json.loads(body)
+                if isinstance(data, dict) and data.get("type") in _QUESTIONS:
+                    sign(self.relay.approval_secret, run.asked, data)
+        name = run.kept.get("agent")
+        try:
+            self._agent(name or "")
+        except (ConfigError, UsageError) as exc:
+            _log.error("run %s…: its answers cannot be taken here: %s", run.id[:6], exc)
+            return None
+        assert name is not None
+        return self.engine.answers(name, workflow, approval_scope(run.session_key))
 
     # -- the lease sweep's side --------------------------------------------------------------
 

@@ -298,7 +298,8 @@ class RelayRun:
         """What a surviving worker needs to end the run if this one dies (a shared store
         keeps it beside the run): ``conversation``, its calls' ledger scope; for an AG-UI
         thread's run also ``history`` (where its rounds are stored), ``thread`` (the
-        thread's history key) and ``provider``; for a durable chat's run (:mod:`._durable`)
+        thread's history key) and ``provider``; for a durable run (:mod:`._durable`) also
+        ``agent`` (its workflow's agent, where its answers go), and for a durable chat's run
         ``history`` (the chat's history key) and ``history_at`` (its length at the start)."""
 
     @property
@@ -362,9 +363,15 @@ class RelayRun:
         stop: Callable[[str | None], None],
         closing: Callable[[], Any],
         before: Callable[[], Awaitable[None]] | None = None,
+        *,
+        answers: AgentRun | None = None,
     ) -> None:
         """Drive the run in a task: ``body()`` makes its events (it ends with the run),
-        ``stop(reason)`` cancels it; ``before`` and ``closing`` as in :meth:`start`."""
+        ``stop(reason)`` cancels it; ``before`` and ``closing`` as in :meth:`start`;
+        ``answers``: where its questions' answers go (:attr:`agent_run`; a durable run's,
+        which it does not drive)."""
+        if answers is not None:
+            self._agent_run = answers
         self._stop = stop
         self._task = asyncio.get_running_loop().create_task(self._drive(body, closing, before))
 

@@ -61,15 +61,9 @@ from .store._open import (
 )
 
 
-def check_durable(
-    url: str | None,
-    store: str | None,
-    ledger: str | None,
-    approvals: ApprovalPolicy | None,
-    tools: Sequence[Tool[..., Any]] | None,
-) -> str | None:
+def check_durable(url: str | None, store: str | None, ledger: str | None) -> str | None:
     """``url`` (``durable``): None, or a ``postgresql://`` URL with a Redis run store, a
-    ledger, no approvals and the ``dbos`` package (else ``ConfigError``)."""
+    ledger and the ``dbos`` package (else ``ConfigError``)."""
     if url is None:
         return None
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
@@ -83,13 +77,6 @@ def check_durable(
         raise ConfigError(
             "--durable needs a ledger the workers share (--ledger sqlite:///PATH on one host, "
             "redis://...): it knows which calls had started"
-        )
-    asks = [t.name for t in tools or () if t.needs_approval is not False]
-    if (approvals is not None and (approvals.tools or approvals.default == "ask")) or asks:
-        raise ConfigError(
-            "durable runs do not take approvals yet (a durable run cannot wait for an "
-            f"answer): drop approvals.tools / approvals.default: ask{' and ' if asks else ''}"
-            f"{', '.join(asks)}, or --durable"
         )
     try:
         import dbos  # noqa: F401, PLC0415 (only to tell whether the extra is installed)
@@ -166,8 +153,10 @@ class RelayServer:
     ``ledger``): each run of ``POST /runs`` and each chat message (``POST /api/chat``) is a
     DBOS workflow (:mod:`._durable`), so that when its worker dies a survivor finishes it
     (finished calls not run again, a started one ``outcome_unknown`` unless its tool is
-    idempotent) and its readers' streams go on (a chat's answer stored in the chat);
-    approvals and client tools are refused with it (``ConfigError``).
+    idempotent) and its readers' streams go on (a chat's answer stored in the chat); a
+    call that waits for a person or a client waits in the ledger, answered on any worker
+    (give the workers one ``approval_secret``: a survivor checks the tokens its readers
+    got).
     Workers sharing a store must share the access token too: ``token="auto"`` (a token of
     this worker's own) with a shared store is a ``ConfigError``.
 
@@ -251,7 +240,7 @@ class RelayServer:
         check_store_url(store)
         self.store_url, self.store_ttl_s = store, float(store_ttl_s)
         self.store_outage_s, self.lease_s = float(store_outage_s), float(lease_s)
-        self.durable_url = check_durable(durable, store, ledger, approvals, tools)
+        self.durable_url = check_durable(durable, store, ledger)
         if token == "auto" and store not in (None, "memory:"):
             raise ConfigError(
                 "workers sharing a run store must share one access token: give it "

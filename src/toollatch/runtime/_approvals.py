@@ -213,12 +213,16 @@ class Approvals:
         emit: Callable[[ApprovalRequestedEvent], None],
         gate: Gate,
         always: str | None = None,
+        *,
+        keep_on_cancel: bool = False,
     ) -> Question | None:
         """Ask ``call``'s question (or find it, asked before a restart) and return it
         answered; None when approval session ``always`` (default ``session``) always
         allows the tool and the call was never asked: it runs unasked. Raises
         ``StaleArguments`` when the id was asked with other arguments, ``LedgerError`` when
-        the store fails; cancelled, it records ``cancelled``. ``gate`` checks edited
+        the store fails; cancelled, it records ``cancelled``, unless ``keep_on_cancel``
+        (a durable run's step, cancelled because its worker stops: the question stays
+        pending for the survivor that goes on with the run). ``gate`` checks edited
         arguments an approval brings (:meth:`answer`)."""
         key = LedgerKey(scope=session, call_id=call.call_id)
         digest = digest_of(call.name, call.arguments)
@@ -245,8 +249,9 @@ class Approvals:
             return await self._answer_of(waiting)
         except asyncio.CancelledError:
             # best effort: a store that fails now must not turn the cancel into its error
-            with contextlib.suppress(Exception):
-                await self._closing(key, question.digest, "cancelled")
+            if not keep_on_cancel:
+                with contextlib.suppress(Exception):
+                    await self._closing(key, question.digest, "cancelled")
             raise
         finally:
             del self._waiting[session, call.call_id]
@@ -290,6 +295,14 @@ class Approvals:
                 continue
             if found is not None and not found.pending:
                 return found
+
+    async def close(self, session: str, call_id: str, digest: str) -> None:
+        """Answer ``call_id``'s question ``cancelled`` (its run was cancelled or ran out
+        of time), unless it was answered; best effort: a store that fails is logged."""
+        try:
+            await self._closing(LedgerKey(scope=session, call_id=call_id), digest, "cancelled")
+        except (LedgerError, NotAsked) as exc:
+            _log.warning("question %s could not be closed: %s", call_id, exc)
 
     async def _closing(self, key: LedgerKey, digest: str, decision: Decision) -> Question:
         """Answer ``decision`` ourselves (expired, cancelled), or the answer that won."""

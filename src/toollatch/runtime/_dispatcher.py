@@ -227,6 +227,11 @@ class Dispatcher:
             self._state, session, on_event=on_event, gate=gate, always=approval_session
         )
 
+    @property
+    def approvals(self) -> Approvals:
+        """Its questions (which calls wait, and for what: :meth:`Approvals.kind_of`)."""
+        return self._state.approvals
+
     # -- answering the calls that wait (see ._approvals) --------------------------------------
 
     async def approve(

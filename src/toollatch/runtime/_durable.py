@@ -9,6 +9,12 @@ PostgreSQL. Its steps, in order:
   recorded output is the :class:`~toollatch.Round` (committed calls, text, stop reason),
   with the events it made (text deltas, ``call_opened``, previews for a live sink,
   ``call_committed`` / ``call_failed``) and the number of the first;
+- **a call's question** (``toollatch.question``), before its call step, only for a call
+  that waits for a person's approval or a client tool's result: the question stored in the
+  agent's ledger, its event told live (under the number the step was given: a recovered
+  step tells the stored question again under it, answered or not), then the answer waited
+  for there (:meth:`DurableRuns.answers`, in any process sharing the ledger, writes it);
+  the call step then finds it answered;
 - **each call of the round** (``toollatch.call``), in call order: the call run by the
   agent's dispatcher on its ledger, under the ledger's call id, which the tool reads as its
   idempotency key (:func:`toollatch.ledger.current_call`); the step's recorded output is its
@@ -89,8 +95,9 @@ from ..core._gate import Gate, RunBudget
 from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
+from ..ledger import ApprovalError, LedgerError, digest_of
 from ._agent import Agent, user_message
-from ._agent_events import AgentEvent
+from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
 
 _AGENTS: dict[str, Agent] = {}
@@ -395,15 +402,85 @@ async def _cut(
     return _Asked(stop, first, await pump.close(), results, round_)
 
 
+def _asks(name: str, conversation: str, round_: Round, index: int) -> bool:
+    """Whether call ``index`` of ``round_`` waits for an answer before it runs (a person's
+    approval, a client tool's result): then its question is a step of its own."""
+    call = round_.calls[index].committed
+    if call is None:
+        return False
+    dispatcher = _agent(name)._setup(conversation).dispatcher
+    tool = dispatcher.tools.get(call.name)
+    return tool is not None and dispatcher.approvals.kind_of(tool, call, conversation) is not None
+
+
+@DBOS.step(name="toollatch.question")
+async def _question(
+    name: str,
+    conversation: str,
+    round_: Round,
+    index: int,
+    told: int,
+    approval_session: str | None = None,
+    deadline_at: float | None = None,
+) -> tuple[AgentEvent, ...]:
+    """Ask call ``index``'s question in the ledger and wait for its answer (written there
+    by any worker); its event (``approval_requested`` / ``client_call``), told live as
+    number ``told`` once asked, is the step's record. Asked before (a dead worker's step),
+    the stored question is the one waited for, and its event is told again under the same
+    number, answered or not. None told: the call is always allowed in ``approval_session``
+    (it runs unasked), or the question could not be stored (the call's step says why)."""
+    _STEPPED.add(conversation)
+    setup = _agent(name)._setup(conversation)
+    call = round_.calls[index].committed
+    tool = setup.dispatcher.tools.get(call.name) if call is not None else None
+    approvals = setup.dispatcher.approvals
+    kind = None if tool is None or call is None else approvals.kind_of(tool, call, conversation)
+    if call is None or kind is None or _stop_of(conversation, deadline_at) is not None:
+        return ()
+    sink, telling = _sink(name), list[tuple[AgentEvent, asyncio.Future[int]]]()
+
+    def emit(event: ApprovalRequestedEvent) -> None:  # (the question is stored: tell it now)
+        telling.append((event, asyncio.ensure_future(_told(sink, conversation, told, event))))
+
+    gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
+    waited = approvals.wait(
+        conversation, call, kind, emit, gate, always=approval_session, keep_on_cancel=True
+    )  # (a worker that stops leaves the question waiting for a survivor)
+    try:
+        question, stop = await _until_stopped(waited, conversation, deadline_at)
+    except (ApprovalError, LedgerError):
+        question, stop = None, None
+    if stop is not None and telling:  # (the run's own cancel or deadline: it is closed)
+        await approvals.close(conversation, call.call_id, digest_of(call.name, call.arguments))
+    for _event, task in telling:
+        await task
+    if telling or question is None:  # (a stop after the question was told: it stays told)
+        return tuple(event for event, _task in telling)
+    event = ApprovalRequestedEvent(
+        id=call.call_id, name=call.name, arguments=call.arguments,
+        args_sha256=question.digest, session=conversation,
+        expires_at=question.expires_at, kind=question.kind,
+    )  # fmt: skip
+    # asked by a dead worker's step and answered since: told again under its number
+    await _told(sink, conversation, told, event)
+    return (event,)
+
+
 @DBOS.step(name="toollatch.call")
 async def _call(
-    name: str, conversation: str, round_: Round, index: int, deadline_at: float | None = None
+    name: str,
+    conversation: str,
+    round_: Round,
+    index: int,
+    deadline_at: float | None = None,
+    approval_session: str | None = None,
 ) -> tuple[ToolResult, list[AgentEvent]]:
     """Run call ``index`` of ``round_`` (a failed call gets its error result): the result
-    and the call's tool events (``tool_started``, ``tool_finished``...), recorded with it.
-    A cancel or the deadline aborts it (``cancelled``). The agent's observers are told the
-    events as they happen, here: a replayed step's are not told again (and its run time is
-    the tool's, not the step's record's)."""
+    and the call's tool events (``approval_answered``, ``tool_started``,
+    ``tool_finished``...), recorded with it. A call that asked (:func:`_question`) finds
+    its answer in the ledger. A cancel or the deadline aborts it (``cancelled``). The
+    agent's observers are told the events as they happen, here: a replayed step's are not
+    told again (and its run time is the tool's, not the step's record's)."""
     _STEPPED.add(conversation)
     setup = _agent(name)._setup(conversation)
     first = round_.choices[0]
@@ -417,7 +494,9 @@ async def _call(
         for observer in observers:
             observer.on_event(provider, event)
 
-    async with setup.dispatcher.round(conversation, gate=gate, on_event=tell) as dispatch:
+    async with setup.dispatcher.round(
+        conversation, gate=gate, on_event=tell, approval_session=approval_session
+    ) as dispatch:
         if _stop_of(conversation, deadline_at) is not None:
             (result,) = await dispatch.abort(one)
         else:
@@ -458,7 +537,11 @@ async def _retell(name: str, conversation: str, asked: _Asked) -> int:
 
 @DBOS.workflow(name="toollatch.agent_run")
 async def _agent_run(
-    name: str, conversation: str, history: list[dict[str, Any]], deadline_at: float | None = None
+    name: str,
+    conversation: str,
+    history: list[dict[str, Any]],
+    deadline_at: float | None = None,
+    approval_session: str | None = None,
 ) -> dict[str, Any]:
     # The events are made by this (deterministic) code from the steps' recorded outputs (a
     # round's, recorded with it), so a recovered run tells the events of its replayed steps
@@ -491,7 +574,18 @@ async def _agent_run(
         used += sum(1 for c in outcome.calls if c.committed is not None)
         results = []
         for i in range(len(outcome.calls)):
-            result, events = await _call(name, conversation, outcome, i, deadline_at)
+            if _asks(name, conversation, outcome, i):
+                asked_ = await _question(
+                    name, conversation, outcome, i, told, approval_session, deadline_at
+                )
+                if conversation in _STEPPED:
+                    run._setup = observed
+                for event in asked_:
+                    run._emit(event)
+                told = await _tell(name, run, told)
+            result, events = await _call(
+                name, conversation, outcome, i, deadline_at, approval_session
+            )
             if conversation in _STEPPED:
                 run._setup = observed
             results.append(result)
@@ -615,10 +709,14 @@ class DurableRuns:
         *,
         run_id: str,
         history: Sequence[Mapping[str, Any]] = (),
+        approval_session: str | None = None,
     ) -> str:
         """Start a run of the agent registered as ``agent`` under ``run_id`` (the workflow
         id and the conversation; starting an id again is the same run, not a new one). Its
-        deadline is the agent's ``RunLimits.deadline_s`` from now, wherever it goes on."""
+        deadline is the agent's ``RunLimits.deadline_s`` from now, wherever it goes on.
+        ``approval_session``: whose "always allow" decisions its calls read (default
+        ``run_id``); a call that asks waits for its answer in the agent's ledger, where
+        :meth:`answers` (any worker's) writes it."""
         entries = [dict(m) for m in history]
         runner = _agent(agent)
         if message is not None:
@@ -629,10 +727,18 @@ class DurableRuns:
         deadline_at = None if deadline_s is None else time.time() + deadline_s
         with SetWorkflowID(run_id):
             handle = await DBOS.start_workflow_async(
-                _agent_run, agent, run_id, entries, deadline_at
+                _agent_run, agent, run_id, entries, deadline_at, approval_session
             )
         self._started[run_id] = handle
         return run_id
+
+    def answers(self, agent: str, run_id: str, approval_session: str | None = None) -> AgentRun:
+        """What answers run ``run_id``'s questions from this process, wherever the run goes
+        on: its ``approve`` / ``deny`` / ``submit_result`` / ``revoke`` write to the ledger
+        of the agent registered as ``agent``, where the run's waiting step reads them (at
+        once in this process, within ``Approvals.poll_s`` in another). It drives nothing."""
+        setup = _agent(agent)._setup(run_id)
+        return AgentRun(setup, [], conversation=run_id, approval_session=approval_session)
 
     async def result(self, run_id: str) -> DurableResult:
         """Wait for run ``run_id`` to end, here or on any worker."""

@@ -124,9 +124,10 @@ _LAST_ID = "0-18446744073709551615"
 _LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
 _KEPT = ("conversation", "history", "thread", "provider")
 """The fields of :attr:`RelayRun.kept` a survivor reads back from a run's metadata."""
-_TAKEN = ("conversation", "history", "history_at")
+_TAKEN = ("conversation", "history", "history_at", "agent")
 """The fields of :attr:`RelayRun.kept` a worker taking a durable run over reads back (a
-chat's: its history key and length, where the run's end writes the chat's new entries)."""
+chat's: its history key and length, where the run's end writes the chat's new entries;
+the workflow's agent, whose ledger its answers go to)."""
 
 
 def session_digest(session: str) -> str:
@@ -437,7 +438,9 @@ class RedisRunStore:
         assert self._runs is not None
         run = self._runs.get(str(asked.get("run")))
         session = str(asked.get("session"))
-        if run is None or not secrets.compare_digest(session_digest(run.session), session):
+        # (the run's session_key: a run taken over or restored has no token until a
+        # request of its session reaches this worker, but its digest all along)
+        if run is None or not secrets.compare_digest(run.session_key, session):
             answer: tuple[int, dict[str, Any]] = (
                 404,
                 {"error": {"code": "not_found", "message": "no such run on its worker"}},
