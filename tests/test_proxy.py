@@ -684,3 +684,30 @@ async def test_responses_answers_are_recorded_as_responses_fixtures(upstream, tm
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert [c["id"] for c in json.loads(replayed.stdout)["calls"]] == ["call_oslo", "call_lima"]
+
+
+async def test_a_cookie_one_clients_upstream_set_never_goes_with_anothers_request():
+    # the upstream client is shared: httpx keeps a Set-Cookie in the client's jar and sends
+    # it with every later request, so client B's request carried client A's cookie
+    chunk = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+    body = sse([chunk, "[DONE]"])
+    async with loopback() as lb:
+        lb.replies += [
+            StreamingResponse(
+                iter([body]),
+                media_type="text/event-stream",
+                headers={"set-cookie": "tenant=alice; Path=/"},
+            ),
+            stream_reply([body]),
+        ]
+        async with ProxyServer(lb.url + "/v1") as p:
+            for key in ("sk-alice", "sk-bob"):
+                async with httpx.AsyncClient(timeout=30.0) as c:
+                    answer = await c.post(
+                        f"{p.url}/chat/completions",
+                        json={"model": "m", "messages": [], "stream": True},
+                        headers={"authorization": f"Bearer {key}"},
+                    )
+                    assert answer.status_code == 200 and answer.text.endswith("[DONE]\n\n")
+    assert [s.headers["authorization"] for s in lb.seen] == ["Bearer sk-alice", "Bearer sk-bob"]
+    assert "cookie" not in lb.seen[1].headers

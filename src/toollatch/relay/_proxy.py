@@ -37,6 +37,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -772,7 +773,10 @@ class ProxyServer:
             shard = httpx.Limits(max_connections=None, max_keepalive_connections=kept)
             http = await stack.enter_async_context(  # (limits: for a proxy from the environment)
                 httpx.AsyncClient(
-                    timeout=timeout, limits=limits, transport=PoolShards(_POOLS, shard)
+                    timeout=timeout,
+                    limits=limits,
+                    transport=PoolShards(_POOLS, shard),
+                    cookies=_no_cookies(),
                 )
             )
             proxy = Proxy(
@@ -842,3 +846,9 @@ class ProxyServer:
             self._server = self._task = None
             self._bound = None
             await stack.aclose()
+
+
+def _no_cookies() -> CookieJar:
+    """A jar that keeps no cookie: the upstream client is shared by every client of the
+    proxy, so a ``Set-Cookie`` answered to one must never go with another's request."""
+    return CookieJar(DefaultCookiePolicy(allowed_domains=[]))
