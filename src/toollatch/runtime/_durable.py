@@ -76,6 +76,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
+from dbos._error import DBOSWorkflowCancelledError
 from dbos._serialization import Serializer
 
 from ..core._errors import UsageError
@@ -110,8 +111,22 @@ never recorded) had told events from ``number`` on: the hook then closes what th
 left open (every call it opened paired, its round ended ``interrupted``) and returns the
 number after its newest event, so that no number is told twice with different events."""
 
+Fence = Callable[[str], Awaitable[bool]]
+"""Told ``run_id`` before each step of a run runs here (a model round, a call): False when
+this process no longer drives the run (another worker took it over while this one was
+paused): the step does nothing (:class:`RunLost`)."""
+
+
+class RunLost(DBOSWorkflowCancelledError):
+    """Raised in a run's step or sink when this process lost the run to another worker (a
+    :data:`Fence` said so, or the sink found it): DBOS records nothing of that step (as for
+    a cancelled workflow's), and this process's execution of the workflow stops there and
+    waits for the outcome the run's new driver records. A ``BaseException``."""
+
+
 _SINKS: dict[str, EventSink] = {}
 _ATTEMPTS: dict[str, AttemptHook] = {}
+_FENCES: list[Fence] = []
 
 AgentFactory = Callable[[str], Agent]
 """Makes the agent of a registered name this process has not registered itself
@@ -218,6 +233,12 @@ def _attempt_hook(name: str) -> AttemptHook | None:
     if name in _AGENTS:
         return _ATTEMPTS.get(name)
     return _FACTORY[0][2] if _FACTORY else None
+
+
+async def _fenced(name: str, conversation: str) -> None:
+    """Raise :class:`RunLost` when the fence says this process lost the run."""
+    if name not in _AGENTS and _FENCES and not await _FENCES[0](conversation):
+        raise RunLost(f"run {conversation[-24:][:6]}… is driven by another worker now")
 
 
 def _run(name: str, conversation: str, history: list[dict[str, Any]]) -> AgentRun:
@@ -338,6 +359,7 @@ async def _model_round(
     """Ask the model once, its events numbered from ``told`` (or past an earlier attempt's:
     see ``AttemptHook``) and told live to a live sink. ``used``: the calls the run
     committed in earlier rounds (its call budget)."""
+    await _fenced(name, conversation)
     hook = _attempt_hook(name)
     first = told if hook is None else await hook(conversation, told)
     if (stop := _stop_of(conversation, deadline_at)) is not None:
@@ -390,6 +412,7 @@ async def _call(
     """Run call ``index`` of ``round_`` (a failed call gets its error result): the result
     and the call's tool events (``tool_started``, ``tool_finished``...), recorded with it.
     A cancel or the deadline aborts it (``cancelled``)."""
+    await _fenced(name, conversation)
     setup = _agent(name)._setup(conversation)
     first = round_.choices[0]
     one = replace(round_, choices=(replace(first, calls=(first.calls[index],)),))
@@ -547,12 +570,14 @@ class DurableRuns:
         *,
         on_event: EventSink | None = None,
         on_attempt: AttemptHook | None = None,
+        fence: Fence | None = None,
     ) -> None:
         """Make the agent of any name not registered with :meth:`register` with ``make``
         (called at each step: cache what it builds); ``on_event`` and ``on_attempt`` as in
-        :meth:`register`, for those runs. Every worker registers the same factory before
-        :meth:`launch`."""
+        :meth:`register`, for those runs; ``fence`` (see :data:`Fence`) is asked before each
+        of their steps. Every worker registers the same factory before :meth:`launch`."""
         _FACTORY[:] = [(make, on_event, on_attempt)]
+        _FENCES[:] = [fence] if fence is not None else []
 
     def launch(self) -> None:
         """Start the engine (this process's own pending runs are recovered by DBOS).
