@@ -74,7 +74,6 @@ from ..runtime import DurableRuns
 from ..runtime._agent import Agent
 from ..runtime._agent_events import AgentEvent, RunEndedEvent
 from ..runtime._clients import model_client
-from ..runtime._durable import RunLost
 from ..runtime._run_setup import RunLimits
 from ._requests import run_scope_of
 from ._runs import RelayRun, preview_json
@@ -281,7 +280,7 @@ class DurableRelay:
             return
         if isinstance(event, RunEndedEvent) and workflow in self._chats:
             if not await self._fence(workflow):  # (the chat is the new driver's to write)
-                raise RunLost(f"run {run.id[:6]}… is driven by another worker now")
+                raise DurableRuns.Lost(f"run {run.id[:6]}… is driven by another worker now")
             await self._keep_chat(run, *self._chats.pop(workflow), event.history)
         run.observer.on_event("", event)
 
@@ -313,9 +312,9 @@ class DurableRelay:
 
     async def _driven(self, workflow: str) -> RelayRun | None:
         """The run of a workflow this worker drives (taken over on first contact);
-        :class:`RunLost` when this worker lost it to another."""
+        ``DurableRuns.Lost`` when this worker lost it to another."""
         if workflow in self._lost:
-            raise RunLost(f"run {workflow[-24:][:6]}… is driven by another worker now")
+            raise DurableRuns.Lost(f"run {workflow[-24:][:6]}… is driven by another worker now")
         run = self._runs.get(workflow)
         return run if run is not None else await self._take(workflow)
 
@@ -332,7 +331,7 @@ class DurableRelay:
 
     def _lose(self, run: RelayRun) -> bool:
         """(:attr:`RedisRunStore.on_lost`) Another worker has ``run`` now: its workflow's
-        execution here stops at its next step or event, recording nothing (:class:`RunLost`:
+        execution here stops at its next step or event, recording nothing (``DurableRuns.Lost``:
         no cancel, which would be recorded); True for a durable run of this worker."""
         workflow = next((w for w, r in self._runs.items() if r is run), None)
         if workflow is None:

@@ -522,6 +522,9 @@ class DurableRuns:
     Use as ``async with DurableRuns(url, executor_id=...) as runs:`` (launch / shut down).
     """
 
+    Lost = RunLost
+    """What a sink or fence raises when this process lost a run (:class:`RunLost`)."""
+
     def __init__(self, url: str, *, executor_id: str, app: str = "toollatch") -> None:
         if not url.startswith(("postgresql://", "postgres://")):
             raise UsageError(f"a durable store is a postgresql:// URL, got {url!r:.60}")

@@ -64,10 +64,18 @@ readers on other workers get an error and their stream ends (a reconnect gets 50
 Redis is down). Such a run's rest (its cancellation, its ``run_ended``) is written *late*,
 once Redis answers again (:meth:`_Writer.retry_late`, every :data:`LATE_S`), so a reader
 resuming on another worker gets it to its end (without it that reader would wait on a run
-its live owner never ends there, until the store's TTL); the write is a transaction WATCHing
-the run's metadata, done only while the run is still ``running`` under this worker (a
-survivor that took it, or a TTL that expired it, wins). A run whose lease was lost (a paused
-worker) is written late the same way. Requests that need the store answer 503
+its live owner never ends there, until the store's TTL); the write is fenced as every write.
+A run whose lease was lost (a paused worker) is written late the same way (a durable run
+goes on while the store still says it is this worker's).
+
+Fencing. Each run's metadata holds an ``epoch``, bumped when a worker records the run
+(:meth:`RedisRunStore.created`) or takes it over (:meth:`RedisRunStore.take_over`). Every
+write of a run's frames is one Lua script (:data:`_WRITE`) that appends them only while the
+run is ``running`` under this worker at the epoch it holds. So a worker paused past its lease
+(SIGSTOP, a long GC) writes nothing once a survivor claimed the run (``ending``) or took it
+over: the refused write makes the run *lost* there (:meth:`RedisRunStore.lost`): nothing of
+it is written or published any more, its readers there reconnect to the shared log, and its
+driver stops (cancelled; a durable run's workflow stops at its next step, unrecorded). Requests that need the store answer 503
 ``store_unavailable``. The cancel listener reconnects by itself. No operation waits longer
 than its socket timeout: 5 s, or ``heartbeat_s`` + 5 s for a blocking read.
 """
