@@ -75,9 +75,11 @@ run is ``running`` under this worker at the epoch it holds. So a worker paused p
 (SIGSTOP, a long GC) writes nothing once a survivor claimed the run (``ending``) or took it
 over: the refused write makes the run *lost* there (:meth:`RedisRunStore.lost`): nothing of
 it is written or published any more, its readers there reconnect to the shared log, and its
-driver stops (cancelled; a durable run's workflow stops at its next step, unrecorded). Requests that need the store answer 503
-``store_unavailable``. The cancel listener reconnects by itself. No operation waits longer
-than its socket timeout: 5 s, or ``heartbeat_s`` + 5 s for a blocking read.
+driver stops (cancelled; a durable run's workflow stops at its next step, unrecorded).
+
+Requests that need the store answer 503 ``store_unavailable``. The cancel listener
+reconnects by itself. No operation waits longer than its socket timeout: 5 s, or
+``heartbeat_s`` + 5 s for a blocking read.
 """
 
 from __future__ import annotations
