@@ -683,3 +683,46 @@ def test_a_durable_run_cancelled_while_it_waits_closes_its_question(
     assert whole[-1].data["cancelled"] is True
     assert [c["error"] for c in whole[-1].data["calls"]] == ["cancelled", "cancelled"]
     assert lines(tmp_path) == []
+
+
+def test_an_owner_paused_past_its_lease_writes_nothing_after_a_survivor_took_its_run_over(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    # the owner is SIGSTOPped mid-round, a survivor takes the run over and asks the round
+    # again; the owner, woken while the survivor streams, still has its own round's stream
+    # and events: the store refuses its writes (the run's epoch moved on), it stops driving
+    # the run (no step of it runs there), and its readers get the shared log
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "paused", delay_ms=60.0) as (
+        model,
+        procs,
+    ):
+        (owner, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            previewed = lambda fs: any(f.event == "call_preview" for f in fs)  # noqa: E731
+            read_until(b, run["events_url"], previewed)  # mid-stream, live
+            owner.send_signal(signal.SIGSTOP)
+            cut = lambda fs: any(f.event == "round_ended" for f in fs)  # noqa: E731
+            taken = read_until(b, run["events_url"], cut)  # the survivor closed its attempt
+            owner.send_signal(signal.SIGCONT)  # while the survivor asks the round again
+            whole = read_until(b, run["events_url"], None)
+        on_owner = read_all(on_a, run, session)  # (its own copy is the shared log's now)
+        stop(owner, wait_s=DURABLE_STOP_S)  # (it writes what it still has: nothing)
+        again = read_all(on_b, run, session)
+        statuses = [r.status for r in model.requests]
+    assert taken[-1].event == "round_ended" and taken[-1].data["ended"] == "interrupted"
+    assert again == whole  # nothing more once it was read to its end
+    assert_attempts_paired(whole)
+    assert whole[-1].data["error"] is None
+    ended = [f.data for f in whole if f.event == "round_ended"]
+    assert [(r["round"], r["ended"]) for r in ended] == [
+        (1, "interrupted"),
+        (1, "normal"),
+        (2, "normal"),
+    ]
+    after = whole[len(taken) :]
+    assert after[0].event == "text"  # the new attempt's text, from its start
+    assert "".join(f.data["text"] for f in after if f.event == "text").startswith("Checking")
+    assert statuses == [200, 200, 200]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each tool once, on the survivor
+    assert on_owner == whole

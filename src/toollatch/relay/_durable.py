@@ -134,11 +134,16 @@ class DurableRelay:
         self._chats: dict[str, tuple[str, int]] = {}
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
+        self._lost: set[str] = set()  # workflow ids this worker lost to another (fenced)
+        relay.store.on_lost = self._lose
+        relay.store.goes_on = self.hand_over
 
     def open(self) -> None:
         """Register the factory and launch DBOS on the running loop (its recovered runs
         then run on the relay's loop); ``ConfigError`` when PostgreSQL cannot be used."""
-        self.engine.register_factory(self._agent, on_event=self._tell, on_attempt=self._attempt)
+        self.engine.register_factory(
+            self._agent, on_event=self._tell, on_attempt=self._attempt, fence=self._fence
+        )
         try:
             self.engine.launch()
         except Exception as exc:  # (DBOS raises its own errors, or psycopg's)
@@ -296,6 +301,8 @@ class DurableRelay:
             run.append(preview_json(event))
             return
         if isinstance(event, RunEndedEvent) and workflow in self._chats:
+            if not await self._fence(workflow):  # (the chat is the new driver's to write)
+                raise DurableRuns.Lost(f"run {run.id[:6]}… is driven by another worker now")
             await self._keep_chat(run, *self._chats.pop(workflow), event.history)
         run.observer.on_event("", event)
 
@@ -326,9 +333,33 @@ class DurableRelay:
         return max(number, self._next.get(workflow, number))
 
     async def _driven(self, workflow: str) -> RelayRun | None:
-        """The run of a workflow this worker drives (taken over on first contact)."""
+        """The run of a workflow this worker drives (taken over on first contact);
+        ``DurableRuns.Lost`` when this worker lost it to another."""
+        if workflow in self._lost:
+            raise DurableRuns.Lost(f"run {workflow[-24:][:6]}… is driven by another worker now")
         run = self._runs.get(workflow)
         return run if run is not None else await self._take(workflow)
+
+    async def _fence(self, workflow: str) -> bool:
+        """Whether this worker may run the workflow's next step (see
+        :data:`toollatch.runtime._durable.Fence`): not when it lost the run, which the
+        store says (a run not driven here yet: its first event takes it over)."""
+        run = self._runs.get(workflow)
+        if workflow in self._lost or (run is not None and not await self.store.holds(run.id)):
+            if run is not None and run.lost is None:
+                self.store.lost(run)
+            return False
+        return True
+
+    def _lose(self, run: RelayRun) -> bool:
+        """(:attr:`RedisRunStore.on_lost`) Another worker has ``run`` now: its workflow's
+        execution here stops at its next step or event, recording nothing (``DurableRuns.Lost``:
+        no cancel, which would be recorded); True for a durable run of this worker."""
+        workflow = next((w for w, r in self._runs.items() if r is run), None)
+        if workflow is None:
+            return False
+        self._lost.add(workflow)
+        return True
 
     async def _take(self, workflow: str) -> RelayRun | None:
         """A recovered workflow this worker now drives: its run, taken over in the store,

@@ -279,6 +279,10 @@ class RelayRun:
         self.cancelled = False
         """Whether :meth:`cancel` stopped the run (its ``run_ended`` then has ``"cancelled":
         true``)."""
+        self.lost: Exception | None = None
+        """Why this worker no longer has the run (a shared store refused its write: another
+        worker ended it or took it over): what its reads here raise (the store's
+        StoreUnavailable: the reader's stream ends and it reconnects to the shared log)."""
         self.handed_over = False
         """Whether this stopping worker left the run to a survivor (a durable run: it is
         not cancelled, a survivor recovers its workflow once this worker's lease is gone)."""
@@ -332,11 +336,13 @@ class RelayRun:
 
     async def read(self, cursor: int, limit: int, wait_s: float) -> Batch:
         """See :meth:`RunSource.read` (the reader of a run of this process)."""
+        waited = cursor < self.published or self.lost is not None
+        if not waited and (self.ended or wait_s <= 0 or not await self.wait(cursor, wait_s)):
+            return 0, [], cursor, self.ended
+        if self.lost is not None:
+            raise self.lost
         if cursor >= self.published:
-            if self.ended or wait_s <= 0 or not await self.wait(cursor, wait_s):
-                return 0, [], cursor, self.ended
-            if cursor >= self.published:
-                return 0, [], cursor, self.ended
+            return 0, [], cursor, self.ended
         missed, frames, cursor = self.log.frames(cursor, limit, self.published)
         return missed, frames, cursor, False
 

@@ -88,6 +88,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
+from dbos._error import DBOSWorkflowCancelledError
 from dbos._serialization import Serializer
 
 from ..core._errors import UsageError
@@ -123,8 +124,22 @@ never recorded) had told events from ``number`` on: the hook then closes what th
 left open (every call it opened paired, its round ended ``interrupted``) and returns the
 number after its newest event, so that no number is told twice with different events."""
 
+Fence = Callable[[str], Awaitable[bool]]
+"""Told ``run_id`` before each step of a run runs here (a model round, a call): False when
+this process no longer drives the run (another worker took it over while this one was
+paused): the step does nothing (:class:`RunLost`)."""
+
+
+class RunLost(DBOSWorkflowCancelledError):
+    """Raised in a run's step or sink when this process lost the run to another worker (a
+    :data:`Fence` said so, or the sink found it): DBOS records nothing of that step (as for
+    a cancelled workflow's), and this process's execution of the workflow stops there and
+    waits for the outcome the run's new driver records. A ``BaseException``."""
+
+
 _SINKS: dict[str, EventSink] = {}
 _ATTEMPTS: dict[str, AttemptHook] = {}
+_FENCES: list[Fence] = []
 
 AgentFactory = Callable[[str], Agent]
 """Makes the agent of a registered name this process has not registered itself
@@ -236,6 +251,12 @@ def _attempt_hook(name: str) -> AttemptHook | None:
     if name in _AGENTS:
         return _ATTEMPTS.get(name)
     return _FACTORY[0][2] if _FACTORY else None
+
+
+async def _fenced(name: str, conversation: str) -> None:
+    """Raise :class:`RunLost` when the fence says this process lost the run."""
+    if name not in _AGENTS and _FENCES and not await _FENCES[0](conversation):
+        raise RunLost(f"run {conversation[-24:][:6]}… is driven by another worker now")
 
 
 def _run(name: str, conversation: str, history: list[dict[str, Any]]) -> AgentRun:
@@ -356,6 +377,7 @@ async def _model_round(
     """Ask the model once, its events numbered from ``told`` (or past an earlier attempt's:
     see ``AttemptHook``) and told live to a live sink. ``used``: the calls the run
     committed in earlier rounds (its call budget)."""
+    await _fenced(name, conversation)
     _STEPPED.add(conversation)
     hook = _attempt_hook(name)
     first = told if hook is None else await hook(conversation, told)
@@ -429,6 +451,7 @@ async def _question(
     the stored question is the one waited for, and its event is told again under the same
     number, answered or not. None told: the call is always allowed in ``approval_session``
     (it runs unasked), or the question could not be stored (the call's step says why)."""
+    await _fenced(name, conversation)
     _STEPPED.add(conversation)
     setup = _agent(name)._setup(conversation)
     call = round_.calls[index].committed
@@ -481,6 +504,7 @@ async def _call(
     its answer in the ledger. A cancel or the deadline aborts it (``cancelled``). The
     agent's observers are told the events as they happen, here: a replayed step's are not
     told again (and its run time is the tool's, not the step's record's)."""
+    await _fenced(name, conversation)
     _STEPPED.add(conversation)
     setup = _agent(name)._setup(conversation)
     first = round_.choices[0]
@@ -625,6 +649,9 @@ class DurableRuns:
     Use as ``async with DurableRuns(url, executor_id=...) as runs:`` (launch / shut down).
     """
 
+    Lost = RunLost
+    """What a sink or fence raises when this process lost a run (:class:`RunLost`)."""
+
     def __init__(self, url: str, *, executor_id: str, app: str = "toollatch") -> None:
         if not url.startswith(("postgresql://", "postgres://")):
             raise UsageError(f"a durable store is a postgresql:// URL, got {url!r:.60}")
@@ -673,12 +700,14 @@ class DurableRuns:
         *,
         on_event: EventSink | None = None,
         on_attempt: AttemptHook | None = None,
+        fence: Fence | None = None,
     ) -> None:
         """Make the agent of any name not registered with :meth:`register` with ``make``
         (called at each step: cache what it builds); ``on_event`` and ``on_attempt`` as in
-        :meth:`register`, for those runs. Every worker registers the same factory before
-        :meth:`launch`."""
+        :meth:`register`, for those runs; ``fence`` (see :data:`Fence`) is asked before each
+        of their steps. Every worker registers the same factory before :meth:`launch`."""
         _FACTORY[:] = [(make, on_event, on_attempt)]
+        _FENCES[:] = [fence] if fence is not None else []
 
     def launch(self) -> None:
         """Start the engine (this process's own pending runs are recovered by DBOS).

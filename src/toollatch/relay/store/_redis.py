@@ -64,12 +64,22 @@ readers on other workers get an error and their stream ends (a reconnect gets 50
 Redis is down). Such a run's rest (its cancellation, its ``run_ended``) is written *late*,
 once Redis answers again (:meth:`_Writer.retry_late`, every :data:`LATE_S`), so a reader
 resuming on another worker gets it to its end (without it that reader would wait on a run
-its live owner never ends there, until the store's TTL); the write is a transaction WATCHing
-the run's metadata, done only while the run is still ``running`` under this worker (a
-survivor that took it, or a TTL that expired it, wins). A run whose lease was lost (a paused
-worker) is written late the same way. Requests that need the store answer 503
-``store_unavailable``. The cancel listener reconnects by itself. No operation waits longer
-than its socket timeout: 5 s, or ``heartbeat_s`` + 5 s for a blocking read.
+its live owner never ends there, until the store's TTL); the write is fenced as every write.
+A run whose lease was lost (a paused worker) is written late the same way (a durable run
+goes on while the store still says it is this worker's).
+
+Fencing. Each run's metadata holds an ``epoch``, bumped when a worker records the run
+(:meth:`RedisRunStore.created`) or takes it over (:meth:`RedisRunStore.take_over`). Every
+write of a run's frames is one Lua script (:data:`_WRITE`) that appends them only while the
+run is ``running`` under this worker at the epoch it holds. So a worker paused past its lease
+(SIGSTOP, a long GC) writes nothing once a survivor claimed the run (``ending``) or took it
+over: the refused write makes the run *lost* there (:meth:`RedisRunStore.lost`): nothing of
+it is written or published any more, its readers there reconnect to the shared log, and its
+driver stops (cancelled; a durable run's workflow stops at its next step, unrecorded).
+
+Requests that need the store answer 503 ``store_unavailable``. The cancel listener
+reconnects by itself. No operation waits longer than its socket timeout: 5 s, or
+``heartbeat_s`` + 5 s for a blocking read.
 """
 
 from __future__ import annotations
@@ -79,6 +89,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -119,6 +130,45 @@ redis.call('HSET', KEYS[1], 'status', 'ending', 'ender', ARGV[2])
 return 1
 """
 """The compare-and-set that makes one survivor the ender of a dead worker's run."""
+_WRITE = """
+local held = redis.call('HMGET', KEYS[1], 'status', 'owner', 'epoch')
+if held[1] ~= 'running' or held[2] ~= ARGV[1] or held[3] ~= ARGV[2] then return 0 end
+local n, kept = tonumber(ARGV[3]), tonumber(ARGV[7])
+for i = 8 + 2 * kept, #ARGV do
+  n = n + 1
+  local added = redis.pcall('XADD', KEYS[2], 'MINID', '=', ARGV[4], '0-' .. n, 'f', ARGV[i])
+  if type(added) == 'table' and added.err
+    and not string.find(added.err, 'equal or smaller', 1, true) then return added end
+end
+if kept > 0 then redis.call('HSET', KEYS[1], unpack(ARGV, 8, 7 + 2 * kept)) end
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'status', 'done') end
+if ARGV[5] ~= '0' then
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+end
+return 1
+"""
+"""One run's write (see :meth:`_Writer._args`): its frames, only while its metadata says
+``running`` under this worker at the fencing epoch it holds, else nothing (0): its run was
+ended by a survivor or taken over by another worker (this one was paused past its lease).
+An XADD of an id the stream has is skipped (a try that seemed to fail had written it)."""
+_TAKE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or status == 'done' or redis.call('HEXISTS', KEYS[1], 'session') == 0 then
+  return false
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'running')
+redis.call('HDEL', KEYS[1], 'ender')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local fields = redis.call('HMGET', KEYS[1], 'session', unpack(ARGV, 3))
+return {epoch, newest[1] and newest[1][1] or '0-0', fields}
+"""
+""":meth:`RedisRunStore.take_over`'s move, at once: the run's owner this worker, its epoch
+bumped (the previous owner's writes are refused from then on), its log's newest id read
+after that (nothing is written past it but by this worker), and its kept fields."""
+_TAKEN_AWAY = "this worker lost the run to another worker (it was paused past its lease)"
 _UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
 _LAST_ID = "0-18446744073709551615"
 _LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
@@ -219,6 +269,14 @@ class RedisRunStore:
         self._handler: Handler | None = None
         self._adopter: Adopter | None = None
         self._replies: set[asyncio.Task[None]] = set()
+        self._epochs: dict[str, int] = {}  # run id -> the fencing epoch its writes carry
+        self.on_lost: Callable[[RelayRun], bool] | None = None
+        """Told each run this worker lost (:meth:`lost`): True when it stops the run's
+        driver itself (a durable run's, :mod:`.._durable`); else the run is cancelled."""
+        self.goes_on: Callable[[RelayRun], bool] | None = None
+        """Whether a run goes on when this worker's lease was lost (a durable run: if a
+        survivor took it, the fence stops it here; else it is cancelled, its end written
+        late)."""
 
     async def open(
         self, runs: RunRegistry, handler: Handler | None = None, adopter: Adopter | None = None
@@ -281,11 +339,13 @@ class RedisRunStore:
                 pipe.delete(_stream(run.id))  # (a resumed run: a new log under its old id)
                 pipe.hset(_meta(run.id), mapping=mapping)
                 pipe.hdel(_meta(run.id), "ender")  # (an adopted run: running again)
+                pipe.hincrby(_meta(run.id), "epoch", 1)  # (its writes' fencing token)
                 pipe.pexpire(_meta(run.id), self.ttl_ms)
                 pipe.sadd(_RUNNING, run.id)
-                await pipe.execute()
+                *_done, epoch, _expire, _add = await pipe.execute()
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        self._epochs[run.id] = int(epoch)
         run.mirror = self._writer
 
     async def adopt(self, run_id: str) -> bool:
@@ -318,24 +378,53 @@ class RedisRunStore:
         """Make this worker the owner of a dead worker's run whose durable workflow it now
         drives (``--durable``): its session digest, the newest id of its log, which this
         worker's copy goes on after, and what its metadata keeps of :attr:`RelayRun.kept`
-        (:data:`_TAKEN`) (None: the run expired or already ended)."""
+        (:data:`_TAKEN`) (None: the run expired or already ended). One script
+        (:data:`_TAKE`): its fencing epoch is bumped, so the previous owner, if only paused,
+        writes nothing more to its log (:meth:`lost` there)."""
+        keys = (_meta(run_id), _stream(run_id))
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hmget(_meta(run_id), "status", "session", *_TAKEN)
-                pipe.xrevrange(_stream(run_id), count=1)
-                (status, session, *more), newest = await pipe.execute()
-            if status is None or status == b"done" or session is None:
+            taken: Any = await self.client.eval(_TAKE, 2, *keys, self.worker, self.ttl_ms, *_TAKEN)
+            if taken is None:
                 return None
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hset(_meta(run_id), mapping={"owner": self.worker, "status": "running"})
-                pipe.hdel(_meta(run_id), "ender")
-                pipe.pexpire(_meta(run_id), self.ttl_ms)
-                pipe.sadd(_RUNNING, run_id)
-                await pipe.execute()
+            await self.client.sadd(_RUNNING, run_id)
         except _LOST as exc:
             raise StoreUnavailable(f"the run store is unreachable: {exc}") from None
+        epoch, newest, (session, *more) = taken
+        self._epochs[run_id] = int(epoch)
         kept = {k: bytes(v).decode() for k, v in zip(_TAKEN, more, strict=True) if v}
-        return bytes(session).decode(), _entry_id(newest[0][0]) if newest else 0, kept
+        return bytes(session).decode(), _entry_id(newest), kept
+
+    async def holds(self, run_id: str) -> bool:
+        """Whether this worker still drives run ``run_id`` in the store (``running``, its
+        owner, at the epoch it holds); True when Redis cannot tell (unreachable: the outage
+        path decides)."""
+        epoch = self._epochs.get(run_id)
+        if epoch is None:
+            return False
+        try:
+            fields: Any = await self.client.hmget(_meta(run_id), "status", "owner", "epoch")
+        except _LOST:
+            return True
+        return bool(fields == [b"running", self.worker.encode(), str(epoch).encode()])
+
+    def lost(self, run: RelayRun) -> None:
+        """This worker lost ``run``: the store refused its write (a survivor ended it, or
+        another worker took it over, while this one was paused past its lease). Nothing
+        more of it is written or published here; this worker's readers of it end their
+        streams (StoreUnavailable: they reconnect and read the shared log, as do its new
+        readers here); its driver stops (:attr:`on_lost`, else it is cancelled: no tool
+        starts after that)."""
+        self._epochs.pop(run.id, None)
+        if self._writer is not None:
+            self._writer.forget(run.id)
+        run.mirror = _FENCED
+        run.lost = StoreUnavailable(f"{_TAKEN_AWAY}: read it again")
+        run.publish(run.published)  # (wakes its readers)
+        if self._runs is not None and self._runs.get(run.id) is run:
+            self._runs.forget(run.id)
+        _log.warning("run %s…: %s", run.id[:6], _TAKEN_AWAY)
+        if self.on_lost is None or not self.on_lost(run):
+            run.cancel(_TAKEN_AWAY)
 
     def mirrored(self, run: RelayRun) -> None:
         """Copy ``run``'s log to the store from now on (a run :meth:`take_over` gave)."""
@@ -469,7 +558,7 @@ class RedisRunStore:
             try:
                 lease = _lease(self.worker)
                 if not await self.client.set(lease, b"1", px=self.lease_ms, xx=True):
-                    self._lease_lost()  # (paused past it: survivors may have ended its runs)
+                    await self._lease_lost()  # (paused past it: survivors may have its runs)
                     await self.client.set(lease, b"1", px=self.lease_ms)
                 await self._reap()
             except _LOST as exc:
@@ -477,15 +566,20 @@ class RedisRunStore:
             except Exception:  # a bug in us: the lease goes on
                 _log.exception("run store: ending a dead worker's runs failed")
 
-    def _lease_lost(self) -> None:
+    async def _lease_lost(self) -> None:
         """This worker's lease expired while it lived (a pause): its runs may have been
         ended by a survivor, so they stop mirroring (nothing is written after that end) and
-        are cancelled; their local readers get every event."""
+        are cancelled; their local readers get every event. A run that goes on (durable,
+        :attr:`goes_on`) does so while it is still this worker's in the store."""
         assert self._runs is not None
         assert self._writer is not None
         runs = [run for run in self._runs.live() if run.mirror is self._writer]
-        if runs:
-            self._writer.give_up(runs, _LEASE_LOST)
+        going = [run for run in runs if self.goes_on is not None and self.goes_on(run)]
+        for run in going:
+            if not await self.holds(run.id):
+                self.lost(run)
+        if rest := [run for run in runs if run not in going]:
+            self._writer.give_up(rest, _LEASE_LOST)
 
     async def _reap(self) -> None:
         """End every running run whose owner (or ender) holds no lease any more."""
@@ -694,6 +788,17 @@ class RemoteRun:
         return first - 1 - cursor, frames, last, ended
 
 
+class _Fenced:
+    """The mirror of a run this worker lost (:meth:`RedisRunStore.lost`): what it still
+    appends is neither written nor published."""
+
+    def push(self, run: RelayRun) -> None:
+        """(:class:`~.._runs.Mirror`) Nothing: the run is another worker's now."""
+
+
+_FENCED = _Fenced()
+
+
 class _Writer:
     """The worker's runs' logs copied to the store, every run in one pipeline per write."""
 
@@ -767,33 +872,45 @@ class _Writer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+    def forget(self, run_id: str) -> None:
+        """Write nothing more of run ``run_id`` (this worker lost it)."""
+        self._dirty.pop(run_id, None)
+        self._written.pop(run_id, None)
+        self._late.pop(run_id, None)
+
+    def _args(self, run: RelayRun, renew: bool) -> tuple[list[Any], int, bool]:
+        """The :data:`_WRITE` script's arguments for ``run``'s frames the stream lacks (its
+        end too, once it ended; ``renew``: the keys' TTL as well); the newest id written
+        then, and whether that is its end."""
+        log = run.log
+        written = self._written.get(run.id, log.start)
+        missed, frames, upto = log.frames(written, log.last_id - written)
+        ended = run.done and upto >= log.last_id
+        kept = [] if written or not run.kept else list(run.kept.items())  # (for a survivor)
+        expire = ended or renew or not written  # (its end, a renewal, a new stream)
+        store = self._store
+        head = [store.worker, store._epochs.get(run.id, 0), written + missed]
+        head += [f"0-{log.kept_from}", store.ttl_ms if expire else 0, int(ended), len(kept)]
+        return [*head, *(x for pair in kept for x in pair), *frames], upto, ended
+
     async def _write(self, runs: list[RelayRun], renew: bool) -> None:
-        ttl = self._store.ttl_ms
-        plans: list[tuple[RelayRun, int, bool]] = []
+        plans: list[tuple[RelayRun, int, bool, int]] = []
         async with self._store.client.pipeline(transaction=False) as pipe:
             for run in runs:
-                log, stream, meta = run.log, _stream(run.id), _meta(run.id)
-                written = self._written.get(run.id, log.start)
-                missed, frames, upto = log.frames(written, log.last_id - written)
-                n, keep = written + missed, f"0-{log.kept_from}"
-                for frame in frames:
-                    n += 1
-                    pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)
-                ended = run.done and upto >= log.last_id
+                args, upto, ended = self._args(run, renew)
+                plans.append((run, upto, ended, len(pipe)))
+                pipe.eval(_WRITE, 2, _meta(run.id), _stream(run.id), *args)
                 if ended:
-                    pipe.hset(meta, "status", "done")
                     pipe.srem(_RUNNING, run.id)
-                if not written and run.kept:  # (what a survivor needs to end it)
-                    kept: dict[Any, Any] = dict(run.kept)
-                    pipe.hset(meta, mapping=kept)
-                if ended or renew or not written:  # (its end, a renewal, a new stream)
-                    pipe.pexpire(stream, ttl)
-                    pipe.pexpire(meta, ttl)
-                plans.append((run, upto, ended))
-            _raise_lost(await pipe.execute(raise_on_error=False))
-        for run, upto, ended in plans:
+            results = await pipe.execute(raise_on_error=False)
+        _raise_lost(results)
+        for run, upto, ended, at in plans:
+            if results[at] == 0:  # (refused: another worker has the run now)
+                self._store.lost(run)
+                continue
             if ended:
                 self._written.pop(run.id, None)
+                self._store._epochs.pop(run.id, None)
             else:
                 self._written[run.id] = upto
             if run.mirror is self:  # (given up meanwhile: its readers have every event)
@@ -829,45 +946,33 @@ class _Writer:
         for run_id, (run, since) in list(self._late.items()):
             try:
                 finished = await self._write_late(run)
-            except redis.exceptions.WatchError:
-                continue  # (its metadata changed meanwhile: looked at again next time)
             except _LOST:
                 finished = False
             if finished or now - since > self._store.ttl_ms / 1000:
-                del self._late[run_id]
+                self._late.pop(run_id, None)
                 self._written.pop(run_id, None)
+                self._store._epochs.pop(run_id, None)
 
     async def _write_late(self, run: RelayRun) -> bool:
-        """One transaction: ``run``'s frames the stream lacks (and its end, if it ended), only
-        while its metadata says ``running`` under this worker (WATCHed: a survivor's claim in
-        between aborts it). True when nothing is left to write."""
-        meta, stream = _meta(run.id), _stream(run.id)
-        async with self._store.client.pipeline(transaction=True) as pipe:
-            await pipe.watch(meta)
-            status, owner = await pipe.hmget(meta, "status", "owner")
-            if status != b"running" or owner != self._store.worker.encode():
-                return True  # (ended by a survivor, expired, or resumed elsewhere)
-            log = run.log
-            written = self._written.get(run.id, log.start)
-            missed, frames, upto = log.frames(written, log.last_id - written)
-            ended = run.done and upto >= log.last_id
-            pipe.multi()  # type: ignore[no-untyped-call]
-            for n, frame in enumerate(frames, start=written + missed + 1):
-                keep = f"0-{log.kept_from}"
-                pipe.xadd(stream, {"f": frame}, id=f"0-{n}", minid=keep, approximate=False)
+        """``run``'s frames the stream lacks (and its end, if it ended), fenced as every
+        write (:data:`_WRITE`: nothing while a survivor ends it, once it ended it or took it
+        over, or once it expired). True when nothing is left to write."""
+        args, upto, ended = self._args(run, renew=True)
+        async with self._store.client.pipeline(transaction=False) as pipe:
+            pipe.eval(_WRITE, 2, _meta(run.id), _stream(run.id), *args)
             if ended:
-                pipe.hset(meta, "status", "done")
                 pipe.srem(_RUNNING, run.id)
-            pipe.pexpire(stream, self._store.ttl_ms)
-            pipe.pexpire(meta, self._store.ttl_ms)
-            _raise_lost(await pipe.execute(raise_on_error=False))
+            results = await pipe.execute(raise_on_error=False)
+        _raise_lost(results)
+        if results[0] == 0:
+            return True  # (ended by a survivor, taken over, or expired)
         self._written[run.id] = upto
         return ended
 
 
 def _raise_lost(results: list[Any]) -> None:
-    """Raise a pipeline's first error, but an XADD's "equal or smaller" (that frame was
-    written by a try that seemed to fail)."""
+    """Raise a pipeline's first error (the write script skips an XADD's "equal or
+    smaller": that frame was written by a try that seemed to fail)."""
     for result in results:
         if isinstance(result, redis.exceptions.ConnectionError | TimeoutError):
             raise result
