@@ -105,6 +105,11 @@ def keyed_lines(tmp_path: Path) -> list[tuple[str, str]]:
     return [(line.split()[0], line.split()[1]) for line in text.splitlines()]
 
 
+def seen(event: str) -> Any:
+    """A :func:`read_until` condition: ``event`` among the frames read."""
+    return lambda frames: any(f.event == event for f in frames)
+
+
 def lines(tmp_path: Path) -> list[str]:
     return [city for city, _key in keyed_lines(tmp_path)]
 
@@ -264,8 +269,7 @@ def test_a_durable_round_cancelled_mid_stream_has_its_live_calls_paired(
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            previewed = lambda fs: any(f.event == "call_preview" for f in fs)  # noqa: E731
-            head = read_until(b, run["events_url"], previewed)  # live, on another worker
+            head = read_until(b, run["events_url"], seen("call_preview"))  # live, on another worker
             cancelled = b.post(run["cancel_url"], json={})
         whole = read_all(on_b, run, session)
         requests = len(model.requests)
@@ -699,11 +703,10 @@ def test_an_owner_paused_past_its_lease_writes_nothing_after_a_survivor_took_its
         (owner, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            previewed = lambda fs: any(f.event == "call_preview" for f in fs)  # noqa: E731
-            read_until(b, run["events_url"], previewed)  # mid-stream, live
+            read_until(b, run["events_url"], seen("call_preview"))  # mid-stream, live
             owner.send_signal(signal.SIGSTOP)
-            cut = lambda fs: any(f.event == "round_ended" for f in fs)  # noqa: E731
-            taken = read_until(b, run["events_url"], cut)  # the survivor closed its attempt
+            # the survivor closed its attempt
+            taken = read_until(b, run["events_url"], seen("round_ended"))
             owner.send_signal(signal.SIGCONT)  # while the survivor asks the round again
             whole = read_until(b, run["events_url"], None)
         on_owner = read_all(on_a, run, session)  # (its own copy is the shared log's now)
