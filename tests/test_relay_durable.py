@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
-from toollatch.scripted import ScriptedServer
+from toollatch.scripted import Reasoning, Script, ScriptedServer
 
 pytest.importorskip("dbos")
 
@@ -67,14 +68,19 @@ def durable_workers(
     delay_ms: float = 5.0,
     env: dict[str, str] | None = None,
     tool: str = TOOL,
+    script: Script | None = None,
 ) -> Iterator[tuple[ScriptedServer, Workers]]:
     """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
     and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
     wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
-    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text)."""
+    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text;
+    ``script``: the model ``slow``'s, instead)."""
     tools = tmp_path / "durable_tools.py"
     tools.write_text(tool, encoding="utf-8")
-    scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
+    scripts = {
+        "slow": script or slow_script(delay_ms=delay_ms),
+        "other": slow_script(delay_ms=delay_ms),
+    }
     stack = contextlib.ExitStack()
     model = stack.enter_context(ScriptedServer(scripts=scripts))
     args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
@@ -729,3 +735,34 @@ def test_an_owner_paused_past_its_lease_writes_nothing_after_a_survivor_took_its
     assert statuses == [200, 200, 200]
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each tool once, on the survivor
     assert on_owner == whole
+
+
+def test_a_durable_run_tells_its_reasoning_live_as_a_plain_run_does(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    first, final = slow_script(delay_ms=5.0).turns
+    thinking = "Two cities: Oslo, then Zürich."
+    script = Script(turns=(replace(first, items=(Reasoning(text=thinking), *first.items)), final))
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "think", script=script) as (
+        _,
+        procs,
+    ):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        whole = read_all(on_b, run, session)  # (the shared log, on another worker)
+        user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "two cities"}]}
+        body = {"id": "chat1", "messages": [user], "trigger": "submit-message"}
+        with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
+            chat = a.post("/api/chat", json=body)
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # as a plain run's log has it: the round's reasoning when its stream ended, before its
+    # call_committed events (a round without text in its reasoning tells none)
+    events = [f.event for f in whole]
+    assert [f.data["text"] for f in whole if f.event == "reasoning"] == [thinking]
+    assert events.index("reasoning") < events.index("call_committed")
+    assert events.index("call_opened") < events.index("reasoning")
+    # and the AI SDK's stream makes a reasoning part of it
+    chunks = ui_chunks(chat.text)
+    deltas = [c["delta"] for c in chunks if c["type"] == "reasoning-delta"]
+    assert deltas == [thinking]

@@ -82,19 +82,21 @@ import io
 import json
 import pickle
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._error import DBOSWorkflowCancelledError
 from dbos._serialization import Serializer
 
 from ..core._errors import UsageError
+from ..core._events import ReasoningBlock
 from ..core._gate import Gate, RunBudget
 from ..core._preview import PreviewUpdated
-from ..core._round import Round, ToolResult
+from ..core._round import Round, ToolResult, reasoning_text
 from ..core._specs import ToolSpec
 from ..ledger import ApprovalError, LedgerError, digest_of
 from ._agent import Agent, user_message
@@ -104,8 +106,10 @@ from ._agent_run import AgentRun
 _AGENTS: dict[str, Agent] = {}
 """The agents of this process by registered name (a workflow names its agent)."""
 
-Told = AgentEvent | PreviewUpdated
-"""What a sink is told: an agent event, or (a live sink only) a call's preview."""
+Told = AgentEvent | PreviewUpdated | ReasoningBlock
+"""What a sink is told: an agent event, a round's reasoning block (one with readable text:
+:func:`toollatch.core._round.reasoning_text`; the relay's ``reasoning`` event), or (a live
+sink only) a call's preview."""
 
 EventSink = Callable[[str, int, Told], Awaitable[None] | None]
 """Told each agent event of a durable run: ``(run_id, number, event)``, numbered from 0 in
@@ -113,8 +117,9 @@ the run's order. A recovered run tells the events of the steps it replays again,
 same numbers (the same events, recorded with their steps): a sink keeps the first of each
 number (the Redis run log refuses an id written twice). Without an :data:`AttemptHook`, a
 round's events come at its step's end, whole (no previews); with one the sink is *live*:
-it is told the round's events as they are made (text deltas, ``call_opened``, previews),
-before the step ends."""
+it is told the round's events as they are made (text deltas, ``call_opened``, previews;
+the round's reasoning blocks when its stream ended, before its ``call_committed``), before
+the step ends."""
 
 AttemptHook = Callable[[str, int], Awaitable[int]]
 """Makes a sink live (see ``EventSink``): told ``(run_id, number)`` when a model round's
@@ -401,7 +406,7 @@ async def _model_round(
             if stop is not None:
                 return await _cut(run, pump, parser.cancel(), dispatch, stop, first)
             if round_ is not None:
-                run._decided(round_)  # call_committed / call_failed, told with the round
+                _decided(run, round_)
         events = await pump.close()
     finally:
         pump.cancel()
@@ -419,9 +424,21 @@ async def _cut(
     await pump.drain()
     if not pump.live or not pump.kept:
         return _Asked(stop, first, ())
-    run._decided(round_)
+    _decided(run, round_)
     results = tuple(await dispatch.abort(round_))
     return _Asked(stop, first, await pump.close(), results, round_)
+
+
+def _decided(run: AgentRun, round_: Round) -> None:
+    """The round's end, as a plain run tells it: its reasoning blocks with readable text
+    (what a plain relay run's observer makes ``reasoning`` events of when the stream ended:
+    ``relay._runs._Feed.on_round``), then ``call_committed`` / ``call_failed``."""
+    # (a round step's run is never iterated: its queue is the pump's, which tells blocks too)
+    queue = cast("deque[Told | None]", run._events)
+    for block in round_.blocks:
+        if isinstance(block, ReasoningBlock) and block.choice == 0 and reasoning_text(block.data):
+            queue.append(block)
+    run._decided(round_)
 
 
 def _asks(name: str, conversation: str, round_: Round, index: int) -> bool:
