@@ -645,6 +645,11 @@ def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
     assert [c["error"] for c in whole[-1].data["calls"]] == [None, "approval_denied"]
     assert lines(tmp_path) == ["Oslo"]  # the approved call ran once, the denied one never
     assert requests == 2  # the first round was not asked again: its step was recorded
+    # the questions' steps (recorded by the dead worker) and their answers' (run at once
+    # again on the survivor) under the ids a replay finds them by, in call order
+    asked, answered = "toollatch.question", "toollatch.answer"
+    steps = [ROUND, asked, asked, answered, answered, CALL, CALL, ROUND]
+    assert recorded_steps(postgres, "asked") == steps
 
 
 def test_a_durable_client_tool_is_answered_on_another_worker(
