@@ -15,10 +15,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from durable_helpers import PostgresServer, wait_for
@@ -29,7 +31,7 @@ from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
-from toollatch.scripted import ScriptedServer
+from toollatch.scripted import Reasoning, Script, ScriptedServer
 
 pytest.importorskip("dbos")
 
@@ -67,14 +69,19 @@ def durable_workers(
     delay_ms: float = 5.0,
     env: dict[str, str] | None = None,
     tool: str = TOOL,
+    script: Script | None = None,
 ) -> Iterator[tuple[ScriptedServer, Workers]]:
     """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
     and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
     wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
-    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text)."""
+    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text;
+    ``script``: the model ``slow``'s, instead)."""
     tools = tmp_path / "durable_tools.py"
     tools.write_text(tool, encoding="utf-8")
-    scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
+    scripts = {
+        "slow": script or slow_script(delay_ms=delay_ms),
+        "other": slow_script(delay_ms=delay_ms),
+    }
     stack = contextlib.ExitStack()
     model = stack.enter_context(ScriptedServer(scripts=scripts))
     args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
@@ -163,6 +170,19 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     keys = [key for _city, key in keyed_lines(tmp_path)]
     assert len(set(keys)) == 2 and "None" not in keys  # each call had its own key
     assert requests == 2  # the first round was not asked again: its step was recorded
+    # the workflow's steps, each once: the survivor's driver read the workflow's status
+    # outside it (no DBOS.getStatus step taking the id the next step is replayed by)
+    assert recorded_steps(postgres, "midtool") == [ROUND, CALL, CALL, ROUND]
+
+
+ROUND, CALL = "toollatch.model_round", "toollatch.call"
+
+
+def recorded_steps(postgres: PostgresServer, database: str) -> list[str]:
+    """The steps DBOS recorded in ``database`` (one workflow's), in order."""
+    query = "select function_name from dbos.operation_outputs order by function_id"
+    with psycopg.connect(postgres.url(database), autocommit=True) as db:
+        return [name for (name,) in db.execute(query).fetchall()]
 
 
 def read_watched(url: str, run: dict[str, Any], headers: dict[str, str], watch: Any) -> list[Frame]:
@@ -568,21 +588,35 @@ def test_a_durable_approval_is_answered_on_another_worker_and_always_allows(
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(1))
+            head = read_until(b, run["events_url"], until_asked(2))
         assert lines(tmp_path) == []  # it waits: nothing ran
-        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        first, second = questions(head)  # both asked at once, as a plain run asks them
+        approved = answer(on_b, run, session, first, "approve", always=True)
+        also = answer(on_a, run, session, second, "approve")  # (asked already: it waits)
         whole = read_all(on_b, run, session)
+        # the session's next run: its calls run unasked (always allowed)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            again = b.post("/runs", json={"message": "two cities"}).json()
+        unasked = read_all(on_a, again, session)
     assert approved.status_code == 202, approved.text
+    assert also.status_code == 202, also.text
     assert_whole(whole)
     assert whole[-1].data["error"] is None
-    # one question, once in the log; the second call ran unasked (always allowed)
+    # each question once in the log
     assert [(f.event, f.data["id"]) for f in questions(whole)] == [
-        ("approval_requested", "call_slow_a")
+        ("approval_requested", "call_slow_a"),
+        ("approval_requested", "call_slow_b"),
     ]
     answered = [f.data for f in whole if f.event == "approval_answered"]
-    assert [(a["id"], a["decision"]) for a in answered] == [("call_slow_a", "approved")]
+    assert [(a["id"], a["decision"]) for a in answered] == [
+        ("call_slow_a", "approved"),
+        ("call_slow_b", "approved"),
+    ]
     assert [c["error"] for c in whole[-1].data["calls"]] == [None, None]
-    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each ran once, after the answer
+    assert_whole(unasked)
+    assert questions(unasked) == [] and unasked[-1].data["error"] is None
+    # each ran once, after its answer (then once more, unasked, in the next run)
+    assert sorted(lines(tmp_path)) == ["Oslo", "Oslo", "Züri", "Züri"]
 
 
 def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
@@ -594,13 +628,11 @@ def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(1))
-        stop(owner, signal.SIGKILL)  # while the run waits for its first answer
-        first = questions(head)[0]
+            head = read_until(b, run["events_url"], until_asked(2))
+        stop(owner, signal.SIGKILL)  # while the run waits for both answers
+        first, second = questions(head)
         approved = answer(on_c, run, session, first, "approve")  # on a survivor
-        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            more = read_until(b, run["events_url"], until_asked(1), last_id=head[-1].id)
-        denied = answer(on_b, run, session, questions(more)[0], "deny", reason="not Zürich")
+        denied = answer(on_b, run, session, second, "deny", reason="not Zürich")
         whole = read_all(on_c, run, session)
         requests = len(model.requests)
     assert approved.status_code == 202, approved.text
@@ -613,6 +645,11 @@ def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
     assert [c["error"] for c in whole[-1].data["calls"]] == [None, "approval_denied"]
     assert lines(tmp_path) == ["Oslo"]  # the approved call ran once, the denied one never
     assert requests == 2  # the first round was not asked again: its step was recorded
+    # the questions' steps (recorded by the dead worker) and their answers' (run at once
+    # again on the survivor) under the ids a replay finds them by, in call order
+    asked, answered = "toollatch.question", "toollatch.answer"
+    steps = [ROUND, asked, asked, answered, answered, CALL, CALL, ROUND]
+    assert recorded_steps(postgres, "asked") == steps
 
 
 def test_a_durable_client_tool_is_answered_on_another_worker(
@@ -623,11 +660,12 @@ def test_a_durable_client_tool_is_answered_on_another_worker(
     ) as (_, procs):
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
-        replies = []
-        for n in (1, 2):
-            with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-                asked = questions(read_until(b, run["events_url"], until_asked(n)))
-            replies.append(answer(on_b, run, session, asked[-1], "result", value=f"sunny {n}"))
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            asked = questions(read_until(b, run["events_url"], until_asked(2)))  # at once
+        replies = [
+            answer(on_b, run, session, call, "result", value=f"sunny {n}")
+            for n, call in enumerate(reversed(asked))  # (answered in any order)
+        ]
         whole = read_all(on_a, run, session)
     assert [r.status_code for r in replies] == [202, 202], [r.text for r in replies]
     assert_whole(whole)
@@ -653,20 +691,20 @@ def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
         (stopping, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(1))
-        stopping.send_signal(signal.SIGTERM)  # its question outlives the grace: handed over
+            head = read_until(b, run["events_url"], until_asked(2))
+        stopping.send_signal(signal.SIGTERM)  # its questions outlive the grace: handed over
         status = stopping.wait(timeout=DURABLE_STOP_S)
         assert stopping.stderr is not None
         stopping.stderr.close()
-        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        approved = [answer(on_b, run, session, asked, "approve") for asked in questions(head)]
         whole = read_all(on_b, run, session)
     assert status == 143
-    assert approved.status_code == 202, approved.text
+    assert [a.status_code for a in approved] == [202, 202], [a.text for a in approved]
     assert_whole(whole)
     ended = whole[-1].data
     assert ended["error"] is None and "cancelled" not in ended  # went on, not cancelled
     assert [c["error"] for c in ended["calls"]] == [None, None]
-    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a"]  # asked once
+    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a", "call_slow_b"]  # once
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]
 
 
@@ -729,3 +767,34 @@ def test_an_owner_paused_past_its_lease_writes_nothing_after_a_survivor_took_its
     assert statuses == [200, 200, 200]
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each tool once, on the survivor
     assert on_owner == whole
+
+
+def test_a_durable_run_tells_its_reasoning_live_as_a_plain_run_does(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    first, final = slow_script(delay_ms=5.0).turns
+    thinking = "Two cities: Oslo, then Zürich."
+    script = Script(turns=(replace(first, items=(Reasoning(text=thinking), *first.items)), final))
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "think", script=script) as (
+        _,
+        procs,
+    ):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        whole = read_all(on_b, run, session)  # (the shared log, on another worker)
+        user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "two cities"}]}
+        body = {"id": "chat1", "messages": [user], "trigger": "submit-message"}
+        with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
+            chat = a.post("/api/chat", json=body)
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # as a plain run's log has it: the round's reasoning when its stream ended, before its
+    # call_committed events (a round without text in its reasoning tells none)
+    events = [f.event for f in whole]
+    assert [f.data["text"] for f in whole if f.event == "reasoning"] == [thinking]
+    assert events.index("reasoning") < events.index("call_committed")
+    assert events.index("call_opened") < events.index("reasoning")
+    # and the AI SDK's stream makes a reasoning part of it
+    chunks = ui_chunks(chat.text)
+    deltas = [c["delta"] for c in chunks if c["type"] == "reasoning-delta"]
+    assert deltas == [thinking]

@@ -14,11 +14,12 @@ n + 1``: the sink (:meth:`DurableRelay._tell`) appends each to the run's log as 
 own observer would (``shown``; a preview as ``call_preview``), and the Redis writer copies it
 to the shared log. The sink is live (it has an attempt hook, :meth:`DurableRelay._attempt`):
 a model round's text deltas, ``call_opened`` and previews reach the log as the model streams
-them, not when the round's step ends, so the page and the AI SDK / AG-UI streams move during
-the round. A workflow recovered elsewhere tells its replayed steps' events again under the
-same numbers (a round step records its events and the number they began at); the worker
-driving it keeps only the numbers past what its log (or the shared log) has, so a reader's
-``Last-Event-ID`` goes on with no event lost or twice.
+them, and its ``reasoning`` events (as a plain run's, when its stream ended) before its
+``call_committed``, not when the round's step ends, so the page and the AI SDK / AG-UI
+streams move during the round. A workflow recovered elsewhere tells its replayed steps'
+events again under the same numbers (a round step records its events and the number they
+began at); the worker driving it keeps only the numbers past what its log (or the shared
+log) has, so a reader's ``Last-Event-ID`` goes on with no event lost or twice.
 
 A dead attempt. The worker that died mid-round had written that attempt's events live, but
 its step was never recorded: the recovered workflow asks the round again from the number
@@ -78,7 +79,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError, UsageError
+from ..core._events import ReasoningBlock
 from ..core._preview import PreviewUpdated
+from ..core._round import reasoning_text
 from ..ledger import HistoryConflict, LedgerError
 from ..runtime import DurableRuns
 from ..runtime._agent import Agent
@@ -286,8 +289,11 @@ class DurableRelay:
             asyncio.get_running_loop().create_task(dropped.client.aclose())
         return agent
 
-    async def _tell(self, workflow: str, number: int, event: AgentEvent | PreviewUpdated) -> None:
-        """The workflow's event ``number`` into its run's log (once per number)."""
+    async def _tell(
+        self, workflow: str, number: int, event: AgentEvent | PreviewUpdated | ReasoningBlock
+    ) -> None:
+        """The workflow's event ``number`` into its run's log (once per number); a
+        reasoning block as the ``reasoning`` event a plain run's observer makes of it."""
         run = await self._driven(workflow)
         if run is None:
             return
@@ -299,6 +305,9 @@ class DurableRelay:
         self._next[workflow] = number + 1
         if isinstance(event, PreviewUpdated):
             run.append(preview_json(event))
+            return
+        if isinstance(event, ReasoningBlock):
+            run.append({"type": "reasoning", "text": reasoning_text(event.data)})
             return
         if isinstance(event, RunEndedEvent) and workflow in self._chats:
             if not await self._fence(workflow):  # (the chat is the new driver's to write)
