@@ -30,6 +30,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -58,12 +60,43 @@ def serve_command(args: argparse.Namespace) -> int:
             return _supervise(server, workers)
         if os.environ.get(WORKER_FD) is not None:
             server.listen_fd = int(os.environ[WORKER_FD])
-        return asyncio.run(_serve(server))
+        status = asyncio.run(_serve(server))
+        if server.durable_url is not None:
+            _leave_stuck_threads(status)
+        return status
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
         return 128 + signal.SIGINT
+
+
+_THREADS_S = 1.0
+"""How long a stopped ``--durable`` worker waits for the threads DBOS left running."""
+
+
+def _leave_stuck_threads(status: int) -> None:
+    """Exit at once with ``status`` (``os._exit``) when a thread still runs
+    :data:`_THREADS_S` after the relay stopped: DBOS's executor, its record of a step
+    waiting for a lost PostgreSQL (DBOS retries until the database is back, and the
+    interpreter's exit would wait for it). The step stays unrecorded, its workflow pending
+    in PostgreSQL; the relay had ended its run (:meth:`.DurableRelay.handing_over`)."""
+    until = time.monotonic() + _THREADS_S
+    left = []
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, until - time.monotonic()))
+        if thread.is_alive():
+            left.append(thread.name)
+    if left:
+        sys.stderr.write(
+            f"toollatch: warning: {', '.join(left)} still waiting for the durable store "
+            "(PostgreSQL unreachable): exiting without it\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(status)
 
 
 def _supervise(server: RelayServer, workers: int) -> int:
