@@ -96,14 +96,14 @@ from ..core._errors import ErrorCode, UsageError
 from ..core._gate import Gate, RunBudget
 from ..core._messages import error_result
 from ..core._preview import PreviewUpdated
-from ..core._round import Round, ToolResult
+from ..core._round import CallRecord, Round, ToolResult
 from ..core._specs import ToolSpec
-from ..ledger import ApprovalError, LedgerError, digest_of
+from ..ledger import ApprovalError, Ledger, LedgerError, LedgerKey, digest_of
 from ..tools._results import made_error
 from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
-from ._resume import LOST_DETAIL, ledger_fate, note_entries, round_entries
+from ._resume import LOST_DETAIL, NOT_STARTED, ledger_fate, note_entries, round_entries
 
 _AGENTS: dict[str, Agent] = {}
 """The agents of this process by registered name (a workflow names its agent)."""
@@ -581,6 +581,25 @@ async def _retell(name: str, conversation: str, asked: _Asked) -> int:
     return told
 
 
+async def _fate_of(ledger: Ledger | None, scope: str, call: CallRecord) -> ToolResult:
+    """What became of a committed call of a run that cannot go on here (the call's step
+    did not return): the ledger's final result, or ``cancelled`` when it was claimed and
+    never started (:func:`._resume.ledger_fate`); ``cancelled`` when the ledger holds no
+    record of it (a durable call's tool starts only once claimed); else ``outcome_unknown``
+    (it started, or the ledger cannot tell)."""
+    name = call.name or ""
+    if ledger is not None:
+        known = await ledger_fate(ledger, scope)(call.call_id)
+        if known is not None:
+            return known
+        try:
+            if await ledger.get(LedgerKey(scope=scope, call_id=call.call_id)) is None:
+                return made_error(call.call_id, name, ErrorCode.CANCELLED, NOT_STARTED)
+        except (LedgerError, UsageError):
+            pass  # (it cannot tell)
+    return made_error(call.call_id, name, ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL)
+
+
 def _forget(conversation: str) -> None:
     """Drop what this process kept of a run whose workflow returned here."""
     _CANCELLED.pop(conversation, None)
@@ -842,30 +861,24 @@ class DurableRuns:
         cannot go on (PostgreSQL lost) in this process, as the run would leave them
         interrupted: its entries past ``at`` (its message, the rounds it finished), then the
         round whose calls were running, each call paired with its result, else with what
-        the agent's ledger says of it (:func:`._resume.ledger_fate`: its stored result;
-        ``cancelled`` when it never started), else ``outcome_unknown``, then a note that
-        the answer was interrupted when the last entry is not the model's (the next
-        message then never follows a user turn); [] for a run not executed here. What this
-        process kept of the run is dropped: a second ask gets []."""
+        the agent's ledger says of it (:func:`_fate_of`), then a note that the answer was
+        interrupted when the last entry is not the model's (the next message then never
+        follows a user turn); [] for a run not executed here. What this process kept of the
+        run is dropped: a second ask gets []."""
         turn = _TURNS.pop(run_id, None)
         if turn is None:
             return []
         run, round_ = turn.run, turn.round_
         setup = run._setup
         ledger = _agent(turn.name).ledger
-        fate = None if ledger is None else ledger_fate(ledger, run_id)
         entries = [dict(m) for m in run.history[at:]]
         if round_ is not None:
             results = list(turn.results)
             for call in round_.calls[len(results) :]:
                 if call.committed is None:
                     results.append(error_result(call))
-                    continue
-                known = None if fate is None else await fate(call.call_id)
-                lost = made_error(
-                    call.call_id, call.name or "", ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL
-                )
-                results.append(known or lost)
+                else:
+                    results.append(await _fate_of(ledger, run_id, call))
             entries += round_entries(round_, results, setup.drop_failed)
         if not entries or entries[-1].get("role") not in ("assistant", "model"):
             entries += note_entries(setup.client.provider)
