@@ -15,7 +15,9 @@ SIGTERM and SIGINT (Ctrl-C) cancel every run as ``POST .../cancel`` does (every 
 paired; ``run_ended.error`` names the shutdown), let each open events stream send that and
 end, then stop, within ``--shutdown-grace`` (``relay.shutdown_grace_s``, 10 s) and about a
 second more; a second signal exits at once. With a shared store the runs first go on for
-most of the grace (a new run is 503; reads of other workers' runs end at once).
+most of the grace (a new run is 503; reads of other workers' runs end at once). With
+``--durable`` and its PostgreSQL lost, the worker ends its runs and exits without DBOS's
+thread that waits for the database (DBOS retries until it is back).
 Exit status: 143 after SIGTERM, 130 after SIGINT, 2 for a usage error (a bad ``--tools``
 file, a port that cannot be bound, ``--base-url`` without ``--model``, a ledger that cannot
 be opened, a host beyond loopback without a token).

@@ -51,9 +51,21 @@ worker that takes the run over reads them (:meth:`RedisRunStore.take_over`). Wri
 the length as the append's ``at``, the entries are written once (a told-again end is
 skipped; a second writer gets ``HistoryConflict``).
 
+PostgreSQL lost. DBOS never gives up on its database: a step's record waits for it,
+retrying, so a run goes on once PostgreSQL is back (a restart), and until then its workflow
+waits. A worker that stops meanwhile (:meth:`DurableRelay.handing_over`: it asks PostgreSQL
+for a connection first) hands nothing over, as no survivor could recover a workflow: each
+of its runs has its step cancelled and is ended here, every call paired (the ledger says
+what became of a call whose step did not return), and a chat's run stores its turn: the
+user's message, the rounds it finished, the round it cut off with each call's fate, and an
+assistant note that the answer was interrupted (:meth:`DurableRuns.interrupted`), so the
+chat's next message, on any worker, follows an assistant turn. So does a chat's run whose
+workflow failed. The stopping worker then exits without DBOS's thread that still waits
+(``toollatch serve``); the workflow stays pending in PostgreSQL, unrecorded past its last
+step.
+
 What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
-is ended, every call paired); a chat's run whose workflow failed (PostgreSQL lost) is ended
-the same way, its turn not stored in the chat.
+is ended, every call paired).
 
 Questions. A call that waits for a person (``approval_requested``) or a client tool's result
 (``client_call``) waits in its own workflow step (:mod:`toollatch.runtime._durable`), for the
