@@ -241,6 +241,7 @@ class DurableRelay:
             self._runs.pop(workflow, None)
             self._next.pop(workflow, None)
             self._chats.pop(workflow, None)
+            self.engine.forget(workflow)  # (a workflow lost here never returned)
 
         return closing
 

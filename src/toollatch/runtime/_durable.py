@@ -856,6 +856,11 @@ class DurableRuns:
             return False
         return True
 
+    def forget(self, run_id: str) -> None:
+        """Drop what this process keeps of run ``run_id`` for :meth:`interrupted` (its
+        workflow stopped here without returning: lost to another worker, or abandoned)."""
+        _TURNS.pop(run_id, None)
+
     async def interrupted(self, run_id: str, at: int) -> list[dict[str, Any]]:
         """The history entries past ``at`` of run ``run_id``, whose workflow failed or
         cannot go on (PostgreSQL lost) in this process, as the run would leave them
