@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
+from toollatch.runtime._resume import INTERRUPTED_NOTE
 from toollatch.scripted import Reasoning, Script, ScriptedServer
 
 pytest.importorskip("dbos")
@@ -341,20 +343,107 @@ def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
 def test_a_postgresql_restart_mid_run_runs_nothing_twice(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with durable_workers(redis_server, postgres, tmp_path, [2, 2], "restart") as (_, procs):
+    """PostgreSQL stops while the first tool runs and starts again 3 s later: the tool
+    returns meanwhile, and its step's record waits for the database (DBOS retries until it
+    is back), so the run goes on where it was: it ends normally, each call run once."""
+    with durable_workers(redis_server, postgres, tmp_path, [1, 1], "restart") as (_, procs):
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
-        postgres.stop()
-        time.sleep(2.0)
-        postgres.start()
+        try:
+            postgres.stop()
+            time.sleep(3.0)  # (the tool returned: its step's record waits)
+            assert lines(tmp_path) == ["Oslo"]  # (the next call's step waits for it)
+        finally:
+            postgres.start()
         whole = read_all(on_b, run, session)
-    assert_whole(whole)  # it ended, failed or not, every call paired
-    done = lines(tmp_path)
-    assert len(done) == len(set(done)) and set(done) <= {"Oslo", "Züri"}  # none ran twice
+    assert_whole(whole)
     ended = whole[-1].data
-    if ended["error"] is None:  # it went on: both calls ran, once
-        assert sorted(done) == ["Oslo", "Züri"] and ended["rounds"] == 2
+    assert ended["error"] is None and ended["rounds"] == 2  # it went on
+    assert [c["error"] for c in ended["calls"]] == [None, None]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each call run once
+
+
+LOST_GRACE_S = 2.0
+LOST_MARGIN_S = 8.0
+"""A worker stopping with its PostgreSQL lost exits within its grace and this margin: the
+probe of the database, its runs' steps cancelled (1 s), DBOS's shut-down, 1 s for DBOS's
+threads (measured alone: 4.5 s in all with a 2 s grace; before, it waited for the database)."""
+
+
+def test_a_worker_stopping_with_postgresql_lost_ends_its_chat_run_and_keeps_its_turn(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL stops, and stays down, while a durable chat's first tool runs; the tool
+    returns, and its step's record waits for the database (DBOS retries however long it is
+    gone); then the worker gets SIGTERM. No survivor could recover the workflow: the worker
+    ends the run itself, within its grace and a margin, every call paired, and stores the
+    chat's turn (the user's message, the round it cut off with each call's fate from the
+    ledger, a note), so that the chat's next message, on another worker once PostgreSQL is
+    back, goes on from it (no two user turns in a row)."""
+    monkeypatch.setenv("TOOLLATCH_RELAY__SHUTDOWN_GRACE_S", f"{LOST_GRACE_S:g}")
+    session = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "two cities"}]}
+    body = {"id": "chat1", "messages": [user], "trigger": "submit-message"}
+    with durable_workers(redis_server, postgres, tmp_path, [3, 0], "pglost") as (model, procs):
+        (owner, on_a), (_b, on_b) = procs
+        with (
+            httpx.Client(base_url=on_a, timeout=30, headers=session) as a,
+            a.stream("POST", "/api/chat", json=body) as first,
+        ):
+            assert first.status_code == 200
+            run_id = first.headers["x-toollatch-run-id"]
+            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+            started = time.monotonic()
+        try:
+            postgres.stop()
+            time.sleep(max(0.0, started + 3.5 - time.monotonic()))  # (the tool returned)
+            took = sigterm_took(owner, LOST_GRACE_S + LOST_MARGIN_S)
+        finally:
+            postgres.start()
+        whole = read_all(on_b, {"events_url": f"/runs/{run_id}/events"}, session)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
+            after = b.post("/api/chat", json={**body, "messages": [user, user2]})
+        sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
+    assert took <= LOST_GRACE_S + LOST_MARGIN_S
+    assert_whole(whole)
+    assert "PostgreSQL" in whole[-1].data["error"]
+    assert [c["error"] for c in whole[-1].data["calls"]] == [None, "cancelled"]
+    assert lines(tmp_path) == ["Oslo"]  # the other call never ran
+    assert after.status_code == 200
+    assert not [c for c in ui_chunks(after.text) if c["type"] == "error"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+    assert sent[0]["content"] == "two cities" and sent[-1]["content"] == "and?"
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["call_slow_a", "call_slow_b"]
+    assert [m["tool_call_id"] for m in sent[2:4]] == ["call_slow_a", "call_slow_b"]
+    assert sent[2]["content"] == "sunny" and "cancelled" in sent[3]["content"]
+    assert sent[4] == {"role": "assistant", "content": INTERRUPTED_NOTE}
+
+
+def sigterm_took(proc: subprocess.Popen[str], wait_s: float) -> float:
+    """SIGTERM ``proc`` (its stderr drained meanwhile): the seconds it took to exit 143;
+    killed, and the test failed, when it still runs ``wait_s`` seconds later."""
+    assert proc.stderr is not None
+    said: list[str] = []
+    drain = threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True)
+    drain.start()
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        status = proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        status = None
+    took = time.monotonic() - began
+    drain.join(5)
+    proc.stderr.close()
+    assert status == 143, f"still running {took:.1f} s after SIGTERM: {''.join(said)[-1500:]}"
+    return took
 
 
 def refused(*args: str, env: dict[str, str] | None = None) -> str:

@@ -92,21 +92,32 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
+import psycopg
 from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._error import DBOSWorkflowCancelledError
 from dbos._serialization import Serializer
 
-from ..core._errors import UsageError
+from ..core._errors import ErrorCode, UsageError
 from ..core._events import ReasoningBlock
 from ..core._gate import CommittedCall, Gate, RunBudget
+from ..core._messages import error_result
 from ..core._preview import PreviewUpdated
-from ..core._round import Round, ToolResult, reasoning_text
+from ..core._round import CallRecord, Round, ToolResult, reasoning_text
 from ..core._specs import ToolSpec
-from ..ledger import ApprovalError, LedgerError, QuestionKind, digest_of
+from ..ledger import (
+    ApprovalError,
+    Ledger,
+    LedgerError,
+    LedgerKey,
+    QuestionKind,
+    digest_of,
+)
+from ..tools._results import made_error
 from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
 from ._approvals import Approvals
+from ._resume import LOST_DETAIL, NOT_STARTED, ledger_fate, note_entries, round_entries
 
 _T = TypeVar("_T")
 
@@ -163,6 +174,24 @@ _STEPPED: set[str] = set()
 """The runs a step of which ran in this process since their workflow began here: DBOS
 replays a recovered run's recorded steps without running them, then runs the rest here, so
 until one runs, the workflow's events were made (and observed) by the dead worker."""
+
+
+@dataclass(slots=True)
+class _Turn:
+    """Where a run this process executes stands (:meth:`DurableRuns.interrupted`): its
+    history so far (the message, the rounds it finished), and the round whose calls run,
+    with their results so far (in call order)."""
+
+    name: str
+    """The run's agent's registered name (its ledger knows what became of its calls)."""
+    run: AgentRun
+    round_: Round | None = None
+    results: list[ToolResult] = field(default_factory=list)
+
+
+_TURNS: dict[str, _Turn] = {}
+"""The runs whose workflow executes in this process, until it returns (or, when it failed,
+until :meth:`DurableRuns.interrupted` is asked)."""
 
 _CANCELLED: dict[str, str | None] = {}
 """The runs :meth:`DurableRuns.cancel` marked in this process, with their reasons."""
@@ -669,6 +698,33 @@ async def _retell(name: str, conversation: str, asked: _Asked) -> int:
     return told
 
 
+async def _fate_of(ledger: Ledger | None, scope: str, call: CallRecord) -> ToolResult:
+    """What became of a committed call of a run that cannot go on here (the call's step
+    did not return): the ledger's final result, or ``cancelled`` when it was claimed and
+    never started (:func:`._resume.ledger_fate`); ``cancelled`` when the ledger holds no
+    record of it (a durable call's tool starts only once claimed); else ``outcome_unknown``
+    (it started, or the ledger cannot tell)."""
+    name = call.name or ""
+    if ledger is not None:
+        known = await ledger_fate(ledger, scope)(call.call_id)
+        if known is not None:
+            return known
+        try:
+            if await ledger.get(LedgerKey(scope=scope, call_id=call.call_id)) is None:
+                return made_error(call.call_id, name, ErrorCode.CANCELLED, NOT_STARTED)
+        except (LedgerError, UsageError):
+            pass  # (it cannot tell)
+    return made_error(call.call_id, name, ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL)
+
+
+def _forget(conversation: str) -> None:
+    """Drop what this process kept of a run whose workflow returned here."""
+    _CANCELLED.pop(conversation, None)
+    _CANCELS.pop(conversation, None)
+    _STEPPED.discard(conversation)
+    _TURNS.pop(conversation, None)
+
+
 @DBOS.workflow(name="toollatch.agent_run")
 async def _agent_run(
     name: str,
@@ -683,6 +739,7 @@ async def _agent_run(
     # the process that made it: a step's events by its step; the workflow's own (round_ended,
     # run_ended) once a step ran here (before: replayed, the dead worker's observers had them).
     run = _run(name, conversation, history)
+    turn = _TURNS[conversation] = _Turn(name, run)
     _STEPPED.discard(conversation)
     observed = run._setup
     run._setup = replace(observed, observers=())
@@ -706,6 +763,8 @@ async def _agent_run(
             run.error = outcome
             break
         used += sum(1 for c in outcome.calls if c.committed is not None)
+        results: list[ToolResult] = []
+        turn.round_, turn.results = outcome, results
         questions, waiting = await _asked_together(
             name, conversation, outcome, approval_session, deadline_at
         )
@@ -715,7 +774,6 @@ async def _agent_run(
             run._emit(event)
         told = await _tell(name, run, told)
         await _waited_together(name, conversation, outcome, waiting, approval_session, deadline_at)
-        results = []
         for i in range(len(outcome.calls)):
             result, events = await _call(
                 name, conversation, outcome, i, deadline_at, approval_session
@@ -727,15 +785,14 @@ async def _agent_run(
                 run._put(event)  # (observed in its step)
             told = await _tell(name, run, told)
         run._close(outcome, results)
+        turn.round_ = None
         told = await _tell(name, run, told)
         if not await run._again(outcome):
             break
     ended = run._run_ended()
     run._emit(ended)
     await _tell(name, run, told)
-    _CANCELLED.pop(conversation, None)
-    _CANCELS.pop(conversation, None)
-    _STEPPED.discard(conversation)
+    _forget(conversation)
     return {
         "rounds": ended.rounds,
         "calls": ended.calls,
@@ -768,6 +825,7 @@ class DurableRuns:
         if not executor_id:
             raise UsageError("executor_id must be a non-empty str")
         self.executor_id = executor_id
+        self._url = url
         config: DBOSConfig = {
             "name": app,
             "system_database_url": url,
@@ -910,3 +968,48 @@ class DurableRuns:
             raise UsageError("recover needs the executor ids of the dead workers")
         handles = await asyncio.to_thread(DBOS._recover_pending_workflows, ids)
         return [h.workflow_id for h in handles]
+
+    async def reachable(self, timeout_s: float = 1.0) -> bool:
+        """Whether the engine's PostgreSQL takes a connection within ``timeout_s`` seconds.
+        (DBOS itself never gives up on a lost database: a step's record waits for it,
+        retrying, however long it is gone.)"""
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = await psycopg.AsyncConnection.connect(self._url)
+                await connection.close()
+        except (TimeoutError, OSError, psycopg.Error):
+            return False
+        return True
+
+    def forget(self, run_id: str) -> None:
+        """Drop what this process keeps of run ``run_id`` for :meth:`interrupted` (its
+        workflow stopped here without returning: lost to another worker, or abandoned)."""
+        _TURNS.pop(run_id, None)
+
+    async def interrupted(self, run_id: str, at: int) -> list[dict[str, Any]]:
+        """The history entries past ``at`` of run ``run_id``, whose workflow failed or
+        cannot go on (PostgreSQL lost) in this process, as the run would leave them
+        interrupted: its entries past ``at`` (its message, the rounds it finished), then the
+        round whose calls were running, each call paired with its result, else with what
+        the agent's ledger says of it (:func:`_fate_of`), then a note that the answer was
+        interrupted when the last entry is not the model's (the next message then never
+        follows a user turn); [] for a run not executed here. What this process kept of the
+        run is dropped: a second ask gets []."""
+        turn = _TURNS.pop(run_id, None)
+        if turn is None:
+            return []
+        run, round_ = turn.run, turn.round_
+        setup = run._setup
+        ledger = _agent(turn.name).ledger
+        entries = [dict(m) for m in run.history[at:]]
+        if round_ is not None:
+            results = list(turn.results)
+            for call in round_.calls[len(results) :]:
+                if call.committed is None:
+                    results.append(error_result(call))
+                else:
+                    results.append(await _fate_of(ledger, run_id, call))
+            entries += round_entries(round_, results, setup.drop_failed)
+        if not entries or entries[-1].get("role") not in ("assistant", "model"):
+            entries += note_entries(setup.client.provider)
+        return entries
