@@ -303,6 +303,36 @@ def test_previews_of_a_run_are_released_where_the_stages_release_them(
         assert got == want if want is not None else got <= len(FRAGMENTS)
 
 
+_QUOTED = st.text(alphabet='ab\\"\n é😀', max_size=40)
+"""String content where backslashes run before quotes: ``\\"``, ``\\\\\"`` and the like."""
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["anthropic", "bedrock"]),
+    st.lists(_QUOTED, min_size=1, max_size=4),
+    st.lists(st.integers(0, 400), max_size=80),
+    st.integers(1, 64),
+    st.booleans(),
+)
+def test_escaped_quotes_in_a_run_release_where_the_stages_release(
+    provider: str, strings: list[str], cuts: list[int], every: int, structure: bool
+) -> None:
+    """In a run, a fragment whose quotes are all escaped stays on the fast path as text the
+    tracker holds (judged with the run's text before it); a quote that ends a string, after
+    any number of backslashes, still releases its update at the same fragment as the stages
+    in turn, with the same deltas."""
+    text = json.dumps({f"k{i}": value for i, value in enumerate(strings)})
+    points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    fragments = [text[a:b] for a, b in itertools.pairwise(points)]
+    data = anthropic_stream(fragments) if provider == "anthropic" else bedrock_stream(fragments)
+    framing = "sse" if provider == "anthropic" else "jsonl"
+    previews = PreviewPolicy(
+        default=ToolPreview(mode="full"), every_bytes=every, on_structure=structure
+    )
+    assert same_both_ways(provider, framing, [data], previews=previews) == len(fragments)
+
+
 # -- reads that look like fragments but are not ------------------------------------------------
 
 _NEAR_MISSES = [

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toollatch import PreviewPolicy, PreviewUpdated, ToolPreview
-from toollatch.core._preview import PreviewTracker, _coalesce, _Filter
+from toollatch.core._preview import PreviewTracker, _coalesce, _Filter, quotes_escaped
 from toollatch.stages import CallKey, PartialJSON, PathDelta
 
 KEY = CallKey(0, 0, 0)
@@ -154,6 +154,42 @@ def test_every_update_folds_to_the_lenient_parse_of_the_text_so_far(value, cuts,
             assert root[0] == once.snapshot()
     fold(root, tracker.release(KEY, "c", "f", final=True).deltas)
     assert root[0] == value
+
+
+def _escaped_quotes(text: str) -> set[int]:
+    """Where ``text`` (a JSON string's text, from its opening quote) has a quote that an
+    escape covers, by reading it from the start as a JSON decoder does."""
+    escaped: set[int] = set()
+    i = 1
+    while i < len(text):
+        if text[i] == "\\":
+            if text[i + 1 : i + 2] == '"':
+                escaped.add(i + 1)
+            i += 2
+        else:
+            i += 1
+    return escaped
+
+
+@settings(max_examples=500)
+@given(value=st.text(alphabet='a\\"é', max_size=30), data=st.data())
+def test_a_quote_is_called_escaped_only_when_an_escape_covers_it(value, data):
+    """``quotes_escaped`` (the rule by which text is held, by the tracker and in the
+    assembler's runs) never calls a quote that ends the string escaped, however little of the
+    text before it it sees; seeing the string from its opening quote, it calls every covered
+    quote escaped (an odd run of backslashes, ``\\\\\\"`` too)."""
+    text = json.dumps(value, ensure_ascii=False)
+    covered = _escaped_quotes(text)
+    a = data.draw(st.integers(0, len(text)) | st.just(0))  # what the caller knows of the text
+    b = data.draw(st.integers(a, len(text)) | st.just(len(text)))
+    seen = text[a:b]
+    start = data.draw(st.integers(0, len(seen)))
+    end = data.draw(st.integers(start, len(seen)))
+    quotes = {a + i for i in range(start, end) if seen[i] == '"'}
+    if quotes_escaped(seen, start, end):
+        assert quotes <= covered
+    elif a == 0:  # (the whole text before is known: only an uncovered quote says no)
+        assert not quotes <= covered
 
 
 def fold(root: list[Any], deltas: tuple[PathDelta, ...]) -> None:

@@ -15,8 +15,10 @@ from one read), takes one general route, ``_on_args``, except where one fast pat
 same with less work: a fragment that keeps its OPEN call within the bounds its buffer holds
 (``CallBuffer.bound``, and ``CallBuffer.quiet`` for text the preview tracker would only hold)
 is counted and appended (and held) in place. A run takes that fast path in stretches
-(``_run``); without previews it is one fragment, since where a fragment ends decides nothing
-inside an OPEN call under its limit. With ``observe_arguments`` both fast paths stay closed
+(``_run``), and there a quiet fragment may hold a ``"`` too when the run's own text shows it
+escaped (``quotes_escaped``, the rule by which the tracker holds text: it would only hold
+that fragment); without previews a run is one fragment, since where a fragment ends decides
+nothing inside an OPEN call under its limit. With ``observe_arguments`` both fast paths stay closed
 and ``_on_args`` announces each append (:class:`ArgsReceived`): the only place text enters a
 buffer while the round streams, so what is announced is exactly what is held. Whatever
 makes a call untrustworthy fails it at once and returns a :class:`CallFailed` notice:
@@ -71,7 +73,7 @@ from ._events import (
 )
 from ._gate import CommittedCall, Gate, Policy, Rejection, RunBudget, complete_object
 from ._limits import Limits
-from ._preview import PreviewPolicy, PreviewTracker, PreviewUpdated
+from ._preview import PreviewPolicy, PreviewTracker, PreviewUpdated, quotes_escaped
 from ._round import (
     NO_EXTRAS,
     CallRecord,
@@ -419,36 +421,47 @@ class Assembler:
     def _run(self, buf: CallBuffer, fragments: list[str], text: str) -> list[CallUpdate]:
         """A run of fragments (``text`` joined) of a call with previews on: each stretch of
         fragments that takes the fast path (see :meth:`feed_fragment`) is counted, appended
-        and held in one piece; every other fragment takes :meth:`feed_fragment` on its own."""
+        and held in one piece; every other fragment takes :meth:`_on_args` on its own. A
+        fragment below ``quiet`` whose quotes are all escaped, judged with the run's text
+        before it (:func:`quotes_escaped`), is one the tracker would only hold: it stays in
+        the stretch."""
         found: list[CallUpdate] = []
-        start = chars = 0  # the first fragment not appended yet; characters walked
+        first = chars = 0  # where the stretch not appended yet starts; characters walked
         nbytes = buf.nbytes  # bytes after the fragment walked
         bound, quiet = buf.bound, buf.quiet
         ascii_ = text.isascii()  # (then a fragment's bytes are its characters)
         quote = text.find('"')  # the first quote at or after the fragment walked
         quote = quote if quote >= 0 else len(text)
-        for i, fragment in enumerate(fragments):
-            before = nbytes
-            chars += len(fragment)
-            nbytes += len(fragment) if ascii_ or fragment.isascii() else _utf8_len(fragment)
-            if nbytes <= bound or (nbytes <= quiet and quote >= chars):
+        for fragment in fragments:
+            size = len(fragment)
+            chars += size
+            if not ascii_ and not fragment.isascii():
+                size = _utf8_len(fragment)
+            nbytes += size
+            if nbytes <= bound:
                 continue
-            if start < i:
-                self._append_run(buf, fragments[start:i], before)
-            if notices := self.feed_fragment(buf.key, fragment):
+            if nbytes <= quiet:
+                if quote >= chars:
+                    continue
+                if quotes_escaped(text, chars - len(fragment), chars):
+                    quote = text.find('"', chars)
+                    quote = quote if quote >= 0 else len(text)
+                    continue
+            if first < chars - len(fragment):
+                self._append_run(buf, text[first : chars - len(fragment)], nbytes - size)
+            if notices := self._on_args(buf.key, fragment, size):
                 found += notices
-            start, nbytes, bound, quiet = i + 1, buf.nbytes, buf.bound, buf.quiet
+            first, nbytes, bound, quiet = chars, buf.nbytes, buf.bound, buf.quiet
             if quote < chars:
                 quote = text.find('"', chars)
                 quote = quote if quote >= 0 else len(text)
-        if start < len(fragments):
-            self._append_run(buf, fragments[start:], nbytes)
+        if first < chars:
+            self._append_run(buf, text[first:], nbytes)
         return found
 
     @staticmethod
-    def _append_run(buf: CallBuffer, fragments: list[str], nbytes: int) -> None:
+    def _append_run(buf: CallBuffer, text: str, nbytes: int) -> None:
         """Count and append a stretch that takes the fast path (held too, when quiet)."""
-        text = "".join(fragments)
         buf.nbytes = nbytes
         buf.fragments.append(text)
         if buf.quiet >= 0:
@@ -483,7 +496,7 @@ class Assembler:
                     fails_pending=True,
                 )
             )
-        if buf.state is not CallState.OPEN:
+        if buf.state is not _OPEN:
             if buf.state is CallState.ARGS_COMPLETE:
                 return self._violate(
                     buf,
@@ -504,7 +517,7 @@ class Assembler:
         if size < 0:
             size = len(fragment) if fragment.isascii() else _utf8_len(fragment)
         buf.nbytes += size
-        if buf.nbytes > self.limits.max_argument_bytes:
+        if buf.nbytes > self._max_argument_bytes:
             return self._too_large(buf)
         buf.fragments.append(fragment)
         if buf.nbytes >= buf.join_at:
@@ -516,7 +529,7 @@ class Assembler:
             if not self._arguments:
                 buf.open_bound(self._max_argument_bytes)
             return found
-        tracker = self._tracker(buf)
+        tracker = buf.tracker or self._tracker(buf)
         if tracker.feed(fragment, buf.nbytes):
             found.append(tracker.release(buf.key, buf.call_id, buf.name))
         self._quiet_bound(buf, tracker)

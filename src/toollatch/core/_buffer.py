@@ -56,10 +56,11 @@ class CallBuffer:
         fragment fits) otherwise, and from the moment the call leaves OPEN (``_move`` resets
         it)."""
         self.quiet = -1
-        """With previews on, the same for a fragment without ``"``, which the fast path also
-        hands to the call's tracker as held text: the nearest of the byte limit, the next join
-        and the last byte count below the tracker's ``quiet_below``, for an OPEN call with a
-        tracker (set by the assembler after each step of the tracker); -1 otherwise."""
+        """With previews on, the same for a fragment without ``"`` (in a run, also one whose
+        every ``"`` is escaped: see ``Assembler._run``), which the fast path also hands to the
+        call's tracker as held text: the nearest of the byte limit, the next join and the last
+        byte count below the tracker's ``quiet_below``, for an OPEN call with a tracker (set by
+        the assembler after each step of the tracker); -1 otherwise."""
         self.join_at = JOIN_BYTES
         """Byte count from which the next fragment joins the recent ones (see ``compact``)."""
         self.chunks = 0

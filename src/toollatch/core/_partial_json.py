@@ -501,7 +501,7 @@ class PartialJSON:
                 else:
                     self._hot = self._cache
                     self._pieces.append(text)
-                    return [_delta(self._str_pointer, "append", text)]
+                    return [PathDelta(path=self._str_pointer, op="append", value=text)]
         elif state == _ESCAPE:
             body = "\\" + fragment
         else:

@@ -156,7 +156,7 @@ class PreviewTracker:
 
     The parser is fed lazily, and an update is released at exactly the fragments where an
     eager parser would release one. Fragments are held (not parsed) while the parser is inside
-    a string and they hold no ``"`` that may end it (:func:`_escaped`): there, text can
+    a string and they hold no ``"`` that may end it (:func:`quotes_escaped`): there, text can
     only grow the string (or be malformed), so it cannot start or end a value, and no update is
     due before ``every_bytes`` (or at all, without ``on_structure``). At a fragment
     that may change structure, or when an update is due, the held text is fed to the parser in
@@ -205,8 +205,9 @@ class PreviewTracker:
         self.quiet_below = -1
         """The byte count at which an update is due, while fragments below it need no call:
         with text held, while the parser is in a string (or structure does not matter), for
-        a fragment without ``"`` (it can only grow that string, and ``feed`` would just hold
-        it: the assembler appends it to :attr:`held` itself); with nothing held (``none``
+        a fragment without ``"``, or whose every ``"`` is escaped (:func:`quotes_escaped`)
+        (it can only grow that string, and ``feed`` would just hold it: the assembler appends
+        it to :attr:`held` itself); with nothing held (``none``
         mode, or the parser failed), for any fragment (``feed`` would just count it); else
         -1. The assembler then tells :attr:`nbytes` at the next call (``feed`` takes it, and
         it sets the attribute before a final ``release``)."""
@@ -288,7 +289,16 @@ class PreviewTracker:
         else:
             provisional = self._shown_edge(parser) if self._moved else self._provisional
         error = self._error
-        return PreviewUpdated.of(key, call_id, name, nbytes, deltas, provisional, final, error)
+        return PreviewUpdated(
+            key=key,
+            call_id=call_id,
+            name=name,
+            bytes_so_far=nbytes,
+            deltas=deltas,
+            provisional=provisional,
+            final=final,
+            error=error,
+        )
 
     def _shown_edge(self, parser: PartialJSON) -> frozenset[str]:
         """The provisional pointers, recomputed only when a value started or ended since the
@@ -301,19 +311,30 @@ class PreviewTracker:
 
 def _escaped(before: str, fragment: str) -> bool:
     """True if every ``"`` in ``fragment``, string text that follows ``before`` (the two
-    characters before it, or fewer at the start), is escaped and so cannot end the string.
+    characters before it, or fewer at the start), is escaped and so cannot end the string
+    (see :func:`quotes_escaped`)."""
+    return quotes_escaped(before + fragment, len(before), len(before) + len(fragment))
 
-    A quote is escaped here when the character before it is a backslash and the one before
-    that is known and is not a backslash: that backslash then starts an escape whatever the
-    string's state before it (or the text is malformed, a failure, never a new value). Any
-    other quote (after ``\\\\``, or too near the start to tell) counts as one that may end it.
+
+def quotes_escaped(text: str, start: int, end: int) -> bool:
+    """True if every ``"`` in ``text[start:end]``, string text, is escaped and so cannot end
+    the string, judged with the text before it in ``text``.
+
+    A quote is escaped here when an odd number of backslashes precede it and a character
+    other than a backslash, known, precedes them: the first of them then starts an escape
+    whatever the string's state before it, so they pair up from there and the last one
+    escapes the quote (or the text is malformed, a failure, never a new value). Any other
+    quote (after an even number, or too near the start of ``text`` to tell) counts as one
+    that may end the string.
     """
-    text = before + fragment
-    i = text.find('"', len(before))
+    i = text.find('"', start, end)
     while i >= 0:
-        if i < 2 or text[i - 1] != "\\" or text[i - 2] == "\\":
+        j = i - 1
+        while j >= 0 and text[j] == "\\":
+            j -= 1
+        if j < 0 or (i - j) % 2:  # (i - j - 1 backslashes: the start, or an even number)
             return False
-        i = text.find('"', i + 1)
+        i = text.find('"', i + 1, end)
     return True
 
 
