@@ -73,6 +73,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -86,9 +87,12 @@ from ..runtime._agent_events import AgentEvent, RunEndedEvent
 from ..runtime._agent_run import AgentRun
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits
+from ..tools._tools import Tool
 from ._answers import approval_scope, sign
 from ._requests import run_scope_of
+from ._restore import client_tool_specs, client_tools
 from ._runs import RelayRun, preview_json
+from .protocols._agui import StoredThreads, Thread
 from .store._base import StoreUnavailable
 from .store._orphans import closing_events, read_log
 from .store._redis import RedisRunStore
@@ -130,8 +134,10 @@ class DurableRelay:
         # log left events out: a run past max_run_events drops its text and previews)
         self._next: dict[str, int] = {}
         self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
-        # workflow id -> a chat's history key and its length at the run's start
+        # workflow id -> the history key its end is kept under (a chat's, an AG-UI thread's,
+        # the run's own) and the history's length at the run's start
         self._chats: dict[str, tuple[str, int]] = {}
+        self._observers: dict[str, list[Any]] = {}  # workflow id -> told its events here
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
         self._lost: set[str] = set()  # workflow ids this worker lost to another (fenced)
@@ -173,31 +179,65 @@ class DurableRelay:
         *,
         history: Sequence[Mapping[str, Any]] = (),
         chat: str | None = None,
+        resumed: bool = False,
+        tools: Sequence[Tool[..., Any]] = (),
+        observers: Sequence[Any] = (),
+        thread: str | None = None,
     ) -> None:
         """Start ``run`` (admitted, recorded in the store) as a workflow: ``message`` after
-        ``history``; ``chat``: the history key of the chat whose stored ``history`` it
-        continues (its new entries are written there at its end)."""
+        ``history``, the history stored under ``chat`` (a chat's or an AG-UI thread's key;
+        default: the run's own scope), to which its new entries are written at its end.
+        ``resumed``: it continues an ended run of the same id (its own stored history), as
+        a workflow of a new id in the same conversation. ``tools``: client tools (AG-UI's
+        frontend tools, named in its agent's name); ``observers``: told its events on this
+        worker (an AG-UI thread's keeper); ``thread``: the AG-UI thread id of ``chat``."""
         relay = self.relay
         own = relay.tools is None and relay.tool_source is None  # (the session's examples)
-        name = json.dumps([provider, model, run.session_key[:24] if own else ""])
+        parts: list[Any] = [provider, model, run.session_key[:24] if own else ""]
+        if tools:
+            parts.append(client_tool_specs(tools))
+        name = json.dumps(parts)
         workflow = run_scope_of(run.session_key, run.id)
+        workflow_id = f"{workflow}~{secrets.token_hex(6)}" if resumed else workflow
         self._agent(name)  # (a ConfigError / UsageError now, not in the workflow)
         self._runs[workflow] = run
+        key = chat or workflow
+        self._chats[workflow] = (key, len(history))
         # (see RelayRun.kept; before its first write; ``agent``: a survivor's answers)
         run.kept = {"conversation": workflow, "agent": name}
-        if chat is not None:
-            self._chats[workflow] = (chat, len(history))
-            run.kept.update(history=chat, history_at=str(len(history)))
+        run.kept.update(history=key, history_at=str(len(history)))
+        if workflow_id != workflow:
+            run.kept["workflow"] = workflow_id
+        if thread is not None:
+            run.kept["agui_thread"] = thread
+        if observers:
+            self._observers[workflow] = list(observers)
         approval = approval_scope(run.session_key)
 
         async def body() -> None:
+            if thread is not None:
+                await self._thread_kept(run, key, provider)
             await self.engine.start(
-                name, message, run_id=workflow, history=history, approval_session=approval
-            )
-            await self._wait(run, workflow)
+                name, message, run_id=workflow_id, history=history,
+                approval_session=approval, conversation=workflow,
+            )  # fmt: skip
+            await self._wait(run, workflow_id)
 
         answers = self.engine.answers(name, workflow, approval)
         run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
+
+    async def _thread_kept(self, run: RelayRun, key: str, provider: str) -> None:
+        """An AG-UI thread's provider stored beside its history (:class:`StoredThreads`'s
+        ``/meta``), before its first run: its end writes only the thread's messages."""
+        threads = self.relay.agui.threads
+        if not isinstance(threads, StoredThreads):
+            return
+        try:
+            await threads.save_under(key, Thread(provider, ()))
+        except HistoryConflict:
+            pass  # (another run of the thread wrote it first)
+        except (LedgerError, UsageError) as exc:
+            _log.error("run %s…: its thread's provider was not kept: %s", run.id[:6], exc)
 
     def _stopper(self, workflow: str) -> Callable[[str | None], None]:
         def stop(reason: str | None) -> None:
@@ -210,14 +250,15 @@ class DurableRelay:
             self._runs.pop(workflow, None)
             self._next.pop(workflow, None)
             self._chats.pop(workflow, None)
+            self._observers.pop(workflow, None)
 
         return closing
 
-    async def _wait(self, run: RelayRun, workflow: str) -> None:
+    async def _wait(self, run: RelayRun, workflow_id: str) -> None:
         """Wait for the workflow's end; when it failed without ``run_ended`` (PostgreSQL
         lost, a bug), end the run here, every call paired."""
         try:
-            await self.engine.result(workflow)
+            await self.engine.result(workflow_id)
         except Exception as exc:
             if run.handed_over:
                 return  # (DBOS stopped under it: a survivor recovers it)
@@ -256,21 +297,21 @@ class DurableRelay:
             self._agents.move_to_end(name)
             return agent
         try:
-            provider, model, tools_key = json.loads(name)
-        except (ValueError, TypeError):
+            provider, model, tools_key, *specs = json.loads(name)
+            frontend = client_tools({"client_tools": specs[0]}) if specs else []
+        except (ValueError, TypeError, KeyError, ConfigError):
             raise UsageError(f"not a relay run's agent: {name[:80]!r}") from None
         relay = self.relay
         if provider not in relay.providers or model not in relay.models:
             raise UsageError(f"{provider} / {model} is not served by this worker")
-        client = model_client(
-            provider, model=model, base_url=relay.base_url_for(provider), http=relay.http[0]
-        )
         tools = relay.tools
         if tools is None and relay.tool_source is None:
             tools = relay.session_tools(tools_key)
         agent = Agent(
-            client,
-            tools or (),
+            model_client(
+                provider, model=model, base_url=relay.base_url_for(provider), http=relay.http[0]
+            ),
+            (*(tools or ()), *frontend),
             previews=relay.previews,
             observers=[relay.metrics] if relay.metrics is not None else [],
             tool_source=relay.tool_source,
@@ -304,13 +345,16 @@ class DurableRelay:
             if not await self._fence(workflow):  # (the chat is the new driver's to write)
                 raise DurableRuns.Lost(f"run {run.id[:6]}… is driven by another worker now")
             await self._keep_chat(run, *self._chats.pop(workflow), event.history)
+        for observer in self._observers.get(workflow, ()):
+            observer.on_event("", event)  # (before the log: as the plain path's observers)
         run.observer.on_event("", event)
 
     async def _keep_chat(
         self, run: RelayRun, key: str, at: int, history: Sequence[Mapping[str, Any]]
     ) -> None:
-        """Append a chat's run's new history entries (past ``at``) to the chat's ``key``
-        (before its ``run_ended`` is logged: see the module docstring)."""
+        """Append a run's new history entries (past ``at``) to ``key``: its chat's, its
+        AG-UI thread's or its own (before its ``run_ended`` is logged: see the module
+        docstring)."""
         try:
             await self.relay.chats.history.append(key, [dict(m) for m in history[at:]], at=at)
         except HistoryConflict as exc:  # (already written: a driver before this one)
@@ -383,14 +427,19 @@ class DurableRelay:
         chat, at = kept.get("history"), kept.get("history_at", "")
         if chat is not None and at.isdigit():
             self._chats[workflow] = (chat, int(at))
+        thread = kept.get("agui_thread")
+        if thread is not None:  # (its thread is busy here, its answers taken here)
+            self._observers[workflow] = [relay.agui.resume(run, thread, "", saves=False)]
         answers = await self._asked(run, workflow)
         relay.runs.keep(run)
         self.store.mirrored(run)
         self._runs[workflow] = run
         _log.warning("run %s…: taken over from a dead worker (after event %d)", run_id[:6], last)
 
+        workflow_id = kept.get("workflow", workflow)
+
         async def body() -> None:
-            await self._wait(run, workflow)
+            await self._wait(run, workflow_id)
 
         run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
         return run
@@ -421,10 +470,13 @@ class DurableRelay:
 
     # -- the lease sweep's side --------------------------------------------------------------
 
-    async def recovered(self, run_id: str, session: str, owner: str) -> bool:
+    async def recovered(
+        self, run_id: str, session: str, owner: str, workflow_id: str | None = None
+    ) -> bool:
         """Whether the dead worker ``owner``'s run goes on as a recovered workflow (its
-        executor's pending workflows recovered once, by this worker)."""
-        workflow = run_scope_of(session, run_id)
+        executor's pending workflows recovered once, by this worker); ``workflow_id``:
+        the run's, when not its scope (``kept["workflow"]``: a resumed run's)."""
+        workflow = workflow_id or run_scope_of(session, run_id)
         if workflow in self._recovered:
             return True
         task = self._recovering.get(owner)

@@ -484,16 +484,24 @@ class StoredThreads:
 
 class _Keeper:
     """The run's observer that hands its final history to the thread store (before the
-    run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept)."""
+    run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept),
+    unless ``saves`` is false (a durable run writes its thread itself: :mod:`.._durable`)."""
 
     def __init__(
-        self, endpoint: AguiEndpoint, key: tuple[str, str], provider: str, run: RelayRun
+        self,
+        endpoint: AguiEndpoint,
+        key: tuple[str, str],
+        provider: str,
+        run: RelayRun,
+        *,
+        saves: bool = True,
     ) -> None:
         self._endpoint, self._key, self._provider = endpoint, key, provider
         """``key``: (session, threadId); a resumed run's session is "" until a request of
         its session adopts it (:meth:`AguiEndpoint.adopted`)."""
         self.run = run
         self.ended = False
+        self.saves = saves
 
     @property
     def busy(self) -> bool:
@@ -522,6 +530,8 @@ class _Keeper:
             if not key[0]:  # (resumed, and no request of its session came: nothing to file)
                 endpoint.resumed.pop((self.run.session_key, key[1]), None)
                 return
+            if not self.saves:
+                return
             thread = Thread(self._provider, tuple(dict(m) for m in event.history))
             saving = asyncio.ensure_future(endpoint.threads.save(*key, thread))
             endpoint.saving[key] = saving
@@ -546,6 +556,8 @@ class RelayHost(Protocol):
     runs: RunRegistry
     approval_secret: bytes
     store: RunStore
+    durable: Any
+    """Not None: the runs are durable workflows, which write their thread themselves."""
 
     def session_of(self, request: Request) -> str | None: ...
     def set_session(self, response: Response, token: str) -> None: ...
@@ -596,9 +608,13 @@ class AguiEndpoint:
         """The threads' runs a restarted relay resumed, by (session key, threadId), until a
         request of their session adopts them (:meth:`adopted`)."""
 
-    def resume(self, run: RelayRun, thread_id: str, provider: str) -> _Keeper:
-        """The observer of a thread's run a restarted relay resumes (give it to the run)."""
-        keeper = _Keeper(self, ("", thread_id), provider, run)
+    def resume(
+        self, run: RelayRun, thread_id: str, provider: str, *, saves: bool = True
+    ) -> _Keeper:
+        """The observer of a thread's run a restarted relay resumes, or a durable run a
+        survivor took over (``saves`` false: it writes its thread itself); give it to the
+        run."""
+        keeper = _Keeper(self, ("", thread_id), provider, run, saves=saves)
         self.resumed[(run.session_key, thread_id)] = keeper
         return keeper
 
@@ -665,7 +681,7 @@ class AguiEndpoint:
                 409, "thread_provider", f"this thread runs on {stored.provider}, not {provider}"
             )
         run = await host.admit(session, new_session)
-        keeper = _Keeper(self, thread, provider, run)
+        keeper = _Keeper(self, thread, provider, run, saves=host.durable is None)
         host.start_run(
             run,
             provider,
@@ -721,6 +737,8 @@ class AguiEndpoint:
         try:
             given = _run_input(data)
             live = self.live.get((run.session, given.thread_id))
+            if live is None:  # (a run this worker resumed or took over, its session unknown)
+                live = self.resumed.get((run.session_key, given.thread_id))
             if live is None or live.run is not run or not _answers.waiting(run):
                 raise Refusal(409, "thread_busy", "this thread's run waits on no answer")
             start = await _agui_answers.answer_input(run, self.host.approval_secret, given)
