@@ -29,7 +29,7 @@ from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
-from toollatch.scripted import ScriptedServer
+from toollatch.scripted import Script, ScriptedServer
 
 pytest.importorskip("dbos")
 
@@ -67,19 +67,26 @@ def durable_workers(
     delay_ms: float = 5.0,
     env: dict[str, str] | None = None,
     tool: str = TOOL,
+    scripts: dict[str, Script] | None = None,
 ) -> Iterator[tuple[ScriptedServer, Workers]]:
     """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
     and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
     wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
-    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text)."""
+    (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text;
+    ``scripts``: more models, which a request may pick)."""
     tools = tmp_path / "durable_tools.py"
     tools.write_text(tool, encoding="utf-8")
+    more = scripts or {}
     scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
     stack = contextlib.ExitStack()
-    model = stack.enter_context(ScriptedServer(scripts=scripts))
+    model = stack.enter_context(ScriptedServer(scripts={**scripts, **more}))
     args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
     args += ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--tools", str(tools))
     args += ("--model", "slow", "--base-url", model.base_url("openai_chat"))
+    for name in more:
+        args += ("--allow-model", name)
+    if more:
+        args += ("--allow-model", "slow")
     procs: Workers = []
     saved = dict(os.environ)
     try:

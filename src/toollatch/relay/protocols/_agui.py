@@ -658,12 +658,7 @@ class AguiEndpoint:
         live = self.adopted(*thread)
         if live is not None and live.busy and _answers.waiting(live.run):
             # the thread's run waits on this client: the input answers it, the run goes on
-            start = await _agui_answers.answer_input(live.run, host.approval_secret, given)
-            with contextlib.suppress(StoreUnavailable):  # (then a re-POST answers again)
-                await host.store.point("agui", key, live.run.id)
-            view = AguiView(given.thread_id, given.run_id, live.run.id)
-            await self._replayed(live.run, view, start)
-            return self._stream(live.run, start, view)
+            return await self._answered(live.run, given, session, key)
         if live is None and host.store.shared and (given.resume or _tool_messages(given)):
             forwarded = await self._through_owner(session, given, data, key)
             if forwarded is not None:  # (the thread's run waits on another worker)
@@ -702,6 +697,22 @@ class AguiEndpoint:
         if new_session:
             host.set_session(response, session)
         return response
+
+    async def _answered(
+        self, run: RelayRun, given: RunAgentInput, session: str, key: str
+    ) -> Response:
+        """Answer this worker's ``run`` from the input; the run's events from where its
+        last stream ended."""
+        host = self.host
+        start = await _agui_answers.answer_input(run, host.approval_secret, given)
+        with contextlib.suppress(StoreUnavailable):  # (then a re-POST answers again)
+            await host.store.point("agui", key, run.id)
+        view = AguiView(given.thread_id, given.run_id, run.id)
+        source: RunSource = run
+        if run.log.start:  # (taken over: its first events are in the shared log only)
+            source = await host.find_run(run.id, session) or run
+        await self._replayed(source, view, start)
+        return self._stream(source, start, view, owner=run)
 
     async def _through_owner(
         self, session: str, given: RunAgentInput, data: Any, key: str
@@ -746,13 +757,15 @@ class AguiEndpoint:
             return exc.status, {"error": {"code": exc.code, "message": exc.message}}
         return 202, {"start": start}
 
-    def _stream(self, run: RunSource, start: int, view: AguiView) -> Response:
-        """``run``'s AG-UI events after ``start``; a run of this worker's ends the stream
-        early while it waits on the client (:mod:`._agui_answers`)."""
+    def _stream(
+        self, run: RunSource, start: int, view: AguiView, *, owner: RelayRun | None = None
+    ) -> Response:
+        """``run``'s AG-UI events after ``start``; a run of this worker's (``owner``: the
+        one ``run`` reads from the shared log) ends the stream early while it waits on the
+        client (:mod:`._agui_answers`)."""
+        local = run if isinstance(run, RelayRun) else owner
         pause = (
-            _agui_answers.pauser(run, view.unfinished, view.paused)
-            if isinstance(run, RelayRun)
-            else None
+            _agui_answers.pauser(local, view.unfinished, view.paused) if local is not None else None
         )
         return self.host.stream(
             run, start, opening=view.opening(), view=view, headers={RUN_HEADER: run.id},
