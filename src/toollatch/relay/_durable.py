@@ -1,13 +1,15 @@
 """Relay runs as DBOS workflows, taken over by a surviving worker (internal; ``toollatch
 serve --durable postgresql://...``, the ``durable`` extra, with a shared Redis run store).
 
-Theory of operation. A run of ``POST /runs`` is a workflow of
-:class:`toollatch.runtime.DurableRuns` (see :mod:`toollatch.runtime._durable`: each model
-round one step recording the round, each committed call one step under the ledger's call id,
-which the tool reads as its idempotency key). Its workflow id is the run's ledger scope
+Theory of operation. A run of ``POST /runs`` (a new one or a resumed one), of a chat and
+of AG-UI is a workflow of :class:`toollatch.runtime.DurableRuns` (see
+:mod:`toollatch.runtime._durable`: each model round one step recording the round, each
+committed call one step under the ledger's call id, which the tool reads as its idempotency
+key). Its conversation, and its workflow id, is the run's ledger scope
 (:func:`._requests.run_scope_of`: the session's digest and the run id), its agent's name the
-plain data that rebuilds the agent in any worker (provider, model, the session's tools):
-every worker registers one factory (:meth:`DurableRelay._agent`) before DBOS launches.
+plain data that rebuilds the agent in any worker (provider, model, the session's tools, an
+AG-UI run's frontend tools): every worker registers one factory (:meth:`DurableRelay._agent`)
+before DBOS launches.
 
 Events. The workflow numbers its events from 0, and event ``n`` is the run's frame ``id:
 n + 1``: the sink (:meth:`DurableRelay._tell`) appends each to the run's log as the relay's
@@ -38,22 +40,41 @@ recover that executor's pending workflows (once per dead worker); the runs among
 run by whichever live worker dequeues it: on its first event there, that worker takes the
 run over in the store (:meth:`RedisRunStore.take_over`: owner, ``running``) and goes on
 with the run's log after the shared log's newest id. Readers on every worker read such a
-run from the shared log (:meth:`._app.Relay.find_run`).
+run from the shared log (:meth:`._app.Relay.find_run`). An AG-UI run's thread gets a keeper
+there (:meth:`.protocols._agui.AguiEndpoint.resume`, its thread id ``kept["agui_thread"]``):
+its thread is busy there, and its answers are taken there.
 
-Chats. A chat's message (``POST /api/chat``, ``POST /runs {"chat_id"}``) is a workflow too:
-it starts from the chat's stored history (its branch's, :mod:`._chats`) and the message. The
-chat's new history entries are written when the workflow tells ``run_ended``, before that
-event reaches the log, by whichever worker drives the run then: a reader that sees the end
-(the AI SDK's ``finish``) finds the history stored, and the chat's next message, on any
-worker, continues it. The chat's history key and the length it had are kept beside the run
-(:attr:`RelayRun.kept` ``history`` and ``history_at``, in the run's Redis metadata), where a
-worker that takes the run over reads them (:meth:`RedisRunStore.take_over`). Written with
-the length as the append's ``at``, the entries are written once (a told-again end is
-skipped; a second writer gets ``HistoryConflict``).
+Histories. A run starts from a stored history and writes what it added at its end: a
+chat's message (``POST /api/chat``, ``POST /runs {"chat_id"}``) the chat's history (its
+branch's, :mod:`._chats`), an AG-UI run (``POST /agui``) its thread's
+(:class:`.protocols._agui.StoredThreads`: the thread's provider is stored beside it before
+the workflow starts; the thread's keeper, told the run's events on the worker driving it,
+saves nothing), a run of ``POST /runs`` its own (under its ledger scope, from nothing),
+which ``POST /runs {"resume"}`` continues. The new entries are written when the workflow
+tells ``run_ended``, before that event reaches the log, by whichever worker drives the run
+then: a reader that sees the end (the AI SDK's ``finish``, AG-UI's ``RUN_FINISHED``) finds
+the history stored, and the next message, on any worker, continues it. The history's key
+and the length it had are kept beside the run (:attr:`RelayRun.kept` ``history`` and
+``history_at``, in the run's Redis metadata), where a worker that takes the run over reads
+them (:meth:`RedisRunStore.take_over`). Written with the length as the append's ``at``, the
+entries are written once (a told-again end is skipped; a second writer gets
+``HistoryConflict``). An AG-UI run's calls have the run's own ledger scope, not the
+thread's as on the plain path: its thread's history, each run's written whole at its end,
+has every call paired, so no later run asks a call of it again.
 
-What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
-is ended, every call paired); a chat's run whose workflow failed (PostgreSQL lost) is ended
-the same way, its turn not stored in the chat.
+Resumed runs. ``POST /runs {"resume": id}`` continues the run's own stored history under
+its id, in its conversation (so its ledger scope: a call id the model asks again that an
+earlier run of it finished returns that result), as a workflow of a new id (a DBOS workflow
+id started again is the same workflow, not a new one): ``<scope>~<random>``, kept beside
+the run (``kept["workflow"]``), whence a worker that takes it over, or recovers a dead
+worker's workflows, knows it. Its log starts again from id 1, as on the plain path.
+
+What is not durable: a run whose workflow cannot go on (PostgreSQL lost, no survivor serves
+its model) is ended the Redis way (every call paired), and what it added is not stored in
+its history: its chat's or thread's next message goes on from before it, and a run of
+``POST /runs`` that had stored nothing is not resumable (404). An AG-UI answer to a run a
+survivor took over streams the run again from its first event (where the client's last
+stream ended is known to the dead worker only), as after a restart.
 
 Questions. A call that waits for a person (``approval_requested``) or a client tool's result
 (``client_call``) waits in its own workflow step (:mod:`toollatch.runtime._durable`), for the
