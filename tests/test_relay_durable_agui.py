@@ -266,3 +266,44 @@ def test_an_ai_sdk_answer_message_reaches_a_durable_chat_on_another_worker(
         assert chunks[-2]["type"] == "finish" and chunks[-1]["type"] == "[DONE]"
     assert [r.status_code for r in runs] == [204, 204]  # (both over: nothing to resume)
     assert sorted(lines(tmp_path)) == ["Oslo", "Oslo"]  # each ran once, after its answer
+
+
+def test_an_agui_interrupt_is_answered_on_a_survivor_of_its_owner(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    session = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    first = agui_body("t3", "r1", ASKED, model="one")
+    with durable_workers(
+        redis_server, postgres, tmp_path, [0, 0, 0], "aguianswer", env=SHARED_SECRET,
+        tool=ASKING_TOOL, scripts=ONE_CALL,
+    ) as (model, procs):  # fmt: skip
+        (owner, on_a), (_b, on_b), (_c, on_c) = procs
+        with httpx.Client(base_url=on_a, timeout=60, headers=session) as a:
+            asked = agui_events(a.post("/agui", json=first).text)  # ends: the run waits
+        token = asked[-1][1]["outcome"]["interrupts"][0]["id"]
+        stop(owner, signal.SIGKILL)  # while the run waits for its answer
+        answer = agui_body("t3", "r2", ASKED, model="one")
+        answer["resume"] = [
+            {"interruptId": token, "status": "resolved", "payload": {"approved": True}}
+        ]
+        deadline = time.monotonic() + 60
+        with httpx.Client(base_url=on_b, timeout=60, headers=session) as b:
+            while True:  # (refused until a survivor drives the run again)
+                rest = b.post("/agui", json=answer)
+                if rest.status_code != 409 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
+            then = {"id": "u2", "role": "user", "content": "and?"}
+            after, _next = agui_until(c, agui_body("t3", "r3", then, model="one"), None)
+            sent = model.requests[-1].body["messages"]  # the thread's history, as sent
+    assert rest.status_code == 200, rest.text
+    events = [e for _id, e in agui_events(rest.text)]
+    assert_well_paired(events)
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1].get("outcome") is None
+    results = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert [(e["toolCallId"], e["content"]) for e in results] == [("call_one", "sunny")]
+    assert lines(tmp_path) == ["Oslo"]  # ran once, after its answer, on a survivor
+    assert kinds(after)[-1] == "RUN_FINISHED"
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
+    assert sent[-2]["content"] == "Done." and sent[-1]["content"] == "and?"

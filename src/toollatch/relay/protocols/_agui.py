@@ -719,7 +719,8 @@ class AguiEndpoint:
     ) -> Response | None:
         """Answers to the thread's run of another worker, handed to its owner (it applies
         them as :func:`._agui_answers.answer_input` does here); the run's events from where
-        its last stream ended. None when the thread has no live run elsewhere."""
+        its last stream ended. None when the thread has no live run elsewhere; 409
+        ``run_not_running`` while its owner is gone and no survivor has ended or taken it."""
         host = self.host
         try:
             run_id = await host.store.pointed("agui", _run_key(session, given.thread_id, ""))
@@ -729,8 +730,8 @@ class AguiEndpoint:
             replied = await host.store.ask(run, {"kind": "agui", "input": data})
         except StoreUnavailable as exc:
             raise Refusal(503, "store_unavailable", str(exc)) from None
-        if replied is None:
-            return None
+        if replied is None:  # (not a new run of the thread: a survivor ends or takes it)
+            raise Refusal(409, "run_not_running", "the thread's run has no worker now; retry")
         status, body = replied
         if status != 202:
             error = body.get("error", {})
