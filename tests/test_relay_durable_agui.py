@@ -246,16 +246,17 @@ def test_an_ai_sdk_answer_message_reaches_a_durable_chat_on_another_worker(
         tool=ASKING_TOOL, scripts=ONE_CALL,
     ) as (_model, procs):  # fmt: skip
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
-        asked = []
+        asked, run_ids = [], []
         with httpx.Client(base_url=on_a, timeout=60, headers=session) as a:
             for body in chats:  # each stream ends when its run waits on the client
-                asked.append(ui_chunks(a.post("/api/chat", json=body).text))
+                started = a.post("/api/chat", json=body)
+                asked.append(ui_chunks(started.text))
+                run_ids.append(started.headers["x-toollatch-run-id"])
         # chat1 answered on another worker while its owner lives (handed to the owner)
         live = answer_chat(on_b, session, {**chats[0], "messages": [user, approved(asked[0])]})
         stop(owner, signal.SIGKILL)  # while chat2's run waits for its answer
         taken = answer_chat(on_c, session, {**chats[1], "messages": [user, approved(asked[1])]})
-        with httpx.Client(base_url=on_c, timeout=60, headers=session) as c:
-            runs = [c.get(f"/api/chat/{body['id']}/stream") for body in chats]
+        ended = [read_all(on_c, {"events_url": f"/runs/{r}/events"}, session) for r in run_ids]
     for chunks in asked:
         assert [c["type"] for c in chunks if "approval" in c["type"]] == ["tool-approval-request"]
     for reply in (live, taken):
@@ -264,7 +265,9 @@ def test_an_ai_sdk_answer_message_reaches_a_durable_chat_on_another_worker(
         outputs = [c["output"] for c in chunks if c["type"] == "tool-output-available"]
         assert outputs == ["sunny"], (reply is live, reply.text)
         assert chunks[-2]["type"] == "finish" and chunks[-1]["type"] == "[DONE]"
-    assert [r.status_code for r in runs] == [204, 204]  # (both over: nothing to resume)
+    for whole in ended:  # each finished normally, its call paired
+        assert whole[-1].data["error"] is None
+        assert [c["error"] for c in whole[-1].data["calls"]] == [None]
     assert sorted(lines(tmp_path)) == ["Oslo", "Oslo"]  # each ran once, after its answer
 
 

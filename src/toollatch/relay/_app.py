@@ -350,13 +350,14 @@ class Relay:
                     await self._check_resumable(resume, session, new_session)
                 run = await self.admit(session, new_session, run_id=resume)
                 chosen = provider or self.providers[0]
-                if self.durable is not None and resume is not None and self.history is not None:
+                if self.durable is None:
+                    self._start(run, chosen, model, message, resume=resume is not None)
+                elif resume is not None:  # (its own stored history: _check_resumable read it)
+                    assert self.history is not None
                     stored = await self.history.load(run_scope(session, run.id))
                     self._start_durable(run, chosen, model, message, history=stored, resumed=True)
-                elif self.durable is not None and message is not None:
-                    self._start_durable(run, chosen, model, message)
                 else:
-                    self._start(run, chosen, model, message, resume=resume is not None)
+                    self._start_durable(run, chosen, model, message)
         except HTTPError as exc:
             return exc.response()
         body = {
@@ -727,14 +728,20 @@ class Relay:
         *,
         history: Sequence[Mapping[str, Any]] = (),
         chat: str | None = None,
-        **more: Any,
+        resumed: bool = False,
+        tools: Sequence[Tool[..., Any]] = (),
+        observers: Sequence[Any] = (),
+        thread: str | None = None,
     ) -> None:
         """Start an admitted run as a DBOS workflow (:mod:`._durable`): ``message`` after
-        ``history``, the stored history of the chat whose history key is ``chat`` (``more``:
-        :meth:`DurableRelay.start`'s other options); 422 :class:`HTTPError` when its agent
-        cannot be made."""
+        ``history``, the stored history of the chat (or AG-UI thread: ``thread``) whose
+        history key is ``chat``; ``resumed``, ``tools``, ``observers`` as in
+        :meth:`DurableRelay.start`; 422 :class:`HTTPError` when its agent cannot be made."""
         try:
-            self.durable.start(run, provider, model, message, history=history, chat=chat, **more)
+            self.durable.start(
+                run, provider, model, message, history=history, chat=chat, resumed=resumed,
+                tools=tools, observers=observers, thread=thread,
+            )  # fmt: skip
         except (ConfigError, UsageError) as exc:
             run.done = True
             if run.mirror is not None:
