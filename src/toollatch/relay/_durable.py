@@ -448,11 +448,11 @@ class DurableRelay:
         chat, at = kept.get("history"), kept.get("history_at", "")
         if chat is not None and at.isdigit():
             self._chats[workflow] = (chat, int(at))
-        thread = kept.get("agui_thread")
-        if thread is not None:  # (its thread is busy here, its answers taken here)
-            self._observers[workflow] = [relay.agui.resume(run, thread, "", saves=False)]
         answers = await self._asked(run, workflow)
         relay.runs.keep(run)
+        thread = kept.get("agui_thread")
+        if thread is not None:  # (kept first: its thread is busy here, its answers taken here)
+            self._observers[workflow] = [relay.agui.resume(run, thread, "", saves=False)]
         self.store.mirrored(run)
         self._runs[workflow] = run
         _log.warning("run %s…: taken over from a dead worker (after event %d)", run_id[:6], last)
