@@ -19,6 +19,8 @@ import psycopg
 from dbos import DBOS
 
 from toollatch import Agent, RunLimits, model_client, open_ledger, tool
+from toollatch.core._events import ReasoningBlock
+from toollatch.core._round import reasoning_text
 from toollatch.ledger import current_call
 from toollatch.runtime import DurableRuns, Metrics
 
@@ -46,10 +48,18 @@ def tools(log: str) -> list:
     return [get_weather, write_file]
 
 
-def tell(log: str, number: int, event: object) -> None:
-    """The sink: one JSON line per event told (with this process's id) in LOG.events."""
+def as_json(event: object) -> dict:
+    """An event told as JSON (a reasoning block as ``{"type": "reasoning", "text"}``)."""
+    if isinstance(event, ReasoningBlock):
+        return {"type": "reasoning", "text": reasoning_text(event.data)}
     data = event.to_json()  # type: ignore[attr-defined]
     data.pop("history", None)
+    return data
+
+
+def tell(log: str, number: int, event: object) -> None:
+    """The sink: one JSON line per event told (with this process's id) in LOG.events."""
+    data = as_json(event)
     with open(log + ".events", "a") as f:
         f.write(json.dumps({"n": number, "pid": os.getpid(), **data}) + "\n")
 
@@ -64,8 +74,7 @@ async def tell_live(pg: str, log: str, run_id: str, number: int, event: object) 
     """The live sink: :func:`tell`, with the steps recorded so far."""
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as db:
         (steps,) = await (await db.execute(RECORDED, (run_id,))).fetchone()  # type: ignore[misc]
-    data = event.to_json()  # type: ignore[attr-defined]
-    data.pop("history", None)
+    data = as_json(event)
     line = {"n": number, "pid": os.getpid(), "steps": steps, **data}
     with open(log + ".events", "a") as f:
         f.write(json.dumps(line) + "\n")

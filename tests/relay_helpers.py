@@ -134,19 +134,21 @@ def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
 def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT, wait_s: float = 15) -> None:
     """Ctrl-C (status 130) or ``how`` (SIGTERM: 143; SIGKILL: no clean-up at all), then
     close the pipe. A server still running ``wait_s`` later is killed and the test fails
-    with the end of what it wrote (its pipe closed all the same: no leak into later tests)."""
+    with the end of what it wrote (its pipe closed all the same: no leak into later tests),
+    chained to the timeout, and so to a test body's error that a ``finally`` calling this
+    was handling (shown, not hidden)."""
     proc.send_signal(how)
     assert proc.stderr is not None
     try:
         status = proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         proc.kill()
         proc.wait()
         rest = proc.stderr.read()
         proc.stderr.close()
         raise AssertionError(
             f"serve still ran {wait_s:g} s after signal {how}: {rest[-2000:]}"
-        ) from None
+        ) from exc
     proc.stderr.close()
     assert status == (-how if how == signal.SIGKILL else 128 + how)
 

@@ -18,7 +18,7 @@ import pytest
 
 from durable_helpers import PostgresServer, wait_for
 from toollatch import UsageError
-from toollatch.scripted import Script, ScriptedServer, demo_script
+from toollatch.scripted import Call, Reasoning, Script, ScriptedServer, Text, Turn, demo_script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -237,6 +237,57 @@ def test_a_live_sink_is_told_a_rounds_events_before_its_step_ends(postgres, tmp_
     ended = [n for n in sorted(firsts) if firsts[n]["type"] == "round_ended"]
     assert starts == [0, ended[0] + 1, ended[1] + 1]
     assert summary([firsts[n] for n in sorted(firsts)]) == WHOLE_RUN
+
+
+REASONING = Script(
+    turns=(
+        Turn(
+            items=(
+                Reasoning(text="Oslo first, then nothing else."),
+                Text(text="Checking Oslo."),
+                Call(call_id="call_think", name="get_weather", arguments='{"city": "Oslo"}'),
+            )
+        ),
+        Turn(items=(Text(text="Sunny."),)),
+    )
+)
+
+
+def test_a_live_sink_is_told_a_rounds_reasoning_before_its_calls(postgres, tmp_path):
+    log = tmp_path / "ran.log"
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ScriptedServer({"scripted": REASONING}) as server:
+        common = [postgres.url(), server.base_url("openai_chat"), ledger, str(log), "run-4"]
+        done = subprocess.run(
+            [sys.executable, str(HERE / "durable_worker.py"), "live", *common, "think-worker"],
+            cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["error"] is None
+    events = [json.loads(line) for line in (tmp_path / "ran.log.events").read_text().splitlines()]
+    firsts: dict[int, dict] = {}
+    for event in events:  # a number told twice (live, then from the record) is one event
+        first = firsts.setdefault(event["n"], event)
+        assert {**first, "steps": 0} == {**event, "steps": 0}
+    assert sorted(firsts) == list(range(len(firsts)))
+    told = [firsts[n] for n in sorted(firsts)]
+    # as a plain run tells it (the relay's observer): the reasoning when the stream ended,
+    # before the round's call_committed
+    assert summary(told) == [
+        "text",
+        "call_opened",
+        "reasoning",
+        "call_committed get_weather",
+        "tool_started get_weather",
+        "tool_finished get_weather None",
+        "round_ended",
+        "text",
+        "round_ended",
+        "run_ended",
+    ]
+    (reasoning,) = [e for e in told if e["type"] == "reasoning"]
+    assert reasoning["text"] == "Oslo first, then nothing else."
+    assert reasoning["steps"] == 0  # told live, while the round's step ran
 
 
 def test_a_durable_store_is_postgresql_and_recovery_names_executors():

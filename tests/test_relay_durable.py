@@ -12,13 +12,16 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from durable_helpers import PostgresServer, wait_for
@@ -29,7 +32,8 @@ from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
-from toollatch.scripted import Script, ScriptedServer
+from toollatch.runtime._resume import INTERRUPTED_NOTE
+from toollatch.scripted import Reasoning, Script, ScriptedServer
 
 pytest.importorskip("dbos")
 
@@ -67,26 +71,24 @@ def durable_workers(
     delay_ms: float = 5.0,
     env: dict[str, str] | None = None,
     tool: str = TOOL,
-    scripts: dict[str, Script] | None = None,
+    script: Script | None = None,
 ) -> Iterator[tuple[ScriptedServer, Workers]]:
     """A model streaming :func:`slow_script` (``delay_ms`` an event; its models ``slow``
     and ``other``), and one ``serve --durable`` worker per entry of ``sleeps`` (its tool's
     wait), on one Redis, one PostgreSQL database and one SQLite ledger, with a 1 s lease
     (``env``: more variables, e.g. the run's budgets; ``tool``: the tools file's text;
-    ``scripts``: more models, which a request may pick)."""
+    ``script``: the model ``slow``'s, instead)."""
     tools = tmp_path / "durable_tools.py"
     tools.write_text(tool, encoding="utf-8")
-    more = scripts or {}
-    scripts = {"slow": slow_script(delay_ms=delay_ms), "other": slow_script(delay_ms=delay_ms)}
+    scripts = {
+        "slow": script or slow_script(delay_ms=delay_ms),
+        "other": slow_script(delay_ms=delay_ms),
+    }
     stack = contextlib.ExitStack()
-    model = stack.enter_context(ScriptedServer(scripts={**scripts, **more}))
+    model = stack.enter_context(ScriptedServer(scripts=scripts))
     args = ("--store", redis_server.url, "--durable", postgres.url(database), "--lease", "1")
     args += ("--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--tools", str(tools))
     args += ("--model", "slow", "--base-url", model.base_url("openai_chat"))
-    for name in more:
-        args += ("--allow-model", name)
-    if more:
-        args += ("--allow-model", "slow")
     procs: Workers = []
     saved = dict(os.environ)
     try:
@@ -170,6 +172,19 @@ def test_a_killed_owner_mid_tool_has_its_run_finished_by_a_survivor(
     keys = [key for _city, key in keyed_lines(tmp_path)]
     assert len(set(keys)) == 2 and "None" not in keys  # each call had its own key
     assert requests == 2  # the first round was not asked again: its step was recorded
+    # the workflow's steps, each once: the survivor's driver read the workflow's status
+    # outside it (no DBOS.getStatus step taking the id the next step is replayed by)
+    assert recorded_steps(postgres, "midtool") == [ROUND, CALL, CALL, ROUND]
+
+
+ROUND, CALL = "toollatch.model_round", "toollatch.call"
+
+
+def recorded_steps(postgres: PostgresServer, database: str) -> list[str]:
+    """The steps DBOS recorded in ``database`` (one workflow's), in order."""
+    query = "select function_name from dbos.operation_outputs order by function_id"
+    with psycopg.connect(postgres.url(database), autocommit=True) as db:
+        return [name for (name,) in db.execute(query).fetchall()]
 
 
 def read_watched(url: str, run: dict[str, Any], headers: dict[str, str], watch: Any) -> list[Frame]:
@@ -328,20 +343,107 @@ def test_durable_runs_keep_the_deadline_and_the_runs_call_budget(
 def test_a_postgresql_restart_mid_run_runs_nothing_twice(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with durable_workers(redis_server, postgres, tmp_path, [2, 2], "restart") as (_, procs):
+    """PostgreSQL stops while the first tool runs and starts again 3 s later: the tool
+    returns meanwhile, and its step's record waits for the database (DBOS retries until it
+    is back), so the run goes on where it was: it ends normally, each call run once."""
+    with durable_workers(redis_server, postgres, tmp_path, [1, 1], "restart") as (_, procs):
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
-        postgres.stop()
-        time.sleep(2.0)
-        postgres.start()
+        try:
+            postgres.stop()
+            time.sleep(3.0)  # (the tool returned: its step's record waits)
+            assert lines(tmp_path) == ["Oslo"]  # (the next call's step waits for it)
+        finally:
+            postgres.start()
         whole = read_all(on_b, run, session)
-    assert_whole(whole)  # it ended, failed or not, every call paired
-    done = lines(tmp_path)
-    assert len(done) == len(set(done)) and set(done) <= {"Oslo", "Züri"}  # none ran twice
+    assert_whole(whole)
     ended = whole[-1].data
-    if ended["error"] is None:  # it went on: both calls ran, once
-        assert sorted(done) == ["Oslo", "Züri"] and ended["rounds"] == 2
+    assert ended["error"] is None and ended["rounds"] == 2  # it went on
+    assert [c["error"] for c in ended["calls"]] == [None, None]
+    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each call run once
+
+
+LOST_GRACE_S = 2.0
+LOST_MARGIN_S = 8.0
+"""A worker stopping with its PostgreSQL lost exits within its grace and this margin: the
+probe of the database, its runs' steps cancelled (1 s), DBOS's shut-down, 1 s for DBOS's
+threads (measured alone: 4.5 s in all with a 2 s grace; before, it waited for the database)."""
+
+
+def test_a_worker_stopping_with_postgresql_lost_ends_its_chat_run_and_keeps_its_turn(
+    redis_server: RedisServer,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL stops, and stays down, while a durable chat's first tool runs; the tool
+    returns, and its step's record waits for the database (DBOS retries however long it is
+    gone); then the worker gets SIGTERM. No survivor could recover the workflow: the worker
+    ends the run itself, within its grace and a margin, every call paired, and stores the
+    chat's turn (the user's message, the round it cut off with each call's fate from the
+    ledger, a note), so that the chat's next message, on another worker once PostgreSQL is
+    back, goes on from it (no two user turns in a row)."""
+    monkeypatch.setenv("TOOLLATCH_RELAY__SHUTDOWN_GRACE_S", f"{LOST_GRACE_S:g}")
+    session = {"x-toollatch-session": secrets.token_urlsafe(32)}
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "two cities"}]}
+    body = {"id": "chat1", "messages": [user], "trigger": "submit-message"}
+    with durable_workers(redis_server, postgres, tmp_path, [3, 0], "pglost") as (model, procs):
+        (owner, on_a), (_b, on_b) = procs
+        with (
+            httpx.Client(base_url=on_a, timeout=30, headers=session) as a,
+            a.stream("POST", "/api/chat", json=body) as first,
+        ):
+            assert first.status_code == 200
+            run_id = first.headers["x-toollatch-run-id"]
+            wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+            started = time.monotonic()
+        try:
+            postgres.stop()
+            time.sleep(max(0.0, started + 3.5 - time.monotonic()))  # (the tool returned)
+            took = sigterm_took(owner, LOST_GRACE_S + LOST_MARGIN_S)
+        finally:
+            postgres.start()
+        whole = read_all(on_b, {"events_url": f"/runs/{run_id}/events"}, session)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            user2 = {"id": "u2", "role": "user", "parts": [{"type": "text", "text": "and?"}]}
+            after = b.post("/api/chat", json={**body, "messages": [user, user2]})
+        sent = model.requests[-1].body["messages"]  # the chat's history, as the model got it
+    assert took <= LOST_GRACE_S + LOST_MARGIN_S
+    assert_whole(whole)
+    assert "PostgreSQL" in whole[-1].data["error"]
+    assert [c["error"] for c in whole[-1].data["calls"]] == [None, "cancelled"]
+    assert lines(tmp_path) == ["Oslo"]  # the other call never ran
+    assert after.status_code == 200
+    assert not [c for c in ui_chunks(after.text) if c["type"] == "error"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+    assert sent[0]["content"] == "two cities" and sent[-1]["content"] == "and?"
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["call_slow_a", "call_slow_b"]
+    assert [m["tool_call_id"] for m in sent[2:4]] == ["call_slow_a", "call_slow_b"]
+    assert sent[2]["content"] == "sunny" and "cancelled" in sent[3]["content"]
+    assert sent[4] == {"role": "assistant", "content": INTERRUPTED_NOTE}
+
+
+def sigterm_took(proc: subprocess.Popen[str], wait_s: float) -> float:
+    """SIGTERM ``proc`` (its stderr drained meanwhile): the seconds it took to exit 143;
+    killed, and the test failed, when it still runs ``wait_s`` seconds later."""
+    assert proc.stderr is not None
+    said: list[str] = []
+    drain = threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True)
+    drain.start()
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        status = proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        status = None
+    took = time.monotonic() - began
+    drain.join(5)
+    proc.stderr.close()
+    assert status == 143, f"still running {took:.1f} s after SIGTERM: {''.join(said)[-1500:]}"
+    return took
 
 
 def refused(*args: str, env: dict[str, str] | None = None) -> str:
@@ -575,21 +677,35 @@ def test_a_durable_approval_is_answered_on_another_worker_and_always_allows(
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(1))
+            head = read_until(b, run["events_url"], until_asked(2))
         assert lines(tmp_path) == []  # it waits: nothing ran
-        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        first, second = questions(head)  # both asked at once, as a plain run asks them
+        approved = answer(on_b, run, session, first, "approve", always=True)
+        also = answer(on_a, run, session, second, "approve")  # (asked already: it waits)
         whole = read_all(on_b, run, session)
+        # the session's next run: its calls run unasked (always allowed)
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            again = b.post("/runs", json={"message": "two cities"}).json()
+        unasked = read_all(on_a, again, session)
     assert approved.status_code == 202, approved.text
+    assert also.status_code == 202, also.text
     assert_whole(whole)
     assert whole[-1].data["error"] is None
-    # one question, once in the log; the second call ran unasked (always allowed)
+    # each question once in the log
     assert [(f.event, f.data["id"]) for f in questions(whole)] == [
-        ("approval_requested", "call_slow_a")
+        ("approval_requested", "call_slow_a"),
+        ("approval_requested", "call_slow_b"),
     ]
     answered = [f.data for f in whole if f.event == "approval_answered"]
-    assert [(a["id"], a["decision"]) for a in answered] == [("call_slow_a", "approved")]
+    assert [(a["id"], a["decision"]) for a in answered] == [
+        ("call_slow_a", "approved"),
+        ("call_slow_b", "approved"),
+    ]
     assert [c["error"] for c in whole[-1].data["calls"]] == [None, None]
-    assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each ran once, after the answer
+    assert_whole(unasked)
+    assert questions(unasked) == [] and unasked[-1].data["error"] is None
+    # each ran once, after its answer (then once more, unasked, in the next run)
+    assert sorted(lines(tmp_path)) == ["Oslo", "Oslo", "Züri", "Züri"]
 
 
 def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
@@ -601,13 +717,11 @@ def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(1))
-        stop(owner, signal.SIGKILL)  # while the run waits for its first answer
-        first = questions(head)[0]
+            head = read_until(b, run["events_url"], until_asked(2))
+        stop(owner, signal.SIGKILL)  # while the run waits for both answers
+        first, second = questions(head)
         approved = answer(on_c, run, session, first, "approve")  # on a survivor
-        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            more = read_until(b, run["events_url"], until_asked(1), last_id=head[-1].id)
-        denied = answer(on_b, run, session, questions(more)[0], "deny", reason="not Zürich")
+        denied = answer(on_b, run, session, second, "deny", reason="not Zürich")
         whole = read_all(on_c, run, session)
         requests = len(model.requests)
     assert approved.status_code == 202, approved.text
@@ -620,6 +734,11 @@ def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
     assert [c["error"] for c in whole[-1].data["calls"]] == [None, "approval_denied"]
     assert lines(tmp_path) == ["Oslo"]  # the approved call ran once, the denied one never
     assert requests == 2  # the first round was not asked again: its step was recorded
+    # the questions' steps (recorded by the dead worker) and their answers' (run at once
+    # again on the survivor) under the ids a replay finds them by, in call order
+    asked, answered = "toollatch.question", "toollatch.answer"
+    steps = [ROUND, asked, asked, answered, answered, CALL, CALL, ROUND]
+    assert recorded_steps(postgres, "asked") == steps
 
 
 def test_a_durable_client_tool_is_answered_on_another_worker(
@@ -630,11 +749,12 @@ def test_a_durable_client_tool_is_answered_on_another_worker(
     ) as (_, procs):
         (_a, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
-        replies = []
-        for n in (1, 2):
-            with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-                asked = questions(read_until(b, run["events_url"], until_asked(n)))
-            replies.append(answer(on_b, run, session, asked[-1], "result", value=f"sunny {n}"))
+        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+            asked = questions(read_until(b, run["events_url"], until_asked(2)))  # at once
+        replies = [
+            answer(on_b, run, session, call, "result", value=f"sunny {n}")
+            for n, call in enumerate(reversed(asked))  # (answered in any order)
+        ]
         whole = read_all(on_a, run, session)
     assert [r.status_code for r in replies] == [202, 202], [r.text for r in replies]
     assert_whole(whole)
@@ -660,20 +780,20 @@ def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
         (stopping, on_a), (_b, on_b) = procs
         run, session = start_run(on_a)
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(1))
-        stopping.send_signal(signal.SIGTERM)  # its question outlives the grace: handed over
+            head = read_until(b, run["events_url"], until_asked(2))
+        stopping.send_signal(signal.SIGTERM)  # its questions outlive the grace: handed over
         status = stopping.wait(timeout=DURABLE_STOP_S)
         assert stopping.stderr is not None
         stopping.stderr.close()
-        approved = answer(on_b, run, session, questions(head)[0], "approve", always=True)
+        approved = [answer(on_b, run, session, asked, "approve") for asked in questions(head)]
         whole = read_all(on_b, run, session)
     assert status == 143
-    assert approved.status_code == 202, approved.text
+    assert [a.status_code for a in approved] == [202, 202], [a.text for a in approved]
     assert_whole(whole)
     ended = whole[-1].data
     assert ended["error"] is None and "cancelled" not in ended  # went on, not cancelled
     assert [c["error"] for c in ended["calls"]] == [None, None]
-    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a"]  # asked once
+    assert [f.data["id"] for f in questions(whole)] == ["call_slow_a", "call_slow_b"]  # once
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]
 
 
@@ -736,3 +856,34 @@ def test_an_owner_paused_past_its_lease_writes_nothing_after_a_survivor_took_its
     assert statuses == [200, 200, 200]
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each tool once, on the survivor
     assert on_owner == whole
+
+
+def test_a_durable_run_tells_its_reasoning_live_as_a_plain_run_does(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    first, final = slow_script(delay_ms=5.0).turns
+    thinking = "Two cities: Oslo, then Zürich."
+    script = Script(turns=(replace(first, items=(Reasoning(text=thinking), *first.items)), final))
+    with durable_workers(redis_server, postgres, tmp_path, [0, 0], "think", script=script) as (
+        _,
+        procs,
+    ):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        whole = read_all(on_b, run, session)  # (the shared log, on another worker)
+        user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "two cities"}]}
+        body = {"id": "chat1", "messages": [user], "trigger": "submit-message"}
+        with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
+            chat = a.post("/api/chat", json=body)
+    assert_whole(whole)
+    assert whole[-1].data["error"] is None
+    # as a plain run's log has it: the round's reasoning when its stream ended, before its
+    # call_committed events (a round without text in its reasoning tells none)
+    events = [f.event for f in whole]
+    assert [f.data["text"] for f in whole if f.event == "reasoning"] == [thinking]
+    assert events.index("reasoning") < events.index("call_committed")
+    assert events.index("call_opened") < events.index("reasoning")
+    # and the AI SDK's stream makes a reasoning part of it
+    chunks = ui_chunks(chat.text)
+    deltas = [c["delta"] for c in chunks if c["type"] == "reasoning-delta"]
+    assert deltas == [thinking]

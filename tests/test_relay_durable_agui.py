@@ -142,37 +142,36 @@ def test_a_killed_owner_mid_stream_has_its_agui_run_finished_by_a_survivor(
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each once, on the survivor
 
 
-SCRIPTS = {
-    "later": Script(
-        turns=(
-            Turn(items=(Text(text="First things first."),)),
-            *slow_script(delay_ms=5.0).turns,
-        )
+LATER = Script(
+    turns=(
+        Turn(items=(Text(text="First things first."),)),
+        *slow_script(delay_ms=5.0).turns,
     )
-}
-"""``later``: a text answer, then (the next message) two calls, then text."""
+)
+"""A text answer, then (the next message) two calls, then text."""
 
 
 def test_a_resumed_durable_run_is_finished_by_a_survivor_and_stored_once(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    with durable_workers(
-        redis_server, postgres, tmp_path, [60, 0, 0], "resumed", scripts=SCRIPTS
-    ) as (model, procs):
+    with durable_workers(redis_server, postgres, tmp_path, [60, 0, 0], "resumed", script=LATER) as (
+        model,
+        procs,
+    ):
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
         with httpx.Client(base_url=on_a, timeout=30) as a:
-            run = a.post("/runs", json={"message": "hello", "model": "later"}).json()
+            run = a.post("/runs", json={"message": "hello"}).json()
             session = {"x-toollatch-session": a.cookies["toollatch_session"]}
         ended = read_all(on_a, run, session)
         with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
-            body = {"resume": run["id"], "message": "two cities", "model": "later"}
+            body = {"resume": run["id"], "message": "two cities"}
             resumed = a.post("/runs", json=body)  # on the owner, which is then killed
         wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
         stop(owner, signal.SIGKILL)
         whole = read_all(on_b, run, session)
         done = sorted(lines(tmp_path))
         with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
-            more = c.post("/runs", json={"resume": run["id"], "message": "and?", "model": "later"})
+            more = c.post("/runs", json={"resume": run["id"], "message": "and?"})
             last = read_all(on_c, run, session)
             sent = model.requests[-1].body["messages"]  # the run's history, as sent
     assert ended[-1].data["error"] is None
@@ -194,18 +193,13 @@ def test_a_resumed_durable_run_is_finished_by_a_survivor_and_stored_once(
     assert sorted(lines(tmp_path)) == done
 
 
-OSLO = '{"city": "Oslo"}'
-ONE_CALL = {
-    "one": Script(
-        turns=(
-            Turn(
-                items=(Call(call_id="call_one", name="get_weather", arguments='{"city": "Oslo"}'),)
-            ),
-            Turn(items=(Text(text="Done."),)),
-        )
+ONE_CALL = Script(
+    turns=(
+        Turn(items=(Call(call_id="call_one", name="get_weather", arguments='{"city": "Oslo"}'),)),
+        Turn(items=(Text(text="Done."),)),
     )
-}
-"""``one``: a round of one call (which asks for approval), then text."""
+)
+"""A round of one call (which asks for approval), then text."""
 
 
 def approved(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,12 +232,11 @@ def test_an_ai_sdk_answer_message_reaches_a_durable_chat_on_another_worker(
     session = {"x-toollatch-session": secrets.token_urlsafe(32)}
     user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Oslo?"}]}
     chats = [
-        {"id": chat, "messages": [user], "trigger": "submit-message", "model": "one"}
-        for chat in ("chat1", "chat2")
+        {"id": chat, "messages": [user], "trigger": "submit-message"} for chat in ("chat1", "chat2")
     ]
     with durable_workers(
         redis_server, postgres, tmp_path, [0, 0, 0], "uianswer", env=SHARED_SECRET,
-        tool=ASKING_TOOL, scripts=ONE_CALL,
+        tool=ASKING_TOOL, script=ONE_CALL,
     ) as (_model, procs):  # fmt: skip
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
         asked, run_ids = [], []
@@ -275,17 +268,17 @@ def test_an_agui_interrupt_is_answered_on_a_survivor_of_its_owner(
     redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
 ) -> None:
     session = {"x-toollatch-session": secrets.token_urlsafe(32)}
-    first = agui_body("t3", "r1", ASKED, model="one")
+    first = agui_body("t3", "r1", ASKED)
     with durable_workers(
         redis_server, postgres, tmp_path, [0, 0, 0], "aguianswer", env=SHARED_SECRET,
-        tool=ASKING_TOOL, scripts=ONE_CALL,
+        tool=ASKING_TOOL, script=ONE_CALL,
     ) as (model, procs):  # fmt: skip
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
         with httpx.Client(base_url=on_a, timeout=60, headers=session) as a:
             asked = agui_events(a.post("/agui", json=first).text)  # ends: the run waits
         token = asked[-1][1]["outcome"]["interrupts"][0]["id"]
         stop(owner, signal.SIGKILL)  # while the run waits for its answer
-        answer = agui_body("t3", "r2", ASKED, model="one")
+        answer = agui_body("t3", "r2", ASKED)
         answer["resume"] = [
             {"interruptId": token, "status": "resolved", "payload": {"approved": True}}
         ]
@@ -298,7 +291,7 @@ def test_an_agui_interrupt_is_answered_on_a_survivor_of_its_owner(
                 time.sleep(0.2)
         with httpx.Client(base_url=on_c, timeout=30, headers=session) as c:
             then = {"id": "u2", "role": "user", "content": "and?"}
-            after, _next = agui_until(c, agui_body("t3", "r3", then, model="one"), None)
+            after, _next = agui_until(c, agui_body("t3", "r3", then), None)
             sent = model.requests[-1].body["messages"]  # the thread's history, as sent
     assert rest.status_code == 200, rest.text
     events = [e for _id, e in agui_events(rest.text)]

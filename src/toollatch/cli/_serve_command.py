@@ -15,7 +15,9 @@ SIGTERM and SIGINT (Ctrl-C) cancel every run as ``POST .../cancel`` does (every 
 paired; ``run_ended.error`` names the shutdown), let each open events stream send that and
 end, then stop, within ``--shutdown-grace`` (``relay.shutdown_grace_s``, 10 s) and about a
 second more; a second signal exits at once. With a shared store the runs first go on for
-most of the grace (a new run is 503; reads of other workers' runs end at once).
+most of the grace (a new run is 503; reads of other workers' runs end at once). With
+``--durable`` and its PostgreSQL lost, the worker ends its runs and exits without DBOS's
+thread that waits for the database (DBOS retries until it is back).
 Exit status: 143 after SIGTERM, 130 after SIGINT, 2 for a usage error (a bad ``--tools``
 file, a port that cannot be bound, ``--base-url`` without ``--model``, a ledger that cannot
 be opened, a host beyond loopback without a token).
@@ -30,6 +32,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -58,12 +62,43 @@ def serve_command(args: argparse.Namespace) -> int:
             return _supervise(server, workers)
         if os.environ.get(WORKER_FD) is not None:
             server.listen_fd = int(os.environ[WORKER_FD])
-        return asyncio.run(_serve(server))
+        status = asyncio.run(_serve(server))
+        if server.durable_url is not None:
+            _leave_stuck_threads(status)
+        return status
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
         return 2
     except KeyboardInterrupt:  # (before the handlers are installed, or after they are gone)
         return 128 + signal.SIGINT
+
+
+_THREADS_S = 1.0
+"""How long a stopped ``--durable`` worker waits for the threads DBOS left running."""
+
+
+def _leave_stuck_threads(status: int) -> None:
+    """Exit at once with ``status`` (``os._exit``) when a thread still runs
+    :data:`_THREADS_S` after the relay stopped: DBOS's executor, its record of a step
+    waiting for a lost PostgreSQL (DBOS retries until the database is back, and the
+    interpreter's exit would wait for it). The step stays unrecorded, its workflow pending
+    in PostgreSQL; the relay had ended its run (:meth:`.DurableRelay.handing_over`)."""
+    until = time.monotonic() + _THREADS_S
+    left = []
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, until - time.monotonic()))
+        if thread.is_alive():
+            left.append(thread.name)
+    if left:
+        sys.stderr.write(
+            f"toollatch: warning: {', '.join(left)} still waiting for the durable store "
+            "(PostgreSQL unreachable): exiting without it\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(status)
 
 
 def _supervise(server: RelayServer, workers: int) -> int:

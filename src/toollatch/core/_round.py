@@ -201,3 +201,19 @@ class Round:
     def committed(self) -> tuple[CommittedCall, ...]:
         """Choice 0's executable calls, in call order."""
         return tuple(c.committed for c in self.calls if c.committed is not None)
+
+
+def reasoning_text(data: Mapping[str, Any]) -> str:
+    """The readable text of a reasoning block in its provider's format ("" when it has none,
+    e.g. Anthropic's ``redacted_thinking``)."""
+    for key in ("thinking", "reasoning_content"):
+        if isinstance(data.get(key), str):
+            return str(data[key])
+    if data.get("thought") is True and isinstance(data.get("text"), str):
+        return str(data["text"])
+    summary = data.get("summary")
+    if isinstance(summary, list):
+        return "\n\n".join(
+            s["text"] for s in summary if isinstance(s, Mapping) and isinstance(s.get("text"), str)
+        )
+    return ""

@@ -442,9 +442,10 @@ class Relay:
         first finish, for most of the grace (their readers on other workers go on); durable
         runs still going then are handed over, not cancelled (a survivor recovers them once
         this worker's lease is dropped). True when every run ended (a run still going is
-        ended by a survivor once this worker's lease is dropped)."""
+        ended by a survivor once this worker's lease is dropped). With its PostgreSQL lost,
+        durable runs are ended here, none handed over (:meth:`.DurableRelay.handing_over`)."""
         self.store.end_reads()
-        hand_over = None if self.durable is None else self.durable.hand_over
+        hand_over = None if self.durable is None else await self.durable.handing_over()
         shared = self.store.shared
         return await self.runs.close(grace_s, reason=reason, finish=shared, hand_over=hand_over)
 

@@ -16,11 +16,12 @@ n + 1``: the sink (:meth:`DurableRelay._tell`) appends each to the run's log as 
 own observer would (``shown``; a preview as ``call_preview``), and the Redis writer copies it
 to the shared log. The sink is live (it has an attempt hook, :meth:`DurableRelay._attempt`):
 a model round's text deltas, ``call_opened`` and previews reach the log as the model streams
-them, not when the round's step ends, so the page and the AI SDK / AG-UI streams move during
-the round. A workflow recovered elsewhere tells its replayed steps' events again under the
-same numbers (a round step records its events and the number they began at); the worker
-driving it keeps only the numbers past what its log (or the shared log) has, so a reader's
-``Last-Event-ID`` goes on with no event lost or twice.
+them, and its ``reasoning`` events (as a plain run's, when its stream ended) before its
+``call_committed``, not when the round's step ends, so the page and the AI SDK / AG-UI
+streams move during the round. A workflow recovered elsewhere tells its replayed steps'
+events again under the same numbers (a round step records its events and the number they
+began at); the worker driving it keeps only the numbers past what its log (or the shared
+log) has, so a reader's ``Last-Event-ID`` goes on with no event lost or twice.
 
 A dead attempt. The worker that died mid-round had written that attempt's events live, but
 its step was never recorded: the recovered workflow asks the round again from the number
@@ -69,12 +70,26 @@ id started again is the same workflow, not a new one): ``<scope>~<random>``, kep
 the run (``kept["workflow"]``), whence a worker that takes it over, or recovers a dead
 worker's workflows, knows it. Its log starts again from id 1, as on the plain path.
 
-What is not durable: a run whose workflow cannot go on (PostgreSQL lost, no survivor serves
-its model) is ended the Redis way (every call paired), and what it added is not stored in
-its history: its chat's or thread's next message goes on from before it, and a run of
-``POST /runs`` that had stored nothing is not resumable (404). An AG-UI answer to a run a
-survivor took over streams the run again from its first event (where the client's last
-stream ended is known to the dead worker only), as after a restart.
+PostgreSQL lost. DBOS never gives up on its database: a step's record waits for it,
+retrying, so a run goes on once PostgreSQL is back (a restart), and until then its workflow
+waits. A worker that stops meanwhile (:meth:`DurableRelay.handing_over`: it asks PostgreSQL
+for a connection first) hands nothing over, as no survivor could recover a workflow: each
+of its runs has its step cancelled and is ended here, every call paired (the ledger says
+what became of a call whose step did not return), and its history gets its turn (the
+chat's, the AG-UI thread's, the run's own): the user's message, the rounds it finished, the
+round it cut off with each call's fate, and an assistant note that the answer was
+interrupted (:meth:`DurableRuns.interrupted`), so the next message, on any worker, follows
+an assistant turn. So does a run whose workflow failed. The stopping worker then exits
+without DBOS's thread that still waits (``toollatch serve``); the workflow stays pending in
+PostgreSQL, unrecorded past its last step.
+
+What is not durable: a run whose worker dies (SIGKILL) while PostgreSQL is lost, or whose
+recovered workflow no survivor can drive (its model not served there), is ended the Redis
+way (every call paired), and what it added is not stored in its history: its chat's or
+thread's next message goes on from before it, and a run of ``POST /runs`` that had stored
+nothing is not resumable (404). An AG-UI answer to a run a survivor took over streams the
+run again from its first event (where the client's last stream ended is known to the dead
+worker only), as after a restart.
 
 Questions. A call that waits for a person (``approval_requested``) or a client tool's result
 (``client_call``) waits in its own workflow step (:mod:`toollatch.runtime._durable`), for the
@@ -96,11 +111,13 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import ConfigError, UsageError
+from ..core._events import ReasoningBlock
 from ..core._preview import PreviewUpdated
+from ..core._round import reasoning_text
 from ..ledger import HistoryConflict, LedgerError
 from ..runtime import DurableRuns
 from ..runtime._agent import Agent
@@ -128,6 +145,20 @@ _SETTLE_S = 1.0
 
 _ASKED_AGAIN = "its round is asked again (a new attempt)"
 """Why a dead worker's attempt of a round was closed (the calls' ``detail`` says it)."""
+
+_PROBE_S = 1.0
+"""How long a stopping worker waits for its PostgreSQL to take a connection (else its
+durable runs are ended here, not handed over: see :meth:`DurableRelay.handing_over`)."""
+
+_STRANDED_S = 1.0
+"""How long a run cancelled by a worker stopping with PostgreSQL lost is given to stop its
+step (a tool's cancel written to the ledger) before the run is ended here."""
+
+_STRANDED = (
+    "the relay is shutting down and its durable store (PostgreSQL) is unreachable: the run "
+    "was ended"
+)
+"""The ``run_ended.error`` of such a run."""
 
 _QUESTIONS = frozenset({"approval_requested", "client_call", "approval_answered"})
 """The events of a run's log that :func:`._answers.sign` reads (a taken-over run's)."""
@@ -162,6 +193,8 @@ class DurableRelay:
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
         self._lost: set[str] = set()  # workflow ids this worker lost to another (fenced)
+        self._stranded = asyncio.Event()  # set: stopping with PostgreSQL lost
+        self._abandoned: set[str] = set()  # workflow ids whose run was ended here without them
         relay.store.on_lost = self._lose
         relay.store.goes_on = self.hand_over
 
@@ -235,14 +268,17 @@ class DurableRelay:
             self._observers[workflow] = list(observers)
         approval = approval_scope(run.session_key)
 
-        async def body() -> None:
+        async def started() -> None:
             if thread is not None:
                 await self._thread_kept(run, key, provider)
             await self.engine.start(
                 name, message, run_id=workflow_id, history=history,
                 approval_session=approval, conversation=workflow,
             )  # fmt: skip
-            await self._wait(run, workflow_id)
+            await self._wait(run, workflow, workflow_id)
+
+        async def body() -> None:
+            await self._drive(run, workflow, started())
 
         answers = self.engine.answers(name, workflow, approval)
         run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
@@ -272,20 +308,59 @@ class DurableRelay:
             self._next.pop(workflow, None)
             self._chats.pop(workflow, None)
             self._observers.pop(workflow, None)
+            self.engine.forget(workflow)  # (a workflow lost here never returned)
 
         return closing
 
-    async def _wait(self, run: RelayRun, workflow_id: str) -> None:
-        """Wait for the workflow's end; when it failed without ``run_ended`` (PostgreSQL
-        lost, a bug), end the run here, every call paired."""
+    async def _wait(self, run: RelayRun, workflow: str, workflow_id: str) -> None:
+        """Wait for the workflow ``workflow_id`` (of the conversation ``workflow``) to end;
+        when it failed without ``run_ended`` (a step's record refused, a bug), end the run
+        here (:meth:`_failed`)."""
         try:
             await self.engine.result(workflow_id)
         except Exception as exc:
             if run.handed_over:
                 return  # (DBOS stopped under it: a survivor recovers it)
             _log.error("run %s…: its workflow failed: %s: %s", run.id[:6], type(exc).__name__, exc)
-            if not await run.ending():
-                await self._end(run, f"the durable run failed: {type(exc).__name__}: {exc}")
+            await self._failed(
+                run, workflow, f"the durable run failed: {type(exc).__name__}: {exc}"
+            )
+
+    async def _drive(self, run: RelayRun, workflow: str, work: Awaitable[None]) -> None:
+        """``work`` (the run's workflow, waited for), unless this worker stops with its
+        PostgreSQL lost first (:meth:`handing_over`): the workflow can record nothing more
+        then (DBOS waits for the database however long it is gone), so its step is
+        cancelled (a tool stops), and the run is ended here (:meth:`_failed`); the
+        workflow stays pending in PostgreSQL, and nothing of it is told here any more."""
+        task = asyncio.ensure_future(work)
+        stranded = asyncio.ensure_future(self._stranded.wait())
+        try:
+            done, _ = await asyncio.wait({task, stranded}, return_when=asyncio.FIRST_COMPLETED)
+            if task not in done:
+                self.engine.cancel(workflow, _STRANDED)
+                done, _ = await asyncio.wait({task}, timeout=_STRANDED_S)
+            if task in done:
+                await task  # (what it raised, if it did)
+                return
+        finally:
+            stranded.cancel()
+            if not task.done():
+                task.cancel()
+        self._abandoned.add(workflow)  # (nothing more of its workflow is told)
+        _log.error("run %s…: ended here, its durable store is unreachable", run.id[:6])
+        await self._failed(run, workflow, _STRANDED)
+
+    async def _failed(self, run: RelayRun, workflow: str, error: str) -> None:
+        """End ``run``, whose workflow failed or cannot go on, every call paired: its turn
+        is stored first in its history (its chat's, AG-UI thread's or own: its message and
+        the round it cut off, as
+        :meth:`DurableRuns.interrupted` makes them), once, then the end is logged."""
+        chat = self._chats.pop(workflow, None)
+        entries = await self.engine.interrupted(workflow, 0 if chat is None else chat[1])
+        if chat is not None and entries:
+            await self._keep_chat(run, *chat, entries)
+        if not await run.ending():
+            await self._end(run, error)
 
     async def _end(self, run: RelayRun, error: str, *, run_ended: bool = True) -> None:
         """Append the events that end ``run`` from what its log holds (the shared log's
@@ -301,6 +376,18 @@ class DurableRelay:
         events = closing_events(seen, error, known)
         for event in events if run_ended else events[:-1]:
             run.append(run.shown(event))
+
+    async def handing_over(self) -> Callable[[RelayRun], bool]:
+        """What a stopping worker leaves to a survivor: :meth:`hand_over`'s runs, unless
+        its PostgreSQL takes no connection (within :data:`_PROBE_S`): no survivor could
+        recover a workflow then, and this worker's cannot record another step, so none is
+        handed over; each of its runs is cancelled and ended here (:meth:`_drive`)."""
+        if not self._stranded.is_set() and await self.engine.reachable(_PROBE_S):
+            return self.hand_over
+        if not self._stranded.is_set():
+            _log.error("the durable store (PostgreSQL) is unreachable: the runs are ended here")
+            self._stranded.set()
+        return lambda _run: False
 
     def hand_over(self, run: RelayRun) -> bool:
         """Whether a stopping worker leaves ``run`` to a survivor instead of cancelling it:
@@ -348,8 +435,11 @@ class DurableRelay:
             asyncio.get_running_loop().create_task(dropped.client.aclose())
         return agent
 
-    async def _tell(self, workflow: str, number: int, event: AgentEvent | PreviewUpdated) -> None:
-        """The workflow's event ``number`` into its run's log (once per number)."""
+    async def _tell(
+        self, workflow: str, number: int, event: AgentEvent | PreviewUpdated | ReasoningBlock
+    ) -> None:
+        """The workflow's event ``number`` into its run's log (once per number); a
+        reasoning block as the ``reasoning`` event a plain run's observer makes of it."""
         run = await self._driven(workflow)
         if run is None:
             return
@@ -362,22 +452,26 @@ class DurableRelay:
         if isinstance(event, PreviewUpdated):
             run.append(preview_json(event))
             return
+        if isinstance(event, ReasoningBlock):
+            run.append({"type": "reasoning", "text": reasoning_text(event.data)})
+            return
         if isinstance(event, RunEndedEvent) and workflow in self._chats:
             if not await self._fence(workflow):  # (the chat is the new driver's to write)
                 raise DurableRuns.Lost(f"run {run.id[:6]}… is driven by another worker now")
-            await self._keep_chat(run, *self._chats.pop(workflow), event.history)
+            key, at = self._chats.pop(workflow)
+            await self._keep_chat(run, key, at, event.history[at:])
         for observer in self._observers.get(workflow, ()):
             observer.on_event("", event)  # (before the log: as the plain path's observers)
         run.observer.on_event("", event)
 
     async def _keep_chat(
-        self, run: RelayRun, key: str, at: int, history: Sequence[Mapping[str, Any]]
+        self, run: RelayRun, key: str, at: int, entries: Sequence[Mapping[str, Any]]
     ) -> None:
-        """Append a run's new history entries (past ``at``) to ``key``: its chat's, its
+        """Append a run's new history ``entries`` at ``at`` to ``key``: its chat's, its
         AG-UI thread's or its own (before its ``run_ended`` is logged: see the module
         docstring)."""
         try:
-            await self.relay.chats.history.append(key, [dict(m) for m in history[at:]], at=at)
+            await self.relay.chats.history.append(key, [dict(m) for m in entries], at=at)
         except HistoryConflict as exc:  # (already written: a driver before this one)
             _log.warning("run %s…: its chat's history was written already: %s", run.id[:6], exc)
         except (LedgerError, UsageError) as exc:
@@ -400,7 +494,7 @@ class DurableRelay:
     async def _driven(self, workflow: str) -> RelayRun | None:
         """The run of a workflow this worker drives (taken over on first contact);
         ``DurableRuns.Lost`` when this worker lost it to another."""
-        if workflow in self._lost:
+        if workflow in self._lost or workflow in self._abandoned:
             raise DurableRuns.Lost(f"run {workflow[-24:][:6]}… is driven by another worker now")
         run = self._runs.get(workflow)
         return run if run is not None else await self._take(workflow)
@@ -409,6 +503,8 @@ class DurableRelay:
         """Whether this worker may run the workflow's next step (see
         :data:`toollatch.runtime._durable.Fence`): not when it lost the run, which the
         store says (a run not driven here yet: its first event takes it over)."""
+        if workflow in self._abandoned:
+            return False
         run = self._runs.get(workflow)
         if workflow in self._lost or (run is not None and not await self.store.holds(run.id)):
             if run is not None and run.lost is None:
@@ -460,7 +556,7 @@ class DurableRelay:
         workflow_id = kept.get("workflow", workflow)
 
         async def body() -> None:
-            await self._wait(run, workflow_id)
+            await self._drive(run, workflow, self._wait(run, workflow, workflow_id))
 
         run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
         return run

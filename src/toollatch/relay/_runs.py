@@ -33,14 +33,14 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
 
 from ..core._events import ReasoningBlock
 from ..core._preview import PreviewPolicy, PreviewUpdated
-from ..core._round import Round
+from ..core._round import Round, reasoning_text
 from ..runtime._agent_events import AgentEvent, ToolFinishedEvent
 from ..runtime._agent_run import AgentRun
 from ._answers import Asked, sign
@@ -65,22 +65,6 @@ def preview_json(preview: PreviewUpdated) -> dict[str, Any]:
         "final": preview.final,
         "error": preview.error,
     }
-
-
-def reasoning_text(data: Mapping[str, Any]) -> str:
-    """The readable text of a reasoning block in its provider's format ("" when it has none,
-    e.g. Anthropic's ``redacted_thinking``)."""
-    for key in ("thinking", "reasoning_content"):
-        if isinstance(data.get(key), str):
-            return str(data[key])
-    if data.get("thought") is True and isinstance(data.get("text"), str):
-        return str(data["text"])
-    summary = data.get("summary")
-    if isinstance(summary, list):
-        return "\n\n".join(
-            s["text"] for s in summary if isinstance(s, Mapping) and isinstance(s.get("text"), str)
-        )
-    return ""
 
 
 def _encoded(data: dict[str, Any]) -> bytes:

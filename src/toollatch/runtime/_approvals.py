@@ -224,19 +224,10 @@ class Approvals:
         (a durable run's step, cancelled because its worker stops: the question stays
         pending for the survivor that goes on with the run). ``gate`` checks edited
         arguments an approval brings (:meth:`answer`)."""
-        key = LedgerKey(scope=session, call_id=call.call_id)
-        digest = digest_of(call.name, call.arguments)
-        if kind == "approval" and await self._always_allows(always or session, call.name):
-            return await self._allowed(key, digest)
-        now = self.clock()
-        timeout = self.policy.timeout_s
-        asked = Question(
-            key=key, kind=kind, name=call.name, digest=digest,
-            asked_at=now, expires_at=None if timeout is None else now + timeout,
-        )  # fmt: skip
-        question = await self.store.ask(asked)
-        if not question.pending:
+        question = await self.ask(session, call, kind, always)
+        if question is None or not question.pending:
             return question
+        key = question.key
         waiting = self._waiting[session, call.call_id] = _Waiting(question, call, gate)
         try:
             emit(
@@ -255,6 +246,25 @@ class Approvals:
             raise
         finally:
             del self._waiting[session, call.call_id]
+
+    async def ask(
+        self, session: str, call: CommittedCall, kind: QuestionKind, always: str | None = None
+    ) -> Question | None:
+        """Store ``call``'s question (or find it, asked before), without waiting for its
+        answer: the question, pending or answered; None when approval session ``always``
+        (default ``session``) always allows the tool and the call was never asked (a
+        pending question of it is answered ``approved`` then). Raises as :meth:`wait`."""
+        key = LedgerKey(scope=session, call_id=call.call_id)
+        digest = digest_of(call.name, call.arguments)
+        if kind == "approval" and await self._always_allows(always or session, call.name):
+            return await self._allowed(key, digest)
+        now = self.clock()
+        timeout = self.policy.timeout_s
+        asked = Question(
+            key=key, kind=kind, name=call.name, digest=digest,
+            asked_at=now, expires_at=None if timeout is None else now + timeout,
+        )  # fmt: skip
+        return await self.store.ask(asked)
 
     async def _allowed(self, key: LedgerKey, digest: str) -> Question | None:
         """An always-allowed call: None (never asked), or its question asked before a

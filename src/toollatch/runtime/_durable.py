@@ -9,12 +9,15 @@ PostgreSQL. Its steps, in order:
   recorded output is the :class:`~toollatch.Round` (committed calls, text, stop reason),
   with the events it made (text deltas, ``call_opened``, previews for a live sink,
   ``call_committed`` / ``call_failed``) and the number of the first;
-- **a call's question** (``toollatch.question``), before its call step, only for a call
-  that waits for a person's approval or a client tool's result: the question stored in the
-  agent's ledger, its event told live (under the number the step was given: a recovered
-  step tells the stored question again under it, answered or not), then the answer waited
-  for there (:meth:`DurableRuns.answers`, in any process sharing the ledger, writes it);
-  the call step then finds it answered;
+- **a call's question** (``toollatch.question``), only for a call that waits for a
+  person's approval or a client tool's result: the question stored in the agent's ledger
+  (a recovered step finds the stored one, answered or not), its event the step's record;
+  then **its answer** (``toollatch.answer``), waited for there (:meth:`DurableRuns.answers`,
+  in any process sharing the ledger, writes it). The round's questions are asked at once,
+  as a plain run asks them: their steps run together, their events are told once they all
+  returned, in call order, then their answers' steps wait together (concurrent steps keep
+  DBOS's replay deterministic: see :func:`_asked_together`); the call steps then find them
+  answered;
 - **each call of the round** (``toollatch.call``), in call order: the call run by the
   agent's dispatcher on its ledger, under the ledger's call id, which the tool reads as its
   idempotency key (:func:`toollatch.ledger.current_call`); the step's recorded output is its
@@ -76,36 +79,55 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import copyreg
 import inspect
 import io
 import json
 import pickle
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar, cast
 
+import psycopg
 from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._error import DBOSWorkflowCancelledError
 from dbos._serialization import Serializer
 
-from ..core._errors import UsageError
-from ..core._gate import Gate, RunBudget
+from ..core._errors import ErrorCode, UsageError
+from ..core._events import ReasoningBlock
+from ..core._gate import CommittedCall, Gate, RunBudget
+from ..core._messages import error_result
 from ..core._preview import PreviewUpdated
-from ..core._round import Round, ToolResult
+from ..core._round import CallRecord, Round, ToolResult, reasoning_text
 from ..core._specs import ToolSpec
-from ..ledger import ApprovalError, LedgerError, digest_of
+from ..ledger import (
+    ApprovalError,
+    Ledger,
+    LedgerError,
+    LedgerKey,
+    QuestionKind,
+    digest_of,
+)
+from ..tools._results import made_error
 from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
+from ._approvals import Approvals
+from ._resume import LOST_DETAIL, NOT_STARTED, ledger_fate, note_entries, round_entries
+
+_T = TypeVar("_T")
 
 _AGENTS: dict[str, Agent] = {}
 """The agents of this process by registered name (a workflow names its agent)."""
 
-Told = AgentEvent | PreviewUpdated
-"""What a sink is told: an agent event, or (a live sink only) a call's preview."""
+Told = AgentEvent | PreviewUpdated | ReasoningBlock
+"""What a sink is told: an agent event, a round's reasoning block (one with readable text:
+:func:`toollatch.core._round.reasoning_text`; the relay's ``reasoning`` event), or (a live
+sink only) a call's preview."""
 
 EventSink = Callable[[str, int, Told], Awaitable[None] | None]
 """Told each agent event of a durable run: ``(run_id, number, event)``, numbered from 0 in
@@ -113,8 +135,9 @@ the run's order. A recovered run tells the events of the steps it replays again,
 same numbers (the same events, recorded with their steps): a sink keeps the first of each
 number (the Redis run log refuses an id written twice). Without an :data:`AttemptHook`, a
 round's events come at its step's end, whole (no previews); with one the sink is *live*:
-it is told the round's events as they are made (text deltas, ``call_opened``, previews),
-before the step ends."""
+it is told the round's events as they are made (text deltas, ``call_opened``, previews;
+the round's reasoning blocks when its stream ended, before its ``call_committed``), before
+the step ends."""
 
 AttemptHook = Callable[[str, int], Awaitable[int]]
 """Makes a sink live (see ``EventSink``): told ``(run_id, number)`` when a model round's
@@ -151,6 +174,24 @@ _STEPPED: set[str] = set()
 """The runs a step of which ran in this process since their workflow began here: DBOS
 replays a recovered run's recorded steps without running them, then runs the rest here, so
 until one runs, the workflow's events were made (and observed) by the dead worker."""
+
+
+@dataclass(slots=True)
+class _Turn:
+    """Where a run this process executes stands (:meth:`DurableRuns.interrupted`): its
+    history so far (the message, the rounds it finished), and the round whose calls run,
+    with their results so far (in call order)."""
+
+    name: str
+    """The run's agent's registered name (its ledger knows what became of its calls)."""
+    run: AgentRun
+    round_: Round | None = None
+    results: list[ToolResult] = field(default_factory=list)
+
+
+_TURNS: dict[str, _Turn] = {}
+"""The runs whose workflow executes in this process, until it returns (or, when it failed,
+until :meth:`DurableRuns.interrupted` is asked)."""
 
 _CANCELLED: dict[str, str | None] = {}
 """The runs :meth:`DurableRuns.cancel` marked in this process, with their reasons."""
@@ -401,7 +442,7 @@ async def _model_round(
             if stop is not None:
                 return await _cut(run, pump, parser.cancel(), dispatch, stop, first)
             if round_ is not None:
-                run._decided(round_)  # call_committed / call_failed, told with the round
+                _decided(run, round_)
         events = await pump.close()
     finally:
         pump.cancel()
@@ -419,20 +460,27 @@ async def _cut(
     await pump.drain()
     if not pump.live or not pump.kept:
         return _Asked(stop, first, ())
-    run._decided(round_)
+    _decided(run, round_)
     results = tuple(await dispatch.abort(round_))
     return _Asked(stop, first, await pump.close(), results, round_)
+
+
+def _decided(run: AgentRun, round_: Round) -> None:
+    """The round's end, as a plain run tells it: its reasoning blocks with readable text
+    (what a plain relay run's observer makes ``reasoning`` events of when the stream ended:
+    ``relay._runs._Feed.on_round``), then ``call_committed`` / ``call_failed``."""
+    # (a round step's run is never iterated: its queue is the pump's, which tells blocks too)
+    queue = cast("deque[Told | None]", run._events)
+    for block in round_.blocks:
+        if isinstance(block, ReasoningBlock) and block.choice == 0 and reasoning_text(block.data):
+            queue.append(block)
+    run._decided(round_)
 
 
 def _asks(name: str, conversation: str, round_: Round, index: int) -> bool:
     """Whether call ``index`` of ``round_`` waits for an answer before it runs (a person's
     approval, a client tool's result): then its question is a step of its own."""
-    call = round_.calls[index].committed
-    if call is None:
-        return False
-    dispatcher = _agent(name)._setup(conversation).dispatcher
-    tool = dispatcher.tools.get(call.name)
-    return tool is not None and dispatcher.approvals.kind_of(tool, call, conversation) is not None
+    return _asking(name, conversation, round_, index) is not None
 
 
 @DBOS.step(name="toollatch.question")
@@ -441,52 +489,143 @@ async def _question(
     conversation: str,
     round_: Round,
     index: int,
-    told: int,
     approval_session: str | None = None,
     deadline_at: float | None = None,
 ) -> tuple[AgentEvent, ...]:
-    """Ask call ``index``'s question in the ledger and wait for its answer (written there
-    by any worker); its event (``approval_requested`` / ``client_call``), told live as
-    number ``told`` once asked, is the step's record. Asked before (a dead worker's step),
-    the stored question is the one waited for, and its event is told again under the same
-    number, answered or not. None told: the call is always allowed in ``approval_session``
-    (it runs unasked), or the question could not be stored (the call's step says why)."""
+    """Ask call ``index``'s question in the ledger, without waiting for its answer (its
+    :func:`_answer` step waits): its event (``approval_requested`` / ``client_call``), the
+    step's record, which the workflow tells. Asked before (a dead worker's step), the stored
+    question is found, answered or not, and its event is the same. None: the call is always
+    allowed in ``approval_session`` (it runs unasked), or the question could not be stored
+    (the call's step says why), or the run stops."""
     await _fenced(name, conversation)
     _STEPPED.add(conversation)
-    setup = _agent(name)._setup(conversation)
-    call = round_.calls[index].committed
-    tool = setup.dispatcher.tools.get(call.name) if call is not None else None
-    approvals = setup.dispatcher.approvals
-    kind = None if tool is None or call is None else approvals.kind_of(tool, call, conversation)
-    if call is None or kind is None or _stop_of(conversation, deadline_at) is not None:
+    asking = _asking(name, conversation, round_, index)
+    if asking is None or _stop_of(conversation, deadline_at) is not None:
         return ()
-    sink, telling = _sink(name), list[tuple[AgentEvent, asyncio.Future[int]]]()
-
-    def emit(event: ApprovalRequestedEvent) -> None:  # (the question is stored: tell it now)
-        telling.append((event, asyncio.ensure_future(_told(sink, conversation, told, event))))
-
-    gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
-    waited = approvals.wait(
-        conversation, call, kind, emit, gate, always=approval_session, keep_on_cancel=True
-    )  # (a worker that stops leaves the question waiting for a survivor)
+    approvals, call, kind = asking
     try:
-        question, stop = await _until_stopped(waited, conversation, deadline_at)
+        question = await approvals.ask(conversation, call, kind, approval_session)
     except (ApprovalError, LedgerError):
-        question, stop = None, None
-    if stop is not None and telling:  # (the run's own cancel or deadline: it is closed)
-        await approvals.close(conversation, call.call_id, digest_of(call.name, call.arguments))
-    for _event, task in telling:
-        await task
-    if telling or question is None:  # (a stop after the question was told: it stays told)
-        return tuple(event for event, _task in telling)
+        return ()
+    if question is None:
+        return ()
     event = ApprovalRequestedEvent(
         id=call.call_id, name=call.name, arguments=call.arguments,
         args_sha256=question.digest, session=conversation,
         expires_at=question.expires_at, kind=question.kind,
     )  # fmt: skip
-    # asked by a dead worker's step and answered since: told again under its number
-    await _told(sink, conversation, told, event)
     return (event,)
+
+
+@DBOS.step(name="toollatch.answer")
+async def _answer(
+    name: str,
+    conversation: str,
+    round_: Round,
+    index: int,
+    approval_session: str | None = None,
+    deadline_at: float | None = None,
+) -> bool:
+    """Wait for the answer to call ``index``'s question (asked by its :func:`_question`
+    step), written to the ledger by any worker; the call's step then finds it answered.
+    Whether it was answered: a cancel or the deadline closes the question (``cancelled``),
+    as does a stop found before the wait; a worker that stops leaves it waiting for a
+    survivor (its step re-run there)."""
+    await _fenced(name, conversation)
+    _STEPPED.add(conversation)
+    asking = _asking(name, conversation, round_, index)
+    if asking is None:
+        return False
+    approvals, call, kind = asking
+    stop = _stop_of(conversation, deadline_at)
+    if stop is None:
+        setup = _agent(name)._setup(conversation)
+        gate = Gate(setup.tools.current.specs, limits=setup.limits, policy=setup.policy)
+        waited = approvals.wait(
+            conversation, call, kind, _unsaid, gate, always=approval_session, keep_on_cancel=True
+        )  # (told by its question's step; a worker that stops leaves it for a survivor)
+        try:
+            _answered, stop = await _until_stopped(waited, conversation, deadline_at)
+        except (ApprovalError, LedgerError):
+            return False
+    if stop is not None:  # (the run's own cancel or deadline: the question is closed)
+        await approvals.close(conversation, call.call_id, digest_of(call.name, call.arguments))
+    return stop is None
+
+
+def _asking(
+    name: str, conversation: str, round_: Round, index: int
+) -> tuple[Approvals, CommittedCall, QuestionKind] | None:
+    """What call ``index`` of ``round_`` asks, and where (None: it asks nothing)."""
+    setup = _agent(name)._setup(conversation)
+    call = round_.calls[index].committed
+    tool = setup.dispatcher.tools.get(call.name) if call is not None else None
+    approvals = setup.dispatcher.approvals
+    kind = None if tool is None or call is None else approvals.kind_of(tool, call, conversation)
+    if call is None or kind is None:
+        return None
+    return approvals, call, kind
+
+
+def _unsaid(_event: ApprovalRequestedEvent) -> None:
+    """(An answer's wait tells nothing: its question's step made the event.)"""
+
+
+async def _asked_together(
+    name: str,
+    conversation: str,
+    round_: Round,
+    approval_session: str | None,
+    deadline_at: float | None,
+) -> tuple[list[AgentEvent], list[int]]:
+    """The questions of ``round_``'s calls that ask, each asked in its own step, all at once:
+    their events, and the calls whose answers are waited for (with :func:`_waited_together`).
+
+    Concurrent steps are deterministic in DBOS: a step's id (its ``function_id``, what a
+    recovery replays it by) is taken from the workflow's counter when the step function is
+    *called*, not when its coroutine first runs (dbos 3.4 ``_core.py`` ``decorate_step``:
+    ``ctx.snapshot_step_ctx()`` in the wrapper; ``_context.py`` ``snapshot_step_ctx``), and
+    each step runs in a context of its own (``EnterDBOSStepCtx``); so steps called in call
+    order here get the same ids in every execution of the workflow, whatever order they end
+    in. (https://www.dbos.dev/blog/async-python-is-secretly-deterministic)"""
+    indexes = [i for i in range(len(round_.calls)) if _asks(name, conversation, round_, i)]
+    steps = [
+        _question(name, conversation, round_, i, approval_session, deadline_at) for i in indexes
+    ]
+    asked = await _together(steps)
+    events = [event for told in asked for event in told]
+    return events, [i for i, told in zip(indexes, asked, strict=True) if told]
+
+
+async def _waited_together(
+    name: str,
+    conversation: str,
+    round_: Round,
+    indexes: list[int],
+    approval_session: str | None,
+    deadline_at: float | None,
+) -> None:
+    """Wait for the answers of calls ``indexes``, each in its own step, all at once (called
+    in call order: see :func:`_asked_together`)."""
+    steps = [_answer(name, conversation, round_, i, approval_session, deadline_at) for i in indexes]
+    await _together(steps)
+
+
+async def _together(steps: Sequence[Awaitable[_T]]) -> list[_T]:
+    """The values of ``steps``, run at once; one that raises (``RunLost``: a fence) stops the
+    others (no step left waiting for an answer in a worker that lost the run)."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for task in tasks:  # (their errors retrieved: the first one raised)
+            if not task.cancelled():
+                task.exception()
 
 
 @DBOS.step(name="toollatch.call")
@@ -559,6 +698,33 @@ async def _retell(name: str, conversation: str, asked: _Asked) -> int:
     return told
 
 
+async def _fate_of(ledger: Ledger | None, scope: str, call: CallRecord) -> ToolResult:
+    """What became of a committed call of a run that cannot go on here (the call's step
+    did not return): the ledger's final result, or ``cancelled`` when it was claimed and
+    never started (:func:`._resume.ledger_fate`); ``cancelled`` when the ledger holds no
+    record of it (a durable call's tool starts only once claimed); else ``outcome_unknown``
+    (it started, or the ledger cannot tell)."""
+    name = call.name or ""
+    if ledger is not None:
+        known = await ledger_fate(ledger, scope)(call.call_id)
+        if known is not None:
+            return known
+        try:
+            if await ledger.get(LedgerKey(scope=scope, call_id=call.call_id)) is None:
+                return made_error(call.call_id, name, ErrorCode.CANCELLED, NOT_STARTED)
+        except (LedgerError, UsageError):
+            pass  # (it cannot tell)
+    return made_error(call.call_id, name, ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL)
+
+
+def _forget(conversation: str) -> None:
+    """Drop what this process kept of a run whose workflow returned here."""
+    _CANCELLED.pop(conversation, None)
+    _CANCELS.pop(conversation, None)
+    _STEPPED.discard(conversation)
+    _TURNS.pop(conversation, None)
+
+
 @DBOS.workflow(name="toollatch.agent_run")
 async def _agent_run(
     name: str,
@@ -573,6 +739,7 @@ async def _agent_run(
     # the process that made it: a step's events by its step; the workflow's own (round_ended,
     # run_ended) once a step ran here (before: replayed, the dead worker's observers had them).
     run = _run(name, conversation, history)
+    turn = _TURNS[conversation] = _Turn(name, run)
     _STEPPED.discard(conversation)
     observed = run._setup
     run._setup = replace(observed, observers=())
@@ -596,17 +763,18 @@ async def _agent_run(
             run.error = outcome
             break
         used += sum(1 for c in outcome.calls if c.committed is not None)
-        results = []
+        results: list[ToolResult] = []
+        turn.round_, turn.results = outcome, results
+        questions, waiting = await _asked_together(
+            name, conversation, outcome, approval_session, deadline_at
+        )
+        if conversation in _STEPPED:
+            run._setup = observed
+        for event in questions:
+            run._emit(event)
+        told = await _tell(name, run, told)
+        await _waited_together(name, conversation, outcome, waiting, approval_session, deadline_at)
         for i in range(len(outcome.calls)):
-            if _asks(name, conversation, outcome, i):
-                asked_ = await _question(
-                    name, conversation, outcome, i, told, approval_session, deadline_at
-                )
-                if conversation in _STEPPED:
-                    run._setup = observed
-                for event in asked_:
-                    run._emit(event)
-                told = await _tell(name, run, told)
             result, events = await _call(
                 name, conversation, outcome, i, deadline_at, approval_session
             )
@@ -617,15 +785,14 @@ async def _agent_run(
                 run._put(event)  # (observed in its step)
             told = await _tell(name, run, told)
         run._close(outcome, results)
+        turn.round_ = None
         told = await _tell(name, run, told)
         if not await run._again(outcome):
             break
     ended = run._run_ended()
     run._emit(ended)
     await _tell(name, run, told)
-    _CANCELLED.pop(conversation, None)
-    _CANCELS.pop(conversation, None)
-    _STEPPED.discard(conversation)
+    _forget(conversation)
     return {
         "rounds": ended.rounds,
         "calls": ended.calls,
@@ -658,6 +825,7 @@ class DurableRuns:
         if not executor_id:
             raise UsageError("executor_id must be a non-empty str")
         self.executor_id = executor_id
+        self._url = url
         config: DBOSConfig = {
             "name": app,
             "system_database_url": url,
@@ -775,6 +943,14 @@ class DurableRuns:
 
     async def result(self, run_id: str) -> DurableResult:
         """Wait for run ``run_id`` to end, here or on any worker."""
+        # (in a context of its own: awaited in a task that a workflow's sink started, e.g. the
+        # relay's driver of a run taken over, DBOS would read the status as a step of that
+        # workflow (dbos 3.4 ``DBOS.retrieve_workflow_async``: ``snapshot_step_context``),
+        # taking the id its next step is replayed by: DBOSUnexpectedStepError)
+        loop = asyncio.get_running_loop()
+        return await loop.create_task(self._result(run_id), context=contextvars.Context())
+
+    async def _result(self, run_id: str) -> DurableResult:
         handle = self._started.pop(run_id, None)
         if handle is None:  # another worker's, or recovered: its row, polled
             handle = await DBOS.retrieve_workflow_async(run_id)
@@ -796,3 +972,48 @@ class DurableRuns:
             raise UsageError("recover needs the executor ids of the dead workers")
         handles = await asyncio.to_thread(DBOS._recover_pending_workflows, ids)
         return [h.workflow_id for h in handles]
+
+    async def reachable(self, timeout_s: float = 1.0) -> bool:
+        """Whether the engine's PostgreSQL takes a connection within ``timeout_s`` seconds.
+        (DBOS itself never gives up on a lost database: a step's record waits for it,
+        retrying, however long it is gone.)"""
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = await psycopg.AsyncConnection.connect(self._url)
+                await connection.close()
+        except (TimeoutError, OSError, psycopg.Error):
+            return False
+        return True
+
+    def forget(self, run_id: str) -> None:
+        """Drop what this process keeps of run ``run_id`` for :meth:`interrupted` (its
+        workflow stopped here without returning: lost to another worker, or abandoned)."""
+        _TURNS.pop(run_id, None)
+
+    async def interrupted(self, run_id: str, at: int) -> list[dict[str, Any]]:
+        """The history entries past ``at`` of run ``run_id``, whose workflow failed or
+        cannot go on (PostgreSQL lost) in this process, as the run would leave them
+        interrupted: its entries past ``at`` (its message, the rounds it finished), then the
+        round whose calls were running, each call paired with its result, else with what
+        the agent's ledger says of it (:func:`_fate_of`), then a note that the answer was
+        interrupted when the last entry is not the model's (the next message then never
+        follows a user turn); [] for a run not executed here. What this process kept of the
+        run is dropped: a second ask gets []."""
+        turn = _TURNS.pop(run_id, None)
+        if turn is None:
+            return []
+        run, round_ = turn.run, turn.round_
+        setup = run._setup
+        ledger = _agent(turn.name).ledger
+        entries = [dict(m) for m in run.history[at:]]
+        if round_ is not None:
+            results = list(turn.results)
+            for call in round_.calls[len(results) :]:
+                if call.committed is None:
+                    results.append(error_result(call))
+                else:
+                    results.append(await _fate_of(ledger, run_id, call))
+            entries += round_entries(round_, results, setup.drop_failed)
+        if not entries or entries[-1].get("role") not in ("assistant", "model"):
+            entries += note_entries(setup.client.provider)
+        return entries
