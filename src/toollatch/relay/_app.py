@@ -298,7 +298,19 @@ class Relay:
     ) -> None:
         """Start an admitted run of ``message`` after ``history`` (see :meth:`_start`);
         ``client_tools``: tools whose results the client submits (AG-UI's frontend tools);
-        ``kept``: what its run record keeps besides (:mod:`._restore`)."""
+        ``kept``: what its run record keeps besides (:mod:`._restore`). With ``durable``, an
+        AG-UI thread's run (``kept["agui"]["thread"]``) is a workflow (:mod:`._durable`):
+        its calls' ledger scope is its own, not ``conversation``, and its end writes the
+        thread's new messages (its observers do not)."""
+        agui = (kept or {}).get("agui")
+        thread = agui.get("thread") if isinstance(agui, Mapping) else None
+        if self.durable is not None and isinstance(thread, str):
+            self._start_durable(
+                run, provider, model, message, history=history,
+                chat=StoredThreads.scope_of(run.session_key, thread), thread=thread,
+                tools=client_tools, observers=observers,
+            )  # fmt: skip
+            return
         self._start(
             run,
             provider,
@@ -338,10 +350,14 @@ class Relay:
                     await self._check_resumable(resume, session, new_session)
                 run = await self.admit(session, new_session, run_id=resume)
                 chosen = provider or self.providers[0]
-                if self.durable is not None and resume is None and message is not None:
-                    self._start_durable(run, chosen, model, message)
-                else:
+                if self.durable is None:
                     self._start(run, chosen, model, message, resume=resume is not None)
+                elif resume is not None:  # (its own stored history: _check_resumable read it)
+                    assert self.history is not None
+                    stored = await self.history.load(run_scope(session, run.id))
+                    self._start_durable(run, chosen, model, message, history=stored, resumed=True)
+                else:
+                    self._start_durable(run, chosen, model, message)
         except HTTPError as exc:
             return exc.response()
         body = {
@@ -713,12 +729,20 @@ class Relay:
         *,
         history: Sequence[Mapping[str, Any]] = (),
         chat: str | None = None,
+        resumed: bool = False,
+        tools: Sequence[Tool[..., Any]] = (),
+        observers: Sequence[Any] = (),
+        thread: str | None = None,
     ) -> None:
         """Start an admitted run as a DBOS workflow (:mod:`._durable`): ``message`` after
-        ``history``, the stored history of the chat whose history key is ``chat``; 422
-        :class:`HTTPError` when its agent cannot be made."""
+        ``history``, the stored history of the chat (or AG-UI thread: ``thread``) whose
+        history key is ``chat``; ``resumed``, ``tools``, ``observers`` as in
+        :meth:`DurableRelay.start`; 422 :class:`HTTPError` when its agent cannot be made."""
         try:
-            self.durable.start(run, provider, model, message, history=history, chat=chat)
+            self.durable.start(
+                run, provider, model, message, history=history, chat=chat, resumed=resumed,
+                tools=tools, observers=observers, thread=thread,
+            )  # fmt: skip
         except (ConfigError, UsageError) as exc:
             run.done = True
             if run.mirror is not None:
@@ -763,7 +787,10 @@ class Relay:
         assistant note that it was interrupted (:func:`.runtime._resume.file_interrupted`),
         and an AG-UI thread's run hands its thread what it stored (:meth:`_file_thread`)."""
         kept = kept or {}
-        if self.durable is not None and await self.durable.recovered(run_id, session, owner):
+        workflow = kept.get("workflow")
+        if self.durable is not None and await self.durable.recovered(
+            run_id, session, owner, workflow
+        ):
             return True
         if self.history is None or self.ledger is None:
             return False

@@ -1,13 +1,15 @@
 """Relay runs as DBOS workflows, taken over by a surviving worker (internal; ``toollatch
 serve --durable postgresql://...``, the ``durable`` extra, with a shared Redis run store).
 
-Theory of operation. A run of ``POST /runs`` is a workflow of
-:class:`toollatch.runtime.DurableRuns` (see :mod:`toollatch.runtime._durable`: each model
-round one step recording the round, each committed call one step under the ledger's call id,
-which the tool reads as its idempotency key). Its workflow id is the run's ledger scope
+Theory of operation. A run of ``POST /runs`` (a new one or a resumed one), of a chat and
+of AG-UI is a workflow of :class:`toollatch.runtime.DurableRuns` (see
+:mod:`toollatch.runtime._durable`: each model round one step recording the round, each
+committed call one step under the ledger's call id, which the tool reads as its idempotency
+key). Its conversation, and its workflow id, is the run's ledger scope
 (:func:`._requests.run_scope_of`: the session's digest and the run id), its agent's name the
-plain data that rebuilds the agent in any worker (provider, model, the session's tools):
-every worker registers one factory (:meth:`DurableRelay._agent`) before DBOS launches.
+plain data that rebuilds the agent in any worker (provider, model, the session's tools, an
+AG-UI run's frontend tools): every worker registers one factory (:meth:`DurableRelay._agent`)
+before DBOS launches.
 
 Events. The workflow numbers its events from 0, and event ``n`` is the run's frame ``id:
 n + 1``: the sink (:meth:`DurableRelay._tell`) appends each to the run's log as the relay's
@@ -39,34 +41,55 @@ recover that executor's pending workflows (once per dead worker); the runs among
 run by whichever live worker dequeues it: on its first event there, that worker takes the
 run over in the store (:meth:`RedisRunStore.take_over`: owner, ``running``) and goes on
 with the run's log after the shared log's newest id. Readers on every worker read such a
-run from the shared log (:meth:`._app.Relay.find_run`).
+run from the shared log (:meth:`._app.Relay.find_run`). An AG-UI run's thread gets a keeper
+there (:meth:`.protocols._agui.AguiEndpoint.resume`, its thread id ``kept["agui_thread"]``):
+its thread is busy there, and its answers are taken there.
 
-Chats. A chat's message (``POST /api/chat``, ``POST /runs {"chat_id"}``) is a workflow too:
-it starts from the chat's stored history (its branch's, :mod:`._chats`) and the message. The
-chat's new history entries are written when the workflow tells ``run_ended``, before that
-event reaches the log, by whichever worker drives the run then: a reader that sees the end
-(the AI SDK's ``finish``) finds the history stored, and the chat's next message, on any
-worker, continues it. The chat's history key and the length it had are kept beside the run
-(:attr:`RelayRun.kept` ``history`` and ``history_at``, in the run's Redis metadata), where a
-worker that takes the run over reads them (:meth:`RedisRunStore.take_over`). Written with
-the length as the append's ``at``, the entries are written once (a told-again end is
-skipped; a second writer gets ``HistoryConflict``).
+Histories. A run starts from a stored history and writes what it added at its end: a
+chat's message (``POST /api/chat``, ``POST /runs {"chat_id"}``) the chat's history (its
+branch's, :mod:`._chats`), an AG-UI run (``POST /agui``) its thread's
+(:class:`.protocols._agui.StoredThreads`: the thread's provider is stored beside it before
+the workflow starts; the thread's keeper, told the run's events on the worker driving it,
+saves nothing), a run of ``POST /runs`` its own (under its ledger scope, from nothing),
+which ``POST /runs {"resume"}`` continues. The new entries are written when the workflow
+tells ``run_ended``, before that event reaches the log, by whichever worker drives the run
+then: a reader that sees the end (the AI SDK's ``finish``, AG-UI's ``RUN_FINISHED``) finds
+the history stored, and the next message, on any worker, continues it. The history's key
+and the length it had are kept beside the run (:attr:`RelayRun.kept` ``history`` and
+``history_at``, in the run's Redis metadata), where a worker that takes the run over reads
+them (:meth:`RedisRunStore.take_over`). Written with the length as the append's ``at``, the
+entries are written once (a told-again end is skipped; a second writer gets
+``HistoryConflict``). An AG-UI run's calls have the run's own ledger scope, not the
+thread's as on the plain path: its thread's history, each run's written whole at its end,
+has every call paired, so no later run asks a call of it again.
+
+Resumed runs. ``POST /runs {"resume": id}`` continues the run's own stored history under
+its id, in its conversation (so its ledger scope: a call id the model asks again that an
+earlier run of it finished returns that result), as a workflow of a new id (a DBOS workflow
+id started again is the same workflow, not a new one): ``<scope>~<random>``, kept beside
+the run (``kept["workflow"]``), whence a worker that takes it over, or recovers a dead
+worker's workflows, knows it. Its log starts again from id 1, as on the plain path.
 
 PostgreSQL lost. DBOS never gives up on its database: a step's record waits for it,
 retrying, so a run goes on once PostgreSQL is back (a restart), and until then its workflow
 waits. A worker that stops meanwhile (:meth:`DurableRelay.handing_over`: it asks PostgreSQL
 for a connection first) hands nothing over, as no survivor could recover a workflow: each
 of its runs has its step cancelled and is ended here, every call paired (the ledger says
-what became of a call whose step did not return), and a chat's run stores its turn: the
-user's message, the rounds it finished, the round it cut off with each call's fate, and an
-assistant note that the answer was interrupted (:meth:`DurableRuns.interrupted`), so the
-chat's next message, on any worker, follows an assistant turn. So does a chat's run whose
-workflow failed. The stopping worker then exits without DBOS's thread that still waits
-(``toollatch serve``); the workflow stays pending in PostgreSQL, unrecorded past its last
-step.
+what became of a call whose step did not return), and its history gets its turn (the
+chat's, the AG-UI thread's, the run's own): the user's message, the rounds it finished, the
+round it cut off with each call's fate, and an assistant note that the answer was
+interrupted (:meth:`DurableRuns.interrupted`), so the next message, on any worker, follows
+an assistant turn. So does a run whose workflow failed. The stopping worker then exits
+without DBOS's thread that still waits (``toollatch serve``); the workflow stays pending in
+PostgreSQL, unrecorded past its last step.
 
-What is not durable (yet): AG-UI and resumed runs use the plain path (a dead worker's run
-is ended, every call paired).
+What is not durable: a run whose worker dies (SIGKILL) while PostgreSQL is lost, or whose
+recovered workflow no survivor can drive (its model not served there), is ended the Redis
+way (every call paired), and what it added is not stored in its history: its chat's or
+thread's next message goes on from before it, and a run of ``POST /runs`` that had stored
+nothing is not resumable (404). An AG-UI answer to a run a survivor took over streams the
+run again from its first event (where the client's last stream ended is known to the dead
+worker only), as after a restart.
 
 Questions. A call that waits for a person (``approval_requested``) or a client tool's result
 (``client_call``) waits in its own workflow step (:mod:`toollatch.runtime._durable`), for the
@@ -86,6 +109,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -101,9 +125,12 @@ from ..runtime._agent_events import AgentEvent, RunEndedEvent
 from ..runtime._agent_run import AgentRun
 from ..runtime._clients import model_client
 from ..runtime._run_setup import RunLimits
+from ..tools._tools import Tool
 from ._answers import approval_scope, sign
 from ._requests import run_scope_of
+from ._restore import client_tool_specs, client_tools
 from ._runs import RelayRun, preview_json
+from .protocols._agui import StoredThreads, Thread
 from .store._base import StoreUnavailable
 from .store._orphans import closing_events, read_log
 from .store._redis import RedisRunStore
@@ -159,8 +186,10 @@ class DurableRelay:
         # log left events out: a run past max_run_events drops its text and previews)
         self._next: dict[str, int] = {}
         self._recovered: set[str] = set()  # workflow ids recovered by this worker's sweeps
-        # workflow id -> a chat's history key and its length at the run's start
+        # workflow id -> the history key its end is kept under (a chat's, an AG-UI thread's,
+        # the run's own) and the history's length at the run's start
         self._chats: dict[str, tuple[str, int]] = {}
+        self._observers: dict[str, list[Any]] = {}  # workflow id -> told its events here
         self._recovering: dict[str, asyncio.Task[list[str]]] = {}  # dead worker -> recovery
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
         self._lost: set[str] = set()  # workflow ids this worker lost to another (fenced)
@@ -204,34 +233,68 @@ class DurableRelay:
         *,
         history: Sequence[Mapping[str, Any]] = (),
         chat: str | None = None,
+        resumed: bool = False,
+        tools: Sequence[Tool[..., Any]] = (),
+        observers: Sequence[Any] = (),
+        thread: str | None = None,
     ) -> None:
         """Start ``run`` (admitted, recorded in the store) as a workflow: ``message`` after
-        ``history``; ``chat``: the history key of the chat whose stored ``history`` it
-        continues (its new entries are written there at its end)."""
+        ``history``, the history stored under ``chat`` (a chat's or an AG-UI thread's key;
+        default: the run's own scope), to which its new entries are written at its end.
+        ``resumed``: it continues an ended run of the same id (its own stored history), as
+        a workflow of a new id in the same conversation. ``tools``: client tools (AG-UI's
+        frontend tools, named in its agent's name); ``observers``: told its events on this
+        worker (an AG-UI thread's keeper); ``thread``: the AG-UI thread id of ``chat``."""
         relay = self.relay
         own = relay.tools is None and relay.tool_source is None  # (the session's examples)
-        name = json.dumps([provider, model, run.session_key[:24] if own else ""])
+        parts: list[Any] = [provider, model, run.session_key[:24] if own else ""]
+        if tools:
+            parts.append(client_tool_specs(tools))
+        name = json.dumps(parts)
         workflow = run_scope_of(run.session_key, run.id)
+        workflow_id = f"{workflow}~{secrets.token_hex(6)}" if resumed else workflow
         self._agent(name)  # (a ConfigError / UsageError now, not in the workflow)
         self._runs[workflow] = run
+        key = chat or workflow
+        self._chats[workflow] = (key, len(history))
         # (see RelayRun.kept; before its first write; ``agent``: a survivor's answers)
         run.kept = {"conversation": workflow, "agent": name}
-        if chat is not None:
-            self._chats[workflow] = (chat, len(history))
-            run.kept.update(history=chat, history_at=str(len(history)))
+        run.kept.update(history=key, history_at=str(len(history)))
+        if workflow_id != workflow:
+            run.kept["workflow"] = workflow_id
+        if thread is not None:
+            run.kept["agui_thread"] = thread
+        if observers:
+            self._observers[workflow] = list(observers)
         approval = approval_scope(run.session_key)
 
         async def started() -> None:
+            if thread is not None:
+                await self._thread_kept(run, key, provider)
             await self.engine.start(
-                name, message, run_id=workflow, history=history, approval_session=approval
-            )
-            await self._wait(run, workflow)
+                name, message, run_id=workflow_id, history=history,
+                approval_session=approval, conversation=workflow,
+            )  # fmt: skip
+            await self._wait(run, workflow, workflow_id)
 
         async def body() -> None:
             await self._drive(run, workflow, started())
 
         answers = self.engine.answers(name, workflow, approval)
         run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
+
+    async def _thread_kept(self, run: RelayRun, key: str, provider: str) -> None:
+        """An AG-UI thread's provider stored beside its history (:class:`StoredThreads`'s
+        ``/meta``), before its first run: its end writes only the thread's messages."""
+        threads = self.relay.agui.threads
+        if not isinstance(threads, StoredThreads):
+            return
+        try:
+            await threads.save_under(key, Thread(provider, ()))
+        except HistoryConflict:
+            pass  # (another run of the thread wrote it first)
+        except (LedgerError, UsageError) as exc:
+            _log.error("run %s…: its thread's provider was not kept: %s", run.id[:6], exc)
 
     def _stopper(self, workflow: str) -> Callable[[str | None], None]:
         def stop(reason: str | None) -> None:
@@ -244,15 +307,17 @@ class DurableRelay:
             self._runs.pop(workflow, None)
             self._next.pop(workflow, None)
             self._chats.pop(workflow, None)
+            self._observers.pop(workflow, None)
             self.engine.forget(workflow)  # (a workflow lost here never returned)
 
         return closing
 
-    async def _wait(self, run: RelayRun, workflow: str) -> None:
-        """Wait for the workflow's end; when it failed without ``run_ended`` (a step's
-        record refused, a bug), end the run here (:meth:`_failed`)."""
+    async def _wait(self, run: RelayRun, workflow: str, workflow_id: str) -> None:
+        """Wait for the workflow ``workflow_id`` (of the conversation ``workflow``) to end;
+        when it failed without ``run_ended`` (a step's record refused, a bug), end the run
+        here (:meth:`_failed`)."""
         try:
-            await self.engine.result(workflow)
+            await self.engine.result(workflow_id)
         except Exception as exc:
             if run.handed_over:
                 return  # (DBOS stopped under it: a survivor recovers it)
@@ -286,8 +351,9 @@ class DurableRelay:
         await self._failed(run, workflow, _STRANDED)
 
     async def _failed(self, run: RelayRun, workflow: str, error: str) -> None:
-        """End ``run``, whose workflow failed or cannot go on, every call paired: a chat's
-        turn is stored first (its message and the round it cut off, as
+        """End ``run``, whose workflow failed or cannot go on, every call paired: its turn
+        is stored first in its history (its chat's, AG-UI thread's or own: its message and
+        the round it cut off, as
         :meth:`DurableRuns.interrupted` makes them), once, then the end is logged."""
         chat = self._chats.pop(workflow, None)
         entries = await self.engine.interrupted(workflow, 0 if chat is None else chat[1])
@@ -339,21 +405,21 @@ class DurableRelay:
             self._agents.move_to_end(name)
             return agent
         try:
-            provider, model, tools_key = json.loads(name)
-        except (ValueError, TypeError):
+            provider, model, tools_key, *specs = json.loads(name)
+            frontend = client_tools({"client_tools": specs[0]}) if specs else []
+        except (ValueError, TypeError, KeyError, ConfigError):
             raise UsageError(f"not a relay run's agent: {name[:80]!r}") from None
         relay = self.relay
         if provider not in relay.providers or model not in relay.models:
             raise UsageError(f"{provider} / {model} is not served by this worker")
-        client = model_client(
-            provider, model=model, base_url=relay.base_url_for(provider), http=relay.http[0]
-        )
         tools = relay.tools
         if tools is None and relay.tool_source is None:
             tools = relay.session_tools(tools_key)
         agent = Agent(
-            client,
-            tools or (),
+            model_client(
+                provider, model=model, base_url=relay.base_url_for(provider), http=relay.http[0]
+            ),
+            (*(tools or ()), *frontend),
             previews=relay.previews,
             observers=[relay.metrics] if relay.metrics is not None else [],
             tool_source=relay.tool_source,
@@ -394,13 +460,16 @@ class DurableRelay:
                 raise DurableRuns.Lost(f"run {run.id[:6]}… is driven by another worker now")
             key, at = self._chats.pop(workflow)
             await self._keep_chat(run, key, at, event.history[at:])
+        for observer in self._observers.get(workflow, ()):
+            observer.on_event("", event)  # (before the log: as the plain path's observers)
         run.observer.on_event("", event)
 
     async def _keep_chat(
         self, run: RelayRun, key: str, at: int, entries: Sequence[Mapping[str, Any]]
     ) -> None:
-        """Append a chat's run's new history ``entries`` at ``at`` to the chat's ``key``
-        (before its ``run_ended`` is logged: see the module docstring)."""
+        """Append a run's new history ``entries`` at ``at`` to ``key``: its chat's, its
+        AG-UI thread's or its own (before its ``run_ended`` is logged: see the module
+        docstring)."""
         try:
             await self.relay.chats.history.append(key, [dict(m) for m in entries], at=at)
         except HistoryConflict as exc:  # (already written: a driver before this one)
@@ -477,12 +546,17 @@ class DurableRelay:
             self._chats[workflow] = (chat, int(at))
         answers = await self._asked(run, workflow)
         relay.runs.keep(run)
+        thread = kept.get("agui_thread")
+        if thread is not None:  # (kept first: its thread is busy here, its answers taken here)
+            self._observers[workflow] = [relay.agui.resume(run, thread, "", saves=False)]
         self.store.mirrored(run)
         self._runs[workflow] = run
         _log.warning("run %s…: taken over from a dead worker (after event %d)", run_id[:6], last)
 
+        workflow_id = kept.get("workflow", workflow)
+
         async def body() -> None:
-            await self._drive(run, workflow, self._wait(run, workflow))
+            await self._drive(run, workflow, self._wait(run, workflow, workflow_id))
 
         run.drive(body, self._stopper(workflow), self._closing(workflow), answers=answers)
         return run
@@ -513,10 +587,13 @@ class DurableRelay:
 
     # -- the lease sweep's side --------------------------------------------------------------
 
-    async def recovered(self, run_id: str, session: str, owner: str) -> bool:
+    async def recovered(
+        self, run_id: str, session: str, owner: str, workflow_id: str | None = None
+    ) -> bool:
         """Whether the dead worker ``owner``'s run goes on as a recovered workflow (its
-        executor's pending workflows recovered once, by this worker)."""
-        workflow = run_scope_of(session, run_id)
+        executor's pending workflows recovered once, by this worker); ``workflow_id``:
+        the run's, when not its scope (``kept["workflow"]``: a resumed run's)."""
+        workflow = workflow_id or run_scope_of(session, run_id)
         if workflow in self._recovered:
             return True
         task = self._recovering.get(owner)

@@ -287,8 +287,10 @@ class RelayRun:
         keeps it beside the run): ``conversation``, its calls' ledger scope; for an AG-UI
         thread's run also ``history`` (where its rounds are stored), ``thread`` (the
         thread's history key) and ``provider``; for a durable run (:mod:`._durable`) also
-        ``agent`` (its workflow's agent, where its answers go), and for a durable chat's run
-        ``history`` (the chat's history key) and ``history_at`` (its length at the start)."""
+        ``agent`` (its workflow's agent, where its answers go), ``history`` (the key its
+        end writes its history under: its chat's, its AG-UI thread's or its own) and
+        ``history_at`` (that history's length at the start), for a resumed one ``workflow``
+        (its workflow id) and for an AG-UI one ``agui_thread`` (the client's thread id)."""
 
     @property
     def agent_run(self) -> AgentRun | None:

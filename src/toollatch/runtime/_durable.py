@@ -907,13 +907,17 @@ class DurableRuns:
         run_id: str,
         history: Sequence[Mapping[str, Any]] = (),
         approval_session: str | None = None,
+        conversation: str | None = None,
     ) -> str:
         """Start a run of the agent registered as ``agent`` under ``run_id`` (the workflow
         id and the conversation; starting an id again is the same run, not a new one). Its
         deadline is the agent's ``RunLimits.deadline_s`` from now, wherever it goes on.
         ``approval_session``: whose "always allow" decisions its calls read (default
         ``run_id``); a call that asks waits for its answer in the agent's ledger, where
-        :meth:`answers` (any worker's) writes it."""
+        :meth:`answers` (any worker's) writes it. ``conversation`` (default ``run_id``):
+        another conversation for a run that continues an ended one's history under a new
+        workflow id: its call ids' ledger scope, the id its sink, fence, :meth:`cancel` and
+        :meth:`answers` know it by (one run of a conversation at a time)."""
         entries = [dict(m) for m in history]
         runner = _agent(agent)
         if message is not None:
@@ -924,7 +928,7 @@ class DurableRuns:
         deadline_at = None if deadline_s is None else time.time() + deadline_s
         with SetWorkflowID(run_id):
             handle = await DBOS.start_workflow_async(
-                _agent_run, agent, run_id, entries, deadline_at, approval_session
+                _agent_run, agent, conversation or run_id, entries, deadline_at, approval_session
             )
         self._started[run_id] = handle
         return run_id

@@ -484,16 +484,24 @@ class StoredThreads:
 
 class _Keeper:
     """The run's observer that hands its final history to the thread store (before the
-    run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept)."""
+    run's log gets ``run_ended``, so a client that read ``RUN_FINISHED`` finds it kept),
+    unless ``saves`` is false (a durable run writes its thread itself: :mod:`.._durable`)."""
 
     def __init__(
-        self, endpoint: AguiEndpoint, key: tuple[str, str], provider: str, run: RelayRun
+        self,
+        endpoint: AguiEndpoint,
+        key: tuple[str, str],
+        provider: str,
+        run: RelayRun,
+        *,
+        saves: bool = True,
     ) -> None:
         self._endpoint, self._key, self._provider = endpoint, key, provider
         """``key``: (session, threadId); a resumed run's session is "" until a request of
         its session adopts it (:meth:`AguiEndpoint.adopted`)."""
         self.run = run
         self.ended = False
+        self.saves = saves
 
     @property
     def busy(self) -> bool:
@@ -522,6 +530,8 @@ class _Keeper:
             if not key[0]:  # (resumed, and no request of its session came: nothing to file)
                 endpoint.resumed.pop((self.run.session_key, key[1]), None)
                 return
+            if not self.saves:
+                return
             thread = Thread(self._provider, tuple(dict(m) for m in event.history))
             saving = asyncio.ensure_future(endpoint.threads.save(*key, thread))
             endpoint.saving[key] = saving
@@ -546,6 +556,8 @@ class RelayHost(Protocol):
     runs: RunRegistry
     approval_secret: bytes
     store: RunStore
+    durable: Any
+    """Not None: the runs are durable workflows, which write their thread themselves."""
 
     def session_of(self, request: Request) -> str | None: ...
     def set_session(self, response: Response, token: str) -> None: ...
@@ -596,9 +608,13 @@ class AguiEndpoint:
         """The threads' runs a restarted relay resumed, by (session key, threadId), until a
         request of their session adopts them (:meth:`adopted`)."""
 
-    def resume(self, run: RelayRun, thread_id: str, provider: str) -> _Keeper:
-        """The observer of a thread's run a restarted relay resumes (give it to the run)."""
-        keeper = _Keeper(self, ("", thread_id), provider, run)
+    def resume(
+        self, run: RelayRun, thread_id: str, provider: str, *, saves: bool = True
+    ) -> _Keeper:
+        """The observer of a thread's run a restarted relay resumes, or a durable run a
+        survivor took over (``saves`` false: it writes its thread itself); give it to the
+        run."""
+        keeper = _Keeper(self, ("", thread_id), provider, run, saves=saves)
         self.resumed[(run.session_key, thread_id)] = keeper
         return keeper
 
@@ -642,12 +658,7 @@ class AguiEndpoint:
         live = self.adopted(*thread)
         if live is not None and live.busy and _answers.waiting(live.run):
             # the thread's run waits on this client: the input answers it, the run goes on
-            start = await _agui_answers.answer_input(live.run, host.approval_secret, given)
-            with contextlib.suppress(StoreUnavailable):  # (then a re-POST answers again)
-                await host.store.point("agui", key, live.run.id)
-            view = AguiView(given.thread_id, given.run_id, live.run.id)
-            await self._replayed(live.run, view, start)
-            return self._stream(live.run, start, view)
+            return await self._answered(live.run, given, session, key)
         if live is None and host.store.shared and (given.resume or _tool_messages(given)):
             forwarded = await self._through_owner(session, given, data, key)
             if forwarded is not None:  # (the thread's run waits on another worker)
@@ -665,7 +676,7 @@ class AguiEndpoint:
                 409, "thread_provider", f"this thread runs on {stored.provider}, not {provider}"
             )
         run = await host.admit(session, new_session)
-        keeper = _Keeper(self, thread, provider, run)
+        keeper = _Keeper(self, thread, provider, run, saves=host.durable is None)
         host.start_run(
             run,
             provider,
@@ -687,12 +698,29 @@ class AguiEndpoint:
             host.set_session(response, session)
         return response
 
+    async def _answered(
+        self, run: RelayRun, given: RunAgentInput, session: str, key: str
+    ) -> Response:
+        """Answer this worker's ``run`` from the input; the run's events from where its
+        last stream ended."""
+        host = self.host
+        start = await _agui_answers.answer_input(run, host.approval_secret, given)
+        with contextlib.suppress(StoreUnavailable):  # (then a re-POST answers again)
+            await host.store.point("agui", key, run.id)
+        view = AguiView(given.thread_id, given.run_id, run.id)
+        source: RunSource = run
+        if run.log.start:  # (taken over: its first events are in the shared log only)
+            source = await host.find_run(run.id, session) or run
+        await self._replayed(source, view, start)
+        return self._stream(source, start, view, owner=run)
+
     async def _through_owner(
         self, session: str, given: RunAgentInput, data: Any, key: str
     ) -> Response | None:
         """Answers to the thread's run of another worker, handed to its owner (it applies
         them as :func:`._agui_answers.answer_input` does here); the run's events from where
-        its last stream ended. None when the thread has no live run elsewhere."""
+        its last stream ended. None when the thread has no live run elsewhere; 409
+        ``run_not_running`` while its owner is gone and no survivor has ended or taken it."""
         host = self.host
         try:
             run_id = await host.store.pointed("agui", _run_key(session, given.thread_id, ""))
@@ -702,8 +730,8 @@ class AguiEndpoint:
             replied = await host.store.ask(run, {"kind": "agui", "input": data})
         except StoreUnavailable as exc:
             raise Refusal(503, "store_unavailable", str(exc)) from None
-        if replied is None:
-            return None
+        if replied is None:  # (not a new run of the thread: a survivor ends or takes it)
+            raise Refusal(409, "run_not_running", "the thread's run has no worker now; retry")
         status, body = replied
         if status != 202:
             error = body.get("error", {})
@@ -721,6 +749,8 @@ class AguiEndpoint:
         try:
             given = _run_input(data)
             live = self.live.get((run.session, given.thread_id))
+            if live is None:  # (a run this worker resumed or took over, its session unknown)
+                live = self.resumed.get((run.session_key, given.thread_id))
             if live is None or live.run is not run or not _answers.waiting(run):
                 raise Refusal(409, "thread_busy", "this thread's run waits on no answer")
             start = await _agui_answers.answer_input(run, self.host.approval_secret, given)
@@ -728,13 +758,15 @@ class AguiEndpoint:
             return exc.status, {"error": {"code": exc.code, "message": exc.message}}
         return 202, {"start": start}
 
-    def _stream(self, run: RunSource, start: int, view: AguiView) -> Response:
-        """``run``'s AG-UI events after ``start``; a run of this worker's ends the stream
-        early while it waits on the client (:mod:`._agui_answers`)."""
+    def _stream(
+        self, run: RunSource, start: int, view: AguiView, *, owner: RelayRun | None = None
+    ) -> Response:
+        """``run``'s AG-UI events after ``start``; a run of this worker's (``owner``: the
+        one ``run`` reads from the shared log) ends the stream early while it waits on the
+        client (:mod:`._agui_answers`)."""
+        local = run if isinstance(run, RelayRun) else owner
         pause = (
-            _agui_answers.pauser(run, view.unfinished, view.paused)
-            if isinstance(run, RelayRun)
-            else None
+            _agui_answers.pauser(local, view.unfinished, view.paused) if local is not None else None
         )
         return self.host.stream(
             run, start, opening=view.opening(), view=view, headers={RUN_HEADER: run.id},

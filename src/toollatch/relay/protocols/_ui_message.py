@@ -548,9 +548,14 @@ async def _chat(host: ChatHost, request: Request) -> Response:
         new_session = session is None
         start = 0
         found = _ui_answers.last_assistant(body)
+        pause = None
         if found is not None:  # the answers to the calls the chat's run waits on
             run, start = await _ui_answers.answer_chat(host, session, found)
             assert session is not None  # (answer_chat found the session's run)
+            if isinstance(run, RelayRun) and run.log.start:
+                # taken over from a dead worker: its first events are in the shared log only
+                pause = _ui_answers.pauser(run)
+                run = await host.find_run(run.id, session) or run
             release = host.open_reader(session)
         else:
             asked = _parse_chat(host, body)
@@ -571,7 +576,8 @@ async def _chat(host: ChatHost, request: Request) -> Response:
             release()
         return _error(exc)
     headers = {**UI_MESSAGE_STREAM_HEADERS, "x-toollatch-run-id": run.id}
-    pause = _ui_answers.pauser(run) if isinstance(run, RelayRun) else None
+    if isinstance(run, RelayRun):
+        pause = _ui_answers.pauser(run)
     stream = ui_message_stream(run, host.limits, start=start, pause=pause)
     response = CountedStream(stream, release, headers=headers)
     if new_session:

@@ -172,12 +172,12 @@ _TAKEN_AWAY = "this worker lost the run to another worker (it was paused past it
 _UNREACHABLE = "the run store (Redis) is unreachable: the run was cancelled"
 _LAST_ID = "0-18446744073709551615"
 _LEASE_LOST = "this worker's lease expired (it was paused): the run was cancelled"
-_KEPT = ("conversation", "history", "thread", "provider")
+_KEPT = ("conversation", "history", "thread", "provider", "workflow")
 """The fields of :attr:`RelayRun.kept` a survivor reads back from a run's metadata."""
-_TAKEN = ("conversation", "history", "history_at", "agent")
-"""The fields of :attr:`RelayRun.kept` a worker taking a durable run over reads back (a
-chat's: its history key and length, where the run's end writes the chat's new entries;
-the workflow's agent, whose ledger its answers go to)."""
+_TAKEN = ("conversation", "history", "history_at", "agent", "workflow", "agui_thread")
+"""The fields of :attr:`RelayRun.kept` a worker taking a durable run over reads back (its
+history key and length, where the run's end writes its new entries; the workflow's agent,
+whose ledger its answers go to; a resumed run's workflow id; an AG-UI run's thread id)."""
 
 
 def session_digest(session: str) -> str:
