@@ -4,6 +4,7 @@ Run it from the repository root::
 
     python benchmarks/bench_parse_route.py               # 3,000 conversations, best of 5
     python benchmarks/bench_parse_route.py --conversations 1000
+    TOOLLATCH_BENCH_SRC=/tmp/main/src python benchmarks/bench_parse_route.py   # another checkout
 
 Theory of operation
 -------------------
@@ -39,11 +40,12 @@ from typing import Any
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# (bench_agent puts this checkout's src first on the path, or TOOLLATCH_BENCH_SRC)
 from bench_agent import CPU_MODEL, cpu_lookup, cpu_script
 
+import toollatch
 from toollatch import StreamParser
 from toollatch.scripted import ScriptedServer
 from toollatch.stages import Gate, OpenAIChatAdapter, SSEDecoder
@@ -156,7 +158,7 @@ def main() -> None:
     cli.add_argument("--conversations", type=int, default=3000)
     n = cli.parse_args().conversations
     responses = asyncio.run(capture())
-    print("reads per response:", [len(reads) for reads in responses])
+    print(toollatch.__file__, "reads per response:", [len(reads) for reads in responses])
     routes = {
         "decoder": decoder,
         "decoder + translate": decoder_translate,
