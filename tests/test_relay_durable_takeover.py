@@ -22,12 +22,12 @@ from toollatch.relay import RelayServer
 
 pytest.importorskip("dbos")
 
-from toollatch.relay import _durable  # noqa: E402
-from toollatch.relay._durable import DurableRelay  # noqa: E402
-from toollatch.relay._requests import run_scope_of  # noqa: E402
-from toollatch.relay.store._orphans import read_log  # noqa: E402
-from toollatch.relay.store._redis import _CLAIM_ORPHAN, RedisRunStore, _meta, _stream  # noqa: E402
-from toollatch.runtime import DurableRuns  # noqa: E402
+from toollatch.relay import _durable
+from toollatch.relay._durable import DurableRelay
+from toollatch.relay._requests import run_scope_of
+from toollatch.relay.store._orphans import read_log
+from toollatch.relay.store._redis import _CLAIM_ORPHAN, RedisRunStore, _meta, _stream
+from toollatch.runtime import DurableRuns
 
 DEAD = "dead0000dead0000"
 """The worker whose lease a Redis restart lost (its run was won by the sweep)."""
