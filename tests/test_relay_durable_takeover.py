@@ -25,6 +25,7 @@ pytest.importorskip("dbos")
 from toollatch.relay import _durable
 from toollatch.relay._durable import DurableRelay
 from toollatch.relay._requests import run_scope_of
+from toollatch.relay._runs import RelayRun
 from toollatch.relay.store._orphans import read_log
 from toollatch.relay.store._redis import _CLAIM_ORPHAN, RedisRunStore, _meta, _stream
 from toollatch.runtime import DurableRuns
@@ -102,25 +103,35 @@ async def test_a_recovered_run_nobody_takes_over_is_ended_after_a_bound(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_durable, "_UNTAKEN_S", BOUND_S, raising=False)
-    async with relays(redis_url, tmp_path, 2) as (winner, other):
+    async with relays(redis_url, tmp_path, 2) as (winner, owner):
         never_ends(winner.engine, monkeypatch)
-        # nobody takes it over: the winner ends it, every call paired, once the bound passed
         run_id, session, workflow = await dead_workers_run(redis_url, winner.store)
+        # the owner (alive: Redis lost its lease) lost the run to the sweep's winner; the
+        # workflow the winner recovered is dequeued by the owner, which refuses it
+        relay = owner.relay
+        lost = RelayRun(
+            "", relay.previews, relay.limits, run_id=run_id, session_key=session,
+            approval_secret=relay.approval_secret,
+        )  # fmt: skip
+        owner._runs[workflow] = lost
+        assert owner._lose(lost)
+        assert not await owner._fence(workflow)
+        with pytest.raises(DurableRuns.Lost):
+            await owner._attempt(workflow, 2)
+        # nobody drives it: the winner ends the run, every call paired, once the bound passed
         async with asyncio.timeout(BOUND_S + 5.0):
             await winner._watch(run_id, session, DEAD, workflow)
         seen = read_log(await winner.store.logged(run_id))
         assert seen.ended and not seen.committed and "call_a" in seen.results
         assert await winner.store.client.hget(_meta(run_id), "status") == b"done"
-        # another worker dequeues the workflow late: the run is over, no step of it runs
-        assert not await other._fence(workflow)
-        # taken over in time by another worker: the winner leaves it to that worker
+        # taken over in time by another worker: the winner leaves the run to that worker
         run_id, session, workflow = await dead_workers_run(redis_url, winner.store)
-        assert await other.store.take_over(run_id) is not None
+        assert await owner.store.take_over(run_id) is not None
         async with asyncio.timeout(BOUND_S + 5.0):
             await winner._watch(run_id, session, DEAD, workflow)
         assert not read_log(await winner.store.logged(run_id)).ended
         fields = await winner.store.client.hmget(_meta(run_id), "status", "owner")
-        assert fields == [b"running", other.store.worker.encode()]
+        assert fields == [b"running", owner.store.worker.encode()]
 
 
 async def test_a_recovered_workflow_whose_run_is_over_runs_no_further_step(
