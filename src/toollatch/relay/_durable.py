@@ -643,9 +643,10 @@ class DurableRelay:
         had lost the run). A worker that takes it over later finds it over and runs no
         step of it (:meth:`_take`)."""
         try:
-            with contextlib.suppress(Exception):  # (failed: the run may have no end yet)
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_UNTAKEN_S):
-                    await self.engine.result(workflow)
+                    with contextlib.suppress(Exception):  # (failed: the run may have no end yet)
+                        await self.engine.result(workflow)
                     await asyncio.sleep(_SETTLE_S)  # (the worker that drove it writes its end)
             if await self.store.end_if_held(run_id, owner, session):
                 _log.warning(
