@@ -38,12 +38,16 @@ Takeover. Each worker's DBOS ``executor_id`` is its Redis worker id. When the le
 wins a dead worker's run (:meth:`._app.Relay.adopt_orphan`), the survivor asks DBOS to
 recover that executor's pending workflows (once per dead worker); the runs among them are
 "resumed", the others ended the Redis way (every call paired). A recovered workflow is
-run by whichever live worker dequeues it: on its first event there, that worker takes the
-run over in the store (:meth:`RedisRunStore.take_over`: owner, ``running``) and goes on
-with the run's log after the shared log's newest id. Readers on every worker read such a
-run from the shared log (:meth:`._app.Relay.find_run`). An AG-UI run's thread gets a keeper
-there (:meth:`.protocols._agui.AguiEndpoint.resume`, its thread id ``kept["agui_thread"]``):
-its thread is busy there, and its answers are taken there.
+run by whichever live worker dequeues it: on its first step or event there, that worker
+takes the run over in the store (:meth:`RedisRunStore.take_over`: owner, ``running``) and
+goes on with the run's log after the shared log's newest id. Readers on every worker read
+such a run from the shared log (:meth:`._app.Relay.find_run`). An AG-UI run's thread gets a
+keeper there (:meth:`.protocols._agui.AguiEndpoint.resume`, its thread id
+``kept["agui_thread"]``): its thread is busy there, and its answers are taken there. A run
+nobody took over within :data:`_UNTAKEN_S` (the worker that dequeued its workflow had lost
+the run to a Redis restart, and refuses it) is ended by the sweep's winner the Redis way; a
+workflow whose run is over when it gets to a worker runs no further step there (as a lost
+run's).
 
 Histories. A run starts from a stored history and writes what it added at its end: a
 chat's message (``POST /api/chat``, ``POST /runs {"chat_id"}``) the chat's history (its
@@ -143,6 +147,12 @@ _log = logging.getLogger("toollatch.relay")
 _SETTLE_S = 1.0
 """How long after a recovered workflow's end its run may still be written by its driver."""
 
+_UNTAKEN_S = 15.0
+"""How long a lease sweep's winner waits for a worker to take a recovered workflow's run
+over (its first step or event there) before it ends the run the Redis way: a workflow
+dequeued by the very worker that lost the run (a Redis restart lost its lease: it refuses
+the workflow, its own execution fenced) has no driver, and its run would never end."""
+
 _ASKED_AGAIN = "its round is asked again (a new attempt)"
 """Why a dead worker's attempt of a round was closed (the calls' ``detail`` says it)."""
 
@@ -194,7 +204,8 @@ class DurableRelay:
         self._watches: set[asyncio.Task[None]] = set()  # recovered runs nobody took yet
         self._lost: set[str] = set()  # workflow ids this worker lost to another (fenced)
         self._stranded = asyncio.Event()  # set: stopping with PostgreSQL lost
-        self._abandoned: set[str] = set()  # workflow ids whose run was ended here without them
+        # workflow ids whose run was ended without them (here, or before a recovery got here)
+        self._abandoned: set[str] = set()
         relay.store.on_lost = self._lose
         relay.store.goes_on = self.hand_over
 
@@ -502,9 +513,15 @@ class DurableRelay:
     async def _fence(self, workflow: str) -> bool:
         """Whether this worker may run the workflow's next step (see
         :data:`toollatch.runtime._durable.Fence`): not when it lost the run, which the
-        store says (a run not driven here yet: its first event takes it over)."""
+        store says, nor when the run is over (a run not driven here yet is taken over
+        first: a recovered workflow whose run ended runs no step)."""
         if workflow in self._abandoned:
             return False
+        if workflow not in self._runs and workflow not in self._lost:
+            try:
+                await self._driven(workflow)
+            except DurableRuns.Lost:
+                return False
         run = self._runs.get(workflow)
         if workflow in self._lost or (run is not None and not await self.store.holds(run.id)):
             if run is not None and run.lost is None:
@@ -524,7 +541,9 @@ class DurableRelay:
 
     async def _take(self, workflow: str) -> RelayRun | None:
         """A recovered workflow this worker now drives: its run, taken over in the store,
-        its log going on after the shared one (None: the run is gone or over)."""
+        its log going on after the shared one (None: the store is unreachable).
+        ``DurableRuns.Lost`` when the run is gone or over (a survivor ended it: its calls
+        were paired in its log, so no step of its workflow runs any more)."""
         run_id = workflow[-24:]
         try:
             taken = await self.store.take_over(run_id)
@@ -532,8 +551,9 @@ class DurableRelay:
             _log.error("run %s… could not be taken over: %s", run_id[:6], exc)
             return None
         if taken is None:
-            _log.warning("run %s…: its workflow goes on, its log is over", run_id[:6])
-            return None
+            self._abandoned.add(workflow)
+            _log.warning("run %s…: its run is over, its recovered workflow stops", run_id[:6])
+            raise DurableRuns.Lost(f"run {run_id[:6]}… is over")
         session_key, last, kept = taken
         relay = self.relay
         run = RelayRun(
@@ -617,12 +637,17 @@ class DurableRelay:
         return True
 
     async def _watch(self, run_id: str, session: str, owner: str, workflow: str) -> None:
-        """Once the recovered workflow is over, end its run the Redis way if no worker took
-        it over (the workflow failed before its first event, e.g. PostgreSQL lost)."""
+        """Once the recovered workflow is over, or :data:`_UNTAKEN_S` after its recovery,
+        end its run the Redis way if no worker took it over (the workflow failed before its
+        first event, e.g. PostgreSQL lost; or nobody drives it: the worker that dequeued it
+        had lost the run). A worker that takes it over later finds it over and runs no
+        step of it (:meth:`_take`)."""
         try:
-            with contextlib.suppress(Exception):  # (failed: the run may have no end yet)
-                await self.engine.result(workflow)
-            await asyncio.sleep(_SETTLE_S)  # (the worker that drove it writes its end)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_UNTAKEN_S):
+                    with contextlib.suppress(Exception):  # (failed: the run may have no end yet)
+                        await self.engine.result(workflow)
+                    await asyncio.sleep(_SETTLE_S)  # (the worker that drove it writes its end)
             if await self.store.end_if_held(run_id, owner, session):
                 _log.warning(
                     "run %s…: its recovered workflow ended, nobody had taken it", run_id[:6]
