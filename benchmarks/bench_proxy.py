@@ -68,9 +68,9 @@ upstream's port and the proxy's (``Capture``: nanosecond time stamps, written as
 come), read by ``pcap_wire`` (our own reader: pcap records, Ethernet/SLL, IPv4/IPv6, TCP
 reassembled by sequence number, HTTP/1.1, SSE). Each stream shows up twice: the proxy's
 request to the upstream and the client's request to the proxy both carry the stream's
-``user``, and on a connection the n-th response answers the n-th request (HTTP/1.1, no
-pipelining), so each request's body names its stream and its response is that stream's
-leg. An event is dated by the packet that carried its last byte. **Wire text added** is,
+tag (``TAG``, in its user message: LiteLLM drops the request's ``user``), and on a
+connection the n-th response answers the n-th request (HTTP/1.1, no pipelining), so each
+request's body names its stream and its response is that stream's leg. An event is dated by the packet that carried its last byte. **Wire text added** is,
 for each text delta's end (by characters, as above), the time of the proxy's packet that
 carried it to the client minus the time of the upstream's packet that carried it to the
 proxy: the latency the proxy adds, without the client's own scheduling in it and without a
@@ -130,12 +130,14 @@ asyncio.run(main())
 """
 
 # The scripted server, noting when each event's bytes went to its socket (perf_counter: one
-# clock for every process of the machine), by the request's "user" (each bench stream's own;
-# every proxy passes it on). SIGUSR1 writes {user: {"text": [[chars so far, time], ...],
+# clock for every process of the machine), by the stream's tag in the request (TAG: each bench
+# stream's own, in its user message, which every proxy passes on; LiteLLM 1.108.7 drops the
+# request's "user"). SIGUSR1 writes {tag: {"text": [[chars so far, time], ...],
 # "calls": {index: time of its last argument fragment}}} to the file named by its first
 # argument (then the rest is python -m toollatch.scripted's) and forgets them.
 UPSTREAM_RUNNER = """
-import json, os, signal, sys, time
+TAG = rb"bench stream ([0-9a-f]{16})"
+import json, os, re, signal, sys, time
 import orjson
 from toollatch.scripted import _server
 from toollatch.scripted.__main__ import main
@@ -147,8 +149,8 @@ handle, play = _server.ScriptedServer._handle, _server._Playback.__call__
 async def handled(self, provider, request):
     answer = await handle(self, provider, request)
     try:
-        answer.bench_user = orjson.loads(await request.body()).get("user")
-    except (ValueError, AttributeError):
+        answer.bench_user = re.search(TAG, await request.body()).group(1).decode()
+    except AttributeError:  # no tag: not a bench stream
         pass
     return answer
 
@@ -192,6 +194,8 @@ sys.exit(main())
 """
 
 MODEL = "bench"
+TAG = rb"bench stream ([0-9a-f]{16})"  # a stream's tag in its user message (as UPSTREAM_RUNNER)
+QUESTION = "Weather in Oslo and Lima?"
 TEXT = (
     "Let me look at both cities before I answer. The weather in Oslo is usually cold in "
     "winter and mild in summer, while Lima stays fairly even all year round; so I will ask "
@@ -301,7 +305,7 @@ def scripted_process(
 
 def upstream_sent(upstream: subprocess.Popen[str], tmp: Path) -> dict[str, Any]:
     """When the upstream sent each stream's text and calls since the last call (by the
-    stream's ``user``; see UPSTREAM_RUNNER)."""
+    stream's tag; see UPSTREAM_RUNNER)."""
     path = tmp / "sent.json"
     path.unlink(missing_ok=True)
     upstream.send_signal(signal.SIGUSR1)
@@ -349,7 +353,7 @@ async def wait_ready(url: str, timeout: float) -> None:
 
 @dataclass
 class Stream:
-    user: str = field(default_factory=lambda: secrets.token_hex(8))  # the request's "user"
+    user: str = field(default_factory=lambda: secrets.token_hex(8))  # its tag (TAG)
     start: float = 0.0  # perf_counter when the request was sent
     sent: dict[str, Any] | None = None  # when the upstream sent its text and calls
     text: str = ""
@@ -408,7 +412,7 @@ class Stream:
 
 REQUEST = {
     "model": MODEL,
-    "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
+    "messages": [{"role": "user", "content": QUESTION}],
     "tools": TOOLS,
     "stream": True,
 }
@@ -418,7 +422,8 @@ HEADERS = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
 
 async def one_stream(client: httpx.AsyncClient, base: str) -> Stream:
     s = Stream()
-    body = orjson.dumps({**REQUEST, "user": s.user})
+    question = {"role": "user", "content": f"{QUESTION} (bench stream {s.user})"}
+    body = orjson.dumps({**REQUEST, "messages": [question], "user": s.user})
     start = s.start = time.perf_counter()
     buf = b""
     try:
@@ -532,7 +537,7 @@ def leg_marks(events: list[tuple[int, bytes]]) -> Marks:
 
 @dataclass
 class WireLevel:
-    """What one capture held, by the requests' ``user``."""
+    """What one capture held, by the requests' tags."""
 
     up: dict[str, Marks] = field(default_factory=dict)  # answers of the upstream's port
     down: dict[str, Marks] = field(default_factory=dict)  # answers of the proxy's port
@@ -540,10 +545,11 @@ class WireLevel:
 
 
 def wire_level(pcap: bytes, up_port: int, proxy_port: int | None) -> WireLevel:
-    """Each event stream answered on the two ports, by the ``user`` of its request (each
-    bench stream's own, carried by both the client's request to the proxy and the proxy's
-    to the upstream). HTTP/1.1 answers in the order of the requests on a connection, so the
-    n-th response on a connection is the n-th request's."""
+    """Each event stream answered on the two ports, by the tag in its request (each bench
+    stream's own, in its user message, so carried by both the client's request to the proxy
+    and the proxy's to the upstream; LiteLLM does not pass the request's ``user`` on).
+    HTTP/1.1 answers in the order of the requests on a connection, so the n-th response on
+    a connection is the n-th request's."""
     level = WireLevel()
     linktype, packets = pcap_wire.read_pcap(pcap)
     segments = (pcap_wire.tcp_segment(linktype, frame, at) for at, frame in packets)
@@ -557,7 +563,7 @@ def wire_level(pcap: bytes, up_port: int, proxy_port: int | None) -> WireLevel:
             level.problems.append(f"a connection to port {port} has bytes missing")
         try:
             for ex in pcap_wire.exchanges(client, server):
-                user = _user(ex.request_body)
+                user = _tag(ex.request_body)
                 if user is None or ex.status != 200 or ex.response_body is None:
                     continue
                 legs[user] = leg_marks(pcap_wire.sse_events(ex.response_body, server))
@@ -566,15 +572,9 @@ def wire_level(pcap: bytes, up_port: int, proxy_port: int | None) -> WireLevel:
     return level
 
 
-def _user(body: pcap_wire.Body) -> str | None:
-    if not body.complete or not body.data:
-        return None
-    try:
-        request = orjson.loads(body.data)
-    except orjson.JSONDecodeError:
-        return None
-    user = request.get("user") if isinstance(request, dict) else None
-    return user if isinstance(user, str) else None
+def _tag(body: pcap_wire.Body) -> str | None:
+    found = re.search(TAG, body.data) if body.complete else None
+    return found.group(1).decode() if found else None
 
 
 class Capture:

@@ -42,6 +42,7 @@ bench = _load("bench_proxy")
 
 T0 = 1_765_000_000  # a time stamp's seconds
 CLIENT, SERVER = ("127.0.0.1", 40000), ("127.0.0.1", 8000)
+S1, WARM, LIVE = "51" * 8, "a0" * 8, "1e" * 8  # streams' tags, as bench_proxy makes them
 SYN, ACK, PSH = 0x02, 0x10, 0x08
 
 
@@ -122,7 +123,9 @@ def ms(n):
 
 
 def request(user, path="/v1/chat/completions"):
-    body = json.dumps({"model": "bench", "stream": True, "user": user}).encode()
+    """A request for the stream ``user`` (16 hex digits: tagged as bench_proxy tags it)."""
+    question = {"role": "user", "content": f"Weather? (bench stream {user})"}
+    body = json.dumps({"model": "bench", "messages": [question], "user": user}).encode()
     head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
     return head.encode() + body
 
@@ -359,12 +362,15 @@ def test_wire_level_pairs_the_upstream_leg_with_the_proxy_leg_by_user():
         return frames
 
     events = [text_event("abcd"), text_event("efgh"), args_event(0, "{}"), args_event(1, "{}")]
-    frames = leg(up_client, upstream, "s1", [ms(10), ms(20), ms(30), ms(40)], events)
-    frames += leg(CLIENT, proxy, "s1", [ms(11), ms(23), ms(41), ms(41)], events)
-    frames += leg(("127.0.0.1", 41001), upstream, "warm", [ms(5)], events[:1])  # no proxy leg
+    frames = leg(up_client, upstream, S1, [ms(10), ms(20), ms(30), ms(40)], events)
+    frames += leg(CLIENT, proxy, S1, [ms(11), ms(23), ms(41), ms(41)], events)
+    frames += leg(("127.0.0.1", 41001), upstream, WARM, [ms(5)], events[:1])  # no proxy leg
+    # a request with its "user" but not the tag in its message (LiteLLM's kind): not found
+    untagged = leg(("127.0.0.1", 41002), upstream, "b2" * 8, [ms(6)], events[:1])
+    frames += [(t, f.replace(b"bench stream", b"bench_stream")) for t, f in untagged]
     level = bench.wire_level(pcap(sorted(frames, key=lambda f: f[0])), 9000, 8000)
-    assert (sorted(level.up), sorted(level.down), level.problems) == (["s1", "warm"], ["s1"], [])
-    wire = bench.Wire(level.up["s1"], level.down["s1"])
+    assert (sorted(level.up), sorted(level.down), level.problems) == ([S1, WARM], [S1], [])
+    wire = bench.Wire(level.up[S1], level.down[S1])
     assert wire.calls_added() == [0.011, 0.001]
     got = wire.text_added()  # at each of TEXT_ENDS: 4, 8 characters, then none
     assert got[:2] == [0.001, 0.003]
@@ -396,7 +402,7 @@ def test_a_real_loopback_capture_when_tcpdump_can_capture(tmp_path):
             conn, _ = listener.accept()
             with conn:
                 conn.settimeout(10)
-                want = request("live")
+                want = request(LIVE)
                 got = b""
                 while len(got) < len(want):
                     got += conn.recv(65536)
@@ -409,7 +415,7 @@ def test_a_real_loopback_capture_when_tcpdump_can_capture(tmp_path):
         server = threading.Thread(target=serve)
         server.start()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
-            client.sendall(request("live"))
+            client.sendall(request(LIVE))
             got = b""
             while not got.endswith(b"0\r\n\r\n"):
                 got += client.recv(65536)
@@ -417,7 +423,7 @@ def test_a_real_loopback_capture_when_tcpdump_can_capture(tmp_path):
         data, dropped = capture.finish()
     assert dropped == "0"
     level = bench.wire_level(data, port, None)
-    marks = level.up["live"]
+    marks = level.up[LIVE]
     assert [chars for chars, _ in marks.text] == [4, 8]
     gap = (marks.text[1][1] - marks.text[0][1]) / 1e9
     assert abs(gap - (sent[1] - sent[0])) < 0.005
