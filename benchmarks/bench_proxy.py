@@ -67,16 +67,18 @@ the bench says why when it cannot): each target's level runs under a capture of 
 upstream's port and the proxy's (``Capture``: nanosecond time stamps, written as packets
 come), read by ``pcap_wire`` (our own reader: pcap records, Ethernet/SLL, IPv4/IPv6, TCP
 reassembled by sequence number, HTTP/1.1, SSE). Each stream shows up twice: the proxy's
-request to the upstream and the client's request to the proxy both carry the stream's
-tag (``TAG``, in its user message: LiteLLM drops the request's ``user``), and on a
-connection the n-th response answers the n-th request (HTTP/1.1, no pipelining), so each
-request's body names its stream and its response is that stream's leg. An event is dated by the packet that carried its last byte. **Wire text added** is,
-for each text delta's end (by characters, as above), the time of the proxy's packet that
-carried it to the client minus the time of the upstream's packet that carried it to the
-proxy: the latency the proxy adds, without the client's own scheduling in it and without a
-reference to subtract (no ``direct`` row: no proxy there). **Wire calls' delay**: the same
-for each call's last argument fragment. Capturing costs CPU too (tcpdump's, on the same
-cores; not in any target's CPU column).
+request to the upstream and the client's request to the proxy both carry the stream's tag
+(``TAG``, in its user message: LiteLLM drops the request's ``user``), and on a connection
+the n-th response answers the n-th request (HTTP/1.1, no pipelining), so each request's body
+names its stream and its response is that stream's leg. An event is dated by the packet that
+carried its last byte. **Wire text added** is, for each text delta's end (by characters, as
+above), the time of the proxy's packet that carried it to the client minus the time of the
+upstream's packet that carried it to the proxy: the latency the proxy adds, without the
+client's own scheduling in it and without a reference to subtract (no ``direct`` row: no
+proxy there). **Wire calls' delay**: the same for each call's last argument fragment. **Wire
+request relayed**: the proxy's request to the upstream minus the client's request to the
+proxy (each by its last byte), the proxy's own share of the first text's delay. Capturing
+costs CPU too (tcpdump's, on the same cores; not in any target's CPU column).
 
 **Correctness**: every stream through every target must assemble the script's text and its
 two calls (merged by ``index``, ``id`` and ``name`` from the first delta, arguments joined),
@@ -481,6 +483,7 @@ class Marks:
 
     text: list[tuple[int, int]] = field(default_factory=list)  # (chars so far, time)
     calls: dict[int, int] = field(default_factory=dict)  # index: time of its last fragment
+    asked: float = float("nan")  # when the request's last byte went
 
 
 @dataclass
@@ -497,6 +500,11 @@ class Wire:
             (down - up) / 1e9
             for up, down in zip(_held(self.up, TEXT_ENDS), _held(self.down, TEXT_ENDS), strict=True)
         ]
+
+    def request_relayed(self) -> float:
+        """The proxy's request to the upstream (its last byte) minus the client's request to
+        the proxy (s): the proxy's share of the stream's start."""
+        return (self.up.asked - self.down.asked) / 1e9
 
     def calls_added(self) -> list[float]:
         """For each call, the proxy's packet with its arguments complete minus the upstream's
@@ -566,7 +574,9 @@ def wire_level(pcap: bytes, up_port: int, proxy_port: int | None) -> WireLevel:
                 user = _tag(ex.request_body)
                 if user is None or ex.status != 200 or ex.response_body is None:
                     continue
-                legs[user] = leg_marks(pcap_wire.sse_events(ex.response_body, server))
+                legs[user] = marks = leg_marks(pcap_wire.sse_events(ex.response_body, server))
+                last = ex.request_body.raw_offset(len(ex.request_body.data) - 1)
+                marks.asked = client.time_at(last)
         except (pcap_wire.PcapError, ValueError) as exc:  # orjson's errors are ValueErrors
             level.problems.append(f"a connection to port {port}: {exc}")
     return level
@@ -907,14 +917,17 @@ def leg_whole(marks: Marks | None) -> bool:
 
 
 def header(*, wire: bool) -> None:
-    extra = " wire text added p50 / p99 ms | wire calls' delay p50 / p99 ms |" if wire else ""
+    extra = (
+        " wire text added p50 / p99 ms | wire calls' delay p50 / p99 ms "
+        "| wire request relayed p50 / p99 ms |"
+    )
     print(
         "| streams | target | ok / streams | upstream events | call deltas/stream "
         "| CPU µs/event | first text added p50 / p99 ms | text added per event p50 / p99 ms "
-        "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |" + extra
+        "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |" + extra * wire
     )
     print(
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (2 * wire), flush=True
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (3 * wire), flush=True
     )
 
 
@@ -923,10 +936,13 @@ def wire_cells(streams: list[Stream]) -> tuple[str, float]:
     had both legs captured (the direct rows: no proxy on the way)."""
     wired = [s.wire for s in streams if s.error is None and s.wire is not None]
     if not wired:
-        return " (no proxy) | (no proxy) |", float("nan")
+        return " (no proxy) | (no proxy) | (no proxy) |", float("nan")
     text = [t for w in wired for t in w.text_added()]
     calls = [t for w in wired for t in w.calls_added()]
-    cells = " | ".join(f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}" for v in (text, calls))
+    asked = [w.request_relayed() for w in wired]
+    cells = " | ".join(
+        f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}" for v in (text, calls, asked)
+    )
     return f" {cells} |", pct(text, 0.99) * 1e3
 
 
@@ -971,7 +987,7 @@ def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
         if not per_event[name]:
             continue
         label = "LiteLLM" if name == "litellm" else name
-        extra = f" wire p99 {wire_p99['toollatch'] / wire_p99[name]:.2f} | |" if wire else ""
+        extra = f" wire p99 {wire_p99['toollatch'] / wire_p99[name]:.2f} | | |" if wire else ""
         print(
             f"|  | toollatch / {label} | | | | {per_event['toollatch'] / per_event[name]:.2f} "
             f"| | p99 {p99['toollatch'] / p99[name]:.2f} | | | |{extra}"

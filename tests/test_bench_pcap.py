@@ -351,10 +351,11 @@ def test_wire_level_pairs_the_upstream_leg_with_the_proxy_leg_by_user():
     up_client, upstream = ("127.0.0.1", 41000), ("127.0.0.1", 9000)
     proxy = ("127.0.0.1", 8000)
 
-    def leg(client, server, user, times, events):
-        req = request(user)
-        frames = [(ms(0), packet(client, server, 1, req))]
-        frames.append((ms(0), packet(server, client, 1, RESPONSE_HEAD)))
+    def leg(client, server, user, times, events, asked=1_000_000):
+        req = request(user)  # in two packets: dated by its last byte's
+        frames = [(ms(0), packet(client, server, 1, req[:30]))]
+        frames.append((asked, packet(client, server, 31, req[30:])))
+        frames.append((asked, packet(server, client, 1, RESPONSE_HEAD)))
         at = 1 + len(RESPONSE_HEAD)
         for t, event in zip(times, events, strict=True):
             frames.append((t, packet(server, client, at, chunk(event))))
@@ -362,7 +363,7 @@ def test_wire_level_pairs_the_upstream_leg_with_the_proxy_leg_by_user():
         return frames
 
     events = [text_event("abcd"), text_event("efgh"), args_event(0, "{}"), args_event(1, "{}")]
-    frames = leg(up_client, upstream, S1, [ms(10), ms(20), ms(30), ms(40)], events)
+    frames = leg(up_client, upstream, S1, [ms(10), ms(20), ms(30), ms(40)], events, ms(4))
     frames += leg(CLIENT, proxy, S1, [ms(11), ms(23), ms(41), ms(41)], events)
     frames += leg(("127.0.0.1", 41001), upstream, WARM, [ms(5)], events[:1])  # no proxy leg
     # a request with its "user" but not the tag in its message (LiteLLM's kind): not found
@@ -372,6 +373,7 @@ def test_wire_level_pairs_the_upstream_leg_with_the_proxy_leg_by_user():
     assert (sorted(level.up), sorted(level.down), level.problems) == ([S1, WARM], [S1], [])
     wire = bench.Wire(level.up[S1], level.down[S1])
     assert wire.calls_added() == [0.011, 0.001]
+    assert wire.request_relayed() == 0.003
     got = wire.text_added()  # at each of TEXT_ENDS: 4, 8 characters, then none
     assert got[:2] == [0.001, 0.003]
     assert all(v != v for v in got[2:])  # NaN: never carried
