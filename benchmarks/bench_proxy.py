@@ -75,10 +75,13 @@ carried its last byte. **Wire text added** is, for each text delta's end (by cha
 above), the time of the proxy's packet that carried it to the client minus the time of the
 upstream's packet that carried it to the proxy: the latency the proxy adds, without the
 client's own scheduling in it and without a reference to subtract (no ``direct`` row: no
-proxy there). **Wire calls' delay**: the same for each call's last argument fragment. **Wire
-request relayed**: the proxy's request to the upstream minus the client's request to the
-proxy (each by its last byte), the proxy's own share of the first text's delay. Capturing
-costs CPU too (tcpdump's, on the same cores; not in any target's CPU column).
+proxy there). **Once all flow**: the same, for the text the upstream sent after the proxy
+had sent every stream of the level its first text (no stream starting any more: what the
+proxy adds to an event in a steady flow). **Wire calls' delay**: the same for each call's
+last argument fragment. **Wire request relayed**: the proxy's request to the upstream minus
+the client's request to the proxy (each by its last byte), the proxy's own share of the
+first text's delay. Capturing costs CPU too (tcpdump's, on the same cores; not in any
+target's CPU column).
 
 **Correctness**: every stream through every target must assemble the script's text and its
 two calls (merged by ``index``, ``id`` and ``name`` from the first delta, arguments joined),
@@ -91,6 +94,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import secrets
@@ -493,13 +497,16 @@ class Wire:
     up: Marks
     down: Marks
 
-    def text_added(self) -> list[float]:
-        """For each of TEXT_ENDS, the proxy's packet that carried it to the client minus the
-        upstream's packet that carried it to the proxy (s; NaN where a leg lacks it)."""
-        return [
-            (down - up) / 1e9
-            for up, down in zip(_held(self.up, TEXT_ENDS), _held(self.down, TEXT_ENDS), strict=True)
-        ]
+    def text_added(self, after: float = -math.inf) -> list[float]:
+        """For each of TEXT_ENDS the upstream sent after ``after`` (ns), the proxy's packet
+        that carried it to the client minus the upstream's packet that carried it to the
+        proxy (s; NaN where a leg lacks it)."""
+        up, down = _held(self.up, TEXT_ENDS), _held(self.down, TEXT_ENDS)
+        return [(d - u) / 1e9 for u, d in zip(up, down, strict=True) if not u <= after]
+
+    def flowing(self) -> float:
+        """When the proxy sent the client the stream's first text (ns; NaN: never)."""
+        return self.down.text[0][1] if self.down.text else math.nan
 
     def request_relayed(self) -> float:
         """The proxy's request to the upstream (its last byte) minus the client's request to
@@ -918,8 +925,8 @@ def leg_whole(marks: Marks | None) -> bool:
 
 def header(*, wire: bool) -> None:
     extra = (
-        " wire text added p50 / p99 ms | wire calls' delay p50 / p99 ms "
-        "| wire request relayed p50 / p99 ms |"
+        " wire text added p50 / p99 ms | wire text added once all flow p50 / p99 ms "
+        "| wire calls' delay p50 / p99 ms | wire request relayed p50 / p99 ms |"
     )
     print(
         "| streams | target | ok / streams | upstream events | call deltas/stream "
@@ -927,23 +934,37 @@ def header(*, wire: bool) -> None:
         "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |" + extra * wire
     )
     print(
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (3 * wire), flush=True
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (4 * wire), flush=True
     )
 
 
-def wire_cells(streams: list[Stream]) -> tuple[str, float]:
-    """The wire columns of a row (and the p99 of its text, ms), or "(no proxy)" where no stream
-    had both legs captured (the direct rows: no proxy on the way)."""
+def once_all_flow(wired: list[Wire]) -> list[float]:
+    """Text added (s) once every stream of ``wired`` (started together) has its first text
+    from the proxy: no stream is starting any more."""
+    if not wired:
+        return []
+    all_flow = max(w.flowing() for w in wired)
+    return [t for w in wired for t in w.text_added(after=all_flow)]
+
+
+def wire_cells(streams: list[Stream], n: int) -> tuple[str, tuple[float, float]]:
+    """The wire columns of a row (and the p99s of its text, ms: all of it, once all flow), or
+    "(no proxy)" where no stream had both legs captured (the direct rows: no proxy there)."""
     wired = [s.wire for s in streams if s.error is None and s.wire is not None]
     if not wired:
-        return " (no proxy) | (no proxy) | (no proxy) |", float("nan")
+        return " (no proxy) |" * 4, (math.nan, math.nan)
     text = [t for w in wired for t in w.text_added()]
+    flowing = [
+        t
+        for batch in range(0, len(streams), n)  # the streams started together (run_level)
+        for t in once_all_flow([s.wire for s in streams[batch : batch + n] if s.wire])
+    ]
     calls = [t for w in wired for t in w.calls_added()]
     asked = [w.request_relayed() for w in wired]
     cells = " | ".join(
-        f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}" for v in (text, calls, asked)
+        f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}" for v in (text, flowing, calls, asked)
     )
-    return f" {cells} |", pct(text, 0.99) * 1e3
+    return f" {cells} |", (pct(text, 0.99) * 1e3, pct(flowing, 0.99) * 1e3)
 
 
 def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
@@ -952,7 +973,7 @@ def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
     kinds = ("first", "text", "calls", "request")
     per_event: dict[str, float] = {}
     p99: dict[str, float] = {}
-    wire_p99: dict[str, float] = {}
+    wire_p99: dict[str, tuple[float, float]] = {}
     for r in rows:
         ok = sum(s.ok() for s in r.streams)
         events = up_events * len(r.streams)
@@ -966,7 +987,7 @@ def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
             f"{pct(late[kind], 0.5) * 1e3:.2f} / {pct(late[kind], 0.99) * 1e3:.2f}"
             for kind in kinds
         )
-        extra, wire_p99[r.target] = wire_cells(r.streams) if wire else ("", float("nan"))
+        extra, wire_p99[r.target] = wire_cells(r.streams, n) if wire else ("", (math.nan,) * 2)
         print(
             f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
             f"| {cpu_us:.0f} | {cells} | {r.wall_s:.1f} |{extra}"
@@ -987,7 +1008,12 @@ def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
         if not per_event[name]:
             continue
         label = "LiteLLM" if name == "litellm" else name
-        extra = f" wire p99 {wire_p99['toollatch'] / wire_p99[name]:.2f} | | |" if wire else ""
+        ours, theirs = wire_p99["toollatch"], wire_p99[name]
+        extra = (
+            f" wire p99 {ours[0] / theirs[0]:.2f} | p99 {ours[1] / theirs[1]:.2f} | | |"
+            if wire
+            else ""
+        )
         print(
             f"|  | toollatch / {label} | | | | {per_event['toollatch'] / per_event[name]:.2f} "
             f"| | p99 {p99['toollatch'] / p99[name]:.2f} | | | |{extra}"

@@ -377,6 +377,8 @@ def test_wire_level_pairs_the_upstream_leg_with_the_proxy_leg_by_user():
     got = wire.text_added()  # at each of TEXT_ENDS: 4, 8 characters, then none
     assert got[:2] == [0.001, 0.003]
     assert all(v != v for v in got[2:])  # NaN: never carried
+    assert wire.flowing() == T0 * 1_000_000_000 + ms(11)
+    assert wire.text_added(after=wire.flowing())[0] == 0.003  # sent at 20 ms: after 11 ms
 
 
 # --- a real capture, where tcpdump can make one -------------------------------------------
