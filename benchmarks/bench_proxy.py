@@ -962,7 +962,10 @@ def wire_cells(streams: list[Stream], n: int) -> tuple[str, tuple[float, float]]
     calls = [t for w in wired for t in w.calls_added()]
     asked = [w.request_relayed() for w in wired]
     cells = " | ".join(
-        f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}" for v in (text, flowing, calls, asked)
+        f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}"
+        if any(x == x for x in v)
+        else "(none)"  # e.g. once all flow: the first streams ended before the last started
+        for v in (text, flowing, calls, asked)
     )
     return f" {cells} |", (pct(text, 0.99) * 1e3, pct(flowing, 0.99) * 1e3)
 
