@@ -12,6 +12,7 @@ says so and measures the upstream directly and toollatch's proxy only.
 ``git archive BASE src | tar -x -C /tmp/base``, then ``--baseline base=/tmp/base/src``) as a
 target of its own, ``toollatch@NAME``, measured in the same run, in turn with the others at
 each concurrency, with a ratio row: a change's effect, under the same load.
+``--no-wire`` takes no packet capture (see "On the wire" below).
 ``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
 (``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
 ``--paired`` runs each target at the same time as n direct streams of its own (the upstream
@@ -61,6 +62,27 @@ each tool call's arguments are complete at the client: direct, the call's last a
 fragment; toollatch holds a call until the gate commits it (the upstream moved on from it,
 by design), then sends it whole; LiteLLM passes fragments through.
 
+**On the wire** (where ``tcpdump`` can capture on ``lo``; ``--no-wire`` turns it off, and
+the bench says why when it cannot): each target's level runs under a capture of the
+upstream's port and the proxy's (``Capture``: nanosecond time stamps, written as packets
+come), read by ``pcap_wire`` (our own reader: pcap records, Ethernet/SLL, IPv4/IPv6, TCP
+reassembled by sequence number, HTTP/1.1, SSE). Each stream shows up twice: the proxy's
+request to the upstream and the client's request to the proxy both carry the stream's tag
+(``TAG``, in its user message: LiteLLM drops the request's ``user``), and on a connection
+the n-th response answers the n-th request (HTTP/1.1, no pipelining), so each request's body
+names its stream and its response is that stream's leg. An event is dated by the packet that
+carried its last byte. **Wire text added** is, for each text delta's end (by characters, as
+above), the time of the proxy's packet that carried it to the client minus the time of the
+upstream's packet that carried it to the proxy: the latency the proxy adds, without the
+client's own scheduling in it and without a reference to subtract (no ``direct`` row: no
+proxy there). **Once all flow**: the same, for the text the upstream sent after the proxy
+had sent every stream of the level its first text (no stream starting any more: what the
+proxy adds to an event in a steady flow). **Wire calls' delay**: the same for each call's
+last argument fragment. **Wire request relayed**: the proxy's request to the upstream minus
+the client's request to the proxy (each by its last byte), the proxy's own share of the
+first text's delay. Capturing costs CPU too (tcpdump's, on the same cores; not in any
+target's CPU column).
+
 **Correctness**: every stream through every target must assemble the script's text and its
 two calls (merged by ``index``, ``id`` and ``name`` from the first delta, arguments joined),
 with a finish reason; the table counts streams that did not, and the tool-call deltas per
@@ -72,8 +94,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import re
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -82,12 +107,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import pcap_wire
 
 # Our proxy in a process of its own: the upstream base URL and ProxyServer's keyword arguments
 # (JSON) in, its own base URL printed out, served until SIGTERM (uvicorn's own signal handling
@@ -109,12 +136,14 @@ asyncio.run(main())
 """
 
 # The scripted server, noting when each event's bytes went to its socket (perf_counter: one
-# clock for every process of the machine), by the request's "user" (each bench stream's own;
-# every proxy passes it on). SIGUSR1 writes {user: {"text": [[chars so far, time], ...],
+# clock for every process of the machine), by the stream's tag in the request (TAG: each bench
+# stream's own, in its user message, which every proxy passes on; LiteLLM 1.108.7 drops the
+# request's "user"). SIGUSR1 writes {tag: {"text": [[chars so far, time], ...],
 # "calls": {index: time of its last argument fragment}}} to the file named by its first
 # argument (then the rest is python -m toollatch.scripted's) and forgets them.
 UPSTREAM_RUNNER = """
-import json, os, signal, sys, time
+TAG = rb"bench stream ([0-9a-f]{16})"
+import json, os, re, signal, sys, time
 import orjson
 from toollatch.scripted import _server
 from toollatch.scripted.__main__ import main
@@ -126,8 +155,8 @@ handle, play = _server.ScriptedServer._handle, _server._Playback.__call__
 async def handled(self, provider, request):
     answer = await handle(self, provider, request)
     try:
-        answer.bench_user = orjson.loads(await request.body()).get("user")
-    except (ValueError, AttributeError):
+        answer.bench_user = re.search(TAG, await request.body()).group(1).decode()
+    except AttributeError:  # no tag: not a bench stream
         pass
     return answer
 
@@ -171,6 +200,8 @@ sys.exit(main())
 """
 
 MODEL = "bench"
+TAG = rb"bench stream ([0-9a-f]{16})"  # a stream's tag in its user message (as UPSTREAM_RUNNER)
+QUESTION = "Weather in Oslo and Lima?"
 TEXT = (
     "Let me look at both cities before I answer. The weather in Oslo is usually cold in "
     "winter and mild in summer, while Lima stays fairly even all year round; so I will ask "
@@ -280,7 +311,7 @@ def scripted_process(
 
 def upstream_sent(upstream: subprocess.Popen[str], tmp: Path) -> dict[str, Any]:
     """When the upstream sent each stream's text and calls since the last call (by the
-    stream's ``user``; see UPSTREAM_RUNNER)."""
+    stream's tag; see UPSTREAM_RUNNER)."""
     path = tmp / "sent.json"
     path.unlink(missing_ok=True)
     upstream.send_signal(signal.SIGUSR1)
@@ -328,7 +359,7 @@ async def wait_ready(url: str, timeout: float) -> None:
 
 @dataclass
 class Stream:
-    user: str = field(default_factory=lambda: secrets.token_hex(8))  # the request's "user"
+    user: str = field(default_factory=lambda: secrets.token_hex(8))  # its tag (TAG)
     start: float = 0.0  # perf_counter when the request was sent
     sent: dict[str, Any] | None = None  # when the upstream sent its text and calls
     text: str = ""
@@ -338,6 +369,7 @@ class Stream:
     finish: list[str] = field(default_factory=list)
     events: int = 0
     error: str | None = None
+    wire: Wire | None = None  # both legs as captured (None: no capture, or not found in it)
 
     def assembled(self) -> list[tuple[str, str, str]]:
         return [(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items())]
@@ -386,7 +418,7 @@ class Stream:
 
 REQUEST = {
     "model": MODEL,
-    "messages": [{"role": "user", "content": "Weather in Oslo and Lima?"}],
+    "messages": [{"role": "user", "content": QUESTION}],
     "tools": TOOLS,
     "stream": True,
 }
@@ -396,7 +428,8 @@ HEADERS = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
 
 async def one_stream(client: httpx.AsyncClient, base: str) -> Stream:
     s = Stream()
-    body = orjson.dumps({**REQUEST, "user": s.user})
+    question = {"role": "user", "content": f"{QUESTION} (bench stream {s.user})"}
+    body = orjson.dumps({**REQUEST, "messages": [question], "user": s.user})
     start = s.start = time.perf_counter()
     buf = b""
     try:
@@ -445,6 +478,195 @@ def take(s: Stream, chunk: dict[str, Any], now: float) -> None:
             s.finish.append(choice["finish_reason"])
 
 
+# --- on the wire ----------------------------------------------------------------------------
+
+
+@dataclass
+class Marks:
+    """One leg of a stream as captured: when its text and calls crossed the wire (ns)."""
+
+    text: list[tuple[int, int]] = field(default_factory=list)  # (chars so far, time)
+    calls: dict[int, int] = field(default_factory=dict)  # index: time of its last fragment
+    asked: float = float("nan")  # when the request's last byte went
+
+
+@dataclass
+class Wire:
+    """A stream's two legs: the upstream's answer to the proxy, the proxy's to the client."""
+
+    up: Marks
+    down: Marks
+
+    def text_added(self, after: float = -math.inf) -> list[float]:
+        """For each of TEXT_ENDS the upstream sent after ``after`` (ns), the proxy's packet
+        that carried it to the client minus the upstream's packet that carried it to the
+        proxy (s; NaN where a leg lacks it)."""
+        up, down = _held(self.up, TEXT_ENDS), _held(self.down, TEXT_ENDS)
+        return [(d - u) / 1e9 for u, d in zip(up, down, strict=True) if not u <= after]
+
+    def flowing(self) -> float:
+        """When the proxy sent the client the stream's first text (ns; NaN: never)."""
+        return self.down.text[0][1] if self.down.text else math.nan
+
+    def request_relayed(self) -> float:
+        """The proxy's request to the upstream (its last byte) minus the client's request to
+        the proxy (s): the proxy's share of the stream's start."""
+        return (self.up.asked - self.down.asked) / 1e9
+
+    def calls_added(self) -> list[float]:
+        """For each call, the proxy's packet with its arguments complete minus the upstream's
+        packet with its last fragment (s)."""
+        return [
+            (at - self.up.calls[index]) / 1e9 if index in self.up.calls else float("nan")
+            for index, at in sorted(self.down.calls.items())
+        ]
+
+
+def _held(marks: Marks, ends: list[int]) -> list[float]:
+    """When the leg had carried ``ends[i]`` characters of text (NaN: it never did)."""
+    out: list[float] = []
+    k = 0
+    for end in ends:
+        while k < len(marks.text) and marks.text[k][0] < end:
+            k += 1
+        out.append(marks.text[k][1] if k < len(marks.text) else float("nan"))
+    return out
+
+
+def leg_marks(events: list[tuple[int, bytes]]) -> Marks:
+    """Text and call times of one captured event stream (as UPSTREAM_RUNNER's ``times``)."""
+    marks, chars = Marks(), 0
+    for at, data in events:
+        if data.strip() == b"[DONE]":
+            continue
+        for choice in orjson.loads(data).get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                chars += len(delta["content"])
+                marks.text.append((chars, at))
+            for call in delta.get("tool_calls") or ():
+                if (call.get("function") or {}).get("arguments"):
+                    marks.calls[call.get("index", 0)] = at
+    return marks
+
+
+@dataclass
+class WireLevel:
+    """What one capture held, by the requests' tags."""
+
+    up: dict[str, Marks] = field(default_factory=dict)  # answers of the upstream's port
+    down: dict[str, Marks] = field(default_factory=dict)  # answers of the proxy's port
+    problems: list[str] = field(default_factory=list)
+
+
+def wire_level(pcap: bytes, up_port: int, proxy_port: int | None) -> WireLevel:
+    """Each event stream answered on the two ports, by the tag in its request (each bench
+    stream's own, in its user message, so carried by both the client's request to the proxy
+    and the proxy's to the upstream; LiteLLM does not pass the request's ``user`` on).
+    HTTP/1.1 answers in the order of the requests on a connection, so the n-th response on
+    a connection is the n-th request's."""
+    level = WireLevel()
+    linktype, packets = pcap_wire.read_pcap(pcap)
+    segments = (pcap_wire.tcp_segment(linktype, frame, at) for at, frame in packets)
+    directions = pcap_wire.reassemble(s for s in segments if s is not None)
+    for client, server in pcap_wire.connections(directions):
+        port = client.dst[1]
+        legs = level.up if port == up_port else level.down if port == proxy_port else None
+        if legs is None or server is None:
+            continue
+        if client.hole_at is not None or server.hole_at is not None:
+            level.problems.append(f"a connection to port {port} has bytes missing")
+        try:
+            for ex in pcap_wire.exchanges(client, server):
+                user = _tag(ex.request_body)
+                if user is None or ex.status != 200 or ex.response_body is None:
+                    continue
+                legs[user] = marks = leg_marks(pcap_wire.sse_events(ex.response_body, server))
+                last = ex.request_body.raw_offset(len(ex.request_body.data) - 1)
+                marks.asked = client.time_at(last)
+        except (pcap_wire.PcapError, ValueError) as exc:  # orjson's errors are ValueErrors
+            level.problems.append(f"a connection to port {port}: {exc}")
+    return level
+
+
+def _tag(body: pcap_wire.Body) -> str | None:
+    found = re.search(TAG, body.data) if body.complete else None
+    return found.group(1).decode() if found else None
+
+
+class Capture:
+    """``tcpdump`` on the loopback interface, for some TCP ports, into a pcap file: started
+    before a level, stopped after it. Nanosecond time stamps; ``-U`` writes each packet as
+    it comes; ``-Z root`` keeps root's right to write the file (Debian's tcpdump otherwise
+    drops to its own user first)."""
+
+    def __init__(self, tcpdump: str, path: Path, ports: list[int]) -> None:
+        self.path = path
+        user = ["-Z", "root"] if os.geteuid() == 0 else []
+        rule = " or ".join(f"tcp port {p}" for p in ports)
+        self.proc = subprocess.Popen(
+            [
+                tcpdump,
+                "-i",
+                "lo",
+                "-n",
+                "-U",
+                "-B",
+                "16384",
+                "--time-stamp-precision=nano",
+                *user,
+                "-w",
+                str(path),
+                rule,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.said = b""
+        deadline = time.monotonic() + 30
+        assert self.proc.stderr is not None
+        while b"listening on" not in self.said:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stderr], [], [], max(left, 0))
+            line = self.proc.stderr.readline() if ready else b""
+            if not line:  # ended, or silent for 30 s
+                stop(self.proc)
+                said = (self.said + self.proc.stderr.read()).decode(errors="replace").strip()
+                raise CaptureError(f"tcpdump did not start: {said or 'no output'}")
+            self.said += line
+
+    def finish(self) -> tuple[bytes, str]:
+        """Stop the capture; the pcap and tcpdump's count of the packets the kernel dropped
+        (drops mean holes). It waits 1.5 s first: libpcap on Linux reads the kernel's ring in
+        blocks, and hands over a block not yet full only when its timeout (tcpdump's 1 s)
+        expires; stopped sooner, the last packets would be lost without being counted as
+        dropped. (``--immediate-mode`` would hand over each packet, at a wake-up each, on
+        the cores being measured.)"""
+        time.sleep(1.5)
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            stop(self.proc)
+            raise CaptureError("tcpdump did not stop in 30 s") from None
+        said = (self.said + err).decode(errors="replace")
+        dropped = re.search(r"(\d+) packets? dropped by kernel", said)
+        data = self.path.read_bytes()
+        self.path.unlink()
+        return data, dropped.group(1) if dropped else "?"
+
+
+class CaptureError(RuntimeError):
+    """tcpdump could not capture (not installed, not permitted, or it failed)."""
+
+
+def port_of(url: str) -> int:
+    port = urllib.parse.urlsplit(url).port
+    if port is None:
+        raise ValueError(f"no port in {url!r}")
+    return port
+
+
 # --- a level --------------------------------------------------------------------------------
 
 
@@ -455,6 +677,7 @@ class Result:
     cpu_s: float
     wall_s: float
     ref: list[Stream] | None = None  # the direct streams it is compared with (None: rows[0]'s)
+    wire_note: str = ""  # what the capture lacked, if anything
 
 
 async def run_level(
@@ -612,12 +835,17 @@ async def bench(args: argparse.Namespace) -> None:
                 f"http://127.0.0.1:{port}/health/liveliness", 600
             )  # (imports are slow)
             targets.append(("litellm", f"http://127.0.0.1:{port}/v1", lite.pid))
+        tcpdump = None if args.no_wire else capture_tool(tmp)
+        up_port = port_of(up_url)
         print(f"# bench_proxy: {load()}; delay {args.delay_ms} ms between upstream events")
-        header()
+        header(wire=tcpdump is not None)
         for n in args.streams:
             repeat = args.single if n == 1 else 1
             rows = []
             for name, base, pid in targets if not args.paired else targets[1:]:
+                proxy_port = None if base == up_url else port_of(base)
+                ports = [up_port] if proxy_port is None else [up_port, proxy_port]
+                cap = Capture(tcpdump, tmp / "level.pcap", ports) if tcpdump else None
                 if args.paired:  # n direct streams beside the n through the target
                     (d, d_cpu, d_wall), (streams, cpu, wall) = await asyncio.gather(
                         run_level(up_url, upstream.pid, n, repeat), run_level(base, pid, n, repeat)
@@ -628,31 +856,127 @@ async def bench(args: argparse.Namespace) -> None:
                 sent = upstream_sent(upstream, tmp)
                 for s in [*streams, *(rows[-1].streams if args.paired else ())]:
                     s.sent = sent.get(s.user)
+                note = take_wire(cap, up_port, proxy_port, streams) if cap else ""
                 rows.append(
-                    Result(name, streams, cpu, wall, ref=rows[-1].streams if args.paired else None)
+                    Result(
+                        name,
+                        streams,
+                        cpu,
+                        wall,
+                        ref=rows[-1].streams if args.paired else None,
+                        wire_note=note,
+                    )
                 )
-            report(n, rows)  # as each level ends (a long run shows what it has)
+            report(n, rows, wire=tcpdump is not None)  # as each level ends
         print(f"# at the end: {load()}")
     finally:
         for proc in reversed(procs):
             stop(proc)
 
 
-def header() -> None:
+def capture_tool(tmp: Path) -> str | None:
+    """tcpdump's path if it can capture on the loopback interface here, else None (said)."""
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        print(
+            "# tcpdump not found (Debian: apt-get install tcpdump): "
+            "no wire columns (the proxies' added latency as captured on the loopback interface)"
+        )
+        return None
+    try:
+        Capture(tcpdump, tmp / "probe.pcap", [free_port()]).finish()
+    except CaptureError as exc:
+        print(f"# capture not possible ({exc}): no wire columns")
+        return None
+    return tcpdump
+
+
+def take_wire(cap: Capture, up_port: int, proxy_port: int | None, streams: list[Stream]) -> str:
+    """Stop ``cap``, give each stream through a proxy its two legs, and say what is missing."""
+    data, dropped = cap.finish()
+    if proxy_port is None:
+        return ""
+    level = wire_level(data, up_port, proxy_port)
+    found = whole = 0
+    for s in streams:
+        up, down = level.up.get(s.user), level.down.get(s.user)
+        s.wire = Wire(up, down) if up is not None and down is not None else None
+        found += s.wire is not None
+        whole += s.wire is not None and all(leg_whole(leg) for leg in (up, down))
+    problems = sorted(set(level.problems))
+    if whole == len(streams) and dropped == "0" and not problems:
+        return ""
+    return (
+        f"{found} of {len(streams)} streams on both legs, {whole} whole (all the text and "
+        f"calls on both); {dropped} packets dropped; "
+        + ("; ".join(problems[:3]) or "no other problem")
+    )
+
+
+def leg_whole(marks: Marks | None) -> bool:
+    """The leg carried all of TEXT and a last fragment of each call."""
+    return (
+        marks is not None
+        and bool(marks.text)
+        and marks.text[-1][0] == len(TEXT)
+        and sorted(marks.calls) == list(range(len(CALLS)))
+    )
+
+
+def header(*, wire: bool) -> None:
+    extra = (
+        " wire text added p50 / p99 ms | wire text added once all flow p50 / p99 ms "
+        "| wire calls' delay p50 / p99 ms | wire request relayed p50 / p99 ms |"
+    )
     print(
         "| streams | target | ok / streams | upstream events | call deltas/stream "
         "| CPU µs/event | first text added p50 / p99 ms | text added per event p50 / p99 ms "
-        "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |"
+        "| calls' delay p50 / p99 ms | since request p50 / p99 ms | wall s |" + extra * wire
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    print(
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (4 * wire), flush=True
+    )
 
 
-def report(n: int, rows: list[Result]) -> None:
+def once_all_flow(wired: list[Wire]) -> list[float]:
+    """Text added (s) once every stream of ``wired`` (started together) has its first text
+    from the proxy: no stream is starting any more."""
+    if not wired:
+        return []
+    all_flow = max(w.flowing() for w in wired)
+    return [t for w in wired for t in w.text_added(after=all_flow)]
+
+
+def wire_cells(streams: list[Stream], n: int) -> tuple[str, tuple[float, float]]:
+    """The wire columns of a row (and the p99s of its text, ms: all of it, once all flow), or
+    "(no proxy)" where no stream had both legs captured (the direct rows: no proxy there)."""
+    wired = [s.wire for s in streams if s.error is None and s.wire is not None]
+    if not wired:
+        return " (no proxy) |" * 4, (math.nan, math.nan)
+    text = [t for w in wired for t in w.text_added()]
+    flowing = [
+        t
+        for batch in range(0, len(streams), n)  # the streams started together (run_level)
+        for t in once_all_flow([s.wire for s in streams[batch : batch + n] if s.wire])
+    ]
+    calls = [t for w in wired for t in w.calls_added()]
+    asked = [w.request_relayed() for w in wired]
+    cells = " | ".join(
+        f"{pct(v, 0.5) * 1e3:.2f} / {pct(v, 0.99) * 1e3:.2f}"
+        if any(x == x for x in v)
+        else "(none)"  # e.g. once all flow: the first streams ended before the last started
+        for v in (text, flowing, calls, asked)
+    )
+    return f" {cells} |", (pct(text, 0.99) * 1e3, pct(flowing, 0.99) * 1e3)
+
+
+def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
     direct = rows[0]
     up_events = statistics.median(s.events for s in direct.streams if s.ok())
     kinds = ("first", "text", "calls", "request")
     per_event: dict[str, float] = {}
     p99: dict[str, float] = {}
+    wire_p99: dict[str, tuple[float, float]] = {}
     for r in rows:
         ok = sum(s.ok() for s in r.streams)
         events = up_events * len(r.streams)
@@ -666,10 +990,13 @@ def report(n: int, rows: list[Result]) -> None:
             f"{pct(late[kind], 0.5) * 1e3:.2f} / {pct(late[kind], 0.99) * 1e3:.2f}"
             for kind in kinds
         )
+        extra, wire_p99[r.target] = wire_cells(r.streams, n) if wire else ("", (math.nan,) * 2)
         print(
             f"| {n} | {r.target} | {ok} / {len(r.streams)} | {up_events:.0f} | {deltas:.1f} "
-            f"| {cpu_us:.0f} | {cells} | {r.wall_s:.1f} |"
+            f"| {cpu_us:.0f} | {cells} | {r.wall_s:.1f} |{extra}"
         )
+        if r.wire_note:
+            print(f"#   {r.target} on the wire: {r.wire_note}")
         for s in r.streams:
             if not s.ok():
                 print(
@@ -678,17 +1005,21 @@ def report(n: int, rows: list[Result]) -> None:
                     f"calls={s.assembled()!r} finish={s.finish}"
                 )
                 break
-    for name, cpu_us in per_event.items():
-        if name.startswith("toollatch@") and cpu_us:
-            print(
-                f"|  | toollatch / {name} | | | | {per_event['toollatch'] / cpu_us:.2f} "
-                f"| | p99 {p99['toollatch'] / p99[name]:.2f} | | | |"
-            )
-    if per_event.get("litellm"):
-        ratio = per_event["toollatch"] / per_event["litellm"]
+    others = [name for name in per_event if name.startswith("toollatch@")]
+    others += ["litellm"] if per_event.get("litellm") else []
+    for name in others:
+        if not per_event[name]:
+            continue
+        label = "LiteLLM" if name == "litellm" else name
+        ours, theirs = wire_p99["toollatch"], wire_p99[name]
+        extra = (
+            f" wire p99 {ours[0] / theirs[0]:.2f} | p99 {ours[1] / theirs[1]:.2f} | | |"
+            if wire
+            else ""
+        )
         print(
-            f"|  | toollatch / LiteLLM | | | | {ratio:.2f} "
-            f"| | p99 {p99['toollatch'] / p99['litellm']:.2f} | | | |"
+            f"|  | toollatch / {label} | | | | {per_event['toollatch'] / per_event[name]:.2f} "
+            f"| | p99 {p99['toollatch'] / p99[name]:.2f} | | | |{extra}"
         )
 
 
@@ -716,6 +1047,12 @@ def main() -> None:
         action="store_true",
         help="also toollatch's proxy without the heap settled at start, as toollatch@unsettled;"
         " the baselines without it too (as `toollatch proxy` ran before it settled its heap)",
+    )
+    parser.add_argument(
+        "--no-wire",
+        action="store_true",
+        help="no packet capture (by default, where tcpdump can capture on lo, the wire columns:"
+        " each proxy's added latency between the upstream's packets and its own)",
     )
     parser.add_argument(
         "--calls-stream",
