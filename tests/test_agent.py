@@ -467,8 +467,11 @@ async def test_a_cancel_told_within_one_read_starts_no_tool(eager, at):
     kinds = [e["type"] for e in events]
     # an eager call committed before the cancelling event had begun: it is cancelled running
     begun = eager and "call_committed" in kinds[: at - 1]
-    assert ran == (["Oslo"] if begun else [])
-    assert kinds.count("tool_started") == len(ran)
+    started = [e["id"] for e in events if e["type"] == "tool_started"]
+    if begun:  # (cancelled as it began: it may or may not have reached the function)
+        assert ran in ([], ["Oslo"]) and started in ([], ["c1"])
+    else:
+        assert ran == [] and started == []
     opened = {e["id"] for e in events if e["type"] == "call_opened"}
     ended = [e["id"] for e in events if e["type"] in ("tool_finished", "call_failed")]
     assert sorted(ended) == sorted(opened)  # every call told is paired, once
