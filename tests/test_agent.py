@@ -438,7 +438,7 @@ class _CancelAt:
 @pytest.mark.parametrize("eager", [True, False])
 @pytest.mark.parametrize("at", [1, 2, 3, 4])
 async def test_a_cancel_told_within_one_read_starts_no_tool(eager, at):
-    # The whole round comes in one read (a loaded machine coalesces the stream's writes):
+    # The whole round may come in one read (a loaded machine coalesces the stream's writes):
     # its notices are told without a wait, so the task's cancellation would come only after
     # them; calls committed after the cancel must not run (eager ones at their notice, the
     # others when the round is decided), each still paired, and the round is cancelled.
@@ -455,7 +455,7 @@ async def test_a_cancel_told_within_one_read_starts_no_tool(eager, at):
         b"data: " + e.data + b"\n\n"
         for e in _encode("openai_chat", script.turns[0], model="s", body={}, response_id="r")
     )
-    assert len(wire) < 4096  # (one read)
+    assert len(wire) < 4096  # (one read on a quiet machine; the checks hold for any split)
     watch = _CancelAt(at)
     async with ScriptedServer({"s": script}) as server:
         client = model_client("openai_chat", model="s", base_url=server.base_url("openai_chat"))
