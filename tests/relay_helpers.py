@@ -10,6 +10,8 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +133,54 @@ def serve(*args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, match.group(0)
 
 
+_DRAINS: dict[int, tuple[threading.Thread, deque[str]]] = {}
+"""The stderr readers of :func:`drain`, by process id."""
+
+DRAIN_LINES = 400
+"""Lines of a drained process's stderr kept (its end, for a failure's message)."""
+
+
+def drain(proc: subprocess.Popen[str]) -> None:
+    """Read what ``proc`` writes to stderr from now on, in a thread, keeping its last
+    :data:`DRAIN_LINES` lines (:func:`written`; :func:`stop` shows them). A pipe nobody
+    reads fills (64 KiB on Linux), and the process blocks at its next write: a ``serve
+    --durable`` worker whose PostgreSQL is down logs DBOS's retries, tracebacks included,
+    and one was seen stuck for good on Ctrl-C, DBOS's shut-down waiting for the logging
+    lock that a thread blocked writing held (under load the outage lasts longer)."""
+    assert proc.stderr is not None
+    pipe, lines = proc.stderr, deque[str](maxlen=DRAIN_LINES)
+
+    def read() -> None:
+        with contextlib.suppress(ValueError, OSError):  # (the pipe closed under it: done)
+            for line in pipe:
+                lines.append(line)
+
+    thread = threading.Thread(target=read, name=f"stderr of {proc.pid}", daemon=True)
+    thread.start()
+    _DRAINS[proc.pid] = (thread, lines)
+
+
+def written(proc: subprocess.Popen[str], wait_s: float = 5.0) -> str:
+    r"""What ``proc`` wrote to stderr that is left to read: for a :func:`drain`\ ed one, its
+    kept lines once its pipe ended (after at most ``wait_s``: it exited); else the rest of
+    its pipe (which ends when it exits)."""
+    assert proc.stderr is not None
+    if proc.pid not in _DRAINS:
+        return proc.stderr.read()
+    thread, lines = _DRAINS[proc.pid]
+    thread.join(wait_s)
+    return "".join(lines)
+
+
+def close_stderr(proc: subprocess.Popen[str]) -> None:
+    """Close ``proc``'s stderr pipe once it exited (a drain's reader done first)."""
+    assert proc.stderr is not None
+    drained = _DRAINS.pop(proc.pid, None)
+    if drained is not None:
+        drained[0].join(5.0)
+    proc.stderr.close()
+
+
 def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT, wait_s: float = 15) -> None:
     """Ctrl-C (status 130) or ``how`` (SIGTERM: 143; SIGKILL: no clean-up at all), then
     close the pipe. A server still running ``wait_s`` later is killed and the test fails
@@ -144,12 +194,12 @@ def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT, wait_s: float = 
     except subprocess.TimeoutExpired as exc:
         proc.kill()
         proc.wait()
-        rest = proc.stderr.read()
-        proc.stderr.close()
+        rest = written(proc)
+        close_stderr(proc)
         raise AssertionError(
             f"serve still ran {wait_s:g} s after signal {how}: {rest[-2000:]}"
         ) from exc
-    proc.stderr.close()
+    close_stderr(proc)
     assert status == (-how if how == signal.SIGKILL else 128 + how)
 
 

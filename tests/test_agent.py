@@ -408,3 +408,76 @@ async def test_a_consumer_cancelled_while_it_waits_gets_its_cancellation(tmp_pat
             async with client.stream(run.history) as again:
                 assert again.status == 200
     assert "call_opened" not in seen
+
+
+class _CancelAt:
+    """An observer that cancels its run, synchronously, at the ``at``-th event (as the
+    relay's ``max_run_events`` bound does), and records every event's type."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.seen, self.run = at, list[str](), None
+
+    def on_round_start(self, provider, round_no):
+        pass
+
+    def on_notice(self, provider, notice):
+        pass
+
+    def on_round(self, provider, round_):
+        pass
+
+    def on_not_committed(self, provider, detail):
+        pass
+
+    def on_event(self, provider, event):
+        self.seen.append(event.type)
+        if len(self.seen) == self.at:
+            self.run.cancel()
+
+
+@pytest.mark.parametrize("eager", [True, False])
+@pytest.mark.parametrize("at", [1, 2, 3, 4])
+async def test_a_cancel_told_within_one_read_starts_no_tool(eager, at):
+    # The whole round may come in one read (a loaded machine coalesces the stream's writes):
+    # its notices are told without a wait, so the task's cancellation would come only after
+    # them; calls committed after the cancel must not run (eager ones at their notice, the
+    # others when the round is decided), each still paired, and the round is cancelled.
+    ran: list[str] = []
+
+    @tool(eager=eager)
+    def get_weather(city: str) -> str:
+        ran.append(city)
+        return "sunny"
+
+    items = (Text(text="Hi."), weather_call("c1", "Oslo"), weather_call("c2", "Rome"))
+    script = Script(turns=(Turn(items=items, delay_ms=0), Turn(items=(Text(text="ok"),))))
+    wire = b"".join(
+        b"data: " + e.data + b"\n\n"
+        for e in _encode("openai_chat", script.turns[0], model="s", body={}, response_id="r")
+    )
+    assert len(wire) < 4096  # (one read on a quiet machine; the checks hold for any split)
+    watch = _CancelAt(at)
+    async with ScriptedServer({"s": script}) as server:
+        client = model_client("openai_chat", model="s", base_url=server.base_url("openai_chat"))
+        async with client:
+            run = Agent(client, [get_weather], observers=[watch]).run("go")
+            watch.run = run
+            events = [e.to_json() async for e in run]
+    kinds = [e["type"] for e in events]
+    kinds = [e["type"] for e in events]
+    # an eager call committed before the cancelling event had begun: it is cancelled running
+    begun = eager and "call_committed" in kinds[: at - 1]
+    started = [e["id"] for e in events if e["type"] == "tool_started"]
+    if begun:  # (cancelled as it began: it may or may not have reached the function)
+        assert ran in ([], ["Oslo"]) and started in ([], ["c1"])
+    else:
+        assert ran == [] and started == []
+    opened = {e["id"] for e in events if e["type"] == "call_opened"}
+    ended = [e["id"] for e in events if e["type"] in ("tool_finished", "call_failed")]
+    assert sorted(ended) == sorted(opened)  # every call told is paired, once
+    assert {c["error"] for c in events[-1]["calls"]} <= {"cancelled"}
+    # (a cancel told while a complete round's calls were decided: its stream ended normally)
+    decided = not eager and kinds[at - 1] == "call_committed"
+    rounds = [e["ended"] for e in events if e["type"] == "round_ended"]
+    assert rounds == ["normal" if decided else "cancelled"]
+    assert kinds[-1] == "run_ended" and events[-1]["error"] is None

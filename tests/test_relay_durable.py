@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +25,17 @@ import pytest
 
 from durable_helpers import PostgresServer, wait_for
 from ledger_helpers import RedisServer
-from relay_helpers import CLI, Frame, serve, served_run, slow_script, stop
+from relay_helpers import (
+    CLI,
+    Frame,
+    close_stderr,
+    drain,
+    serve,
+    served_run,
+    slow_script,
+    stop,
+    written,
+)
 from test_relay_lease import assert_paired, read_until
 from test_relay_lease_chats import ui_chunks, ui_tool_calls
 from toollatch import ConfigError
@@ -97,6 +106,7 @@ def durable_workers(
         for sleep_s in sleeps:
             os.environ["DURABLE_TOOL_SLEEP_S"] = str(sleep_s)
             procs.append(serve(*args))
+            drain(procs[-1][0])  # (DBOS logs much while PostgreSQL is down: see drain)
         yield model, procs
     finally:
         os.environ.clear()
@@ -425,12 +435,8 @@ def test_a_worker_stopping_with_postgresql_lost_ends_its_chat_run_and_keeps_its_
 
 
 def sigterm_took(proc: subprocess.Popen[str], wait_s: float) -> float:
-    """SIGTERM ``proc`` (its stderr drained meanwhile): the seconds it took to exit 143;
+    """SIGTERM ``proc`` (its stderr drained: :func:`drain`): the seconds it took to exit 143;
     killed, and the test failed, when it still runs ``wait_s`` seconds later."""
-    assert proc.stderr is not None
-    said: list[str] = []
-    drain = threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True)
-    drain.start()
     began = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -440,9 +446,9 @@ def sigterm_took(proc: subprocess.Popen[str], wait_s: float) -> float:
         proc.wait()
         status = None
     took = time.monotonic() - began
-    drain.join(5)
-    proc.stderr.close()
-    assert status == 143, f"still running {took:.1f} s after SIGTERM: {''.join(said)[-1500:]}"
+    said = written(proc)
+    close_stderr(proc)
+    assert status == 143, f"still running {took:.1f} s after SIGTERM: {said[-1500:]}"
     return took
 
 
@@ -565,8 +571,7 @@ def test_sigterm_hands_a_durable_run_over_to_a_survivor(
         stopping.send_signal(signal.SIGTERM)  # the tool outlives the grace: handed over
         whole = read_all(on_b, run, session)
         status = stopping.wait(timeout=30)
-        assert stopping.stderr is not None
-        stopping.stderr.close()
+        close_stderr(stopping)
     assert status == 143
     assert_whole(whole)
     ended = whole[-1].data
@@ -783,8 +788,7 @@ def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
             head = read_until(b, run["events_url"], until_asked(2))
         stopping.send_signal(signal.SIGTERM)  # its questions outlive the grace: handed over
         status = stopping.wait(timeout=DURABLE_STOP_S)
-        assert stopping.stderr is not None
-        stopping.stderr.close()
+        close_stderr(stopping)
         approved = [answer(on_b, run, session, asked, "approve") for asked in questions(head)]
         whole = read_all(on_b, run, session)
     assert status == 143

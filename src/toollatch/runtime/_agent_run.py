@@ -225,7 +225,8 @@ class AgentRun:
                     return False  # the request failed before its stream began
                 round_ = _with_id_repairs(round_)
                 self._decided(round_)
-                if round_.ended is RoundEnd.NORMAL:
+                if round_.ended is RoundEnd.NORMAL and not self._cancelled:
+                    # (a cancel() told while the round was decided starts no call)
                     await self._mark(round_)
                     results = await dispatch.finish(round_)
                 else:
@@ -338,6 +339,11 @@ class AgentRun:
                         # (per chunk: most reads of arguments bring no notice)
                         if notices := feed(chunk):
                             self._notices(notices, dispatch)
+                        if self._cancelled:
+                            # cancel() came while this read was told (an observer's bound,
+                            # e.g. the relay's max_run_events): the task's cancellation
+                            # arrives only at a read that waits, and buffered reads do not
+                            return parser.cancel()
                         if parser.over:
                             # nothing more can change the round (it ended at a size limit,
                             # or failed): stop reading; leaving the stream closes the response
@@ -369,6 +375,8 @@ class AgentRun:
                 if notice.key.choice == 0 and notice.call_id and notice.name:
                     self._open(notice.key, notice.call_id, notice.name)
             elif isinstance(notice, CallReady):
+                if self._cancelled:
+                    continue  # never started: the round's abort pairs it as cancelled
                 call = notice.call
                 self._open(call.key, call.call_id, call.name)
                 self._emit(
@@ -376,7 +384,8 @@ class AgentRun:
                         id=call.call_id, name=call.name, arguments=call.arguments, early=True
                     )
                 )
-                self._start(dispatch, call)
+                if not self._cancelled:  # (an observer may cancel at call_committed)
+                    self._start(dispatch, call)
             elif isinstance(notice, PreviewUpdated) and self._setup.on_preview is not None:
                 self._put(notice)  # UIs (the relay), not the agent events
 
