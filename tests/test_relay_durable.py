@@ -374,6 +374,35 @@ def test_a_postgresql_restart_mid_run_runs_nothing_twice(
     assert sorted(lines(tmp_path)) == ["Oslo", "Züri"]  # each call run once
 
 
+def test_a_redis_restart_mid_tool_runs_nothing_twice(
+    redis_server: RedisServer, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Redis stops while a durable run's first tool runs and starts again 2 s later (past
+    the 1 s lease, within the store's 5 s outage): every worker then reads one log, to its
+    ``run_ended``, every call paired, and each tool ran at most once, both when the run
+    went on. (When the owner's lease was lost and the survivor's recovery of its workflow
+    reached the owner itself, which refuses it, the survivor ends the run after
+    ``_durable._UNTAKEN_S``: see test_relay_durable_takeover.py.)"""
+    with durable_workers(redis_server, postgres, tmp_path, [2, 2], "redis") as (_, procs):
+        (_a, on_a), (_b, on_b) = procs
+        run, session = start_run(on_a)
+        wait_for(lambda: len(lines(tmp_path)) == 1, "the first tool to start")
+        try:
+            redis_server.stop()
+            time.sleep(2.0)
+        finally:
+            redis_server.start()
+        whole = read_all(on_b, run, session)
+        again = read_all(on_a, run, session)
+    assert_whole(whole)
+    assert again == whole
+    done = lines(tmp_path)
+    assert len(done) == len(set(done)) and set(done) <= {"Oslo", "Züri"}  # none ran twice
+    ended = whole[-1].data
+    if ended["error"] is None:  # it went on: both calls ran, once
+        assert sorted(done) == ["Oslo", "Züri"] and ended["rounds"] == 2
+
+
 LOST_GRACE_S = 2.0
 LOST_MARGIN_S = 8.0
 """A worker stopping with its PostgreSQL lost exits within its grace and this margin: the
