@@ -27,7 +27,13 @@ from toollatch.relay._durable import DurableRelay
 from toollatch.relay._requests import run_scope_of
 from toollatch.relay._runs import RelayRun
 from toollatch.relay.store._orphans import read_log
-from toollatch.relay.store._redis import _CLAIM_ORPHAN, RedisRunStore, _meta, _stream
+from toollatch.relay.store._redis import (
+    _CLAIM_ORPHAN,
+    RedisRunStore,
+    RemoteRun,
+    _meta,
+    _stream,
+)
 from toollatch.runtime import DurableRuns
 
 DEAD = "dead0000dead0000"
@@ -148,3 +154,23 @@ async def test_a_recovered_workflow_whose_run_is_over_runs_no_further_step(
             await other._attempt(workflow, 3)
         assert await other.store.client.hget(_meta(run_id), "status") == b"done"
         assert workflow not in other._runs
+
+
+async def test_a_request_forwarded_while_its_run_is_being_taken_over_is_asked_again(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Between the store's ``take_over`` and the run kept in the taker's process (it reads
+    the run's questions from the shared log first), a request forwarded to the taker is
+    answered 409 ``run_not_running``, which the clients ask again, not 404 (an AI SDK
+    answer to a durable chat failed so under load); a run nobody holds is still 404."""
+    async with relays(redis_url, tmp_path, 2) as (winner, taker):
+        run_id, session, _workflow = await dead_workers_run(redis_url, winner.store)
+        assert await taker.store.take_over(run_id) is not None  # (not kept there yet)
+        owner = taker.store.worker
+        remote = RemoteRun(winner.store, run_id, secrets.token_urlsafe(32), owner, 2, False)
+        replied = await winner.store.ask(remote, {"kind": "answer", "call": "call_a"})
+        assert replied is not None
+        assert (replied[0], replied[1]["error"]["code"]) == (409, "run_not_running")
+        other = RemoteRun(winner.store, secrets.token_hex(12), session, owner, 0, False)
+        replied = await winner.store.ask(other, {"kind": "answer", "call": "call_a"})
+        assert replied is not None and replied[0] == 404

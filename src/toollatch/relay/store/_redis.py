@@ -529,8 +529,15 @@ class RedisRunStore:
         session = str(asked.get("session"))
         # (the run's session_key: a run taken over or restored has no token until a
         # request of its session reaches this worker, but its digest all along)
-        if run is None or not secrets.compare_digest(run.session_key, session):
+        if run is None and str(asked.get("run")) in self._epochs:
+            # (held here in the store, not yet in this process: a takeover under way, its
+            # run kept here in a moment; the asking worker's client asks again on 409)
             answer: tuple[int, dict[str, Any]] = (
+                409,
+                {"error": {"code": "run_not_running", "message": "the run is being taken over"}},
+            )
+        elif run is None or not secrets.compare_digest(run.session_key, session):
+            answer = (
                 404,
                 {"error": {"code": "not_found", "message": "no such run on its worker"}},
             )
