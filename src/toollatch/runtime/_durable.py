@@ -108,7 +108,6 @@ from ..ledger import (
     ApprovalError,
     Ledger,
     LedgerError,
-    LedgerKey,
     QuestionKind,
     digest_of,
 )
@@ -117,7 +116,7 @@ from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
 from ._approvals import Approvals
-from ._resume import LOST_DETAIL, NOT_STARTED, ledger_fate, note_entries, round_entries
+from ._resume import LOST_DETAIL, ledger_fate, note_entries, round_entries
 
 _T = TypeVar("_T")
 
@@ -700,21 +699,14 @@ async def _retell(name: str, conversation: str, asked: _Asked) -> int:
 
 async def _fate_of(ledger: Ledger | None, scope: str, call: CallRecord) -> ToolResult:
     """What became of a committed call of a run that cannot go on here (the call's step
-    did not return): the ledger's final result, or ``cancelled`` when it was claimed and
-    never started (:func:`._resume.ledger_fate`); ``cancelled`` when the ledger holds no
-    record of it (a durable call's tool starts only once claimed); else ``outcome_unknown``
-    (it started, or the ledger cannot tell)."""
-    name = call.name or ""
+    did not return): what the ledger says (:func:`._resume.ledger_fate`: a durable call's
+    tool starts only once claimed, so one it holds no record of never ran), else
+    ``outcome_unknown`` (it started, or the ledger cannot tell)."""
     if ledger is not None:
-        known = await ledger_fate(ledger, scope)(call.call_id)
+        known = await ledger_fate(ledger, scope, unclaimed_not_run=True)(call.call_id)
         if known is not None:
             return known
-        try:
-            if await ledger.get(LedgerKey(scope=scope, call_id=call.call_id)) is None:
-                return made_error(call.call_id, name, ErrorCode.CANCELLED, NOT_STARTED)
-        except (LedgerError, UsageError):
-            pass  # (it cannot tell)
-    return made_error(call.call_id, name, ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL)
+    return made_error(call.call_id, call.name or "", ErrorCode.OUTCOME_UNKNOWN, LOST_DETAIL)
 
 
 def _forget(conversation: str) -> None:
@@ -743,14 +735,18 @@ async def _agent_run(
     _STEPPED.discard(conversation)
     observed = run._setup
     run._setup = replace(observed, observers=())
+
+    def observe() -> None:  # (once a step ran here: the workflow's own events are ours)
+        if conversation in _STEPPED:
+            run._setup = observed
+
     limits = run._setup.run_limits
     told = 0
     used = 0
     cancelled = False
     while len(run.rounds) < limits.max_rounds:
         asked = await _model_round(name, conversation, run.history, used, deadline_at, told)
-        if conversation in _STEPPED:
-            run._setup = observed
+        observe()
         told = await _retell(name, conversation, asked)
         outcome = asked.outcome
         if isinstance(outcome, _Stopped):
@@ -768,8 +764,7 @@ async def _agent_run(
         questions, waiting = await _asked_together(
             name, conversation, outcome, approval_session, deadline_at
         )
-        if conversation in _STEPPED:
-            run._setup = observed
+        observe()
         for event in questions:
             run._emit(event)
         told = await _tell(name, run, told)
@@ -778,8 +773,7 @@ async def _agent_run(
             result, events = await _call(
                 name, conversation, outcome, i, deadline_at, approval_session
             )
-            if conversation in _STEPPED:
-                run._setup = observed
+            observe()
             results.append(result)
             for event in events:
                 run._put(event)  # (observed in its step)

@@ -99,21 +99,25 @@ NOT_STARTED = "the worker running this call stopped before the tool started; it 
 """The detail of a committed call's ``cancelled`` result when its worker died first."""
 
 
-def ledger_fate(ledger: Ledger, scope: str) -> Fate:
+def ledger_fate(ledger: Ledger, scope: str, *, unclaimed_not_run: bool = False) -> Fate:
     """What ``ledger`` says of a dead run's committed call (``scope``: its calls' ledger
-    scope): its final result; ``cancelled`` when it was claimed and never started; None
-    (``outcome_unknown``) when it started, or the ledger cannot tell."""
+    scope): its final result; ``cancelled`` when it was claimed and never started, and,
+    with ``unclaimed_not_run`` (calls whose tool starts only once claimed: a durable run's),
+    when the ledger holds no record of it; None (``outcome_unknown``) when it started, or
+    the ledger cannot tell."""
 
     async def fate(call_id: str) -> ToolResult | None:
         try:
             record = await ledger.get(LedgerKey(scope=scope, call_id=call_id))
         except (LedgerError, UsageError):
             return None
-        if record is None or record.result is not None:
-            return None if record is None else record.result
-        if record.state == "claimed":
-            return made_error(call_id, "", ErrorCode.CANCELLED, NOT_STARTED)
-        return None
+        if record is None:
+            not_run = unclaimed_not_run
+        elif record.result is not None:
+            return record.result
+        else:
+            not_run = record.state == "claimed"
+        return made_error(call_id, "", ErrorCode.CANCELLED, NOT_STARTED) if not_run else None
 
     return fate
 
