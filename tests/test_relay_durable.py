@@ -685,6 +685,14 @@ def until_asked(n: int) -> Any:
     return lambda frames: len(questions(frames)) >= n or any(f.event == "run_ended" for f in frames)
 
 
+def asked_on(on_a: str, on_b: str, n: int) -> tuple[dict[str, Any], dict[str, str], list[Frame]]:
+    """A run started on worker ``on_a``, read live on ``on_b`` until it asked ``n``
+    questions: the run, its session and the frames read."""
+    run, session = start_run(on_a)
+    with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
+        return run, session, read_until(b, run["events_url"], until_asked(n))
+
+
 def answer(
     url: str, run: dict[str, Any], session: dict[str, str], asked: Frame, action: str, **body: Any
 ) -> httpx.Response:
@@ -709,9 +717,7 @@ def test_a_durable_approval_is_answered_on_another_worker_and_always_allows(
         redis_server, postgres, tmp_path, [0, 0], "approve", env=SHARED_SECRET, tool=ASKING_TOOL
     ) as (_, procs):
         (_a, on_a), (_b, on_b) = procs
-        run, session = start_run(on_a)
-        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(2))
+        run, session, head = asked_on(on_a, on_b, 2)
         assert lines(tmp_path) == []  # it waits: nothing ran
         first, second = questions(head)  # both asked at once, as a plain run asks them
         approved = answer(on_b, run, session, first, "approve", always=True)
@@ -749,9 +755,7 @@ def test_a_durable_run_waiting_for_an_answer_survives_its_owner(
         redis_server, postgres, tmp_path, [0, 0, 0], "asked", env=SHARED_SECRET, tool=ASKING_TOOL
     ) as (model, procs):
         (owner, on_a), (_b, on_b), (_c, on_c) = procs
-        run, session = start_run(on_a)
-        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(2))
+        run, session, head = asked_on(on_a, on_b, 2)
         stop(owner, signal.SIGKILL)  # while the run waits for both answers
         first, second = questions(head)
         approved = answer(on_c, run, session, first, "approve")  # on a survivor
@@ -812,9 +816,7 @@ def test_sigterm_hands_a_durable_run_waiting_for_an_answer_over(
         redis_server, postgres, tmp_path, [0, 0], "askover", env=SHARED_SECRET, tool=ASKING_TOOL
     ) as (_, procs):
         (stopping, on_a), (_b, on_b) = procs
-        run, session = start_run(on_a)
-        with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
-            head = read_until(b, run["events_url"], until_asked(2))
+        run, session, head = asked_on(on_a, on_b, 2)
         stopping.send_signal(signal.SIGTERM)  # its questions outlive the grace: handed over
         status = stopping.wait(timeout=DURABLE_STOP_S)
         close_stderr(stopping)
