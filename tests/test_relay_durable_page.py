@@ -22,16 +22,15 @@ from durable_helpers import PostgresServer
 from lb_helpers import Worker, balanced_workers
 from ledger_helpers import RedisServer
 from relay_helpers import Frame, slow_script
-from test_relay_browser import CHROMIUM, _need_chromium
+from test_relay_browser import _need_chromium
 from test_relay_durable import assert_attempts_paired
 from test_relay_lb import (
-    RECORDER,
     _final_states,
-    _onto,
     _shown,
     _streams,
     frames_of,
     lb_client,
+    page_running,
     raw_events,
 )
 from test_relay_lease import assert_paired
@@ -131,8 +130,6 @@ async def test_the_page_shows_a_durable_run_finished_by_a_survivor_after_its_own
     kill_when: Callable[[Any, Path], Any],
 ) -> None:
     _need_chromium()
-    from playwright.async_api import async_playwright
-
     if redis_server.proc is None:  # (a test before stopped it)
         redis_server.start()
     go = tmp_path / "go"
@@ -143,37 +140,23 @@ async def test_the_page_shows_a_durable_run_finished_by_a_survivor_after_its_own
     pg_url = postgres.url("page_" + secrets.token_hex(4))
     args = _worker_args(redis_server.url, pg_url, model, script, tmp_path)
     with balanced_workers(3, *args) as (lb, workers):
-        async with async_playwright() as p:
-            chromium = await p.chromium.launch(
-                executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-            )
-            try:
-                page = await chromium.new_page()
-                await page.add_init_script(RECORDER)
-                await page.goto(lb.url + "/")
-                await page.fill("#message", "two cities")
-                await page.click("#send")
-                await _shown(page, 2)
-                [posted] = lb.routed("POST", "/runs")
-                owner = workers[posted.backend]
-                await _onto(lb, posted.backend)  # (the page now reads from the run's owner)
-                await kill_when(page, tmp_path)
-                shown = await _shown(page, 0)
-                before = len(_streams(lb))
-                owner.kill()
-                go.touch()  # (the survivor's tools need not wait)
-                await page.wait_for_selector('body[data-run="ended"]', timeout=ENDED_MS)
-                received = await page.evaluate("window.__received")
-                status = await page.locator("#status").inner_text()
-                status_state = await page.locator("#status").get_attribute("data-state")
-                cards = [
-                    (await c.get_attribute("data-call-id"), await c.get_attribute("data-state"))
-                    for c in await page.locator(".card").all()
-                ]
-                text = await page.locator("#transcript").inner_text()
-                cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
-            finally:
-                await chromium.close()
+        async with page_running(lb) as (page, posted):
+            owner = workers[posted.backend]
+            await kill_when(page, tmp_path)
+            shown = await _shown(page, 0)
+            before = len(_streams(lb))
+            owner.kill()
+            go.touch()  # (the survivor's tools need not wait)
+            await page.wait_for_selector('body[data-run="ended"]', timeout=ENDED_MS)
+            received = await page.evaluate("window.__received")
+            status = await page.locator("#status").inner_text()
+            status_state = await page.locator("#status").get_attribute("data-state")
+            cards = [
+                (await c.get_attribute("data-call-id"), await c.get_attribute("data-state"))
+                for c in await page.locator(".card").all()
+            ]
+            text = await page.locator("#transcript").inner_text()
+            cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
         after = _streams(lb)[before:]  # the page's reconnects once the owner died
         with lb_client(lb, cookies["toollatch_session"]) as http:
             whole = frames_of(raw_events(http, after[-1].path))

@@ -10,18 +10,19 @@ fail (as tests/test_relay_store.py and tests/test_relay_browser.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from lb_helpers import Balancer, Worker, balanced_workers
+from lb_helpers import Balancer, Route, Worker, balanced_workers
 from ledger_helpers import RedisServer
 from relay_helpers import Frame, parse_sse, slow_script
 from test_relay_browser import CHROMIUM, _need_chromium
@@ -361,6 +362,31 @@ async def _onto(lb: Balancer, owner: int) -> None:
     raise AssertionError(f"the page never read from worker {owner}: {_streams(lb)}")
 
 
+@contextlib.asynccontextmanager
+async def page_running(lb: Balancer) -> AsyncIterator[tuple[Any, Route]]:
+    """Chromium on the relay's page behind ``lb`` (every event it received recorded:
+    ``RECORDER``), a run of "two cities" sent from it and shown, and the balancer sending
+    the page's reads to the run's owner: the page, and the run's ``POST /runs`` as routed."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        chromium = await p.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = await chromium.new_page()
+            await page.add_init_script(RECORDER)
+            await page.goto(lb.url + "/")
+            await page.fill("#message", "two cities")
+            await page.click("#send")
+            await _shown(page, 2)
+            [posted] = lb.routed("POST", "/runs")
+            await _onto(lb, posted.backend)  # (the page now reads from the run's owner)
+            yield page, posted
+        finally:
+            await chromium.close()
+
+
 def _final_states(frames: list[Frame]) -> dict[str, str]:
     """Each call's card state as the log ends it (app.js: ``errorState``)."""
     states: dict[str, str] = {}
@@ -390,38 +416,22 @@ async def test_the_page_through_the_balancer_shows_the_end_of_a_run_whose_owner_
     redis_url: str, model: ScriptedServer
 ) -> None:
     _need_chromium()
-    from playwright.async_api import async_playwright
-
     args = worker_args(redis_url, model, "slower", "--ledger", "none", "--lease", "1")
     with balanced_workers(3, *args) as (lb, workers):
-        async with async_playwright() as p:
-            chromium = await p.chromium.launch(
-                executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-            )
-            try:
-                page = await chromium.new_page()
-                await page.add_init_script(RECORDER)
-                await page.goto(lb.url + "/")
-                await page.fill("#message", "two cities")
-                await page.click("#send")
-                await _shown(page, 2)
-                [posted] = lb.routed("POST", "/runs")
-                await _onto(lb, posted.backend)  # (the page now reads from the run's owner)
-                shown = await _shown(page, 0) + 3
-                await _shown(page, shown)  # (events from the owner itself)
-                before = len(_streams(lb))
-                workers[posted.backend].kill()  # mid-run: call arguments still streaming
-                await page.wait_for_selector('body[data-run="ended"]', timeout=30_000)
-                received = await page.evaluate("window.__received")
-                status = await page.locator("#status").inner_text()
-                states = {
-                    await c.get_attribute("data-call-id"): await c.get_attribute("data-state")
-                    for c in await page.locator(".card").all()
-                }
-                text = await page.locator("#transcript").inner_text()
-                cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
-            finally:
-                await chromium.close()
+        async with page_running(lb) as (page, posted):
+            shown = await _shown(page, 0) + 3
+            await _shown(page, shown)  # (events from the owner itself)
+            before = len(_streams(lb))
+            workers[posted.backend].kill()  # mid-run: call arguments still streaming
+            await page.wait_for_selector('body[data-run="ended"]', timeout=30_000)
+            received = await page.evaluate("window.__received")
+            status = await page.locator("#status").inner_text()
+            states = {
+                await c.get_attribute("data-call-id"): await c.get_attribute("data-state")
+                for c in await page.locator(".card").all()
+            }
+            text = await page.locator("#transcript").inner_text()
+            cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
         after = _streams(lb)[before:]  # the page's reconnects once the owner died
         with lb_client(lb, cookies["toollatch_session"]) as http:
             whole = frames_of(raw_events(http, after[-1].path))
