@@ -271,9 +271,8 @@ class DispatchRound:
         :meth:`_inline`): the tool's run alone, nothing of the round still running (an
         eager call's task: its cancellation and its events keep their order), no ledger
         and no distributed session lock (their waits, heartbeats and lock loss cancel a
-        call's task), and no cancellation of the task already asked for (a call started
-        then would start only to be cancelled at its first wait: as a task, it is
-        cancelled before it starts)."""
+        call's task), and no cancellation of this task asked for and not undone (one the
+        caller caught before calling finish: it is not the call's to raise again)."""
         shared = self._shared
         if not begun[2] or shared.guard is not None or shared.session_locks is not None:
             return False
