@@ -1,7 +1,8 @@
 """One model round's tool execution (internal; see :mod:`._dispatcher` for the theory):
 :class:`DispatchRound` owns the round's ``TaskGroup``, the session locks it holds (in-process
 and distributed), and each call's task from its start (eager or at ``finish``) through the
-ledger, the locks and the tool's deadline to its settled, shaped result. What it shares with
+ledger, the locks and the tool's deadline to its settled, shaped result (a round's only call
+may run in ``finish``'s own task instead: :meth:`DispatchRound._inline`). What it shares with
 the other rounds of its dispatcher is one :class:`~._dispatch_state.DispatchState`."""
 
 from __future__ import annotations
