@@ -303,6 +303,48 @@ async def test_the_deadline_cancels_the_round_in_flight(tmp_path):
     assert events[-1]["calls"][0]["error"] == "cancelled"
 
 
+async def test_the_deadline_passing_while_the_rounds_only_tool_runs_cancels_it_in_order():
+    """The round's only call runs in the run's own task: the run's deadline still cuts it
+    (``cancelled``, outcome unknown), with its events in the order they had; and the tool's
+    own timeout is a ``tool_timeout`` result the model reads, the run going on."""
+
+    @tool(timeout=60)
+    async def get_weather(city: str) -> str:
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    script = Script(turns=(Turn(items=(weather_call("c1", "Oslo"),), delay_ms=0),))
+    async with ScriptedServer({"s": script}) as server:
+        events, run = await play(
+            server, "openai_chat", [get_weather], model="s", limits=RunLimits(deadline_s=0.3)
+        )
+    assert [e["type"] for e in events] == [
+        "call_opened",
+        "call_committed",
+        "tool_started",
+        "tool_finished",
+        "round_ended",
+        "run_ended",
+    ]
+    assert events[3]["error"] == "cancelled"
+    assert "outcome is unknown" in events[3]["result"]
+    assert run.deadline_passed
+
+    @tool(name="get_weather", timeout=0.05)
+    async def slow(city: str) -> str:
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    again = Turn(items=(Text(text="it timed out"),), delay_ms=0)
+    script = Script(turns=(Turn(items=(weather_call("c1", "Oslo"),), delay_ms=0), again))
+    async with ScriptedServer({"s": script}) as server:
+        events, run = await play(server, "openai_chat", [slow], model="s")
+    finished = [e for e in events if e["type"] == "tool_finished"]
+    assert [e["error"] for e in finished] == ["tool_timeout"]
+    assert [e["type"] for e in events][-3:] == ["text", "round_ended", "run_ended"]
+    assert not run.deadline_passed and events[-1]["error"] is None
+
+
 async def test_a_call_whose_arguments_stall_while_pings_go_on_fails_idle_timeout(tmp_path):
     from loopback_http import loopback, stream_reply
 

@@ -128,3 +128,58 @@ async def test_a_cancellation_together_with_the_deadline_is_not_swallowed():
         with pytest.raises(asyncio.CancelledError):
             await task
     assert outcome == ["timeout", "cancelled"]
+
+
+# -- the first byte, timed by the same deadline (one timer a request) -------------------------
+
+
+@pytest.mark.parametrize("headers_first", [False, True])
+async def test_an_outer_cancellation_before_the_first_byte_stays_a_cancellation(
+    server, headers_first
+):
+    from loopback_http import stalling_reply
+
+    server.replies.append(stalling_reply(server.release, headers_first=headers_first))
+    client = model_client(
+        "openai_chat",
+        model="m",
+        base_url=server.url,
+        limits=ClientLimits(idle_s=0.05, first_byte_s=0.3),
+        env={},
+    )
+    server.clients.append(client)
+
+    async def read() -> None:
+        async with client.stream([]) as s:
+            async for _ in s:
+                pass
+
+    task = asyncio.create_task(read())
+    await asyncio.sleep(0.1)  # waiting for the first byte (past idle_s, before first_byte_s)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # and no deadline's timer is left armed (the stream never opened: it closed its own)
+    loop = asyncio.get_running_loop()
+    left = [h for h in loop._scheduled if not h.cancelled() and _is_deadline_timer(h)]  # type: ignore[attr-defined]
+    assert left == []
+
+
+def _is_deadline_timer(handle: asyncio.TimerHandle) -> bool:
+    return isinstance(getattr(handle._callback, "__self__", None), IdleDeadline)  # type: ignore[attr-defined]
+
+
+async def test_a_first_byte_deadline_longer_than_the_idle_one_leaves_idle_s_to_the_reads():
+    # One deadline object times the first byte (5 s) and then the reads (0.05 s): a read's
+    # shorter deadline arms the timer again, earlier, or the stall would last 5 s.
+    deadline = IdleDeadline(0.05)
+    deadline.reading(5.0)
+    deadline.done()
+    started = time.monotonic()
+    deadline.reading()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(10)
+    assert deadline.expired_for()
+    assert time.monotonic() - started < 1.0
+    deadline.done()
+    deadline.close()

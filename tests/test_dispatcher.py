@@ -693,6 +693,175 @@ async def test_an_exception_in_the_block_propagates_unchanged(g):
     assert g.running == 0
 
 
+# -- a round's only call, awaited in the round's own task ------------------------------------
+
+
+async def test_a_rounds_only_call_runs_in_the_task_that_finishes_it():
+    """One call to start at finish runs in finish's task (no task of its own); two calls
+    still run in tasks of their own, side by side."""
+    ran_in: list[asyncio.Task[Any] | None] = []
+
+    @tool(side_effects="read")
+    async def where(n: int) -> int:
+        ran_in.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        return n
+
+    d = Dispatcher([where])
+    async with d.round() as r:
+        [one] = await r.finish(chat_round(d.specs, [("c1", "where", {"n": 1})]))
+    assert one.content == "1"
+    assert ran_in == [asyncio.current_task()]
+    ran_in.clear()
+    async with d.round() as r:
+        two = await r.finish(
+            chat_round(d.specs, [("c2", "where", {"n": 2}), ("c3", "where", {"n": 3})])
+        )
+    assert [x.content for x in two] == ["2", "3"]
+    assert len(set(ran_in)) == 2 and asyncio.current_task() not in ran_in
+
+
+async def test_an_only_call_cancelled_while_running_is_paired_and_told_in_order(g):
+    events: list[Any] = []
+    d = Dispatcher(make_tools(g), on_event=events.append)
+    round_ = chat_round(d.specs, [("c1", "wait", {"key": "a"})])
+    got: list[ToolResult] = []
+
+    async def agent_round() -> None:
+        async with d.round() as r:
+            try:
+                await r.finish(round_)
+            except asyncio.CancelledError:
+                got.extend(await r.abort(round_))
+                raise
+
+    task = asyncio.create_task(agent_round())
+    await g.began("a").wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    [result] = got
+    assert result.code is ErrorCode.CANCELLED
+    assert "while the tool was running; its outcome is unknown" in result.content
+    assert g.running == 0  # the tool saw its cancellation
+    assert [(e.type, e.id) for e in events] == [("tool_started", "c1"), ("tool_finished", "c1")]
+    assert events[-1] == ToolFinishedEvent(id="c1", name="wait", is_error=True, error="cancelled")
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert_pairs(round_, got)
+
+
+async def test_an_only_calls_own_timeout_and_a_deadline_around_finish_stay_apart():
+    """The tool's timeout makes its tool_timeout result and nothing more; a deadline of the
+    caller's that passes while the tool runs cancels it (``cancelled``, outcome unknown)
+    and is the caller's TimeoutError, not the tool's."""
+
+    @tool(timeout=0.05)
+    async def short() -> None:
+        await asyncio.Event().wait()
+
+    @tool(timeout=60)
+    async def long() -> None:
+        await asyncio.Event().wait()
+
+    events: list[Any] = []
+    d = Dispatcher([short, long], on_event=events.append)
+    async with asyncio.timeout(30), d.round() as r:
+        [result] = await r.finish(chat_round(d.specs, [("c1", "short", {})]))
+    assert result.code is ErrorCode.TOOL_TIMEOUT
+    round_ = chat_round(d.specs, [("c2", "long", {})])
+    async with d.round() as r:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await r.finish(round_)
+        [result] = await r.abort(round_)
+    assert result.code is ErrorCode.CANCELLED
+    assert "outcome is unknown" in result.content
+    assert [(e.type, e.id, e.error if e.type == "tool_finished" else None) for e in events] == [
+        ("tool_started", "c1", None),
+        ("tool_finished", "c1", "tool_timeout"),
+        ("tool_started", "c2", None),
+        ("tool_finished", "c2", "cancelled"),
+    ]
+
+
+async def test_a_cancellation_an_only_call_swallows_still_cancels_the_finish():
+    """As when finish waited for the call's task: finish raises CancelledError; the call
+    keeps the result its tool returned."""
+    began = asyncio.Event()
+
+    @tool(side_effects="read")
+    async def stubborn() -> str:
+        began.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "unreachable"
+
+    d = Dispatcher([stubborn])
+    round_ = chat_round(d.specs, [("c1", "stubborn", {})])
+    got: list[ToolResult] = []
+
+    async def agent_round() -> None:
+        async with d.round() as r:
+            try:
+                await r.finish(round_)
+            except asyncio.CancelledError:
+                got.extend(await r.abort(round_))
+                raise
+
+    task = asyncio.create_task(agent_round())
+    await began.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [x.content for x in got] == ["swallowed"]
+
+
+async def test_finish_called_once_a_cancellation_was_caught_returns_its_results(g):
+    """A cancellation the caller caught (and did not undo) before finish is not finish's:
+    its only call runs and finish returns, as when it waited for the call's task."""
+    d = Dispatcher(make_tools(g))
+    round_ = chat_round(d.specs, [("c1", "echo", {"text": "a"})])
+
+    async def agent_round() -> list[ToolResult]:
+        async with d.round() as r:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return await r.finish(round_)
+        raise AssertionError("not cancelled")
+
+    task = asyncio.create_task(agent_round())
+    await settle()
+    task.cancel()
+    [result] = await task
+    assert result.content == "a"
+    assert g.runs == ["a"]
+
+
+async def test_what_an_only_call_sets_in_a_context_variable_stays_its_own():
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[str] = []
+
+    @tool(side_effects="read")
+    async def setter() -> str:
+        seen.append(var.get())
+        var.set("the tool's")
+        await asyncio.sleep(0)
+        return var.get()
+
+    d = Dispatcher([setter])
+    var.set("the caller's")
+    async with d.round() as r:
+        [result] = await r.finish(chat_round(d.specs, [("c1", "setter", {})]))
+    assert result.content == "the tool's"
+    assert seen == ["the caller's"]  # the tool reads the caller's context...
+    assert var.get() == "the caller's"  # ...and what it sets stays in its own copy
+
+
 # -- eager, events, closing ------------------------------------------------------------------
 
 

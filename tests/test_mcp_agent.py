@@ -205,6 +205,9 @@ async def test_cancelling_the_run_mid_call_sends_the_server_a_cancellation(tmp_p
             async for event in run:
                 events.append(event.to_json())
                 if events[-1]["type"] == "tool_started":
+                    # mid-call: once the server runs it (a cancel sent with the request
+                    # itself may reach the server before the tool starts: then it never does)
+                    await wait_for_log(tmp_path, "ex", "slow_started")
                     run.cancel()
         cancelled = await wait_for_log(tmp_path, "ex", "cancelled")
         await wait_for_log(tmp_path, "ex", "slow_cancelled")

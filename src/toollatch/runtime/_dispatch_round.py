@@ -1,7 +1,8 @@
 """One model round's tool execution (internal; see :mod:`._dispatcher` for the theory):
 :class:`DispatchRound` owns the round's ``TaskGroup``, the session locks it holds (in-process
 and distributed), and each call's task from its start (eager or at ``finish``) through the
-ledger, the locks and the tool's deadline to its settled, shaped result. What it shares with
+ledger, the locks and the tool's deadline to its settled, shaped result (a round's only call
+may run in ``finish``'s own task instead: :meth:`DispatchRound._inline`). What it shares with
 the other rounds of its dispatcher is one :class:`~._dispatch_state.DispatchState`."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import replace
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..core._errors import ErrorCode, InvariantBroken, UsageError
 from ..core._gate import CommittedCall, Gate, Rejection
@@ -57,6 +58,9 @@ from ._ledger_run import Owned
 from ._loop_watch import HeldLoop
 
 _log = logging.getLogger("toollatch.runtime")
+
+_Begun: TypeAlias = tuple[Slot, Coroutine[Any, Any, None], bool]
+"""A call's slot, the work left to run for it, and whether that is the tool's run alone."""
 
 
 def _warn_blocked(call: CommittedCall, held_s: float, limit: float) -> None:
@@ -167,7 +171,8 @@ class DispatchRound:
             raise UsageError(f"the dispatcher runs only CommittedCall objects, got {call!r:.60}")
         if not self._shared.may_start_early(call.name, self._tools):
             raise UsageError(f"tool {call.name!r} is not allowed to start early")
-        self._begin(call)
+        if (begun := self._begin(call)) is not None:
+            self._spawn(begun[0], begun[1])
 
     async def finish(self, round_: Round) -> list[ToolResult]:
         """Start the committed calls of ``round_`` not started yet, wait for every call, and
@@ -179,9 +184,16 @@ class DispatchRound:
             return done
         self._check_open()
         self._audit(round_)
-        for record in round_.calls:
-            if record.committed is not None:
-                self._begin(record.committed)
+        begun = [
+            left
+            for record in round_.calls
+            if record.committed is not None and (left := self._begin(record.committed))
+        ]
+        if len(begun) == 1 and self._may_inline(begun[0]):
+            await self._inline(begun[0][1])
+        else:
+            for slot, work, _ in begun:
+                self._spawn(slot, work)
         await self._wait_all()
         return self._close(round_)
 
@@ -221,10 +233,13 @@ class DispatchRound:
         if self._closed is not None:
             raise UsageError("this round is closed (finish or abort was called)")
 
-    def _begin(self, call: CommittedCall) -> None:
-        """Make the slot of ``call`` (once per call id per round) and start its task."""
+    def _begin(self, call: CommittedCall) -> _Begun | None:
+        """Make the slot of ``call`` (once per call id per round); what is left to run for
+        it, if anything (a call settled at once has nothing): its slot, the work, and
+        whether that work is the tool's run alone (no answer to wait for, no other
+        round's run to join)."""
         if call.call_id in self._slots:
-            return  # started early; a different call with this id cannot commit in one round
+            return None  # started early (a different call with this id cannot commit in one round)
         fingerprint = canonical_call(call.name, call.arguments)  # (the digest hashes it too)
         slot = self._slots[call.call_id] = Slot(call, fingerprint)
         memo = self._shared.memo(self._session, call.call_id)
@@ -233,7 +248,7 @@ class DispatchRound:
         elif memo is not None and memo.result is not None:
             self._settle(slot, memo.result)  # ran before: its stored result, not run again
         elif memo is not None:
-            self._spawn(slot, self._join(slot, memo))
+            return slot, self._join(slot, memo), False
         elif (tool := self._tools.get(call.name)) is None:
             self._settle(slot, dispatch_error(call, ErrorCode.UNKNOWN_TOOL, UNKNOWN_TOOL))
         else:
@@ -243,12 +258,44 @@ class DispatchRound:
             )
             self._shared.remember(self._session, call.call_id, slot.memo)
             kind = self._shared.approvals.kind_of(tool, call, self._session)
-            work = self._execute(slot, tool) if kind is None else self._answered(slot, tool, kind)
-            self._spawn(slot, work)
+            if kind is None:
+                return slot, self._execute(slot, tool), True
+            return slot, self._answered(slot, tool, kind), False
+        return None
 
     def _spawn(self, slot: Slot, work: Coroutine[Any, Any, None]) -> None:
         assert self._group is not None  # checked by _check_open
         slot.task = self._group.create_task(work, name=f"toollatch:{slot.call.call_id}")
+
+    def _may_inline(self, begun: _Begun) -> bool:
+        """Whether ``finish`` may run the round's only call to start in its own task (see
+        :meth:`_inline`): the tool's run alone, nothing of the round still running (an
+        eager call's task: its cancellation and its events keep their order), no ledger
+        and no distributed session lock (their waits, heartbeats and lock loss cancel a
+        call's task), and no cancellation of this task asked for and not undone (one the
+        caller caught before calling finish: it is not the call's to raise again)."""
+        shared = self._shared
+        if not begun[2] or shared.guard is not None or shared.session_locks is not None:
+            return False
+        if any(s.task is not None and not s.task.done() for s in self._slots.values()):
+            return False
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() == 0
+
+    async def _inline(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a call's :meth:`_execute`) in this task instead of a task of the
+        round's group: the task, its wake-ups and the wait for it cost more than a quick
+        tool. It behaves as the task would: cancelling this task cancels the tool, whose
+        call is then settled ``cancelled`` (:meth:`_execute`) before the cancellation goes
+        on; the tool's deadline is its ``asyncio.timeout``; the tool runs in a copy of the
+        context (:class:`HeldLoop`). A cancellation the tool swallowed is raised after it,
+        as waiting for its task would have raised it (the call keeps the result it
+        returned)."""
+        task = asyncio.current_task()
+        assert task is not None  # checked by _may_inline, as no cancellation asked yet
+        await work
+        if task.cancelling():
+            raise asyncio.CancelledError
 
     async def _join(self, slot: Slot, memo: Memo) -> None:
         """Wait for the result of the same call still running in another round."""

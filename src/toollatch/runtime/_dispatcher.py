@@ -24,7 +24,11 @@ A call's task waits for its session's lock (held from the round's first tool sta
 round closes, so two rounds of one session never run tools at once), then its group's lock,
 then a semaphore slot; only then it *starts* (``ToolStartedEvent``) and runs under its
 deadline. Every task records its result on its slot before it ends, cancelled or not, so that
-``finish``/``abort`` always return one result per call of the round, in call order.
+``finish``/``abort`` always return one result per call of the round, in call order. A round's
+only call to start at ``finish`` (a tool's run alone: no approval, no ledger, no distributed
+lock, no eager task of the round still running) is awaited by ``finish`` itself instead of a
+task: the same steps, cancelled with the task that called ``finish``
+(``DispatchRound._inline``).
 
 Dedupe: a call id runs at most once per session (the conversation: an :class:`Agent` gives
 each of its conversations a session of its own, since servers that number ids per response

@@ -261,13 +261,14 @@ class ModelClient:
         await self.aclose()
 
     async def _open(
-        self, content: bytes
+        self, content: bytes, deadline: IdleDeadline
     ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes, int]:
-        """Send with retries until a first chunk (b"" for an empty body) is in hand."""
+        """Send with retries until a first chunk (b"" for an empty body) is in hand, each
+        attempt under the first-byte deadline (timed by ``deadline``, the stream's)."""
         waited = 0.0
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                return (*await self._attempt(content, attempt), attempt)
+                return (*await self._attempt(content, attempt, deadline), attempt)
             except _Retryable as failure:
                 delay = failure.retry_after_s
                 if delay is None:
@@ -279,7 +280,7 @@ class ModelClient:
         raise AssertionError("unreachable: the last attempt raises")  # pragma: no cover
 
     async def _attempt(
-        self, content: bytes, attempt: int
+        self, content: bytes, attempt: int, deadline: IdleDeadline
     ) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
         provider, limits = self.provider, self.limits
         if self._url[0] != self.url:
@@ -292,18 +293,21 @@ class ModelClient:
         request = http.build_request(
             "POST", self._url[1], content=content, headers=headers, timeout=self._timeout
         )
+        # (the stream's idle deadline times the first byte: one timer for both)
+        deadline.reading(limits.first_byte_s)
         try:
-            async with asyncio.timeout(limits.first_byte_s):
-                response = await http.send(request, stream=True)
-                try:
-                    if response.status_code >= 400:
-                        raise await self._http_error(response, attempt)
-                    chunks = _body(response)
-                    first = await self._stream_start(response, chunks, attempt)
-                except BaseException:
-                    await response.aclose()  # also on cancellation: never leak the connection
-                    raise
-        except TimeoutError:
+            response = await http.send(request, stream=True)
+            try:
+                if response.status_code >= 400:
+                    raise await self._http_error(response, attempt)
+                chunks = _body(response)
+                first = await self._stream_start(response, chunks, attempt)
+            except BaseException:
+                await response.aclose()  # also on cancellation: never leak the connection
+                raise
+        except asyncio.CancelledError:
+            if not deadline.expired_for():
+                raise
             raise StreamTimeout(provider, kind="first_byte", seconds=limits.first_byte_s) from None
         except _TRANSPORT as exc:
             # nothing reached the caller yet: a failed connect or a response that broke
@@ -313,6 +317,8 @@ class ModelClient:
             )
             _log.debug("%s: attempt %d to %s failed: %r", provider, attempt, error.url, exc)
             raise _Retryable(error, None) from exc
+        finally:
+            deadline.done()
         return response, chunks, first
 
     async def _stream_start(
@@ -416,10 +422,14 @@ class ModelStream:
     async def __aenter__(self) -> Self:
         if self._response is not None or self._done:
             raise UsageError("a ModelStream is entered once; call client.stream() again")
-        self._response, self._chunks, self._first, self.attempts = await self._client._open(
-            self._content
-        )
-        self._idle = IdleDeadline(self._client.limits.idle_s)
+        deadline = IdleDeadline(self._client.limits.idle_s)
+        try:
+            opened = await self._client._open(self._content, deadline)
+        except BaseException:
+            deadline.close()
+            raise
+        self._response, self._chunks, self._first, self.attempts = opened
+        self._idle = deadline
         client = self._client
         if client.record is not None:
             body = orjson.loads(self._content)

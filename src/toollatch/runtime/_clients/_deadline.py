@@ -8,6 +8,10 @@ itself again for the new one, so a stream pays about one timer per ``idle_s`` of
 not one per chunk. When the deadline passes during a read, the reading task is cancelled
 (as ``asyncio.timeout`` does) and :meth:`IdleDeadline.expired_for` turns that cancellation
 into a timeout, but only when no other cancellation is pending for the task.
+
+A read may name its own ``seconds`` (:meth:`IdleDeadline.reading`): the model client times
+the request's first byte with the same object, and so with the same timer, as the reads
+after it (a timer armed for a later instant than a read's deadline is armed again for it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class IdleDeadline:
     cancelling the task that called :meth:`reading`; :meth:`close` when the stream ends."""
 
     __slots__ = (
+        "_armed",
         "_cancelling",
         "_deadline",
         "_loop",
@@ -39,23 +44,28 @@ class IdleDeadline:
         self._loop = asyncio.get_running_loop()
         self._task: asyncio.Task[object] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._armed = 0.0  # when the timer fires
         self._deadline = 0.0
         self._reading = False
         self._cancelling = 0
         self.expired = False
         """True once a read outlasted the deadline (its task was cancelled for it)."""
 
-    def reading(self) -> None:
-        """A read starts now, in the current task: its deadline is ``seconds`` from now."""
+    def reading(self, seconds: float | None = None) -> None:
+        """A read starts now, in the current task: its deadline is ``seconds`` (default:
+        the deadline's own) from now."""
         task = asyncio.current_task(self._loop)
         if task is None:  # pragma: no cover - reads are awaited, so there is a task
             raise RuntimeError("a stream is read from a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self._deadline = self._loop.time() + self._seconds
+        self._deadline = deadline = self._loop.time() + (seconds or self._seconds)
         self._reading = True
         if self._timer is None:
-            self._timer = self._loop.call_at(self._deadline, self._fire)
+            self._arm()
+        elif deadline < self._armed:  # (a read with seconds of its own, shorter)
+            self._timer.cancel()
+            self._arm()
 
     def done(self) -> None:
         """The read started by :meth:`reading` ended (with a chunk or an error)."""
@@ -83,8 +93,12 @@ class IdleDeadline:
         # the loop runs a timer up to its clock resolution early: only re-arm when the
         # deadline is really later (a read moved it), or the timer would spin on one instant
         if self._deadline - self._loop.time() > _RESOLUTION:
-            self._timer = self._loop.call_at(self._deadline, self._fire)
+            self._arm()
             return
         self.expired = True
         assert self._task is not None  # set by reading()
         self._task.cancel()
+
+    def _arm(self) -> None:
+        self._armed = self._deadline
+        self._timer = self._loop.call_at(self._deadline, self._fire)
