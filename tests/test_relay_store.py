@@ -36,11 +36,12 @@ from toollatch.relay._config import RelayLimits
 
 SCRIPTS = {
     "slow": slow_script(delay_ms=30.0),
+    "steady": slow_script(delay_ms=60.0),
     "slower": slow_script(delay_ms=150.0),
     "chatty": chatty_script(3000, chunk_chars=4),
 }
-"""Runs of about 3 s and 15 s (text, previews, two calls and their results, a 2nd round),
-and one of 750 text events at once."""
+"""Runs of about 3 s, 6 s and 15 s (text, previews, two calls and their results, a 2nd
+round), and one of 750 text events at once."""
 
 
 @contextlib.asynccontextmanager
@@ -460,7 +461,7 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
     session = secrets.token_urlsafe(32)
     async with workers(redis_url, 2) as (a, b):  # (store_outage_s: 5 s, over the restart)
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
-            run = await start_run(on_a, model="slower")
+            run = await start_run(on_a, model="steady")  # (about 6 s; Redis back in 0.1 s)
             url = run["events_url"]
             reader_a = asyncio.create_task(raw_events(on_a, url))
             before = await raw_events(on_b, url, limit=5)
@@ -470,6 +471,8 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
             await asyncio.to_thread(redis_server.restart)  # its append-only file kept
             async with asyncio.timeout(30):
                 seen_b = before + await cut  # B's stream ended when Redis went away
+                assert not reader_a.done()  # (mid-run: the restart came before its end)
+                assert "\nevent: run_ended\n" not in seen_b[-1] + "\n"
                 seen_b += await raw_events(on_b, run["events_url"], last_id=ids(seen_b)[-1])
                 whole_a = await reader_a
     assert seen_b == whole_a  # resumed on B: nothing lost, nothing twice, the same bytes
