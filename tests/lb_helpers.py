@@ -180,7 +180,6 @@ class Worker:
     url: str
     log: list[str] = field(default_factory=list)
     _drain: threading.Thread | None = None
-    _interrupted: bool = False
 
     def start_draining(self) -> None:
         def drain() -> None:
@@ -196,16 +195,10 @@ class Worker:
         self.proc.send_signal(signal.SIGKILL)
         assert self.proc.wait(timeout=15) == -signal.SIGKILL
 
-    def interrupt(self) -> None:
-        """Ctrl-C, if it still runs and was not sent one yet (:meth:`stop` then waits)."""
-        if self.proc.poll() is None and not self._interrupted:
-            self.proc.send_signal(signal.SIGINT)
-            self._interrupted = True
-
     def stop(self) -> None:
         """Ctrl-C, if it still runs; the pipe closed."""
         if self.proc.poll() is None:
-            self.interrupt()
+            self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -250,7 +243,5 @@ def balanced_workers(n: int, *args: str) -> Iterator[tuple[Balancer, list[Worker
         with Balancer([w.url for w in workers]) as balancer:
             yield balancer, workers
     finally:
-        for worker in workers:  # (all told first: their shut-downs overlap)
-            worker.interrupt()
         for worker in workers:
             worker.stop()

@@ -133,8 +133,7 @@ def launch(*args: str) -> subprocess.Popen[str]:
 def listening(proc: subprocess.Popen[str]) -> tuple[subprocess.Popen[str], str]:
     """A process from :func:`launch` once it listens, and the URL it printed (if it exits
     first: killed, and an AssertionError with what it wrote). Lines before the URL's are
-    skipped: DBOS warns first when ``serve --durable`` workers started side by side race to
-    make their new database (one makes it, the others find it made and go on)."""
+    skipped (DBOS may log first, as lb_helpers.start_workers allows)."""
     assert proc.stderr is not None
     before: list[str] = []
     match = None
@@ -205,11 +204,6 @@ def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT, wait_s: float = 
     chained to the timeout, and so to a test body's error that a ``finally`` calling this
     was handling (shown, not hidden)."""
     proc.send_signal(how)
-    _stopped(proc, how, wait_s)
-
-
-def _stopped(proc: subprocess.Popen[str], how: int, wait_s: float) -> None:
-    """:func:`stop` once the signal ``how`` was sent."""
     assert proc.stderr is not None
     try:
         status = proc.wait(timeout=wait_s)
@@ -223,23 +217,6 @@ def _stopped(proc: subprocess.Popen[str], how: int, wait_s: float) -> None:
         ) from exc
     close_stderr(proc)
     assert status == (-how if how == signal.SIGKILL else 128 + how)
-
-
-def stop_all(procs: list[subprocess.Popen[str]], wait_s: float = 15) -> None:
-    """:func:`stop` (Ctrl-C) every one of ``procs`` still running, the signals sent to all
-    first, so that their shut-downs overlap; the first failure raised once all were
-    stopped."""
-    running = [proc for proc in procs if proc.poll() is None]
-    for proc in running:
-        proc.send_signal(signal.SIGINT)
-    failure: AssertionError | None = None
-    for proc in running:
-        try:
-            _stopped(proc, signal.SIGINT, wait_s)
-        except AssertionError as exc:
-            failure = failure or exc
-    if failure is not None:
-        raise failure
 
 
 @contextlib.contextmanager

@@ -34,7 +34,6 @@ from relay_helpers import (
     served_run,
     slow_script,
     stop,
-    stop_all,
     written,
 )
 from test_relay_lease import assert_paired, read_until
@@ -114,7 +113,9 @@ def durable_workers(
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        stop_all([proc for proc, _url in procs], wait_s=DURABLE_STOP_S)  # (side by side)
+        for proc, _url in procs:
+            if proc.poll() is None:
+                stop(proc, wait_s=DURABLE_STOP_S)
         stack.close()
 
 

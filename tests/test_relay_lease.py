@@ -28,7 +28,6 @@ from relay_helpers import (
     served_run,
     slow_script,
     stop,
-    stop_all,
 )
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
@@ -59,7 +58,9 @@ def workers(n: int, *args: str) -> Iterator[list[tuple[subprocess.Popen[str], st
             procs.append(listening(proc))
         yield procs
     finally:
-        stop_all([proc for proc, _url in procs])
+        for proc, _url in procs:
+            if proc.poll() is None:
+                stop(proc)
         for proc in launched[len(procs) :]:  # (one did not start: the rest not waited for)
             proc.kill()
             proc.wait()
