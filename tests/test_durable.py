@@ -99,6 +99,7 @@ def kill_and_recover(
     ) as dying:
         wait_for(when, "the moment to kill the worker")
         dying.send_signal(signal.SIGKILL)
+    server.delay_scale = 0  # (the survivor's answers: a slow one was for the kill to land in)
     done = subprocess.run(
         [*worker, "recover", *common, survivor, dead],
         cwd=ROOT,
@@ -166,7 +167,8 @@ def test_a_worker_killed_mid_tool_has_its_run_finished_by_another(postgres, tmp_
 def test_a_worker_killed_mid_stream_has_the_round_asked_again_by_another(postgres, tmp_path):
     log = tmp_path / "ran.log"
     # the demo, its second answer slow (0.2 s per event: about 5 s): the test kills the
-    # worker once that request arrived, while its stream is being read
+    # worker once that request arrived, while its stream is being read (the survivor's
+    # second attempt of it comes at once: kill_and_recover)
     first, second, third = demo_script().turns
     script = Script(
         turns=(

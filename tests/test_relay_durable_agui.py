@@ -25,6 +25,7 @@ from test_agui import agui_body, agui_events, assert_well_paired
 from test_relay_durable import (
     ASKING_TOOL,
     SHARED_SECRET,
+    SURVIVOR_SCALE,
     assert_attempts_paired,
     assert_finished_by_a_survivor,
     durable_workers,
@@ -127,6 +128,7 @@ def test_a_killed_owner_mid_stream_has_its_agui_run_finished_by_a_survivor(
         with httpx.Client(base_url=on_a, timeout=30, headers=session) as a:
             head, run_id = agui_until(a, first, previewed)  # a call's arguments streaming
         stop(owner, signal.SIGKILL)  # mid-stream: the round's step never returns
+        model.delay_scale = SURVIVOR_SCALE  # (the round asked again: its pace is moot now)
         with httpx.Client(base_url=on_b, timeout=60, headers=session) as b:
             tail, _again = agui_until(b, first, None, last_id=last_id(head))
         whole = read_all(on_b, {"events_url": f"/runs/{run_id}/events"}, session)

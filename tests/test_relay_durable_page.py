@@ -23,7 +23,7 @@ from lb_helpers import Worker, balanced_workers
 from ledger_helpers import RedisServer
 from relay_helpers import Frame, slow_script
 from test_relay_browser import _need_chromium
-from test_relay_durable import assert_attempts_paired
+from test_relay_durable import SURVIVOR_SCALE, assert_attempts_paired
 from test_relay_lb import (
     _final_states,
     _shown,
@@ -147,6 +147,7 @@ async def test_the_page_shows_a_durable_run_finished_by_a_survivor_after_its_own
             before = len(_streams(lb))
             owner.kill()
             go.touch()  # (the survivor's tools need not wait)
+            model.delay_scale = SURVIVOR_SCALE  # (the round asked again: 2 s, not 20 s)
             await page.wait_for_selector('body[data-run="ended"]', timeout=ENDED_MS)
             received = await page.evaluate("window.__received")
             status = await page.locator("#status").inner_text()

@@ -236,7 +236,10 @@ def test_the_owner_killed_mid_stream_and_mid_tool_the_run_ends_once_on_a_survivo
             run = http.post("/runs", json={"message": "two cities"}).json()
             url = run["events_url"]
             started = raw_events(http, url, until=seen("tool_started"))
-            head = raw_events(http, url, until=count(len(started) + 5))  # call_b streams on
+            # call_b streams on: its first two previews (at about 0.4 and 1.7 s; its
+            # arguments stream for about 8 s, a preview every 1.3 s)
+            head = raw_events(http, url, until=count(len(started) + 2))
+            assert [f.event for f in frames_of(head[-2:])] == ["call_preview"] * 2
             owner = owner_of(lb, workers)
             killed_at = len(lb.routes)
             owner.kill()

@@ -17,7 +17,18 @@ import httpx
 import pytest
 
 from ledger_helpers import RedisServer
-from relay_helpers import CLI, Frame, parse_sse, serve, served_run, slow_script, stop
+from relay_helpers import (
+    CLI,
+    Frame,
+    close_stderr,
+    launch,
+    listening,
+    parse_sse,
+    serve,
+    served_run,
+    slow_script,
+    stop,
+)
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
 from toollatch.relay.store._orphans import closing_events, read_log
@@ -41,14 +52,19 @@ def get_weather(city: str, unit: str = "c") -> str:
 def workers(n: int, *args: str) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
     """``n`` ``toollatch serve`` processes with ``args``; the ones still alive stopped."""
     procs: list[tuple[subprocess.Popen[str], str]] = []
+    launched = [launch(*args) for _ in range(n)]  # (side by side: their start-ups overlap)
     try:
-        for _ in range(n):
-            procs.append(serve(*args))
+        for proc in launched:
+            procs.append(listening(proc))
         yield procs
     finally:
         for proc, _url in procs:
             if proc.poll() is None:
                 stop(proc)
+        for proc in launched[len(procs) :]:  # (one did not start: the rest not waited for)
+            proc.kill()
+            proc.wait()
+            close_stderr(proc)
 
 
 def read_until(client: httpx.Client, url: str, done: object, last_id: int = 0) -> list[Frame]:
@@ -103,7 +119,10 @@ def test_a_killed_workers_run_mid_stream_is_ended_once_by_a_survivor(
     redis_server: RedisServer,
 ) -> None:
     with slow_workers(redis_server.url, 3) as [(owner, on_a), (_b, on_b), (_c, on_c)]:
-        run, head, session = run_until(on_a, 12)
+        # 9 frames: the text (7), call_opened and the first preview of its arguments, which
+        # stream on for about 7 s more: the kill lands mid-stream with seconds to spare
+        run, head, session = run_until(on_a, 9)
+        assert [f.event for f in head[-2:]] == ["call_opened", "call_preview"]
         stop(owner, signal.SIGKILL)  # mid-stream: a call's arguments still streaming
         headers = {"x-toollatch-session": session}
         with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:

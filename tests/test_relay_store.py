@@ -36,11 +36,14 @@ from toollatch.relay._config import RelayLimits
 
 SCRIPTS = {
     "slow": slow_script(delay_ms=30.0),
+    "brisk": slow_script(delay_ms=5.0),
+    "steady": slow_script(delay_ms=60.0),
     "slower": slow_script(delay_ms=150.0),
     "chatty": chatty_script(3000, chunk_chars=4),
 }
-"""Runs of about 3 s and 15 s (text, previews, two calls and their results, a 2nd round),
-and one of 750 text events at once."""
+"""Runs of about 0.5 s, 3 s, 6 s and 15 s (text, previews, two calls and their results, a
+2nd round), and one of 750 text events at once. The window tests (a run's end read before
+its owner closed it) take the 0.5 s one: their window is late_redis's, not the pace's."""
 
 
 @contextlib.asynccontextmanager
@@ -343,7 +346,7 @@ async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_t
         late_redis()
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
             for on in (on_a, on_b):
-                run = await start_run(on_a, model="slow")
+                run = await start_run(on_a, model="brisk")
                 first = await raw_events(on_b, run["events_url"])
                 assert "\nevent: run_ended\n" in first[-1] + "\n"
                 owner = a.relay.runs.owned(run["id"], session) if a.relay else None
@@ -366,7 +369,7 @@ async def test_a_chats_next_message_sent_as_its_stream_ends_is_answered(
     async with workers(redis_url, 2) as (a, b):
         late_redis()
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
-            body = chat_body("c2", "first", model="slow")
+            body = chat_body("c2", "first", model="brisk")
             async with on_a.stream("POST", "/api/chat", json=body) as going:
                 assert going.status_code == 200, await going.aread()
                 run_id = going.headers["x-toollatch-run-id"]
@@ -377,7 +380,7 @@ async def test_a_chats_next_message_sent_as_its_stream_ends_is_answered(
             owner = a.relay.runs.owned(run_id, session) if a.relay else None
             assert owner is not None and not owner.ended  # (the window itself)
             on = on_a if to == "owner" else on_b
-            body = chat_body("c2", "next", model="slow")
+            body = chat_body("c2", "next", model="brisk")
             async with on.stream("POST", "/api/chat", json=body) as after:
                 assert after.status_code == 200, await after.aread()
                 next_id = after.headers["x-toollatch-run-id"]
@@ -460,7 +463,7 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
     session = secrets.token_urlsafe(32)
     async with workers(redis_url, 2) as (a, b):  # (store_outage_s: 5 s, over the restart)
         async with client_of(a, session) as on_a, client_of(b, session) as on_b:
-            run = await start_run(on_a, model="slower")
+            run = await start_run(on_a, model="steady")  # (about 6 s; Redis back in 0.1 s)
             url = run["events_url"]
             reader_a = asyncio.create_task(raw_events(on_a, url))
             before = await raw_events(on_b, url, limit=5)
@@ -470,6 +473,8 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_readers_resume(
             await asyncio.to_thread(redis_server.restart)  # its append-only file kept
             async with asyncio.timeout(30):
                 seen_b = before + await cut  # B's stream ended when Redis went away
+                assert not reader_a.done()  # (mid-run: the restart came before its end)
+                assert "\nevent: run_ended\n" not in seen_b[-1] + "\n"
                 seen_b += await raw_events(on_b, run["events_url"], last_id=ids(seen_b)[-1])
                 whole_a = await reader_a
     assert seen_b == whole_a  # resumed on B: nothing lost, nothing twice, the same bytes

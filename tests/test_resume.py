@@ -120,8 +120,9 @@ def test_a_run_killed_mid_tool_resumes_in_another_process(tmp_path):
         "--ledger",
         ledger,
     ]
-    # the killed run's claim lives 3 s unrenewed, not 30: the resume waits that out first
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "3"}
+    # the killed run's claim lives 1.5 s unrenewed, not 30: the resume waits that out first
+    # (renewed every 0.5 s while the run lives; nothing else claims the call meanwhile)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "1.5"}
     with subprocess.Popen(
         [*command, "--session", "r1"], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env
     ) as first:

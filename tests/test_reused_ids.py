@@ -236,8 +236,9 @@ def test_a_run_killed_in_round_2_resumes_with_round_2s_call_0_run_once(provider,
             return "ok"
     ''')
     )
-    # the killed run's claim lives 3 s unrenewed, not 30: the resume waits that out first
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "3"}
+    # the killed run's claim lives 1.5 s unrenewed, not 30: the resume waits that out first
+    # (renewed every 0.5 s while the run lives; nothing else claims the call meanwhile)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOOLLATCH_LEDGER__LEASE_S": "1.5"}
     with ScriptedServer({"m": killed_in_round_2_script()}, delay_scale=0) as server:
         command = [
             sys.executable, "-m", "toollatch.cli", "run", "--json", "--tools", str(tools),

@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ SCRIPTS = {
     "tools": TOOLS,
     "truncated": TRUNCATED,
     "slow": SLOW,
+    "slow_at_once": Script(turns=tuple(replace(turn, delay_ms=0.0) for turn in SLOW.turns)),
     "reasoning": REASONING,
     "redacted": REDACTED,
 }
@@ -241,7 +243,8 @@ async def test_a_truncated_call_is_an_error_never_input_available(node, relay, p
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_resume_after_a_dropped_connection_gives_the_same_message(node, relay, provider):
     session = secrets.token_urlsafe(32)
-    whole = await ai_client(node, relay.url, session, chat_id(), "cold?", "slow", provider)
+    # the same answer unpaced (only the dropped run needs time for its drop to land in)
+    whole = await ai_client(node, relay.url, session, chat_id(), "cold?", "slow_at_once", provider)
     chat = chat_id()
     got = await ai_client(node, relay.url, session, chat, "cold?", "slow", provider, "drop:4")
     assert got["resumed"]
