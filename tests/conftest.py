@@ -34,14 +34,16 @@ settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "fixtures"
 
-# Workers per CPU for ``-n auto``, and at most MAX_WORKERS in all. The suite is mostly
-# CPU-bound and each worker collects every file it is given (~9 s of CPU for the whole suite),
-# so one per CPU: a run with two per CPU on a loaded 2-core machine took 30 % more CPU and
-# failed timing-bound tests (a 30 ms median, a 0.15 s lease) that pass alone. Two workers on
-# 2 cores: 3,153 tests passed in 423 s (load 0.1 rising to 6), against 1,032 s in one process
-# on idle cores; more than two was never measured on the whole suite.
-WORKERS_PER_CPU = 1
-MAX_WORKERS = 2
+# Workers per CPU for ``-n auto``, and at most MAX_WORKERS in all. Each worker collects every
+# file it is given (~9 s of CPU for the whole suite), and much of the suite waits: on servers,
+# subprocesses, browsers and the paces of scripted models (a run with two workers on 2 cores
+# used 666 s of CPU in 634 s of wall time, so the cores were idle about half of it). So one
+# worker and a half per CPU: three on 2 cores ran 3,917 tests in 435 s and 447 s (the second
+# with the load rising to 4 from other work), against 547-634 s with two. Two per CPU on a
+# loaded 2-core machine once took 30 % more CPU and failed timing-bound tests (a 30 ms
+# median, a 0.15 s lease) that pass alone: not more.
+WORKERS_PER_CPU = 1.5
+MAX_WORKERS = 3
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -56,7 +58,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if files <= 1:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(files, MAX_WORKERS, WORKERS_PER_CPU * (cpus or 1))
+    return min(files, MAX_WORKERS, max(1, int(WORKERS_PER_CPU * (cpus or 1))))
 
 
 # Each test file's seconds in the last runs (pytest's cache, ``.pytest_cache``), so that the
