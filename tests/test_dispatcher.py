@@ -72,6 +72,16 @@ class Gates:
         return self.started.setdefault(key, asyncio.Event())
 
 
+async def finish_or_abort(d: Dispatcher, round_: Round, got: list[ToolResult]) -> None:
+    """An agent's round: ``finish``, and when cancelled, ``abort``'s results into ``got``."""
+    async with d.round() as r:
+        try:
+            await r.finish(round_)
+        except asyncio.CancelledError:
+            got.extend(await r.abort(round_))
+            raise
+
+
 def make_tools(g: Gates, **options: Any) -> list[Tool[..., Any]]:
     @tool(**options)
     async def wait(key: str) -> str:
@@ -641,16 +651,7 @@ async def test_cancelling_the_round_task_still_produces_results_and_leaves_no_ta
     d = Dispatcher(make_tools(g))
     round_ = chat_round(d.specs, [("c1", "wait", {"key": "a"}), ("c2", "wait", {"key": "b"})])
     got: list[ToolResult] = []
-
-    async def agent_round() -> None:
-        async with d.round() as r:
-            try:
-                await r.finish(round_)
-            except asyncio.CancelledError:
-                got.extend(await r.abort(round_))
-                raise
-
-    task = asyncio.create_task(agent_round())
+    task = asyncio.create_task(finish_or_abort(d, round_, got))
     await g.began("a").wait()
     await g.began("b").wait()
     task.cancel()
@@ -726,16 +727,7 @@ async def test_an_only_call_cancelled_while_running_is_paired_and_told_in_order(
     d = Dispatcher(make_tools(g), on_event=events.append)
     round_ = chat_round(d.specs, [("c1", "wait", {"key": "a"})])
     got: list[ToolResult] = []
-
-    async def agent_round() -> None:
-        async with d.round() as r:
-            try:
-                await r.finish(round_)
-            except asyncio.CancelledError:
-                got.extend(await r.abort(round_))
-                raise
-
-    task = asyncio.create_task(agent_round())
+    task = asyncio.create_task(finish_or_abort(d, round_, got))
     await g.began("a").wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -801,16 +793,7 @@ async def test_a_cancellation_an_only_call_swallows_still_cancels_the_finish():
     d = Dispatcher([stubborn])
     round_ = chat_round(d.specs, [("c1", "stubborn", {})])
     got: list[ToolResult] = []
-
-    async def agent_round() -> None:
-        async with d.round() as r:
-            try:
-                await r.finish(round_)
-            except asyncio.CancelledError:
-                got.extend(await r.abort(round_))
-                raise
-
-    task = asyncio.create_task(agent_round())
+    task = asyncio.create_task(finish_or_abort(d, round_, got))
     await began.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
