@@ -484,6 +484,9 @@ class RunRegistry:
         self._runs: OrderedDict[str, RelayRun] = OrderedDict()
         self.closing = False
         """Set by :meth:`close`: no run is admitted any more (the server is stopping)."""
+        # (loop times, set by the first close with a grace: see close)
+        self._finish_by: float | None = None
+        self._close_by: float | None = None
 
     def active(self, session: str | None = None) -> int:
         """Runs not done yet (of ``session`` only, when given)."""
@@ -553,13 +556,27 @@ class RunRegistry:
         left to the caller, never waited for here. ``finish``: the runs first go on for
         :data:`FINISH_SHARE` of the grace, and only the ones still running are cancelled,
         but those ``hand_over(run)`` leaves to a survivor (it returns True; the run is then
-        :attr:`~RelayRun.handed_over`, never cancelled here)."""
+        :attr:`~RelayRun.handed_over`, never cancelled nor waited for here).
+
+        The grace runs from the first call that gives one: a later call (a stopping server
+        closes its runs from uvicorn's shutdown, from its own exit, then from its exit
+        stack) waits only for what is left of it, so a stop takes the grace once, not once
+        per call (a durable run handed over, whose driver goes on until DBOS stops, had each
+        call wait out its share of the grace again)."""
         self.closing = True
-        if finish and grace_s is not None:
-            going = [r.driver for r in self._runs.values() if r.driver and not r.driver.done()]
-            if going:
-                await asyncio.wait(going, timeout=grace_s * FINISH_SHARE)
-            grace_s -= grace_s * FINISH_SHARE
+        loop = asyncio.get_running_loop()
+        if grace_s is not None and self._close_by is None:
+            now = loop.time()
+            self._finish_by, self._close_by = now + grace_s * FINISH_SHARE, now + grace_s
+        close_by = None if grace_s is None else self._close_by
+        if finish and self._finish_by is not None and grace_s is not None:
+            going = [
+                r.driver
+                for r in self._runs.values()
+                if r.driver and not r.driver.done() and not r.handed_over
+            ]
+            if going and (left := self._finish_by - loop.time()) > 0:
+                await asyncio.wait(going, timeout=left)
         runs = list(self._runs.values())
         for run in runs:
             if hand_over is not None and not run.done and hand_over(run):
@@ -569,5 +586,6 @@ class RunRegistry:
         drivers = [r.driver for r in runs if r.driver is not None and not r.driver.done()]
         if not drivers:
             return True
-        _done, pending = await asyncio.wait(drivers, timeout=grace_s)
+        timeout = None if close_by is None else max(0.0, close_by - loop.time())
+        _done, pending = await asyncio.wait(drivers, timeout=timeout)
         return not pending
