@@ -203,3 +203,59 @@ def test_serve_takes_its_access_settings_from_the_environment_and_flags(monkeypa
         finally:
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=10) == 130
+
+
+class _StoppingServer:
+    """What ``_Stopping`` reads of a server: its grace and store; ``stop`` is told."""
+
+    shutdown_grace_s = 0.05
+    store_url = None
+
+    def stop(self, reason: str) -> None:
+        self.reason = reason
+
+
+def test_a_stop_that_overruns_its_grace_exits_with_the_signals_status_and_the_threads_stacks(
+    monkeypatch, capsys
+):
+    """The bound the first Ctrl-C announces holds: a stop still going on past the grace and
+    the overrun leaves with 130, having written where each thread was (a durable worker
+    once took 40 s to stop after printing 'stopping within 2 s')."""
+    import threading
+
+    from toollatch.cli import _serve_command as command
+
+    left: list[int] = []
+    gone = threading.Event()
+
+    def leave(status: int) -> None:
+        left.append(status)
+        gone.set()
+
+    monkeypatch.setattr(command.os, "_exit", leave)
+    stopping = command._Stopping(_StoppingServer(), overrun_s=0.05)  # type: ignore[arg-type]
+    stopping._on_signal(signal.SIGINT)
+    assert gone.wait(10), "the watchdog never fired"
+    assert left == [130]
+    err = capsys.readouterr().err
+    assert "stopping within 0.05 s" in err
+    assert "still stopping 0.1 s after SIGINT: exiting now" in err
+    assert "thread MainThread:" in err  # (its stack: where the stop was held)
+
+
+def test_a_stop_that_ends_in_time_is_not_cut(monkeypatch):
+    """``disarm`` (called once the stop returned its status) leaves nothing to fire."""
+    import threading
+
+    from toollatch.cli import _serve_command as command
+
+    left: list[int] = []
+    monkeypatch.setattr(command.os, "_exit", left.append)
+    stopping = command._Stopping(_StoppingServer(), overrun_s=0.05)  # type: ignore[arg-type]
+    stopping._on_signal(signal.SIGINT)
+    stopping.disarm()
+    watchdog = stopping._watchdog
+    assert watchdog is not None
+    watchdog.join(10)
+    assert not watchdog.is_alive() and left == []
+    assert [t for t in threading.enumerate() if t is watchdog] == []

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -62,9 +63,13 @@ def serve_command(args: argparse.Namespace) -> int:
             return _supervise(server, workers)
         if os.environ.get(WORKER_FD) is not None:
             server.listen_fd = int(os.environ[WORKER_FD])
-        status = asyncio.run(_serve(server))
-        if server.durable_url is not None:
-            _leave_stuck_threads(status)
+        stopping = _Stopping(server)
+        try:
+            status = asyncio.run(_serve(server, stopping))
+            if server.durable_url is not None:
+                _leave_stuck_threads(status)
+        finally:
+            stopping.disarm()
         return status
     except (CommandError, ConfigError, UsageError) as exc:
         sys.stderr.write(f"toollatch: error: {' '.join(str(exc).split())}\n")
@@ -289,10 +294,10 @@ def _ledger_url(given: str | None) -> str | None:
     return None if given == "none" else given
 
 
-async def _serve(server: RelayServer) -> int:
+async def _serve(server: RelayServer, stopping: _Stopping | None = None) -> int:
     from ..relay._server import settle_heap  # noqa: PLC0415
 
-    stopping = _Stopping(server)
+    stopping = stopping or _Stopping(server)
     async with server:
         settle_heap()
         ledger = _ledger_shown(server.ledger_url)
@@ -309,10 +314,19 @@ async def _serve(server: RelayServer) -> int:
     return 0 if stopping.received is None else 128 + stopping.received
 
 
+_OVERRUN_S = 15.0
+"""How long a stop may go on past its grace (the run store's last writes, at most about 10 s;
+DBOS's own stop) before the process leaves anyway (:class:`_Stopping`)."""
+
+
 class _Stopping:
     """SIGTERM and SIGINT while serving: the first stops the relay (:meth:`RelayServer.stop`:
     every run cancelled, each events stream sent its runs' ends, at most the grace), and the
-    exit status is then 128 + the signal's number (143, 130); a second exits at once.
+    exit status is then 128 + the signal's number (143, 130); a second exits at once. A stop
+    still going on ``overrun_s`` after its grace exits with that status too, after writing
+    where each thread was: the bound the first signal announced holds, and what held the
+    stop is on stderr (a durable worker once took 40 s to stop, cause not yet known; its runs
+    stay pending in PostgreSQL for a survivor).
 
     Installed on the loop once the relay serves: uvicorn's own handlers (which stop it with
     the streams cut, and raise the signal again at its end) are replaced for the while. Where
@@ -321,9 +335,31 @@ class _Stopping:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, server: RelayServer) -> None:
+    def __init__(self, server: RelayServer, overrun_s: float = _OVERRUN_S) -> None:
         self.server = server
         self.received: int | None = None
+        self.overrun_s = overrun_s
+        self._watchdog: threading.Timer | None = None
+
+    def disarm(self) -> None:
+        """The stop is over (the process is about to return its status): no forced exit."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _overran(self, name: str, after_s: float) -> None:
+        stacks = []
+        frames = sys._current_frames()
+        for thread in threading.enumerate():
+            frame = frames.get(thread.ident) if thread.ident is not None else None
+            if frame is not None and thread is not threading.current_thread():
+                stacks.append(f"thread {thread.name}:\n{''.join(traceback.format_stack(frame))}")
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                f"toollatch: warning: still stopping {after_s:g} s after {name}: exiting now; "
+                f"where each thread was:\n{''.join(stacks)}"
+            )
+            sys.stderr.flush()
+        os._exit(128 + (self.received or signal.SIGTERM))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -357,4 +393,8 @@ class _Stopping:
             "(again to exit at once)\n"
         )
         sys.stderr.flush()
+        after_s = grace + self.overrun_s
+        self._watchdog = threading.Timer(after_s, self._overran, args=(name, after_s))
+        self._watchdog.daemon = True
+        self._watchdog.start()
         self.server.stop(f"the relay is shutting down ({name}): the run was cancelled")
