@@ -342,19 +342,20 @@ async def test_a_resume_sent_as_run_ended_is_read_waits_for_the_owner_to_close_t
     # a resume posted to A or B in that window waits for the end instead of a 409
     session = secrets.token_urlsafe(32)
     ledger = f"sqlite:///{tmp_path}/ledger.db"
-    async with workers(redis_url, 2, ledger_url=ledger) as (a, b):
-        late_redis()
-        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
-            for on in (on_a, on_b):
-                run = await start_run(on_a, model="brisk")
-                first = await raw_events(on_b, run["events_url"])
-                assert "\nevent: run_ended\n" in first[-1] + "\n"
-                owner = a.relay.runs.owned(run["id"], session) if a.relay else None
-                assert owner is not None and not owner.ended  # (the window itself)
-                again = await on.post("/runs", json={"resume": run["id"], "message": "more"})
-                assert again.status_code == 201, again.text
-                assert again.json()["id"] == run["id"]
-                await raw_events(on_a, run["events_url"])
+    async with asyncio.timeout(90):  # (a hang fails here, showing where it waited)
+        async with workers(redis_url, 2, ledger_url=ledger) as (a, b):
+            late_redis()
+            async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+                for on in (on_a, on_b):
+                    run = await start_run(on_a, model="brisk")
+                    first = await raw_events(on_b, run["events_url"])
+                    assert "\nevent: run_ended\n" in first[-1] + "\n"
+                    owner = a.relay.runs.owned(run["id"], session) if a.relay else None
+                    assert owner is not None and not owner.ended  # (the window itself)
+                    again = await on.post("/runs", json={"resume": run["id"], "message": "more"})
+                    assert again.status_code == 201, again.text
+                    assert again.json()["id"] == run["id"]
+                    await raw_events(on_a, run["events_url"])
 
 
 @pytest.mark.parametrize("to", ["owner", "other"])
@@ -366,26 +367,27 @@ async def test_a_chats_next_message_sent_as_its_stream_ends_is_answered(
     # usually has the run's end by then (its run_ended and its status go in one write), so
     # that case checks the next message across workers right at the end, not the window
     session = secrets.token_urlsafe(32)
-    async with workers(redis_url, 2) as (a, b):
-        late_redis()
-        async with client_of(a, session) as on_a, client_of(b, session) as on_b:
-            body = chat_body("c2", "first", model="brisk")
-            async with on_a.stream("POST", "/api/chat", json=body) as going:
-                assert going.status_code == 200, await going.aread()
-                run_id = going.headers["x-toollatch-run-id"]
-                async for _ in going.aiter_bytes():
-                    break  # (read to its end on B)
-            read = await raw_events(on_b, f"/runs/{run_id}/events")
-            assert "\nevent: run_ended\n" in read[-1] + "\n"
-            owner = a.relay.runs.owned(run_id, session) if a.relay else None
-            assert owner is not None and not owner.ended  # (the window itself)
-            on = on_a if to == "owner" else on_b
-            body = chat_body("c2", "next", model="brisk")
-            async with on.stream("POST", "/api/chat", json=body) as after:
-                assert after.status_code == 200, await after.aread()
-                next_id = after.headers["x-toollatch-run-id"]
-            assert next_id != run_id
-            await raw_events(on_b, f"/runs/{next_id}/events")
+    async with asyncio.timeout(90):  # (a hang fails here, showing where it waited)
+        async with workers(redis_url, 2) as (a, b):
+            late_redis()
+            async with client_of(a, session) as on_a, client_of(b, session) as on_b:
+                body = chat_body("c2", "first", model="brisk")
+                async with on_a.stream("POST", "/api/chat", json=body) as going:
+                    assert going.status_code == 200, await going.aread()
+                    run_id = going.headers["x-toollatch-run-id"]
+                    async for _ in going.aiter_bytes():
+                        break  # (read to its end on B)
+                read = await raw_events(on_b, f"/runs/{run_id}/events")
+                assert "\nevent: run_ended\n" in read[-1] + "\n"
+                owner = a.relay.runs.owned(run_id, session) if a.relay else None
+                assert owner is not None and not owner.ended  # (the window itself)
+                on = on_a if to == "owner" else on_b
+                body = chat_body("c2", "next", model="brisk")
+                async with on.stream("POST", "/api/chat", json=body) as after:
+                    assert after.status_code == 200, await after.aread()
+                    next_id = after.headers["x-toollatch-run-id"]
+                assert next_id != run_id
+                await raw_events(on_b, f"/runs/{next_id}/events")
 
 
 async def test_a_run_outlives_its_ttl_while_it_goes_on_and_expires_after_its_end(
