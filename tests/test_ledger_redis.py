@@ -82,6 +82,32 @@ async def test_a_lost_lock_cancels_the_body_with_lock_lost(client: aioredis.Redi
     assert await client.get("toollatch:lock:{s1}") == b"thief"  # never deleted the thief's
 
 
+async def test_a_released_lock_never_cancels_its_former_holder(client: aioredis.Redis) -> None:
+    """A renewal whose cancel a Redis command swallowed (redis-py 8.2 has swallowed one)
+    comes back after the release to find the key gone: that is no lost lock, and the task
+    that held it, now doing something else, is never cancelled for it."""
+    lock = RedisSessionLock(client, "s1", lease_s=0.15)
+    renew = lock._renew
+    in_renewal = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def swallowing(*args: Any, **kwargs: Any) -> Any:
+        if swallowed:
+            return await renew(*args, **kwargs)
+        in_renewal.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.append(True)  # (and answers late: the key is gone by now)
+        return await renew(*args, **kwargs)
+
+    lock._renew = swallowing  # type: ignore[method-assign]
+    async with lock:
+        await asyncio.wait_for(in_renewal.wait(), 10)
+    await asyncio.sleep(0.5)  # (cancelled here, without the check: the test fails)
+    assert swallowed == [True]
+
+
 async def test_the_lock_refuses_bad_options(client: aioredis.Redis) -> None:
 
     with pytest.raises(ConfigError):

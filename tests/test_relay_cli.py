@@ -219,8 +219,9 @@ def test_a_stop_that_overruns_its_grace_exits_with_the_signals_status_and_the_th
     monkeypatch, capsys
 ):
     """The bound the first Ctrl-C announces holds: a stop still going on past the grace and
-    the overrun leaves with 130, having written where each thread was (a durable worker
-    once took 40 s to stop after printing 'stopping within 2 s')."""
+    the overrun leaves with 130, having written where each thread and task was (a durable
+    worker once took 40 s to stop after printing 'stopping within 2 s')."""
+    import asyncio
     import threading
 
     from toollatch.cli import _serve_command as command
@@ -234,13 +235,27 @@ def test_a_stop_that_overruns_its_grace_exits_with_the_signals_status_and_the_th
 
     monkeypatch.setattr(command.os, "_exit", leave)
     stopping = command._Stopping(_StoppingServer(), overrun_s=0.05)  # type: ignore[arg-type]
-    stopping._on_signal(signal.SIGINT)
-    assert gone.wait(10), "the watchdog never fired"
+
+    async def held() -> None:
+        await asyncio.sleep(3600)
+
+    async def stop_held() -> None:
+        with stopping.installed():
+            holding = asyncio.create_task(held(), name="the-held-stop")
+            await asyncio.sleep(0)  # (it waits in its sleep)
+            stopping._on_signal(signal.SIGINT)
+            fired = await asyncio.to_thread(gone.wait, 10)
+            holding.cancel()
+        assert fired, "the watchdog never fired"
+
+    asyncio.run(stop_held())
     assert left == [130]
     err = capsys.readouterr().err
     assert "stopping within 0.05 s" in err
     assert "still stopping 0.1 s after SIGINT: exiting now" in err
     assert "thread MainThread:" in err  # (its stack: where the stop was held)
+    assert "task the-held-stop:" in err  # (and the loop's tasks: where each waited)
+    assert "in held" in err
 
 
 def test_a_stop_that_ends_in_time_is_not_cut(monkeypatch):

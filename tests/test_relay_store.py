@@ -432,6 +432,45 @@ async def test_a_stopping_worker_ends_its_reads_of_other_workers_runs_cleanly(
         assert (await on_a.post(run["cancel_url"], json={})).status_code == 202
 
 
+async def test_a_stop_ends_the_stores_tasks_when_a_redis_command_swallows_their_cancel(
+    redis_url: str,
+) -> None:
+    """A worker's stop ends its lease's sweep even when a Redis command swallows the cancel
+    (redis-py 8.2 once did, in the sweep of a durable worker: the lease was renewed for
+    ever and the worker's stop held until it was killed). Here a command of the sweep
+    swallows the stop's cancel once, then answers at once each time it is asked again."""
+    entered = asyncio.Event()
+    swallowed: list[bool] = []
+    stack = contextlib.AsyncExitStack()
+    server = await stack.enter_async_context(
+        RelayServer(scripts=SCRIPTS, store=redis_url, lease_s=0.3)
+    )
+    try:
+        assert server.relay is not None
+        client = server.relay.store.client  # type: ignore[attr-defined]
+        members = client.smembers
+
+        async def smembers(*keys: Any) -> Any:
+            if swallowed:
+                return await members(*keys)
+            entered.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed.append(True)  # (and goes on, as if answered)
+            return set()
+
+        client.smembers = smembers
+        async with asyncio.timeout(30):
+            await entered.wait()  # (the sweep waits in the command: the stop cancels it)
+    finally:
+        stopping = asyncio.create_task(stack.aclose())
+        done, _pending = await asyncio.wait({stopping}, timeout=20)
+    assert done, "the worker still stopping 20 s on"
+    await stopping
+    assert swallowed == [True]
+
+
 async def test_a_reader_behind_the_kept_log_is_told_it_lagged_the_same_on_every_worker(
     redis_url: str,
 ) -> None:

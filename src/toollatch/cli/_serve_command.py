@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -324,9 +325,9 @@ class _Stopping:
     every run cancelled, each events stream sent its runs' ends, at most the grace), and the
     exit status is then 128 + the signal's number (143, 130); a second exits at once. A stop
     still going on ``overrun_s`` after its grace exits with that status too, after writing
-    where each thread was: the bound the first signal announced holds, and what held the
-    stop is on stderr (a durable worker once took 40 s to stop, cause not yet known; its runs
-    stay pending in PostgreSQL for a survivor).
+    where each thread and task was: the bound the first signal announced holds, and what
+    held the stop is on stderr (a durable worker once took 40 s to stop: a Redis command had
+    swallowed the run store's cancel; its runs stay pending in PostgreSQL for a survivor).
 
     Installed on the loop once the relay serves: uvicorn's own handlers (which stop it with
     the streams cut, and raise the signal again at its end) are replaced for the while. Where
@@ -340,6 +341,7 @@ class _Stopping:
         self.received: int | None = None
         self.overrun_s = overrun_s
         self._watchdog: threading.Timer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def disarm(self) -> None:
         """The stop is over (the process is about to return its status): no forced exit."""
@@ -353,18 +355,32 @@ class _Stopping:
             frame = frames.get(thread.ident) if thread.ident is not None else None
             if frame is not None and thread is not threading.current_thread():
                 stacks.append(f"thread {thread.name}:\n{''.join(traceback.format_stack(frame))}")
+        stacks.extend(self._tasks())
         with contextlib.suppress(Exception):
             sys.stderr.write(
                 f"toollatch: warning: still stopping {after_s:g} s after {name}: exiting now; "
-                f"where each thread was:\n{''.join(stacks)}"
+                f"where each thread and task was:\n{''.join(stacks)}"
             )
             sys.stderr.flush()
         os._exit(128 + (self.received or signal.SIGTERM))
 
+    def _tasks(self) -> list[str]:
+        """Where each of the loop's tasks waits (read from this thread while the loop's own
+        waits or runs: a best effort, for the record only)."""
+        if self._loop is None:
+            return []
+        shown = []
+        with contextlib.suppress(Exception):
+            for task in asyncio.all_tasks(self._loop):
+                out = io.StringIO()
+                task.print_stack(limit=12, file=out)
+                shown.append(f"task {task.get_name()}: {out.getvalue()}")
+        return shown
+
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """The handlers, for the block."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         installed = []
         for signum in self.SIGNALS:
             try:

@@ -117,10 +117,14 @@ class RedisSessionLock:
             await self._release(keys=[self._key], args=[value or ""])
 
     async def _keep(self, owner: asyncio.Task[object], value: str) -> None:
-        """Renew every third of the lease; on loss, cancel the holder's task."""
+        """Renew every third of the lease; on loss, cancel the holder's task. A hold over
+        (released) ends it too, its cancel lost or not: a Redis command that swallowed the
+        cancel then finds the key gone, which is no loss to tell its former holder of."""
         expires = time.monotonic() + self.lease_s
         while True:
             await asyncio.sleep(self.lease_s / 3)
+            if self._value != value:
+                return
             try:
                 renewed = await self._renew(keys=[self._key], args=[value, self._lease_ms])
             except redis.exceptions.RedisError as exc:
@@ -132,6 +136,8 @@ class RedisSessionLock:
                     expires = time.monotonic() + self.lease_s
                     continue
                 reason = "it expired or another worker took it"
+            if self._value != value:
+                return  # (released meanwhile)
             self._lost = f"lost the session lock {self._key!r}: {reason}"
             if self._on_lost is not None:
                 self._on_lost(self._lost)

@@ -89,7 +89,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -226,6 +226,34 @@ def _entry_id(raw: bytes) -> int:
     return int(raw.split(b"-", 1)[1])
 
 
+def _cancel_lost() -> bool:
+    """Whether the running task was cancelled and goes on all the same: a cancel some
+    library swallowed (seen: one of redis-py 8.2's commands in the lease's sweep, the lease
+    then renewed for ever and the worker's stop held until it was killed). The task still
+    counts the cancel (:meth:`asyncio.Task.cancelling`); its loop then ends."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _stopped(tasks: Sequence[asyncio.Task[None]], within_s: float) -> None:
+    """Cancel ``tasks`` and wait for them, at most ``within_s`` seconds, cancelling again
+    each tenth of a second the ones still going (a cancel swallowed at one await is
+    delivered at the next); one still going then is left, named in a warning."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + within_s
+    pending = {task for task in tasks if not task.done()}
+    while pending and (left := until - loop.time()) > 0:
+        for task in pending:
+            task.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=min(left, 0.1))
+    for task in tasks:
+        if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+            _log.error("run store: %s had failed", task.get_name(), exc_info=error)
+    if pending:
+        names = ", ".join(sorted(task.get_name() for task in pending))
+        _log.warning("run store: %s still going %g s after the stop; left", names, within_s)
+
+
 class RedisRunStore:
     """The runs of every worker in one Redis (see the module docstring). ``url``:
     ``redis://HOST:PORT/DB``; ``ttl_s``: how long an ended run is kept; ``outage_s``: how
@@ -308,11 +336,7 @@ class RedisRunStore:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.outage_s + SOCKET_S):
                     await self._writer.drain()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _stopped(self._tasks, SOCKET_S)
         self._tasks = []
         with contextlib.suppress(*_LOST):  # (its runs still going are ended by a survivor now)
             await self.client.delete(_lease(self.worker))
@@ -497,7 +521,7 @@ class RedisRunStore:
         """Cancel this worker's runs as other workers ask (reconnecting after a loss)."""
         assert self._runs is not None
         delay = 0.05
-        while True:
+        while not _cancel_lost():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(_channel(self.worker))
@@ -560,7 +584,7 @@ class RedisRunStore:
     async def _heartbeat(self) -> None:
         """Renew this worker's lease every third of it; then end the runs of dead workers."""
         every = self.lease_ms / 3000
-        while True:
+        while not _cancel_lost():
             await asyncio.sleep(every)
             try:
                 lease = _lease(self.worker)
@@ -835,7 +859,7 @@ class _Writer:
         loop = asyncio.get_running_loop()
         refresh_s = max(0.05, self._store.ttl_ms / 3000)
         renew_at = loop.time() + refresh_s
-        while True:
+        while not _cancel_lost():
             wake_at = min(renew_at, self._late_at) if self._late else renew_at
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wake_at - loop.time())):
