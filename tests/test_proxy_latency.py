@@ -20,6 +20,8 @@ from starlette.responses import StreamingResponse
 
 from loopback_http import loopback
 from toollatch.relay import ProxyServer
+from toollatch.relay._http import upstream_http
+from toollatch.relay._proxy import Proxy
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 DONE = b"data: [DONE]\n\n"
@@ -155,3 +157,64 @@ async def test_each_text_delta_reaches_the_client_before_the_upstream_sends_the_
                             if len(got) < len(gates):
                                 gates[len(got)].set()
     assert got == texts
+
+
+async def test_what_one_upstream_read_decided_goes_to_the_client_in_one_write():
+    """The upstream's first write holds three text deltas; its end waits until the proxy has
+    sent the client its first body message, which must carry all three (one write per
+    upstream read: a write per event would send one, then wait for nothing)."""
+    first = chunk(role="assistant") + b"".join(chunk(content=t) for t in ("a", "b", "c"))
+    sent_first = asyncio.Event()
+
+    async def upstream(scope, receive, send):
+        async def body():
+            yield first
+            await sent_first.wait()
+            yield b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+            yield DONE
+
+        await StreamingResponse(body(), media_type="text/event-stream")(scope, receive, send)
+
+    bodies: list[bytes] = []
+    done = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            bodies.append(message.get("body", b""))
+            sent_first.set()
+            if not message.get("more_body", False):
+                done.set()
+
+    request = [orjson.dumps(BODY)]
+
+    async def receive():
+        if request:
+            return {"type": "http.request", "body": request.pop(), "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    async with loopback() as lb:
+        lb.replies.append(upstream)
+        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
+            await Proxy(lb.url + "/v1", http)(scope, receive, send)
+    texts = [
+        [c["delta"].get("content") for c in orjson.loads(line[6:])["choices"]]
+        for line in bodies[0].split(b"\n\n")
+        if line.startswith(b"data: {")
+    ]
+    assert texts == [["a"], ["b"], ["c"]]
+    assert b"".join(bodies).endswith(DONE)

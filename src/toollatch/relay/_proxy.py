@@ -422,19 +422,16 @@ class Proxy:
         events: ResponseEvents,
         recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
-        for kind, event in events.start():
-            yield _named_sse(kind, event)
+        yield b"".join([_named_sse(kind, event) for kind, event in events.start()])
         async with contextlib.aclosing(self._read(answer, parser, events, recorder)) as reading:
-            async for decided in reading:  # (closed with this generator: the upstream too)
-                for kind, event in decided:
-                    yield _named_sse(kind, event)
+            async for read in reading:  # (closed with this generator: the upstream too)
+                yield b"".join([_named_sse(k, e) for decided in read for k, e in decided])
         round_ = parser.finish()
         if interrupted(round_):
             kind, event = events.error(str(_broken(round_)), "upstream_interrupted")
             yield _named_sse(kind, event)
             return
-        for kind, event in events.end(round_):
-            yield _named_sse(kind, event)
+        yield b"".join([_named_sse(kind, event) for kind, event in events.end(round_)])
 
     async def _body(self, request: Request, needs: str = "messages") -> dict[str, Any]:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
@@ -470,11 +467,13 @@ class Proxy:
         parser: StreamParser,
         encoder: ChatChunks | ResponseEvents,
         recorder: Recorder | None,
-    ) -> AsyncGenerator[Any, None]:
+    ) -> AsyncGenerator[list[Any], None]:
         """The upstream's bytes into ``parser`` (and ``recorder``); yields ``encoder``'s
-        output for the text and the committed calls as they are decided. A broken or silent
-        upstream fails the round (not raised). The answer and the recorder are closed at the
-        end, however it comes."""
+        output for the text and the committed calls as they are decided: once per upstream
+        read that decided something, all that read decided (so its caller sends it to the
+        client in one write: never more than one read's worth, so nothing already read
+        waits for the next). A broken or silent upstream fails the round (not raised). The
+        answer and the recorder are closed at the end, however it comes."""
         reads = answer.aiter_raw().__aiter__()
         watching = watch()
         noted = watching.notice if watching is not None and watching.traced else None
@@ -504,13 +503,19 @@ class Proxy:
                     idle.done()
                 if recorder is not None:
                     recorder.write(data)
+                decided: list[Any] = []
+                over = False
                 for notice in parser.feed(data):
                     if isinstance(notice, RoundOver):
-                        return
+                        over = True
+                        break
                     if noted is not None:
                         noted(notice)
-                    for out in encoder.notice(notice):
-                        yield out
+                    decided += encoder.notice(notice)
+                if decided:
+                    yield decided
+                if over:
+                    return
         finally:
             idle.close()
             await answer.aclose()
@@ -528,15 +533,14 @@ class Proxy:
         recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
         async with contextlib.aclosing(self._read(answer, parser, chunks, recorder)) as reading:
-            async for chunk in reading:  # (closed with this generator: the upstream too)
-                yield _sse(chunk)
+            async for read in reading:  # (closed with this generator: the upstream too)
+                yield b"".join([_sse(chunk) for chunk in read])  # (one write per read)
         round_: Round = parser.finish()
         if interrupted(round_):
-            yield _sse(error_chunk(str(_broken(round_)), "upstream_interrupted"))
+            end = [error_chunk(str(_broken(round_)), "upstream_interrupted")]
         else:
-            for chunk in chunks.end(round_, usage=usage):
-                yield _sse(chunk)
-        yield b"data: [DONE]\n\n"
+            end = chunks.end(round_, usage=usage)
+        yield b"".join([_sse(chunk) for chunk in end]) + b"data: [DONE]\n\n"
 
 
 def _status_of(send: Any, watching: RequestWatch) -> Any:
