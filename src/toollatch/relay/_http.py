@@ -39,8 +39,9 @@ def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.Asy
 def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
     """``toollatch proxy``'s client for its upstream: aiohttp's transport, as
     :func:`model_http`'s (its C parser reads the upstream's stream: with httpx's own pools,
-    reading through httpcore and h11 was a third of the proxy's CPU, and the proxy's CPU per
-    relayed event fell by about 40 % with this one, ``benchmarks/README.md``), with
+    reading through httpcore and h11 was over a third of the proxy's CPU; with this one and
+    a write per read the proxy's CPU per relayed event is about a third lower,
+    ``benchmarks/README.md``), with
 
     - no bound on connections: one per client stream in flight (aiohttp's default bound,
       100, as httpx's, would make stream 101 wait for a free one; aiohttp's connector keeps
