@@ -686,9 +686,11 @@ async def test_responses_answers_are_recorded_as_responses_fixtures(upstream, tm
     assert [c["id"] for c in json.loads(replayed.stdout)["calls"]] == ["call_oslo", "call_lima"]
 
 
-async def test_a_cookie_one_clients_upstream_set_never_goes_with_anothers_request():
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_cookie_one_clients_upstream_set_never_goes_with_anothers_request(host):
     # the upstream client is shared: httpx keeps a Set-Cookie in the client's jar and sends
-    # it with every later request, so client B's request carried client A's cookie
+    # it with every later request, so client B's request carried client A's cookie; aiohttp's
+    # session (the transport) keeps one too, from a host name (never from an IP address)
     chunk = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
     body = sse([chunk, "[DONE]"])
     async with loopback() as lb:
@@ -700,7 +702,7 @@ async def test_a_cookie_one_clients_upstream_set_never_goes_with_anothers_reques
             ),
             stream_reply([body]),
         ]
-        async with ProxyServer(lb.url + "/v1") as p:
+        async with ProxyServer(lb.url.replace("127.0.0.1", host) + "/v1") as p:
             for key in ("sk-alice", "sk-bob"):
                 async with httpx.AsyncClient(timeout=30.0) as c:
                     answer = await c.post(

@@ -1,52 +1,38 @@
 """What keeps the proxy's added latency low, checked without a clock: each text delta is
-passed on before the upstream sends the next one, and the upstream connection pools
-(:class:`PoolShards`) keep their bookkeeping small.
+passed on before the upstream sends the next one, and the upstream client
+(:func:`toollatch.relay._http.upstream_http`: aiohttp's transport) neither bounds its
+connections nor opens one per stream.
 
-Each request goes through the least busy of several httpx pools, so none holds more than its
-share of the connections. httpcore's pool (1.0.9) walks all of its connections, once more
-for each idle one, every time a request starts or ends (encode/httpcore#1035): with every
-stream in one pool, 50 streams started at once cost the proxy's loop a third of its time
-there, and every stream's first event waited for it (benchmarks/README.md). Real HTTP on
-loopback; the work is counted (connection checks), never timed."""
+The proxy holds one upstream connection per client stream in flight: a bound on them (100 by
+default, in aiohttp's connector as in httpx's pool) made stream 101 wait for another to end,
+then fail 502 after the pool timeout (benchmarks/README.md, 200 streams). Its idle
+connections are kept for the next streams. Real HTTP on loopback; the connections are
+counted (the upstream sees each one's client port), never timed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 
-import httpcore
 import httpx
 import orjson
-import pytest
 from starlette.responses import StreamingResponse
 
 from loopback_http import loopback
 from toollatch.relay import ProxyServer
-from toollatch.relay._proxy import PoolShards
-from toollatch.scripted import Script, ScriptedServer, Text, Turn
+from toollatch.relay._http import upstream_http
+from toollatch.relay._proxy import Proxy
 
-STREAMS = 32
-SLOW = Script(turns=(Turn(items=(Text(text="one two three four", chunk_chars=4),), delay_ms=40),))
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+DONE = b"data: [DONE]\n\n"
 
 
-@contextlib.contextmanager
-def counted_checks() -> Iterator[list[int]]:
-    """Counts httpcore's idle checks of a connection (its pool's bookkeeping) meanwhile."""
-    count = [0]
-    real = httpcore.AsyncHTTPConnection.is_idle
-
-    def is_idle(self: httpcore.AsyncHTTPConnection) -> bool:
-        count[0] += 1
-        return real(self)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(httpcore.AsyncHTTPConnection, "is_idle", is_idle)
-        yield count
+def open_client() -> httpx.AsyncClient:
+    """The test's own client: no bound of its own on its connections to the proxy."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=60)
 
 
-async def burst(client: httpx.AsyncClient, base: str, n: int = STREAMS) -> list[bytes]:
+async def burst(client: httpx.AsyncClient, base: str, n: int) -> list[bytes]:
     """``n`` streams at once, all open before any is read to its end; their bodies."""
     async with contextlib.AsyncExitStack() as stack:
         answers = await asyncio.gather(
@@ -60,51 +46,75 @@ async def burst(client: httpx.AsyncClient, base: str, n: int = STREAMS) -> list[
         return list(await asyncio.gather(*(a.aread() for a in answers)))
 
 
-async def test_a_burst_is_spread_over_the_pools_and_each_keeps_its_connections():
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=4)
-    shards = PoolShards(8, limits)
-    async with ScriptedServer({"m": SLOW}) as upstream:
-        base = upstream.base_url("openai_chat")
-        async with httpx.AsyncClient(transport=shards) as client:
-            bodies = await burst(client, base)
-            assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
-            pools = [pool._pool.connections for pool in shards._pools]  # (httpx's own pools)
-            assert [len(c) for c in pools] == [STREAMS // 8] * 8
-            first = {id(c) for cs in pools for c in cs}
-            await burst(client, base)  # the same connections again (each pool keeps its 4)
-            again = {id(c) for pool in shards._pools for c in pool._pool.connections}
-            assert again == first
+def answering(ports: list[int], before_end: asyncio.Event | None = None):
+    """A streamed answer that notes the client port of the connection it came on (the
+    proxy's upstream connection) and, with ``before_end``, sends its end only once that is
+    set."""
+
+    async def reply(scope, receive, send):
+        ports.append(scope["client"][1])
+
+        async def body():
+            yield chunk(role="assistant", content="hi")
+            if before_end is not None:
+                await before_end.wait()
+            yield b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+            yield DONE
+
+        await StreamingResponse(body(), media_type="text/event-stream")(scope, receive, send)
+
+    return reply
 
 
-async def test_one_stream_at_a_time_keeps_to_one_pool_and_one_connection():
-    """Streams one after the other take the first pool, the least busy, and its kept
-    connection, as a single pool did (pools in turn would open one connection per pool,
-    and one per stream once each has expired between two visits)."""
-    shards = PoolShards(8, httpx.Limits(max_connections=None, max_keepalive_connections=4))
-    async with ScriptedServer({"m": SLOW}) as upstream:
-        base = upstream.base_url("openai_chat")
-        async with httpx.AsyncClient(transport=shards) as client:
+def gathered(n: int, ports: list[int]):
+    """Replies for a burst of ``n`` streams: none ends before all ``n`` have reached the
+    upstream (so each takes a connection of its own)."""
+    all_in = asyncio.Event()
+
+    async def counted(scope, receive, send):
+        if len(ports) + 1 == n:
+            all_in.set()
+        await answering(ports, all_in)(scope, receive, send)
+
+    return [counted] * n
+
+
+async def test_more_streams_than_a_connection_pool_s_default_are_all_upstream_at_once():
+    """110 streams at once, none of which ends before all 110 have reached the upstream: a
+    bound of 100 upstream connections (aiohttp's and httpx's default) would hold the last 10
+    until one of the first ended, so none would end (the timeout only ends the wait)."""
+    n = 110
+    ports: list[int] = []
+    async with loopback() as lb:
+        lb.replies += gathered(n, ports)
+        async with ProxyServer(lb.url + "/v1") as proxy, open_client() as client:
+            async with asyncio.timeout(30):
+                bodies = await burst(client, proxy.url, n)
+    assert all(body.endswith(DONE) for body in bodies)
+    assert len(set(ports)) == n  # (one connection each)
+
+
+async def test_the_upstream_connections_are_kept_for_the_next_streams():
+    """Streams one after the other take the one kept connection; a burst of 8 then another
+    take the same 8 connections."""
+    ports: list[int] = []
+    async with loopback() as lb:
+        lb.replies += [answering(ports)] * 5
+        async with ProxyServer(lb.url + "/v1") as proxy, open_client() as client:
             for _ in range(5):
-                [body] = await burst(client, base, 1)
-                assert body.endswith(b"data: [DONE]\n\n")
-            assert [len(pool._pool.connections) for pool in shards._pools] == [1] + [0] * 7
-
-
-async def test_a_burst_of_streams_costs_the_proxy_few_connection_checks():
-    """32 streams started at once through the proxy: one pool of all 32 connections checked
-    them 169,312 times; 16 pools of 2, 672 (measured)."""
-    async with (
-        ScriptedServer({"m": SLOW}) as upstream,
-        ProxyServer(upstream.base_url("openai_chat")) as proxy,
-    ):
-        # (the client's own pools: one connection each, so the checks counted are the proxy's)
-        mine = PoolShards(STREAMS, httpx.Limits(max_connections=None))
-        async with httpx.AsyncClient(transport=mine) as client:
-            await burst(client, proxy.url)  # the pools' connections, made
-            with counted_checks() as checks:
-                bodies = await burst(client, proxy.url)
-    assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
-    assert checks[0] < 100 * STREAMS, checks[0]
+                [body] = await burst(client, proxy.url, 1)
+                assert body.endswith(DONE)
+            assert len(set(ports)) == 1
+            ports.clear()
+            lb.replies += gathered(8, ports)
+            first = await burst(client, proxy.url, 8)
+            kept = set(ports)
+            ports.clear()
+            lb.replies += gathered(8, ports)
+            again = await burst(client, proxy.url, 8)
+    assert all(body.endswith(DONE) for body in [*first, *again])
+    assert len(kept) == 8
+    assert set(ports) == kept
 
 
 def chunk(**delta: object) -> bytes:
@@ -147,3 +157,64 @@ async def test_each_text_delta_reaches_the_client_before_the_upstream_sends_the_
                             if len(got) < len(gates):
                                 gates[len(got)].set()
     assert got == texts
+
+
+async def test_what_one_upstream_read_decided_goes_to_the_client_in_one_write():
+    """The upstream's first write holds three text deltas; its end waits until the proxy has
+    sent the client its first body message, which must carry all three (one write per
+    upstream read: a write per event would send one, then wait for nothing)."""
+    first = chunk(role="assistant") + b"".join(chunk(content=t) for t in ("a", "b", "c"))
+    sent_first = asyncio.Event()
+
+    async def upstream(scope, receive, send):
+        async def body():
+            yield first
+            await sent_first.wait()
+            yield b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+            yield DONE
+
+        await StreamingResponse(body(), media_type="text/event-stream")(scope, receive, send)
+
+    bodies: list[bytes] = []
+    done = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            bodies.append(message.get("body", b""))
+            sent_first.set()
+            if not message.get("more_body", False):
+                done.set()
+
+    request = [orjson.dumps(BODY)]
+
+    async def receive():
+        if request:
+            return {"type": "http.request", "body": request.pop(), "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    async with loopback() as lb:
+        lb.replies.append(upstream)
+        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
+            await Proxy(lb.url + "/v1", http)(scope, receive, send)
+    texts = [
+        [c["delta"].get("content") for c in orjson.loads(line[6:])["choices"]]
+        for line in bodies[0].split(b"\n\n")
+        if line.startswith(b"data: {")
+    ]
+    assert texts == [["a"], ["b"], ["c"]]
+    assert b"".join(bodies).endswith(DONE)

@@ -1,4 +1,5 @@
-"""The relay's HTTP client for its runs' model streams (internal).
+"""The relay's HTTP clients: for its runs' model streams, and ``toollatch proxy``'s for its
+upstream (internal).
 
 One ``httpx.AsyncClient`` whose transport is aiohttp's (``httpx_aiohttp``, as the OpenAI
 SDK's ``openai[aiohttp]`` extra uses it for concurrent streams): the runs' model clients
@@ -14,9 +15,16 @@ where httpcore checks each connection of its pool per request (pools of 4 were n
 from __future__ import annotations
 
 import ssl
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
+import aiohttp
 import httpx
 from httpx_aiohttp import HttpxAiohttpClient
+from httpx_aiohttp.transport import AiohttpTransport
+
+_KEEPALIVE = 256
+"""Idle connections kept by the proxy's client for a proxy from the environment (httpx's own
+transport: aiohttp's keeps every idle connection until it expires)."""
 
 
 def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
@@ -26,3 +34,42 @@ def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.Asy
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     verify = tls if tls is not None else httpx.create_ssl_context()
     return HttpxAiohttpClient(timeout=None, limits=limits, verify=verify)
+
+
+def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
+    """``toollatch proxy``'s client for its upstream: aiohttp's transport, as
+    :func:`model_http`'s (its C parser reads the upstream's stream: with httpx's own pools,
+    reading through httpcore and h11 was over a third of the proxy's CPU; with this one and
+    a write per read the proxy's CPU per relayed event is about a third lower,
+    ``benchmarks/README.md``), with
+
+    - no bound on connections: one per client stream in flight (aiohttp's default bound,
+      100, as httpx's, would make stream 101 wait for a free one; aiohttp's connector keeps
+      its idle connections per host and takes one without walking the others, where
+      httpcore's pool checks each of them per request and had to be split in 16);
+    - no cookie kept, in httpx's jar or in aiohttp's (the client is shared by every client
+      of the proxy, so a ``Set-Cookie`` answered to one must never go with another's
+      request);
+    - ``timeout``, httpx's, per request (aiohttp's ``sock_read``, ``sock_connect``; the
+      pool's timeout is aiohttp's ``connect``).
+
+    A proxy from the environment (``HTTPS_PROXY``...) goes through httpx's own transport.
+    """
+    tls = httpx.create_ssl_context()  # (once: each one loads the CA bundle, about 40 ms)
+
+    def session() -> aiohttp.ClientSession:  # (made on the first request: in the loop)
+        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=5.0)
+        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
+    return httpx.AsyncClient(
+        timeout=timeout,
+        limits=limits,
+        transport=AiohttpTransport(verify=tls, client=session),
+        cookies=_no_cookies(),
+    )
+
+
+def _no_cookies() -> CookieJar:
+    """A jar that keeps no cookie."""
+    return CookieJar(DefaultCookiePolicy(allowed_domains=[]))

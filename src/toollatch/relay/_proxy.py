@@ -37,7 +37,6 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
-from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -63,6 +62,7 @@ from ..runtime._clients._errors import ModelError
 from ..scripted._server import http_implementation
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
+from ._http import upstream_http
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
@@ -90,10 +90,6 @@ _FORWARDED = ("authorization", "openai-organization", "openai-project")
 _ERROR_BODY_BYTES = 64 * 1024
 """At most this much of an upstream's error body is passed on."""
 _TOKEN_HEADER = "x-toollatch-token"
-_KEEPALIVE = 256
-"""Idle upstream connections kept for reuse (the pool itself is unbounded: one per stream)."""
-_POOLS = 16
-"""Upstream connection pools, taken in turn (:class:`PoolShards`)."""
 
 
 class ProxyError(Exception):
@@ -426,19 +422,16 @@ class Proxy:
         events: ResponseEvents,
         recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
-        for kind, event in events.start():
-            yield _named_sse(kind, event)
+        yield b"".join([_named_sse(kind, event) for kind, event in events.start()])
         async with contextlib.aclosing(self._read(answer, parser, events, recorder)) as reading:
-            async for decided in reading:  # (closed with this generator: the upstream too)
-                for kind, event in decided:
-                    yield _named_sse(kind, event)
+            async for read in reading:  # (closed with this generator: the upstream too)
+                yield b"".join([_named_sse(k, e) for decided in read for k, e in decided])
         round_ = parser.finish()
         if interrupted(round_):
             kind, event = events.error(str(_broken(round_)), "upstream_interrupted")
             yield _named_sse(kind, event)
             return
-        for kind, event in events.end(round_):
-            yield _named_sse(kind, event)
+        yield b"".join([_named_sse(kind, event) for kind, event in events.end(round_)])
 
     async def _body(self, request: Request, needs: str = "messages") -> dict[str, Any]:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
@@ -474,11 +467,13 @@ class Proxy:
         parser: StreamParser,
         encoder: ChatChunks | ResponseEvents,
         recorder: Recorder | None,
-    ) -> AsyncGenerator[Any, None]:
+    ) -> AsyncGenerator[list[Any], None]:
         """The upstream's bytes into ``parser`` (and ``recorder``); yields ``encoder``'s
-        output for the text and the committed calls as they are decided. A broken or silent
-        upstream fails the round (not raised). The answer and the recorder are closed at the
-        end, however it comes."""
+        output for the text and the committed calls as they are decided: once per upstream
+        read that decided something, all that read decided (so its caller sends it to the
+        client in one write: never more than one read's worth, so nothing already read
+        waits for the next). A broken or silent upstream fails the round (not raised). The
+        answer and the recorder are closed at the end, however it comes."""
         reads = answer.aiter_raw().__aiter__()
         watching = watch()
         noted = watching.notice if watching is not None and watching.traced else None
@@ -508,13 +503,19 @@ class Proxy:
                     idle.done()
                 if recorder is not None:
                     recorder.write(data)
+                decided: list[Any] = []
+                over = False
                 for notice in parser.feed(data):
                     if isinstance(notice, RoundOver):
-                        return
+                        over = True
+                        break
                     if noted is not None:
                         noted(notice)
-                    for out in encoder.notice(notice):
-                        yield out
+                    decided += encoder.notice(notice)
+                if decided:
+                    yield decided
+                if over:
+                    return
         finally:
             idle.close()
             await answer.aclose()
@@ -532,74 +533,14 @@ class Proxy:
         recorder: Recorder | None,
     ) -> AsyncIterator[bytes]:
         async with contextlib.aclosing(self._read(answer, parser, chunks, recorder)) as reading:
-            async for chunk in reading:  # (closed with this generator: the upstream too)
-                yield _sse(chunk)
+            async for read in reading:  # (closed with this generator: the upstream too)
+                yield b"".join([_sse(chunk) for chunk in read])  # (one write per read)
         round_: Round = parser.finish()
         if interrupted(round_):
-            yield _sse(error_chunk(str(_broken(round_)), "upstream_interrupted"))
+            end = [error_chunk(str(_broken(round_)), "upstream_interrupted")]
         else:
-            for chunk in chunks.end(round_, usage=usage):
-                yield _sse(chunk)
-        yield b"data: [DONE]\n\n"
-
-
-class PoolShards(httpx.AsyncBaseTransport):
-    """httpx's own transport ``pools`` times over (each with ``limits``), every request sent
-    through the pool with the fewest responses open (the first such: one stream at a time
-    always takes the first pool, and reuses its connection as a single pool did).
-
-    httpcore's pool (1.0.9) walks its whole list of connections, once more for each idle one,
-    every time a request starts or ends, and offers a freed connection to every waiting
-    request (all but one then try again): O(n²) work a pass, about 9 passes a stream
-    (encode/httpcore#1035, pydantic/httpx2#1075). With 50 streams started at once the
-    proxy's loop spent about a third of its time there (cProfile), every stream's first
-    event waited for it and the streams already flowing stalled behind it. n/pools
-    connections a pool make that (n/pools)² and keep the proxy's code on httpx's public API.
-    The pools share one TLS context (httpx's default one, environment included: making one
-    per pool took 40 ms each).
-    """
-
-    def __init__(self, pools: int, limits: httpx.Limits) -> None:
-        tls = httpx.create_ssl_context()
-        self._pools = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(pools)]
-        self._open = [0] * pools
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """``request`` through the least busy pool."""
-        n = self._open.index(min(self._open))
-        self._open[n] += 1
-        try:
-            response = await self._pools[n].handle_async_request(request)
-        except BaseException:
-            self._open[n] -= 1
-            raise
-        if isinstance(response.stream, httpx.AsyncByteStream):
-            response.stream = _Released(response.stream, self._open, n)
-        else:  # (not from httpx's async transport, which answers with async bodies)
-            self._open[n] -= 1
-        return response
-
-    async def aclose(self) -> None:
-        """Close every pool's connections."""
-        for pool in self._pools:
-            await pool.aclose()
-
-
-class _Released(httpx.AsyncByteStream):
-    """A response's body that counts itself off ``open[n]`` once closed."""
-
-    def __init__(self, stream: httpx.AsyncByteStream, open_: list[int], n: int) -> None:
-        self._stream, self._counts, self._n = stream, open_, n
-        self._counted = True
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._stream.__aiter__()  # (the body's own reads: no layer added to each)
-
-    async def aclose(self) -> None:
-        if self._counted:
-            self._counted = False
-            self._counts[self._n] -= 1
-        await self._stream.aclose()
+            end = chunks.end(round_, usage=usage)
+        yield b"".join([_sse(chunk) for chunk in end]) + b"data: [DONE]\n\n"
 
 
 def _status_of(send: Any, watching: RequestWatch) -> Any:
@@ -766,19 +707,7 @@ class ProxyServer:
         stack = contextlib.AsyncExitStack()
         try:
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
-            # one upstream connection per client stream in flight: httpx's default pool (100)
-            # made stream 101 wait, then fail 502 after the pool timeout (bench_proxy.py, 200)
-            kept = -(-_KEEPALIVE // _POOLS)
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
-            shard = httpx.Limits(max_connections=None, max_keepalive_connections=kept)
-            http = await stack.enter_async_context(  # (limits: for a proxy from the environment)
-                httpx.AsyncClient(
-                    timeout=timeout,
-                    limits=limits,
-                    transport=PoolShards(_POOLS, shard),
-                    cookies=_no_cookies(),
-                )
-            )
+            http = await stack.enter_async_context(upstream_http(timeout))
             proxy = Proxy(
                 self.upstream,
                 http,
@@ -846,9 +775,3 @@ class ProxyServer:
             self._server = self._task = None
             self._bound = None
             await stack.aclose()
-
-
-def _no_cookies() -> CookieJar:
-    """A jar that keeps no cookie: the upstream client is shared by every client of the
-    proxy, so a ``Set-Cookie`` answered to one must never go with another's request."""
-    return CookieJar(DefaultCookiePolicy(allowed_domains=[]))
