@@ -14,26 +14,35 @@ where httpcore checks each connection of its pool per request (pools of 4 were n
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from collections.abc import AsyncIterator, Callable
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import aiohttp
 import httpx
-from httpx_aiohttp import HttpxAiohttpClient
 from httpx_aiohttp.transport import AiohttpTransport
 
 _KEEPALIVE = 256
 """Idle connections kept by the proxy's client for a proxy from the environment (httpx's own
 transport: aiohttp's keeps every idle connection until it expires)."""
+_KEEPALIVE_S = 5.0
+"""How long aiohttp keeps an idle connection (httpx's default keep-alive expiry)."""
+_PIECE_BYTES = 64 * 1024
+"""A request body is handed to aiohttp in pieces of this size when a write timeout applies:
+aiohttp's writer waits for the socket's buffer to drain past 64 KiB, so taking the next
+piece means the one before was written."""
 
 
 def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
     """The client for ``connections`` model streams at once (a run holds one at a time);
     ``tls``: the context for ``https`` models (default: httpx's, from certifi or
-    ``SSL_CERT_FILE``). No timeout of its own: each model client sets its own."""
+    ``SSL_CERT_FILE``). No timeout of its own: each model client sets its own. No cookie
+    kept (:func:`_aiohttp_client`: every run's model client shares it). A proxy from the
+    environment (``HTTPS_PROXY``...) goes through httpx's own transport."""
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     verify = tls if tls is not None else httpx.create_ssl_context()
-    return HttpxAiohttpClient(timeout=None, limits=limits, verify=verify)
+    return _aiohttp_client(None, limits, verify, connections=connections)
 
 
 def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
@@ -47,25 +56,41 @@ def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
       100, as httpx's, would make stream 101 wait for a free one; aiohttp's connector keeps
       its idle connections per host and takes one without walking the others, where
       httpcore's pool checks each of them per request and had to be split in 16);
-    - no cookie kept, in httpx's jar or in aiohttp's (the client is shared by every client
-      of the proxy, so a ``Set-Cookie`` answered to one must never go with another's
-      request);
-    - ``timeout``, httpx's, per request (aiohttp's ``sock_read``, ``sock_connect``; the
-      pool's timeout is aiohttp's ``connect``).
+    - no cookie kept (:func:`_aiohttp_client`: the client is shared by every client of the
+      proxy, so a ``Set-Cookie`` answered to one must never go with another's request);
+    - ``timeout``, httpx's, per request (aiohttp's ``sock_connect``, which also bounds the
+      TLS handshake, and ``sock_read``; the pool's timeout is aiohttp's ``connect``; the
+      write timeout is :class:`_Transport`'s).
 
     A proxy from the environment (``HTTPS_PROXY``...) goes through httpx's own transport.
     """
-    tls = httpx.create_ssl_context()  # (once: each one loads the CA bundle, about 40 ms)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
+    # (one context: each one loads the CA bundle, about 40 ms)
+    return _aiohttp_client(timeout, limits, httpx.create_ssl_context(), connections=0)
+
+
+def _aiohttp_client(
+    timeout: httpx.Timeout | None,
+    limits: httpx.Limits,
+    tls: ssl.SSLContext,
+    *,
+    connections: int,
+) -> httpx.AsyncClient:
+    """An httpx client on aiohttp's transport (:class:`_Transport`): at most ``connections``
+    at once (0: no bound), ``tls`` for ``https``; ``timeout`` and ``limits`` are httpx's
+    (``limits`` bound httpx's own transport, for a proxy from the environment). It keeps no
+    cookie, in httpx's jar or in aiohttp's: a ``Set-Cookie`` answered to one request is
+    never sent with a later one (aiohttp's default jar keeps the cookies of host names, and
+    httpx's those of any host)."""
 
     def session() -> aiohttp.ClientSession:  # (made on the first request: in the loop)
-        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=5.0)
+        connector = aiohttp.TCPConnector(limit=connections, ssl=tls, keepalive_timeout=_KEEPALIVE_S)
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
     return httpx.AsyncClient(
         timeout=timeout,
         limits=limits,
-        transport=AiohttpTransport(verify=tls, client=session),
+        transport=_Transport(verify=tls, client=session),
         cookies=_no_cookies(),
     )
 
@@ -73,3 +98,64 @@ def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
 def _no_cookies() -> CookieJar:
     """A jar that keeps no cookie."""
     return CookieJar(DefaultCookiePolicy(allowed_domains=[]))
+
+
+class _Transport(AiohttpTransport):
+    """aiohttp's transport with httpx's ``write`` timeout, which aiohttp has not (it writes
+    a request's body in a task of its own while the request waits for the answer's head,
+    without a timeout; httpx-aiohttp passes on httpx's connect, read and pool timeouts
+    only): a body is handed over in pieces (:data:`_PIECE_BYTES`, its ``content-length``
+    kept), and a request whose next piece is not taken within ``write`` seconds of the one
+    before raises ``httpx.WriteTimeout`` (its connection closed), as httpx's own transport
+    does for a write that long. The last piece's wait for the socket is not timed."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The answer's head (its body is read later); raises httpx's errors."""
+        seconds = request.extensions.get("timeout", {}).get("write")
+        try:
+            body = request.content
+        except httpx.RequestNotRead:  # (a streamed body: ours are bytes)
+            body = b""
+        if seconds is None or not body:
+            return await super().handle_async_request(request)
+        timer = asyncio.timeout(None)  # (armed by the body's first piece)
+        paced = _PacedBody(body, timer.reschedule, seconds)
+        sent = httpx.Request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            stream=paced,
+            extensions=request.extensions,
+        )
+        try:
+            async with timer:
+                try:
+                    return await super().handle_async_request(sent)
+                finally:
+                    paced.untimed = True  # (an answer before the whole body: not timed)
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            raise httpx.WriteTimeout(f"the request was not written in {seconds:g} s") from None
+
+
+class _PacedBody(httpx.AsyncByteStream):
+    """``body`` in pieces; ``reschedule`` (a timer's) is set ``seconds`` ahead as each one
+    is taken, and off after the last, unless :attr:`untimed`."""
+
+    def __init__(
+        self, body: bytes, reschedule: Callable[[float | None], None], seconds: float
+    ) -> None:
+        self._body, self._reschedule, self._seconds = body, reschedule, seconds
+        self.untimed = False
+        """Set when the request is over: the pieces taken after it move no timer."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        body = self._body
+        for start in range(0, len(body), _PIECE_BYTES):
+            if not self.untimed:
+                self._reschedule(loop.time() + self._seconds)
+            yield body[start : start + _PIECE_BYTES]
+        if not self.untimed:
+            self._reschedule(None)
