@@ -24,7 +24,7 @@ import pytest
 from starlette.responses import StreamingResponse
 
 from conftest import CORPUS, corpus_dir
-from loopback_http import loopback, sse, stream_reply
+from loopback_http import gzipping, loopback, sse, stream_reply
 from toollatch import ConfigError, StreamParser
 from toollatch.relay import ProxyServer
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
@@ -713,3 +713,36 @@ async def test_a_cookie_one_clients_upstream_set_never_goes_with_anothers_reques
                     assert answer.status_code == 200 and answer.text.endswith("[DONE]\n\n")
     assert [s.headers["authorization"] for s in lb.seen] == ["Bearer sk-alice", "Bearer sk-bob"]
     assert "cookie" not in lb.seen[1].headers
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "gemini"])
+@pytest.mark.parametrize("always", [False, True], ids=["when_accepted", "always"])
+async def test_an_upstream_that_gzips_its_stream_still_gives_the_committed_calls(provider, always):
+    # the proxy parses the upstream's bytes as read, and its requests carried httpx's default
+    # Accept-Encoding (gzip): a gateway gzipped the stream and not one event parsed (the
+    # round "interrupted"). Now it asks for identity, and decodes an upstream that gzips anyway
+    scripted = ScriptedServer(SCRIPTS, delay_scale=0)  # (its app, served gzipped)
+    async with loopback(gzipping(scripted.app, always=always)) as lb:
+        base = f"{lb.url}/v1" if provider.startswith("openai") else lb.url
+        async with ProxyServer(base, upstream_provider=provider) as p:
+            chunks, calls = await streamed(p, "two")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_weather", {"city": "Lima", "unit": "c"}),
+    ]
+    assert finish_reasons(chunks) == ["tool_calls"]
+    # (the model client, for another provider's upstream, inflates a body itself, bounded)
+    wanted = "identity" if provider == "openai_chat" else "gzip, deflate"
+    assert scripted.requests[-1].headers["accept-encoding"] == wanted
+
+
+async def test_an_error_body_gzipped_anyway_is_passed_on_decoded():
+    scripted = ScriptedServer(SCRIPTS, delay_scale=0)
+    async with loopback(gzipping(scripted.app, always=True)) as lb:
+        async with ProxyServer(f"{lb.url}/v1") as p, client(p) as c:
+            with pytest.raises(openai.RateLimitError) as caught:
+                await c.chat.completions.create(
+                    model="busy", messages=[{"role": "user", "content": "x"}], tools=[WEATHER]
+                )
+    assert caught.value.response.headers.get("content-encoding") is None
+    assert isinstance(caught.value.body, dict) and caught.value.body.get("message"), caught.value

@@ -255,8 +255,14 @@ class Proxy:
         return given
 
     def _headers(self, request: Request) -> dict[str, str]:
-        """What goes upstream: JSON, and the client's credentials (or the upstream key)."""
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        """What goes upstream: JSON, and the client's credentials (or the upstream key). The
+        body is asked for unencoded (``identity``): the reader parses its bytes as they come
+        (:func:`_chunks`), and httpx's default would let a gateway gzip it."""
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            "accept-encoding": "identity",
+        }
         for name in _FORWARDED:
             value = request.headers.get(name)
             if value is not None:
@@ -474,7 +480,7 @@ class Proxy:
         client in one write: never more than one read's worth, so nothing already read
         waits for the next). A broken or silent upstream fails the round (not raised). The
         answer and the recorder are closed at the end, however it comes."""
-        reads = answer.aiter_raw().__aiter__()
+        reads = _chunks(answer).__aiter__()
         watching = watch()
         noted = watching.notice if watching is not None and watching.traced else None
         # one timer per stream, moved by each read, not one asyncio.timeout per read (13 % of
@@ -591,12 +597,22 @@ def _unreachable(upstream: str, exc: httpx.HTTPError) -> ProxyError:
     )
 
 
+def _chunks(answer: Upstream) -> AsyncIterator[bytes]:
+    """The upstream's body as it comes: its bytes as read, unless an upstream encoded it
+    although asked not to (``Content-Encoding: gzip``...): then decoded (httpx's decoders)."""
+    if isinstance(answer, httpx.Response):
+        encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            return answer.aiter_bytes()
+    return answer.aiter_raw()
+
+
 async def _passed_on(answer: httpx.Response) -> Response:
     """An upstream's error answer, passed on (its status, at most 64 KiB of its body)."""
     parts: list[bytes] = []
     size = 0
     try:
-        async for part in answer.aiter_raw():
+        async for part in _chunks(answer):
             parts.append(part)
             size += len(part)
             if size >= _ERROR_BODY_BYTES:
