@@ -14,6 +14,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from conftest import CORPUS, corpus_dir
 from loopback_http import gzipping, loopback, sse, stream_reply
 from toollatch import ConfigError, StreamParser
 from toollatch.relay import ProxyServer
+from toollatch.relay._http import upstream_http
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._quirks import PROFILES, QuirkProfile
 
@@ -746,3 +748,35 @@ async def test_an_error_body_gzipped_anyway_is_passed_on_decoded():
                 )
     assert caught.value.response.headers.get("content-encoding") is None
     assert isinstance(caught.value.body, dict) and caught.value.body.get("message"), caught.value
+
+
+async def test_a_request_the_upstream_stops_taking_fails_in_the_write_timeout():
+    # aiohttp writes a body in a task of its own while the request waits for the answer's
+    # head (read=None, for a slow model) and has no write timeout: a request whose body the
+    # upstream stopped reading hung for ever, where httpx's own transport gave up at `write`
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_reads(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    timeout = httpx.Timeout(connect=1.0, read=None, write=0.5, pool=1.0)
+    try:
+        async with upstream_http(timeout) as http:
+            started = time.monotonic()
+            with pytest.raises(httpx.WriteTimeout):
+                async with asyncio.timeout(10):  # (more than the socket buffers hold)
+                    await http.post(url, content=bytes(32 << 20))
+            assert time.monotonic() - started < 5
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+    body = bytes(range(256)) * 4096 + b"end"  # (a body taken: whole, as one)
+    async with loopback() as lb, upstream_http(timeout) as http:
+        lb.replies.append(stream_reply([b"ok"]))
+        assert (await http.post(f"{lb.url}/v1/x", content=body)).content == b"ok"
+    assert lb.seen[0].body == body
+    assert lb.seen[0].headers["content-length"] == str(len(body))
+    assert "transfer-encoding" not in lb.seen[0].headers
