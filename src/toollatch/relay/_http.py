@@ -31,7 +31,9 @@ _KEEPALIVE_S = 5.0
 _PIECE_BYTES = 64 * 1024
 """A request body is handed to aiohttp in pieces of this size when a write timeout applies:
 aiohttp's writer waits for the socket's buffer to drain past 64 KiB, so taking the next
-piece means the one before was written."""
+piece means the ones before were written. A body of one piece goes as it is: asyncio's
+transport takes 64 KiB without making its writer wait, so it cannot stall (and pacing it
+cost about 65 µs of CPU per request, measured: a fifth of a small request's)."""
 
 
 def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
@@ -116,7 +118,7 @@ class _Transport(AiohttpTransport):
             body = request.content
         except httpx.RequestNotRead:  # (a streamed body: ours are bytes)
             body = b""
-        if seconds is None or not body:
+        if seconds is None or len(body) <= _PIECE_BYTES:
             return await super().handle_async_request(request)
         timer = asyncio.timeout(None)  # (armed by the body's first piece)
         paced = _PacedBody(body, timer.reschedule, seconds)
