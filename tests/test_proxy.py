@@ -780,3 +780,26 @@ async def test_a_request_the_upstream_stops_taking_fails_in_the_write_timeout():
     assert lb.seen[0].body == body
     assert lb.seen[0].headers["content-length"] == str(len(body))
     assert "transfer-encoding" not in lb.seen[0].headers
+
+
+async def test_an_upstream_that_never_answers_the_tls_handshake_fails_in_the_connect_timeout():
+    # (aiohttp's sock_connect, httpx's connect timeout, bounds the handshake too)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/models"
+    timeout = httpx.Timeout(connect=0.5, read=None, write=0.5, pool=5.0)
+    try:
+        async with upstream_http(timeout) as http:
+            started = time.monotonic()
+            with pytest.raises(httpx.ConnectTimeout):
+                async with asyncio.timeout(10):
+                    await http.get(url)
+            assert time.monotonic() - started < 4
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()

@@ -722,6 +722,8 @@ class ProxyServer:
             raise UsageError("the proxy is already running")
         stack = contextlib.AsyncExitStack()
         try:
+            # (no read timeout: the stream's idle deadline is the proxy's own; connect bounds
+            # the TLS handshake too, write a body the upstream stopped taking: upstream_http)
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
             http = await stack.enter_async_context(upstream_http(timeout))
             proxy = Proxy(
