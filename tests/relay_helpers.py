@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +217,23 @@ def stop(proc: subprocess.Popen[str], how: int = signal.SIGINT, wait_s: float = 
         ) from exc
     close_stderr(proc)
     assert status == (-how if how == signal.SIGKILL else 128 + how)
+
+
+def stop_each(
+    procs: Iterable[subprocess.Popen[str]], how: int = signal.SIGINT, wait_s: float = 15
+) -> None:
+    """:func:`stop` each of ``procs`` still running, every one of them even when one fails
+    (that one killed): then the first failure is raised (a worker that overran its stop
+    left the others running, orphaned, past the test)."""
+    failures: list[AssertionError] = []
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                stop(proc, how, wait_s)
+            except AssertionError as exc:
+                failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 @contextlib.contextmanager

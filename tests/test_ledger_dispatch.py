@@ -92,6 +92,45 @@ async def test_a_live_claim_is_awaited_and_its_heartbeat_keeps_it_live() -> None
     assert len(world.runs) == 1
 
 
+class SwallowingLedger(MemoryLedger):
+    """A ledger whose first renewal swallows its cancel (as redis-py's commands can under
+    Python 3.11's asyncio.wait_for, python/cpython#86296); counts renewals after a finish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_renewal = asyncio.Event()
+        self.swallowed = self.finished = False
+        self.renewed_after_finish = 0
+
+    async def renew(self, key: LedgerKey, token: int, *, now: float, lease_s: float) -> None:
+        self.renewed_after_finish += self.finished
+        if not self.swallowed:
+            self.in_renewal.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.swallowed = True  # (and answers as if renewed)
+            return
+        await super().renew(key, token, now=now, lease_s=lease_s)
+
+    async def finish(self, key: LedgerKey, token: int, result: Any, *, now: float) -> None:
+        self.finished = True
+        await super().finish(key, token, result, now=now)
+
+
+async def test_a_calls_heartbeat_ends_with_it_even_when_a_renewal_swallowed_the_cancel() -> None:
+    ledger, world = SwallowingLedger(), World()
+    world.hold.clear()
+    d = dispatcher(world, ledger, lease_s=0.06)
+    round_ = chat_round(d.specs, [("c1", "charge", {"v": "x"})])
+    call = asyncio.create_task(d.run(round_, session="s"))
+    await ledger.in_renewal.wait()  # (the heartbeat waits in a renewal: the call's end cancels it)
+    world.hold.set()
+    assert (await call)[0].content == "charge x"
+    await asyncio.sleep(0.2)  # ten beats of its lease: a heartbeat going on renews meanwhile
+    assert ledger.swallowed and ledger.renewed_after_finish == 0
+
+
 async def stale_started(ledger: MemoryLedger, name: str, v: str, *, now: float = 100.0) -> None:
     """A record like a worker's that started the call and died (its lease ran out)."""
     key = LedgerKey(scope="s", call_id="c1")

@@ -83,9 +83,10 @@ async def test_a_lost_lock_cancels_the_body_with_lock_lost(client: aioredis.Redi
 
 
 async def test_a_released_lock_never_cancels_its_former_holder(client: aioredis.Redis) -> None:
-    """A renewal whose cancel a Redis command swallowed (redis-py 8.2 has swallowed one)
-    comes back after the release to find the key gone: that is no lost lock, and the task
-    that held it, now doing something else, is never cancelled for it."""
+    """A renewal whose cancel a Redis command swallowed (redis-py's, under Python 3.11's
+    asyncio.wait_for: python/cpython#86296) comes back after the release to find the key
+    gone: that is no lost lock, and the task that held it, now doing something else, is
+    never cancelled for it."""
     lock = RedisSessionLock(client, "s1", lease_s=0.15)
     renew = lock._renew
     in_renewal = asyncio.Event()

@@ -34,6 +34,7 @@ from relay_helpers import (
     served_run,
     slow_script,
     stop,
+    stop_each,
     written,
 )
 from test_relay_lease import assert_paired, read_until
@@ -113,10 +114,10 @@ def durable_workers(
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        for proc, _url in procs:
-            if proc.poll() is None:
-                stop(proc, wait_s=DURABLE_STOP_S)
-        stack.close()
+        try:
+            stop_each([proc for proc, _url in procs], wait_s=DURABLE_STOP_S)
+        finally:
+            stack.close()
 
 
 SURVIVOR_SCALE = 0.1

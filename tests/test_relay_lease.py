@@ -28,6 +28,7 @@ from relay_helpers import (
     served_run,
     slow_script,
     stop,
+    stop_each,
 )
 from toollatch.cli import build_parser
 from toollatch.cli._app_config import load_config
@@ -58,13 +59,11 @@ def workers(n: int, *args: str) -> Iterator[list[tuple[subprocess.Popen[str], st
             procs.append(listening(proc))
         yield procs
     finally:
-        for proc, _url in procs:
-            if proc.poll() is None:
-                stop(proc)
         for proc in launched[len(procs) :]:  # (one did not start: the rest not waited for)
             proc.kill()
             proc.wait()
             close_stderr(proc)
+        stop_each([proc for proc, _url in procs])
 
 
 def read_until(client: httpx.Client, url: str, done: object, last_id: int = 0) -> list[Frame]:

@@ -436,8 +436,9 @@ async def test_a_stop_ends_the_stores_tasks_when_a_redis_command_swallows_their_
     redis_url: str,
 ) -> None:
     """A worker's stop ends its lease's sweep even when a Redis command swallows the cancel
-    (redis-py 8.2 once did, in the sweep of a durable worker: the lease was renewed for
-    ever and the worker's stop held until it was killed). Here a command of the sweep
+    (redis-py sends each command under asyncio.wait_for, which on Python 3.11 swallows a
+    cancel landing as the send ends, python/cpython#86296: a durable worker's lease was then
+    renewed for ever and its stop held until it was killed). Here a command of the sweep
     swallows the stop's cancel once, then answers at once each time it is asked again."""
     entered = asyncio.Event()
     swallowed: list[bool] = []

@@ -118,8 +118,9 @@ class RedisSessionLock:
 
     async def _keep(self, owner: asyncio.Task[object], value: str) -> None:
         """Renew every third of the lease; on loss, cancel the holder's task. A hold over
-        (released) ends it too, its cancel lost or not: a Redis command that swallowed the
-        cancel then finds the key gone, which is no loss to tell its former holder of."""
+        (released) ends it too, its cancel lost or not: a renewal whose cancel was swallowed
+        (redis-py's commands under Python 3.11's ``asyncio.wait_for``, python/cpython#86296)
+        then finds the key gone, which is no loss to tell its former holder of."""
         expires = time.monotonic() + self.lease_s
         while True:
             await asyncio.sleep(self.lease_s / 3)

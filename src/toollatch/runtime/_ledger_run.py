@@ -237,7 +237,10 @@ class LedgerGuard:
             _log.warning("could not store the result of %r: %s", key.call_id, exc)
 
     async def _heartbeat(self, key: LedgerKey, token: int) -> None:
-        while True:
+        beating = asyncio.current_task()
+        # (until cancelled, even when a ledger's command swallowed the cancel: redis-py's
+        # under Python 3.11's asyncio.wait_for, python/cpython#86296)
+        while beating is None or not beating.cancelling():
             await asyncio.sleep(self.lease_s / 3)
             try:
                 await self.ledger.renew(key, token, now=self.clock(), lease_s=self.lease_s)

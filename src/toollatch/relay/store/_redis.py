@@ -227,10 +227,12 @@ def _entry_id(raw: bytes) -> int:
 
 
 def _cancel_lost() -> bool:
-    """Whether the running task was cancelled and goes on all the same: a cancel some
-    library swallowed (seen: one of redis-py 8.2's commands in the lease's sweep, the lease
-    then renewed for ever and the worker's stop held until it was killed). The task still
-    counts the cancel (:meth:`asyncio.Task.cancelling`); its loop then ends."""
+    """Whether the running task was cancelled and goes on all the same: a cancel swallowed
+    on the way. redis-py sends each command under ``asyncio.wait_for``, which on Python 3.11
+    returns the inner result when the cancel lands in the same loop turn as the send's end
+    (python/cpython#86296, fixed in 3.12): the lease's sweep then went on renewing for ever
+    and a worker's stop held until it was killed. The task still counts the cancel
+    (:meth:`asyncio.Task.cancelling`); its loop then ends."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
 
