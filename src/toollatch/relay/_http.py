@@ -14,9 +14,7 @@ where httpcore checks each connection of its pool per request (pools of 4 were n
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-from collections.abc import AsyncIterator, Callable
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import aiohttp
@@ -28,12 +26,6 @@ _KEEPALIVE = 256
 transport: aiohttp's keeps every idle connection until it expires)."""
 _KEEPALIVE_S = 5.0
 """How long aiohttp keeps an idle connection (httpx's default keep-alive expiry)."""
-_PIECE_BYTES = 64 * 1024
-"""A request body is handed to aiohttp in pieces of this size when a write timeout applies:
-aiohttp's writer waits for the socket's buffer to drain past 64 KiB, so taking the next
-piece means the ones before were written. A body of one piece goes as it is: asyncio's
-transport takes 64 KiB without making its writer wait, so it cannot stall (and pacing it
-cost about 65 µs of CPU per request, measured: a fifth of a small request's)."""
 
 
 def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
@@ -61,8 +53,9 @@ def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
     - no cookie kept (:func:`_aiohttp_client`: the client is shared by every client of the
       proxy, so a ``Set-Cookie`` answered to one must never go with another's request);
     - ``timeout``, httpx's, per request (aiohttp's ``sock_connect``, which also bounds the
-      TLS handshake, and ``sock_read``; the pool's timeout is aiohttp's ``connect``; the
-      write timeout is :class:`_Transport`'s).
+      TLS handshake, and ``sock_read``; the pool's timeout is aiohttp's ``connect``).
+      aiohttp has no write timeout (it writes a body in a task of its own while the request
+      waits for the answer's head): the proxy bounds the whole wait for the head instead.
 
     A proxy from the environment (``HTTPS_PROXY``...) goes through httpx's own transport.
     """
@@ -78,7 +71,7 @@ def _aiohttp_client(
     *,
     connections: int,
 ) -> httpx.AsyncClient:
-    """An httpx client on aiohttp's transport (:class:`_Transport`): at most ``connections``
+    """An httpx client on aiohttp's transport: at most ``connections``
     at once (0: no bound), ``tls`` for ``https``; ``timeout`` and ``limits`` are httpx's
     (``limits`` bound httpx's own transport, for a proxy from the environment). It keeps no
     cookie, in httpx's jar or in aiohttp's: a ``Set-Cookie`` answered to one request is
@@ -92,7 +85,7 @@ def _aiohttp_client(
     return httpx.AsyncClient(
         timeout=timeout,
         limits=limits,
-        transport=_Transport(verify=tls, client=session),
+        transport=AiohttpTransport(verify=tls, client=session),
         cookies=_no_cookies(),
     )
 
@@ -100,64 +93,3 @@ def _aiohttp_client(
 def _no_cookies() -> CookieJar:
     """A jar that keeps no cookie."""
     return CookieJar(DefaultCookiePolicy(allowed_domains=[]))
-
-
-class _Transport(AiohttpTransport):
-    """aiohttp's transport with httpx's ``write`` timeout, which aiohttp has not (it writes
-    a request's body in a task of its own while the request waits for the answer's head,
-    without a timeout; httpx-aiohttp passes on httpx's connect, read and pool timeouts
-    only): a body is handed over in pieces (:data:`_PIECE_BYTES`, its ``content-length``
-    kept), and a request whose next piece is not taken within ``write`` seconds of the one
-    before raises ``httpx.WriteTimeout`` (its connection closed), as httpx's own transport
-    does for a write that long. The last piece's wait for the socket is not timed."""
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """The answer's head (its body is read later); raises httpx's errors."""
-        seconds = request.extensions.get("timeout", {}).get("write")
-        try:
-            body = request.content
-        except httpx.RequestNotRead:  # (a streamed body: ours are bytes)
-            body = b""
-        if seconds is None or len(body) <= _PIECE_BYTES:
-            return await super().handle_async_request(request)
-        timer = asyncio.timeout(None)  # (armed by the body's first piece)
-        paced = _PacedBody(body, timer.reschedule, seconds)
-        sent = httpx.Request(
-            request.method,
-            request.url,
-            headers=request.headers,
-            stream=paced,
-            extensions=request.extensions,
-        )
-        try:
-            async with timer:
-                try:
-                    return await super().handle_async_request(sent)
-                finally:
-                    paced.untimed = True  # (an answer before the whole body: not timed)
-        except TimeoutError:
-            if not timer.expired():
-                raise
-            raise httpx.WriteTimeout(f"the request was not written in {seconds:g} s") from None
-
-
-class _PacedBody(httpx.AsyncByteStream):
-    """``body`` in pieces; ``reschedule`` (a timer's) is set ``seconds`` ahead as each one
-    is taken, and off after the last, unless :attr:`untimed`."""
-
-    def __init__(
-        self, body: bytes, reschedule: Callable[[float | None], None], seconds: float
-    ) -> None:
-        self._body, self._reschedule, self._seconds = body, reschedule, seconds
-        self.untimed = False
-        """Set when the request is over: the pieces taken after it move no timer."""
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        loop = asyncio.get_running_loop()
-        body = self._body
-        for start in range(0, len(body), _PIECE_BYTES):
-            if not self.untimed:
-                self._reschedule(loop.time() + self._seconds)
-            yield body[start : start + _PIECE_BYTES]
-        if not self.untimed:
-            self._reschedule(None)

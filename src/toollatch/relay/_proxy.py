@@ -282,9 +282,10 @@ class Proxy:
         headers = self._headers(request)
         headers.pop("content-type")
         try:
-            answer = await self.http.get(f"{self.upstream}/models", headers=headers)
-        except httpx.HTTPError as exc:
-            return _unreachable(self.upstream, exc).response()
+            async with asyncio.timeout(self.idle_timeout_s):
+                answer = await self.http.get(f"{self.upstream}/models", headers=headers)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return _unreachable(self.upstream, exc, self.idle_timeout_s).response()
         return Response(
             answer.content[:_ERROR_BODY_BYTES] if answer.status_code >= 400 else answer.content,
             status_code=answer.status_code,
@@ -395,11 +396,12 @@ class Proxy:
         if watching is not None:
             watching.upstream(str(body.get("model", "")))
         try:
-            answer = await self.http.send(sent, stream=True)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self.idle_timeout_s):  # (silent before its head too)
+                answer = await self.http.send(sent, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
             if watching is not None:
                 watching.upstream_error("unreachable")
-            return _unreachable(self.upstream, exc).response()
+            return _unreachable(self.upstream, exc, self.idle_timeout_s).response()
         recorder = None
         if self.record is not None:
             known = [
@@ -588,7 +590,12 @@ def _named_sse(kind: str, event: Mapping[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-def _unreachable(upstream: str, exc: httpx.HTTPError) -> ProxyError:
+def _unreachable(upstream: str, exc: Exception, idle_timeout_s: float) -> ProxyError:
+    """502 for an upstream that cannot be reached; 504 for one that gave no answer's head
+    within ``idle_timeout_s`` (a request it never took or never answered)."""
+    if isinstance(exc, TimeoutError):
+        detail = f"the upstream {upstream} sent no answer in {idle_timeout_s:g} s"
+        return ProxyError(504, "upstream_timeout", detail, "upstream_error")
     return ProxyError(
         502,
         "upstream_unreachable",
@@ -722,8 +729,8 @@ class ProxyServer:
             raise UsageError("the proxy is already running")
         stack = contextlib.AsyncExitStack()
         try:
-            # (no read timeout: the stream's idle deadline is the proxy's own; connect bounds
-            # the TLS handshake too, write a body the upstream stopped taking: upstream_http)
+            # (no read timeout: the stream's idle deadline is the proxy's own, and bounds the
+            # wait for the answer's head too; connect bounds the TLS handshake: upstream_http)
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
             http = await stack.enter_async_context(upstream_http(timeout))
             proxy = Proxy(
