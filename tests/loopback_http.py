@@ -64,11 +64,12 @@ class Loopback:
 
 
 @contextlib.asynccontextmanager
-async def loopback() -> AsyncIterator[Loopback]:
-    """A running server; its URL is ``http://127.0.0.1:<port>``."""
+async def loopback(app: Reply | None = None) -> AsyncIterator[Loopback]:
+    """A running server; its URL is ``http://127.0.0.1:<port>``. ``app``: served for every
+    request instead of the queued replies (its requests are not recorded)."""
     state = Loopback()
     config = uvicorn.Config(
-        state.app,
+        app or state.app,
         host="127.0.0.1",
         port=0,
         lifespan="off",
@@ -128,6 +129,34 @@ def stream_reply(
                 ended.set()
 
     return StreamingResponse(body(), status, media_type="text/event-stream")
+
+
+def gzipping(app: Reply, *, always: bool = False) -> Reply:
+    """``app`` with its answers gzipped when the request accepts gzip (``always``: whatever
+    it accepts, as a server that ignores ``Accept-Encoding``), each body message flushed
+    (``Z_SYNC_FLUSH``) so that a stream stays one, as nginx's gzip sends it."""
+
+    async def reply(scope, receive, send):
+        accepted = dict(scope["headers"]).get(b"accept-encoding", b"")
+        if not always and b"gzip" not in accepted:
+            await app(scope, receive, send)
+            return
+        packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+
+        async def packed(message):
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message["headers"] if k.lower() != b"content-length"]
+                message = {**message, "headers": [*kept, (b"content-encoding", b"gzip")]}
+            elif message["type"] == "http.response.body":
+                more = message.get("more_body", False)
+                data = packer.compress(message.get("body", b""))
+                data += packer.flush(zlib.Z_SYNC_FLUSH if more else zlib.Z_FINISH)
+                message = {**message, "body": data}
+            await send(message)
+
+        await app(scope, receive, packed)
+
+    return reply
 
 
 def dropping_reply(first: bytes) -> Reply:

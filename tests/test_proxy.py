@@ -14,6 +14,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,10 @@ import pytest
 from starlette.responses import StreamingResponse
 
 from conftest import CORPUS, corpus_dir
-from loopback_http import loopback, sse, stream_reply
+from loopback_http import gzipping, loopback, sse, stream_reply
 from toollatch import ConfigError, StreamParser
 from toollatch.relay import ProxyServer
+from toollatch.relay._http import upstream_http
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._quirks import PROFILES, QuirkProfile
 
@@ -713,3 +715,99 @@ async def test_a_cookie_one_clients_upstream_set_never_goes_with_anothers_reques
                     assert answer.status_code == 200 and answer.text.endswith("[DONE]\n\n")
     assert [s.headers["authorization"] for s in lb.seen] == ["Bearer sk-alice", "Bearer sk-bob"]
     assert "cookie" not in lb.seen[1].headers
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "gemini"])
+@pytest.mark.parametrize("always", [False, True], ids=["when_accepted", "always"])
+async def test_an_upstream_that_gzips_its_stream_still_gives_the_committed_calls(provider, always):
+    # the proxy parses the upstream's bytes as read, and its requests carried httpx's default
+    # Accept-Encoding (gzip): a gateway gzipped the stream and not one event parsed (the
+    # round "interrupted"). Now it asks for identity, and decodes an upstream that gzips anyway
+    scripted = ScriptedServer(SCRIPTS, delay_scale=0)  # (its app, served gzipped)
+    async with loopback(gzipping(scripted.app, always=always)) as lb:
+        base = f"{lb.url}/v1" if provider.startswith("openai") else lb.url
+        async with ProxyServer(base, upstream_provider=provider) as p:
+            chunks, calls = await streamed(p, "two")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_weather", {"city": "Lima", "unit": "c"}),
+    ]
+    assert finish_reasons(chunks) == ["tool_calls"]
+    # (the model client, for another provider's upstream, inflates a body itself, bounded)
+    wanted = "identity" if provider == "openai_chat" else "gzip, deflate"
+    assert scripted.requests[-1].headers["accept-encoding"] == wanted
+
+
+async def test_an_error_body_gzipped_anyway_is_passed_on_decoded():
+    scripted = ScriptedServer(SCRIPTS, delay_scale=0)
+    async with loopback(gzipping(scripted.app, always=True)) as lb:
+        async with ProxyServer(f"{lb.url}/v1") as p, client(p) as c:
+            with pytest.raises(openai.RateLimitError) as caught:
+                await c.chat.completions.create(
+                    model="busy", messages=[{"role": "user", "content": "x"}], tools=[WEATHER]
+                )
+    assert caught.value.response.headers.get("content-encoding") is None
+    assert isinstance(caught.value.body, dict) and caught.value.body.get("message"), caught.value
+
+
+# (aiohttp warns of any raw body over 1 MiB, "might lock the event loop"; the proxy's body is
+# in memory already, and this suite makes warnings errors)
+@pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
+@pytest.mark.parametrize("reads", [False, True], ids=["never_reads", "reads_never_answers"])
+async def test_an_upstream_that_never_answers_is_a_504_within_the_idle_timeout(reads):
+    # aiohttp writes a body in a task of its own, without a write timeout, and the upstream
+    # client has no read timeout (a slow model): an upstream that took the connection and
+    # then never read the request, or never answered it, held the client's request for ever
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        while reads and await reader.read(1 << 16):
+            pass
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    big = "x" * (8 << 20)  # (more than the sockets' buffers hold: the write itself stalls)
+    try:
+        async with ProxyServer(base, idle_timeout_s=0.5) as p, client(p) as c:
+            started = time.monotonic()
+            for content in ("x", big):
+                with pytest.raises(openai.APIStatusError) as caught:
+                    async with asyncio.timeout(20):
+                        await c.chat.completions.create(
+                            model="m", messages=[{"role": "user", "content": content}]
+                        )
+                assert caught.value.status_code == 504
+                assert caught.value.body["code"] == "upstream_timeout", caught.value.body
+            with pytest.raises(openai.APIStatusError) as listed:
+                async with asyncio.timeout(20):
+                    await c.models.list()
+            assert listed.value.status_code == 504
+            assert time.monotonic() - started < 10
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+async def test_an_upstream_that_never_answers_the_tls_handshake_fails_in_the_connect_timeout():
+    # (aiohttp's sock_connect, httpx's connect timeout, bounds the handshake too)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/models"
+    timeout = httpx.Timeout(connect=0.5, read=None, write=0.5, pool=5.0)
+    try:
+        async with upstream_http(timeout) as http:
+            started = time.monotonic()
+            with pytest.raises(httpx.ConnectTimeout):
+                async with asyncio.timeout(10):
+                    await http.get(url)
+            assert time.monotonic() - started < 4
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loopback_http import gzipping, loopback
 from relay_helpers import (
     cancel,
     chatty_script,
@@ -433,3 +434,57 @@ async def test_arguments_orjson_cannot_encode_still_reach_the_page():
     assert frames[-1].event == "run_ended"
     assert frames[-1].data["error"] is None
     assert [c["is_error"] for c in frames[-1].data["calls"]] == [False]
+
+
+def _cookie_once(app: Any) -> Any:
+    """``app`` whose first answer sets a cookie."""
+    answered: list[bool] = []
+
+    async def reply(scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start" and not answered:
+                answered.append(True)
+                cookie = (b"set-cookie", b"tenant=alice; Path=/")
+                message = {**message, "headers": [*message["headers"], cookie]}
+            await send(message)
+
+        await app(scope, receive, sending)
+
+    return reply
+
+
+async def _runs_on(base_url: str, runs: int) -> list[dict[str, Any]]:
+    """The run_ended event of ``runs`` runs, one after the other, each in a session of its
+    own, on a relay whose model server is at ``base_url`` (model ``m``)."""
+    ended = []
+    async with RelayServer(base_url=base_url, model="m") as relay:
+        for _ in range(runs):
+            async with httpx.AsyncClient(base_url=relay.url, timeout=20) as client:
+                run = await start_run(client, model="m")
+                ended.append((await read_events(client, run["events_url"]))[-1].data)
+    return ended
+
+
+TEXT_ONLY = {"m": Script(turns=(Turn(items=(Text(text="Hello."),)),))}
+
+
+async def test_a_cookie_the_model_server_set_for_one_run_never_goes_with_anothers_request():
+    # every run's model client shares the relay's httpx client: aiohttp's jar (the transport)
+    # kept a Set-Cookie from a host name (never from an IP address), and httpx's from any
+    # host, and each later run's model request carried it
+    scripted = ScriptedServer(TEXT_ONLY, delay_scale=0)  # (its app, served below)
+    async with loopback(_cookie_once(scripted.app)) as lb:
+        ended = await _runs_on(lb.url.replace("127.0.0.1", "localhost") + "/v1", 2)
+    assert [e["error"] for e in ended] == [None, None]
+    first, second = scripted.requests
+    assert "cookie" not in first.headers and "cookie" not in second.headers
+
+
+async def test_a_model_server_that_gzips_its_stream_plays_the_run():
+    # the model clients accept gzip and inflate the body themselves, in bounded pieces
+    # (aiohttp's transport hands httpx the body as sent: its own decompression is off)
+    scripted = ScriptedServer(TEXT_ONLY, delay_scale=0)
+    async with loopback(gzipping(scripted.app)) as lb:
+        [ended] = await _runs_on(lb.url + "/v1", 1)
+    assert ended["error"] is None
+    assert scripted.requests[0].headers["accept-encoding"] == "gzip, deflate"

@@ -19,21 +19,24 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import aiohttp
 import httpx
-from httpx_aiohttp import HttpxAiohttpClient
 from httpx_aiohttp.transport import AiohttpTransport
 
 _KEEPALIVE = 256
 """Idle connections kept by the proxy's client for a proxy from the environment (httpx's own
 transport: aiohttp's keeps every idle connection until it expires)."""
+_KEEPALIVE_S = 5.0
+"""How long aiohttp keeps an idle connection (httpx's default keep-alive expiry)."""
 
 
 def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
     """The client for ``connections`` model streams at once (a run holds one at a time);
     ``tls``: the context for ``https`` models (default: httpx's, from certifi or
-    ``SSL_CERT_FILE``). No timeout of its own: each model client sets its own."""
+    ``SSL_CERT_FILE``). No timeout of its own: each model client sets its own. No cookie
+    kept (:func:`_aiohttp_client`: every run's model client shares it). A proxy from the
+    environment (``HTTPS_PROXY``...) goes through httpx's own transport."""
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     verify = tls if tls is not None else httpx.create_ssl_context()
-    return HttpxAiohttpClient(timeout=None, limits=limits, verify=verify)
+    return _aiohttp_client(None, limits, verify, connections=connections)
 
 
 def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
@@ -47,21 +50,38 @@ def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
       100, as httpx's, would make stream 101 wait for a free one; aiohttp's connector keeps
       its idle connections per host and takes one without walking the others, where
       httpcore's pool checks each of them per request and had to be split in 16);
-    - no cookie kept, in httpx's jar or in aiohttp's (the client is shared by every client
-      of the proxy, so a ``Set-Cookie`` answered to one must never go with another's
-      request);
-    - ``timeout``, httpx's, per request (aiohttp's ``sock_read``, ``sock_connect``; the
-      pool's timeout is aiohttp's ``connect``).
+    - no cookie kept (:func:`_aiohttp_client`: the client is shared by every client of the
+      proxy, so a ``Set-Cookie`` answered to one must never go with another's request);
+    - ``timeout``, httpx's, per request (aiohttp's ``sock_connect``, which also bounds the
+      TLS handshake, and ``sock_read``; the pool's timeout is aiohttp's ``connect``).
+      aiohttp has no write timeout (it writes a body in a task of its own while the request
+      waits for the answer's head): the proxy bounds the whole wait for the head instead.
 
     A proxy from the environment (``HTTPS_PROXY``...) goes through httpx's own transport.
     """
-    tls = httpx.create_ssl_context()  # (once: each one loads the CA bundle, about 40 ms)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
+    # (one context: each one loads the CA bundle, about 40 ms)
+    return _aiohttp_client(timeout, limits, httpx.create_ssl_context(), connections=0)
+
+
+def _aiohttp_client(
+    timeout: httpx.Timeout | None,
+    limits: httpx.Limits,
+    tls: ssl.SSLContext,
+    *,
+    connections: int,
+) -> httpx.AsyncClient:
+    """An httpx client on aiohttp's transport: at most ``connections``
+    at once (0: no bound), ``tls`` for ``https``; ``timeout`` and ``limits`` are httpx's
+    (``limits`` bound httpx's own transport, for a proxy from the environment). It keeps no
+    cookie, in httpx's jar or in aiohttp's: a ``Set-Cookie`` answered to one request is
+    never sent with a later one (aiohttp's default jar keeps the cookies of host names, and
+    httpx's those of any host)."""
 
     def session() -> aiohttp.ClientSession:  # (made on the first request: in the loop)
-        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=5.0)
+        connector = aiohttp.TCPConnector(limit=connections, ssl=tls, keepalive_timeout=_KEEPALIVE_S)
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE)
     return httpx.AsyncClient(
         timeout=timeout,
         limits=limits,

@@ -255,8 +255,14 @@ class Proxy:
         return given
 
     def _headers(self, request: Request) -> dict[str, str]:
-        """What goes upstream: JSON, and the client's credentials (or the upstream key)."""
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        """What goes upstream: JSON, and the client's credentials (or the upstream key). The
+        body is asked for unencoded (``identity``): the reader parses its bytes as they come
+        (:func:`_chunks`), and httpx's default would let a gateway gzip it."""
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            "accept-encoding": "identity",
+        }
         for name in _FORWARDED:
             value = request.headers.get(name)
             if value is not None:
@@ -276,9 +282,10 @@ class Proxy:
         headers = self._headers(request)
         headers.pop("content-type")
         try:
-            answer = await self.http.get(f"{self.upstream}/models", headers=headers)
-        except httpx.HTTPError as exc:
-            return _unreachable(self.upstream, exc).response()
+            async with asyncio.timeout(self.idle_timeout_s):
+                answer = await self.http.get(f"{self.upstream}/models", headers=headers)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return _unreachable(self.upstream, exc, self.idle_timeout_s).response()
         return Response(
             answer.content[:_ERROR_BODY_BYTES] if answer.status_code >= 400 else answer.content,
             status_code=answer.status_code,
@@ -389,11 +396,12 @@ class Proxy:
         if watching is not None:
             watching.upstream(str(body.get("model", "")))
         try:
-            answer = await self.http.send(sent, stream=True)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self.idle_timeout_s):  # (silent before its head too)
+                answer = await self.http.send(sent, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
             if watching is not None:
                 watching.upstream_error("unreachable")
-            return _unreachable(self.upstream, exc).response()
+            return _unreachable(self.upstream, exc, self.idle_timeout_s).response()
         recorder = None
         if self.record is not None:
             known = [
@@ -474,7 +482,7 @@ class Proxy:
         client in one write: never more than one read's worth, so nothing already read
         waits for the next). A broken or silent upstream fails the round (not raised). The
         answer and the recorder are closed at the end, however it comes."""
-        reads = answer.aiter_raw().__aiter__()
+        reads = _chunks(answer).__aiter__()
         watching = watch()
         noted = watching.notice if watching is not None and watching.traced else None
         # one timer per stream, moved by each read, not one asyncio.timeout per read (13 % of
@@ -582,7 +590,12 @@ def _named_sse(kind: str, event: Mapping[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-def _unreachable(upstream: str, exc: httpx.HTTPError) -> ProxyError:
+def _unreachable(upstream: str, exc: Exception, idle_timeout_s: float) -> ProxyError:
+    """502 for an upstream that cannot be reached; 504 for one that gave no answer's head
+    within ``idle_timeout_s`` (a request it never took or never answered)."""
+    if isinstance(exc, TimeoutError):
+        detail = f"the upstream {upstream} sent no answer in {idle_timeout_s:g} s"
+        return ProxyError(504, "upstream_timeout", detail, "upstream_error")
     return ProxyError(
         502,
         "upstream_unreachable",
@@ -591,12 +604,22 @@ def _unreachable(upstream: str, exc: httpx.HTTPError) -> ProxyError:
     )
 
 
+def _chunks(answer: Upstream) -> AsyncIterator[bytes]:
+    """The upstream's body as it comes: its bytes as read, unless an upstream encoded it
+    although asked not to (``Content-Encoding: gzip``...): then decoded (httpx's decoders)."""
+    if isinstance(answer, httpx.Response):
+        encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            return answer.aiter_bytes()
+    return answer.aiter_raw()
+
+
 async def _passed_on(answer: httpx.Response) -> Response:
     """An upstream's error answer, passed on (its status, at most 64 KiB of its body)."""
     parts: list[bytes] = []
     size = 0
     try:
-        async for part in answer.aiter_raw():
+        async for part in _chunks(answer):
             parts.append(part)
             size += len(part)
             if size >= _ERROR_BODY_BYTES:
@@ -706,6 +729,8 @@ class ProxyServer:
             raise UsageError("the proxy is already running")
         stack = contextlib.AsyncExitStack()
         try:
+            # (no read timeout: the stream's idle deadline is the proxy's own, and bounds the
+            # wait for the answer's head too; connect bounds the TLS handshake: upstream_http)
             timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
             http = await stack.enter_async_context(upstream_http(timeout))
             proxy = Proxy(
