@@ -249,6 +249,13 @@ async def test_the_last_chunks_and_done_go_with_the_bodys_end_in_one_message():
         lb.replies.append(answering([]))
         async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
             await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+
+    async def no_frames():
+        yield b""
+
+    sse = StreamingResponse(no_frames(), media_type="text/event-stream")
+    sse.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
+    assert messages[0]["headers"] == sse.raw_headers  # (Starlette's, as before)
     bodies = [m for m in messages if m["type"] == "http.response.body"]
     assert [m.get("more_body", False) for m in bodies] == [True, False]
     assert bodies[-1]["body"].endswith(b'"finish_reason":"stop"}]}\n\n' + DONE)

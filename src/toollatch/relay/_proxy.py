@@ -46,7 +46,7 @@ import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..core._assembler import RoundOver
@@ -90,6 +90,9 @@ _FORWARDED = ("authorization", "openai-organization", "openai-project")
 _ERROR_BODY_BYTES = 64 * 1024
 """At most this much of an upstream's error body is passed on."""
 _TOKEN_HEADER = "x-toollatch-token"
+_HOSTS_KEPT = 64
+"""Distinct ``Host`` headers whose check is kept (all forgotten past that: clients choose
+them)."""
 
 
 class ProxyError(Exception):
@@ -201,6 +204,7 @@ class Proxy:
         self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
         self.gates = GateCache(self.limits)
         self._urls: dict[str, httpx.URL] = {}  # the upstream's, by path: parsed once
+        self._hosts: dict[str, bool] = {}  # Host header -> allowed (parsed once each)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -238,7 +242,7 @@ class Proxy:
     def _refusal(self, request: Request) -> ProxyError | None:
         access, headers = self.access, request.headers
         host = headers.get("host", "")
-        if not access.host_allowed(host):
+        if not self._host_allowed(host):
             return ProxyError(400, "host_not_allowed", "the Host header does not name this proxy")
         origin = headers.get("origin")
         if origin is not None and not access.origin_allowed(origin, host):
@@ -247,6 +251,15 @@ class Proxy:
             where = "Authorization: Bearer" if self.upstream_key else _TOKEN_HEADER
             return ProxyError(401, "unauthorized", f"this proxy needs its token ({where})")
         return None
+
+    def _host_allowed(self, host: str) -> bool:
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            allowed = self.access.host_allowed(host)
+            if len(self._hosts) >= _HOSTS_KEPT:
+                self._hosts.clear()
+            self._hosts[host] = allowed
+        return allowed
 
     def _token(self, request: Request) -> str | None:
         given = request.headers.get(_TOKEN_HEADER)
@@ -567,6 +580,14 @@ def _failed(watching: RequestWatch | None, kind: str) -> None:
         watching.upstream_error(kind)
 
 
+_SSE_HEADERS = (
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+)
+"""An event stream's response headers (as Starlette's StreamingResponse would make them)."""
+
+
 class LastFrame(bytes):
     """An event stream's last frame: sent with the body's end (:class:`EventStream`)."""
 
@@ -575,7 +596,7 @@ class _ClientGone(Exception):
     """The client went away mid-stream (``http.disconnect``)."""
 
 
-class EventStream(StreamingResponse):
+class EventStream(Response):
     """A streamed SSE answer: each frame sent as it comes; a :class:`LastFrame` goes in the
     body's last message (the server's one write for it and the body's end, not a second one
     for the end alone); the client going away stops the frames (cancelled where they wait,
@@ -586,10 +607,12 @@ class EventStream(StreamingResponse):
     until the task ends): measured, about 8 % of the proxy's CPU per stream start
     (``benchmarks/README.md``); here one ``asyncio.TaskGroup`` and one task."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
-        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        super().__init__(frames, media_type="text/event-stream", headers=headers)
         self.frames = frames
+        self.status_code, self.background = 200, None
+        self.raw_headers = list(_SSE_HEADERS)  # (built once, not per answer)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Send the answer; return when it is sent or the client has gone."""
