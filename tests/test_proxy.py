@@ -28,6 +28,7 @@ from conftest import CORPUS, corpus_dir
 from loopback_http import gzipping, loopback, sse, stream_reply
 from toollatch import ConfigError, StreamParser
 from toollatch.relay import ProxyServer
+from toollatch.relay._guard import RelayAccess
 from toollatch.relay._http import upstream_http
 from toollatch.scripted import Call, Faults, Script, ScriptedServer, Text, Turn
 from toollatch.scripted._quirks import PROFILES, QuirkProfile
@@ -255,6 +256,33 @@ async def test_models_pass_through_and_the_guard(proxy):
         )
         assert not_json.status_code == 400
         assert not_json.json()["error"]["code"] == "invalid_json"
+
+
+async def test_each_host_header_is_checked_once_and_the_answers_stay_right(proxy, monkeypatch):
+    """The Host check's answer is kept per Host header (parsed once, not per request): the
+    same answers as before, allowed and refused; past the bound the kept answers are
+    forgotten and checked again."""
+    checked: list[str] = []
+    check = RelayAccess.host_allowed
+
+    def counted(self: RelayAccess, header: str) -> bool:
+        checked.append(header)
+        return check(self, header)
+
+    monkeypatch.setattr(RelayAccess, "host_allowed", counted)
+    port = proxy.url.split(":")[2].split("/")[0]
+    async with httpx.AsyncClient(base_url=proxy.url) as h:
+        for _ in range(3):
+            assert (await h.get("/models")).status_code == 200
+            refused = await h.get("/models", headers={"host": "evil.example"})
+            assert refused.json()["error"]["code"] == "host_not_allowed"
+        assert checked == [f"127.0.0.1:{port}", "evil.example"]
+        for n in range(70):  # (more than are kept)
+            refused = await h.get("/models", headers={"host": f"evil{n}.example"})
+            assert refused.status_code == 400
+        assert (await h.get("/models")).status_code == 200
+        assert (await h.get("/models", headers={"host": "evil.example"})).status_code == 400
+    assert len(checked) == 2 + 70 + 2  # (the first two forgotten with the rest)
 
 
 async def test_a_token_guards_the_proxy(upstream):

@@ -16,12 +16,13 @@ import contextlib
 
 import httpx
 import orjson
+import pytest
 from starlette.responses import StreamingResponse
 
 from loopback_http import loopback
 from toollatch.relay import ProxyServer
 from toollatch.relay._http import upstream_http
-from toollatch.relay._proxy import Proxy
+from toollatch.relay._proxy import EventStream, LastFrame, Proxy
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 DONE = b"data: [DONE]\n\n"
@@ -193,9 +194,24 @@ async def test_what_one_upstream_read_decided_goes_to_the_client_in_one_write():
         await done.wait()
         return {"type": "http.disconnect"}
 
-    scope = {
+    async with loopback() as lb:
+        lb.replies.append(upstream)
+        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
+            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+    texts = [
+        [c["delta"].get("content") for c in orjson.loads(line[6:])["choices"]]
+        for line in bodies[0].split(b"\n\n")
+        if line.startswith(b"data: {")
+    ]
+    assert texts == [["a"], ["b"], ["c"]]
+    assert b"".join(bodies).endswith(DONE)
+
+
+def chat_scope() -> dict[str, object]:
+    """An ASGI request for the proxy's ``POST /v1/chat/completions``."""
+    return {
         "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
@@ -207,14 +223,115 @@ async def test_what_one_upstream_read_decided_goes_to_the_client_in_one_write():
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8000),
     }
+
+
+async def test_the_last_chunks_and_done_go_with_the_bodys_end_in_one_message():
+    """The closing chunks and ``[DONE]`` are the body's last message (``more_body`` false):
+    one write of the server's, where an empty end message after them was a second socket
+    write per stream (benchmarks/README.md: a stream's start and end)."""
+    messages: list[dict[str, object]] = []
+    done = asyncio.Event()
+
+    async def send(message):
+        messages.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            done.set()
+
+    request = [orjson.dumps(BODY)]
+
+    async def receive():
+        if request:
+            return {"type": "http.request", "body": request.pop(), "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
     async with loopback() as lb:
-        lb.replies.append(upstream)
+        lb.replies.append(answering([]))
         async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
-            await Proxy(lb.url + "/v1", http)(scope, receive, send)
-    texts = [
-        [c["delta"].get("content") for c in orjson.loads(line[6:])["choices"]]
-        for line in bodies[0].split(b"\n\n")
-        if line.startswith(b"data: {")
-    ]
-    assert texts == [["a"], ["b"], ["c"]]
-    assert b"".join(bodies).endswith(DONE)
+            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+
+    async def no_frames():
+        yield b""
+
+    sse = StreamingResponse(no_frames(), media_type="text/event-stream")
+    sse.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
+    assert messages[0]["headers"] == sse.raw_headers  # (Starlette's, as before)
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert [m.get("more_body", False) for m in bodies] == [True, False]
+    assert bodies[-1]["body"].endswith(b'"finish_reason":"stop"}]}\n\n' + DONE)
+
+
+async def test_a_client_gone_mid_stream_stops_the_stream_and_closes_the_upstream():
+    """The client goes away after the first text while the upstream holds its next event:
+    the proxy's answer ends, and so does the upstream's stream (its connection closed),
+    without waiting for the upstream (which would wait for ever: the timeout only ends the
+    wait)."""
+    upstream_ended = asyncio.Event()
+
+    async def holding(scope, receive, send):
+        async def body():
+            try:
+                yield chunk(role="assistant", content="hi")
+                await asyncio.Event().wait()
+            finally:
+                upstream_ended.set()
+
+        await StreamingResponse(body(), media_type="text/event-stream")(scope, receive, send)
+
+    first_text = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body" and b"hi" in message.get("body", b""):
+            first_text.set()
+
+    request = [orjson.dumps(BODY)]
+
+    async def receive():
+        if request:
+            return {"type": "http.request", "body": request.pop(), "more_body": False}
+        await first_text.wait()
+        return {"type": "http.disconnect"}
+
+    async with loopback() as lb:
+        lb.replies.append(holding)
+        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
+            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+            await upstream_ended.wait()
+    assert first_text.is_set()
+
+
+async def test_an_event_stream_raises_a_send_error_as_itself_and_closes_its_frames():
+    """A failing send (an ASGI server that raises on a closed connection) is raised as
+    itself, not in an exception group, and the frames' generator is closed (its upstream
+    with it); a LastFrame ends the body, whatever the generator would yield after it."""
+    closed: list[bool] = []
+
+    async def frames():
+        try:
+            yield b"data: 1\n\n"
+            yield LastFrame(b"data: [DONE]\n\n")
+            yield b"never sent"
+        finally:
+            closed.append(True)
+
+    async def receive():
+        await asyncio.Event().wait()
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message):
+        sent.append(message)
+
+    await EventStream(frames())(chat_scope(), receive, send)
+    assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n", b"data: [DONE]\n\n"]
+    assert sent[-1]["more_body"] is False
+    assert closed == [True]
+
+    async def refusing(message):
+        if message["type"] == "http.response.body":
+            raise OSError("the connection is closed")
+
+    closed.clear()
+    with pytest.raises(OSError, match="closed"):
+        await EventStream(frames())(chat_scope(), receive, refusing)
+    assert closed == [True]
