@@ -106,26 +106,7 @@ async def main():
 asyncio.run(main())
 """
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "unit": {"enum": ["c", "f"]},
-                    "days": {"type": "integer"},
-                    "detail": {"enum": ["hourly", "daily"]},
-                },
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
-]
+from bench_proxy import TOOLS  # noqa: E402  (bench_proxy.py's tool set: the same schema)
 
 
 def cpu(pid: int) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import httpx
 import orjson
@@ -186,18 +187,7 @@ async def test_what_one_upstream_read_decided_goes_to_the_client_in_one_write():
             if not message.get("more_body", False):
                 done.set()
 
-    request = [orjson.dumps(BODY)]
-
-    async def receive():
-        if request:
-            return {"type": "http.request", "body": request.pop(), "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async with loopback() as lb:
-        lb.replies.append(upstream)
-        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
-            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+    await through_proxy(upstream, send, until=done)
     texts = [
         [c["delta"].get("content") for c in orjson.loads(line[6:])["choices"]]
         for line in bodies[0].split(b"\n\n")
@@ -205,6 +195,28 @@ async def test_what_one_upstream_read_decided_goes_to_the_client_in_one_write():
     ]
     assert texts == [["a"], ["b"], ["c"]]
     assert b"".join(bodies).endswith(DONE)
+
+
+async def through_proxy(
+    upstream: Any, send: Any, *, until: asyncio.Event, then: asyncio.Event | None = None
+) -> None:
+    """One ``POST /v1/chat/completions`` (:data:`BODY`) through a :class:`Proxy` app driven
+    in this task over the loopback ``upstream`` (an ASGI app), its messages to ``send``; the
+    client goes away once ``until`` is set; ``then``: waited for before the upstream stops."""
+    request = [orjson.dumps(BODY)]
+
+    async def receive():
+        if request:
+            return {"type": "http.request", "body": request.pop(), "more_body": False}
+        await until.wait()
+        return {"type": "http.disconnect"}
+
+    async with loopback() as lb:
+        lb.replies.append(upstream)
+        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
+            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+            if then is not None:
+                await then.wait()
 
 
 def chat_scope() -> dict[str, object]:
@@ -237,18 +249,7 @@ async def test_the_last_chunks_and_done_go_with_the_bodys_end_in_one_message():
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             done.set()
 
-    request = [orjson.dumps(BODY)]
-
-    async def receive():
-        if request:
-            return {"type": "http.request", "body": request.pop(), "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async with loopback() as lb:
-        lb.replies.append(answering([]))
-        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
-            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
+    await through_proxy(answering([]), send, until=done)
 
     async def no_frames():
         yield b""
@@ -284,19 +285,7 @@ async def test_a_client_gone_mid_stream_stops_the_stream_and_closes_the_upstream
         if message["type"] == "http.response.body" and b"hi" in message.get("body", b""):
             first_text.set()
 
-    request = [orjson.dumps(BODY)]
-
-    async def receive():
-        if request:
-            return {"type": "http.request", "body": request.pop(), "more_body": False}
-        await first_text.wait()
-        return {"type": "http.disconnect"}
-
-    async with loopback() as lb:
-        lb.replies.append(holding)
-        async with upstream_http(httpx.Timeout(30)) as http, asyncio.timeout(30):
-            await Proxy(lb.url + "/v1", http)(chat_scope(), receive, send)
-            await upstream_ended.wait()
+    await through_proxy(holding, send, until=first_text, then=upstream_ended)
     assert first_text.is_set()
 
 

@@ -154,6 +154,12 @@ def test_a_killed_workers_run_mid_tool_calls_started_tools_outcome_unknown(
                 started = lambda fs: sum(f.event == "tool_started" for f in fs) == 2  # noqa: E731
                 head = read_until(a, run["events_url"], started)
                 session = a.cookies["toollatch_session"]
+            # (tool_started is told as a call starts, its thread's first line a moment later:
+            # a kill in between left one city unwritten on a loaded machine)
+            deadline = time.monotonic() + 30
+            while len(side_effects.read_text().split() if side_effects.exists() else []) < 2:
+                assert time.monotonic() < deadline, "the tools did not both start"
+                time.sleep(0.02)
             stop(owner, signal.SIGKILL)  # mid-tool: both tools sleeping
             headers = {"x-toollatch-session": session}
             with httpx.Client(base_url=on_b, timeout=30, headers=headers) as b:
