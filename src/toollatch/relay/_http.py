@@ -15,7 +15,7 @@ where httpcore checks each connection of its pool per request (pools of 4 were n
 from __future__ import annotations
 
 import ssl
-from http.cookiejar import CookieJar, DefaultCookiePolicy
+from http.cookiejar import CookieJar
 from typing import Any
 
 import aiohttp
@@ -87,13 +87,8 @@ def _aiohttp_client(
         timeout=timeout,
         limits=limits,
         transport=AiohttpTransport(verify=tls, client=session),
-        cookies=_no_cookies(),
+        cookies=_NoCookies(),
     )
-
-
-def _no_cookies() -> CookieJar:
-    """A jar that keeps no cookie (:class:`_NoCookies`)."""
-    return _NoCookies(DefaultCookiePolicy(allowed_domains=[]))
 
 
 class _NoCookies(CookieJar):
