@@ -60,6 +60,7 @@ from ..core._specs import ToolSpec
 from ..runtime import IdleDeadline, Recorder
 from ..runtime._clients._errors import ModelError
 from ..scripted._server import http_implementation
+from ..tools._tasks import join
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._http import upstream_http
@@ -876,8 +877,7 @@ class ProxyServer:
         try:
             self.stop()
             if self._task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await join(self._task)
         finally:
             stack, self._stack = self._stack, None
             self._server = self._task = None

@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import contextvars
 import copyreg
 import inspect
@@ -112,6 +111,7 @@ from ..ledger import (
     digest_of,
 )
 from ..tools._results import made_error
+from ..tools._tasks import join
 from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
@@ -329,8 +329,7 @@ async def _until_stopped(
     if task.done():
         return task.result(), None
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await join(task)
     stop = _stop_of(conversation, deadline_at if not cancel.is_set() else None)
     return None, stop or _Stopped("the run's deadline passed: the round in flight was cancelled")
 
