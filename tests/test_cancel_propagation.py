@@ -163,6 +163,28 @@ async def test_a_durable_round_cut_while_its_caller_is_cancelled_is_cancelled():
         durable._CANCELS.pop(conversation, None)
 
 
+async def test_a_durable_round_whose_caller_is_cancelled_is_cancelled_too():
+    # cancelled while it waits for the work (before any stop): the work must not go on alone
+    durable = pytest.importorskip("toollatch.runtime._durable")  # (the [durable] extra)
+    started = asyncio.Event()
+    conversation = "cancel-propagation-caller"
+
+    async def work() -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "done"
+
+    try:
+        job = asyncio.ensure_future(work())
+        cut = asyncio.create_task(durable._until_stopped(job, conversation, None))
+        await asyncio.wait_for(started.wait(), PROMPT_S)
+        cut.cancel()
+        await ends_cancelled(cut)
+        assert job.cancelled()  # not left running, unawaited
+    finally:
+        durable._CANCELS.pop(conversation, None)
+
+
 async def test_a_relay_runs_stop_cancelled_while_its_driver_ends_is_cancelled():
     closing, told = asyncio.Event(), asyncio.Event()
     run = RelayRun("session", PreviewPolicy(), RelayLimits())

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import contextvars
 import copyreg
 import inspect
@@ -324,6 +325,11 @@ async def _until_stopped(
     timeout = None if deadline_at is None else max(0.0, deadline_at - time.time())
     try:
         await asyncio.wait({task, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled: the work goes with it, not on alone
+        task.cancel()
+        with contextlib.suppress(Exception):  # (the cancel is what propagates)
+            await join(task)
+        raise
     finally:
         waiting.cancel()
     if task.done():
