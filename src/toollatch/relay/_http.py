@@ -15,6 +15,7 @@ where httpcore checks each connection of its pool per request (pools of 4 were n
 from __future__ import annotations
 
 import ssl
+from collections.abc import AsyncIterator
 from http.cookiejar import CookieJar
 from typing import Any
 
@@ -27,6 +28,11 @@ _KEEPALIVE = 256
 transport: aiohttp's keeps every idle connection until it expires)."""
 _KEEPALIVE_S = 5.0
 """How long aiohttp keeps an idle connection (httpx's default keep-alive expiry)."""
+_BODY_AT_ONCE = 1 << 20
+"""A request body over this is handed to aiohttp in pieces (aiohttp's own bound for a body
+of raw bytes: over it, it warns ``ResourceWarning``, an error under ``-W error``)."""
+_BODY_PIECE = 256 * 1024
+"""The pieces of such a body (each written, then drained)."""
 
 
 def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
@@ -86,9 +92,49 @@ def _aiohttp_client(
     return httpx.AsyncClient(
         timeout=timeout,
         limits=limits,
-        transport=AiohttpTransport(verify=tls, client=session),
+        transport=_Transport(verify=tls, client=session),
         cookies=_NoCookies(),
     )
+
+
+class _Transport(AiohttpTransport):
+    """aiohttp's transport, a request body over 1 MiB (:data:`_BODY_AT_ONCE`) sent in pieces.
+
+    The transport hands aiohttp a request's content as raw bytes, which aiohttp writes in
+    one go and warns about (``ResourceWarning``: "Sending a large body directly with raw
+    bytes might lock the event loop") past 1 MiB: a proxied conversation with images, a
+    long history. Such a body goes as an async stream of pieces instead (aiohttp writes one,
+    drains the socket, writes the next), with its ``Content-Length`` kept, so the upstream
+    sees the same request (not chunked). A smaller body goes as it is (no extra work per
+    request)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` (see the class)."""
+        try:
+            content = request.content
+        except httpx.RequestNotRead:  # (a stream already: sent as it is)
+            content = b""
+        if len(content) > _BODY_AT_ONCE:
+            request = httpx.Request(
+                request.method,
+                request.url,
+                headers=request.headers,
+                stream=_Pieces(content),
+                extensions=request.extensions,
+            )
+        return await super().handle_async_request(request)
+
+
+class _Pieces(httpx.AsyncByteStream):
+    """``content`` as pieces of :data:`_BODY_PIECE` bytes (views: nothing copied)."""
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        view = memoryview(self.content)
+        for start in range(0, len(view), _BODY_PIECE):
+            yield view[start : start + _BODY_PIECE]  # type: ignore[misc]  # (aiohttp writes views)
 
 
 class _NoCookies(CookieJar):
