@@ -170,17 +170,24 @@ ERRORS = ("unreachable", "status", "stream_interrupted", "idle_timeout")
 
 
 @pytest.mark.parametrize(
-    ("path", "stream", "head"),
+    ("path", "stream", "head", "provider"),
     [
-        ("chat/completions", True, False),
-        ("chat/completions", False, False),
-        ("responses", True, False),
-        ("chat/completions", True, True),
+        ("chat/completions", True, False, "openai_chat"),
+        ("chat/completions", False, False, "openai_chat"),
+        ("responses", True, False, "openai_chat"),
+        ("chat/completions", True, False, "anthropic"),
+        ("chat/completions", True, True, "openai_chat"),
     ],
-    ids=["chat_before_head", "chat_whole_before_head", "responses_before_head", "mid_stream"],
+    ids=[
+        "chat_before_head",
+        "chat_whole_before_head",
+        "responses_before_head",
+        "anthropic_before_head",
+        "mid_stream",
+    ],
 )
 async def test_a_client_that_goes_away_closes_the_upstream_request_at_once(
-    path, stream, head, caplog
+    path, stream, head, provider, caplog
 ):
     # the proxy waited for the upstream's answer head (bounded by idle_timeout_s, then 504)
     # without watching its client: one that went away left the upstream request open until
@@ -205,11 +212,18 @@ async def test_a_client_that_goes_away_closes_the_upstream_request_at_once(
 
     server = await asyncio.start_server(upstream, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-    body = {"model": "m", "messages": [], "input": "hi", "stream": stream}
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "m", "messages": messages, "input": "hi", "stream": stream}
     made, registry, _ = telemetry()
     try:
         async with (
-            ProxyServer(base, idle_timeout_s=30, telemetry=made) as p,
+            ProxyServer(
+                base,
+                idle_timeout_s=30,
+                telemetry=made,
+                upstream_provider=provider,
+                upstream_key="sk-test",
+            ) as p,
             httpx.AsyncClient(timeout=60) as http,
         ):
 
