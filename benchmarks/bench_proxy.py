@@ -108,6 +108,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -997,14 +998,13 @@ def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
         )
         if r.wire_note:
             print(f"#   {r.target} on the wire: {r.wire_note}")
-        for s in r.streams:
-            if not s.ok():
-                print(
-                    f"#   {r.target} stream differs: error={s.error!r} "
-                    f"text_ok={s.text == TEXT} "
-                    f"calls={s.assembled()!r} finish={s.finish}"
-                )
-                break
+        differs = Counter(
+            f"error={s.error!r} text_ok={s.text == TEXT} calls={s.assembled()!r} finish={s.finish}"
+            for s in r.streams
+            if not s.ok()
+        )
+        for how, count in differs.most_common():  # (every way streams differed, counted)
+            print(f"#   {r.target}: {count} stream(s) differ: {how}")
     others = [name for name in per_event if name.startswith("toollatch@")]
     others += ["litellm"] if per_event.get("litellm") else []
     for name in others:
