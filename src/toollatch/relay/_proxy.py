@@ -17,8 +17,11 @@ interleaved: the adapters' rules), the client sees one ``index`` per call counti
 With ``calls="stream"`` a streaming chat request gets each call's argument text as it
 streams instead, normalized by the call's own buffer (:mod:`._proxy_live`), with the same
 verdicts at the end. A silent upstream fails the round ``idle_timeout`` after
-``idle_timeout_s`` (one :class:`~toollatch.runtime.IdleDeadline` per stream). Each request
-is watched (:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans).
+``idle_timeout_s`` (one :class:`~toollatch.runtime.IdleDeadline` per stream). A client that
+goes away (from its body's end on) takes its upstream request with it at once, whether the
+proxy was waiting for the upstream's answer head, reading a whole answer or streaming
+(:class:`_ClientWatch`, one task per request). Each request is watched
+(:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans).
 
 The client's ``Authorization`` is forwarded unless an upstream key is configured; then a
 configured proxy token is the client's ``Bearer`` (so an SDK's ``api_key`` is the token).
