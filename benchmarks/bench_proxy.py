@@ -684,7 +684,13 @@ class Result:
 async def run_level(
     base: str, pid: int | None, n: int, repeat: int
 ) -> tuple[list[Stream], float, float]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=n + 8)
+    # idle connections dropped after 2 s, before the servers' own 5 s keep-alive (uvicorn's;
+    # the proxy's idle_timeout_s): at httpx's default 5 s the client took a connection just as
+    # the server closed it, and the stream failed ReadError (a reset: a few of 200 at load 7
+    # on 2 cores, where a burst's streams start over more than 5 s; direct streams too)
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=n + 8, keepalive_expiry=2.0
+    )
     timeout = httpx.Timeout(connect=30.0, read=300.0, write=30.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         await one_stream(client, base)  # warm (and a connection)

@@ -31,14 +31,15 @@ _KEEPALIVE_S = 5.0
 keep-alive expiry)."""
 UPSTREAM_KEEPALIVE_S = 3.0
 """How long the proxy keeps an idle upstream connection: well under 5 s, when the usual model
-servers close theirs (uvicorn's default keep-alive, so vLLM's, SGLang's, LiteLLM's; llama.cpp's,
-Node's). At 5 s, the proxy reused a connection just as the upstream closed it, and the
-request failed ``502 upstream_unreachable`` ("Server disconnected", "Can not write request
-body": ``benchmarks/bench_proxy.py`` at 200 streams on a saturated machine, where a burst's
-streams start over more than 5 s; captured: the upstream's FIN 5.0 s after the stream's
-end, the proxy's next request 2 to 8 ms later, reset). The margin covers the proxy reading
-an answer's end late (its idleness starts then, the upstream's when it sent it); a POST is
-not retried on a fresh connection (RFC 9112, 9.3.1: it may have been applied)."""
+servers close theirs (uvicorn's default keep-alive, so the servers built on it, vLLM's and
+LiteLLM's among them; cpp-httplib's, so llama.cpp's; Node's). At 5 s the proxy took a
+connection just as the upstream closed it, and the request failed ``502
+upstream_unreachable`` ("Server disconnected", "Can not write request body"):
+``benchmarks/bench_proxy.py`` at 200 streams on a saturated machine, where a burst's streams
+start over more than 5 s; captured on ``lo``: the upstream's FIN 5.0 s after the stream's
+end, the proxy's next request 2 to 8 ms later, reset. The margin covers the proxy reading
+an answer's end late (its idleness starts then, the upstream's when it sent it). A POST is
+not retried on a new connection (RFC 9112, 9.3.1: it may have been applied)."""
 _BODY_AT_ONCE = 1 << 20
 """A request body over this is handed to aiohttp in pieces (aiohttp's own bound for a body
 of raw bytes: over it, it warns ``ResourceWarning``, an error under ``-W error``)."""
