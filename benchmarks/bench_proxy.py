@@ -108,6 +108,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -683,7 +684,13 @@ class Result:
 async def run_level(
     base: str, pid: int | None, n: int, repeat: int
 ) -> tuple[list[Stream], float, float]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=n + 8)
+    # idle connections dropped after 2 s, before the servers' own 5 s keep-alive (uvicorn's;
+    # the proxy's idle_timeout_s): at httpx's default 5 s the client took a connection just as
+    # the server closed it, and the stream failed ReadError (a reset: a few of 200 at load 7
+    # on 2 cores, where a burst's streams start over more than 5 s; direct streams too)
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=n + 8, keepalive_expiry=2.0
+    )
     timeout = httpx.Timeout(connect=30.0, read=300.0, write=30.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         await one_stream(client, base)  # warm (and a connection)
@@ -997,14 +1004,13 @@ def report(n: int, rows: list[Result], *, wire: bool = False) -> None:
         )
         if r.wire_note:
             print(f"#   {r.target} on the wire: {r.wire_note}")
-        for s in r.streams:
-            if not s.ok():
-                print(
-                    f"#   {r.target} stream differs: error={s.error!r} "
-                    f"text_ok={s.text == TEXT} "
-                    f"calls={s.assembled()!r} finish={s.finish}"
-                )
-                break
+        differs = Counter(
+            f"error={s.error!r} text_ok={s.text == TEXT} calls={s.assembled()!r} finish={s.finish}"
+            for s in r.streams
+            if not s.ok()
+        )
+        for how, count in differs.most_common():  # (every way streams differed, counted)
+            print(f"#   {r.target}: {count} stream(s) differ: {how}")
     others = [name for name in per_event if name.startswith("toollatch@")]
     others += ["litellm"] if per_event.get("litellm") else []
     for name in others:

@@ -778,9 +778,35 @@ async def test_an_error_body_gzipped_anyway_is_passed_on_decoded():
     assert isinstance(caught.value.body, dict) and caught.value.body.get("message"), caught.value
 
 
-# (aiohttp warns of any raw body over 1 MiB, "might lock the event loop"; the proxy's body is
-# in memory already, and this suite makes warnings errors)
-@pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_request_and_an_answer_over_a_mib_go_through_whole(stream):
+    # aiohttp warns ResourceWarning ("Sending a large body directly with raw bytes might lock
+    # the event loop") of a raw request body over 1 MiB: under -W error (this suite's
+    # filterwarnings) the proxy answered 500 to a long conversation. The upstream now gets
+    # the same request in pieces, its Content-Length kept (not chunked)
+    question = "q" * (3 << 20)
+    text = "t" * (3 << 20)
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        "[DONE]",
+    ]
+    body = {"model": "m", "messages": [{"role": "user", "content": question}], "stream": stream}
+    async with loopback() as lb:
+        lb.replies.append(stream_reply([sse(events)]))
+        async with ProxyServer(f"{lb.url}/v1") as p, httpx.AsyncClient(timeout=60) as c:
+            answer = await c.post(f"{p.url}/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text[:300]
+    if stream:
+        assert answer.text.endswith("data: [DONE]\n\n") and text in answer.text
+    else:
+        assert answer.json()["choices"][0]["message"]["content"] == text
+    [seen] = lb.seen
+    assert seen.json()["messages"] == body["messages"]
+    assert seen.headers["content-length"] == str(len(seen.body))
+    assert "transfer-encoding" not in seen.headers
+
+
 @pytest.mark.parametrize("reads", [False, True], ids=["never_reads", "reads_never_answers"])
 async def test_an_upstream_that_never_answers_is_a_504_within_the_idle_timeout(reads):
     # aiohttp writes a body in a task of its own, without a write timeout, and the upstream

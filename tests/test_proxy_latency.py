@@ -119,6 +119,22 @@ async def test_the_upstream_connections_are_kept_for_the_next_streams():
     assert set(ports) == kept
 
 
+async def test_an_upstream_connection_idle_near_the_upstreams_keep_alive_is_not_taken():
+    """A connection idle 3.5 s (uvicorn, as most model servers, closes its own at 5 s) is
+    dropped, not reused: at 5 s of idleness the proxy took connections just as the upstream
+    closed them, 502 "Server disconnected" (``_http.UPSTREAM_KEEPALIVE_S``); one idle a
+    moment is still taken."""
+    ports: list[int] = []
+    async with loopback() as lb:
+        lb.replies += [answering(ports)] * 3
+        async with ProxyServer(lb.url + "/v1") as proxy, open_client() as client:
+            for pause in (0.0, 0.1, 3.5):
+                await asyncio.sleep(pause)
+                [body] = await burst(client, proxy.url, 1)
+                assert body.endswith(DONE)
+    assert ports[0] == ports[1] != ports[2]
+
+
 def chunk(**delta: object) -> bytes:
     return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}]}) + b"\n\n"
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
+import time
 from typing import Any
 
 import httpx
@@ -159,3 +162,114 @@ async def test_a_slow_but_steady_upstream_is_not_idle():
     text = "".join(c.delta.content or "" for ch in chunks for c in ch.choices)
     assert text == "x" * 8
     assert extension(chunks) is None
+
+
+# -- a client that goes away ------------------------------------------------------------------
+
+ERRORS = ("unreachable", "status", "stream_interrupted", "idle_timeout")
+
+
+@pytest.mark.parametrize(
+    ("path", "stream", "head", "provider"),
+    [
+        ("chat/completions", True, False, "openai_chat"),
+        ("chat/completions", False, False, "openai_chat"),
+        ("responses", True, False, "openai_chat"),
+        ("chat/completions", True, False, "anthropic"),
+        ("chat/completions", True, True, "openai_chat"),
+    ],
+    ids=[
+        "chat_before_head",
+        "chat_whole_before_head",
+        "responses_before_head",
+        "anthropic_before_head",
+        "mid_stream",
+    ],
+)
+async def test_a_client_that_goes_away_closes_the_upstream_request_at_once(
+    path, stream, head, provider, caplog
+):
+    # the proxy waited for the upstream's answer head (bounded by idle_timeout_s, then 504)
+    # without watching its client: one that went away left the upstream request open until
+    # the head came or the timeout, and was counted a 504 and an unreachable upstream. Now
+    # the upstream's connection closes when the client's does, and the request counts 499
+    # (200 once its stream was under way), never as an upstream error
+    request_in, first_bytes = asyncio.Event(), asyncio.Event()
+    closed_at: list[float] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head_in = await reader.readuntil(b"\r\n\r\n")
+        size = re.search(rb"(?i)content-length: *(\d+)", head_in)
+        await reader.readexactly(int(size.group(1)) if size else 0)
+        request_in.set()
+        if head:
+            data = chunk(role="assistant", content="hi")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+            writer.write(b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(data), data))
+        await reader.read()  # (its end: the proxy closed the connection)
+        closed_at.append(time.monotonic())
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "m", "messages": messages, "input": "hi", "stream": stream}
+    made, registry, _ = telemetry()
+    try:
+        async with (
+            ProxyServer(
+                base,
+                idle_timeout_s=30,
+                telemetry=made,
+                upstream_provider=provider,
+                upstream_key="sk-test",
+            ) as p,
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+
+            async def ask() -> None:
+                async with http.stream("POST", f"{p.url}/{path}", json=body) as answer:
+                    async for _ in answer.aiter_raw():
+                        first_bytes.set()
+
+            asking = asyncio.create_task(ask())
+            async with asyncio.timeout(10):
+                await (first_bytes if head else request_in).wait()
+            left = time.monotonic()
+            asking.cancel()  # (httpx closes its connection)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asking
+            async with asyncio.timeout(5):  # (well within the idle timeout)
+                while not closed_at or value(registry, "toollatch_proxy_streams_active"):
+                    await asyncio.sleep(0.02)
+    finally:
+        server.close()
+    assert closed_at[0] - left < 5
+    route = "chat" if path.startswith("chat") else "responses"
+    status = "200" if head else "499"
+    assert value(registry, "toollatch_proxy_requests_total", route=route, status=status) == 1
+    errors = [value(registry, "toollatch_proxy_upstream_errors_total", kind=k) for k in ERRORS]
+    assert errors == [0, 0, 0, 0]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_client_that_goes_away_mid_body_counts_499_without_an_error_logged(caplog):
+    # starlette's ClientDisconnect went out of the handler: "Exception in ASGI application"
+    # logged with its traceback, and the request counted a 500
+    made, registry, _ = telemetry()
+    async with ProxyServer("http://127.0.0.1:9/v1", telemetry=made) as p:
+        host, port = p.url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            b'content-type: application/json\r\ncontent-length: 100\r\n\r\n{"model"'
+        )
+        await writer.drain()
+        async with asyncio.timeout(5):
+            while not value(registry, "toollatch_proxy_streams_active"):
+                await asyncio.sleep(0.01)  # (the request is in: its body is being read)
+            writer.close()
+            while value(registry, "toollatch_proxy_streams_active"):
+                await asyncio.sleep(0.01)
+    assert value(registry, "toollatch_proxy_requests_total", route="chat", status="499") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

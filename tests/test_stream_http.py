@@ -37,7 +37,7 @@ async def read_head(reader: asyncio.StreamReader) -> bytes:
 
 
 def client() -> httpx.AsyncClient:
-    return stream_http(None, httpx.Limits(), httpx.create_ssl_context(), connections=0)
+    return stream_http(None, httpx.Limits(), httpx.create_ssl_context(), connections=0, idle_s=5)
 
 
 def breaking(tail: bytes, *, close: bool) -> Handler:

@@ -21,7 +21,6 @@ send ``notifications/cancelled`` for the request before the cancellation propaga
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 import pydantic
 
 from ..core._errors import ConfigError, ErrorCode
+from ..tools._tasks import join
 from ..tools._tools import ToolOutcome
 from ._results import outcome_of
 from ._servers import McpServer
@@ -190,8 +190,7 @@ class Connection:
                 await asyncio.shield(task)
         except TimeoutError:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await join(task)
 
 
 _LOCALE = ("LANG", "LANGUAGE", "TZ", "TMPDIR")

@@ -17,8 +17,11 @@ interleaved: the adapters' rules), the client sees one ``index`` per call counti
 With ``calls="stream"`` a streaming chat request gets each call's argument text as it
 streams instead, normalized by the call's own buffer (:mod:`._proxy_live`), with the same
 verdicts at the end. A silent upstream fails the round ``idle_timeout`` after
-``idle_timeout_s`` (one :class:`~toollatch.runtime.IdleDeadline` per stream). Each request
-is watched (:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans).
+``idle_timeout_s`` (one :class:`~toollatch.runtime.IdleDeadline` per stream). A client that
+goes away (from its body's end on) takes its upstream request with it at once, whether the
+proxy was waiting for the upstream's answer head, reading a whole answer or streaming
+(:class:`_ClientWatch`, one task per request). Each request is watched
+(:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans).
 
 The client's ``Authorization`` is forwarded unless an upstream key is configured; then a
 configured proxy token is the client's ``Bearer`` (so an SDK's ``api_key`` is the token).
@@ -36,7 +39,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -45,7 +48,7 @@ import httpx
 import orjson
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -60,6 +63,7 @@ from ..core._specs import ToolSpec
 from ..runtime import IdleDeadline, Recorder
 from ..runtime._clients._errors import ModelError
 from ..scripted._server import http_implementation
+from ..tools._tasks import join
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
 from ._http import upstream_http
@@ -296,6 +300,9 @@ class Proxy:
         return JSONResponse({"ok": True})
 
     async def _models(self, request: Request) -> Response:
+        return await _watched(request, self._listed(request))
+
+    async def _listed(self, request: Request) -> Response:
         if self.upstreams is not None:  # another provider's list, in OpenAI's shape
             listed = await list_models(self.upstreams, request)
             if listed is not None:
@@ -319,6 +326,11 @@ class Proxy:
             gate, eager = self.gates.get(body)
         except ProxyError as exc:
             return exc.response()
+        return await _watched(request, self._chat_answer(request, body, gate, eager))
+
+    async def _chat_answer(
+        self, request: Request, body: dict[str, Any], gate: Gate, eager: tuple[str, ...]
+    ) -> Response:
         wanted_stream = body.get("stream") is True
         options = body.get("stream_options")
         usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -377,6 +389,11 @@ class Proxy:
             gate, eager = self.gates.get(body)
         except ProxyError as exc:
             return exc.response()
+        return await _watched(request, self._responses_answer(request, body, gate, eager))
+
+    async def _responses_answer(
+        self, request: Request, body: dict[str, Any], gate: Gate, eager: tuple[str, ...]
+    ) -> Response:
         opened = await self._open(request, "responses", body, {**body, "stream": True})
         if isinstance(opened, Response):
             return opened
@@ -478,6 +495,8 @@ class Proxy:
                     parts.append(part)
         except TimeoutError:
             raise ProxyError(408, "body_timeout", f"the body took over {seconds:g} s") from None
+        except ClientDisconnect:  # (answered to nobody: counted 499, as a client gone later)
+            raise ProxyError(499, "client_gone", "the client went away") from None
         try:
             body = orjson.loads(b"".join(parts))
         except orjson.JSONDecodeError as exc:
@@ -600,43 +619,39 @@ class LastFrame(bytes):
     """An event stream's last frame: sent with the body's end (:class:`EventStream`)."""
 
 
-class _ClientGone(Exception):
-    """The client went away mid-stream (``http.disconnect``)."""
-
-
 class EventStream(Response):
     """A streamed SSE answer: each frame sent as it comes; a :class:`LastFrame` goes in the
     body's last message (the server's one write for it and the body's end, not a second one
     for the end alone); the client going away stops the frames (cancelled where they wait,
-    so their generator, closed, closes the upstream too).
+    so their generator, closed, closes the upstream too). ``client``: the request's watch,
+    taken on from the handler (:func:`_watched`; None: one of its own).
 
     Starlette's own ``StreamingResponse`` watches for the disconnect the same way, in an
     anyio task group (cancel scopes, and a cancellation re-delivered every loop iteration
-    until the task ends): 8 % of the proxy's busy samples over short streams, this task
-    group 1.4 % (py-spy, ``benchmarks/README.md``, "Stream starts")."""
+    until the task ends): 8 % of the proxy's busy samples over short streams, a task group
+    of ours 1.4 % (py-spy, ``benchmarks/README.md``, "Stream starts"); now one task per
+    request (:class:`_ClientWatch`), no group."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
-        self.frames = frames
+    def __init__(
+        self, frames: AsyncGenerator[bytes, None], client: _ClientWatch | None = None
+    ) -> None:
+        self.frames, self.client = frames, client
         self.status_code, self.background = 200, None
         self.raw_headers = list(_SSE_HEADERS)  # (built once, not per answer)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Send the answer; return when it is sent or the client has gone."""
+        """Send the answer; return when it is sent or the client has gone (a failed send
+        raises as itself)."""
+        client = self.client or _ClientWatch(receive)
         try:
-            async with asyncio.TaskGroup() as group:
-                watching = group.create_task(_client_gone(receive))
-                await self._send_frames(send)
-                watching.cancel()  # (before it reads the end of the answer as a disconnect)
-        except BaseExceptionGroup as failed:
-            _, rest = failed.split(_ClientGone)
-            if rest is None:
-                return
-            if len(rest.exceptions) != 1:
-                raise rest from None
-            exc = rest.exceptions[0]  # (raised as itself, as Starlette's response does)
-            raise exc from exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+            await self._send_frames(send)
+        except asyncio.CancelledError:
+            if not client.left():
+                raise
+        finally:
+            client.stop()  # (before it reads the end of the answer as a disconnect)
 
     async def _send_frames(self, send: Any) -> None:
         start = {"type": "http.response.start", "status": self.status_code}
@@ -650,12 +665,81 @@ class EventStream(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _client_gone(receive: Any) -> None:
-    """Raises _ClientGone once ``receive`` says the client went away (the request's body is
-    read by then)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    raise _ClientGone
+class _ClientWatch:
+    """Watches a request's client from its body's end to its answer's: once the client goes
+    away (ASGI ``http.disconnect``), the request's task is cancelled wherever it waits (for
+    the upstream's answer head, a non-streaming answer's end, a stream's next frame), so the
+    upstream request is closed at once, not at its end or the idle timeout. One task per
+    request, kept from the handler through an :class:`EventStream` (never one per event).
+    Made in the request's task; :meth:`left` on a CancelledError, :meth:`stop` at the end.
+    The request's watch (:mod:`._proxy_telemetry`) is told: not an upstream failure."""
+
+    __slots__ = ("_cancelling", "_owner", "_task", "_telemetry", "gone")
+
+    def __init__(self, receive: Any) -> None:
+        owner = asyncio.current_task()
+        if owner is None:  # pragma: no cover - ASGI apps run in tasks
+            raise RuntimeError("a request is answered in a task")
+        self._owner, self._cancelling = owner, owner.cancelling()
+        self._telemetry = watch()
+        self.gone = False
+        """True once the client went away (the request's task was cancelled for it)."""
+        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._telemetry is not None:
+            self._telemetry.client_left()
+        self._owner.cancel()
+
+    def left(self) -> bool:
+        """Called on a CancelledError in the request's task: True when it is this watch's
+        (the client went away; the cancellation is then taken back, so the task ends
+        normally), False when somebody else cancelled the task too (the caller re-raises)."""
+        return self.gone and self._owner.uncancel() <= self._cancelling
+
+    def stop(self) -> None:
+        """No more watching (the answer is sent, or is being given up)."""
+        self._task.cancel()
+
+
+async def _watched(request: Request, answering: Coroutine[Any, Any, Response]) -> Response:
+    """The response ``answering`` makes, its client watched meanwhile (:class:`_ClientWatch`):
+    if the client goes away first, ``answering`` is cancelled where it waits (the upstream
+    request closed with it) and nothing is sent (:data:`_GONE`). An :class:`EventStream`
+    takes the watch on, to the stream's end."""
+    client = _ClientWatch(request.receive)
+    try:
+        answer = await answering
+    except asyncio.CancelledError:
+        client.stop()
+        if client.left():
+            return _GONE
+        raise
+    except BaseException:
+        client.stop()
+        raise
+    if isinstance(answer, EventStream):
+        answer.client = client
+        return answer
+    client.stop()
+    return _GONE if client.gone and client.left() else answer
+
+
+class _Nothing(Response):
+    """The answer to a client that went away: nothing sent (uvicorn closes the connection,
+    as it does when an app returns without answering a disconnected client)."""
+
+    def __init__(self) -> None:
+        self.status_code, self.background = 499, None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Nothing to send."""
+
+
+_GONE = _Nothing()
 
 
 def _broken(round_: Round) -> ProxyError:
@@ -876,8 +960,7 @@ class ProxyServer:
         try:
             self.stop()
             if self._task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await join(self._task)
         finally:
             stack, self._stack = self._stack, None
             self._server = self._task = None

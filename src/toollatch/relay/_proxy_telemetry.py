@@ -13,7 +13,8 @@ reports each parser notice (for spans) and the decided Round (calls committed, f
 code, the stream's own failure).
 
 Metrics (labels are closed sets: a route, a status code, a mode, a stable error code):
-``toollatch_proxy_requests_total{route,status}``,
+``toollatch_proxy_requests_total{route,status}`` (499: the client went away before any
+answer; one that leaves mid-stream keeps its 200, and neither counts an upstream error),
 ``toollatch_proxy_request_seconds{route,mode}`` (a streaming request: to its last byte),
 ``toollatch_proxy_calls_committed_total{route}``,
 ``toollatch_proxy_calls_failed_total{route,code}``,
@@ -154,6 +155,7 @@ class RequestWatch:
         self._span: Any = None
         self._token: Any = None
         self._failed = False  # an upstream error was reported
+        self._left = False  # the client went away before the answer's end
         if self.traced:
             # (a path that is no route of ours names no span: clients choose paths)
             known = route != "other"
@@ -190,6 +192,14 @@ class RequestWatch:
         if self._span is not None:
             self._span.add_event("toollatch.upstream_error", {"toollatch.kind": kind})
 
+    def client_left(self) -> None:
+        """The client went away before its answer's end: no upstream failure (the round it
+        cut short counts none); status 499 (nginx's "client closed request") when nothing
+        was sent to it yet (a stream already under way keeps its 200)."""
+        self._left = True
+        if not self.status:
+            self.status = 499
+
     def notice(self, notice: CallUpdate) -> None:
         """A parser notice (spans only: a call's span opens at its first notice and ends at
         an early commit)."""
@@ -209,7 +219,7 @@ class RequestWatch:
         """The decided round: calls committed and failed, the stream's own failure."""
         from ._proxy_chunks import interrupted, openai_usage  # noqa: PLC0415
 
-        if interrupted(round_) and not self._failed:  # (an error chunk, no end signal)
+        if interrupted(round_) and not (self._failed or self._left):  # (no end signal)
             self.upstream_error("stream_interrupted")
         for record in round_.calls:
             self._decided(record)

@@ -27,7 +27,6 @@ F-1``, then the events from ``F`` on (the page shows the gap).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -43,6 +42,7 @@ from ..core._preview import PreviewPolicy, PreviewUpdated
 from ..core._round import Round, reasoning_text
 from ..runtime._agent_events import AgentEvent, ToolFinishedEvent
 from ..runtime._agent_run import AgentRun
+from ..tools._tasks import join
 from ._answers import Asked, sign
 from ._config import RelayLimits, shown_arguments, shown_result
 
@@ -409,8 +409,7 @@ class RelayRun:
         """Cancel and wait for the driver (server shutdown)."""
         self.cancel()
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await join(self._task)
 
     @property
     def driver(self) -> asyncio.Task[None] | None:

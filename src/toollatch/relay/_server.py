@@ -39,6 +39,7 @@ from ..runtime._approvals import ApprovalPolicy
 from ..runtime._run_setup import RunLimits
 from ..scripted import Script
 from ..scripted._server import ScriptedServer, http_implementation
+from ..tools._tasks import join
 from ..tools._tools import Tool
 from ._app import PROVIDERS, Relay
 from ._config import RelayLimits, redact_secrets
@@ -445,8 +446,7 @@ class RelayServer:
                 await self.relay.close(self.shutdown_grace_s, reason=self.stop_reason)
             self.stop()
             if self._task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await join(self._task)
         finally:
             stack, self._stack = self._stack, None
             self._server = self._task = self.relay = None

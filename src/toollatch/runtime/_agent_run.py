@@ -9,7 +9,6 @@ queue, a budget or a flag."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from ..core._pipeline import StreamParser
 from ..core._preview import PreviewUpdated
 from ..core._round import Round, ToolResult
 from ..core._specs import ToolSpec
+from ..tools._tasks import join
 from ._agent_events import (
     AgentEvent,
     CallCommittedEvent,
@@ -177,8 +177,7 @@ class AgentRun:
         finally:
             if not self._driver.done():
                 self._driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._driver
+            await join(self._driver)  # (a cancel of the consumer still propagates)
 
     # -- the driver ------------------------------------------------------------------------
 

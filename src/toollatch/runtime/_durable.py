@@ -112,6 +112,7 @@ from ..ledger import (
     digest_of,
 )
 from ..tools._results import made_error
+from ..tools._tasks import join
 from ._agent import Agent, user_message
 from ._agent_events import AgentEvent, ApprovalRequestedEvent
 from ._agent_run import AgentRun
@@ -324,13 +325,17 @@ async def _until_stopped(
     timeout = None if deadline_at is None else max(0.0, deadline_at - time.time())
     try:
         await asyncio.wait({task, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled: the work goes with it, not on alone
+        task.cancel()
+        with contextlib.suppress(Exception):  # (the cancel is what propagates)
+            await join(task)
+        raise
     finally:
         waiting.cancel()
     if task.done():
         return task.result(), None
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await join(task)
     stop = _stop_of(conversation, deadline_at if not cancel.is_set() else None)
     return None, stop or _Stopped("the run's deadline passed: the round in flight was cancelled")
 

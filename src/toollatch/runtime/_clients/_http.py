@@ -34,8 +34,11 @@ from typing import Any
 import aiohttp
 import httpx
 
-_KEEPALIVE_S = 5.0
-"""How long an idle connection is kept (httpx's default keep-alive expiry)."""
+_BODY_AT_ONCE = 1 << 20
+"""A request body over this is handed to aiohttp in pieces (aiohttp's own bound for a body
+of raw bytes: over it, it warns ``ResourceWarning``, an error under ``-W error``)."""
+_BODY_PIECE = 256 * 1024
+"""The pieces of such a body (each written, then drained)."""
 
 _PROXY_SCHEMES = ("http", "https", "all")
 """The proxy variables httpx reads from the environment (``urllib.request.getproxies``)."""
@@ -56,9 +59,11 @@ def stream_http(
     tls: ssl.SSLContext,
     *,
     connections: int,
+    idle_s: float,
 ) -> httpx.AsyncClient:
     """An httpx client for model streams, on aiohttp's transport (see the module's notes):
-    at most ``connections`` at once (0: no bound), ``tls`` for ``https``; ``timeout`` and
+    at most ``connections`` at once (0: no bound), each kept ``idle_s`` once idle (httpx's
+    own keeps them 5 s), ``tls`` for ``https``; ``timeout`` and
     ``limits`` are httpx's (``limits`` bound httpx's own transport, used when a proxy is
     set in the environment). It keeps no cookie."""
     if environment_proxied():
@@ -66,7 +71,7 @@ def stream_http(
     return httpx.AsyncClient(
         timeout=timeout,
         limits=limits,
-        transport=AiohttpStreams(tls, connections=connections),
+        transport=AiohttpStreams(tls, connections=connections, idle_s=idle_s),
         cookies=_NoCookies(),
     )
 
@@ -89,9 +94,10 @@ class AiohttpStreams(httpx.AsyncBaseTransport):
     drops a response body whose chunked framing breaks after its head (an invalid chunk
     size) without ending it, and its reader would wait for ever."""
 
-    def __init__(self, tls: ssl.SSLContext, *, connections: int) -> None:
+    def __init__(self, tls: ssl.SSLContext, *, connections: int, idle_s: float) -> None:
         self._tls = tls
         self._connections = connections
+        self._idle_s = idle_s
         self._session: aiohttp.ClientSession | None = None
         self._lost = _Lost()
 
@@ -100,7 +106,7 @@ class AiohttpStreams(httpx.AsyncBaseTransport):
         session = self._session
         if session is None:
             connector = aiohttp.TCPConnector(
-                limit=self._connections, ssl=self._tls, keepalive_timeout=_KEEPALIVE_S
+                limit=self._connections, ssl=self._tls, keepalive_timeout=self._idle_s
             )
             session = self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar()
@@ -111,6 +117,9 @@ class AiohttpStreams(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:  # a streamed body: aiohttp frames it itself
             content = request.stream
             request.headers.pop("transfer-encoding", None)
+        else:
+            if content is not None and len(content) > _BODY_AT_ONCE:
+                content = _pieces(content)  # (its Content-Length is kept: not chunked)
         try:
             answer = await session.request(
                 request.method,
@@ -143,6 +152,15 @@ class AiohttpStreams(httpx.AsyncBaseTransport):
         """Close the session and its connections."""
         if self._session is not None:
             await self._session.close()
+
+
+async def _pieces(content: bytes) -> AsyncIterator[memoryview]:
+    """A large request body in pieces of :data:`_BODY_PIECE` (views: nothing copied): aiohttp
+    writes raw bytes at once and warns past 1 MiB (a long history, images), and writes a
+    stream piece by piece, draining the socket between them."""
+    view = memoryview(content)
+    for start in range(0, len(view), _BODY_PIECE):
+        yield view[start : start + _BODY_PIECE]
 
 
 class _Body(httpx.AsyncByteStream):

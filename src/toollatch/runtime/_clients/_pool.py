@@ -63,7 +63,7 @@ class SharedHTTP:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.client = stream_http(None, _LIMITS, default_tls(), connections=0)
+        self.client = stream_http(None, _LIMITS, default_tls(), connections=0, idle_s=KEEP_IDLE_S)
         self.users = 0
         self._expiry: asyncio.TimerHandle | None = None
         self._wake: asyncio.Future[None] = loop.create_future()
