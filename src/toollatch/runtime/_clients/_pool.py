@@ -36,6 +36,10 @@ from ._http import stream_http
 KEEP_IDLE_S = 5.0
 """How long a shared client with no user stays open: httpx's default keep-alive expiry."""
 
+_CONNECTION_IDLE_S = 5.0
+"""How long an idle connection of the shared client is kept (httpx's own default), whether
+or not the client is held."""
+
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=20)
 """No cap on concurrent streams (each model client had its own pool of 100 before they were
 shared; a cap would turn a busy loop's streams into pool timeouts); httpx's default number
@@ -63,7 +67,7 @@ class SharedHTTP:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.client = stream_http(None, _LIMITS, default_tls(), connections=0, idle_s=KEEP_IDLE_S)
+        self.client = stream_http(None, _LIMITS, default_tls(), connections=0, idle_s=_CONNECTION_IDLE_S)
         self.users = 0
         self._expiry: asyncio.TimerHandle | None = None
         self._wake: asyncio.Future[None] = loop.create_future()
