@@ -56,6 +56,9 @@ contenders do the same work over the same loopback HTTP, alternating in blocks:
 * **bare, no usage chunk**: the same without ``include_usage`` (one chunk fewer to read; the
   bare contender before the agent's request and its were made alike), for information;
 * **bare, client per conv.**: the same with its own ``AsyncClient`` per conversation;
+* **bare aiohttp + orjson**: the bare loop on one ``aiohttp.ClientSession`` (the HTTP client
+  toollatch's model clients read with, behind httpx's API), for information: agent / this is
+  what toollatch's own work costs over the least loop on the same HTTP client;
 * **agent, baseline** (with ``--baseline SRC``): the **agent** contender run by another
   toollatch (``SRC`` holds its ``toollatch`` package, e.g. ``git archive main src | tar -x -C
   /tmp/main``), in a child process that plays its block when its turn comes and reports its
@@ -79,6 +82,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 
@@ -272,39 +276,43 @@ class BareClient:
         request = self.http.build_request("POST", self.url, content=body, headers=self.headers)
         response = await self.http.send(request, stream=True)
         try:
-            pending = bytearray()  # (a line that spans reads: gathered, copied out once)
-            async for read in response.aiter_raw():
-                data = read
-                if pending:
-                    pending += read
-                    if b"\n" not in read:
-                        continue
-                    data = bytes(pending)
-                    pending.clear()
-                lines = data.split(b"\n")
-                pending += lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                        continue
-                    event = orjson.loads(line[6:])
-                    if event.get("usage"):
-                        self.tokens = event["usage"]
-                    for choice in event.get("choices", ()):
-                        delta = choice.get("delta") or {}
-                        if delta.get("content"):
-                            text.append(delta["content"])
-                        for part in delta.get("tool_calls") or ():
-                            call = calls.setdefault(part["index"], {"fragments": []})
-                            if part.get("id"):
-                                call["id"] = part["id"]
-                            function = part.get("function") or {}
-                            if function.get("name"):
-                                call["name"] = function["name"]
-                            if function.get("arguments"):
-                                call["fragments"].append(function["arguments"])
+            await self.events(response.aiter_raw(), text, calls)
         finally:
             await response.aclose()
         return {"text": "".join(text), "calls": [calls[i] for i in sorted(calls)]}
+
+    async def events(self, reads: Any, text: list[str], calls: dict[int, dict[str, Any]]) -> None:
+        """The body's reads split into lines by hand, each event ``orjson.loads``-ed."""
+        pending = bytearray()  # (a line that spans reads: gathered, copied out once)
+        async for read in reads:
+            data = read
+            if pending:
+                pending += read
+                if b"\n" not in read:
+                    continue
+                data = bytes(pending)
+                pending.clear()
+            lines = data.split(b"\n")
+            pending += lines.pop()
+            for line in lines:
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = orjson.loads(line[6:])
+                if event.get("usage"):
+                    self.tokens = event["usage"]
+                for choice in event.get("choices", ()):
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        text.append(delta["content"])
+                    for part in delta.get("tool_calls") or ():
+                        call = calls.setdefault(part["index"], {"fragments": []})
+                        if part.get("id"):
+                            call["id"] = part["id"]
+                        function = part.get("function") or {}
+                        if function.get("name"):
+                            call["name"] = function["name"]
+                        if function.get("arguments"):
+                            call["fragments"].append(function["arguments"])
 
     async def conversation(self) -> int:
         messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
@@ -331,6 +339,41 @@ class BareClient:
             for call in answer["calls"]:
                 result = await _lookup(**orjson.loads("".join(call["fragments"])))
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+
+
+class BareAiohttpClient(BareClient):
+    """The same loop on one ``aiohttp.ClientSession`` instead of httpx (what toollatch's
+    model clients read with, behind httpx's API): what is left of agent / bare is then
+    toollatch's own work, not the HTTP client's."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(base_url)
+        self.session: Any = None
+        self.plain_url = base_url + "/chat/completions"
+
+    async def request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        request_body = {
+            "model": CPU_MODEL,
+            "messages": messages,
+            "stream": True,
+            "tools": [LOOKUP_DEFINITION],
+            "stream_options": {"include_usage": True},
+        }
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        post = self.session.post(
+            self.plain_url, data=orjson.dumps(request_body), headers=self.headers
+        )
+        async with post as response:
+            await self.events(response.content.iter_any(), text, calls)
+        return {"text": "".join(text), "calls": [calls[i] for i in sorted(calls)]}
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        if self.session is not None:
+            await self.session.close()
 
 
 async def bare_conversation(base_url: str) -> int:
@@ -386,6 +429,7 @@ async def cpu_bench(
 ) -> dict[str, float]:
     bare = BareClient(base_url)
     no_usage = BareClient(base_url, usage=False)
+    on_aiohttp = BareAiohttpClient(base_url)
     shared = model_client(
         "openai_chat",
         model=CPU_MODEL,
@@ -400,6 +444,7 @@ async def cpu_bench(
         "bare httpx + orjson": bare.conversation,
         "bare, client per conv.": lambda: bare_conversation(base_url),
         "bare, no usage chunk": no_usage.conversation,
+        "bare aiohttp + orjson": on_aiohttp.conversation,
     }
     for run in contenders.values():  # warm up: imports, connections, caches
         for _ in range(5):
@@ -424,6 +469,7 @@ async def cpu_bench(
     await shared.aclose()
     await bare.http.aclose()
     await no_usage.http.aclose()
+    await on_aiohttp.aclose()
     return {name: cpu[name] / requests[name] for name in names}
 
 

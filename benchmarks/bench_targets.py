@@ -108,6 +108,7 @@ def agent_cpu(opts: argparse.Namespace) -> list[Row]:
     bare = per["bare httpx + orjson"]
     ms = f"{per['agent'] * 1e3:.3f} vs {bare * 1e3:.3f} ms/request"
     one, lean = per["agent, one client"], per["bare, no usage chunk"]
+    aio = per["bare aiohttp + orjson"]
     return [
         _ratio_row("agent loop client CPU / bare httpx+orjson", per["agent"] / bare, 1.5, ms),
         Row(
@@ -119,6 +120,12 @@ def agent_cpu(opts: argparse.Namespace) -> list[Row]:
         Row(
             "  (agent / a bare client that skips the usage chunk)",
             f"{per['agent'] / lean:.2f}x ({lean * 1e3:.3f} ms/request)",
+            "info",
+            None,
+        ),
+        Row(
+            "  (agent / the bare loop on aiohttp, toollatch's HTTP client)",
+            f"{per['agent'] / aio:.2f}x ({aio * 1e3:.3f} ms/request)",
             "info",
             None,
         ),

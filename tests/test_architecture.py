@@ -71,6 +71,11 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
     ("toollatch.runtime._ledger_run", "toollatch.ledger._records"): (
         "FINAL, the ledger's set of final states, which the claim-and-run guard checks"
     ),
+    ("toollatch.relay._http", "toollatch.runtime._clients._http"): (
+        "stream_http: the relay's runs and the proxy's upstream read model streams on the same "
+        "client as the model clients' shared pool (aiohttp's transport, the environment's "
+        "proxy, no cookie): one builder, not user API"
+    ),
     ("toollatch.relay._server", "toollatch.scripted._server"): (
         "http_implementation: the relay serves on the same quiet uvicorn settings as the "
         "scripted server it embeds"

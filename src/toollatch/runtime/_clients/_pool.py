@@ -1,4 +1,5 @@
-"""The httpx client that the model clients of one event loop share (internal).
+"""The httpx client that the model clients of one event loop share (internal): httpx's API
+on aiohttp's transport, no cookie kept (:func:`._http.stream_http`).
 
 Theory of operation. A :class:`~._client.ModelClient` made without ``http=`` does not build
 an httpx client of its own (its pool, its proxy map read from the environment, a new TCP
@@ -30,13 +31,20 @@ import ssl
 
 import httpx
 
+from ._http import stream_http
+
 KEEP_IDLE_S = 5.0
 """How long a shared client with no user stays open: httpx's default keep-alive expiry."""
+
+_CONNECTION_IDLE_S = 5.0
+"""How long an idle connection of the shared client is kept (httpx's own default), whether
+or not the client is held."""
 
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=20)
 """No cap on concurrent streams (each model client had its own pool of 100 before they were
 shared; a cap would turn a busy loop's streams into pool timeouts); httpx's default number
-of idle connections kept."""
+of idle connections kept, when httpx's own transport carries them (a proxy from the
+environment: aiohttp's keeps each idle connection until :data:`KEEP_IDLE_S`)."""
 
 _TLS: list[ssl.SSLContext] = []  # the process's default context, once made
 
@@ -59,7 +67,7 @@ class SharedHTTP:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.client = httpx.AsyncClient(timeout=None, verify=default_tls(), limits=_LIMITS)
+        self.client = stream_http(None, _LIMITS, default_tls(), connections=0, idle_s=_CONNECTION_IDLE_S)
         self.users = 0
         self._expiry: asyncio.TimerHandle | None = None
         self._wake: asyncio.Future[None] = loop.create_future()
