@@ -67,7 +67,9 @@ class SharedHTTP:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.client = stream_http(None, _LIMITS, default_tls(), connections=0, idle_s=_CONNECTION_IDLE_S)
+        self.client = stream_http(
+            None, _LIMITS, default_tls(), connections=0, idle_s=_CONNECTION_IDLE_S
+        )
         self.users = 0
         self._expiry: asyncio.TimerHandle | None = None
         self._wake: asyncio.Future[None] = loop.create_future()
