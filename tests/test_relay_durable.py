@@ -885,6 +885,9 @@ def test_an_owner_paused_past_its_lease_writes_nothing_after_a_survivor_took_its
         with httpx.Client(base_url=on_b, timeout=30, headers=session) as b:
             read_until(b, run["events_url"], seen("call_preview"))  # mid-stream, live
             owner.send_signal(signal.SIGSTOP)
+            # the survivor's attempts at a quarter of the pace (its new attempt of the round
+            # still streams ~1.4 s, while the owner wakes; the owner's stream keeps its pace)
+            model.delay_scale = 0.25
             # the survivor closed its attempt
             taken = read_until(b, run["events_url"], seen("round_ended"))
             owner.send_signal(signal.SIGCONT)  # while the survivor asks the round again
