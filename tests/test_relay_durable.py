@@ -30,6 +30,8 @@ from relay_helpers import (
     Frame,
     close_stderr,
     drain,
+    launch,
+    listening,
     serve,
     served_run,
     slow_script,
@@ -104,12 +106,27 @@ def durable_workers(
     try:
         os.environ.update(env or {})
         os.environ["DURABLE_TOOL_LOG"] = str(tmp_path / "side_effects.txt")
-        # one after the other: started side by side on their new database, the workers ran
-        # some runs not at all (a tool not started in 60 s; a killed round not asked again)
-        for sleep_s in sleeps:
-            os.environ["DURABLE_TOOL_SLEEP_S"] = str(sleep_s)
-            procs.append(serve(*args))
-            drain(procs[-1][0])  # (DBOS logs much while PostgreSQL is down: see drain)
+        # the first alone: started side by side on their new database, the workers ran some
+        # runs not at all (a tool not started in 60 s; a killed round not asked again); the
+        # others side by side once it listens, on the database it set up (their imports and
+        # DBOS's launches overlap: about 1.3 s each)
+        launched: list[subprocess.Popen[str]] = []
+        try:
+            for sleep_s in sleeps:
+                os.environ["DURABLE_TOOL_SLEEP_S"] = str(sleep_s)
+                if procs:
+                    launched.append(launch(*args))
+                else:
+                    procs.append(serve(*args))
+                    drain(procs[-1][0])  # (DBOS logs much while PostgreSQL is down: see drain)
+            while launched:
+                procs.append(listening(launched[0]))
+                drain(launched.pop(0))
+        finally:
+            for proc in launched:  # (one did not start: the others are not left running)
+                proc.kill()
+                proc.wait()
+                close_stderr(proc)
         yield model, procs
     finally:
         os.environ.clear()
