@@ -397,7 +397,8 @@ async def test_the_page_works_with_a_token_kept_in_cookies_only(browser):
     HttpOnly cookie and out of the address bar); the page's script sees neither the token
     nor the session token, and a run works to its end."""
     token = "browser-token-0123456789"
-    async with RelayServer(scripts={"slow": slow_script(delay_ms=5)}, token=token) as server:
+    # (about 1.8 s a run: the second run's Stop must land while it runs, under load too)
+    async with RelayServer(scripts={"slow": slow_script(delay_ms=20)}, token=token) as server:
         context = await browser.new_context()
         page = await context.new_page()
         refused = await page.goto(server.url.replace("127.0.0.1", "localhost") + "/")
