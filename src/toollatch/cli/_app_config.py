@@ -188,7 +188,7 @@ class RelayConfig(_Section):
     max_connections: _Positive = 1000
     max_header_bytes: Annotated[int, Field(ge=1024)] = 65536
     header_timeout_s: _Seconds = 10.0
-    idle_timeout_s: _Seconds = 5.0
+    idle_timeout_s: _Seconds = 15.0
     body_timeout_s: _Seconds = 30.0
     shutdown_grace_s: _Seconds = 10.0
     """On SIGTERM / SIGINT, how long ``serve`` waits for its cancelled runs to end (their
@@ -268,8 +268,9 @@ class ProxyConfig(_Section):
     max_connections: _Positive = 1000
     max_header_bytes: Annotated[int, Field(ge=1024)] = 65536
     header_timeout_s: _Seconds = 10.0
-    keepalive_timeout_s: _Seconds = 5.0
-    """An idle keep-alive connection of a client is closed after this."""
+    keepalive_timeout_s: _Seconds = 15.0
+    """An idle keep-alive connection of a client is closed after this (longer than the
+    clients' own pools keep theirs: ``RelayLimits.idle_timeout_s``)."""
     body_timeout_s: _Seconds = 30.0
 
 
@@ -693,7 +694,7 @@ relay:
   max_connections: 1000                 # open connections (kept under ulimit -n)
   max_header_bytes: 65536               # request line + headers (431 beyond)
   header_timeout_s: 10                  # a request head must arrive within (408)
-  idle_timeout_s: 5                     # an idle keep-alive connection is closed after
+  idle_timeout_s: 15                    # an idle keep-alive connection is closed after
   body_timeout_s: 30                    # a request body must arrive within (408)
   shutdown_grace_s: 10                  # SIGTERM/SIGINT: wait this long for the cancelled
                                         # runs to end (streams get run_ended), then exit
@@ -734,7 +735,7 @@ proxy:                                  # toollatch proxy (its flags win over th
   max_connections: 1000                 # open client connections
   max_header_bytes: 65536               # request line + headers (431 beyond)
   header_timeout_s: 10                  # a request head must arrive within (408)
-  keepalive_timeout_s: 5                # an idle keep-alive connection is closed after
+  keepalive_timeout_s: 15               # an idle keep-alive connection is closed after
   body_timeout_s: 30                    # a request body must arrive within (408)
 
 ledger:

@@ -80,9 +80,12 @@ class RelayLimits:
     header_timeout_s: float = 10.0
     """Seconds a connection may take to send a request's head from its first byte (and a new
     connection to send its first request); then 408 and closed (slowloris)."""
-    idle_timeout_s: float = 5.0
+    idle_timeout_s: float = 15.0
     """Seconds an idle keep-alive connection stays open between requests (uvicorn's
-    ``timeout_keep_alive``)."""
+    ``timeout_keep_alive``). Longer than the clients' own pools keep an idle connection
+    (httpx's, so the OpenAI SDK's, 5 s; Node's fetch, 4 s): a server that closes first races
+    the client's next request, which then fails on a reset or is retried (seen at 5 s:
+    ``benchmarks/README.md``, the proxy's keep-alive races)."""
     body_timeout_s: float = 30.0
     """Seconds a request body (``POST /runs``) may take to arrive; then 408."""
     max_chat_messages: int = 400
