@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 from collections.abc import Awaitable, Callable
 
@@ -102,6 +103,28 @@ async def test_a_body_cut_short_is_httpx_s_remote_protocol_error():
             await answer.aread()
 
 
+async def test_send_stream_reads_as_send_does(monkeypatch):
+    # the short way (straight to the transport) and httpx's send: the same answer
+    monkeypatch.delenv("HTTP_PROXY", raising=False)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_head(reader):
+            writer.write(HEAD + FIRST + b"0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server, url = await serve(handler)
+    async with server, client() as http:
+        for send in (http.send_stream, functools.partial(http.send, stream=True)):
+            answer = await send(http.build_request("POST", url, content=b"{}"))
+            assert (answer.status_code, answer.headers["content-type"]) == (
+                200,
+                "text/event-stream",
+            )
+            assert [read async for read in answer.aiter_raw()] == [b"data: {}\n\n"]
+            await answer.aclose()
+
+
 async def test_a_kept_alive_connection_carries_many_bodies_one_watch():
     connections = []
 
@@ -171,5 +194,11 @@ async def test_a_proxy_from_the_environment_is_used(make, monkeypatch):
                 make(4) if make is model_http else make(httpx.Timeout(5))
             )
         answer = await http.get("http://model.invalid/v1/models")
+        # the model streams' own call too (make: a StreamClient; the pool's is one)
+        streamed = await http.send_stream(http.build_request("GET", "http://model.invalid/x"))
+        assert await streamed.aread() == b"ok"
     assert answer.text == "ok"
-    assert seen == [b"GET http://model.invalid/v1/models HTTP/1.1"]
+    assert seen == [
+        b"GET http://model.invalid/v1/models HTTP/1.1",
+        b"GET http://model.invalid/x HTTP/1.1",
+    ]

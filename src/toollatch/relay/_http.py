@@ -16,7 +16,9 @@ import ssl
 
 import httpx
 
-from ..runtime._clients._http import stream_http
+from ..runtime._clients._http import StreamClient, stream_http
+
+__all__ = ["StreamClient", "model_http", "upstream_http"]
 
 _KEEPALIVE = 256
 """Idle connections kept by the proxy's client for a proxy from the environment (httpx's own
@@ -37,7 +39,7 @@ an answer's end late (its idleness starts then, the upstream's when it sent it).
 not retried on a new connection (RFC 9112, 9.3.1: it may have been applied)."""
 
 
-def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
+def model_http(connections: int, tls: ssl.SSLContext | None = None) -> StreamClient:
     """The client for ``connections`` model streams at once (a run holds one at a time);
     ``tls``: the context for ``https`` models (default: httpx's, from certifi or
     ``SSL_CERT_FILE``). No timeout of its own: each model client sets its own. No cookie
@@ -48,7 +50,7 @@ def model_http(connections: int, tls: ssl.SSLContext | None = None) -> httpx.Asy
     return stream_http(None, limits, verify, connections=connections, idle_s=_KEEPALIVE_S)
 
 
-def upstream_http(timeout: httpx.Timeout) -> httpx.AsyncClient:
+def upstream_http(timeout: httpx.Timeout) -> StreamClient:
     """``toollatch proxy``'s client for its upstream: aiohttp's transport, as
     :func:`model_http`'s (its C parser reads the upstream's stream: with httpx's own pools,
     reading through httpcore and h11 was over a third of the proxy's CPU; with this one and

@@ -66,7 +66,7 @@ from ..scripted._server import http_implementation
 from ..tools._tasks import join
 from ._config import RelayLimits
 from ._guard import ConnectionCap, RelayAccess, connection_cap, guarded_protocol, is_loopback
-from ._http import upstream_http
+from ._http import StreamClient, upstream_http
 from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
@@ -174,7 +174,7 @@ class Proxy:
     def __init__(
         self,
         upstream: str,
-        http: httpx.AsyncClient,
+        http: StreamClient,
         *,
         upstream_key: str | None = None,
         access: RelayAccess | None = None,
@@ -435,7 +435,7 @@ class Proxy:
             watching.upstream(str(body.get("model", "")))
         try:
             async with asyncio.timeout(self.idle_timeout_s):  # (silent before its head too)
-                answer = await self.http.send(sent, stream=True)
+                answer = await self.http.send_stream(sent)
         except (httpx.HTTPError, TimeoutError) as exc:
             if watching is not None:
                 watching.upstream_error("unreachable")

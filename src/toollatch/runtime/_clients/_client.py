@@ -66,6 +66,7 @@ from ._errors import (
     error_message,
     shown_url,
 )
+from ._http import StreamClient
 from ._policy import ClientLimits, RetryPolicy, retry_after_s
 from ._pool import SharedHTTP, shared_http
 from ._wire import DIALECTS, Dialect, Request
@@ -296,7 +297,10 @@ class ModelClient:
         # (the stream's idle deadline times the first byte: one timer for both)
         deadline.reading(limits.first_byte_s)
         try:
-            response = await http.send(request, stream=True)
+            if isinstance(http, StreamClient):  # (the shared pool, the relay's: the short way)
+                response = await http.send_stream(request)
+            else:
+                response = await http.send(request, stream=True)
             try:
                 if response.status_code >= 400:
                     raise await self._http_error(response, attempt)

@@ -60,20 +60,16 @@ def stream_http(
     *,
     connections: int,
     idle_s: float,
-) -> httpx.AsyncClient:
+) -> StreamClient:
     """An httpx client for model streams, on aiohttp's transport (see the module's notes):
     at most ``connections`` at once (0: no bound), each kept ``idle_s`` once idle (httpx's
     own keeps them 5 s), ``tls`` for ``https``; ``timeout`` and
     ``limits`` are httpx's (``limits`` bound httpx's own transport, used when a proxy is
     set in the environment). It keeps no cookie."""
     if environment_proxied():
-        return httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls, cookies=_NoCookies())
-    return httpx.AsyncClient(
-        timeout=timeout,
-        limits=limits,
-        transport=AiohttpStreams(tls, connections=connections, idle_s=idle_s),
-        cookies=_NoCookies(),
-    )
+        return StreamClient(None, timeout=timeout, limits=limits, verify=tls)
+    streams = AiohttpStreams(tls, connections=connections, idle_s=idle_s)
+    return StreamClient(streams, timeout=timeout, limits=limits)
 
 
 def environment_proxied() -> bool:
@@ -81,6 +77,26 @@ def environment_proxied() -> bool:
     ``HTTPS_PROXY``, ``ALL_PROXY``, any case)."""
     proxies = urllib.request.getproxies()
     return any(proxies.get(scheme) for scheme in _PROXY_SCHEMES)
+
+
+class StreamClient(httpx.AsyncClient):
+    """The httpx client :func:`stream_http` makes: httpx's own in every way, plus
+    :meth:`send_stream`, the one call a model stream's request takes."""
+
+    def __init__(self, streams: AiohttpStreams | None, **kwargs: Any) -> None:
+        super().__init__(transport=streams, cookies=_NoCookies(), **kwargs)
+        self._streams = streams
+
+    async def send_stream(self, request: httpx.Request) -> httpx.Response:
+        """``send(request, stream=True)`` for a request made by :meth:`build_request`: on
+        aiohttp's transport it goes to the transport at once. httpx's ``send`` around it
+        adds nothing a model stream uses (no auth flow, no redirect followed, no cookie
+        kept, no event hook) and cost about a seventh of a proxied stream's start
+        (``benchmarks/bench_proxy_starts.py``). The answer has no ``elapsed``. With a
+        proxy from the environment, httpx's ``send`` (its transport by URL)."""
+        if self._streams is None:
+            return await self.send(request, stream=True)
+        return await self._streams.handle_async_request(request)
 
 
 class AiohttpStreams(httpx.AsyncBaseTransport):
