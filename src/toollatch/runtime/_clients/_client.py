@@ -97,7 +97,8 @@ class ModelClient:
     then ``async for chunk in s`` gives the raw body for a :class:`toollatch.StreamParser`
     of :attr:`provider`. Without an httpx client passed in, requests go out on the running
     event loop's shared connections (:mod:`._pool`: kept alive across the model clients of
-    a loop, closed when the loop shuts down); use the client itself as an async context
+    a loop, closed when the loop shuts down; each body read by aiohttp's parser behind
+    httpx's API, :mod:`._http`); use the client itself as an async context
     manager (or call :meth:`aclose`) to give them back. A client passed in is left open.
     """
 
