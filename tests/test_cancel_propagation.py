@@ -51,6 +51,14 @@ async def ends_cancelled(waiter: asyncio.Task[Any]) -> None:
         pytest.fail(f"the waiter's cancel was lost: it ended with {waiter.result()!r}")
 
 
+async def cancelled_once_closing(waiter: asyncio.Task[Any], closing: asyncio.Event) -> None:
+    """Once the stopped task is closing (``closing``), cancel ``waiter``: it must end
+    cancelled (:func:`ends_cancelled`)."""
+    await asyncio.wait_for(closing.wait(), PROMPT_S)
+    waiter.cancel()
+    await ends_cancelled(waiter)
+
+
 # -- the helper ---------------------------------------------------------------------------------
 
 
@@ -82,9 +90,7 @@ async def test_join_raises_when_the_waiter_is_cancelled(inner_returns):
         return "went on"
 
     task = asyncio.create_task(waiter())
-    await asyncio.wait_for(closing.wait(), PROMPT_S)
-    task.cancel()
-    await ends_cancelled(task)
+    await cancelled_once_closing(task, closing)
     assert inner.done()  # joined to its end: nothing left running
 
 
@@ -142,9 +148,7 @@ async def test_an_agent_runs_consumer_cancelled_while_the_run_closes_is_cancelle
                 return "went on"
 
             consumer = asyncio.create_task(consume())
-            await asyncio.wait_for(closing.wait(), PROMPT_S)
-            consumer.cancel()
-            await ends_cancelled(consumer)
+            await cancelled_once_closing(consumer, closing)
 
 
 async def test_a_durable_round_cut_while_its_caller_is_cancelled_is_cancelled():
@@ -156,9 +160,7 @@ async def test_a_durable_round_cut_while_its_caller_is_cancelled_is_cancelled():
         cut = asyncio.create_task(
             durable._until_stopped(stubborn(closing), conversation, time.time() + 0.01)
         )
-        await asyncio.wait_for(closing.wait(), PROMPT_S)
-        cut.cancel()
-        await ends_cancelled(cut)
+        await cancelled_once_closing(cut, closing)
     finally:
         durable._CANCELS.pop(conversation, None)
 
@@ -199,9 +201,7 @@ async def test_a_relay_runs_stop_cancelled_while_its_driver_ends_is_cancelled():
 
     run.drive(body, lambda _reason: told.set(), ended)
     stopper = asyncio.create_task(run.stop())
-    await asyncio.wait_for(closing.wait(), PROMPT_S)
-    stopper.cancel()
-    await ends_cancelled(stopper)
+    await cancelled_once_closing(stopper, closing)
     assert run.driver is not None and run.driver.done()
 
 
@@ -273,6 +273,4 @@ async def test_an_mcp_open_cancelled_while_the_connection_closes_is_cancelled(mo
         return "went on"
 
     opening = asyncio.create_task(open_source())
-    await asyncio.wait_for(closing.wait(), PROMPT_S)
-    opening.cancel()
-    await ends_cancelled(opening)
+    await cancelled_once_closing(opening, closing)

@@ -42,6 +42,7 @@ from ..core._round import ToolResult
 from ..ledger import Ledger
 from ..ledger._context import CallContext, idempotency_key
 from ..ledger._records import FINAL, Found, LeaseLost, LedgerError, LedgerKey, Won, digest_of
+from ..tools._tasks import cancel_lost
 from ._dispatch_calls import dispatch_error
 
 _log = logging.getLogger("toollatch.ledger")
@@ -237,10 +238,8 @@ class LedgerGuard:
             _log.warning("could not store the result of %r: %s", key.call_id, exc)
 
     async def _heartbeat(self, key: LedgerKey, token: int) -> None:
-        beating = asyncio.current_task()
-        # (until cancelled, even when a ledger's command swallowed the cancel: redis-py's
-        # under Python 3.11's asyncio.wait_for, python/cpython#86296)
-        while beating is None or not beating.cancelling():
+        # (until cancelled, even when a ledger's command swallowed the cancel: cancel_lost)
+        while not cancel_lost():
             await asyncio.sleep(self.lease_s / 3)
             try:
                 await self.ledger.renew(key, token, now=self.clock(), lease_s=self.lease_s)

@@ -1,4 +1,5 @@
-"""Waiting for a task we stopped, without losing a cancel of our own (internal).
+"""Waiting for a task we stopped, without losing a cancel of our own; a cancel lost on the
+way (internal).
 
 The runtime, the relay and MCP stop a task (``task.cancel()``, or a flag it obeys) and then
 wait for it to end. ``with suppress(CancelledError): await task`` has a hole: a cancel of
@@ -36,3 +37,14 @@ async def join(task: asyncio.Future[Any]) -> None:
         return
     if waiter is not None and waiter.cancelling() > before:
         raise asyncio.CancelledError
+
+
+def cancel_lost() -> bool:
+    """Whether the running task was cancelled and goes on all the same: a cancel swallowed on
+    the way, which the task still counts (:meth:`asyncio.Task.cancelling`). redis-py sends
+    each command under ``asyncio.wait_for``, which on Python 3.11 returns the inner result
+    when the cancel lands in the same loop turn as the command's end (python/cpython#86296,
+    fixed in 3.12): a loop that renews a lease or a heartbeat until cancelled checks this at
+    each turn, or it would go on for ever and hold its owner's stop."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

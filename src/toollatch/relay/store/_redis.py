@@ -98,6 +98,7 @@ import redis.exceptions
 
 from ...core._errors import ConfigError
 from ...ledger import Ledger, LedgerKey
+from ...tools._tasks import cancel_lost
 from .._requests import run_scope_of
 from .._runs import Batch, RelayRun, RunRegistry
 from ._base import Adopter, Handler, StoreUnavailable
@@ -224,17 +225,6 @@ def _client(url: str, socket_s: float, connections: int) -> aioredis.Redis:
 
 def _entry_id(raw: bytes) -> int:
     return int(raw.split(b"-", 1)[1])
-
-
-def _cancel_lost() -> bool:
-    """Whether the running task was cancelled and goes on all the same: a cancel swallowed
-    on the way. redis-py sends each command under ``asyncio.wait_for``, which on Python 3.11
-    returns the inner result when the cancel lands in the same loop turn as the send's end
-    (python/cpython#86296, fixed in 3.12): the lease's sweep then went on renewing for ever
-    and a worker's stop held until it was killed. The task still counts the cancel
-    (:meth:`asyncio.Task.cancelling`); its loop then ends."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 async def _stopped(tasks: Sequence[asyncio.Task[None]], within_s: float) -> None:
@@ -523,7 +513,7 @@ class RedisRunStore:
         """Cancel this worker's runs as other workers ask (reconnecting after a loss)."""
         assert self._runs is not None
         delay = 0.05
-        while not _cancel_lost():
+        while not cancel_lost():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(_channel(self.worker))
@@ -586,7 +576,7 @@ class RedisRunStore:
     async def _heartbeat(self) -> None:
         """Renew this worker's lease every third of it; then end the runs of dead workers."""
         every = self.lease_ms / 3000
-        while not _cancel_lost():
+        while not cancel_lost():
             await asyncio.sleep(every)
             try:
                 lease = _lease(self.worker)
@@ -861,7 +851,7 @@ class _Writer:
         loop = asyncio.get_running_loop()
         refresh_s = max(0.05, self._store.ttl_ms / 3000)
         renew_at = loop.time() + refresh_s
-        while not _cancel_lost():
+        while not cancel_lost():
             wake_at = min(renew_at, self._late_at) if self._late else renew_at
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wake_at - loop.time())):

@@ -44,7 +44,7 @@ _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=20)
 """No cap on concurrent streams (each model client had its own pool of 100 before they were
 shared; a cap would turn a busy loop's streams into pool timeouts); httpx's default number
 of idle connections kept, when httpx's own transport carries them (a proxy from the
-environment: aiohttp's keeps each idle connection until :data:`KEEP_IDLE_S`)."""
+environment: aiohttp's keeps each idle connection until :data:`_CONNECTION_IDLE_S`)."""
 
 _TLS: list[ssl.SSLContext] = []  # the process's default context, once made
 
