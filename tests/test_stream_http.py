@@ -103,6 +103,36 @@ async def test_a_body_cut_short_is_httpx_s_remote_protocol_error():
             await answer.aread()
 
 
+@pytest.mark.parametrize("tail", [b"", b"zz\r\nnot a size\r\n"], ids=["cut-short", "bad-size"])
+async def test_what_came_before_a_break_is_handed_over_before_its_error(tail, monkeypatch):
+    # the events and the break both arrived before the first read (a reader behind the
+    # network): aiohttp's reader raises its error first and the events were lost
+    monkeypatch.delenv("HTTP_PROXY", raising=False)
+    events = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in (b"data: 1\n\n", b"data: 2\n\n"))
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(HEAD + events)
+        await writer.drain()
+        await asyncio.sleep(0.05)  # (the break in a read of its own, after the head's)
+        writer.write(tail)
+        await writer.drain()
+        writer.close()
+
+    server, url = await serve(handler)
+    got: list[bytes] = []
+
+    async def read(answer: httpx.Response) -> None:
+        async for chunk in answer.aiter_raw():
+            got.append(chunk)
+
+    async with server, client() as http, http.stream("GET", url) as answer:
+        await asyncio.sleep(0.3)  # (the events and the break are in before the first read)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await read(answer)
+    assert b"".join(got) == b"data: 1\n\ndata: 2\n\n"
+
+
 async def test_send_stream_reads_as_send_does(monkeypatch):
     # the short way (straight to the transport) and httpx's send: the same answer
     monkeypatch.delenv("HTTP_PROXY", raising=False)

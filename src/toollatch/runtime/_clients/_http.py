@@ -211,10 +211,17 @@ class _Body(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         content = self._answer.content
         try:
-            while read := await content.readany():
+            while True:
+                try:
+                    read = await content.readany()
+                except (aiohttp.ClientError, OSError) as exc:
+                    left = _received(content)
+                    if left:
+                        yield left
+                    raise _httpx_error(exc, self._request, reading=True) from exc
+                if not read:
+                    return
                 yield read
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _httpx_error(exc, self._request, reading=True) from exc
         finally:
             self._forget()
 
@@ -222,6 +229,16 @@ class _Body(httpx.AsyncByteStream):
         """Give the connection back (kept only when the body was read to its end)."""
         self._forget()
         self._answer.release()
+
+
+def _received(content: aiohttp.StreamReader) -> bytes:
+    """The bytes a broken body had received and not yet handed over. aiohttp's reader, as
+    asyncio's (python/cpython#75044), raises a body's error before the bytes it holds: a
+    reader a little behind the network (a busy loop) lost the events that came just before
+    the upstream broke off, the text and the calls it had already finished among them.
+    Read from its buffer as its own ``readany`` would (no public call reads past the error)."""
+    read_held = getattr(content, "_read_nowait", None)
+    return read_held(-1) if read_held is not None else b""
 
 
 class _Lost:
