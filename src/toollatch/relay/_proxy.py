@@ -21,7 +21,9 @@ verdicts at the end. A silent upstream fails the round ``idle_timeout`` after
 goes away (from its body's end on) takes its upstream request with it at once, whether the
 proxy was waiting for the upstream's answer head, reading a whole answer or streaming
 (:class:`_ClientWatch`, one task per request). Each request is watched
-(:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans).
+(:mod:`._proxy_telemetry`: ``GET /metrics`` and OpenTelemetry spans). Requests that start
+together take turns with the streams already flowing: one start step per iteration of the
+event loop (:mod:`._proxy_turns`).
 
 The client's ``Authorization`` is forwarded unless an upstream key is configured; then a
 configured proxy token is the client's ``Bearer`` (so an SDK's ``api_key`` is the token).
@@ -71,6 +73,7 @@ from ._proxy_chunks import ChatChunks, error_chunk, interrupted
 from ._proxy_live import LiveChunks
 from ._proxy_responses import ResponseEvents
 from ._proxy_telemetry import ProxyTelemetry, RequestWatch, watch
+from ._proxy_turns import StartTurns
 from ._proxy_upstreams import (
     UPSTREAM_PROVIDERS,
     Upstream,
@@ -97,6 +100,14 @@ _TOKEN_HEADER = "x-toollatch-token"
 _HOSTS_KEPT = 64
 """Distinct ``Host`` headers whose check is kept (all forgotten past that: clients choose
 them)."""
+_STEPS = _ROUTE, _SEND, _ANSWER = 0, 1, 2
+"""A request's start steps that take turns with the flowing streams (:mod:`._proxy_turns`):
+its routing and body; the gate's set-up and the upstream request; the answer's set-up once
+the upstream answered."""
+_TURN_PACE_S = 0.0005
+"""Start steps go on at one per iteration of the loop, or one per this much of its time when
+its iterations are longer (:class:`StartTurns`): each step is 0.05-0.3 ms of the loop's time,
+so starts waiting take at most about half of a busy loop from the flowing streams."""
 
 
 class ProxyError(Exception):
@@ -209,6 +220,8 @@ class Proxy:
         self.gates = GateCache(self.limits)
         self._urls: dict[str, httpx.URL] = {}  # the upstream's, by path: parsed once
         self._hosts: dict[str, bool] = {}  # Host header -> allowed (parsed once each)
+        self.turns = StartTurns(len(_STEPS), _TURN_PACE_S)
+        """Request starts' turns, one step per loop iteration (:mod:`._proxy_turns`)."""
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -230,6 +243,7 @@ class Proxy:
                 await self._http(scope, receive, _status_of(send, watching))
 
     async def _http(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.turns.turn(_ROUTE)
         refusal = self._refusal(Request(scope))
         if refusal is not None:
             await refusal.response()(scope, receive, send)
@@ -323,6 +337,7 @@ class Proxy:
     async def _chat(self, request: Request) -> Response:
         try:
             body = await self._body(request)
+            await self.turns.turn(_SEND)
             gate, eager = self.gates.get(body)
         except ProxyError as exc:
             return exc.response()
@@ -345,6 +360,7 @@ class Proxy:
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
+        await self._answer_turn(answer, recorder)
         parser, chunks = self._chat_reader(body, gate, eager, live=wanted_stream)
         if not wanted_stream:
             async for _ in self._read(answer, parser, chunks, recorder):
@@ -386,6 +402,7 @@ class Proxy:
             return openai_error(404, "not_supported", message)
         try:
             body = await self._body(request, "input")
+            await self.turns.turn(_SEND)
             gate, eager = self.gates.get(body)
         except ProxyError as exc:
             return exc.response()
@@ -398,6 +415,7 @@ class Proxy:
         if isinstance(opened, Response):
             return opened
         answer, recorder = opened
+        await self._answer_turn(answer, recorder)
         parser = StreamParser("openai_responses", gate=gate, eager=eager, observe=True)
         events = ResponseEvents(
             response_id=f"resp_{secrets.token_urlsafe(18)}",
@@ -413,6 +431,17 @@ class Proxy:
             return _broken(round_).response()
         _kind, final = events.end(round_)[-1]
         return JSONResponse(final["response"])
+
+    async def _answer_turn(self, answer: Upstream, recorder: Recorder | None) -> None:
+        """The answer's set-up waits for its turn (:mod:`._proxy_turns`); cancelled meanwhile,
+        the upstream's answer and its recorder are closed (nothing else holds them yet)."""
+        try:
+            await self.turns.turn(_ANSWER)
+        except BaseException:
+            await answer.aclose()
+            if recorder is not None:
+                recorder.close()
+            raise
 
     async def _open(
         self,
