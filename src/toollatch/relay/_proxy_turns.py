@@ -3,8 +3,8 @@
 Theory of operation. asyncio's loop, in each iteration, polls its sockets once, then runs
 every callback that was ready when the iteration began (task steps included), and only then
 polls again. Requests that arrive together (50 clients starting at once) make as many start
-steps ready in the same iteration: the routing and the body, the gate's set-up, httpx's
-send, the answer's set-up, each 0.1-0.3 ms. The upstream bytes of the streams already
+steps ready in the same iteration: the routing and the body, the gate's set-up, the
+upstream request, the answer's set-up, each 0.1-0.3 ms. The upstream bytes of the streams already
 flowing, seen by the next poll, wait behind all of them: 50 starts added 3-10 ms to the first
 deltas of the flowing streams (benchmarks/README.md, "On a quiet machine").
 
@@ -17,7 +17,7 @@ iteration after its hand-out. So while the loop turns quickly, one of these step
 iteration, and a flowing stream's read waits behind one start step, not behind every start.
 A later step goes before an earlier one (FIFO within a step): a start under way finishes
 before the next one begins, so the first streams flow after a few iterations, not after
-every start's first step. Steps inside httpx (the pool, the connection, the request's bytes)
+every start's first step. Steps inside the upstream client (the connection, the request's bytes)
 take no turn: they follow the turns' pace.
 
 When the loop's iterations are long (a loop busy with many streams, or a process that did not
