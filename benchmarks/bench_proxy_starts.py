@@ -197,6 +197,8 @@ def main() -> None:
     per_request: dict[str, list[float]] = {name: [] for name in sources}
     ratios: dict[str, list[float]] = {name: [] for name in sources}
     load = Path("/proc/loadavg").read_text().split()[:3]
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     try:
         for name, src in sources.items():
             profile = [str(Path(args.profile) / f"{name}.prof")] if args.profile else []
