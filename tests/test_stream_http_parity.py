@@ -11,6 +11,8 @@ once raised its error before the bytes it held."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -49,8 +51,10 @@ def answer(*parts: bytes, pause: float = 0.05, end: str = "close") -> Handler:
                 await asyncio.sleep(pause)
             writer.write(part)
             await writer.drain()
-        if end == "reset":
+        if end == "reset":  # (a linger of 0: the close sends RST, not FIN)
             await asyncio.sleep(pause)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
             return
         if end == "silent":
@@ -91,6 +95,7 @@ CASES: dict[str, tuple[Handler, bytes, type[httpx.HTTPError] | None]] = {
     "no-answer": (answer(), b"", httpx.RemoteProtocolError),
     "not-http": (answer(b"SSH-2.0-OpenSSH\r\n\r\n"), b"", httpx.RemoteProtocolError),
     "silent-after-head": (answer(CHUNKED + FRAMED, end="silent"), SENT, httpx.ReadTimeout),
+    "reset-mid-body": (answer(CHUNKED + FRAMED, end="reset"), SENT, httpx.ReadError),
 }
 
 

@@ -190,11 +190,16 @@ class _Body(httpx.AsyncByteStream):
         connection = answer.connection  # (None once the body ended: read with the head)
         self._protocol = connection.protocol if connection is not None else None
         self._watch = watch
+        self._reset: OSError | None = None  # (the connection's own error, when it had one)
         if self._protocol is not None:
             watch.reading(self._protocol, self)
 
-    def lost(self) -> None:
-        """The connection closed: a body not ended by then broke (see :class:`_Lost`)."""
+    def lost(self, cause: BaseException | None = None) -> None:
+        """The connection closed (``cause``: its error, a reset): a body not ended by then
+        broke (see :class:`_Lost`). aiohttp reports a reset as a body that ended early; the
+        reset is kept, so the error raised is httpx's for it (``ReadError``), as on h11."""
+        if isinstance(cause, OSError):
+            self._reset = cause
         content = self._answer.content
         if not content.is_eof() and content.exception() is None:
             content.set_exception(
@@ -218,7 +223,8 @@ class _Body(httpx.AsyncByteStream):
                     left = _received(content)
                     if left:
                         yield left
-                    raise _httpx_error(exc, self._request, reading=True) from exc
+                    broke = self._reset if isinstance(exc, aiohttp.ClientPayloadError) else None
+                    raise _httpx_error(broke or exc, self._request, reading=True) from exc
                 if not read:
                     return
                 yield read
@@ -270,11 +276,10 @@ class _Lost:
         bodies[protocol] = body
 
     def _closed(self, protocol: weakref.ref[Any], closed: asyncio.Future[None]) -> None:
-        if not closed.cancelled():
-            closed.exception()  # (retrieved)
+        error = None if closed.cancelled() else closed.exception()  # (retrieved)
         body = self._bodies.pop(protocol(), None) if protocol() is not None else None
         if body is not None:
-            body.lost()
+            body.lost(error.__cause__ if error is not None else None)
 
 
 def _httpx_error(
