@@ -131,12 +131,23 @@ async def test_both_transports_hand_over_the_same_bytes_then_the_same_error(
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     handler, sent, error = CASES[case]
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    handling: list[asyncio.Task[None]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handling.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
     seen = {}
     async with server:
         for name, http in transports().items():
             async with http:
                 seen[name] = await outcome(http, url, late=late)
+        async with asyncio.timeout(5):  # (each answer's end, its connection closed)
+            await asyncio.gather(*handling, return_exceptions=True)
     assert seen["ours"] == seen["httpx"]
     assert seen["ours"][1:] == (sent, error)
