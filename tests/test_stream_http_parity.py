@@ -94,6 +94,7 @@ CASES: dict[str, tuple[Handler, bytes, type[httpx.HTTPError] | None]] = {
     "bad-chunk-size": (answer(CHUNKED + FRAMED, b"zz\r\n"), SENT, httpx.RemoteProtocolError),
     "no-answer": (answer(), b"", httpx.RemoteProtocolError),
     "not-http": (answer(b"SSH-2.0-OpenSSH\r\n\r\n"), b"", httpx.RemoteProtocolError),
+    "silent-before-head": (answer(end="silent"), b"", httpx.ReadTimeout),
     "silent-after-head": (answer(CHUNKED + FRAMED, end="silent"), SENT, httpx.ReadTimeout),
     "reset-mid-body": (answer(CHUNKED + FRAMED, end="reset"), SENT, httpx.ReadError),
 }
@@ -151,3 +152,17 @@ async def test_both_transports_hand_over_the_same_bytes_then_the_same_error(
             await asyncio.gather(*handling, return_exceptions=True)
     assert seen["ours"] == seen["httpx"]
     assert seen["ours"][1:] == (sent, error)
+
+
+async def test_both_transports_say_connect_error_for_a_port_nobody_listens_on(monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    server = await asyncio.start_server(answer(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    seen = {}
+    for name, http in transports().items():
+        async with http:
+            seen[name] = await outcome(http, f"http://127.0.0.1:{port}/v1/x", late=False)
+    assert seen["ours"] == seen["httpx"] == (None, b"", httpx.ConnectError)
