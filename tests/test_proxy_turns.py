@@ -54,6 +54,13 @@ async def started(
     seen.append((clock.now, name))
 
 
+def starting(
+    turns: StartTurns, step: int, names: list[str], seen: list[tuple[int, str]], clock: Iterations
+) -> list[asyncio.Task[None]]:
+    """A start per name, each waiting for its turn at ``step``."""
+    return [asyncio.create_task(started(turns, step, name, seen, clock)) for name in names]
+
+
 async def test_starts_that_arrive_together_go_one_per_iteration_in_order():
     turns = StartTurns(1, HOUR)
     seen: list[tuple[int, str]] = []
@@ -72,7 +79,7 @@ async def test_a_long_iteration_gives_one_turn_per_pace_of_it(monkeypatch):
     turns = StartTurns(1, 1.0)
     seen: list[tuple[int, str]] = []
     with iterations() as clock:
-        starts = [asyncio.create_task(started(turns, 0, f"s{n}", seen, clock)) for n in range(6)]
+        starts = starting(turns, 0, [f"s{n}" for n in range(6)], seen, clock)
         await asyncio.sleep(0)  # (all six wait; the first hand-out is due next iteration)
         now[0] = 3.5  # the iteration took three paces and a half
         await asyncio.gather(*starts)
@@ -92,7 +99,7 @@ async def test_a_later_step_goes_before_earlier_ones_waiting():
     turns = StartTurns(3, HOUR)
     seen: list[tuple[int, str]] = []
     with iterations() as clock:
-        first = [asyncio.create_task(started(turns, 0, f"route{n}", seen, clock)) for n in range(3)]
+        first = starting(turns, 0, [f"route{n}" for n in range(3)], seen, clock)
         await asyncio.sleep(0)  # (the three wait for their turn)
         answer = asyncio.create_task(started(turns, 2, "answer", seen, clock))
         send = asyncio.create_task(started(turns, 1, "send", seen, clock))
@@ -106,7 +113,7 @@ async def test_a_streams_read_is_served_between_two_starts():
     turns = StartTurns(1, HOUR)
     seen: list[tuple[int, str]] = []
     with iterations() as clock:
-        starts = [asyncio.create_task(started(turns, 0, f"s{n}", seen, clock)) for n in range(10)]
+        starts = starting(turns, 0, [f"s{n}" for n in range(10)], seen, clock)
         read: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def reader() -> None:
@@ -126,7 +133,7 @@ async def test_a_cancelled_waiter_gives_its_turn_to_the_next_and_turns_start_aga
     turns = StartTurns(1, HOUR)
     seen: list[tuple[int, str]] = []
     with iterations() as clock:
-        tasks = [asyncio.create_task(started(turns, 0, f"s{n}", seen, clock)) for n in range(3)]
+        tasks = starting(turns, 0, [f"s{n}" for n in range(3)], seen, clock)
         await asyncio.sleep(0)
         tasks[1].cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
