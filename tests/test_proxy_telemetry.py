@@ -87,6 +87,33 @@ async def test_an_unreachable_upstream_is_counted_and_unknown_paths_stay_one_ser
     assert names == ["GET", "GET", "GET", "POST /v1/chat/completions"]
 
 
+@pytest.mark.parametrize(
+    "answer", [b"SSH-2.0-OpenSSH_9.6\r\n\r\n", b""], ids=["not-http", "closed-unanswered"]
+)
+async def test_an_upstream_that_breaks_off_before_its_head_is_a_bad_answer_not_unreachable(
+    answer,
+):
+    # reached, then it closed or sent no HTTP: that was counted as an upstream that could
+    # not be reached, and said so to the client
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    made, registry, _ = telemetry()
+    async with server, ProxyServer(url, telemetry=made) as proxy:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await streamed(proxy, "two")
+    assert refused.value.status_code == 502
+    assert refused.value.code == "upstream_bad_answer"
+    errors = "toollatch_proxy_upstream_errors_total"
+    assert value(registry, errors, kind="bad_answer") == 1
+    assert value(registry, errors, kind="unreachable") == 0
+
+
 async def test_spans_per_request_and_per_held_call():
     made, _, exporter = telemetry()
     async with ScriptedServer(SCRIPTS, delay_scale=0.1) as upstream:
@@ -166,7 +193,7 @@ async def test_a_slow_but_steady_upstream_is_not_idle():
 
 # -- a client that goes away ------------------------------------------------------------------
 
-ERRORS = ("unreachable", "status", "stream_interrupted", "idle_timeout")
+ERRORS = ("unreachable", "bad_answer", "status", "stream_interrupted", "idle_timeout")
 
 
 @pytest.mark.parametrize(
@@ -249,7 +276,7 @@ async def test_a_client_that_goes_away_closes_the_upstream_request_at_once(
     status = "200" if head else "499"
     assert value(registry, "toollatch_proxy_requests_total", route=route, status=status) == 1
     errors = [value(registry, "toollatch_proxy_upstream_errors_total", kind=k) for k in ERRORS]
-    assert errors == [0, 0, 0, 0]
+    assert errors == [0] * len(ERRORS)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

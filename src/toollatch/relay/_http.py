@@ -30,8 +30,8 @@ UPSTREAM_KEEPALIVE_S = 3.0
 """How long the proxy keeps an idle upstream connection: well under 5 s, when the usual model
 servers close theirs (uvicorn's default keep-alive, so the servers built on it, vLLM's and
 LiteLLM's among them; cpp-httplib's, so llama.cpp's; Node's). At 5 s the proxy took a
-connection just as the upstream closed it, and the request failed ``502
-upstream_unreachable`` ("Server disconnected", "Can not write request body"):
+connection just as the upstream closed it, and the request failed 502 ("Server
+disconnected", "Can not write request body"; now ``upstream_bad_answer``):
 ``benchmarks/bench_proxy.py`` at 200 streams on a saturated machine, where a burst's streams
 start over more than 5 s; captured on ``lo``: the upstream's FIN 5.0 s after the stream's
 end, the proxy's next request 2 to 8 ms later, reset. The margin covers the proxy reading

@@ -466,9 +466,11 @@ class Proxy:
             async with asyncio.timeout(self.idle_timeout_s):  # (silent before its head too)
                 answer = await self.http.send_stream(sent)
         except (httpx.HTTPError, TimeoutError) as exc:
+            refused = _unreachable(self.upstream, exc, self.idle_timeout_s)
             if watching is not None:
-                watching.upstream_error("unreachable")
-            return _unreachable(self.upstream, exc, self.idle_timeout_s).response()
+                bad = refused.code == "upstream_bad_answer"
+                watching.upstream_error("bad_answer" if bad else "unreachable")
+            return refused.response()
         recorder = None
         if self.record is not None:
             known = [
@@ -787,11 +789,16 @@ def _named_sse(kind: str, event: Mapping[str, Any]) -> bytes:
 
 
 def _unreachable(upstream: str, exc: Exception, idle_timeout_s: float) -> ProxyError:
-    """502 for an upstream that cannot be reached; 504 for one that gave no answer's head
-    within ``idle_timeout_s`` (a request it never took or never answered)."""
+    """502 for an upstream that cannot be reached; 502 ``upstream_bad_answer`` for one that was
+    reached and then closed, reset or garbled its answer before the answer's head (not HTTP, a
+    kept-alive connection it had closed); 504 for one that gave no answer's head within
+    ``idle_timeout_s`` (a request it never took or never answered)."""
     if isinstance(exc, TimeoutError):
         detail = f"the upstream {upstream} sent no answer in {idle_timeout_s:g} s"
         return ProxyError(504, "upstream_timeout", detail, "upstream_error")
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        detail = f"the upstream {upstream} broke off its answer before its head: {exc}"
+        return ProxyError(502, "upstream_bad_answer", detail, "upstream_error")
     return ProxyError(
         502,
         "upstream_unreachable",

@@ -18,8 +18,9 @@ answer; one that leaves mid-stream keeps its 200, and neither counts an upstream
 ``toollatch_proxy_request_seconds{route,mode}`` (a streaming request: to its last byte),
 ``toollatch_proxy_calls_committed_total{route}``,
 ``toollatch_proxy_calls_failed_total{route,code}``,
-``toollatch_proxy_upstream_errors_total{kind}`` (``unreachable``, ``status``,
-``stream_interrupted``, ``idle_timeout``), ``toollatch_proxy_streams_active``.
+``toollatch_proxy_upstream_errors_total{kind}`` (``unreachable``, ``bad_answer``: reached,
+then closed or garbled before its answer's head, ``status``, ``stream_interrupted``,
+``idle_timeout``), ``toollatch_proxy_streams_active``.
 
 Spans: one SERVER span per request, ``{METHOD} {route}`` (``{METHOD}`` for a path that is no
 route: the names stay a closed set) with ``http.request.method``,
@@ -86,7 +87,7 @@ class _Metrics:
         )  # fmt: skip
         self.upstream_errors = Counter(
             "toollatch_proxy_upstream_errors",
-            "Upstream failures: unreachable, an error status, a broken or silent stream.",
+            "Upstream failures: unreachable, bad answer, error status, broken or silent stream.",
             ["kind"], registry=r,
         )  # fmt: skip
         self.active = Gauge("toollatch_proxy_streams_active", "Requests in flight.", registry=r)
@@ -184,8 +185,8 @@ class RequestWatch:
                 self._span.set_attribute("gen_ai.request.model", model)
 
     def upstream_error(self, kind: str) -> None:
-        """The upstream failed: ``unreachable``, ``status``, ``stream_interrupted``,
-        ``idle_timeout``."""
+        """The upstream failed: ``unreachable``, ``bad_answer``, ``status``,
+        ``stream_interrupted``, ``idle_timeout``."""
         self._failed = True
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(kind).inc()
