@@ -12,7 +12,11 @@ says so and measures the upstream directly and toollatch's proxy only.
 ``git archive BASE src | tar -x -C /tmp/base``, then ``--baseline base=/tmp/base/src``) as a
 target of its own, ``toollatch@NAME``, measured in the same run, in turn with the others at
 each concurrency, with a ratio row: a change's effect, under the same load.
-``--no-wire`` takes no packet capture (see "On the wire" below).
+``--no-wire`` takes no packet capture (see "On the wire" below). ``--pin`` puts each proxy
+on a core of its own (core 1) and this process, the upstream and the capture on core 0 (Linux
+``sched_setaffinity``): a proxy's added latency without the other processes' turns on its
+core (two cores shared by three busy processes preempt each of them for a few ms at a time
+while 50 streams start).
 ``--calls-stream`` adds the proxy in ``--calls stream`` mode the same way
 (``toollatch@stream``: every argument fragment forwarded, so more call deltas per stream).
 ``--paired`` runs each target at the same time as n direct streams of its own (the upstream
@@ -759,6 +763,15 @@ async def bench(args: argparse.Namespace) -> None:
         )
     tmp = Path(tempfile.mkdtemp(prefix="bench_proxy_"))
     procs: list[subprocess.Popen[str]] = []
+    if args.pin:  # this process, so the upstream and tcpdump, on core 0; each proxy on core 1
+        os.sched_setaffinity(0, {0})
+        print("# pinned: each proxy on core 1, the clients, the upstream and tcpdump on core 0")
+
+    def pin_proxy(proc: subprocess.Popen[str]) -> None:
+        """With ``--pin``, ``proc`` (and the threads and processes it makes) on core 1."""
+        if args.pin:
+            os.sched_setaffinity(proc.pid, {1})
+
     try:
         upstream, root = scripted_process(tmp, args.delay_ms, procs)
         up_url = f"{root}/v1"
@@ -768,6 +781,7 @@ async def bench(args: argparse.Namespace) -> None:
             text=True,
         )
         procs.append(ours)
+        pin_proxy(ours)
         ours_url = read_line(ours, "http://", 30)
         targets: list[tuple[str, str, int | None]] = [
             ("direct", up_url, upstream.pid),
@@ -780,6 +794,7 @@ async def bench(args: argparse.Namespace) -> None:
                 text=True,
             )
             procs.append(plain)
+            pin_proxy(plain)
             targets.append(("toollatch@unsettled", read_line(plain, "http://", 30), plain.pid))
         if args.calls_stream:
             live = subprocess.Popen(
@@ -788,6 +803,7 @@ async def bench(args: argparse.Namespace) -> None:
                 text=True,
             )
             procs.append(live)
+            pin_proxy(live)
             targets.append(("toollatch@stream", read_line(live, "http://", 30), live.pid))
         for name, src in args.baseline:
             env = {**os.environ, "PYTHONPATH": src}
@@ -799,6 +815,7 @@ async def bench(args: argparse.Namespace) -> None:
                 env=env,
             )
             procs.append(base_proc)
+            pin_proxy(base_proc)
             base_url = read_line(base_proc, "http://", 30)
             targets.append((f"toollatch@{name}", base_url, base_proc.pid))
         if litellm:
@@ -838,6 +855,7 @@ async def bench(args: argparse.Namespace) -> None:
                 text=True,
             )
             procs.append(lite)
+            pin_proxy(lite)
             await wait_ready(
                 f"http://127.0.0.1:{port}/health/liveliness", 600
             )  # (imports are slow)
@@ -1035,6 +1053,11 @@ def main() -> None:
     parser.add_argument("--streams", default="1,50,200", help="concurrencies (default 1,50,200)")
     parser.add_argument("--delay-ms", type=float, default=10.0, help="between upstream events")
     parser.add_argument("--single", type=int, default=10, help="sequential streams at 1")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each proxy on a core of its own (core 1), everything else on core 0",
+    )
     parser.add_argument("--quick", action="store_true", help="--single 3, --delay-ms 5")
     parser.add_argument(
         "--baseline",
